@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: MIT */
+/* engine/error.c - error codes, kvt_strerror() and the thread-local last-error message. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+
+static _Thread_local char kvt_errbuf[512];
+
+const char *
+kvt_version(void)
+{
+#define KVT_STR2(x) #x
+#define KVT_STR(x) KVT_STR2(x)
+	return KVT_STR(KVT_VERSION_MAJOR) "." KVT_STR(KVT_VERSION_MINOR) "." KVT_STR(
+		KVT_VERSION_PATCH);
+}
+
+const char *
+kvt_strerror(int err)
+{
+	switch (err) {
+	case 0:
+		return "success";
+#define KVT_XX_CASE(name, val, msg)                                                                \
+	case val:                                                                                  \
+		return msg;
+		KVT_ERRNO_MAP(KVT_XX_CASE)
+#undef KVT_XX_CASE
+	default:
+		break;
+	}
+	if (err < 0 && err > -4096) {
+		/* strerror() is not thread-safe in general; the errno names we use are few. */
+		switch (-err) {
+		case EINVAL: return "invalid argument";
+		case ENOMEM: return "out of memory";
+		case ENOSPC: return "no space left in the tiers";
+		case EIO: return "I/O error";
+		case ENOENT: return "no such file or directory";
+		case EACCES: return "permission denied";
+		case ENOTDIR: return "not a directory";
+		case EAGAIN: return "resource temporarily unavailable; try again";
+		case EROFS: return "read-only file system";
+		case EEXIST: return "file exists";
+		default: return "system error";
+		}
+	}
+	return "unknown error";
+}
+
+const char *
+kvt_last_error_message(void)
+{
+	return kvt_errbuf;
+}
+
+int
+kvt_err(int code, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	n = snprintf(kvt_errbuf, sizeof kvt_errbuf, "%s: ", kvt_strerror(code));
+	if (n < 0 || (size_t)n >= sizeof kvt_errbuf)
+		return code;
+	va_start(ap, fmt);
+	vsnprintf(kvt_errbuf + n, sizeof kvt_errbuf - (size_t)n, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+void
+kvt_err_clear(void)
+{
+	kvt_errbuf[0] = '\0';
+}

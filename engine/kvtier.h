@@ -1,0 +1,439 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtier.h - the public API of kvtier, a KV-cache manager for LLM inference that keeps
+ * blocks of K/V across three tiers: GPU HBM, pinned host memory and NVMe.
+ *
+ * Vocabulary (see docs/ARCHITECTURE.md):
+ *   block   tokens_per_block consecutive tokens of one sequence, K and V of every layer,
+ *           stored contiguously ("block-first"): layer l of a block starts at
+ *           l * layer_block_bytes, and within a layer K comes first, then V, each laid out
+ *           [tokens_per_block][n_kv_heads][head_dim] (FlashInfer's "NHD").
+ *   slot    a place for one block in one tier. HBM slot ids are what a paged-attention kernel
+ *           reads from the block table.
+ *   seq     one request or conversation: its tokens and its blocks. Identified by a 64-bit id
+ *           (kvt_seq_id), not by a pointer, so that a closed sequence used again is detected and
+ *           answered with KVT_ECLOSED instead of touching freed memory.
+ *   tier    KVT_TIER_HBM (device), KVT_TIER_HOST (pinned DRAM), KVT_TIER_NVME (files).
+ *   promote / demote / evict / pin: move to a faster tier / to a slower tier / drop the copy
+ *           in a tier / forbid eviction while a kernel reads the block.
+ *
+ * Conventions:
+ *   - Every int-returning function returns 0 (or a count) on success and a negative error code
+ *     on failure: -errno where one fits (-EINVAL, -ENOMEM, -ENOSPC, -EIO, -ENOENT, -EAGAIN) or a
+ *     KVT_E* code below. kvt_strerror() names any code; kvt_last_error_message() gives the
+ *     detailed message of the calling thread's last failure. A failed call leaves nothing
+ *     half-done visible, and the engine stays usable.
+ *   - Nothing in kvtier aborts or exits the process.
+ *   - Options structs carry their own size (opts_size) and are filled by *_opts_init(o, sizeof *o);
+ *     new fields are only ever added at the end.
+ *   - Threading: every function taking a struct kvt_engine * may be called from any thread; the
+ *     engine serialises them with one internal mutex. A struct kvt_batch is used by one thread at
+ *     a time (the one that runs the step).
+ */
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVT_API __attribute__((visibility("default")))
+#else
+#define KVT_API
+#endif
+
+#define KVT_VERSION_MAJOR 0
+#define KVT_VERSION_MINOR 1
+#define KVT_VERSION_PATCH 0
+#define KVT_VERSION_NUM (KVT_VERSION_MAJOR * 10000 + KVT_VERSION_MINOR * 100 + KVT_VERSION_PATCH)
+
+/** Version of the library actually linked, as "MAJOR.MINOR.PATCH". Static string. */
+KVT_API const char *kvt_version(void);
+
+/*
+ * Library-specific error codes live in -20000..-20099, below every errno value (the LMDB and
+ * libuv convention), so a caller can tell them apart from -errno.
+ */
+#define KVT_ERRNO_MAP(XX)                                                                          \
+	XX(EDEVICE, -20000, "device (GPU) error; see kvt_last_error_message()")                     \
+	XX(ESHORTIO, -20001, "short read or write could not be completed")                         \
+	XX(ECORRUPT, -20002, "block checksum mismatch: stored KV is corrupt")                      \
+	XX(ECLOSED, -20003, "sequence is closed or was never opened")                              \
+	XX(ELOST, -20004, "KV blocks were lost (I/O error or corruption); sequence truncated, recompute") \
+	XX(EFORMAT, -20005, "file is not in the expected format")                                  \
+	XX(ETOOBIG, -20006, "request can never fit in the configured tier capacities")             \
+	XX(EBUSY, -20007, "sequence is busy (pinned by a batch that is not released)")             \
+	XX(ENOTSUP, -20008, "not supported by this build or device")
+
+enum kvt_error {
+#define KVT_XX_ENUM(name, val, msg) KVT_##name = (val),
+	KVT_ERRNO_MAP(KVT_XX_ENUM)
+#undef KVT_XX_ENUM
+};
+
+/**
+ * kvt_strerror() - a short static description of err.
+ * @err: 0, a negative errno value, or a KVT_E* code.
+ * Returns a static string; never NULL. Thread-safe.
+ */
+KVT_API const char *kvt_strerror(int err);
+
+/**
+ * kvt_last_error_message() - the detailed message of the calling thread's last failed call
+ * ("nvme dir /x: No such file or directory", "cudaMalloc: out of memory", ...).
+ * Returns a thread-local string, valid until the next kvtier call on this thread; "" if none.
+ */
+KVT_API const char *kvt_last_error_message(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Geometry                                                                                     */
+
+/** Element type of stored K/V. */
+enum kvt_dtype {
+	KVT_DTYPE_F32 = 0,
+	KVT_DTYPE_F16 = 1,
+	KVT_DTYPE_BF16 = 2,
+	KVT_DTYPE_FP8_E4M3 = 3,
+	KVT_DTYPE_INT8 = 4,
+};
+
+/** Size in bytes of one element of @t, or 0 for an unknown type. */
+KVT_API size_t kvt_dtype_size(enum kvt_dtype t);
+
+/** The model's KV layout (all layers alike; MHA/GQA/MQA store K and V per layer). */
+struct kvt_layout {
+	uint32_t n_layers;         /* transformer layers, 1..4096 */
+	uint32_t n_kv_heads;       /* K/V heads per layer, 1..4096 */
+	uint32_t head_dim;         /* elements per head, 1..4096 */
+	enum kvt_dtype dtype;      /* element type of stored K/V */
+	uint32_t tokens_per_block; /* tokens per block, 1..65536 */
+};
+
+/**
+ * Byte geometry of the HBM tier, as a paged-attention kernel needs it. For a slot-mapping entry
+ * m (see kvt_seq_append) the K of that token in layer l is at
+ *   hbm_base + (m / tokens_per_block) * block_bytes + l * layer_block_bytes
+ *            + (m % tokens_per_block) * token_bytes
+ * and its V is at the same address + v_offset. Each token's K (or V) is
+ * [n_kv_heads][head_dim] elements, contiguous. kvt_kv_addr() computes this.
+ */
+struct kvt_geometry {
+	void *hbm_base;             /* device address of HBM slot 0 (host memory when emulated) */
+	uint64_t block_bytes;       /* bytes of one block, all layers; the block stride */
+	uint64_t layer_block_bytes; /* bytes of one layer of one block (K and V) */
+	uint64_t v_offset;          /* offset of V from K within a layer of a block */
+	uint64_t token_bytes;       /* bytes of one token's K (or V) in one layer */
+	uint32_t tokens_per_block;  /* as in the layout */
+	uint32_t n_layers;          /* as in the layout */
+	uint32_t hbm_slots;         /* number of HBM slots */
+	uint32_t host_slots;        /* number of HOST slots */
+	uint32_t nvme_slots;        /* number of NVME slots */
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Engine                                                                                       */
+
+enum kvt_tier { KVT_TIER_HBM = 0, KVT_TIER_HOST = 1, KVT_TIER_NVME = 2, KVT_TIER_COUNT = 3 };
+
+enum kvt_device_kind {
+	KVT_DEVICE_EMULATED = 0, /* host memory and worker threads standing in for a GPU */
+	KVT_DEVICE_CUDA = 1,     /* a real GPU through the CUDA runtime (KVT_WITH_CUDA builds) */
+};
+
+/* Log levels passed to kvt_engine_opts.log. */
+enum kvt_log_level { KVT_LOG_ERROR = 0, KVT_LOG_WARN = 1, KVT_LOG_INFO = 2 };
+
+struct kvt_engine_opts {
+	size_t opts_size;          /* sizeof(struct kvt_engine_opts) as the caller compiled it */
+	struct kvt_layout layout;  /* the model's KV layout; required */
+	uint64_t hbm_bytes;        /* HBM tier capacity in bytes; required (>= one block) */
+	uint64_t host_bytes;       /* HOST tier capacity in bytes; 0 = no HOST tier */
+	const char *nvme_dir;      /* directory for the NVME tier's slot file; NULL = no NVME tier.
+	                              Copied; the file is created mode 0600 and removed on destroy */
+	uint64_t nvme_bytes;       /* NVME tier capacity in bytes (0 with nvme_dir = error) */
+	enum kvt_device_kind device; /* default KVT_DEVICE_EMULATED */
+	int cuda_device;           /* CUDA device ordinal (KVT_DEVICE_CUDA only); default 0 */
+	float high_watermark;      /* fraction of a tier's slots above which background demotion
+	                              starts after a batch is released; default 0.95 */
+	float low_watermark;       /* ... and the fraction it demotes down to; default 0.85 */
+	uint32_t nvme_queue_depth; /* io_uring queue depth; default 64 */
+	uint32_t emu_max_delay_us; /* emulated device test knob: every queued operation waits a
+	                              random 0..this many microseconds before it runs, on its own
+	                              stream's thread, so completions are delayed and reordered
+	                              across streams (never within one). Default 0 */
+	uint64_t emu_seed;         /* seed of that randomness; default 1 */
+	uint64_t emu_copy_bytes_per_s; /* emulated copy bandwidth limit; 0 = unlimited */
+	void (*log)(void *arg, int level, const char *msg); /* warnings such as the mlock
+	                              fallback; NULL = print to stderr */
+	void *log_arg;             /* passed to log */
+};
+
+/**
+ * kvt_engine_opts_init() - fill @o with defaults.
+ * @o:    options to fill; not NULL.
+ * @size: sizeof(*o) as the caller compiled it (ABI growth: fields beyond it are not touched).
+ */
+KVT_API void kvt_engine_opts_init(struct kvt_engine_opts *o, size_t size);
+
+struct kvt_engine; /* opaque */
+
+/**
+ * kvt_engine_create() - create an engine: the device, the three tiers (HBM slots from the
+ * device, HOST slots pinned with cudaHostAlloc or mmap+mlock, falling back to unpinned memory
+ * with a warning through opts->log when mlock is refused; NVME slots in one O_DIRECT file under
+ * nvme_dir driven by io_uring) and the eviction policy (LRU per tier).
+ * @o:   options; copied, the caller may free them (and nvme_dir) after the call.
+ * @out: receives the engine; set to NULL on failure.
+ * Returns 0, -EINVAL (bad layout or sizes: each with a message), -ENOMEM, -ENOENT/-EACCES/
+ * -ENOTDIR (nvme_dir unusable), KVT_ENOTSUP (CUDA asked for in a build without it),
+ * KVT_EDEVICE (device error).
+ * Capacities are rounded down to whole slots; each tier present must hold at least one block.
+ */
+KVT_API int kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out);
+
+/**
+ * kvt_engine_destroy() - wait for every transfer in flight, free all tiers, remove the NVME
+ * file. Every sequence and batch of @e becomes invalid. NULL is accepted. Not to be called
+ * concurrently with any other call on @e.
+ */
+KVT_API void kvt_engine_destroy(struct kvt_engine *e);
+
+/** kvt_engine_geometry() - byte geometry of @e's HBM tier (see struct kvt_geometry). */
+KVT_API int kvt_engine_geometry(const struct kvt_engine *e, struct kvt_geometry *out);
+
+/**
+ * kvt_kv_addr() - device addresses of the K and V of one token in one layer.
+ * @g:     geometry from kvt_engine_geometry().
+ * @layer: 0..n_layers-1.
+ * @slot_mapping: an entry of the slot mapping written by kvt_seq_append() (>= 0).
+ * @k, @v: receive the addresses (each may be NULL).
+ */
+static inline void
+kvt_kv_addr(const struct kvt_geometry *g, uint32_t layer, int64_t slot_mapping, void **k, void **v)
+{
+	char *p = (char *)g->hbm_base + (uint64_t)(slot_mapping / g->tokens_per_block) * g->block_bytes +
+		  (uint64_t)layer * g->layer_block_bytes +
+		  (uint64_t)(slot_mapping % g->tokens_per_block) * g->token_bytes;
+	if (k)
+		*k = p;
+	if (v)
+		*v = p + g->v_offset;
+}
+
+/**
+ * kvt_engine_poll() - process completed transfers (device copies, NVMe IO) without blocking:
+ * block states are updated, slots whose copies finished are freed or published.
+ * @max: process at most this many completions (0 = all that are ready).
+ * Returns the number processed (>= 0) or a negative error code.
+ */
+KVT_API int kvt_engine_poll(struct kvt_engine *e, uint32_t max);
+
+/**
+ * kvt_engine_drain() - block until no transfer is in flight (background demotions, parks,
+ * resumes) and process every completion. Returns 0 or a negative error code.
+ */
+KVT_API int kvt_engine_drain(struct kvt_engine *e);
+
+/**
+ * kvt_engine_stream_create() - a device stream owned by the engine's device, for servers (and
+ * tests) without one of their own: a cudaStream_t on CUDA; on the emulated device an in-order
+ * queue run by its own thread. Pass it to kvt_batch_release()/kvt_batch_wait_layer().
+ * kvt_engine_stream_memcpy_async() queues a copy on it (dst/src device or host addresses,
+ * @len bytes); kvt_engine_stream_sync() waits for everything queued on it.
+ * Destroy it before the engine.
+ */
+KVT_API int kvt_engine_stream_create(struct kvt_engine *e, void **stream);
+KVT_API int kvt_engine_stream_memcpy_async(struct kvt_engine *e, void *stream, void *dst,
+					   const void *src, size_t len);
+KVT_API int kvt_engine_stream_sync(struct kvt_engine *e, void *stream);
+KVT_API void kvt_engine_stream_destroy(struct kvt_engine *e, void *stream);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sequences                                                                                    */
+
+/** A sequence id: low 32 bits index, high 32 bits generation; 0 is never a valid id. */
+typedef uint64_t kvt_seq_id;
+
+struct kvt_seq_opts {
+	size_t opts_size;  /* sizeof(struct kvt_seq_opts) as the caller compiled it */
+	uint32_t tenant;   /* tenant id (the salt of prefix sharing in later versions) */
+	uint8_t priority;  /* 0..100, higher is kept longer; default 50 (v0: recorded, LRU only) */
+};
+
+/** kvt_seq_opts_init() - defaults (tenant 0, priority 50). */
+KVT_API void kvt_seq_opts_init(struct kvt_seq_opts *o, size_t size);
+
+/**
+ * kvt_seq_open() - open an empty sequence.
+ * @o:   options (NULL = defaults).
+ * @out: receives the id.
+ * Returns 0, -EINVAL (priority > 100, bad opts_size), -ENOMEM.
+ */
+KVT_API int kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out);
+
+/**
+ * kvt_seq_close() - drop the sequence and its blocks. Slots whose transfers are still in flight
+ * are freed when those complete (never before). The id becomes invalid at once: any later use
+ * returns KVT_ECLOSED. Returns 0, KVT_ECLOSED, or KVT_EBUSY when a batch still pins it (release
+ * the batch first).
+ */
+KVT_API int kvt_seq_close(struct kvt_engine *e, kvt_seq_id s);
+
+/**
+ * kvt_seq_append() - reserve room for @n new tokens at the end of the sequence and say where
+ * in HBM the caller must write each token's K/V.
+ * @tokens:       the n token ids (int32); copied; may be NULL (then ids are recorded as -1).
+ * @n:            1..(1<<20) tokens.
+ * @slot_mapping: out, n entries: slot_mapping[i] = hbm_slot * tokens_per_block + offset, the
+ *                vLLM convention; use kvt_kv_addr() to turn it into addresses.
+ * The blocks that receive new tokens are brought into HBM if they are not (the partially filled
+ * last block of a parked sequence) and stay pinned until the next kvt_batch_release() of a batch
+ * holding this sequence (or close/park), so the mapping stays valid until then. Copies of those
+ * blocks in slower tiers become stale and are dropped.
+ * Returns 0, KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch), -EINVAL (n out of
+ * range, slot_mapping NULL), KVT_ETOOBIG (the sequence would exceed HBM), -ENOSPC (no room in
+ * any tier to make space), KVT_ELOST. On failure the sequence is unchanged.
+ */
+KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens, size_t n,
+			   int64_t *slot_mapping);
+
+/**
+ * kvt_seq_park() - demote every block of the sequence out of HBM (the idle chat session): to
+ * @target (KVT_TIER_HOST or KVT_TIER_NVME; a tier the engine does not have is skipped to the
+ * next one down). Asynchronous: copies are queued; HBM slots are freed as they complete
+ * (kvt_engine_poll/drain). The id stays valid; kvt_seq_resume() or a batch brings it back.
+ * Returns 0, KVT_ECLOSED, KVT_EBUSY, -EINVAL (bad target), -ENOSPC (no room below: the blocks
+ * stay where they are).
+ */
+KVT_API int kvt_seq_park(struct kvt_engine *e, kvt_seq_id s, enum kvt_tier target);
+
+/**
+ * kvt_seq_resume() - start promoting the sequence's blocks back to HBM (NVMe reads first, then
+ * host-to-device copies) so that a later kvt_batch_prepare() finds them ready. Best effort:
+ * stops early (returning 0) when HBM has no evictable room; prepare finishes the job.
+ * Returns 0, KVT_ECLOSED, or a negative error code.
+ */
+KVT_API int kvt_seq_resume(struct kvt_engine *e, kvt_seq_id s);
+
+/** Where a sequence's blocks are. */
+struct kvt_seq_info {
+	uint64_t n_tokens;                /* tokens held (valid K/V) */
+	uint32_t n_blocks;                /* blocks */
+	uint32_t blocks_in[KVT_TIER_COUNT]; /* blocks with a valid copy in each tier */
+	uint32_t tenant;                  /* as opened */
+	uint8_t priority;                 /* as opened */
+	uint8_t parked;                   /* 1 after kvt_seq_park until resume/append/prepare */
+};
+
+/** kvt_seq_info() - fill @out. Returns 0 or KVT_ECLOSED. */
+KVT_API int kvt_seq_info(struct kvt_engine *e, kvt_seq_id s, struct kvt_seq_info *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Batches                                                                                      */
+
+struct kvt_batch; /* opaque */
+
+/**
+ * The block table of a prepared batch in CSR form (FlashInfer's paged_kv_t): sequence i owns
+ * indices[indptr[i] .. indptr[i+1]), the HBM slot ids of its blocks in order; its last block holds
+ * last_block_len[i] tokens (1..tokens_per_block), seq_len[i] tokens in all. Arrays belong to the
+ * batch and live until kvt_batch_release().
+ */
+struct kvt_block_table {
+	uint32_t n_seqs;               /* sequences in the batch */
+	const uint32_t *indptr;        /* [n_seqs + 1], indptr[0] = 0 */
+	const uint32_t *indices;       /* [indptr[n_seqs]] HBM slot ids */
+	const uint32_t *last_block_len; /* [n_seqs] */
+	const uint64_t *seq_len;       /* [n_seqs] tokens */
+	struct kvt_geometry geo;       /* base pointer and strides */
+};
+
+/**
+ * kvt_batch_prepare() - make every block of the @n sequences resident in HBM and pin it
+ * (eviction will not pick it) for one forward step. Blocks in HOST are copied up, blocks on NVMe
+ * are read (checksums verified) and copied up; room is made by demoting the least recently used
+ * unpinned blocks. Copies are asynchronous: wait with kvt_batch_wait_layer() before reading.
+ * @seqs: n distinct open sequence ids.  @n: 1..65536.  @out: receives the batch.
+ * Returns 0; KVT_ECLOSED; -EINVAL (duplicates, n out of range); KVT_EBUSY (a sequence is in
+ * another unreleased batch); KVT_ETOOBIG (the batch can never fit in HBM: a clear message says
+ * how many blocks it needs and how many HBM has); -ENOSPC (not now: HBM is pinned by other
+ * batches); KVT_ELOST (a block failed its checksum or could not be read: each such sequence is
+ * truncated before the lost block, see kvt_seq_info, and must be recomputed from there; nothing
+ * is pinned). On failure nothing stays pinned.
+ */
+KVT_API int kvt_batch_prepare(struct kvt_engine *e, const kvt_seq_id *seqs, size_t n,
+			      struct kvt_batch **out);
+
+/** kvt_batch_block_table() - the batch's block table (see struct kvt_block_table). */
+KVT_API int kvt_batch_block_table(const struct kvt_batch *b, struct kvt_block_table *out);
+
+/**
+ * kvt_batch_wait_layer() - make layer @layer's blocks usable.
+ * @stream: NULL: the host blocks until the copies carrying that layer are complete.
+ *          A device stream (cudaStream_t, or one from kvt_engine_stream_create): the stream is
+ *          made to wait for them (cudaStreamWaitEvent) and the host returns at once.
+ * v0 moves whole blocks (all layers in one copy), so every layer becomes ready together.
+ * Returns 0, -EINVAL (layer out of range), KVT_EDEVICE.
+ */
+KVT_API int kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream);
+
+/**
+ * kvt_batch_release() - end the step: unpin the batch's blocks (and the write pins of the
+ * sequences' appended blocks) and free the batch.
+ * @stream: the device stream on which the step's kernels read the blocks and wrote new K/V
+ *          (NULL when all of that was done synchronously on the host). Every later copy that
+ *          reads or overwrites an HBM slot waits for the work queued on it so far, so a demotion
+ *          never reads K/V before it is written and a promotion never overwrites a slot a kernel
+ *          still reads.
+ * Afterwards, tiers above their high watermark start demoting in the background.
+ * Returns 0 or a negative code (the batch is freed in every case).
+ */
+KVT_API int kvt_batch_release(struct kvt_batch *b, void *stream);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Statistics                                                                                   */
+
+enum kvt_move {
+	KVT_MOVE_HBM_TO_HOST = 0,
+	KVT_MOVE_HOST_TO_NVME = 1,
+	KVT_MOVE_NVME_TO_HOST = 2,
+	KVT_MOVE_HOST_TO_HBM = 3,
+	KVT_MOVE_COUNT = 4,
+};
+
+struct kvt_tier_stats {
+	uint64_t capacity_bytes; /* slots x slot bytes */
+	uint64_t used_bytes;     /* slots in use x slot bytes */
+	uint32_t slots;          /* slots in the tier */
+	uint32_t used_slots;     /* slots in use (holding data or being written) */
+	uint64_t evictions;      /* copies dropped from this tier to make room */
+};
+
+struct kvt_stats {
+	size_t size;                                /* sizeof(struct kvt_stats) as compiled */
+	struct kvt_tier_stats tier[KVT_TIER_COUNT]; /* per tier */
+	uint64_t blocks_moved[KVT_MOVE_COUNT];      /* completed block copies per direction */
+	uint64_t bytes_moved[KVT_MOVE_COUNT];       /* their bytes */
+	uint64_t checksum_verified;                 /* NVMe reads whose checksum matched */
+	uint64_t checksum_failed;                   /* NVMe reads whose checksum did not */
+	uint64_t io_errors;                         /* NVMe reads/writes that failed */
+	uint64_t evictions;                         /* sum over tiers */
+	uint64_t stalls;                            /* waits that found copies unfinished */
+	uint64_t stall_ns;                          /* time spent in those waits */
+	uint64_t blocks_lost;                       /* blocks dropped as unrecoverable */
+	uint32_t seqs_open;                         /* open sequences */
+	uint32_t batches_open;                      /* unreleased batches */
+	uint64_t transfers_in_flight;               /* copies and IOs not yet completed */
+};
+
+/** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */
+KVT_API int kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_H */

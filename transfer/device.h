@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * transfer/device.h - the device backend interface (internal).
+ *
+ * Two implementations, chosen at run time so one test binary can run both (ggml-backend):
+ *   transfer/device_emu.c   always built. "Device memory" is ordinary host memory; a stream is a
+ *                           worker thread executing its queue in order; an event is a
+ *                           completion counter. Copies really happen later, on the stream's
+ *                           thread, so a missing wait shows up as wrong bytes in tests.
+ *   transfer/device_cuda.c  built when KVT_WITH_CUDA: cudaMalloc, cudaHostAlloc, streams, events.
+ *
+ * Every function returns 0 or a negative code (KVT_EDEVICE with the backend's message in
+ * d->errmsg); none aborts. Thread-safety: all entries may be called from any thread.
+ */
+#ifndef KVT_TRANSFER_DEVICE_H
+#define KVT_TRANSFER_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVT_DEVICE_OPS_V1 1u
+
+struct kvt_device;
+struct kvt_stream; /* backend-defined; on CUDA it is the cudaStream_t itself */
+struct kvt_event;  /* backend-defined */
+
+/** One contiguous copy. Addresses may be device or host memory; the backend works it out. */
+struct kvt_copy {
+	void *dst;       /* destination */
+	const void *src; /* source */
+	size_t len;      /* bytes */
+};
+
+/** What a backend can do (data, as in ggml's dev caps). */
+struct kvt_device_caps {
+	bool async;              /* copies complete after the call returns */
+	bool device_mem_is_host; /* device pointers may be dereferenced by the CPU (emulated) */
+	bool pinned_host;        /* host_alloc returns page-locked memory */
+};
+
+struct kvt_device_ops {
+	uint32_t abi_version; /* KVT_DEVICE_OPS_V1; always first */
+	const char *name;     /* "emulated" or "cuda" */
+	void (*destroy)(struct kvt_device *d); /* waits for all streams; frees d */
+	/* device memory (HBM) */
+	int (*mem_alloc)(struct kvt_device *d, size_t len, void **out);
+	void (*mem_free)(struct kvt_device *d, void *p);
+	/* host memory for the HOST tier: pinned when possible. *pinned says whether it is;
+	 * emulated: mmap + mlock, falling back to plain mmap when mlock is refused. */
+	int (*host_alloc)(struct kvt_device *d, size_t len, void **out, bool *pinned);
+	void (*host_free)(struct kvt_device *d, void *p, size_t len);
+	/* streams: in-order queues */
+	int (*stream_create)(struct kvt_device *d, struct kvt_stream **out);
+	void (*stream_destroy)(struct kvt_device *d, struct kvt_stream *s); /* syncs first */
+	/* queue n copies on s as one operation (cudaMemcpyBatchAsync or a gather kernel on CUDA;
+	 * never one call per copy). The copies run after everything queued earlier on s. */
+	int (*copy_batch_async)(struct kvt_device *d, struct kvt_stream *s, const struct kvt_copy *v,
+				uint32_t n);
+	int (*stream_sync)(struct kvt_device *d, struct kvt_stream *s);
+	/* events: record marks the current end of s's queue; query/sync refer to the latest
+	 * record; stream_wait_event makes s wait (device-side) for the latest record of e. */
+	int (*event_create)(struct kvt_device *d, struct kvt_event **out);
+	void (*event_destroy)(struct kvt_device *d, struct kvt_event *e);
+	int (*event_record)(struct kvt_device *d, struct kvt_event *e, struct kvt_stream *s);
+	int (*event_query)(struct kvt_device *d, struct kvt_event *e); /* 0 done, -EAGAIN not yet */
+	int (*event_sync)(struct kvt_device *d, struct kvt_event *e);
+	int (*stream_wait_event)(struct kvt_device *d, struct kvt_stream *s, struct kvt_event *e);
+};
+
+struct kvt_device {
+	const struct kvt_device_ops *ops; /* vtable */
+	struct kvt_device_caps caps;      /* capabilities */
+	void *ctx;                        /* backend state */
+	char errmsg[256];                 /* last backend error message (e.g. CUDA's) */
+	int last_error;                   /* last raw backend error (cudaError_t), 0 if none */
+};
+
+/** Options of the emulated device. */
+struct kvt_emu_opts {
+	uint32_t max_delay_us;    /* each queued op first sleeps uniform 0..max_delay_us (test knob:
+	                             delays and reorders completions across streams) */
+	uint64_t seed;            /* RNG seed for those delays (per-stream streams derive from it) */
+	uint64_t copy_bytes_per_s; /* bandwidth limit of copies (sleep len/bw); 0 = unlimited */
+};
+
+/** Create the emulated device. Returns 0, -ENOMEM. */
+int kvt_device_emu_create(const struct kvt_emu_opts *o, struct kvt_device **out);
+
+/**
+ * Create the CUDA device on @ordinal. Returns 0; KVT_ENOTSUP in builds without CUDA;
+ * KVT_EDEVICE when no usable GPU is present (message in kvt_last_error_message()).
+ */
+int kvt_device_cuda_create(int ordinal, struct kvt_device **out);
+
+/** Convenience: destroy d (NULL ok). */
+static inline void
+kvt_device_destroy(struct kvt_device *d)
+{
+	if (d)
+		d->ops->destroy(d);
+}
+
+#endif /* KVT_TRANSFER_DEVICE_H */
