@@ -341,14 +341,16 @@ struct kvt_batch; /* opaque */
  * The block table of a prepared batch in CSR form (FlashInfer's paged_kv_t): sequence i owns
  * indices[indptr[i] .. indptr[i+1]), the HBM slot ids of its blocks in order; its last block holds
  * last_block_len[i] tokens (1..tokens_per_block), seq_len[i] tokens in all. Arrays belong to the
- * batch and live until kvt_batch_release().
+ * batch and live until kvt_batch_release(). Entry i corresponds to seqs[i] (or ranges[i]).
  */
 struct kvt_block_table {
 	uint32_t n_seqs;               /* sequences in the batch */
 	const uint32_t *indptr;        /* [n_seqs + 1], indptr[0] = 0 */
 	const uint32_t *indices;       /* [indptr[n_seqs]] HBM slot ids */
-	const uint32_t *last_block_len; /* [n_seqs] */
-	const uint64_t *seq_len;       /* [n_seqs] tokens */
+	const uint32_t *last_block_len; /* [n_seqs] tokens in the last block of the window */
+	const uint64_t *seq_len;       /* [n_seqs] tokens covered by the window */
+	const uint32_t *first_block;   /* [n_seqs] index of the window's first block in its
+	                                  sequence (0 for kvt_batch_prepare) */
 	struct kvt_geometry geo;       /* base pointer and strides */
 };
 
@@ -367,6 +369,26 @@ struct kvt_block_table {
  */
 KVT_API int kvt_batch_prepare(struct kvt_engine *e, const kvt_seq_id *seqs, size_t n,
 			      struct kvt_batch **out);
+
+/** A window of one sequence's blocks, for sequences that do not fit in HBM at once. */
+struct kvt_seq_range {
+	kvt_seq_id seq;       /* an open sequence */
+	uint32_t first_block; /* first block of the window */
+	uint32_t n_blocks;    /* blocks in the window; 0 = up to the end of the sequence */
+};
+
+/**
+ * kvt_batch_prepare_ranges() - as kvt_batch_prepare(), for windows of sequences: only the blocks
+ * [first_block, first_block + n_blocks) of each range are made resident and pinned, and the block
+ * table covers exactly those (block_table.first_block[i] says where a window starts). This is
+ * how a sequence larger than HBM is decoded: the caller walks its windows in order, computes a
+ * split-KV partial attention per window and merges them with log-sum-exp (kernels/attention.h,
+ * FlashDecoding), releasing each window's batch before preparing the next. A sequence may appear
+ * in several ranges only if they do not overlap. Errors as kvt_batch_prepare(), plus -EINVAL for
+ * a range past the end of its sequence.
+ */
+KVT_API int kvt_batch_prepare_ranges(struct kvt_engine *e, const struct kvt_seq_range *ranges,
+				     size_t n, struct kvt_batch **out);
 
 /** kvt_batch_block_table() - the batch's block table (see struct kvt_block_table). */
 KVT_API int kvt_batch_block_table(const struct kvt_batch *b, struct kvt_block_table *out);
