@@ -1,0 +1,430 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/batch.c - one forward step: prepare (pin and promote), block table, per-layer wait,
+ * release.
+ *
+ * Prepare runs in three phases so that copies are batched: (1) pin every block of the batch,
+ * so that making room can never evict one of them; (2) start NVMe reads for blocks that live
+ * only on NVMe and wait for them (each read verifies its checksum; a block that fails is lost
+ * and its sequence is truncated there: the caller sees KVT_ELOST and recomputes); (3) allocate
+ * HBM slots (demoting the least recently used unpinned blocks) and submit all host-to-device
+ * copies as one batched copy. The batch remembers the copy group it must wait for; the copies
+ * complete in stream order, so waiting for the last group covers all earlier ones.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "engine_impl.h"
+
+#define BATCH_MAX_SEQS 65536u
+
+static void
+batch_free(struct kvt_batch *b)
+{
+	if (!b)
+		return;
+	kvt_free(b->seqidx);
+	kvt_free(b->pinned);
+	kvt_free(b->indptr);
+	kvt_free(b->indices);
+	kvt_free(b->last_len);
+	kvt_free(b->seq_len);
+	kvt_free(b->first_block);
+	kvt_free(b);
+}
+
+static struct kvt_batch *
+batch_alloc(uint32_t n, uint32_t n_blocks)
+{
+	struct kvt_batch *b = kvt_calloc(1, sizeof *b);
+
+	if (!b)
+		return NULL;
+	b->n = n;
+	b->seqidx = kvt_calloc(n, sizeof *b->seqidx);
+	b->pinned = kvt_calloc(n_blocks, sizeof *b->pinned);
+	b->indptr = kvt_calloc(n + 1, sizeof *b->indptr);
+	b->indices = kvt_calloc(n_blocks, sizeof *b->indices);
+	b->last_len = kvt_calloc(n, sizeof *b->last_len);
+	b->seq_len = kvt_calloc(n, sizeof *b->seq_len);
+	b->first_block = kvt_calloc(n, sizeof *b->first_block);
+	if (!b->seqidx || !b->pinned || !b->indptr || !b->indices || !b->last_len ||
+	    !b->seq_len || !b->first_block) {
+		batch_free(b);
+		return NULL;
+	}
+	return b;
+}
+
+/* Check the ranges and resolve them to [first, first + count) block windows. */
+static int
+batch_check(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32_t *seqidx,
+	    uint32_t *first, uint32_t *count, uint32_t *total)
+{
+	size_t i, j;
+	uint64_t sum = 0;
+
+	for (i = 0; i < n; i++) {
+		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, &seqidx[i]);
+
+		if (!s)
+			return kvt_err(KVT_ECLOSED, "batch entry %zu: sequence %#llx is not open", i,
+				       (unsigned long long)r[i].seq);
+		if (s->in_batch)
+			return kvt_err(KVT_EBUSY, "batch entry %zu: sequence %#llx is in another "
+				       "unreleased batch", i, (unsigned long long)r[i].seq);
+		if (s->n_blocks == 0)
+			return kvt_err(-EINVAL, "batch entry %zu: sequence %#llx holds no tokens; "
+				       "append before preparing", i, (unsigned long long)r[i].seq);
+		if (r[i].first_block >= s->n_blocks ||
+		    (uint64_t)r[i].first_block + r[i].n_blocks > s->n_blocks)
+			return kvt_err(-EINVAL, "batch entry %zu: blocks [%u, +%u) past the end of the "
+				       "sequence (%u blocks)", i, r[i].first_block, r[i].n_blocks,
+				       s->n_blocks);
+		first[i] = r[i].first_block;
+		count[i] = r[i].n_blocks ? r[i].n_blocks : s->n_blocks - r[i].first_block;
+		for (j = 0; j < i; j++)
+			if (seqidx[j] == seqidx[i] && first[i] < first[j] + count[j] &&
+			    first[j] < first[i] + count[i])
+				return kvt_err(-EINVAL, "batch entries %zu and %zu overlap in sequence "
+					       "%#llx", j, i, (unsigned long long)r[i].seq);
+		sum += count[i];
+	}
+	if (sum > e->slots[KVT_TIER_HBM].n_slots)
+		return kvt_err(KVT_ETOOBIG, "the batch needs %llu blocks in HBM at once; HBM has "
+			       "%u slots (prepare fewer sequences, or windows of them)",
+			       (unsigned long long)sum, e->slots[KVT_TIER_HBM].n_slots);
+	*total = (uint32_t)sum;
+	return 0;
+}
+
+/* Phase 2: NVMe-only blocks are read into HOST; wait for every read of the batch. */
+static int
+batch_read_nvme(struct kvt_engine *e, struct kvt_batch *b)
+{
+	uint32_t i, slot;
+	bool waiting;
+	int rc;
+
+	for (i = 0; i < b->n_pinned; i++) {
+		uint32_t id = b->pinned[i];
+		struct kvt_block *k = &e->blocks[id];
+
+		if (kvt_copy_valid(k, KVT_TIER_HBM) || k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT ||
+		    kvt_copy_valid(k, KVT_TIER_HOST) || k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
+			continue;
+		if (!kvt_copy_valid(k, KVT_TIER_NVME)) {
+			kvt_block_check_lost(e, id);
+			continue;
+		}
+		rc = kvt_reclaim(e, KVT_TIER_HOST, 1, true);
+		if (rc == 0)
+			rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
+		if (rc == 0)
+			rc = kvt_xfer_n2h(e, id, slot, false);
+		if (rc)
+			return kvt_err(rc, "reading a block back from NVMe");
+	}
+	do {
+		waiting = false;
+		for (i = 0; i < b->n_pinned && !waiting; i++) {
+			struct kvt_block *k = &e->blocks[b->pinned[i]];
+
+			waiting = k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT &&
+				  k->state[KVT_TIER_HBM] != KVT_COPY_PRESENT &&
+				  k->state[KVT_TIER_HBM] != KVT_COPY_INFLIGHT;
+		}
+		if (waiting) {
+			uint64_t t0 = kvt_now_ns();
+
+			rc = kvt_xfer_wait_any(e);
+			e->st.stalls++;
+			e->st.stall_ns += kvt_now_ns() - t0;
+			if (rc < 0)
+				return rc;
+		}
+	} while (waiting);
+	return 0;
+}
+
+/* Phase 3: HOST-valid blocks go up to HBM in one batched copy. */
+static int
+batch_copy_up(struct kvt_engine *e, struct kvt_batch *b)
+{
+	uint32_t i, slot;
+	int rc;
+
+	for (i = 0; i < b->n_pinned; i++) {
+		uint32_t id = b->pinned[i];
+		struct kvt_block *k = &e->blocks[id];
+
+		if (kvt_copy_valid(k, KVT_TIER_HBM) || k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
+			continue;
+		if (k->lost || !kvt_copy_valid(k, KVT_TIER_HOST))
+			continue; /* lost: reported by the caller */
+		rc = kvt_reclaim(e, KVT_TIER_HBM, 1, true);
+		if (rc == 0)
+			rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
+		if (rc == 0)
+			rc = kvt_xfer_h2d(e, id, slot);
+		if (rc)
+			return kvt_err(rc == -ENOSPC ? -ENOSPC : rc,
+				       "no HBM slot for the batch (%u of %u slots pinned)",
+				       e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots);
+	}
+	rc = kvt_xfer_flush(e);
+	b->need_h2d = e->h2d.submitted;
+	return rc;
+}
+
+/* Truncate every sequence of the batch at its first lost block. Returns how many were. */
+static uint32_t
+batch_truncate_lost(struct kvt_engine *e, struct kvt_batch *b)
+{
+	uint32_t i, j, n = 0;
+
+	for (i = 0; i < b->n; i++) {
+		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
+
+		for (j = 0; j < s->n_blocks; j++) {
+			if (e->blocks[s->blocks[j]].lost) {
+				kvt_seq_truncate(e, s, j);
+				n++;
+				break;
+			}
+		}
+	}
+	return n;
+}
+
+static void
+batch_unpin(struct kvt_engine *e, struct kvt_batch *b)
+{
+	uint32_t i;
+
+	for (i = 0; i < b->n_pinned; i++)
+		kvt_block_unpin(e, b->pinned[i]);
+	b->n_pinned = 0;
+}
+
+static void
+batch_fill_table(struct kvt_engine *e, struct kvt_batch *b, const uint32_t *first,
+		 const uint32_t *count)
+{
+	uint32_t tpb = e->layout.tokens_per_block, i, j, k = 0;
+
+	for (i = 0; i < b->n; i++) {
+		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
+		uint64_t begin = (uint64_t)first[i] * tpb;
+		uint64_t end = (uint64_t)(first[i] + count[i]) * tpb;
+
+		if (end > s->n_tokens)
+			end = s->n_tokens;
+		b->indptr[i] = k;
+		for (j = first[i]; j < first[i] + count[i]; j++)
+			b->indices[k++] = e->blocks[s->blocks[j]].slot[KVT_TIER_HBM];
+		b->first_block[i] = first[i];
+		b->seq_len[i] = end - begin;
+		b->last_len[i] = (uint32_t)(end - (uint64_t)(first[i] + count[i] - 1) * tpb);
+	}
+	b->indptr[b->n] = k;
+}
+
+static int
+batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n,
+		     struct kvt_batch **out)
+{
+	uint32_t *tmp = kvt_malloc(3 * n * sizeof *tmp), total = 0, i, j;
+	uint32_t *first = tmp, *count = tmp + n, *seqidx = tmp + 2 * n;
+	struct kvt_batch *b;
+	int rc;
+
+	if (!tmp)
+		return kvt_err(-ENOMEM, "batch of %zu sequences", n);
+	rc = batch_check(e, r, n, seqidx, first, count, &total);
+	if (rc) {
+		kvt_free(tmp);
+		return rc;
+	}
+	b = batch_alloc((uint32_t)n, total);
+	if (!b) {
+		kvt_free(tmp);
+		return kvt_err(-ENOMEM, "batch of %zu sequences", n);
+	}
+	b->e = e;
+	memcpy(b->seqidx, seqidx, n * sizeof *seqidx);
+	/* phase 1: pin (and count as used: the LRU order follows use) */
+	for (i = 0; i < n; i++) {
+		struct kvt_seqrec *s = &e->seqs[seqidx[i]];
+
+		for (j = first[i]; j < first[i] + count[i]; j++) {
+			uint32_t id = s->blocks[j];
+
+			kvt_block_pin(e, id);
+			b->pinned[b->n_pinned++] = id;
+			if (e->blocks[id].state[KVT_TIER_HBM] == KVT_COPY_PRESENT)
+				e->evict[KVT_TIER_HBM].ops->access(&e->evict[KVT_TIER_HBM], id);
+		}
+	}
+	if (e->hbm_pinned > e->slots[KVT_TIER_HBM].n_slots) {
+		rc = kvt_err(-ENOSPC, "HBM is pinned by other batches: %u blocks pinned, %u slots",
+			     e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots);
+		goto fail;
+	}
+	rc = batch_read_nvme(e, b);
+	if (rc == 0)
+		rc = batch_copy_up(e, b);
+	if (rc == 0 && batch_truncate_lost(e, b))
+		rc = kvt_err(KVT_ELOST, "KV blocks failed their checksum or could not be read; the "
+			     "affected sequences were truncated (see kvt_seq_info) and must be "
+			     "recomputed from there");
+	if (rc)
+		goto fail;
+	batch_fill_table(e, b, first, count);
+	for (i = 0; i < n; i++) {
+		e->seqs[seqidx[i]].in_batch = 1;
+		e->seqs[seqidx[i]].parked = 0;
+	}
+	e->n_batches++;
+	*out = b;
+	kvt_free(tmp);
+	return 0;
+fail:
+	batch_unpin(e, b);
+	batch_free(b);
+	kvt_free(tmp);
+	return rc;
+}
+
+int
+kvt_batch_prepare_ranges(struct kvt_engine *e, const struct kvt_seq_range *ranges, size_t n,
+			 struct kvt_batch **out)
+{
+	int rc;
+
+	if (out)
+		*out = NULL;
+	if (!e || !ranges || !out)
+		return kvt_err(-EINVAL, "kvt_batch_prepare: engine, sequences and out must not be "
+			       "NULL");
+	if (n == 0 || n > BATCH_MAX_SEQS)
+		return kvt_err(-EINVAL, "kvt_batch_prepare: %zu sequences, must be 1..%u", n,
+			       BATCH_MAX_SEQS);
+	kvt_lock(e);
+	rc = batch_prepare_locked(e, ranges, n, out);
+	kvt_unlock(e);
+	return rc;
+}
+
+int
+kvt_batch_prepare(struct kvt_engine *e, const kvt_seq_id *seqs, size_t n, struct kvt_batch **out)
+{
+	struct kvt_seq_range *r;
+	size_t i;
+	int rc;
+
+	if (out)
+		*out = NULL;
+	if (!seqs || n == 0 || n > BATCH_MAX_SEQS)
+		return kvt_err(-EINVAL, "kvt_batch_prepare: %zu sequences (seqs %s), must be 1..%u",
+			       n, seqs ? "set" : "NULL", BATCH_MAX_SEQS);
+	r = kvt_calloc(n, sizeof *r);
+	if (!r)
+		return kvt_err(-ENOMEM, "batch of %zu sequences", n);
+	for (i = 0; i < n; i++)
+		r[i].seq = seqs[i];
+	rc = kvt_batch_prepare_ranges(e, r, n, out);
+	kvt_free(r);
+	return rc;
+}
+
+int
+kvt_batch_block_table(const struct kvt_batch *b, struct kvt_block_table *out)
+{
+	if (!b || !out)
+		return kvt_err(-EINVAL, "kvt_batch_block_table: batch and out must not be NULL");
+	out->n_seqs = b->n;
+	out->indptr = b->indptr;
+	out->indices = b->indices;
+	out->last_block_len = b->last_len;
+	out->seq_len = b->seq_len;
+	out->first_block = b->first_block;
+	return kvt_engine_geometry(b->e, &out->geo);
+}
+
+int
+kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
+{
+	struct kvt_engine *e;
+	struct kvt_event *ev;
+	uint64_t t0;
+	int rc = 0;
+
+	if (!b)
+		return kvt_err(-EINVAL, "kvt_batch_wait_layer: batch is NULL");
+	e = b->e;
+	if (layer >= e->layout.n_layers)
+		return kvt_err(-EINVAL, "layer %u out of range (model has %u)", layer,
+			       e->layout.n_layers);
+	kvt_lock(e);
+	rc = kvt_xfer_poll(e, 0);
+	if (rc >= 0)
+		rc = 0;
+	if (rc == 0 && e->h2d.retired < b->need_h2d) {
+		if (stream) {
+			/* device-side wait: the host does not block (invariant 2 via the event) */
+			ev = kvt_xfer_h2d_event(e, b->need_h2d);
+			if (ev)
+				rc = e->dev->ops->stream_wait_event(e->dev, stream, ev);
+			if (rc)
+				rc = kvt_err(rc, "making the stream wait: %s", e->dev->errmsg);
+		} else {
+			t0 = kvt_now_ns();
+			rc = kvt_xfer_wait_h2d(e, b->need_h2d);
+			e->st.stalls++;
+			e->st.stall_ns += kvt_now_ns() - t0;
+		}
+	}
+	kvt_unlock(e);
+	return rc;
+}
+
+int
+kvt_batch_release(struct kvt_batch *b, void *stream)
+{
+	struct kvt_engine *e;
+	uint32_t i;
+	int rc = 0;
+
+	if (!b)
+		return kvt_err(-EINVAL, "kvt_batch_release: batch is NULL");
+	e = b->e;
+	kvt_lock(e);
+	if (stream) {
+		/* every later copy that reads or overwrites an HBM slot runs after the work the
+		 * caller queued on its stream: the K/V it wrote, the kernels that read slots */
+		rc = e->dev->ops->event_record(e->dev, e->compute_ev, stream);
+		if (rc == 0)
+			rc = e->dev->ops->stream_wait_event(e->dev, e->d2h.s, e->compute_ev);
+		if (rc == 0)
+			rc = e->dev->ops->stream_wait_event(e->dev, e->h2d.s, e->compute_ev);
+		if (rc)
+			rc = kvt_err(rc, "ordering copies after the caller's stream: %s",
+				     e->dev->errmsg);
+	}
+	/* copies of this batch still in flight keep their blocks busy, so nothing demotes them
+	 * before they land */
+	batch_unpin(e, b);
+	for (i = 0; i < b->n; i++) {
+		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
+
+		s->in_batch = 0;
+		kvt_seq_unpin_writes(e, s);
+	}
+	e->n_batches--;
+	kvt_watermarks(e);
+	(void)kvt_xfer_flush(e);
+	kvt_unlock(e);
+	batch_free(b);
+	return rc;
+}

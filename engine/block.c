@@ -1,0 +1,222 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/block.c - block records, their per-tier copies and the slots those copies occupy.
+ *
+ * Every change of a copy's state goes through the few functions here, which keep the slot
+ * allocator, the slot->block owner map, the tier's eviction list and the counters in step.
+ * All functions require e->lock.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "engine_impl.h"
+
+void *
+kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot)
+{
+	char *base = tier == KVT_TIER_HBM ? e->hbm_base : e->host_base;
+
+	return base + (uint64_t)slot * e->block_bytes;
+}
+
+bool
+kvt_copy_valid(const struct kvt_block *b, int tier)
+{
+	return b->state[tier] == KVT_COPY_PRESENT && b->copy_ver[tier] == b->ver;
+}
+
+bool
+kvt_block_evictable(const struct kvt_block *b)
+{
+	return b->live && !b->dead && b->pins == 0 && b->busy == 0;
+}
+
+static int
+block_grow(struct kvt_engine *e)
+{
+	uint32_t ncap = e->cap_blocks ? e->cap_blocks * 2 : 256, i;
+	struct kvt_block *nb;
+	int t, rc;
+
+	if (ncap < e->cap_blocks || ncap >= KVT_NIL)
+		return kvt_err(-ENOMEM, "block table full (%u blocks)", e->cap_blocks);
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		rc = e->evict[t].ops->reserve(&e->evict[t], ncap);
+		if (rc)
+			return kvt_err(rc, "growing the eviction lists to %u blocks", ncap);
+	}
+	nb = kvt_realloc(e->blocks, (size_t)ncap * sizeof *nb);
+	if (!nb)
+		return kvt_err(-ENOMEM, "growing the block table to %u blocks", ncap);
+	memset(nb + e->cap_blocks, 0, (size_t)(ncap - e->cap_blocks) * sizeof *nb);
+	/* push the new ids on the free list, lowest first */
+	for (i = ncap; i-- > e->cap_blocks;) {
+		nb[i].next_free = e->block_free;
+		e->block_free = i;
+	}
+	e->blocks = nb;
+	e->cap_blocks = ncap;
+	return 0;
+}
+
+int
+kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
+{
+	struct kvt_block *b;
+	uint32_t id;
+	int t, rc;
+
+	if (e->block_free == KVT_NIL) {
+		rc = block_grow(e);
+		if (rc)
+			return rc;
+	}
+	id = e->block_free;
+	b = &e->blocks[id];
+	e->block_free = b->next_free;
+	memset(b, 0, sizeof *b);
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		b->slot[t] = KVT_NIL;
+	b->live = 1;
+	b->seq = seq;
+	b->index = index;
+	b->next_free = KVT_NIL;
+	e->n_live_blocks++;
+	*out = id;
+	return 0;
+}
+
+int
+kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot)
+{
+	int rc = kvt_slots_alloc(&e->slots[tier], slot);
+
+	if (rc)
+		return rc;
+	e->owner[tier][*slot] = block;
+	return 0;
+}
+
+static void
+slot_release(struct kvt_engine *e, int tier, uint32_t slot)
+{
+	e->owner[tier][slot] = KVT_NIL;
+	kvt_slots_free(&e->slots[tier], slot);
+}
+
+void
+kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier)
+{
+	struct kvt_block *b = &e->blocks[id];
+
+	if (b->state[tier] != KVT_COPY_PRESENT)
+		return;
+	e->evict[tier].ops->remove(&e->evict[tier], id);
+	slot_release(e, tier, b->slot[tier]);
+	b->slot[tier] = KVT_NIL;
+	b->state[tier] = KVT_COPY_ABSENT;
+}
+
+void
+kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier, uint32_t ver)
+{
+	struct kvt_block *b = &e->blocks[id];
+
+	b->state[tier] = KVT_COPY_PRESENT;
+	b->copy_ver[tier] = ver;
+	e->evict[tier].ops->insert(&e->evict[tier], id);
+}
+
+void
+kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier)
+{
+	struct kvt_block *b = &e->blocks[id];
+
+	if (b->state[tier] != KVT_COPY_INFLIGHT)
+		return;
+	slot_release(e, tier, b->slot[tier]);
+	b->slot[tier] = KVT_NIL;
+	b->state[tier] = KVT_COPY_ABSENT;
+}
+
+void
+kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+	int t;
+
+	b->ver++;
+	/* copies below HBM now hold old bytes: drop them (in-flight ones are dropped by their
+	 * completion, which sees the version mismatch) */
+	for (t = KVT_TIER_HOST; t < KVT_TIER_COUNT; t++)
+		if (b->state[t] == KVT_COPY_PRESENT)
+			kvt_copy_drop(e, id, t);
+	if (b->state[KVT_TIER_HBM] == KVT_COPY_PRESENT)
+		b->copy_ver[KVT_TIER_HBM] = b->ver;
+}
+
+void
+kvt_block_pin(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+
+	if (b->pins++ == 0)
+		e->hbm_pinned++;
+}
+
+void
+kvt_block_unpin(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+
+	if (b->pins == 0)
+		return;
+	if (--b->pins == 0)
+		e->hbm_pinned--;
+	kvt_block_try_free(e, id);
+}
+
+void
+kvt_block_check_lost(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+	int t;
+
+	if (!b->live || b->dead || b->lost)
+		return;
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		if (kvt_copy_valid(b, t) ||
+		    (b->state[t] == KVT_COPY_INFLIGHT && b->copy_ver[t] == b->ver))
+			return;
+	/* an empty block (no token written yet) has nothing to lose */
+	if (b->ver == 0)
+		return;
+	b->lost = 1;
+	e->st.blocks_lost++;
+}
+
+void
+kvt_block_try_free(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+	int t;
+
+	if (!b->live || !b->dead || b->busy || b->pins)
+		return;
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		kvt_copy_drop(e, id, t);
+	b->live = 0;
+	b->dead = 0;
+	b->next_free = e->block_free;
+	e->block_free = id;
+	e->n_live_blocks--;
+}
+
+void
+kvt_block_kill(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+
+	b->dead = 1;
+	kvt_block_try_free(e, id);
+}

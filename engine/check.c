@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/check.c - kvt_engine_check(): walk every block, slot, list and counter and verify
+ * that they agree (SQLite's pcache asserts, jemalloc's debug walks). Used by the tests after
+ * every scenario, including under fault injection.
+ */
+#include <errno.h>
+
+#include "engine_impl.h"
+
+static int
+check_tiers(struct kvt_engine *e)
+{
+	uint32_t s, used, id;
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		used = 0;
+		for (s = 0; s < e->slots[t].n_slots; s++) {
+			id = e->owner[t][s];
+			if (id == KVT_NIL)
+				continue;
+			used++;
+			if (id >= e->cap_blocks || !e->blocks[id].live)
+				return kvt_err(-EINVAL, "tier %d slot %u owned by dead block %u", t, s,
+					       id);
+			if (e->blocks[id].slot[t] != s || e->blocks[id].state[t] == KVT_COPY_ABSENT)
+				return kvt_err(-EINVAL, "tier %d slot %u: owner block %u points to "
+					       "slot %u state %u", t, s, id, e->blocks[id].slot[t],
+					       e->blocks[id].state[t]);
+		}
+		if (used != e->slots[t].n_slots - e->slots[t].n_free)
+			return kvt_err(-EINVAL, "tier %d: %u slots owned, allocator says %u", t,
+				       used, e->slots[t].n_slots - e->slots[t].n_free);
+	}
+	return 0;
+}
+
+static int
+check_blocks(struct kvt_engine *e)
+{
+	uint64_t busy = 0;
+	uint32_t id, pinned = 0, live = 0;
+	int t;
+
+	for (id = 0; id < e->cap_blocks; id++) {
+		struct kvt_block *b = &e->blocks[id];
+
+		if (!b->live)
+			continue;
+		live++;
+		busy += b->busy;
+		pinned += b->pins > 0;
+		if (b->dead && !b->busy && !b->pins)
+			return kvt_err(-EINVAL, "block %u is dead and idle but not freed", id);
+		for (t = 0; t < KVT_TIER_COUNT; t++) {
+			bool listed = e->evict[t].ops->contains(&e->evict[t], id);
+
+			if ((b->state[t] == KVT_COPY_ABSENT) != (b->slot[t] == KVT_NIL))
+				return kvt_err(-EINVAL, "block %u tier %d: state %u with slot %u", id,
+					       t, b->state[t], b->slot[t]);
+			if (listed != (b->state[t] == KVT_COPY_PRESENT))
+				return kvt_err(-EINVAL, "block %u tier %d: state %u but %s the "
+					       "eviction list", id, t, b->state[t],
+					       listed ? "on" : "not on");
+			if (b->state[t] != KVT_COPY_ABSENT && e->owner[t][b->slot[t]] != id)
+				return kvt_err(-EINVAL, "block %u tier %d slot %u owned by %u", id, t,
+					       b->slot[t], e->owner[t][b->slot[t]]);
+		}
+	}
+	if (busy != e->st.transfers_in_flight)
+		return kvt_err(-EINVAL, "%llu transfers counted on blocks, %llu in flight",
+			       (unsigned long long)busy,
+			       (unsigned long long)e->st.transfers_in_flight);
+	if (pinned != e->hbm_pinned)
+		return kvt_err(-EINVAL, "%u blocks pinned, counter says %u", pinned, e->hbm_pinned);
+	if (live != e->n_live_blocks)
+		return kvt_err(-EINVAL, "%u live blocks, counter says %u", live, e->n_live_blocks);
+	return 0;
+}
+
+static int
+check_seqs(struct kvt_engine *e)
+{
+	uint32_t i, j, tpb = e->layout.tokens_per_block, open = 0;
+
+	for (i = 0; i < e->cap_seqs; i++) {
+		struct kvt_seqrec *s = &e->seqs[i];
+
+		if (!s->open)
+			continue;
+		open++;
+		if (s->n_blocks != (s->n_tokens + tpb - 1) / tpb)
+			return kvt_err(-EINVAL, "sequence %u: %llu tokens in %u blocks", i,
+				       (unsigned long long)s->n_tokens, s->n_blocks);
+		for (j = 0; j < s->n_blocks; j++) {
+			struct kvt_block *b = &e->blocks[s->blocks[j]];
+
+			if (!b->live || b->dead || b->seq != i || b->index != j)
+				return kvt_err(-EINVAL, "sequence %u block %u (id %u) does not belong "
+					       "to it", i, j, s->blocks[j]);
+		}
+	}
+	if (open != e->n_open_seqs)
+		return kvt_err(-EINVAL, "%u open sequences, counter says %u", open, e->n_open_seqs);
+	return 0;
+}
+
+int
+kvt_engine_check(struct kvt_engine *e)
+{
+	int rc;
+
+	kvt_lock(e);
+	rc = check_tiers(e);
+	if (!rc)
+		rc = check_blocks(e);
+	if (!rc)
+		rc = check_seqs(e);
+	kvt_unlock(e);
+	return rc;
+}

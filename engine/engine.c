@@ -1,0 +1,435 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/engine.c - engine lifecycle, options, geometry, progress, streams and statistics.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine_impl.h"
+
+#define ENGINE_MAX_DIM 4096u
+#define ENGINE_MAX_TPB 65536u
+#define ENGINE_MAX_BLOCK_BYTES (1ull << 30)  /* one block of more than 1 GiB is a mistake */
+#define ENGINE_MAX_TIER_BYTES (1ull << 50)   /* 1 PiB */
+#define ENGINE_MAX_SLOTS (1u << 30)
+
+const struct kvt_nvme_fault_hooks *kvt_test_nvme_hooks;
+
+uint64_t
+kvt_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void
+kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	if (e->opts.log)
+		e->opts.log(e->opts.log_arg, level, msg);
+	else
+		fprintf(stderr, "kvtier: %s: %s\n", level == KVT_LOG_ERROR ? "error" :
+			level == KVT_LOG_WARN ? "warning" : "info", msg);
+}
+
+size_t
+kvt_dtype_size(enum kvt_dtype t)
+{
+	switch (t) {
+	case KVT_DTYPE_F32: return 4;
+	case KVT_DTYPE_F16: return 2;
+	case KVT_DTYPE_BF16: return 2;
+	case KVT_DTYPE_FP8_E4M3: return 1;
+	case KVT_DTYPE_INT8: return 1;
+	}
+	return 0;
+}
+
+void
+kvt_engine_opts_init(struct kvt_engine_opts *o, size_t size)
+{
+	struct kvt_engine_opts d;
+
+	if (!o)
+		return;
+	memset(&d, 0, sizeof d);
+	d.opts_size = size;
+	d.layout.dtype = KVT_DTYPE_F16;
+	d.layout.tokens_per_block = 16;
+	d.device = KVT_DEVICE_EMULATED;
+	d.high_watermark = 0.95f;
+	d.low_watermark = 0.85f;
+	d.nvme_queue_depth = 64;
+	d.emu_seed = 1;
+	memcpy(o, &d, size < sizeof d ? size : sizeof d);
+}
+
+static int
+engine_check_layout(const struct kvt_layout *l, uint64_t *block_bytes)
+{
+	size_t es = kvt_dtype_size(l->dtype);
+	uint64_t bb = 0;
+
+	if (!es)
+		return kvt_err(-EINVAL, "unknown element type %d", (int)l->dtype);
+	if (l->n_layers < 1 || l->n_layers > ENGINE_MAX_DIM)
+		return kvt_err(-EINVAL, "n_layers %u out of range 1..%u", l->n_layers,
+			       ENGINE_MAX_DIM);
+	if (l->n_kv_heads < 1 || l->n_kv_heads > ENGINE_MAX_DIM)
+		return kvt_err(-EINVAL, "n_kv_heads %u out of range 1..%u", l->n_kv_heads,
+			       ENGINE_MAX_DIM);
+	if (l->head_dim < 1 || l->head_dim > ENGINE_MAX_DIM)
+		return kvt_err(-EINVAL, "head_dim %u out of range 1..%u", l->head_dim,
+			       ENGINE_MAX_DIM);
+	if (l->tokens_per_block < 1 || l->tokens_per_block > ENGINE_MAX_TPB)
+		return kvt_err(-EINVAL, "tokens_per_block %u out of range 1..%u",
+			       l->tokens_per_block, ENGINE_MAX_TPB);
+	/* each factor is <= 2^16, so the product of four fits in 64 bits before the check */
+	bb = 2ull * l->tokens_per_block * l->n_kv_heads * l->head_dim * es;
+	if (bb > ENGINE_MAX_BLOCK_BYTES || bb * l->n_layers > ENGINE_MAX_BLOCK_BYTES)
+		return kvt_err(-EINVAL, "a block would be %llu bytes (limit %llu): lower "
+			       "tokens_per_block", (unsigned long long)(bb * l->n_layers),
+			       (unsigned long long)ENGINE_MAX_BLOCK_BYTES);
+	*block_bytes = bb * l->n_layers;
+	return 0;
+}
+
+static int
+engine_check_opts(const struct kvt_engine_opts *o, uint64_t bb)
+{
+	if (o->hbm_bytes < bb || o->hbm_bytes > ENGINE_MAX_TIER_BYTES)
+		return kvt_err(-EINVAL, "HBM capacity %llu bytes must hold at least one block "
+			       "(%llu bytes) and be at most %llu", (unsigned long long)o->hbm_bytes,
+			       (unsigned long long)bb, (unsigned long long)ENGINE_MAX_TIER_BYTES);
+	if (o->host_bytes && (o->host_bytes < bb || o->host_bytes > ENGINE_MAX_TIER_BYTES))
+		return kvt_err(-EINVAL, "HOST capacity %llu bytes must be 0 or hold at least one "
+			       "block (%llu bytes) and be at most %llu",
+			       (unsigned long long)o->host_bytes, (unsigned long long)bb,
+			       (unsigned long long)ENGINE_MAX_TIER_BYTES);
+	if (o->nvme_dir && (o->nvme_bytes == 0 || o->nvme_bytes > ENGINE_MAX_TIER_BYTES))
+		return kvt_err(-EINVAL, "NVME capacity %llu bytes is out of range",
+			       (unsigned long long)o->nvme_bytes);
+	if (o->nvme_dir && !o->host_bytes)
+		return kvt_err(-EINVAL, "an NVME tier needs a HOST tier to stage blocks through");
+	if (o->hbm_bytes / bb > ENGINE_MAX_SLOTS || o->host_bytes / bb > ENGINE_MAX_SLOTS)
+		return kvt_err(-EINVAL, "more than %u slots in one tier", ENGINE_MAX_SLOTS);
+	if (!(o->low_watermark > 0.0f && o->low_watermark <= o->high_watermark &&
+	      o->high_watermark <= 1.0f))
+		return kvt_err(-EINVAL, "watermarks must satisfy 0 < low (%g) <= high (%g) <= 1",
+			       (double)o->low_watermark, (double)o->high_watermark);
+	if (o->device != KVT_DEVICE_EMULATED && o->device != KVT_DEVICE_CUDA)
+		return kvt_err(-EINVAL, "unknown device kind %d", (int)o->device);
+	return 0;
+}
+
+static int
+engine_tier_init(struct kvt_engine *e, int tier, uint32_t n)
+{
+	uint32_t i;
+	int rc;
+
+	if (kvt_slots_init(&e->slots[tier], n))
+		return kvt_err(-ENOMEM, "slot allocator of %u slots", n);
+	e->owner[tier] = kvt_malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
+	if (!e->owner[tier])
+		return kvt_err(-ENOMEM, "slot owner map of %u slots", n);
+	for (i = 0; i < n; i++)
+		e->owner[tier][i] = KVT_NIL;
+	rc = kvt_evict_init(&e->evict[tier], &kvt_evict_lru_ops, 256);
+	return rc ? kvt_err(rc, "eviction list") : 0;
+}
+
+static int
+engine_open_device(struct kvt_engine *e)
+{
+	const struct kvt_engine_opts *o = &e->opts;
+	struct kvt_emu_opts eo = {
+		.max_delay_us = o->emu_max_delay_us,
+		.seed = o->emu_seed,
+		.copy_bytes_per_s = o->emu_copy_bytes_per_s,
+	};
+	uint64_t hbm = (uint64_t)e->slots[KVT_TIER_HBM].n_slots * e->block_bytes;
+	int rc;
+
+	if (o->device == KVT_DEVICE_CUDA)
+		rc = kvt_device_cuda_create(o->cuda_device, &e->dev);
+	else
+		rc = kvt_device_emu_create(&eo, &e->dev);
+	if (rc)
+		return rc == KVT_ENOTSUP || rc == KVT_EDEVICE ? rc :
+			kvt_err(rc, "creating the %s device", o->device ? "CUDA" : "emulated");
+	rc = e->dev->ops->mem_alloc(e->dev, hbm, &e->hbm_base);
+	if (rc)
+		return kvt_err(rc, "allocating %llu bytes of HBM: %s", (unsigned long long)hbm,
+			       e->dev->errmsg);
+	if (e->slots[KVT_TIER_HOST].n_slots) {
+		e->host_len = (size_t)e->slots[KVT_TIER_HOST].n_slots * e->block_bytes;
+		rc = e->dev->ops->host_alloc(e->dev, e->host_len, &e->host_base, &e->host_pinned);
+		if (rc)
+			return kvt_err(rc, "allocating %zu bytes of HOST memory", e->host_len);
+		if (!e->host_pinned)
+			kvt_engine_log(e, KVT_LOG_WARN, "HOST tier (%zu bytes) is not pinned: mlock "
+				       "was refused (raise RLIMIT_MEMLOCK, ulimit -l); copies from it "
+				       "will be slower", e->host_len);
+	}
+	return kvt_xfer_init(e);
+}
+
+static int
+engine_open_nvme(struct kvt_engine *e)
+{
+	struct kvt_nvme_opts no = {
+		.dir = e->nvme_dir,
+		.capacity_bytes = e->opts.nvme_bytes,
+		.block_bytes = e->block_bytes,
+		.queue_depth = e->opts.nvme_queue_depth ? e->opts.nvme_queue_depth : 64,
+		.hooks = kvt_test_nvme_hooks,
+	};
+	char msg[256] = "";
+	int rc;
+
+	rc = kvt_nvme_open(&no, &e->nvme, msg, sizeof msg);
+	if (rc)
+		return kvt_err(rc, "NVME tier in %s: %s", e->nvme_dir, msg);
+	return engine_tier_init(e, KVT_TIER_NVME, kvt_nvme_n_slots(e->nvme));
+}
+
+int
+kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
+{
+	struct kvt_engine *e;
+	uint64_t bb = 0;
+	int rc, t;
+
+	if (!out)
+		return kvt_err(-EINVAL, "kvt_engine_create: out is NULL");
+	*out = NULL;
+	if (!o)
+		return kvt_err(-EINVAL, "kvt_engine_create: options are NULL");
+	if (o->opts_size < offsetof(struct kvt_engine_opts, log) || o->opts_size > 65536)
+		return kvt_err(-EINVAL, "kvt_engine_opts.opts_size %zu: call kvt_engine_opts_init",
+			       o->opts_size);
+	rc = engine_check_layout(&o->layout, &bb);
+	if (!rc)
+		rc = engine_check_opts(o, bb);
+	if (rc)
+		return rc;
+	e = kvt_calloc(1, sizeof *e);
+	if (!e)
+		return kvt_err(-ENOMEM, "engine");
+	kvt_engine_opts_init(&e->opts, sizeof e->opts);
+	memcpy(&e->opts, o, o->opts_size < sizeof e->opts ? o->opts_size : sizeof e->opts);
+	e->opts.opts_size = sizeof e->opts;
+	pthread_mutex_init(&e->lock, NULL);
+	e->layout = o->layout;
+	e->block_bytes = bb;
+	e->layer_block_bytes = bb / o->layout.n_layers;
+	e->token_bytes = e->layer_block_bytes / 2 / o->layout.tokens_per_block;
+	e->block_free = KVT_NIL;
+	e->seq_free = KVT_NIL;
+	if (o->nvme_dir && !(e->nvme_dir = strdup(o->nvme_dir))) {
+		rc = kvt_err(-ENOMEM, "nvme_dir");
+		goto fail;
+	}
+	e->opts.nvme_dir = e->nvme_dir;
+	rc = engine_tier_init(e, KVT_TIER_HBM, (uint32_t)(o->hbm_bytes / bb));
+	if (!rc)
+		rc = engine_tier_init(e, KVT_TIER_HOST, (uint32_t)(o->host_bytes / bb));
+	if (!rc)
+		rc = engine_open_device(e);
+	if (!rc && e->nvme_dir)
+		rc = engine_open_nvme(e);
+	else if (!rc)
+		rc = engine_tier_init(e, KVT_TIER_NVME, 0);
+	if (rc)
+		goto fail;
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		e->st.tier[t].slots = e->slots[t].n_slots;
+	*out = e;
+	return 0;
+fail:
+	{
+		/* keep the message of the failure, not of the teardown */
+		char keep[512];
+
+		snprintf(keep, sizeof keep, "%s", kvt_last_error_message());
+		kvt_engine_destroy(e);
+		kvt_err(rc, "%s", strchr(keep, ':') ? strchr(keep, ':') + 2 : keep);
+	}
+	return rc;
+}
+
+void
+kvt_engine_destroy(struct kvt_engine *e)
+{
+	int t;
+
+	if (!e)
+		return;
+	kvt_lock(e);
+	if (e->dev)
+		kvt_xfer_fini(e);
+	kvt_unlock(e);
+	if (e->nvme)
+		kvt_nvme_close(e->nvme);
+	if (e->dev) {
+		if (e->host_base)
+			e->dev->ops->host_free(e->dev, e->host_base, e->host_len);
+		if (e->hbm_base)
+			e->dev->ops->mem_free(e->dev, e->hbm_base);
+		kvt_device_destroy(e->dev);
+	}
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		kvt_slots_fini(&e->slots[t]);
+		kvt_free(e->owner[t]);
+		if (e->evict[t].ops)
+			e->evict[t].ops->fini(&e->evict[t]);
+	}
+	for (uint32_t i = 0; i < e->cap_seqs; i++) {
+		kvt_free(e->seqs[i].blocks);
+		kvt_free(e->seqs[i].tokens);
+		kvt_free(e->seqs[i].wpins);
+	}
+	kvt_free(e->seqs);
+	kvt_free(e->blocks);
+	free(e->nvme_dir);
+	pthread_mutex_destroy(&e->lock);
+	kvt_free(e);
+}
+
+int
+kvt_engine_geometry(const struct kvt_engine *e, struct kvt_geometry *g)
+{
+	if (!e || !g)
+		return kvt_err(-EINVAL, "kvt_engine_geometry: engine and out must not be NULL");
+	memset(g, 0, sizeof *g);
+	g->hbm_base = e->hbm_base;
+	g->block_bytes = e->block_bytes;
+	g->layer_block_bytes = e->layer_block_bytes;
+	g->v_offset = e->layer_block_bytes / 2;
+	g->token_bytes = e->token_bytes;
+	g->tokens_per_block = e->layout.tokens_per_block;
+	g->n_layers = e->layout.n_layers;
+	g->hbm_slots = e->slots[KVT_TIER_HBM].n_slots;
+	g->host_slots = e->slots[KVT_TIER_HOST].n_slots;
+	g->nvme_slots = e->slots[KVT_TIER_NVME].n_slots;
+	return 0;
+}
+
+int
+kvt_engine_poll(struct kvt_engine *e, uint32_t max)
+{
+	int rc;
+
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_engine_poll: engine is NULL");
+	kvt_lock(e);
+	rc = kvt_xfer_flush(e);
+	if (rc == 0)
+		rc = kvt_xfer_poll(e, max);
+	kvt_unlock(e);
+	return rc;
+}
+
+int
+kvt_engine_drain(struct kvt_engine *e)
+{
+	int rc = 0;
+
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_engine_drain: engine is NULL");
+	kvt_lock(e);
+	while (rc >= 0 && (kvt_xfer_inflight(e) || e->d2h.n_pending || e->h2d.n_pending))
+		rc = kvt_xfer_wait_any(e);
+	kvt_unlock(e);
+	return rc < 0 ? rc : 0;
+}
+
+int
+kvt_engine_stream_create(struct kvt_engine *e, void **stream)
+{
+	struct kvt_stream *s = NULL;
+	int rc;
+
+	if (!e || !stream)
+		return kvt_err(-EINVAL, "kvt_engine_stream_create: engine and out must not be NULL");
+	rc = e->dev->ops->stream_create(e->dev, &s);
+	*stream = s;
+	return rc ? kvt_err(rc, "creating a stream: %s", e->dev->errmsg) : 0;
+}
+
+int
+kvt_engine_stream_memcpy_async(struct kvt_engine *e, void *stream, void *dst, const void *src,
+			       size_t len)
+{
+	struct kvt_copy c = { .dst = dst, .src = src, .len = len };
+	int rc;
+
+	if (!e || !stream || !dst || !src)
+		return kvt_err(-EINVAL, "kvt_engine_stream_memcpy_async: NULL argument");
+	rc = e->dev->ops->copy_batch_async(e->dev, stream, &c, 1);
+	return rc ? kvt_err(rc, "queueing a copy: %s", e->dev->errmsg) : 0;
+}
+
+int
+kvt_engine_stream_sync(struct kvt_engine *e, void *stream)
+{
+	int rc;
+
+	if (!e || !stream)
+		return kvt_err(-EINVAL, "kvt_engine_stream_sync: NULL argument");
+	rc = e->dev->ops->stream_sync(e->dev, stream);
+	return rc ? kvt_err(rc, "synchronising a stream: %s", e->dev->errmsg) : 0;
+}
+
+void
+kvt_engine_stream_destroy(struct kvt_engine *e, void *stream)
+{
+	if (e && stream)
+		e->dev->ops->stream_destroy(e->dev, stream);
+}
+
+int
+kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
+{
+	struct kvt_stats s;
+	size_t size;
+	int t;
+
+	if (!e || !out)
+		return kvt_err(-EINVAL, "kvt_engine_stats: engine and out must not be NULL");
+	size = out->size;
+	if (size < offsetof(struct kvt_stats, evictions) || size > 65536)
+		return kvt_err(-EINVAL, "kvt_stats.size %zu: set it to sizeof(struct kvt_stats)",
+			       size);
+	kvt_lock(e);
+	(void)kvt_xfer_poll(e, 0);
+	s = e->st;
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		uint64_t sb = t == KVT_TIER_NVME && e->nvme ? kvt_nvme_slot_bytes(e->nvme) :
+			      e->block_bytes;
+
+		s.tier[t].slots = e->slots[t].n_slots;
+		s.tier[t].used_slots = e->slots[t].n_slots - e->slots[t].n_free;
+		s.tier[t].capacity_bytes = (uint64_t)s.tier[t].slots * sb;
+		s.tier[t].used_bytes = (uint64_t)s.tier[t].used_slots * sb;
+	}
+	s.seqs_open = e->n_open_seqs;
+	s.batches_open = e->n_batches;
+	kvt_unlock(e);
+	s.size = size;
+	memcpy(out, &s, size < sizeof s ? size : sizeof s);
+	return 0;
+}

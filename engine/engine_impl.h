@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/engine_impl.h - the engine's internal state (not installed).
+ *
+ * Blocks and their copies
+ * -----------------------
+ * Every block of every sequence is a struct kvt_block in one dense array (ids are indices, so
+ * the array can grow with realloc and ids can feed LRU links and block tables). Per tier a block
+ * has a copy state:
+ *
+ *     ABSENT --(alloc slot, submit copy/IO into it)--> INFLIGHT --(completion ok)--> PRESENT
+ *        ^                                                  |                          |
+ *        +------------------(completion failed / stale)-----+----(evict: free slot)----+
+ *
+ * and a version: b->ver counts the writes appended to the block; a copy is *valid* when it is
+ * PRESENT and its copy_ver equals b->ver. HBM always holds the newest bytes when present
+ * (appends happen in HBM), so lower copies go stale when tokens are appended and are dropped.
+ *
+ * A block is *busy* while any transfer reads or writes one of its copies (b->busy counts them);
+ * it is *pinned* while a batch or an append holds it (b->pins). Eviction picks only blocks that
+ * are neither (DESIGN.md invariant 3); a slot is freed only by the completion of the transfer
+ * that uses it, never while it is in flight (invariant 1). A copy that is the only valid one is
+ * demoted before its slot is freed (invariant 4); NVMe reads are verified (invariant 5).
+ *
+ * Locking: one engine mutex (e->lock) guards everything here. Device streams and the io_uring
+ * run on other threads/in the kernel but never touch this state; completions are processed by
+ * whichever API call polls or waits, under the lock.
+ */
+#ifndef KVT_ENGINE_IMPL_H
+#define KVT_ENGINE_IMPL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/alloc.h"
+#include "engine/error.h"
+#include "evict/evict.h"
+#include "kvtier.h"
+#include "tiers/slots.h"
+#include "tiers/tier_nvme.h"
+#include "transfer/device.h"
+
+enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESENT = 2 };
+
+struct kvt_block {
+	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
+	uint32_t copy_ver[KVT_TIER_COUNT]; /* version each copy holds (or will hold) */
+	uint8_t state[KVT_TIER_COUNT];     /* enum kvt_copy_state per tier */
+	uint8_t live;                      /* 1 while owned by a sequence (or dying) */
+	uint8_t dead;                      /* owner gone: free once busy drops to 0 */
+	uint8_t lost;                      /* no valid copy left anywhere: must be recomputed */
+	uint32_t ver;                      /* content version, bumped by appends */
+	uint16_t pins;                     /* batch pins + append (write) pins */
+	uint16_t busy;                     /* transfers in flight on this block's copies */
+	uint32_t seq;                      /* owning sequence index */
+	uint32_t index;                    /* position within the sequence */
+	uint32_t next_free;                /* free-list link when !live */
+};
+
+struct kvt_seqrec {
+	uint32_t gen;       /* generation: high half of the kvt_seq_id; bumped on close */
+	uint8_t open;       /* 1 while open */
+	uint8_t parked;     /* 1 after park until resume/append/prepare */
+	uint8_t in_batch;   /* 1 while an unreleased batch holds it */
+	uint8_t priority;   /* 0..100 */
+	uint32_t tenant;    /* tenant id */
+	uint64_t n_tokens;  /* tokens held */
+	uint32_t n_blocks;  /* blocks in use (ceil(n_tokens / tpb)) */
+	uint32_t cap_blocks; /* capacity of blocks[] */
+	uint32_t *blocks;   /* [n_blocks] block ids */
+	int32_t *tokens;    /* [n_tokens] token ids (-1 when not given) */
+	uint64_t cap_tokens; /* capacity of tokens[] */
+	uint32_t *wpins;    /* block ids pinned by appends since the last release */
+	uint32_t n_wpins;   /* entries in wpins */
+	uint32_t cap_wpins; /* capacity of wpins */
+	uint32_t next_free; /* free-list link when closed */
+};
+
+enum kvt_xfer_kind { KVT_X_D2H = 0, KVT_X_H2N = 1, KVT_X_N2H = 2, KVT_X_H2D = 3 };
+
+/* One block moving between two tiers. */
+struct kvt_xfer {
+	uint32_t block;     /* block id */
+	uint32_t src_slot;  /* slot read */
+	uint32_t dst_slot;  /* slot written */
+	uint32_t ver;       /* block version the copy carries */
+	uint8_t kind;       /* enum kvt_xfer_kind (== enum kvt_move) */
+	uint8_t evict_src;  /* drop the source copy when this completes (demotion) */
+	uint8_t then_nvme;  /* D2H: continue down to NVMe when done (park to NVMe) */
+	uint8_t then_hbm;   /* N2H: continue up to HBM when done (resume) */
+	struct kvt_xfer *next; /* list link (device group / free list) */
+};
+
+/* One batched device copy (all D2H or all H2D) and the event recorded after it. */
+struct kvt_xgroup {
+	struct kvt_event *ev;     /* recorded on the stream after the copies */
+	struct kvt_xfer *xfers;   /* its transfers */
+	uint64_t seqno;           /* position in its stream's order, from 1 */
+	struct kvt_xgroup *next;  /* next younger group on the same stream */
+};
+
+/* An in-order device stream owned by the engine, with its queue of groups in flight. */
+struct kvt_xstream {
+	struct kvt_stream *s;       /* device stream */
+	struct kvt_xgroup *head;    /* oldest group not yet retired */
+	struct kvt_xgroup *tail;    /* youngest */
+	struct kvt_xfer *pending;   /* transfers collected but not yet submitted */
+	uint32_t n_pending;         /* entries in pending */
+	uint64_t submitted;         /* seqno of the last submitted group */
+	uint64_t retired;           /* seqno of the last retired group */
+};
+
+struct kvt_batch {
+	struct kvt_engine *e;      /* owner */
+	uint32_t n;                /* ranges */
+	uint32_t *seqidx;          /* [n] sequence indices */
+	uint32_t *pinned;          /* block ids pinned by this batch */
+	uint32_t n_pinned;         /* entries in pinned */
+	uint64_t need_h2d;         /* h2d seqno that must retire before the blocks are usable */
+	uint32_t *indptr;          /* [n + 1] */
+	uint32_t *indices;         /* [indptr[n]] */
+	uint32_t *last_len;        /* [n] */
+	uint64_t *seq_len;         /* [n] */
+	uint32_t *first_block;     /* [n] */
+};
+
+struct kvt_engine {
+	pthread_mutex_t lock;               /* guards everything below */
+	struct kvt_engine_opts opts;        /* copy of the options (nvme_dir points to nvme_dir) */
+	char *nvme_dir;                     /* owned copy */
+	struct kvt_layout layout;           /* model layout */
+	uint64_t block_bytes;               /* bytes of one block, all layers */
+	uint64_t layer_block_bytes;         /* bytes of one layer of one block */
+	uint64_t token_bytes;               /* K (or V) bytes of one token in one layer */
+	struct kvt_device *dev;             /* device backend */
+	void *hbm_base;                     /* HBM slots (device memory) */
+	void *host_base;                    /* HOST slots */
+	size_t host_len;                    /* bytes of host_base */
+	bool host_pinned;                   /* host_base is page-locked */
+	struct kvt_nvme *nvme;              /* NVME tier or NULL */
+	struct kvt_slots slots[KVT_TIER_COUNT]; /* slot allocators (n_slots 0 = tier absent) */
+	uint32_t *owner[KVT_TIER_COUNT];    /* slot -> block id (KVT_NIL when free) */
+	struct kvt_evict evict[KVT_TIER_COUNT]; /* LRU per tier */
+	struct kvt_xstream d2h;             /* HBM -> HOST copies */
+	struct kvt_xstream h2d;             /* HOST -> HBM copies */
+	struct kvt_event *compute_ev;       /* recorded on the caller's stream at release */
+	struct kvt_event **ev_pool;         /* free events */
+	uint32_t n_ev_pool, cap_ev_pool;    /* entries / capacity */
+	struct kvt_xfer *xfer_free;         /* free transfer records */
+	uint32_t nvme_inflight;             /* NVMe IOs submitted, not reaped */
+	struct kvt_block *blocks;           /* [cap_blocks] */
+	uint32_t cap_blocks;                /* capacity */
+	uint32_t block_free;                /* free list head (KVT_NIL = none) */
+	uint32_t n_live_blocks;             /* blocks live */
+	struct kvt_seqrec *seqs;            /* [cap_seqs] */
+	uint32_t cap_seqs;                  /* capacity */
+	uint32_t seq_free;                  /* free list head */
+	uint32_t n_open_seqs;               /* open sequences */
+	uint32_t n_batches;                 /* unreleased batches */
+	uint32_t hbm_pinned;                /* blocks pinned (their HBM slots are spoken for) */
+	uint32_t demoting[KVT_TIER_COUNT];  /* demotions in flight whose source slot in that
+	                                       tier is freed on completion */
+	struct kvt_stats st;                /* counters (size unused internally) */
+};
+
+/* ---- engine.c */
+void kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...) KVT_PRINTF(3, 4);
+uint64_t kvt_now_ns(void);
+
+/* ---- engine/block.c: blocks, copies, slots */
+int kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out);
+void kvt_block_kill(struct kvt_engine *e, uint32_t id);  /* owner drops it */
+void kvt_block_try_free(struct kvt_engine *e, uint32_t id); /* frees a dead, idle block */
+bool kvt_copy_valid(const struct kvt_block *b, int tier);
+bool kvt_block_evictable(const struct kvt_block *b);
+int kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot);
+void kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier); /* free a PRESENT copy */
+void kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier, uint32_t ver);
+void kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier); /* an INFLIGHT copy failed */
+void kvt_block_bump_ver(struct kvt_engine *e, uint32_t id); /* contents change: drop stale */
+void kvt_block_pin(struct kvt_engine *e, uint32_t id);
+void kvt_block_unpin(struct kvt_engine *e, uint32_t id);
+void kvt_block_check_lost(struct kvt_engine *e, uint32_t id);
+void *kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot);
+
+/* ---- engine/residency.c: making room, demotion and promotion */
+int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
+int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);
+int kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait);
+void kvt_watermarks(struct kvt_engine *e);
+
+/* ---- transfer/xfer.c: submission and completion */
+int kvt_xfer_init(struct kvt_engine *e);
+void kvt_xfer_fini(struct kvt_engine *e);
+int kvt_xfer_d2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool evict_src,
+		 bool then_nvme);
+int kvt_xfer_h2d(struct kvt_engine *e, uint32_t id, uint32_t hbm_slot);
+int kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_src);
+int kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool then_hbm);
+int kvt_xfer_flush(struct kvt_engine *e);             /* submit collected device copies */
+int kvt_xfer_poll(struct kvt_engine *e, uint32_t max); /* process ready completions */
+int kvt_xfer_wait_any(struct kvt_engine *e);           /* block for >= 1 completion */
+uint64_t kvt_xfer_inflight(const struct kvt_engine *e);
+int kvt_xfer_wait_h2d(struct kvt_engine *e, uint64_t seqno); /* until h2d retired >= seqno */
+struct kvt_event *kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno);
+
+/* ---- engine/seq.c */
+struct kvt_seqrec *kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx);
+void kvt_seq_unpin_writes(struct kvt_engine *e, struct kvt_seqrec *s);
+void kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost);
+
+/* Test hook: when set before kvt_engine_create, the NVME tier is opened with these fault hooks
+ * (tests/ inject EIO, short IO and bit flips through it). NULL in production. */
+extern const struct kvt_nvme_fault_hooks *kvt_test_nvme_hooks;
+
+/* ---- engine/check.c: consistency walk for tests (returns 0 or -EINVAL with a message) */
+int kvt_engine_check(struct kvt_engine *e);
+
+static inline void
+kvt_lock(struct kvt_engine *e)
+{
+	pthread_mutex_lock(&e->lock);
+}
+
+static inline void
+kvt_unlock(struct kvt_engine *e)
+{
+	pthread_mutex_unlock(&e->lock);
+}
+
+#endif /* KVT_ENGINE_IMPL_H */

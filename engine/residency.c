@@ -1,0 +1,226 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/residency.c - where blocks live: making room in a tier, demotion and promotion.
+ *
+ * Making room (kvt_reclaim) walks the tier's eviction list from its cold end and, for each
+ * evictable block (not pinned, no transfer in flight: DESIGN.md invariant 3):
+ *   - drops the copy at once when a valid copy exists in another tier ("clean"), or
+ *   - demotes it one tier down (HBM -> HOST by a batched device copy, HOST -> NVME by io_uring)
+ *     and frees the slot when that copy has completed (invariants 1 and 4).
+ * Demotion needs a slot below, so making room in HBM may make room in HOST, which may make room
+ * on NVMe: the cascade HBM -> HOST -> NVME. NVMe copies can only be dropped when the block is
+ * valid higher up; a block that cannot be stored anywhere makes the caller fail with -ENOSPC and
+ * nothing is lost.
+ *
+ * Callers that may block (prepare, append, park) pass may_wait; completion handlers and
+ * background demotion do not, and simply do less when the tier below is full.
+ * All functions require e->lock.
+ */
+#include <errno.h>
+
+#include "engine_impl.h"
+
+#define RECLAIM_CHUNK 64
+
+/* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
+static int
+evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
+{
+	struct kvt_block *b = &e->blocks[id];
+	uint32_t slot;
+	int rc, t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		if (t != tier && kvt_copy_valid(b, t)) {
+			kvt_copy_drop(e, id, tier);
+			e->st.tier[tier].evictions++;
+			e->st.evictions++;
+			return 1;
+		}
+	}
+	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots)
+		return -ENOSPC;
+	/* the only valid copy: demote it. Pin it while room is made below, so the cascade
+	 * cannot pick it again (or drop its other copies) halfway. */
+	kvt_block_pin(e, id);
+	rc = kvt_reclaim(e, tier + 1, 1, may_wait);
+	if (rc == 0)
+		rc = kvt_slot_alloc(e, tier + 1, id, &slot);
+	if (rc == 0) {
+		if (tier == KVT_TIER_HBM)
+			rc = kvt_xfer_d2h(e, id, slot, true, false);
+		else
+			rc = kvt_xfer_h2n(e, id, slot, true);
+	}
+	b = &e->blocks[id];
+	if (--b->pins == 0)
+		e->hbm_pinned--;
+	return rc;
+}
+
+int
+kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
+{
+	struct kvt_slots *sl = &e->slots[tier];
+	struct kvt_evict *ev = &e->evict[tier];
+	uint32_t cand[RECLAIM_CHUNK], n, i, id;
+	int rc, progress;
+
+	if (need > sl->n_slots)
+		return -ENOSPC;
+	for (;;) {
+		if (sl->n_free >= need)
+			return 0;
+		progress = 0;
+		if (sl->n_free + e->demoting[tier] < need) {
+			/* collect first: evicting changes the list being walked */
+			n = 0;
+			for (id = ev->ops->victim_first(ev);
+			     id != KVT_NIL && n < RECLAIM_CHUNK &&
+			     n < need - sl->n_free - e->demoting[tier];
+			     id = ev->ops->victim_next(ev, id))
+				if (kvt_block_evictable(&e->blocks[id]))
+					cand[n++] = id;
+			for (i = 0; i < n; i++) {
+				struct kvt_block *b = &e->blocks[cand[i]];
+
+				if (!kvt_block_evictable(b) || b->state[tier] != KVT_COPY_PRESENT)
+					continue;
+				rc = evict_one(e, tier, cand[i], may_wait);
+				if (rc >= 0)
+					progress++;
+				if (sl->n_free >= need)
+					return 0;
+			}
+			rc = kvt_xfer_flush(e);
+			if (rc)
+				return rc;
+		}
+		if (sl->n_free >= need)
+			return 0;
+		if (!progress && !e->demoting[tier])
+			return -ENOSPC;
+		if (!may_wait)
+			return -EAGAIN;
+		rc = kvt_xfer_wait_any(e);
+		if (rc < 0)
+			return rc;
+	}
+}
+
+int
+kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
+{
+	struct kvt_block *b = &e->blocks[id];
+	uint32_t slot;
+	int rc = 0;
+
+	kvt_block_pin(e, id); /* the lookup pins it: scenario (c) of the v0 issue */
+	for (;;) {
+		b = &e->blocks[id];
+		if (b->lost) {
+			rc = KVT_ELOST;
+			break;
+		}
+		if (kvt_copy_valid(b, KVT_TIER_HBM) || b->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
+			break;
+		if (kvt_copy_valid(b, KVT_TIER_HOST)) {
+			rc = kvt_reclaim(e, KVT_TIER_HBM, 1, may_wait);
+			if (rc == 0)
+				rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
+			if (rc == 0)
+				rc = kvt_xfer_h2d(e, id, slot);
+			break;
+		}
+		if (b->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT) {
+			/* an NVMe read (or a demotion) into HOST is under way */
+			if (!may_wait) {
+				rc = -EAGAIN;
+				break;
+			}
+			rc = kvt_xfer_wait_any(e);
+			if (rc < 0)
+				break;
+			continue;
+		}
+		if (kvt_copy_valid(b, KVT_TIER_NVME)) {
+			rc = kvt_reclaim(e, KVT_TIER_HOST, 1, may_wait);
+			if (rc == 0)
+				rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
+			if (rc == 0)
+				rc = kvt_xfer_n2h(e, id, slot, true);
+			if (rc || !may_wait)
+				break;
+			continue;
+		}
+		kvt_block_check_lost(e, id);
+		rc = e->blocks[id].lost ? KVT_ELOST : -ENOSPC;
+		break;
+	}
+	kvt_block_unpin(e, id);
+	return rc;
+}
+
+int
+kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
+{
+	struct kvt_block *b;
+	uint32_t slot;
+	int rc = 0, t;
+
+	while (e->blocks[id].busy) {
+		if (!may_wait)
+			return -EAGAIN;
+		rc = kvt_xfer_wait_any(e);
+		if (rc < 0)
+			return rc;
+	}
+	b = &e->blocks[id];
+	if (b->pins)
+		return KVT_EBUSY;
+	if (kvt_copy_valid(b, target) || (target == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME))) {
+		/* already safe at or below the target: drop what is above it */
+		for (t = 0; t < target; t++)
+			kvt_copy_drop(e, id, t);
+		return 0;
+	}
+	if (target == KVT_TIER_NVME && kvt_copy_valid(b, KVT_TIER_HOST)) {
+		kvt_copy_drop(e, id, KVT_TIER_HBM);
+		kvt_block_pin(e, id);
+		rc = kvt_reclaim(e, KVT_TIER_NVME, 1, may_wait);
+		if (rc == 0)
+			rc = kvt_slot_alloc(e, KVT_TIER_NVME, id, &slot);
+		if (rc == 0)
+			rc = kvt_xfer_h2n(e, id, slot, true);
+		kvt_block_unpin(e, id);
+		return rc;
+	}
+	if (!kvt_copy_valid(b, KVT_TIER_HBM))
+		return 0; /* nothing to demote (an empty block) */
+	kvt_block_pin(e, id);
+	rc = kvt_reclaim(e, KVT_TIER_HOST, 1, may_wait);
+	if (rc == 0)
+		rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
+	if (rc == 0)
+		rc = kvt_xfer_d2h(e, id, slot, true, target == KVT_TIER_NVME);
+	kvt_block_unpin(e, id);
+	return rc;
+}
+
+void
+kvt_watermarks(struct kvt_engine *e)
+{
+	int t;
+
+	for (t = KVT_TIER_HBM; t < KVT_TIER_NVME; t++) {
+		struct kvt_slots *sl = &e->slots[t];
+		uint32_t used = sl->n_slots - sl->n_free;
+		uint32_t want_free;
+
+		if (!sl->n_slots || used <= (uint32_t)(e->opts.high_watermark * sl->n_slots))
+			continue;
+		want_free = sl->n_slots - (uint32_t)(e->opts.low_watermark * sl->n_slots);
+		/* background: no waiting; completions free the slots later */
+		(void)kvt_reclaim(e, t, want_free, false);
+	}
+}

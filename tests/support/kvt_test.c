@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: MIT */
+/* tests/support/kvt_test.c - see kvt_test.h. */
+#include <dirent.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "support/kvt_test.h"
+
+char *
+tsup_mkdtemp(void)
+{
+	const char *base = getenv("KVT_TEST_TMP");
+	char buf[512];
+	char *d;
+
+	snprintf(buf, sizeof buf, "%s/kvt-XXXXXX", base && *base ? base : "/tmp");
+	d = strdup(buf);
+	assert_non_null(d);
+	assert_non_null(mkdtemp(d));
+	return d;
+}
+
+void
+tsup_rmdir(char *dir)
+{
+	struct dirent *de;
+	char path[1024];
+	DIR *d;
+
+	if (!dir)
+		return;
+	d = opendir(dir);
+	if (d) {
+		while ((de = readdir(d))) {
+			if (de->d_name[0] == '.')
+				continue;
+			snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+			unlink(path);
+		}
+		closedir(d);
+	}
+	rmdir(dir);
+	free(dir);
+}
+
+uint64_t
+tsup_block_bytes(void)
+{
+	return 2ull * TSUP_TPB * TSUP_HEADS * TSUP_DIM * sizeof(float) * TSUP_LAYERS;
+}
+
+struct kvt_engine *
+tsup_engine(const struct tsup_cfg *c, char **dir)
+{
+	struct kvt_engine_opts o;
+	struct kvt_engine *e = NULL;
+	uint64_t bb = tsup_block_bytes();
+	int rc;
+
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout.n_layers = TSUP_LAYERS;
+	o.layout.n_kv_heads = TSUP_HEADS;
+	o.layout.head_dim = TSUP_DIM;
+	o.layout.dtype = KVT_DTYPE_F32;
+	o.layout.tokens_per_block = TSUP_TPB;
+	o.hbm_bytes = c->hbm_blocks * bb;
+	o.host_bytes = c->host_blocks * bb;
+	o.emu_max_delay_us = c->delay_us;
+	o.emu_copy_bytes_per_s = c->bandwidth;
+	o.emu_seed = 42;
+	*dir = NULL;
+	if (c->nvme_blocks) {
+		*dir = tsup_mkdtemp();
+		o.nvme_dir = *dir;
+		/* NVMe slots are the block plus a 64-byte trailer rounded up to 4 KiB */
+		o.nvme_bytes = (uint64_t)c->nvme_blocks * ((bb + 64 + 4095) / 4096 * 4096);
+	}
+	rc = kvt_engine_create(&o, &e);
+	if (rc)
+		print_error("kvt_engine_create: %s\n", kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	return e;
+}
+
+float
+tsup_val(uint32_t tag, uint64_t pos, uint32_t layer, uint32_t kv, uint32_t i)
+{
+	return (float)tag * 100000.0f + (float)pos * 100.0f + (float)layer * 10.0f +
+	       (float)kv * 5.0f + (float)i * 0.25f;
+}
+
+int
+tsup_append_write(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint64_t first_pos, size_t n)
+{
+	struct kvt_geometry g;
+	int64_t map[64];
+	int32_t tok[64];
+	size_t t;
+	uint32_t l, i;
+	int rc;
+
+	assert_true(n <= 64);
+	for (t = 0; t < n; t++)
+		tok[t] = (int32_t)(first_pos + t);
+	rc = kvt_seq_append(e, s, tok, n, map);
+	if (rc)
+		return rc;
+	assert_int_equal(kvt_engine_geometry(e, &g), 0);
+	for (t = 0; t < n; t++) {
+		for (l = 0; l < TSUP_LAYERS; l++) {
+			float *k, *v;
+
+			kvt_kv_addr(&g, l, map[t], (void **)&k, (void **)&v);
+			for (i = 0; i < TSUP_HEADS * TSUP_DIM; i++) {
+				k[i] = tsup_val(tag, first_pos + t, l, 0, i);
+				v[i] = tsup_val(tag, first_pos + t, l, 1, i);
+			}
+		}
+	}
+	return 0;
+}
+
+int
+tsup_check_entry(const struct kvt_block_table *bt, uint32_t i, uint32_t tag)
+{
+	uint64_t pos0 = (uint64_t)bt->first_block[i] * TSUP_TPB, t;
+	uint32_t l, j;
+
+	for (t = 0; t < bt->seq_len[i]; t++) {
+		uint32_t slot = bt->indices[bt->indptr[i] + t / TSUP_TPB];
+		int64_t m = (int64_t)slot * TSUP_TPB + (int64_t)(t % TSUP_TPB);
+
+		for (l = 0; l < TSUP_LAYERS; l++) {
+			float *k, *v;
+
+			kvt_kv_addr(&bt->geo, l, m, (void **)&k, (void **)&v);
+			for (j = 0; j < TSUP_HEADS * TSUP_DIM; j++) {
+				if (k[j] != tsup_val(tag, pos0 + t, l, 0, j) ||
+				    v[j] != tsup_val(tag, pos0 + t, l, 1, j)) {
+					print_error("tag %u pos %llu layer %u elem %u: K %g V %g\n", tag,
+						    (unsigned long long)(pos0 + t), l, j, k[j], v[j]);
+					return 1;
+				}
+			}
+		}
+	}
+	return 0;
+}
+
+int
+tsup_verify(struct kvt_engine *e, kvt_seq_id s, uint32_t tag)
+{
+	struct kvt_block_table bt;
+	struct kvt_batch *b = NULL;
+	uint32_t l;
+	int rc;
+
+	rc = kvt_batch_prepare(e, &s, 1, &b);
+	if (rc)
+		return rc;
+	for (l = 0; l < TSUP_LAYERS && rc == 0; l++)
+		rc = kvt_batch_wait_layer(b, l, NULL);
+	if (rc == 0) {
+		assert_int_equal(kvt_batch_block_table(b, &bt), 0);
+		rc = tsup_check_entry(&bt, 0, tag);
+	}
+	assert_int_equal(kvt_batch_release(b, NULL), 0);
+	return rc;
+}

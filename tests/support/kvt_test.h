@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/support/kvt_test.h - helpers shared by the engine tests: a small engine, a byte pattern
+ * per (sequence tag, position, layer), writers and checkers that go through the public API the
+ * way a server does (append -> write K/V at the slot mapping -> prepare -> wait -> read).
+ */
+#ifndef KVT_TEST_H
+#define KVT_TEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+
+/* Test layout: 2 layers, 2 KV heads, head_dim 8, f32, tpb 4: 1024-byte blocks. */
+#define TSUP_LAYERS 2
+#define TSUP_HEADS 2
+#define TSUP_DIM 8
+#define TSUP_TPB 4
+
+struct tsup_cfg {
+	uint32_t hbm_blocks;   /* HBM capacity in blocks */
+	uint32_t host_blocks;  /* HOST capacity in blocks (0 = none) */
+	uint32_t nvme_blocks;  /* NVME capacity in slots (0 = none) */
+	uint32_t delay_us;     /* emulated device delay knob */
+	uint64_t bandwidth;    /* emulated copy bytes/s (0 = unlimited) */
+};
+
+/* A temp dir under KVT_TEST_TMP or /tmp; removed (with its files) by tsup_rmdir. */
+char *tsup_mkdtemp(void);
+void tsup_rmdir(char *dir);
+
+/* Create an engine (asserts success). *dir receives the NVMe dir to remove, or NULL. */
+struct kvt_engine *tsup_engine(const struct tsup_cfg *c, char **dir);
+uint64_t tsup_block_bytes(void);
+
+/* The float stored for element i of token pos's K (kv = 0) or V (kv = 1) in layer l. */
+float tsup_val(uint32_t tag, uint64_t pos, uint32_t layer, uint32_t kv, uint32_t i);
+
+/* Append n tokens to s and write their K/V (pattern tag) directly into HBM. Returns rc. */
+int tsup_append_write(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint64_t first_pos,
+		      size_t n);
+
+/* Prepare a batch of one sequence, wait for every layer, compare all its K/V with the pattern,
+ * release. Returns 0 when every byte matches, the kvtier error of prepare/wait otherwise, or 1
+ * on a data mismatch. */
+int tsup_verify(struct kvt_engine *e, kvt_seq_id s, uint32_t tag);
+
+/* Compare the K/V of a prepared batch entry with the pattern (after waiting). 0 or 1. */
+int tsup_check_entry(const struct kvt_block_table *bt, uint32_t i, uint32_t tag);
+
+#endif

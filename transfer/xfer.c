@@ -1,0 +1,551 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * transfer/xfer.c - the asynchronous transfer engine: block copies between tiers and their
+ * completions.
+ *
+ * Device copies (HBM <-> HOST) are collected per direction and submitted as ONE batched copy
+ * per flush (copy_batch_async: cudaMemcpyBatchAsync on CUDA), followed by an event; the group
+ * of transfers retires when its event has completed. Each direction has its own in-order
+ * stream, so groups of one direction retire in order. NVMe IO (HOST <-> NVME) goes through the
+ * io_uring of tiers/tier_nvme.c, one IO per block, reaped here.
+ *
+ * A transfer marks its destination copy INFLIGHT and its block busy when it is created, so
+ * neither the destination slot nor the source copy can be evicted or reused until the
+ * completion is processed (DESIGN.md invariants 1 and 3). Completions are processed only in
+ * kvt_xfer_poll()/kvt_xfer_wait_*(), under the engine lock, never inside the submitting call.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_impl.h"
+
+static const int xfer_dst_tier[4] = {
+	[KVT_X_D2H] = KVT_TIER_HOST,
+	[KVT_X_H2N] = KVT_TIER_NVME,
+	[KVT_X_N2H] = KVT_TIER_HOST,
+	[KVT_X_H2D] = KVT_TIER_HBM,
+};
+
+static const int xfer_src_tier[4] = {
+	[KVT_X_D2H] = KVT_TIER_HBM,
+	[KVT_X_H2N] = KVT_TIER_HOST,
+	[KVT_X_N2H] = KVT_TIER_NVME,
+	[KVT_X_H2D] = KVT_TIER_HOST,
+};
+
+static int
+xfer_dev_err(struct kvt_engine *e, int rc, const char *what)
+{
+	if (rc == KVT_EDEVICE || rc == KVT_ENOTSUP)
+		return kvt_err(rc, "%s: %s", what, e->dev->errmsg);
+	return kvt_err(rc, "%s failed", what);
+}
+
+/* ---- events: a small pool, since every group needs one */
+
+static int
+xfer_event_get(struct kvt_engine *e, struct kvt_event **out)
+{
+	if (e->n_ev_pool) {
+		*out = e->ev_pool[--e->n_ev_pool];
+		return 0;
+	}
+	return e->dev->ops->event_create(e->dev, out);
+}
+
+static void
+xfer_event_put(struct kvt_engine *e, struct kvt_event *ev)
+{
+	struct kvt_event **np;
+
+	if (e->n_ev_pool == e->cap_ev_pool) {
+		uint32_t ncap = e->cap_ev_pool ? e->cap_ev_pool * 2 : 16;
+
+		np = kvt_realloc(e->ev_pool, ncap * sizeof *np);
+		if (!np) {
+			e->dev->ops->event_destroy(e->dev, ev);
+			return;
+		}
+		e->ev_pool = np;
+		e->cap_ev_pool = ncap;
+	}
+	e->ev_pool[e->n_ev_pool++] = ev;
+}
+
+/* ---- transfer records */
+
+static struct kvt_xfer *
+xfer_get(struct kvt_engine *e)
+{
+	struct kvt_xfer *x = e->xfer_free;
+
+	if (x)
+		e->xfer_free = x->next;
+	else
+		x = kvt_malloc(sizeof *x);
+	if (x)
+		memset(x, 0, sizeof *x);
+	return x;
+}
+
+static void
+xfer_put(struct kvt_engine *e, struct kvt_xfer *x)
+{
+	x->next = e->xfer_free;
+	e->xfer_free = x;
+}
+
+/* Create a transfer of block @id into @dst_slot and mark the destination copy in flight. */
+static struct kvt_xfer *
+xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
+{
+	struct kvt_block *b = &e->blocks[id];
+	int src = xfer_src_tier[kind], dst = xfer_dst_tier[kind];
+	struct kvt_xfer *x = xfer_get(e);
+
+	if (!x)
+		return NULL;
+	x->kind = (uint8_t)kind;
+	x->block = id;
+	x->src_slot = b->slot[src];
+	x->dst_slot = dst_slot;
+	/* the version the bytes carry: the source copy's */
+	x->ver = b->copy_ver[src];
+	b->slot[dst] = dst_slot;
+	b->state[dst] = KVT_COPY_INFLIGHT;
+	b->copy_ver[dst] = x->ver;
+	b->busy++;
+	e->st.transfers_in_flight++;
+	return x;
+}
+
+static void
+xstream_queue(struct kvt_xstream *xs, struct kvt_xfer *x)
+{
+	x->next = xs->pending;
+	xs->pending = x;
+	xs->n_pending++;
+}
+
+int
+kvt_xfer_d2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool evict_src,
+	     bool then_nvme)
+{
+	struct kvt_xfer *x = xfer_start(e, KVT_X_D2H, id, host_slot);
+
+	if (!x)
+		return kvt_err(-ENOMEM, "transfer record");
+	x->evict_src = evict_src;
+	x->then_nvme = then_nvme;
+	if (evict_src)
+		e->demoting[KVT_TIER_HBM]++;
+	xstream_queue(&e->d2h, x);
+	return 0;
+}
+
+int
+kvt_xfer_h2d(struct kvt_engine *e, uint32_t id, uint32_t hbm_slot)
+{
+	struct kvt_xfer *x = xfer_start(e, KVT_X_H2D, id, hbm_slot);
+
+	if (!x)
+		return kvt_err(-ENOMEM, "transfer record");
+	xstream_queue(&e->h2d, x);
+	return 0;
+}
+
+static uint64_t
+xfer_nvme_key(uint32_t id, uint32_t ver)
+{
+	/* the trailer key ties the slot's bytes to this block and version */
+	return ((uint64_t)id << 32) | ver;
+}
+
+static void xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res);
+
+static int
+xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
+{
+	struct kvt_block *b = &e->blocks[x->block];
+	uint64_t key = xfer_nvme_key(x->block, x->ver);
+	int rc;
+
+	for (;;) {
+		if (x->kind == KVT_X_H2N)
+			rc = kvt_nvme_submit_write(e->nvme, x->dst_slot,
+						   kvt_slot_addr(e, KVT_TIER_HOST, x->src_slot), key,
+						   (uint64_t)(uintptr_t)x);
+		else
+			rc = kvt_nvme_submit_read(e->nvme, x->src_slot,
+						  kvt_slot_addr(e, KVT_TIER_HOST, x->dst_slot), key,
+						  (uint64_t)(uintptr_t)x);
+		if (rc != -EAGAIN)
+			break;
+		/* queue full: finish something first (the block itself is busy, so safe) */
+		rc = kvt_xfer_wait_any(e);
+		if (rc < 0)
+			break;
+	}
+	if (rc < 0) {
+		(void)b;
+		xfer_complete(e, x, rc);
+		return kvt_err(rc, "submitting NVMe %s", x->kind == KVT_X_H2N ? "write" : "read");
+	}
+	e->nvme_inflight++;
+	return 0;
+}
+
+int
+kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_src)
+{
+	struct kvt_xfer *x = xfer_start(e, KVT_X_H2N, id, nvme_slot);
+
+	if (!x)
+		return kvt_err(-ENOMEM, "transfer record");
+	x->evict_src = evict_src;
+	if (evict_src)
+		e->demoting[KVT_TIER_HOST]++;
+	return xfer_nvme_submit(e, x);
+}
+
+int
+kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool then_hbm)
+{
+	struct kvt_xfer *x = xfer_start(e, KVT_X_N2H, id, host_slot);
+
+	if (!x)
+		return kvt_err(-ENOMEM, "transfer record");
+	x->then_hbm = then_hbm;
+	return xfer_nvme_submit(e, x);
+}
+
+/* ---- completion: the only place where an INFLIGHT copy becomes PRESENT or goes away */
+
+static void
+xfer_count_move(struct kvt_engine *e, int kind)
+{
+	e->st.blocks_moved[kind]++;
+	e->st.bytes_moved[kind] += e->block_bytes;
+}
+
+static void
+xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool current)
+{
+	struct kvt_block *b = &e->blocks[x->block];
+	int dst = xfer_dst_tier[x->kind], src = xfer_src_tier[x->kind];
+
+	if (res < 0 && x->kind == KVT_X_H2N)
+		e->st.io_errors++;
+	if (res < 0 || !current) {
+		/* failed or stale: the destination is not findable, its slot goes back; the
+		 * source copy stays (case d: nothing referenced is lost) */
+		kvt_copy_fail(e, x->block, dst);
+		return;
+	}
+	kvt_copy_set_present(e, x->block, dst, x->ver);
+	xfer_count_move(e, x->kind);
+	/* a demotion frees the source once the copy below is safe, unless it got pinned or
+	 * another transfer uses it meanwhile */
+	if (x->evict_src && b->pins == 0 && b->busy == 0 && b->state[src] == KVT_COPY_PRESENT) {
+		kvt_copy_drop(e, x->block, src);
+		e->st.tier[src].evictions++;
+		e->st.evictions++;
+	}
+	if (x->then_nvme && e->nvme && b->pins == 0) {
+		uint32_t slot;
+
+		if (kvt_reclaim(e, KVT_TIER_NVME, 1, false) == 0 &&
+		    kvt_slot_alloc(e, KVT_TIER_NVME, x->block, &slot) == 0)
+			kvt_xfer_h2n(e, x->block, slot, true);
+	}
+}
+
+static void
+xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
+{
+	struct kvt_block *b = &e->blocks[x->block];
+	bool current = !b->dead && x->ver == b->ver;
+	uint32_t id = x->block;
+
+	b->busy--;
+	e->st.transfers_in_flight--;
+	if (x->evict_src)
+		e->demoting[xfer_src_tier[x->kind]]--;
+	switch (x->kind) {
+	case KVT_X_D2H:
+	case KVT_X_H2N:
+		xfer_complete_down(e, x, res, current);
+		break;
+	case KVT_X_H2D:
+		if (res == 0 && current) {
+			kvt_copy_set_present(e, id, KVT_TIER_HBM, x->ver);
+			xfer_count_move(e, x->kind);
+		} else {
+			kvt_copy_fail(e, id, KVT_TIER_HBM);
+		}
+		break;
+	case KVT_X_N2H:
+		if (res == 0)
+			e->st.checksum_verified++;
+		else if (res == KVT_ECORRUPT)
+			e->st.checksum_failed++;
+		else
+			e->st.io_errors++;
+		if (res == 0 && current) {
+			kvt_copy_set_present(e, id, KVT_TIER_HOST, x->ver);
+			xfer_count_move(e, x->kind);
+			if (x->then_hbm)
+				kvt_promote_hbm(e, id, false);
+		} else {
+			kvt_copy_fail(e, id, KVT_TIER_HOST);
+			/* bytes on NVMe that do not verify are worthless: drop them, and if no
+			 * other copy exists the block is lost (the caller sees a miss) */
+			if (res < 0 && b->state[KVT_TIER_NVME] == KVT_COPY_PRESENT)
+				kvt_copy_drop(e, id, KVT_TIER_NVME);
+			kvt_block_check_lost(e, id);
+		}
+		break;
+	}
+	xfer_put(e, x);
+	kvt_block_try_free(e, id);
+}
+
+/* ---- device groups */
+
+static int
+xstream_flush(struct kvt_engine *e, struct kvt_xstream *xs)
+{
+	struct kvt_copy stackv[64], *v = stackv;
+	struct kvt_xgroup *g;
+	struct kvt_xfer *x, *list = xs->pending;
+	int src, dst, rc;
+	uint32_t i = 0, n = xs->n_pending;
+
+	if (!n)
+		return 0;
+	xs->pending = NULL;
+	xs->n_pending = 0;
+	if (n > 64 && !(v = kvt_malloc(n * sizeof *v))) {
+		rc = kvt_err(-ENOMEM, "copy descriptors");
+		goto fail;
+	}
+	for (x = list; x; x = x->next, i++) {
+		src = xfer_src_tier[x->kind];
+		dst = xfer_dst_tier[x->kind];
+		v[i].dst = kvt_slot_addr(e, dst, x->dst_slot);
+		v[i].src = kvt_slot_addr(e, src, x->src_slot);
+		v[i].len = e->block_bytes;
+	}
+	g = kvt_calloc(1, sizeof *g);
+	if (!g) {
+		rc = kvt_err(-ENOMEM, "transfer group");
+		goto fail;
+	}
+	rc = e->dev->ops->copy_batch_async(e->dev, xs->s, v, n);
+	if (rc == 0)
+		rc = xfer_event_get(e, &g->ev);
+	if (rc == 0) {
+		rc = e->dev->ops->event_record(e->dev, g->ev, xs->s);
+		if (rc)
+			xfer_event_put(e, g->ev);
+	}
+	if (rc) {
+		kvt_free(g);
+		rc = xfer_dev_err(e, rc, "submitting a batched copy");
+		goto fail;
+	}
+	if (v != stackv)
+		kvt_free(v);
+	g->xfers = list;
+	g->seqno = ++xs->submitted;
+	if (xs->tail)
+		xs->tail->next = g;
+	else
+		xs->head = g;
+	xs->tail = g;
+	return 0;
+fail:
+	if (v != stackv)
+		kvt_free(v);
+	while (list) {
+		x = list;
+		list = x->next;
+		xfer_complete(e, x, rc);
+	}
+	return rc;
+}
+
+int
+kvt_xfer_flush(struct kvt_engine *e)
+{
+	int rc1 = xstream_flush(e, &e->d2h);
+	int rc2 = xstream_flush(e, &e->h2d);
+
+	return rc1 ? rc1 : rc2;
+}
+
+static void
+xstream_retire_head(struct kvt_engine *e, struct kvt_xstream *xs)
+{
+	struct kvt_xgroup *g = xs->head;
+	struct kvt_xfer *x;
+
+	xs->head = g->next;
+	if (!xs->head)
+		xs->tail = NULL;
+	xs->retired = g->seqno;
+	while ((x = g->xfers)) {
+		g->xfers = x->next;
+		xfer_complete(e, x, 0);
+	}
+	xfer_event_put(e, g->ev);
+	kvt_free(g);
+}
+
+static int
+xstream_poll(struct kvt_engine *e, struct kvt_xstream *xs, uint32_t max, int *done)
+{
+	int rc;
+
+	while (xs->head && (!max || (uint32_t)*done < max)) {
+		rc = e->dev->ops->event_query(e->dev, xs->head->ev);
+		if (rc == -EAGAIN)
+			break;
+		if (rc)
+			return xfer_dev_err(e, rc, "querying a copy event");
+		xstream_retire_head(e, xs);
+		(*done)++;
+	}
+	return 0;
+}
+
+static int
+xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
+{
+	struct kvt_nvme_cqe cqe[32];
+	int n, i;
+
+	if (!e->nvme || !e->nvme_inflight)
+		return 0;
+	do {
+		n = kvt_nvme_reap(e->nvme, cqe, 32, wait);
+		if (n < 0)
+			return kvt_err(n, "reaping NVMe completions");
+		wait = false;
+		for (i = 0; i < n; i++) {
+			e->nvme_inflight--;
+			xfer_complete(e, (struct kvt_xfer *)(uintptr_t)cqe[i].user_data, cqe[i].res);
+			(*done)++;
+		}
+	} while (n == 32 && (!max || (uint32_t)*done < max));
+	return 0;
+}
+
+int
+kvt_xfer_poll(struct kvt_engine *e, uint32_t max)
+{
+	int done = 0, rc;
+
+	rc = xstream_poll(e, &e->d2h, max, &done);
+	if (!rc)
+		rc = xstream_poll(e, &e->h2d, max, &done);
+	if (!rc)
+		rc = xfer_nvme_poll(e, max, false, &done);
+	return rc ? rc : done;
+}
+
+int
+kvt_xfer_wait_any(struct kvt_engine *e)
+{
+	int rc, done = 0;
+
+	rc = kvt_xfer_flush(e);
+	if (rc)
+		return rc;
+	if (e->d2h.head) {
+		rc = e->dev->ops->event_sync(e->dev, e->d2h.head->ev);
+	} else if (e->nvme_inflight) {
+		rc = xfer_nvme_poll(e, 0, true, &done);
+	} else if (e->h2d.head) {
+		rc = e->dev->ops->event_sync(e->dev, e->h2d.head->ev);
+	} else {
+		return 0;
+	}
+	if (rc)
+		return xfer_dev_err(e, rc, "waiting for a transfer");
+	rc = kvt_xfer_poll(e, 0);
+	return rc < 0 ? rc : done + rc;
+}
+
+int
+kvt_xfer_wait_h2d(struct kvt_engine *e, uint64_t seqno)
+{
+	int rc = kvt_xfer_flush(e);
+
+	while (!rc && e->h2d.retired < seqno && e->h2d.head) {
+		rc = e->dev->ops->event_sync(e->dev, e->h2d.head->ev);
+		if (rc)
+			return xfer_dev_err(e, rc, "waiting for host-to-device copies");
+		rc = kvt_xfer_poll(e, 0);
+		if (rc > 0)
+			rc = 0;
+	}
+	return rc;
+}
+
+struct kvt_event *
+kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno)
+{
+	struct kvt_xgroup *g;
+
+	for (g = e->h2d.head; g; g = g->next)
+		if (g->seqno >= seqno)
+			return g->ev;
+	return NULL;
+}
+
+uint64_t
+kvt_xfer_inflight(const struct kvt_engine *e)
+{
+	return e->st.transfers_in_flight;
+}
+
+int
+kvt_xfer_init(struct kvt_engine *e)
+{
+	int rc;
+
+	rc = e->dev->ops->stream_create(e->dev, &e->d2h.s);
+	if (!rc)
+		rc = e->dev->ops->stream_create(e->dev, &e->h2d.s);
+	if (!rc)
+		rc = e->dev->ops->event_create(e->dev, &e->compute_ev);
+	if (rc)
+		return xfer_dev_err(e, rc, "creating copy streams");
+	return 0;
+}
+
+void
+kvt_xfer_fini(struct kvt_engine *e)
+{
+	struct kvt_xfer *x;
+
+	while (kvt_xfer_inflight(e) > 0 || e->d2h.n_pending || e->h2d.n_pending)
+		if (kvt_xfer_wait_any(e) <= 0 && kvt_xfer_poll(e, 0) <= 0 &&
+		    !e->d2h.head && !e->h2d.head && !e->nvme_inflight)
+			break;
+	if (e->d2h.s)
+		e->dev->ops->stream_destroy(e->dev, e->d2h.s);
+	if (e->h2d.s)
+		e->dev->ops->stream_destroy(e->dev, e->h2d.s);
+	if (e->compute_ev)
+		e->dev->ops->event_destroy(e->dev, e->compute_ev);
+	while (e->n_ev_pool)
+		e->dev->ops->event_destroy(e->dev, e->ev_pool[--e->n_ev_pool]);
+	kvt_free(e->ev_pool);
+	while ((x = e->xfer_free)) {
+		e->xfer_free = x->next;
+		kvt_free(x);
+	}
+}
