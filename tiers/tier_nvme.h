@@ -82,8 +82,9 @@ struct kvt_nvme_cqe {
  *          NULL. @errlen: its size.
  * Returns 0, or -errno: -EINVAL (bad options, capacity below one slot or above 2^32-1 slots,
  * filesystem refuses O_DIRECT or, per statx, needs an alignment that does not divide 4 KiB),
- * -ENOENT (no dir), -ENOTDIR, -EACCES (dir not writable, also on a read-only filesystem), -ENOSPC (fallocate could not reserve the space), -ENOMEM, or the error
- * of io_uring_queue_init. Nothing is left behind on failure (the file is removed).
+ * -ENOENT (no dir), -ENOTDIR, -EACCES (dir not writable, also on a read-only filesystem),
+ * -ENOSPC (fallocate could not reserve the space), -ENOMEM, or the error of io_uring_queue_init.
+ * Nothing is left behind on failure (the file is removed).
  */
 int kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, size_t errlen);
 
