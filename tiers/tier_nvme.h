@@ -3,19 +3,32 @@
  * tiers/tier_nvme.h - the NVME tier (internal): one file of fixed-size slots under a directory,
  * opened O_DIRECT and driven by io_uring.
  *
- * On-disk slot layout (slot_bytes = round_up(block_bytes + sizeof trailer, 4096)):
+ * On-disk slot layout (slot_bytes = round_up(block_bytes + 64, 4096)):
  *   [0, block_bytes)                 the block's bytes
- *   [..., slot_bytes - 64)           zero padding
- *   [slot_bytes - 64, slot_bytes)    trailer: magic, format version, key, block_bytes,
- *                                    XXH3-64 checksum of the data, checksum of the trailer
- * Every read verifies magic, key, length and checksum; any mismatch completes with
- * KVT_ECORRUPT, never with data copied into the caller's buffer.
+ *   [block_bytes, slot_bytes - 64)   zero padding (not verified)
+ *   [slot_bytes - 64, slot_bytes)    trailer, little-endian fixed-width fields:
+ *       +0  u8[8] magic "KVTBLK01"     +8  u32 format version (1)   +12 u32 slot id
+ *       +16 u64 block_bytes            +24 u64 key                  +32 u64 XXH3-64 of the data
+ *       +40 u64 XXH3-64 of bytes +0..+40 of the trailer             +48 16 zero bytes
+ * Every read verifies the trailer checksum, magic, version, slot, block_bytes, key and the data
+ * checksum; any mismatch completes with KVT_ECORRUPT, never with data copied into the caller's
+ * buffer. A slot never written reads as zeros and so fails too. The file lives only as long as
+ * the tier (it is unlinked on close), so the format carries no model fingerprint yet.
  *
- * IO goes through 4 KiB-aligned staging buffers owned by the tier (one per queue entry): a write
- * copies the caller's bytes at submit time (the caller's buffer may be reused at once); a read
- * copies into the caller's buffer only after verification, in kvt_nvme_reap(). Short reads and
- * writes are continued from where they stopped; one that makes no progress fails with
- * KVT_ESHORTIO. Never reported as done before all bytes are transferred.
+ * IO goes through 4 KiB-aligned staging buffers owned by the tier (one per queue entry,
+ * registered with io_uring when the kernel allows it): a write copies the caller's bytes at
+ * submit time (the caller's buffer may be reused at once); a read copies into the caller's
+ * buffer only after verification, in kvt_nvme_reap(). No memory is allocated per IO.
+ *
+ * Short reads and writes are continued from where they stopped, rounded down to 4 KiB because
+ * O_DIRECT needs aligned offsets (re-transferring a few bytes is harmless). A completion of 0
+ * bytes fails with KVT_ESHORTIO at once; one that does not advance a 4 KiB boundary is retried
+ * from the same place at most KVT_NVME_MAX_STALLS times, then fails with KVT_ESHORTIO. An IO is
+ * never reported as done before all slot_bytes are transferred.
+ *
+ * Submission is batched: submit_* only queue SQEs; kvt_nvme_flush() (and every kvt_nvme_reap())
+ * hands them to the kernel. The CQ has twice as many entries as there are staging buffers and at
+ * most one IO per buffer is in the kernel, so completions can never overflow it.
  *
  * Threading: not thread-safe; the engine calls it under its mutex.
  */
@@ -28,7 +41,13 @@
 
 struct kvt_nvme;
 
-/** Test hook: sees every completed IO before the tier interprets it, and may change it. */
+/** Retries of a short IO that made no 4 KiB-aligned progress before it fails (KVT_ESHORTIO). */
+#define KVT_NVME_MAX_STALLS 3u
+
+/**
+ * Test hook: sees every completed IO (each piece of a continued short IO too) before the tier
+ * interprets it, and may change it. Called from kvt_nvme_reap(), on its thread.
+ */
 struct kvt_nvme_fault_hooks {
 	/* Called when an IO completes with result *res (bytes or -errno) over buf (the staging
 	 * buffer, len bytes at file offset off). May rewrite *res (inject -EIO, -ENOSPC, a short
@@ -43,7 +62,7 @@ struct kvt_nvme_opts {
 	uint64_t capacity_bytes;    /* rounded down to whole slots; must hold >= 1 slot */
 	size_t block_bytes;         /* bytes of one block */
 	uint32_t queue_depth;       /* io_uring entries and staging buffers; 1..4096 */
-	const struct kvt_nvme_fault_hooks *hooks; /* NULL in production */
+	const struct kvt_nvme_fault_hooks *hooks; /* NULL in production; copied at open */
 };
 
 /** One finished IO. */
@@ -56,39 +75,70 @@ struct kvt_nvme_cqe {
 
 /**
  * Open the tier: creates "<dir>/kvtier-<pid>-<counter>.slots" mode 0600, O_DIRECT, reserves its
- * size with fallocate, sets up io_uring. On failure returns -errno (-ENOENT, -EACCES, -ENOTDIR,
- * -EINVAL for O_DIRECT refused or zero slots, -ENOMEM) and writes a message to err.
+ * size with fallocate (ftruncate where fallocate is not supported), sets up io_uring.
+ * @o:      options; copied (dir and hooks too), the caller may free them afterwards.
+ * @out:    receives the tier; NULL on failure.
+ * @err:    receives the failure message (the same text as kvt_last_error_message()); may be
+ *          NULL. @errlen: its size.
+ * Returns 0, or -errno: -EINVAL (bad options, capacity below one slot or above 2^32-1 slots,
+ * filesystem refuses O_DIRECT or, per statx, needs an alignment that does not divide 4 KiB),
+ * -ENOENT (no dir), -ENOTDIR, -EACCES (dir not writable, also on a read-only filesystem),
+ * -ENOSPC (fallocate could not reserve the space), -ENOMEM, or the error of io_uring_queue_init.
+ * Nothing is left behind on failure (the file is removed).
  */
 int kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, size_t errlen);
 
-/** Wait for all IO in flight (their completions are discarded), close and unlink the file. */
+/**
+ * Wait for all IO in flight (their completions are discarded, read destinations are not
+ * written), close and unlink the file, free @n. NULL is accepted. If the ring fails so that
+ * in-flight IO cannot be waited for, the staging buffers are leaked rather than freed under the
+ * kernel's feet.
+ */
 void kvt_nvme_close(struct kvt_nvme *n);
 
+/** Number of slots in the file (capacity_bytes / slot_bytes). */
 uint32_t kvt_nvme_n_slots(const struct kvt_nvme *n);
+/** Bytes one slot takes in the file: round_up(block_bytes + 64, 4096). */
 size_t kvt_nvme_slot_bytes(const struct kvt_nvme *n);
+/** IOs submitted whose completion has not been returned by kvt_nvme_reap() yet. */
 uint32_t kvt_nvme_inflight(const struct kvt_nvme *n);
 /** Free staging buffers: a submit when this is 0 returns -EAGAIN (reap first). */
 uint32_t kvt_nvme_free_qd(const struct kvt_nvme *n);
 
 /**
  * Queue a write of block_bytes from @src into @slot, tagged with @key (stored in the trailer and
- * checked on read). @src is copied before return. Returns 0 (a completion will come from reap),
- * -EAGAIN (queue full), -EINVAL (slot out of range).
+ * checked on read). @src is copied before return. The IO is queued, not yet submitted (see
+ * kvt_nvme_flush). Returns 0 (exactly one completion will come from reap), -EAGAIN (no free
+ * staging buffer: reap first), -EINVAL (slot out of range, src NULL); nothing is queued on error.
  */
 int kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64_t key,
 			  uint64_t user_data);
 
 /**
  * Queue a read of @slot into @dst (block_bytes). @dst is written only if the data verify
- * (during the kvt_nvme_reap() that returns this completion). Returns 0, -EAGAIN, -EINVAL.
+ * (during the kvt_nvme_reap() that returns this completion), so it must stay valid until then.
+ * Returns 0 (exactly one completion will come from reap), -EAGAIN, -EINVAL (slot, dst NULL).
  */
 int kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
 			 uint64_t user_data);
 
 /**
+ * Hand every queued IO to the kernel (io_uring_submit). kvt_nvme_reap() does this itself; call
+ * it to start IO early when no reap follows soon. Returns the number submitted (>= 0) or the
+ * ring's negative error (-EAGAIN/-EBUSY: try again after reaping); unsubmitted IO stays queued.
+ */
+int kvt_nvme_flush(struct kvt_nvme *n);
+
+/** Path of the slot file (owned by @n, valid until kvt_nvme_close). */
+const char *kvt_nvme_path(const struct kvt_nvme *n);
+
+/**
  * Reap up to @max completions into @out. With @wait, blocks until at least one completion
  * arrives if any IO is in flight (io_uring_wait_cqe, no busy loop). Continues short IO
- * internally. Returns the number written to out (>= 0) or a negative code of the ring itself.
+ * internally. Reads that verify are copied to their dst here. Each submitted IO yields exactly
+ * one completion. A failed completion's detail ("nvme slot 7: key 0x5, expected 0x6") is left in
+ * kvt_last_error_message(). Returns the number written to out (>= 0) or a negative code of the
+ * ring itself (-EINVAL for out == NULL with max > 0).
  */
 int kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool wait);
 

@@ -1,0 +1,790 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tiers/tier_nvme.c - the NVME tier: one file of fixed-size slots, O_DIRECT, io_uring. The slot
+ * layout and the contract are in tier_nvme.h.
+ *
+ * Life of an IO: submit_* takes a request context (with its staging buffer) off a free stack,
+ * fills the staging buffer (writes) and queues one SQE whose user_data is the request. reap()
+ * hands queued SQEs to the kernel, then takes CQEs one at a time; each CQE belongs to exactly one
+ * request, which either finishes (one completion out, the request back on the free stack) or is
+ * continued with a new SQE for its remaining bytes. A request thus owns at most one SQE or one
+ * in-kernel IO at any time, so at most queue_depth CQEs are ever pending in a CQ of twice that.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <liburing.h>
+#include <xxhash.h>
+
+#include "engine/error.h"
+#include "tiers/tier_nvme.h"
+
+#define NVME_ALIGN 4096u           /* O_DIRECT alignment of offsets, lengths and buffers */
+#define NVME_TRAILER_BYTES 64u     /* trailer at the end of every slot */
+#define NVME_FORMAT_VERSION 1u     /* trailer format */
+#define NVME_MAX_QD 4096u          /* largest queue depth accepted */
+#define NVME_MAX_BLOCK_BYTES (1u << 30) /* one IO's byte count must fit the int of a CQE */
+#define NVME_CLOSE_BATCH 32u       /* completions discarded per reap while closing */
+
+static const uint8_t nvme_magic[8] = { 'K', 'V', 'T', 'B', 'L', 'K', '0', '1' };
+
+/* Byte offsets of the trailer's fields within the last 64 bytes of a slot. */
+enum {
+	NVME_TR_MAGIC = 0,        /* u8[8] "KVTBLK01" */
+	NVME_TR_VERSION = 8,      /* u32 NVME_FORMAT_VERSION */
+	NVME_TR_SLOT = 12,        /* u32 slot id the block was written to */
+	NVME_TR_BLOCK_BYTES = 16, /* u64 */
+	NVME_TR_KEY = 24,         /* u64 caller's key */
+	NVME_TR_DATA_SUM = 32,    /* u64 XXH3-64 of the block's bytes */
+	NVME_TR_SELF_SUM = 40,    /* u64 XXH3-64 of trailer bytes [0, 40) */
+	NVME_TR_PAD = 48,         /* 16 zero bytes */
+};
+
+/* Distinguishes the slot files of several tiers opened by one process. */
+static atomic_uint nvme_file_counter;
+
+/* One IO in flight; qd of them live in kvt_nvme.reqs, free ones on kvt_nvme.free_stack. */
+struct nvme_req {
+	uint8_t *buf;       /* staging buffer: slot_bytes, 4 KiB aligned, part of the arena */
+	void *dst;          /* reads: the caller's buffer, written only after verification */
+	uint64_t user_data; /* caller's tag, returned in the completion */
+	uint64_t key;       /* writes: stored in the trailer; reads: expected there */
+	uint32_t slot;      /* slot in the file */
+	uint32_t done;      /* bytes known transferred, a multiple of NVME_ALIGN */
+	uint32_t stalls;    /* consecutive pieces that did not reach the next 4 KiB boundary */
+	uint32_t index;     /* position in reqs[], also the registered buffer index */
+	bool is_write;      /* write (true) or read */
+};
+
+struct kvt_nvme {
+	struct io_uring ring;              /* SQ of queue_depth entries, CQ of twice that */
+	struct kvt_nvme_fault_hooks hooks; /* copy of the opts' hooks; zeroed when none */
+	char *path;                        /* slot file path; owned */
+	int fd;                            /* slot file, O_DIRECT; -1 while not open */
+	bool ring_ok;                      /* ring initialised (io_uring_queue_exit needed) */
+	bool fixed_bufs;                   /* staging registered: READ_FIXED / WRITE_FIXED */
+	bool closing;                      /* kvt_nvme_close is draining: discard, never copy */
+	size_t block_bytes;                /* bytes of one block */
+	size_t slot_bytes;                 /* bytes of one slot in the file */
+	uint32_t n_slots;                  /* slots in the file */
+	uint32_t qd;                       /* queue depth: requests and staging buffers */
+	uint32_t n_free;                   /* entries of free_stack in use */
+	uint32_t queued;                   /* SQEs prepared but not yet taken by the kernel */
+	uint32_t *free_stack;              /* [qd] indices of free requests */
+	struct nvme_req *reqs;             /* [qd] request contexts */
+	uint8_t *arena;                    /* [qd][slot_bytes] staging, 4 KiB aligned */
+};
+
+/* ---- little-endian fields ------------------------------------------------------------------ */
+
+static void
+nvme_put_le32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void
+nvme_put_le64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t
+nvme_get_le32(const uint8_t *p)
+{
+	uint32_t v = 0;
+
+	for (int i = 0; i < 4; i++)
+		v |= (uint32_t)p[i] << (8 * i);
+	return v;
+}
+
+static uint64_t
+nvme_get_le64(const uint8_t *p)
+{
+	uint64_t v = 0;
+
+	for (int i = 0; i < 8; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+/* ---- open ---------------------------------------------------------------------------------- */
+
+/* Record the message with kvt_err() and copy the same text into err. Returns code. */
+static int KVT_PRINTF(4, 5)
+nvme_open_fail(int code, char *err, size_t errlen, const char *fmt, ...)
+{
+	char msg[400];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	kvt_err(code, "%s", msg);
+	if (err && errlen > 0)
+		snprintf(err, errlen, "%s", kvt_last_error_message());
+	return code;
+}
+
+/* Thread-safe strerror (the GNU strerror_r, which may return a static string). */
+static const char *
+nvme_strerror(int e, char *buf, size_t len)
+{
+	return strerror_r(e, buf, len);
+}
+
+static int
+nvme_validate(const struct kvt_nvme_opts *o, size_t *slot_bytes, uint32_t *n_slots, char *err,
+	      size_t errlen)
+{
+	uint64_t slots;
+	size_t sb;
+
+	if (!o || !o->dir)
+		return nvme_open_fail(-EINVAL, err, errlen, "nvme: %s is NULL",
+				      o ? "dir" : "opts");
+	if (o->block_bytes == 0 || o->block_bytes > NVME_MAX_BLOCK_BYTES)
+		return nvme_open_fail(-EINVAL, err, errlen,
+				      "nvme block_bytes %zu out of range 1..%u", o->block_bytes,
+				      NVME_MAX_BLOCK_BYTES);
+	if (o->queue_depth == 0 || o->queue_depth > NVME_MAX_QD)
+		return nvme_open_fail(-EINVAL, err, errlen, "nvme queue_depth %u out of range 1..%u",
+				      o->queue_depth, NVME_MAX_QD);
+	sb = (o->block_bytes + NVME_TRAILER_BYTES + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
+	slots = o->capacity_bytes / sb;
+	if (slots == 0)
+		return nvme_open_fail(-EINVAL, err, errlen,
+				      "nvme capacity %llu bytes is below one slot of %zu bytes "
+				      "(block_bytes %zu + 64-byte trailer, rounded up to 4 KiB)",
+				      (unsigned long long)o->capacity_bytes, sb, o->block_bytes);
+	if (slots > UINT32_MAX)
+		return nvme_open_fail(-EINVAL, err, errlen,
+				      "nvme capacity %llu bytes holds %llu slots, more than 2^32-1",
+				      (unsigned long long)o->capacity_bytes,
+				      (unsigned long long)slots);
+	if (sb > SIZE_MAX / o->queue_depth)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme staging: %u x %zu bytes overflows",
+				      o->queue_depth, sb);
+	*slot_bytes = sb;
+	*n_slots = (uint32_t)slots;
+	return 0;
+}
+
+static int
+nvme_check_dir(const char *dir, char *err, size_t errlen)
+{
+	struct stat st;
+	char eb[128];
+	int e;
+
+	if (stat(dir, &st) != 0) {
+		e = errno;
+		if (e == ENOENT)
+			return nvme_open_fail(-ENOENT, err, errlen, "nvme dir %s does not exist",
+					      dir);
+		if (e == ENOTDIR || e == EACCES)
+			return nvme_open_fail(-e, err, errlen, "nvme dir %s: %s", dir,
+					      nvme_strerror(e, eb, sizeof eb));
+		return nvme_open_fail(-e, err, errlen, "nvme dir %s: stat: %s", dir,
+				      nvme_strerror(e, eb, sizeof eb));
+	}
+	if (!S_ISDIR(st.st_mode))
+		return nvme_open_fail(-ENOTDIR, err, errlen, "nvme dir %s is not a directory", dir);
+	if (access(dir, W_OK | X_OK) != 0) {
+		e = errno;
+		return nvme_open_fail(-EACCES, err, errlen, "nvme dir %s is not writable: %s", dir,
+				      nvme_strerror(e, eb, sizeof eb));
+	}
+	return 0;
+}
+
+static int
+nvme_create_file(struct kvt_nvme *n, const char *dir, char *err, size_t errlen)
+{
+	size_t len = strlen(dir) + 64;
+	char eb[128];
+	int fd = -1, e = EEXIST;
+
+	n->path = malloc(len);
+	if (!n->path)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: path of %zu bytes", len);
+	/* EEXIST only when a crashed process with our pid left its file behind: take the next. */
+	for (int attempt = 0; attempt < 16 && e == EEXIST; attempt++) {
+		snprintf(n->path, len, "%s/kvtier-%ld-%u.slots", dir, (long)getpid(),
+			 atomic_fetch_add(&nvme_file_counter, 1u));
+		fd = open(n->path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+		e = fd < 0 ? errno : 0;
+	}
+	if (fd >= 0) {
+		n->fd = fd;
+		/* Exactly 0600 whatever the umask: KV cache contents are private. */
+		if (fchmod(fd, 0600) != 0) {
+			e = errno;
+			return nvme_open_fail(-e, err, errlen, "nvme: chmod %s: %s", n->path,
+					      nvme_strerror(e, eb, sizeof eb));
+		}
+		return 0;
+	}
+	if (e == EINVAL) {
+		/* The file is created before O_DIRECT is checked (tmpfs): remove it again. */
+		unlink(n->path);
+		return nvme_open_fail(-EINVAL, err, errlen, "filesystem at %s refuses O_DIRECT",
+				      dir);
+	}
+	if (e == EACCES || e == EPERM || e == EROFS)
+		return nvme_open_fail(-EACCES, err, errlen, "nvme: cannot create %s: %s", n->path,
+				      nvme_strerror(e, eb, sizeof eb));
+	return nvme_open_fail(-e, err, errlen, "nvme: cannot create %s: %s", n->path,
+			      nvme_strerror(e, eb, sizeof eb));
+}
+
+/*
+ * O_DIRECT needs offsets, lengths and buffer addresses aligned to what the filesystem reports;
+ * the slot layout and the staging buffers provide 4 KiB. Refuse at open a file that needs more
+ * (or reports no direct IO at all) rather than fail every IO with -EINVAL later. Filesystems
+ * that do not report it (tmpfs) are trusted.
+ */
+static int
+nvme_check_dio(struct kvt_nvme *n, const char *dir, char *err, size_t errlen)
+{
+#ifdef STATX_DIOALIGN
+	struct statx stx;
+
+	memset(&stx, 0, sizeof stx);
+	if (statx(n->fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) != 0 ||
+	    !(stx.stx_mask & STATX_DIOALIGN))
+		return 0;
+	if (stx.stx_dio_offset_align == 0)
+		return nvme_open_fail(-EINVAL, err, errlen, "filesystem at %s refuses O_DIRECT",
+				      dir);
+	if (NVME_ALIGN % stx.stx_dio_offset_align != 0 ||
+	    (stx.stx_dio_mem_align && NVME_ALIGN % stx.stx_dio_mem_align != 0))
+		return nvme_open_fail(-EINVAL, err, errlen,
+				      "filesystem at %s needs O_DIRECT alignment of %u (offsets) "
+				      "and %u (memory) bytes; the NVME tier provides %u",
+				      dir, stx.stx_dio_offset_align, stx.stx_dio_mem_align,
+				      NVME_ALIGN);
+#else
+	(void)n;
+	(void)dir;
+	(void)err;
+	(void)errlen;
+#endif
+	return 0;
+}
+
+/* Reserve the file's blocks up front, so that a full disk fails here and not mid-run. */
+static int
+nvme_reserve(struct kvt_nvme *n, char *err, size_t errlen)
+{
+	uint64_t size = (uint64_t)n->n_slots * n->slot_bytes;
+	char eb[128];
+	int e;
+
+	if (fallocate(n->fd, 0, 0, (off_t)size) == 0)
+		return 0;
+	e = errno;
+	if ((e == EOPNOTSUPP || e == ENOSYS) && ftruncate(n->fd, (off_t)size) == 0)
+		return 0;
+	if (e == EOPNOTSUPP || e == ENOSYS)
+		e = errno;
+	if (e == ENOSPC || e == EFBIG || e == EDQUOT)
+		return nvme_open_fail(-ENOSPC, err, errlen,
+				      "nvme: cannot reserve %llu bytes (%u slots) in %s: %s",
+				      (unsigned long long)size, n->n_slots, n->path,
+				      nvme_strerror(e, eb, sizeof eb));
+	return nvme_open_fail(-e, err, errlen, "nvme: fallocate %s: %s", n->path,
+			      nvme_strerror(e, eb, sizeof eb));
+}
+
+static int
+nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
+{
+	size_t arena_bytes = (size_t)n->qd * n->slot_bytes;
+	void *arena = NULL;
+
+	if (posix_memalign(&arena, NVME_ALIGN, arena_bytes) != 0)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: %zu bytes of staging buffers",
+				      arena_bytes);
+	n->arena = arena;
+	n->reqs = calloc(n->qd, sizeof *n->reqs);
+	n->free_stack = malloc((size_t)n->qd * sizeof *n->free_stack);
+	if (!n->reqs || !n->free_stack)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: %u request contexts", n->qd);
+	for (uint32_t i = 0; i < n->qd; i++) {
+		n->reqs[i].buf = n->arena + (size_t)i * n->slot_bytes;
+		n->reqs[i].index = i;
+		n->free_stack[i] = n->qd - 1 - i;
+	}
+	n->n_free = n->qd;
+	return 0;
+}
+
+static int
+nvme_ring_init(struct kvt_nvme *n, char *err, size_t errlen)
+{
+	struct iovec *iov;
+	char eb[128];
+	int r;
+
+	r = io_uring_queue_init(n->qd, &n->ring, 0);
+	if (r < 0)
+		return nvme_open_fail(r, err, errlen, "nvme: io_uring_queue_init(%u): %s", n->qd,
+				      nvme_strerror(-r, eb, sizeof eb));
+	n->ring_ok = true;
+	/* Registered buffers save the kernel a page walk per IO. Optional: without them (memlock
+	 * limits, buffers over 1 GiB) plain READ/WRITE do the same job. */
+	iov = malloc((size_t)n->qd * sizeof *iov);
+	if (!iov)
+		return 0;
+	for (uint32_t i = 0; i < n->qd; i++) {
+		iov[i].iov_base = n->reqs[i].buf;
+		iov[i].iov_len = n->slot_bytes;
+	}
+	n->fixed_bufs = io_uring_register_buffers(&n->ring, iov, n->qd) == 0;
+	free(iov);
+	return 0;
+}
+
+/* Free everything of @n; the arena only if @free_arena (the kernel may still write it). */
+static void
+nvme_free(struct kvt_nvme *n, bool free_arena)
+{
+	if (n->ring_ok)
+		io_uring_queue_exit(&n->ring);
+	if (n->fd >= 0) {
+		close(n->fd);
+		unlink(n->path);
+	}
+	if (free_arena)
+		free(n->arena);
+	free(n->reqs);
+	free(n->free_stack);
+	free(n->path);
+	free(n);
+}
+
+int
+kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, size_t errlen)
+{
+	struct kvt_nvme *n;
+	size_t slot_bytes = 0;
+	uint32_t n_slots = 0;
+	int r;
+
+	if (err && errlen > 0)
+		err[0] = '\0';
+	if (!out)
+		return nvme_open_fail(-EINVAL, err, errlen, "nvme: out is NULL");
+	*out = NULL;
+	r = nvme_validate(o, &slot_bytes, &n_slots, err, errlen);
+	if (r == 0)
+		r = nvme_check_dir(o->dir, err, errlen);
+	if (r != 0)
+		return r;
+	n = calloc(1, sizeof *n);
+	if (!n)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: tier object");
+	n->fd = -1;
+	n->block_bytes = o->block_bytes;
+	n->slot_bytes = slot_bytes;
+	n->n_slots = n_slots;
+	n->qd = o->queue_depth;
+	if (o->hooks)
+		n->hooks = *o->hooks;
+	r = nvme_create_file(n, o->dir, err, errlen);
+	if (r == 0)
+		r = nvme_check_dio(n, o->dir, err, errlen);
+	if (r == 0)
+		r = nvme_reserve(n, err, errlen);
+	if (r == 0)
+		r = nvme_alloc_staging(n, err, errlen);
+	if (r == 0)
+		r = nvme_ring_init(n, err, errlen);
+	if (r != 0) {
+		nvme_free(n, true);
+		return r;
+	}
+	*out = n;
+	return 0;
+}
+
+/* ---- submission ---------------------------------------------------------------------------- */
+
+/* io_uring_submit the queued SQEs. Returns the number taken by the kernel or -errno. */
+static int
+nvme_flush(struct kvt_nvme *n)
+{
+	int r;
+
+	if (n->queued == 0)
+		return 0;
+	r = io_uring_submit(&n->ring);
+	if (r < 0)
+		return r;
+	n->queued -= (uint32_t)r < n->queued ? (uint32_t)r : n->queued;
+	return r;
+}
+
+/* Like nvme_flush, but a transient refusal (retried at the next flush) is not an error. */
+static int
+nvme_flush_soft(struct kvt_nvme *n)
+{
+	char eb[128];
+	int r = nvme_flush(n);
+
+	if (r == -EAGAIN || r == -EBUSY || r == -EINTR)
+		return 0;
+	if (r < 0)
+		return kvt_err(r, "nvme: io_uring_submit: %s", nvme_strerror(-r, eb, sizeof eb));
+	return r;
+}
+
+/* IOs the kernel holds: requests in use whose SQE it has taken. Only these can complete. */
+static uint32_t
+nvme_in_kernel(const struct kvt_nvme *n)
+{
+	return n->qd - n->n_free - n->queued;
+}
+
+/* Queue one SQE for the rest of @req's IO: bytes [done, slot_bytes) of its slot. */
+static int
+nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&n->ring);
+	uint8_t *buf = req->buf + req->done;
+	unsigned len = (unsigned)(n->slot_bytes - req->done);
+	uint64_t off = (uint64_t)req->slot * n->slot_bytes + req->done;
+
+	if (!sqe) {
+		/* Not expected: every request owns at most one SQE and the SQ has qd entries. */
+		(void)nvme_flush(n);
+		sqe = io_uring_get_sqe(&n->ring);
+		if (!sqe)
+			return kvt_err(-EAGAIN, "nvme: submission queue full");
+	}
+	if (req->is_write && n->fixed_bufs)
+		io_uring_prep_write_fixed(sqe, n->fd, buf, len, off, (int)req->index);
+	else if (req->is_write)
+		io_uring_prep_write(sqe, n->fd, buf, len, off);
+	else if (n->fixed_bufs)
+		io_uring_prep_read_fixed(sqe, n->fd, buf, len, off, (int)req->index);
+	else
+		io_uring_prep_read(sqe, n->fd, buf, len, off);
+	io_uring_sqe_set_data(sqe, req);
+	n->queued++;
+	return 0;
+}
+
+/* Validate a submit and take a free request. Returns 0 with *reqp set, or a negative code. */
+static int
+nvme_req_get(struct kvt_nvme *n, uint32_t slot, const void *buf, const char *what,
+	     struct nvme_req **reqp)
+{
+	struct nvme_req *req;
+
+	if (!n || !buf)
+		return kvt_err(-EINVAL, "nvme %s: %s is NULL", what, n ? "buffer" : "tier");
+	if (slot >= n->n_slots)
+		return kvt_err(-EINVAL, "nvme %s: slot %u out of range (%u slots)", what, slot,
+			       n->n_slots);
+	if (n->n_free == 0)
+		return kvt_err(-EAGAIN, "nvme %s: all %u staging buffers busy; reap first", what,
+			       n->qd);
+	req = &n->reqs[n->free_stack[--n->n_free]];
+	req->slot = slot;
+	req->done = 0;
+	req->stalls = 0;
+	req->dst = NULL;
+	*reqp = req;
+	return 0;
+}
+
+static void
+nvme_req_put(struct kvt_nvme *n, struct nvme_req *req)
+{
+	n->free_stack[n->n_free++] = req->index;
+}
+
+/* Fill the padding and the trailer of a staging buffer that holds the block's bytes. */
+static void
+nvme_seal(const struct kvt_nvme *n, uint8_t *buf, uint32_t slot, uint64_t key)
+{
+	uint8_t *t = buf + n->slot_bytes - NVME_TRAILER_BYTES;
+
+	memset(buf + n->block_bytes, 0, n->slot_bytes - NVME_TRAILER_BYTES - n->block_bytes);
+	memcpy(t + NVME_TR_MAGIC, nvme_magic, sizeof nvme_magic);
+	nvme_put_le32(t + NVME_TR_VERSION, NVME_FORMAT_VERSION);
+	nvme_put_le32(t + NVME_TR_SLOT, slot);
+	nvme_put_le64(t + NVME_TR_BLOCK_BYTES, n->block_bytes);
+	nvme_put_le64(t + NVME_TR_KEY, key);
+	nvme_put_le64(t + NVME_TR_DATA_SUM, XXH3_64bits(buf, n->block_bytes));
+	nvme_put_le64(t + NVME_TR_SELF_SUM, XXH3_64bits(t, NVME_TR_SELF_SUM));
+	memset(t + NVME_TR_PAD, 0, NVME_TRAILER_BYTES - NVME_TR_PAD);
+}
+
+int
+kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64_t key,
+		      uint64_t user_data)
+{
+	struct nvme_req *req;
+	int r = nvme_req_get(n, slot, src, "write", &req);
+
+	if (r != 0)
+		return r;
+	req->is_write = true;
+	req->key = key;
+	req->user_data = user_data;
+	memcpy(req->buf, src, n->block_bytes);
+	nvme_seal(n, req->buf, slot, key);
+	r = nvme_queue_rest(n, req);
+	if (r != 0)
+		nvme_req_put(n, req);
+	return r;
+}
+
+int
+kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+		     uint64_t user_data)
+{
+	struct nvme_req *req;
+	int r = nvme_req_get(n, slot, dst, "read", &req);
+
+	if (r != 0)
+		return r;
+	req->is_write = false;
+	req->key = key;
+	req->user_data = user_data;
+	req->dst = dst;
+	r = nvme_queue_rest(n, req);
+	if (r != 0)
+		nvme_req_put(n, req);
+	return r;
+}
+
+int
+kvt_nvme_flush(struct kvt_nvme *n)
+{
+	char eb[128];
+	int r;
+
+	if (!n)
+		return kvt_err(-EINVAL, "nvme flush: tier is NULL");
+	r = nvme_flush(n);
+	if (r < 0)
+		return kvt_err(r, "nvme: io_uring_submit: %s", nvme_strerror(-r, eb, sizeof eb));
+	return r;
+}
+
+/* ---- completion ---------------------------------------------------------------------------- */
+
+/* Check a fully read staging buffer against its trailer. Returns 0 or KVT_ECORRUPT. */
+static int
+nvme_verify(const struct kvt_nvme *n, const struct nvme_req *req)
+{
+	const uint8_t *t = req->buf + n->slot_bytes - NVME_TRAILER_BYTES;
+	uint32_t slot = req->slot;
+
+	if (memcmp(t + NVME_TR_MAGIC, nvme_magic, sizeof nvme_magic) != 0)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: no block trailer (bad magic)", slot);
+	if (XXH3_64bits(t, NVME_TR_SELF_SUM) != nvme_get_le64(t + NVME_TR_SELF_SUM))
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: trailer checksum mismatch", slot);
+	if (nvme_get_le32(t + NVME_TR_VERSION) != NVME_FORMAT_VERSION)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: format version %u, expected %u", slot,
+			       nvme_get_le32(t + NVME_TR_VERSION), NVME_FORMAT_VERSION);
+	if (nvme_get_le32(t + NVME_TR_SLOT) != slot)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: holds a block written to slot %u",
+			       slot, nvme_get_le32(t + NVME_TR_SLOT));
+	if (nvme_get_le64(t + NVME_TR_BLOCK_BYTES) != n->block_bytes)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: block_bytes %llu, expected %zu", slot,
+			       (unsigned long long)nvme_get_le64(t + NVME_TR_BLOCK_BYTES),
+			       n->block_bytes);
+	if (nvme_get_le64(t + NVME_TR_KEY) != req->key)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: key %#llx, expected %#llx", slot,
+			       (unsigned long long)nvme_get_le64(t + NVME_TR_KEY),
+			       (unsigned long long)req->key);
+	if (XXH3_64bits(req->buf, n->block_bytes) != nvme_get_le64(t + NVME_TR_DATA_SUM))
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch", slot);
+	return 0;
+}
+
+/*
+ * A piece of @req's IO moved @got bytes, fewer than asked. Continue from the last 4 KiB
+ * boundary reached (O_DIRECT needs aligned offsets). Returns 0 when a new SQE is queued, or the
+ * code to complete @req with.
+ */
+static int
+nvme_continue(struct kvt_nvme *n, struct nvme_req *req, size_t got)
+{
+	const char *what = req->is_write ? "write" : "read";
+	size_t reached = (req->done + got) & ~(size_t)(NVME_ALIGN - 1);
+
+	if (got == 0)
+		return kvt_err(KVT_ESHORTIO, "nvme %s of slot %u: no progress at byte %u of %zu",
+			       what, req->slot, req->done, n->slot_bytes);
+	if (n->closing)
+		return kvt_err(KVT_ESHORTIO, "nvme %s of slot %u: short while closing", what,
+			       req->slot);
+	if (reached == req->done) {
+		if (++req->stalls > KVT_NVME_MAX_STALLS)
+			return kvt_err(KVT_ESHORTIO,
+				       "nvme %s of slot %u: stuck at byte %u of %zu after %u retries",
+				       what, req->slot, req->done, n->slot_bytes, req->stalls - 1);
+	} else {
+		req->stalls = 0;
+		req->done = (uint32_t)reached;
+	}
+	return nvme_queue_rest(n, req);
+}
+
+/*
+ * Interpret one CQE of @req with result @res. Returns 1 when @req finished (*c filled, @req back
+ * on the free stack), 0 when it was continued with a new SQE.
+ */
+static int
+nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
+{
+	size_t left = n->slot_bytes - req->done;
+	uint64_t off = (uint64_t)req->slot * n->slot_bytes + req->done;
+	char eb[128];
+
+	if (n->hooks.on_complete)
+		n->hooks.on_complete(n->hooks.arg, req->is_write, req->slot, req->buf + req->done,
+				     left, off, &res);
+	if (res < 0) {
+		kvt_err(res, "nvme %s of slot %u: %s", req->is_write ? "write" : "read", req->slot,
+			nvme_strerror(-res, eb, sizeof eb));
+	} else if ((size_t)res < left) {
+		res = nvme_continue(n, req, (size_t)res);
+		if (res == 0)
+			return 0;
+	} else if ((size_t)res > left) {
+		res = kvt_err(-EIO, "nvme slot %u: %d bytes done of %zu asked", req->slot, res,
+			      left);
+	} else if (req->is_write || n->closing) {
+		res = 0;
+	} else {
+		res = nvme_verify(n, req);
+		if (res == 0)
+			memcpy(req->dst, req->buf, n->block_bytes);
+	}
+	c->user_data = req->user_data;
+	c->res = res;
+	c->is_write = req->is_write;
+	c->slot = req->slot;
+	nvme_req_put(n, req);
+	return 1;
+}
+
+int
+kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool wait)
+{
+	struct io_uring_cqe *cqe;
+	struct nvme_req *req;
+	uint32_t got = 0;
+	char eb[128];
+	int r, res;
+
+	if (!n || (!out && max > 0))
+		return kvt_err(-EINVAL, "nvme reap: %s is NULL", n ? "out" : "tier");
+	r = nvme_flush_soft(n);
+	if (r < 0)
+		return r;
+	while (got < max) {
+		r = io_uring_peek_cqe(&n->ring, &cqe);
+		if (r == -EAGAIN) {
+			/* Nothing ready: block only if asked to, nothing was reaped yet, and the
+			 * kernel holds an IO that will complete. */
+			if (!wait || got > 0 || nvme_in_kernel(n) == 0)
+				break;
+			r = io_uring_wait_cqe(&n->ring, &cqe);
+			if (r == -EINTR)
+				continue;
+		}
+		if (r < 0) {
+			if (got > 0)
+				break;
+			return kvt_err(r, "nvme: io_uring wait: %s",
+				       nvme_strerror(-r, eb, sizeof eb));
+		}
+		req = io_uring_cqe_get_data(cqe);
+		res = cqe->res;
+		io_uring_cqe_seen(&n->ring, cqe);
+		if (!req)
+			continue;
+		got += (uint32_t)nvme_complete(n, req, res, &out[got]);
+		/* A continued short IO queued an SQE: hand it over before we may wait. */
+		r = nvme_flush_soft(n);
+		if (r < 0)
+			return got > 0 ? (int)got : r;
+	}
+	return (int)got;
+}
+
+void
+kvt_nvme_close(struct kvt_nvme *n)
+{
+	struct kvt_nvme_cqe sink[NVME_CLOSE_BATCH];
+	bool drained = true;
+	int r;
+
+	if (!n)
+		return;
+	n->closing = true;
+	while (n->n_free < n->qd) {
+		r = kvt_nvme_reap(n, sink, NVME_CLOSE_BATCH, true);
+		if (r > 0)
+			continue;
+		/* reap(wait) returns 0 only when the kernel holds nothing: the rest is stuck in
+		 * the SQ (submit keeps failing), or the ring is broken (r < 0). */
+		drained = false;
+		kvt_err(r < 0 ? r : -EIO,
+			"nvme close: %u IOs could not be waited for; staging buffers leaked",
+			n->qd - n->n_free);
+		break;
+	}
+	nvme_free(n, drained);
+}
+
+/* ---- accessors ----------------------------------------------------------------------------- */
+
+uint32_t
+kvt_nvme_n_slots(const struct kvt_nvme *n)
+{
+	return n->n_slots;
+}
+
+size_t
+kvt_nvme_slot_bytes(const struct kvt_nvme *n)
+{
+	return n->slot_bytes;
+}
+
+uint32_t
+kvt_nvme_inflight(const struct kvt_nvme *n)
+{
+	return n->qd - n->n_free;
+}
+
+uint32_t
+kvt_nvme_free_qd(const struct kvt_nvme *n)
+{
+	return n->n_free;
+}
+
+const char *
+kvt_nvme_path(const struct kvt_nvme *n)
+{
+	return n->path;
+}
