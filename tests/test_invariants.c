@@ -1,0 +1,535 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_invariants.c - the six invariants of DESIGN.md and the four failure scenarios of
+ * the v0 issue, each a test that fails when the engine breaks the rule. The emulated device's
+ * bandwidth knob makes copies slow (so a copy that is not waited for really is still running)
+ * and its delay knob reorders completions across streams.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "engine/engine_impl.h"
+#include "support/kvt_test.h"
+
+#define SLOW_BW (100u * 1024u) /* 100 KiB/s: a 1 KiB block copy takes ~10 ms */
+
+static void
+check_engine(struct kvt_engine *e)
+{
+	int rc = kvt_engine_check(e);
+
+	if (rc)
+		print_error("kvt_engine_check: %s\n", kvt_last_error_message());
+	assert_int_equal(rc, 0);
+}
+
+static kvt_seq_id
+seq_with(struct kvt_engine *e, uint32_t tag, size_t n)
+{
+	kvt_seq_id s;
+
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	assert_int_equal(tsup_append_write(e, s, tag, 0, n), 0);
+	return s;
+}
+
+static struct kvt_stats
+stats(struct kvt_engine *e)
+{
+	struct kvt_stats st = { .size = sizeof st };
+
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	return st;
+}
+
+/* Invariant 1: a slot is never reused while a transfer reading or writing it is in flight.
+ * A is parked (slow D2H copies read its HBM slots); B needs those HBM slots at once and writes
+ * into them. If A's slots were handed out before the copies finished, A's copy in HOST would
+ * hold B's bytes. */
+static void
+test_inv1_no_slot_reuse_in_flight(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 2, .host_blocks = 4, .bandwidth = SLOW_BW };
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_with(e, 1, 8);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_true(stats(e).transfers_in_flight > 0);
+	b = seq_with(e, 2, 8); /* needs both HBM slots now */
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_HOST), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	check_engine(e);
+	kvt_engine_destroy(e);
+}
+
+/* Invariant 2: a block is used by a kernel only after its HBM copy completed, or after the
+ * kernel's stream waits for it. */
+static void
+test_inv2_pinned_after_copy_complete(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 2, .host_blocks = 4, .bandwidth = SLOW_BW };
+	struct kvt_block_table bt;
+	struct kvt_engine *e;
+	struct kvt_batch *bat;
+	kvt_seq_id a, b;
+	void *stream;
+	float got[TSUP_HEADS * TSUP_DIM];
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_with(e, 1, 8);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	b = seq_with(e, 2, 8); /* HBM slots now hold B's bytes */
+	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	/* host wait */
+	assert_int_equal(kvt_batch_prepare(e, &a, 1, &bat), 0);
+	assert_int_equal(kvt_batch_wait_layer(bat, 0, NULL), 0);
+	assert_int_equal(kvt_batch_block_table(bat, &bt), 0);
+	assert_int_equal(tsup_check_entry(&bt, 0, 1), 0);
+	assert_int_equal(kvt_batch_release(bat, NULL), 0);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	/* device-side wait: a "kernel" on the stream reads the slot after waiting */
+	assert_int_equal(kvt_engine_stream_create(e, &stream), 0);
+	assert_int_equal(kvt_batch_prepare(e, &b, 1, &bat), 0);
+	assert_int_equal(kvt_batch_wait_layer(bat, 1, stream), 0);
+	assert_int_equal(kvt_batch_block_table(bat, &bt), 0);
+	{
+		float *k;
+
+		kvt_kv_addr(&bt.geo, 1, (int64_t)bt.indices[0] * TSUP_TPB, (void **)&k, NULL);
+		assert_int_equal(kvt_engine_stream_memcpy_async(e, stream, got, k, sizeof got), 0);
+	}
+	assert_int_equal(kvt_engine_stream_sync(e, stream), 0);
+	assert_true(got[3] == tsup_val(2, 0, 1, 0, 3));
+	assert_int_equal(kvt_batch_release(bat, stream), 0);
+	kvt_engine_stream_destroy(e, stream);
+	check_engine(e);
+	kvt_engine_destroy(e);
+}
+
+/* Invariant 3: eviction never picks a pinned block or one with a transfer in flight. */
+static void
+test_inv3_no_eviction_of_pinned(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 4, .host_blocks = 8, .delay_us = 200 };
+	struct kvt_block_table bt;
+	struct kvt_engine *e;
+	struct kvt_batch *bat;
+	struct kvt_seq_info info;
+	kvt_seq_id a, b, d;
+	int64_t map[8];
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_with(e, 1, 8);
+	assert_int_equal(kvt_batch_prepare(e, &a, 1, &bat), 0); /* A pinned: 2 blocks */
+	b = seq_with(e, 2, 8);                                  /* B fills HBM */
+	assert_int_equal(tsup_verify(e, b, 2), 0);              /* ...and is unpinned */
+	d = seq_with(e, 3, 8);                                  /* must evict B, never A */
+	assert_int_equal(kvt_seq_info(e, b, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 0);
+	assert_int_equal(kvt_seq_info(e, a, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 2);
+	assert_int_equal(kvt_batch_wait_layer(bat, 0, NULL), 0);
+	assert_int_equal(kvt_batch_block_table(bat, &bt), 0);
+	assert_int_equal(tsup_check_entry(&bt, 0, 1), 0);
+	/* everything is pinned now (A by the batch, D by its append): no room at all */
+	{
+		kvt_seq_id x;
+
+		assert_int_equal(kvt_seq_open(e, NULL, &x), 0);
+		assert_int_equal(kvt_seq_append(e, x, NULL, 1, map), -ENOSPC);
+		assert_int_equal(kvt_seq_close(e, x), 0);
+	}
+	assert_int_equal(kvt_batch_release(bat, NULL), 0);
+	assert_int_equal(tsup_verify(e, d, 3), 0);
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	check_engine(e);
+	kvt_engine_destroy(e);
+}
+
+/* Invariant 4: a dirty block is demoted before its slot is freed; its bytes are never lost. */
+static void
+test_inv4_dirty_demoted_first(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 2, .host_blocks = 2, .nvme_blocks = 32,
+			      .delay_us = 100 };
+	struct kvt_engine *e;
+	kvt_seq_id s[5];
+	uint32_t i;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	for (i = 0; i < 5; i++) {
+		s[i] = seq_with(e, i + 1, 8);
+		assert_int_equal(tsup_verify(e, s[i], i + 1), 0);
+	}
+	/* 10 blocks were written into 2 HBM + 2 HOST slots: most went down to NVMe */
+	assert_true(stats(e).blocks_moved[KVT_MOVE_HOST_TO_NVME] >= 6);
+	for (i = 0; i < 5; i++)
+		assert_int_equal(tsup_verify(e, s[i], i + 1), 0);
+	assert_int_equal(stats(e).checksum_failed, 0);
+	assert_true(stats(e).checksum_verified > 0);
+	check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+static void
+corrupt_nvme_file(const char *dir)
+{
+	struct dirent *de;
+	char path[1024], junk[256];
+	DIR *d = opendir(dir);
+	off_t off, size;
+	int fd, found = 0;
+
+	assert_non_null(d);
+	memset(junk, 0x5a, sizeof junk);
+	while ((de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+		fd = open(path, O_RDWR);
+		assert_true(fd >= 0);
+		size = lseek(fd, 0, SEEK_END);
+		for (off = 0; off < size; off += 4096)
+			assert_int_equal(pwrite(fd, junk, sizeof junk, off + 100), sizeof junk);
+		fsync(fd);
+		close(fd);
+		found++;
+	}
+	closedir(d);
+	assert_int_equal(found, 1);
+}
+
+/* Invariant 5: every block read back from NVMe is verified; a mismatch is a miss the caller
+ * sees (KVT_ELOST and a truncated sequence), never wrong KV. */
+static void
+test_inv5_nvme_reads_verified(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 2, .host_blocks = 2, .nvme_blocks = 16 };
+	struct kvt_seq_info info;
+	struct kvt_engine *e;
+	struct kvt_batch *bat = NULL;
+	kvt_seq_id a;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_with(e, 1, 6);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_info(e, a, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_NVME], 2);
+	corrupt_nvme_file(dir);
+	assert_int_equal(kvt_batch_prepare(e, &a, 1, &bat), KVT_ELOST);
+	assert_null(bat);
+	assert_int_equal(stats(e).checksum_failed, 2);
+	assert_int_equal(stats(e).blocks_lost, 2);
+	assert_int_equal(kvt_seq_info(e, a, &info), 0);
+	assert_int_equal(info.n_tokens, 0); /* the caller recomputes from here */
+	check_engine(e);
+	/* recompute: the sequence and the engine keep working */
+	assert_int_equal(tsup_append_write(e, a, 1, 0, 6), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Invariant 6: a sealed (full) block is immutable and freed in no tier while referenced. v0 has
+ * no prefix sharing yet (one reference per block), so this checks the immutability half: later
+ * appends never change a sealed block, so its copies below stay valid and are not rewritten,
+ * and blocks survive churn for as long as their sequence lives. */
+static void
+test_inv6_sealed_blocks_immutable(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 4, .host_blocks = 8, .nvme_blocks = 32 };
+	struct kvt_seq_info info;
+	struct kvt_engine *e;
+	uint64_t before;
+	kvt_seq_id a, x;
+	uint32_t i;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_with(e, 1, 10); /* 2 sealed blocks + 1 partial */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	before = stats(e).blocks_moved[KVT_MOVE_HBM_TO_HOST];
+	assert_int_equal(tsup_append_write(e, a, 1, 10, 1), 0);
+	assert_int_equal(kvt_seq_info(e, a, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HOST], 2); /* sealed copies still valid */
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	/* only the block that changed was copied down again */
+	assert_int_equal(stats(e).blocks_moved[KVT_MOVE_HBM_TO_HOST], before + 1);
+	for (i = 0; i < 6; i++) { /* churn */
+		x = seq_with(e, 50 + i, 16);
+		assert_int_equal(tsup_verify(e, x, 50 + i), 0);
+		assert_int_equal(kvt_seq_close(e, x), 0);
+	}
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* (a) a block copied down while the write that produced it is still queued on another stream
+ * must arrive with the new bytes. */
+static void
+test_scenario_a_copy_after_queued_write(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 2, .host_blocks = 4, .bandwidth = 64u << 20 };
+	struct kvt_geometry g;
+	struct kvt_engine *e;
+	struct kvt_batch *bat;
+	static char big_src[4 << 20], big_dst[4 << 20]; /* ~60 ms at 64 MiB/s */
+	float kv[TSUP_HEADS * TSUP_DIM];
+	kvt_seq_id a;
+	int64_t map[1];
+	void *w, *k, *v;
+	uint32_t l, i;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	assert_int_equal(kvt_engine_geometry(e, &g), 0);
+	assert_int_equal(kvt_engine_stream_create(e, &w), 0);
+	assert_int_equal(kvt_seq_open(e, NULL, &a), 0);
+	assert_int_equal(kvt_seq_append(e, a, NULL, 1, map), 0);
+	assert_int_equal(kvt_batch_prepare(e, &a, 1, &bat), 0);
+	/* the "model" writes K/V on its own stream, behind other work */
+	assert_int_equal(kvt_engine_stream_memcpy_async(e, w, big_dst, big_src, sizeof big_src), 0);
+	for (l = 0; l < TSUP_LAYERS; l++) {
+		kvt_kv_addr(&g, l, map[0], &k, &v);
+		for (i = 0; i < TSUP_HEADS * TSUP_DIM; i++)
+			kv[i] = tsup_val(9, 0, l, 0, i);
+		assert_int_equal(kvt_engine_stream_memcpy_async(e, w, k, kv, sizeof kv), 0);
+		/* kv is reused: wait between the two writes of this loop */
+		assert_int_equal(kvt_engine_stream_sync(e, w), 0);
+		for (i = 0; i < TSUP_HEADS * TSUP_DIM; i++)
+			kv[i] = tsup_val(9, 0, l, 1, i);
+		assert_int_equal(kvt_engine_stream_memcpy_async(e, w, big_dst, big_src,
+								 sizeof big_src), 0);
+		assert_int_equal(kvt_engine_stream_memcpy_async(e, w, v, kv, sizeof kv), 0);
+		if (l + 1 < TSUP_LAYERS)
+			assert_int_equal(kvt_engine_stream_sync(e, w), 0);
+	}
+	/* the last V write is still queued behind a 4 MiB copy when the step ends */
+	assert_int_equal(kvt_batch_release(bat, w), 0);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0); /* D2H now */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_engine_stream_sync(e, w), 0);
+	assert_int_equal(tsup_verify(e, a, 9), 0); /* comes back from HOST */
+	kvt_engine_stream_destroy(e, w);
+	check_engine(e);
+	kvt_engine_destroy(e);
+}
+
+/* (b) a freed HBM slot handed to another sequence's promotion while a reader still holds it
+ * must not change what that reader sees. */
+static void
+test_scenario_b_reader_keeps_slot(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 1, .host_blocks = 4, .bandwidth = 64u << 20 };
+	struct kvt_block_table bt;
+	struct kvt_engine *e;
+	struct kvt_batch *bat;
+	static char big_src[4 << 20], big_dst[4 << 20];
+	float seen[TSUP_HEADS * TSUP_DIM];
+	kvt_seq_id a, b;
+	void *r, *k;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	b = seq_with(e, 2, 4);
+	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	a = seq_with(e, 1, 4);
+	assert_int_equal(kvt_engine_stream_create(e, &r), 0);
+	assert_int_equal(kvt_batch_prepare(e, &a, 1, &bat), 0);
+	assert_int_equal(kvt_batch_block_table(bat, &bt), 0);
+	kvt_kv_addr(&bt.geo, 0, (int64_t)bt.indices[0] * TSUP_TPB, &k, NULL);
+	/* the reader ("kernel") reads A's slot late, behind other work on its stream */
+	assert_int_equal(kvt_engine_stream_memcpy_async(e, r, big_dst, big_src, sizeof big_src), 0);
+	assert_int_equal(kvt_engine_stream_memcpy_async(e, r, seen, k, sizeof seen), 0);
+	assert_int_equal(kvt_batch_release(bat, r), 0);
+	/* B's promotion needs the only HBM slot: A is demoted, B copied in */
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	assert_int_equal(kvt_engine_stream_sync(e, r), 0);
+	assert_true(seen[5] == tsup_val(1, 0, 0, 0, 5));
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	kvt_engine_stream_destroy(e, r);
+	check_engine(e);
+	kvt_engine_destroy(e);
+}
+
+/* (c) a block found in HOST and then chosen for eviction before it is promoted must stay
+ * pinned by the lookup or fail cleanly, never serve other bytes. With one HBM and one HOST
+ * slot, promoting A (HOST+NVMe) means evicting dirty B, whose demotion wants A's HOST slot. */
+static void
+test_scenario_c_lookup_pins(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 1, .host_blocks = 1, .nvme_blocks = 16 };
+	struct kvt_engine *e;
+	struct kvt_batch *bat = NULL;
+	kvt_seq_id a, b;
+	int rc;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_with(e, 1, 4);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	b = seq_with(e, 2, 4); /* dirty in HBM */
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	/* resume: NVMe -> HOST, then HOST -> HBM when room can be made */
+	assert_int_equal(kvt_seq_resume(e, a), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	check_engine(e);
+	rc = tsup_verify(e, a, 1);
+	assert_true(rc == 0 || rc == -ENOSPC); /* never 1: other bytes */
+	check_engine(e);
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	rc = kvt_batch_prepare(e, &a, 1, &bat);
+	assert_true(rc == 0 || rc == -ENOSPC);
+	if (rc == 0)
+		assert_int_equal(kvt_batch_release(bat, NULL), 0);
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+static int fault_write_res;
+
+static void
+fault_on_complete(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off,
+		  int *res)
+{
+	(void)arg, (void)slot, (void)buf, (void)len, (void)off;
+	if (is_write && fault_write_res)
+		*res = fault_write_res;
+}
+
+static const struct kvt_nvme_fault_hooks fault_hooks = { .on_complete = fault_on_complete };
+
+/* (d) a failed NVMe write leaves the block not findable there, and the space and counters
+ * rolled back; the block stays where it was. */
+static void
+test_scenario_d_failed_nvme_write(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 2, .host_blocks = 2, .nvme_blocks = 8 };
+	struct kvt_seq_info info;
+	struct kvt_engine *e;
+	struct kvt_stats st;
+	kvt_seq_id a;
+	char *dir;
+	int errs[2] = { -EIO, -ENOSPC }, i;
+
+	(void)state;
+	for (i = 0; i < 2; i++) {
+		kvt_test_nvme_hooks = &fault_hooks;
+		e = tsup_engine(&c, &dir);
+		kvt_test_nvme_hooks = NULL;
+		a = seq_with(e, 1, 8);
+		fault_write_res = errs[i];
+		assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+		assert_int_equal(kvt_engine_drain(e), 0);
+		st = stats(e);
+		assert_int_equal(st.io_errors, 2);
+		assert_int_equal(st.blocks_moved[KVT_MOVE_HOST_TO_NVME], 0);
+		assert_int_equal(st.tier[KVT_TIER_NVME].used_slots, 0);
+		assert_int_equal(st.tier[KVT_TIER_NVME].used_bytes, 0);
+		assert_int_equal(kvt_seq_info(e, a, &info), 0);
+		assert_int_equal(info.blocks_in[KVT_TIER_NVME], 0);
+		assert_int_equal(info.blocks_in[KVT_TIER_HOST], 2); /* still held above */
+		check_engine(e);
+		assert_int_equal(tsup_verify(e, a, 1), 0);
+		/* the disk works again: the next park lands */
+		fault_write_res = 0;
+		assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+		assert_int_equal(kvt_engine_drain(e), 0);
+		assert_int_equal(kvt_seq_info(e, a, &info), 0);
+		assert_int_equal(info.blocks_in[KVT_TIER_NVME], 2);
+		assert_int_equal(tsup_verify(e, a, 1), 0);
+		check_engine(e);
+		kvt_engine_destroy(e);
+		tsup_rmdir(dir);
+	}
+}
+
+/* Closing a sequence while its transfers are in flight frees the slots only after they land. */
+static void
+test_close_with_transfers_in_flight(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 2, .host_blocks = 2, .nvme_blocks = 8,
+			      .bandwidth = SLOW_BW };
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_with(e, 1, 8);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_true(stats(e).transfers_in_flight > 0);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	check_engine(e);
+	b = seq_with(e, 2, 8);
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(stats(e).tier[KVT_TIER_HOST].used_slots, 0);
+	assert_int_equal(stats(e).tier[KVT_TIER_NVME].used_slots, 0);
+	check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_inv1_no_slot_reuse_in_flight),
+		cmocka_unit_test(test_inv2_pinned_after_copy_complete),
+		cmocka_unit_test(test_inv3_no_eviction_of_pinned),
+		cmocka_unit_test(test_inv4_dirty_demoted_first),
+		cmocka_unit_test(test_inv5_nvme_reads_verified),
+		cmocka_unit_test(test_inv6_sealed_blocks_immutable),
+		cmocka_unit_test(test_scenario_a_copy_after_queued_write),
+		cmocka_unit_test(test_scenario_b_reader_keeps_slot),
+		cmocka_unit_test(test_scenario_c_lookup_pins),
+		cmocka_unit_test(test_scenario_d_failed_nvme_write),
+		cmocka_unit_test(test_close_with_transfers_in_flight),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
