@@ -137,7 +137,8 @@ kvt_store_f32(enum kvt_dtype dtype, void *dst, const float *src, size_t n)
 	case KVT_DTYPE_F16:
 	case KVT_DTYPE_BF16:
 		for (i = 0; i < n; i++) {
-			h = dtype == KVT_DTYPE_F16 ? kvt_f32_to_f16(src[i]) : kvt_f32_to_bf16(src[i]);
+			h = dtype == KVT_DTYPE_F16 ? kvt_f32_to_f16(src[i])
+						   : kvt_f32_to_bf16(src[i]);
 			memcpy(d + i * 2, &h, 2);
 		}
 		return 0;
@@ -218,7 +219,8 @@ attn_check(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads, uint
 	else
 		return kvt_err(-EINVAL, "attention: unsupported K/V dtype %d", (int)kv->dtype);
 	if (!n_heads || !kv->n_kv_heads || n_heads % kv->n_kv_heads)
-		return kvt_err(-EINVAL, "attention: n_heads %u must be a positive multiple of n_kv_heads %u",
+		return kvt_err(-EINVAL,
+			       "attention: n_heads %u must be a positive multiple of n_kv_heads %u",
 			       n_heads, kv->n_kv_heads);
 	if (!kv->head_dim || !kv->tokens_per_block)
 		return kvt_err(-EINVAL, "attention: head_dim %u, tokens_per_block %u must be > 0",

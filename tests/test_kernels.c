@@ -21,29 +21,12 @@
 #include <string.h>
 
 #include "kernels/attention.h"
+#include "support/kv_fixture.h"
 #ifdef KVT_WITH_CUDA
 #include "kernels/kernels_cuda.h"
 #endif
 
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-static uint64_t
-tk_rand(uint64_t *s)
-{
-	/* splitmix64 */
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-/* uniform in [-a, a) */
-static float
-tk_uniform(uint64_t *s, float a)
-{
-	return ((float)(tk_rand(s) >> 40) / (float)(1u << 24) * 2.0f - 1.0f) * a;
-}
 
 static uint32_t
 tk_bits(float f)
@@ -123,130 +106,22 @@ tk_llama2(const float *q, const float *key_cache, const float *value_cache, int 
 	}
 }
 
-struct tk_shape {
-	uint32_t n_heads;    /* query heads */
-	uint32_t n_kv_heads; /* KV heads */
-	uint32_t head_dim;   /* elements per head */
-	uint32_t tpb;        /* tokens per block */
-	uint32_t seq_len;    /* positions */
-	uint32_t pad;        /* extra bytes per token row (token_stride > row bytes) */
-};
 
-static const struct tk_shape tk_shapes[] = {
+static const struct kvt_test_kv_shape tk_shapes[] = {
 	{ 8, 4, 8, 1, 37, 0 },     { 8, 4, 8, 16, 37, 0 },   { 8, 4, 8, 7, 50, 12 },
 	{ 32, 8, 128, 16, 100, 0 }, { 32, 8, 128, 7, 33, 0 }, { 32, 8, 128, 1, 20, 4 },
 	{ 4, 4, 16, 16, 16, 0 },    { 8, 1, 32, 7, 1, 0 },
 };
 
-/* A sequence's K/V in a fake HBM of block-first slots, layer 1 of 3, behind a random table. */
-struct tk_kv {
-	unsigned char *hbm;       /* the slots */
-	uint32_t *table;          /* [n_blocks] slot ids, distinct, scrambled */
-	struct kvt_paged_kv kv;   /* what the kernel gets */
-	float *kf, *vf;           /* [seq_len][kv_dim] the fp32 values that were stored */
-	float *kw, *vw;           /* [seq_len][kv_dim] the stored values widened back to fp32 */
-	float *q;                 /* [n_heads][head_dim] */
-};
-
-static void
-tk_kv_build(struct tk_kv *b, const struct tk_shape *s, enum kvt_dtype dt, uint64_t *rng)
-{
-	const uint32_t n_layers = 3, layer = 1, kv_dim = s->n_kv_heads * s->head_dim;
-	const size_t esize = dt == KVT_DTYPE_F32 ? 4 : 2;
-	const uint64_t tstride = kv_dim * esize + s->pad, lbytes = 2ull * s->tpb * tstride;
-	const uint64_t bbytes = n_layers * lbytes + 64; /* padding: stride != layers * lbytes */
-	const uint32_t n_blocks = (s->seq_len + s->tpb - 1) / s->tpb, n_slots = 2 * n_blocks + 3;
-	uint32_t *perm = malloc(n_slots * sizeof *perm), i, j, x;
-	size_t n = (size_t)s->seq_len * kv_dim;
-
-	assert_non_null(perm);
-	b->hbm = malloc(n_slots * bbytes);
-	b->table = malloc(n_blocks * sizeof *b->table);
-	b->kf = malloc(n * sizeof(float));
-	b->vf = malloc(n * sizeof(float));
-	b->kw = malloc(n * sizeof(float));
-	b->vw = malloc(n * sizeof(float));
-	b->q = malloc((size_t)s->n_heads * s->head_dim * sizeof(float));
-	assert_true(b->hbm && b->table && b->kf && b->vf && b->kw && b->vw && b->q);
-	memset(b->hbm, 0xff, n_slots * bbytes);
-	for (i = 0; i < n_slots; i++)
-		perm[i] = i;
-	for (i = n_slots - 1; i > 0; i--) { /* Fisher-Yates */
-		j = (uint32_t)(tk_rand(rng) % (i + 1));
-		x = perm[i];
-		perm[i] = perm[j];
-		perm[j] = x;
-	}
-	memcpy(b->table, perm, n_blocks * sizeof *b->table);
-	free(perm);
-	b->kv = (struct kvt_paged_kv){ .k_base = b->hbm + layer * lbytes, .v_offset = s->tpb * tstride,
-				       .block_stride = bbytes, .token_stride = tstride,
-				       .table = b->table, .tokens_per_block = s->tpb,
-				       .n_kv_heads = s->n_kv_heads, .head_dim = s->head_dim,
-				       .dtype = dt };
-	for (i = 0; i < n; i++) {
-		b->kf[i] = tk_uniform(rng, 1.0f);
-		b->vf[i] = tk_uniform(rng, 1.0f);
-	}
-	for (i = 0; i < (uint32_t)s->n_heads * s->head_dim; i++)
-		b->q[i] = tk_uniform(rng, 2.0f);
-	for (i = 0; i < s->seq_len; i++) {
-		unsigned char *k = (unsigned char *)b->kv.k_base +
-				   (uint64_t)b->table[i / s->tpb] * bbytes + (i % s->tpb) * tstride;
-
-		assert_int_equal(kvt_store_f32(dt, k, b->kf + (size_t)i * kv_dim, kv_dim), 0);
-		assert_int_equal(kvt_store_f32(dt, k + b->kv.v_offset, b->vf + (size_t)i * kv_dim,
-					       kv_dim), 0);
-		assert_int_equal(kvt_load_f32(dt, b->kw + (size_t)i * kv_dim, k, kv_dim), 0);
-		assert_int_equal(kvt_load_f32(dt, b->vw + (size_t)i * kv_dim, k + b->kv.v_offset,
-					      kv_dim), 0);
-	}
-}
-
-static void
-tk_kv_free(struct tk_kv *b)
-{
-	free(b->hbm);
-	free(b->table);
-	free(b->kf);
-	free(b->vf);
-	free(b->kw);
-	free(b->vw);
-	free(b->q);
-}
-
-static float
-tk_maxabs(const float *x, size_t n)
-{
-	float m = 0.0f;
-	size_t i;
-
-	for (i = 0; i < n; i++)
-		m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
-	return m;
-}
-
-/* max |a - b| / max |b| */
-static double
-tk_relerr(const float *a, const float *b, size_t n)
-{
-	double m = 0.0, s = tk_maxabs(b, n);
-	size_t i;
-
-	for (i = 0; i < n; i++) {
-		double d = fabs((double)a[i] - (double)b[i]);
-
-		if (!(d <= m)) /* catches NaN too */
-			m = d;
-	}
-	return s > 0.0 ? m / s : m;
-}
 
 /* ---- attention ---------------------------------------------------------------------------- */
 
-/* Reference output of shape s with dtype dt; out and want [n_heads][head_dim]. */
+/*
+ * out: kvt_attn_decode_ref() on b; want: the llama2.c loop over the stored values widened back;
+ * want_f32: the same loop over the fp32 values before storage. All [n_heads][head_dim].
+ */
 static void
-tk_run(const struct tk_shape *s, enum kvt_dtype dt, struct tk_kv *b, float *out, float *want,
+tk_run(const struct kvt_test_kv_shape *s, struct kvt_test_kv *b, float *out, float *want,
        float *want_f32)
 {
 	float *scratch = malloc(s->seq_len * sizeof(float)); /* exactly seq_len: ASan checks */
@@ -275,29 +150,29 @@ test_decode_matches_llama2(void **state)
 	(void)state;
 	for (si = 0; si < sizeof tk_shapes / sizeof tk_shapes[0]; si++) {
 		for (di = 0; di < 3; di++) {
-			const struct tk_shape *s = &tk_shapes[si];
+			const struct kvt_test_kv_shape *s = &tk_shapes[si];
 			size_t n = (size_t)s->n_heads * s->head_dim;
 			float *out = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
 			float *want32 = malloc(n * sizeof(float));
-			struct tk_kv b;
+			struct kvt_test_kv b;
 
 			assert_true(out && want && want32);
-			tk_kv_build(&b, s, dts[di], &rng);
-			tk_run(s, dts[di], &b, out, want, want32);
+			kvt_test_kv_build(&b, s, dts[di], &rng);
+			tk_run(s, &b, out, want, want32);
 			/* bit-identical to llama2.c's loop over what is stored */
 			if (memcmp(out, want, n * sizeof(float)))
 				fail_msg("shape %zu dtype %d: not bit-identical (relerr %g)", si,
-					 (int)dts[di], tk_relerr(out, want, n));
+					 (int)dts[di], kvt_test_kv_relerr(out, want, n));
 			if (dts[di] == KVT_DTYPE_F32)
 				assert_memory_equal(out, want32, n * sizeof(float));
-			else if (!(tk_relerr(out, want32, n) <= tol[di]))
+			else if (!(kvt_test_kv_relerr(out, want32, n) <= tol[di]))
 				fail_msg("shape %zu dtype %d: relerr %g vs fp32 > %g", si,
-					 (int)dts[di], tk_relerr(out, want32, n), tol[di]);
-			assert_true(tk_maxabs(out, n) > 0.0f);
+					 (int)dts[di], kvt_test_kv_relerr(out, want32, n), tol[di]);
+			assert_true(kvt_test_kv_maxabs(out, n) > 0.0f);
 			if (getenv("TK_DEBUG"))
-				print_message("shape %zu dtype %d relerr vs fp32 %g\n", si, (int)dts[di],
-					      tk_relerr(out, want32, n));
-			tk_kv_free(&b);
+				print_message("shape %zu dtype %d relerr vs fp32 %g\n", si,
+					      (int)dts[di], kvt_test_kv_relerr(out, want32, n));
+			kvt_test_kv_free(&b);
 			free(out);
 			free(want);
 			free(want32);
@@ -307,8 +182,8 @@ test_decode_matches_llama2(void **state)
 
 /* Splits [0, n) at the cuts (ascending, in (0, n)); merges the partials; compares to decode. */
 static void
-tk_check_split(const struct tk_shape *s, struct tk_kv *b, const float *full, const uint64_t *cuts,
-	       size_t n_cuts)
+tk_check_split(const struct kvt_test_kv_shape *s, struct kvt_test_kv *b, const float *full,
+	       const uint64_t *cuts, size_t n_cuts)
 {
 	size_t n = (size_t)s->n_heads * s->head_dim, c;
 	float *oa = malloc(n * sizeof(float)), *ob = malloc(n * sizeof(float));
@@ -327,9 +202,10 @@ tk_check_split(const struct tk_shape *s, struct tk_kv *b, const float *full, con
 		t0 = t1;
 	}
 	if (getenv("TK_DEBUG"))
-		print_message("%zu cuts: relerr %g\n", n_cuts, tk_relerr(oa, full, n));
-	if (!(tk_relerr(oa, full, n) <= 1e-5))
-		fail_msg("%zu cuts: merged relerr %g > 1e-5", n_cuts, tk_relerr(oa, full, n));
+		print_message("%zu cuts: relerr %g\n", n_cuts, kvt_test_kv_relerr(oa, full, n));
+	if (!(kvt_test_kv_relerr(oa, full, n) <= 1e-5))
+		fail_msg("%zu cuts: merged relerr %g > 1e-5", n_cuts,
+			 kvt_test_kv_relerr(oa, full, n));
 	free(oa);
 	free(ob);
 	free(ma);
@@ -347,16 +223,17 @@ test_partial_merge(void **state)
 
 	(void)state;
 	for (si = 0; si < sizeof tk_shapes / sizeof tk_shapes[0]; si++) {
-		const struct tk_shape *s = &tk_shapes[si];
+		const struct kvt_test_kv_shape *s = &tk_shapes[si];
 		size_t n = (size_t)s->n_heads * s->head_dim;
 		float *full = malloc(n * sizeof(float)), *o = malloc(n * sizeof(float));
-		float *m = malloc(s->n_heads * sizeof(float)), *l = malloc(s->n_heads * sizeof(float));
+		float *m = malloc(s->n_heads * sizeof(float));
+		float *l = malloc(s->n_heads * sizeof(float));
 		float *maxs = malloc(s->n_heads * sizeof(float));
 		float *att = malloc(s->seq_len * sizeof(float)), *want = malloc(n * sizeof(float));
-		struct tk_kv b;
+		struct kvt_test_kv b;
 
 		assert_true(full && o && m && l && maxs && att && want);
-		tk_kv_build(&b, s, KVT_DTYPE_F32, &rng);
+		kvt_test_kv_build(&b, s, KVT_DTYPE_F32, &rng);
 		assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, s->n_heads, s->seq_len, att, full),
 				 0);
 		/* one window over everything: bit-identical to decode; m is the max score */
@@ -381,11 +258,11 @@ test_partial_merge(void **state)
 				cuts[nc] = (nc + 1) * s->tpb;
 			tk_check_split(s, &b, full, cuts, nc);
 			for (nc = 0, i = 1; i < s->seq_len && nc < 128; i++) /* random cuts */
-				if (tk_rand(&rng) % 4 == 0)
+				if (kvt_test_kv_rand(&rng) % 4 == 0)
 					cuts[nc++] = i;
 			tk_check_split(s, &b, full, cuts, nc);
 		}
-		tk_kv_free(&b);
+		kvt_test_kv_free(&b);
 		free(full);
 		free(o);
 		free(m);
@@ -421,14 +298,14 @@ test_merge_symmetric(void **state)
 static void
 test_bad_args(void **state)
 {
-	static const struct tk_shape s = { 8, 4, 8, 16, 10, 0 };
+	static const struct kvt_test_kv_shape s = { 8, 4, 8, 16, 10, 0 };
 	float scratch[16], out[64], m[8], l[8];
-	struct tk_kv b;
+	struct kvt_test_kv b;
 	struct kvt_paged_kv kv;
 	uint64_t rng = 3;
 
 	(void)state;
-	tk_kv_build(&b, &s, KVT_DTYPE_F32, &rng);
+	kvt_test_kv_build(&b, &s, KVT_DTYPE_F32, &rng);
 	assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, 8, 10, scratch, out), 0);
 	assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, 6, 10, scratch, out), -EINVAL);
 	assert_non_null(strstr(kvt_last_error_message(), "multiple"));
@@ -469,7 +346,7 @@ test_bad_args(void **state)
 	assert_int_equal(kvt_store_f32(KVT_DTYPE_F16, NULL, scratch, 1), -EINVAL);
 	assert_int_equal(kvt_load_f32(KVT_DTYPE_F16, out, NULL, 1), -EINVAL);
 	assert_int_equal(kvt_store_f32(KVT_DTYPE_F16, NULL, NULL, 0), 0);
-	tk_kv_free(&b);
+	kvt_test_kv_free(&b);
 }
 
 /* ---- conversions -------------------------------------------------------------------------- */
@@ -614,7 +491,7 @@ test_store_load(void **state)
 
 	(void)state;
 	for (i = 0; i < 37; i++)
-		src[i] = tk_uniform(&rng, 1000.0f);
+		src[i] = kvt_test_kv_uniform(&rng, 1000.0f);
 	src[3] = INFINITY;
 	src[4] = ldexpf(1.0f, -20);
 	/* unaligned destinations on purpose */
