@@ -18,6 +18,9 @@
  * "Online normalizer calculation for softmax"): a window of positions [t0, t1) yields a partial
  * (o, m, l): o the normalised output over the window, m the max score, l = sum exp(s - m);
  * kvt_attn_merge() combines partials exactly.
+ *
+ * The GPU versions (KVT_WITH_CUDA builds) are declared in kernels/kernels_cuda.h; they compute
+ * the same function with fp32 accumulation and match this reference within fp32 rounding.
  */
 #ifndef KVT_KERNELS_ATTENTION_H
 #define KVT_KERNELS_ATTENTION_H
@@ -26,6 +29,10 @@
 #include <stdint.h>
 
 #include "kvtier.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /** Where one layer's paged K/V of one sequence is. */
 struct kvt_paged_kv {
@@ -84,5 +91,9 @@ float kvt_bf16_to_f32(uint16_t h);
 int kvt_store_f32(enum kvt_dtype dtype, void *dst, const float *src, size_t n);
 /** Load n values of @dtype from src as fp32. Returns 0 or -EINVAL. */
 int kvt_load_f32(enum kvt_dtype dtype, float *dst, const void *src, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KVT_KERNELS_ATTENTION_H */
