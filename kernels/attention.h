@@ -18,6 +18,9 @@
  * "Online normalizer calculation for softmax"): a window of positions [t0, t1) yields a partial
  * (o, m, l): o the normalised output over the window, m the max score, l = sum exp(s - m);
  * kvt_attn_merge() combines partials exactly.
+ *
+ * The GPU versions (KVT_WITH_CUDA builds) are declared in kernels/kernels_cuda.h; they compute
+ * the same function with fp32 accumulation and match this reference within fp32 rounding.
  */
 #ifndef KVT_KERNELS_ATTENTION_H
 #define KVT_KERNELS_ATTENTION_H
@@ -26,6 +29,10 @@
 #include <stdint.h>
 
 #include "kvtier.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /** Where one layer's paged K/V of one sequence is. */
 struct kvt_paged_kv {
@@ -48,7 +55,10 @@ struct kvt_paged_kv {
  * @seq_len: tokens to attend over, >= 1.
  * @scratch: >= seq_len floats of work space (attention scores).
  * @out:     [n_heads][head_dim] fp32 result.
- * Returns 0 or -EINVAL.
+ * Returns 0 or -EINVAL (with a message): a NULL pointer, n_heads not a positive multiple of
+ * n_kv_heads, seq_len 0, head_dim or tokens_per_block 0, token_stride smaller than one token's K,
+ * dtype other than F32/F16/BF16. The table must cover every position read; K/V need no
+ * particular alignment. Pure function of its inputs; thread-safe.
  */
 int kvt_attn_decode_ref(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads,
 			uint64_t seq_len, float *scratch, float *out);
@@ -56,7 +66,8 @@ int kvt_attn_decode_ref(const struct kvt_paged_kv *kv, const float *q, uint32_t 
 /**
  * kvt_attn_partial_ref() - split-KV partial over positions [t0, t1) (t0 < t1):
  * out [n_heads][head_dim] normalised within the window, m[n_heads] max score, l[n_heads]
- * sum of exp(score - m). Returns 0 or -EINVAL.
+ * sum of exp(score - m). @scratch holds >= t1 - t0 floats. Over [0, seq_len) the output is
+ * bit-identical to kvt_attn_decode_ref(). Returns 0 or -EINVAL.
  */
 int kvt_attn_partial_ref(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads,
 			 uint64_t t0, uint64_t t1, float *scratch, float *out, float *m, float *l);
@@ -64,7 +75,8 @@ int kvt_attn_partial_ref(const struct kvt_paged_kv *kv, const float *q, uint32_t
 /**
  * kvt_attn_merge() - merge partial b into partial a in place (log-sum-exp rescaling):
  * m = max(ma, mb); la' = la e^(ma-m); lb' = lb e^(mb-m); o = (oa la' + ob lb') / (la' + lb');
- * l = la' + lb'. Shapes as in kvt_attn_partial_ref.
+ * l = la' + lb'. Shapes as in kvt_attn_partial_ref. Partials come from non-empty windows (l > 0,
+ * m finite); merging is exact up to fp32 rounding and order-independent in exact arithmetic.
  */
 void kvt_attn_merge(uint32_t n_heads, uint32_t head_dim, float *oa, float *ma, float *la,
 		    const float *ob, const float *mb, const float *lb);
@@ -79,5 +91,9 @@ float kvt_bf16_to_f32(uint16_t h);
 int kvt_store_f32(enum kvt_dtype dtype, void *dst, const float *src, size_t n);
 /** Load n values of @dtype from src as fp32. Returns 0 or -EINVAL. */
 int kvt_load_f32(enum kvt_dtype dtype, float *dst, const void *src, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KVT_KERNELS_ATTENTION_H */

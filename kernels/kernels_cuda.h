@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kernels/kernels_cuda.h - launchers of the CUDA kernels (internal; KVT_WITH_CUDA builds only).
+ *
+ * Every launcher is extern "C", takes the stream last and returns 0, -EINVAL (bad arguments,
+ * checked on the host before anything is queued) or KVT_EDEVICE (launch failed; the CUDA message
+ * is in kvt_last_error_message()). Launches are asynchronous: errors of the kernel's execution
+ * show up at the next synchronising call on the stream. All pointers named "device" must be
+ * readable (writable) by the GPU: cudaMalloc'd memory, or pinned host memory mapped into the
+ * device address space (cudaHostAlloc with cudaHostAllocMapped, or any pinned memory under
+ * unified addressing). Thread-safety: as the CUDA runtime (any thread, any stream).
+ *
+ * The header is includable from C: the stream is then a void * (a cudaStream_t is a pointer;
+ * NULL is the legacy default stream).
+ *
+ * Reference implementations for CPU: kernels/attention.h (kvt_attn_decode_ref & co.); the
+ * gather/scatter kernels are memcpy loops.
+ */
+#ifndef KVT_KERNELS_KERNELS_CUDA_H
+#define KVT_KERNELS_KERNELS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#include <cuda_runtime.h>
+typedef cudaStream_t kvt_cuda_stream_t;
+extern "C" {
+#else
+typedef void *kvt_cuda_stream_t;
+#endif
+
+#include "kernels/attention.h"
+
+/** Largest number of KV splits one decode launch accepts (gridDim.y). */
+#define KVT_ATTN_CUDA_MAX_SPLITS 65535u
+
+/**
+ * kvt_attn_cuda_work_floats() - size of the @work buffer of kvt_attn_decode_cuda(), in floats:
+ * n_splits * n_heads * (head_dim + 2) for n_splits > 1 (the per-split partials o, m, l), 0 for
+ * n_splits <= 1.
+ */
+size_t kvt_attn_cuda_work_floats(uint32_t n_heads, uint32_t head_dim, uint32_t n_splits);
+
+/**
+ * kvt_attn_decode_cuda() - paged decode attention of one query token (see attention.h for the
+ * function and the K/V addressing), split-KV over the GPU.
+ * @kv:       paged K/V of one layer (host struct, copied into the launch): k_base and table are
+ *            device pointers; table [ceil(seq_len / tokens_per_block)] slot ids. k_base,
+ *            block_stride, token_stride and v_offset must be multiples of the element size.
+ * @q:        device [n_heads][head_dim] fp32 query.
+ * @n_heads:  query heads, a positive multiple of kv->n_kv_heads (GQA: head h reads KV head
+ *            h / (n_heads / n_kv_heads)).
+ * @seq_len:  positions [0, seq_len) attended, >= 1.
+ * @n_splits: 1..KVT_ATTN_CUDA_MAX_SPLITS windows of ceil(seq_len / n_splits) positions, each
+ *            reduced by one thread block per head with an online softmax, then merged by a
+ *            second kernel with the log-sum-exp rule of kvt_attn_merge(). Fewer are used when
+ *            seq_len is small (never an empty window). 1 = a single kernel, no @work.
+ * @work:     device scratch of kvt_attn_cuda_work_floats(n_heads, kv->head_dim, n_splits)
+ *            floats; may be NULL when n_splits == 1. Must not be shared by launches that may
+ *            run concurrently.
+ * @out:      device [n_heads][head_dim] fp32 result.
+ * @stream:   the stream to queue the kernels on.
+ * K/V F32, F16 or BF16 are widened to fp32; all accumulation is fp32. The result matches
+ * kvt_attn_decode_ref() within fp32 rounding (different summation order, online softmax,
+ * the device's expf), not bit for bit. kv->head_dim must be <= 4096 (the layout's limit).
+ */
+int kvt_attn_decode_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads,
+			 uint64_t seq_len, uint32_t n_splits, float *work, float *out,
+			 kvt_cuda_stream_t stream);
+
+/**
+ * kvt_attn_partial_cuda() - the split-KV partial of positions [t0, t1) (t0 < t1), as
+ * kvt_attn_partial_ref(): device out [n_heads][head_dim] normalised within the window,
+ * m [n_heads] max score, l [n_heads] sum of exp(score - m). One thread block per head.
+ * Requirements on @kv, @q, @n_heads as kvt_attn_decode_cuda().
+ */
+int kvt_attn_partial_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads,
+			  uint64_t t0, uint64_t t1, float *out, float *m, float *l,
+			  kvt_cuda_stream_t stream);
+
+/**
+ * kvt_gather_blocks_cuda() - copy a byte range of each of n slots into a packed buffer in one
+ * launch: for i in 0..n-1,
+ *   dst[i * len .. (i + 1) * len) = base[slots[i] * slot_stride + offset .. + len).
+ * With offset 0 and len block_bytes it moves whole blocks; with offset l * layer_block_bytes and
+ * len layer_block_bytes it moves layer l of each block (layer-wise transfers).
+ * @dst:    device (or mapped pinned host) [n][len] bytes; must not overlap the source ranges.
+ * @base:   device address of slot 0 (or mapped host memory, for the reverse direction).
+ * @slot_stride: bytes between slots (block_bytes).
+ * @offset, @len: the range within each slot; len >= 1, offset + len <= slot_stride.
+ * @slots:  device-readable [n] slot ids.
+ * @n:      number of slots; 0 queues nothing and returns 0.
+ * When base, dst, slot_stride, offset and len are all multiples of 16 the copy moves 16-byte
+ * words, otherwise bytes.
+ */
+int kvt_gather_blocks_cuda(void *dst, const void *base, uint64_t slot_stride, uint64_t offset,
+			   uint64_t len, const uint32_t *slots, uint32_t n,
+			   kvt_cuda_stream_t stream);
+
+/**
+ * kvt_scatter_blocks_cuda() - the inverse of kvt_gather_blocks_cuda(): for i in 0..n-1,
+ *   base[slots[i] * slot_stride + offset .. + len) = src[i * len .. (i + 1) * len).
+ * Slot ids must be distinct (two copies into one slot race). Arguments as in the gather.
+ */
+int kvt_scatter_blocks_cuda(void *base, uint64_t slot_stride, uint64_t offset, uint64_t len,
+			    const void *src, const uint32_t *slots, uint32_t n,
+			    kvt_cuda_stream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVT_KERNELS_KERNELS_CUDA_H */

@@ -1,0 +1,571 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_kernels.c - the C reference of paged decode attention (kernels/attention_ref.c)
+ * against a plain contiguous-KV loop written here exactly as llama2.c's run.c writes it, on
+ * random inputs laid out in kvtier's block-first geometry behind scrambled block tables; the
+ * split-KV partial/merge; the fp16/bf16 conversions; argument checks. In CUDA builds (when the
+ * build passes KVT_WITH_CUDA to tests) also the launchers' host-side argument checks.
+ *
+ * Unwritten bytes of the fake HBM are 0xff, a NaN in every dtype, so reading a wrong address
+ * turns the output into NaN and fails the bit-exact comparisons.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/attention.h"
+#include "support/kv_fixture.h"
+#ifdef KVT_WITH_CUDA
+#include "kernels/kernels_cuda.h"
+#endif
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static uint32_t
+tk_bits(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	return u;
+}
+
+static float
+tk_float(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* llama2.c softmax(), verbatim in structure. */
+static void
+tk_softmax(float *x, int size)
+{
+	float max_val = x[0], sum = 0.0f;
+	int i;
+
+	for (i = 1; i < size; i++)
+		if (x[i] > max_val)
+			max_val = x[i];
+	for (i = 0; i < size; i++) {
+		x[i] = expf(x[i] - max_val);
+		sum += x[i];
+	}
+	for (i = 0; i < size; i++)
+		x[i] /= sum;
+}
+
+/*
+ * llama2.c's attention for one position: key_cache/value_cache [seq_len][kv_dim] contiguous,
+ * pos = seq_len - 1, att [seq_len] scratch, out [n_heads][head_size]. Also returns each head's
+ * max score in maxs (may be NULL).
+ */
+static void
+tk_llama2(const float *q, const float *key_cache, const float *value_cache, int n_heads,
+	  int n_kv_heads, int head_size, int seq_len, float *att, float *out, float *maxs)
+{
+	int kv_dim = n_kv_heads * head_size, kv_mul = n_heads / n_kv_heads, pos = seq_len - 1;
+	int h, t, i;
+
+	for (h = 0; h < n_heads; h++) {
+		const float *qh = q + h * head_size;
+		float *xb = out + h * head_size;
+
+		for (t = 0; t <= pos; t++) {
+			const float *k = key_cache + t * kv_dim + (h / kv_mul) * head_size;
+			float score = 0.0f;
+
+			for (i = 0; i < head_size; i++)
+				score += qh[i] * k[i];
+			score /= sqrtf(head_size);
+			att[t] = score;
+		}
+		if (maxs) {
+			maxs[h] = att[0];
+			for (t = 1; t <= pos; t++)
+				maxs[h] = att[t] > maxs[h] ? att[t] : maxs[h];
+		}
+		tk_softmax(att, pos + 1);
+		memset(xb, 0, (size_t)head_size * sizeof(float));
+		for (t = 0; t <= pos; t++) {
+			const float *v = value_cache + t * kv_dim + (h / kv_mul) * head_size;
+			float a = att[t];
+
+			for (i = 0; i < head_size; i++)
+				xb[i] += a * v[i];
+		}
+	}
+}
+
+
+static const struct kvt_test_kv_shape tk_shapes[] = {
+	{ 8, 4, 8, 1, 37, 0 },     { 8, 4, 8, 16, 37, 0 },   { 8, 4, 8, 7, 50, 12 },
+	{ 32, 8, 128, 16, 100, 0 }, { 32, 8, 128, 7, 33, 0 }, { 32, 8, 128, 1, 20, 4 },
+	{ 4, 4, 16, 16, 16, 0 },    { 8, 1, 32, 7, 1, 0 },
+};
+
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+/*
+ * out: kvt_attn_decode_ref() on b; want: the llama2.c loop over the stored values widened back;
+ * want_f32: the same loop over the fp32 values before storage. All [n_heads][head_dim].
+ */
+static void
+tk_run(const struct kvt_test_kv_shape *s, struct kvt_test_kv *b, float *out, float *want,
+       float *want_f32)
+{
+	float *scratch = malloc(s->seq_len * sizeof(float)); /* exactly seq_len: ASan checks */
+	float *att = malloc(s->seq_len * sizeof(float));
+
+	assert_true(scratch && att);
+	assert_int_equal(kvt_attn_decode_ref(&b->kv, b->q, s->n_heads, s->seq_len, scratch, out),
+			 0);
+	/* contiguous loop over the widened stored values, and over the original fp32 values */
+	tk_llama2(b->q, b->kw, b->vw, (int)s->n_heads, (int)s->n_kv_heads, (int)s->head_dim,
+		  (int)s->seq_len, att, want, NULL);
+	tk_llama2(b->q, b->kf, b->vf, (int)s->n_heads, (int)s->n_kv_heads, (int)s->head_dim,
+		  (int)s->seq_len, att, want_f32, NULL);
+	free(scratch);
+	free(att);
+}
+
+static void
+test_decode_matches_llama2(void **state)
+{
+	static const enum kvt_dtype dts[] = { KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16 };
+	static const double tol[] = { 0.0, 2e-3, 1e-2 }; /* of max |out|; ~5x observed */
+	uint64_t rng = 42;
+	size_t si, di;
+
+	(void)state;
+	for (si = 0; si < sizeof tk_shapes / sizeof tk_shapes[0]; si++) {
+		for (di = 0; di < 3; di++) {
+			const struct kvt_test_kv_shape *s = &tk_shapes[si];
+			size_t n = (size_t)s->n_heads * s->head_dim;
+			float *out = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+			float *want32 = malloc(n * sizeof(float));
+			struct kvt_test_kv b;
+
+			assert_true(out && want && want32);
+			kvt_test_kv_build(&b, s, dts[di], &rng);
+			tk_run(s, &b, out, want, want32);
+			/* bit-identical to llama2.c's loop over what is stored */
+			if (memcmp(out, want, n * sizeof(float)))
+				fail_msg("shape %zu dtype %d: not bit-identical (relerr %g)", si,
+					 (int)dts[di], kvt_test_kv_relerr(out, want, n));
+			if (dts[di] == KVT_DTYPE_F32)
+				assert_memory_equal(out, want32, n * sizeof(float));
+			else if (!(kvt_test_kv_relerr(out, want32, n) <= tol[di]))
+				fail_msg("shape %zu dtype %d: relerr %g vs fp32 > %g", si,
+					 (int)dts[di], kvt_test_kv_relerr(out, want32, n), tol[di]);
+			assert_true(kvt_test_kv_maxabs(out, n) > 0.0f);
+			if (getenv("TK_DEBUG"))
+				print_message("shape %zu dtype %d relerr vs fp32 %g\n", si,
+					      (int)dts[di], kvt_test_kv_relerr(out, want32, n));
+			kvt_test_kv_free(&b);
+			free(out);
+			free(want);
+			free(want32);
+		}
+	}
+}
+
+/* Splits [0, n) at the cuts (ascending, in (0, n)); merges the partials; compares to decode. */
+static void
+tk_check_split(const struct kvt_test_kv_shape *s, struct kvt_test_kv *b, const float *full,
+	       const uint64_t *cuts, size_t n_cuts)
+{
+	size_t n = (size_t)s->n_heads * s->head_dim, c;
+	float *oa = malloc(n * sizeof(float)), *ob = malloc(n * sizeof(float));
+	float *ma = malloc(s->n_heads * sizeof(float)), *la = malloc(s->n_heads * sizeof(float));
+	float *mb = malloc(s->n_heads * sizeof(float)), *lb = malloc(s->n_heads * sizeof(float));
+	float *scratch = malloc(s->seq_len * sizeof(float));
+	uint64_t t0 = 0, t1;
+
+	assert_true(oa && ob && ma && la && mb && lb && scratch);
+	for (c = 0; c <= n_cuts; c++) {
+		t1 = c < n_cuts ? cuts[c] : s->seq_len;
+		assert_int_equal(kvt_attn_partial_ref(&b->kv, b->q, s->n_heads, t0, t1, scratch,
+						      c ? ob : oa, c ? mb : ma, c ? lb : la), 0);
+		if (c)
+			kvt_attn_merge(s->n_heads, s->head_dim, oa, ma, la, ob, mb, lb);
+		t0 = t1;
+	}
+	if (getenv("TK_DEBUG"))
+		print_message("%zu cuts: relerr %g\n", n_cuts, kvt_test_kv_relerr(oa, full, n));
+	if (!(kvt_test_kv_relerr(oa, full, n) <= 1e-5))
+		fail_msg("%zu cuts: merged relerr %g > 1e-5", n_cuts,
+			 kvt_test_kv_relerr(oa, full, n));
+	free(oa);
+	free(ob);
+	free(ma);
+	free(la);
+	free(mb);
+	free(lb);
+	free(scratch);
+}
+
+static void
+test_partial_merge(void **state)
+{
+	uint64_t rng = 7, cuts[128];
+	size_t si, nc, i;
+
+	(void)state;
+	for (si = 0; si < sizeof tk_shapes / sizeof tk_shapes[0]; si++) {
+		const struct kvt_test_kv_shape *s = &tk_shapes[si];
+		size_t n = (size_t)s->n_heads * s->head_dim;
+		float *full = malloc(n * sizeof(float)), *o = malloc(n * sizeof(float));
+		float *m = malloc(s->n_heads * sizeof(float));
+		float *l = malloc(s->n_heads * sizeof(float));
+		float *maxs = malloc(s->n_heads * sizeof(float));
+		float *att = malloc(s->seq_len * sizeof(float)), *want = malloc(n * sizeof(float));
+		struct kvt_test_kv b;
+
+		assert_true(full && o && m && l && maxs && att && want);
+		kvt_test_kv_build(&b, s, KVT_DTYPE_F32, &rng);
+		assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, s->n_heads, s->seq_len, att, full),
+				 0);
+		/* one window over everything: bit-identical to decode; m is the max score */
+		assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, s->n_heads, 0, s->seq_len, att, o,
+						      m, l), 0);
+		assert_memory_equal(o, full, n * sizeof(float));
+		tk_llama2(b.q, b.kf, b.vf, (int)s->n_heads, (int)s->n_kv_heads, (int)s->head_dim,
+			  (int)s->seq_len, att, want, maxs);
+		for (i = 0; i < s->n_heads; i++) {
+			assert_true(tk_bits(m[i]) == tk_bits(maxs[i]));
+			assert_true(l[i] >= 1.0f && l[i] <= (float)s->seq_len);
+		}
+		if (s->seq_len > 1) {
+			cuts[0] = 1; /* {1, n-1} */
+			tk_check_split(s, &b, full, cuts, 1);
+			cuts[0] = s->seq_len - 1;
+			tk_check_split(s, &b, full, cuts, 1);
+			for (nc = 0; nc + 1 < s->seq_len && nc < 128; nc++) /* windows of one */
+				cuts[nc] = nc + 1;
+			tk_check_split(s, &b, full, cuts, nc);
+			for (nc = 0; (nc + 1) * s->tpb < s->seq_len && nc < 128; nc++) /* blocks */
+				cuts[nc] = (nc + 1) * s->tpb;
+			tk_check_split(s, &b, full, cuts, nc);
+			for (nc = 0, i = 1; i < s->seq_len && nc < 128; i++) /* random cuts */
+				if (kvt_test_kv_rand(&rng) % 4 == 0)
+					cuts[nc++] = i;
+			tk_check_split(s, &b, full, cuts, nc);
+		}
+		kvt_test_kv_free(&b);
+		free(full);
+		free(o);
+		free(m);
+		free(l);
+		free(maxs);
+		free(att);
+		free(want);
+	}
+}
+
+static void
+test_merge_symmetric(void **state)
+{
+	/* two hand-made partials: out must be the weighted mean, either order */
+	float oa[2] = { 1.0f, -1.0f }, ma[1] = { 2.0f }, la[1] = { 3.0f };
+	float ob[2] = { 0.0f, 4.0f }, mb[1] = { 2.0f + logf(2.0f) }, lb[1] = { 1.5f };
+	float oa2[2] = { 0.0f, 4.0f }, ma2[1] = { 2.0f + logf(2.0f) }, la2[1] = { 1.5f };
+
+	(void)state;
+	/* weights: a 3, b 1.5 * e^(ln 2) = 3 relative to m = 2: mean of the two */
+	kvt_attn_merge(1, 2, oa, ma, la, ob, mb, lb);
+	kvt_attn_merge(1, 2, oa2, ma2, la2, (const float[]){ 1.0f, -1.0f }, (const float[]){ 2.0f },
+		       (const float[]){ 3.0f });
+	assert_float_equal(oa[0], 0.5f, 1e-6f);
+	assert_float_equal(oa[1], 1.5f, 1e-6f);
+	assert_float_equal(ma[0], 2.0f + logf(2.0f), 0.0f);
+	assert_float_equal(la[0] * expf(ma[0] - 2.0f), 6.0f, 1e-5f);
+	assert_float_equal(oa2[0], oa[0], 1e-6f);
+	assert_float_equal(oa2[1], oa[1], 1e-6f);
+	assert_float_equal(la2[0], la[0], 1e-6f);
+}
+
+static void
+test_bad_args(void **state)
+{
+	static const struct kvt_test_kv_shape s = { 8, 4, 8, 16, 10, 0 };
+	float scratch[16], out[64], m[8], l[8];
+	struct kvt_test_kv b;
+	struct kvt_paged_kv kv;
+	uint64_t rng = 3;
+
+	(void)state;
+	kvt_test_kv_build(&b, &s, KVT_DTYPE_F32, &rng);
+	assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, 8, 10, scratch, out), 0);
+	assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, 6, 10, scratch, out), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "multiple"));
+	assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, 0, 10, scratch, out), -EINVAL);
+	assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, 8, 0, scratch, out), -EINVAL);
+	assert_int_equal(kvt_attn_decode_ref(NULL, b.q, 8, 10, scratch, out), -EINVAL);
+	assert_int_equal(kvt_attn_decode_ref(&b.kv, NULL, 8, 10, scratch, out), -EINVAL);
+	assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, 8, 10, NULL, out), -EINVAL);
+	assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, 8, 10, scratch, NULL), -EINVAL);
+	kv = b.kv;
+	kv.table = NULL;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 10, scratch, out), -EINVAL);
+	kv = b.kv;
+	kv.k_base = NULL;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 10, scratch, out), -EINVAL);
+	kv = b.kv;
+	kv.n_kv_heads = 0;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 10, scratch, out), -EINVAL);
+	kv = b.kv;
+	kv.head_dim = 0;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 10, scratch, out), -EINVAL);
+	kv = b.kv;
+	kv.tokens_per_block = 0;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 10, scratch, out), -EINVAL);
+	kv = b.kv;
+	kv.dtype = KVT_DTYPE_FP8_E4M3;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 10, scratch, out), -EINVAL);
+	kv = b.kv;
+	kv.token_stride = 4 * 8 * 4 - 1;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 10, scratch, out), -EINVAL);
+	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 8, 3, 3, scratch, out, m, l), -EINVAL);
+	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 8, 4, 3, scratch, out, m, l), -EINVAL);
+	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 8, 0, 3, scratch, out, NULL, l), -EINVAL);
+	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 8, 0, 3, scratch, out, m, NULL), -EINVAL);
+	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 7, 0, 3, scratch, out, m, l), -EINVAL);
+	assert_int_equal(kvt_store_f32(KVT_DTYPE_INT8, out, scratch, 1), -EINVAL);
+	assert_int_equal(kvt_load_f32(KVT_DTYPE_FP8_E4M3, out, scratch, 1), -EINVAL);
+	assert_int_equal(kvt_store_f32(KVT_DTYPE_F16, NULL, scratch, 1), -EINVAL);
+	assert_int_equal(kvt_load_f32(KVT_DTYPE_F16, out, NULL, 1), -EINVAL);
+	assert_int_equal(kvt_store_f32(KVT_DTYPE_F16, NULL, NULL, 0), 0);
+	kvt_test_kv_free(&b);
+}
+
+/* ---- conversions -------------------------------------------------------------------------- */
+
+static void
+test_f16_known_values(void **state)
+{
+	(void)state;
+	assert_int_equal(kvt_f32_to_f16(1.0f), 0x3c00);
+	assert_int_equal(kvt_f32_to_f16(-2.5f), 0xc100);
+	assert_int_equal(kvt_f32_to_f16(0.0f), 0x0000);
+	assert_int_equal(kvt_f32_to_f16(-0.0f), 0x8000);
+	assert_int_equal(kvt_f32_to_f16(65504.0f), 0x7bff);
+	assert_int_equal(kvt_f32_to_f16(65519.99f), 0x7bff);
+	assert_int_equal(kvt_f32_to_f16(65520.0f), 0x7c00); /* tie with odd 0x7bff: up to inf */
+	assert_int_equal(kvt_f32_to_f16(1e10f), 0x7c00);
+	assert_int_equal(kvt_f32_to_f16(INFINITY), 0x7c00);
+	assert_int_equal(kvt_f32_to_f16(-INFINITY), 0xfc00);
+	assert_true((kvt_f32_to_f16(NAN) & 0x7c00) == 0x7c00 && (kvt_f32_to_f16(NAN) & 0x3ff));
+	assert_true(isnan(kvt_f16_to_f32(kvt_f32_to_f16(tk_float(0x7f800001u))))); /* sNaN */
+	assert_true(isnan(kvt_f16_to_f32(kvt_f32_to_f16(tk_float(0xffc00000u)))));
+	/* subnormals: multiples of 2^-24 */
+	assert_int_equal(kvt_f32_to_f16(ldexpf(1.0f, -24)), 0x0001);
+	assert_int_equal(kvt_f32_to_f16(ldexpf(1.0f, -25)), 0x0000);         /* tie to even 0 */
+	assert_int_equal(kvt_f32_to_f16(ldexpf(1.0f, -25) * 1.0001f), 0x0001);
+	assert_int_equal(kvt_f32_to_f16(ldexpf(3.0f, -25)), 0x0002);         /* 1.5: tie to 2 */
+	assert_int_equal(kvt_f32_to_f16(ldexpf(5.0f, -25)), 0x0002);         /* 2.5: tie to 2 */
+	assert_int_equal(kvt_f32_to_f16(ldexpf(1023.0f, -24)), 0x03ff);
+	assert_int_equal(kvt_f32_to_f16(ldexpf(1023.5f, -24)), 0x0400);      /* into normals */
+	assert_int_equal(kvt_f32_to_f16(ldexpf(1.0f, -14)), 0x0400);
+	assert_int_equal(kvt_f32_to_f16(ldexpf(-1.0f, -30)), 0x8000);
+	assert_int_equal(kvt_f32_to_f16(tk_float(0x00000001u)), 0x0000);    /* fp32 subnormal */
+	assert_true(kvt_f16_to_f32(0x0001) == ldexpf(1.0f, -24));
+	assert_true(kvt_f16_to_f32(0x83ff) == -ldexpf(1023.0f, -24));
+	assert_true(kvt_f16_to_f32(0x7bff) == 65504.0f);
+	assert_true(kvt_f16_to_f32(0xc100) == -2.5f);
+	assert_true(isinf(kvt_f16_to_f32(0xfc00)) && kvt_f16_to_f32(0xfc00) < 0);
+	/* normal ties: 1 + 2^-11 is half way between 0x3c00 (even) and 0x3c01 */
+	assert_int_equal(kvt_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00);
+	assert_int_equal(kvt_f32_to_f16(1.0f + ldexpf(3.0f, -11)), 0x3c02);
+	assert_int_equal(kvt_f32_to_f16(1.0f + ldexpf(1.0f, -11) + ldexpf(1.0f, -20)), 0x3c01);
+	assert_int_equal(kvt_f32_to_f16(2047.0f / 1024.0f + ldexpf(1.0f, -11)), 0x4000); /* carry */
+}
+
+static void
+test_bf16_known_values(void **state)
+{
+	(void)state;
+	assert_int_equal(kvt_f32_to_bf16(1.0f), 0x3f80);
+	assert_int_equal(kvt_f32_to_bf16(-2.5f), 0xc020);
+	assert_int_equal(kvt_f32_to_bf16(-0.0f), 0x8000);
+	assert_int_equal(kvt_f32_to_bf16(tk_float(0x3f808000u)), 0x3f80); /* tie, even down */
+	assert_int_equal(kvt_f32_to_bf16(tk_float(0x3f818000u)), 0x3f82); /* tie, even up */
+	assert_int_equal(kvt_f32_to_bf16(tk_float(0x3f808001u)), 0x3f81);
+	assert_int_equal(kvt_f32_to_bf16(tk_float(0x3f807fffu)), 0x3f80);
+	assert_int_equal(kvt_f32_to_bf16(tk_float(0x7f7fffffu)), 0x7f80); /* FLT_MAX -> inf */
+	assert_int_equal(kvt_f32_to_bf16(INFINITY), 0x7f80);
+	assert_int_equal(kvt_f32_to_bf16(-INFINITY), 0xff80);
+	assert_int_equal(kvt_f32_to_bf16(tk_float(0x7fc00000u)), 0x7fc0);
+	assert_true(isnan(kvt_bf16_to_f32(kvt_f32_to_bf16(tk_float(0x7f800001u))))); /* not inf */
+	assert_true(isnan(kvt_bf16_to_f32(kvt_f32_to_bf16(tk_float(0xff80ffffu)))));
+	assert_int_equal(kvt_f32_to_bf16(tk_float(0x00010000u)), 0x0001); /* subnormal, exact */
+	assert_int_equal(kvt_f32_to_bf16(tk_float(0x00008000u)), 0x0000); /* tie to even 0 */
+	assert_int_equal(kvt_f32_to_bf16(tk_float(0x00018000u)), 0x0002);
+	assert_int_equal(kvt_f32_to_bf16(tk_float(0x007fffffu)), 0x0080); /* to the min normal */
+	assert_true(kvt_bf16_to_f32(0x3f80) == 1.0f);
+	assert_true(kvt_bf16_to_f32(0xc020) == -2.5f);
+	assert_true(kvt_bf16_to_f32(0x0001) == tk_float(0x00010000u));
+}
+
+/* Independent bf16 rounding: nearest of the two neighbours by exact double arithmetic. */
+static uint16_t
+tk_bf16_oracle(float f)
+{
+	uint32_t x = tk_bits(f), lo = x & 0xffff0000u, hi = lo + 0x10000u;
+	double dl, dh;
+
+	if (isnan(f))
+		return 0x7fc0;
+	if ((x & 0x7fffffffu) >= 0x7f800000u || lo == x)
+		return (uint16_t)(x >> 16);
+	dl = fabs((double)f - (double)tk_float(lo));
+	if ((hi & 0x7fffffffu) == 0x7f800000u) /* above the largest finite: "2^128" rounds to inf */
+		dh = ldexp(1.0, 128) - fabs((double)f);
+	else
+		dh = fabs((double)tk_float(hi) - (double)f);
+	if (dl < dh || (dl == dh && !((lo >> 16) & 1u)))
+		return (uint16_t)(lo >> 16);
+	return (uint16_t)(hi >> 16);
+}
+
+static void
+test_conversion_sweeps(void **state)
+{
+	uint32_t i, x;
+
+	(void)state;
+	/* every fp16 / bf16 value survives the round trip (NaN stays NaN) */
+	for (i = 0; i < 65536; i++) {
+		float f = kvt_f16_to_f32((uint16_t)i), g = kvt_bf16_to_f32((uint16_t)i);
+
+		if (isnan(f))
+			assert_true(isnan(kvt_f16_to_f32(kvt_f32_to_f16(f))));
+		else
+			assert_int_equal(kvt_f32_to_f16(f), i);
+		if (isnan(g))
+			assert_true(isnan(kvt_bf16_to_f32(kvt_f32_to_bf16(g))));
+		else
+			assert_int_equal(kvt_f32_to_bf16(g), i);
+	}
+	/* a sweep over fp32 bit patterns against independent roundings */
+	for (x = 0, i = 0; i < (1u << 20); i++, x += 4093u) {
+		float f = tk_float(x);
+		uint16_t b = kvt_f32_to_bf16(f);
+
+		if (isnan(f))
+			assert_true(isnan(kvt_bf16_to_f32(b)));
+		else if (b != tk_bf16_oracle(f))
+			fail_msg("bf16(%08x) = %04x, want %04x", x, b, tk_bf16_oracle(f));
+#ifdef __FLT16_MAX__
+		{
+			_Float16 hw = (_Float16)f;
+			uint16_t h = kvt_f32_to_f16(f), w;
+
+			memcpy(&w, &hw, 2);
+			if (isnan(f))
+				assert_true(isnan(kvt_f16_to_f32(h)));
+			else if (h != w)
+				fail_msg("f16(%08x) = %04x, compiler says %04x", x, h, w);
+		}
+#endif
+	}
+}
+
+static void
+test_store_load(void **state)
+{
+	float src[37], back[37];
+	unsigned char buf[1 + 37 * 4];
+	uint64_t rng = 11;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < 37; i++)
+		src[i] = kvt_test_kv_uniform(&rng, 1000.0f);
+	src[3] = INFINITY;
+	src[4] = ldexpf(1.0f, -20);
+	/* unaligned destinations on purpose */
+	assert_int_equal(kvt_store_f32(KVT_DTYPE_F32, buf + 1, src, 37), 0);
+	assert_int_equal(kvt_load_f32(KVT_DTYPE_F32, back, buf + 1, 37), 0);
+	assert_memory_equal(back, src, sizeof src);
+	assert_int_equal(kvt_store_f32(KVT_DTYPE_F16, buf + 1, src, 37), 0);
+	assert_int_equal(kvt_load_f32(KVT_DTYPE_F16, back, buf + 1, 37), 0);
+	for (i = 0; i < 37; i++)
+		assert_true(back[i] == kvt_f16_to_f32(kvt_f32_to_f16(src[i])));
+	assert_int_equal(kvt_store_f32(KVT_DTYPE_BF16, buf + 1, src, 37), 0);
+	assert_int_equal(kvt_load_f32(KVT_DTYPE_BF16, back, buf + 1, 37), 0);
+	for (i = 0; i < 37; i++) {
+		assert_true(back[i] == kvt_bf16_to_f32(kvt_f32_to_bf16(src[i])));
+		if (!isinf(src[i])) /* bf16 keeps 8 significant bits */
+			assert_true(fabsf(back[i] - src[i]) <= fabsf(src[i]) * (1.0f / 256.0f));
+	}
+}
+
+#ifdef KVT_WITH_CUDA
+/* The launchers check their arguments on the host before touching the GPU: testable here. */
+static void
+test_cuda_launcher_args(void **state)
+{
+	static const uint32_t table[1] = { 0 };
+	float f[64];
+	struct kvt_paged_kv kv = { .k_base = f, .v_offset = 64, .block_stride = 256,
+				   .token_stride = 32, .table = table, .tokens_per_block = 1,
+				   .n_kv_heads = 1, .head_dim = 8, .dtype = KVT_DTYPE_F32 };
+	struct kvt_paged_kv bad = kv;
+
+	(void)state;
+	assert_int_equal(kvt_attn_cuda_work_floats(8, 128, 1), 0);
+	assert_int_equal(kvt_attn_cuda_work_floats(8, 128, 4), 4 * 8 * 130);
+	assert_int_equal(kvt_attn_decode_cuda(&kv, f, 3, 0, 1, NULL, f, NULL), -EINVAL);
+	assert_int_equal(kvt_attn_decode_cuda(NULL, f, 2, 1, 1, NULL, f, NULL), -EINVAL);
+	assert_int_equal(kvt_attn_decode_cuda(&kv, f, 2, 1, 0, NULL, f, NULL), -EINVAL);
+	assert_int_equal(kvt_attn_decode_cuda(&kv, f, 2, 8, 4, NULL, f, NULL), -EINVAL);
+	bad.n_kv_heads = 3;
+	bad.token_stride = 3 * 8 * 4;
+	assert_int_equal(kvt_attn_decode_cuda(&bad, f, 4, 1, 1, NULL, f, NULL), -EINVAL);
+	bad = kv;
+	bad.head_dim = 4097;
+	bad.token_stride = 4097 * 4;
+	assert_int_equal(kvt_attn_decode_cuda(&bad, f, 1, 1, 1, NULL, f, NULL), -EINVAL);
+	bad = kv;
+	bad.token_stride = 34; /* not a multiple of 4 */
+	assert_int_equal(kvt_attn_decode_cuda(&bad, f, 1, 1, 1, NULL, f, NULL), -EINVAL);
+	assert_int_equal(kvt_attn_partial_cuda(&kv, f, 1, 1, 1, f, f, f, NULL), -EINVAL);
+	assert_int_equal(kvt_attn_partial_cuda(&kv, f, 1, 0, 1, f, NULL, f, NULL), -EINVAL);
+	assert_int_equal(kvt_gather_blocks_cuda(f, f, 64, 0, 64, table, 0, NULL), 0);
+	assert_int_equal(kvt_gather_blocks_cuda(NULL, f, 64, 0, 64, table, 1, NULL), -EINVAL);
+	assert_int_equal(kvt_gather_blocks_cuda(f, f, 64, 32, 64, table, 1, NULL), -EINVAL);
+	assert_int_equal(kvt_gather_blocks_cuda(f, f, 64, 0, 0, table, 1, NULL), -EINVAL);
+	assert_int_equal(kvt_scatter_blocks_cuda(f, 64, 0, 64, f, NULL, 1, NULL), -EINVAL);
+}
+#endif
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_decode_matches_llama2),
+		cmocka_unit_test(test_partial_merge),
+		cmocka_unit_test(test_merge_symmetric),
+		cmocka_unit_test(test_bad_args),
+		cmocka_unit_test(test_f16_known_values),
+		cmocka_unit_test(test_bf16_known_values),
+		cmocka_unit_test(test_conversion_sweeps),
+		cmocka_unit_test(test_store_load),
+#ifdef KVT_WITH_CUDA
+		cmocka_unit_test(test_cuda_launcher_args),
+#endif
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,270 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_kernels_cuda.c - the CUDA kernels (kernels/attention.cu, kernels/gather.cu) on a
+ * real GPU against the C reference: paged decode attention for every dtype, several shapes
+ * (including the 1- and 2-warp paths of large head_dim) and split counts, the partial launcher,
+ * and block gather/scatter into device and mapped pinned host memory.
+ *
+ * Exits 77 (skip) in builds without CUDA (KVT_WITH_CUDA not passed to tests) and on machines
+ * without a usable GPU. Meant to run on a lent GPU machine, also under compute-sanitizer.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/attention.h"
+#include "support/kv_fixture.h"
+
+#ifdef KVT_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/kernels_cuda.h"
+
+#define TKC_OK(call) assert_int_equal((int)(call), (int)cudaSuccess)
+
+/* cudaMalloc + copy of len bytes of src (src NULL: zeroed). */
+static void *
+tkc_upload(const void *src, size_t len)
+{
+	void *d = NULL;
+
+	TKC_OK(cudaMalloc(&d, len));
+	if (src)
+		TKC_OK(cudaMemcpy(d, src, len, cudaMemcpyHostToDevice));
+	else
+		TKC_OK(cudaMemset(d, 0, len));
+	return d;
+}
+
+static const struct kvt_test_kv_shape tkc_shapes[] = {
+	{ 8, 4, 8, 1, 37, 0 },      { 8, 4, 8, 7, 50, 12 },    { 32, 8, 128, 16, 1000, 0 },
+	{ 32, 8, 128, 7, 33, 0 },   { 4, 4, 256, 16, 300, 4 }, { 4, 2, 1500, 16, 40, 0 },
+	{ 2, 1, 4096, 16, 40, 0 },  { 8, 1, 32, 7, 1, 0 },
+};
+
+/* The fixture's K/V, table and q on the device; dkv addresses them. */
+struct tkc_dev {
+	void *hbm;                /* device copy of the fake HBM */
+	uint32_t *table;          /* device copy of the block table */
+	float *q;                 /* device [n_heads][head_dim] */
+	struct kvt_paged_kv dkv;  /* b->kv with device pointers */
+};
+
+static void
+tkc_dev_upload(struct tkc_dev *d, const struct kvt_test_kv *b, const struct kvt_test_kv_shape *s)
+{
+	d->hbm = tkc_upload(b->hbm, b->hbm_bytes);
+	d->table = tkc_upload(b->table, b->n_blocks * sizeof(uint32_t));
+	d->q = tkc_upload(b->q, (size_t)s->n_heads * s->head_dim * sizeof(float));
+	d->dkv = b->kv;
+	d->dkv.k_base = (char *)d->hbm + ((const unsigned char *)b->kv.k_base - b->hbm);
+	d->dkv.table = d->table;
+}
+
+static void
+tkc_dev_free(struct tkc_dev *d)
+{
+	cudaFree(d->hbm);
+	cudaFree(d->table);
+	cudaFree(d->q);
+}
+
+static void
+tkc_download(void *dst, const void *src, size_t len)
+{
+	TKC_OK(cudaMemcpy(dst, src, len, cudaMemcpyDeviceToHost));
+}
+
+static void
+test_decode_vs_ref(void **state)
+{
+	static const enum kvt_dtype dts[] = { KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16 };
+	static const uint32_t splits[] = { 1, 3, 64, 5000 };
+	uint64_t rng = 99;
+	size_t si, di, pi;
+
+	(void)state;
+	for (si = 0; si < sizeof tkc_shapes / sizeof tkc_shapes[0]; si++) {
+		for (di = 0; di < 3; di++) {
+			const struct kvt_test_kv_shape *s = &tkc_shapes[si];
+			size_t n = (size_t)s->n_heads * s->head_dim;
+			float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+			float *scratch = malloc(s->seq_len * sizeof(float)), *dout;
+			struct kvt_test_kv b;
+			struct tkc_dev d;
+
+			assert_true(want && got && scratch);
+			kvt_test_kv_build(&b, s, dts[di], &rng);
+			assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, s->n_heads, s->seq_len,
+							     scratch, want), 0);
+			tkc_dev_upload(&d, &b, s);
+			dout = tkc_upload(NULL, n * sizeof(float));
+			for (pi = 0; pi < sizeof splits / sizeof splits[0]; pi++) {
+				size_t wf = kvt_attn_cuda_work_floats(s->n_heads, s->head_dim,
+								      splits[pi]);
+				float *work = wf ? tkc_upload(NULL, wf * sizeof(float)) : NULL;
+				double err;
+
+				TKC_OK(cudaMemset(dout, 0xff, n * sizeof(float)));
+				assert_int_equal(kvt_attn_decode_cuda(&d.dkv, d.q, s->n_heads,
+								      s->seq_len, splits[pi], work,
+								      dout, NULL), 0);
+				TKC_OK(cudaDeviceSynchronize());
+				tkc_download(got, dout, n * sizeof(float));
+				err = kvt_test_kv_relerr(got, want, n);
+				if (!(err <= 1e-4))
+					fail_msg("shape %zu dtype %d splits %u: relerr %g", si,
+						 (int)dts[di], splits[pi], err);
+				cudaFree(work);
+			}
+			cudaFree(dout);
+			tkc_dev_free(&d);
+			kvt_test_kv_free(&b);
+			free(want);
+			free(got);
+			free(scratch);
+		}
+	}
+}
+
+static void
+test_partial_vs_ref(void **state)
+{
+	static const struct kvt_test_kv_shape s = { 32, 8, 128, 16, 200, 0 };
+	const size_t n = 32 * 128;
+	float *o = malloc(n * sizeof(float)), *go = malloc(n * sizeof(float));
+	float m[32], l[32], gm[32], gl[32], scratch[200], *dbuf;
+	struct kvt_test_kv b;
+	struct tkc_dev d;
+	uint64_t rng = 5;
+	int i;
+
+	(void)state;
+	assert_true(o && go);
+	kvt_test_kv_build(&b, &s, KVT_DTYPE_BF16, &rng);
+	tkc_dev_upload(&d, &b, &s);
+	dbuf = tkc_upload(NULL, (n + 64) * sizeof(float));
+	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 32, 17, 150, scratch, o, m, l), 0);
+	assert_int_equal(kvt_attn_partial_cuda(&d.dkv, d.q, 32, 17, 150, dbuf, dbuf + n,
+					       dbuf + n + 32, NULL), 0);
+	TKC_OK(cudaDeviceSynchronize());
+	tkc_download(go, dbuf, n * sizeof(float));
+	tkc_download(gm, dbuf + n, sizeof gm);
+	tkc_download(gl, dbuf + n + 32, sizeof gl);
+	assert_true(kvt_test_kv_relerr(go, o, n) <= 1e-4);
+	for (i = 0; i < 32; i++) {
+		assert_float_equal(gm[i], m[i], 1e-5f * (1.0f + fabsf(m[i])));
+		assert_float_equal(gl[i], l[i], 1e-4f * l[i]);
+	}
+	cudaFree(dbuf);
+	tkc_dev_free(&d);
+	kvt_test_kv_free(&b);
+	free(o);
+	free(go);
+}
+
+/* One gather + scatter round of n slots at [offset, offset + len) of each, staging in dst. */
+static void
+tkc_gather_case(uint64_t offset, uint64_t len, int mapped_host)
+{
+	enum { N_SLOTS = 20, N = 5, STRIDE = 4096 + 64 };
+	static const uint32_t slots[N] = { 7, 3, 19, 0, 12 };
+	unsigned char *host = malloc(N_SLOTS * STRIDE), *want = malloc(N * len);
+	unsigned char *got = malloc(N * len), *back = malloc(N_SLOTS * STRIDE);
+	unsigned char *dslots, *stage;
+	uint32_t *dids;
+	uint64_t rng = offset * 31 + len;
+	size_t i;
+
+	assert_true(host && want && got && back);
+	for (i = 0; i < N_SLOTS * STRIDE; i++)
+		host[i] = (unsigned char)kvt_test_kv_rand(&rng);
+	for (i = 0; i < N; i++)
+		memcpy(want + i * len, host + slots[i] * STRIDE + offset, len);
+	dslots = tkc_upload(host, N_SLOTS * STRIDE);
+	dids = tkc_upload(slots, sizeof slots);
+	if (mapped_host)
+		TKC_OK(cudaHostAlloc((void **)&stage, N * len, cudaHostAllocMapped));
+	else
+		stage = tkc_upload(NULL, N * len);
+	assert_int_equal(kvt_gather_blocks_cuda(stage, dslots, STRIDE, offset, len, dids, N, NULL),
+			 0);
+	TKC_OK(cudaDeviceSynchronize());
+	if (mapped_host)
+		memcpy(got, stage, N * len);
+	else
+		tkc_download(got, stage, N * len);
+	assert_memory_equal(got, want, N * len);
+	/* scatter the pieces back, reversed, into zeroed slots; untouched bytes stay zero */
+	memset(back, 0, N_SLOTS * STRIDE);
+	for (i = 0; i < N; i++)
+		memcpy(back + slots[N - 1 - i] * STRIDE + offset, want + i * len, len);
+	TKC_OK(cudaMemset(dslots, 0, N_SLOTS * STRIDE));
+	{
+		uint32_t rev[N];
+
+		for (i = 0; i < N; i++)
+			rev[i] = slots[N - 1 - i];
+		TKC_OK(cudaMemcpy(dids, rev, sizeof rev, cudaMemcpyHostToDevice));
+	}
+	if (mapped_host)
+		memcpy(stage, want, N * len);
+	else
+		TKC_OK(cudaMemcpy(stage, want, N * len, cudaMemcpyHostToDevice));
+	assert_int_equal(kvt_scatter_blocks_cuda(dslots, STRIDE, offset, len, stage, dids, N, NULL),
+			 0);
+	TKC_OK(cudaDeviceSynchronize());
+	tkc_download(host, dslots, N_SLOTS * STRIDE);
+	assert_memory_equal(host, back, N_SLOTS * STRIDE);
+	if (mapped_host)
+		cudaFreeHost(stage);
+	else
+		cudaFree(stage);
+	cudaFree(dslots);
+	cudaFree(dids);
+	free(host);
+	free(want);
+	free(got);
+	free(back);
+}
+
+static void
+test_gather_scatter(void **state)
+{
+	(void)state;
+	tkc_gather_case(0, 4096 + 64, 0);  /* whole blocks, 16-byte words */
+	tkc_gather_case(1040, 1040, 0);    /* one "layer", 16-byte words */
+	tkc_gather_case(3, 1001, 0);       /* unaligned: bytes */
+	tkc_gather_case(0, 4096 + 64, 1);  /* into mapped pinned host memory */
+	tkc_gather_case(5, 77, 1);
+}
+#endif /* KVT_WITH_CUDA */
+
+int
+main(void)
+{
+#ifdef KVT_WITH_CUDA
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_decode_vs_ref),
+		cmocka_unit_test(test_partial_vs_ref),
+		cmocka_unit_test(test_gather_scatter),
+	};
+	int n = 0;
+
+	if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+		printf("test_kernels_cuda: no usable GPU: skipped\n");
+		return 77;
+	}
+	return cmocka_run_group_tests(tests, NULL, NULL);
+#else
+	printf("test_kernels_cuda: built without KVT_WITH_CUDA: skipped\n");
+	return 77;
+#endif
+}
