@@ -3,12 +3,11 @@
  * engine/batch.c - one forward step: prepare (pin and promote), block table, per-layer wait,
  * release.
  *
- * Prepare runs in three phases so that copies are batched: (1) pin every block of the batch,
- * so that making room can never evict one of them; (2) start NVMe reads for blocks that live
- * only on NVMe and wait for them (each read verifies its checksum; a block that fails is lost
- * and its sequence is truncated there: the caller sees KVT_ELOST and recomputes); (3) allocate
- * HBM slots (demoting the least recently used unpinned blocks) and submit all host-to-device
- * copies as one batched copy. The batch remembers the copy group it must wait for; the copies
+ * Prepare first pins every block of the batch, so that making room can never evict one of
+ * them; then starts NVMe reads for blocks that live only on NVMe (each read verifies its
+ * checksum; a block that fails is lost and its sequence is truncated there: the caller sees
+ * KVT_ELOST and recomputes); and allocates HBM slots (demoting the least recently used unpinned
+ * blocks) for blocks in HOST, submitting their host-to-device copies as one batched copy. The batch remembers the copy group it must wait for; the copies
  * complete in stream order, so waiting for the last group covers all earlier ones.
  */
 #include <errno.h>
@@ -98,83 +97,75 @@ batch_check(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint3
 	return 0;
 }
 
-/* Phase 2: NVMe-only blocks are read into HOST; wait for every read of the batch. */
+/*
+ * Phases 2 and 3: bring every pinned block into HBM. NVMe-only blocks are read into HOST
+ * (checksums verified on completion), HOST-valid blocks are copied up in one batched copy per
+ * round. Small tiers can make this circular (the HOST slots a demotion from HBM needs are
+ * holding the batch's own blocks on their way up), so it runs in rounds: do what room allows,
+ * wait for a completion (an H2D that lands makes its block's HOST copy droppable), repeat.
+ * Ends when every block is in HBM or on its way (or lost); -ENOSPC when nothing can move.
+ */
 static int
-batch_read_nvme(struct kvt_engine *e, struct kvt_batch *b)
+batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 {
-	uint32_t i, slot;
-	bool waiting;
+	uint32_t i, slot, pending, progress;
+	uint64_t t0;
 	int rc;
 
-	for (i = 0; i < b->n_pinned; i++) {
-		uint32_t id = b->pinned[i];
-		struct kvt_block *k = &e->blocks[id];
+	for (;;) {
+		pending = progress = 0;
+		for (i = 0; i < b->n_pinned; i++) {
+			uint32_t id = b->pinned[i];
+			struct kvt_block *k = &e->blocks[id];
 
-		if (kvt_copy_valid(k, KVT_TIER_HBM) || k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT ||
-		    kvt_copy_valid(k, KVT_TIER_HOST) || k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
-			continue;
-		if (!kvt_copy_valid(k, KVT_TIER_NVME)) {
-			kvt_block_check_lost(e, id);
-			continue;
+			if (kvt_copy_valid(k, KVT_TIER_HBM) ||
+			    k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT || k->lost)
+				continue;
+			pending++;
+			if (k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
+				continue; /* a read (or demotion) into HOST is under way */
+			if (kvt_copy_valid(k, KVT_TIER_HOST)) {
+				rc = kvt_reclaim(e, KVT_TIER_HBM, 1, true);
+				if (rc == 0)
+					rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
+				if (rc == 0)
+					rc = kvt_xfer_h2d(e, id, slot);
+			} else if (kvt_copy_valid(k, KVT_TIER_NVME)) {
+				rc = kvt_reclaim(e, KVT_TIER_HOST, 1, false);
+				if (rc == 0)
+					rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
+				if (rc == 0)
+					rc = kvt_xfer_n2h(e, id, slot, false);
+			} else {
+				kvt_block_check_lost(e, id);
+				rc = k->lost ? 0 : -ENOSPC;
+				progress += k->lost;
+				continue;
+			}
+			if (rc == 0)
+				progress++;
+			else if (rc != -ENOSPC && rc != -EAGAIN)
+				return kvt_err(rc, "promoting a block of the batch");
 		}
-		rc = kvt_reclaim(e, KVT_TIER_HOST, 1, true);
-		if (rc == 0)
-			rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
-		if (rc == 0)
-			rc = kvt_xfer_n2h(e, id, slot, false);
+		rc = kvt_xfer_flush(e);
 		if (rc)
-			return kvt_err(rc, "reading a block back from NVMe");
+			return rc;
+		if (!pending)
+			break;
+		if (!progress && !kvt_xfer_inflight(e))
+			return kvt_err(-ENOSPC, "no room to bring the batch into HBM: %u blocks "
+				       "pinned, %u HBM slots, %u HOST slots", e->hbm_pinned,
+				       e->slots[KVT_TIER_HBM].n_slots,
+				       e->slots[KVT_TIER_HOST].n_slots);
+		t0 = kvt_now_ns();
+		rc = kvt_xfer_wait_any(e);
+		e->st.stalls++;
+		e->st.stall_ns += kvt_now_ns() - t0;
+		if (rc < 0)
+			return rc;
 	}
-	do {
-		waiting = false;
-		for (i = 0; i < b->n_pinned && !waiting; i++) {
-			struct kvt_block *k = &e->blocks[b->pinned[i]];
-
-			waiting = k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT &&
-				  k->state[KVT_TIER_HBM] != KVT_COPY_PRESENT &&
-				  k->state[KVT_TIER_HBM] != KVT_COPY_INFLIGHT;
-		}
-		if (waiting) {
-			uint64_t t0 = kvt_now_ns();
-
-			rc = kvt_xfer_wait_any(e);
-			e->st.stalls++;
-			e->st.stall_ns += kvt_now_ns() - t0;
-			if (rc < 0)
-				return rc;
-		}
-	} while (waiting);
-	return 0;
-}
-
-/* Phase 3: HOST-valid blocks go up to HBM in one batched copy. */
-static int
-batch_copy_up(struct kvt_engine *e, struct kvt_batch *b)
-{
-	uint32_t i, slot;
-	int rc;
-
-	for (i = 0; i < b->n_pinned; i++) {
-		uint32_t id = b->pinned[i];
-		struct kvt_block *k = &e->blocks[id];
-
-		if (kvt_copy_valid(k, KVT_TIER_HBM) || k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
-			continue;
-		if (k->lost || !kvt_copy_valid(k, KVT_TIER_HOST))
-			continue; /* lost: reported by the caller */
-		rc = kvt_reclaim(e, KVT_TIER_HBM, 1, true);
-		if (rc == 0)
-			rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
-		if (rc == 0)
-			rc = kvt_xfer_h2d(e, id, slot);
-		if (rc)
-			return kvt_err(rc == -ENOSPC ? -ENOSPC : rc,
-				       "no HBM slot for the batch (%u of %u slots pinned)",
-				       e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots);
-	}
-	rc = kvt_xfer_flush(e);
 	b->need_h2d = e->h2d.submitted;
-	return rc;
+	return 0;
 }
 
 /* Truncate every sequence of the batch at its first lost block. Returns how many were. */
@@ -271,9 +262,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 			     e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots);
 		goto fail;
 	}
-	rc = batch_read_nvme(e, b);
-	if (rc == 0)
-		rc = batch_copy_up(e, b);
+	rc = batch_make_resident(e, b);
 	if (rc == 0 && batch_truncate_lost(e, b))
 		rc = kvt_err(KVT_ELOST, "KV blocks failed their checksum or could not be read; the "
 			     "affected sequences were truncated (see kvt_seq_info) and must be "

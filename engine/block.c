@@ -26,9 +26,13 @@ kvt_copy_valid(const struct kvt_block *b, int tier)
 }
 
 bool
-kvt_block_evictable(const struct kvt_block *b)
+kvt_copy_evictable(const struct kvt_block *b, int tier)
 {
-	return b->live && !b->dead && b->pins == 0 && b->busy == 0;
+	if (!b->live || b->dead || b->busy || b->state[tier] != KVT_COPY_PRESENT)
+		return false;
+	/* a pinned block keeps its HBM copy, and its lower copies too until HBM holds it: after
+	 * that a copy below is a clean duplicate and may go */
+	return b->pins == 0 || (tier != KVT_TIER_HBM && kvt_copy_valid(b, KVT_TIER_HBM));
 }
 
 static int

@@ -173,7 +173,7 @@ int kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *
 void kvt_block_kill(struct kvt_engine *e, uint32_t id);  /* owner drops it */
 void kvt_block_try_free(struct kvt_engine *e, uint32_t id); /* frees a dead, idle block */
 bool kvt_copy_valid(const struct kvt_block *b, int tier);
-bool kvt_block_evictable(const struct kvt_block *b);
+bool kvt_copy_evictable(const struct kvt_block *b, int tier); /* may reclaim pick this copy */
 int kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot);
 void kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier); /* free a PRESENT copy */
 void kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier, uint32_t ver);

@@ -79,12 +79,12 @@ kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 			     id != KVT_NIL && n < RECLAIM_CHUNK &&
 			     n < need - sl->n_free - e->demoting[tier];
 			     id = ev->ops->victim_next(ev, id))
-				if (kvt_block_evictable(&e->blocks[id]))
+				if (kvt_copy_evictable(&e->blocks[id], tier))
 					cand[n++] = id;
 			for (i = 0; i < n; i++) {
 				struct kvt_block *b = &e->blocks[cand[i]];
 
-				if (!kvt_block_evictable(b) || b->state[tier] != KVT_COPY_PRESENT)
+				if (!kvt_copy_evictable(b, tier))
 					continue;
 				rc = evict_one(e, tier, cand[i], may_wait);
 				if (rc >= 0)
