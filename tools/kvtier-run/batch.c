@@ -1,0 +1,305 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvtier-run/batch.c - one decode step through kvtier, as a server's model runner does
+ * it: cut the active sessions into groups that fit in HBM, append each session's token
+ * (kvt_seq_append gives the slot to write its K/V), prepare the batch, then per layer wait for
+ * the layer's blocks, compute q/k/v, store the new K/V, run paged attention through the block
+ * table and the FFN; release. Sessions larger than HBM are walked in windows; lost blocks
+ * (KVT_ELOST) are recomputed from the token history.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "kernels/attention.h"
+#include "run_int.h"
+
+#define BATCH_MAX_RETRY 16 /* KVT_ELOST answers tolerated for one group in one step */
+
+int
+run_nofit(int rc)
+{
+	return rc == KVT_ETOOBIG || rc == -ENOSPC;
+}
+
+uint32_t
+run_blocks(const struct run_ctx *c, uint32_t positions)
+{
+	return (positions + c->geo.tokens_per_block - 1) / c->geo.tokens_per_block;
+}
+
+int
+run_handle_lost(struct run_ctx *c, struct run_sess *s)
+{
+	struct kvt_seq_info info;
+	uint32_t have = s->n_kv + (s->appended ? 1u : 0u);
+	int rc;
+
+	memset(&info, 0, sizeof(info));
+	rc = kvt_seq_info(c->e, s->id, &info);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_seq_info");
+	if (info.n_tokens >= have)
+		return 0;
+	fprintf(c->log, "kvtier-run: note: session %u lost KV blocks (checksum or I/O error): "
+		"sequence truncated to %llu of %u tokens; re-prefilling from the token history\n",
+		s->idx + 1, (unsigned long long)info.n_tokens, have);
+	c->r->reprefill_positions += s->n_kv - (uint32_t)info.n_tokens;
+	s->n_kv = (uint32_t)info.n_tokens;
+	s->appended = 0;
+	return 0;
+}
+
+int
+run_append(struct run_ctx *c, struct run_sess *s)
+{
+	for (int attempt = 0; attempt < BATCH_MAX_RETRY; attempt++) {
+		int rc;
+
+		if (s->appended)
+			return 0;
+		rc = kvt_seq_append(c->e, s->id, &s->hist[s->n_kv], 1, &s->slot);
+		if (rc == 0) {
+			s->appended = 1;
+			s->slot_stale = 0;
+			return 0;
+		}
+		if (rc != KVT_ELOST)
+			return kvtr_err_kvt(rc, "kvt_seq_append");
+		c->r->lost_events++;
+		rc = run_handle_lost(c, s);
+		if (rc)
+			return rc;
+	}
+	return kvtr_err(KVT_ELOST, "session %u kept losing KV blocks on append", s->idx + 1);
+}
+
+/* Appends for every session of the group and prepares it, recovering from KVT_ELOST. */
+static int
+batch_prepare_group(struct run_ctx *c, struct run_sess **g, uint32_t n, struct kvt_batch **b)
+{
+	for (int attempt = 0; attempt < BATCH_MAX_RETRY; attempt++) {
+		int rc;
+
+		for (uint32_t i = 0; i < n; i++) {
+			rc = run_append(c, g[i]);
+			if (rc)
+				return rc;
+			c->ids[i] = g[i]->id;
+		}
+		rc = kvt_batch_prepare(c->e, c->ids, n, b);
+		if (rc == 0)
+			return 0;
+		/* "on failure nothing stays pinned": appended blocks may move before the retry */
+		for (uint32_t i = 0; i < n; i++)
+			g[i]->slot_stale = 1;
+		if (rc != KVT_ELOST)
+			return kvtr_err_kvt(rc, "kvt_batch_prepare");
+		c->r->lost_events++;
+		for (uint32_t i = 0; i < n; i++) {
+			rc = run_handle_lost(c, g[i]);
+			if (rc)
+				return rc;
+		}
+	}
+	return kvtr_err(KVT_ELOST, "a batch of %u session(s) kept losing KV blocks", n);
+}
+
+int
+run_check_slot(struct run_ctx *c, struct run_sess *s, uint32_t last_slot)
+{
+	uint32_t tpb = c->geo.tokens_per_block;
+	int64_t want = (int64_t)last_slot * tpb + (int64_t)(s->n_kv % tpb);
+
+	if (s->slot == want)
+		return 0;
+	if (!s->slot_stale)
+		return kvtr_err(-EPROTO, "engine bug: session %u's slot mapping %lld from "
+				"kvt_seq_append disagrees with its block table (slot %u, expected "
+				"mapping %lld)", s->idx + 1, (long long)s->slot, last_slot,
+				(long long)want);
+	c->r->slot_remaps++;
+	s->slot = want;
+	return 0;
+}
+
+void
+run_kv_view(const struct run_ctx *c, const struct kvt_block_table *bt, uint32_t i,
+	      uint32_t l, struct kvt_paged_kv *kv)
+{
+	kv->k_base = (const char *)bt->geo.hbm_base + (uint64_t)l * bt->geo.layer_block_bytes;
+	kv->v_offset = bt->geo.v_offset;
+	kv->block_stride = bt->geo.block_bytes;
+	kv->token_stride = bt->geo.token_bytes;
+	kv->table = bt->indices + bt->indptr[i];
+	kv->tokens_per_block = bt->geo.tokens_per_block;
+	kv->n_kv_heads = (uint32_t)c->m->cfg.n_kv_heads;
+	kv->head_dim = c->m->head_size;
+	kv->dtype = c->o->kv_dtype;
+}
+
+int
+run_store_kv(struct run_ctx *c, struct run_sess *s, uint32_t l, const float *kf, const float *vf)
+{
+	void *k, *v;
+	int rc;
+
+	kvt_kv_addr(&c->geo, l, s->slot, &k, &v);
+	rc = kvt_store_f32(c->o->kv_dtype, k, kf, c->m->kv_dim);
+	if (rc == 0)
+		rc = kvt_store_f32(c->o->kv_dtype, v, vf, c->m->kv_dim);
+	if (rc)
+		return kvtr_err(rc, "kvt_store_f32: cannot store K/V as dtype %d", c->o->kv_dtype);
+	return 0;
+}
+
+/* Checks the block table row of a whole-sequence batch and fixes up the slot. */
+static int
+batch_check_row(struct run_ctx *c, struct run_sess *s, const struct kvt_block_table *bt,
+		uint32_t i)
+{
+	uint32_t nb = bt->indptr[i + 1] - bt->indptr[i];
+
+	if (bt->seq_len[i] != (uint64_t)s->n_kv + 1 || nb != run_blocks(c, s->n_kv + 1) ||
+	    bt->first_block[i] != 0)
+		return kvtr_err(-EPROTO, "engine bug: block table row %u (session %u) covers %llu "
+				"tokens in %u blocks from block %u; expected %u tokens", i,
+				s->idx + 1, (unsigned long long)bt->seq_len[i], nb,
+				bt->first_block[i], s->n_kv + 1);
+	return run_check_slot(c, s, bt->indices[bt->indptr[i + 1] - 1]);
+}
+
+/* The forward pass of a prepared group, layer by layer. */
+static int
+batch_forward_group(struct run_ctx *c, struct run_sess **g, uint32_t n, struct kvt_batch *b,
+		    const struct kvt_block_table *bt)
+{
+	const struct kvtr_model *m = c->m;
+	int rc;
+
+	for (uint32_t i = 0; i < n; i++)
+		kvtr_fwd_embed(m, &g[i]->st, g[i]->hist[g[i]->n_kv]);
+	for (uint32_t l = 0; l < (uint32_t)m->cfg.n_layers; l++) {
+		rc = kvt_batch_wait_layer(b, l, NULL);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_batch_wait_layer");
+		for (uint32_t i = 0; i < n; i++) {
+			struct run_sess *s = g[i];
+			struct kvt_paged_kv kv;
+
+			kvtr_fwd_qkv(m, &s->st, l, s->n_kv);
+			rc = run_store_kv(c, s, l, s->st.k, s->st.v);
+			if (rc)
+				return rc;
+			run_kv_view(c, bt, i, l, &kv);
+			rc = kvt_attn_decode_ref(&kv, s->st.q, (uint32_t)m->cfg.n_heads,
+						 (uint64_t)s->n_kv + 1, s->st.att, s->st.xb);
+			if (rc)
+				return kvtr_err(rc, "kvt_attn_decode_ref failed (%d)", rc);
+			kvtr_fwd_ffn(m, &s->st, l);
+		}
+	}
+	for (uint32_t i = 0; i < n; i++)
+		kvtr_fwd_logits(m, &g[i]->st);
+	return 0;
+}
+
+void
+run_done(struct run_ctx *c, struct run_sess *s)
+{
+	s->appended = 0;
+	s->slot_stale = 0;
+	s->n_kv++;
+	s->computed = 1;
+	c->r->positions++;
+}
+
+/* One group: prepare, forward, release. Returns 0, a no-fit code (split), or an error. */
+static int
+batch_run_group(struct run_ctx *c, struct run_sess **g, uint32_t n)
+{
+	struct kvt_block_table bt;
+	struct kvt_batch *b = NULL;
+	int rc, rc2;
+
+	rc = batch_prepare_group(c, g, n, &b);
+	if (rc)
+		return rc;
+	c->r->batches++;
+	memset(&bt, 0, sizeof(bt));
+	rc = kvt_batch_block_table(b, &bt);
+	if (rc)
+		rc = kvtr_err_kvt(rc, "kvt_batch_block_table");
+	for (uint32_t i = 0; rc == 0 && i < n; i++)
+		rc = batch_check_row(c, g[i], &bt, i);
+	if (rc == 0)
+		rc = batch_forward_group(c, g, n, b, &bt);
+	rc2 = kvt_batch_release(b, NULL);
+	if (rc == 0 && rc2)
+		rc = kvtr_err_kvt(rc2, "kvt_batch_release");
+	if (rc)
+		return run_nofit(rc) ? -EIO : rc; /* a no-fit here is not a split request */
+	for (uint32_t i = 0; i < n; i++)
+		run_done(c, g[i]);
+	return 0;
+}
+
+/* A single session that fits but was refused (-ENOSPC: transfers still in flight): wait for
+ * the engine to settle and try once more. */
+static int
+batch_retry_single(struct run_ctx *c, struct run_sess *s)
+{
+	int rc = kvt_engine_drain(c->e);
+
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_engine_drain");
+	rc = batch_run_group(c, &s, 1);
+	if (run_nofit(rc))
+		return kvtr_err(rc, "cannot place session %u's %u blocks in HBM (%u slots): %s",
+				s->idx + 1, run_blocks(c, s->n_kv + 1), c->geo.hbm_slots,
+				kvtr_last_error());
+	return rc;
+}
+
+int
+run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
+{
+	uint32_t i = 0, maxg = n, slots = c->geo.hbm_slots;
+
+	for (uint32_t k = 0; k < n; k++)
+		act[k]->computed = 0;
+	while (i < n) {
+		uint32_t cnt = 0, need = 0;
+		int rc;
+
+		/* greedy group of consecutive sessions whose blocks fit in HBM together */
+		while (i + cnt < n && cnt < maxg) {
+			uint32_t bn = run_blocks(c, act[i + cnt]->n_kv + 1);
+
+			if (cnt > 0 && need + bn > slots)
+				break;
+			need += bn;
+			cnt++;
+		}
+		if (cnt == 1 && need > slots && !act[i]->appended) {
+			/* larger than HBM: decoded by windows (window.c) */
+			rc = run_windowed(c, act[i]);
+			if (rc)
+				return rc;
+			i++;
+			continue;
+		}
+		rc = batch_run_group(c, act + i, cnt);
+		if (run_nofit(rc)) {
+			c->r->group_splits++;
+			if (cnt > 1) {
+				maxg = cnt / 2;
+				continue;
+			}
+			rc = batch_retry_single(c, act[i]);
+		}
+		if (rc)
+			return rc;
+		i += cnt;
+	}
+	return 0;
+}

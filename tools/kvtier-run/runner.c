@@ -1,0 +1,482 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvtier-run/runner.c - sessions, turns and the step loop of kvtier-run (see runner.h);
+ * engine setup and teardown. The kvtier step itself is in batch.c.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "run_int.h"
+
+static const char *const run_prompts[] = {
+	"",
+	"Once upon a time",
+	"Lily had a little dog",
+	"Tom went to the park",
+	"One day, a big red ball",
+	"The sun was happy",
+	"She saw a bird in the tree",
+	"They wanted to play",
+};
+
+#define RUN_N_PROMPTS (sizeof(run_prompts) / sizeof(run_prompts[0]))
+
+const char *
+kvtr_builtin_prompt(uint32_t s, uint32_t t, uint32_t turns)
+{
+	return run_prompts[((uint64_t)s * turns + t) % RUN_N_PROMPTS];
+}
+
+void
+kvtr_run_opts_init(struct kvtr_run_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->steps = 256;
+	o->temperature = 1.0f;
+	o->topp = 0.9f;
+	o->seed = 1;
+	o->sessions = 1;
+	o->turns = 1;
+	o->tokens_per_block = 16;
+	o->kv_dtype = KVT_DTYPE_F32;
+}
+
+static double
+run_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int
+run_check_opts(const struct kvtr_run_opts *o)
+{
+	if (!o->model || !o->tok)
+		return kvtr_err(-EINVAL, "no model or tokenizer");
+	if (o->tok->vocab_size != o->model->cfg.vocab_size)
+		return kvtr_err(KVT_EFORMAT, "the tokenizer does not match the model: it has %d "
+				"tokens, the model has %d", o->tok->vocab_size,
+				o->model->cfg.vocab_size);
+	if (o->sessions < 1 || o->sessions > KVTR_MAX_SESSIONS)
+		return kvtr_err(-EINVAL, "sessions %u out of range [1, %d]", o->sessions,
+				KVTR_MAX_SESSIONS);
+	if (o->turns < 1 || o->turns > KVTR_MAX_TURNS)
+		return kvtr_err(-EINVAL, "turns %u out of range [1, %d]", o->turns, KVTR_MAX_TURNS);
+	if (o->prompt && strlen(o->prompt) > KVTR_MAX_PROMPT)
+		return kvtr_err(-EINVAL, "prompt is too long: %zu bytes (at most %d)",
+				strlen(o->prompt), KVTR_MAX_PROMPT);
+	if (o->seed == 0)
+		return kvtr_err(-EINVAL, "seed must not be 0");
+	if (!(o->temperature >= 0.0f))
+		return kvtr_err(-EINVAL, "temperature must be >= 0");
+	if (!o->reference && (o->tokens_per_block < 1 || o->tokens_per_block > 65536))
+		return kvtr_err(-EINVAL, "tokens per block %u out of range [1, 65536]",
+				o->tokens_per_block);
+	if (o->kv_dtype != KVT_DTYPE_F32 && o->kv_dtype != KVT_DTYPE_F16 &&
+	    o->kv_dtype != KVT_DTYPE_BF16)
+		return kvtr_err(-EINVAL, "KV dtype %d is not supported (f32, f16, bf16)",
+				o->kv_dtype);
+	return 0;
+}
+
+static int
+run_sess_init(struct run_ctx *c, struct run_sess *s, uint32_t idx)
+{
+	const struct kvtr_run_opts *o = c->o;
+	uint64_t seed = o->seed + idx;
+	size_t seq = (size_t)c->m->cfg.seq_len;
+	int rc;
+
+	s->idx = idx;
+	rc = kvtr_state_init(&s->st, c->m);
+	if (rc == 0)
+		rc = kvtr_sampler_init(&s->samp, c->m->cfg.vocab_size, o->temperature, o->topp,
+				       seed ? seed : 1);
+	if (rc == 0 && o->reference)
+		rc = kvtr_kvcache_init(&s->cache, c->m);
+	if (rc)
+		return rc;
+	s->hist = calloc(seq, sizeof(int32_t));
+	s->out_toks = calloc(seq, sizeof(int32_t));
+	if (!s->hist || !s->out_toks)
+		return kvtr_err(-ENOMEM, "out of memory for session %u", idx + 1);
+	if (!o->reference) {
+		struct kvt_seq_opts so;
+
+		kvt_seq_opts_init(&so, sizeof(so));
+		so.tenant = 0;
+		rc = kvt_seq_open(c->e, &so, &s->id);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_seq_open");
+	}
+	return 0;
+}
+
+static void
+run_sess_fini(struct run_ctx *c, struct run_sess *s)
+{
+	if (c->e && s->id)
+		kvt_seq_close(c->e, s->id);
+	kvtr_state_fini(&s->st);
+	kvtr_sampler_fini(&s->samp);
+	kvtr_kvcache_fini(&s->cache);
+	free(s->hist);
+	free(s->turn_toks);
+	free(s->out_toks);
+	kvtr_str_free(&s->text);
+	memset(s, 0, sizeof(*s));
+}
+
+/* Moves the turn's text and tokens into the result. */
+static int
+run_turn_store(struct run_ctx *c, struct run_sess *s)
+{
+	struct kvtr_turn_out *out = &c->r->out[(size_t)s->idx * c->o->turns + s->turn];
+
+	out->text = strdup(kvtr_str_cstr(&s->text));
+	out->tokens = malloc(((size_t)s->n_out + 1) * sizeof(int32_t));
+	if (!out->text || !out->tokens)
+		return kvtr_err(-ENOMEM, "out of memory storing a turn's text");
+	memcpy(out->tokens, s->out_toks, (size_t)s->n_out * sizeof(int32_t));
+	out->n_tokens = s->n_out;
+	kvtr_str_free(&s->text);
+	s->n_out = 0;
+	return 0;
+}
+
+static int
+run_end_turn(struct run_ctx *c, struct run_sess *s)
+{
+	int rc;
+
+	s->in_turn = 0;
+	if (c->e) {
+		/* the idle chat session: demote all its blocks until the next turn */
+		rc = kvt_seq_park(c->e, s->id, c->park_tier);
+		if (rc == -ENOSPC)
+			c->r->park_nospc++;
+		else if (rc)
+			return kvtr_err_kvt(rc, "kvt_seq_park");
+		else
+			c->r->parks++;
+	}
+	return run_turn_store(c, s);
+}
+
+static int
+run_begin_turn(struct run_ctx *c, struct run_sess *s, uint32_t turn)
+{
+	const char *prompt = c->o->prompt ? c->o->prompt
+					  : kvtr_builtin_prompt(s->idx, turn, c->o->turns);
+	int rc;
+
+	s->turn = turn;
+	s->n_out = 0;
+	free(s->turn_toks);
+	s->turn_toks = malloc((strlen(prompt) + 2) * sizeof(int32_t));
+	if (!s->turn_toks)
+		return kvtr_err(-ENOMEM, "out of memory encoding a prompt");
+	rc = kvtr_tokenizer_encode(c->o->tok, prompt, 1, s->turn_toks, &s->n_turn_toks);
+	if (rc)
+		return rc;
+	if (s->n_hist >= (uint32_t)c->m->cfg.seq_len) {
+		/* the sequence is full: this turn has no position left */
+		fprintf(c->log, "kvtier-run: note: session %u reached the model's seq_len %d; "
+			"turn %u is empty\n", s->idx + 1, c->m->cfg.seq_len, turn + 1);
+		return run_turn_store(c, s);
+	}
+	if (turn > 0 && c->e) {
+		rc = kvt_seq_resume(c->e, s->id);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_seq_resume");
+	}
+	s->turn_start = s->n_hist;
+	s->hist[s->n_hist++] = s->turn_toks[0];
+	s->in_turn = 1;
+	return 0;
+}
+
+/* After a computed position: choose the next token as llama2.c's generate() does. */
+static int
+run_after_forward(struct run_ctx *c, struct run_sess *s)
+{
+	uint32_t g, local;
+	int32_t next;
+	const char *piece;
+
+	if (s->n_kv < s->n_hist)
+		return 0; /* re-prefill after lost blocks: logits of old positions are not used */
+	g = s->n_kv - 1;
+	local = g - s->turn_start;
+	if (local + 1 < s->n_turn_toks) {
+		next = s->turn_toks[local + 1];
+	} else {
+		next = kvtr_sampler_sample(&s->samp, s->st.logits);
+		c->r->tokens_generated++;
+	}
+	if (next == KVTR_TOKEN_BOS)
+		return run_end_turn(c, s);
+	piece = kvtr_tokenizer_decode(c->o->tok, s->hist[g], next);
+	if (kvtr_piece_printable(piece)) {
+		int rc = kvtr_str_append(&s->text, piece);
+
+		if (rc)
+			return rc;
+		if (c->o->stream && c->o->sessions == 1 && c->o->turns == 1) {
+			fputs(piece, c->o->stream);
+			fflush(c->o->stream);
+		}
+	}
+	s->out_toks[s->n_out++] = next;
+	if (local + 1 >= c->steps || g + 1 >= (uint32_t)c->m->cfg.seq_len)
+		return run_end_turn(c, s);
+	s->hist[s->n_hist++] = next;
+	return 0;
+}
+
+static int
+run_step(struct run_ctx *c, uint32_t n_act)
+{
+	int rc = 0;
+
+	if (c->e) {
+		rc = run_step_kvt(c, c->act, n_act);
+	} else {
+		for (uint32_t i = 0; i < n_act; i++) {
+			struct run_sess *s = c->act[i];
+
+			kvtr_forward_contig(c->m, &s->st, &s->cache, s->hist[s->n_kv], s->n_kv);
+			s->n_kv++;
+			s->computed = 1;
+			c->r->positions++;
+		}
+	}
+	for (uint32_t i = 0; rc == 0 && i < n_act; i++)
+		if (c->act[i]->computed)
+			rc = run_after_forward(c, c->act[i]);
+	c->r->steps++;
+	if (rc == 0 && c->e && c->o->step_hook)
+		c->o->step_hook(c->o->hook_arg, c->e, c->r->steps);
+	return rc;
+}
+
+/* Runs every turn of every session; sessions interleave step by step. */
+static int
+run_loop(struct run_ctx *c)
+{
+	double t0 = run_now(), t1 = 0.0;
+	uint64_t pos1 = 0;
+	int rc = 0;
+
+	for (uint32_t t = 0; rc == 0 && t < c->o->turns; t++) {
+		for (uint32_t i = 0; rc == 0 && i < c->o->sessions; i++)
+			rc = run_begin_turn(c, &c->ss[i], t);
+		while (rc == 0) {
+			uint32_t n_act = 0;
+
+			for (uint32_t i = 0; i < c->o->sessions; i++)
+				if (c->ss[i].in_turn)
+					c->act[n_act++] = &c->ss[i];
+			if (n_act == 0)
+				break;
+			rc = run_step(c, n_act);
+			if (t1 == 0.0) { /* llama2.c starts its clock after the first step */
+				t1 = run_now();
+				pos1 = c->r->positions;
+			}
+		}
+	}
+	c->r->elapsed_s = run_now() - t0;
+	if (t1 > 0.0 && run_now() > t1)
+		c->r->tok_per_s = (double)(c->r->positions - pos1) / (run_now() - t1);
+	return rc;
+}
+
+static void
+run_engine_log(void *arg, int level, const char *msg)
+{
+	FILE *f = arg;
+
+	if (level <= KVT_LOG_WARN)
+		fprintf(f, "kvtier-run: kvtier %s: %s\n", level == KVT_LOG_ERROR ? "error" : "warning",
+			msg);
+}
+
+static int
+run_make_tmpdir(struct run_ctx *c)
+{
+	const char *base = getenv("TMPDIR");
+
+	if (!base || !*base)
+		base = "/tmp";
+	snprintf(c->tmpdir, sizeof(c->tmpdir), "%s/kvtier-run.XXXXXX", base);
+	if (!mkdtemp(c->tmpdir)) {
+		int err = errno;
+
+		c->tmpdir[0] = '\0';
+		return kvtr_err(-err, "cannot create a temporary NVMe directory under %s: %s", base,
+				strerror(err));
+	}
+	return 0;
+}
+
+/* Engine with the asked (or automatic) tier sizes; see runner.h for the defaults. */
+static int
+run_engine_create(struct run_ctx *c)
+{
+	const struct kvtr_run_opts *o = c->o;
+	const struct kvtr_model *m = c->m;
+	struct kvt_engine_opts eo;
+	uint64_t tpb = o->tokens_per_block;
+	uint64_t block = tpb * (uint64_t)m->cfg.n_layers * 2 * m->kv_dim *
+			 kvt_dtype_size(o->kv_dtype);
+	uint64_t nblocks = (uint64_t)o->sessions * (((uint64_t)m->cfg.seq_len + tpb - 1) / tpb);
+	int rc;
+
+	kvt_engine_opts_init(&eo, sizeof(eo));
+	eo.layout.n_layers = (uint32_t)m->cfg.n_layers;
+	eo.layout.n_kv_heads = (uint32_t)m->cfg.n_kv_heads;
+	eo.layout.head_dim = m->head_size;
+	eo.layout.dtype = o->kv_dtype;
+	eo.layout.tokens_per_block = o->tokens_per_block;
+	eo.hbm_bytes = o->hbm_bytes ? o->hbm_bytes : nblocks * block;
+	eo.host_bytes = o->host_bytes ? o->host_bytes : nblocks * block;
+	eo.nvme_bytes = o->nvme_bytes ? o->nvme_bytes : nblocks * ((block + 4095) / 4096 * 4096);
+	if (o->nvme_dir) {
+		eo.nvme_dir = o->nvme_dir;
+	} else {
+		rc = run_make_tmpdir(c);
+		if (rc)
+			return rc;
+		eo.nvme_dir = c->tmpdir;
+	}
+	eo.device = KVT_DEVICE_EMULATED;
+	eo.emu_max_delay_us = o->emu_delay_us;
+	eo.log = run_engine_log;
+	eo.log_arg = c->log;
+	c->r->hbm_bytes = eo.hbm_bytes;
+	c->r->host_bytes = eo.host_bytes;
+	c->r->nvme_bytes = eo.nvme_bytes;
+	rc = kvt_engine_create(&eo, &c->e);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_engine_create");
+	c->park_tier = KVT_TIER_NVME;
+	rc = kvt_engine_geometry(c->e, &c->geo);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_engine_geometry");
+	c->r->geo = c->geo;
+	return 0;
+}
+
+static int
+run_setup(struct run_ctx *c)
+{
+	size_t dim = (size_t)c->m->cfg.dim, nh = (size_t)c->m->cfg.n_heads;
+	int rc;
+
+	c->ss = calloc(c->o->sessions, sizeof(*c->ss));
+	c->act = calloc(c->o->sessions, sizeof(*c->act));
+	c->ids = calloc(c->o->sessions, sizeof(*c->ids));
+	c->r->out = calloc((size_t)c->o->sessions * c->o->turns, sizeof(*c->r->out));
+	c->wo = calloc(dim * 2 + nh * 4, sizeof(float));
+	if (!c->ss || !c->act || !c->ids || !c->r->out || !c->wo)
+		return kvtr_err(-ENOMEM, "out of memory for %u sessions", c->o->sessions);
+	c->po = c->wo + dim;
+	c->wm = c->po + dim;
+	c->wl = c->wm + nh;
+	c->pm = c->wl + nh;
+	c->pl = c->pm + nh;
+	c->r->sessions = c->o->sessions;
+	c->r->turns = c->o->turns;
+	if (!c->o->reference) {
+		rc = run_engine_create(c);
+		if (rc)
+			return rc;
+		c->side = calloc((size_t)c->m->cfg.n_layers * 2 * c->m->kv_dim, sizeof(float));
+		c->tokblk = calloc(2, c->geo.token_bytes);
+		if (!c->side || !c->tokblk)
+			return kvtr_err(-ENOMEM, "out of memory for windowed decoding buffers");
+	}
+	for (uint32_t i = 0; i < c->o->sessions; i++) {
+		rc = run_sess_init(c, &c->ss[i], i);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int
+run_teardown(struct run_ctx *c, int rc)
+{
+	if (c->e && rc == 0) {
+		int rc2 = kvt_engine_drain(c->e);
+
+		if (rc2)
+			rc = kvtr_err_kvt(rc2, "kvt_engine_drain");
+	}
+	if (c->e) {
+		c->r->stats.size = sizeof(c->r->stats);
+		if (kvt_engine_stats(c->e, &c->r->stats) != 0 && rc == 0)
+			rc = kvtr_err_kvt(-EIO, "kvt_engine_stats");
+	}
+	if (c->ss)
+		for (uint32_t i = 0; i < c->o->sessions; i++)
+			run_sess_fini(c, &c->ss[i]);
+	kvt_engine_destroy(c->e);
+	c->e = NULL;
+	if (c->tmpdir[0])
+		rmdir(c->tmpdir);
+	free(c->ss);
+	free(c->act);
+	free(c->ids);
+	free(c->wo);
+	free(c->side);
+	free(c->tokblk);
+	return rc;
+}
+
+int
+kvtr_run(const struct kvtr_run_opts *o, struct kvtr_run_result *r)
+{
+	struct run_ctx c;
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	memset(&c, 0, sizeof(c));
+	rc = run_check_opts(o);
+	if (rc)
+		return rc;
+	c.o = o;
+	c.r = r;
+	c.m = o->model;
+	c.log = o->log ? o->log : stderr;
+	c.steps = o->steps;
+	if (c.steps == 0 || c.steps > (uint32_t)c.m->cfg.seq_len)
+		c.steps = (uint32_t)c.m->cfg.seq_len;
+	r->reference = o->reference;
+	rc = run_setup(&c);
+	if (rc == 0)
+		rc = run_loop(&c);
+	if (rc == 0 && o->stream && o->sessions == 1 && o->turns == 1) {
+		fputs("\n", o->stream);
+		fflush(o->stream);
+	}
+	return run_teardown(&c, rc);
+}
+
+void
+kvtr_run_result_free(struct kvtr_run_result *r)
+{
+	if (r->out)
+		for (size_t i = 0; i < (size_t)r->sessions * r->turns; i++) {
+			free(r->out[i].text);
+			free(r->out[i].tokens);
+		}
+	free(r->out);
+	memset(r, 0, sizeof(*r));
+}

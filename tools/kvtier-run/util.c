@@ -1,0 +1,191 @@
+/* SPDX-License-Identifier: MIT */
+/* tools/kvtier-run/util.c - last-error message, command-line value parsers, growable string. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+static _Thread_local char util_errbuf[1024];
+
+int
+kvtr_err(int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(util_errbuf, sizeof(util_errbuf), fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+int
+kvtr_err_kvt(int code, const char *what)
+{
+	const char *detail = kvt_last_error_message();
+
+	if (detail && detail[0])
+		return kvtr_err(code, "%s: %s: %s", what, kvt_strerror(code), detail);
+	return kvtr_err(code, "%s: %s", what, kvt_strerror(code));
+}
+
+const char *
+kvtr_last_error(void)
+{
+	return util_errbuf;
+}
+
+/* Parse the leading decimal digits of s into *v; returns the first unparsed char or NULL on
+ * overflow / no digits. */
+static const char *
+util_parse_digits(const char *s, uint64_t *v)
+{
+	uint64_t acc = 0;
+	const char *p = s;
+
+	if (!isdigit((unsigned char)*p))
+		return NULL;
+	for (; isdigit((unsigned char)*p); p++) {
+		uint64_t d = (uint64_t)(*p - '0');
+
+		if (acc > (UINT64_MAX - d) / 10)
+			return NULL;
+		acc = acc * 10 + d;
+	}
+	*v = acc;
+	return p;
+}
+
+int
+kvtr_parse_size(const char *what, const char *s, uint64_t *out)
+{
+	uint64_t v, mult = 1;
+	const char *p;
+
+	if (!s || !*s)
+		return kvtr_err(-EINVAL, "%s: empty size (expected bytes with an optional K, M or "
+				"G suffix, e.g. 64M)", what);
+	p = util_parse_digits(s, &v);
+	if (!p)
+		return kvtr_err(-EINVAL, "%s: '%s' is not a size (expected bytes with an optional "
+				"K, M or G suffix, e.g. 64M)", what, s);
+	switch (*p) {
+	case '\0':
+		break;
+	case 'k':
+	case 'K':
+		mult = UINT64_C(1) << 10;
+		p++;
+		break;
+	case 'm':
+	case 'M':
+		mult = UINT64_C(1) << 20;
+		p++;
+		break;
+	case 'g':
+	case 'G':
+		mult = UINT64_C(1) << 30;
+		p++;
+		break;
+	default:
+		return kvtr_err(-EINVAL, "%s: '%s' has an unknown suffix (use K, M or G)", what, s);
+	}
+	if (*p != '\0')
+		return kvtr_err(-EINVAL, "%s: '%s' has trailing characters after the size", what, s);
+	if (v == 0)
+		return kvtr_err(-EINVAL, "%s: size must be greater than zero", what);
+	if (v > KVTR_SIZE_MAX / mult)
+		return kvtr_err(-EINVAL, "%s: size '%s' is absurd (more than 16 TiB)", what, s);
+	*out = v * mult;
+	return 0;
+}
+
+int
+kvtr_parse_u64(const char *what, const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+	uint64_t v;
+	const char *p;
+
+	if (!s || !*s)
+		return kvtr_err(-EINVAL, "%s: empty value (expected an integer)", what);
+	p = util_parse_digits(s, &v);
+	if (!p || *p != '\0')
+		return kvtr_err(-EINVAL, "%s: '%s' is not a non-negative integer", what, s);
+	if (v < min || v > max)
+		return kvtr_err(-EINVAL, "%s: %s is out of range [%llu, %llu]", what, s,
+				(unsigned long long)min, (unsigned long long)max);
+	*out = v;
+	return 0;
+}
+
+int
+kvtr_parse_u32(const char *what, const char *s, uint32_t min, uint32_t max, uint32_t *out)
+{
+	uint64_t v;
+	int rc = kvtr_parse_u64(what, s, min, max, &v);
+
+	if (rc == 0)
+		*out = (uint32_t)v;
+	return rc;
+}
+
+int
+kvtr_parse_float(const char *what, const char *s, float min, float max, float *out)
+{
+	char *end = NULL;
+	float v;
+
+	if (!s || !*s || isspace((unsigned char)*s))
+		return kvtr_err(-EINVAL, "%s: empty value (expected a number)", what);
+	errno = 0;
+	v = strtof(s, &end);
+	if (end == s || *end != '\0' || errno == ERANGE || !isfinite(v))
+		return kvtr_err(-EINVAL, "%s: '%s' is not a finite number", what, s);
+	if (v < min || v > max)
+		return kvtr_err(-EINVAL, "%s: %s is out of range [%g, %g]", what, s, (double)min,
+				(double)max);
+	*out = v;
+	return 0;
+}
+
+int
+kvtr_str_append(struct kvtr_str *str, const char *s)
+{
+	size_t n = strlen(s);
+
+	if (str->len + n + 1 > str->cap) {
+		size_t cap = str->cap ? str->cap : 64;
+		char *nb;
+
+		while (cap < str->len + n + 1)
+			cap *= 2;
+		nb = realloc(str->buf, cap);
+		if (!nb)
+			return kvtr_err(-ENOMEM, "out of memory growing a text buffer to %zu bytes",
+					cap);
+		str->buf = nb;
+		str->cap = cap;
+	}
+	memcpy(str->buf + str->len, s, n + 1);
+	str->len += n;
+	return 0;
+}
+
+const char *
+kvtr_str_cstr(const struct kvtr_str *str)
+{
+	return str->buf ? str->buf : "";
+}
+
+void
+kvtr_str_free(struct kvtr_str *str)
+{
+	free(str->buf);
+	str->buf = NULL;
+	str->len = 0;
+	str->cap = 0;
+}
