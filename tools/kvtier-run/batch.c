@@ -253,10 +253,13 @@ batch_retry_single(struct run_ctx *c, struct run_sess *s)
 	if (rc)
 		return kvtr_err_kvt(rc, "kvt_engine_drain");
 	rc = batch_run_group(c, &s, 1);
-	if (run_nofit(rc))
+	if (run_nofit(rc)) {
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", kvtr_last_error());
 		return kvtr_err(rc, "cannot place session %u's %u blocks in HBM (%u slots): %s",
-				s->idx + 1, run_blocks(c, s->n_kv + 1), c->geo.hbm_slots,
-				kvtr_last_error());
+				s->idx + 1, run_blocks(c, s->n_kv + 1), c->geo.hbm_slots, why);
+	}
 	return rc;
 }
 

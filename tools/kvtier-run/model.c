@@ -263,26 +263,29 @@ model_fill(float *dst, uint64_t n, float scale, float bias, uint64_t *rng)
 int
 kvtr_model_builtin(struct kvtr_model *m)
 {
-	const struct kvtr_config c = { 64, 172, 5, 8, 4, 512, 512 };
+	/* negative vocab_size: a classifier of its own (llama2.c's convention) */
+	const struct kvtr_config c = { 64, 172, 5, 8, 4, -512, 512 };
 	struct model_layout lo;
 	uint64_t rng = UINT64_C(0x6b76746965722d31); /* "kvtier-1" */
 	float *f;
 	float sd = 1.0f / sqrtf((float)c.dim), sh = 1.0f / sqrtf((float)c.hidden_dim);
 	uint64_t L = (uint64_t)c.n_layers, dim = (uint64_t)c.dim, hid = (uint64_t)c.hidden_dim;
+	uint64_t V = 512;
 
 	memset(m, 0, sizeof(*m));
-	m->cfg = c;
-	m->shared_classifier = 1;
-	model_layout_compute(&c, 1, &lo);
+	model_layout_compute(&c, 0, &lo);
 	f = calloc(lo.n_floats, sizeof(float));
 	if (!f)
 		return kvtr_err(-ENOMEM, "out of memory for the built-in model (%llu floats)",
 				(unsigned long long)lo.n_floats);
+	m->cfg = c;
+	m->cfg.vocab_size = (int32_t)V;
+	m->shared_classifier = 0;
 	m->owned = f;
 	model_set_weights(m, f, &lo);
 	/* Embeddings of unit-ish scale; projections scaled 1/sqrt(fan_in) so the residual
 	 * stream stays O(1); norms around 1. The RoPE tables stay zero (unused). */
-	model_fill(f + lo.tok_emb, (uint64_t)c.vocab_size * dim, 1.0f, 0.0f, &rng);
+	model_fill(f + lo.tok_emb, V * dim, 1.0f, 0.0f, &rng);
 	model_fill(f + lo.rms_att, L * dim, 0.1f, 1.0f, &rng);
 	model_fill(f + lo.wq, L * dim * dim, sd, 0.0f, &rng);
 	model_fill(f + lo.wk, L * dim * m->kv_dim, sd, 0.0f, &rng);
@@ -293,6 +296,10 @@ kvtr_model_builtin(struct kvtr_model *m)
 	model_fill(f + lo.w2, L * hid * dim, sh, 0.0f, &rng);
 	model_fill(f + lo.w3, L * dim * hid, sd, 0.0f, &rng);
 	model_fill(f + lo.rms_final, dim, 0.1f, 1.0f, &rng);
+	/* The classifier: peaked logits (scale 4) over the word pieces; the rows of <unk>, BOS,
+	 * EOS and the 256 byte tokens stay zero, so the model keeps talking (a BOS would end the
+	 * text) and prints pieces rather than raw bytes. */
+	model_fill(f + lo.wcls + 259 * dim, (V - 259) * dim, 4.0f * sd, 0.0f, &rng);
 	snprintf(m->name, sizeof(m->name), "built-in");
 	return 0;
 }

@@ -346,7 +346,8 @@ run_engine_create(struct run_ctx *c)
 	eo.layout.tokens_per_block = o->tokens_per_block;
 	eo.hbm_bytes = o->hbm_bytes ? o->hbm_bytes : nblocks * block;
 	eo.host_bytes = o->host_bytes ? o->host_bytes : nblocks * block;
-	eo.nvme_bytes = o->nvme_bytes ? o->nvme_bytes : nblocks * ((block + 4095) / 4096 * 4096);
+	/* NVMe slots carry a 64-byte trailer and are 4 KiB aligned (tiers/tier_nvme.h) */
+	eo.nvme_bytes = o->nvme_bytes ? o->nvme_bytes : nblocks * ((block + 64 + 4095) / 4096 * 4096);
 	if (o->nvme_dir) {
 		eo.nvme_dir = o->nvme_dir;
 	} else {
@@ -424,9 +425,15 @@ run_teardown(struct run_ctx *c, int rc)
 		if (kvt_engine_stats(c->e, &c->r->stats) != 0 && rc == 0)
 			rc = kvtr_err_kvt(-EIO, "kvt_engine_stats");
 	}
-	if (c->ss)
-		for (uint32_t i = 0; i < c->o->sessions; i++)
+	if (c->ss) {
+		uint32_t tpb = c->o->tokens_per_block ? c->o->tokens_per_block : 1;
+
+		for (uint32_t i = 0; i < c->o->sessions; i++) {
+			c->r->kv_tokens += c->ss[i].n_kv;
+			c->r->kv_blocks += (c->ss[i].n_kv + tpb - 1) / tpb;
 			run_sess_fini(c, &c->ss[i]);
+		}
+	}
 	kvt_engine_destroy(c->e);
 	c->e = NULL;
 	if (c->tmpdir[0])

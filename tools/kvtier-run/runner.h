@@ -98,6 +98,8 @@ struct kvtr_run_result {
 	                                 or failed prepare (window walk) */
 	uint64_t parks;               /* kvt_seq_park calls that succeeded */
 	uint64_t park_nospc;          /* parks refused with -ENOSPC (blocks stayed) */
+	uint64_t kv_tokens;           /* positions with K/V held at the end, all sessions */
+	uint64_t kv_blocks;           /* blocks of tokens_per_block they take, all sessions */
 	double elapsed_s;             /* wall time of the decode loop */
 	double tok_per_s;             /* positions per second after the first step (llama2.c) */
 };
