@@ -82,17 +82,19 @@ test_reclaim_skips_undemotable_victim(void **state)
 	assert_int_equal(kvt_seq_info(e, z, &info), 0);
 	assert_int_equal(info.blocks_in[KVT_TIER_HOST], 1);
 	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 0);
-	/* Z fits: dropping Y's clean HBM copy makes room. Expected 0, engine says -ENOSPC. */
+	/* Z fits: dropping Y's clean HBM copy makes room. Expected 0; the engine says -ENOSPC
+	 * (it tries only the LRU tail, X, whose demotion finds HOST full of Z's pinned block). */
 	rc = tsup_verify(e, z, 3);
 	if (rc)
 		print_error("prepare(Z): %d %s\n", rc, kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	rc = tsup_verify(e, x, 1); /* X's dirty block was not lost on the way */
-	if (rc)
-		print_error("prepare(X): %d %s\n", rc, kvt_last_error_message());
-	assert_int_equal(rc, 0);
+	if (rc == 0) {
+		rc = tsup_verify(e, x, 1); /* and X's dirty block was not lost on the way */
+		if (rc)
+			print_error("prepare(X): %d %s\n", rc, kvt_last_error_message());
+	}
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
+	assert_int_equal(rc, 0);
 }
 
 int
