@@ -50,8 +50,8 @@ static const char llama2c_greedy200[] =
 	"park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.\n"
 	"Lily's mom said, \"Lily, let's go to the park.\" Lily was sad and didn't know what to do. "
 	"She said, \"I want to play with your ball, but I can't find it.\"\n"
-	"Lily was sad and didn't know what to do. She said, \"I'm sorry, Lily. I didn't know what to "
-	"do.\"\n"
+	"Lily was sad and didn't know what to do. She said, \"I'm sorry, Lily. I didn't know what "
+	"to do.\"\n"
 	"Lily didn't want to help her mom, so she";
 
 #define E2E_BLOCK_BYTES (16 * 1280) /* 16 tokens x 5 layers x (K + V) x 32 floats */

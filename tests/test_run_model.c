@@ -475,7 +475,8 @@ test_bad_tokenizer_mismatch(void **state)
 	o.model = &m;
 	o.tok = &l;
 	assert_int_equal(kvtr_run(&o, &r), KVT_EFORMAT);
-	assert_msg_contains("tokenizer does not match the model: it has 300 tokens, the model has 512");
+	assert_msg_contains("tokenizer does not match the model: it has 300 tokens, the model "
+			    "has 512");
 	kvtr_run_result_free(&r);
 	kvtr_model_free(&m);
 	kvtr_tokenizer_free(&l);
@@ -833,7 +834,8 @@ main(void)
 		cmocka_unit_test(test_sampler_rules),
 		cmocka_unit_test(test_sampler_deterministic),
 		cmocka_unit_test(test_forward_real_first_token),
-		cmocka_unit_test_setup_teardown(test_forward_paged_equals_contiguous, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_forward_paged_equals_contiguous, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_sessions_turns_builtin, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_nvme_dir_missing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_nvme_dir_not_a_dir, setup, teardown),

@@ -33,7 +33,8 @@ main_usage(FILE *f)
 	      "  --tokenizer F         llama2.c tokenizer.bin (default: built-in, 512 tokens)\n"
 	      "  --prompt S            prompt of every turn (default: built-in prompts; the first\n"
 	      "                        turn of session 1 is empty, as llama2.c's default)\n"
-	      "  --steps N             positions per turn, prompt included (default 256; 0 = seq_len)\n"
+	      "  --steps N             positions per turn, prompt included (default 256;\n"
+	      "                        0 = seq_len)\n"
 	      "  --temperature T       0 = greedy (default 1.0)\n"
 	      "  --topp P              top-p in (0,1); other values: plain sampling (default 0.9)\n"
 	      "  --seed S              rng seed (default: time); session i uses S + i\n"
@@ -49,8 +50,8 @@ main_usage(FILE *f)
 	      "  --emu-delay-us N      emulated device: delay/reorder copies up to N us\n"
 	      "  --stats-json F        write tier/transfer statistics as JSON to F\n"
 	      "  --help                this text\n"
-	      "With one session and one turn stdout is only the generated text, as llama2.c prints\n"
-	      "it; otherwise each turn's text is printed as \"[session S turn T] text\".\n",
+	      "With one session and one turn stdout is only the generated text, as llama2.c\n"
+	      "prints it; otherwise each turn's text is printed as \"[session S turn T] text\".\n",
 	      f);
 }
 

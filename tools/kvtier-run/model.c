@@ -150,7 +150,8 @@ model_check_finite(const char *what, const float *f, uint64_t n)
 		if (!isfinite(f[i])) {
 			char reason[128];
 
-			snprintf(reason, sizeof(reason), "weight %llu (byte offset %llu) is not finite",
+			snprintf(reason, sizeof(reason),
+				 "weight %llu (byte offset %llu) is not finite",
 				 (unsigned long long)i,
 				 (unsigned long long)(MODEL_HEADER_BYTES + i * sizeof(float)));
 			return model_bad(what, reason);
@@ -168,14 +169,14 @@ model_read_header(int fd, const char *path, uint64_t size, struct kvtr_config *c
 	int rc;
 
 	if (size < MODEL_HEADER_BYTES)
-		return kvtr_err(KVT_EFORMAT,
-				"model file %s is truncated: %llu bytes, header implies at least %llu",
-				path, (unsigned long long)size,
+		return kvtr_err(KVT_EFORMAT, "model file %s is truncated: %llu bytes, header "
+				"implies at least %llu", path, (unsigned long long)size,
 				(unsigned long long)MODEL_HEADER_BYTES);
 	got = pread(fd, c, sizeof(*c), 0);
 	if (got != (ssize_t)sizeof(*c))
-		return kvtr_err(got < 0 ? -errno : -EIO, "model file %s: cannot read the header: %s",
-				path, got < 0 ? strerror(errno) : "short read");
+		return kvtr_err(got < 0 ? -errno : -EIO,
+				"model file %s: cannot read the header: %s", path,
+				got < 0 ? strerror(errno) : "short read");
 	rc = kvtr_model_check_config(c, path, &want);
 	if (rc)
 		return rc;

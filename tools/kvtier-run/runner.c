@@ -303,8 +303,8 @@ run_engine_log(void *arg, int level, const char *msg)
 	FILE *f = arg;
 
 	if (level <= KVT_LOG_WARN)
-		fprintf(f, "kvtier-run: kvtier %s: %s\n", level == KVT_LOG_ERROR ? "error" : "warning",
-			msg);
+		fprintf(f, "kvtier-run: kvtier %s: %s\n",
+			level == KVT_LOG_ERROR ? "error" : "warning", msg);
 }
 
 static int
@@ -347,7 +347,8 @@ run_engine_create(struct run_ctx *c)
 	eo.hbm_bytes = o->hbm_bytes ? o->hbm_bytes : nblocks * block;
 	eo.host_bytes = o->host_bytes ? o->host_bytes : nblocks * block;
 	/* NVMe slots carry a 64-byte trailer and are 4 KiB aligned (tiers/tier_nvme.h) */
-	eo.nvme_bytes = o->nvme_bytes ? o->nvme_bytes : nblocks * ((block + 64 + 4095) / 4096 * 4096);
+	eo.nvme_bytes = o->nvme_bytes ? o->nvme_bytes
+				      : nblocks * ((block + 64 + 4095) / 4096 * 4096);
 	if (o->nvme_dir) {
 		eo.nvme_dir = o->nvme_dir;
 	} else {

@@ -140,11 +140,11 @@ tok_scan(const char *path, const unsigned char *b, size_t len, uint32_t max_len,
 		memcpy(&score, b + off, 4);
 		memcpy(&plen, b + off + 4, 4);
 		if (!isfinite(score))
-			return kvtr_err(KVT_EFORMAT, "tokenizer %s: token %d has a non-finite score",
-					path, n);
+			return kvtr_err(KVT_EFORMAT,
+					"tokenizer %s: token %d has a non-finite score", path, n);
 		if (plen <= 0 || (uint32_t)plen > max_len)
-			return kvtr_err(KVT_EFORMAT, "tokenizer %s: token %d has length %d, outside "
-					"[1, max_token_length %u]", path, n, plen, max_len);
+			return kvtr_err(KVT_EFORMAT, "tokenizer %s: token %d has length %d, "
+					"outside [1, max_token_length %u]", path, n, plen, max_len);
 		if (len - off - 8 < (size_t)plen) {
 			*partial = 1;
 			break;
@@ -187,8 +187,8 @@ tok_validate(const char *path, const unsigned char *b, size_t len, int32_t vocab
 		rc = tok_scan(path, b + end - 4, len - end + 4, (uint32_t)ml, INT32_MAX, &extra,
 			      &end2, &partial);
 		if (rc == 0 && !partial && extra > 0)
-			return kvtr_err(KVT_EFORMAT, "tokenizer %s does not match the model: it has "
-					"%lld tokens, the model has %d", path,
+			return kvtr_err(KVT_EFORMAT, "tokenizer %s does not match the model: it "
+					"has %lld tokens, the model has %d", path,
 					(long long)vocab_size + extra, vocab_size);
 		return kvtr_err(KVT_EFORMAT, "tokenizer %s is not a llama2.c tokenizer for this "
 				"model: %zu unexpected bytes after token %d", path, len - end,

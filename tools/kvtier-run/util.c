@@ -95,7 +95,8 @@ kvtr_parse_size(const char *what, const char *s, uint64_t *out)
 		return kvtr_err(-EINVAL, "%s: '%s' has an unknown suffix (use K, M or G)", what, s);
 	}
 	if (*p != '\0')
-		return kvtr_err(-EINVAL, "%s: '%s' has trailing characters after the size", what, s);
+		return kvtr_err(-EINVAL, "%s: '%s' has trailing characters after the size", what,
+				s);
 	if (v == 0)
 		return kvtr_err(-EINVAL, "%s: size must be greater than zero", what);
 	if (v > KVTR_SIZE_MAX / mult)

@@ -34,7 +34,8 @@ win_self_view(struct run_ctx *c, const float *k, const float *v, struct kvt_page
 	if (rc == 0)
 		rc = kvt_store_f32(c->o->kv_dtype, (char *)c->tokblk + tb, v, c->m->kv_dim);
 	if (rc)
-		return kvtr_err(rc, "kvt_store_f32: cannot convert K/V to dtype %d", c->o->kv_dtype);
+		return kvtr_err(rc, "kvt_store_f32: cannot convert K/V to dtype %d",
+				c->o->kv_dtype);
 	kv->k_base = c->tokblk;
 	kv->v_offset = tb;
 	kv->block_stride = 2 * tb;
@@ -178,8 +179,9 @@ win_commit(struct run_ctx *c, struct run_sess *s)
 	if (rc)
 		rc = kvtr_err_kvt(rc, "kvt_batch_block_table");
 	else if (bt.seq_len[0] != (uint64_t)pos + 1 - (uint64_t)last * tpb)
-		rc = kvtr_err(-EPROTO, "engine bug: the new token's block of session %u covers %llu "
-			      "tokens, expected %llu", s->idx + 1, (unsigned long long)bt.seq_len[0],
+		rc = kvtr_err(-EPROTO, "engine bug: the new token's block of session %u covers "
+			      "%llu tokens, expected %llu", s->idx + 1,
+			      (unsigned long long)bt.seq_len[0],
 			      (unsigned long long)(pos + 1 - (uint64_t)last * tpb));
 	if (rc == 0)
 		rc = run_check_slot(c, s, bt.indices[0]);
@@ -233,7 +235,8 @@ run_windowed(struct run_ctx *c, struct run_sess *s)
 	if (slots < 2)
 		return kvtr_err(KVT_ETOOBIG, "HBM holds %u block slot(s): too small to hold one "
 				"decode batch of session %u (%u blocks; windows need at least 2 "
-				"slots); raise --hbm", slots, s->idx + 1, run_blocks(c, s->n_kv + 1));
+				"slots); raise --hbm", slots, s->idx + 1,
+				run_blocks(c, s->n_kv + 1));
 	for (int attempt = 0; attempt < WIN_MAX_RETRY; attempt++) {
 		int rc = win_forward(c, s, slots - 1);
 
