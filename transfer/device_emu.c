@@ -10,8 +10,8 @@
  *   - A stream is a worker thread draining an in-order FIFO of operations: a copy batch, an
  *     event record, a wait for an event record. Before each operation the worker sleeps a random
  *     0..max_delay_us (per-stream RNG), so work on different streams completes late and in any
- *     relative order, while one stream stays strictly in order. A copy batch sleeps
- *     total_len / copy_bytes_per_s after its memcpy's (simulated link time).
+ *     relative order, while one stream stays strictly in order. Each copy of a batch first
+ *     sleeps len / copy_bytes_per_s (simulated link time), then moves its bytes.
  *   - An event points at its latest record (struct emu_rec). A record is done when its stream's
  *     worker reaches it. query/sync look at the latest record; stream_wait_event captures the
  *     latest record at call time, so a later re-record of the event does not release a wait
@@ -310,12 +310,17 @@ emu_op_run(struct emu_dev *emu, struct emu_op *op)
 
 	switch (op->kind) {
 	case EMU_OP_COPY:
-		for (i = 0; i < op->n; i++)
-			if (op->v[i].len != 0)
-				memcpy(op->v[i].dst, op->v[i].src, op->v[i].len);
-		if (emu->opts.copy_bytes_per_s != 0 && op->total != 0)
-			emu_sleep_ns((uint64_t)((double)op->total * 1e9 /
-						(double)emu->opts.copy_bytes_per_s));
+		/* link time first, bytes at its end: the source must stay intact and the
+		 * destination stays old for the whole transfer, as on a real DMA engine, so
+		 * reusing either too early shows up as wrong bytes */
+		for (i = 0; i < op->n; i++) {
+			if (op->v[i].len == 0)
+				continue;
+			if (emu->opts.copy_bytes_per_s != 0)
+				emu_sleep_ns((uint64_t)((double)op->v[i].len * 1e9 /
+							(double)emu->opts.copy_bytes_per_s));
+			memcpy(op->v[i].dst, op->v[i].src, op->v[i].len);
+		}
 		break;
 	case EMU_OP_RECORD:
 		pthread_mutex_lock(&emu->ev_lock);
