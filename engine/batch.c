@@ -146,6 +146,10 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 				progress++;
 			else if (rc != -ENOSPC && rc != -EAGAIN)
 				return kvt_err(rc, "promoting a block of the batch");
+			/* a block whose host-to-device copy is now queued is done here:
+			 * kvt_batch_wait_layer() waits for it, prepare does not */
+			if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
+				pending--;
 		}
 		rc = kvt_xfer_flush(e);
 		if (rc)

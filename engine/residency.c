@@ -20,8 +20,6 @@
 
 #include "engine_impl.h"
 
-#define RECLAIM_CHUNK 64
-
 /* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
 static int
 evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
@@ -58,12 +56,54 @@ evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	return rc;
 }
 
+/*
+ * One pass over the tier's LRU from the cold end. Candidates are collected first (evicting
+ * changes the list being walked). A victim that cannot go (its demotion finds no room below) is
+ * skipped rather than a reason to give up: a warmer clean copy may still go. The first pass
+ * looks only a little past the deficit; only when that is not enough is the whole list walked.
+ */
+static int
+reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *progress)
+{
+	struct kvt_slots *sl = &e->slots[tier];
+	struct kvt_evict *ev = &e->evict[tier];
+	uint32_t *cand, n, i, id, limit;
+	bool full = false;
+	int rc;
+
+	limit = need - sl->n_free - e->demoting[tier] + 8;
+	for (;;) {
+		if (limit >= ev->n) {
+			limit = ev->n;
+			full = true;
+		}
+		cand = kvt_malloc((size_t)(limit ? limit : 1) * sizeof *cand);
+		if (!cand)
+			return kvt_err(-ENOMEM, "eviction candidates");
+		n = 0;
+		for (id = ev->ops->victim_first(ev); id != KVT_NIL && n < limit;
+		     id = ev->ops->victim_next(ev, id))
+			if (kvt_copy_evictable(&e->blocks[id], tier))
+				cand[n++] = id;
+		for (i = 0; i < n && sl->n_free + e->demoting[tier] < need; i++) {
+			if (!kvt_copy_evictable(&e->blocks[cand[i]], tier))
+				continue;
+			if (evict_one(e, tier, cand[i], may_wait) >= 0)
+				(*progress)++;
+		}
+		kvt_free(cand);
+		if (full || sl->n_free + e->demoting[tier] >= need)
+			break;
+		limit = ev->n; /* not enough near the tail: walk everything */
+	}
+	rc = kvt_xfer_flush(e);
+	return rc;
+}
+
 int
 kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 {
 	struct kvt_slots *sl = &e->slots[tier];
-	struct kvt_evict *ev = &e->evict[tier];
-	uint32_t cand[RECLAIM_CHUNK], n, i, id;
 	int rc, progress;
 
 	if (need > sl->n_slots)
@@ -73,26 +113,7 @@ kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 			return 0;
 		progress = 0;
 		if (sl->n_free + e->demoting[tier] < need) {
-			/* collect first: evicting changes the list being walked */
-			n = 0;
-			for (id = ev->ops->victim_first(ev);
-			     id != KVT_NIL && n < RECLAIM_CHUNK &&
-			     n < need - sl->n_free - e->demoting[tier];
-			     id = ev->ops->victim_next(ev, id))
-				if (kvt_copy_evictable(&e->blocks[id], tier))
-					cand[n++] = id;
-			for (i = 0; i < n; i++) {
-				struct kvt_block *b = &e->blocks[cand[i]];
-
-				if (!kvt_copy_evictable(b, tier))
-					continue;
-				rc = evict_one(e, tier, cand[i], may_wait);
-				if (rc >= 0)
-					progress++;
-				if (sl->n_free >= need)
-					return 0;
-			}
-			rc = kvt_xfer_flush(e);
+			rc = reclaim_pass(e, tier, need, may_wait, &progress);
 			if (rc)
 				return rc;
 		}

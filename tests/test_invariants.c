@@ -429,6 +429,73 @@ test_scenario_c_lookup_pins(void **state)
 	tsup_rmdir(dir);
 }
 
+/* (c) again, on the path that waits: appending to A's partial block found in HOST (and NVMe)
+ * while HBM holds dirty B and HOST has one slot. Making room for A in HBM means demoting B,
+ * which wants A's HOST slot; the lookup's pin must keep it (the append then fails cleanly),
+ * or A would be copied up from a slot that now holds B. */
+static void
+test_scenario_c_append_lookup(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 1, .host_blocks = 1, .nvme_blocks = 16,
+			      .no_watermarks = true };
+	struct kvt_seq_info info;
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+	int rc;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_with(e, 1, 2);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);             /* now in HBM, HOST and NVMe */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0); /* HBM copy dropped */
+	assert_int_equal(kvt_seq_info(e, a, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HOST], 1);
+	assert_int_equal(info.blocks_in[KVT_TIER_NVME], 1);
+	b = seq_with(e, 2, 4); /* dirty in the only HBM slot */
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	rc = tsup_append_write(e, a, 1, 2, 1);
+	assert_true(rc == 0 || rc == -ENOSPC);
+	check_engine(e);
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	if (rc)
+		assert_int_equal(tsup_append_write(e, a, 1, 2, 1), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Invariant 3 at the unit level: which copies may reclaim pick. */
+static void
+test_inv3_copy_evictable_rules(void **state)
+{
+	struct kvt_block b;
+
+	(void)state;
+	memset(&b, 0, sizeof b);
+	b.live = 1;
+	b.ver = 1;
+	b.state[KVT_TIER_HBM] = b.state[KVT_TIER_HOST] = KVT_COPY_PRESENT;
+	b.copy_ver[KVT_TIER_HBM] = b.copy_ver[KVT_TIER_HOST] = 1;
+	assert_true(kvt_copy_evictable(&b, KVT_TIER_HBM));
+	b.busy = 1; /* a transfer in flight: never */
+	assert_false(kvt_copy_evictable(&b, KVT_TIER_HBM));
+	assert_false(kvt_copy_evictable(&b, KVT_TIER_HOST));
+	b.busy = 0;
+	b.pins = 1; /* pinned: never its HBM copy; its clean HOST duplicate may go */
+	assert_false(kvt_copy_evictable(&b, KVT_TIER_HBM));
+	assert_true(kvt_copy_evictable(&b, KVT_TIER_HOST));
+	b.state[KVT_TIER_HBM] = KVT_COPY_INFLIGHT; /* ... but not before HBM holds it */
+	assert_false(kvt_copy_evictable(&b, KVT_TIER_HOST));
+	b.pins = 0;
+	b.dead = 1;
+	assert_false(kvt_copy_evictable(&b, KVT_TIER_HOST));
+}
+
 static int fault_write_res;
 
 static void
@@ -534,6 +601,8 @@ main(void)
 		cmocka_unit_test(test_scenario_a_copy_after_queued_write),
 		cmocka_unit_test(test_scenario_b_reader_keeps_slot),
 		cmocka_unit_test(test_scenario_c_lookup_pins),
+		cmocka_unit_test(test_scenario_c_append_lookup),
+		cmocka_unit_test(test_inv3_copy_evictable_rules),
 		cmocka_unit_test(test_scenario_d_failed_nvme_write),
 		cmocka_unit_test(test_close_with_transfers_in_flight),
 	};

@@ -11,6 +11,10 @@
  *
  * Every function returns 0 or a negative code (KVT_EDEVICE with the backend's message in
  * d->errmsg); none aborts. Thread-safety: all entries may be called from any thread.
+ * d->errmsg and d->last_error are written (under a backend lock) by whichever thread fails last;
+ * read them only where no other thread can fail meanwhile. The per-thread, always-safe source is
+ * kvt_last_error_message(), which every failure also sets. -EAGAIN from event_query is a state,
+ * not a failure, and sets no message.
  */
 #ifndef KVT_TRANSFER_DEVICE_H
 #define KVT_TRANSFER_DEVICE_H
@@ -54,7 +58,11 @@ struct kvt_device_ops {
 	int (*stream_create)(struct kvt_device *d, struct kvt_stream **out);
 	void (*stream_destroy)(struct kvt_device *d, struct kvt_stream *s); /* syncs first */
 	/* queue n copies on s as one operation (cudaMemcpyBatchAsync or a gather kernel on CUDA;
-	 * never one call per copy). The copies run after everything queued earlier on s. */
+	 * never one call per copy). The copies run after everything queued earlier on s; their
+	 * order within the batch is unspecified (no copy may depend on another of the batch).
+	 * v is read during the call only (the caller may reuse it at once); the memory it points
+	 * to must stay valid and untouched until the copies complete (stream_sync or an event).
+	 * n == 0 and len == 0 entries are allowed and do nothing. */
 	int (*copy_batch_async)(struct kvt_device *d, struct kvt_stream *s, const struct kvt_copy *v,
 				uint32_t n);
 	int (*stream_sync)(struct kvt_device *d, struct kvt_stream *s);
@@ -84,12 +92,38 @@ struct kvt_emu_opts {
 	uint64_t copy_bytes_per_s; /* bandwidth limit of copies (sleep len/bw); 0 = unlimited */
 };
 
-/** Create the emulated device. Returns 0, -ENOMEM. */
+/**
+ * Create the emulated device.
+ * @o:   knobs, copied; NULL = no delay, seed 1, unlimited bandwidth.
+ * @out: receives the device; NULL on failure. Destroy with kvt_device_destroy(), which drains
+ *       every stream still alive and frees every stream, event, mem_alloc block and host_alloc
+ *       mapping still alive.
+ * caps: async, device_mem_is_host, pinned_host = whether a probe mlock() of one page succeeded
+ * at create time (host_alloc's *pinned is the answer for each allocation).
+ * Semantics (see device_emu.c): each stream is a worker thread running its queue in order; copy
+ * batches are copied at submit and executed later on that thread; an event refers to its latest
+ * record, stream_wait_event to the record that was latest when it was called.
+ * Returns 0, -EINVAL (out NULL), -ENOMEM.
+ */
 int kvt_device_emu_create(const struct kvt_emu_opts *o, struct kvt_device **out);
 
 /**
+ * Test knob of the emulated device: while @hold is true, @s's worker starts no further operation
+ * (the one running, if any, finishes). Lets tests keep work "in flight" deterministically.
+ * stream_sync/event_sync/stream_destroy on work behind a hold (on s, or on a stream that waits
+ * for an event recorded on s) block until it is released; stream_destroy(s) releases s's own
+ * hold, and destroy releases every hold before draining. Thread-safe.
+ * Returns 0, -EINVAL (s NULL), KVT_ENOTSUP (@d is not the emulated device).
+ */
+int kvt_device_emu_stream_hold(struct kvt_device *d, struct kvt_stream *s, bool hold);
+
+/**
  * Create the CUDA device on @ordinal. Returns 0; KVT_ENOTSUP in builds without CUDA;
- * KVT_EDEVICE when no usable GPU is present (message in kvt_last_error_message()).
+ * KVT_EDEVICE when no usable GPU is present (message "no CUDA device: ..." in
+ * kvt_last_error_message()) or its context cannot be created; -EINVAL for an ordinal out of
+ * range. *out is NULL on failure. caps: async, pinned_host; device memory is not host memory.
+ * destroy waits for the device (cudaDeviceSynchronize) but frees only d: streams, events and
+ * memory are the caller's to free first.
  */
 int kvt_device_cuda_create(int ordinal, struct kvt_device **out);
 

@@ -25,6 +25,7 @@ struct tsup_cfg {
 	uint32_t nvme_blocks;  /* NVME capacity in slots (0 = none) */
 	uint32_t delay_us;     /* emulated device delay knob */
 	uint64_t bandwidth;    /* emulated copy bytes/s (0 = unlimited) */
+	bool no_watermarks;    /* high = low = 1.0: no background demotion after release */
 };
 
 /* A temp dir under KVT_TEST_TMP or /tmp; removed (with its files) by tsup_rmdir. */

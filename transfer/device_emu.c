@@ -1,0 +1,815 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * transfer/device_emu.c - the emulated device: host memory and worker threads standing in for a
+ * GPU, faithful to CUDA's asynchrony so that a missing wait in the engine shows up as wrong bytes
+ * (and as a race under TSan) on machines without a GPU.
+ *
+ * Model:
+ *   - "Device memory" is page-aligned heap memory; the CPU may dereference it
+ *     (caps.device_mem_is_host), which only tests and the reference kernels should do.
+ *   - A stream is a worker thread draining an in-order FIFO of operations: a copy batch, an
+ *     event record, a wait for an event record. Before each operation the worker sleeps a random
+ *     0..max_delay_us (per-stream RNG), so work on different streams completes late and in any
+ *     relative order, while one stream stays strictly in order. Each copy of a batch first
+ *     sleeps len / copy_bytes_per_s (simulated link time), then moves its bytes.
+ *   - An event points at its latest record (struct emu_rec). A record is done when its stream's
+ *     worker reaches it. query/sync look at the latest record; stream_wait_event captures the
+ *     latest record at call time, so a later re-record of the event does not release a wait
+ *     already queued (as in CUDA). A never-recorded event counts as complete.
+ *
+ * Locking: emu_dev.lock protects the lists of live objects; emu_dev.ev_lock protects every
+ * event's latest pointer and every record (refs, done), and ev_cond is broadcast when a record
+ * completes; emu_stream.lock protects that stream's queue and counters. Lock order: emu_dev.lock
+ * before ev_lock or a stream's lock (only destroy nests them); ev_lock and a stream's lock are
+ * never held together.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "transfer/device.h"
+
+#define EMU_ALIGN 4096u /* alignment of mem_alloc blocks (and the size of their header) */
+
+/* Intrusive circular doubly-linked list with a sentinel. */
+struct emu_link {
+	struct emu_link *prev; /* previous element or the sentinel */
+	struct emu_link *next; /* next element or the sentinel */
+};
+
+enum emu_op_kind {
+	EMU_OP_COPY = 0,   /* run v[0..n) memcpy's, then sleep for the simulated link time */
+	EMU_OP_RECORD = 1, /* mark rec done */
+	EMU_OP_WAIT = 2,   /* block this stream until rec is done */
+};
+
+/*
+ * One record of an event. References (under emu_dev.ev_lock): the event while this is its
+ * latest record, the RECORD op that completes it, each queued WAIT op and each event_sync caller.
+ */
+struct emu_rec {
+	uint64_t gen;  /* the event's record count when this record was made (1, 2, ...) */
+	uint32_t refs; /* references, see above; freed at 0 */
+	bool done;     /* the recording stream has passed this record */
+};
+
+struct emu_op {
+	struct emu_op *next;   /* FIFO link */
+	enum emu_op_kind kind; /* what to do */
+	struct emu_rec *rec;   /* RECORD: record to complete; WAIT: record to wait for */
+	size_t total;          /* COPY: sum of the lengths, bytes */
+	uint32_t n;            /* COPY: number of copies in v */
+	struct kvt_copy v[];   /* COPY: the caller's descriptors, copied at submit */
+};
+
+struct emu_dev;
+
+struct emu_stream {
+	struct emu_link link;  /* in emu_dev.streams; first member */
+	struct emu_dev *dev;   /* owning device */
+	pthread_t thread;      /* the worker */
+	pthread_mutex_t lock;  /* protects head..stop */
+	pthread_cond_t cond;   /* broadcast on push, on each op finished, on hold/stop change */
+	struct emu_op *head;   /* next op to run; NULL when empty */
+	struct emu_op *tail;   /* last queued op */
+	uint64_t queued;       /* ops ever queued */
+	uint64_t executed;     /* ops ever finished */
+	bool hold;             /* test knob: start no further op (kvt_device_emu_stream_hold) */
+	bool stop;             /* drain the queue, then exit */
+	uint32_t id;           /* 0, 1, ... in creation order on the device */
+	uint64_t rng;          /* splitmix64 state of the delays; used by the worker only */
+};
+
+struct emu_event {
+	struct emu_link link;   /* in emu_dev.events; first member */
+	struct emu_rec *latest; /* latest record, NULL if never recorded; under ev_lock */
+	uint64_t records;       /* records so far; under ev_lock */
+};
+
+struct emu_mem {
+	struct emu_link link; /* in emu_dev.mems; first member; lives EMU_ALIGN before the block */
+	size_t len;           /* user length in bytes */
+};
+
+struct emu_map {
+	struct emu_link link; /* in emu_dev.maps; first member */
+	void *p;              /* mmap'ed address */
+	size_t len;           /* mapped length in bytes */
+	bool locked;          /* mlock succeeded */
+};
+
+struct emu_dev {
+	struct kvt_device dev;     /* the public part; first member, so d == &emu->dev */
+	struct kvt_emu_opts opts;  /* knobs, copied at create */
+	pthread_mutex_t lock;      /* protects the four lists and next_stream_id */
+	struct emu_link streams;   /* live streams */
+	struct emu_link events;    /* live events */
+	struct emu_link mems;      /* live mem_alloc blocks */
+	struct emu_link maps;      /* live host_alloc mappings */
+	uint32_t next_stream_id;   /* id of the next stream created */
+	pthread_mutex_t ev_lock;   /* protects emu_event.latest/records and every emu_rec */
+	pthread_cond_t ev_cond;    /* broadcast whenever a record becomes done */
+};
+
+static const struct kvt_device_ops emu_ops;
+
+/* ------------------------------------------------------------------------------------------ */
+/* small helpers                                                                                */
+
+static void
+emu_list_init(struct emu_link *h)
+{
+	h->prev = h;
+	h->next = h;
+}
+
+static void
+emu_list_add(struct emu_link *h, struct emu_link *e)
+{
+	e->next = h->next;
+	e->prev = h;
+	h->next->prev = e;
+	h->next = e;
+}
+
+static void
+emu_list_del(struct emu_link *e)
+{
+	e->prev->next = e->next;
+	e->next->prev = e->prev;
+	e->prev = e;
+	e->next = e;
+}
+
+static struct emu_dev *
+emu_dev_of(struct kvt_device *d)
+{
+	return (struct emu_dev *)d;
+}
+
+static uint64_t
+emu_mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* splitmix64: next pseudo-random value of *state. */
+static uint64_t
+emu_rng_next(uint64_t *state)
+{
+	*state += 0x9e3779b97f4a7c15ull;
+	return emu_mix64(*state);
+}
+
+static void
+emu_sleep_ns(uint64_t ns)
+{
+	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000u),
+			       .tv_nsec = (long)(ns % 1000000000u) };
+
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+/* mlock() through the system call: ASan's interceptor turns mlock() into a no-op that reports
+ * success, which would make *pinned lie in sanitizer builds. */
+static bool
+emu_mlock(void *p, size_t len)
+{
+	return syscall(SYS_mlock, p, len) == 0;
+}
+
+/* Drop one reference of r (NULL ok). Caller holds ev_lock. */
+static void
+emu_rec_put_locked(struct emu_rec *r)
+{
+	if (r && --r->refs == 0)
+		free(r);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* memory                                                                                       */
+
+static int
+emu_mem_alloc(struct kvt_device *d, size_t len, void **out)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_mem *m;
+	void *raw = NULL;
+
+	if (out != NULL)
+		*out = NULL;
+	if (out == NULL || len == 0)
+		return kvt_err(-EINVAL, "emulated mem_alloc: len %zu, out %p", len, (void *)out);
+	if (len > SIZE_MAX - EMU_ALIGN || posix_memalign(&raw, EMU_ALIGN, EMU_ALIGN + len) != 0)
+		return kvt_err(-ENOMEM, "emulated mem_alloc: cannot allocate %zu bytes", len);
+	m = raw;
+	m->len = len;
+	pthread_mutex_lock(&emu->lock);
+	emu_list_add(&emu->mems, &m->link);
+	pthread_mutex_unlock(&emu->lock);
+	*out = (char *)raw + EMU_ALIGN;
+	return 0;
+}
+
+static void
+emu_mem_free(struct kvt_device *d, void *p)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_mem *m;
+
+	if (p == NULL)
+		return;
+	m = (struct emu_mem *)(void *)((char *)p - EMU_ALIGN);
+	pthread_mutex_lock(&emu->lock);
+	emu_list_del(&m->link);
+	pthread_mutex_unlock(&emu->lock);
+	free(m);
+}
+
+static int
+emu_host_alloc(struct kvt_device *d, size_t len, void **out, bool *pinned)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_map *m;
+	char ebuf[64];
+	void *p;
+
+	if (out != NULL)
+		*out = NULL;
+	if (pinned != NULL)
+		*pinned = false;
+	if (out == NULL || pinned == NULL || len == 0)
+		return kvt_err(-EINVAL, "emulated host_alloc: len %zu, out %p, pinned %p", len,
+			       (void *)out, (void *)pinned);
+	m = calloc(1, sizeof *m);
+	if (m == NULL)
+		return kvt_err(-ENOMEM, "emulated host_alloc: no memory for the mapping record");
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		int e = errno;
+
+		free(m);
+		return kvt_err(-ENOMEM, "emulated host_alloc: mmap %zu bytes: %s", len,
+			       strerror_r(e, ebuf, sizeof ebuf));
+	}
+	/* mlock fails with EPERM/ENOMEM/EAGAIN under RLIMIT_MEMLOCK without CAP_IPC_LOCK: keep the
+	 * mapping unlocked and say so; the caller decides whether to warn. */
+	m->locked = emu_mlock(p, len);
+	m->p = p;
+	m->len = len;
+	pthread_mutex_lock(&emu->lock);
+	emu_list_add(&emu->maps, &m->link);
+	pthread_mutex_unlock(&emu->lock);
+	*out = p;
+	*pinned = m->locked;
+	return 0;
+}
+
+static void
+emu_host_free(struct kvt_device *d, void *p, size_t len)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_map *m = NULL;
+	struct emu_link *l;
+
+	if (p == NULL)
+		return;
+	pthread_mutex_lock(&emu->lock);
+	for (l = emu->maps.next; l != &emu->maps; l = l->next) {
+		if (((struct emu_map *)l)->p == p) {
+			m = (struct emu_map *)l;
+			emu_list_del(l);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&emu->lock);
+	if (m != NULL)
+		len = m->len; /* the recorded length wins over the caller's */
+	munmap(p, len); /* also unlocks */
+	free(m);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* stream worker                                                                                */
+
+static void
+emu_op_run(struct emu_dev *emu, struct emu_op *op)
+{
+	uint32_t i;
+
+	switch (op->kind) {
+	case EMU_OP_COPY:
+		/* link time first, bytes at its end: the source must stay intact and the
+		 * destination stays old for the whole transfer, as on a real DMA engine, so
+		 * reusing either too early shows up as wrong bytes */
+		for (i = 0; i < op->n; i++) {
+			if (op->v[i].len == 0)
+				continue;
+			if (emu->opts.copy_bytes_per_s != 0)
+				emu_sleep_ns((uint64_t)((double)op->v[i].len * 1e9 /
+							(double)emu->opts.copy_bytes_per_s));
+			memcpy(op->v[i].dst, op->v[i].src, op->v[i].len);
+		}
+		break;
+	case EMU_OP_RECORD:
+		pthread_mutex_lock(&emu->ev_lock);
+		op->rec->done = true;
+		emu_rec_put_locked(op->rec);
+		pthread_cond_broadcast(&emu->ev_cond);
+		pthread_mutex_unlock(&emu->ev_lock);
+		break;
+	case EMU_OP_WAIT:
+		pthread_mutex_lock(&emu->ev_lock);
+		while (!op->rec->done)
+			pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
+		emu_rec_put_locked(op->rec);
+		pthread_mutex_unlock(&emu->ev_lock);
+		break;
+	}
+}
+
+static void *
+emu_stream_main(void *arg)
+{
+	struct emu_stream *s = arg;
+	uint32_t max_delay = s->dev->opts.max_delay_us;
+	struct emu_op *op;
+
+	for (;;) {
+		pthread_mutex_lock(&s->lock);
+		while ((s->head == NULL || s->hold) && !s->stop)
+			pthread_cond_wait(&s->cond, &s->lock);
+		op = s->head;
+		if (op == NULL) { /* stopped and drained */
+			pthread_mutex_unlock(&s->lock);
+			break;
+		}
+		s->head = op->next;
+		if (s->head == NULL)
+			s->tail = NULL;
+		pthread_mutex_unlock(&s->lock);
+
+		if (max_delay != 0)
+			emu_sleep_ns(emu_rng_next(&s->rng) % ((uint64_t)max_delay + 1) * 1000u);
+		emu_op_run(s->dev, op);
+		free(op);
+
+		pthread_mutex_lock(&s->lock);
+		s->executed++;
+		pthread_cond_broadcast(&s->cond);
+		pthread_mutex_unlock(&s->lock);
+	}
+	return NULL;
+}
+
+static void
+emu_stream_push(struct emu_stream *s, struct emu_op *op)
+{
+	op->next = NULL;
+	pthread_mutex_lock(&s->lock);
+	if (s->tail != NULL)
+		s->tail->next = op;
+	else
+		s->head = op;
+	s->tail = op;
+	s->queued++;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* Clear s's hold (test knob) so that it drains. */
+static void
+emu_stream_release(struct emu_stream *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->hold = false;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* Drain, stop and join the worker, free s. s is no longer on the device's list. */
+static void
+emu_stream_free(struct emu_stream *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->hold = false; /* a held stream would never drain */
+	s->stop = true;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	pthread_join(s->thread, NULL);
+	pthread_cond_destroy(&s->cond);
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* streams                                                                                      */
+
+static int
+emu_stream_start(struct emu_stream *s)
+{
+	sigset_t all, old;
+	char name[16];
+	int rc;
+
+	/* the worker must never run the host's signal handlers */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	rc = pthread_create(&s->thread, NULL, emu_stream_main, s);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rc != 0)
+		return rc;
+	snprintf(name, sizeof name, "kvt-emu-s%u", s->id % 100000u);
+	pthread_setname_np(s->thread, name);
+	return 0;
+}
+
+static int
+emu_stream_create(struct kvt_device *d, struct kvt_stream **out)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_stream *s;
+	int rc;
+
+	if (out == NULL)
+		return kvt_err(-EINVAL, "emulated stream_create: out is NULL");
+	*out = NULL;
+	s = calloc(1, sizeof *s);
+	if (s == NULL)
+		return kvt_err(-ENOMEM, "emulated stream_create: no memory");
+	s->dev = emu;
+	emu_list_init(&s->link);
+	if (pthread_mutex_init(&s->lock, NULL) != 0) {
+		free(s);
+		return kvt_err(-ENOMEM, "emulated stream_create: pthread_mutex_init failed");
+	}
+	if (pthread_cond_init(&s->cond, NULL) != 0) {
+		pthread_mutex_destroy(&s->lock);
+		free(s);
+		return kvt_err(-ENOMEM, "emulated stream_create: pthread_cond_init failed");
+	}
+	pthread_mutex_lock(&emu->lock);
+	s->id = emu->next_stream_id++;
+	pthread_mutex_unlock(&emu->lock);
+	s->rng = emu_mix64(emu->opts.seed ^ emu_mix64((uint64_t)s->id + 1));
+	rc = emu_stream_start(s);
+	if (rc != 0) {
+		pthread_cond_destroy(&s->cond);
+		pthread_mutex_destroy(&s->lock);
+		free(s);
+		return kvt_err(-EAGAIN, "emulated stream_create: pthread_create: error %d", rc);
+	}
+	pthread_mutex_lock(&emu->lock);
+	emu_list_add(&emu->streams, &s->link);
+	pthread_mutex_unlock(&emu->lock);
+	*out = (struct kvt_stream *)(void *)s;
+	return 0;
+}
+
+static void
+emu_stream_destroy(struct kvt_device *d, struct kvt_stream *stream)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_stream *s = (struct emu_stream *)(void *)stream;
+
+	if (s == NULL)
+		return;
+	pthread_mutex_lock(&emu->lock);
+	emu_list_del(&s->link);
+	pthread_mutex_unlock(&emu->lock);
+	emu_stream_free(s);
+}
+
+static int
+emu_copy_batch_async(struct kvt_device *d, struct kvt_stream *stream, const struct kvt_copy *v,
+		     uint32_t n)
+{
+	struct emu_stream *s = (struct emu_stream *)(void *)stream;
+	struct emu_op *op;
+	uint32_t i;
+
+	(void)d;
+	if (s == NULL || (v == NULL && n != 0))
+		return kvt_err(-EINVAL, "emulated copy_batch_async: stream %p, v %p, n %u",
+			       (void *)s, (const void *)v, n);
+	if (n == 0)
+		return 0;
+	for (i = 0; i < n; i++)
+		if (v[i].len != 0 && (v[i].dst == NULL || v[i].src == NULL))
+			return kvt_err(-EINVAL, "emulated copy_batch_async: copy %u of %u has a "
+				       "NULL address (len %zu)", i, n, v[i].len);
+	op = malloc(sizeof *op + (size_t)n * sizeof op->v[0]);
+	if (op == NULL)
+		return kvt_err(-ENOMEM, "emulated copy_batch_async: no memory for %u copies", n);
+	op->kind = EMU_OP_COPY;
+	op->rec = NULL;
+	op->n = n;
+	op->total = 0;
+	memcpy(op->v, v, (size_t)n * sizeof op->v[0]);
+	for (i = 0; i < n; i++)
+		op->total += v[i].len;
+	emu_stream_push(s, op);
+	return 0;
+}
+
+static int
+emu_stream_sync(struct kvt_device *d, struct kvt_stream *stream)
+{
+	struct emu_stream *s = (struct emu_stream *)(void *)stream;
+	uint64_t target;
+
+	(void)d;
+	if (s == NULL)
+		return kvt_err(-EINVAL, "emulated stream_sync: stream is NULL");
+	pthread_mutex_lock(&s->lock);
+	target = s->queued;
+	while (s->executed < target)
+		pthread_cond_wait(&s->cond, &s->lock);
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* events                                                                                       */
+
+static int
+emu_event_create(struct kvt_device *d, struct kvt_event **out)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_event *e;
+
+	if (out == NULL)
+		return kvt_err(-EINVAL, "emulated event_create: out is NULL");
+	*out = NULL;
+	e = calloc(1, sizeof *e);
+	if (e == NULL)
+		return kvt_err(-ENOMEM, "emulated event_create: no memory");
+	pthread_mutex_lock(&emu->lock);
+	emu_list_add(&emu->events, &e->link);
+	pthread_mutex_unlock(&emu->lock);
+	*out = (struct kvt_event *)(void *)e;
+	return 0;
+}
+
+static void
+emu_event_destroy(struct kvt_device *d, struct kvt_event *event)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_event *e = (struct emu_event *)(void *)event;
+
+	if (e == NULL)
+		return;
+	pthread_mutex_lock(&emu->lock);
+	emu_list_del(&e->link);
+	pthread_mutex_unlock(&emu->lock);
+	/* queued RECORD/WAIT ops hold their own references to the record, so destroying an event
+	 * with work in flight is safe (as cudaEventDestroy is) */
+	pthread_mutex_lock(&emu->ev_lock);
+	emu_rec_put_locked(e->latest);
+	pthread_mutex_unlock(&emu->ev_lock);
+	free(e);
+}
+
+static int
+emu_event_record(struct kvt_device *d, struct kvt_event *event, struct kvt_stream *stream)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_event *e = (struct emu_event *)(void *)event;
+	struct emu_stream *s = (struct emu_stream *)(void *)stream;
+	struct emu_rec *r;
+	struct emu_op *op;
+
+	if (e == NULL || s == NULL)
+		return kvt_err(-EINVAL, "emulated event_record: event %p, stream %p", (void *)e,
+			       (void *)s);
+	op = calloc(1, sizeof *op);
+	r = calloc(1, sizeof *r);
+	if (op == NULL || r == NULL) {
+		free(op);
+		free(r);
+		return kvt_err(-ENOMEM, "emulated event_record: no memory");
+	}
+	pthread_mutex_lock(&emu->ev_lock);
+	r->gen = ++e->records;
+	r->refs = 2; /* the event (latest) and the RECORD op */
+	emu_rec_put_locked(e->latest);
+	e->latest = r;
+	pthread_mutex_unlock(&emu->ev_lock);
+	op->kind = EMU_OP_RECORD;
+	op->rec = r;
+	emu_stream_push(s, op);
+	return 0;
+}
+
+static int
+emu_event_query(struct kvt_device *d, struct kvt_event *event)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_event *e = (struct emu_event *)(void *)event;
+	bool done;
+
+	if (e == NULL)
+		return kvt_err(-EINVAL, "emulated event_query: event is NULL");
+	pthread_mutex_lock(&emu->ev_lock);
+	done = e->latest == NULL || e->latest->done;
+	pthread_mutex_unlock(&emu->ev_lock);
+	return done ? 0 : -EAGAIN; /* -EAGAIN is a state, not a failure: no message */
+}
+
+static int
+emu_event_sync(struct kvt_device *d, struct kvt_event *event)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_event *e = (struct emu_event *)(void *)event;
+	struct emu_rec *r;
+
+	if (e == NULL)
+		return kvt_err(-EINVAL, "emulated event_sync: event is NULL");
+	pthread_mutex_lock(&emu->ev_lock);
+	r = e->latest;
+	if (r != NULL) {
+		r->refs++; /* a concurrent re-record or destroy must not free it under us */
+		while (!r->done)
+			pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
+		emu_rec_put_locked(r);
+	}
+	pthread_mutex_unlock(&emu->ev_lock);
+	return 0;
+}
+
+static int
+emu_stream_wait_event(struct kvt_device *d, struct kvt_stream *stream, struct kvt_event *event)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_event *e = (struct emu_event *)(void *)event;
+	struct emu_stream *s = (struct emu_stream *)(void *)stream;
+	struct emu_rec *r;
+	struct emu_op *op;
+
+	if (e == NULL || s == NULL)
+		return kvt_err(-EINVAL, "emulated stream_wait_event: stream %p, event %p",
+			       (void *)s, (void *)e);
+	op = calloc(1, sizeof *op);
+	if (op == NULL)
+		return kvt_err(-ENOMEM, "emulated stream_wait_event: no memory");
+	pthread_mutex_lock(&emu->ev_lock);
+	r = e->latest;
+	if (r == NULL || r->done) { /* nothing to wait for */
+		pthread_mutex_unlock(&emu->ev_lock);
+		free(op);
+		return 0;
+	}
+	r->refs++;
+	pthread_mutex_unlock(&emu->ev_lock);
+	op->kind = EMU_OP_WAIT;
+	op->rec = r;
+	emu_stream_push(s, op);
+	return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* device                                                                                       */
+
+static void
+emu_destroy(struct kvt_device *d)
+{
+	struct emu_dev *emu = emu_dev_of(d);
+	struct emu_link *l;
+
+	/* streams first: they drain their queues, which completes every record. Release every
+	 * hold before draining any stream, since a stream may wait for a record on a held one. */
+	pthread_mutex_lock(&emu->lock);
+	for (l = emu->streams.next; l != &emu->streams; l = l->next)
+		emu_stream_release((struct emu_stream *)l);
+	while ((l = emu->streams.next) != &emu->streams) {
+		emu_list_del(l);
+		pthread_mutex_unlock(&emu->lock);
+		emu_stream_free((struct emu_stream *)l);
+		pthread_mutex_lock(&emu->lock);
+	}
+	while ((l = emu->events.next) != &emu->events) {
+		emu_list_del(l);
+		pthread_mutex_lock(&emu->ev_lock);
+		emu_rec_put_locked(((struct emu_event *)l)->latest);
+		pthread_mutex_unlock(&emu->ev_lock);
+		free(l);
+	}
+	while ((l = emu->mems.next) != &emu->mems) {
+		emu_list_del(l);
+		free(l);
+	}
+	while ((l = emu->maps.next) != &emu->maps) {
+		emu_list_del(l);
+		munmap(((struct emu_map *)l)->p, ((struct emu_map *)l)->len);
+		free(l);
+	}
+	pthread_mutex_unlock(&emu->lock);
+	pthread_cond_destroy(&emu->ev_cond);
+	pthread_mutex_destroy(&emu->ev_lock);
+	pthread_mutex_destroy(&emu->lock);
+	free(emu);
+}
+
+/* Whether this process may lock memory now (caps.pinned_host): try one page. */
+static bool
+emu_probe_mlock(void)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	void *p = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	bool ok;
+
+	if (p == MAP_FAILED)
+		return false;
+	ok = emu_mlock(p, pg);
+	munmap(p, pg);
+	return ok;
+}
+
+int
+kvt_device_emu_create(const struct kvt_emu_opts *o, struct kvt_device **out)
+{
+	struct emu_dev *emu;
+
+	if (out == NULL)
+		return kvt_err(-EINVAL, "kvt_device_emu_create: out is NULL");
+	*out = NULL;
+	emu = calloc(1, sizeof *emu);
+	if (emu == NULL)
+		return kvt_err(-ENOMEM, "kvt_device_emu_create: no memory");
+	if (o != NULL)
+		emu->opts = *o;
+	else
+		emu->opts.seed = 1;
+	if (pthread_mutex_init(&emu->lock, NULL) != 0)
+		goto fail_lock;
+	if (pthread_mutex_init(&emu->ev_lock, NULL) != 0)
+		goto fail_ev_lock;
+	if (pthread_cond_init(&emu->ev_cond, NULL) != 0)
+		goto fail_ev_cond;
+	emu_list_init(&emu->streams);
+	emu_list_init(&emu->events);
+	emu_list_init(&emu->mems);
+	emu_list_init(&emu->maps);
+	emu->dev.ops = &emu_ops;
+	emu->dev.ctx = emu;
+	emu->dev.caps.async = true;
+	emu->dev.caps.device_mem_is_host = true;
+	emu->dev.caps.pinned_host = emu_probe_mlock();
+	*out = &emu->dev;
+	return 0;
+
+fail_ev_cond:
+	pthread_mutex_destroy(&emu->ev_lock);
+fail_ev_lock:
+	pthread_mutex_destroy(&emu->lock);
+fail_lock:
+	free(emu);
+	return kvt_err(-ENOMEM, "kvt_device_emu_create: cannot initialise locks");
+}
+
+int
+kvt_device_emu_stream_hold(struct kvt_device *d, struct kvt_stream *stream, bool hold)
+{
+	struct emu_stream *s = (struct emu_stream *)(void *)stream;
+
+	if (d == NULL || d->ops != &emu_ops)
+		return kvt_err(KVT_ENOTSUP, "stream hold: only the emulated device has it");
+	if (s == NULL)
+		return kvt_err(-EINVAL, "stream hold: stream is NULL");
+	pthread_mutex_lock(&s->lock);
+	s->hold = hold;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+static const struct kvt_device_ops emu_ops = {
+	.abi_version = KVT_DEVICE_OPS_V1,
+	.name = "emulated",
+	.destroy = emu_destroy,
+	.mem_alloc = emu_mem_alloc,
+	.mem_free = emu_mem_free,
+	.host_alloc = emu_host_alloc,
+	.host_free = emu_host_free,
+	.stream_create = emu_stream_create,
+	.stream_destroy = emu_stream_destroy,
+	.copy_batch_async = emu_copy_batch_async,
+	.stream_sync = emu_stream_sync,
+	.event_create = emu_event_create,
+	.event_destroy = emu_event_destroy,
+	.event_record = emu_event_record,
+	.event_query = emu_event_query,
+	.event_sync = emu_event_sync,
+	.stream_wait_event = emu_stream_wait_event,
+};
