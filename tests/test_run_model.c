@@ -601,7 +601,7 @@ run_builtin(struct kvtr_run_result *r, int reference, uint32_t hbm_blocks, uint3
 	o.reference = reference;
 	o.tokens_per_block = 8;
 	o.hbm_bytes = (uint64_t)hbm_blocks * 8 * 1280;
-	o.host_bytes = hbm_blocks ? 8 * 8 * 1280 : 0;
+	o.host_bytes = hbm_blocks ? 4 * 8 * 1280 : 0;
 	o.nvme_dir = tmp_dir;
 	o.emu_delay_us = 20;
 	rc = kvtr_run(&o, r);
