@@ -243,24 +243,71 @@ batch_run_group(struct run_ctx *c, struct run_sess **g, uint32_t n)
 	return 0;
 }
 
-/* A single session that fits but was refused (-ENOSPC: transfers still in flight): wait for
- * the engine to settle and try once more. */
+/*
+ * Memory pressure, as a server meets it: park (swap out) every other session that holds no
+ * pins, so that their blocks leave HBM and the HOST staging slots, and wait for the copies.
+ * They come back when their own group is prepared.
+ */
 static int
-batch_retry_single(struct run_ctx *c, struct run_sess *s)
+batch_preempt_others(struct run_ctx *c, const struct run_sess *keep)
 {
-	int rc = kvt_engine_drain(c->e);
+	int rc;
 
+	for (uint32_t i = 0; i < c->o->sessions; i++) {
+		struct run_sess *q = &c->ss[i];
+
+		if (q == keep || q->appended || !q->id)
+			continue;
+		/* a park that finds no room below now may find it once queued copies land */
+		for (int attempt = 0; attempt < 4; attempt++) {
+			rc = kvt_seq_park(c->e, q->id, c->park_tier);
+			if (rc != -ENOSPC)
+				break;
+			rc = kvt_engine_drain(c->e);
+			if (rc)
+				return kvtr_err_kvt(rc, "kvt_engine_drain");
+			rc = -ENOSPC;
+		}
+		if (rc == 0)
+			c->r->preemptions++;
+		else if (rc != -ENOSPC && rc != KVT_EBUSY)
+			return kvtr_err_kvt(rc, "kvt_seq_park (preempting)");
+	}
+	rc = kvt_engine_drain(c->e);
+	return rc ? kvtr_err_kvt(rc, "kvt_engine_drain") : 0;
+}
+
+/*
+ * A group whose blocks fit in HBM but was refused (-ENOSPC / KVT_ETOOBIG): let the transfers in
+ * flight finish and retry; then preempt the other sessions and retry. Returns the last answer
+ * (a no-fit code when the group must be split).
+ */
+static int
+batch_run_group_hard(struct run_ctx *c, struct run_sess **g, uint32_t n)
+{
+	int rc = batch_run_group(c, g, n);
+
+	if (!run_nofit(rc))
+		return rc;
+	rc = kvt_engine_drain(c->e);
 	if (rc)
 		return kvtr_err_kvt(rc, "kvt_engine_drain");
-	rc = batch_run_group(c, &s, 1);
-	if (run_nofit(rc)) {
-		char why[512];
+	rc = batch_run_group(c, g, n);
+	if (!run_nofit(rc))
+		return rc;
+	rc = batch_preempt_others(c, g[0]);
+	return rc ? rc : batch_run_group(c, g, n);
+}
 
-		snprintf(why, sizeof(why), "%s", kvtr_last_error());
-		return kvtr_err(rc, "cannot place session %u's %u blocks in HBM (%u slots): %s",
-				s->idx + 1, run_blocks(c, s->n_kv + 1), c->geo.hbm_slots, why);
-	}
-	return rc;
+static int
+batch_fail_single(struct run_ctx *c, struct run_sess *s, int rc)
+{
+	char why[512];
+
+	snprintf(why, sizeof(why), "%s", kvtr_last_error());
+	return kvtr_err(rc, "cannot place session %u's %u blocks in HBM (%u slots, %u HOST "
+			"slots): %s", s->idx + 1, run_blocks(c, s->n_kv + 1), c->geo.hbm_slots,
+			c->geo.host_slots, why);
 }
 
 int
@@ -291,14 +338,14 @@ run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 			i++;
 			continue;
 		}
-		rc = batch_run_group(c, act + i, cnt);
+		rc = batch_run_group_hard(c, act + i, cnt);
 		if (run_nofit(rc)) {
 			c->r->group_splits++;
 			if (cnt > 1) {
 				maxg = cnt / 2;
 				continue;
 			}
-			rc = batch_retry_single(c, act[i]);
+			rc = batch_fail_single(c, act[i], rc);
 		}
 		if (rc)
 			return rc;

@@ -98,6 +98,7 @@ struct kvtr_run_result {
 	                                 or failed prepare (window walk) */
 	uint64_t parks;               /* kvt_seq_park calls that succeeded */
 	uint64_t park_nospc;          /* parks refused with -ENOSPC (blocks stayed) */
+	uint64_t preemptions;         /* sessions parked to make room for another's batch */
 	uint64_t kv_tokens;           /* positions with K/V held at the end, all sessions */
 	uint64_t kv_blocks;           /* blocks of tokens_per_block they take, all sessions */
 	double elapsed_s;             /* wall time of the decode loop */

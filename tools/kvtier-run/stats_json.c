@@ -4,7 +4,7 @@
  *   mode ("kvtier" | "reference"), model, run {sessions, turns, steps_per_turn, temperature,
  *   topp, seed, tokens_per_block, kv_dtype, positions, tokens_generated, steps, batches,
  *   group_splits, windows, windowed_positions, lost_events, reprefill_positions, slot_remaps,
- *   parks, park_nospc, kv_tokens, kv_blocks, elapsed_s, tok_per_s},
+ *   parks, park_nospc, preemptions, kv_tokens, kv_blocks, elapsed_s, tok_per_s},
  *   geometry {block_bytes, hbm_slots, host_slots, nvme_slots},
  *   tiers.{hbm,host,nvme}.{capacity_bytes, used_bytes, slots, used_slots, evictions,
  *   configured_bytes}, blocks_moved.{hbm_to_host, host_to_nvme, nvme_to_host, host_to_hbm},
@@ -72,6 +72,7 @@ json_run(cJSON *root, const struct kvtr_run_opts *o, const struct kvtr_run_resul
 	rc |= json_num(run, "slot_remaps", (double)r->slot_remaps);
 	rc |= json_num(run, "parks", (double)r->parks);
 	rc |= json_num(run, "park_nospc", (double)r->park_nospc);
+	rc |= json_num(run, "preemptions", (double)r->preemptions);
 	rc |= json_num(run, "kv_tokens", (double)r->kv_tokens);
 	rc |= json_num(run, "kv_blocks", (double)r->kv_blocks);
 	rc |= json_num(run, "elapsed_s", r->elapsed_s);
