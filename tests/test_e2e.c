@@ -6,7 +6,7 @@
  *       the contiguous reference, through kvtier with room for everything, and with HBM/HOST so
  *       small that most blocks live on NVMe (16-token blocks, windows) - in process and through
  *       the command line, whose --stats-json shows NVMe reads with checksums verified, none
- *       failed;
+ *       failed; seeded top-p sampling and a prompt also give llama2.c's text;
  *   (b) 16 sessions x 3 turns, greedy, parked between turns: every session's tokens are the same
  *       with HBM large enough for everything, with HBM <= 10% and HOST <= 25% of the total KV
  *       (the rest on NVMe), and with the contiguous reference; blocks went to NVMe and came back
@@ -53,6 +53,17 @@ static const char llama2c_greedy200[] =
 	"Lily was sad and didn't know what to do. She said, \"I'm sorry, Lily. I didn't know what "
 	"to do.\"\n"
 	"Lily didn't want to help her mom, so she";
+
+/* The same program and files: `-t 0.9 -p 0.9 -s 42 -n 100` (seeded top-p sampling) and
+ * `-t 0 -n 60 -i "Lily had a dog named Max"` (a prompt), each followed by "\n". */
+static const char llama2c_topp_seed42[] =
+	"Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+	"sun. One day, Lily's mom told her to pray if they could draw it with a toys. Lily was very "
+	"adventurous, but her mom was going to get her cart carefully.\n"
+	"Lily's";
+static const char llama2c_prompt_max[] =
+	"Lily had a dog named Max. Max loved to play with his toys. One day, Max's mom told her "
+	"that they were going to the park to play. Max was very happy and didn";
 
 #define E2E_BLOCK_BYTES (16 * 1280) /* 16 tokens x 5 layers x (K + V) x 32 floats */
 
@@ -152,6 +163,36 @@ test_greedy200_mostly_nvme(void **state)
 	/* parked at the end: every block on NVMe */
 	assert_int_equal(r.stats.tier[KVT_TIER_NVME].used_slots, 13);
 	assert_int_equal(r.stats.tier[KVT_TIER_HBM].used_slots, 0);
+	kvtr_run_result_free(&r);
+}
+
+/* Seeded top-p sampling and a prompt give llama2.c's text too, with blocks on NVMe. */
+static void
+test_sampling_and_prompt(void **state)
+{
+	struct kvtr_run_opts o;
+	struct kvtr_run_result r;
+
+	(void)state;
+	e2e_opts(&o, 100);
+	o.temperature = 0.9f;
+	o.topp = 0.9f;
+	o.seed = 42;
+	o.tokens_per_block = 8;
+	o.hbm_bytes = 4 * 8 * 1280;
+	o.host_bytes = 2 * 8 * 1280;
+	e2e_run(&o, &r);
+	assert_string_equal(r.out[0].text, llama2c_topp_seed42);
+	assert_true(r.stats.checksum_verified > 0);
+	kvtr_run_result_free(&r);
+	e2e_opts(&o, 60);
+	o.prompt = "Lily had a dog named Max";
+	o.tokens_per_block = 8;
+	o.hbm_bytes = 4 * 8 * 1280;
+	o.host_bytes = 2 * 8 * 1280;
+	e2e_run(&o, &r);
+	assert_string_equal(r.out[0].text, llama2c_prompt_max);
+	assert_int_equal(r.tokens_generated, 60 - 10 + 1); /* 10 prompt tokens fed first */
 	kvtr_run_result_free(&r);
 }
 
@@ -343,6 +384,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_greedy200_reference_and_kvtier, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_greedy200_mostly_nvme, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sampling_and_prompt, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cli_greedy200, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sessions16x3, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lost_blocks_reprefill, setup, teardown),

@@ -27,10 +27,14 @@ int
 kvtr_err_kvt(int code, const char *what)
 {
 	const char *detail = kvt_last_error_message();
+	const char *name = kvt_strerror(code);
 
-	if (detail && detail[0])
-		return kvtr_err(code, "%s: %s: %s", what, kvt_strerror(code), detail);
-	return kvtr_err(code, "%s: %s", what, kvt_strerror(code));
+	if (!detail || !detail[0])
+		return kvtr_err(code, "%s: %s", what, name);
+	/* the library's messages often start with the code's name already */
+	if (strncmp(detail, name, strlen(name)) == 0)
+		return kvtr_err(code, "%s: %s", what, detail);
+	return kvtr_err(code, "%s: %s: %s", what, name, detail);
 }
 
 const char *
