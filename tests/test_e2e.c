@@ -58,8 +58,8 @@ static const char llama2c_greedy200[] =
  * `-t 0 -n 60 -i "Lily had a dog named Max"` (a prompt), each followed by "\n". */
 static const char llama2c_topp_seed42[] =
 	"Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-	"sun. One day, Lily's mom told her to pray if they could draw it with a toys. Lily was very "
-	"adventurous, but her mom was going to get her cart carefully.\n"
+	"sun. One day, Lily's mom told her to pray if they could draw it with a toys. Lily was "
+	"very adventurous, but her mom was going to get her cart carefully.\n"
 	"Lily's";
 static const char llama2c_prompt_max[] =
 	"Lily had a dog named Max. Max loved to play with his toys. One day, Max's mom told her "
