@@ -36,7 +36,7 @@ kvt_calloc(size_t n, size_t size)
 	if (size && n > (size_t)-1 / size)
 		return NULL;
 	pthread_once(&alloc_once, alloc_init_arena);
-	return mallocx(n * size ? n * size : 1, alloc_flags | MALLOCX_ZERO);
+	return mallocx((n * size) != 0 ? n * size : 1, alloc_flags | MALLOCX_ZERO);
 }
 
 void *
