@@ -294,6 +294,11 @@ KVT_API int kvt_seq_close(struct kvt_engine *e, kvt_seq_id s);
  * last block of a parked sequence) and stay pinned until the next kvt_batch_release() of a batch
  * holding this sequence (or close/park), so the mapping stays valid until then. Copies of those
  * blocks in slower tiers become stale and are dropped.
+ * The caller must write the new tokens' K/V (every layer) before that release (or queue the
+ * writes on the stream it passes to it): afterwards the block may be copied down and moved, and
+ * a later write through the old mapping would be lost. A server decoding a sequence in windows
+ * (kvt_batch_prepare_ranges) therefore appends the new token in the step's last batch, after
+ * the windows, as tools/kvtier-run does.
  * Returns 0, KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch), -EINVAL (n out of
  * range, slot_mapping NULL), KVT_ETOOBIG (the sequence would exceed HBM), -ENOSPC (no room in
  * any tier to make space), KVT_ELOST. On failure the sequence is unchanged.

@@ -119,7 +119,10 @@ kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 		}
 		if (sl->n_free >= need)
 			return 0;
-		if (!progress && !e->demoting[tier])
+		/* nothing to evict now: if transfers are in flight, their completions may make
+		 * copies evictable (an H2D that lands makes its HOST copy a clean duplicate), so
+		 * a caller that may wait waits for them before calling the tier full */
+		if (!progress && !e->demoting[tier] && (!may_wait || !kvt_xfer_inflight(e)))
 			return -ENOSPC;
 		if (!may_wait)
 			return -EAGAIN;

@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "engine/engine_impl.h"
@@ -26,7 +27,16 @@ struct worker {
 	struct kvt_engine *e;     /* shared engine */
 	uint32_t id;              /* thread number */
 	int failures;             /* data mismatches or unexpected errors */
+	char first[256];          /* what failed first */
 };
+
+static void
+worker_fail(struct worker *w, const char *what, int rc)
+{
+	if (!w->failures++)
+		snprintf(w->first, sizeof w->first, "%s: %d %s", what, rc,
+			 kvt_last_error_message());
+}
 
 static atomic_int stop_poller;
 
@@ -35,7 +45,7 @@ static int
 retry(int rc)
 {
 	if (rc == -ENOSPC)
-		sched_yield();
+		usleep(100); /* 100000 tries: ~10 s, even on a loaded machine */
 	return rc == -ENOSPC;
 }
 
@@ -49,8 +59,8 @@ worker_main(void *arg)
 	int rc, tries;
 
 	for (i = 0; i < SEQS_PER_THREAD; i++)
-		if (kvt_seq_open(w->e, NULL, &s[i]))
-			w->failures++;
+		if ((rc = kvt_seq_open(w->e, NULL, &s[i])))
+			worker_fail(w, "open", rc);
 	for (step = 0; step < STEPS; step++) {
 		for (i = 0; i < SEQS_PER_THREAD; i++) {
 			size_t n = 1 + (step + i) % 3;
@@ -61,7 +71,7 @@ worker_main(void *arg)
 			       tries++ < 100000)
 				;
 			if (rc) {
-				w->failures++;
+				worker_fail(w, "append", rc);
 				continue;
 			}
 			len[i] += n;
@@ -69,17 +79,17 @@ worker_main(void *arg)
 			while (retry(rc = tsup_verify(w->e, s[i], tag)) && tries++ < 100000)
 				;
 			if (rc)
-				w->failures++;
+				worker_fail(w, "verify", rc);
 			if ((step + i) % 5 == 0 &&
-			    kvt_seq_park(w->e, s[i], step % 2 ? KVT_TIER_NVME : KVT_TIER_HOST) != 0)
-				w->failures++;
-			if ((step + i) % 7 == 0 && kvt_seq_resume(w->e, s[i]) != 0)
-				w->failures++;
+			    (rc = kvt_seq_park(w->e, s[i], step % 2 ? KVT_TIER_NVME : KVT_TIER_HOST)))
+				worker_fail(w, "park", rc);
+			if ((step + i) % 7 == 0 && (rc = kvt_seq_resume(w->e, s[i])))
+				worker_fail(w, "resume", rc);
 		}
 	}
 	for (i = 0; i < SEQS_PER_THREAD; i++)
-		if (kvt_seq_close(w->e, s[i]))
-			w->failures++;
+		if ((rc = kvt_seq_close(w->e, s[i])))
+			worker_fail(w, "close", rc);
 	return NULL;
 }
 
@@ -119,6 +129,9 @@ test_threads_share_engine(void **state)
 	}
 	for (i = 0; i < N_THREADS; i++) {
 		pthread_join(th[i], NULL);
+		if (w[i].failures)
+			print_error("thread %u: %d failures, first: %s\n", i, w[i].failures,
+				    w[i].first);
 		assert_int_equal(w[i].failures, 0);
 	}
 	atomic_store(&stop_poller, 1);
