@@ -172,8 +172,8 @@ engine_open_device(struct kvt_engine *e)
 			kvt_err(rc, "creating the %s device", o->device ? "CUDA" : "emulated");
 	rc = e->dev->ops->mem_alloc(e->dev, hbm, &e->hbm_base);
 	if (rc)
-		return kvt_err(rc, "allocating %llu bytes of HBM: %s", (unsigned long long)hbm,
-			       e->dev->errmsg);
+		return kvt_err(rc, "allocating %llu bytes of HBM%s%s", (unsigned long long)hbm,
+			       e->dev->errmsg[0] ? ": " : "", e->dev->errmsg);
 	if (e->slots[KVT_TIER_HOST].n_slots) {
 		e->host_len = (size_t)e->slots[KVT_TIER_HOST].n_slots * e->block_bytes;
 		rc = e->dev->ops->host_alloc(e->dev, e->host_len, &e->host_base, &e->host_pinned);
@@ -202,7 +202,7 @@ engine_open_nvme(struct kvt_engine *e)
 
 	rc = kvt_nvme_open(&no, &e->nvme, msg, sizeof msg);
 	if (rc)
-		return kvt_err(rc, "NVME tier in %s: %s", e->nvme_dir, msg);
+		return rc; /* kvt_nvme_open's message names the directory and the cause */
 	return engine_tier_init(e, KVT_TIER_NVME, kvt_nvme_n_slots(e->nvme));
 }
 

@@ -59,7 +59,7 @@ KVT_API const char *kvt_version(void);
  * libuv convention), so a caller can tell them apart from -errno.
  */
 #define KVT_ERRNO_MAP(XX)                                                                          \
-	XX(EDEVICE, -20000, "device (GPU) error; see kvt_last_error_message()")                     \
+	XX(EDEVICE, -20000, "device (GPU) error")                     \
 	XX(ESHORTIO, -20001, "short read or write could not be completed")                         \
 	XX(ECORRUPT, -20002, "block checksum mismatch: stored KV is corrupt")                      \
 	XX(ECLOSED, -20003, "sequence is closed or was never opened")                              \
@@ -300,8 +300,10 @@ KVT_API int kvt_seq_close(struct kvt_engine *e, kvt_seq_id s);
  * (kvt_batch_prepare_ranges) therefore appends the new token in the step's last batch, after
  * the windows, as tools/kvtier-run does.
  * Returns 0, KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch), -EINVAL (n out of
- * range, slot_mapping NULL), KVT_ETOOBIG (the sequence would exceed HBM), -ENOSPC (no room in
- * any tier to make space), KVT_ELOST. On failure the sequence is unchanged.
+ * range, slot_mapping NULL), KVT_ETOOBIG (the n tokens span more blocks than HBM has slots: append
+ * fewer at a time), -ENOSPC (not now: HBM is pinned by batches or by this sequence's earlier
+ * appends not yet released, or no tier has room to make space), KVT_ELOST. On failure the
+ * sequence is unchanged.
  */
 KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens, size_t n,
 			   int64_t *slot_mapping);

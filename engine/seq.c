@@ -204,14 +204,22 @@ seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, uint32_t
 	return 0;
 }
 
-static void
-seq_add_wpin(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t block)
+static bool
+seq_has_wpin(const struct kvt_seqrec *s, uint32_t block)
 {
 	uint32_t i;
 
 	for (i = 0; i < s->n_wpins; i++)
 		if (s->wpins[i] == block)
-			return;
+			return true;
+	return false;
+}
+
+static void
+seq_add_wpin(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t block)
+{
+	if (seq_has_wpin(s, block))
+		return;
 	kvt_block_pin(e, block);
 	s->wpins[s->n_wpins++] = block;
 }
@@ -249,12 +257,23 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 	uint64_t end = s->n_tokens + n, pos;
 	uint32_t need_blocks = (uint32_t)((end + tpb - 1) / tpb);
 	uint32_t touched = need_blocks - (uint32_t)(s->n_tokens / tpb);
+	uint32_t slots = e->slots[KVT_TIER_HBM].n_slots, pinned_after;
 	int rc;
 
-	if (touched + s->n_wpins > e->slots[KVT_TIER_HBM].n_slots)
+	/* the blocks this append pins: the touched ones (the partial last block may already be
+	 * write-pinned by an earlier append) plus those earlier write pins */
+	pinned_after = s->n_wpins + touched;
+	if (touched && s->n_tokens % tpb && seq_has_wpin(s, s->blocks[s->n_blocks - 1]))
+		pinned_after--;
+	if (touched > slots)
 		return kvt_err(KVT_ETOOBIG,
-			       "appending %zu tokens needs %u HBM blocks at once; HBM has %u slots",
-			       n, touched + s->n_wpins, e->slots[KVT_TIER_HBM].n_slots);
+			       "appending %zu tokens needs %u HBM blocks at once; HBM has %u slots "
+			       "(append fewer tokens per call)", n, touched, slots);
+	if (pinned_after > slots)
+		return kvt_err(-ENOSPC,
+			       "appending %zu tokens would hold %u blocks pinned for writing; HBM has "
+			       "%u slots: release a batch holding this sequence first", n,
+			       pinned_after, slots);
 	if (seq_reserve(s, end, need_blocks, s->n_wpins + touched))
 		return kvt_err(-ENOMEM, "growing sequence arrays to %llu tokens",
 			       (unsigned long long)end);

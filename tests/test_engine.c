@@ -421,6 +421,31 @@ test_stats_size_and_opts_abi(void **state)
 	kvt_engine_destroy(NULL);
 }
 
+/* Token-by-token appends before any batch: tokens that fall into the write-pinned partial block
+ * always fit; a new block while HBM is all write-pinned is "not now" (-ENOSPC), not "never". */
+static void
+test_append_token_by_token(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 1, .host_blocks = 4 };
+	struct kvt_engine *e;
+	kvt_seq_id s;
+	uint32_t t;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	for (t = 0; t < TSUP_TPB; t++)
+		assert_int_equal(tsup_append_write(e, s, 3, t, 1), 0);
+	assert_int_equal(tsup_append_write(e, s, 3, TSUP_TPB, 1), -ENOSPC);
+	assert_non_null(strstr(kvt_last_error_message(), "release a batch"));
+	assert_int_equal(tsup_verify(e, s, 3), 0); /* prepare + release drops the write pins */
+	assert_int_equal(tsup_append_write(e, s, 3, TSUP_TPB, 1), 0);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	check_engine(e);
+	kvt_engine_destroy(e);
+}
+
 static char warned[512];
 
 static void
@@ -498,6 +523,7 @@ main(void)
 		cmocka_unit_test(test_bad_sequence_use),
 		cmocka_unit_test(test_stats_size_and_opts_abi),
 		cmocka_unit_test(test_mlock_refused_warns),
+		cmocka_unit_test(test_append_token_by_token),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
