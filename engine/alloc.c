@@ -5,6 +5,28 @@
 
 #include "alloc.h"
 
+_Atomic int kvt_test_alloc_countdown;
+_Atomic int kvt_test_alloc_persist;
+_Atomic int kvt_test_alloc_failed;
+
+/* true when this allocation must fail (test fault injection) */
+static inline int
+alloc_fault(void)
+{
+	int c = kvt_test_alloc_countdown;
+
+	if (c <= 0)
+		return 0;
+	if (c == 1) {
+		kvt_test_alloc_failed++;
+		if (!kvt_test_alloc_persist)
+			kvt_test_alloc_countdown = 0;
+		return 1;
+	}
+	kvt_test_alloc_countdown = c - 1;
+	return 0;
+}
+
 #ifdef KVT_WITH_JEMALLOC
 #include <jemalloc/jemalloc.h>
 #include <pthread.h>
@@ -26,6 +48,8 @@ alloc_init_arena(void)
 void *
 kvt_malloc(size_t n)
 {
+	if (alloc_fault())
+		return NULL;
 	pthread_once(&alloc_once, alloc_init_arena);
 	return mallocx(n ? n : 1, alloc_flags);
 }
@@ -33,7 +57,7 @@ kvt_malloc(size_t n)
 void *
 kvt_calloc(size_t n, size_t size)
 {
-	if (size && n > (size_t)-1 / size)
+	if ((size && n > (size_t)-1 / size) || alloc_fault())
 		return NULL;
 	pthread_once(&alloc_once, alloc_init_arena);
 	return mallocx((n * size) != 0 ? n * size : 1, alloc_flags | MALLOCX_ZERO);
@@ -44,6 +68,8 @@ kvt_realloc(void *p, size_t n)
 {
 	if (!p)
 		return kvt_malloc(n);
+	if (alloc_fault())
+		return NULL;
 	return rallocx(p, n ? n : 1, alloc_flags);
 }
 
@@ -57,19 +83,19 @@ kvt_free(void *p)
 void *
 kvt_malloc(size_t n)
 {
-	return malloc(n ? n : 1);
+	return alloc_fault() ? NULL : malloc(n ? n : 1);
 }
 
 void *
 kvt_calloc(size_t n, size_t size)
 {
-	return calloc(n ? n : 1, size ? size : 1);
+	return alloc_fault() ? NULL : calloc(n ? n : 1, size ? size : 1);
 }
 
 void *
 kvt_realloc(void *p, size_t n)
 {
-	return realloc(p, n ? n : 1);
+	return alloc_fault() ? NULL : realloc(p, n ? n : 1);
 }
 
 void

@@ -12,6 +12,15 @@
 
 #include <stddef.h>
 
+/*
+ * Fault injection for tests (SQLite's faultsim): when kvt_test_alloc_countdown is set to n > 0,
+ * the n-th following allocation fails (returns NULL), and so do all later ones while
+ * kvt_test_alloc_persist is set. 0 = off (the default).
+ */
+extern _Atomic int kvt_test_alloc_countdown;
+extern _Atomic int kvt_test_alloc_persist;
+extern _Atomic int kvt_test_alloc_failed; /* allocations failed by injection so far */
+
 void *kvt_malloc(size_t n);
 void *kvt_calloc(size_t n, size_t size);
 void *kvt_realloc(void *p, size_t n);

@@ -135,7 +135,7 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 				if (rc == 0)
 					rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
 				if (rc == 0)
-					rc = kvt_xfer_n2h(e, id, slot, false);
+					rc = kvt_xfer_n2h(e, id, slot, false, true);
 			} else {
 				kvt_block_check_lost(e, id);
 				rc = k->lost ? 0 : -ENOSPC;
@@ -401,9 +401,23 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 			rc = e->dev->ops->stream_wait_event(e->dev, e->d2h.s, e->compute_ev);
 		if (rc == 0)
 			rc = e->dev->ops->stream_wait_event(e->dev, e->h2d.s, e->compute_ev);
-		if (rc)
+		if (rc) {
 			rc = kvt_err(rc, "ordering copies after the caller's stream: %s",
 				     e->dev->errmsg);
+			/* the device-side order could not be set up: wait for the stream on the
+			 * host instead, so no copy reads K/V before it is written; if even that
+			 * fails the bytes are unknown, and the blocks stay pinned for good
+			 * (never demoted, never served by a later copy) */
+			if (e->dev->ops->stream_sync(e->dev, stream) != 0) {
+				b->n_pinned = 0;
+				for (i = 0; i < b->n; i++)
+					e->seqs[b->seqidx[i]].in_batch = 0;
+				e->n_batches--;
+				kvt_unlock(e);
+				batch_free(b);
+				return rc;
+			}
+		}
 	}
 	/* copies of this batch still in flight keep their blocks busy, so nothing demotes them
 	 * before they land */

@@ -109,6 +109,25 @@ slot_release(struct kvt_engine *e, int tier, uint32_t slot)
 }
 
 void
+kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot)
+{
+	slot_release(e, tier, slot);
+}
+
+void
+kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t block)
+{
+	struct kvt_block *b = &e->blocks[block];
+
+	e->owner[tier][slot] = KVT_SLOT_QUARANTINED;
+	if (b->slot[tier] == slot) {
+		b->slot[tier] = KVT_NIL;
+		b->state[tier] = KVT_COPY_ABSENT;
+	}
+	e->quarantined[tier]++;
+}
+
+void
 kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier)
 {
 	struct kvt_block *b = &e->blocks[id];

@@ -21,6 +21,8 @@ check_tiers(struct kvt_engine *e)
 			if (id == KVT_NIL)
 				continue;
 			used++;
+			if (id == KVT_SLOT_QUARANTINED)
+				continue;
 			if (id >= e->cap_blocks || !e->blocks[id].live)
 				return kvt_err(-EINVAL, "tier %d slot %u owned by dead block %u", t, s,
 					       id);

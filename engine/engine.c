@@ -339,6 +339,13 @@ kvt_engine_poll(struct kvt_engine *e, uint32_t max)
 	rc = kvt_xfer_flush(e);
 	if (rc == 0)
 		rc = kvt_xfer_poll(e, max);
+	if (rc >= 0) {
+		/* completions may have queued follow-ups (a read that continues up to HBM) */
+		int rc2 = kvt_xfer_flush(e);
+
+		if (rc2)
+			rc = rc2;
+	}
 	kvt_unlock(e);
 	return rc;
 }
@@ -367,7 +374,7 @@ kvt_engine_stream_create(struct kvt_engine *e, void **stream)
 		return kvt_err(-EINVAL, "kvt_engine_stream_create: engine and out must not be NULL");
 	rc = e->dev->ops->stream_create(e->dev, &s);
 	*stream = s;
-	return rc ? kvt_err(rc, "creating a stream: %s", e->dev->errmsg) : 0;
+	return rc; /* the device recorded the message (no engine lock here: errmsg is not read) */
 }
 
 int
@@ -380,7 +387,7 @@ kvt_engine_stream_memcpy_async(struct kvt_engine *e, void *stream, void *dst, co
 	if (!e || !stream || !dst || !src)
 		return kvt_err(-EINVAL, "kvt_engine_stream_memcpy_async: NULL argument");
 	rc = e->dev->ops->copy_batch_async(e->dev, stream, &c, 1);
-	return rc ? kvt_err(rc, "queueing a copy: %s", e->dev->errmsg) : 0;
+	return rc;
 }
 
 int
@@ -391,7 +398,7 @@ kvt_engine_stream_sync(struct kvt_engine *e, void *stream)
 	if (!e || !stream)
 		return kvt_err(-EINVAL, "kvt_engine_stream_sync: NULL argument");
 	rc = e->dev->ops->stream_sync(e->dev, stream);
-	return rc ? kvt_err(rc, "synchronising a stream: %s", e->dev->errmsg) : 0;
+	return rc;
 }
 
 void

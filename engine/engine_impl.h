@@ -43,6 +43,8 @@
 
 enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESENT = 2 };
 
+#define KVT_SLOT_QUARANTINED (KVT_NIL - 1) /* owner of a slot kept out of use for good */
+
 struct kvt_block {
 	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
 	uint32_t copy_ver[KVT_TIER_COUNT]; /* version each copy holds (or will hold) */
@@ -56,6 +58,7 @@ struct kvt_block {
 	uint32_t seq;                      /* owning sequence index */
 	uint32_t index;                    /* position within the sequence */
 	uint32_t next_free;                /* free-list link when !live */
+	uint64_t nvme_key;                 /* key of its latest NVMe write (trailer check) */
 };
 
 struct kvt_seqrec {
@@ -149,6 +152,7 @@ struct kvt_engine {
 	uint32_t n_ev_pool, cap_ev_pool;    /* entries / capacity */
 	struct kvt_xfer *xfer_free;         /* free transfer records */
 	uint32_t nvme_inflight;             /* NVMe IOs submitted, not reaped */
+	uint64_t nvme_writes;               /* NVMe writes ever started: their keys */
 	struct kvt_block *blocks;           /* [cap_blocks] */
 	uint32_t cap_blocks;                /* capacity */
 	uint32_t block_free;                /* free list head (KVT_NIL = none) */
@@ -159,6 +163,7 @@ struct kvt_engine {
 	uint32_t n_open_seqs;               /* open sequences */
 	uint32_t n_batches;                 /* unreleased batches */
 	uint32_t hbm_pinned;                /* blocks pinned (their HBM slots are spoken for) */
+	uint32_t quarantined[KVT_TIER_COUNT]; /* slots kept out of use after device failures */
 	uint32_t demoting[KVT_TIER_COUNT];  /* demotions in flight whose source slot in that
 	                                       tier is freed on completion */
 	struct kvt_stats st;                /* counters (size unused internally) */
@@ -175,6 +180,10 @@ void kvt_block_try_free(struct kvt_engine *e, uint32_t id); /* frees a dead, idl
 bool kvt_copy_valid(const struct kvt_block *b, int tier);
 bool kvt_copy_evictable(const struct kvt_block *b, int tier); /* may reclaim pick this copy */
 int kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot);
+void kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot); /* an unused allocation */
+/* A slot a failed device copy may still be writing: never handed out again (leaked on purpose);
+ * the block's copy there is forgotten. */
+void kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t block);
 void kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier); /* free a PRESENT copy */
 void kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier, uint32_t ver);
 void kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier); /* an INFLIGHT copy failed */
@@ -196,8 +205,10 @@ void kvt_xfer_fini(struct kvt_engine *e);
 int kvt_xfer_d2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool evict_src,
 		 bool then_nvme);
 int kvt_xfer_h2d(struct kvt_engine *e, uint32_t id, uint32_t hbm_slot);
-int kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_src);
-int kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool then_hbm);
+int kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_src,
+		 bool may_wait);
+int kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool then_hbm,
+		 bool may_wait);
 int kvt_xfer_flush(struct kvt_engine *e);             /* submit collected device copies */
 int kvt_xfer_poll(struct kvt_engine *e, uint32_t max); /* process ready completions */
 int kvt_xfer_wait_any(struct kvt_engine *e);           /* block for >= 1 completion */

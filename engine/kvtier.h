@@ -299,6 +299,9 @@ KVT_API int kvt_seq_close(struct kvt_engine *e, kvt_seq_id s);
  * a later write through the old mapping would be lost. A server decoding a sequence in windows
  * (kvt_batch_prepare_ranges) therefore appends the new token in the step's last batch, after
  * the windows, as tools/kvtier-run does.
+ * Slots come from blocks nobody holds, but a kernel released with a stream may still be reading
+ * one: order the writes after the streams of earlier releases (a server with one compute stream
+ * does so naturally; a host write must wait for them).
  * Returns 0, KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch), -EINVAL (n out of
  * range, slot_mapping NULL), KVT_ETOOBIG (the n tokens span more blocks than HBM has slots: append
  * fewer at a time), -ENOSPC (not now: HBM is pinned by batches or by this sequence's earlier
@@ -314,7 +317,8 @@ KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *to
  * next one down). Asynchronous: copies are queued; HBM slots are freed as they complete
  * (kvt_engine_poll/drain). The id stays valid; kvt_seq_resume() or a batch brings it back.
  * Returns 0, KVT_ECLOSED, KVT_EBUSY, -EINVAL (bad target), -ENOSPC (no room below: the blocks
- * stay where they are).
+ * not yet demoted stay where they are; those already on their way down stay demoted, which
+ * loses nothing).
  */
 KVT_API int kvt_seq_park(struct kvt_engine *e, kvt_seq_id s, enum kvt_tier target);
 
@@ -419,7 +423,9 @@ KVT_API int kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stre
  *          never reads K/V before it is written and a promotion never overwrites a slot a kernel
  *          still reads.
  * Afterwards, tiers above their high watermark start demoting in the background.
- * Returns 0 or a negative code (the batch is freed in every case).
+ * Returns 0 or a negative code (the batch is freed in every case). If the device cannot order
+ * the copies after @stream, the host waits for @stream instead; if even that fails (a sticky
+ * device error), the batch's blocks stay pinned and are never copied again.
  */
 KVT_API int kvt_batch_release(struct kvt_batch *b, void *stream);
 

@@ -20,21 +20,31 @@
 
 #include "engine_impl.h"
 
+#define RECLAIM_SCAN_MAX 1024u /* LRU entries one pass may look at beyond the deficit */
+
+static bool
+valid_elsewhere(const struct kvt_block *b, int tier)
+{
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		if (t != tier && kvt_copy_valid(b, t))
+			return true;
+	return false;
+}
+
 /* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
 static int
 evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 {
-	struct kvt_block *b = &e->blocks[id];
 	uint32_t slot;
-	int rc, t;
+	int rc;
 
-	for (t = 0; t < KVT_TIER_COUNT; t++) {
-		if (t != tier && kvt_copy_valid(b, t)) {
-			kvt_copy_drop(e, id, tier);
-			e->st.tier[tier].evictions++;
-			e->st.evictions++;
-			return 1;
-		}
+	if (valid_elsewhere(&e->blocks[id], tier)) {
+		kvt_copy_drop(e, id, tier);
+		e->st.tier[tier].evictions++;
+		e->st.evictions++;
+		return 1;
 	}
 	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots)
 		return -ENOSPC;
@@ -48,33 +58,34 @@ evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 		if (tier == KVT_TIER_HBM)
 			rc = kvt_xfer_d2h(e, id, slot, true, false);
 		else
-			rc = kvt_xfer_h2n(e, id, slot, true);
+			rc = kvt_xfer_h2n(e, id, slot, true, may_wait);
 	}
-	b = &e->blocks[id];
-	if (--b->pins == 0)
-		e->hbm_pinned--;
+	kvt_block_unpin(e, id);
 	return rc;
 }
 
 /*
  * One pass over the tier's LRU from the cold end. Candidates are collected first (evicting
  * changes the list being walked). A victim that cannot go (its demotion finds no room below) is
- * skipped rather than a reason to give up: a warmer clean copy may still go. The first pass
- * looks only a little past the deficit; only when that is not enough is the whole list walked.
+ * skipped rather than a reason to give up: a warmer clean copy may still go; after the first
+ * such refusal only clean copies are tried (the tier below is full: asking again for every
+ * dirty victim would cost O(this tier x tier below)). The first pass looks only a little past the
+ * deficit; when that is not enough, at most RECLAIM_SCAN_MAX more entries are looked at, so one
+ * call is bounded whatever the tier's size.
  */
 static int
 reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *progress)
 {
 	struct kvt_slots *sl = &e->slots[tier];
 	struct kvt_evict *ev = &e->evict[tier];
-	uint32_t *cand, n, i, id, limit;
-	bool full = false;
+	uint32_t *cand, n, i, id, limit, deficit = need - sl->n_free - e->demoting[tier];
+	bool full = false, below_full = false;
 	int rc;
 
-	limit = need - sl->n_free - e->demoting[tier] + 8;
+	limit = deficit + 8;
 	for (;;) {
-		if (limit >= ev->n) {
-			limit = ev->n;
+		if (limit >= ev->n || limit >= deficit + RECLAIM_SCAN_MAX) {
+			limit = ev->n < deficit + RECLAIM_SCAN_MAX ? ev->n : deficit + RECLAIM_SCAN_MAX;
 			full = true;
 		}
 		cand = kvt_malloc((size_t)(limit ? limit : 1) * sizeof *cand);
@@ -86,15 +97,21 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 			if (kvt_copy_evictable(&e->blocks[id], tier))
 				cand[n++] = id;
 		for (i = 0; i < n && sl->n_free + e->demoting[tier] < need; i++) {
-			if (!kvt_copy_evictable(&e->blocks[cand[i]], tier))
+			struct kvt_block *b = &e->blocks[cand[i]];
+
+			if (!kvt_copy_evictable(b, tier) ||
+			    (below_full && !valid_elsewhere(b, tier)))
 				continue;
-			if (evict_one(e, tier, cand[i], may_wait) >= 0)
+			rc = evict_one(e, tier, cand[i], may_wait);
+			if (rc >= 0)
 				(*progress)++;
+			else if (rc == -ENOSPC)
+				below_full = true;
 		}
 		kvt_free(cand);
 		if (full || sl->n_free + e->demoting[tier] >= need)
 			break;
-		limit = ev->n; /* not enough near the tail: walk everything */
+		limit = deficit + RECLAIM_SCAN_MAX; /* not enough near the tail: look further */
 	}
 	rc = kvt_xfer_flush(e);
 	return rc;
@@ -172,7 +189,7 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 			if (rc == 0)
 				rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
 			if (rc == 0)
-				rc = kvt_xfer_n2h(e, id, slot, true);
+				rc = kvt_xfer_n2h(e, id, slot, true, may_wait);
 			if (rc || !may_wait)
 				break;
 			continue;
@@ -215,7 +232,7 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 		if (rc == 0)
 			rc = kvt_slot_alloc(e, KVT_TIER_NVME, id, &slot);
 		if (rc == 0)
-			rc = kvt_xfer_h2n(e, id, slot, true);
+			rc = kvt_xfer_h2n(e, id, slot, true, may_wait);
 		kvt_block_unpin(e, id);
 		return rc;
 	}

@@ -417,16 +417,10 @@ kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
 	s->parked = 0;
 	/* best effort, in order: NVMe reads are started first since they are slowest; blocks
 	 * already in HOST go up as room allows. Prepare finishes whatever is left. */
-	for (i = 0; i < s->n_blocks; i++) {
-		rc = kvt_promote_hbm(e, s->blocks[i], false);
-		if (rc == KVT_ELOST)
-			break;
-		rc = 0;
-	}
-	if (rc == 0)
-		rc = kvt_xfer_flush(e);
-	if (rc == KVT_ELOST)
-		rc = 0; /* reported by the next prepare, which truncates */
+	for (i = 0; i < s->n_blocks; i++)
+		if (kvt_promote_hbm(e, s->blocks[i], false) == KVT_ELOST)
+			break; /* reported by the next prepare, which truncates */
+	rc = kvt_xfer_flush(e);
 out:
 	kvt_unlock(e);
 	return rc;

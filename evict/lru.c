@@ -55,7 +55,7 @@ static int
 lru_reserve(struct kvt_evict *ev, uint32_t n_ids)
 {
 	struct kvt_lru_link *nl;
-	uint32_t old = ev->cap, i, s;
+	uint32_t old = ev->cap, i;
 
 	if (n_ids <= ev->cap && ev->link)
 		return 0;
@@ -81,8 +81,6 @@ lru_reserve(struct kvt_evict *ev, uint32_t n_ids)
 		nl[i].prev = nl[i].next = KVT_NIL;
 	ev->link = nl;
 	ev->cap = n_ids;
-	s = lru_sentinel(ev);
-	(void)s;
 	return 0;
 }
 

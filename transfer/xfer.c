@@ -96,7 +96,11 @@ xfer_put(struct kvt_engine *e, struct kvt_xfer *x)
 	e->xfer_free = x;
 }
 
-/* Create a transfer of block @id into @dst_slot and mark the destination copy in flight. */
+/*
+ * Create a transfer of block @id into @dst_slot and mark the destination copy in flight. The
+ * kvt_xfer_*() entry points own @dst_slot from the call on: if the transfer cannot start, the
+ * slot goes back to its tier here, so no caller leaks one on an error path.
+ */
 static struct kvt_xfer *
 xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 {
@@ -104,8 +108,10 @@ xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 	int src = xfer_src_tier[kind], dst = xfer_dst_tier[kind];
 	struct kvt_xfer *x = xfer_get(e);
 
-	if (!x)
+	if (!x) {
+		kvt_slot_free(e, dst, dst_slot);
 		return NULL;
+	}
 	x->kind = (uint8_t)kind;
 	x->block = id;
 	x->src_slot = b->slot[src];
@@ -155,20 +161,12 @@ kvt_xfer_h2d(struct kvt_engine *e, uint32_t id, uint32_t hbm_slot)
 	return 0;
 }
 
-static uint64_t
-xfer_nvme_key(uint32_t id, uint32_t ver)
-{
-	/* the trailer key ties the slot's bytes to this block and version */
-	return ((uint64_t)id << 32) | ver;
-}
-
 static void xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res);
 
 static int
 xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 {
-	struct kvt_block *b = &e->blocks[x->block];
-	uint64_t key = xfer_nvme_key(x->block, x->ver);
+	uint64_t key = e->blocks[x->block].nvme_key;
 	int rc;
 
 	for (;;) {
@@ -188,7 +186,6 @@ xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 			break;
 	}
 	if (rc < 0) {
-		(void)b;
 		xfer_complete(e, x, rc);
 		return kvt_err(rc, "submitting NVMe %s", x->kind == KVT_X_H2N ? "write" : "read");
 	}
@@ -196,13 +193,30 @@ xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 	return 0;
 }
 
-int
-kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_src)
+/* A caller that must not block gets -EAGAIN (and its slot back) while the IO queue is full. */
+static int
+xfer_nvme_room(struct kvt_engine *e, int dst, uint32_t dst_slot, bool may_wait)
 {
-	struct kvt_xfer *x = xfer_start(e, KVT_X_H2N, id, nvme_slot);
+	if (may_wait || kvt_nvme_free_qd(e->nvme) > 0)
+		return 0;
+	kvt_slot_free(e, dst, dst_slot);
+	return -EAGAIN;
+}
 
+int
+kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_src,
+	     bool may_wait)
+{
+	struct kvt_xfer *x;
+
+	if (xfer_nvme_room(e, KVT_TIER_NVME, nvme_slot, may_wait))
+		return -EAGAIN;
+	x = xfer_start(e, KVT_X_H2N, id, nvme_slot);
 	if (!x)
 		return kvt_err(-ENOMEM, "transfer record");
+	/* a fresh key per write: the trailer ties the slot's bytes to this one write, so bytes
+	 * left by an earlier block (ids and slots are reused) can never verify */
+	e->blocks[id].nvme_key = ++e->nvme_writes;
 	x->evict_src = evict_src;
 	if (evict_src)
 		e->demoting[KVT_TIER_HOST]++;
@@ -210,10 +224,13 @@ kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_s
 }
 
 int
-kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool then_hbm)
+kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool then_hbm, bool may_wait)
 {
-	struct kvt_xfer *x = xfer_start(e, KVT_X_N2H, id, host_slot);
+	struct kvt_xfer *x;
 
+	if (xfer_nvme_room(e, KVT_TIER_HOST, host_slot, may_wait))
+		return -EAGAIN;
+	x = xfer_start(e, KVT_X_N2H, id, host_slot);
 	if (!x)
 		return kvt_err(-ENOMEM, "transfer record");
 	x->then_hbm = then_hbm;
@@ -257,7 +274,7 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 
 		if (kvt_reclaim(e, KVT_TIER_NVME, 1, false) == 0 &&
 		    kvt_slot_alloc(e, KVT_TIER_NVME, x->block, &slot) == 0)
-			kvt_xfer_h2n(e, x->block, slot, true);
+			(void)kvt_xfer_h2n(e, x->block, slot, true, false);
 	}
 }
 
@@ -321,6 +338,7 @@ xstream_flush(struct kvt_engine *e, struct kvt_xstream *xs)
 	struct kvt_xfer *x, *list = xs->pending;
 	int src, dst, rc;
 	uint32_t i = 0, n = xs->n_pending;
+	bool queued = false;
 
 	if (!n)
 		return 0;
@@ -343,12 +361,18 @@ xstream_flush(struct kvt_engine *e, struct kvt_xstream *xs)
 		goto fail;
 	}
 	rc = e->dev->ops->copy_batch_async(e->dev, xs->s, v, n);
-	if (rc == 0)
+	if (rc) {
+		/* a batch that failed part-way may have queued some copies (a per-copy
+		 * fallback): they must finish before their slots can be freed */
+		queued = true;
+	} else {
+		queued = true;
 		rc = xfer_event_get(e, &g->ev);
-	if (rc == 0) {
-		rc = e->dev->ops->event_record(e->dev, g->ev, xs->s);
-		if (rc)
-			xfer_event_put(e, g->ev);
+		if (rc == 0) {
+			rc = e->dev->ops->event_record(e->dev, g->ev, xs->s);
+			if (rc)
+				xfer_event_put(e, g->ev);
+		}
 	}
 	if (rc) {
 		kvt_free(g);
@@ -368,6 +392,12 @@ xstream_flush(struct kvt_engine *e, struct kvt_xstream *xs)
 fail:
 	if (v != stackv)
 		kvt_free(v);
+	if (queued && e->dev->ops->stream_sync(e->dev, xs->s) != 0) {
+		/* copies may still be running and nobody can tell when they end: keep their
+		 * slots out of use for good rather than hand them out (DESIGN.md invariant 1) */
+		for (x = list; x; x = x->next)
+			kvt_slot_quarantine(e, xfer_dst_tier[x->kind], x->dst_slot, x->block);
+	}
 	while (list) {
 		x = list;
 		list = x->next;
@@ -381,8 +411,11 @@ kvt_xfer_flush(struct kvt_engine *e)
 {
 	int rc1 = xstream_flush(e, &e->d2h);
 	int rc2 = xstream_flush(e, &e->h2d);
+	int rc3 = e->nvme && e->nvme_inflight ? kvt_nvme_flush(e->nvme) : 0;
 
-	return rc1 ? rc1 : rc2;
+	if (rc3 < 0)
+		rc3 = kvt_err(rc3, "submitting NVMe IO");
+	return rc1 ? rc1 : rc2 ? rc2 : rc3 < 0 ? rc3 : 0;
 }
 
 static void
@@ -424,12 +457,16 @@ static int
 xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 {
 	struct kvt_nvme_cqe cqe[32];
+	uint32_t want;
 	int n, i;
 
 	if (!e->nvme || !e->nvme_inflight)
 		return 0;
 	do {
-		n = kvt_nvme_reap(e->nvme, cqe, 32, wait);
+		want = 32;
+		if (max && max - (uint32_t)*done < want)
+			want = max - (uint32_t)*done;
+		n = kvt_nvme_reap(e->nvme, cqe, want, wait);
 		if (n < 0)
 			return kvt_err(n, "reaping NVMe completions");
 		wait = false;
@@ -438,7 +475,7 @@ xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 			xfer_complete(e, (struct kvt_xfer *)(uintptr_t)cqe[i].user_data, cqe[i].res);
 			(*done)++;
 		}
-	} while (n == 32 && (!max || (uint32_t)*done < max));
+	} while (n == (int)want && (!max || (uint32_t)*done < max));
 	return 0;
 }
 
@@ -526,19 +563,46 @@ kvt_xfer_init(struct kvt_engine *e)
 	return 0;
 }
 
+static void
+xstream_forget(struct kvt_engine *e, struct kvt_xstream *xs)
+{
+	struct kvt_xgroup *g;
+	struct kvt_xfer *x;
+
+	while ((g = xs->head)) {
+		xs->head = g->next;
+		while ((x = g->xfers)) {
+			g->xfers = x->next;
+			kvt_free(x);
+		}
+		e->dev->ops->event_destroy(e->dev, g->ev);
+		kvt_free(g);
+	}
+	xs->tail = NULL;
+	while ((x = xs->pending)) {
+		xs->pending = x->next;
+		kvt_free(x);
+	}
+	xs->n_pending = 0;
+}
+
 void
 kvt_xfer_fini(struct kvt_engine *e)
 {
 	struct kvt_xfer *x;
 
+	/* wait for everything in flight; on an error nothing more can be learnt about those
+	 * transfers (a sticky device error): stop, and the streams' destruction syncs them */
 	while (kvt_xfer_inflight(e) > 0 || e->d2h.n_pending || e->h2d.n_pending)
-		if (kvt_xfer_wait_any(e) <= 0 && kvt_xfer_poll(e, 0) <= 0 &&
-		    !e->d2h.head && !e->h2d.head && !e->nvme_inflight)
+		if (kvt_xfer_wait_any(e) <= 0)
 			break;
 	if (e->d2h.s)
 		e->dev->ops->stream_destroy(e->dev, e->d2h.s);
 	if (e->h2d.s)
 		e->dev->ops->stream_destroy(e->dev, e->h2d.s);
+	/* groups left after an error: their streams are gone, so nothing runs any more */
+	xstream_forget(e, &e->d2h);
+	xstream_forget(e, &e->h2d);
 	if (e->compute_ev)
 		e->dev->ops->event_destroy(e->dev, e->compute_ev);
 	while (e->n_ev_pool)
