@@ -97,8 +97,10 @@ run_sess_init(struct run_ctx *c, struct run_sess *s, uint32_t idx)
 	if (rc == 0)
 		rc = kvtr_sampler_init(&s->samp, c->m->cfg.vocab_size, o->temperature, o->topp,
 				       seed ? seed : 1);
-	if (rc == 0 && o->reference)
+	if (rc == 0 && o->reference) {
 		rc = kvtr_kvcache_init(&s->cache, c->m);
+		s->cache.dtype = o->kv_dtype; /* K/V rounded as kvtier would store them */
+	}
 	if (rc)
 		return rc;
 	s->hist = calloc(seq, sizeof(int32_t));
