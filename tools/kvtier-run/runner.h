@@ -136,10 +136,11 @@ void kvtr_run_result_free(struct kvtr_run_result *r);
 const char *kvtr_builtin_prompt(uint32_t s, uint32_t t, uint32_t turns);
 
 /**
- * kvtr_stats_json_write() - write the run's figures as a JSON object to @path (see
- * stats_json.c for the keys). Returns 0 or a negative code (-errno, -ENOMEM).
+ * kvtr_stats_json_write() - write the run's figures as a JSON object to @f, opened for writing
+ * by the caller (before the run, so a bad path fails early), and flush it; @path names it in
+ * messages. The caller closes @f. See stats_json.c for the keys. Returns 0, -EIO or -ENOMEM.
  */
-int kvtr_stats_json_write(const char *path, const struct kvtr_run_opts *o,
+int kvtr_stats_json_write(FILE *f, const char *path, const struct kvtr_run_opts *o,
 			  const struct kvtr_run_result *r);
 
 #endif /* KVTR_RUNNER_H */
