@@ -13,7 +13,9 @@
  *       verified;
  *   (c) NVMe slots corrupted behind kvtier's back: the reads fail their checksums, the sequence
  *       is truncated (KVT_ELOST), kvtier-run re-prefills from its token history, and the text is
- *       still llama2.c's.
+ *       still llama2.c's;
+ *   (d) --kv-dtype bf16 / f16: kvtier (mostly on NVMe) gives the tokens of --reference with the
+ *       same dtype, greedy and 4 sessions x 2 turns sampled, in process and on the command line.
  * Exits 77 (skipped) with a visible note when ../shared/data is absent.
  */
 #include <dirent.h>
@@ -313,6 +315,97 @@ test_sessions16x3(void **state)
 	kvtr_run_result_free(&small);
 }
 
+/* 1 when the two runs emitted different tokens somewhere. */
+static int
+e2e_tokens_differ(const struct kvtr_run_result *a, const struct kvtr_run_result *b)
+{
+	for (size_t i = 0; i < (size_t)a->sessions * a->turns; i++)
+		if (a->out[i].n_tokens != b->out[i].n_tokens ||
+		    memcmp(a->out[i].tokens, b->out[i].tokens, a->out[i].n_tokens * 4) != 0)
+			return 1;
+	return 0;
+}
+
+/* One dtype: greedy 200 steps and 4 sessions x 2 turns sampled, kvtier with most blocks on
+ * NVMe against --reference with the same dtype (and, sampled, against the fp32 reference). */
+static void
+e2e_dtype_case(enum kvt_dtype dt)
+{
+	uint64_t block = 16 * 5 * 2 * 32 * kvt_dtype_size(dt);
+	struct kvtr_run_opts o;
+	struct kvtr_run_result ref, kvt, f32;
+
+	e2e_opts(&o, 200);
+	o.kv_dtype = dt;
+	o.reference = 1;
+	e2e_run(&o, &ref);
+	o.reference = 0;
+	o.tokens_per_block = 16;
+	o.hbm_bytes = 4 * block;
+	o.host_bytes = 2 * block;
+	e2e_run(&o, &kvt);
+	assert_same_sessions(&ref, &kvt);
+	assert_true(kvt.windowed_positions > 0);
+	assert_nvme_roundtrip(&kvt.stats);
+	kvtr_run_result_free(&ref);
+	kvtr_run_result_free(&kvt);
+	/* 4 sessions x 2 turns, seeded top-p sampling (sensitive to every rounding) */
+	e2e_opts(&o, 120);
+	o.sessions = 4;
+	o.turns = 2;
+	o.temperature = 1.0f;
+	o.topp = 0.9f;
+	o.seed = 42;
+	o.reference = 1;
+	e2e_run(&o, &f32);
+	o.kv_dtype = dt;
+	e2e_run(&o, &ref);
+	o.reference = 0;
+	o.tokens_per_block = 16;
+	o.hbm_bytes = 16 * block;  /* the 4 sessions reach 60 blocks */
+	o.host_bytes = 16 * block;
+	e2e_run(&o, &kvt);
+	assert_same_sessions(&ref, &kvt);
+	assert_nvme_roundtrip(&kvt.stats);
+	assert_int_equal(kvt.parks, 8);
+	/* the dtype changed the sampled text: the comparison above was not fp32 vs fp32 */
+	assert_true(e2e_tokens_differ(&f32, &ref));
+	kvtr_run_result_free(&f32);
+	kvtr_run_result_free(&ref);
+	kvtr_run_result_free(&kvt);
+}
+
+/* --reference honours --kv-dtype: its contiguous K/V are rounded through f16/bf16 as kvtier
+ * stores them, so both modes give the same tokens for every dtype. */
+static void
+test_kv_dtype_reference(void **state)
+{
+	char args[4096], *out_ref, *out_kvt, *err;
+	const char *model = rutil_model_file("stories260K.bin");
+	const char *tok = rutil_model_file("tok512.bin");
+
+	(void)state;
+	e2e_dtype_case(KVT_DTYPE_BF16);
+	e2e_dtype_case(KVT_DTYPE_F16);
+	if (!rutil_run_binary()) {
+		print_message("SKIPPED (command line part): kvtier-run binary not found\n");
+		return;
+	}
+	/* the command line: 512 sampled positions, bf16, kvtier mostly on NVMe == reference */
+	snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --steps 0 --seed 1 "
+		 "--kv-dtype bf16 --reference", model, tok);
+	assert_int_equal(rutil_run(tmp_dir, args, &out_ref, &err), 0);
+	free(err);
+	snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --steps 0 --seed 1 "
+		 "--kv-dtype bf16 --hbm 40K --host 20K --nvme-dir '%s'", model, tok, tmp_dir);
+	assert_int_equal(rutil_run(tmp_dir, args, &out_kvt, &err), 0);
+	free(err);
+	assert_true(strlen(out_ref) > 200);
+	assert_string_equal(out_kvt, out_ref);
+	free(out_ref);
+	free(out_kvt);
+}
+
 /* Step hook: at step 120, flip one byte of every NVMe slot's data (the file kvtier created in
  * the test's directory), as a failing disk would. */
 static void
@@ -388,6 +481,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_cli_greedy200, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sessions16x3, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lost_blocks_reprefill, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_kv_dtype_reference, setup, teardown),
 	};
 	const char *model = rutil_model_file("stories260K.bin");
 	const char *tok = rutil_model_file("tok512.bin");

@@ -19,6 +19,7 @@
 
 #include "support/kvt_test.h"
 #include "support/run_util.h"
+#include "kernels/attention.h"
 #include "tools/kvtier-run/forward.h"
 #include "tools/kvtier-run/model.h"
 #include "tools/kvtier-run/runner.h"
@@ -79,8 +80,12 @@ test_parse_size_ok(void **state)
 	assert_int_equal(v, UINT64_C(64) << 20);
 	assert_int_equal(kvtr_parse_size("--hbm", "3G", &v), 0);
 	assert_int_equal(v, UINT64_C(3) << 30);
-	assert_int_equal(kvtr_parse_size("--hbm", "16384G", &v), 0);
+	/* the cap is the engine's: 1 PiB per tier */
+	assert_int_equal(KVTR_SIZE_MAX, UINT64_C(1) << 50);
+	assert_int_equal(kvtr_parse_size("--hbm", "1048576G", &v), 0);
 	assert_int_equal(v, KVTR_SIZE_MAX);
+	assert_int_equal(kvtr_parse_size("--nvme", "20000G", &v), 0);
+	assert_int_equal(v, UINT64_C(20000) << 30);
 }
 
 static void
@@ -88,7 +93,7 @@ test_parse_size_bad(void **state)
 {
 	static const char *const bad[] = {
 		"", "0", "0K", "-1", "+1", "12X", "1.5M", " 1", "1 ", "1KB", "K", "abc",
-		"16385G", "17592186044417", "99999999999G", "18446744073709551616",
+		"1048577G", "1125899906842625", "99999999999G", "18446744073709551616",
 	};
 	uint64_t v = 77;
 
@@ -100,8 +105,11 @@ test_parse_size_bad(void **state)
 	}
 	assert_int_equal(kvtr_parse_size("--nvme", "0", &v), -EINVAL);
 	assert_msg_contains("greater than zero");
-	assert_int_equal(kvtr_parse_size("--nvme", "20000G", &v), -EINVAL);
-	assert_msg_contains("absurd");
+	assert_int_equal(kvtr_parse_size("--nvme", "2000000G", &v), -EINVAL);
+	assert_msg_contains("out of range (more than 1 PiB");
+	/* more digits than 64 bits hold: out of range too, not "not a size" */
+	assert_int_equal(kvtr_parse_size("--nvme", "99999999999999999999", &v), -EINVAL);
+	assert_msg_contains("out of range (more than 1 PiB");
 }
 
 static void
@@ -118,6 +126,13 @@ test_parse_numbers(void **state)
 	assert_int_equal(kvtr_parse_u32("--steps", "1e3", 0, 1000, &u), -EINVAL);
 	assert_int_equal(kvtr_parse_u32("--sessions", "0", 1, 10, &u), -EINVAL);
 	assert_msg_contains("out of range");
+	/* overflowing digits are out of range, not "not an integer" */
+	assert_int_equal(kvtr_parse_u32("--steps", "99999999999999999999", 0, 1000, &u),
+			 -EINVAL);
+	assert_msg_contains("--steps: 99999999999999999999 is out of range [0, 1000]");
+	assert_int_equal(kvtr_parse_u32("--steps", "4294967296", 0, 1000, &u), -EINVAL);
+	assert_msg_contains("out of range");
+	assert_int_equal(u, 200);
 	assert_int_equal(kvtr_parse_float("--temperature", "0.5", 0.0f, 10.0f, &f), 0);
 	assert_true(f == 0.5f);
 	assert_int_equal(kvtr_parse_float("--temperature", "nan", 0.0f, 10.0f, &f), -EINVAL);
@@ -580,9 +595,11 @@ test_forward_real_first_token(void **state)
 }
 
 static void
-run_builtin(struct kvtr_run_result *r, int reference, uint32_t hbm_blocks, uint32_t sessions,
-	    uint32_t turns, float temperature)
+run_builtin_dt(struct kvtr_run_result *r, int reference, uint32_t hbm_blocks, uint32_t sessions,
+	       uint32_t turns, float temperature, enum kvt_dtype dt)
 {
+	/* 8 tokens x 5 layers x (K + V) x 32 values */
+	uint64_t block = 8 * 5 * 2 * 32 * kvt_dtype_size(dt);
 	struct kvtr_model m;
 	struct kvtr_tokenizer t;
 	struct kvtr_run_opts o;
@@ -600,8 +617,9 @@ run_builtin(struct kvtr_run_result *r, int reference, uint32_t hbm_blocks, uint3
 	o.turns = turns;
 	o.reference = reference;
 	o.tokens_per_block = 8;
-	o.hbm_bytes = (uint64_t)hbm_blocks * 8 * 1280;
-	o.host_bytes = hbm_blocks ? 4 * 8 * 1280 : 0;
+	o.kv_dtype = dt;
+	o.hbm_bytes = hbm_blocks * block;
+	o.host_bytes = hbm_blocks ? 4 * block : 0;
 	o.nvme_dir = tmp_dir;
 	o.emu_delay_us = 20;
 	rc = kvtr_run(&o, r);
@@ -609,6 +627,13 @@ run_builtin(struct kvtr_run_result *r, int reference, uint32_t hbm_blocks, uint3
 		fail_msg("kvtr_run: %s", kvtr_last_error());
 	kvtr_tokenizer_free(&t);
 	kvtr_model_free(&m);
+}
+
+static void
+run_builtin(struct kvtr_run_result *r, int reference, uint32_t hbm_blocks, uint32_t sessions,
+	    uint32_t turns, float temperature)
+{
+	run_builtin_dt(r, reference, hbm_blocks, sessions, turns, temperature, KVT_DTYPE_F32);
 }
 
 static void
@@ -662,6 +687,131 @@ test_sessions_turns_builtin(void **state)
 	kvtr_run_result_free(&kvt);
 }
 
+/* 1 when the two runs emitted different tokens somewhere. */
+static int
+tokens_differ(const struct kvtr_run_result *a, const struct kvtr_run_result *b)
+{
+	for (size_t i = 0; i < (size_t)a->sessions * a->turns; i++)
+		if (a->out[i].n_tokens != b->out[i].n_tokens ||
+		    memcmp(a->out[i].tokens, b->out[i].tokens, a->out[i].n_tokens * 4) != 0)
+			return 1;
+	return 0;
+}
+
+/* --reference --kv-dtype bf16/f16 rounds its contiguous K/V as kvtier stores them: the same
+ * tokens as kvtier with that dtype (windows and NVMe included), sampled, 1 session x 2 turns. */
+static void
+test_reference_kv_dtype(void **state)
+{
+	static const enum kvt_dtype dts[] = { KVT_DTYPE_BF16, KVT_DTYPE_F16 };
+	struct kvtr_run_result f32, ref, kvt;
+
+	(void)state;
+	run_builtin_dt(&f32, 1, 0, 1, 2, 1.0f, KVT_DTYPE_F32);
+	for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
+		run_builtin_dt(&ref, 1, 0, 1, 2, 1.0f, dts[i]);
+		run_builtin_dt(&kvt, 0, 8, 1, 2, 1.0f, dts[i]);
+		assert_same_tokens(&ref, &kvt);
+		assert_true(kvt.windowed_positions > 0);
+		assert_true(kvt.stats.blocks_moved[KVT_MOVE_NVME_TO_HOST] > 0);
+		kvtr_run_result_free(&ref);
+		kvtr_run_result_free(&kvt);
+	}
+	/* the rounding matters for this run: bf16 changes the sampled tokens */
+	run_builtin_dt(&ref, 1, 0, 1, 2, 1.0f, KVT_DTYPE_BF16);
+	assert_true(tokens_differ(&f32, &ref));
+	kvtr_run_result_free(&ref);
+	kvtr_run_result_free(&f32);
+}
+
+/* The contiguous cache with dtype BF16 holds the values rounded exactly as a bf16 block. */
+static void
+test_kvcache_dtype_rounding(void **state)
+{
+	struct kvtr_model m;
+	struct kvtr_state s;
+	struct kvtr_kvcache c;
+	uint16_t h[32];
+	float want[32];
+
+	(void)state;
+	assert_int_equal(kvtr_model_builtin(&m), 0);
+	assert_int_equal(kvtr_state_init(&s, &m), 0);
+	assert_int_equal(kvtr_kvcache_init(&c, &m), 0);
+	assert_int_equal(c.dtype, KVT_DTYPE_F32);
+	c.dtype = KVT_DTYPE_BF16;
+	kvtr_forward_contig(&m, &s, &c, 1, 0);
+	kvtr_forward_contig(&m, &s, &c, 300, 1);
+	/* layer 4, position 1: the last K/V computed, still in s.k / s.v */
+	assert_int_equal(kvt_store_f32(KVT_DTYPE_BF16, h, s.k, 32), 0);
+	assert_int_equal(kvt_load_f32(KVT_DTYPE_BF16, want, h, 32), 0);
+	assert_memory_equal(c.k + (4 * 512 + 1) * 32, want, sizeof want);
+	assert_true(memcmp(want, s.k, sizeof want) != 0); /* bf16 did round something */
+	assert_int_equal(kvt_store_f32(KVT_DTYPE_BF16, h, s.v, 32), 0);
+	assert_int_equal(kvt_load_f32(KVT_DTYPE_BF16, want, h, 32), 0);
+	assert_memory_equal(c.v + (4 * 512 + 1) * 32, want, sizeof want);
+	kvtr_kvcache_fini(&c);
+	kvtr_state_fini(&s);
+	kvtr_model_free(&m);
+}
+
+/* A prompt longer than --steps is cut with one warning line saying what was kept/dropped. */
+static void
+test_prompt_cut_warning(void **state)
+{
+	struct kvtr_model m;
+	struct kvtr_tokenizer t;
+	struct kvtr_run_opts o;
+	struct kvtr_run_result r;
+	int32_t tok[64];
+	uint32_t n = 0;
+	char want[256], *log;
+	FILE *f;
+
+	(void)state;
+	assert_int_equal(kvtr_model_builtin(&m), 0);
+	assert_int_equal(kvtr_tokenizer_builtin(&t), 0);
+	kvtr_run_opts_init(&o);
+	o.model = &m;
+	o.tok = &t;
+	o.prompt = "Once upon a time, Lily saw a big dog. She was happy!";
+	assert_int_equal(kvtr_tokenizer_encode(&t, o.prompt, 1, tok, &n), 0);
+	assert_true(n - 1 > 5);
+	o.steps = 5;
+	o.turns = 2;
+	o.temperature = 0.0f;
+	o.nvme_dir = tmp_dir;
+	f = fopen(tmp_path("log.txt"), "w");
+	assert_non_null(f);
+	o.log = f;
+	assert_int_equal(kvtr_run(&o, &r), 0);
+	assert_int_equal(fclose(f), 0);
+	assert_int_equal(r.out[0].n_tokens, 5); /* only prompt tokens, no room to generate */
+	log = rutil_read_file(tmp_path("log.txt"), NULL);
+	snprintf(want, sizeof want, "kvtier-run: warning: session 1 turn 1: the prompt is %u "
+		 "tokens but the turn has room for 5 (steps 5, 512 positions left of the model's "
+		 "context 512): 5 kept, %u dropped\n", n - 1, n - 6);
+	if (!strstr(log, want))
+		fail_msg("log \"%s\" lacks \"%s\"", log, want);
+	assert_non_null(strstr(log, "session 1 turn 2: the prompt is"));
+	kvtr_run_result_free(&r);
+	free(log);
+	/* a prompt that fits: no warning */
+	o.steps = 0;
+	o.turns = 1;
+	f = fopen(tmp_path("log.txt"), "w");
+	assert_non_null(f);
+	o.log = f;
+	assert_int_equal(kvtr_run(&o, &r), 0);
+	assert_int_equal(fclose(f), 0);
+	log = rutil_read_file(tmp_path("log.txt"), NULL);
+	assert_null(strstr(log, "warning"));
+	free(log);
+	kvtr_run_result_free(&r);
+	kvtr_tokenizer_free(&t);
+	kvtr_model_free(&m);
+}
+
 /* ---- bad inputs of a run ---------------------------------------------------------------- */
 
 static int
@@ -691,13 +841,28 @@ run_opts_bad(uint64_t hbm, uint64_t host, const char *nvme_dir, uint32_t steps)
 	return rc;
 }
 
+/* Occurrences of @needle in @hay. */
+static int
+count_substr(const char *hay, const char *needle)
+{
+	int n = 0;
+
+	for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+		n++;
+	return n;
+}
+
 static void
 test_bad_nvme_dir_missing(void **state)
 {
 	(void)state;
 	assert_int_equal(run_opts_bad(0, 0, tmp_path("missing/sub"), 10), -ENOENT);
-	assert_msg_contains("kvt_engine_create");
+	assert_msg_contains("kvt_engine_create: ");
 	assert_msg_contains("missing/sub");
+	/* the library's message names the error; the runner does not repeat it */
+	if (count_substr(kvtr_last_error(), kvt_strerror(-ENOENT)) != 1)
+		fail_msg("\"%s\" names \"%s\" more than once", kvtr_last_error(),
+			 kvt_strerror(-ENOENT));
 }
 
 static void
@@ -707,6 +872,7 @@ test_bad_nvme_dir_not_a_dir(void **state)
 	rutil_write_file(tmp_path("file"), "x", 1);
 	assert_int_equal(run_opts_bad(0, 0, tmp_path("file/sub"), 10), -ENOTDIR);
 	assert_msg_contains("file/sub");
+	assert_true(count_substr(kvtr_last_error(), kvt_strerror(-ENOTDIR)) <= 1);
 }
 
 static void
@@ -763,11 +929,20 @@ test_bad_sizes_cli(void **state)
 {
 	static const char *const cases[][2] = {
 		{ "--hbm 0", "kvtier-run: --hbm: size must be greater than zero" },
-		{ "--host 20000G", "kvtier-run: --host: size '20000G' is absurd" },
+		{ "--host 2000000G", "kvtier-run: --host: size '2000000G' is out of range" },
+		{ "--steps 99999999999999999999", "--steps: 99999999999999999999 is out of range" },
 		{ "--nvme 12Q", "kvtier-run: --nvme: '12Q' has an unknown suffix" },
 		{ "--hbm -4K", "kvtier-run: --hbm: '-4K' is not a size" },
-		{ "--steps", "kvtier-run: option --steps needs a value" },
-		{ "--bogus", "kvtier-run: unknown option '--bogus'" },
+		{ "--steps", "kvtier-run: option --steps needs a value (see --help)" },
+		{ "--bogus", "kvtier-run: unknown option --bogus (see --help)" },
+		{ "--bogus=3", "kvtier-run: unknown option --bogus (see --help)" },
+		{ "-x 5", "kvtier-run: unknown option -x (see --help)" },
+		{ "-n 5", "kvtier-run: unknown option -n (see --help)" },
+		{ "-t 0", "kvtier-run: unknown option -t (see --help)" },
+		{ "--reference=1", "kvtier-run: option --reference takes no value" },
+		{ "--t 1", "kvtier-run: ambiguous option --t" },
+		{ "--model m.bin", "kvtier-run: --model needs --tokenizer (the built-in tokenizer "
+				   "only fits the built-in model)" },
 	};
 	char *out, *err;
 
@@ -797,7 +972,9 @@ test_bad_model_cli(void **state)
 		skip();
 	}
 	rutil_write_file(tmp_path("junk.bin"), "GGUF\3\0\0\0 this is not a model at all", 36);
-	snprintf(args, sizeof args, "--model '%s' --steps 5", tmp_path("junk.bin"));
+	rutil_write_file(tmp_path("tok.bin"), "\x07", 1);
+	snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --steps 5", tmp_path("junk.bin"),
+		 tmp_path("tok.bin"));
 	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 1);
 	assert_non_null(strstr(err, "kvtier-run: "));
 	assert_non_null(strstr(err, "is not a llama2.c checkpoint"));
@@ -807,7 +984,137 @@ test_bad_model_cli(void **state)
 		 tmp_dir);
 	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 1);
 	assert_non_null(strstr(err, "kvtier-run: HBM holds 1 block slot(s): too small"));
+	/* refused before the run, with the minimum: nothing printed */
+	assert_non_null(strstr(err, "use --hbm 40960 or more (2 blocks of 20480 bytes) with "
+				    "--tokens-per-block 16"));
+	assert_string_equal(out, "");
 	free(out);
+	free(err);
+	/* the minimum works, through windows */
+	snprintf(args, sizeof args, "--steps 30 --hbm 40960 --tokens-per-block 16 --nvme-dir '%s'",
+		 tmp_dir);
+	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 0);
+	assert_true(strlen(out) > 10);
+	free(out);
+	free(err);
+}
+
+/* A valid model file without --tokenizer is refused: the built-in tokenizer would print
+ * gibberish for it. */
+static void
+test_model_needs_tokenizer_cli(void **state)
+{
+	char args[1200], *out, *err;
+
+	(void)state;
+	if (!rutil_run_binary()) {
+		print_message("SKIPPED: kvtier-run binary not found\n");
+		skip();
+	}
+	write_builtin_model(tmp_path("model.bin"), 0, 0, -1);
+	snprintf(args, sizeof args, "--model '%s' --steps 5 --nvme-dir '%s'",
+		 tmp_path("model.bin"), tmp_dir);
+	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 2);
+	assert_string_equal(err, "kvtier-run: --model needs --tokenizer (the built-in tokenizer "
+			    "only fits the built-in model)\n");
+	assert_string_equal(out, "");
+	free(out);
+	free(err);
+}
+
+/* -h is --help; the help states the defaults and what the built-in text depends on; without
+ * --model and --seed the text is that of --seed 1 (not the clock). */
+static void
+test_help_and_builtin_seed_cli(void **state)
+{
+	static const char *const help[] = {
+		"-h, --help", "(default 256;", "(default 1.0)", "(default 0.9)",
+		"(default: the clock with --model, 1 without; 0 = clock)",
+		"concurrent chat sessions (default 1)",
+		"                        (default 1)\n  --hbm", "seed is then 1, not the clock",
+	};
+	char args[1200], *out, *out1, *out2, *err;
+
+	(void)state;
+	if (!rutil_run_binary()) {
+		print_message("SKIPPED: kvtier-run binary not found\n");
+		skip();
+	}
+	assert_int_equal(rutil_run(tmp_dir, "-h", &out, &err), 0);
+	for (size_t i = 0; i < sizeof help / sizeof help[0]; i++)
+		if (!strstr(out, help[i]))
+			fail_msg("--help lacks \"%s\":\n%s", help[i], out);
+	assert_string_equal(err, "");
+	free(out);
+	free(err);
+	snprintf(args, sizeof args, "--steps 40 --nvme-dir '%s'", tmp_dir);
+	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 0);
+	free(err);
+	snprintf(args, sizeof args, "--steps 40 --seed 1 --nvme-dir '%s'", tmp_dir);
+	assert_int_equal(rutil_run(tmp_dir, args, &out1, &err), 0);
+	free(err);
+	snprintf(args, sizeof args, "--steps 40 --seed 2 --nvme-dir '%s'", tmp_dir);
+	assert_int_equal(rutil_run(tmp_dir, args, &out2, &err), 0);
+	free(err);
+	assert_string_equal(out, out1);
+	assert_string_not_equal(out1, out2); /* the seed does matter at temperature 1 */
+	free(out);
+	free(out1);
+	free(out2);
+}
+
+/* --stats-json to a path that cannot be written fails before decoding anything. */
+static void
+test_stats_json_unwritable_cli(void **state)
+{
+	char args[1200], *out, *err;
+
+	(void)state;
+	if (!rutil_run_binary()) {
+		print_message("SKIPPED: kvtier-run binary not found\n");
+		skip();
+	}
+	snprintf(args, sizeof args, "--steps 40 --nvme-dir '%s' --stats-json '%s'", tmp_dir,
+		 tmp_path("no-such-dir/stats.json"));
+	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 2);
+	assert_string_equal(out, "");
+	assert_non_null(strstr(err, "kvtier-run: --stats-json: cannot write "));
+	assert_non_null(strstr(err, "no-such-dir/stats.json: No such file or directory"));
+	assert_null(strstr(err, "achieved tok/s"));
+	free(out);
+	free(err);
+	/* a run that fails after opening it leaves no stats file behind */
+	snprintf(args, sizeof args, "--steps 40 --hbm 20K --nvme-dir '%s' --stats-json '%s'",
+		 tmp_dir, tmp_path("stats.json"));
+	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 1);
+	assert_int_equal(access(tmp_path("stats.json"), F_OK), -1);
+	free(out);
+	free(err);
+}
+
+/* Text that cannot be written to stdout fails the run, streamed or printed per turn. */
+static void
+test_stdout_full_cli(void **state)
+{
+	char args[1200], *err;
+
+	(void)state;
+	if (!rutil_run_binary() || access("/dev/full", W_OK) != 0) {
+		print_message("SKIPPED: kvtier-run binary or /dev/full not found\n");
+		skip();
+	}
+	snprintf(args, sizeof args, "--steps 40 --nvme-dir '%s'", tmp_dir);
+	assert_int_equal(rutil_run_stdout_to(tmp_dir, args, "/dev/full", &err), 1);
+	assert_non_null(strstr(err, "kvtier-run: cannot write the generated text: No space left "
+				    "on device"));
+	free(err);
+	snprintf(args, sizeof args, "--steps 40 --sessions 2 --nvme-dir '%s'", tmp_dir);
+	assert_int_equal(rutil_run_stdout_to(tmp_dir, args, "/dev/full", &err), 1);
+	assert_non_null(strstr(err, "kvtier-run: cannot write the text to stdout: No space left "
+				    "on device"));
+	free(err);
+	assert_int_equal(rutil_run_stdout_to(tmp_dir, "--help", "/dev/full", &err), 1);
+	assert_non_null(strstr(err, "cannot write the text to stdout"));
 	free(err);
 }
 
@@ -844,6 +1151,13 @@ main(void)
 		cmocka_unit_test(test_bad_seq_after_close),
 		cmocka_unit_test_setup_teardown(test_bad_sizes_cli, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_model_cli, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reference_kv_dtype, setup, teardown),
+		cmocka_unit_test(test_kvcache_dtype_rounding),
+		cmocka_unit_test_setup_teardown(test_prompt_cut_warning, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_model_needs_tokenizer_cli, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_help_and_builtin_seed_cli, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stats_json_unwritable_cli, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stdout_full_cli, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

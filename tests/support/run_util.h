@@ -128,4 +128,26 @@ rutil_run(const char *dir, const char *args, char **out, char **err)
 	return WEXITSTATUS(st);
 }
 
+/*
+ * Like rutil_run(), but stdout goes to @out_path as given (e.g. "/dev/full"), not captured;
+ * returns the exit status (or -1) and stderr (free it).
+ */
+static inline int
+rutil_run_stdout_to(const char *dir, const char *args, const char *out_path, char **err)
+{
+	char cmd[16384], e[1200];
+	const char *bin = rutil_run_binary();
+	int st;
+
+	assert_non_null(bin);
+	snprintf(e, sizeof e, "%.1024s/stderr.txt", dir);
+	snprintf(cmd, sizeof cmd, "'%.1024s' %.8192s >'%.1024s' 2>'%s'", bin, args, out_path, e);
+	st = system(cmd);
+	*err = rutil_read_file(e, NULL);
+	unlink(e);
+	if (st == -1 || !WIFEXITED(st))
+		return -1;
+	return WEXITSTATUS(st);
+}
+
 #endif /* KVT_TEST_RUN_UTIL_H */

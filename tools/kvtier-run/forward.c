@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "forward.h"
+#include "kernels/attention.h"
 #include "sampler.h"
 #include "util.h"
 
@@ -58,6 +59,7 @@ kvtr_kvcache_init(struct kvtr_kvcache *c, const struct kvtr_model *m)
 {
 	size_t n = (size_t)m->cfg.n_layers * (size_t)m->cfg.seq_len * m->kv_dim;
 
+	c->dtype = KVT_DTYPE_F32;
 	c->k = calloc(n, sizeof(float));
 	c->v = calloc(n, sizeof(float));
 	if (!c->k || !c->v) {
@@ -208,6 +210,21 @@ kvtr_fwd_logits(const struct kvtr_model *m, struct kvtr_state *s)
 	fwd_matmul(s->logits, s->x, m->w.wcls, m->cfg.dim, m->cfg.vocab_size);
 }
 
+/* Rounds x[0..n) through @dtype in place, as a store to and load from a kvtier block would. */
+static void
+fwd_round_kv(enum kvt_dtype dtype, float *x, size_t n)
+{
+	if (dtype == KVT_DTYPE_F32)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		uint16_t h = 0;
+
+		/* F16/BF16 (checked by kvtr_run): neither call can fail */
+		(void)kvt_store_f32(dtype, &h, &x[i], 1);
+		(void)kvt_load_f32(dtype, &x[i], &h, 1);
+	}
+}
+
 void
 kvtr_forward_contig(const struct kvtr_model *m, struct kvtr_state *s, struct kvtr_kvcache *c,
 		    int32_t token, uint32_t pos)
@@ -221,6 +238,8 @@ kvtr_forward_contig(const struct kvtr_model *m, struct kvtr_state *s, struct kvt
 		kvtr_fwd_qkv(m, s, l, pos);
 		memcpy(c->k + off, s->k, kv_dim * sizeof(float));
 		memcpy(c->v + off, s->v, kv_dim * sizeof(float));
+		fwd_round_kv(c->dtype, c->k + off, kv_dim);
+		fwd_round_kv(c->dtype, c->v + off, kv_dim);
 		kvtr_fwd_attn_contig(m, s, c, l, pos);
 		kvtr_fwd_ffn(m, s, l);
 	}

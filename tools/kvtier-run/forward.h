@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "kvtier.h"
 #include "model.h"
 
 /** Activations of one sequence during one position (llama2.c's RunState minus the cache). */
@@ -34,10 +35,16 @@ struct kvtr_state {
 	float *logits; /* [vocab_size] */
 };
 
-/** A contiguous KV cache for the reference path: [n_layers][seq_len][kv_dim] each. */
+/**
+ * A contiguous KV cache for the reference path: [n_layers][seq_len][kv_dim] each, fp32. With
+ * @dtype F16 or BF16 every stored value is rounded through that type (kvt_store_f32 then
+ * kvt_load_f32, kernels/attention.h), so the cache holds exactly what kvtier's paged kernels
+ * read back from blocks of that dtype.
+ */
 struct kvtr_kvcache {
-	float *k; /* keys */
-	float *v; /* values */
+	float *k;             /* keys */
+	float *v;             /* values */
+	enum kvt_dtype dtype; /* rounding of stored K/V: F32 (none, the default), F16 or BF16 */
 };
 
 /** kvtr_state_init() - allocate for @m. Returns 0 or -ENOMEM. */
@@ -45,7 +52,8 @@ int kvtr_state_init(struct kvtr_state *s, const struct kvtr_model *m);
 /** kvtr_state_fini() - free; the struct is zeroed. */
 void kvtr_state_fini(struct kvtr_state *s);
 
-/** kvtr_kvcache_init() - allocate a zeroed contiguous cache. Returns 0 or -ENOMEM. */
+/** kvtr_kvcache_init() - allocate a zeroed contiguous cache of dtype F32 (set c->dtype after
+ * to round through F16/BF16). Returns 0 or -ENOMEM. */
 int kvtr_kvcache_init(struct kvtr_kvcache *c, const struct kvtr_model *m);
 /** kvtr_kvcache_fini() - free; the struct is zeroed. */
 void kvtr_kvcache_fini(struct kvtr_kvcache *c);
@@ -77,7 +85,8 @@ void kvtr_fwd_logits(const struct kvtr_model *m, struct kvtr_state *s);
 
 /**
  * kvtr_forward_contig() - one whole position on the contiguous cache, exactly llama2.c's
- * forward(token, pos): s->logits is the result. @pos < seq_len, @token < vocab.
+ * forward(token, pos) (with c->dtype F32; otherwise K/V rounded as stored): s->logits is the
+ * result. @pos < seq_len, @token < vocab.
  */
 void kvtr_forward_contig(const struct kvtr_model *m, struct kvtr_state *s,
 			 struct kvtr_kvcache *c, int32_t token, uint32_t pos);

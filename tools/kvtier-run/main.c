@@ -9,18 +9,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "model.h"
 #include "runner.h"
 #include "tokenizer.h"
 #include "util.h"
 
+/* --seed when not given with the built-in model: its text is then always the same */
+#define MAIN_BUILTIN_SEED 1
+
 struct main_args {
 	const char *model;      /* --model, NULL = built-in */
 	const char *tokenizer;  /* --tokenizer, NULL = built-in */
 	const char *stats_json; /* --stats-json */
-	uint64_t seed;          /* --seed, 0 = time */
+	uint64_t seed;          /* --seed, 0 = default (see main_seed) */
+	int seed_given;         /* 1 when --seed was on the command line */
+	FILE *stats;            /* --stats-json opened before the run, or NULL */
+	int stats_created;      /* 1: the stats file did not exist before (removed on failure) */
 };
 
 static void
@@ -28,30 +36,38 @@ main_usage(FILE *f)
 {
 	fputs("usage: kvtier-run [options]\n"
 	      "Decode a llama2.c model on the CPU with its KV cache in kvtier (HBM/host/NVMe).\n"
-	      "Without --model it runs a built-in model and tokenizer (gibberish, deterministic).\n"
-	      "  --model F             llama2.c checkpoint (e.g. stories260K.bin)\n"
-	      "  --tokenizer F         llama2.c tokenizer.bin (default: built-in, 512 tokens)\n"
+	      "Without --model it runs a built-in model and tokenizer (gibberish); its default\n"
+	      "seed is then 1, not the clock, so its text is the same on every run.\n"
+	      "  --model F             llama2.c checkpoint (e.g. stories260K.bin); needs\n"
+	      "                        --tokenizer\n"
+	      "  --tokenizer F         llama2.c tokenizer.bin (e.g. tok512.bin); default:\n"
+	      "                        built-in, which fits only the built-in model\n"
 	      "  --prompt S            prompt of every turn (default: built-in prompts; the first\n"
 	      "                        turn of session 1 is empty, as llama2.c's default)\n"
 	      "  --steps N             positions per turn, prompt included (default 256;\n"
-	      "                        0 = seq_len)\n"
+	      "                        0 = seq_len); a longer prompt is cut, with a warning\n"
 	      "  --temperature T       0 = greedy (default 1.0)\n"
-	      "  --topp P              top-p in (0,1); other values: plain sampling (default 0.9)\n"
-	      "  --seed S              rng seed (default: time); session i uses S + i\n"
+	      "  --topp P              top-p in (0,1); 0 or 1: plain sampling (default 0.9)\n"
+	      "  --seed S              rng seed, used when temperature > 0; session i uses S + i\n"
+	      "                        (default: the clock with --model, 1 without; 0 = clock)\n"
 	      "  --sessions N          concurrent chat sessions (default 1)\n"
 	      "  --turns T             turns per session; sessions are parked between turns\n"
-	      "  --hbm SIZE            HBM tier bytes (K/M/G suffixes; default: room for all)\n"
+	      "                        (default 1)\n"
+	      "  --hbm SIZE            HBM tier bytes (K/M/G suffixes; default: room for all;\n"
+	      "                        at least 2 blocks when a session outgrows one block)\n"
 	      "  --host SIZE           pinned host tier bytes (default: room for all)\n"
 	      "  --nvme-dir D          directory of the NVMe tier (default: a temp dir)\n"
 	      "  --nvme SIZE           NVMe tier bytes (default: room for all)\n"
 	      "  --tokens-per-block B  tokens per KV block (default 16)\n"
-	      "  --kv-dtype T          f32 (default), f16 or bf16\n"
+	      "  --kv-dtype T          f32 (default), f16 or bf16 (--reference too)\n"
 	      "  --reference           contiguous KV cache, no kvtier (the comparison baseline)\n"
 	      "  --emu-delay-us N      emulated device: delay/reorder copies up to N us\n"
+	      "                        (default 0)\n"
 	      "  --stats-json F        write tier/transfer statistics as JSON to F\n"
-	      "  --help                this text\n"
-	      "With one session and one turn stdout is only the generated text, as llama2.c\n"
-	      "prints it; otherwise each turn's text is printed as \"[session S turn T] text\".\n",
+	      "  -h, --help            this text\n"
+	      "Sizes are at most 1 PiB. With one session and one turn stdout is only the\n"
+	      "generated text, as llama2.c prints it; otherwise each turn's text is printed\n"
+	      "as \"[session S turn T] text\".\n",
 	      f);
 }
 
@@ -110,7 +126,9 @@ main_parse_one(int opt, const char *arg, struct kvtr_run_opts *o, struct main_ar
 	case OPT_TEMP: return kvtr_parse_float("--temperature", arg, 0.0f, 1000.0f,
 					       &o->temperature);
 	case OPT_TOPP: return kvtr_parse_float("--topp", arg, 0.0f, 1.0f, &o->topp);
-	case OPT_SEED: return kvtr_parse_u64("--seed", arg, 0, UINT64_MAX, &a->seed);
+	case OPT_SEED:
+		a->seed_given = 1;
+		return kvtr_parse_u64("--seed", arg, 0, UINT64_MAX, &a->seed);
 	case OPT_SESSIONS: return kvtr_parse_u32("--sessions", arg, 1, KVTR_MAX_SESSIONS,
 						 &o->sessions);
 	case OPT_TURNS: return kvtr_parse_u32("--turns", arg, 1, KVTR_MAX_TURNS, &o->turns);
@@ -125,9 +143,35 @@ main_parse_one(int opt, const char *arg, struct kvtr_run_opts *o, struct main_ar
 	case OPT_EMU_DELAY: return kvtr_parse_u32("--emu-delay-us", arg, 0, 1000000,
 						  &o->emu_delay_us);
 	case OPT_STATS: a->stats_json = arg; return 0;
-	case OPT_HELP: return 1;
+	case OPT_HELP:
+	case 'h':
+		return 1;
 	default: return kvtr_err(-EINVAL, "unknown option (see --help)");
 	}
+}
+
+/* The message of a '?' from getopt_long: an unknown or ambiguous option, a value missing or
+ * given to an option that takes none. */
+static int
+main_parse_bad(char **argv)
+{
+	const char *arg = argv[optind - 1];
+	size_t len = strcspn(arg, "=");
+	int matches = 0;
+
+	for (const struct option *p = main_opts; p->name; p++)
+		if (optopt == p->val)
+			return kvtr_err(-EINVAL, p->has_arg == required_argument
+					? "option --%s needs a value (see --help)"
+					: "option --%s takes no value (see --help)", p->name);
+	if (optopt)
+		return kvtr_err(-EINVAL, "unknown option -%c (see --help)", optopt);
+	if (strncmp(arg, "--", 2) == 0)
+		for (const struct option *p = main_opts; p->name; p++)
+			matches += strncmp(p->name, arg + 2, len - 2) == 0;
+	if (matches > 1)
+		return kvtr_err(-EINVAL, "ambiguous option %.*s (see --help)", (int)len, arg);
+	return kvtr_err(-EINVAL, "unknown option %.*s (see --help)", (int)len, arg);
 }
 
 static int
@@ -136,20 +180,18 @@ main_parse(int argc, char **argv, struct kvtr_run_opts *o, struct main_args *a)
 	int opt, rc;
 
 	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "", main_opts, NULL)) != -1) {
-		if (opt == '?') {
-			if (optopt)
-				return kvtr_err(-EINVAL, "option %s needs a value (see --help)",
-						argv[optind - 1]);
-			return kvtr_err(-EINVAL, "unknown option '%s' (see --help)",
-					argv[optind - 1]);
-		}
+	while ((opt = getopt_long(argc, argv, "h", main_opts, NULL)) != -1) {
+		if (opt == '?')
+			return main_parse_bad(argv);
 		rc = main_parse_one(opt, optarg, o, a);
 		if (rc)
 			return rc;
 	}
 	if (optind < argc)
 		return kvtr_err(-EINVAL, "unexpected argument '%s' (see --help)", argv[optind]);
+	if (a->model && !a->tokenizer)
+		return kvtr_err(-EINVAL, "--model needs --tokenizer (the built-in tokenizer only "
+				"fits the built-in model)");
 	return 0;
 }
 
@@ -160,12 +202,58 @@ main_load(const struct main_args *a, struct kvtr_model *m, struct kvtr_tokenizer
 
 	if (rc)
 		return rc;
+	/* main_parse made sure a model file comes with its tokenizer */
 	if (a->tokenizer)
 		return kvtr_tokenizer_load(a->tokenizer, m->cfg.vocab_size, t);
-	rc = kvtr_tokenizer_builtin(t);
-	if (rc == 0 && t->vocab_size != m->cfg.vocab_size)
-		rc = kvtr_err(KVT_EFORMAT, "the built-in tokenizer has %d tokens but model %s has "
-			      "%d: pass --tokenizer", t->vocab_size, m->name, m->cfg.vocab_size);
+	return kvtr_tokenizer_builtin(t);
+}
+
+/* The seed of session 0: --seed; else llama2.c's clock with --model, a fixed one without. */
+static uint64_t
+main_seed(const struct main_args *a)
+{
+	if (a->seed)
+		return a->seed;
+	if (!a->model && !a->seed_given)
+		return MAIN_BUILTIN_SEED;
+	return (uint64_t)(unsigned int)time(NULL) | 1; /* llama2.c: 0 = the clock; never 0 */
+}
+
+/* Opens --stats-json before the run, so that an unwritable path fails before decoding. */
+static int
+main_stats_open(struct main_args *a)
+{
+	struct stat st;
+	int err;
+
+	if (!a->stats_json)
+		return 0;
+	a->stats_created = stat(a->stats_json, &st) != 0;
+	a->stats = fopen(a->stats_json, "w");
+	if (!a->stats) {
+		err = errno;
+		return kvtr_err(-err, "--stats-json: cannot write %s: %s", a->stats_json,
+				strerror(err));
+	}
+	return 0;
+}
+
+/* Writes and closes the stats file; after a failed run (@rc != 0) only closes it, and removes
+ * it if this run created it. Returns @rc or the write's error. */
+static int
+main_stats_close(struct main_args *a, const struct kvtr_run_opts *o,
+		 const struct kvtr_run_result *r, int rc)
+{
+	if (!a->stats)
+		return rc;
+	if (rc == 0)
+		rc = kvtr_stats_json_write(a->stats, a->stats_json, o, r);
+	if (fclose(a->stats) != 0 && rc == 0)
+		rc = kvtr_err(-EIO, "cannot write stats to %s: %s", a->stats_json,
+			      strerror(errno));
+	a->stats = NULL;
+	if (rc && a->stats_created)
+		unlink(a->stats_json);
 	return rc;
 }
 
@@ -176,7 +264,50 @@ main_print_turns(const struct kvtr_run_result *r)
 		for (uint32_t t = 0; t < r->turns; t++)
 			printf("[session %u turn %u] %s\n", s + 1, t + 1,
 			       r->out[(size_t)s * r->turns + t].text);
-	fflush(stdout);
+}
+
+/* The text went to stdout: a write error (disk full, closed pipe) fails the run. */
+static int
+main_check_stdout(int rc)
+{
+	int err = 0;
+
+	if (fflush(stdout) != 0)
+		err = errno;
+	if ((err || ferror(stdout)) && rc == 0)
+		rc = kvtr_err(-EIO, "cannot write the text to stdout: %s",
+			      err ? strerror(err) : "write error");
+	return rc;
+}
+
+/* Loads, runs and reports; returns 0 or a negative code (message in kvtr_last_error). */
+static int
+main_run(struct main_args *a, struct kvtr_run_opts *o, struct kvtr_run_result *r)
+{
+	struct kvtr_model m;
+	struct kvtr_tokenizer t;
+	int rc, single = o->sessions == 1 && o->turns == 1;
+
+	memset(&m, 0, sizeof(m));
+	memset(&t, 0, sizeof(t));
+	o->seed = main_seed(a);
+	rc = main_load(a, &m, &t);
+	if (rc == 0) {
+		o->model = &m;
+		o->tok = &t;
+		o->stream = single ? stdout : NULL;
+		o->log = stderr;
+		rc = kvtr_run(o, r);
+		if (rc == 0 && !single)
+			main_print_turns(r);
+		rc = main_check_stdout(rc);
+		if (rc == 0 && r->positions > 1)
+			fprintf(stderr, "achieved tok/s: %f\n", r->tok_per_s);
+	}
+	rc = main_stats_close(a, o, r, rc);
+	kvtr_tokenizer_free(&t);
+	kvtr_model_free(&m);
+	return rc;
 }
 
 int
@@ -185,45 +316,28 @@ main(int argc, char **argv)
 	struct kvtr_run_opts o;
 	struct kvtr_run_result r;
 	struct main_args a;
-	struct kvtr_model m;
-	struct kvtr_tokenizer t;
-	int rc, single;
+	int rc;
 
 	memset(&a, 0, sizeof(a));
-	memset(&m, 0, sizeof(m));
-	memset(&t, 0, sizeof(t));
 	memset(&r, 0, sizeof(r));
 	kvtr_run_opts_init(&o);
 	rc = main_parse(argc, argv, &o, &a);
 	if (rc == 1) {
 		main_usage(stdout);
-		return 0;
+		rc = main_check_stdout(0);
+		if (rc)
+			fprintf(stderr, "kvtier-run: %s\n", kvtr_last_error());
+		return rc ? 1 : 0;
 	}
+	if (rc == 0)
+		rc = main_stats_open(&a);
 	if (rc) {
 		fprintf(stderr, "kvtier-run: %s\n", kvtr_last_error());
 		return 2;
 	}
-	/* llama2.c: seed 0 means "seed from the clock" */
-	o.seed = a.seed ? a.seed : (uint64_t)(unsigned int)time(NULL);
-	rc = main_load(&a, &m, &t);
-	if (rc == 0) {
-		single = o.sessions == 1 && o.turns == 1;
-		o.model = &m;
-		o.tok = &t;
-		o.stream = single ? stdout : NULL;
-		o.log = stderr;
-		rc = kvtr_run(&o, &r);
-		if (rc == 0 && !single)
-			main_print_turns(&r);
-		if (rc == 0 && r.positions > 1)
-			fprintf(stderr, "achieved tok/s: %f\n", r.tok_per_s);
-		if (rc == 0 && a.stats_json)
-			rc = kvtr_stats_json_write(a.stats_json, &o, &r);
-	}
+	rc = main_run(&a, &o, &r);
 	if (rc)
 		fprintf(stderr, "kvtier-run: %s\n", kvtr_last_error());
 	kvtr_run_result_free(&r);
-	kvtr_tokenizer_free(&t);
-	kvtr_model_free(&m);
 	return rc ? 1 : 0;
 }

@@ -55,6 +55,7 @@ struct run_ctx {
 	float *po, *pm, *pl;            /* one window's partial, same shapes */
 	float *side;                    /* [n_layers][2][kv_dim] K/V of the windowed position */
 	void *tokblk;                   /* [2][token_bytes]: that position's K/V as stored */
+	uint32_t cut_warned;            /* turn + 1 of the last "prompt cut" warning, 0 = none */
 	char tmpdir[4096];              /* temp NVMe dir we created ("" if none) */
 };
 

@@ -97,8 +97,10 @@ run_sess_init(struct run_ctx *c, struct run_sess *s, uint32_t idx)
 	if (rc == 0)
 		rc = kvtr_sampler_init(&s->samp, c->m->cfg.vocab_size, o->temperature, o->topp,
 				       seed ? seed : 1);
-	if (rc == 0 && o->reference)
+	if (rc == 0 && o->reference) {
 		rc = kvtr_kvcache_init(&s->cache, c->m);
+		s->cache.dtype = o->kv_dtype; /* K/V rounded as kvtier would store them */
+	}
 	if (rc)
 		return rc;
 	s->hist = calloc(seq, sizeof(int32_t));
@@ -168,6 +170,26 @@ run_end_turn(struct run_ctx *c, struct run_sess *s)
 	return run_turn_store(c, s);
 }
 
+/*
+ * A prompt longer than the turn's room (steps, or what is left of the model's context) is cut:
+ * say so once per turn (for the first session it happens to), on the log stream.
+ */
+static void
+run_warn_prompt_cut(struct run_ctx *c, const struct run_sess *s, uint32_t turn)
+{
+	uint32_t left = (uint32_t)c->m->cfg.seq_len - s->n_hist;
+	uint32_t room = c->steps < left ? c->steps : left;
+	uint32_t n_prompt = s->n_turn_toks - 1; /* BOS is not printed */
+
+	if (n_prompt <= room || c->cut_warned == turn + 1)
+		return;
+	c->cut_warned = turn + 1;
+	fprintf(c->log, "kvtier-run: warning: session %u turn %u: the prompt is %u tokens but the "
+		"turn has room for %u (steps %u, %u positions left of the model's context %d): "
+		"%u kept, %u dropped\n", s->idx + 1, turn + 1, n_prompt, room, c->steps, left,
+		c->m->cfg.seq_len, room, n_prompt - room);
+}
+
 static int
 run_begin_turn(struct run_ctx *c, struct run_sess *s, uint32_t turn)
 {
@@ -190,6 +212,7 @@ run_begin_turn(struct run_ctx *c, struct run_sess *s, uint32_t turn)
 			"turn %u is empty\n", s->idx + 1, c->m->cfg.seq_len, turn + 1);
 		return run_turn_store(c, s);
 	}
+	run_warn_prompt_cut(c, s, turn);
 	if (turn > 0 && c->e) {
 		rc = kvt_seq_resume(c->e, s->id);
 		if (rc)
@@ -227,10 +250,10 @@ run_after_forward(struct run_ctx *c, struct run_sess *s)
 
 		if (rc)
 			return rc;
-		if (c->o->stream && c->o->sessions == 1 && c->o->turns == 1) {
-			fputs(piece, c->o->stream);
-			fflush(c->o->stream);
-		}
+		if (c->o->stream && c->o->sessions == 1 && c->o->turns == 1 &&
+		    (fputs(piece, c->o->stream) < 0 || fflush(c->o->stream) != 0))
+			return kvtr_err(-EIO, "cannot write the generated text: %s",
+					strerror(errno));
 	}
 	s->out_toks[s->n_out++] = next;
 	if (local + 1 >= c->steps || g + 1 >= (uint32_t)c->m->cfg.seq_len)
@@ -375,6 +398,32 @@ run_engine_create(struct run_ctx *c)
 	return 0;
 }
 
+/*
+ * Before decoding: a session that outgrows HBM is decoded by windows, which need 2 HBM slots
+ * (one window block and the new token's block). Refuse an HBM of one slot up front when a
+ * session can grow past one block (turns x steps positions, at most seq_len), rather than fail
+ * in the middle of the text.
+ */
+static int
+run_check_hbm(const struct run_ctx *c)
+{
+	uint64_t most = (uint64_t)c->o->turns * c->steps;
+	uint32_t tpb = c->geo.tokens_per_block;
+
+	if (most > (uint64_t)c->m->cfg.seq_len)
+		most = (uint64_t)c->m->cfg.seq_len;
+	if (c->geo.hbm_slots >= 2 || most <= tpb)
+		return 0;
+	return kvtr_err(KVT_ETOOBIG, "HBM holds %u block slot(s): too small to hold one "
+			"decode batch of a session reaching %llu tokens (%llu blocks of %u tokens; "
+			"windows need at least 2 slots): use --hbm %llu or more (2 blocks of %llu "
+			"bytes) with --tokens-per-block %u", c->geo.hbm_slots,
+			(unsigned long long)most,
+			(unsigned long long)((most + tpb - 1) / tpb), tpb,
+			(unsigned long long)(2 * c->geo.block_bytes),
+			(unsigned long long)c->geo.block_bytes, tpb);
+}
+
 static int
 run_setup(struct run_ctx *c)
 {
@@ -397,6 +446,8 @@ run_setup(struct run_ctx *c)
 	c->r->turns = c->o->turns;
 	if (!c->o->reference) {
 		rc = run_engine_create(c);
+		if (rc == 0)
+			rc = run_check_hbm(c);
 		if (rc)
 			return rc;
 		c->side = calloc((size_t)c->m->cfg.n_layers * 2 * c->m->kv_dim, sizeof(float));
@@ -470,10 +521,9 @@ kvtr_run(const struct kvtr_run_opts *o, struct kvtr_run_result *r)
 	rc = run_setup(&c);
 	if (rc == 0)
 		rc = run_loop(&c);
-	if (rc == 0 && o->stream && o->sessions == 1 && o->turns == 1) {
-		fputs("\n", o->stream);
-		fflush(o->stream);
-	}
+	if (rc == 0 && o->stream && o->sessions == 1 && o->turns == 1 &&
+	    (fputs("\n", o->stream) < 0 || fflush(o->stream) != 0))
+		rc = kvtr_err(-EIO, "cannot write the generated text: %s", strerror(errno));
 	return run_teardown(&c, rc);
 }
 

@@ -24,7 +24,11 @@
  * with a note on the log stream; the text is unaffected.
  *
  * Reference mode: the same loop with a contiguous KV cache per session and llama2.c's own
- * attention, no kvtier at all. With fp32 KV both modes give identical tokens.
+ * attention, no kvtier at all. The reference rounds its K/V through kv_dtype (f16/bf16) as
+ * kvtier's blocks store them, so both modes give identical tokens for every dtype.
+ *
+ * A prompt longer than a turn's room (steps, or what is left of seq_len) is cut, with one
+ * warning per turn on the log stream saying how many tokens were kept and dropped.
  */
 #ifndef KVTR_RUNNER_H
 #define KVTR_RUNNER_H
@@ -115,7 +119,9 @@ void kvtr_run_opts_init(struct kvtr_run_opts *o);
  * case).
  * Returns 0, or a negative code with kvtr_last_error() explaining it: -EINVAL (options),
  * kvt_engine_create's codes (tier sizes, NVMe directory), KVT_ETOOBIG (HBM too small to hold
- * one decode batch), or any kvtier failure that is not recoverable.
+ * one decode batch: an HBM of one block slot is refused before decoding when a session can
+ * outgrow one block), -EIO (@stream could not be written; the run stops there), or any kvtier
+ * failure that is not recoverable.
  */
 int kvtr_run(const struct kvtr_run_opts *o, struct kvtr_run_result *r);
 
@@ -130,10 +136,11 @@ void kvtr_run_result_free(struct kvtr_run_result *r);
 const char *kvtr_builtin_prompt(uint32_t s, uint32_t t, uint32_t turns);
 
 /**
- * kvtr_stats_json_write() - write the run's figures as a JSON object to @path (see
- * stats_json.c for the keys). Returns 0 or a negative code (-errno, -ENOMEM).
+ * kvtr_stats_json_write() - write the run's figures as a JSON object to @f, opened for writing
+ * by the caller (before the run, so a bad path fails early), and flush it; @path names it in
+ * messages. The caller closes @f. See stats_json.c for the keys. Returns 0, -EIO or -ENOMEM.
  */
-int kvtr_stats_json_write(const char *path, const struct kvtr_run_opts *o,
+int kvtr_stats_json_write(FILE *f, const char *path, const struct kvtr_run_opts *o,
 			  const struct kvtr_run_result *r);
 
 #endif /* KVTR_RUNNER_H */

@@ -128,12 +128,11 @@ json_engine(cJSON *root, const struct kvtr_run_result *r)
 }
 
 int
-kvtr_stats_json_write(const char *path, const struct kvtr_run_opts *o,
+kvtr_stats_json_write(FILE *f, const char *path, const struct kvtr_run_opts *o,
 		      const struct kvtr_run_result *r)
 {
 	cJSON *root = cJSON_CreateObject();
 	char *text = NULL;
-	FILE *f;
 	int rc = -ENOMEM;
 
 	if (!root)
@@ -144,16 +143,9 @@ kvtr_stats_json_write(const char *path, const struct kvtr_run_opts *o,
 		rc = kvtr_err(-ENOMEM, "out of memory building the stats JSON");
 		goto out;
 	}
-	f = fopen(path, "w");
-	if (!f) {
-		rc = kvtr_err(-errno, "cannot write stats to %s: %s", path, strerror(errno));
-		goto out;
-	}
-	rc = fputs(text, f) < 0 || fputc('\n', f) == EOF ? -EIO : 0;
-	if (fclose(f) != 0 && rc == 0)
-		rc = -EIO;
+	rc = fputs(text, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0 ? -EIO : 0;
 	if (rc)
-		kvtr_err(rc, "cannot write stats to %s", path);
+		kvtr_err(rc, "cannot write stats to %s: %s", path, strerror(errno));
 out:
 	free(text);
 	cJSON_Delete(root);

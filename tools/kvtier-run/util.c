@@ -23,18 +23,42 @@ kvtr_err(int code, const char *fmt, ...)
 	return code;
 }
 
+/*
+ * Copies @detail into @buf (size @cap) without the repeats of "<name>: " after its first
+ * occurrence: the library nests messages (a tier's message inside the engine's, each made by
+ * kvt_err with the code's name in front), which would otherwise read "no such file or directory:
+ * NVME tier in X: no such file or directory: ...".
+ */
+static void
+util_drop_repeats(char *buf, size_t cap, const char *detail, const char *name)
+{
+	size_t nl = strlen(name), len = 0;
+	const char *first = strstr(detail, name);
+	const char *p = detail;
+
+	while (*p && len + 1 < cap) {
+		if (first && p > first && strncmp(p, name, nl) == 0 && p[nl] == ':' &&
+		    p[nl + 1] == ' ') {
+			p += nl + 2;
+			continue;
+		}
+		buf[len++] = *p++;
+	}
+	buf[len] = '\0';
+}
+
 int
 kvtr_err_kvt(int code, const char *what)
 {
 	const char *detail = kvt_last_error_message();
-	const char *name = kvt_strerror(code);
+	char msg[sizeof(util_errbuf)];
 
+	/* the library's message names the error itself: print it alone, never the name and
+	 * the message */
 	if (!detail || !detail[0])
-		return kvtr_err(code, "%s: %s", what, name);
-	/* the library's messages often start with the code's name already */
-	if (strncmp(detail, name, strlen(name)) == 0)
-		return kvtr_err(code, "%s: %s", what, detail);
-	return kvtr_err(code, "%s: %s: %s", what, name, detail);
+		return kvtr_err(code, "%s: %s", what, kvt_strerror(code));
+	util_drop_repeats(msg, sizeof(msg), detail, kvt_strerror(code));
+	return kvtr_err(code, "%s: %s", what, msg);
 }
 
 const char *
@@ -43,22 +67,27 @@ kvtr_last_error(void)
 	return util_errbuf;
 }
 
-/* Parse the leading decimal digits of s into *v; returns the first unparsed char or NULL on
- * overflow / no digits. */
+/* Parse the leading decimal digits of s into *v; returns the first unparsed char, or NULL when
+ * there is no digit. *overflow is set to 1 (and *v to UINT64_MAX) when the digits exceed
+ * UINT64_MAX; the whole run of digits is consumed either way. */
 static const char *
-util_parse_digits(const char *s, uint64_t *v)
+util_parse_digits(const char *s, uint64_t *v, int *overflow)
 {
 	uint64_t acc = 0;
 	const char *p = s;
 
+	*overflow = 0;
 	if (!isdigit((unsigned char)*p))
 		return NULL;
 	for (; isdigit((unsigned char)*p); p++) {
 		uint64_t d = (uint64_t)(*p - '0');
 
-		if (acc > (UINT64_MAX - d) / 10)
-			return NULL;
-		acc = acc * 10 + d;
+		if (acc > (UINT64_MAX - d) / 10) {
+			*overflow = 1;
+			acc = UINT64_MAX;
+		} else if (!*overflow) {
+			acc = acc * 10 + d;
+		}
 	}
 	*v = acc;
 	return p;
@@ -69,11 +98,12 @@ kvtr_parse_size(const char *what, const char *s, uint64_t *out)
 {
 	uint64_t v, mult = 1;
 	const char *p;
+	int overflow;
 
 	if (!s || !*s)
 		return kvtr_err(-EINVAL, "%s: empty size (expected bytes with an optional K, M or "
 				"G suffix, e.g. 64M)", what);
-	p = util_parse_digits(s, &v);
+	p = util_parse_digits(s, &v, &overflow);
 	if (!p)
 		return kvtr_err(-EINVAL, "%s: '%s' is not a size (expected bytes with an optional "
 				"K, M or G suffix, e.g. 64M)", what, s);
@@ -103,8 +133,9 @@ kvtr_parse_size(const char *what, const char *s, uint64_t *out)
 				s);
 	if (v == 0)
 		return kvtr_err(-EINVAL, "%s: size must be greater than zero", what);
-	if (v > KVTR_SIZE_MAX / mult)
-		return kvtr_err(-EINVAL, "%s: size '%s' is absurd (more than 16 TiB)", what, s);
+	if (overflow || v > KVTR_SIZE_MAX / mult)
+		return kvtr_err(-EINVAL, "%s: size '%s' is out of range (more than 1 PiB, the "
+				"largest tier kvtier accepts)", what, s);
 	*out = v * mult;
 	return 0;
 }
@@ -114,13 +145,14 @@ kvtr_parse_u64(const char *what, const char *s, uint64_t min, uint64_t max, uint
 {
 	uint64_t v;
 	const char *p;
+	int overflow;
 
 	if (!s || !*s)
 		return kvtr_err(-EINVAL, "%s: empty value (expected an integer)", what);
-	p = util_parse_digits(s, &v);
+	p = util_parse_digits(s, &v, &overflow);
 	if (!p || *p != '\0')
 		return kvtr_err(-EINVAL, "%s: '%s' is not a non-negative integer", what, s);
-	if (v < min || v > max)
+	if (overflow || v < min || v > max)
 		return kvtr_err(-EINVAL, "%s: %s is out of range [%llu, %llu]", what, s,
 				(unsigned long long)min, (unsigned long long)max);
 	*out = v;

@@ -22,8 +22,9 @@
 #define KVTR_PRINTF(a, b)
 #endif
 
-/** Largest size kvtr_parse_size() accepts: 16 TiB (anything above is a typo, not a tier). */
-#define KVTR_SIZE_MAX (UINT64_C(1) << 44)
+/** Largest size kvtr_parse_size() accepts: 1 PiB, the largest tier kvt_engine_create()
+ * accepts (engine.c), so a size the runner takes is never refused for its magnitude. */
+#define KVTR_SIZE_MAX (UINT64_C(1) << 50)
 
 /**
  * kvtr_err() - record "message" (printf format) as the calling thread's last error and return
@@ -32,8 +33,10 @@
 int kvtr_err(int code, const char *fmt, ...) KVTR_PRINTF(2, 3);
 
 /**
- * kvtr_err_kvt() - record the failure of a kvtier call: "<what>: <kvt_strerror(code)>: <the
- * library's kvt_last_error_message()>" and return @code. Call it right after the failing call,
+ * kvtr_err_kvt() - record the failure of a kvtier call: "<what>: <the library's
+ * kvt_last_error_message()>" (which names the error itself; repeats of the name inside a nested
+ * message are dropped), or "<what>: <kvt_strerror(code)>" when the library left no message;
+ * returns @code. Call it right after the failing call,
  * before any other kvtier call replaces the library's message.
  */
 int kvtr_err_kvt(int code, const char *what);
@@ -44,13 +47,14 @@ const char *kvtr_last_error(void);
 /**
  * kvtr_parse_size() - parse a byte count: decimal digits and an optional K, M or G suffix
  * (powers of 1024, either case). Rejects empty strings, signs, spaces, other suffixes, 0 and
- * values above KVTR_SIZE_MAX, each with a message naming @what (e.g. "--hbm").
+ * values above KVTR_SIZE_MAX ("out of range"), each with a message naming @what (e.g. "--hbm").
  * Returns 0 and *out, or -EINVAL.
  */
 int kvtr_parse_size(const char *what, const char *s, uint64_t *out);
 
 /**
- * kvtr_parse_u64() - parse a decimal integer in [min, max] (no sign, no suffix).
+ * kvtr_parse_u64() - parse a decimal integer in [min, max] (no sign, no suffix); digits
+ * beyond UINT64_MAX are "out of range" like any value above @max.
  * Returns 0 and *out, or -EINVAL with a message naming @what.
  */
 int kvtr_parse_u64(const char *what, const char *s, uint64_t min, uint64_t max, uint64_t *out);
