@@ -16,19 +16,17 @@
 #include <cmocka.h>
 
 #include <errno.h>
-#include <linux/capability.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "engine/kvtier.h"
 #include "transfer/device.h"
+#include "support/kvt_test.h"
 
 #define BUF 65536u /* bytes of the test buffers */
 
@@ -497,23 +495,12 @@ test_emu_bandwidth(void **state)
 static int
 host_alloc_unpinned_child(void)
 {
-	struct __user_cap_header_struct hdr = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
-	struct __user_cap_data_struct cap[2];
-	struct rlimit rl;
 	struct kvt_device *d = NULL;
 	bool pinned = true;
 	uint8_t *p = NULL;
 	size_t len = 1u << 20, i;
 
-	if (syscall(SYS_capget, &hdr, cap) == 0) {
-		cap[0].effective &= ~(1u << CAP_IPC_LOCK);
-		if (syscall(SYS_capset, &hdr, cap) != 0)
-			return 77;
-	}
-	if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
-		return 77;
-	rl.rlim_cur = 0;
-	if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+	if (tsup_refuse_mlock())
 		return 77;
 	if (kvt_device_emu_create(NULL, &d) != 0 || d->caps.pinned_host)
 		return 1;

@@ -12,27 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <fcntl.h>
-#include <linux/capability.h>
 #include <unistd.h>
 #include <cmocka.h>
 
 #include "engine/engine_impl.h"
 #include "support/kvt_test.h"
-
-static void
-check_engine(struct kvt_engine *e)
-{
-	int rc = kvt_engine_check(e);
-
-	if (rc)
-		print_error("kvt_engine_check: %s\n", kvt_last_error_message());
-	assert_int_equal(rc, 0);
-}
 
 static void
 test_version_and_strerror(void **state)
@@ -81,9 +68,9 @@ test_append_prepare_release(void **state)
 	/* grow across a partial block */
 	assert_int_equal(tsup_append_write(e, s, 7, 10, 7), 0);
 	assert_int_equal(tsup_verify(e, s, 7), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	assert_int_equal(kvt_seq_close(e, s), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
@@ -111,7 +98,7 @@ test_offload_roundtrip(void **state)
 		for (i = 0; i < 8; i++) {
 			assert_int_equal(tsup_append_write(e, s[i], i + 1, 9 + round, 1), 0);
 			assert_int_equal(tsup_verify(e, s[i], i + 1), 0);
-			check_engine(e);
+			tsup_check_engine(e);
 		}
 	}
 	assert_int_equal(kvt_engine_drain(e), 0);
@@ -129,7 +116,7 @@ test_offload_roundtrip(void **state)
 	assert_int_equal(st.transfers_in_flight, 0);
 	for (i = 0; i < 8; i++)
 		assert_int_equal(kvt_seq_close(e, s[i]), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
@@ -162,7 +149,7 @@ test_park_resume(void **state)
 	assert_int_equal(kvt_seq_info(e, b, &info), 0);
 	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 0);
 	assert_int_equal(info.blocks_in[KVT_TIER_HOST], 2);
-	check_engine(e);
+	tsup_check_engine(e);
 	assert_int_equal(kvt_seq_resume(e, a), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_seq_info(e, a, &info), 0);
@@ -174,7 +161,7 @@ test_park_resume(void **state)
 	assert_int_equal(tsup_verify(e, a, 1), 0);
 	assert_int_equal(tsup_append_write(e, b, 2, 5, 1), 0);
 	assert_int_equal(tsup_verify(e, b, 2), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
@@ -215,7 +202,7 @@ test_windows(void **state)
 	}
 	r = (struct kvt_seq_range){ .seq = s, .first_block = 9, .n_blocks = 2 };
 	assert_int_equal(kvt_batch_prepare_ranges(e, &r, 1, &b), -EINVAL);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
@@ -392,7 +379,7 @@ test_bad_sequence_use(void **state)
 	}
 	assert_int_equal(kvt_batch_wait_layer(NULL, 0, NULL), -EINVAL);
 	assert_int_equal(kvt_batch_release(NULL, NULL), -EINVAL);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
@@ -442,7 +429,7 @@ test_append_token_by_token(void **state)
 	assert_int_equal(tsup_verify(e, s, 3), 0); /* prepare + release drops the write pins */
 	assert_int_equal(tsup_append_write(e, s, 3, TSUP_TPB, 1), 0);
 	assert_int_equal(kvt_seq_close(e, s), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 }
 
@@ -461,22 +448,11 @@ record_log(void *arg, int level, const char *msg)
 static int
 mlock_refused_child(void)
 {
-	struct __user_cap_header_struct hdr = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
-	struct __user_cap_data_struct cap[2];
-	struct rlimit rl = { 0, 0 };
 	struct kvt_engine_opts o;
 	struct kvt_engine *e = NULL;
 	kvt_seq_id s;
 
-	if (syscall(SYS_capget, &hdr, cap) == 0) {
-		cap[0].effective &= ~(1u << CAP_IPC_LOCK);
-		if (syscall(SYS_capset, &hdr, cap) != 0)
-			return 77;
-	}
-	if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
-		return 77;
-	rl.rlim_cur = 0;
-	if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+	if (tsup_refuse_mlock())
 		return 77;
 	base_opts(&o);
 	o.log = record_log;

@@ -25,26 +25,10 @@
 static struct kvt_engine *
 reclaim_engine(char **dir)
 {
-	struct kvt_engine_opts o;
-	struct kvt_engine *e = NULL;
-	uint64_t bb = tsup_block_bytes();
+	struct tsup_cfg c = { .hbm_blocks = 2, .host_blocks = 1, .nvme_blocks = 8,
+			      .no_watermarks = true };
 
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = TSUP_TPB;
-	o.hbm_bytes = 2 * bb;
-	o.host_bytes = 1 * bb;
-	*dir = tsup_mkdtemp();
-	o.nvme_dir = *dir;
-	o.nvme_bytes = 8 * ((bb + 64 + 4095) / 4096 * 4096);
-	o.high_watermark = 1.0f;
-	o.low_watermark = 1.0f;
-	if (kvt_engine_create(&o, &e) != 0)
-		fail_msg("kvt_engine_create: %s", kvt_last_error_message());
-	return e;
+	return tsup_engine(&c, dir);
 }
 
 static void

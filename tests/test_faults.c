@@ -21,16 +21,6 @@
 #include "engine/engine_impl.h"
 #include "support/kvt_test.h"
 
-static void
-check_engine(struct kvt_engine *e)
-{
-	int rc = kvt_engine_check(e);
-
-	if (rc)
-		print_error("kvt_engine_check: %s\n", kvt_last_error_message());
-	assert_int_equal(rc, 0);
-}
-
 #define FS_SEQS 3
 
 /* One workload: appends, parks to both tiers, batches, resumes. Every call may fail; what
@@ -90,7 +80,7 @@ test_every_allocation_fails_in_turn(void **state)
 			/* whatever failed, the engine is consistent, nothing appended is lost,
 			 * and it works again */
 			assert_int_equal(kvt_engine_drain(e), 0);
-			check_engine(e);
+			tsup_check_engine(e);
 			for (i = 0; i < FS_SEQS; i++) {
 				assert_int_equal(kvt_seq_info(e, s[i], &info), 0);
 				assert_int_equal(info.n_tokens, len[i]);
@@ -99,7 +89,7 @@ test_every_allocation_fails_in_turn(void **state)
 				assert_int_equal(tsup_append_write(e, s[i], i + 1, len[i], 2), 0);
 				assert_int_equal(tsup_verify(e, s[i], i + 1), 0);
 			}
-			check_engine(e);
+			tsup_check_engine(e);
 			kvt_engine_destroy(e);
 			tsup_rmdir(dir);
 			if (!reached)
@@ -195,12 +185,12 @@ test_copy_event_failure_keeps_slot(void **state)
 	assert_null(b);
 	assert_non_null(strstr(kvt_last_error_message(), "injected event_record failure"));
 	fail_record = 0;
-	check_engine(e);
+	tsup_check_engine(e);
 	assert_int_equal(tsup_append_write(e, x, 2, 0, TSUP_TPB), 0);
 	usleep(200000); /* any copy still running would land now */
 	assert_int_equal(tsup_verify(e, x, 2), 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0); /* A itself is intact in HOST */
-	check_engine(e);
+	tsup_check_engine(e);
 	fault_unhook(e);
 	kvt_engine_destroy(e);
 }
@@ -252,7 +242,7 @@ test_release_ordering_failure(void **state)
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(tsup_verify(e, a, 9), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_stream_destroy(e, w);
 	fault_unhook(e);
 	kvt_engine_destroy(e);

@@ -23,16 +23,6 @@
 
 #define SLOW_BW (100u * 1024u) /* 100 KiB/s: a 1 KiB block copy takes ~10 ms */
 
-static void
-check_engine(struct kvt_engine *e)
-{
-	int rc = kvt_engine_check(e);
-
-	if (rc)
-		print_error("kvt_engine_check: %s\n", kvt_last_error_message());
-	assert_int_equal(rc, 0);
-}
-
 static kvt_seq_id
 seq_with(struct kvt_engine *e, uint32_t tag, size_t n)
 {
@@ -74,7 +64,7 @@ test_inv1_no_slot_reuse_in_flight(void **state)
 	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_HOST), 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
 	assert_int_equal(tsup_verify(e, b, 2), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 }
 
@@ -121,7 +111,7 @@ test_inv2_pinned_after_copy_complete(void **state)
 	assert_true(got[3] == tsup_val(2, 0, 1, 0, 3));
 	assert_int_equal(kvt_batch_release(bat, stream), 0);
 	kvt_engine_stream_destroy(e, stream);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 }
 
@@ -164,7 +154,7 @@ test_inv3_no_eviction_of_pinned(void **state)
 	assert_int_equal(tsup_verify(e, d, 3), 0);
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 }
 
@@ -191,7 +181,7 @@ test_inv4_dirty_demoted_first(void **state)
 		assert_int_equal(tsup_verify(e, s[i], i + 1), 0);
 	assert_int_equal(stats(e).checksum_failed, 0);
 	assert_true(stats(e).checksum_verified > 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
@@ -250,11 +240,11 @@ test_inv5_nvme_reads_verified(void **state)
 	assert_int_equal(stats(e).blocks_lost, 2);
 	assert_int_equal(kvt_seq_info(e, a, &info), 0);
 	assert_int_equal(info.n_tokens, 0); /* the caller recomputes from here */
-	check_engine(e);
+	tsup_check_engine(e);
 	/* recompute: the sequence and the engine keep working */
 	assert_int_equal(tsup_append_write(e, a, 1, 0, 6), 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
@@ -294,7 +284,7 @@ test_inv6_sealed_blocks_immutable(void **state)
 		assert_int_equal(kvt_seq_close(e, x), 0);
 	}
 	assert_int_equal(tsup_verify(e, a, 1), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
@@ -347,7 +337,7 @@ test_scenario_a_copy_after_queued_write(void **state)
 	assert_int_equal(kvt_engine_stream_sync(e, w), 0);
 	assert_int_equal(tsup_verify(e, a, 9), 0); /* comes back from HOST */
 	kvt_engine_stream_destroy(e, w);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 }
 
@@ -386,7 +376,7 @@ test_scenario_b_reader_keeps_slot(void **state)
 	assert_true(seen[5] == tsup_val(1, 0, 0, 0, 5));
 	assert_int_equal(tsup_verify(e, a, 1), 0);
 	kvt_engine_stream_destroy(e, r);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 }
 
@@ -413,10 +403,10 @@ test_scenario_c_lookup_pins(void **state)
 	/* resume: NVMe -> HOST, then HOST -> HBM when room can be made */
 	assert_int_equal(kvt_seq_resume(e, a), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	rc = tsup_verify(e, a, 1);
 	assert_true(rc == 0 || rc == -ENOSPC); /* never 1: other bytes */
-	check_engine(e);
+	tsup_check_engine(e);
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	rc = kvt_batch_prepare(e, &a, 1, &bat);
 	assert_true(rc == 0 || rc == -ENOSPC);
@@ -424,7 +414,7 @@ test_scenario_c_lookup_pins(void **state)
 		assert_int_equal(kvt_batch_release(bat, NULL), 0);
 	assert_int_equal(kvt_seq_close(e, b), 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
@@ -458,13 +448,13 @@ test_scenario_c_append_lookup(void **state)
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	rc = tsup_append_write(e, a, 1, 2, 1);
 	assert_true(rc == 0 || rc == -ENOSPC);
-	check_engine(e);
+	tsup_check_engine(e);
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	assert_int_equal(kvt_seq_close(e, b), 0);
 	if (rc)
 		assert_int_equal(tsup_append_write(e, a, 1, 2, 1), 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
@@ -539,7 +529,7 @@ test_scenario_d_failed_nvme_write(void **state)
 		assert_int_equal(kvt_seq_info(e, a, &info), 0);
 		assert_int_equal(info.blocks_in[KVT_TIER_NVME], 0);
 		assert_int_equal(info.blocks_in[KVT_TIER_HOST], 2); /* still held above */
-		check_engine(e);
+		tsup_check_engine(e);
 		assert_int_equal(tsup_verify(e, a, 1), 0);
 		/* the disk works again: the next park lands */
 		fault_write_res = 0;
@@ -548,7 +538,7 @@ test_scenario_d_failed_nvme_write(void **state)
 		assert_int_equal(kvt_seq_info(e, a, &info), 0);
 		assert_int_equal(info.blocks_in[KVT_TIER_NVME], 2);
 		assert_int_equal(tsup_verify(e, a, 1), 0);
-		check_engine(e);
+		tsup_check_engine(e);
 		kvt_engine_destroy(e);
 		tsup_rmdir(dir);
 	}
@@ -570,7 +560,7 @@ test_close_with_transfers_in_flight(void **state)
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
 	assert_true(stats(e).transfers_in_flight > 0);
 	assert_int_equal(kvt_seq_close(e, a), 0);
-	check_engine(e);
+	tsup_check_engine(e);
 	b = seq_with(e, 2, 8);
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
@@ -583,7 +573,7 @@ test_close_with_transfers_in_flight(void **state)
 				 info.blocks_in[KVT_TIER_HOST]);
 		assert_int_equal(stats(e).tier[KVT_TIER_NVME].used_slots, 0);
 	}
-	check_engine(e);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }

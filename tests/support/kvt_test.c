@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* tests/support/kvt_test.c - see kvt_test.h. */
 #include <dirent.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -10,7 +13,36 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "engine/engine_impl.h"
 #include "support/kvt_test.h"
+
+void
+tsup_check_engine(struct kvt_engine *e)
+{
+	int rc = kvt_engine_check(e);
+
+	if (rc)
+		print_error("kvt_engine_check: %s\n", kvt_last_error_message());
+	assert_int_equal(rc, 0);
+}
+
+int
+tsup_refuse_mlock(void)
+{
+	struct __user_cap_header_struct hdr = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+	struct __user_cap_data_struct cap[2];
+	struct rlimit rl;
+
+	if (syscall(SYS_capget, &hdr, cap) == 0) {
+		cap[0].effective &= ~(1u << CAP_IPC_LOCK);
+		if (syscall(SYS_capset, &hdr, cap) != 0)
+			return 77;
+	}
+	if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+		return 77;
+	rl.rlim_cur = 0;
+	return setrlimit(RLIMIT_MEMLOCK, &rl) != 0 ? 77 : 0;
+}
 
 char *
 tsup_mkdtemp(void)

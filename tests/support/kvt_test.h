@@ -48,6 +48,13 @@ int tsup_append_write(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint64_t
  * on a data mismatch. */
 int tsup_verify(struct kvt_engine *e, kvt_seq_id s, uint32_t tag);
 
+/* Assert kvt_engine_check(e) passes (prints its message when it does not). */
+void tsup_check_engine(struct kvt_engine *e);
+
+/* In the calling (child) process: drop CAP_IPC_LOCK and set RLIMIT_MEMLOCK to 0, so mlock is
+ * refused. Returns 0, or 77 when this machine does not allow it. */
+int tsup_refuse_mlock(void);
+
 /* Compare the K/V of a prepared batch entry with the pattern (after waiting). 0 or 1. */
 int tsup_check_entry(const struct kvt_block_table *bt, uint32_t i, uint32_t tag);
 
