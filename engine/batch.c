@@ -89,10 +89,11 @@ batch_check(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint3
 					       "%#llx", j, i, (unsigned long long)r[i].seq);
 		sum += count[i];
 	}
-	if (sum > e->slots[KVT_TIER_HBM].n_slots)
+	if (sum > e->slots[KVT_TIER_HBM].n_slots - e->quarantined[KVT_TIER_HBM])
 		return kvt_err(KVT_ETOOBIG, "the batch needs %llu blocks in HBM at once; HBM has "
 			       "%u slots (prepare fewer sequences, or windows of them)",
-			       (unsigned long long)sum, e->slots[KVT_TIER_HBM].n_slots);
+			       (unsigned long long)sum,
+			       e->slots[KVT_TIER_HBM].n_slots - e->quarantined[KVT_TIER_HBM]);
 	*total = (uint32_t)sum;
 	return 0;
 }
@@ -256,6 +257,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 			uint32_t id = s->blocks[j];
 
 			kvt_block_pin(e, id);
+			e->blocks[id].wanted = 1;
 			b->pinned[b->n_pinned++] = id;
 			if (e->blocks[id].state[KVT_TIER_HBM] == KVT_COPY_PRESENT)
 				e->evict[KVT_TIER_HBM].ops->access(&e->evict[KVT_TIER_HBM], id);

@@ -52,6 +52,9 @@ struct kvt_block {
 	uint8_t live;                      /* 1 while owned by a sequence (or dying) */
 	uint8_t dead;                      /* owner gone: free once busy drops to 0 */
 	uint8_t lost;                      /* no valid copy left anywhere: must be recomputed */
+	uint8_t wanted;                    /* asked back to HBM (resume, prepare, append) since
+	                                      its last demotion started: a demotion in flight
+	                                      keeps its source and stops where it is */
 	uint32_t ver;                      /* content version, bumped by appends */
 	uint16_t pins;                     /* batch pins + append (write) pins */
 	uint16_t busy;                     /* transfers in flight on this block's copies */

@@ -50,6 +50,9 @@ evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 		return -ENOSPC;
 	/* the only valid copy: demote it. Pin it while room is made below, so the cascade
 	 * cannot pick it again (or drop its other copies) halfway. */
+	if (tier == KVT_TIER_HOST && !may_wait && kvt_nvme_free_qd(e->nvme) == 0)
+		return -EAGAIN; /* no IO slot: do not make room below for nothing */
+	e->blocks[id].wanted = 0;
 	kvt_block_pin(e, id);
 	rc = kvt_reclaim(e, tier + 1, 1, may_wait);
 	if (rc == 0)
@@ -157,6 +160,7 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 	int rc = 0;
 
 	kvt_block_pin(e, id); /* the lookup pins it: scenario (c) of the v0 issue */
+	e->blocks[id].wanted = 1; /* a demotion still in flight keeps its HBM copy */
 	for (;;) {
 		b = &e->blocks[id];
 		if (b->lost) {
@@ -219,6 +223,7 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 	b = &e->blocks[id];
 	if (b->pins)
 		return KVT_EBUSY;
+	b->wanted = 0; /* parked: its demotion goes all the way */
 	if (kvt_copy_valid(b, target) || (target == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME))) {
 		/* already safe at or below the target: drop what is above it */
 		for (t = 0; t < target; t++)

@@ -166,6 +166,47 @@ test_park_resume(void **state)
 	tsup_rmdir(dir);
 }
 
+/* A resume right after a park (the user answers at once) cancels the demotions still in flight:
+ * the blocks stay in HBM and nothing goes on to NVMe (found by review: they went all the way
+ * down and nothing came back). */
+static void
+test_resume_cancels_park_in_flight(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 8, .nvme_blocks = 32,
+			      .bandwidth = 1u << 20, .no_watermarks = true };
+	struct kvt_stats st = { .size = sizeof st };
+	struct kvt_seq_info info;
+	struct kvt_engine *e;
+	kvt_seq_id a;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	assert_int_equal(kvt_seq_open(e, NULL, &a), 0);
+	assert_int_equal(tsup_append_write(e, a, 1, 0, 12), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_seq_resume(e, a), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_info(e, a, &info), 0);
+	assert_int_equal(info.parked, 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 3);
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	assert_int_equal(st.blocks_moved[KVT_MOVE_HOST_TO_NVME], 0);
+	assert_int_equal(st.blocks_moved[KVT_MOVE_NVME_TO_HOST], 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	/* a park that is not taken back still goes all the way */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_info(e, a, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_NVME], 3);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 /* A sequence larger than HBM is served in windows. */
 static void
 test_windows(void **state)
@@ -495,6 +536,7 @@ main(void)
 		cmocka_unit_test(test_offload_roundtrip),
 		cmocka_unit_test(test_park_resume),
 		cmocka_unit_test(test_windows),
+		cmocka_unit_test(test_resume_cancels_park_in_flight),
 		cmocka_unit_test(test_bad_engine_options),
 		cmocka_unit_test(test_bad_sequence_use),
 		cmocka_unit_test(test_stats_size_and_opts_abi),

@@ -264,12 +264,13 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 	xfer_count_move(e, x->kind);
 	/* a demotion frees the source once the copy below is safe, unless it got pinned or
 	 * another transfer uses it meanwhile */
-	if (x->evict_src && b->pins == 0 && b->busy == 0 && b->state[src] == KVT_COPY_PRESENT) {
+	if (x->evict_src && !b->wanted && b->pins == 0 && b->busy == 0 &&
+	    b->state[src] == KVT_COPY_PRESENT) {
 		kvt_copy_drop(e, x->block, src);
 		e->st.tier[src].evictions++;
 		e->st.evictions++;
 	}
-	if (x->then_nvme && e->nvme && b->pins == 0) {
+	if (x->then_nvme && e->nvme && b->pins == 0 && !b->wanted) {
 		uint32_t slot;
 
 		if (kvt_reclaim(e, KVT_TIER_NVME, 1, false) == 0 &&
@@ -413,6 +414,9 @@ kvt_xfer_flush(struct kvt_engine *e)
 	int rc2 = xstream_flush(e, &e->h2d);
 	int rc3 = e->nvme && e->nvme_inflight ? kvt_nvme_flush(e->nvme) : 0;
 
+	/* a transient refusal of the submission is retried at the next flush or reap */
+	if (rc3 == -EAGAIN || rc3 == -EBUSY || rc3 == -EINTR)
+		rc3 = 0;
 	if (rc3 < 0)
 		rc3 = kvt_err(rc3, "submitting NVMe IO");
 	return rc1 ? rc1 : rc2 ? rc2 : rc3 < 0 ? rc3 : 0;
@@ -596,6 +600,13 @@ kvt_xfer_fini(struct kvt_engine *e)
 	while (kvt_xfer_inflight(e) > 0 || e->d2h.n_pending || e->h2d.n_pending)
 		if (kvt_xfer_wait_any(e) <= 0)
 			break;
+	/* NVMe IO does not depend on the device: reap it all, so no record is left behind */
+	while (e->nvme_inflight) {
+		int done = 0;
+
+		if (xfer_nvme_poll(e, 0, true, &done) < 0)
+			break;
+	}
 	if (e->d2h.s)
 		e->dev->ops->stream_destroy(e->dev, e->d2h.s);
 	if (e->h2d.s)
