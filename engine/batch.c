@@ -20,38 +20,45 @@
 static void
 batch_free(struct kvt_batch *b)
 {
-	if (!b)
-		return;
-	kvt_free(b->seqidx);
-	kvt_free(b->pinned);
-	kvt_free(b->indptr);
-	kvt_free(b->indices);
-	kvt_free(b->last_len);
-	kvt_free(b->seq_len);
-	kvt_free(b->first_block);
-	kvt_free(b);
+	kvt_free(b); /* one allocation holds the batch and its arrays */
 }
 
+/* The batch and all its arrays in one allocation: prepare runs once per decode step. */
 static struct kvt_batch *
 batch_alloc(uint32_t n, uint32_t n_blocks)
 {
-	struct kvt_batch *b = kvt_calloc(1, sizeof *b);
+	size_t u32 = sizeof(uint32_t), off = sizeof(struct kvt_batch);
+	size_t o_seq_len, o_seqidx, o_pinned, o_indptr, o_indices, o_last, o_first;
+	struct kvt_batch *b;
+	char *p;
 
-	if (!b)
+	off = (off + 7) & ~(size_t)7;
+	o_seq_len = off;
+	off += (size_t)n * sizeof(uint64_t);
+	o_seqidx = off;
+	off += (size_t)n * u32;
+	o_pinned = off;
+	off += (size_t)n_blocks * u32;
+	o_indptr = off;
+	off += ((size_t)n + 1) * u32;
+	o_indices = off;
+	off += (size_t)n_blocks * u32;
+	o_last = off;
+	off += (size_t)n * u32;
+	o_first = off;
+	off += (size_t)n * u32;
+	p = kvt_calloc(1, off);
+	if (!p)
 		return NULL;
+	b = (struct kvt_batch *)(void *)p;
 	b->n = n;
-	b->seqidx = kvt_calloc(n, sizeof *b->seqidx);
-	b->pinned = kvt_calloc(n_blocks, sizeof *b->pinned);
-	b->indptr = kvt_calloc(n + 1, sizeof *b->indptr);
-	b->indices = kvt_calloc(n_blocks, sizeof *b->indices);
-	b->last_len = kvt_calloc(n, sizeof *b->last_len);
-	b->seq_len = kvt_calloc(n, sizeof *b->seq_len);
-	b->first_block = kvt_calloc(n, sizeof *b->first_block);
-	if (!b->seqidx || !b->pinned || !b->indptr || !b->indices || !b->last_len ||
-	    !b->seq_len || !b->first_block) {
-		batch_free(b);
-		return NULL;
-	}
+	b->seq_len = (uint64_t *)(void *)(p + o_seq_len);
+	b->seqidx = (uint32_t *)(void *)(p + o_seqidx);
+	b->pinned = (uint32_t *)(void *)(p + o_pinned);
+	b->indptr = (uint32_t *)(void *)(p + o_indptr);
+	b->indices = (uint32_t *)(void *)(p + o_indices);
+	b->last_len = (uint32_t *)(void *)(p + o_last);
+	b->first_block = (uint32_t *)(void *)(p + o_first);
 	return b;
 }
 
@@ -362,9 +369,13 @@ kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
 		return kvt_err(-EINVAL, "layer %u out of range (model has %u)", layer,
 			       e->layout.n_layers);
 	kvt_lock(e);
-	rc = kvt_xfer_poll(e, 0);
-	if (rc >= 0)
-		rc = 0;
+	/* once the batch's copies have retired every later layer returns at once (the decode
+	 * path calls this once per layer); otherwise see what has landed first */
+	if (e->h2d.retired < b->need_h2d) {
+		rc = kvt_xfer_poll(e, 0);
+		if (rc >= 0)
+			rc = 0;
+	}
 	if (rc == 0 && e->h2d.retired < b->need_h2d) {
 		if (stream) {
 			/* device-side wait: the host does not block (invariant 2 via the event) */

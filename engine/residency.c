@@ -81,7 +81,7 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 {
 	struct kvt_slots *sl = &e->slots[tier];
 	struct kvt_evict *ev = &e->evict[tier];
-	uint32_t *cand, n, i, id, limit, deficit = need - sl->n_free - e->demoting[tier];
+	uint32_t stackc[32], *cand, n, i, id, limit, deficit = need - sl->n_free - e->demoting[tier];
 	bool full = false, below_full = false;
 	int rc;
 
@@ -91,7 +91,8 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 			limit = ev->n < deficit + RECLAIM_SCAN_MAX ? ev->n : deficit + RECLAIM_SCAN_MAX;
 			full = true;
 		}
-		cand = kvt_malloc((size_t)(limit ? limit : 1) * sizeof *cand);
+		/* the common case (one slot wanted) needs no allocation on the decode path */
+		cand = limit <= 32 ? stackc : kvt_malloc((size_t)limit * sizeof *cand);
 		if (!cand)
 			return kvt_err(-ENOMEM, "eviction candidates");
 		n = 0;
@@ -111,7 +112,8 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 			else if (rc == -ENOSPC)
 				below_full = true;
 		}
-		kvt_free(cand);
+		if (cand != stackc)
+			kvt_free(cand);
 		if (full || sl->n_free + e->demoting[tier] >= need)
 			break;
 		limit = deficit + RECLAIM_SCAN_MAX; /* not enough near the tail: look further */

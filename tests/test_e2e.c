@@ -315,17 +315,6 @@ test_sessions16x3(void **state)
 	kvtr_run_result_free(&small);
 }
 
-/* 1 when the two runs emitted different tokens somewhere. */
-static int
-e2e_tokens_differ(const struct kvtr_run_result *a, const struct kvtr_run_result *b)
-{
-	for (size_t i = 0; i < (size_t)a->sessions * a->turns; i++)
-		if (a->out[i].n_tokens != b->out[i].n_tokens ||
-		    memcmp(a->out[i].tokens, b->out[i].tokens, a->out[i].n_tokens * 4) != 0)
-			return 1;
-	return 0;
-}
-
 /* One dtype: greedy 200 steps and 4 sessions x 2 turns sampled, kvtier with most blocks on
  * NVMe against --reference with the same dtype (and, sampled, against the fp32 reference). */
 static void
@@ -369,7 +358,7 @@ e2e_dtype_case(enum kvt_dtype dt)
 	assert_nvme_roundtrip(&kvt.stats);
 	assert_int_equal(kvt.parks, 8);
 	/* the dtype changed the sampled text: the comparison above was not fp32 vs fp32 */
-	assert_true(e2e_tokens_differ(&f32, &ref));
+	assert_true(rutil_tokens_differ(&f32, &ref));
 	kvtr_run_result_free(&f32);
 	kvtr_run_result_free(&ref);
 	kvtr_run_result_free(&kvt);

@@ -687,17 +687,6 @@ test_sessions_turns_builtin(void **state)
 	kvtr_run_result_free(&kvt);
 }
 
-/* 1 when the two runs emitted different tokens somewhere. */
-static int
-tokens_differ(const struct kvtr_run_result *a, const struct kvtr_run_result *b)
-{
-	for (size_t i = 0; i < (size_t)a->sessions * a->turns; i++)
-		if (a->out[i].n_tokens != b->out[i].n_tokens ||
-		    memcmp(a->out[i].tokens, b->out[i].tokens, a->out[i].n_tokens * 4) != 0)
-			return 1;
-	return 0;
-}
-
 /* --reference --kv-dtype bf16/f16 rounds its contiguous K/V as kvtier stores them: the same
  * tokens as kvtier with that dtype (windows and NVMe included), sampled, 1 session x 2 turns. */
 static void
@@ -719,7 +708,7 @@ test_reference_kv_dtype(void **state)
 	}
 	/* the rounding matters for this run: bf16 changes the sampled tokens */
 	run_builtin_dt(&ref, 1, 0, 1, 2, 1.0f, KVT_DTYPE_BF16);
-	assert_true(tokens_differ(&f32, &ref));
+	assert_true(rutil_tokens_differ(&f32, &ref));
 	kvtr_run_result_free(&ref);
 	kvtr_run_result_free(&f32);
 }

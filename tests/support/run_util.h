@@ -16,6 +16,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tools/kvtier-run/runner.h"
+
+/* 1 when the two runs emitted different tokens somewhere. */
+static inline int
+rutil_tokens_differ(const struct kvtr_run_result *a, const struct kvtr_run_result *b)
+{
+	for (size_t i = 0; i < (size_t)a->sessions * a->turns; i++)
+		if (a->out[i].n_tokens != b->out[i].n_tokens ||
+		    memcmp(a->out[i].tokens, b->out[i].tokens, a->out[i].n_tokens * 4) != 0)
+			return 1;
+	return 0;
+}
+
 /* ../shared/data: $KVT_SHARED_DATA (set by ctest), else relative to this source tree. */
 static inline const char *
 rutil_data_dir(void)
