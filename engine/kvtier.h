@@ -432,6 +432,13 @@ KVT_API int kvt_batch_release(struct kvt_batch *b, void *stream);
 /* ------------------------------------------------------------------------------------------ */
 /* Statistics                                                                                   */
 
+/* Latency histogram buckets (upper bounds, ns) used by struct kvt_tier_stats::promote_lat:
+ * 10us 50us 100us 500us 1ms 5ms 10ms 50ms 100ms 500ms, then +Inf. */
+#define KVT_LAT_BUCKETS 11
+#define KVT_LAT_BUCKET_BOUNDS_NS                                                           \
+	{ 10000ull, 50000ull, 100000ull, 500000ull, 1000000ull, 5000000ull, 10000000ull,       \
+	  50000000ull, 100000000ull, 500000000ull, UINT64_MAX }
+
 enum kvt_move {
 	KVT_MOVE_HBM_TO_HOST = 0,
 	KVT_MOVE_HOST_TO_NVME = 1,
@@ -446,6 +453,18 @@ struct kvt_tier_stats {
 	uint32_t slots;          /* slots in the tier */
 	uint32_t used_slots;     /* slots in use (holding data or being written) */
 	uint64_t evictions;      /* copies dropped from this tier to make room */
+	/* The fields below are filled by later subsystems (prefetch, prefix index, codec); a field
+	 * whose subsystem is not built stays 0. */
+	uint64_t hits;            /* block accesses by batches that found the block here, ready */
+	uint64_t misses;          /* block accesses that had to wait for a promotion into here */
+	uint64_t bytes_prefetched; /* bytes promoted into this tier ahead of need (hints, windows) */
+	uint64_t bytes_on_demand; /* bytes promoted into this tier because a batch needed them now */
+	uint64_t prefix_hit_blocks; /* sealed blocks found here through the prefix index */
+	uint64_t promote_count;   /* promotions into this tier that completed */
+	uint64_t promote_ns_sum;  /* their total latency, issue to completion, ns */
+	uint64_t promote_lat[KVT_LAT_BUCKETS]; /* histogram of that latency; bucket i counts
+						* latencies <= kvt_lat_bucket_ns[i] (not cumulative),
+						* the last bucket everything above */
 };
 
 struct kvt_stats {
@@ -463,6 +482,18 @@ struct kvt_stats {
 	uint32_t seqs_open;                         /* open sequences */
 	uint32_t batches_open;                      /* unreleased batches */
 	uint64_t transfers_in_flight;               /* copies and IOs not yet completed */
+	/* filled by later subsystems; 0 where not built */
+	uint64_t accesses;            /* block accesses by prepared batches (coverage denominator) */
+	uint64_t accesses_ready;      /* of those, blocks already ready in HBM (coverage numerator) */
+	uint64_t hints;               /* schedule hints received */
+	uint64_t prefix_lookups;      /* sealed blocks looked up in the prefix index */
+	uint64_t prefix_hit_blocks;   /* of those, found and shared */
+	uint64_t prefix_hit_tokens;   /* tokens covered by those hits (prefill saved) */
+	uint64_t shared_blocks;       /* blocks referenced by more than one sequence now */
+	uint64_t codec_blocks;        /* NVMe blocks stored compressed */
+	uint64_t codec_raw_bytes;     /* bytes before compression of blocks written to NVMe */
+	uint64_t codec_stored_bytes;  /* bytes after (raw where compression did not pay) */
+	uint64_t meta_bytes;          /* host memory used by kvtier's own metadata */
 };
 
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */

@@ -1,0 +1,14 @@
+/* SPDX-License-Identifier: MIT */
+/* kvtier-bench: the modes' entry points. */
+#ifndef KVTIER_BENCH_H
+#define KVTIER_BENCH_H
+
+struct kvtb_mode {
+	const char *name;                    /* argv[1] that selects the mode */
+	int (*main)(int argc, char **argv);  /* argv[0] is the mode name; returns the exit code */
+	const char *summary;                 /* one line for the usage text */
+};
+
+/* one declaration per mode, each defined in tools/kvtier-bench/<mode>.c */
+
+#endif

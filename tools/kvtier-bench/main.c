@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtier-bench: kvtier's benchmarks, one mode per subsystem. Each mode measures kvtier against the
+ * limit measured in the same run (memcpy, fio, the copy bandwidth) and prints ratios.
+ *
+ *   kvtier-bench <mode> [options]     (kvtier-bench <mode> --help for a mode's options)
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+
+static const struct kvtb_mode kvtb_modes[] = {
+	/* { "name", entry, "one-line summary" }, one line per mode, sorted by name */
+	{ NULL, NULL, NULL },
+};
+
+static void
+kvtb_usage(FILE *f)
+{
+	fprintf(f, "usage: kvtier-bench <mode> [options]\nmodes:\n");
+	for (const struct kvtb_mode *m = kvtb_modes; m->name; m++)
+		fprintf(f, "  %-8s %s\n", m->name, m->summary);
+}
+
+int
+main(int argc, char **argv)
+{
+	if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+		kvtb_usage(argc < 2 ? stderr : stdout);
+		return argc < 2 ? 2 : 0;
+	}
+	for (const struct kvtb_mode *m = kvtb_modes; m->name; m++)
+		if (!strcmp(argv[1], m->name))
+			return m->main(argc - 1, argv + 1);
+	fprintf(stderr, "kvtier-bench: unknown mode '%s'\n", argv[1]);
+	kvtb_usage(stderr);
+	return 2;
+}
