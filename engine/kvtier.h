@@ -499,6 +499,33 @@ struct kvt_stats {
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */
 KVT_API int kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out);
 
+/**
+ * kvt_engine_metrics_text() - the engine's counters in the Prometheus text exposition format
+ * 0.0.4 (what a /metrics endpoint serves with Content-Type "text/plain; version=0.0.4").
+ * Names start with kvtier_, counters end in _total, values are in base units (bytes, seconds);
+ * per-tier series carry tier="hbm|host|nvme" (capacity, used, slots, evictions, hits, misses,
+ * prefetched and on-demand bytes, prefix hits), copies carry direction="hbm_to_host|
+ * host_to_nvme|nvme_to_host|host_to_hbm"; kvtier_promotion_duration_seconds is a histogram per
+ * tier. Engine-wide: accesses and prefetch coverage, stalls and stall seconds, checksum
+ * failures, IO errors, lost blocks, hints, prefix lookups and hits, codec bytes, open
+ * sequences and batches, transfers in flight, metadata bytes. See engine/metrics.c.
+ * @buf: receives the NUL-terminated text; may be NULL when @cap is 0 (a size query).
+ * @cap: size of @buf in bytes.
+ * @len: on success the text's length (without the NUL); on -ENOSPC the buffer size needed
+ *       (with the NUL). Counters grow between calls: allocate some slack (a few KiB of text).
+ * Returns 0, -EINVAL (NULL engine or len, NULL buf with cap > 0), -ENOSPC (too small: @buf
+ * holds "" when cap > 0). Thread-safe as kvt_engine_stats().
+ */
+KVT_API int kvt_engine_metrics_text(struct kvt_engine *e, char *buf, size_t cap, size_t *len);
+
+/**
+ * kvt_stats_metrics_text() - as kvt_engine_metrics_text() for a snapshot taken earlier with
+ * kvt_engine_stats() (@st->size as set for that call; fields beyond it read as 0), e.g. after
+ * the engine is gone. Returns 0, -EINVAL (NULL @st or @len, bad @st->size), -ENOSPC.
+ */
+KVT_API int kvt_stats_metrics_text(const struct kvt_stats *st, char *buf, size_t cap,
+				   size_t *len);
+
 #ifdef __cplusplus
 }
 #endif
