@@ -25,6 +25,7 @@ struct main_args {
 	const char *model;      /* --model, NULL = built-in */
 	const char *tokenizer;  /* --tokenizer, NULL = built-in */
 	const char *stats_json; /* --stats-json */
+	const char *metrics;    /* --metrics: file for the Prometheus text, "-" = stdout */
 	uint64_t seed;          /* --seed, 0 = default (see main_seed) */
 	int seed_given;         /* 1 when --seed was on the command line */
 	FILE *stats;            /* --stats-json opened before the run, or NULL */
@@ -64,6 +65,8 @@ main_usage(FILE *f)
 	      "  --emu-delay-us N      emulated device: delay/reorder copies up to N us\n"
 	      "                        (default 0)\n"
 	      "  --stats-json F        write tier/transfer statistics as JSON to F\n"
+	      "  --metrics F           write the engine's counters at the end in the Prometheus\n"
+	      "                        text format to F (- = stdout, after the text)\n"
 	      "  -h, --help            this text\n"
 	      "Sizes are at most 1 PiB. With one session and one turn stdout is only the\n"
 	      "generated text, as llama2.c prints it; otherwise each turn's text is printed\n"
@@ -74,7 +77,7 @@ main_usage(FILE *f)
 enum {
 	OPT_MODEL = 256, OPT_TOKENIZER, OPT_PROMPT, OPT_STEPS, OPT_TEMP, OPT_TOPP, OPT_SEED,
 	OPT_SESSIONS, OPT_TURNS, OPT_HBM, OPT_HOST, OPT_NVME_DIR, OPT_NVME, OPT_TPB, OPT_DTYPE,
-	OPT_REFERENCE, OPT_EMU_DELAY, OPT_STATS, OPT_HELP,
+	OPT_REFERENCE, OPT_EMU_DELAY, OPT_STATS, OPT_METRICS, OPT_HELP,
 };
 
 static const struct option main_opts[] = {
@@ -96,6 +99,7 @@ static const struct option main_opts[] = {
 	{ "reference", no_argument, NULL, OPT_REFERENCE },
 	{ "emu-delay-us", required_argument, NULL, OPT_EMU_DELAY },
 	{ "stats-json", required_argument, NULL, OPT_STATS },
+	{ "metrics", required_argument, NULL, OPT_METRICS },
 	{ "help", no_argument, NULL, OPT_HELP },
 	{ NULL, 0, NULL, 0 },
 };
@@ -143,6 +147,7 @@ main_parse_one(int opt, const char *arg, struct kvtr_run_opts *o, struct main_ar
 	case OPT_EMU_DELAY: return kvtr_parse_u32("--emu-delay-us", arg, 0, 1000000,
 						  &o->emu_delay_us);
 	case OPT_STATS: a->stats_json = arg; return 0;
+	case OPT_METRICS: a->metrics = arg; return 0;
 	case OPT_HELP:
 	case 'h':
 		return 1;
@@ -257,6 +262,45 @@ main_stats_close(struct main_args *a, const struct kvtr_run_opts *o,
 	return rc;
 }
 
+/* --metrics: the run's final counters in the Prometheus text format, to the file or stdout. */
+static int
+main_metrics_write(const struct main_args *a, const struct kvtr_run_result *r)
+{
+	struct kvt_stats st = r->stats;
+	size_t need = 0, len = 0;
+	char *buf;
+	FILE *f;
+	int rc;
+
+	if (!a->metrics)
+		return 0;
+	st.size = sizeof st; /* zero after a reference run */
+	rc = kvt_stats_metrics_text(&st, NULL, 0, &need);
+	if (rc != -ENOSPC)
+		return kvtr_err(rc, "--metrics: %s", kvt_last_error_message());
+	buf = malloc(need);
+	if (!buf)
+		return kvtr_err(-ENOMEM, "--metrics: out of memory");
+	rc = kvt_stats_metrics_text(&st, buf, need, &len);
+	if (rc) {
+		free(buf);
+		return kvtr_err(rc, "--metrics: %s", kvt_last_error_message());
+	}
+	f = strcmp(a->metrics, "-") == 0 ? stdout : fopen(a->metrics, "w");
+	if (!f) {
+		rc = errno;
+		free(buf);
+		return kvtr_err(-rc, "--metrics: cannot write %s: %s", a->metrics, strerror(rc));
+	}
+	rc = fwrite(buf, 1, len, f) == len ? 0 : -EIO;
+	if (f != stdout && fclose(f) != 0)
+		rc = -EIO;
+	free(buf);
+	if (rc)
+		return kvtr_err(rc, "--metrics: cannot write %s", a->metrics);
+	return 0;
+}
+
 static void
 main_print_turns(const struct kvtr_run_result *r)
 {
@@ -300,6 +344,8 @@ main_run(struct main_args *a, struct kvtr_run_opts *o, struct kvtr_run_result *r
 		rc = kvtr_run(o, r);
 		if (rc == 0 && !single)
 			main_print_turns(r);
+		if (rc == 0)
+			rc = main_metrics_write(a, r);
 		rc = main_check_stdout(rc);
 		if (rc == 0 && r->positions > 1)
 			fprintf(stderr, "achieved tok/s: %f\n", r->tok_per_s);
