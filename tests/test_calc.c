@@ -1,0 +1,460 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_calc.c - kvtier-calc: the worked examples users know (B x H_kv x S x D x 2 x L x
+ * bytes), real config.json files of GQA, MQA, MLA, sliding-window, per-layer-type and KV-sharing
+ * models (tests/data/configs, written from their published configurations; the expected numbers
+ * are derived by hand below), the budgets, the command line (text and --json) and bad input.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+
+#include "calc.h"
+#include "util.h"
+
+#define KiB 1024.0
+#define MiB (1024.0 * 1024.0)
+#define GiB (1024.0 * 1024.0 * 1024.0)
+
+/* tests/data/configs/<name>, found from this file's path (CMake compiles with full paths). */
+static const char *
+calc_cfg_path(const char *name)
+{
+	static char path[4096];
+	const char *slash = strrchr(__FILE__, '/');
+	int dir = slash ? (int)(slash - __FILE__) : 1;
+
+	snprintf(path, sizeof path, "%.*s/data/configs/%s", dir, slash ? __FILE__ : ".", name);
+	return path;
+}
+
+/* A flags-only model. */
+static void
+calc_flags(struct kvc_model *m, uint32_t layers, uint32_t heads, uint32_t kv_heads,
+	   uint32_t head_dim)
+{
+	kvc_model_init(m);
+	m->n_layers = layers;
+	m->n_heads = heads;
+	m->n_kv_heads = kv_heads;
+	m->head_dim = head_dim;
+	assert_int_equal(kvc_model_finish(m), 0);
+}
+
+static void
+calc_run(const struct kvc_model *m, uint64_t context, uint64_t batch, struct kvc_result *r)
+{
+	struct kvc_query q;
+
+	kvc_query_init(&q);
+	q.context = context;
+	q.batch = batch;
+	assert_int_equal(kvc_compute(m, &q, r), 0);
+}
+
+static void
+calc_load(const char *name, struct kvc_model *m)
+{
+	kvc_model_init(m);
+	if (kvc_model_load(calc_cfg_path(name), m) != 0)
+		fail_msg("%s: %s", name, kvtr_last_error());
+	assert_int_equal(kvc_model_finish(m), 0);
+}
+
+/* 32 layers, 8 KV heads, head_dim 128, fp16: 32 x 8 x 128 x 2 x 2 = 131072 B = 128 KiB per
+ * token; x 4096 = 512 MiB = 0.5 GiB per sequence; x 8 = 4 GiB; 8 x 32768 tokens = 32 GiB. */
+static void
+test_worked_gqa(void **state)
+{
+	struct kvc_model m;
+	struct kvc_result r;
+
+	(void)state;
+	calc_flags(&m, 32, 32, 8, 128);
+	calc_run(&m, 4096, 1, &r);
+	assert_int_equal(r.attn, KVC_ATTN_GQA);
+	assert_true(r.token_bytes == 131072);
+	assert_true(r.block_bytes == 16 * 131072);
+	assert_true(r.seq_bytes == 0.5 * GiB);
+	assert_true(r.seq_paged_bytes == 0.5 * GiB);
+	calc_run(&m, 4096, 8, &r);
+	assert_true(r.batch_bytes == 4 * GiB);
+	calc_run(&m, 32768, 8, &r);
+	assert_true(r.batch_bytes == 32 * GiB);
+}
+
+/* 7B MHA: 32 layers, hidden 4096 (32 heads x 128), fp16: 2 x 4096 x 32 x 2 = 0.5 MiB per token,
+ * x 4096 = 2 GiB per sequence, x 32 = 64 GiB. Given as --hidden only, too. */
+static void
+test_worked_7b_mha(void **state)
+{
+	struct kvc_model m;
+	struct kvc_result r;
+
+	(void)state;
+	calc_flags(&m, 32, 32, 0, 128);
+	calc_run(&m, 4096, 32, &r);
+	assert_int_equal(r.attn, KVC_ATTN_MHA);
+	assert_true(r.token_bytes == 0.5 * MiB);
+	assert_true(r.seq_bytes == 2 * GiB);
+	assert_true(r.batch_bytes == 64 * GiB);
+	kvc_model_init(&m);
+	m.n_layers = 32;
+	m.hidden = 4096;
+	assert_int_equal(kvc_model_finish(&m), 0);
+	calc_run(&m, 4096, 32, &r);
+	assert_true(r.token_bytes == 0.5 * MiB);
+	assert_true(r.batch_bytes == 64 * GiB);
+}
+
+/* 70B-class: 80 layers, hidden 8192 MHA (64 heads x 128): 2 x 8192 x 80 x 2 = 2621440 B =
+ * 2.5 MiB per token; with 8 KV heads of 128 (GQA): 2 x 8 x 128 x 80 x 2 = 327680 = 1/8. */
+static void
+test_worked_70b(void **state)
+{
+	struct kvc_model m;
+	struct kvc_result mha, gqa;
+
+	(void)state;
+	kvc_model_init(&m);
+	m.n_layers = 80;
+	m.hidden = 8192;
+	m.n_heads = 64;
+	assert_int_equal(kvc_model_finish(&m), 0);
+	calc_run(&m, 4096, 1, &mha);
+	assert_true(mha.token_bytes == 2.5 * MiB);
+	m.n_kv_heads = 8;
+	calc_run(&m, 4096, 1, &gqa);
+	assert_int_equal(gqa.attn, KVC_ATTN_GQA);
+	assert_true(gqa.token_bytes == 327680);
+	assert_true(gqa.token_bytes * 8 == mha.token_bytes);
+}
+
+/* Llama-3-8B: 32 layers, 8 KV heads x 128, bf16 -> 128 KiB per token; 8192 tokens = 1 GiB.
+ * Budgets: 80 GiB HBM with 8.03e9 bf16 params (16.06e9 B = 14.957 GiB of weights) leaves
+ * 85899345920 - 16060000000 = 69839345920 B -> floor(/ 1 GiB) = 65 sessions; 256 GiB host ->
+ * 256; 2 TiB NVMe -> 2048; 2369 in all. */
+static void
+test_llama3_8b(void **state)
+{
+	struct kvc_model m;
+	struct kvc_query q;
+	struct kvc_result r;
+
+	(void)state;
+	calc_load("llama-3-8b.json", &m);
+	assert_int_equal(m.n_layers, 32);
+	assert_int_equal(m.n_kv_heads, 8);
+	assert_int_equal(m.head_dim, 128);
+	assert_true(m.kv_dtype_bytes == 2);
+	kvc_query_init(&q);
+	q.context = 8192;
+	q.hbm_bytes = 80ull << 30;
+	q.host_bytes = 256ull << 30;
+	q.nvme_bytes = 2ull << 40;
+	assert_int_equal(kvc_parse_count("--params", "8.03B", &q.params), 0);
+	assert_int_equal(kvc_compute(&m, &q, &r), 0);
+	assert_int_equal(r.attn, KVC_ATTN_GQA);
+	assert_true(r.token_bytes == 128 * KiB);
+	assert_true(r.seq_bytes == 1 * GiB);
+	assert_true(r.weight_bytes > 16.06e9 - 1 && r.weight_bytes < 16.06e9 + 1);
+	assert_int_equal(r.fit_hbm, 65);
+	assert_int_equal(r.fit_host, 256);
+	assert_int_equal(r.fit_nvme, 2048);
+	assert_int_equal(r.fit_total, 2369);
+	/* weights larger than HBM: nothing fits there, no negative room */
+	q.weight_bytes = 100ull << 30;
+	assert_int_equal(kvc_compute(&m, &q, &r), 0);
+	assert_true(r.hbm_kv_bytes == 0);
+	assert_int_equal(r.fit_hbm, 0);
+}
+
+/* DeepSeek-V2-Lite (MLA): 27 layers x (kv_lora_rank 512 + qk_rope_head_dim 64) x 2 B = 31104 B
+ * per token (its 16 heads x (128+64 K, 128 V) would take 27 x 16 x 320 x 2 = 276480 B as MHA);
+ * 4096 tokens: 127401984 B. DeepSeek-V3: 61 x 576 x 2 = 70272 B per token; fp8 KV: 35136. */
+static void
+test_deepseek_mla(void **state)
+{
+	struct kvc_model m;
+	struct kvc_result r;
+
+	(void)state;
+	calc_load("deepseek-v2-lite.json", &m);
+	calc_run(&m, 4096, 1, &r);
+	assert_int_equal(r.attn, KVC_ATTN_MLA);
+	assert_true(r.layer_token_bytes == 1152);
+	assert_true(r.token_bytes == 31104);
+	assert_true(r.seq_bytes == 127401984.0);
+	calc_load("deepseek-v3.json", &m);
+	calc_run(&m, 4096, 1, &r);
+	assert_int_equal(m.n_layers, 61);
+	assert_true(r.token_bytes == 70272);
+	m.kv_dtype_bytes = kvc_dtype_bytes("fp8");
+	calc_run(&m, 4096, 1, &r);
+	assert_true(r.token_bytes == 35136);
+}
+
+/* Mistral-7B-v0.1: 32 layers, 8 KV heads x 128, bf16 = 4096 B per layer-token, 128 KiB per
+ * token; every layer slides with a 4096-token window: at 32768 tokens each layer keeps 4096,
+ * 32 x 4096 x 4096 = 512 MiB instead of 32 x 32768 x 4096 = 4 GiB; at 1000 tokens nothing
+ * differs (1000 x 128 KiB = 131072000 B, paged to 63 blocks of 16 = 1008 tokens). */
+static void
+test_mistral_sliding(void **state)
+{
+	struct kvc_model m;
+	struct kvc_result r;
+
+	(void)state;
+	calc_load("mistral-7b-v0.1.json", &m);
+	assert_int_equal(m.sliding_window, 4096);
+	calc_run(&m, 32768, 1, &r);
+	assert_int_equal(r.sliding_layers, 32);
+	assert_true(r.token_bytes == 128 * KiB);
+	assert_true(r.seq_bytes == 512 * MiB);
+	assert_true(r.seq_full_bytes == 4 * GiB);
+	calc_run(&m, 1000, 1, &r);
+	assert_true(r.seq_bytes == 131072000.0);
+	assert_true(r.seq_paged_bytes == 1008.0 * 128 * KiB);
+}
+
+/* Gemma-2-9B: 42 layers alternating local (even, window 4096) / global; 8 KV heads x 256;
+ * published torch_dtype float32 (4 B), served as bf16 (--kv-dtype bf16): 8192 B per
+ * layer-token, 344064 B per token. At 8192 tokens: 21 global x 8192 x 8192 = 1344 MiB plus 21
+ * local x 4096 x 8192 = 672 MiB = 2016 MiB. */
+static void
+test_gemma2_alternating(void **state)
+{
+	struct kvc_model m;
+	struct kvc_result r;
+
+	(void)state;
+	calc_load("gemma-2-9b.json", &m);
+	assert_true(m.kv_dtype_bytes == 4);
+	m.kv_dtype_bytes = kvc_dtype_bytes("bf16");
+	calc_run(&m, 8192, 1, &r);
+	assert_int_equal(r.sliding_layers, 21);
+	assert_int_equal(m.layer_sliding[0], 1);
+	assert_int_equal(m.layer_sliding[1], 0);
+	assert_true(r.token_bytes == 344064);
+	assert_true(r.seq_bytes == 2016 * MiB);
+}
+
+/* Gemma-3-27B-it (text_config nested): 62 layers, 16 KV heads x 128, bf16 = 8192 B per
+ * layer-token, 507904 B per token; window 1024, every 6th layer global (default pattern 6):
+ * 10 global (layers 5, 11, ..., 59), 52 local. At 131072 tokens: 10 x 131072 x 8192 = 10 GiB
+ * plus 52 x 1024 x 8192 = 416 MiB; without windows 62 GiB. */
+static void
+test_gemma3_pattern(void **state)
+{
+	struct kvc_model m;
+	struct kvc_result r;
+
+	(void)state;
+	calc_load("gemma-3-27b-it.json", &m);
+	assert_int_equal(m.n_layers, 62);
+	assert_int_equal(m.head_dim, 128);
+	calc_run(&m, 131072, 1, &r);
+	assert_int_equal(r.sliding_layers, 52);
+	assert_int_equal(m.layer_sliding[5], 0);
+	assert_int_equal(m.layer_sliding[6], 1);
+	assert_true(r.token_bytes == 507904);
+	assert_true(r.seq_bytes == 10 * GiB + 416 * MiB);
+	assert_true(r.seq_full_bytes == 62 * GiB);
+}
+
+/* Gemma-3n-E4B style: 35 layers with layer_types (4 local + 1 global, repeated), the last 15
+ * share earlier layers' KV, so 20 store KV: 16 local (window 512) and 4 global (4, 9, 14, 19);
+ * 2 KV heads x 256, bf16 = 2048 B per layer-token, 40960 B per token. At 32768 tokens:
+ * 4 x 32768 x 2048 = 256 MiB plus 16 x 512 x 2048 = 16 MiB = 272 MiB; without windows and
+ * sharing 35 x 32768 x 2048 = 2240 MiB. */
+static void
+test_gemma3n_shared(void **state)
+{
+	struct kvc_model m;
+	struct kvc_result r;
+
+	(void)state;
+	calc_load("gemma-3n-e4b.json", &m);
+	assert_int_equal(m.kv_shared_layers, 15);
+	calc_run(&m, 32768, 1, &r);
+	assert_int_equal(r.kv_layers, 20);
+	assert_int_equal(r.sliding_layers, 16);
+	assert_true(r.token_bytes == 40960);
+	assert_true(r.seq_bytes == 272 * MiB);
+	assert_true(r.seq_full_bytes == 2240 * MiB);
+}
+
+/* Qwen2.5-7B-Instruct has sliding_window 131072 but use_sliding_window false: no window.
+ * 28 layers x 4 KV heads x 128 x 2 x 2 = 57344 B per token; 32768 tokens = 1.75 GiB.
+ * Falcon-7B is MQA (multi_query): 32 layers x 1 x (4544 / 71 = 64) x 2 x 2 = 8192 B. */
+static void
+test_qwen_falcon(void **state)
+{
+	struct kvc_model m;
+	struct kvc_result r;
+
+	(void)state;
+	calc_load("qwen2.5-7b-instruct.json", &m);
+	calc_run(&m, 32768, 1, &r);
+	assert_int_equal(m.sliding_window, 0);
+	assert_int_equal(r.sliding_layers, 0);
+	assert_true(r.token_bytes == 57344);
+	assert_true(r.seq_bytes == 1.75 * GiB);
+	calc_load("falcon-7b.json", &m);
+	calc_run(&m, 2048, 1, &r);
+	assert_int_equal(r.attn, KVC_ATTN_MQA);
+	assert_int_equal(m.head_dim, 64);
+	assert_true(r.token_bytes == 8192);
+}
+
+/* Run the command line into a temp file; returns the exit status, *text the output. */
+static int
+calc_cli(char **text, int argc, ...)
+{
+	char *argv[32];
+	va_list ap;
+	FILE *out = tmpfile(), *err = tmpfile();
+	long n;
+	int rc;
+
+	assert_non_null(out);
+	assert_non_null(err);
+	argv[0] = (char *)"kvtier-calc";
+	va_start(ap, argc);
+	for (int i = 1; i <= argc; i++)
+		argv[i] = va_arg(ap, char *);
+	va_end(ap);
+	argv[argc + 1] = NULL;
+	rc = kvc_cli(argc + 1, argv, out, err);
+	if (rc)
+		out = (fclose(out), err);
+	else
+		fclose(err);
+	n = ftell(out);
+	*text = calloc(1, (size_t)n + 1);
+	assert_non_null(*text);
+	rewind(out);
+	assert_int_equal(fread(*text, 1, (size_t)n, out), (size_t)n);
+	fclose(out);
+	return rc;
+}
+
+static double
+calc_json_num(const cJSON *o, const char *key)
+{
+	const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+
+	assert_true(cJSON_IsNumber(it));
+	return it->valuedouble;
+}
+
+static void
+test_cli(void **state)
+{
+	char *t;
+	cJSON *o;
+
+	(void)state;
+	/* the worked example through flags, --json: 4 GiB at batch 8 */
+	assert_int_equal(calc_cli(&t, 11, "--layers", "32", "--kv-heads", "8", "--heads", "32",
+				  "--head-dim", "128", "--batch", "8", "--json"), 0);
+	o = cJSON_Parse(t);
+	assert_non_null(o);
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(o, "attention")->valuestring, "GQA");
+	assert_true(calc_json_num(o, "kv_bytes_per_token") == 131072);
+	assert_true(calc_json_num(o, "batch_bytes") == 4 * GiB);
+	cJSON_Delete(o);
+	free(t);
+	/* a config, a flag overriding it, budgets; human-readable */
+	assert_int_equal(calc_cli(&t, 12, "--config", calc_cfg_path("llama-3-8b.json"),
+				  "--context", "8192", "--hbm", "80G", "--params", "8.03e9",
+				  "--host", "256G", "--kv-dtype", "fp8"), 0);
+	assert_non_null(strstr(t, "KV per token     64 KiB (65536 bytes)"));
+	assert_non_null(strstr(t, "per sequence     512 MiB at 8192 tokens"));
+	assert_non_null(strstr(t, "host             256 GiB: 512 sessions"));
+	free(t);
+	assert_int_equal(calc_cli(&t, 1, "--help"), 0);
+	assert_non_null(strstr(t, "--kv-lora-rank"));
+	free(t);
+	/* bad input: exit 2 with a message */
+	assert_int_equal(calc_cli(&t, 2, "--layers", "0"), 2);
+	assert_non_null(strstr(t, "--layers"));
+	free(t);
+	assert_int_equal(calc_cli(&t, 2, "--config", "/nonexistent/config.json"), 2);
+	assert_non_null(strstr(t, "No such file"));
+	free(t);
+	assert_int_equal(calc_cli(&t, 2, "--layers", "4"), 2);
+	assert_non_null(strstr(t, "heads"));
+	free(t);
+	assert_int_equal(calc_cli(&t, 1, "--bogus"), 2);
+	free(t);
+	assert_int_equal(calc_cli(&t, 5, "--layers", "4", "--hidden", "512", "--kv-dtype"), 2);
+	free(t);
+}
+
+static void
+test_bad_input(void **state)
+{
+	struct kvc_model m;
+	uint64_t b;
+	double c;
+
+	(void)state;
+	kvc_model_init(&m);
+	assert_int_equal(kvc_model_from_json("[1,2]", &m), -EINVAL);
+	assert_int_equal(kvc_model_from_json("{\"num_hidden_layers\": \"32\"}", &m), -EINVAL);
+	assert_non_null(strstr(kvtr_last_error(), "num_hidden_layers"));
+	assert_int_equal(kvc_model_from_json("{\"num_hidden_layers\": 2.5}", &m), -EINVAL);
+	assert_int_equal(kvc_model_from_json("{\"num_hidden_layers\": 2, \"layer_types\": "
+					     "[\"full_attention\"]}", &m), -EINVAL);
+	assert_non_null(strstr(kvtr_last_error(), "layer_types"));
+	kvc_model_init(&m);
+	m.n_layers = 4;
+	m.n_heads = 6;
+	m.n_kv_heads = 4;
+	m.head_dim = 64;
+	assert_int_equal(kvc_model_finish(&m), -EINVAL); /* 4 does not divide 6 */
+	m.n_kv_heads = 2;
+	m.kv_shared_layers = 4;
+	assert_int_equal(kvc_model_finish(&m), -EINVAL);
+	assert_int_equal(kvc_parse_bytes("--hbm", "80G", &b), 0);
+	assert_true(b == 80ull << 30);
+	assert_int_equal(kvc_parse_bytes("--nvme", "1.5TiB", &b), 0);
+	assert_true(b == 3ull << 39);
+	assert_int_equal(kvc_parse_bytes("--hbm", "80X", &b), -EINVAL);
+	assert_int_equal(kvc_parse_bytes("--hbm", "-1", &b), -EINVAL);
+	assert_int_equal(kvc_parse_count("--params", "70B", &c), 0);
+	assert_true(c == 70e9);
+	assert_int_equal(kvc_parse_count("--params", "7Q", &c), -EINVAL);
+	assert_true(kvc_dtype_bytes("bfloat16") == 2);
+	assert_true(kvc_dtype_bytes("nope") == 0);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_worked_gqa),
+		cmocka_unit_test(test_worked_7b_mha),
+		cmocka_unit_test(test_worked_70b),
+		cmocka_unit_test(test_llama3_8b),
+		cmocka_unit_test(test_deepseek_mla),
+		cmocka_unit_test(test_mistral_sliding),
+		cmocka_unit_test(test_gemma2_alternating),
+		cmocka_unit_test(test_gemma3_pattern),
+		cmocka_unit_test(test_gemma3n_shared),
+		cmocka_unit_test(test_qwen_falcon),
+		cmocka_unit_test(test_cli),
+		cmocka_unit_test(test_bad_input),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

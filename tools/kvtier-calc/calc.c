@@ -1,0 +1,240 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvtier-calc/calc.c - the arithmetic of kvtier-calc (see calc.h): geometry defaults and
+ * checks, bytes per token/block/sequence, sessions per budget, and the parsers of sizes, counts
+ * and dtype names.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "calc.h"
+#include "util.h"
+
+void
+kvc_model_init(struct kvc_model *m)
+{
+	memset(m, 0, sizeof(*m));
+	strcpy(m->name, "custom");
+	m->kv_dtype_bytes = 2.0;
+}
+
+void
+kvc_query_init(struct kvc_query *q)
+{
+	memset(q, 0, sizeof(*q));
+	q->context = 4096;
+	q->batch = 1;
+	q->tokens_per_block = 16;
+	q->hbm_util = 1.0;
+}
+
+double
+kvc_dtype_bytes(const char *name)
+{
+	static const struct {
+		const char *name; /* as written in configs and on the command line */
+		double bytes;     /* per element */
+	} t[] = {
+		{ "fp32", 4 }, { "float32", 4 }, { "f32", 4 }, { "float", 4 },
+		{ "fp16", 2 }, { "float16", 2 }, { "f16", 2 }, { "half", 2 },
+		{ "bf16", 2 }, { "bfloat16", 2 },
+		{ "fp8", 1 }, { "fp8_e4m3", 1 }, { "fp8_e5m2", 1 }, { "float8_e4m3fn", 1 },
+		{ "int8", 1 }, { "int4", 0.5 }, { "fp4", 0.5 }, { "nvfp4", 0.5 },
+	};
+
+	if (!name)
+		return 0;
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+		if (strcasecmp(name, t[i].name) == 0)
+			return t[i].bytes;
+	return 0;
+}
+
+/* Multiplier of a size suffix ("", K, M, G, T, P, each optionally followed by "iB" or "B"). */
+static double
+calc_suffix(const char *p, int binary)
+{
+	static const char units[] = "KMGTP";
+	const char *u;
+	double base = binary ? 1024.0 : 1000.0, mult = 1.0;
+
+	if (*p == '\0')
+		return 1.0;
+	u = strchr(units, (char)(*p >= 'a' ? *p - 32 : *p));
+	if (!u)
+		return -1.0;
+	for (long i = 0; i <= u - units; i++)
+		mult *= base;
+	p++;
+	if (*p == 'i')
+		p++;
+	if (*p == 'B' || *p == 'b')
+		p++;
+	return *p == '\0' ? mult : -1.0;
+}
+
+int
+kvc_parse_bytes(const char *what, const char *s, uint64_t *out)
+{
+	char *end;
+	double v, mult;
+
+	if (!s || !*s)
+		return kvtr_err(-EINVAL, "%s: empty size", what);
+	errno = 0;
+	v = strtod(s, &end);
+	mult = end != s ? calc_suffix(end, 1) : -1.0;
+	if (errno || mult < 0 || !(v >= 0) || v * mult >= 1.8e19)
+		return kvtr_err(-EINVAL, "%s: '%s' is not a size (bytes with an optional K, M, G, "
+				"T or P suffix, binary: e.g. 80G, 1.5T)", what, s);
+	*out = (uint64_t)llround(v * mult);
+	return 0;
+}
+
+int
+kvc_parse_count(const char *what, const char *s, double *out)
+{
+	static const struct {
+		char c;      /* suffix */
+		double mult; /* its value */
+	} sfx[] = { { 'k', 1e3 }, { 'K', 1e3 }, { 'm', 1e6 }, { 'M', 1e6 },
+		    { 'b', 1e9 }, { 'B', 1e9 }, { 'g', 1e9 }, { 'G', 1e9 },
+		    { 't', 1e12 }, { 'T', 1e12 } };
+	char *end;
+	double v, mult = 1.0;
+
+	if (!s || !*s)
+		return kvtr_err(-EINVAL, "%s: empty count", what);
+	errno = 0;
+	v = strtod(s, &end);
+	if (end != s && *end && end[1] == '\0') {
+		mult = -1.0;
+		for (size_t i = 0; i < sizeof(sfx) / sizeof(sfx[0]); i++)
+			if (*end == sfx[i].c)
+				mult = sfx[i].mult;
+	} else if (end == s || *end) {
+		mult = -1.0;
+	}
+	if (errno || mult < 0 || !(v >= 0) || v * mult > 1e16)
+		return kvtr_err(-EINVAL, "%s: '%s' is not a count (e.g. 8.03e9, 8B, 560M)", what,
+				s);
+	*out = v * mult;
+	return 0;
+}
+
+/* Layer sliding flags from full_every when the config gave no per-layer types. */
+static void
+calc_layer_pattern(struct kvc_model *m)
+{
+	if (m->layer_types_given)
+		return;
+	for (uint32_t i = 0; i < m->n_layers; i++)
+		m->layer_sliding[i] = m->sliding_window &&
+				      !(m->full_every && (i + 1) % m->full_every == 0);
+}
+
+int
+kvc_model_finish(struct kvc_model *m)
+{
+	if (!m->n_layers || m->n_layers > KVC_MAX_LAYERS)
+		return kvtr_err(-EINVAL, "number of layers %u: give num_hidden_layers (or --layers)"
+				" in 1..%u", m->n_layers, KVC_MAX_LAYERS);
+	if (m->kv_shared_layers >= m->n_layers)
+		return kvtr_err(-EINVAL, "%u KV-shared layers of %u: at least one layer must "
+				"store KV", m->kv_shared_layers, m->n_layers);
+	if (!(m->kv_dtype_bytes > 0))
+		return kvtr_err(-EINVAL, "KV dtype unknown (use --kv-dtype)");
+	calc_layer_pattern(m);
+	if (m->kv_lora_rank) /* MLA: one latent plus the rope key per token and layer */
+		return 0;
+	if (!m->n_heads && m->n_kv_heads)
+		m->n_heads = m->n_kv_heads;
+	if (!m->n_heads && m->hidden && !m->head_dim) {
+		/* only hidden given: an MHA whose heads x head_dim = hidden */
+		m->head_dim = m->hidden % 128 == 0 ? 128 : m->hidden;
+		m->n_heads = m->hidden / m->head_dim;
+	}
+	if (!m->n_heads)
+		return kvtr_err(-EINVAL, "number of attention heads missing (num_attention_heads, "
+				"--heads or --kv-heads)");
+	if (!m->n_kv_heads)
+		m->n_kv_heads = m->n_heads;
+	if (!m->head_dim) {
+		if (!m->hidden || m->hidden % m->n_heads)
+			return kvtr_err(-EINVAL, "head_dim missing and hidden_size %u is not a "
+					"multiple of %u heads", m->hidden, m->n_heads);
+		m->head_dim = m->hidden / m->n_heads;
+	}
+	if (!m->v_head_dim)
+		m->v_head_dim = m->head_dim;
+	if (m->n_kv_heads > m->n_heads || m->n_heads % m->n_kv_heads)
+		return kvtr_err(-EINVAL, "%u KV heads for %u attention heads: not a divisor",
+				m->n_kv_heads, m->n_heads);
+	return 0;
+}
+
+static enum kvc_attn
+calc_attn(const struct kvc_model *m)
+{
+	if (m->kv_lora_rank)
+		return KVC_ATTN_MLA;
+	if (m->n_kv_heads == m->n_heads)
+		return KVC_ATTN_MHA;
+	return m->n_kv_heads == 1 ? KVC_ATTN_MQA : KVC_ATTN_GQA;
+}
+
+/* Sessions of @seq bytes in @budget bytes. */
+static uint64_t
+calc_fit(double budget, double seq)
+{
+	return budget > 0 && seq > 0 ? (uint64_t)floor(budget / seq) : 0;
+}
+
+int
+kvc_compute(const struct kvc_model *m, const struct kvc_query *q, struct kvc_result *r)
+{
+	uint32_t stored = m->n_layers - m->kv_shared_layers;
+	double wdt;
+
+	if (!q->context || !q->batch || !q->tokens_per_block)
+		return kvtr_err(-EINVAL, "context, batch and tokens per block must be > 0");
+	if (!(q->hbm_util > 0 && q->hbm_util <= 1))
+		return kvtr_err(-EINVAL, "HBM utilisation %g: expected (0, 1]", q->hbm_util);
+	memset(r, 0, sizeof(*r));
+	r->attn = calc_attn(m);
+	r->layer_token_bytes = m->kv_lora_rank
+		? (double)(m->kv_lora_rank + m->rope_dim) * m->kv_dtype_bytes
+		: (double)m->n_kv_heads * (m->head_dim + m->v_head_dim) * m->kv_dtype_bytes;
+	for (uint32_t i = 0; i < stored; i++) {
+		uint64_t w = q->context;
+		uint64_t blocks;
+
+		if (m->layer_sliding[i] && m->sliding_window) {
+			r->sliding_layers++;
+			if (w > m->sliding_window)
+				w = m->sliding_window;
+		}
+		blocks = (w + q->tokens_per_block - 1) / q->tokens_per_block;
+		r->seq_bytes += (double)w * r->layer_token_bytes;
+		r->seq_paged_bytes += (double)blocks * q->tokens_per_block * r->layer_token_bytes;
+	}
+	r->kv_layers = stored;
+	r->token_bytes = stored * r->layer_token_bytes;
+	r->block_bytes = r->token_bytes * q->tokens_per_block;
+	r->seq_full_bytes = (double)m->n_layers * r->layer_token_bytes * (double)q->context;
+	r->batch_bytes = r->seq_bytes * (double)q->batch;
+	r->batch_paged_bytes = r->seq_paged_bytes * (double)q->batch;
+	wdt = m->weight_dtype_bytes > 0 ? m->weight_dtype_bytes : m->kv_dtype_bytes;
+	r->weight_bytes = q->weight_bytes ? (double)q->weight_bytes : q->params * wdt;
+	r->hbm_kv_bytes = (double)q->hbm_bytes * q->hbm_util - r->weight_bytes;
+	if (r->hbm_kv_bytes < 0)
+		r->hbm_kv_bytes = 0;
+	r->fit_hbm = calc_fit(r->hbm_kv_bytes, r->seq_paged_bytes);
+	r->fit_host = calc_fit((double)q->host_bytes, r->seq_paged_bytes);
+	r->fit_nvme = calc_fit((double)q->nvme_bytes, r->seq_paged_bytes);
+	r->fit_total = r->fit_hbm + r->fit_host + r->fit_nvme;
+	return 0;
+}

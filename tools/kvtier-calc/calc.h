@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvtier-calc/calc.h - kvtier-calc, the KV-cache capacity planner: a model's KV geometry
+ * (from a Hugging Face config.json or flags) -> bytes per token and per block, totals for a
+ * context length and batch, and how many sessions fit in HBM (after the weights), host memory
+ * and NVMe.
+ *
+ * The formula: a layer that stores its own K and V keeps, per token,
+ *   MHA/GQA/MQA  n_kv_heads x (head_dim + v_head_dim) x dtype bytes   (= 2 x H_kv x D x bytes)
+ *   MLA          (kv_lora_rank + qk_rope_head_dim) x dtype bytes      (latent + rope key; no V)
+ * A sliding-window layer keeps at most `window` tokens; a layer that shares another layer's KV
+ * (Gemma 3n's num_kv_shared_layers, cross-layer attention) keeps none. So a sequence of S tokens
+ * takes sum over layers of min(S, window_l) x layer_token_bytes, which for plain models is the
+ * well-known B x H_kv x S x D x 2 x L x bytes (B = batch). The paged footprint rounds each
+ * layer's tokens up to whole blocks of tokens_per_block; sessions that fit are counted with it.
+ */
+#ifndef KVC_CALC_H
+#define KVC_CALC_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define KVC_MAX_LAYERS 1024
+
+/** Attention flavour of the model's KV cache. */
+enum kvc_attn { KVC_ATTN_MHA = 0, KVC_ATTN_GQA = 1, KVC_ATTN_MQA = 2, KVC_ATTN_MLA = 3 };
+
+/** A model's KV geometry. 0 in a field means "not given" until kvc_model_finish(). */
+struct kvc_model {
+	char name[128];           /* model_type / _name_or_path, or "custom" */
+	uint32_t n_layers;        /* num_hidden_layers */
+	uint32_t n_heads;         /* num_attention_heads */
+	uint32_t n_kv_heads;      /* num_key_value_heads (0 = n_heads: MHA) */
+	uint32_t hidden;          /* hidden_size */
+	uint32_t head_dim;        /* K head dim (0 = hidden / n_heads) */
+	uint32_t v_head_dim;      /* V head dim (0 = head_dim) */
+	uint32_t kv_lora_rank;    /* MLA latent width; > 0 makes the model MLA */
+	uint32_t rope_dim;        /* MLA qk_rope_head_dim (the decoupled rope key) */
+	uint32_t sliding_window;  /* window of the sliding layers, tokens (0 = none) */
+	uint32_t full_every;      /* > 0 without layer types: layer i is full attention iff
+	                             (i + 1) % full_every == 0, the others slide (Gemma 2: 2,
+	                             Gemma 3: sliding_window_pattern 6); 0: all slide */
+	uint32_t kv_shared_layers; /* the last this many layers reuse earlier layers' KV */
+	double kv_dtype_bytes;    /* bytes per stored K/V element (2 for bf16/fp16) */
+	double weight_dtype_bytes; /* bytes per weight (torch_dtype; 0 = kv_dtype_bytes) */
+	uint8_t layer_sliding[KVC_MAX_LAYERS]; /* 1: layer i uses the sliding window */
+	int layer_types_given;    /* 1: layer_sliding was set from the config or flags */
+};
+
+/** What to compute. */
+struct kvc_query {
+	uint64_t context;          /* tokens per sequence */
+	uint64_t batch;            /* sequences */
+	uint32_t tokens_per_block; /* kvtier block size in tokens */
+	uint64_t hbm_bytes;        /* GPU memory budget (0 = not asked) */
+	uint64_t host_bytes;       /* host memory budget for KV (0 = not asked) */
+	uint64_t nvme_bytes;       /* NVMe budget for KV (0 = not asked) */
+	uint64_t weight_bytes;     /* model weights in HBM; 0 = params x weight dtype */
+	double params;             /* parameter count (for the weights); 0 = unknown */
+	double hbm_util;           /* fraction of HBM usable for weights + KV (default 1.0) */
+};
+
+/** The answers. Bytes are exact (double where fractional dtypes are possible). */
+struct kvc_result {
+	enum kvc_attn attn;         /* flavour */
+	uint32_t kv_layers;         /* layers that store their own KV */
+	uint32_t sliding_layers;    /* of those, sliding-window ones */
+	double layer_token_bytes;   /* one layer, one token */
+	double token_bytes;         /* all KV layers, one token, no window (the formula's) */
+	double block_bytes;         /* token_bytes x tokens_per_block */
+	double seq_bytes;           /* one sequence of `context` tokens, windows honoured */
+	double seq_paged_bytes;     /* the same, each layer rounded up to whole blocks */
+	double seq_full_bytes;      /* one sequence without windows and sharing (what a cache
+	                               that ignores them would take) */
+	double batch_bytes;         /* seq_bytes x batch */
+	double batch_paged_bytes;   /* seq_paged_bytes x batch */
+	double weight_bytes;        /* weights in HBM */
+	double hbm_kv_bytes;        /* HBM left for KV: hbm x util - weights (>= 0) */
+	uint64_t fit_hbm;           /* sessions of `context` tokens that fit there (paged) */
+	uint64_t fit_host;          /* ... in the host budget */
+	uint64_t fit_nvme;          /* ... in the NVMe budget */
+	uint64_t fit_total;         /* sum */
+};
+
+/** kvc_model_init() - zero @m (no layer sliding, no sharing, fp16 KV). */
+void kvc_model_init(struct kvc_model *m);
+
+/**
+ * kvc_model_from_json() - read a Hugging Face config.json text into @m (fields the config does
+ * not have are left as they are). Understands text_config nesting (multimodal configs), the
+ * usual aliases (n_layer, n_head, num_kv_heads, multi_query, n_embd), kv_lora_rank and
+ * qk_rope_head_dim (MLA), sliding_window with use_sliding_window, layer_types,
+ * sliding_window_pattern (Gemma 3) or model_type gemma2 (alternating), num_kv_shared_layers,
+ * torch_dtype / dtype.
+ * Returns 0 or -EINVAL (not JSON, not an object, a field of the wrong type or out of range),
+ * with a message in kvtr_last_error().
+ */
+int kvc_model_from_json(const char *text, struct kvc_model *m);
+
+/** kvc_model_load() - kvc_model_from_json() of a file. Also -ENOENT/-EIO on read errors. */
+int kvc_model_load(const char *path, struct kvc_model *m);
+
+/**
+ * kvc_model_finish() - fill what follows from the rest (n_kv_heads = n_heads, head_dim =
+ * hidden / n_heads, v_head_dim = head_dim) and check the geometry.
+ * Returns 0 or -EINVAL saying what is missing or inconsistent.
+ */
+int kvc_model_finish(struct kvc_model *m);
+
+/** kvc_query_init() - defaults: context 4096, batch 1, 16 tokens per block, util 1.0. */
+void kvc_query_init(struct kvc_query *q);
+
+/** kvc_compute() - the numbers for a finished model. Returns 0 or -EINVAL (bad query). */
+int kvc_compute(const struct kvc_model *m, const struct kvc_query *q, struct kvc_result *r);
+
+/** kvc_dtype_bytes() - bytes of a dtype name (fp16, bf16, float16, bfloat16, fp32, float32,
+ * fp8, fp8_e4m3, fp8_e5m2, int8, int4, fp4); 0 for an unknown name. */
+double kvc_dtype_bytes(const char *name);
+
+/** kvc_parse_bytes() - "80G", "1.5T", "512MiB", "4096": binary K/M/G/T/P suffixes, optional
+ * "iB"/"B". Returns 0 or -EINVAL (message in kvtr_last_error()). */
+int kvc_parse_bytes(const char *what, const char *s, uint64_t *out);
+
+/** kvc_parse_count() - "8.03e9", "8B", "70b", "560M", "7000000000". Returns 0 or -EINVAL. */
+int kvc_parse_count(const char *what, const char *s, double *out);
+
+/** kvc_print_text() / kvc_print_json() - the report, human-readable or one JSON object. */
+void kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
+		    const struct kvc_result *r);
+int kvc_print_json(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
+		   const struct kvc_result *r);
+
+/**
+ * kvc_cli() - the whole command line of kvtier-calc (argv[0] is the program name): report on
+ * @out, errors on @err. Returns the exit status: 0, 1 (a computation or output failed), 2 (bad
+ * usage). Uses getopt_long (resets optind), so not thread-safe.
+ */
+int kvc_cli(int argc, char **argv, FILE *out, FILE *err);
+
+#endif /* KVC_CALC_H */
