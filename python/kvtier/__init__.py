@@ -1,0 +1,474 @@
+# SPDX-License-Identifier: MIT
+"""kvtier from Python: a thin ctypes binding of libkvtier.so (see engine/kvtier.h for every
+contract; this module adds only Python ownership and exceptions).
+
+    import kvtier
+    with kvtier.Engine(n_layers=32, n_kv_heads=8, head_dim=128, dtype="bf16",
+                       tokens_per_block=16, hbm_bytes=8 << 30, host_bytes=64 << 30) as eng:
+        seq = eng.open_sequence()
+        slots = seq.append([1, 2, 3])          # where to write each token's K/V in HBM
+        with eng.prepare([seq]) as batch:      # every block in HBM and pinned
+            table = batch.block_table()        # CSR block table + geometry
+            for layer in range(32):
+                batch.wait_layer(layer)
+                ...                            # attention; write the new K/V at slots
+        seq.park(kvtier.TIER_NVME)             # idle session: KV goes down, id stays
+        seq.close()
+
+The library is found through KVTIER_LIBRARY, then a libkvtier.so beside this package, then the
+system loader. Failures raise KvtierError subclasses carrying kvtier's code (negative), its
+name (kvt_strerror) and the detailed message (kvt_last_error_message). Engine, Sequence and
+Batch are context managers and have close()/release(): resources go back when the caller says,
+not when the garbage collector runs. An Engine's objects become unusable once it is closed
+(a call then raises ClosedError instead of touching freed memory). Calls release the GIL
+(ctypes does), and the engine is thread-safe as kvtier.h says; a Batch is used by one thread.
+numpy is optional: it is needed only by Engine.hbm_array() and Batch.kv().
+"""
+
+import ctypes
+import errno
+import weakref
+
+from . import _ffi
+from ._ffi import lib
+
+__all__ = ["Engine", "Sequence", "Batch", "BlockTable", "KvtierError", "version",
+           "TIER_HBM", "TIER_HOST", "TIER_NVME"]
+
+TIER_HBM, TIER_HOST, TIER_NVME = 0, 1, 2
+TIER_NAMES = ("hbm", "host", "nvme")
+MOVE_NAMES = ("hbm_to_host", "host_to_nvme", "nvme_to_host", "host_to_hbm")
+DTYPES = {"f32": 0, "fp32": 0, "float32": 0, "f16": 1, "fp16": 1, "float16": 1, "bf16": 2,
+          "bfloat16": 2, "fp8": 3, "fp8_e4m3": 3, "int8": 4}
+DEVICES = {"emulated": 0, "cuda": 1}
+
+# KVT_E* codes of kvtier.h
+EDEVICE, ESHORTIO, ECORRUPT, ECLOSED, ELOST, EFORMAT, ETOOBIG, EBUSY, ENOTSUP = \
+    range(-20000, -20009, -1)
+
+
+class KvtierError(Exception):
+    """A kvtier call failed. code: the negative error code; name: kvt_strerror(code);
+    message: the detailed message of kvt_last_error_message() (may be "")."""
+
+    def __init__(self, code, message="", call=""):
+        self.code = code
+        self.name = lib.kvt_strerror(code).decode("utf-8", "replace")
+        self.message = message
+        self.call = call
+        super().__init__(f"{call}: {message or self.name} ({self.name}, {code})"
+                         if call else f"{message or self.name} ({code})")
+
+
+class InvalidArgumentError(KvtierError, ValueError):
+    """-EINVAL."""
+
+
+class NoSpaceError(KvtierError):
+    """-ENOSPC: not now (HBM pinned by other batches, no room below); retry later."""
+
+
+class OutOfMemoryError(KvtierError, MemoryError):
+    """-ENOMEM."""
+
+
+class IOError_(KvtierError, OSError):
+    """-EIO and other -errno codes of the NVMe tier (ENOENT, EACCES, ...)."""
+
+
+class DeviceError(KvtierError):
+    """KVT_EDEVICE / KVT_ESHORTIO."""
+
+
+class CorruptError(KvtierError):
+    """KVT_ECORRUPT / KVT_EFORMAT."""
+
+
+class ClosedError(KvtierError):
+    """KVT_ECLOSED: the sequence (or its engine) is closed."""
+
+
+class LostError(KvtierError):
+    """KVT_ELOST: blocks were lost; the sequence was truncated and must be recomputed."""
+
+
+class TooBigError(KvtierError):
+    """KVT_ETOOBIG: the request can never fit in the configured tiers."""
+
+
+class BusyError(KvtierError):
+    """KVT_EBUSY: the sequence is in an unreleased batch."""
+
+
+class NotSupportedError(KvtierError, NotImplementedError):
+    """KVT_ENOTSUP."""
+
+
+_ERRORS = {-errno.EINVAL: InvalidArgumentError, -errno.ENOSPC: NoSpaceError,
+           -errno.ENOMEM: OutOfMemoryError, EDEVICE: DeviceError, ESHORTIO: DeviceError,
+           ECORRUPT: CorruptError, EFORMAT: CorruptError, ECLOSED: ClosedError,
+           ELOST: LostError, ETOOBIG: TooBigError, EBUSY: BusyError,
+           ENOTSUP: NotSupportedError}
+
+
+def error_for(code, call=""):
+    """The exception for a negative kvtier code, with the calling thread's last message."""
+    msg = lib.kvt_last_error_message().decode("utf-8", "replace")
+    cls = _ERRORS.get(code, IOError_ if -4096 < code < 0 else KvtierError)
+    return cls(code, msg, call)
+
+
+def _check(rc, call):
+    if rc < 0:
+        raise error_for(rc, call)
+    return rc
+
+
+def version():
+    """The linked library's version, "MAJOR.MINOR.PATCH"."""
+    return lib.kvt_version().decode()
+
+
+def _closed(what):
+    return ClosedError(ECLOSED, f"{what} is closed", what)
+
+
+class Engine:
+    """A kvtier engine (kvt_engine_create). Keyword arguments are the fields of
+    struct kvt_engine_opts: n_layers, n_kv_heads, head_dim, dtype ("f32", "f16", "bf16", "fp8",
+    "int8" or the enum value), tokens_per_block, hbm_bytes, host_bytes, nvme_dir, nvme_bytes,
+    device ("emulated" or "cuda"), cuda_device, high_watermark, low_watermark,
+    nvme_queue_depth, emu_max_delay_us, emu_seed, emu_copy_bytes_per_s; log: a callable
+    (level, message) for warnings (default: kvtier prints them to stderr)."""
+
+    def __init__(self, n_layers, n_kv_heads, head_dim, hbm_bytes, dtype="f16",
+                 tokens_per_block=16, host_bytes=0, nvme_dir=None, nvme_bytes=0,
+                 device="emulated", log=None, **opts):
+        o = _ffi.EngineOpts()
+        lib.kvt_engine_opts_init(ctypes.byref(o), ctypes.sizeof(o))
+        o.layout = _ffi.Layout(n_layers, n_kv_heads, head_dim,
+                               DTYPES[dtype] if isinstance(dtype, str) else int(dtype),
+                               tokens_per_block)
+        o.hbm_bytes, o.host_bytes, o.nvme_bytes = hbm_bytes, host_bytes, nvme_bytes
+        o.nvme_dir = nvme_dir.encode() if isinstance(nvme_dir, str) else nvme_dir
+        o.device = DEVICES[device] if isinstance(device, str) else int(device)
+        for k, v in opts.items():
+            if k not in dict(o._fields_) or k in ("opts_size", "log", "log_arg"):
+                raise TypeError(f"Engine: unknown option {k!r}")
+            setattr(o, k, v)
+        self._log = None
+        if log is not None:  # kept alive as long as the engine
+            self._log = _ffi.LOG_FN(lambda _arg, lvl, msg: log(lvl, msg.decode("utf-8",
+                                                                                "replace")))
+            o.log = self._log
+        self._h = ctypes.c_void_p()
+        self._live = weakref.WeakSet()  # batches and sequences to invalidate on close
+        _check(lib.kvt_engine_create(ctypes.byref(o), ctypes.byref(self._h)),
+               "kvt_engine_create")
+        self.layout = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim,
+                       "dtype": o.layout.dtype, "tokens_per_block": tokens_per_block}
+
+    def _handle(self):
+        if not self._h:
+            raise _closed("engine")
+        return self._h
+
+    @property
+    def closed(self):
+        return not self._h
+
+    def close(self):
+        """Release every batch still held, then destroy the engine (waits for transfers in
+        flight; removes the NVMe file). Idempotent."""
+        if not self._h:
+            return
+        for obj in list(self._live):
+            if isinstance(obj, Batch):
+                obj._engine_closing()
+        for obj in list(self._live):
+            if isinstance(obj, Sequence):
+                obj._id = 0
+        lib.kvt_engine_destroy(self._h)
+        self._h = ctypes.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter teardown
+            pass
+
+    # -- sequences and batches -----------------------------------------------------------
+    def open_sequence(self, tenant=0, priority=50):
+        """kvt_seq_open: a new empty Sequence."""
+        o = _ffi.SeqOpts()
+        lib.kvt_seq_opts_init(ctypes.byref(o), ctypes.sizeof(o))
+        o.tenant, o.priority = tenant, priority
+        sid = ctypes.c_uint64()
+        _check(lib.kvt_seq_open(self._handle(), ctypes.byref(o), ctypes.byref(sid)),
+               "kvt_seq_open")
+        return Sequence(self, sid.value)
+
+    def sequence(self, seq_id):
+        """A Sequence object for an id opened earlier (e.g. a parked session's)."""
+        return Sequence(self, int(seq_id))
+
+    def prepare(self, seqs, ranges=None):
+        """kvt_batch_prepare: every block of @seqs (Sequence objects or ids) in HBM, pinned,
+        as a Batch. With ranges=[(seq, first_block, n_blocks), ...] instead:
+        kvt_batch_prepare_ranges (windows of sequences)."""
+        h = ctypes.c_void_p()
+        if ranges is not None:
+            arr = (_ffi.SeqRange * len(ranges))(*[
+                _ffi.SeqRange(_seq_id(s), f, n) for s, f, n in ranges])
+            rc = lib.kvt_batch_prepare_ranges(self._handle(), arr, len(ranges),
+                                              ctypes.byref(h))
+            call = "kvt_batch_prepare_ranges"
+        else:
+            seqs = list(seqs)
+            arr = (ctypes.c_uint64 * len(seqs))(*[_seq_id(s) for s in seqs])
+            rc = lib.kvt_batch_prepare(self._handle(), arr, len(seqs), ctypes.byref(h))
+            call = "kvt_batch_prepare"
+        _check(rc, call)
+        return Batch(self, h)
+
+    # -- progress and introspection ------------------------------------------------------
+    def poll(self, max_completions=0):
+        """kvt_engine_poll: completions processed."""
+        return _check(lib.kvt_engine_poll(self._handle(), max_completions), "kvt_engine_poll")
+
+    def drain(self):
+        """kvt_engine_drain: wait until no transfer is in flight."""
+        _check(lib.kvt_engine_drain(self._handle()), "kvt_engine_drain")
+
+    def geometry(self):
+        """kvt_engine_geometry as a dict (hbm_base is an int address)."""
+        g = _ffi.Geometry()
+        _check(lib.kvt_engine_geometry(self._handle(), ctypes.byref(g)), "kvt_engine_geometry")
+        return _struct_dict(g)
+
+    def stats(self):
+        """kvt_engine_stats as nested dicts and lists (tier: a list of three dicts)."""
+        s = _ffi.Stats()
+        s.size = ctypes.sizeof(s)
+        _check(lib.kvt_engine_stats(self._handle(), ctypes.byref(s)), "kvt_engine_stats")
+        d = _struct_dict(s)
+        del d["size"]
+        return d
+
+    def metrics_text(self):
+        """kvt_engine_metrics_text: the counters in the Prometheus text format 0.0.4."""
+        need = ctypes.c_size_t(0)
+        cap = 16384
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            rc = lib.kvt_engine_metrics_text(self._handle(), buf, cap, ctypes.byref(need))
+            if rc != -errno.ENOSPC:
+                _check(rc, "kvt_engine_metrics_text")
+                return buf.value.decode()
+            cap = need.value + 4096  # counters may grow between the calls
+
+    def write_kv(self, slot_mapping, layer, k, v):
+        """Copy one token's K and V of one layer (bytes-like, each token_bytes long, e.g. a
+        contiguous numpy array of the stored dtype) to where the slot mapping says, from the
+        host (emulated device only: on CUDA a kernel writes them)."""
+        g = self.geometry()
+        ka, va = kv_addr(g, layer, slot_mapping)
+        for addr, data in ((ka, k), (va, v)):
+            mv = memoryview(data).cast("B")
+            if mv.nbytes != g["token_bytes"]:
+                raise InvalidArgumentError(-errno.EINVAL, f"write_kv: {mv.nbytes} bytes, a "
+                                           f"token's K or V is {g['token_bytes']}")
+            ctypes.memmove(addr, (ctypes.c_char * mv.nbytes).from_buffer_copy(mv), mv.nbytes)
+
+    def hbm_array(self):
+        """The HBM tier as a numpy uint8 array (emulated device only: there it is host
+        memory). Valid until close(); use Batch.kv() or the slot mapping to index it."""
+        import numpy as np
+        g = self.geometry()
+        n = g["block_bytes"] * g["hbm_slots"]
+        buf = (ctypes.c_uint8 * n).from_address(g["hbm_base"])
+        return np.ctypeslib.as_array(buf)
+
+
+def _seq_id(s):
+    return s.id if isinstance(s, Sequence) else int(s)
+
+
+def _struct_dict(st):
+    out = {}
+    for name, _ in st._fields_:
+        v = getattr(st, name)
+        if isinstance(v, ctypes.Array):
+            v = [_struct_dict(x) if isinstance(x, ctypes.Structure) else x for x in v]
+        elif isinstance(v, ctypes.Structure):
+            v = _struct_dict(v)
+        out[name] = v
+    return out
+
+
+class Sequence:
+    """One request or conversation (a kvt_seq_id). close() ends it; the id is then invalid."""
+
+    def __init__(self, engine, seq_id):
+        self._engine = engine
+        self._id = seq_id
+        engine._live.add(self)
+
+    @property
+    def id(self):
+        if not self._id:
+            raise _closed("sequence")
+        return self._id
+
+    def _call(self, fn, *args):
+        return fn(self._engine._handle(), self.id, *args)
+
+    def append(self, tokens):
+        """kvt_seq_append: reserve room for the tokens (ints; a numpy int32 array works
+        too). Returns the slot mapping, one int per token: slot * tokens_per_block + offset,
+        where that token's K/V must be written (kv_addr/Batch.kv help)."""
+        tokens = list(int(t) for t in tokens)
+        n = len(tokens)
+        tok = (ctypes.c_int32 * n)(*tokens)
+        out = (ctypes.c_int64 * n)()
+        _check(self._call(lib.kvt_seq_append, tok, n, out), "kvt_seq_append")
+        return list(out)
+
+    def park(self, tier=TIER_HOST):
+        """kvt_seq_park: demote every block below HBM (asynchronous)."""
+        _check(self._call(lib.kvt_seq_park, tier), "kvt_seq_park")
+
+    def resume(self):
+        """kvt_seq_resume: start promoting the blocks back to HBM (best effort)."""
+        _check(self._call(lib.kvt_seq_resume), "kvt_seq_resume")
+
+    def info(self):
+        """kvt_seq_info: n_tokens, n_blocks, blocks_in (per tier), tenant, priority, parked."""
+        i = _ffi.SeqInfo()
+        _check(self._call(lib.kvt_seq_info, ctypes.byref(i)), "kvt_seq_info")
+        return _struct_dict(i)
+
+    def close(self):
+        """kvt_seq_close (idempotent on this object; BusyError while a batch holds it)."""
+        if not self._id or self._engine.closed:
+            self._id = 0
+            return
+        _check(self._call(lib.kvt_seq_close), "kvt_seq_close")
+        self._id = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<kvtier.Sequence {self._id:#x}>" if self._id else "<kvtier.Sequence closed>"
+
+
+class BlockTable:
+    """A batch's block table (struct kvt_block_table) copied into Python lists: sequence i owns
+    indices[indptr[i]:indptr[i+1]] (HBM slot ids), holds seq_len[i] tokens, its last block
+    last_block_len[i]; first_block[i] is where its window starts; geo the geometry dict."""
+
+    def __init__(self, bt):
+        n = bt.n_seqs
+        self.n_seqs = n
+        self.indptr = bt.indptr[:n + 1]
+        self.indices = bt.indices[:self.indptr[n]]
+        self.last_block_len = bt.last_block_len[:n]
+        self.seq_len = bt.seq_len[:n]
+        self.first_block = bt.first_block[:n]
+        self.geo = _struct_dict(bt.geo)
+
+    def blocks(self, i):
+        """HBM slot ids of entry i, in order."""
+        return self.indices[self.indptr[i]:self.indptr[i + 1]]
+
+
+def kv_addr(geo, layer, slot_mapping):
+    """kvt_kv_addr: (K address, V address) of a token in a layer, from a geometry dict."""
+    tpb = geo["tokens_per_block"]
+    k = (geo["hbm_base"] + (slot_mapping // tpb) * geo["block_bytes"]
+         + layer * geo["layer_block_bytes"] + (slot_mapping % tpb) * geo["token_bytes"])
+    return k, k + geo["v_offset"]
+
+
+class Batch:
+    """A prepared batch (kvt_batch_prepare): pinned until release()."""
+
+    def __init__(self, engine, handle):
+        self._engine = engine
+        self._h = handle
+        engine._live.add(self)
+
+    def _handle(self):
+        if not self._h:
+            raise _closed("batch")
+        return self._h
+
+    def block_table(self):
+        """kvt_batch_block_table as a BlockTable."""
+        bt = _ffi.BlockTable()
+        _check(lib.kvt_batch_block_table(self._handle(), ctypes.byref(bt)),
+               "kvt_batch_block_table")
+        return BlockTable(bt)
+
+    def wait_layer(self, layer, stream=None):
+        """kvt_batch_wait_layer: layer's blocks usable (host waits when stream is None)."""
+        _check(lib.kvt_batch_wait_layer(self._handle(), layer, stream), "kvt_batch_wait_layer")
+
+    def release(self, stream=None):
+        """kvt_batch_release: unpin and free (idempotent)."""
+        if not self._h:
+            return
+        h, self._h = self._h, None
+        _check(lib.kvt_batch_release(h, stream), "kvt_batch_release")
+
+    def _engine_closing(self):
+        if self._h:
+            h, self._h = self._h, None
+            lib.kvt_batch_release(h, None)
+
+    def kv(self, i, layer, table=None, dtype=None):
+        """Entry i's K and V of one layer as numpy arrays [seq_len, n_kv_heads, head_dim],
+        gathered from the HBM blocks (emulated device only; wait_layer first). dtype: the
+        numpy dtype of the stored elements (default float32 for f32, float16 for f16)."""
+        import numpy as np
+        t = table or self.block_table()
+        g = t.geo
+        lay = self._engine.layout
+        if dtype is None:
+            dtype = {0: np.float32, 1: np.float16}.get(lay["dtype"])
+            if dtype is None:
+                raise NotSupportedError(ENOTSUP, "Batch.kv: give dtype for this KV type")
+        hbm = self._engine.hbm_array()
+        tpb, n = g["tokens_per_block"], t.seq_len[i]
+        off = np.array([s * g["block_bytes"] + layer * g["layer_block_bytes"]
+                        for s in t.blocks(i)], dtype=np.int64)
+        tok = np.arange(tpb, dtype=np.int64) * g["token_bytes"]
+        starts = (off[:, None] + tok[None, :]).reshape(-1)[:n]
+        idx = starts[:, None] + np.arange(g["token_bytes"], dtype=np.int64)[None, :]
+        shape = (n, lay["n_kv_heads"], lay["head_dim"])
+        k = hbm[idx].view(dtype).reshape(shape)
+        v = hbm[idx + g["v_offset"]].view(dtype).reshape(shape)
+        return k, v
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            if self._h and not self._engine.closed:
+                self.release()
+        except Exception:
+            pass

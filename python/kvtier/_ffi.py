@@ -1,0 +1,150 @@
+# SPDX-License-Identifier: MIT
+"""ctypes declarations of kvtier.h: the library, its structs (field for field, same order and
+types as the header; tests/test_layout.py compares every size and offset with a C compiler's)
+and the function prototypes."""
+
+import ctypes
+import ctypes.util
+import os
+
+c_u8, c_u32, c_u64, c_i32, c_i64 = (ctypes.c_uint8, ctypes.c_uint32, ctypes.c_uint64,
+                                    ctypes.c_int32, ctypes.c_int64)
+c_enum = ctypes.c_int  # C enums of kvtier.h fit an int
+
+TIER_COUNT = 3
+MOVE_COUNT = 4
+LAT_BUCKETS = 11
+LAT_BUCKET_BOUNDS_NS = (10000, 50000, 100000, 500000, 1000000, 5000000, 10000000,
+                        50000000, 100000000, 500000000, 2**64 - 1)
+
+
+def _load_library():
+    """KVTIER_LIBRARY, then a libkvtier.so* beside this package, then the system loader."""
+    tried = []
+    env = os.environ.get("KVTIER_LIBRARY")
+    if env:
+        return ctypes.CDLL(env)  # an explicit choice: its error is the answer
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("libkvtier.so", "libkvtier.so.0"):
+        path = os.path.join(here, name)
+        if os.path.exists(path):
+            return ctypes.CDLL(path)
+        tried.append(path)
+    for name in ("libkvtier.so.0", ctypes.util.find_library("kvtier")):
+        if not name:
+            continue
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            tried.append(name)
+    raise OSError("kvtier: libkvtier.so not found (set KVTIER_LIBRARY to its path; tried "
+                  + ", ".join(tried) + ")")
+
+
+class Layout(ctypes.Structure):
+    _fields_ = [("n_layers", c_u32), ("n_kv_heads", c_u32), ("head_dim", c_u32),
+                ("dtype", c_enum), ("tokens_per_block", c_u32)]
+
+
+class Geometry(ctypes.Structure):
+    _fields_ = [("hbm_base", ctypes.c_void_p), ("block_bytes", c_u64),
+                ("layer_block_bytes", c_u64), ("v_offset", c_u64), ("token_bytes", c_u64),
+                ("tokens_per_block", c_u32), ("n_layers", c_u32), ("hbm_slots", c_u32),
+                ("host_slots", c_u32), ("nvme_slots", c_u32)]
+
+
+LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+
+
+class EngineOpts(ctypes.Structure):
+    _fields_ = [("opts_size", ctypes.c_size_t), ("layout", Layout), ("hbm_bytes", c_u64),
+                ("host_bytes", c_u64), ("nvme_dir", ctypes.c_char_p), ("nvme_bytes", c_u64),
+                ("device", c_enum), ("cuda_device", ctypes.c_int),
+                ("high_watermark", ctypes.c_float), ("low_watermark", ctypes.c_float),
+                ("nvme_queue_depth", c_u32), ("emu_max_delay_us", c_u32), ("emu_seed", c_u64),
+                ("emu_copy_bytes_per_s", c_u64), ("log", LOG_FN), ("log_arg", ctypes.c_void_p)]
+
+
+class SeqOpts(ctypes.Structure):
+    _fields_ = [("opts_size", ctypes.c_size_t), ("tenant", c_u32), ("priority", c_u8)]
+
+
+class SeqInfo(ctypes.Structure):
+    _fields_ = [("n_tokens", c_u64), ("n_blocks", c_u32), ("blocks_in", c_u32 * TIER_COUNT),
+                ("tenant", c_u32), ("priority", c_u8), ("parked", c_u8)]
+
+
+class BlockTable(ctypes.Structure):
+    _fields_ = [("n_seqs", c_u32), ("indptr", ctypes.POINTER(c_u32)),
+                ("indices", ctypes.POINTER(c_u32)), ("last_block_len", ctypes.POINTER(c_u32)),
+                ("seq_len", ctypes.POINTER(c_u64)), ("first_block", ctypes.POINTER(c_u32)),
+                ("geo", Geometry)]
+
+
+class SeqRange(ctypes.Structure):
+    _fields_ = [("seq", c_u64), ("first_block", c_u32), ("n_blocks", c_u32)]
+
+
+class TierStats(ctypes.Structure):
+    _fields_ = [("capacity_bytes", c_u64), ("used_bytes", c_u64), ("slots", c_u32),
+                ("used_slots", c_u32), ("evictions", c_u64), ("hits", c_u64),
+                ("misses", c_u64), ("bytes_prefetched", c_u64), ("bytes_on_demand", c_u64),
+                ("prefix_hit_blocks", c_u64), ("promote_count", c_u64),
+                ("promote_ns_sum", c_u64), ("promote_lat", c_u64 * LAT_BUCKETS)]
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("tier", TierStats * TIER_COUNT),
+                ("blocks_moved", c_u64 * MOVE_COUNT), ("bytes_moved", c_u64 * MOVE_COUNT),
+                ("checksum_verified", c_u64), ("checksum_failed", c_u64),
+                ("io_errors", c_u64), ("evictions", c_u64), ("stalls", c_u64),
+                ("stall_ns", c_u64), ("blocks_lost", c_u64), ("seqs_open", c_u32),
+                ("batches_open", c_u32), ("transfers_in_flight", c_u64), ("accesses", c_u64),
+                ("accesses_ready", c_u64), ("hints", c_u64), ("prefix_lookups", c_u64),
+                ("prefix_hit_blocks", c_u64), ("prefix_hit_tokens", c_u64),
+                ("shared_blocks", c_u64), ("codec_blocks", c_u64), ("codec_raw_bytes", c_u64),
+                ("codec_stored_bytes", c_u64), ("meta_bytes", c_u64)]
+
+
+STRUCTS = {"kvt_layout": Layout, "kvt_geometry": Geometry, "kvt_engine_opts": EngineOpts,
+           "kvt_seq_opts": SeqOpts, "kvt_seq_info": SeqInfo, "kvt_block_table": BlockTable,
+           "kvt_seq_range": SeqRange, "kvt_tier_stats": TierStats, "kvt_stats": Stats}
+
+_P = ctypes.POINTER
+_vp = ctypes.c_void_p
+_int = ctypes.c_int
+_PROTOS = {
+    "kvt_version": (ctypes.c_char_p, []),
+    "kvt_strerror": (ctypes.c_char_p, [_int]),
+    "kvt_last_error_message": (ctypes.c_char_p, []),
+    "kvt_dtype_size": (ctypes.c_size_t, [c_enum]),
+    "kvt_engine_opts_init": (None, [_P(EngineOpts), ctypes.c_size_t]),
+    "kvt_engine_create": (_int, [_P(EngineOpts), _P(_vp)]),
+    "kvt_engine_destroy": (None, [_vp]),
+    "kvt_engine_geometry": (_int, [_vp, _P(Geometry)]),
+    "kvt_engine_poll": (_int, [_vp, c_u32]),
+    "kvt_engine_drain": (_int, [_vp]),
+    "kvt_engine_stream_create": (_int, [_vp, _P(_vp)]),
+    "kvt_engine_stream_sync": (_int, [_vp, _vp]),
+    "kvt_engine_stream_destroy": (None, [_vp, _vp]),
+    "kvt_seq_opts_init": (None, [_P(SeqOpts), ctypes.c_size_t]),
+    "kvt_seq_open": (_int, [_vp, _P(SeqOpts), _P(c_u64)]),
+    "kvt_seq_close": (_int, [_vp, c_u64]),
+    "kvt_seq_append": (_int, [_vp, c_u64, _P(c_i32), ctypes.c_size_t, _P(c_i64)]),
+    "kvt_seq_park": (_int, [_vp, c_u64, c_enum]),
+    "kvt_seq_resume": (_int, [_vp, c_u64]),
+    "kvt_seq_info": (_int, [_vp, c_u64, _P(SeqInfo)]),
+    "kvt_batch_prepare": (_int, [_vp, _P(c_u64), ctypes.c_size_t, _P(_vp)]),
+    "kvt_batch_prepare_ranges": (_int, [_vp, _P(SeqRange), ctypes.c_size_t, _P(_vp)]),
+    "kvt_batch_block_table": (_int, [_vp, _P(BlockTable)]),
+    "kvt_batch_wait_layer": (_int, [_vp, c_u32, _vp]),
+    "kvt_batch_release": (_int, [_vp, _vp]),
+    "kvt_engine_stats": (_int, [_vp, _P(Stats)]),
+    "kvt_engine_metrics_text": (_int, [_vp, ctypes.c_char_p, ctypes.c_size_t,
+                                       _P(ctypes.c_size_t)]),
+}
+lib = _load_library()
+for _name, (_res, _args) in _PROTOS.items():
+    _fn = getattr(lib, _name)
+    _fn.restype = _res
+    _fn.argtypes = _args
