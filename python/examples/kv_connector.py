@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""How a Python inference server's KV connector drives kvtier, with a real model's decode.
+
+A vLLM-style server has a scheduler and a model runner; its KV connector is called at fixed
+points. This example implements those points on kvtier (class KvtierConnector, method names
+after vLLM's KVConnectorBase_V1) and runs them under a tiny scheduler + numpy model runner that
+decodes Karpathy's stories260K (llama2.c checkpoint, ../shared/data/models) for several chat
+sessions and turns, every K/V living only in kvtier blocks:
+
+  scheduling       get_num_new_matched_tokens(): how many of the request's tokens are already
+                   cached, and in which tier (a returning chat session: its parked sequence)
+  before the step  start_load_kv(): promotions start (kvt_seq_resume), then the step's tokens
+                   are appended (kvt_seq_append: where to write each new K/V) and the batch is
+                   prepared (kvt_batch_prepare: every block resident in HBM and pinned)
+  per layer        wait_for_layer_load() (kvt_batch_wait_layer), save_kv_layer() (write the new
+                   token's K/V at its slot), attention over the block table (Batch.kv gathers)
+  after the step   wait_for_save(): kvt_batch_release (unpin; demotions may start)
+  request done     request_finished(): kvt_seq_park (the session's KV goes to host/NVMe)
+
+The output is the same text kvtier-run prints for the same flags (greedy), which the tests check:
+    kv_connector.py --steps 64
+    kv_connector.py --sessions 2 --turns 2 --steps 40 --prompt "Lily had a"
+Runs on the emulated device (the HBM tier is host memory the numpy runner reads); on a GPU the
+runner would be CUDA kernels reading the same block table.
+"""
+
+import argparse
+import os
+import struct
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import kvtier  # noqa: E402
+
+BOS = 1
+
+
+# ---- the model: llama2.c checkpoint and tokenizer, numpy forward -------------------------------
+class Model:
+    """A llama2.c (version 0) checkpoint: 7 int32 of config, then float32 weights."""
+
+    def __init__(self, path):
+        raw = open(path, "rb").read()
+        (self.dim, self.hidden, self.n_layers, self.n_heads, self.n_kv_heads, vocab,
+         self.seq_len) = struct.unpack("7i", raw[:28])
+        self.vocab = abs(vocab)
+        w = np.frombuffer(raw, dtype=np.float32, offset=28)
+        d, h, L, hs = self.dim, self.hidden, self.n_layers, self.dim // self.n_heads
+        kvd = self.n_kv_heads * hs
+        self.head_size, self.kv_dim = hs, kvd
+        off = 0
+
+        def take(*shape):
+            nonlocal off
+            n = int(np.prod(shape))
+            a = w[off:off + n].reshape(shape)
+            off += n
+            return a
+        self.emb = take(self.vocab, d)
+        self.rms_att = take(L, d)
+        self.wq, self.wk, self.wv = take(L, d, d), take(L, kvd, d), take(L, kvd, d)
+        self.wo = take(L, d, d)
+        self.rms_ffn = take(L, d)
+        self.w1, self.w2, self.w3 = take(L, h, d), take(L, d, h), take(L, h, d)
+        self.rms_final = take(d)
+        take(self.seq_len, hs // 2)  # freq_cis_real (unused: computed as llama2.c does)
+        take(self.seq_len, hs // 2)  # freq_cis_imag
+        self.wcls = self.emb if vocab > 0 else take(self.vocab, d)
+
+    @staticmethod
+    def rmsnorm(x, w):
+        ss = np.float32(np.dot(x, x) / np.float32(len(x))) + np.float32(1e-5)
+        return (w * (x * np.float32(1.0 / np.sqrt(ss)))).astype(np.float32)
+
+    def rope(self, v, pos):
+        i = np.arange(0, len(v), 2)
+        freq = 1.0 / np.power(10000.0, (i % self.head_size) / self.head_size).astype(np.float32)
+        ang = (pos * freq).astype(np.float32)
+        c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+        out = v.copy()
+        out[0::2] = v[0::2] * c - v[1::2] * s
+        out[1::2] = v[0::2] * s + v[1::2] * c
+        return out
+
+    def attention(self, q, k, v):
+        """q [dim]; k, v [n, n_kv_heads, head_size] -> [dim] (GQA: heads share KV heads)."""
+        hs, rep = self.head_size, self.n_heads // self.n_kv_heads
+        out = np.empty(self.dim, dtype=np.float32)
+        for h in range(self.n_heads):
+            qh = q[h * hs:(h + 1) * hs]
+            kh, vh = k[:, h // rep, :], v[:, h // rep, :]
+            sc = (kh @ qh) / np.float32(np.sqrt(hs))
+            sc = np.exp(sc - sc.max())
+            out[h * hs:(h + 1) * hs] = (sc / sc.sum()) @ vh
+        return out
+
+
+class Tokenizer:
+    """llama2.c tokenizer.bin: max_token_length, then (score, len, bytes) per token."""
+
+    def __init__(self, path, vocab):
+        raw = open(path, "rb").read()
+        off = 4
+        self.pieces, self.scores = [], []
+        for _ in range(vocab):
+            score, n = struct.unpack_from("fi", raw, off)
+            off += 8
+            self.pieces.append(raw[off:off + n])
+            off += n
+            self.scores.append(score)
+        self.ids = {p: i for i, p in enumerate(self.pieces)}
+
+    def encode(self, text):
+        """BOS, sentencepiece's dummy prefix, code points (byte fallback), greedy BPE."""
+        toks = [BOS]
+        if text:
+            toks.append(self.ids.get(b" ", ord(" ") + 3))
+        for ch in text:
+            b = ch.encode()
+            toks.extend([self.ids[b]] if b in self.ids else [x + 3 for x in b])
+        while True:
+            best = (-1e10, -1, -1)
+            for i in range(len(toks) - 1):
+                j = self.ids.get(self.pieces[toks[i]] + self.pieces[toks[i + 1]], -1)
+                if j != -1 and self.scores[j] > best[0]:
+                    best = (self.scores[j], j, i)
+            if best[2] == -1:
+                return toks
+            toks[best[2]:best[2] + 2] = [best[1]]
+
+    def decode(self, prev, tok):
+        p = self.pieces[tok]
+        if prev == BOS and p.startswith(b" "):
+            p = p[1:]
+        if p.startswith(b"<0x") and p.endswith(b">") and len(p) == 6:
+            p = bytes([int(p[3:5], 16)])
+        if len(p) == 1 and not (chr(p[0]).isprintable() or chr(p[0]).isspace()):
+            return b""
+        return p
+
+
+# ---- the connector: the points where a server calls kvtier ------------------------------------
+class KvtierConnector:
+    """A vLLM-style KV connector on kvtier. One kvtier sequence per chat session (request id);
+    a finished turn parks it, the next turn finds it cached and resumes it."""
+
+    def __init__(self, engine, park_tier):
+        self.engine = engine
+        self.park_tier = park_tier
+        self.seqs = {}        # session id -> kvtier.Sequence
+        self.batch = None     # the step's prepared batch
+        self.table = None     # its block table
+        self.slots = {}       # session id -> slot mapping entry of the step's new token
+
+    # scheduler side
+    def get_num_new_matched_tokens(self, session):
+        """Tokens of this session already cached (so prefill skips them) and where: a dict
+        tier name -> blocks. kvtier keeps a parked session's whole KV; a server with prefix
+        matching across sessions would ask kvt_seq_match_prefix here."""
+        seq = self.seqs.get(session)
+        if seq is None:
+            self.seqs[session] = self.engine.open_sequence(tenant=0)
+            return 0, {}
+        info = seq.info()
+        where = {kvtier.TIER_NAMES[t]: n for t, n in enumerate(info["blocks_in"]) if n}
+        return info["n_tokens"], where
+
+    # worker side
+    def start_load_kv(self, sessions, tokens):
+        """Before the step: promotions of returning sessions start, the step's tokens get their
+        slots, the batch is prepared (resident and pinned)."""
+        for s in sessions:
+            if self.seqs[s].info()["parked"]:
+                self.seqs[s].resume()
+        for s, t in zip(sessions, tokens):
+            self.slots[s] = self.seqs[s].append([t])[0]
+        self.batch = self.engine.prepare([self.seqs[s] for s in sessions])
+        self.table = self.batch.block_table()
+
+    def wait_for_layer_load(self, layer):
+        self.batch.wait_layer(layer)
+
+    def save_kv_layer(self, session, layer, k, v):
+        self.engine.write_kv(self.slots[session], layer, k, v)
+
+    def layer_kv(self, index, layer):
+        """K and V of batch entry @index for the attention kernel (here: numpy gather)."""
+        return self.batch.kv(index, layer, self.table)
+
+    def wait_for_save(self):
+        """After the step: unpin (the step's writes were synchronous: no stream)."""
+        self.batch.release()
+        self.batch = self.table = None
+
+    def request_finished(self, session):
+        """The turn is over: the session's KV leaves HBM until the user comes back."""
+        self.seqs[session].park(self.park_tier)
+
+    def close(self):
+        for seq in self.seqs.values():
+            seq.close()
+
+
+# ---- the server loop: scheduler + model runner ------------------------------------------------
+def forward_batch(model, conn, sessions, tokens, positions):
+    """One decode step for the batch; returns the logits of every session."""
+    conn.start_load_kv(sessions, tokens)
+    xs = [model.emb[t].copy() for t in tokens]
+    for layer in range(model.n_layers):
+        conn.wait_for_layer_load(layer)
+        for i, s in enumerate(sessions):
+            x = xs[i]
+            xb = model.rmsnorm(x, model.rms_att[layer])
+            q = model.rope(model.wq[layer] @ xb, positions[i])
+            k = model.rope(model.wk[layer] @ xb, positions[i])
+            v = (model.wv[layer] @ xb).astype(np.float32)
+            conn.save_kv_layer(s, layer, k, v)
+            kk, vv = conn.layer_kv(i, layer)
+            x = x + model.wo[layer] @ model.attention(q, kk, vv)
+            xb = model.rmsnorm(x, model.rms_ffn[layer])
+            h1, h3 = model.w1[layer] @ xb, model.w3[layer] @ xb
+            x = x + model.w2[layer] @ ((h1 / (1.0 + np.exp(-h1))) * h3).astype(np.float32)
+            xs[i] = x.astype(np.float32)
+    conn.wait_for_save()
+    return [model.wcls @ model.rmsnorm(x, model.rms_final) for x in xs]
+
+
+def run(args, model, tok, conn):
+    """sessions x turns, all sessions of a turn batched step by step; returns the texts."""
+    texts = {}
+    for turn in range(args.turns):
+        live = {}
+        for s in range(args.sessions):
+            cached, where = conn.get_num_new_matched_tokens(s)
+            if turn and args.verbose:
+                print(f"[scheduler] session {s + 1} turn {turn + 1}: {cached} tokens cached "
+                      f"({where}), prefill only the new prompt", file=sys.stderr)
+            prompt = tok.encode(args.prompt)
+            live[s] = {"prompt": prompt, "local": 0, "token": prompt[0], "pos": cached,
+                       "text": b""}
+        while live:
+            order = sorted(live)
+            logits = forward_batch(model, conn, order, [live[s]["token"] for s in order],
+                                   [live[s]["pos"] for s in order])
+            for s, lg in zip(order, logits):
+                st = live[s]
+                st["local"] += 1
+                nxt = (st["prompt"][st["local"]] if st["local"] < len(st["prompt"])
+                       else int(np.argmax(lg)))
+                done = nxt == BOS
+                if not done:
+                    st["text"] += tok.decode(st["token"], nxt)
+                    done = st["local"] >= args.steps or st["pos"] + 1 >= model.seq_len
+                if done:
+                    texts[(s, turn)] = st["text"].decode("utf-8", "replace")
+                    conn.request_finished(s)
+                    del live[s]
+                else:
+                    st["token"], st["pos"] = nxt, st["pos"] + 1
+    return texts
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    data = os.environ.get("KVT_SHARED_DATA",
+                          os.path.join(here, "..", "..", "..", "shared", "data"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=os.path.join(data, "models", "stories260K.bin"))
+    ap.add_argument("--tokenizer", default=os.path.join(data, "models", "tok512.bin"))
+    ap.add_argument("--prompt", default="")
+    ap.add_argument("--steps", type=int, default=64, help="positions per turn")
+    ap.add_argument("--sessions", type=int, default=1)
+    ap.add_argument("--turns", type=int, default=1)
+    ap.add_argument("--tokens-per-block", type=int, default=16)
+    ap.add_argument("--hbm-blocks", type=int, default=0, help="default: room for 2 sessions")
+    ap.add_argument("--nvme-dir", help="park to NVMe in this directory (default: a temp dir)")
+    ap.add_argument("--metrics", action="store_true", help="print Prometheus text at the end")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args()
+    if not os.path.exists(args.model):
+        print(f"kv_connector: no model at {args.model}", file=sys.stderr)
+        return 77
+    model = Model(args.model)
+    tok = Tokenizer(args.tokenizer, model.vocab)
+    tpb = args.tokens_per_block
+    per_session = -(-min(model.seq_len, args.steps * args.turns) // tpb)
+    hbm_blocks = args.hbm_blocks or 2 * per_session + 1
+    block = model.n_layers * 2 * tpb * model.kv_dim * 4
+    with tempfile.TemporaryDirectory() as tmp, \
+            kvtier.Engine(n_layers=model.n_layers, n_kv_heads=model.n_kv_heads,
+                          head_dim=model.head_size, dtype="f32", tokens_per_block=tpb,
+                          hbm_bytes=hbm_blocks * block,
+                          host_bytes=per_session * block,
+                          nvme_dir=args.nvme_dir or tmp,
+                          nvme_bytes=4 * args.sessions * per_session * (block + 4096)) as eng:
+        conn = KvtierConnector(eng, kvtier.TIER_NVME)
+        texts = run(args, model, tok, conn)
+        conn.close()
+        if args.sessions == 1 and args.turns == 1:
+            sys.stdout.write(texts[(0, 0)] + "\n")
+        else:
+            for s in range(args.sessions):
+                for t in range(args.turns):
+                    print(f"[session {s + 1} turn {t + 1}] {texts[(s, t)]}")
+        if args.metrics:
+            sys.stdout.write(eng.metrics_text())
+        st = eng.stats()
+        print(f"kv_connector: blocks moved {dict(zip(kvtier.MOVE_NAMES, st['blocks_moved']))}",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
