@@ -138,10 +138,12 @@ test_worked_70b(void **state)
 	assert_true(gqa.token_bytes * 8 == mha.token_bytes);
 }
 
-/* Llama-3-8B: 32 layers, 8 KV heads x 128, bf16 -> 128 KiB per token; 8192 tokens = 1 GiB.
- * Budgets: 80 GiB HBM with 8.03e9 bf16 params (16.06e9 B = 14.957 GiB of weights) leaves
- * 85899345920 - 16060000000 = 69839345920 B -> floor(/ 1 GiB) = 65 sessions; 256 GiB host ->
- * 256; 2 TiB NVMe -> 2048; 2369 in all. */
+/* Llama-3-8B: 32 layers, 8 KV heads x 128, bf16 -> 128 KiB per token; 8192 tokens = 1 GiB
+ * (512 blocks of 2 MiB). Budgets: 80 GiB HBM with 8.03e9 bf16 params (16.06e9 B = 14.957 GiB
+ * of weights) leaves 85899345920 - 16060000000 = 69839345920 B -> floor(/ 1 GiB) = 65
+ * sessions; 256 GiB host -> 256; 2 TiB NVMe in slots of 2 MiB + 4 KiB (block + 64-byte
+ * trailer rounded to 4 KiB): 2^41 / (512 x 2101248 = 1075838976) = 2044.0x -> 2044; 2365 in
+ * all. */
 static void
 test_llama3_8b(void **state)
 {
@@ -168,8 +170,10 @@ test_llama3_8b(void **state)
 	assert_true(r.weight_bytes > 16.06e9 - 1 && r.weight_bytes < 16.06e9 + 1);
 	assert_int_equal(r.fit_hbm, 65);
 	assert_int_equal(r.fit_host, 256);
-	assert_int_equal(r.fit_nvme, 2048);
-	assert_int_equal(r.fit_total, 2369);
+	assert_int_equal(r.seq_blocks, 512);
+	assert_int_equal(r.nvme_slot_bytes, 2101248);
+	assert_int_equal(r.fit_nvme, 2044);
+	assert_int_equal(r.fit_total, 2365);
 	/* weights larger than HBM: nothing fits there, no negative room */
 	q.weight_bytes = 100ull << 30;
 	assert_int_equal(kvc_compute(&m, &q, &r), 0);
@@ -220,6 +224,7 @@ test_mistral_sliding(void **state)
 	assert_true(r.token_bytes == 128 * KiB);
 	assert_true(r.seq_bytes == 512 * MiB);
 	assert_true(r.seq_full_bytes == 4 * GiB);
+	assert_true(r.seq_kvtier_bytes == 4 * GiB); /* kvtier v0 keeps every token's block */
 	calc_run(&m, 1000, 1, &r);
 	assert_true(r.seq_bytes == 131072000.0);
 	assert_true(r.seq_paged_bytes == 1008.0 * 128 * KiB);

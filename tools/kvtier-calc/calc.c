@@ -232,9 +232,13 @@ kvc_compute(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 	r->hbm_kv_bytes = (double)q->hbm_bytes * q->hbm_util - r->weight_bytes;
 	if (r->hbm_kv_bytes < 0)
 		r->hbm_kv_bytes = 0;
-	r->fit_hbm = calc_fit(r->hbm_kv_bytes, r->seq_paged_bytes);
-	r->fit_host = calc_fit((double)q->host_bytes, r->seq_paged_bytes);
-	r->fit_nvme = calc_fit((double)q->nvme_bytes, r->seq_paged_bytes);
+	r->seq_blocks = (q->context + q->tokens_per_block - 1) / q->tokens_per_block;
+	r->nvme_slot_bytes = ((uint64_t)ceil(r->block_bytes) + 64 + 4095) / 4096 * 4096;
+	r->seq_kvtier_bytes = (double)r->seq_blocks * ceil(r->block_bytes);
+	r->seq_nvme_bytes = (double)r->seq_blocks * (double)r->nvme_slot_bytes;
+	r->fit_hbm = calc_fit(r->hbm_kv_bytes, r->seq_kvtier_bytes);
+	r->fit_host = calc_fit((double)q->host_bytes, r->seq_kvtier_bytes);
+	r->fit_nvme = calc_fit((double)q->nvme_bytes, r->seq_nvme_bytes);
 	r->fit_total = r->fit_hbm + r->fit_host + r->fit_nvme;
 	return 0;
 }

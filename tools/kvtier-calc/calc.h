@@ -11,8 +11,10 @@
  * A sliding-window layer keeps at most `window` tokens; a layer that shares another layer's KV
  * (Gemma 3n's num_kv_shared_layers, cross-layer attention) keeps none. So a sequence of S tokens
  * takes sum over layers of min(S, window_l) x layer_token_bytes, which for plain models is the
- * well-known B x H_kv x S x D x 2 x L x bytes (B = batch). The paged footprint rounds each
- * layer's tokens up to whole blocks of tokens_per_block; sessions that fit are counted with it.
+ * well-known B x H_kv x S x D x 2 x L x bytes (B = batch). A window-aware paged cache rounds
+ * each layer's tokens up to whole blocks ("paged"). kvtier itself (v0) stores every layer of
+ * every token in blocks of tokens_per_block, and an NVMe slot is the block plus a 64-byte
+ * trailer rounded up to 4 KiB: the sessions that fit are counted with that footprint.
  */
 #ifndef KVC_CALC_H
 #define KVC_CALC_H
@@ -72,11 +74,15 @@ struct kvc_result {
 	double seq_paged_bytes;     /* the same, each layer rounded up to whole blocks */
 	double seq_full_bytes;      /* one sequence without windows and sharing (what a cache
 	                               that ignores them would take) */
+	uint64_t seq_blocks;        /* kvtier blocks of one sequence: ceil(context / tpb) */
+	uint64_t nvme_slot_bytes;   /* kvtier NVMe slot: round_up(block_bytes + 64, 4096) */
+	double seq_kvtier_bytes;    /* kvtier footprint in HBM or host: seq_blocks x block */
+	double seq_nvme_bytes;      /* kvtier footprint on NVMe: seq_blocks x NVMe slot */
 	double batch_bytes;         /* seq_bytes x batch */
 	double batch_paged_bytes;   /* seq_paged_bytes x batch */
 	double weight_bytes;        /* weights in HBM */
 	double hbm_kv_bytes;        /* HBM left for KV: hbm x util - weights (>= 0) */
-	uint64_t fit_hbm;           /* sessions of `context` tokens that fit there (paged) */
+	uint64_t fit_hbm;           /* sessions of `context` tokens that fit there (kvtier) */
 	uint64_t fit_host;          /* ... in the host budget */
 	uint64_t fit_nvme;          /* ... in the NVMe budget */
 	uint64_t fit_total;         /* sum */

@@ -65,6 +65,10 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 		fprintf(f, "; without windows/sharing %s",
 			print_human(r->seq_full_bytes, a, sizeof a));
 	fprintf(f, ")\n");
+	fprintf(f, "kvtier stores    %llu blocks per sequence: %s (NVMe: %s in %llu-byte slots)\n",
+		(unsigned long long)r->seq_blocks, print_human(r->seq_kvtier_bytes, a, sizeof a),
+		print_human(r->seq_nvme_bytes, b, sizeof b),
+		(unsigned long long)r->nvme_slot_bytes);
 	fprintf(f, "batch of %-7llu %s (paged: %s)\n", (unsigned long long)q->batch,
 		print_human(r->batch_bytes, a, sizeof a),
 		print_human(r->batch_paged_bytes, b, sizeof b));
@@ -90,7 +94,8 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
  * Keys: model, attention, layers, kv_layers, sliding_layers, sliding_window, kv_heads,
  * head_dim, v_head_dim, kv_lora_rank, rope_dim, kv_dtype_bytes, tokens_per_block, context,
  * batch, kv_bytes_per_token, kv_bytes_per_layer_token, kv_bytes_per_block, seq_bytes,
- * seq_paged_bytes, seq_full_bytes, batch_bytes, batch_paged_bytes, weight_bytes,
+ * seq_paged_bytes, seq_full_bytes, seq_blocks, seq_kvtier_bytes, seq_nvme_bytes,
+ * nvme_slot_bytes, batch_bytes, batch_paged_bytes, weight_bytes,
  * hbm_bytes, host_bytes, nvme_bytes, hbm_kv_bytes, sessions_hbm, sessions_host,
  * sessions_nvme, sessions_total.
  */
@@ -113,6 +118,10 @@ kvc_print_json(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 		{ "kv_bytes_per_layer_token", r->layer_token_bytes },
 		{ "kv_bytes_per_block", r->block_bytes }, { "seq_bytes", r->seq_bytes },
 		{ "seq_paged_bytes", r->seq_paged_bytes }, { "seq_full_bytes", r->seq_full_bytes },
+		{ "seq_blocks", (double)r->seq_blocks },
+		{ "seq_kvtier_bytes", r->seq_kvtier_bytes },
+		{ "seq_nvme_bytes", r->seq_nvme_bytes },
+		{ "nvme_slot_bytes", (double)r->nvme_slot_bytes },
 		{ "batch_bytes", r->batch_bytes }, { "batch_paged_bytes", r->batch_paged_bytes },
 		{ "weight_bytes", r->weight_bytes }, { "hbm_bytes", (double)q->hbm_bytes },
 		{ "host_bytes", (double)q->host_bytes }, { "nvme_bytes", (double)q->nvme_bytes },
