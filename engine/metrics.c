@@ -180,7 +180,8 @@ metrics_write(struct metrics_out *o, const struct kvt_stats *st)
 		    "Block accesses that found the block already ready in HBM.",
 		    st->accesses_ready);
 	metrics_head(o, "kvtier_prefetch_coverage_ratio", "gauge",
-		     "Fraction of block accesses that found the block ready in HBM (0 before any).");
+		     "Fraction of block accesses that found the block ready in HBM "
+		     "(0 before any).");
 	metrics_put(o, "kvtier_prefetch_coverage_ratio %.6f\n", cov);
 	metrics_one(o, "kvtier_stalls_total", "counter",
 		    "Waits that found copies unfinished.", st->stalls);

@@ -46,6 +46,8 @@ def test_version_matches_header(root):
     parts = [re.search(rf"#define KVT_VERSION_{p} (\d+)", hdr).group(1)
              for p in ("MAJOR", "MINOR", "PATCH")]
     assert kvtier.version() == ".".join(parts)
+    toml = open(os.path.join(root, "python", "pyproject.toml")).read()
+    assert re.search(r'^version = "([^"]+)"', toml, re.M).group(1) == kvtier.version()
 
 
 def test_lifecycle(engine):
