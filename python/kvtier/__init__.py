@@ -32,7 +32,7 @@ import weakref
 from . import _ffi
 from ._ffi import lib
 
-__all__ = ["Engine", "Sequence", "Batch", "BlockTable", "KvtierError", "version",
+__all__ = ["Engine", "Sequence", "Batch", "BlockTable", "Stream", "KvtierError", "version",
            "TIER_HBM", "TIER_HOST", "TIER_NVME"]
 
 TIER_HBM, TIER_HOST, TIER_NVME = 0, 1, 2
@@ -186,6 +186,9 @@ class Engine:
             if isinstance(obj, Batch):
                 obj._engine_closing()
         for obj in list(self._live):
+            if isinstance(obj, Stream):
+                obj.close()
+        for obj in list(self._live):
             if isinstance(obj, Sequence):
                 obj._id = 0
         lib.kvt_engine_destroy(self._h)
@@ -286,6 +289,14 @@ class Engine:
                                            f"token's K or V is {g['token_bytes']}")
             ctypes.memmove(addr, (ctypes.c_char * mv.nbytes).from_buffer_copy(mv), mv.nbytes)
 
+    def stream(self):
+        """kvt_engine_stream_create: a device Stream owned by the engine (a cudaStream_t on
+        CUDA, an in-order worker queue when emulated) to pass to wait_layer/release."""
+        h = ctypes.c_void_p()
+        _check(lib.kvt_engine_stream_create(self._handle(), ctypes.byref(h)),
+               "kvt_engine_stream_create")
+        return Stream(self, h)
+
     def hbm_array(self):
         """The HBM tier as a numpy uint8 array (emulated device only: there it is host
         memory). Valid until close(); use Batch.kv() or the slot mapping to index it."""
@@ -310,6 +321,38 @@ def _struct_dict(st):
             v = _struct_dict(v)
         out[name] = v
     return out
+
+
+class Stream:
+    """A device stream from Engine.stream(); its handle (an int address) is what wait_layer()
+    and release() take. close() destroys it (before the engine; Engine.close() does it too)."""
+
+    def __init__(self, engine, handle):
+        self._engine = engine
+        self._h = handle
+        engine._live.add(self)
+
+    @property
+    def handle(self):
+        if not self._h or self._engine.closed:
+            raise _closed("stream")
+        return self._h.value
+
+    def sync(self):
+        """kvt_engine_stream_sync: wait for everything queued on the stream."""
+        _check(lib.kvt_engine_stream_sync(self._engine._handle(), self.handle),
+               "kvt_engine_stream_sync")
+
+    def close(self):
+        if self._h and not self._engine.closed:
+            lib.kvt_engine_stream_destroy(self._engine._handle(), self._h)
+        self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 class Sequence:

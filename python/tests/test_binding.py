@@ -144,6 +144,24 @@ def test_errors_carry_code_and_message(engine):
         check_tokens(b, 0, 1, 3)
 
 
+def test_stream(engine):
+    seq = engine.open_sequence()
+    write_tokens(engine, seq, 2, 0, 5)
+    with engine.stream() as st:
+        b = engine.prepare([seq])
+        for layer in range(LAYERS):
+            b.wait_layer(layer, st.handle)  # the stream waits, the host does not
+        st.sync()
+        check_tokens(b, 0, 2, 5)
+        b.release(st.handle)
+        seq.park(kvtier.TIER_HOST)  # copies ordered after the stream's work
+        engine.drain()
+    with pytest.raises(kvtier.ClosedError):
+        st.sync()
+    with engine.prepare([seq]) as b:
+        check_tokens(b, 0, 2, 5)
+
+
 def test_close_engine_under_live_objects():
     eng = kvtier.Engine(n_layers=1, n_kv_heads=1, head_dim=8, dtype="f32",
                         tokens_per_block=4, hbm_bytes=4096)
