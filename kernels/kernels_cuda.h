@@ -43,6 +43,20 @@ typedef void *kvt_cuda_stream_t;
 size_t kvt_attn_cuda_work_floats(uint32_t n_heads, uint32_t head_dim, uint32_t n_splits);
 
 /**
+ * kvt_attn_cuda_splits() - a good @n_splits for kvt_attn_decode_cuda(): enough windows that the
+ * launch has about 4 thread blocks per SM (@n_sm, cudaDevAttrMultiProcessorCount), but windows
+ * of at least 256 positions; 1..KVT_ATTN_CUDA_MAX_SPLITS. Pure function.
+ */
+uint32_t kvt_attn_cuda_splits(uint32_t n_heads, uint32_t n_kv_heads, uint64_t seq_len, int n_sm);
+
+/**
+ * kvt_attn_cuda_force_generic() - test knob: @on != 0 makes every later launch use the generic
+ * kernel (one warp per position, element loads) instead of the vectorised one, so tests check
+ * both. Process-wide; not for concurrent use with launches on other threads.
+ */
+void kvt_attn_cuda_force_generic(int on);
+
+/**
  * kvt_attn_decode_cuda() - paged decode attention of one query token (see attention.h for the
  * function and the K/V addressing), split-KV over the GPU.
  * @kv:       paged K/V of one layer (host struct, copied into the launch): k_base and table are
@@ -61,6 +75,10 @@ size_t kvt_attn_cuda_work_floats(uint32_t n_heads, uint32_t head_dim, uint32_t n
  *            run concurrently.
  * @out:      device [n_heads][head_dim] fp32 result.
  * @stream:   the stream to queue the kernels on.
+ * Kernels: when a KV row (head_dim elements) is a whole number of 16-byte pieces, at most 32,
+ * and k_base and all strides are 16-byte aligned, the vectorised kernel runs (16-byte loads, up
+ * to 4 query heads of one KV head per thread block, state in registers); otherwise the generic
+ * one (one warp per position, element loads).
  * K/V F32, F16 or BF16 are widened to fp32; all accumulation is fp32. The result matches
  * kvt_attn_decode_ref() within fp32 rounding (different summation order, online softmax,
  * the device's expf), not bit for bit. kv->head_dim must be <= 4096 (the layout's limit).

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "kernels/attention.h"
+#include "kernels/gather.h"
 #include "support/kv_fixture.h"
 #ifdef KVT_WITH_CUDA
 #include "kernels/kernels_cuda.h"
@@ -511,6 +512,42 @@ test_store_load(void **state)
 	}
 }
 
+/* The gather/scatter reference: pieces land where the formula says; untouched bytes stay. */
+static void
+test_gather_ref(void **state)
+{
+	enum { NS = 9, STRIDE = 100, OFF = 30, LEN = 50, N = 4 };
+	static const uint32_t slots[N] = { 8, 0, 5, 2 };
+	unsigned char base[NS * STRIDE], packed[N * LEN], back[NS * STRIDE];
+	size_t i, j;
+
+	(void)state;
+	for (i = 0; i < sizeof base; i++)
+		base[i] = (unsigned char)(i * 7 + 3);
+	memset(packed, 0xee, sizeof packed);
+	assert_int_equal(kvt_gather_blocks_ref(packed, base, STRIDE, OFF, LEN, slots, N), 0);
+	for (i = 0; i < N; i++)
+		for (j = 0; j < LEN; j++)
+			assert_int_equal(packed[i * LEN + j], base[slots[i] * STRIDE + OFF + j]);
+	memset(back, 0, sizeof back);
+	assert_int_equal(kvt_scatter_blocks_ref(back, STRIDE, OFF, LEN, packed, slots, N), 0);
+	for (i = 0; i < NS; i++) {
+		int used = 0;
+
+		for (j = 0; j < N; j++)
+			used |= slots[j] == i;
+		for (j = 0; j < STRIDE; j++) {
+			int in = used && j >= OFF && j < OFF + LEN;
+
+			assert_int_equal(back[i * STRIDE + j], in ? base[i * STRIDE + j] : 0);
+		}
+	}
+	assert_int_equal(kvt_gather_blocks_ref(packed, base, STRIDE, OFF, LEN, slots, 0), 0);
+	assert_int_equal(kvt_gather_blocks_ref(NULL, base, STRIDE, OFF, LEN, slots, 1), -EINVAL);
+	assert_int_equal(kvt_gather_blocks_ref(packed, base, STRIDE, 60, LEN, slots, 1), -EINVAL);
+	assert_int_equal(kvt_scatter_blocks_ref(back, STRIDE, 0, 0, packed, slots, 1), -EINVAL);
+}
+
 #ifdef KVT_WITH_CUDA
 /* The launchers check their arguments on the host before touching the GPU: testable here. */
 static void
@@ -547,6 +584,12 @@ test_cuda_launcher_args(void **state)
 	assert_int_equal(kvt_gather_blocks_cuda(f, f, 64, 32, 64, table, 1, NULL), -EINVAL);
 	assert_int_equal(kvt_gather_blocks_cuda(f, f, 64, 0, 0, table, 1, NULL), -EINVAL);
 	assert_int_equal(kvt_scatter_blocks_cuda(f, 64, 0, 64, f, NULL, 1, NULL), -EINVAL);
+	/* split choice: about 4 blocks per SM, windows of >= 256 positions, never 0 */
+	assert_int_equal(kvt_attn_cuda_splits(32, 8, 100, 132), 1);
+	assert_int_equal(kvt_attn_cuda_splits(32, 8, 1 << 20, 132), 66); /* 8 groups of 4 heads */
+	assert_int_equal(kvt_attn_cuda_splits(32, 8, 2560, 132), 10);
+	assert_int_equal(kvt_attn_cuda_splits(6, 2, 1 << 20, 6), 4); /* hg 1: 6 blocks a window */
+	assert_int_equal(kvt_attn_cuda_splits(6, 2, 1 << 20, 0), 1);
 }
 #endif
 
@@ -562,6 +605,7 @@ main(void)
 		cmocka_unit_test(test_bf16_known_values),
 		cmocka_unit_test(test_conversion_sweeps),
 		cmocka_unit_test(test_store_load),
+		cmocka_unit_test(test_gather_ref),
 #ifdef KVT_WITH_CUDA
 		cmocka_unit_test(test_cuda_launcher_args),
 #endif
