@@ -125,6 +125,32 @@ int kvt_scatter_blocks_cuda(void *base, uint64_t slot_stride, uint64_t offset, u
 			    const void *src, const uint32_t *slots, uint32_t n,
 			    kvt_cuda_stream_t stream);
 
+/* ---- helpers for tests and benchmarks (kernels/delay.cu) ---- */
+
+/**
+ * kvt_cuda_delay_fill() - a kernel that spins @delay_ns nanoseconds on the GPU, then sets
+ * device bytes dst[0..len) to @byte. For ordering tests: the write really happens late.
+ * Returns 0, -EINVAL (dst NULL, len 0), KVT_EDEVICE.
+ */
+int kvt_cuda_delay_fill(void *dst, uint64_t len, unsigned char byte, uint64_t delay_ns,
+			kvt_cuda_stream_t stream);
+
+/**
+ * kvt_cuda_delay_copy() - spins @delay_ns, then copies device bytes src[0..len) to dst (not
+ * overlapping): the read of src really happens late. Returns 0, -EINVAL, KVT_EDEVICE.
+ */
+int kvt_cuda_delay_copy(void *dst, const void *src, uint64_t len, uint64_t delay_ns,
+			kvt_cuda_stream_t stream);
+
+/**
+ * kvt_cuda_read_bytes() - read device bytes src[0..len) once at full bandwidth (8 blocks per
+ * SM, @n_sm of them), streaming; @sink is a device [1024] uint32 scratch that is almost never
+ * written (it keeps the loads alive). src and len 16-byte aligned. Stands in for the weight
+ * reads of a decode step in benchmarks. Returns 0, -EINVAL, KVT_EDEVICE.
+ */
+int kvt_cuda_read_bytes(const void *src, uint64_t len, uint32_t *sink, int n_sm,
+			kvt_cuda_stream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

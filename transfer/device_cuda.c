@@ -5,10 +5,10 @@
  * non-blocking streams (a struct kvt_stream * IS the cudaStream_t), timing-free events, and one
  * cudaMemcpyBatchAsync per copy batch (CUDA 12.8+), never one call per block.
  *
- * Errors: every failing CUDA call stores cudaGetErrorString() in d->errmsg and the raw
- * cudaError_t in d->last_error (under cuda_dev.err_lock), clears the runtime's last-error state
- * (so a later cudaGetLastError() after a kernel launch does not report our failure) and returns
- * kvt_err(KVT_EDEVICE, "cudaXxx: message"). Nothing aborts.
+ * Errors: every failing CUDA call stores "cudaXxx: message (cudaErrorName)" in d->errmsg and
+ * the raw cudaError_t in d->last_error (under cuda_dev.err_lock), clears the runtime's
+ * last-error state (so a later cudaGetLastError() after a kernel launch does not report our
+ * failure) and returns kvt_err(KVT_EDEVICE, "cudaXxx: message (name)"). Nothing aborts.
  *
  * Every entry that creates or frees something first makes the device current on the calling
  * thread (cudaSetDevice), because the caller may be any thread of the host process.
@@ -60,7 +60,8 @@ cuda_fail(struct cuda_dev *c, cudaError_t err, const char *what)
 
 	(void)cudaGetLastError(); /* reset the runtime's non-sticky last error */
 	pthread_mutex_lock(&c->err_lock);
-	snprintf(c->dev.errmsg, sizeof c->dev.errmsg, "%s", msg);
+	snprintf(c->dev.errmsg, sizeof c->dev.errmsg, "%s: %s (%s)", what, msg,
+		 cudaGetErrorName(err));
 	c->dev.last_error = (int)err;
 	pthread_mutex_unlock(&c->err_lock);
 	return kvt_err(KVT_EDEVICE, "%s: %s (%s)", what, msg, cudaGetErrorName(err));
