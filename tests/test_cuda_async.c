@@ -272,6 +272,11 @@ test_cuda_error_reported(void **state)
 	int rc;
 
 	(void)state;
+	if (getenv("KVT_TEST_QUICK") && *getenv("KVT_TEST_QUICK") != '0') {
+		/* compute-sanitizer runs set it: the failing cudaMalloc would count as an error */
+		print_message("(skipped under KVT_TEST_QUICK)\n");
+		return;
+	}
 	kvt_engine_opts_init(&o, sizeof o);
 	o.layout = (struct kvt_layout){ .n_layers = 8, .n_kv_heads = 8, .head_dim = 128,
 					.dtype = KVT_DTYPE_F16, .tokens_per_block = 16 };
