@@ -16,8 +16,9 @@ gather_ref_check(const char *what, const void *a, const void *b, uint64_t slot_s
 	if (!a || !b || !slots)
 		return kvt_err(-EINVAL, "%s blocks: NULL buffer or slot list", what);
 	if (!len || offset + len < offset || offset + len > slot_stride)
-		return kvt_err(-EINVAL, "%s blocks: range offset %llu len %llu outside slot of %llu",
-			       what, (unsigned long long)offset, (unsigned long long)len,
+		return kvt_err(-EINVAL,
+			       "%s blocks: range offset %llu len %llu outside slot of %llu", what,
+			       (unsigned long long)offset, (unsigned long long)len,
 			       (unsigned long long)slot_stride);
 	return 0;
 }

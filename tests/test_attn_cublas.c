@@ -101,14 +101,17 @@ tac_cublas_attn(const struct kvt_test_kv *b, const struct kvt_test_kv_shape *s, 
 	float *sc = malloc((size_t)G * M * S * sizeof(float));
 	float *dk, *dv, *dq, *ds, *dout;
 	const float alpha = 1.0f / sqrtf((float)d), one = 1.0f, zero = 0.0f;
-	int g, j, t, i;
+	int g, t, i;
 
 	assert_true(kc && vc && sc);
 	for (g = 0; g < G; g++)
 		for (t = 0; t < S; t++)
 			for (i = 0; i < d; i++) {
-				kc[((size_t)g * S + t) * d + i] = b->kw[(size_t)t * kvd + g * d + i];
-				vc[((size_t)g * S + t) * d + i] = b->vw[(size_t)t * kvd + g * d + i];
+				size_t to = ((size_t)g * S + t) * d + i;
+				size_t from = (size_t)t * kvd + (size_t)g * d + i;
+
+				kc[to] = b->kw[from];
+				vc[to] = b->vw[from];
 			}
 	dk = tac_dev(kc, kvn * sizeof(float));
 	dv = tac_dev(vc, kvn * sizeof(float));
@@ -140,7 +143,6 @@ tac_cublas_attn(const struct kvt_test_kv *b, const struct kvt_test_kv_shape *s, 
 				  CUBLAS_GEMM_DEFAULT), CUBLAS_STATUS_SUCCESS);
 	TAC_OK(cudaMemcpy(out, dout, (size_t)s->n_heads * d * sizeof(float),
 			  cudaMemcpyDeviceToHost));
-	(void)j;
 	cudaFree(dk);
 	cudaFree(dv);
 	cudaFree(dq);
@@ -187,9 +189,10 @@ tac_case(const struct kvt_test_kv_shape *s, enum kvt_dtype dt, uint64_t *rng, in
 			TAC_OK(cudaDeviceSynchronize());
 			TAC_OK(cudaMemcpy(got, dout, n * sizeof(float), cudaMemcpyDeviceToHost));
 			err = kvt_test_kv_relerr(got, want, n);
-			print_message("  H=%u Hkv=%u d=%u S=%u dtype %d %s splits %u: relerr %.2e\n",
-				      s->n_heads, s->n_kv_heads, s->head_dim, s->seq_len, (int)dt,
-				      generic ? "generic" : "default", splits[k], err);
+			print_message("  H=%u Hkv=%u d=%u S=%u dtype %d %s splits %u: "
+				      "relerr %.2e\n", s->n_heads, s->n_kv_heads, s->head_dim,
+				      s->seq_len, (int)dt, generic ? "generic" : "default",
+				      splits[k], err);
 			if (!(err <= 2e-4))
 				fail_msg("kernel vs cuBLAS: relerr %g", err);
 		}

@@ -131,8 +131,8 @@ gba_setup_run(struct gba *a, uint64_t max_seq)
 	uint32_t *perm = malloc(ns * sizeof *perm);
 	float *q = malloc(GBA_H * GBA_D * sizeof *q);
 	uint64_t x = 88172645463325252ull;
-	size_t wf = kvt_attn_cuda_work_floats(GBA_H, GBA_D, kvt_attn_cuda_splits(GBA_H, GBA_HKV,
-										  max_seq, a->n_sm)) + 64;
+	uint32_t most = kvt_attn_cuda_splits(GBA_H, GBA_HKV, max_seq, a->n_sm);
+	size_t wf = kvt_attn_cuda_work_floats(GBA_H, GBA_D, most) + 64;
 	cudaError_t e;
 	int rc = 1;
 
@@ -145,8 +145,10 @@ gba_setup_run(struct gba *a, uint64_t max_seq)
 		uint32_t j = (uint32_t)(x % (i + 1)), t = perm[i];
 		perm[i] = perm[j], perm[j] = t;
 	}
-	for (uint32_t i = 0; i < GBA_H * GBA_D; i++)
-		x ^= x << 13, x ^= x >> 7, x ^= x << 17, q[i] = (float)(x >> 40) / 16777216.0f - 0.5f;
+	for (uint32_t i = 0; i < GBA_H * GBA_D; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		q[i] = (float)(x >> 40) / 16777216.0f - 0.5f;
+	}
 	if ((e = cudaMalloc(&a->hbm, (size_t)ns * bb)) != cudaSuccess ||
 	    (e = cudaMalloc(&a->dst, (size_t)2 * max_seq * tok)) != cudaSuccess ||
 	    (e = cudaMalloc((void **)&a->table, nb * sizeof(uint32_t))) != cudaSuccess ||

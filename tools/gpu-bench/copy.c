@@ -168,8 +168,8 @@ gbc_run(struct gbc *c)
 				return 1;
 			snprintf(name, sizeof name, "copy_%s_batched_%lluKiB", dir ? "d2h" : "h2d",
 				 (unsigned long long)(sizes[k] >> 10));
-			gb_result(name, bw, "GB/s", bw / peak[dir], sizes[k] >= (1u << 20) ? 0.9 : 0,
-				  1);
+			gb_result(name, bw, "GB/s", bw / peak[dir],
+				  sizes[k] >= (1u << 20) ? 0.9 : 0, 1);
 		}
 	}
 	return 0;
@@ -191,7 +191,8 @@ gb_copy_main(int argc, char **argv)
 		return 2;
 	}
 	if (mib < 4 || mib % 4 || reps < 1)
-		return fprintf(stderr, "gpu-bench copy: --total-mib a multiple of 4, --reps >= 1\n"), 2;
+		return fprintf(stderr, "gpu-bench copy: --total-mib a multiple of 4, --reps "
+			       ">= 1\n"), 2;
 	c.total = mib << 20;
 	c.reps = (uint32_t)reps;
 	if (kvt_device_cuda_create(0, &c.d)) {
