@@ -152,6 +152,9 @@ gbc_run(struct gbc *c)
 
 	if (gbc_verify(c))
 		return 1;
+	if (kvt_device_cuda_batched(c->d) != 1)
+		printf("NOTE: the driver refused cudaMemcpyBatchAsync: batches are loops of "
+		       "cudaMemcpyAsync\n");
 	for (int dir = 0; dir < 2; dir++) {
 		if (gbc_measure(c, dir, 0, &peak[dir]))
 			return 1;
