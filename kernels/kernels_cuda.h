@@ -13,8 +13,8 @@
  * The header is includable from C: the stream is then a void * (a cudaStream_t is a pointer;
  * NULL is the legacy default stream).
  *
- * Reference implementations for CPU: kernels/attention.h (kvt_attn_decode_ref & co.); the
- * gather/scatter kernels are memcpy loops.
+ * Reference implementations for CPU: kernels/attention.h (kvt_attn_decode_ref & co.),
+ * kernels/gather.h (gather/scatter), kernels/quant.h (int8/fp8 quantization).
  */
 #ifndef KVT_KERNELS_KERNELS_CUDA_H
 #define KVT_KERNELS_KERNELS_CUDA_H
@@ -124,6 +124,22 @@ int kvt_gather_blocks_cuda(void *dst, const void *base, uint64_t slot_stride, ui
 int kvt_scatter_blocks_cuda(void *base, uint64_t slot_stride, uint64_t offset, uint64_t len,
 			    const void *src, const uint32_t *slots, uint32_t n,
 			    kvt_cuda_stream_t stream);
+
+/**
+ * kvt_quant_cuda() - int8 / fp8 e4m3 quantization with one fp32 scale per group of @group
+ * elements, as kvt_quant_ref() (kernels/quant.h) and with the same bytes. Device pointers:
+ * @src [n_groups][group] of @src_t (F32/F16/BF16), @q [n_groups][group] bytes, @scales
+ * [n_groups]. Returns 0 (n_groups 0 queues nothing), -EINVAL, KVT_EDEVICE.
+ */
+int kvt_quant_cuda(enum kvt_dtype qt, enum kvt_dtype src_t, const void *src, uint64_t n_groups,
+		   uint32_t group, void *q, float *scales, kvt_cuda_stream_t stream);
+
+/**
+ * kvt_dequant_cuda() - the inverse, as kvt_dequant_ref(): device @dst [n_groups][group] of
+ * @dst_t = q * scales[g]. Returns 0, -EINVAL, KVT_EDEVICE.
+ */
+int kvt_dequant_cuda(enum kvt_dtype qt, const void *q, const float *scales, uint64_t n_groups,
+		     uint32_t group, enum kvt_dtype dst_t, void *dst, kvt_cuda_stream_t stream);
 
 /* ---- helpers for tests and benchmarks (kernels/delay.cu) ---- */
 

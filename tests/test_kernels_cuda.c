@@ -4,7 +4,8 @@
  * real GPU against the C reference: paged decode attention for every dtype, several shapes
  * (vectorised and generic kernels, the 1- and 2-warp paths of large head_dim, GQA groups of 1,
  * 2 and 4 heads per block, rows that leave lanes idle) and split counts, the partial launcher,
- * and block gather/scatter into device and mapped pinned host memory against the C reference.
+ * block gather/scatter into device and mapped pinned host memory, and int8/fp8 quantization with
+ * per-group scales, against the C references (quantization byte for byte).
  * Outputs are poisoned (NaN, 0xa5) before each run, so an element never written fails; inputs
  * are fresh random values each run (seed printed; KVT_TEST_SEED repeats one). KVT_TEST_QUICK=1
  * runs a small subset (for compute-sanitizer).
@@ -26,6 +27,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/gather.h"
+#include "kernels/quant.h"
 #include "support/kv_fixture.h"
 
 #ifdef KVT_WITH_CUDA
@@ -298,6 +300,76 @@ test_gather_scatter(void **state)
 	tkc_gather_case(0, 4096 + 64, 1);  /* into mapped pinned host memory */
 	tkc_gather_case(5, 77, 1);
 }
+/* One quantize + dequantize round on the GPU against the reference, bytes compared. */
+static void
+tkc_quant_case(enum kvt_dtype qt, enum kvt_dtype ft, uint64_t ng, uint32_t group, uint64_t *rng)
+{
+	const size_t n = (size_t)ng * group, es = ft == KVT_DTYPE_F32 ? 4 : 2;
+	float *x = malloc(n * sizeof(float)), *sc = malloc(ng * sizeof(float));
+	float *gsc = malloc(ng * sizeof(float));
+	unsigned char *src = malloc(n * es), *q = malloc(n), *gq = malloc(n);
+	unsigned char *back = malloc(n * es), *gback = malloc(n * es);
+	void *dsrc, *dq, *dsc, *dback;
+	size_t i;
+
+	assert_true(x && sc && gsc && src && q && gq && back && gback);
+	for (i = 0; i < n; i++) /* groups of very different magnitudes, some values zero */
+		x[i] = (i % 97 == 3) ? 0.0f : kvt_test_kv_uniform(rng, 1.0f) *
+			ldexpf(1.0f, (int)((i / group) % 20) - 10);
+	assert_int_equal(kvt_store_f32(ft, src, x, n), 0);
+	assert_int_equal(kvt_quant_ref(qt, ft, src, ng, group, q, sc), 0);
+	assert_int_equal(kvt_dequant_ref(qt, q, sc, ng, group, ft, back), 0);
+	dsrc = tkc_upload(src, n * es);
+	dq = tkc_upload(NULL, n);
+	dsc = tkc_upload(NULL, ng * sizeof(float));
+	dback = tkc_upload(NULL, n * es);
+	TKC_OK(cudaMemset(dq, 0xa5, n));
+	TKC_OK(cudaMemset(dsc, 0xff, ng * sizeof(float)));
+	TKC_OK(cudaMemset(dback, 0xff, n * es));
+	assert_int_equal(kvt_quant_cuda(qt, ft, dsrc, ng, group, dq, dsc, NULL), 0);
+	assert_int_equal(kvt_dequant_cuda(qt, dq, dsc, ng, group, ft, dback, NULL), 0);
+	TKC_OK(cudaDeviceSynchronize());
+	tkc_download(gq, dq, n);
+	tkc_download(gsc, dsc, ng * sizeof(float));
+	tkc_download(gback, dback, n * es);
+	for (i = 0; i < ng; i++)
+		if (memcmp(&gsc[i], &sc[i], sizeof(float)))
+			fail_msg("qt %d ft %d: scale %zu is %g, reference %g", (int)qt, (int)ft, i,
+				 gsc[i], sc[i]);
+	for (i = 0; i < n; i++)
+		if (gq[i] != q[i])
+			fail_msg("qt %d ft %d group %u: code %zu is 0x%02x, reference 0x%02x",
+				 (int)qt, (int)ft, group, i, gq[i], q[i]);
+	assert_memory_equal(gback, back, n * es);
+	cudaFree(dsrc);
+	cudaFree(dq);
+	cudaFree(dsc);
+	cudaFree(dback);
+	free(x);
+	free(sc);
+	free(gsc);
+	free(src);
+	free(q);
+	free(gq);
+	free(back);
+	free(gback);
+}
+
+static void
+test_quant_vs_ref(void **state)
+{
+	static const enum kvt_dtype qts[] = { KVT_DTYPE_INT8, KVT_DTYPE_FP8_E4M3 };
+	static const enum kvt_dtype fts[] = { KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16 };
+	static const uint32_t shapes[][2] = { { 1, 1 }, { 7, 300 }, { 300, 2048 }, { 3, 5000 } };
+	const size_t ns = tkc_quick() ? 2 : 4;
+	uint64_t rng = tkc_seed() + 77;
+
+	(void)state;
+	for (size_t k = 0; k < 2; k++)
+		for (size_t f = 0; f < 3; f++)
+			for (size_t sh = 0; sh < ns; sh++)
+				tkc_quant_case(qts[k], fts[f], shapes[sh][0], shapes[sh][1], &rng);
+}
 #endif /* KVT_WITH_CUDA */
 
 int
@@ -308,6 +380,7 @@ main(void)
 		cmocka_unit_test(test_decode_vs_ref),
 		cmocka_unit_test(test_partial_vs_ref),
 		cmocka_unit_test(test_gather_scatter),
+		cmocka_unit_test(test_quant_vs_ref),
 	};
 	int n = 0;
 
