@@ -13,8 +13,8 @@
  * The header is includable from C: the stream is then a void * (a cudaStream_t is a pointer;
  * NULL is the legacy default stream).
  *
- * Reference implementations for CPU: kernels/attention.h (kvt_attn_decode_ref & co.); the
- * gather/scatter kernels are memcpy loops.
+ * Reference implementations for CPU: kernels/attention.h (kvt_attn_decode_ref & co.),
+ * kernels/gather.h (gather/scatter), kernels/quant.h (int8/fp8 quantization).
  */
 #ifndef KVT_KERNELS_KERNELS_CUDA_H
 #define KVT_KERNELS_KERNELS_CUDA_H
@@ -43,6 +43,20 @@ typedef void *kvt_cuda_stream_t;
 size_t kvt_attn_cuda_work_floats(uint32_t n_heads, uint32_t head_dim, uint32_t n_splits);
 
 /**
+ * kvt_attn_cuda_splits() - a good @n_splits for kvt_attn_decode_cuda(): enough windows that the
+ * launch has about 4 thread blocks per SM (@n_sm, cudaDevAttrMultiProcessorCount), but windows
+ * of at least 256 positions; 1..KVT_ATTN_CUDA_MAX_SPLITS. Pure function.
+ */
+uint32_t kvt_attn_cuda_splits(uint32_t n_heads, uint32_t n_kv_heads, uint64_t seq_len, int n_sm);
+
+/**
+ * kvt_attn_cuda_force_generic() - test knob: @on != 0 makes every later launch use the generic
+ * kernel (one warp per position, element loads) instead of the vectorised one, so tests check
+ * both. Process-wide; not for concurrent use with launches on other threads.
+ */
+void kvt_attn_cuda_force_generic(int on);
+
+/**
  * kvt_attn_decode_cuda() - paged decode attention of one query token (see attention.h for the
  * function and the K/V addressing), split-KV over the GPU.
  * @kv:       paged K/V of one layer (host struct, copied into the launch): k_base and table are
@@ -61,6 +75,10 @@ size_t kvt_attn_cuda_work_floats(uint32_t n_heads, uint32_t head_dim, uint32_t n
  *            run concurrently.
  * @out:      device [n_heads][head_dim] fp32 result.
  * @stream:   the stream to queue the kernels on.
+ * Kernels: when a KV row (head_dim elements) is a whole number of 16-byte pieces, at most 32,
+ * and k_base and all strides are 16-byte aligned, the vectorised kernel runs (16-byte loads, up
+ * to 4 query heads of one KV head per thread block, state in registers); otherwise the generic
+ * one (one warp per position, element loads).
  * K/V F32, F16 or BF16 are widened to fp32; all accumulation is fp32. The result matches
  * kvt_attn_decode_ref() within fp32 rounding (different summation order, online softmax,
  * the device's expf), not bit for bit. kv->head_dim must be <= 4096 (the layout's limit).
@@ -106,6 +124,48 @@ int kvt_gather_blocks_cuda(void *dst, const void *base, uint64_t slot_stride, ui
 int kvt_scatter_blocks_cuda(void *base, uint64_t slot_stride, uint64_t offset, uint64_t len,
 			    const void *src, const uint32_t *slots, uint32_t n,
 			    kvt_cuda_stream_t stream);
+
+/**
+ * kvt_quant_cuda() - int8 / fp8 e4m3 quantization with one fp32 scale per group of @group
+ * elements, as kvt_quant_ref() (kernels/quant.h) and with the same bytes. Device pointers:
+ * @src [n_groups][group] of @src_t (F32/F16/BF16), @q [n_groups][group] bytes, @scales
+ * [n_groups]. Returns 0 (n_groups 0 queues nothing), -EINVAL, KVT_EDEVICE.
+ */
+int kvt_quant_cuda(enum kvt_dtype qt, enum kvt_dtype src_t, const void *src, uint64_t n_groups,
+		   uint32_t group, void *q, float *scales, kvt_cuda_stream_t stream);
+
+/**
+ * kvt_dequant_cuda() - the inverse, as kvt_dequant_ref(): device @dst [n_groups][group] of
+ * @dst_t = q * scales[g]. Returns 0, -EINVAL, KVT_EDEVICE.
+ */
+int kvt_dequant_cuda(enum kvt_dtype qt, const void *q, const float *scales, uint64_t n_groups,
+		     uint32_t group, enum kvt_dtype dst_t, void *dst, kvt_cuda_stream_t stream);
+
+/* ---- helpers for tests and benchmarks (kernels/delay.cu) ---- */
+
+/**
+ * kvt_cuda_delay_fill() - a kernel that spins @delay_ns nanoseconds on the GPU, then sets
+ * device bytes dst[0..len) to @byte. For ordering tests: the write really happens late.
+ * Returns 0, -EINVAL (dst NULL, len 0), KVT_EDEVICE.
+ */
+int kvt_cuda_delay_fill(void *dst, uint64_t len, unsigned char byte, uint64_t delay_ns,
+			kvt_cuda_stream_t stream);
+
+/**
+ * kvt_cuda_delay_copy() - spins @delay_ns, then copies device bytes src[0..len) to dst (not
+ * overlapping): the read of src really happens late. Returns 0, -EINVAL, KVT_EDEVICE.
+ */
+int kvt_cuda_delay_copy(void *dst, const void *src, uint64_t len, uint64_t delay_ns,
+			kvt_cuda_stream_t stream);
+
+/**
+ * kvt_cuda_read_bytes() - read device bytes src[0..len) once at full bandwidth (8 blocks per
+ * SM, @n_sm of them), streaming; @sink is a device [1024] uint32 scratch that is almost never
+ * written (it keeps the loads alive). src and len 16-byte aligned. Stands in for the weight
+ * reads of a decode step in benchmarks. Returns 0, -EINVAL, KVT_EDEVICE.
+ */
+int kvt_cuda_read_bytes(const void *src, uint64_t len, uint32_t *sink, int n_sm,
+			kvt_cuda_stream_t stream);
 
 #ifdef __cplusplus
 }

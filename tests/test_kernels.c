@@ -21,6 +21,8 @@
 #include <string.h>
 
 #include "kernels/attention.h"
+#include "kernels/gather.h"
+#include "kernels/quant.h"
 #include "support/kv_fixture.h"
 #ifdef KVT_WITH_CUDA
 #include "kernels/kernels_cuda.h"
@@ -511,6 +513,127 @@ test_store_load(void **state)
 	}
 }
 
+/* The gather/scatter reference: pieces land where the formula says; untouched bytes stay. */
+static void
+test_gather_ref(void **state)
+{
+	enum { NS = 9, STRIDE = 100, OFF = 30, LEN = 50, N = 4 };
+	static const uint32_t slots[N] = { 8, 0, 5, 2 };
+	unsigned char base[NS * STRIDE], packed[N * LEN], back[NS * STRIDE];
+	size_t i, j;
+
+	(void)state;
+	for (i = 0; i < sizeof base; i++)
+		base[i] = (unsigned char)(i * 7 + 3);
+	memset(packed, 0xee, sizeof packed);
+	assert_int_equal(kvt_gather_blocks_ref(packed, base, STRIDE, OFF, LEN, slots, N), 0);
+	for (i = 0; i < N; i++)
+		for (j = 0; j < LEN; j++)
+			assert_int_equal(packed[i * LEN + j], base[slots[i] * STRIDE + OFF + j]);
+	memset(back, 0, sizeof back);
+	assert_int_equal(kvt_scatter_blocks_ref(back, STRIDE, OFF, LEN, packed, slots, N), 0);
+	for (i = 0; i < NS; i++) {
+		int used = 0;
+
+		for (j = 0; j < N; j++)
+			used |= slots[j] == i;
+		for (j = 0; j < STRIDE; j++) {
+			int in = used && j >= OFF && j < OFF + LEN;
+
+			assert_int_equal(back[i * STRIDE + j], in ? base[i * STRIDE + j] : 0);
+		}
+	}
+	assert_int_equal(kvt_gather_blocks_ref(packed, base, STRIDE, OFF, LEN, slots, 0), 0);
+	assert_int_equal(kvt_gather_blocks_ref(NULL, base, STRIDE, OFF, LEN, slots, 1), -EINVAL);
+	assert_int_equal(kvt_gather_blocks_ref(packed, base, STRIDE, 60, LEN, slots, 1), -EINVAL);
+	assert_int_equal(kvt_scatter_blocks_ref(back, STRIDE, 0, 0, packed, slots, 1), -EINVAL);
+}
+
+/* e4m3: known codes, every finite code round-trips, midpoints round to the even code,
+ * saturation, NaN. */
+static void
+test_e4m3(void **state)
+{
+	(void)state;
+	assert_int_equal(kvt_f32_to_e4m3(0.0f), 0x00);
+	assert_int_equal(kvt_f32_to_e4m3(-0.0f), 0x80);
+	assert_int_equal(kvt_f32_to_e4m3(1.0f), 0x38);
+	assert_int_equal(kvt_f32_to_e4m3(-1.5f), 0xbc);
+	assert_int_equal(kvt_f32_to_e4m3(448.0f), 0x7e);
+	assert_int_equal(kvt_f32_to_e4m3(1e9f), 0x7e);   /* saturates */
+	assert_int_equal(kvt_f32_to_e4m3(-INFINITY), 0xfe);
+	assert_int_equal(kvt_f32_to_e4m3(NAN), 0x7f);
+	assert_int_equal(kvt_f32_to_e4m3(0x1p-9f), 0x01); /* smallest subnormal */
+	assert_int_equal(kvt_f32_to_e4m3(0x1p-10f), 0x00); /* tie to even: 0 */
+	assert_int_equal(kvt_f32_to_e4m3(0x1.8p-9f), 0x02); /* 1.5 * 2^-9: tie to even (2) */
+	assert_int_equal(kvt_f32_to_e4m3(0x1p-6f), 0x08); /* smallest normal */
+	assert_true(isnan(kvt_e4m3_to_f32(0x7f)) && isnan(kvt_e4m3_to_f32(0xff)));
+	assert_true(kvt_e4m3_to_f32(0x7e) == 448.0f);
+	for (int c = 0; c < 256; c++) {
+		float f = kvt_e4m3_to_f32((uint8_t)c);
+
+		if ((c & 0x7f) == 0x7f)
+			continue;
+		assert_int_equal(kvt_f32_to_e4m3(f), c);
+		if ((c & 0x7f) < 0x7e) { /* midpoint to the next code up rounds to the even one */
+			float g = kvt_e4m3_to_f32((uint8_t)(c + 1)), mid = (f + g) / 2.0f;
+			int want = (c & 1) ? c + 1 : c;
+
+			assert_int_equal(kvt_f32_to_e4m3(mid), want);
+			assert_int_equal(kvt_f32_to_e4m3(nextafterf(mid, 2 * g)), c + 1);
+		}
+	}
+}
+
+/* Quantize + dequantize: scales, error bounds, zero groups, every type combination. */
+static void
+test_quant_ref(void **state)
+{
+	enum { NG = 5, GR = 300 };
+	static const enum kvt_dtype qts[] = { KVT_DTYPE_INT8, KVT_DTYPE_FP8_E4M3 };
+	float src[NG * GR], back[NG * GR], scales[NG];
+	uint8_t q[NG * GR];
+	uint64_t rng = 7;
+	size_t i, k;
+
+	(void)state;
+	for (i = 0; i < NG * GR; i++)
+		src[i] = kvt_test_kv_uniform(&rng, 3.0f) * (float)(i / GR + 1);
+	for (i = 0; i < GR; i++)
+		src[2 * GR + i] = 0.0f; /* an all-zero group: scale 0, codes 0 */
+	for (k = 0; k < 2; k++) {
+		assert_int_equal(kvt_quant_ref(qts[k], KVT_DTYPE_F32, src, NG, GR, q, scales), 0);
+		assert_int_equal(kvt_dequant_ref(qts[k], q, scales, NG, GR, KVT_DTYPE_F32, back),
+				 0);
+		for (i = 0; i < NG * GR; i++) {
+			float s = scales[i / GR];
+			float bound = k == 0 ? s / 2 : fabsf(src[i]) / 16 + s * 0x1p-10f;
+
+			if (!(fabsf(back[i] - src[i]) <= bound * 1.0001f))
+				fail_msg("type %zu element %zu: %g -> %g (scale %g)", k, i, src[i],
+					 back[i], s);
+		}
+		assert_true(scales[2] == 0.0f && q[2 * GR] == 0 && back[2 * GR] == 0.0f);
+		assert_true(scales[1] == kvt_test_kv_maxabs(src + GR, GR) /
+					 (k == 0 ? 127.0f : 448.0f));
+	}
+	{
+		uint16_t h[NG * GR];
+
+		assert_int_equal(kvt_store_f32(KVT_DTYPE_BF16, h, src, NG * GR), 0);
+		assert_int_equal(kvt_quant_ref(KVT_DTYPE_INT8, KVT_DTYPE_BF16, h, NG, GR, q,
+					       scales), 0);
+		assert_int_equal(kvt_dequant_ref(KVT_DTYPE_INT8, q, scales, NG, GR, KVT_DTYPE_F16,
+						 h), 0);
+	}
+	assert_int_equal(kvt_quant_ref(KVT_DTYPE_F16, KVT_DTYPE_F32, src, 1, GR, q, scales),
+			 -EINVAL);
+	assert_int_equal(kvt_quant_ref(KVT_DTYPE_INT8, KVT_DTYPE_INT8, src, 1, GR, q, scales),
+			 -EINVAL);
+	assert_int_equal(kvt_dequant_ref(KVT_DTYPE_INT8, q, scales, 1, 0, KVT_DTYPE_F32, back),
+			 -EINVAL);
+}
+
 #ifdef KVT_WITH_CUDA
 /* The launchers check their arguments on the host before touching the GPU: testable here. */
 static void
@@ -547,6 +670,12 @@ test_cuda_launcher_args(void **state)
 	assert_int_equal(kvt_gather_blocks_cuda(f, f, 64, 32, 64, table, 1, NULL), -EINVAL);
 	assert_int_equal(kvt_gather_blocks_cuda(f, f, 64, 0, 0, table, 1, NULL), -EINVAL);
 	assert_int_equal(kvt_scatter_blocks_cuda(f, 64, 0, 64, f, NULL, 1, NULL), -EINVAL);
+	/* split choice: about 4 blocks per SM, windows of >= 256 positions, never 0 */
+	assert_int_equal(kvt_attn_cuda_splits(32, 8, 100, 132), 1);
+	assert_int_equal(kvt_attn_cuda_splits(32, 8, 1 << 20, 132), 66); /* 8 groups of 4 heads */
+	assert_int_equal(kvt_attn_cuda_splits(32, 8, 2560, 132), 10);
+	assert_int_equal(kvt_attn_cuda_splits(6, 2, 1 << 20, 6), 4); /* hg 1: 6 blocks a window */
+	assert_int_equal(kvt_attn_cuda_splits(6, 2, 1 << 20, 0), 1);
 }
 #endif
 
@@ -562,6 +691,9 @@ main(void)
 		cmocka_unit_test(test_bf16_known_values),
 		cmocka_unit_test(test_conversion_sweeps),
 		cmocka_unit_test(test_store_load),
+		cmocka_unit_test(test_gather_ref),
+		cmocka_unit_test(test_e4m3),
+		cmocka_unit_test(test_quant_ref),
 #ifdef KVT_WITH_CUDA
 		cmocka_unit_test(test_cuda_launcher_args),
 #endif

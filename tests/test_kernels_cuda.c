@@ -2,8 +2,13 @@
 /*
  * tests/test_kernels_cuda.c - the CUDA kernels (kernels/attention.cu, kernels/gather.cu) on a
  * real GPU against the C reference: paged decode attention for every dtype, several shapes
- * (including the 1- and 2-warp paths of large head_dim) and split counts, the partial launcher,
- * and block gather/scatter into device and mapped pinned host memory.
+ * (vectorised and generic kernels, the 1- and 2-warp paths of large head_dim, GQA groups of 1,
+ * 2 and 4 heads per block, rows that leave lanes idle) and split counts, the partial launcher,
+ * block gather/scatter into device and mapped pinned host memory, and int8/fp8 quantization with
+ * per-group scales, against the C references (quantization byte for byte).
+ * Outputs are poisoned (NaN, 0xa5) before each run, so an element never written fails; inputs
+ * are fresh random values each run (seed printed; KVT_TEST_SEED repeats one). KVT_TEST_QUICK=1
+ * runs a small subset (for compute-sanitizer).
  *
  * Exits 77 (skip) in builds without CUDA (KVT_WITH_CUDA not passed to tests) and on machines
  * without a usable GPU. Meant to run on a lent GPU machine, also under compute-sanitizer.
@@ -18,8 +23,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/attention.h"
+#include "kernels/gather.h"
+#include "kernels/quant.h"
 #include "support/kv_fixture.h"
 
 #ifdef KVT_WITH_CUDA
@@ -43,11 +51,40 @@ tkc_upload(const void *src, size_t len)
 	return d;
 }
 
+/* pad 0 and rows of 16-byte multiples take the vectorised kernel, the others the generic one */
 static const struct kvt_test_kv_shape tkc_shapes[] = {
 	{ 8, 4, 8, 1, 37, 0 },      { 8, 4, 8, 7, 50, 12 },    { 32, 8, 128, 16, 1000, 0 },
 	{ 32, 8, 128, 7, 33, 0 },   { 4, 4, 256, 16, 300, 4 }, { 4, 2, 1500, 16, 40, 0 },
-	{ 2, 1, 4096, 16, 40, 0 },  { 8, 1, 32, 7, 1, 0 },
+	{ 2, 1, 4096, 16, 40, 0 },  { 8, 1, 32, 7, 1, 0 },     { 12, 4, 64, 16, 777, 0 },
+	{ 16, 16, 96, 5, 300, 0 },  { 40, 5, 80, 16, 513, 0 }, { 16, 2, 256, 16, 2100, 0 },
 };
+
+/* KVT_TEST_QUICK=1 (compute-sanitizer runs): the first few shapes and two split counts only */
+static int
+tkc_quick(void)
+{
+	const char *q = getenv("KVT_TEST_QUICK");
+
+	return q && *q && *q != '0';
+}
+
+/* Fresh inputs every run unless KVT_TEST_SEED is set; the seed is printed to reproduce. */
+static uint64_t
+tkc_seed(void)
+{
+	static uint64_t seed;
+	const char *e;
+
+	if (seed)
+		return seed;
+	e = getenv("KVT_TEST_SEED");
+	seed = e && *e ? strtoull(e, NULL, 0) : (uint64_t)time(NULL) * 2654435761u + 1;
+	if (!seed)
+		seed = 1;
+	print_message("random seed %llu (set KVT_TEST_SEED to repeat)\n",
+		      (unsigned long long)seed);
+	return seed;
+}
 
 /* The fixture's K/V, table and q on the device; dkv addresses them. */
 struct tkc_dev {
@@ -82,56 +119,67 @@ tkc_download(void *dst, const void *src, size_t len)
 	TKC_OK(cudaMemcpy(dst, src, len, cudaMemcpyDeviceToHost));
 }
 
+/* One shape and dtype: both kernels at every split count against the reference. */
+static void
+tkc_decode_case(const struct kvt_test_kv_shape *s, enum kvt_dtype dt, uint64_t *rng, size_t si)
+{
+	static const uint32_t splits[] = { 1, 3, 64, 5000 };
+	const size_t n_splits = tkc_quick() ? 2 : sizeof splits / sizeof splits[0];
+	size_t n = (size_t)s->n_heads * s->head_dim, pi;
+	float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+	float *scratch = malloc(s->seq_len * sizeof(float)), *dout;
+	struct kvt_test_kv b;
+	struct tkc_dev d;
+	int generic;
+
+	assert_true(want && got && scratch);
+	kvt_test_kv_build(&b, s, dt, rng);
+	assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, s->n_heads, s->seq_len, scratch, want),
+			 0);
+	tkc_dev_upload(&d, &b, s);
+	dout = tkc_upload(NULL, n * sizeof(float));
+	for (generic = 0; generic < 2; generic++) {
+		kvt_attn_cuda_force_generic(generic);
+		for (pi = 0; pi < n_splits; pi++) {
+			size_t wf = kvt_attn_cuda_work_floats(s->n_heads, s->head_dim, splits[pi]);
+			float *work = wf ? tkc_upload(NULL, wf * sizeof(float)) : NULL;
+			double err;
+
+			if (work) /* poison: a partial never written would be NaN */
+				TKC_OK(cudaMemset(work, 0xff, wf * sizeof(float)));
+			TKC_OK(cudaMemset(dout, 0xff, n * sizeof(float))); /* NaN */
+			assert_int_equal(kvt_attn_decode_cuda(&d.dkv, d.q, s->n_heads, s->seq_len,
+							      splits[pi], work, dout, NULL), 0);
+			TKC_OK(cudaDeviceSynchronize());
+			tkc_download(got, dout, n * sizeof(float));
+			err = kvt_test_kv_relerr(got, want, n);
+			if (!(err <= 1e-4))
+				fail_msg("shape %zu dtype %d splits %u %s kernel: relerr %g", si,
+					 (int)dt, splits[pi], generic ? "generic" : "default", err);
+			cudaFree(work);
+		}
+	}
+	kvt_attn_cuda_force_generic(0);
+	cudaFree(dout);
+	tkc_dev_free(&d);
+	kvt_test_kv_free(&b);
+	free(want);
+	free(got);
+	free(scratch);
+}
+
 static void
 test_decode_vs_ref(void **state)
 {
 	static const enum kvt_dtype dts[] = { KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16 };
-	static const uint32_t splits[] = { 1, 3, 64, 5000 };
-	uint64_t rng = 99;
-	size_t si, di, pi;
+	const size_t n_shapes = tkc_quick() ? 4 : sizeof tkc_shapes / sizeof tkc_shapes[0];
+	uint64_t rng = tkc_seed();
+	size_t si, di;
 
 	(void)state;
-	for (si = 0; si < sizeof tkc_shapes / sizeof tkc_shapes[0]; si++) {
-		for (di = 0; di < 3; di++) {
-			const struct kvt_test_kv_shape *s = &tkc_shapes[si];
-			size_t n = (size_t)s->n_heads * s->head_dim;
-			float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
-			float *scratch = malloc(s->seq_len * sizeof(float)), *dout;
-			struct kvt_test_kv b;
-			struct tkc_dev d;
-
-			assert_true(want && got && scratch);
-			kvt_test_kv_build(&b, s, dts[di], &rng);
-			assert_int_equal(kvt_attn_decode_ref(&b.kv, b.q, s->n_heads, s->seq_len,
-							     scratch, want), 0);
-			tkc_dev_upload(&d, &b, s);
-			dout = tkc_upload(NULL, n * sizeof(float));
-			for (pi = 0; pi < sizeof splits / sizeof splits[0]; pi++) {
-				size_t wf = kvt_attn_cuda_work_floats(s->n_heads, s->head_dim,
-								      splits[pi]);
-				float *work = wf ? tkc_upload(NULL, wf * sizeof(float)) : NULL;
-				double err;
-
-				TKC_OK(cudaMemset(dout, 0xff, n * sizeof(float)));
-				assert_int_equal(kvt_attn_decode_cuda(&d.dkv, d.q, s->n_heads,
-								      s->seq_len, splits[pi], work,
-								      dout, NULL), 0);
-				TKC_OK(cudaDeviceSynchronize());
-				tkc_download(got, dout, n * sizeof(float));
-				err = kvt_test_kv_relerr(got, want, n);
-				if (!(err <= 1e-4))
-					fail_msg("shape %zu dtype %d splits %u: relerr %g", si,
-						 (int)dts[di], splits[pi], err);
-				cudaFree(work);
-			}
-			cudaFree(dout);
-			tkc_dev_free(&d);
-			kvt_test_kv_free(&b);
-			free(want);
-			free(got);
-			free(scratch);
-		}
-	}
+	for (si = 0; si < n_shapes; si++)
+		for (di = 0; di < 3; di++)
+			tkc_decode_case(&tkc_shapes[si], dts[di], &rng, si);
 }
 
 static void
@@ -143,8 +191,8 @@ test_partial_vs_ref(void **state)
 	float m[32], l[32], gm[32], gl[32], scratch[200], *dbuf;
 	struct kvt_test_kv b;
 	struct tkc_dev d;
-	uint64_t rng = 5;
-	int i;
+	uint64_t rng = tkc_seed() + 5;
+	int i, generic;
 
 	(void)state;
 	assert_true(o && go);
@@ -152,17 +200,22 @@ test_partial_vs_ref(void **state)
 	tkc_dev_upload(&d, &b, &s);
 	dbuf = tkc_upload(NULL, (n + 64) * sizeof(float));
 	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 32, 17, 150, scratch, o, m, l), 0);
-	assert_int_equal(kvt_attn_partial_cuda(&d.dkv, d.q, 32, 17, 150, dbuf, dbuf + n,
-					       dbuf + n + 32, NULL), 0);
-	TKC_OK(cudaDeviceSynchronize());
-	tkc_download(go, dbuf, n * sizeof(float));
-	tkc_download(gm, dbuf + n, sizeof gm);
-	tkc_download(gl, dbuf + n + 32, sizeof gl);
-	assert_true(kvt_test_kv_relerr(go, o, n) <= 1e-4);
-	for (i = 0; i < 32; i++) {
-		assert_float_equal(gm[i], m[i], 1e-5f * (1.0f + fabsf(m[i])));
-		assert_float_equal(gl[i], l[i], 1e-4f * l[i]);
+	for (generic = 0; generic < 2; generic++) {
+		kvt_attn_cuda_force_generic(generic);
+		TKC_OK(cudaMemset(dbuf, 0xff, (n + 64) * sizeof(float)));
+		assert_int_equal(kvt_attn_partial_cuda(&d.dkv, d.q, 32, 17, 150, dbuf, dbuf + n,
+						       dbuf + n + 32, NULL), 0);
+		TKC_OK(cudaDeviceSynchronize());
+		tkc_download(go, dbuf, n * sizeof(float));
+		tkc_download(gm, dbuf + n, sizeof gm);
+		tkc_download(gl, dbuf + n + 32, sizeof gl);
+		assert_true(kvt_test_kv_relerr(go, o, n) <= 1e-4);
+		for (i = 0; i < 32; i++) {
+			assert_float_equal(gm[i], m[i], 1e-5f * (1.0f + fabsf(m[i])));
+			assert_float_equal(gl[i], l[i], 1e-4f * l[i]);
+		}
 	}
+	kvt_attn_cuda_force_generic(0);
 	cudaFree(dbuf);
 	tkc_dev_free(&d);
 	kvt_test_kv_free(&b);
@@ -180,20 +233,22 @@ tkc_gather_case(uint64_t offset, uint64_t len, int mapped_host)
 	unsigned char *got = malloc(N * len), *back = malloc(N_SLOTS * STRIDE);
 	unsigned char *dslots, *stage;
 	uint32_t *dids;
-	uint64_t rng = offset * 31 + len;
+	uint64_t rng = tkc_seed() + offset * 31 + len;
 	size_t i;
 
 	assert_true(host && want && got && back);
 	for (i = 0; i < N_SLOTS * STRIDE; i++)
 		host[i] = (unsigned char)kvt_test_kv_rand(&rng);
-	for (i = 0; i < N; i++)
-		memcpy(want + i * len, host + slots[i] * STRIDE + offset, len);
+	assert_int_equal(kvt_gather_blocks_ref(want, host, STRIDE, offset, len, slots, N), 0);
 	dslots = tkc_upload(host, N_SLOTS * STRIDE);
 	dids = tkc_upload(slots, sizeof slots);
-	if (mapped_host)
+	if (mapped_host) {
 		TKC_OK(cudaHostAlloc((void **)&stage, N * len, cudaHostAllocMapped));
-	else
+		memset(stage, 0xa5, N * len); /* poison: every byte must be written */
+	} else {
 		stage = tkc_upload(NULL, N * len);
+		TKC_OK(cudaMemset(stage, 0xa5, N * len));
+	}
 	assert_int_equal(kvt_gather_blocks_cuda(stage, dslots, STRIDE, offset, len, dids, N, NULL),
 			 0);
 	TKC_OK(cudaDeviceSynchronize());
@@ -204,14 +259,14 @@ tkc_gather_case(uint64_t offset, uint64_t len, int mapped_host)
 	assert_memory_equal(got, want, N * len);
 	/* scatter the pieces back, reversed, into zeroed slots; untouched bytes stay zero */
 	memset(back, 0, N_SLOTS * STRIDE);
-	for (i = 0; i < N; i++)
-		memcpy(back + slots[N - 1 - i] * STRIDE + offset, want + i * len, len);
 	TKC_OK(cudaMemset(dslots, 0, N_SLOTS * STRIDE));
 	{
 		uint32_t rev[N];
 
 		for (i = 0; i < N; i++)
 			rev[i] = slots[N - 1 - i];
+		assert_int_equal(kvt_scatter_blocks_ref(back, STRIDE, offset, len, want, rev, N),
+				 0);
 		TKC_OK(cudaMemcpy(dids, rev, sizeof rev, cudaMemcpyHostToDevice));
 	}
 	if (mapped_host)
@@ -245,6 +300,76 @@ test_gather_scatter(void **state)
 	tkc_gather_case(0, 4096 + 64, 1);  /* into mapped pinned host memory */
 	tkc_gather_case(5, 77, 1);
 }
+/* One quantize + dequantize round on the GPU against the reference, bytes compared. */
+static void
+tkc_quant_case(enum kvt_dtype qt, enum kvt_dtype ft, uint64_t ng, uint32_t group, uint64_t *rng)
+{
+	const size_t n = (size_t)ng * group, es = ft == KVT_DTYPE_F32 ? 4 : 2;
+	float *x = malloc(n * sizeof(float)), *sc = malloc(ng * sizeof(float));
+	float *gsc = malloc(ng * sizeof(float));
+	unsigned char *src = malloc(n * es), *q = malloc(n), *gq = malloc(n);
+	unsigned char *back = malloc(n * es), *gback = malloc(n * es);
+	void *dsrc, *dq, *dsc, *dback;
+	size_t i;
+
+	assert_true(x && sc && gsc && src && q && gq && back && gback);
+	for (i = 0; i < n; i++) /* groups of very different magnitudes, some values zero */
+		x[i] = (i % 97 == 3) ? 0.0f : kvt_test_kv_uniform(rng, 1.0f) *
+			ldexpf(1.0f, (int)((i / group) % 20) - 10);
+	assert_int_equal(kvt_store_f32(ft, src, x, n), 0);
+	assert_int_equal(kvt_quant_ref(qt, ft, src, ng, group, q, sc), 0);
+	assert_int_equal(kvt_dequant_ref(qt, q, sc, ng, group, ft, back), 0);
+	dsrc = tkc_upload(src, n * es);
+	dq = tkc_upload(NULL, n);
+	dsc = tkc_upload(NULL, ng * sizeof(float));
+	dback = tkc_upload(NULL, n * es);
+	TKC_OK(cudaMemset(dq, 0xa5, n));
+	TKC_OK(cudaMemset(dsc, 0xff, ng * sizeof(float)));
+	TKC_OK(cudaMemset(dback, 0xff, n * es));
+	assert_int_equal(kvt_quant_cuda(qt, ft, dsrc, ng, group, dq, dsc, NULL), 0);
+	assert_int_equal(kvt_dequant_cuda(qt, dq, dsc, ng, group, ft, dback, NULL), 0);
+	TKC_OK(cudaDeviceSynchronize());
+	tkc_download(gq, dq, n);
+	tkc_download(gsc, dsc, ng * sizeof(float));
+	tkc_download(gback, dback, n * es);
+	for (i = 0; i < ng; i++)
+		if (memcmp(&gsc[i], &sc[i], sizeof(float)))
+			fail_msg("qt %d ft %d: scale %zu is %g, reference %g", (int)qt, (int)ft, i,
+				 gsc[i], sc[i]);
+	for (i = 0; i < n; i++)
+		if (gq[i] != q[i])
+			fail_msg("qt %d ft %d group %u: code %zu is 0x%02x, reference 0x%02x",
+				 (int)qt, (int)ft, group, i, gq[i], q[i]);
+	assert_memory_equal(gback, back, n * es);
+	cudaFree(dsrc);
+	cudaFree(dq);
+	cudaFree(dsc);
+	cudaFree(dback);
+	free(x);
+	free(sc);
+	free(gsc);
+	free(src);
+	free(q);
+	free(gq);
+	free(back);
+	free(gback);
+}
+
+static void
+test_quant_vs_ref(void **state)
+{
+	static const enum kvt_dtype qts[] = { KVT_DTYPE_INT8, KVT_DTYPE_FP8_E4M3 };
+	static const enum kvt_dtype fts[] = { KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16 };
+	static const uint32_t shapes[][2] = { { 1, 1 }, { 7, 300 }, { 300, 2048 }, { 3, 5000 } };
+	const size_t ns = tkc_quick() ? 2 : 4;
+	uint64_t rng = tkc_seed() + 77;
+
+	(void)state;
+	for (size_t k = 0; k < 2; k++)
+		for (size_t f = 0; f < 3; f++)
+			for (size_t sh = 0; sh < ns; sh++)
+				tkc_quant_case(qts[k], fts[f], shapes[sh][0], shapes[sh][1], &rng);
+}
 #endif /* KVT_WITH_CUDA */
 
 int
@@ -255,6 +380,7 @@ main(void)
 		cmocka_unit_test(test_decode_vs_ref),
 		cmocka_unit_test(test_partial_vs_ref),
 		cmocka_unit_test(test_gather_scatter),
+		cmocka_unit_test(test_quant_vs_ref),
 	};
 	int n = 0;
 

@@ -127,6 +127,13 @@ int kvt_device_emu_stream_hold(struct kvt_device *d, struct kvt_stream *s, bool 
  */
 int kvt_device_cuda_create(int ordinal, struct kvt_device **out);
 
+/**
+ * kvt_device_cuda_batched() - 1 while @d's copy batches go through cudaMemcpyBatchAsync, 0 once
+ * the driver refused that API and each batch became a loop of cudaMemcpyAsync (or the runtime
+ * predates 12.8). KVT_ENOTSUP when @d is not the CUDA device or CUDA is not built in.
+ */
+int kvt_device_cuda_batched(struct kvt_device *d);
+
 /** Convenience: destroy d (NULL ok). */
 static inline void
 kvt_device_destroy(struct kvt_device *d)

@@ -5,16 +5,17 @@
  * non-blocking streams (a struct kvt_stream * IS the cudaStream_t), timing-free events, and one
  * cudaMemcpyBatchAsync per copy batch (CUDA 12.8+), never one call per block.
  *
- * Errors: every failing CUDA call stores cudaGetErrorString() in d->errmsg and the raw
- * cudaError_t in d->last_error (under cuda_dev.err_lock), clears the runtime's last-error state
- * (so a later cudaGetLastError() after a kernel launch does not report our failure) and returns
- * kvt_err(KVT_EDEVICE, "cudaXxx: message"). Nothing aborts.
+ * Errors: every failing CUDA call stores "cudaXxx: message (cudaErrorName)" in d->errmsg and
+ * the raw cudaError_t in d->last_error (under cuda_dev.err_lock), clears the runtime's
+ * last-error state (so a later cudaGetLastError() after a kernel launch does not report our
+ * failure) and returns kvt_err(KVT_EDEVICE, "cudaXxx: message (name)"). Nothing aborts.
  *
  * Every entry that creates or frees something first makes the device current on the calling
  * thread (cudaSetDevice), because the caller may be any thread of the host process.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,11 +26,13 @@
 #include "transfer/device.h"
 
 #define CUDA_BATCH_STACK 64u /* copies handled without a heap allocation in copy_batch_async */
+#define CUDA_BATCH_MAX 4096u  /* copies per cudaMemcpyBatchAsync call (no documented limit) */
 
 struct cuda_dev {
 	struct kvt_device dev;   /* the public part; first member, so d == &c->dev */
 	int ordinal;             /* CUDA device ordinal */
 	pthread_mutex_t err_lock; /* serialises writes of dev.errmsg / dev.last_error */
+	atomic_int no_batch;     /* 1 once cudaMemcpyBatchAsync refused a valid batch: loop */
 };
 
 static const struct kvt_device_ops cuda_ops;
@@ -60,7 +63,8 @@ cuda_fail(struct cuda_dev *c, cudaError_t err, const char *what)
 
 	(void)cudaGetLastError(); /* reset the runtime's non-sticky last error */
 	pthread_mutex_lock(&c->err_lock);
-	snprintf(c->dev.errmsg, sizeof c->dev.errmsg, "%s", msg);
+	snprintf(c->dev.errmsg, sizeof c->dev.errmsg, "%s: %s (%s)", what, msg,
+		 cudaGetErrorName(err));
 	c->dev.last_error = (int)err;
 	pthread_mutex_unlock(&c->err_lock);
 	return kvt_err(KVT_EDEVICE, "%s: %s (%s)", what, msg, cudaGetErrorName(err));
@@ -212,39 +216,68 @@ cuda_copy_loop(struct cuda_dev *c, cudaStream_t s, void *const *dst, const void 
 	return 0;
 }
 
-/* Queue n (> 0, all non-empty) copies on s as one batch. */
+/*
+ * Queue n (> 0, all non-empty) copies on s as one batch (chunks of CUDA_BATCH_MAX). If the
+ * driver refuses the batch API itself (cudaErrorNotSupported, or cudaErrorInvalidValue for a
+ * batch the loop then copies fine), the device falls back to the loop for good and says so in
+ * kvt_device_cuda_batched(); any other error is returned.
+ */
 static int
 cuda_copy_submit(struct cuda_dev *c, cudaStream_t s, void *const *dst, const void *const *src,
 		 const size_t *len, size_t n)
 {
 #if CUDART_VERSION >= 12080
 	struct cudaMemcpyAttributes attr;
-	size_t attr_idx = 0;
-	cudaError_t err;
+	size_t attr_idx = 0, done = 0;
+	cudaError_t err = cudaSuccess;
 
-	if (s == NULL || s == cudaStreamLegacy)
+	if (s == NULL || s == cudaStreamLegacy || atomic_load(&c->no_batch))
 		return cuda_copy_loop(c, s, dst, src, len, n);
 	memset(&attr, 0, sizeof attr);
 	/* sources are read in stream order: a copy may read what earlier work on s produced */
 	attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
 	attr.flags = cudaMemcpyFlagDefault;
+	while (done < n && err == cudaSuccess) {
+		size_t m = n - done < CUDA_BATCH_MAX ? n - done : CUDA_BATCH_MAX;
 #if CUDART_VERSION >= 13000
-	err = cudaMemcpyBatchAsync(dst, src, len, n, &attr, &attr_idx, 1, s);
+		err = cudaMemcpyBatchAsync(dst + done, src + done, len + done, m, &attr, &attr_idx,
+					   1, s);
 #else
-	{
 		size_t fail_idx = 0;
 
-		err = cudaMemcpyBatchAsync((void **)dst, (void **)src, (size_t *)len, n, &attr,
-					   &attr_idx, 1, &fail_idx, s);
-	}
+		err = cudaMemcpyBatchAsync((void **)(dst + done), (void **)(src + done),
+					   (size_t *)(len + done), m, &attr, &attr_idx, 1,
+					   &fail_idx, s);
 #endif
+		if (err == cudaSuccess)
+			done += m;
+	}
 	if (err == cudaSuccess)
 		return 0;
-	if (err != cudaErrorNotSupported)
+	if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue)
 		return cuda_fail(c, err, "cudaMemcpyBatchAsync");
-	(void)cudaGetLastError(); /* not an error for us: fall back */
-#endif
+	(void)cudaGetLastError(); /* maybe not an error of ours: try the loop */
+	if (cuda_copy_loop(c, s, dst + done, src + done, len + done, n - done) != 0)
+		return kvt_err(KVT_EDEVICE, "cudaMemcpyBatchAsync: %s (%s), and one copy at a "
+			       "time failed too: %s", cudaGetErrorString(err),
+			       cudaGetErrorName(err), c->dev.errmsg);
+	atomic_store(&c->no_batch, 1);
+	return 0;
+#else
 	return cuda_copy_loop(c, s, dst, src, len, n);
+#endif
+}
+
+int
+kvt_device_cuda_batched(struct kvt_device *d)
+{
+	if (!d || d->ops != &cuda_ops)
+		return kvt_err(KVT_ENOTSUP, "not the CUDA device");
+#if CUDART_VERSION >= 12080
+	return !atomic_load(&cuda_dev_of(d)->no_batch);
+#else
+	return 0;
+#endif
 }
 
 static int

@@ -144,6 +144,8 @@ run_store_kv(struct run_ctx *c, struct run_sess *s, uint32_t l, const float *kf,
 	int rc;
 
 	kvt_kv_addr(&c->geo, l, s->slot, &k, &v);
+	if (c->dev)
+		return run_dev_store(c, k, v, kf, vf);
 	rc = kvt_store_f32(c->o->kv_dtype, k, kf, c->m->kv_dim);
 	if (rc == 0)
 		rc = kvt_store_f32(c->o->kv_dtype, v, vf, c->m->kv_dim);
@@ -191,10 +193,15 @@ batch_forward_group(struct run_ctx *c, struct run_sess **g, uint32_t n, struct k
 			if (rc)
 				return rc;
 			run_kv_view(c, bt, i, l, &kv);
-			rc = kvt_attn_decode_ref(&kv, s->st.q, (uint32_t)m->cfg.n_heads,
-						 (uint64_t)s->n_kv + 1, s->st.att, s->st.xb);
+			if (c->dev) /* HBM is GPU memory: the CUDA kernel */
+				rc = run_dev_attn(c, &kv, s->st.q, (uint64_t)s->n_kv + 1,
+						  s->st.xb, NULL, NULL);
+			else if ((rc = kvt_attn_decode_ref(&kv, s->st.q, (uint32_t)m->cfg.n_heads,
+							   (uint64_t)s->n_kv + 1, s->st.att,
+							   s->st.xb)) != 0)
+				rc = kvtr_err(rc, "kvt_attn_decode_ref failed (%d)", rc);
 			if (rc)
-				return kvtr_err(rc, "kvt_attn_decode_ref failed (%d)", rc);
+				return rc;
 			kvtr_fwd_ffn(m, &s->st, l);
 		}
 	}

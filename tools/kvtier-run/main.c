@@ -62,6 +62,8 @@ main_usage(FILE *f)
 	      "  --tokens-per-block B  tokens per KV block (default 16)\n"
 	      "  --kv-dtype T          f32 (default), f16 or bf16 (--reference too)\n"
 	      "  --reference           contiguous KV cache, no kvtier (the comparison baseline)\n"
+	      "  --device D            emu (default: host memory stands in for the GPU) or\n"
+	      "                        cuda (HBM on GPU 0, attention by the CUDA kernel)\n"
 	      "  --emu-delay-us N      emulated device: delay/reorder copies up to N us\n"
 	      "                        (default 0)\n"
 	      "  --stats-json F        write tier/transfer statistics as JSON to F\n"
@@ -77,7 +79,7 @@ main_usage(FILE *f)
 enum {
 	OPT_MODEL = 256, OPT_TOKENIZER, OPT_PROMPT, OPT_STEPS, OPT_TEMP, OPT_TOPP, OPT_SEED,
 	OPT_SESSIONS, OPT_TURNS, OPT_HBM, OPT_HOST, OPT_NVME_DIR, OPT_NVME, OPT_TPB, OPT_DTYPE,
-	OPT_REFERENCE, OPT_EMU_DELAY, OPT_STATS, OPT_METRICS, OPT_HELP,
+	OPT_REFERENCE, OPT_EMU_DELAY, OPT_STATS, OPT_METRICS, OPT_HELP, OPT_DEVICE,
 };
 
 static const struct option main_opts[] = {
@@ -98,6 +100,7 @@ static const struct option main_opts[] = {
 	{ "kv-dtype", required_argument, NULL, OPT_DTYPE },
 	{ "reference", no_argument, NULL, OPT_REFERENCE },
 	{ "emu-delay-us", required_argument, NULL, OPT_EMU_DELAY },
+	{ "device", required_argument, NULL, OPT_DEVICE },
 	{ "stats-json", required_argument, NULL, OPT_STATS },
 	{ "metrics", required_argument, NULL, OPT_METRICS },
 	{ "help", no_argument, NULL, OPT_HELP },
@@ -115,6 +118,18 @@ main_parse_dtype(const char *s, enum kvt_dtype *out)
 		*out = KVT_DTYPE_BF16;
 	else
 		return kvtr_err(-EINVAL, "--kv-dtype: '%s' is not f32, f16 or bf16", s);
+	return 0;
+}
+
+static int
+main_parse_device(const char *s, enum kvt_device_kind *out)
+{
+	if (strcmp(s, "emu") == 0 || strcmp(s, "emulated") == 0)
+		*out = KVT_DEVICE_EMULATED;
+	else if (strcmp(s, "cuda") == 0)
+		*out = KVT_DEVICE_CUDA;
+	else
+		return kvtr_err(-EINVAL, "--device: '%s' is not emu or cuda", s);
 	return 0;
 }
 
@@ -148,6 +163,7 @@ main_parse_one(int opt, const char *arg, struct kvtr_run_opts *o, struct main_ar
 						  &o->emu_delay_us);
 	case OPT_STATS: a->stats_json = arg; return 0;
 	case OPT_METRICS: a->metrics = arg; return 0;
+	case OPT_DEVICE: return main_parse_device(arg, &o->device);
 	case OPT_HELP:
 	case 'h':
 		return 1;

@@ -14,6 +14,8 @@
 #include "sampler.h"
 #include "util.h"
 
+struct run_dev;
+
 /** One session: a kvtier sequence plus everything needed to decode and recompute it. */
 struct run_sess {
 	uint32_t idx;              /* 0-based session number */
@@ -57,6 +59,7 @@ struct run_ctx {
 	void *tokblk;                   /* [2][token_bytes]: that position's K/V as stored */
 	uint32_t cut_warned;            /* turn + 1 of the last "prompt cut" warning, 0 = none */
 	char tmpdir[4096];              /* temp NVMe dir we created ("" if none) */
+	struct run_dev *dev;            /* --device cuda state (devrun.c), NULL otherwise */
 };
 
 /**
@@ -110,5 +113,25 @@ void run_done(struct run_ctx *c, struct run_sess *s);
  * append and store the new K/V in one batch. @s must not be appended.
  */
 int run_windowed(struct run_ctx *c, struct run_sess *s);
+
+/* The --device cuda path (devrun.c). Each returns 0 or a negative code with the message set;
+ * without CUDA in the build they refuse with KVT_ENOTSUP. */
+
+/** run_dev_init() - device buffers when o->device is CUDA (else nothing; c->dev stays NULL). */
+int run_dev_init(struct run_ctx *c);
+/** run_dev_fini() - free them (NULL ok). */
+void run_dev_fini(struct run_ctx *c);
+/** run_dev_owns() - 1 when c->dev is set and @p lies in kvtier's HBM (GPU memory). */
+int run_dev_owns(const struct run_ctx *c, const void *p);
+/** run_dev_store() - store [kv_dim] @kf/@vf as kv_dtype at device addresses @k/@v. */
+int run_dev_store(struct run_ctx *c, void *k, void *v, const float *kf, const float *vf);
+/**
+ * run_dev_attn() - attention of host query @q [n_heads][head_dim] over positions [0, len) of
+ * @kv (device K/V, host table) with the CUDA kernel; host @out [n_heads][head_dim]. With @m
+ * and @l (host [n_heads]) the split-KV partial (kvt_attn_partial_ref's outputs), else the
+ * normalised result (kvt_attn_decode_ref's). Synchronous.
+ */
+int run_dev_attn(struct run_ctx *c, const struct kvt_paged_kv *kv, const float *q, uint64_t len,
+		 float *out, float *m, float *l);
 
 #endif /* KVTR_RUN_INT_H */

@@ -380,7 +380,7 @@ run_engine_create(struct run_ctx *c)
 			return rc;
 		eo.nvme_dir = c->tmpdir;
 	}
-	eo.device = KVT_DEVICE_EMULATED;
+	eo.device = o->device;
 	eo.emu_max_delay_us = o->emu_delay_us;
 	eo.log = run_engine_log;
 	eo.log_arg = c->log;
@@ -454,6 +454,9 @@ run_setup(struct run_ctx *c)
 		c->tokblk = calloc(2, c->geo.token_bytes);
 		if (!c->side || !c->tokblk)
 			return kvtr_err(-ENOMEM, "out of memory for windowed decoding buffers");
+		rc = run_dev_init(c);
+		if (rc)
+			return rc;
 	}
 	for (uint32_t i = 0; i < c->o->sessions; i++) {
 		rc = run_sess_init(c, &c->ss[i], i);
@@ -486,6 +489,7 @@ run_teardown(struct run_ctx *c, int rc)
 			run_sess_fini(c, &c->ss[i]);
 		}
 	}
+	run_dev_fini(c);
 	kvt_engine_destroy(c->e);
 	c->e = NULL;
 	if (c->tmpdir[0])

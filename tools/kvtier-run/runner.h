@@ -63,6 +63,9 @@ struct kvtr_run_opts {
 	uint32_t tokens_per_block;           /* kvtier block size in tokens (default 16) */
 	enum kvt_dtype kv_dtype;             /* stored K/V type: F32 (default), F16, BF16 */
 	uint32_t emu_delay_us;               /* emulated device's delay/reorder knob */
+	enum kvt_device_kind device;         /* KVT_DEVICE_EMULATED (default), or KVT_DEVICE_CUDA:
+	                                        HBM on the GPU, K/V stored with cudaMemcpy,
+	                                        attention by the CUDA kernel (devrun.c) */
 	FILE *stream;                        /* text streamed here as generated, sessions == 1
 	                                        and turns == 1 only; NULL = not streamed */
 	FILE *log;                           /* notes and engine warnings; NULL = stderr */

@@ -54,11 +54,20 @@ win_partial(struct run_ctx *c, struct run_sess *s, const struct kvt_paged_kv *kv
 	    int first)
 {
 	uint32_t nh = (uint32_t)c->m->cfg.n_heads;
-	int rc = kvt_attn_partial_ref(kv, s->st.q, nh, 0, len, s->st.att, first ? c->wo : c->po,
-				      first ? c->wm : c->pm, first ? c->wl : c->pl);
+	int rc;
 
-	if (rc)
-		return kvtr_err(rc, "kvt_attn_partial_ref failed (%d)", rc);
+	if (run_dev_owns(c, kv->k_base)) { /* blocks in GPU memory: the CUDA kernel */
+		rc = run_dev_attn(c, kv, s->st.q, len, first ? c->wo : c->po,
+				  first ? c->wm : c->pm, first ? c->wl : c->pl);
+		if (rc)
+			return rc;
+	} else {
+		rc = kvt_attn_partial_ref(kv, s->st.q, nh, 0, len, s->st.att,
+					  first ? c->wo : c->po, first ? c->wm : c->pm,
+					  first ? c->wl : c->pl);
+		if (rc)
+			return kvtr_err(rc, "kvt_attn_partial_ref failed (%d)", rc);
+	}
 	if (!first)
 		kvt_attn_merge(nh, c->m->head_size, c->wo, c->wm, c->wl, c->po, c->pm, c->pl);
 	return 0;

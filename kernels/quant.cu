@@ -1,0 +1,198 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kernels/quant.cu - int8 / fp8 e4m3 KV quantization with one fp32 scale per group, on the GPU
+ * (see kernels/quant.h for the arithmetic, kernels_cuda.h for the launchers). Quantize: one
+ * thread block per group (grid-stride over groups): amax by warp shuffles and shared memory,
+ * then every element divided by the scale and converted. Dequantize: elementwise, grid-stride.
+ * Every operation is exactly rounded (IEEE division, rintf, the hardware's RNE fp8 convert),
+ * so the results equal the C reference's bytes.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdint.h>
+
+extern "C" {
+#include "error.h"
+}
+#include "kernels/kernels_cuda.h"
+
+#define QUANT_THREADS 256u
+#define QUANT_MAX_GRID 65535u
+
+static __device__ __forceinline__ float
+quant_ld(const float *p, uint64_t i)
+{
+	return p[i];
+}
+
+static __device__ __forceinline__ float
+quant_ld(const __half *p, uint64_t i)
+{
+	return __half2float(p[i]);
+}
+
+static __device__ __forceinline__ float
+quant_ld(const __nv_bfloat16 *p, uint64_t i)
+{
+	return __bfloat162float(p[i]);
+}
+
+static __device__ __forceinline__ void
+quant_st(float *p, uint64_t i, float x)
+{
+	p[i] = x;
+}
+
+static __device__ __forceinline__ void
+quant_st(__half *p, uint64_t i, float x)
+{
+	p[i] = __float2half_rn(x);
+}
+
+static __device__ __forceinline__ void
+quant_st(__nv_bfloat16 *p, uint64_t i, float x)
+{
+	p[i] = __float2bfloat16_rn(x);
+}
+
+/* block (QUANT_THREADS) per group: scales[g] and q[g][0..group) */
+template <typename T>
+__global__ void
+quant_kernel(const T *src, uint64_t n_groups, uint32_t group, bool int8, uint8_t *q,
+	     float *scales)
+{
+	__shared__ float warp_max[QUANT_THREADS / 32];
+	__shared__ float scale_s;
+
+	for (uint64_t g = blockIdx.x; g < n_groups; g += gridDim.x) {
+		const T *x = src + g * group;
+		float amax = 0.0f;
+
+		for (uint32_t i = threadIdx.x; i < group; i += blockDim.x)
+			amax = fmaxf(amax, fabsf(quant_ld(x, i)));
+		for (int off = 16; off > 0; off >>= 1)
+			amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+		if ((threadIdx.x & 31u) == 0)
+			warp_max[threadIdx.x / 32u] = amax;
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			float m = 0.0f;
+
+			for (uint32_t w = 0; w < blockDim.x / 32u; w++)
+				m = fmaxf(m, warp_max[w]);
+			scale_s = m / (int8 ? 127.0f : 448.0f);
+			scales[g] = scale_s;
+		}
+		__syncthreads();
+		const float scale = scale_s;
+		for (uint32_t i = threadIdx.x; i < group; i += blockDim.x) {
+			float y = scale > 0.0f ? quant_ld(x, i) / scale : 0.0f;
+			uint8_t v;
+
+			if (int8)
+				v = (uint8_t)(int8_t)fminf(fmaxf(rintf(y), -127.0f), 127.0f);
+			else
+				v = (uint8_t)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
+			q[g * group + i] = v;
+		}
+		__syncthreads(); /* scale_s and warp_max are reused by the next group */
+	}
+}
+
+template <typename T>
+__global__ void
+dequant_kernel(const uint8_t *q, const float *scales, uint64_t n_groups, uint32_t group,
+	       bool int8, T *dst)
+{
+	const uint64_t n = n_groups * group;
+
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		float v;
+
+		if (int8) {
+			v = (float)(int8_t)q[i];
+		} else {
+			__half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q[i], __NV_E4M3);
+
+			v = __half2float(__half(h));
+		}
+		quant_st(dst, i, v * scales[i / group]);
+	}
+}
+
+static int
+quant_args(const char *what, enum kvt_dtype qt, enum kvt_dtype ft, const void *a,
+	   const void *b, const void *c, uint32_t group)
+{
+	if (!a || !b || !c || !group)
+		return kvt_err(-EINVAL, "%s: NULL buffer or group of 0 elements", what);
+	if (qt != KVT_DTYPE_INT8 && qt != KVT_DTYPE_FP8_E4M3)
+		return kvt_err(-EINVAL, "%s: quantized type %d is not INT8 or FP8_E4M3", what,
+			       (int)qt);
+	if (ft != KVT_DTYPE_F32 && ft != KVT_DTYPE_F16 && ft != KVT_DTYPE_BF16)
+		return kvt_err(-EINVAL, "%s: type %d is not F32, F16 or BF16", what, (int)ft);
+	return 0;
+}
+
+static int
+quant_launched(const char *what)
+{
+	cudaError_t e = cudaGetLastError();
+
+	if (e != cudaSuccess)
+		return kvt_err(KVT_EDEVICE, "%s kernel launch: %s (%s)", what,
+			       cudaGetErrorString(e), cudaGetErrorName(e));
+	return 0;
+}
+
+extern "C" int
+kvt_quant_cuda(enum kvt_dtype qt, enum kvt_dtype src_t, const void *src, uint64_t n_groups,
+	       uint32_t group, void *q, float *scales, cudaStream_t stream)
+{
+	int rc = quant_args("kvt_quant_cuda", qt, src_t, src, q, scales, group);
+	const bool int8 = qt == KVT_DTYPE_INT8;
+	unsigned grid;
+
+	if (rc || !n_groups)
+		return rc;
+	grid = (unsigned)(n_groups < QUANT_MAX_GRID ? n_groups : QUANT_MAX_GRID);
+	if (src_t == KVT_DTYPE_F32)
+		quant_kernel<float><<<grid, QUANT_THREADS, 0, stream>>>(
+			(const float *)src, n_groups, group, int8, (uint8_t *)q, scales);
+	else if (src_t == KVT_DTYPE_F16)
+		quant_kernel<__half><<<grid, QUANT_THREADS, 0, stream>>>(
+			(const __half *)src, n_groups, group, int8, (uint8_t *)q, scales);
+	else
+		quant_kernel<__nv_bfloat16><<<grid, QUANT_THREADS, 0, stream>>>(
+			(const __nv_bfloat16 *)src, n_groups, group, int8, (uint8_t *)q, scales);
+	return quant_launched("quantize");
+}
+
+extern "C" int
+kvt_dequant_cuda(enum kvt_dtype qt, const void *q, const float *scales, uint64_t n_groups,
+		 uint32_t group, enum kvt_dtype dst_t, void *dst, cudaStream_t stream)
+{
+	int rc = quant_args("kvt_dequant_cuda", qt, dst_t, q, scales, dst, group);
+	const bool int8 = qt == KVT_DTYPE_INT8;
+	const uint64_t n = n_groups * group;
+	unsigned grid;
+
+	if (rc || !n)
+		return rc;
+	grid = (unsigned)((n + QUANT_THREADS - 1) / QUANT_THREADS < QUANT_MAX_GRID
+				  ? (n + QUANT_THREADS - 1) / QUANT_THREADS : QUANT_MAX_GRID);
+	if (dst_t == KVT_DTYPE_F32)
+		dequant_kernel<float><<<grid, QUANT_THREADS, 0, stream>>>(
+			(const uint8_t *)q, scales, n_groups, group, int8, (float *)dst);
+	else if (dst_t == KVT_DTYPE_F16)
+		dequant_kernel<__half><<<grid, QUANT_THREADS, 0, stream>>>(
+			(const uint8_t *)q, scales, n_groups, group, int8, (__half *)dst);
+	else
+		dequant_kernel<__nv_bfloat16><<<grid, QUANT_THREADS, 0, stream>>>(
+			(const uint8_t *)q, scales, n_groups, group, int8, (__nv_bfloat16 *)dst);
+	return quant_launched("dequantize");
+}
