@@ -144,8 +144,12 @@ kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 		/* nothing to evict now: if transfers are in flight, their completions may make
 		 * copies evictable (an H2D that lands makes its HOST copy a clean duplicate), so
 		 * a caller that may wait waits for them before calling the tier full */
-		if (!progress && !e->demoting[tier] && (!may_wait || !kvt_xfer_inflight(e)))
+		if (!progress && !e->demoting[tier] && (!may_wait || !kvt_xfer_inflight(e))) {
+			/* a full NVMe tier gives up restorable stored sessions, oldest first */
+			if (tier == KVT_TIER_NVME && kvt_persist_reclaim(e, need - sl->n_free) > 0)
+				continue;
 			return -ENOSPC;
+		}
 		if (!may_wait)
 			return -EAGAIN;
 		rc = kvt_xfer_wait_any(e);

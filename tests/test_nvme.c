@@ -29,8 +29,10 @@
 #include "engine/kvtier.h"
 #include "tiers/tier_nvme.h"
 
-#define BLOCK 10000u /* slot = 12288: three pages, with padding and a trailer */
+#define BLOCK 10000u /* slot = 12288: three pages: a 128-byte header, the block, padding */
 #define SLOT 12288u
+#define SUPER 4096u  /* the superblock before slot 0 */
+#define HDR 128u     /* block header bytes */
 #define NSLOTS 48u
 #define QD 4u
 
@@ -310,7 +312,7 @@ test_file_mode_size_and_removal(void **state)
 	assert_int_equal(stat(path, &st), 0);
 	assert_true(S_ISREG(st.st_mode));
 	assert_int_equal(st.st_mode & 07777, 0600);
-	assert_int_equal(st.st_size, (off_t)NSLOTS * SLOT);
+	assert_int_equal(st.st_size, (off_t)(SUPER + NSLOTS * SLOT));
 	assert_true((uint64_t)st.st_blocks * 512 >= (uint64_t)NSLOTS * SLOT); /* reserved */
 	kvt_nvme_close(n);
 	assert_int_equal(stat(path, &st), -1);
@@ -429,11 +431,11 @@ fault_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint6
 	   int *res)
 {
 	struct fault *ft = arg;
-	size_t start = (size_t)(off - (uint64_t)slot * SLOT); /* where buf sits in the slot */
+	size_t start = (size_t)(off - SUPER - (uint64_t)slot * SLOT); /* where buf is in the slot */
 	bool first = start == 0;
 
 	ft->calls++;
-	assert_true(off >= (uint64_t)slot * SLOT && start + len == SLOT);
+	assert_true(off >= SUPER + (uint64_t)slot * SLOT && start + len == SLOT);
 	assert_int_equal(*res, (int)len); /* the real IO always moved everything here */
 	switch (ft->mode) {
 	case FAULT_FLIP:
@@ -487,11 +489,10 @@ static void
 test_bit_flip_on_read(void **state)
 {
 	static const size_t where[] = {
-		0, BLOCK / 2, BLOCK - 1,           /* data */
-		SLOT - 64 + 0, SLOT - 64 + 9,      /* magic, version */
-		SLOT - 64 + 13, SLOT - 64 + 17,    /* slot id, block_bytes */
-		SLOT - 64 + 25, SLOT - 64 + 33,    /* key, data checksum */
-		SLOT - 64 + 41,                    /* trailer checksum */
+		HDR, HDR + BLOCK / 2, HDR + BLOCK - 1, /* data */
+		0, 9, 13, 17, 25, 33,              /* magic, version, slot, key, session, index */
+		37, 41, 45, 49, 65,                /* raw and stored length, codec, hash, data sum */
+		121,                               /* header checksum */
 	};
 	struct fx *f = *state;
 	struct fault ft = { .mode = FAULT_NONE };
@@ -826,7 +827,7 @@ test_open_fallocate(void **state)
 	assert_int_equal(kvt_nvme_open(&o, &n, NULL, 0), 0);
 	fake_fallocate_errno = 0;
 	assert_int_equal(stat(kvt_nvme_path(n), &st), 0);
-	assert_int_equal(st.st_size, (off_t)NSLOTS * SLOT);
+	assert_int_equal(st.st_size, (off_t)(SUPER + NSLOTS * SLOT));
 	write_slots(n, 1, src);
 	assert_int_equal(read_one(n, 0, 1000, dst), 0);
 	assert_memory_equal(src, dst, BLOCK);

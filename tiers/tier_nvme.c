@@ -17,36 +17,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <liburing.h>
 #include <xxhash.h>
 
 #include "engine/error.h"
+#include "tiers/codec.h"
+#include "tiers/format.h"
 #include "tiers/tier_nvme.h"
 
-#define NVME_ALIGN 4096u           /* O_DIRECT alignment of offsets, lengths and buffers */
-#define NVME_TRAILER_BYTES 64u     /* trailer at the end of every slot */
-#define NVME_FORMAT_VERSION 1u     /* trailer format */
+#define NVME_ALIGN KVT_FMT_ALIGN   /* O_DIRECT alignment of offsets, lengths and buffers */
+#define NVME_HDR KVT_FMT_BLKHDR_BYTES /* block header at the start of every slot */
 #define NVME_MAX_QD 4096u          /* largest queue depth accepted */
 #define NVME_MAX_BLOCK_BYTES (1u << 30) /* one IO's byte count must fit the int of a CQE */
 #define NVME_CLOSE_BATCH 32u       /* completions discarded per reap while closing */
-
-static const uint8_t nvme_magic[8] = { 'K', 'V', 'T', 'B', 'L', 'K', '0', '1' };
-
-/* Byte offsets of the trailer's fields within the last 64 bytes of a slot. */
-enum {
-	NVME_TR_MAGIC = 0,        /* u8[8] "KVTBLK01" */
-	NVME_TR_VERSION = 8,      /* u32 NVME_FORMAT_VERSION */
-	NVME_TR_SLOT = 12,        /* u32 slot id the block was written to */
-	NVME_TR_BLOCK_BYTES = 16, /* u64 */
-	NVME_TR_KEY = 24,         /* u64 caller's key */
-	NVME_TR_DATA_SUM = 32,    /* u64 XXH3-64 of the block's bytes */
-	NVME_TR_SELF_SUM = 40,    /* u64 XXH3-64 of trailer bytes [0, 40) */
-	NVME_TR_PAD = 48,         /* 16 zero bytes */
-};
+#define NVME_STORE_NAME "kvtier.store" /* the persistent store's file under dir */
 
 /* Distinguishes the slot files of several tiers opened by one process. */
 static atomic_uint nvme_file_counter;
@@ -56,9 +47,13 @@ struct nvme_req {
 	uint8_t *buf;       /* staging buffer: slot_bytes, 4 KiB aligned, part of the arena */
 	void *dst;          /* reads: the caller's buffer, written only after verification */
 	uint64_t user_data; /* caller's tag, returned in the completion */
-	uint64_t key;       /* writes: stored in the trailer; reads: expected there */
+	uint64_t key;       /* writes: stored in the header; reads: expected there */
 	uint32_t slot;      /* slot in the file */
+	uint32_t len;       /* bytes this IO moves: header + payload rounded up to 4 KiB */
 	uint32_t done;      /* bytes known transferred, a multiple of NVME_ALIGN */
+	uint32_t stored;    /* writes: payload bytes written; reads: expected (0 = unknown) */
+	uint32_t codec;     /* writes: codec of the payload */
+	uint64_t sum;       /* writes: XXH3-64 of the raw block */
 	uint32_t stalls;    /* consecutive pieces that did not reach the next 4 KiB boundary */
 	uint32_t index;     /* position in reqs[], also the registered buffer index */
 	bool is_write;      /* write (true) or read */
@@ -72,6 +67,15 @@ struct kvt_nvme {
 	bool ring_ok;                      /* ring initialised (io_uring_queue_exit needed) */
 	bool fixed_bufs;                   /* staging registered: READ_FIXED / WRITE_FIXED */
 	bool closing;                      /* kvt_nvme_close is draining: discard, never copy */
+	bool persist;                      /* the file is the persistent store: kept at close */
+	bool unlink_on_free;               /* created by this open: removed if the open fails */
+	bool buffered;                     /* O_DIRECT refused, buffered IO asked for instead */
+	int codec;                         /* enum kvt_codec of writes */
+	double min_saving;                 /* encode kept only when it saves this fraction */
+	size_t elem;                       /* element size of the layout, for the shuffles */
+	uint8_t *scratch;                  /* codec scratch: block_bytes (engine lock held) */
+	uint8_t *enc;                      /* codec output: block_bytes */
+	struct kvt_fmt_super sb;           /* the superblock as written/read at open */
 	size_t block_bytes;                /* bytes of one block */
 	size_t slot_bytes;                 /* bytes of one slot in the file */
 	uint32_t n_slots;                  /* slots in the file */
@@ -82,42 +86,6 @@ struct kvt_nvme {
 	struct nvme_req *reqs;             /* [qd] request contexts */
 	uint8_t *arena;                    /* [qd][slot_bytes] staging, 4 KiB aligned */
 };
-
-/* ---- little-endian fields ------------------------------------------------------------------ */
-
-static void
-nvme_put_le32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void
-nvme_put_le64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t
-nvme_get_le32(const uint8_t *p)
-{
-	uint32_t v = 0;
-
-	for (int i = 0; i < 4; i++)
-		v |= (uint32_t)p[i] << (8 * i);
-	return v;
-}
-
-static uint64_t
-nvme_get_le64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (int i = 0; i < 8; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
 
 /* ---- open ---------------------------------------------------------------------------------- */
 
@@ -161,12 +129,17 @@ nvme_validate(const struct kvt_nvme_opts *o, size_t *slot_bytes, uint32_t *n_slo
 	if (o->queue_depth == 0 || o->queue_depth > NVME_MAX_QD)
 		return nvme_open_fail(-EINVAL, err, errlen, "nvme queue_depth %u out of range 1..%u",
 				      o->queue_depth, NVME_MAX_QD);
-	sb = (o->block_bytes + NVME_TRAILER_BYTES + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
+	if (o->codec < KVT_CODEC_NONE || o->codec > KVT_CODEC_BYTE_LZ4)
+		return nvme_open_fail(-EINVAL, err, errlen, "nvme codec %d unknown", o->codec);
+	if (!(o->min_saving >= 0 && o->min_saving < 1))
+		return nvme_open_fail(-EINVAL, err, errlen, "nvme codec min_saving %g not in [0, 1)",
+				      o->min_saving);
+	sb = (o->block_bytes + NVME_HDR + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
 	slots = o->capacity_bytes / sb;
 	if (slots == 0)
 		return nvme_open_fail(-EINVAL, err, errlen,
 				      "nvme capacity %llu bytes is below one slot of %zu bytes "
-				      "(block_bytes %zu + 64-byte trailer, rounded up to 4 KiB)",
+				      "(block_bytes %zu + 128-byte header, rounded up to 4 KiB)",
 				      (unsigned long long)o->capacity_bytes, sb, o->block_bytes);
 	if (slots > UINT32_MAX)
 		return nvme_open_fail(-EINVAL, err, errlen,
@@ -209,9 +182,43 @@ nvme_check_dir(const char *dir, char *err, size_t errlen)
 	return 0;
 }
 
+/* open(2) of the slot file with O_DIRECT, or buffered when O_DIRECT is refused and allowed. */
 static int
-nvme_create_file(struct kvt_nvme *n, const char *dir, char *err, size_t errlen)
+nvme_open_path(struct kvt_nvme *n, int flags, bool fallback)
 {
+	int fd = open(n->path, flags | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+
+	if (fd < 0 && errno == EINVAL && fallback) {
+		fd = open(n->path, (flags & ~O_EXCL) | O_RDWR | O_CLOEXEC, 0600);
+		n->buffered = fd >= 0;
+	}
+	return fd;
+}
+
+static int
+nvme_create_fail(struct kvt_nvme *n, int e, const char *dir, char *err, size_t errlen)
+{
+	char eb[128];
+
+	if (e == EINVAL) {
+		/* The file is created before O_DIRECT is checked (tmpfs): remove it again. */
+		if (n->unlink_on_free || !n->persist)
+			unlink(n->path);
+		return nvme_open_fail(-EINVAL, err, errlen,
+				      "filesystem at %s refuses O_DIRECT (set nvme_buffered_fallback "
+				      "to use buffered IO there)", dir);
+	}
+	if (e == EACCES || e == EPERM || e == EROFS)
+		return nvme_open_fail(-EACCES, err, errlen, "nvme: cannot create %s: %s", n->path,
+				      nvme_strerror(e, eb, sizeof eb));
+	return nvme_open_fail(-e, err, errlen, "nvme: cannot create %s: %s", n->path,
+			      nvme_strerror(e, eb, sizeof eb));
+}
+
+static int
+nvme_create_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, size_t errlen)
+{
+	const char *dir = o->dir;
 	size_t len = strlen(dir) + 64;
 	char eb[128];
 	int fd = -1, e = EEXIST;
@@ -219,34 +226,123 @@ nvme_create_file(struct kvt_nvme *n, const char *dir, char *err, size_t errlen)
 	n->path = malloc(len);
 	if (!n->path)
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: path of %zu bytes", len);
+	if (n->persist) {
+		snprintf(n->path, len, "%s/%s", dir, NVME_STORE_NAME);
+		fd = nvme_open_path(n, 0, o->buffered_fallback);
+		e = fd < 0 ? errno : 0;
+		if (fd < 0 && e == ENOENT) {
+			fd = nvme_open_path(n, O_CREAT | O_EXCL, o->buffered_fallback);
+			e = fd < 0 ? errno : 0;
+			n->unlink_on_free = fd >= 0 || e == EINVAL;
+		}
+	}
 	/* EEXIST only when a crashed process with our pid left its file behind: take the next. */
-	for (int attempt = 0; attempt < 16 && e == EEXIST; attempt++) {
+	for (int attempt = 0; !n->persist && attempt < 16 && e == EEXIST; attempt++) {
 		snprintf(n->path, len, "%s/kvtier-%ld-%u.slots", dir, (long)getpid(),
 			 atomic_fetch_add(&nvme_file_counter, 1u));
-		fd = open(n->path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+		fd = nvme_open_path(n, O_CREAT | O_EXCL, o->buffered_fallback);
 		e = fd < 0 ? errno : 0;
 	}
-	if (fd >= 0) {
-		n->fd = fd;
-		/* Exactly 0600 whatever the umask: KV cache contents are private. */
-		if (fchmod(fd, 0600) != 0) {
-			e = errno;
-			return nvme_open_fail(-e, err, errlen, "nvme: chmod %s: %s", n->path,
-					      nvme_strerror(e, eb, sizeof eb));
-		}
-		return 0;
+	if (fd < 0)
+		return nvme_create_fail(n, e, dir, err, errlen);
+	n->fd = fd;
+	if (n->persist && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		e = errno;
+		return nvme_open_fail(e == EWOULDBLOCK ? -EBUSY : -e, err, errlen,
+				      "nvme store %s is in use by another process", n->path);
 	}
-	if (e == EINVAL) {
-		/* The file is created before O_DIRECT is checked (tmpfs): remove it again. */
-		unlink(n->path);
-		return nvme_open_fail(-EINVAL, err, errlen, "filesystem at %s refuses O_DIRECT",
-				      dir);
-	}
-	if (e == EACCES || e == EPERM || e == EROFS)
-		return nvme_open_fail(-EACCES, err, errlen, "nvme: cannot create %s: %s", n->path,
+	/* Exactly 0600 whatever the umask: KV cache contents are private. */
+	if ((n->unlink_on_free || !n->persist) && fchmod(fd, 0600) != 0) {
+		e = errno;
+		return nvme_open_fail(-e, err, errlen, "nvme: chmod %s: %s", n->path,
 				      nvme_strerror(e, eb, sizeof eb));
-	return nvme_open_fail(-e, err, errlen, "nvme: cannot create %s: %s", n->path,
-			      nvme_strerror(e, eb, sizeof eb));
+	}
+	return 0;
+}
+
+/* The superblock this open expects (epoch and id filled in later). */
+static void
+nvme_super_want(const struct kvt_nvme *n, const struct kvt_nvme_opts *o, struct kvt_fmt_super *s)
+{
+	memset(s, 0, sizeof *s);
+	s->version = KVT_FMT_VERSION;
+	s->n_layers = o->layout.n_layers;
+	s->n_kv_heads = o->layout.n_kv_heads;
+	s->head_dim = o->layout.head_dim;
+	s->dtype = (uint32_t)o->layout.dtype;
+	s->tokens_per_block = o->layout.tokens_per_block;
+	s->codec = (uint32_t)o->codec;
+	s->block_bytes = n->block_bytes;
+	s->slot_bytes = n->slot_bytes;
+	s->n_slots = n->n_slots;
+	s->data_off = KVT_FMT_SUPER_BYTES;
+}
+
+/* Write n->sb at offset 0; with @durable, fdatasync it (and the directory entry). */
+static int
+nvme_super_write(struct kvt_nvme *n, bool durable, char *err, size_t errlen)
+{
+	void *buf = NULL;
+	char eb[128];
+	ssize_t w;
+	int e;
+
+	if (posix_memalign(&buf, NVME_ALIGN, KVT_FMT_SUPER_BYTES) != 0)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: superblock buffer");
+	kvt_fmt_super_encode(&n->sb, buf);
+	w = pwrite(n->fd, buf, KVT_FMT_SUPER_BYTES, 0);
+	e = w < 0 ? errno : EIO;
+	free(buf);
+	if (w != (ssize_t)KVT_FMT_SUPER_BYTES)
+		return nvme_open_fail(-e, err, errlen, "nvme: writing the superblock of %s: %s",
+				      n->path, nvme_strerror(e, eb, sizeof eb));
+	if (durable && fdatasync(n->fd) != 0) {
+		e = errno;
+		return nvme_open_fail(-e, err, errlen, "nvme: fdatasync %s: %s", n->path,
+				      nvme_strerror(e, eb, sizeof eb));
+	}
+	return 0;
+}
+
+/* An existing store: read its superblock, refuse it if it does not match, bump its epoch. */
+static int
+nvme_super_load(struct kvt_nvme *n, const struct kvt_fmt_super *want, char *err, size_t errlen)
+{
+	void *buf = NULL;
+	char eb[128];
+	ssize_t r;
+	int e, rc;
+
+	if (posix_memalign(&buf, NVME_ALIGN, KVT_FMT_SUPER_BYTES) != 0)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: superblock buffer");
+	r = pread(n->fd, buf, KVT_FMT_SUPER_BYTES, 0);
+	e = r < 0 ? errno : 0;
+	if (r < 0) {
+		free(buf);
+		return nvme_open_fail(-e, err, errlen, "nvme: reading the superblock of %s: %s",
+				      n->path, nvme_strerror(e, eb, sizeof eb));
+	}
+	if (r < (ssize_t)KVT_FMT_SUPER_BYTES)
+		memset((uint8_t *)buf + r, 0, KVT_FMT_SUPER_BYTES - (size_t)r);
+	rc = kvt_fmt_super_decode(buf, KVT_FMT_SUPER_BYTES, &n->sb);
+	free(buf);
+	if (rc == 0)
+		rc = kvt_fmt_super_match(&n->sb, want, n->path);
+	if (rc != 0)
+		return nvme_open_fail(rc, err, errlen, "nvme store %s not used: %s", n->path,
+				      kvt_last_error_message());
+	n->sb.epoch++;
+	return nvme_super_write(n, true, err, errlen);
+}
+
+static uint64_t
+nvme_random64(void)
+{
+	uint64_t v = 0;
+
+	if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+		v = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ (uint64_t)time(NULL);
+	return v ? v : 1;
 }
 
 /*
@@ -288,7 +384,7 @@ nvme_check_dio(struct kvt_nvme *n, const char *dir, char *err, size_t errlen)
 static int
 nvme_reserve(struct kvt_nvme *n, char *err, size_t errlen)
 {
-	uint64_t size = (uint64_t)n->n_slots * n->slot_bytes;
+	uint64_t size = KVT_FMT_SUPER_BYTES + (uint64_t)n->n_slots * n->slot_bytes;
 	char eb[128];
 	int e;
 
@@ -318,6 +414,12 @@ nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: %zu bytes of staging buffers",
 				      arena_bytes);
 	n->arena = arena;
+	if (n->codec != KVT_CODEC_NONE) {
+		n->scratch = malloc(kvt_codec_scratch_bytes(n->block_bytes));
+		n->enc = malloc(n->block_bytes);
+		if (!n->scratch || !n->enc)
+			return nvme_open_fail(-ENOMEM, err, errlen, "nvme: codec buffers");
+	}
 	n->reqs = calloc(n->qd, sizeof *n->reqs);
 	n->free_stack = malloc((size_t)n->qd * sizeof *n->free_stack);
 	if (!n->reqs || !n->free_stack)
@@ -364,15 +466,51 @@ nvme_free(struct kvt_nvme *n, bool free_arena)
 	if (n->ring_ok)
 		io_uring_queue_exit(&n->ring);
 	if (n->fd >= 0) {
-		close(n->fd);
-		unlink(n->path);
+		if (!n->persist || n->unlink_on_free)
+			unlink(n->path);
+		close(n->fd); /* drops the flock too */
 	}
 	if (free_arena)
 		free(n->arena);
+	free(n->scratch);
+	free(n->enc);
 	free(n->reqs);
 	free(n->free_stack);
 	free(n->path);
 	free(n);
+}
+
+/* After the file is open: reserve its space and write (new) or check (existing) the superblock. */
+static int
+nvme_setup_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, size_t errlen)
+{
+	struct kvt_fmt_super want;
+	bool fresh = !n->persist || n->unlink_on_free;
+	int r = 0;
+
+	nvme_super_want(n, o, &want);
+	if (!n->buffered)
+		r = nvme_check_dio(n, o->dir, err, errlen);
+	if (r == 0 && fresh)
+		r = nvme_reserve(n, err, errlen);
+	if (r != 0)
+		return r;
+	if (!fresh)
+		return nvme_super_load(n, &want, err, errlen);
+	n->sb = want;
+	n->sb.epoch = 1;
+	n->sb.store_id = nvme_random64();
+	r = nvme_super_write(n, n->persist, err, errlen);
+	if (r == 0 && n->persist) {
+		/* the new file's directory entry must be durable before anything refers to it */
+		int dfd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+		if (dfd >= 0) {
+			(void)fsync(dfd);
+			close(dfd);
+		}
+	}
+	return r;
 }
 
 int
@@ -401,13 +539,15 @@ kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, s
 	n->slot_bytes = slot_bytes;
 	n->n_slots = n_slots;
 	n->qd = o->queue_depth;
+	n->persist = o->persist;
+	n->codec = o->codec;
+	n->min_saving = o->min_saving;
+	n->elem = kvt_dtype_size(o->layout.dtype);
 	if (o->hooks)
 		n->hooks = *o->hooks;
-	r = nvme_create_file(n, o->dir, err, errlen);
+	r = nvme_create_file(n, o, err, errlen);
 	if (r == 0)
-		r = nvme_check_dio(n, o->dir, err, errlen);
-	if (r == 0)
-		r = nvme_reserve(n, err, errlen);
+		r = nvme_setup_file(n, o, err, errlen);
 	if (r == 0)
 		r = nvme_alloc_staging(n, err, errlen);
 	if (r == 0)
@@ -416,6 +556,7 @@ kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, s
 		nvme_free(n, true);
 		return r;
 	}
+	n->unlink_on_free = false;
 	*out = n;
 	return 0;
 }
@@ -458,14 +599,14 @@ nvme_in_kernel(const struct kvt_nvme *n)
 	return n->qd - n->n_free - n->queued;
 }
 
-/* Queue one SQE for the rest of @req's IO: bytes [done, slot_bytes) of its slot. */
+/* Queue one SQE for the rest of @req's IO: bytes [done, len) of its slot. */
 static int
 nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&n->ring);
 	uint8_t *buf = req->buf + req->done;
-	unsigned len = (unsigned)(n->slot_bytes - req->done);
-	uint64_t off = (uint64_t)req->slot * n->slot_bytes + req->done;
+	unsigned len = req->len - req->done;
+	uint64_t off = KVT_FMT_SUPER_BYTES + (uint64_t)req->slot * n->slot_bytes + req->done;
 
 	if (!sqe) {
 		/* Not expected: every request owns at most one SQE and the SQ has qd entries. */
@@ -517,37 +658,68 @@ nvme_req_put(struct kvt_nvme *n, struct nvme_req *req)
 	n->free_stack[n->n_free++] = req->index;
 }
 
-/* Fill the padding and the trailer of a staging buffer that holds the block's bytes. */
-static void
-nvme_seal(const struct kvt_nvme *n, uint8_t *buf, uint32_t slot, uint64_t key)
+static uint32_t
+nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
 {
-	uint8_t *t = buf + n->slot_bytes - NVME_TRAILER_BYTES;
+	size_t l = (NVME_HDR + (size_t)stored + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
 
-	memset(buf + n->block_bytes, 0, n->slot_bytes - NVME_TRAILER_BYTES - n->block_bytes);
-	memcpy(t + NVME_TR_MAGIC, nvme_magic, sizeof nvme_magic);
-	nvme_put_le32(t + NVME_TR_VERSION, NVME_FORMAT_VERSION);
-	nvme_put_le32(t + NVME_TR_SLOT, slot);
-	nvme_put_le64(t + NVME_TR_BLOCK_BYTES, n->block_bytes);
-	nvme_put_le64(t + NVME_TR_KEY, key);
-	nvme_put_le64(t + NVME_TR_DATA_SUM, XXH3_64bits(buf, n->block_bytes));
-	nvme_put_le64(t + NVME_TR_SELF_SUM, XXH3_64bits(t, NVME_TR_SELF_SUM));
-	memset(t + NVME_TR_PAD, 0, NVME_TRAILER_BYTES - NVME_TR_PAD);
+	return (uint32_t)(l < n->slot_bytes ? l : n->slot_bytes);
+}
+
+/*
+ * Fill @req's staging buffer: the block (encoded when that pays) after the header, zero padding
+ * to the IO length, and the header. Sets req->len, stored, codec, sum.
+ */
+static void
+nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *src,
+	  const struct kvt_nvme_wmeta *m)
+{
+	struct kvt_fmt_blkhdr h;
+	int64_t enc = 0;
+
+	memset(&h, 0, sizeof h);
+	h.sum = XXH3_64bits(src, n->block_bytes);
+	if (n->codec != KVT_CODEC_NONE)
+		enc = kvt_codec_encode(n->codec, n->elem, src, n->block_bytes, req->buf + NVME_HDR,
+				       n->block_bytes, n->scratch, n->min_saving);
+	if (enc > 0) {
+		h.codec = (uint32_t)n->codec;
+		h.stored_len = (uint32_t)enc;
+	} else {
+		memcpy(req->buf + NVME_HDR, src, n->block_bytes);
+		h.codec = KVT_CODEC_NONE;
+		h.stored_len = (uint32_t)n->block_bytes;
+	}
+	req->len = nvme_io_len(n, h.stored_len);
+	memset(req->buf + NVME_HDR + h.stored_len, 0, req->len - NVME_HDR - h.stored_len);
+	h.slot = req->slot;
+	h.key = m->key;
+	h.session = m->session;
+	h.index = m->index;
+	h.raw_len = (uint32_t)n->block_bytes;
+	memcpy(h.hash, m->hash, sizeof h.hash);
+	kvt_fmt_blkhdr_encode(&h, req->buf);
+	req->stored = h.stored_len;
+	req->codec = h.codec;
+	req->sum = h.sum;
 }
 
 int
-kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64_t key,
-		      uint64_t user_data)
+kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
+			   const struct kvt_nvme_wmeta *m, uint64_t user_data)
 {
 	struct nvme_req *req;
-	int r = nvme_req_get(n, slot, src, "write", &req);
+	int r;
 
+	if (!m)
+		return kvt_err(-EINVAL, "nvme write: meta is NULL");
+	r = nvme_req_get(n, slot, src, "write", &req);
 	if (r != 0)
 		return r;
 	req->is_write = true;
-	req->key = key;
+	req->key = m->key;
 	req->user_data = user_data;
-	memcpy(req->buf, src, n->block_bytes);
-	nvme_seal(n, req->buf, slot, key);
+	nvme_seal(n, req, src, m);
 	r = nvme_queue_rest(n, req);
 	if (r != 0)
 		nvme_req_put(n, req);
@@ -555,8 +727,17 @@ kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64
 }
 
 int
-kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
-		     uint64_t user_data)
+kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64_t key,
+		      uint64_t user_data)
+{
+	struct kvt_nvme_wmeta m = { .key = key };
+
+	return kvt_nvme_submit_write_meta(n, slot, src, &m, user_data);
+}
+
+int
+kvt_nvme_submit_read_len(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+			 uint32_t stored, uint64_t user_data)
 {
 	struct nvme_req *req;
 	int r = nvme_req_get(n, slot, dst, "read", &req);
@@ -567,10 +748,19 @@ kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
 	req->key = key;
 	req->user_data = user_data;
 	req->dst = dst;
+	req->stored = stored;
+	req->len = stored ? nvme_io_len(n, stored) : (uint32_t)n->slot_bytes;
 	r = nvme_queue_rest(n, req);
 	if (r != 0)
 		nvme_req_put(n, req);
 	return r;
+}
+
+int
+kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+		     uint64_t user_data)
+{
+	return kvt_nvme_submit_read_len(n, slot, dst, key, 0, user_data);
 }
 
 int
@@ -589,33 +779,47 @@ kvt_nvme_flush(struct kvt_nvme *n)
 
 /* ---- completion ---------------------------------------------------------------------------- */
 
-/* Check a fully read staging buffer against its trailer. Returns 0 or KVT_ECORRUPT. */
+/*
+ * Check a fully read staging buffer: its header, then the payload decoded into the caller's
+ * buffer (raw payloads are checked in the staging buffer first). Returns 0 or KVT_ECORRUPT.
+ */
 static int
-nvme_verify(const struct kvt_nvme *n, const struct nvme_req *req)
+nvme_verify(struct kvt_nvme *n, const struct nvme_req *req)
 {
-	const uint8_t *t = req->buf + n->slot_bytes - NVME_TRAILER_BYTES;
+	struct kvt_fmt_blkhdr h;
 	uint32_t slot = req->slot;
+	int rc = kvt_fmt_blkhdr_decode(req->buf, req->len, &h);
 
-	if (memcmp(t + NVME_TR_MAGIC, nvme_magic, sizeof nvme_magic) != 0)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: no block trailer (bad magic)", slot);
-	if (XXH3_64bits(t, NVME_TR_SELF_SUM) != nvme_get_le64(t + NVME_TR_SELF_SUM))
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: trailer checksum mismatch", slot);
-	if (nvme_get_le32(t + NVME_TR_VERSION) != NVME_FORMAT_VERSION)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: format version %u, expected %u", slot,
-			       nvme_get_le32(t + NVME_TR_VERSION), NVME_FORMAT_VERSION);
-	if (nvme_get_le32(t + NVME_TR_SLOT) != slot)
+	if (rc != 0)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
+	if (h.slot != slot)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: holds a block written to slot %u",
-			       slot, nvme_get_le32(t + NVME_TR_SLOT));
-	if (nvme_get_le64(t + NVME_TR_BLOCK_BYTES) != n->block_bytes)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: block_bytes %llu, expected %zu", slot,
-			       (unsigned long long)nvme_get_le64(t + NVME_TR_BLOCK_BYTES),
-			       n->block_bytes);
-	if (nvme_get_le64(t + NVME_TR_KEY) != req->key)
+			       slot, h.slot);
+	if (h.raw_len != n->block_bytes)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: block_bytes %u, expected %zu", slot,
+			       h.raw_len, n->block_bytes);
+	if (h.key != req->key)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: key %#llx, expected %#llx", slot,
-			       (unsigned long long)nvme_get_le64(t + NVME_TR_KEY),
-			       (unsigned long long)req->key);
-	if (XXH3_64bits(req->buf, n->block_bytes) != nvme_get_le64(t + NVME_TR_DATA_SUM))
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch", slot);
+			       (unsigned long long)h.key, (unsigned long long)req->key);
+	if ((req->stored && h.stored_len != req->stored) ||
+	    NVME_HDR + (size_t)h.stored_len > req->len)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %u bytes stored, %u expected", slot,
+			       h.stored_len, req->stored);
+	if (h.codec == KVT_CODEC_NONE) {
+		if (XXH3_64bits(req->buf + NVME_HDR, n->block_bytes) != h.sum)
+			return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch", slot);
+		memcpy(req->dst, req->buf + NVME_HDR, n->block_bytes);
+		return 0;
+	}
+	if (!n->scratch && !(n->scratch = malloc(kvt_codec_scratch_bytes(n->block_bytes))))
+		return kvt_err(-ENOMEM, "nvme slot %u: codec scratch", slot);
+	rc = kvt_codec_decode((int)h.codec, n->elem, req->buf + NVME_HDR, h.stored_len, req->dst,
+			      n->block_bytes, n->scratch);
+	if (rc != 0)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
+	if (XXH3_64bits(req->dst, n->block_bytes) != h.sum)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch after decoding",
+			       slot);
 	return 0;
 }
 
@@ -631,16 +835,16 @@ nvme_continue(struct kvt_nvme *n, struct nvme_req *req, size_t got)
 	size_t reached = (req->done + got) & ~(size_t)(NVME_ALIGN - 1);
 
 	if (got == 0)
-		return kvt_err(KVT_ESHORTIO, "nvme %s of slot %u: no progress at byte %u of %zu",
-			       what, req->slot, req->done, n->slot_bytes);
+		return kvt_err(KVT_ESHORTIO, "nvme %s of slot %u: no progress at byte %u of %u",
+			       what, req->slot, req->done, req->len);
 	if (n->closing)
 		return kvt_err(KVT_ESHORTIO, "nvme %s of slot %u: short while closing", what,
 			       req->slot);
 	if (reached == req->done) {
 		if (++req->stalls > KVT_NVME_MAX_STALLS)
 			return kvt_err(KVT_ESHORTIO,
-				       "nvme %s of slot %u: stuck at byte %u of %zu after %u retries",
-				       what, req->slot, req->done, n->slot_bytes, req->stalls - 1);
+				       "nvme %s of slot %u: stuck at byte %u of %u after %u retries",
+				       what, req->slot, req->done, req->len, req->stalls - 1);
 	} else {
 		req->stalls = 0;
 		req->done = (uint32_t)reached;
@@ -655,8 +859,8 @@ nvme_continue(struct kvt_nvme *n, struct nvme_req *req, size_t got)
 static int
 nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
 {
-	size_t left = n->slot_bytes - req->done;
-	uint64_t off = (uint64_t)req->slot * n->slot_bytes + req->done;
+	size_t left = req->len - req->done;
+	uint64_t off = KVT_FMT_SUPER_BYTES + (uint64_t)req->slot * n->slot_bytes + req->done;
 	char eb[128];
 
 	if (n->hooks.on_complete)
@@ -676,10 +880,11 @@ nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme
 		res = 0;
 	} else {
 		res = nvme_verify(n, req);
-		if (res == 0)
-			memcpy(req->dst, req->buf, n->block_bytes);
 	}
 	c->user_data = req->user_data;
+	c->stored = req->is_write ? req->stored : 0;
+	c->codec = req->is_write ? req->codec : 0;
+	c->sum = req->is_write ? req->sum : 0;
 	c->res = res;
 	c->is_write = req->is_write;
 	c->slot = req->slot;
@@ -787,4 +992,70 @@ const char *
 kvt_nvme_path(const struct kvt_nvme *n)
 {
 	return n->path;
+}
+
+uint64_t
+kvt_nvme_epoch(const struct kvt_nvme *n)
+{
+	return n->sb.epoch;
+}
+
+uint64_t
+kvt_nvme_store_id(const struct kvt_nvme *n)
+{
+	return n->sb.store_id;
+}
+
+bool
+kvt_nvme_buffered(const struct kvt_nvme *n)
+{
+	return n->buffered;
+}
+
+bool
+kvt_nvme_persistent(const struct kvt_nvme *n)
+{
+	return n->persist;
+}
+
+int
+kvt_nvme_sync(struct kvt_nvme *n)
+{
+	char eb[128];
+	int e;
+
+	if (fdatasync(n->fd) == 0)
+		return 0;
+	e = errno;
+	return kvt_err(-e, "nvme: fdatasync %s: %s", n->path, nvme_strerror(e, eb, sizeof eb));
+}
+
+int
+kvt_nvme_read_header(struct kvt_nvme *n, uint32_t slot, struct kvt_fmt_blkhdr *h)
+{
+	uint64_t off = KVT_FMT_SUPER_BYTES + (uint64_t)slot * n->slot_bytes;
+	void *buf = NULL;
+	char eb[128];
+	ssize_t r;
+	int e, rc;
+
+	if (slot >= n->n_slots)
+		return kvt_err(KVT_ECORRUPT, "nvme: slot %u out of range (%u slots)", slot,
+			       n->n_slots);
+	if (posix_memalign(&buf, NVME_ALIGN, NVME_ALIGN) != 0)
+		return kvt_err(-ENOMEM, "nvme: header buffer");
+	r = pread(n->fd, buf, NVME_ALIGN, (off_t)off);
+	e = errno;
+	if (r < (ssize_t)NVME_HDR) {
+		free(buf);
+		if (r < 0)
+			return kvt_err(-e, "nvme: reading the header of slot %u: %s", slot,
+				       nvme_strerror(e, eb, sizeof eb));
+		return kvt_err(-EIO, "nvme: short read of the header of slot %u", slot);
+	}
+	rc = kvt_fmt_blkhdr_decode(buf, (size_t)r, h);
+	free(buf);
+	if (rc == 0 && h->slot != slot)
+		rc = kvt_err(KVT_ECORRUPT, "slot %u holds a header of slot %u", slot, h->slot);
+	return rc;
 }
