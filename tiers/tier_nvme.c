@@ -215,6 +215,26 @@ nvme_create_fail(struct kvt_nvme *n, int e, const char *dir, char *err, size_t e
 			      nvme_strerror(e, eb, sizeof eb));
 }
 
+/*
+ * Lock the store against a second process. A process that just died (crash, SIGKILL) may hold the
+ * lock a little longer: its io_uring is torn down asynchronously and keeps the file open until
+ * its IO finished, so a restart retries for up to NVME_LOCK_WAIT_MS before calling it in use.
+ */
+#define NVME_LOCK_WAIT_MS 3000
+static int
+nvme_lock(int fd)
+{
+	struct timespec ts = { 0, 5 * 1000 * 1000 };
+
+	for (int waited = 0;; waited += 5) {
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+			return 0;
+		if (errno != EWOULDBLOCK || waited >= NVME_LOCK_WAIT_MS)
+			return -1;
+		nanosleep(&ts, NULL);
+	}
+}
+
 static int
 nvme_create_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, size_t errlen)
 {
@@ -246,7 +266,7 @@ nvme_create_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, s
 	if (fd < 0)
 		return nvme_create_fail(n, e, dir, err, errlen);
 	n->fd = fd;
-	if (n->persist && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+	if (n->persist && nvme_lock(fd) != 0) {
 		e = errno;
 		return nvme_open_fail(e == EWOULDBLOCK ? -EBUSY : -e, err, errlen,
 				      "nvme store %s is in use by another process", n->path);
