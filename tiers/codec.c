@@ -12,6 +12,9 @@
 #include <string.h>
 
 #include <lz4.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "engine/error.h"
 #include "tiers/codec.h"
@@ -63,58 +66,172 @@ codec_elem(size_t elem)
 	return elem == 2 || elem == 4 || elem == 8 ? elem : 1;
 }
 
+/* One group of 8 elements (index @g of @groups), scalar. */
+static void
+codec_bitshuffle_group(const uint8_t *s, uint8_t *d, size_t g, size_t groups, size_t elem)
+{
+	const uint8_t *e = s + g * 8 * elem;
+
+	for (size_t k = 0; k < elem; k++) {
+		uint64_t x = 0;
+
+		for (size_t i = 0; i < 8; i++)
+			x |= (uint64_t)e[i * elem + k] << (8 * i);
+		x = codec_t8(x);
+		/* plane p = (elem-1-k)*8 + (7-i): most significant byte and bit first */
+		for (size_t i = 0; i < 8; i++)
+			d[((elem - 1 - k) * 8 + (7 - i)) * groups + g] = (uint8_t)(x >> (8 * i));
+	}
+}
+
+#if defined(__SSE2__)
+/* Byte-plane @v (byte i = a byte of element i of 16) into the 8 bit planes of byte index @k:
+ * movemask takes bit 7 of every byte, so planes come out most significant bit first, exactly
+ * as the scalar transpose writes them (element j of a group at bit j). */
+static inline void
+codec_planes16(__m128i v, uint8_t *d, size_t k, size_t elem, size_t g, size_t groups)
+{
+	for (size_t b = 0; b < 8; b++) {
+		uint16_t m = (uint16_t)_mm_movemask_epi8(v);
+
+		memcpy(d + ((elem - 1 - k) * 8 + b) * groups + g, &m, 2);
+		v = _mm_add_epi8(v, v);
+	}
+}
+
+/* Groups g and g+1 (16 elements) of 2- or 4-byte elements with SSE2. */
+static void
+codec_bitshuffle16(const uint8_t *s, uint8_t *d, size_t g, size_t groups, size_t elem)
+{
+	const uint8_t *e = s + g * 8 * elem;
+
+	if (elem == 2) {
+		__m128i a = _mm_loadu_si128((const __m128i *)e);
+		__m128i b = _mm_loadu_si128((const __m128i *)(e + 16));
+		__m128i m = _mm_set1_epi16(0xff);
+
+		codec_planes16(_mm_packus_epi16(_mm_and_si128(a, m), _mm_and_si128(b, m)), d, 0,
+			       elem, g, groups);
+		codec_planes16(_mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)), d, 1,
+			       elem, g, groups);
+		return;
+	}
+	__m128i a[4], m = _mm_set1_epi32(0xff);
+
+	for (int i = 0; i < 4; i++)
+		a[i] = _mm_loadu_si128((const __m128i *)(e + 16 * i));
+	for (size_t k = 0; k < 4; k++) {
+		__m128i w[4];
+
+		for (int i = 0; i < 4; i++)
+			w[i] = _mm_and_si128(_mm_srl_epi32(a[i], _mm_cvtsi32_si128((int)(8 * k))), m);
+		codec_planes16(_mm_packus_epi16(_mm_packs_epi32(w[0], w[1]),
+						_mm_packs_epi32(w[2], w[3])),
+			       d, k, elem, g, groups);
+	}
+}
+#endif
+
 void
 kvt_bitshuffle(const void *src, void *dst, size_t n, size_t elem)
 {
 	const uint8_t *s = src;
 	uint8_t *d = dst;
-	size_t groups, g, k, i, gbytes;
+	size_t groups, g = 0;
 
 	elem = codec_elem(elem);
-	gbytes = 8 * elem;
-	groups = n / gbytes;
-	for (g = 0; g < groups; g++) {
-		const uint8_t *e = s + g * gbytes;
-
-		for (k = 0; k < elem; k++) {
-			uint64_t x = 0;
-
-			for (i = 0; i < 8; i++)
-				x |= (uint64_t)e[i * elem + k] << (8 * i);
-			x = codec_t8(x);
-			/* plane p = (elem-1-k)*8 + (7-i): most significant byte and bit first */
-			for (i = 0; i < 8; i++)
-				d[((elem - 1 - k) * 8 + (7 - i)) * groups + g] = (uint8_t)(x >> (8 * i));
-		}
-	}
-	memcpy(d + groups * gbytes, s + groups * gbytes, n - groups * gbytes);
+	groups = n / (8 * elem);
+#if defined(__SSE2__)
+	if (elem == 2 || elem == 4)
+		for (; g + 1 < groups; g += 2)
+			codec_bitshuffle16(s, d, g, groups, elem);
+#endif
+	for (; g < groups; g++)
+		codec_bitshuffle_group(s, d, g, groups, elem);
+	memcpy(d + groups * 8 * elem, s + groups * 8 * elem, n - groups * 8 * elem);
 }
+
+/* One group of 8 elements, scalar inverse. */
+static void
+codec_bitunshuffle_group(const uint8_t *s, uint8_t *d, size_t g, size_t groups, size_t elem)
+{
+	uint8_t *e = d + g * 8 * elem;
+
+	for (size_t k = 0; k < elem; k++) {
+		uint64_t x = 0;
+
+		for (size_t i = 0; i < 8; i++)
+			x |= (uint64_t)s[((elem - 1 - k) * 8 + (7 - i)) * groups + g] << (8 * i);
+		x = codec_t8(x);
+		for (size_t i = 0; i < 8; i++)
+			e[i * elem + k] = (uint8_t)(x >> (8 * i));
+	}
+}
+
+#if defined(__SSE2__)
+/* The inverse of codec_planes16: byte i of the result = byte k of element i of 16. */
+static inline __m128i
+codec_unplanes16(const uint8_t *s, size_t k, size_t elem, size_t g, size_t groups)
+{
+	const __m128i sel = _mm_set_epi8((char)0x80, 0x40, 0x20, 0x10, 8, 4, 2, 1, (char)0x80,
+					 0x40, 0x20, 0x10, 8, 4, 2, 1);
+	__m128i acc = _mm_setzero_si128();
+
+	for (size_t b = 0; b < 8; b++) {
+		const uint8_t *p = s + ((elem - 1 - k) * 8 + b) * groups + g;
+		__m128i m = _mm_set_epi64x((int64_t)(0x0101010101010101ull * p[1]),
+					   (int64_t)(0x0101010101010101ull * p[0]));
+		__m128i on = _mm_cmpeq_epi8(_mm_and_si128(m, sel), sel);
+
+		acc = _mm_or_si128(acc, _mm_and_si128(on, _mm_set1_epi8((char)(0x80 >> b))));
+	}
+	return acc;
+}
+
+static void
+codec_bitunshuffle16(const uint8_t *s, uint8_t *d, size_t g, size_t groups, size_t elem)
+{
+	uint8_t *e = d + g * 8 * elem;
+
+	if (elem == 2) {
+		__m128i lo = codec_unplanes16(s, 0, elem, g, groups);
+		__m128i hi = codec_unplanes16(s, 1, elem, g, groups);
+
+		_mm_storeu_si128((__m128i *)e, _mm_unpacklo_epi8(lo, hi));
+		_mm_storeu_si128((__m128i *)(e + 16), _mm_unpackhi_epi8(lo, hi));
+		return;
+	}
+	__m128i b0 = codec_unplanes16(s, 0, elem, g, groups);
+	__m128i b1 = codec_unplanes16(s, 1, elem, g, groups);
+	__m128i b2 = codec_unplanes16(s, 2, elem, g, groups);
+	__m128i b3 = codec_unplanes16(s, 3, elem, g, groups);
+	__m128i l01 = _mm_unpacklo_epi8(b0, b1), h01 = _mm_unpackhi_epi8(b0, b1);
+	__m128i l23 = _mm_unpacklo_epi8(b2, b3), h23 = _mm_unpackhi_epi8(b2, b3);
+
+	_mm_storeu_si128((__m128i *)e, _mm_unpacklo_epi16(l01, l23));
+	_mm_storeu_si128((__m128i *)(e + 16), _mm_unpackhi_epi16(l01, l23));
+	_mm_storeu_si128((__m128i *)(e + 32), _mm_unpacklo_epi16(h01, h23));
+	_mm_storeu_si128((__m128i *)(e + 48), _mm_unpackhi_epi16(h01, h23));
+}
+#endif
 
 void
 kvt_bitunshuffle(const void *src, void *dst, size_t n, size_t elem)
 {
 	const uint8_t *s = src;
 	uint8_t *d = dst;
-	size_t groups, g, k, i, gbytes;
+	size_t groups, g = 0;
 
 	elem = codec_elem(elem);
-	gbytes = 8 * elem;
-	groups = n / gbytes;
-	for (g = 0; g < groups; g++) {
-		uint8_t *e = d + g * gbytes;
-
-		for (k = 0; k < elem; k++) {
-			uint64_t x = 0;
-
-			for (i = 0; i < 8; i++)
-				x |= (uint64_t)s[((elem - 1 - k) * 8 + (7 - i)) * groups + g]
-				     << (8 * i);
-			x = codec_t8(x);
-			for (i = 0; i < 8; i++)
-				e[i * elem + k] = (uint8_t)(x >> (8 * i));
-		}
-	}
-	memcpy(d + groups * gbytes, s + groups * gbytes, n - groups * gbytes);
+	groups = n / (8 * elem);
+#if defined(__SSE2__)
+	if (elem == 2 || elem == 4)
+		for (; g + 1 < groups; g += 2)
+			codec_bitunshuffle16(s, d, g, groups, elem);
+#endif
+	for (; g < groups; g++)
+		codec_bitunshuffle_group(s, d, g, groups, elem);
+	memcpy(d + groups * 8 * elem, s + groups * 8 * elem, n - groups * 8 * elem);
 }
 
 void
