@@ -165,7 +165,8 @@ struct kvt_engine_opts {
 	uint64_t hbm_bytes;        /* HBM tier capacity in bytes; required (>= one block) */
 	uint64_t host_bytes;       /* HOST tier capacity in bytes; 0 = no HOST tier */
 	const char *nvme_dir;      /* directory for the NVME tier's slot file; NULL = no NVME tier.
-	                              Copied; the file is created mode 0600 and removed on destroy */
+	                              Copied; the file is created mode 0600 and removed on destroy
+	                              (kept when nvme_persist) */
 	uint64_t nvme_bytes;       /* NVME tier capacity in bytes (0 with nvme_dir = error) */
 	enum kvt_device_kind device; /* default KVT_DEVICE_EMULATED */
 	int cuda_device;           /* CUDA device ordinal (KVT_DEVICE_CUDA only); default 0 */
@@ -215,14 +216,16 @@ struct kvt_engine; /* opaque */
  * @out: receives the engine; set to NULL on failure.
  * Returns 0, -EINVAL (bad layout or sizes: each with a message), -ENOMEM, -ENOENT/-EACCES/
  * -ENOTDIR (nvme_dir unusable), KVT_ENOTSUP (CUDA asked for in a build without it),
- * KVT_EDEVICE (device error).
+ * KVT_EDEVICE (device error), KVT_EFORMAT (nvme_persist: the store in nvme_dir was made for
+ * another layout, codec, capacity or format version; the message names the difference),
+ * -EBUSY (nvme_persist: another process uses that store).
  * Capacities are rounded down to whole slots; each tier present must hold at least one block.
  */
 KVT_API int kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out);
 
 /**
  * kvt_engine_destroy() - wait for every transfer in flight, free all tiers, remove the NVME
- * file. Every sequence and batch of @e becomes invalid. NULL is accepted. Not to be called
+ * file (with nvme_persist: publish the sessions whose park to NVMe completed, keep the store). Every sequence and batch of @e becomes invalid. NULL is accepted. Not to be called
  * concurrently with any other call on @e.
  */
 KVT_API void kvt_engine_destroy(struct kvt_engine *e);
