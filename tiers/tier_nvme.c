@@ -57,6 +57,20 @@ struct nvme_req {
 	uint32_t stalls;    /* consecutive pieces that did not reach the next 4 KiB boundary */
 	uint32_t index;     /* position in reqs[], also the registered buffer index */
 	bool is_write;      /* write (true) or read */
+	bool busy;          /* taken off the free stack */
+	uint8_t parked;     /* enum nvme_parked: where a request not in the kernel's hands is */
+	int delayed_res;    /* NVME_DELAYED: the result to hand in later */
+	uint64_t delay_gen; /* NVME_DELAYED: reap generation it was delayed in */
+	uint64_t deadline;  /* ns (CLOCK_MONOTONIC) by which its current piece must complete */
+};
+
+/* A busy request is in the SQ, in the kernel, or parked in one of these states. */
+enum nvme_parked {
+	NVME_ACTIVE = 0,    /* queued or in the kernel */
+	NVME_DELAYED = 1,   /* its CQE was kept back by the fate hook: handed in at a later reap */
+	NVME_LOST = 2,      /* its CQE was dropped by the fate hook: it will time out */
+	NVME_ABANDONED = 3, /* timed out while the kernel holds it: recycled if its CQE comes */
+	NVME_RETIRED = 4,   /* timed out after its CQE was lost: never used again */
 };
 
 struct kvt_nvme {
@@ -83,6 +97,14 @@ struct kvt_nvme {
 	uint32_t qd;                       /* queue depth: requests and staging buffers */
 	uint32_t n_free;                   /* entries of free_stack in use */
 	uint32_t queued;                   /* SQEs prepared but not yet taken by the kernel */
+	uint32_t n_parked;                 /* busy requests not in the kernel: DELAYED, LOST,
+	                                      RETIRED */
+	uint32_t n_delayed;                /* of those, DELAYED */
+	uint32_t n_lost;                   /* of those, LOST */
+	uint32_t n_retired;                /* of those, RETIRED */
+	uint32_t n_abandoned;              /* busy requests ABANDONED (still in the kernel) */
+	uint64_t reap_gen;                 /* kvt_nvme_reap calls so far */
+	uint64_t timeout_ns;               /* IO piece deadline */
 	uint32_t *free_stack;              /* [qd] indices of free requests */
 	struct nvme_req *reqs;             /* [qd] request contexts */
 	uint8_t *arena;                    /* [qd][slot_bytes] staging, 4 KiB aligned */
@@ -568,6 +590,8 @@ kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, s
 	n->elem = kvt_dtype_size(o->layout.dtype);
 	if (o->hooks)
 		n->hooks = *o->hooks;
+	n->timeout_ns = (uint64_t)(n->hooks.io_timeout_ms ? n->hooks.io_timeout_ms
+							  : KVT_NVME_IO_TIMEOUT_MS) * 1000000ull;
 	r = nvme_create_file(n, o, err, errlen);
 	if (r == 0)
 		r = nvme_setup_file(n, o, err, errlen);
@@ -619,7 +643,16 @@ nvme_flush_soft(struct kvt_nvme *n)
 static uint32_t
 nvme_in_kernel(const struct kvt_nvme *n)
 {
-	return n->qd - n->n_free - n->queued;
+	return n->qd - n->n_free - n->queued - n->n_parked;
+}
+
+static uint64_t
+nvme_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* Queue one SQE for the rest of @req's IO: bytes [done, len) of its slot. */
@@ -650,6 +683,7 @@ nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
 	if (n->fixed_file)
 		io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
 	io_uring_sqe_set_data(sqe, req);
+	req->deadline = nvme_now_ns() + n->timeout_ns;
 	n->queued++;
 	return 0;
 }
@@ -666,10 +700,15 @@ nvme_req_get(struct kvt_nvme *n, uint32_t slot, const void *buf, const char *wha
 	if (slot >= n->n_slots)
 		return kvt_err(-EINVAL, "nvme %s: slot %u out of range (%u slots)", what, slot,
 			       n->n_slots);
+	if (n->n_free == 0 && kvt_nvme_inflight(n) == 0)
+		return kvt_err(-EIO, "nvme %s: every staging buffer is held by an IO that timed out",
+			       what);
 	if (n->n_free == 0)
 		return kvt_err(-EAGAIN, "nvme %s: all %u staging buffers busy; reap first", what,
 			       n->qd);
 	req = &n->reqs[n->free_stack[--n->n_free]];
+	req->busy = true;
+	req->parked = NVME_ACTIVE;
 	req->slot = slot;
 	req->done = 0;
 	req->stalls = 0;
@@ -681,6 +720,7 @@ nvme_req_get(struct kvt_nvme *n, uint32_t slot, const void *buf, const char *wha
 static void
 nvme_req_put(struct kvt_nvme *n, struct nvme_req *req)
 {
+	req->busy = false;
 	n->free_stack[n->n_free++] = req->index;
 }
 
@@ -918,9 +958,131 @@ nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme
 	return 1;
 }
 
+/* Fill @c for a completion of @req with @res (no verification: failures and timeouts). */
+static void
+nvme_fill(const struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
+{
+	memset(c, 0, sizeof *c);
+	c->user_data = req->user_data;
+	c->res = res;
+	c->is_write = req->is_write;
+	c->slot = req->slot;
+}
+
+/*
+ * One CQE of @req arrived: recycle an abandoned request, apply the fate hook (lose, delay), or
+ * interpret it. Returns the completions written to @c (0 or 1).
+ */
+static int
+nvme_cqe(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
+{
+	int fate;
+
+	if (req->parked == NVME_ABANDONED) {
+		/* its timeout was reported long ago: the buffer is the kernel's no more */
+		n->n_abandoned--;
+		req->parked = NVME_ACTIVE;
+		nvme_req_put(n, req);
+		return 0;
+	}
+	fate = n->hooks.fate ? n->hooks.fate(n->hooks.arg, req->is_write, req->slot) : 0;
+	if (fate == KVT_NVME_FATE_LOSE) {
+		req->parked = NVME_LOST;
+		n->n_parked++;
+		n->n_lost++;
+		return 0;
+	}
+	if (fate == KVT_NVME_FATE_DELAY) {
+		req->parked = NVME_DELAYED;
+		req->delayed_res = res;
+		req->delay_gen = n->reap_gen;
+		n->n_parked++;
+		n->n_delayed++;
+		return 0;
+	}
+	return nvme_complete(n, req, res, c);
+}
+
+/* Hand in delayed CQEs (those kept back before this reap, or all with @all). */
+static uint32_t
+nvme_deliver_delayed(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool all)
+{
+	uint32_t got = 0;
+
+	for (uint32_t i = 0; i < n->qd && n->n_delayed && got < max; i++) {
+		struct nvme_req *req = &n->reqs[i];
+
+		if (!req->busy || req->parked != NVME_DELAYED ||
+		    (!all && req->delay_gen >= n->reap_gen))
+			continue;
+		req->parked = NVME_ACTIVE;
+		n->n_parked--;
+		n->n_delayed--;
+		got += (uint32_t)nvme_complete(n, req, req->delayed_res, &out[got]);
+	}
+	return got;
+}
+
+/* Time out IO pieces past their deadline (only while nothing waits in the SQ). */
+static uint32_t
+nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
+{
+	uint64_t now = nvme_now_ns();
+	uint32_t got = 0;
+
+	for (uint32_t i = 0; i < n->qd && n->queued == 0 && got < max; i++) {
+		struct nvme_req *req = &n->reqs[i];
+
+		if (!req->busy || req->deadline > now ||
+		    (req->parked != NVME_ACTIVE && req->parked != NVME_LOST))
+			continue;
+		kvt_err(-ETIMEDOUT, "nvme %s of slot %u: no completion within %llu ms",
+			req->is_write ? "write" : "read", req->slot,
+			(unsigned long long)(n->timeout_ns / 1000000));
+		nvme_fill(req, -ETIMEDOUT, &out[got++]);
+		if (req->parked == NVME_LOST) {
+			n->n_lost--;
+			n->n_retired++;
+			req->parked = NVME_RETIRED; /* stays counted in n_parked */
+		} else {
+			n->n_abandoned++;
+			req->parked = NVME_ABANDONED;
+		}
+	}
+	return got;
+}
+
+/* How long a waiting reap may sleep: until the earliest deadline of an IO that can time out. */
+static void
+nvme_wait_span(const struct kvt_nvme *n, struct __kernel_timespec *ts)
+{
+	uint64_t now = nvme_now_ns(), first = UINT64_MAX, d;
+
+	for (uint32_t i = 0; i < n->qd; i++) {
+		const struct nvme_req *req = &n->reqs[i];
+
+		if (req->busy && (req->parked == NVME_ACTIVE || req->parked == NVME_LOST) &&
+		    req->deadline < first)
+			first = req->deadline;
+	}
+	d = first == UINT64_MAX ? n->timeout_ns : first > now ? first - now : 0;
+	if (d < 1000000)
+		d = 1000000; /* at least 1 ms */
+	ts->tv_sec = (long long)(d / 1000000000ull);
+	ts->tv_nsec = (long long)(d % 1000000000ull);
+}
+
+/* Whether a waiting reap has anything to wait for (a CQE that can come, or a deadline). */
+static bool
+nvme_waitable(const struct kvt_nvme *n)
+{
+	return nvme_in_kernel(n) > n->n_abandoned || n->n_lost > 0;
+}
+
 int
 kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool wait)
 {
+	struct __kernel_timespec ts;
 	struct io_uring_cqe *cqe;
 	struct nvme_req *req;
 	uint32_t got = 0;
@@ -932,15 +1094,22 @@ kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool w
 	r = nvme_flush_soft(n);
 	if (r < 0)
 		return r;
+	if (n->n_delayed)
+		got += nvme_deliver_delayed(n, out, max, false);
+	n->reap_gen++;
 	while (got < max) {
 		r = io_uring_peek_cqe(&n->ring, &cqe);
 		if (r == -EAGAIN) {
-			/* Nothing ready: block only if asked to, nothing was reaped yet, and the
-			 * kernel holds an IO that will complete. */
-			if (!wait || got > 0 || nvme_in_kernel(n) == 0)
+			/* Nothing ready: time out what is overdue; block only if asked to, nothing
+			 * was reaped yet, and an IO can still complete or time out. */
+			got += nvme_expire(n, out + got, max - got);
+			if (wait && got == 0 && n->n_delayed)
+				got += nvme_deliver_delayed(n, out, max, true);
+			if (!wait || got > 0 || !nvme_waitable(n))
 				break;
-			r = io_uring_wait_cqe(&n->ring, &cqe);
-			if (r == -EINTR)
+			nvme_wait_span(n, &ts);
+			r = io_uring_wait_cqe_timeout(&n->ring, &cqe, &ts);
+			if (r == -EINTR || r == -ETIME)
 				continue;
 		}
 		if (r < 0) {
@@ -954,7 +1123,7 @@ kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool w
 		io_uring_cqe_seen(&n->ring, cqe);
 		if (!req)
 			continue;
-		got += (uint32_t)nvme_complete(n, req, res, &out[got]);
+		got += (uint32_t)nvme_cqe(n, req, res, &out[got]);
 		/* A continued short IO queued an SQE: hand it over before we may wait. */
 		r = nvme_flush_soft(n);
 		if (r < 0)
@@ -973,7 +1142,9 @@ kvt_nvme_close(struct kvt_nvme *n)
 	if (!n)
 		return;
 	n->closing = true;
-	while (n->n_free < n->qd) {
+	/* retired requests' CQEs were consumed (only the fate hook loses them): their buffers are
+	 * free of the kernel; abandoned ones may still be written by it */
+	while (n->n_free + n->n_retired < n->qd) {
 		r = kvt_nvme_reap(n, sink, NVME_CLOSE_BATCH, true);
 		if (r > 0)
 			continue;
@@ -1005,7 +1176,7 @@ kvt_nvme_slot_bytes(const struct kvt_nvme *n)
 uint32_t
 kvt_nvme_inflight(const struct kvt_nvme *n)
 {
-	return n->qd - n->n_free;
+	return n->qd - n->n_free - n->n_retired - n->n_abandoned;
 }
 
 uint32_t

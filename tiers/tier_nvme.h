@@ -24,6 +24,9 @@
  * submit time (the caller's buffer may be reused at once); a read copies into the caller's
  * buffer only after verification, in kvt_nvme_reap(). No memory is allocated per IO.
  *
+ * Completions that do not come are timed out (KVT_NVME_IO_TIMEOUT_MS, -ETIMEDOUT); waiting for
+ * them uses io_uring_wait_cqe_timeout up to the earliest deadline, never a busy loop.
+ *
  * Short reads and writes are continued from where they stopped, rounded down to 4 KiB because
  * O_DIRECT needs aligned offsets (re-transferring a few bytes is harmless). A completion of 0
  * bytes fails with KVT_ESHORTIO at once; one that does not advance a 4 KiB boundary is retried
@@ -62,7 +65,22 @@ struct kvt_nvme_fault_hooks {
 	void (*on_complete)(void *arg, bool is_write, uint32_t slot, void *buf, size_t len,
 			    uint64_t off, int *res);
 	void *arg;
+	/* Called first for every CQE (NULL: always normal). KVT_NVME_FATE_LOSE drops the CQE as if
+	 * the kernel never posted it: the IO then times out. KVT_NVME_FATE_DELAY keeps it and hands
+	 * it in at a later reap: a late, reordered completion. */
+	int (*fate)(void *arg, bool is_write, uint32_t slot);
+	uint32_t io_timeout_ms; /* deadline of one IO piece; 0 = KVT_NVME_IO_TIMEOUT_MS */
 };
+
+enum { KVT_NVME_FATE_NORMAL = 0, KVT_NVME_FATE_LOSE = 1, KVT_NVME_FATE_DELAY = 2 };
+
+/*
+ * An IO piece whose completion has not come within this time is completed with -ETIMEDOUT. Its
+ * staging buffer stays out of use until the kernel's completion arrives after all (then it is
+ * recycled silently); one that never arrives is leaked at close rather than freed under the
+ * kernel. A late write cannot harm: its write key no longer matches the slot's next owner.
+ */
+#define KVT_NVME_IO_TIMEOUT_MS 30000u
 
 struct kvt_nvme_opts {
 	const char *dir;            /* directory; must exist and be writable */
@@ -126,9 +144,11 @@ void kvt_nvme_close(struct kvt_nvme *n);
 uint32_t kvt_nvme_n_slots(const struct kvt_nvme *n);
 /** Bytes one slot takes in the file: round_up(block_bytes + 128, 4096). */
 size_t kvt_nvme_slot_bytes(const struct kvt_nvme *n);
-/** IOs submitted whose completion has not been returned by kvt_nvme_reap() yet. */
+/** IOs submitted whose completion has not been returned by kvt_nvme_reap() yet (timed-out ones
+ * excluded: their completion was returned, -ETIMEDOUT). */
 uint32_t kvt_nvme_inflight(const struct kvt_nvme *n);
-/** Free staging buffers: a submit when this is 0 returns -EAGAIN (reap first). */
+/** Free staging buffers: a submit when this is 0 returns -EAGAIN (reap first). Timed-out IOs
+ * keep theirs until the kernel completes them after all. */
 uint32_t kvt_nvme_free_qd(const struct kvt_nvme *n);
 
 /**
