@@ -363,6 +363,66 @@ test_bitflip_codec(void **state)
 	tsup_rmdir(dir);
 }
 
+static int fate_mode; /* 1: delay every other CQE; 2: lose every read's; 3: lose writes' */
+static unsigned fate_seen;
+
+static int
+fate_engine(void *arg, bool is_write, uint32_t slot)
+{
+	(void)arg;
+	(void)slot;
+	fate_seen++;
+	if (fate_mode == 1 && fate_seen % 2)
+		return KVT_NVME_FATE_DELAY;
+	if ((fate_mode == 2 && !is_write) || (fate_mode == 3 && is_write))
+		return KVT_NVME_FATE_LOSE;
+	return KVT_NVME_FATE_NORMAL;
+}
+
+/* Late completions change nothing; a lost read completion is a clean KVT_ELOST (recompute), a
+ * lost write leaves the blocks where they were; no hang, the engine stays consistent. */
+static void
+test_lost_and_late_completions(void **state)
+{
+	static const struct kvt_nvme_fault_hooks hooks = { .fate = fate_engine,
+							   .io_timeout_ms = 50 };
+	struct scfg c = { .codec = KVT_CODEC_SHUF_LZ4 };
+	struct kvt_stats st = { .size = sizeof st };
+	struct kvt_seq_info info;
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+
+	(void)state;
+	kvt_test_nvme_hooks = &hooks;
+	e = store_engine_ok(dir, &c);
+	kvt_test_nvme_hooks = NULL;
+	fate_mode = 1;
+	a = park_session(e, 1, 1, 24);
+	assert_int_equal(kvt_seq_resume(e, a), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	/* lost writes: -ETIMEDOUT, the blocks stay in HOST/HBM, nothing lost */
+	fate_mode = 3;
+	b = park_session(e, 2, 2, 8);
+	assert_int_equal(kvt_seq_info(e, b, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_NVME], 0);
+	assert_true(info.blocks_in[KVT_TIER_HOST] + info.blocks_in[KVT_TIER_HBM] >= info.n_blocks);
+	fate_mode = 0;
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	/* lost reads: the blocks are lost, the caller is told, nothing wrong is served */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	fate_mode = 2;
+	assert_int_equal(tsup_verify(e, a, 1), KVT_ELOST);
+	fate_mode = 0;
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	assert_true(st.io_errors >= 3);
+	assert_true(st.blocks_lost > 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 static void
 test_torn_journal_tail(void **state)
 {
@@ -396,6 +456,7 @@ main(void)
 		cmocka_unit_test(test_close_drop_and_full),
 		cmocka_unit_test(test_bitflip_codec),
 		cmocka_unit_test(test_torn_journal_tail),
+		cmocka_unit_test(test_lost_and_late_completions),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
