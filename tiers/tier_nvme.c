@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -62,6 +63,7 @@ struct nvme_req {
 	int delayed_res;    /* NVME_DELAYED: the result to hand in later */
 	uint64_t delay_gen; /* NVME_DELAYED: reap generation it was delayed in */
 	uint64_t deadline;  /* ns (CLOCK_MONOTONIC) by which its current piece must complete */
+	struct kvt_nvme_wmeta meta; /* writes handed to the encoder: the header's fields */
 };
 
 /* A busy request is in the SQ, in the kernel, or parked in one of these states. */
@@ -71,6 +73,7 @@ enum nvme_parked {
 	NVME_LOST = 2,      /* its CQE was dropped by the fate hook: it will time out */
 	NVME_ABANDONED = 3, /* timed out while the kernel holds it: recycled if its CQE comes */
 	NVME_RETIRED = 4,   /* timed out after its CQE was lost: never used again */
+	NVME_ENCODING = 5,  /* a write waiting for (or in) the encoder thread */
 };
 
 struct kvt_nvme {
@@ -104,11 +107,29 @@ struct kvt_nvme {
 	uint32_t n_retired;                /* of those, RETIRED */
 	uint32_t n_abandoned;              /* busy requests ABANDONED (still in the kernel) */
 	uint64_t reap_gen;                 /* kvt_nvme_reap calls so far */
+	/* The encoder thread (codec on): writes are copied to staging at submit, encoded there by
+	 * the thread, which then queues and submits their SQEs. mu guards the SQ, queued,
+	 * n_encoding, the encode queue and every request's fields between the two threads; the
+	 * engine thread holds it while it submits or reaps (not while it waits). */
+	pthread_mutex_t mu;                /* see above */
+	bool mu_ok;                        /* mu initialised */
+	pthread_cond_t enc_cv;             /* signalled when enc_q gets work or enc_stop is set */
+	bool enc_on;                       /* the encoder thread runs */
+	bool enc_stop;                     /* asks it to exit */
+	pthread_t enc_thr;                 /* the thread */
+	uint32_t *enc_q;                   /* [qd] ring of request indices to encode */
+	uint32_t enc_head, enc_n;          /* ring head and length */
+	uint32_t n_encoding;               /* busy requests NVME_ENCODING */
+	uint8_t *dscratch;                 /* decode scratch (reaping thread) */
 	uint64_t timeout_ns;               /* IO piece deadline */
 	uint32_t *free_stack;              /* [qd] indices of free requests */
 	struct nvme_req *reqs;             /* [qd] request contexts */
 	uint8_t *arena;                    /* [qd][slot_bytes] staging, 4 KiB aligned */
 };
+
+static void *nvme_enc_main(void *arg);
+static int nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+				   uint32_t stored, uint64_t user_data);
 
 /* ---- open ---------------------------------------------------------------------------------- */
 
@@ -463,6 +484,9 @@ nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
 		if (!n->scratch || !n->enc)
 			return nvme_open_fail(-ENOMEM, err, errlen, "nvme: codec buffers");
 	}
+	n->enc_q = malloc((size_t)n->qd * sizeof *n->enc_q);
+	if (!n->enc_q)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: encode queue");
 	n->reqs = calloc(n->qd, sizeof *n->reqs);
 	n->free_stack = malloc((size_t)n->qd * sizeof *n->free_stack);
 	if (!n->reqs || !n->free_stack)
@@ -519,6 +543,12 @@ nvme_free(struct kvt_nvme *n, bool free_arena)
 		free(n->arena);
 	free(n->scratch);
 	free(n->enc);
+	free(n->dscratch);
+	free(n->enc_q);
+	if (n->mu_ok) {
+		pthread_mutex_destroy(&n->mu);
+		pthread_cond_destroy(&n->enc_cv);
+	}
 	free(n->reqs);
 	free(n->free_stack);
 	free(n->path);
@@ -580,6 +610,9 @@ kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, s
 	if (!n)
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: tier object");
 	n->fd = -1;
+	pthread_mutex_init(&n->mu, NULL);
+	pthread_cond_init(&n->enc_cv, NULL);
+	n->mu_ok = true;
 	n->block_bytes = o->block_bytes;
 	n->slot_bytes = slot_bytes;
 	n->n_slots = n_slots;
@@ -604,6 +637,10 @@ kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, s
 		return r;
 	}
 	n->unlink_on_free = false;
+	/* the codec runs on a thread of its own when the ring can wait with a timeout without
+	 * using the SQ (IORING_FEAT_EXT_ARG): the SQ is then shared with that thread under mu */
+	if (n->codec != KVT_CODEC_NONE && (n->ring.features & IORING_FEAT_EXT_ARG))
+		n->enc_on = pthread_create(&n->enc_thr, NULL, nvme_enc_main, n) == 0;
 	*out = n;
 	return 0;
 }
@@ -643,7 +680,7 @@ nvme_flush_soft(struct kvt_nvme *n)
 static uint32_t
 nvme_in_kernel(const struct kvt_nvme *n)
 {
-	return n->qd - n->n_free - n->queued - n->n_parked;
+	return n->qd - n->n_free - n->queued - n->n_parked - n->n_encoding;
 }
 
 static uint64_t
@@ -736,28 +773,39 @@ nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
  * Fill @req's staging buffer: the block (encoded when that pays) after the header, zero padding
  * to the IO length, and the header. Sets req->len, stored, codec, sum.
  */
+/*
+ * Fill @req's staging buffer: the block @raw (encoded when that pays) after the header, zero
+ * padding to the IO length, and the header. @raw may be the staging buffer's payload area itself
+ * (encoder thread); then @encbuf (block_bytes) receives the encoding first. Sets req->len, stored,
+ * codec, sum.
+ */
 static void
-nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *src,
-	  const struct kvt_nvme_wmeta *m)
+nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
+	  const struct kvt_nvme_wmeta *m, uint8_t *scratch, uint8_t *encbuf)
 {
+	uint8_t *payload = req->buf + NVME_HDR;
+	uint8_t *eout = raw == payload ? encbuf : payload;
 	struct kvt_fmt_blkhdr h;
 	int64_t enc = 0;
 
 	memset(&h, 0, sizeof h);
-	h.sum = XXH3_64bits(src, n->block_bytes);
+	h.sum = XXH3_64bits(raw, n->block_bytes);
 	if (n->codec != KVT_CODEC_NONE)
-		enc = kvt_codec_encode(n->codec, n->elem, src, n->block_bytes, req->buf + NVME_HDR,
-				       n->block_bytes, n->scratch, n->min_saving);
+		enc = kvt_codec_encode(n->codec, n->elem, raw, n->block_bytes, eout, n->block_bytes,
+				       scratch, n->min_saving);
 	if (enc > 0) {
+		if (eout != payload)
+			memcpy(payload, eout, (size_t)enc);
 		h.codec = (uint32_t)n->codec;
 		h.stored_len = (uint32_t)enc;
 	} else {
-		memcpy(req->buf + NVME_HDR, src, n->block_bytes);
+		if (raw != payload)
+			memcpy(payload, raw, n->block_bytes);
 		h.codec = KVT_CODEC_NONE;
 		h.stored_len = (uint32_t)n->block_bytes;
 	}
 	req->len = nvme_io_len(n, h.stored_len);
-	memset(req->buf + NVME_HDR + h.stored_len, 0, req->len - NVME_HDR - h.stored_len);
+	memset(payload + h.stored_len, 0, req->len - NVME_HDR - h.stored_len);
 	h.slot = req->slot;
 	h.key = m->key;
 	h.session = m->session;
@@ -770,9 +818,63 @@ nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *src,
 	req->sum = h.sum;
 }
 
-int
-kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
-			   const struct kvt_nvme_wmeta *m, uint64_t user_data)
+/* Wake a reaper blocked in the CQ wait (a NOP completes at once; its CQE carries no request). */
+static void
+nvme_poke(struct kvt_nvme *n)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&n->ring);
+
+	if (!sqe)
+		return;
+	io_uring_prep_nop(sqe);
+	io_uring_sqe_set_data(sqe, NULL);
+	n->queued++;
+	(void)nvme_flush(n);
+}
+
+/* The encoder thread: encode queued writes in their staging buffers, then queue and submit. */
+static void *
+nvme_enc_main(void *arg)
+{
+	struct kvt_nvme *n = arg;
+
+	pthread_mutex_lock(&n->mu);
+	for (;;) {
+		struct nvme_req *req;
+		int r;
+
+		while (!n->enc_n && !n->enc_stop)
+			pthread_cond_wait(&n->enc_cv, &n->mu);
+		if (!n->enc_n)
+			break;
+		req = &n->reqs[n->enc_q[n->enc_head]];
+		n->enc_head = (n->enc_head + 1) % n->qd;
+		n->enc_n--;
+		pthread_mutex_unlock(&n->mu);
+		nvme_seal(n, req, req->buf + NVME_HDR, &req->meta, n->scratch, n->enc);
+		pthread_mutex_lock(&n->mu);
+		n->n_encoding--;
+		req->parked = NVME_ACTIVE;
+		r = nvme_queue_rest(n, req);
+		if (r == 0) {
+			(void)nvme_flush(n); /* a refusal is retried by the next reap's flush */
+			continue;
+		}
+		/* no SQE (not expected): complete it with the error through the delayed path */
+		req->parked = NVME_DELAYED;
+		req->delayed_res = r;
+		req->delay_gen = 0;
+		n->n_parked++;
+		n->n_delayed++;
+		nvme_poke(n);
+	}
+	pthread_mutex_unlock(&n->mu);
+	return NULL;
+}
+
+static int
+nvme_submit_write_locked(struct kvt_nvme *n, uint32_t slot, const void *src,
+			 const struct kvt_nvme_wmeta *m, uint64_t user_data)
 {
 	struct nvme_req *req;
 	int r;
@@ -785,10 +887,48 @@ kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
 	req->is_write = true;
 	req->key = m->key;
 	req->user_data = user_data;
-	nvme_seal(n, req, src, m);
+	if (n->enc_on) {
+		/* copy now (the caller's buffer may change at once), encode on the thread */
+		memcpy(req->buf + NVME_HDR, src, n->block_bytes);
+		req->meta = *m;
+		req->parked = NVME_ENCODING;
+		n->n_encoding++;
+		n->enc_q[(n->enc_head + n->enc_n++) % n->qd] = req->index;
+		pthread_cond_signal(&n->enc_cv);
+		return 0;
+	}
+	nvme_seal(n, req, src, m, n->scratch, NULL);
 	r = nvme_queue_rest(n, req);
 	if (r != 0)
 		nvme_req_put(n, req);
+	return r;
+}
+
+int
+kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
+			   const struct kvt_nvme_wmeta *m, uint64_t user_data)
+{
+	int r;
+
+	if (!n)
+		return kvt_err(-EINVAL, "nvme write: tier is NULL");
+	pthread_mutex_lock(&n->mu);
+	r = nvme_submit_write_locked(n, slot, src, m, user_data);
+	pthread_mutex_unlock(&n->mu);
+	return r;
+}
+
+int
+kvt_nvme_submit_read_len(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+			 uint32_t stored, uint64_t user_data)
+{
+	int r;
+
+	if (!n)
+		return kvt_err(-EINVAL, "nvme read: tier is NULL");
+	pthread_mutex_lock(&n->mu);
+	r = nvme_submit_read_locked(n, slot, dst, key, stored, user_data);
+	pthread_mutex_unlock(&n->mu);
 	return r;
 }
 
@@ -801,9 +941,9 @@ kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64
 	return kvt_nvme_submit_write_meta(n, slot, src, &m, user_data);
 }
 
-int
-kvt_nvme_submit_read_len(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
-			 uint32_t stored, uint64_t user_data)
+static int
+nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+			uint32_t stored, uint64_t user_data)
 {
 	struct nvme_req *req;
 	int r = nvme_req_get(n, slot, dst, "read", &req);
@@ -837,7 +977,9 @@ kvt_nvme_flush(struct kvt_nvme *n)
 
 	if (!n)
 		return kvt_err(-EINVAL, "nvme flush: tier is NULL");
+	pthread_mutex_lock(&n->mu);
 	r = nvme_flush(n);
+	pthread_mutex_unlock(&n->mu);
 	if (r < 0)
 		return kvt_err(r, "nvme: io_uring_submit: %s", nvme_strerror(-r, eb, sizeof eb));
 	return r;
@@ -877,10 +1019,10 @@ nvme_verify(struct kvt_nvme *n, const struct nvme_req *req)
 		memcpy(req->dst, req->buf + NVME_HDR, n->block_bytes);
 		return 0;
 	}
-	if (!n->scratch && !(n->scratch = malloc(kvt_codec_scratch_bytes(n->block_bytes))))
+	if (!n->dscratch && !(n->dscratch = malloc(kvt_codec_scratch_bytes(n->block_bytes))))
 		return kvt_err(-ENOMEM, "nvme slot %u: codec scratch", slot);
 	rc = kvt_codec_decode((int)h.codec, n->elem, req->buf + NVME_HDR, h.stored_len, req->dst,
-			      n->block_bytes, n->scratch);
+			      n->block_bytes, n->dscratch);
 	if (rc != 0)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
 	if (XXH3_64bits(req->dst, n->block_bytes) != h.sum)
@@ -1066,6 +1208,8 @@ nvme_wait_span(const struct kvt_nvme *n, struct __kernel_timespec *ts)
 			first = req->deadline;
 	}
 	d = first == UINT64_MAX ? n->timeout_ns : first > now ? first - now : 0;
+	if (n->n_delayed && d > 1000000)
+		d = 1000000; /* an encoder failure parked one: hand it in soon */
 	if (d < 1000000)
 		d = 1000000; /* at least 1 ms */
 	ts->tv_sec = (long long)(d / 1000000000ull);
@@ -1076,11 +1220,12 @@ nvme_wait_span(const struct kvt_nvme *n, struct __kernel_timespec *ts)
 static bool
 nvme_waitable(const struct kvt_nvme *n)
 {
-	return nvme_in_kernel(n) > n->n_abandoned || n->n_lost > 0;
+	return nvme_in_kernel(n) > n->n_abandoned || n->n_lost > 0 || n->n_encoding > 0 ||
+	       n->n_delayed > 0;
 }
 
-int
-kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool wait)
+static int
+nvme_reap_locked(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool wait)
 {
 	struct __kernel_timespec ts;
 	struct io_uring_cqe *cqe;
@@ -1089,8 +1234,6 @@ kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool w
 	char eb[128];
 	int r, res;
 
-	if (!n || (!out && max > 0))
-		return kvt_err(-EINVAL, "nvme reap: %s is NULL", n ? "out" : "tier");
 	r = nvme_flush_soft(n);
 	if (r < 0)
 		return r;
@@ -1108,7 +1251,10 @@ kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool w
 			if (!wait || got > 0 || !nvme_waitable(n))
 				break;
 			nvme_wait_span(n, &ts);
+			/* the encoder thread may submit meanwhile: never wait holding mu */
+			pthread_mutex_unlock(&n->mu);
 			r = io_uring_wait_cqe_timeout(&n->ring, &cqe, &ts);
+			pthread_mutex_lock(&n->mu);
 			if (r == -EINTR || r == -ETIME)
 				continue;
 		}
@@ -1130,6 +1276,33 @@ kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool w
 			return got > 0 ? (int)got : r;
 	}
 	return (int)got;
+}
+
+int
+kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool wait)
+{
+	int r;
+
+	if (!n || (!out && max > 0))
+		return kvt_err(-EINVAL, "nvme reap: %s is NULL", n ? "out" : "tier");
+	pthread_mutex_lock(&n->mu);
+	r = nvme_reap_locked(n, out, max, wait);
+	pthread_mutex_unlock(&n->mu);
+	return r;
+}
+
+/* Stop and join the encoder thread (its queue is empty once all IO has completed). */
+static void
+nvme_enc_stop(struct kvt_nvme *n)
+{
+	if (!n->enc_on)
+		return;
+	pthread_mutex_lock(&n->mu);
+	n->enc_stop = true;
+	pthread_cond_signal(&n->enc_cv);
+	pthread_mutex_unlock(&n->mu);
+	pthread_join(n->enc_thr, NULL);
+	n->enc_on = false;
 }
 
 void
@@ -1156,6 +1329,7 @@ kvt_nvme_close(struct kvt_nvme *n)
 			n->qd - n->n_free);
 		break;
 	}
+	nvme_enc_stop(n);
 	nvme_free(n, drained);
 }
 

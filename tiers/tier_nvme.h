@@ -19,6 +19,12 @@
  * persistent store bumps the superblock's epoch durably, so write keys made of
  * (epoch << 40) | counter never repeat across restarts.
  *
+ * With a codec, writes are encoded on the tier's encoder thread (when the kernel supports waiting
+ * with a timeout without the SQ, IORING_FEAT_EXT_ARG; otherwise inline at submit): submit copies
+ * the block into its staging buffer and returns, the thread encodes it there, then queues and
+ * submits the SQE. The SQ is shared under an internal mutex; completions are still reaped (and
+ * reads decoded and verified) by the caller of kvt_nvme_reap().
+ *
  * IO goes through 4 KiB-aligned staging buffers owned by the tier (one per queue entry,
  * registered with io_uring when the kernel allows it): a write copies the caller's bytes at
  * submit time (the caller's buffer may be reused at once); a read copies into the caller's
@@ -37,7 +43,8 @@
  * hands them to the kernel. The CQ has twice as many entries as there are staging buffers and at
  * most one IO per buffer is in the kernel, so completions can never overflow it.
  *
- * Threading: not thread-safe; the engine calls it under its mutex.
+ * Threading: not thread-safe for its callers (the engine calls it under its mutex); the encoder
+ * thread is internal.
  */
 #ifndef KVT_TIERS_TIER_NVME_H
 #define KVT_TIERS_TIER_NVME_H

@@ -41,6 +41,7 @@ struct nb_opts {
 	bool fio;                     /* run fio next to kvtier */
 	bool tier, park, codec;       /* which parts run */
 	const char *model, *tok;      /* codec table inputs */
+	int codec;                    /* park/resume: the engine's NVMe codec */
 };
 
 /* ---- fio ----------------------------------------------------------------------------------- */
@@ -235,6 +236,7 @@ nb_park_resume(const struct nb_opts *o)
 	eo.nvme_dir = o->dir;
 	eo.nvme_bytes = (uint64_t)(o->sessions * blocks_per + 8) * ((2u << 20) + 4096);
 	eo.high_watermark = eo.low_watermark = 1.0f;
+	eo.nvme_codec = o->codec;
 	if (!ids || !map) {
 		rc = -ENOMEM;
 		goto out;
@@ -285,9 +287,10 @@ nb_park_resume(const struct nb_opts *o)
 	}
 	bytes = (double)o->sessions * blocks_per * (double)g.block_bytes;
 	printf("\npark/resume: %u sessions x %u tokens (32 layers, 8 KV heads, head_dim 128, bf16, "
-	       "16-token 2 MiB blocks, QD 64, codec off)\n\n", o->sessions, o->tokens);
+	       "16-token 2 MiB blocks, QD 64, codec %s)\n\n", o->sessions, o->tokens,
+	       o->codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" : "off");
 	printf("| phase | tokens/s | GB/s | fio GB/s (2 MiB, QD 64) | ratio |\n|---|---|---|---|---|\n");
-	printf("| park to NVMe (durable) | %.0f | %.2f | %.2f write | %.2f |\n",
+	printf("| park to NVMe (written) | %.0f | %.2f | %.2f write | %.2f |\n",
 	       o->sessions * (double)o->tokens / tp, bytes / tp / 1e9, fw / 1e9,
 	       fw > 0 ? bytes / tp / fw : 0);
 	printf("| resume to HBM (ready) | %.0f | %.2f | %.2f read | %.2f |\n",
@@ -330,7 +333,8 @@ nb_usage(FILE *f)
 {
 	fprintf(f, "usage: kvtier-bench nvme [--dir DIR] [--bs 256k,1m,2m] [--qd 1,16,64] "
 		   "[--mib 256]\n"
-		   "         [--sessions 2] [--tokens 4096] [--no-fio] [--only tier|park|codec]\n"
+		   "         [--sessions 2] [--tokens 4096] [--codec none|shuf-lz4] [--no-fio]\n"
+		   "         [--only tier|park|codec]\n"
 		   "         [--model stories260K.bin --tokenizer tok512.bin]\n"
 		   "DIR (default .) must be on the filesystem to measure (not tmpfs).\n");
 }
@@ -372,6 +376,8 @@ nb_parse(int argc, char **argv, struct nb_opts *o)
 			o->tier = !strcmp(val, "tier");
 			o->park = !strcmp(val, "park");
 			o->codec = !strcmp(val, "codec");
+		} else if (!strcmp(a, "--codec")) {
+			o->codec = !strcmp(val, "shuf-lz4") ? KVT_CODEC_SHUF_LZ4 : KVT_CODEC_NONE;
 		} else if (!strcmp(a, "--model")) {
 			o->model = val;
 		} else if (!strcmp(a, "--tokenizer")) {
