@@ -41,7 +41,7 @@ struct nb_opts {
 	bool fio;                     /* run fio next to kvtier */
 	bool tier, park, codec;       /* which parts run */
 	const char *model, *tok;      /* codec table inputs */
-	int codec;                    /* park/resume: the engine's NVMe codec */
+	int nvme_codec;               /* park/resume: the engine's NVMe codec */
 };
 
 /* ---- fio ----------------------------------------------------------------------------------- */
@@ -236,7 +236,7 @@ nb_park_resume(const struct nb_opts *o)
 	eo.nvme_dir = o->dir;
 	eo.nvme_bytes = (uint64_t)(o->sessions * blocks_per + 8) * ((2u << 20) + 4096);
 	eo.high_watermark = eo.low_watermark = 1.0f;
-	eo.nvme_codec = o->codec;
+	eo.nvme_codec = o->nvme_codec;
 	if (!ids || !map) {
 		rc = -ENOMEM;
 		goto out;
@@ -288,7 +288,7 @@ nb_park_resume(const struct nb_opts *o)
 	bytes = (double)o->sessions * blocks_per * (double)g.block_bytes;
 	printf("\npark/resume: %u sessions x %u tokens (32 layers, 8 KV heads, head_dim 128, bf16, "
 	       "16-token 2 MiB blocks, QD 64, codec %s)\n\n", o->sessions, o->tokens,
-	       o->codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" : "off");
+	       o->nvme_codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" : "off");
 	printf("| phase | tokens/s | GB/s | fio GB/s (2 MiB, QD 64) | ratio |\n|---|---|---|---|---|\n");
 	printf("| park to NVMe (written) | %.0f | %.2f | %.2f write | %.2f |\n",
 	       o->sessions * (double)o->tokens / tp, bytes / tp / 1e9, fw / 1e9,
@@ -377,7 +377,8 @@ nb_parse(int argc, char **argv, struct nb_opts *o)
 			o->park = !strcmp(val, "park");
 			o->codec = !strcmp(val, "codec");
 		} else if (!strcmp(a, "--codec")) {
-			o->codec = !strcmp(val, "shuf-lz4") ? KVT_CODEC_SHUF_LZ4 : KVT_CODEC_NONE;
+			o->nvme_codec = !strcmp(val, "shuf-lz4") ? KVT_CODEC_SHUF_LZ4
+								 : KVT_CODEC_NONE;
 		} else if (!strcmp(a, "--model")) {
 			o->model = val;
 		} else if (!strcmp(a, "--tokenizer")) {
