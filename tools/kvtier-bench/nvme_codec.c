@@ -59,13 +59,19 @@ codec_hook(void *arg, struct kvt_engine *e, uint64_t step)
 		memcpy(d->snap, g.hbm_base, n);
 }
 
-/* Keep the blocks that hold K/V (not all zero); returns their count, packed at the front. */
+/*
+ * Keep the blocks that hold K/V: the run's kv_blocks slots from slot 0 (HBM has room for every
+ * session, so nothing was evicted and slots were taken in order; the rest of the tier is
+ * uninitialised device memory), minus any all-zero block. Returns their count, packed.
+ */
 static size_t
-codec_pack(struct codec_dump *d)
+codec_pack(struct codec_dump *d, uint64_t kv_blocks)
 {
-	size_t n = 0;
+	size_t n = 0, end = d->block ? (size_t)kv_blocks * d->block : 0;
 
-	for (size_t off = 0; d->block && off + d->block <= d->snap_bytes; off += d->block) {
+	if (end > d->snap_bytes)
+		end = d->snap_bytes;
+	for (size_t off = 0; d->block && off + d->block <= end; off += d->block) {
 		const uint8_t *b = d->snap + off;
 		size_t i = 0;
 
@@ -79,7 +85,7 @@ codec_pack(struct codec_dump *d)
 
 static int
 codec_dump_run(const struct kvtr_model *m, const struct kvtr_tokenizer *t, enum kvt_dtype dt,
-	       unsigned sessions, struct codec_dump *d)
+	       unsigned sessions, struct codec_dump *d, uint64_t *kv_blocks)
 {
 	struct kvtr_run_opts o;
 	struct kvtr_run_result r;
@@ -96,6 +102,7 @@ codec_dump_run(const struct kvtr_model *m, const struct kvtr_tokenizer *t, enum 
 	o.hook_arg = d;
 	o.log = devnull;
 	rc = kvtr_run(&o, &r);
+	*kv_blocks = r.kv_blocks;
 	kvtr_run_result_free(&r);
 	if (devnull)
 		fclose(devnull);
@@ -224,10 +231,11 @@ kvtb_codec_table(FILE *f, const char *model, const char *tokp, unsigned sessions
 	fprintf(f, "|-------|------------------|---------|------|----------|----------|\n");
 	for (int i = 0; i < 3 && rc == 0; i++) {
 		struct codec_dump d = { 0 };
+		uint64_t kvb = 0;
 		size_t n;
 
-		rc = codec_dump_run(&m, &t, dts[i], sessions, &d);
-		n = rc == 0 ? codec_pack(&d) : 0;
+		rc = codec_dump_run(&m, &t, dts[i], sessions, &d, &kvb);
+		n = rc == 0 ? codec_pack(&d, kvb) : 0;
 		for (int c = 0; c < C_COUNT && n; c++) {
 #ifndef KVTB_WITH_ZSTD
 			if (c == C_ZSTD)
