@@ -56,9 +56,10 @@ fill_kv(uint8_t *p, size_t n, size_t elem)
 static void
 test_shuffles_invert(void **state)
 {
-	static const size_t sizes[] = { 0, 1, 7, 8, 15, 16, 63, 64, 65, 1000, 4096, 12345 };
+	static const size_t sizes[] = { 0, 1, 7, 8, 15, 16, 63, 64, 65, 1000, 4096, 12345,
+					16384, 16385, 40007 }; /* several shuffle chunks */
 	static const size_t elems[] = { 1, 2, 3, 4, 8 };
-	uint8_t *a = malloc(12345), *b = malloc(12345), *c = malloc(12345);
+	uint8_t *a = malloc(40007), *b = malloc(40007), *c = malloc(40007);
 
 	(void)state;
 	for (size_t e = 0; e < sizeof elems / sizeof *elems; e++)

@@ -132,11 +132,30 @@ codec_bitshuffle16(const uint8_t *s, uint8_t *d, size_t g, size_t groups, size_t
 }
 #endif
 
+/* The shuffles work chunk by chunk (KVT_CODEC_CHUNK bytes, the last one shorter): 16-32 plane
+ * write streams over a whole 2 MiB block would sit 128 KiB apart and thrash the cache. */
+static void codec_bitshuffle_chunk(const uint8_t *s, uint8_t *d, size_t n, size_t elem);
+static void codec_bitunshuffle_chunk(const uint8_t *s, uint8_t *d, size_t n, size_t elem);
+
 void
 kvt_bitshuffle(const void *src, void *dst, size_t n, size_t elem)
 {
-	const uint8_t *s = src;
-	uint8_t *d = dst;
+	for (size_t off = 0; off < n; off += KVT_CODEC_CHUNK)
+		codec_bitshuffle_chunk((const uint8_t *)src + off, (uint8_t *)dst + off,
+				       n - off < KVT_CODEC_CHUNK ? n - off : KVT_CODEC_CHUNK, elem);
+}
+
+void
+kvt_bitunshuffle(const void *src, void *dst, size_t n, size_t elem)
+{
+	for (size_t off = 0; off < n; off += KVT_CODEC_CHUNK)
+		codec_bitunshuffle_chunk((const uint8_t *)src + off, (uint8_t *)dst + off,
+					 n - off < KVT_CODEC_CHUNK ? n - off : KVT_CODEC_CHUNK, elem);
+}
+
+static void
+codec_bitshuffle_chunk(const uint8_t *s, uint8_t *d, size_t n, size_t elem)
+{
 	size_t groups, g = 0;
 
 	elem = codec_elem(elem);
@@ -215,11 +234,9 @@ codec_bitunshuffle16(const uint8_t *s, uint8_t *d, size_t g, size_t groups, size
 }
 #endif
 
-void
-kvt_bitunshuffle(const void *src, void *dst, size_t n, size_t elem)
+static void
+codec_bitunshuffle_chunk(const uint8_t *s, uint8_t *d, size_t n, size_t elem)
 {
-	const uint8_t *s = src;
-	uint8_t *d = dst;
 	size_t groups, g = 0;
 
 	elem = codec_elem(elem);

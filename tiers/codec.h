@@ -53,8 +53,12 @@ int64_t kvt_codec_encode(int c, size_t elem, const void *src, size_t raw_len, vo
 int kvt_codec_decode(int c, size_t elem, const void *src, size_t stored_len, void *dst,
 		     size_t raw_len, void *scratch);
 
-/** Bit-plane shuffle of @n bytes (elements of @elem bytes) from @src to @dst (not overlapping);
- * the bytes after the last whole group of 8 elements are copied as they are. */
+/** Chunk of the bit-plane shuffle: the planes are formed within each KVT_CODEC_CHUNK bytes. */
+#define KVT_CODEC_CHUNK 16384u
+
+/** Bit-plane shuffle of @n bytes (elements of @elem bytes) from @src to @dst (not overlapping),
+ * chunk by chunk (KVT_CODEC_CHUNK bytes, the last one shorter); in a chunk, the bytes after the
+ * last whole group of 8 elements are copied as they are. */
 void kvt_bitshuffle(const void *src, void *dst, size_t n, size_t elem);
 /** The inverse of kvt_bitshuffle. */
 void kvt_bitunshuffle(const void *src, void *dst, size_t n, size_t elem);
