@@ -225,7 +225,8 @@ KVT_API int kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine
 
 /**
  * kvt_engine_destroy() - wait for every transfer in flight, free all tiers, remove the NVME
- * file (with nvme_persist: publish the sessions whose park to NVMe completed, keep the store). Every sequence and batch of @e becomes invalid. NULL is accepted. Not to be called
+ * file (with nvme_persist: publish the sessions whose park to NVMe completed, keep the store).
+ * Every sequence and batch of @e becomes invalid. NULL is accepted. Not to be called
  * concurrently with any other call on @e.
  */
 KVT_API void kvt_engine_destroy(struct kvt_engine *e);

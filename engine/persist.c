@@ -363,7 +363,8 @@ kvt_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opts *o
 	kvt_lock(e);
 	rec = e->store ? kvt_store_find(e->store, key) : NULL;
 	if (!rec) {
-		rc = kvt_err(-ENOENT, "session %#llx is not in the store%s", (unsigned long long)key,
+		rc = kvt_err(-ENOENT, "session %#llx is not in the store%s",
+			     (unsigned long long)key,
 			     e->store ? "" : " (the engine has no persistent store)");
 		goto out;
 	}

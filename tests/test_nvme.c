@@ -879,8 +879,8 @@ test_codec_round_trip(void **state)
 	}
 	for (uint32_t base = 0; base < NSLOTS; base += QD) {
 		for (uint32_t i = base; i < base + QD; i++)
-			assert_int_equal(kvt_nvme_submit_write(n, i, src + (size_t)i * BLOCK, 50 + i,
-							       i), 0);
+			assert_int_equal(kvt_nvme_submit_write(n, i, src + (size_t)i * BLOCK,
+							       50 + i, i), 0);
 		for (got = 0; got < (int)QD;) {
 			int r = kvt_nvme_reap(n, c, QD, true);
 

@@ -123,8 +123,10 @@ codec_bitshuffle16(const uint8_t *s, uint8_t *d, size_t g, size_t groups, size_t
 	for (size_t k = 0; k < 4; k++) {
 		__m128i w[4];
 
+		__m128i sh = _mm_cvtsi32_si128((int)(8 * k));
+
 		for (int i = 0; i < 4; i++)
-			w[i] = _mm_and_si128(_mm_srl_epi32(a[i], _mm_cvtsi32_si128((int)(8 * k))), m);
+			w[i] = _mm_and_si128(_mm_srl_epi32(a[i], sh), m);
 		codec_planes16(_mm_packus_epi16(_mm_packs_epi32(w[0], w[1]),
 						_mm_packs_epi32(w[2], w[3])),
 			       d, k, elem, g, groups);
@@ -140,17 +142,20 @@ static void codec_bitunshuffle_chunk(const uint8_t *s, uint8_t *d, size_t n, siz
 void
 kvt_bitshuffle(const void *src, void *dst, size_t n, size_t elem)
 {
-	for (size_t off = 0; off < n; off += KVT_CODEC_CHUNK)
-		codec_bitshuffle_chunk((const uint8_t *)src + off, (uint8_t *)dst + off,
-				       n - off < KVT_CODEC_CHUNK ? n - off : KVT_CODEC_CHUNK, elem);
+	for (size_t off = 0, len; off < n; off += len) {
+		len = n - off < KVT_CODEC_CHUNK ? n - off : KVT_CODEC_CHUNK;
+		codec_bitshuffle_chunk((const uint8_t *)src + off, (uint8_t *)dst + off, len, elem);
+	}
 }
 
 void
 kvt_bitunshuffle(const void *src, void *dst, size_t n, size_t elem)
 {
-	for (size_t off = 0; off < n; off += KVT_CODEC_CHUNK)
-		codec_bitunshuffle_chunk((const uint8_t *)src + off, (uint8_t *)dst + off,
-					 n - off < KVT_CODEC_CHUNK ? n - off : KVT_CODEC_CHUNK, elem);
+	for (size_t off = 0, len; off < n; off += len) {
+		len = n - off < KVT_CODEC_CHUNK ? n - off : KVT_CODEC_CHUNK;
+		codec_bitunshuffle_chunk((const uint8_t *)src + off, (uint8_t *)dst + off, len,
+					 elem);
+	}
 }
 
 static void

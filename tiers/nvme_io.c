@@ -120,8 +120,8 @@ nvme_req_get(struct kvt_nvme *n, uint32_t slot, const void *buf, const char *wha
 		return kvt_err(-EINVAL, "nvme %s: slot %u out of range (%u slots)", what, slot,
 			       n->n_slots);
 	if (n->n_free == 0 && kvt_nvme_inflight(n) == 0)
-		return kvt_err(-EIO, "nvme %s: every staging buffer is held by an IO that timed out",
-			       what);
+		return kvt_err(-EIO,
+			       "nvme %s: every staging buffer is held by an IO that timed out", what);
 	if (n->n_free == 0)
 		return kvt_err(-EAGAIN, "nvme %s: all %u staging buffers busy; reap first", what,
 			       n->qd);

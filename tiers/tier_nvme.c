@@ -69,8 +69,8 @@ nvme_validate(const struct kvt_nvme_opts *o, size_t *slot_bytes, uint32_t *n_slo
 	if (o->codec < KVT_CODEC_NONE || o->codec > KVT_CODEC_BYTE_LZ4)
 		return nvme_open_fail(-EINVAL, err, errlen, "nvme codec %d unknown", o->codec);
 	if (!(o->min_saving >= 0 && o->min_saving < 1))
-		return nvme_open_fail(-EINVAL, err, errlen, "nvme codec min_saving %g not in [0, 1)",
-				      o->min_saving);
+		return nvme_open_fail(-EINVAL, err, errlen,
+				      "nvme codec min_saving %g not in [0, 1)", o->min_saving);
 	sb = (o->block_bytes + NVME_HDR + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
 	slots = o->capacity_bytes / sb;
 	if (slots == 0)
@@ -142,8 +142,8 @@ nvme_create_fail(struct kvt_nvme *n, int e, const char *dir, char *err, size_t e
 		if (n->unlink_on_free || !n->persist)
 			unlink(n->path);
 		return nvme_open_fail(-EINVAL, err, errlen,
-				      "filesystem at %s refuses O_DIRECT (set nvme_buffered_fallback "
-				      "to use buffered IO there)", dir);
+				      "filesystem at %s refuses O_DIRECT (set "
+				      "nvme_buffered_fallback to use buffered IO there)", dir);
 	}
 	if (e == EACCES || e == EPERM || e == EROFS)
 		return nvme_open_fail(-EACCES, err, errlen, "nvme: cannot create %s: %s", n->path,

@@ -141,9 +141,9 @@ int kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *er
 
 /**
  * Wait for all IO in flight (their completions are discarded, read destinations are not
- * written), close the file (unlink it unless persistent), free @n. NULL is accepted. If the ring fails so that
- * in-flight IO cannot be waited for, the staging buffers are leaked rather than freed under the
- * kernel's feet.
+ * written), close the file (unlink it unless persistent), free @n. NULL is accepted. If the
+ * ring fails so that in-flight IO cannot be waited for, the staging buffers are leaked rather
+ * than freed under the kernel's feet.
  */
 void kvt_nvme_close(struct kvt_nvme *n);
 

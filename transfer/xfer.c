@@ -174,9 +174,9 @@ xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 		m.session = e->seqs[b->seq].session_key;
 	for (;;) {
 		if (x->kind == KVT_X_H2N)
-			rc = kvt_nvme_submit_write_meta(e->nvme, x->dst_slot,
-							kvt_slot_addr(e, KVT_TIER_HOST, x->src_slot),
-							&m, (uint64_t)(uintptr_t)x);
+			rc = kvt_nvme_submit_write_meta(
+				e->nvme, x->dst_slot, kvt_slot_addr(e, KVT_TIER_HOST, x->src_slot),
+				&m, (uint64_t)(uintptr_t)x);
 		else
 			rc = kvt_nvme_submit_read_len(e->nvme, x->src_slot,
 						      kvt_slot_addr(e, KVT_TIER_HOST, x->dst_slot),

@@ -40,7 +40,8 @@ replay_file(const char *path, int *bad)
 		struct kvt_fmt_super s;
 		struct kvt_fmt_blkhdr h;
 
-		if (kvt_fmt_super_decode(buf, (size_t)n, &s) && kvt_fmt_blkhdr_decode(buf, (size_t)n, &h)) {
+		if (kvt_fmt_super_decode(buf, (size_t)n, &s) &&
+		    kvt_fmt_blkhdr_decode(buf, (size_t)n, &h)) {
 			fprintf(stderr, "%s: valid seed no longer parses\n", path);
 			*bad = 1;
 		}

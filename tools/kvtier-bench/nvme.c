@@ -130,7 +130,8 @@ nb_tier_pass(struct kvt_nvme *n, uint32_t qd, const uint8_t *src, uint8_t *dst, 
 			return -1;
 		for (int i = 0; i < r; i++)
 			if (c[i].res != 0) {
-				fprintf(stderr, "nvme bench: IO failed: %s\n", kvt_strerror(c[i].res));
+				fprintf(stderr, "nvme bench: IO failed: %s\n",
+					kvt_strerror(c[i].res));
 				return -1;
 			}
 		done += (uint32_t)r;
@@ -173,8 +174,8 @@ nb_tier_point(const struct nb_opts *o, size_t bs, uint32_t qd, double *w, double
 static int
 nb_tier_table(const struct nb_opts *o)
 {
-	printf("\nNVMe tier vs fio (io_uring, O_DIRECT, sequential, %llu MiB per point, dir %s)\n\n",
-	       (unsigned long long)(o->bytes >> 20), o->dir);
+	printf("\nNVMe tier vs fio (io_uring, O_DIRECT, sequential, %llu MiB per point, "
+	       "dir %s)\n\n", (unsigned long long)(o->bytes >> 20), o->dir);
 	printf("| block | QD | kvtier write GB/s | fio write GB/s | ratio | kvtier read GB/s "
 	       "| fio read GB/s | ratio |\n|---|---|---|---|---|---|---|---|\n");
 	for (uint32_t b = 0; b < o->n_bs; b++)
@@ -289,7 +290,8 @@ nb_park_resume(const struct nb_opts *o)
 	printf("\npark/resume: %u sessions x %u tokens (32 layers, 8 KV heads, head_dim 128, bf16, "
 	       "16-token 2 MiB blocks, QD 64, codec %s)\n\n", o->sessions, o->tokens,
 	       o->nvme_codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" : "off");
-	printf("| phase | tokens/s | GB/s | fio GB/s (2 MiB, QD 64) | ratio |\n|---|---|---|---|---|\n");
+	printf("| phase | tokens/s | GB/s | fio GB/s (2 MiB, QD 64) | ratio |\n"
+	       "|---|---|---|---|---|\n");
 	printf("| park to NVMe (written) | %.0f | %.2f | %.2f write | %.2f |\n",
 	       o->sessions * (double)o->tokens / tp, bytes / tp / 1e9, fw / 1e9,
 	       fw > 0 ? bytes / tp / fw : 0);

@@ -132,8 +132,8 @@ codec_enc(int c, const uint8_t *blocks, size_t n, size_t bb, size_t elem, uint8_
 			len[i] = ZSTD_isError(z) || z >= bb ? 0 : (int64_t)z;
 #endif
 		} else {
-			len[i] = kvt_codec_encode(codec_map[c], elem, src, bb, out + i * cap, cap, scr,
-						  0.0);
+			len[i] = kvt_codec_encode(codec_map[c], elem, src, bb, out + i * cap, cap,
+						  scr, 0.0);
 		}
 	}
 }
