@@ -180,6 +180,8 @@ struct kvt_engine {
 	struct kvt_store *store;            /* journal of published sessions (nvme_persist) */
 	uint64_t key_base;                  /* NVMe epoch << 40: high bits of write keys */
 	bool pub_check;                     /* a publish may be due (see engine/persist.c) */
+	uint64_t nvme_backoff_until;        /* ns: no background demotion to NVMe before this
+	                                       (set by an ENOSPC write) */
 };
 
 /* ---- engine.c */
@@ -211,6 +213,9 @@ int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
 int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);
 int kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait);
 void kvt_watermarks(struct kvt_engine *e);
+#define KVT_ENOSPC_DROP 16u                  /* clean NVMe copies dropped per ENOSPC write */
+#define KVT_ENOSPC_BACKOFF_NS 200000000ull   /* background NVMe demotion paused this long */
+void kvt_nvme_enospc(struct kvt_engine *e);  /* an NVMe write failed with -ENOSPC */
 
 /* ---- transfer/xfer.c: submission and completion */
 int kvt_xfer_init(struct kvt_engine *e);

@@ -423,6 +423,56 @@ test_lost_and_late_completions(void **state)
 	tsup_rmdir(dir);
 }
 
+static int enospc_writes; /* 1: every NVMe write completes with -ENOSPC */
+
+static void
+enospc_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off,
+	    int *res)
+{
+	(void)arg, (void)slot, (void)buf, (void)len, (void)off;
+	if (is_write && enospc_writes)
+		*res = -ENOSPC;
+}
+
+/* A volume that runs out of space (thin/CoW): clean NVMe copies are given up, the blocks that
+ * could not be written stay above, nothing is lost, and writes work again afterwards. */
+static void
+test_enospc_gives_back_clean_copies(void **state)
+{
+	static const struct kvt_nvme_fault_hooks hooks = { .on_complete = enospc_hook };
+	struct scfg c = { 0 };
+	struct kvt_stats st = { .size = sizeof st };
+	struct kvt_seq_info info;
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+
+	(void)state;
+	kvt_test_nvme_hooks = &hooks;
+	e = store_engine_ok(dir, &c);
+	kvt_test_nvme_hooks = NULL;
+	a = park_session(e, 1, 1, 16);           /* 4 blocks on NVMe */
+	assert_int_equal(tsup_verify(e, a, 1), 0); /* back in HBM: NVMe copies are clean now */
+	enospc_writes = 1;
+	b = park_session(e, 2, 2, 8);
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	assert_true(st.io_errors >= 1);
+	assert_true(st.tier[KVT_TIER_NVME].evictions >= 4); /* a's clean copies given up */
+	assert_int_equal(kvt_seq_info(e, b, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_NVME], 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	tsup_check_engine(e);
+	enospc_writes = 0;
+	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_info(e, b, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_NVME], info.n_blocks);
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 static void
 test_torn_journal_tail(void **state)
 {
@@ -457,6 +507,7 @@ main(void)
 		cmocka_unit_test(test_bitflip_codec),
 		cmocka_unit_test(test_torn_journal_tail),
 		cmocka_unit_test(test_lost_and_late_completions),
+		cmocka_unit_test(test_enospc_gives_back_clean_copies),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

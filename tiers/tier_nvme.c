@@ -663,3 +663,12 @@ kvt_nvme_read_header(struct kvt_nvme *n, uint32_t slot, struct kvt_fmt_blkhdr *h
 		rc = kvt_err(KVT_ECORRUPT, "slot %u holds a header of slot %u", slot, h->slot);
 	return rc;
 }
+
+void
+kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot)
+{
+	if (slot < n->n_slots)
+		(void)fallocate(n->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				(off_t)(KVT_FMT_SUPER_BYTES + (uint64_t)slot * n->slot_bytes),
+				(off_t)n->slot_bytes);
+}

@@ -204,6 +204,10 @@ int kvt_nvme_submit_read_len(struct kvt_nvme *n, uint32_t slot, void *dst, uint6
  */
 int kvt_nvme_read_header(struct kvt_nvme *n, uint32_t slot, struct kvt_fmt_blkhdr *h);
 
+/** Give the filesystem back the space of free @slot (FALLOC_FL_PUNCH_HOLE; best effort: thin
+ * and copy-on-write volumes regain it). The slot stays usable. */
+void kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot);
+
 /** Make every completed write durable (fdatasync of the file). 0 or -errno. */
 int kvt_nvme_sync(struct kvt_nvme *n);
 

@@ -259,6 +259,8 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 
 	if (res < 0 && x->kind == KVT_X_H2N)
 		e->st.io_errors++;
+	if (res == -ENOSPC && x->kind == KVT_X_H2N)
+		kvt_nvme_enospc(e);
 	if (res < 0 || !current) {
 		/* failed or stale: the destination is not findable, its slot goes back; the
 		 * source copy stays (case d: nothing referenced is lost) */
