@@ -21,7 +21,7 @@ check_tiers(struct kvt_engine *e)
 			if (id == KVT_NIL)
 				continue;
 			used++;
-			if (id == KVT_SLOT_QUARANTINED)
+			if (id == KVT_SLOT_QUARANTINED || id == KVT_SLOT_STORED)
 				continue;
 			if (id >= e->cap_blocks || !e->blocks[id].live)
 				return kvt_err(-EINVAL, "tier %d slot %u owned by dead block %u", t, s,

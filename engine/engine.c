@@ -72,6 +72,7 @@ kvt_engine_opts_init(struct kvt_engine_opts *o, size_t size)
 	d.high_watermark = 0.95f;
 	d.low_watermark = 0.85f;
 	d.nvme_queue_depth = 64;
+	d.nvme_codec_min_saving = 0.1f;
 	d.emu_seed = 1;
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
 }
@@ -129,6 +130,16 @@ engine_check_opts(const struct kvt_engine_opts *o, uint64_t bb)
 	      o->high_watermark <= 1.0f))
 		return kvt_err(-EINVAL, "watermarks must satisfy 0 < low (%g) <= high (%g) <= 1",
 			       (double)o->low_watermark, (double)o->high_watermark);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, nvme_codec) &&
+	    (o->nvme_codec < KVT_CODEC_NONE || o->nvme_codec > KVT_CODEC_BYTE_LZ4))
+		return kvt_err(-EINVAL, "nvme_codec %d unknown", (int)o->nvme_codec);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, nvme_codec_min_saving) &&
+	    !(o->nvme_codec_min_saving >= 0.0f && o->nvme_codec_min_saving < 1.0f))
+		return kvt_err(-EINVAL, "nvme_codec_min_saving %g must be in [0, 1)",
+			       (double)o->nvme_codec_min_saving);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, nvme_persist) &&
+	    (o->nvme_persist < 0 || o->nvme_persist > 1))
+		return kvt_err(-EINVAL, "nvme_persist %d must be 0 or 1", o->nvme_persist);
 	if (o->device != KVT_DEVICE_EMULATED && o->device != KVT_DEVICE_CUDA)
 		return kvt_err(-EINVAL, "unknown device kind %d", (int)o->device);
 	return 0;
@@ -196,6 +207,11 @@ engine_open_nvme(struct kvt_engine *e)
 		.block_bytes = e->block_bytes,
 		.queue_depth = e->opts.nvme_queue_depth ? e->opts.nvme_queue_depth : 64,
 		.hooks = kvt_test_nvme_hooks,
+		.layout = e->layout,
+		.codec = e->opts.nvme_codec,
+		.min_saving = e->opts.nvme_codec_min_saving,
+		.persist = e->opts.nvme_persist == 1,
+		.buffered_fallback = e->opts.nvme_buffered_fallback != 0,
 	};
 	char msg[256] = "";
 	int rc;
@@ -203,7 +219,15 @@ engine_open_nvme(struct kvt_engine *e)
 	rc = kvt_nvme_open(&no, &e->nvme, msg, sizeof msg);
 	if (rc)
 		return rc; /* kvt_nvme_open's message names the directory and the cause */
-	return engine_tier_init(e, KVT_TIER_NVME, kvt_nvme_n_slots(e->nvme));
+	if (kvt_nvme_buffered(e->nvme))
+		kvt_engine_log(e, KVT_LOG_WARN, "the filesystem at %s refuses O_DIRECT: the NVME "
+			       "tier uses buffered IO (page cache) as nvme_buffered_fallback asks",
+			       e->nvme_dir);
+	e->key_base = kvt_nvme_epoch(e->nvme) << 40;
+	rc = engine_tier_init(e, KVT_TIER_NVME, kvt_nvme_n_slots(e->nvme));
+	if (rc == 0 && kvt_nvme_persistent(e->nvme))
+		rc = kvt_persist_open(e);
+	return rc;
 }
 
 int
@@ -281,6 +305,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	kvt_lock(e);
 	if (e->dev)
 		kvt_xfer_fini(e);
+	kvt_persist_close(e); /* publishes sessions whose park completed, then closes */
 	kvt_unlock(e);
 	if (e->nvme)
 		kvt_nvme_close(e->nvme);

@@ -38,12 +38,14 @@
 #include "evict/evict.h"
 #include "kvtier.h"
 #include "tiers/slots.h"
+#include "tiers/store.h"
 #include "tiers/tier_nvme.h"
 #include "transfer/device.h"
 
 enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESENT = 2 };
 
 #define KVT_SLOT_QUARANTINED (KVT_NIL - 1) /* owner of a slot kept out of use for good */
+#define KVT_SLOT_STORED (KVT_NIL - 2) /* owner of an NVMe slot of a restorable stored session */
 
 struct kvt_block {
 	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
@@ -61,7 +63,10 @@ struct kvt_block {
 	uint32_t seq;                      /* owning sequence index */
 	uint32_t index;                    /* position within the sequence */
 	uint32_t next_free;                /* free-list link when !live */
-	uint64_t nvme_key;                 /* key of its latest NVMe write (trailer check) */
+	uint64_t nvme_key;                 /* key of its latest NVMe write (header check) */
+	uint64_t nvme_sum;                 /* XXH3-64 of the raw block of that write */
+	uint32_t nvme_stored;              /* payload bytes of that write (0 = unknown) */
+	uint32_t nvme_codec;               /* codec of that write's payload */
 };
 
 struct kvt_seqrec {
@@ -81,6 +86,8 @@ struct kvt_seqrec {
 	uint32_t n_wpins;   /* entries in wpins */
 	uint32_t cap_wpins; /* capacity of wpins */
 	uint32_t next_free; /* free-list link when closed */
+	uint64_t session_key; /* caller's session key (0 = none): published when parked to NVMe */
+	uint8_t pub_pending; /* parked to NVMe, to be published once all blocks are there */
 };
 
 enum kvt_xfer_kind { KVT_X_D2H = 0, KVT_X_H2N = 1, KVT_X_N2H = 2, KVT_X_H2D = 3 };
@@ -170,6 +177,11 @@ struct kvt_engine {
 	uint32_t demoting[KVT_TIER_COUNT];  /* demotions in flight whose source slot in that
 	                                       tier is freed on completion */
 	struct kvt_stats st;                /* counters (size unused internally) */
+	struct kvt_store *store;            /* journal of published sessions (nvme_persist) */
+	uint64_t key_base;                  /* NVMe epoch << 40: high bits of write keys */
+	bool pub_check;                     /* a publish may be due (see engine/persist.c) */
+	uint64_t nvme_backoff_until;        /* ns: no background demotion to NVMe before this
+	                                       (set by an ENOSPC write) */
 };
 
 /* ---- engine.c */
@@ -201,6 +213,9 @@ int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
 int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);
 int kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait);
 void kvt_watermarks(struct kvt_engine *e);
+#define KVT_ENOSPC_DROP 16u                  /* clean NVMe copies dropped per ENOSPC write */
+#define KVT_ENOSPC_BACKOFF_NS 200000000ull   /* background NVMe demotion paused this long */
+void kvt_nvme_enospc(struct kvt_engine *e);  /* an NVMe write failed with -ENOSPC */
 
 /* ---- transfer/xfer.c: submission and completion */
 int kvt_xfer_init(struct kvt_engine *e);
@@ -227,6 +242,19 @@ void kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first
 /* Test hook: when set before kvt_engine_create, the NVME tier is opened with these fault hooks
  * (tests/ inject EIO, short IO and bit flips through it). NULL in production. */
 extern const struct kvt_nvme_fault_hooks *kvt_test_nvme_hooks;
+
+/* ---- engine/persist.c: published sessions of the persistent NVMe store */
+int kvt_persist_open(struct kvt_engine *e);   /* after the NVME tier opened: journal, slots */
+void kvt_persist_close(struct kvt_engine *e); /* publish what is due, close the journal */
+void kvt_persist_publish(struct kvt_engine *e); /* publish sessions whose park completed */
+void kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s); /* seq closed: DEL */
+void kvt_persist_parked(struct kvt_engine *e, struct kvt_seqrec *s); /* parked to NVMe */
+int kvt_persist_reclaim(struct kvt_engine *e, uint32_t need); /* free stored sessions' slots */
+
+/* ---- engine/seq.c (internal) */
+int kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *o, uint32_t *idx);
+/* grow a sequence's arrays to hold n_tokens, n_blocks and n_wpins; 0 or -ENOMEM */
+int kvt_seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, uint32_t n_wpins);
 
 /* ---- engine/check.c: consistency walk for tests (returns 0 or -EINVAL with a message) */
 int kvt_engine_check(struct kvt_engine *e);

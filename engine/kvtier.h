@@ -144,6 +144,18 @@ enum kvt_device_kind {
 	KVT_DEVICE_CUDA = 1,     /* a real GPU through the CUDA runtime (KVT_WITH_CUDA builds) */
 };
 
+/**
+ * Lossless codec of blocks written to the NVME tier (tiers/codec.h, docs/FORMAT.md). A block is
+ * stored encoded only when that saves at least nvme_codec_min_saving of its bytes, otherwise raw;
+ * either way its checksum covers the raw bytes and is verified after decoding.
+ */
+enum kvt_codec {
+	KVT_CODEC_NONE = 0,     /* raw */
+	KVT_CODEC_LZ4 = 1,      /* plain LZ4 */
+	KVT_CODEC_SHUF_LZ4 = 2, /* bit-plane shuffle of the elements, then LZ4 (recommended) */
+	KVT_CODEC_BYTE_LZ4 = 3, /* byte-plane shuffle, then LZ4 */
+};
+
 /* Log levels passed to kvt_engine_opts.log. */
 enum kvt_log_level { KVT_LOG_ERROR = 0, KVT_LOG_WARN = 1, KVT_LOG_INFO = 2 };
 
@@ -153,7 +165,8 @@ struct kvt_engine_opts {
 	uint64_t hbm_bytes;        /* HBM tier capacity in bytes; required (>= one block) */
 	uint64_t host_bytes;       /* HOST tier capacity in bytes; 0 = no HOST tier */
 	const char *nvme_dir;      /* directory for the NVME tier's slot file; NULL = no NVME tier.
-	                              Copied; the file is created mode 0600 and removed on destroy */
+	                              Copied; the file is created mode 0600 and removed on destroy
+	                              (kept when nvme_persist) */
 	uint64_t nvme_bytes;       /* NVME tier capacity in bytes (0 with nvme_dir = error) */
 	enum kvt_device_kind device; /* default KVT_DEVICE_EMULATED */
 	int cuda_device;           /* CUDA device ordinal (KVT_DEVICE_CUDA only); default 0 */
@@ -170,6 +183,19 @@ struct kvt_engine_opts {
 	void (*log)(void *arg, int level, const char *msg); /* warnings such as the mlock
 	                              fallback; NULL = print to stderr */
 	void *log_arg;             /* passed to log */
+	/* --- NVMe store (issue 4); see docs/FORMAT.md --- */
+	enum kvt_codec nvme_codec; /* codec of blocks written to NVMe; default KVT_CODEC_NONE */
+	float nvme_codec_min_saving; /* keep an encoding only if it saves at least this fraction of
+	                              the block; default 0.1 */
+	int nvme_persist;          /* 0 (default): a private slot file, removed on destroy.
+	                              1: the persistent store "<nvme_dir>/kvtier.store" (+ its
+	                              journal "kvtier.journal") is opened, or created when absent;
+	                              parked sessions published in it survive a restart or a crash
+	                              (kvt_session_list, kvt_seq_restore). A store made for another
+	                              layout, block size, codec, capacity or format version is not
+	                              used: create fails with KVT_EFORMAT and says what differs. */
+	int nvme_buffered_fallback; /* 1: when the filesystem refuses O_DIRECT, use buffered IO
+	                              (page cache) with a warning instead of failing. Default 0 */
 };
 
 /**
@@ -190,14 +216,17 @@ struct kvt_engine; /* opaque */
  * @out: receives the engine; set to NULL on failure.
  * Returns 0, -EINVAL (bad layout or sizes: each with a message), -ENOMEM, -ENOENT/-EACCES/
  * -ENOTDIR (nvme_dir unusable), KVT_ENOTSUP (CUDA asked for in a build without it),
- * KVT_EDEVICE (device error).
+ * KVT_EDEVICE (device error), KVT_EFORMAT (nvme_persist: the store in nvme_dir was made for
+ * another layout, codec, capacity or format version; the message names the difference),
+ * -EBUSY (nvme_persist: another process uses that store).
  * Capacities are rounded down to whole slots; each tier present must hold at least one block.
  */
 KVT_API int kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out);
 
 /**
  * kvt_engine_destroy() - wait for every transfer in flight, free all tiers, remove the NVME
- * file. Every sequence and batch of @e becomes invalid. NULL is accepted. Not to be called
+ * file (with nvme_persist: publish the sessions whose park to NVMe completed, keep the store).
+ * Every sequence and batch of @e becomes invalid. NULL is accepted. Not to be called
  * concurrently with any other call on @e.
  */
 KVT_API void kvt_engine_destroy(struct kvt_engine *e);
@@ -262,6 +291,10 @@ struct kvt_seq_opts {
 	size_t opts_size;  /* sizeof(struct kvt_seq_opts) as the caller compiled it */
 	uint32_t tenant;   /* tenant id (the salt of prefix sharing in later versions) */
 	uint8_t priority;  /* 0..100, higher is kept longer; default 50 (v0: recorded, LRU only) */
+	uint64_t session_key; /* caller-chosen id of the conversation (0 = none). With a
+	                         persistent NVMe store (nvme_persist), parking the sequence to NVMe
+	                         publishes it under this key once all its blocks are durable, and
+	                         kvt_seq_restore() reopens it after a restart. Unique per store. */
 };
 
 /** kvt_seq_opts_init() - defaults (tenant 0, priority 50). */
@@ -329,6 +362,43 @@ KVT_API int kvt_seq_park(struct kvt_engine *e, kvt_seq_id s, enum kvt_tier targe
  * Returns 0, KVT_ECLOSED, or a negative error code.
  */
 KVT_API int kvt_seq_resume(struct kvt_engine *e, kvt_seq_id s);
+
+/*
+ * Persistent sessions. With opts.nvme_persist, a sequence opened with a session_key and parked to
+ * KVT_TIER_NVME is *published*: when every block's NVMe write has completed, the data are made
+ * durable (fdatasync) and then one record (key, tokens, slots, checksums) is appended to the
+ * store's journal and made durable: the two-phase commit. After a crash or restart the journal is
+ * replayed, and each published session can be reopened by its key, as of its last completed park.
+ * A session whose park had not been published when the process died is absent (never partial).
+ */
+
+/**
+ * kvt_session_list() - keys of the sessions published in the store that are not open in this
+ * engine (restorable), in no particular order.
+ * @keys: receives up to @cap keys (may be NULL when @cap is 0).
+ * Returns the total number of such sessions (may exceed @cap), or -EINVAL; 0 without a store.
+ */
+KVT_API int kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap);
+
+/**
+ * kvt_seq_restore() - reopen the published session @session_key as a new sequence whose blocks
+ * are on NVMe (parked). Every block's on-disk header is checked against the journal record
+ * first (its slot was not reused, the write is the one published); if any does not match, the
+ * session is dropped from the store and -ENOENT is returned, so a session is either restored
+ * whole or absent. The data themselves are verified by checksum when read (resume/prepare).
+ * @o:   options of the new sequence (tenant, priority; session_key is taken from the store).
+ * @out: receives the id.
+ * Returns 0, -ENOENT (no such session, or it did not survive), KVT_EBUSY (it is open in this
+ * engine), -EINVAL, -ENOMEM, -EIO (reading the headers failed).
+ */
+KVT_API int kvt_seq_restore(struct kvt_engine *e, uint64_t session_key,
+			    const struct kvt_seq_opts *o, kvt_seq_id *out);
+
+/**
+ * kvt_session_drop() - forget the published session @session_key (journal record removed, its
+ * NVMe slots freed unless an open sequence uses them). Returns 0, -ENOENT, KVT_EBUSY (open).
+ */
+KVT_API int kvt_session_drop(struct kvt_engine *e, uint64_t session_key);
 
 /** Where a sequence's blocks are. */
 struct kvt_seq_info {

@@ -122,6 +122,41 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 	return rc;
 }
 
+/*
+ * The filesystem said ENOSPC to an NVMe write (a thin or copy-on-write volume; the slots were
+ * reserved with fallocate, so only such filesystems do): demote less and give space back.
+ * Background demotion to NVMe pauses for a while, and clean NVMe copies (valid in another tier)
+ * are dropped, coldest first, with their slots' space punched out of the file. Dirty copies and
+ * stored sessions stay: nothing referenced is lost; a block that can go nowhere makes its
+ * operation fail with -ENOSPC.
+ */
+void
+kvt_nvme_enospc(struct kvt_engine *e)
+{
+	struct kvt_evict *ev = &e->evict[KVT_TIER_NVME];
+	uint32_t cand[KVT_ENOSPC_DROP], n = 0, id;
+	uint64_t now = kvt_now_ns();
+	bool quiet = e->nvme_backoff_until > now; /* said so already in this episode */
+
+	e->nvme_backoff_until = now + KVT_ENOSPC_BACKOFF_NS;
+	for (id = ev->ops->victim_first(ev); id != KVT_NIL && n < KVT_ENOSPC_DROP;
+	     id = ev->ops->victim_next(ev, id))
+		if (kvt_copy_evictable(&e->blocks[id], KVT_TIER_NVME) &&
+		    valid_elsewhere(&e->blocks[id], KVT_TIER_NVME))
+			cand[n++] = id;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t slot = e->blocks[cand[i]].slot[KVT_TIER_NVME];
+
+		kvt_copy_drop(e, cand[i], KVT_TIER_NVME);
+		kvt_nvme_punch(e->nvme, slot);
+		e->st.tier[KVT_TIER_NVME].evictions++;
+		e->st.evictions++;
+	}
+	if (!quiet || n)
+		kvt_engine_log(e, KVT_LOG_WARN, "NVMe write refused for lack of space: %u clean "
+			       "NVMe copies dropped, background demotion to NVMe paused", n);
+}
+
 int
 kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 {
@@ -144,8 +179,12 @@ kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 		/* nothing to evict now: if transfers are in flight, their completions may make
 		 * copies evictable (an H2D that lands makes its HOST copy a clean duplicate), so
 		 * a caller that may wait waits for them before calling the tier full */
-		if (!progress && !e->demoting[tier] && (!may_wait || !kvt_xfer_inflight(e)))
+		if (!progress && !e->demoting[tier] && (!may_wait || !kvt_xfer_inflight(e))) {
+			/* a full NVMe tier gives up restorable stored sessions, oldest first */
+			if (tier == KVT_TIER_NVME && kvt_persist_reclaim(e, need - sl->n_free) > 0)
+				continue;
 			return -ENOSPC;
+		}
 		if (!may_wait)
 			return -EAGAIN;
 		rc = kvt_xfer_wait_any(e);
@@ -267,6 +306,8 @@ kvt_watermarks(struct kvt_engine *e)
 
 		if (!sl->n_slots || used <= (uint32_t)(e->opts.high_watermark * sl->n_slots))
 			continue;
+		if (t == KVT_TIER_HOST && e->nvme_backoff_until > kvt_now_ns())
+			continue; /* the disk said ENOSPC lately: demote less */
 		want_free = sl->n_slots - (uint32_t)(e->opts.low_watermark * sl->n_slots);
 		/* background: no waiting; completions free the slots later */
 		(void)kvt_reclaim(e, t, want_free, false);

@@ -62,13 +62,41 @@ seq_grow_table(struct kvt_engine *e)
 	return 0;
 }
 
+/* Take a free sequence record and open it with @opts (checked). Lock held. */
+int
+kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *opts, uint32_t *out)
+{
+	struct kvt_seqrec *s;
+	uint32_t idx;
+	int rc = 0;
+
+	if (e->seq_free == KVT_NIL)
+		rc = seq_grow_table(e);
+	if (rc)
+		return rc;
+	idx = e->seq_free;
+	s = &e->seqs[idx];
+	e->seq_free = s->next_free;
+	s->open = 1;
+	s->tenant = opts->tenant;
+	s->priority = opts->priority;
+	s->session_key = opts->session_key;
+	s->pub_pending = 0;
+	s->n_tokens = 0;
+	s->n_blocks = 0;
+	s->n_wpins = 0;
+	s->parked = s->in_batch = 0;
+	e->n_open_seqs++;
+	*out = idx;
+	return 0;
+}
+
 int
 kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out)
 {
 	struct kvt_seq_opts opts;
-	struct kvt_seqrec *s;
 	uint32_t idx;
-	int rc = 0;
+	int rc;
 
 	if (!e || !out)
 		return kvt_err(-EINVAL, "kvt_seq_open: engine and out must not be NULL");
@@ -84,22 +112,9 @@ kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out
 	if (opts.priority > 100)
 		return kvt_err(-EINVAL, "priority %u is out of range 0..100", opts.priority);
 	kvt_lock(e);
-	if (e->seq_free == KVT_NIL)
-		rc = seq_grow_table(e);
-	if (rc == 0) {
-		idx = e->seq_free;
-		s = &e->seqs[idx];
-		e->seq_free = s->next_free;
-		s->open = 1;
-		s->tenant = opts.tenant;
-		s->priority = opts.priority;
-		s->n_tokens = 0;
-		s->n_blocks = 0;
-		s->n_wpins = 0;
-		s->parked = s->in_batch = 0;
-		e->n_open_seqs++;
-		*out = seq_make_id(idx, s->gen);
-	}
+	rc = kvt_seq_open_locked(e, &opts, &idx);
+	if (rc == 0)
+		*out = seq_make_id(idx, e->seqs[idx].gen);
 	kvt_unlock(e);
 	return rc;
 }
@@ -150,6 +165,7 @@ kvt_seq_close(struct kvt_engine *e, kvt_seq_id id)
 			       (unsigned long long)id);
 	}
 	kvt_seq_unpin_writes(e, s);
+	kvt_persist_forget(e, s);
 	/* blocks with transfers in flight are freed by those completions, never before */
 	for (i = 0; i < s->n_blocks; i++)
 		kvt_block_kill(e, s->blocks[i]);
@@ -166,8 +182,8 @@ kvt_seq_close(struct kvt_engine *e, kvt_seq_id id)
 	return 0;
 }
 
-static int
-seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, uint32_t n_wpins)
+int
+kvt_seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, uint32_t n_wpins)
 {
 	void *p;
 
@@ -274,7 +290,7 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 			       "appending %zu tokens would hold %u blocks pinned for writing; HBM has "
 			       "%u slots: release a batch holding this sequence first", n,
 			       pinned_after, slots);
-	if (seq_reserve(s, end, need_blocks, s->n_wpins + touched))
+	if (kvt_seq_reserve(s, end, need_blocks, s->n_wpins + touched))
 		return kvt_err(-ENOMEM, "growing sequence arrays to %llu tokens",
 			       (unsigned long long)end);
 	if (s->n_tokens % tpb) {
@@ -392,8 +408,11 @@ kvt_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target)
 	}
 	if (rc == 0)
 		rc = kvt_xfer_flush(e);
-	if (rc == 0)
+	if (rc == 0) {
 		s->parked = 1;
+		if (t == KVT_TIER_NVME)
+			kvt_persist_parked(e, s);
+	}
 out:
 	kvt_unlock(e);
 	return rc;

@@ -317,6 +317,46 @@ test_sessions16x3(void **state)
 
 /* One dtype: greedy 200 steps and 4 sessions x 2 turns sampled, kvtier with most blocks on
  * NVMe against --reference with the same dtype (and, sampled, against the fp32 reference). */
+/* The same runs with the NVMe codec on (bit-plane shuffle + LZ4): identical text, and blocks
+ * really went to NVMe encoded and came back verified. */
+static void
+test_greedy200_nvme_codec(void **state)
+{
+	struct kvtr_run_opts o;
+	struct kvtr_run_result r, ref, kvt;
+	uint64_t block = 16 * 5 * 2 * 32 * 2;
+
+	(void)state;
+	e2e_opts(&o, 200);
+	o.tokens_per_block = 16;
+	o.hbm_bytes = 4 * E2E_BLOCK_BYTES;
+	o.host_bytes = 2 * E2E_BLOCK_BYTES;
+	o.emu_delay_us = 30;
+	o.nvme_codec = KVT_CODEC_SHUF_LZ4;
+	e2e_run(&o, &r);
+	assert_string_equal(r.out[0].text, llama2c_greedy200);
+	assert_nvme_roundtrip(&r.stats);
+	assert_true(r.stats.codec_blocks > 0);
+	assert_true(r.stats.codec_stored_bytes < r.stats.codec_raw_bytes);
+	kvtr_run_result_free(&r);
+	/* bf16 K/V, where the codec pays most: same tokens as the bf16 reference */
+	e2e_opts(&o, 200);
+	o.kv_dtype = KVT_DTYPE_BF16;
+	o.reference = 1;
+	e2e_run(&o, &ref);
+	o.reference = 0;
+	o.tokens_per_block = 16;
+	o.hbm_bytes = 4 * block;
+	o.host_bytes = 2 * block;
+	o.nvme_codec = KVT_CODEC_SHUF_LZ4;
+	e2e_run(&o, &kvt);
+	assert_same_sessions(&ref, &kvt);
+	assert_nvme_roundtrip(&kvt.stats);
+	assert_true(kvt.stats.codec_blocks > 0);
+	kvtr_run_result_free(&ref);
+	kvtr_run_result_free(&kvt);
+}
+
 static void
 e2e_dtype_case(enum kvt_dtype dt)
 {
@@ -466,6 +506,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_greedy200_reference_and_kvtier, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_greedy200_mostly_nvme, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_greedy200_nvme_codec, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sampling_and_prompt, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cli_greedy200, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sessions16x3, setup, teardown),

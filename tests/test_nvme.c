@@ -29,8 +29,10 @@
 #include "engine/kvtier.h"
 #include "tiers/tier_nvme.h"
 
-#define BLOCK 10000u /* slot = 12288: three pages, with padding and a trailer */
+#define BLOCK 10000u /* slot = 12288: three pages: a 128-byte header, the block, padding */
 #define SLOT 12288u
+#define SUPER 4096u  /* the superblock before slot 0 */
+#define HDR 128u     /* block header bytes */
 #define NSLOTS 48u
 #define QD 4u
 
@@ -258,6 +260,18 @@ read_one(struct kvt_nvme *n, uint32_t slot, uint64_t key, void *dst)
 	return res;
 }
 
+/* Read one slot with the raw API (for tiers whose free queue depth shrank). */
+static int
+read_one_nopump(struct kvt_nvme *n, uint32_t slot, uint64_t key, void *dst)
+{
+	struct kvt_nvme_cqe c;
+
+	assert_int_equal(kvt_nvme_submit_read(n, slot, dst, key, 77), 0);
+	assert_int_equal(kvt_nvme_reap(n, &c, 1, true), 1);
+	assert_int_equal(c.user_data, 77);
+	return c.res;
+}
+
 /* ---- round trips ---------------------------------------------------------------------------- */
 
 static void
@@ -310,7 +324,7 @@ test_file_mode_size_and_removal(void **state)
 	assert_int_equal(stat(path, &st), 0);
 	assert_true(S_ISREG(st.st_mode));
 	assert_int_equal(st.st_mode & 07777, 0600);
-	assert_int_equal(st.st_size, (off_t)NSLOTS * SLOT);
+	assert_int_equal(st.st_size, (off_t)(SUPER + NSLOTS * SLOT));
 	assert_true((uint64_t)st.st_blocks * 512 >= (uint64_t)NSLOTS * SLOT); /* reserved */
 	kvt_nvme_close(n);
 	assert_int_equal(stat(path, &st), -1);
@@ -429,11 +443,11 @@ fault_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint6
 	   int *res)
 {
 	struct fault *ft = arg;
-	size_t start = (size_t)(off - (uint64_t)slot * SLOT); /* where buf sits in the slot */
+	size_t start = (size_t)(off - SUPER - (uint64_t)slot * SLOT); /* where buf is in the slot */
 	bool first = start == 0;
 
 	ft->calls++;
-	assert_true(off >= (uint64_t)slot * SLOT && start + len == SLOT);
+	assert_true(off >= SUPER + (uint64_t)slot * SLOT && start + len <= SLOT);
 	assert_int_equal(*res, (int)len); /* the real IO always moved everything here */
 	switch (ft->mode) {
 	case FAULT_FLIP:
@@ -487,11 +501,10 @@ static void
 test_bit_flip_on_read(void **state)
 {
 	static const size_t where[] = {
-		0, BLOCK / 2, BLOCK - 1,           /* data */
-		SLOT - 64 + 0, SLOT - 64 + 9,      /* magic, version */
-		SLOT - 64 + 13, SLOT - 64 + 17,    /* slot id, block_bytes */
-		SLOT - 64 + 25, SLOT - 64 + 33,    /* key, data checksum */
-		SLOT - 64 + 41,                    /* trailer checksum */
+		HDR, HDR + BLOCK / 2, HDR + BLOCK - 1, /* data */
+		0, 9, 13, 17, 25, 33,              /* magic, version, slot, key, session, index */
+		37, 41, 45, 49, 65,                /* raw and stored length, codec, hash, data sum */
+		121,                               /* header checksum */
 	};
 	struct fx *f = *state;
 	struct fault ft = { .mode = FAULT_NONE };
@@ -790,6 +803,183 @@ test_open_odirect_refused(void **state)
 	fake_dio_align = -1;
 }
 
+/* Buffered IO only when asked for: then the round trip works without O_DIRECT. */
+static void
+test_open_buffered_fallback(void **state)
+{
+	struct fx *f = *state;
+	struct kvt_nvme_opts o = fx_opts(f, NULL);
+	struct kvt_nvme *n;
+	uint8_t src[BLOCK], dst[BLOCK];
+
+	o.buffered_fallback = true;
+	fake_odirect_einval = 1;
+	assert_int_equal(kvt_nvme_open(&o, &n, NULL, 0), 0);
+	fake_odirect_einval = 0;
+	assert_true(kvt_nvme_buffered(n));
+	write_slots(n, 1, src);
+	assert_int_equal(read_one(n, 0, 1000, dst), 0);
+	assert_memory_equal(src, dst, BLOCK);
+	kvt_nvme_close(n);
+	assert_int_equal(kvt_nvme_open(&o, &n, NULL, 0), 0); /* O_DIRECT works: used */
+	assert_false(kvt_nvme_buffered(n));
+	kvt_nvme_close(n);
+}
+
+struct fates {
+	int mode;          /* 0 none, 1 delay every other CQE, 2 lose the next write of slot 2 */
+	unsigned seen;     /* CQEs offered */
+	unsigned changed;  /* CQEs delayed or lost */
+};
+
+static int
+fate_hook(void *arg, bool is_write, uint32_t slot)
+{
+	struct fates *ft = arg;
+
+	ft->seen++;
+	if (ft->mode == 1 && ft->seen % 2) {
+		ft->changed++;
+		return KVT_NVME_FATE_DELAY;
+	}
+	if (ft->mode == 2 && is_write && slot == 2) {
+		ft->mode = 0;
+		ft->changed++;
+		return KVT_NVME_FATE_LOSE;
+	}
+	return KVT_NVME_FATE_NORMAL;
+}
+
+/* The codec path (encoder thread where the kernel allows it): writes come back with a smaller
+ * stored length, reads of that length decode to the original, and a flipped payload bit is
+ * caught after decoding. */
+static void
+test_codec_round_trip(void **state)
+{
+	struct fx *f = *state;
+	struct fault ft = { .mode = FAULT_NONE };
+	struct kvt_nvme_fault_hooks hooks = { .on_complete = fault_hook, .arg = &ft };
+	struct kvt_nvme_opts o = fx_opts(f, &hooks);
+	struct kvt_nvme_cqe c[QD];
+	struct kvt_nvme *n;
+	uint8_t *src = malloc((size_t)NSLOTS * BLOCK), dst[BLOCK];
+	uint32_t stored[NSLOTS];
+	int got;
+
+	o.codec = KVT_CODEC_SHUF_LZ4;
+	o.min_saving = 0.1;
+	o.layout.dtype = KVT_DTYPE_BF16;
+	assert_int_equal(kvt_nvme_open(&o, &n, NULL, 0), 0);
+	for (uint32_t i = 0; i < NSLOTS; i++) {
+		uint8_t *b = src + (size_t)i * BLOCK;
+
+		fill_random(b, BLOCK, i + 9);
+		for (uint32_t j = 1; j < BLOCK; j += 2)
+			b[j] = (uint8_t)(0x3c + (b[j] & 1)); /* narrow sign/exponent bytes */
+	}
+	for (uint32_t base = 0; base < NSLOTS; base += QD) {
+		for (uint32_t i = base; i < base + QD; i++)
+			assert_int_equal(kvt_nvme_submit_write(n, i, src + (size_t)i * BLOCK,
+							       50 + i, i), 0);
+		for (got = 0; got < (int)QD;) {
+			int r = kvt_nvme_reap(n, c, QD, true);
+
+			assert_true(r > 0);
+			for (int k = 0; k < r; k++) {
+				assert_int_equal(c[k].res, 0);
+				assert_int_equal(c[k].codec, KVT_CODEC_SHUF_LZ4);
+				assert_true(c[k].stored < BLOCK * 9 / 10);
+				stored[c[k].user_data] = c[k].stored;
+			}
+			got += r;
+		}
+	}
+	for (uint32_t i = 0; i < NSLOTS; i++) {
+		memset(dst, 0, BLOCK);
+		assert_int_equal(kvt_nvme_submit_read_len(n, i, dst, 50 + i, stored[i], 1), 0);
+		assert_int_equal(kvt_nvme_reap(n, c, 1, true), 1);
+		assert_int_equal(c[0].res, 0);
+		assert_memory_equal(dst, src + (size_t)i * BLOCK, BLOCK);
+	}
+	/* a wrong stored length, and a flipped payload bit, are both refused */
+	assert_int_equal(kvt_nvme_submit_read_len(n, 3, dst, 53, stored[3] + 8, 1), 0);
+	assert_int_equal(kvt_nvme_reap(n, c, 1, true), 1);
+	assert_int_equal(c[0].res, KVT_ECORRUPT);
+	ft.mode = FAULT_FLIP;
+	ft.flip_at = HDR + stored[3] / 2;
+	assert_int_equal(kvt_nvme_submit_read_len(n, 3, dst, 53, stored[3], 1), 0);
+	assert_int_equal(kvt_nvme_reap(n, c, 1, true), 1);
+	assert_int_equal(c[0].res, KVT_ECORRUPT);
+	assert_int_equal(ft.faulted, 1);
+	kvt_nvme_close(n);
+	free(src);
+}
+
+/* Late (reordered) completions: every IO still completes exactly once, with the right data. */
+static void
+test_delayed_completions(void **state)
+{
+	struct fx *f = *state;
+	struct fates ft = { .mode = 1 };
+	struct kvt_nvme_fault_hooks hooks = { .fate = fate_hook, .arg = &ft };
+	struct kvt_nvme *n = fx_open(f, &hooks);
+	uint8_t *src = malloc((size_t)NSLOTS * BLOCK), *dst = malloc(BLOCK);
+
+	write_slots(n, NSLOTS, src); /* pump checks one completion per IO */
+	for (uint32_t i = 0; i < NSLOTS; i += 7) {
+		assert_int_equal(read_one(n, i, 1000 + i, dst), 0);
+		assert_memory_equal(dst, src + (size_t)i * BLOCK, BLOCK);
+	}
+	assert_true(ft.changed > NSLOTS / 2);
+	kvt_nvme_close(n);
+	free(src);
+	free(dst);
+}
+
+/* A completion that never comes: the IO times out with -ETIMEDOUT (not a hang), its buffer is
+ * retired, everything else goes on; when every buffer is retired, submits fail with -EIO. */
+static void
+test_lost_completion(void **state)
+{
+	struct fx *f = *state;
+	struct fates ft = { .mode = 2 };
+	struct kvt_nvme_fault_hooks hooks = { .fate = fate_hook, .arg = &ft, .io_timeout_ms = 50 };
+	struct kvt_nvme *n = fx_open(f, &hooks);
+	struct kvt_nvme_cqe c[QD];
+	uint8_t src[BLOCK], dst[BLOCK];
+	int res[QD] = { 1, 1, 1, 1 }, got = 0, r;
+
+	fill_random(src, BLOCK, 5);
+	for (uint32_t i = 0; i < QD; i++)
+		assert_int_equal(kvt_nvme_submit_write(n, i, src, 1000 + i, i), 0);
+	while (got < (int)QD) {
+		r = kvt_nvme_reap(n, c, QD, true);
+		assert_true(r > 0);
+		for (int i = 0; i < r; i++)
+			res[c[i].user_data] = c[i].res;
+		got += r;
+	}
+	assert_int_equal(ft.changed, 1);
+	assert_int_equal(res[0], 0);
+	assert_int_equal(res[2], -ETIMEDOUT);
+	assert_non_null(strstr(kvt_last_error_message(), "no completion within 50 ms"));
+	assert_int_equal(kvt_nvme_inflight(n), 0);
+	assert_int_equal(kvt_nvme_free_qd(n), QD - 1); /* the lost one's buffer is retired */
+	assert_int_equal(read_one_nopump(n, 2, 1002, dst), 0); /* the write itself happened */
+	assert_memory_equal(src, dst, BLOCK);
+	/* lose every buffer: then submits fail instead of waiting forever */
+	for (uint32_t k = 0; k < QD - 1; k++) {
+		ft.mode = 2;
+		assert_int_equal(kvt_nvme_submit_write(n, 2, src, 7, 0), 0);
+		assert_int_equal(kvt_nvme_reap(n, c, 1, true), 1);
+		assert_int_equal(c[0].res, -ETIMEDOUT);
+	}
+	assert_int_equal(kvt_nvme_free_qd(n), 0);
+	assert_int_equal(kvt_nvme_submit_write(n, 0, src, 7, 0), -EIO);
+	assert_int_equal(kvt_nvme_reap(n, c, 1, true), 0); /* nothing to wait for: no hang */
+	kvt_nvme_close(n); /* retired buffers are freed: no leak under ASan */
+}
+
 static void
 test_open_dio_align_ok(void **state)
 {
@@ -826,7 +1016,7 @@ test_open_fallocate(void **state)
 	assert_int_equal(kvt_nvme_open(&o, &n, NULL, 0), 0);
 	fake_fallocate_errno = 0;
 	assert_int_equal(stat(kvt_nvme_path(n), &st), 0);
-	assert_int_equal(st.st_size, (off_t)NSLOTS * SLOT);
+	assert_int_equal(st.st_size, (off_t)(SUPER + NSLOTS * SLOT));
 	write_slots(n, 1, src);
 	assert_int_equal(read_one(n, 0, 1000, dst), 0);
 	assert_memory_equal(src, dst, BLOCK);
@@ -855,6 +1045,10 @@ main(void)
 		T(test_open_odirect_refused),
 		T(test_open_dio_align_ok),
 		T(test_open_fallocate),
+		T(test_open_buffered_fallback),
+		T(test_codec_round_trip),
+		T(test_delayed_completions),
+		T(test_lost_completion),
 	};
 #undef T
 

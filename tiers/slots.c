@@ -75,3 +75,21 @@ kvt_slots_is_used(const struct kvt_slots *s, uint32_t slot)
 {
 	return slot < s->n_slots && s->used[slot];
 }
+
+int
+kvt_slots_take(struct kvt_slots *s, const uint32_t *slots, uint32_t n)
+{
+	uint32_t i, top = 0;
+
+	for (i = 0; i < n; i++)
+		if (slots[i] >= s->n_slots || s->used[slots[i]])
+			return kvt_err(-EINVAL, "slot %u out of range or taken", slots[i]);
+	for (i = 0; i < n; i++)
+		s->used[slots[i]] = 1;
+	/* rebuild the free stack, lowest slot on top as at init */
+	for (i = s->n_slots; i-- > 0;)
+		if (!s->used[i])
+			s->stack[top++] = i;
+	s->n_free = top;
+	return 0;
+}

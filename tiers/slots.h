@@ -47,6 +47,13 @@ int kvt_slots_alloc(struct kvt_slots *s, uint32_t *out);
  */
 int kvt_slots_free(struct kvt_slots *s, uint32_t slot);
 
+/**
+ * kvt_slots_take() - mark the @n given slots allocated (used at start-up, to keep the slots of a
+ * persistent store's sessions). O(n_slots). Returns 0, or -EINVAL (a slot out of range, taken
+ * or given twice) with nothing changed... except slots before the bad one when given twice.
+ */
+int kvt_slots_take(struct kvt_slots *s, const uint32_t *slots, uint32_t n);
+
 /** kvt_slots_used() - number of slots allocated now. */
 uint32_t kvt_slots_used(const struct kvt_slots *s);
 

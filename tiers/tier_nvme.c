@@ -1,123 +1,34 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tiers/tier_nvme.c - the NVME tier: one file of fixed-size slots, O_DIRECT, io_uring. The slot
- * layout and the contract are in tier_nvme.h.
- *
- * Life of an IO: submit_* takes a request context (with its staging buffer) off a free stack,
- * fills the staging buffer (writes) and queues one SQE whose user_data is the request. reap()
- * hands queued SQEs to the kernel, then takes CQEs one at a time; each CQE belongs to exactly one
- * request, which either finishes (one completion out, the request back on the free stack) or is
- * continued with a new SQE for its remaining bytes. A request thus owns at most one SQE or one
- * in-kernel IO at any time, so at most queue_depth CQEs are ever pending in a CQ of twice that.
+ * tiers/tier_nvme.c - the NVME tier: one file of fixed-size slots, O_DIRECT, io_uring. This file
+ * opens it (options, directory, the slot file or the persistent store with its superblock and
+ * lock, fallocate, staging buffers, the ring, the encoder thread), closes it, and answers the
+ * accessors; the IO itself is in nvme_io.c. The slot layout and the contract are in tier_nvme.h.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <liburing.h>
 #include <xxhash.h>
 
 #include "engine/error.h"
-#include "tiers/tier_nvme.h"
-
-#define NVME_ALIGN 4096u           /* O_DIRECT alignment of offsets, lengths and buffers */
-#define NVME_TRAILER_BYTES 64u     /* trailer at the end of every slot */
-#define NVME_FORMAT_VERSION 1u     /* trailer format */
-#define NVME_MAX_QD 4096u          /* largest queue depth accepted */
-#define NVME_MAX_BLOCK_BYTES (1u << 30) /* one IO's byte count must fit the int of a CQE */
-#define NVME_CLOSE_BATCH 32u       /* completions discarded per reap while closing */
-
-static const uint8_t nvme_magic[8] = { 'K', 'V', 'T', 'B', 'L', 'K', '0', '1' };
-
-/* Byte offsets of the trailer's fields within the last 64 bytes of a slot. */
-enum {
-	NVME_TR_MAGIC = 0,        /* u8[8] "KVTBLK01" */
-	NVME_TR_VERSION = 8,      /* u32 NVME_FORMAT_VERSION */
-	NVME_TR_SLOT = 12,        /* u32 slot id the block was written to */
-	NVME_TR_BLOCK_BYTES = 16, /* u64 */
-	NVME_TR_KEY = 24,         /* u64 caller's key */
-	NVME_TR_DATA_SUM = 32,    /* u64 XXH3-64 of the block's bytes */
-	NVME_TR_SELF_SUM = 40,    /* u64 XXH3-64 of trailer bytes [0, 40) */
-	NVME_TR_PAD = 48,         /* 16 zero bytes */
-};
+#include "tiers/codec.h"
+#include "tiers/nvme_int.h"
 
 /* Distinguishes the slot files of several tiers opened by one process. */
 static atomic_uint nvme_file_counter;
-
-/* One IO in flight; qd of them live in kvt_nvme.reqs, free ones on kvt_nvme.free_stack. */
-struct nvme_req {
-	uint8_t *buf;       /* staging buffer: slot_bytes, 4 KiB aligned, part of the arena */
-	void *dst;          /* reads: the caller's buffer, written only after verification */
-	uint64_t user_data; /* caller's tag, returned in the completion */
-	uint64_t key;       /* writes: stored in the trailer; reads: expected there */
-	uint32_t slot;      /* slot in the file */
-	uint32_t done;      /* bytes known transferred, a multiple of NVME_ALIGN */
-	uint32_t stalls;    /* consecutive pieces that did not reach the next 4 KiB boundary */
-	uint32_t index;     /* position in reqs[], also the registered buffer index */
-	bool is_write;      /* write (true) or read */
-};
-
-struct kvt_nvme {
-	struct io_uring ring;              /* SQ of queue_depth entries, CQ of twice that */
-	struct kvt_nvme_fault_hooks hooks; /* copy of the opts' hooks; zeroed when none */
-	char *path;                        /* slot file path; owned */
-	int fd;                            /* slot file, O_DIRECT; -1 while not open */
-	bool ring_ok;                      /* ring initialised (io_uring_queue_exit needed) */
-	bool fixed_bufs;                   /* staging registered: READ_FIXED / WRITE_FIXED */
-	bool closing;                      /* kvt_nvme_close is draining: discard, never copy */
-	size_t block_bytes;                /* bytes of one block */
-	size_t slot_bytes;                 /* bytes of one slot in the file */
-	uint32_t n_slots;                  /* slots in the file */
-	uint32_t qd;                       /* queue depth: requests and staging buffers */
-	uint32_t n_free;                   /* entries of free_stack in use */
-	uint32_t queued;                   /* SQEs prepared but not yet taken by the kernel */
-	uint32_t *free_stack;              /* [qd] indices of free requests */
-	struct nvme_req *reqs;             /* [qd] request contexts */
-	uint8_t *arena;                    /* [qd][slot_bytes] staging, 4 KiB aligned */
-};
-
-/* ---- little-endian fields ------------------------------------------------------------------ */
-
-static void
-nvme_put_le32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void
-nvme_put_le64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t
-nvme_get_le32(const uint8_t *p)
-{
-	uint32_t v = 0;
-
-	for (int i = 0; i < 4; i++)
-		v |= (uint32_t)p[i] << (8 * i);
-	return v;
-}
-
-static uint64_t
-nvme_get_le64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (int i = 0; i < 8; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
 
 /* ---- open ---------------------------------------------------------------------------------- */
 
@@ -137,12 +48,6 @@ nvme_open_fail(int code, char *err, size_t errlen, const char *fmt, ...)
 	return code;
 }
 
-/* Thread-safe strerror (the GNU strerror_r, which may return a static string). */
-static const char *
-nvme_strerror(int e, char *buf, size_t len)
-{
-	return strerror_r(e, buf, len);
-}
 
 static int
 nvme_validate(const struct kvt_nvme_opts *o, size_t *slot_bytes, uint32_t *n_slots, char *err,
@@ -161,12 +66,17 @@ nvme_validate(const struct kvt_nvme_opts *o, size_t *slot_bytes, uint32_t *n_slo
 	if (o->queue_depth == 0 || o->queue_depth > NVME_MAX_QD)
 		return nvme_open_fail(-EINVAL, err, errlen, "nvme queue_depth %u out of range 1..%u",
 				      o->queue_depth, NVME_MAX_QD);
-	sb = (o->block_bytes + NVME_TRAILER_BYTES + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
+	if (o->codec < KVT_CODEC_NONE || o->codec > KVT_CODEC_BYTE_LZ4)
+		return nvme_open_fail(-EINVAL, err, errlen, "nvme codec %d unknown", o->codec);
+	if (!(o->min_saving >= 0 && o->min_saving < 1))
+		return nvme_open_fail(-EINVAL, err, errlen,
+				      "nvme codec min_saving %g not in [0, 1)", o->min_saving);
+	sb = (o->block_bytes + NVME_HDR + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
 	slots = o->capacity_bytes / sb;
 	if (slots == 0)
 		return nvme_open_fail(-EINVAL, err, errlen,
 				      "nvme capacity %llu bytes is below one slot of %zu bytes "
-				      "(block_bytes %zu + 64-byte trailer, rounded up to 4 KiB)",
+				      "(block_bytes %zu + 128-byte header, rounded up to 4 KiB)",
 				      (unsigned long long)o->capacity_bytes, sb, o->block_bytes);
 	if (slots > UINT32_MAX)
 		return nvme_open_fail(-EINVAL, err, errlen,
@@ -209,9 +119,63 @@ nvme_check_dir(const char *dir, char *err, size_t errlen)
 	return 0;
 }
 
+/* open(2) of the slot file with O_DIRECT, or buffered when O_DIRECT is refused and allowed. */
 static int
-nvme_create_file(struct kvt_nvme *n, const char *dir, char *err, size_t errlen)
+nvme_open_path(struct kvt_nvme *n, int flags, bool fallback)
 {
+	int fd = open(n->path, flags | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+
+	if (fd < 0 && errno == EINVAL && fallback) {
+		fd = open(n->path, (flags & ~O_EXCL) | O_RDWR | O_CLOEXEC, 0600);
+		n->buffered = fd >= 0;
+	}
+	return fd;
+}
+
+static int
+nvme_create_fail(struct kvt_nvme *n, int e, const char *dir, char *err, size_t errlen)
+{
+	char eb[128];
+
+	if (e == EINVAL) {
+		/* The file is created before O_DIRECT is checked (tmpfs): remove it again. */
+		if (n->unlink_on_free || !n->persist)
+			unlink(n->path);
+		return nvme_open_fail(-EINVAL, err, errlen,
+				      "filesystem at %s refuses O_DIRECT (set "
+				      "nvme_buffered_fallback to use buffered IO there)", dir);
+	}
+	if (e == EACCES || e == EPERM || e == EROFS)
+		return nvme_open_fail(-EACCES, err, errlen, "nvme: cannot create %s: %s", n->path,
+				      nvme_strerror(e, eb, sizeof eb));
+	return nvme_open_fail(-e, err, errlen, "nvme: cannot create %s: %s", n->path,
+			      nvme_strerror(e, eb, sizeof eb));
+}
+
+/*
+ * Lock the store against a second process. A process that just died (crash, SIGKILL) may hold the
+ * lock a little longer: its io_uring is torn down asynchronously and keeps the file open until
+ * its IO finished, so a restart retries for up to NVME_LOCK_WAIT_MS before calling it in use.
+ */
+#define NVME_LOCK_WAIT_MS 3000
+static int
+nvme_lock(int fd)
+{
+	struct timespec ts = { 0, 5 * 1000 * 1000 };
+
+	for (int waited = 0;; waited += 5) {
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+			return 0;
+		if (errno != EWOULDBLOCK || waited >= NVME_LOCK_WAIT_MS)
+			return -1;
+		nanosleep(&ts, NULL);
+	}
+}
+
+static int
+nvme_create_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, size_t errlen)
+{
+	const char *dir = o->dir;
 	size_t len = strlen(dir) + 64;
 	char eb[128];
 	int fd = -1, e = EEXIST;
@@ -219,34 +183,123 @@ nvme_create_file(struct kvt_nvme *n, const char *dir, char *err, size_t errlen)
 	n->path = malloc(len);
 	if (!n->path)
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: path of %zu bytes", len);
+	if (n->persist) {
+		snprintf(n->path, len, "%s/%s", dir, NVME_STORE_NAME);
+		fd = nvme_open_path(n, 0, o->buffered_fallback);
+		e = fd < 0 ? errno : 0;
+		if (fd < 0 && e == ENOENT) {
+			fd = nvme_open_path(n, O_CREAT | O_EXCL, o->buffered_fallback);
+			e = fd < 0 ? errno : 0;
+			n->unlink_on_free = fd >= 0 || e == EINVAL;
+		}
+	}
 	/* EEXIST only when a crashed process with our pid left its file behind: take the next. */
-	for (int attempt = 0; attempt < 16 && e == EEXIST; attempt++) {
+	for (int attempt = 0; !n->persist && attempt < 16 && e == EEXIST; attempt++) {
 		snprintf(n->path, len, "%s/kvtier-%ld-%u.slots", dir, (long)getpid(),
 			 atomic_fetch_add(&nvme_file_counter, 1u));
-		fd = open(n->path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+		fd = nvme_open_path(n, O_CREAT | O_EXCL, o->buffered_fallback);
 		e = fd < 0 ? errno : 0;
 	}
-	if (fd >= 0) {
-		n->fd = fd;
-		/* Exactly 0600 whatever the umask: KV cache contents are private. */
-		if (fchmod(fd, 0600) != 0) {
-			e = errno;
-			return nvme_open_fail(-e, err, errlen, "nvme: chmod %s: %s", n->path,
-					      nvme_strerror(e, eb, sizeof eb));
-		}
-		return 0;
+	if (fd < 0)
+		return nvme_create_fail(n, e, dir, err, errlen);
+	n->fd = fd;
+	if (n->persist && nvme_lock(fd) != 0) {
+		e = errno;
+		return nvme_open_fail(e == EWOULDBLOCK ? -EBUSY : -e, err, errlen,
+				      "nvme store %s is in use by another process", n->path);
 	}
-	if (e == EINVAL) {
-		/* The file is created before O_DIRECT is checked (tmpfs): remove it again. */
-		unlink(n->path);
-		return nvme_open_fail(-EINVAL, err, errlen, "filesystem at %s refuses O_DIRECT",
-				      dir);
-	}
-	if (e == EACCES || e == EPERM || e == EROFS)
-		return nvme_open_fail(-EACCES, err, errlen, "nvme: cannot create %s: %s", n->path,
+	/* Exactly 0600 whatever the umask: KV cache contents are private. */
+	if ((n->unlink_on_free || !n->persist) && fchmod(fd, 0600) != 0) {
+		e = errno;
+		return nvme_open_fail(-e, err, errlen, "nvme: chmod %s: %s", n->path,
 				      nvme_strerror(e, eb, sizeof eb));
-	return nvme_open_fail(-e, err, errlen, "nvme: cannot create %s: %s", n->path,
-			      nvme_strerror(e, eb, sizeof eb));
+	}
+	return 0;
+}
+
+/* The superblock this open expects (epoch and id filled in later). */
+static void
+nvme_super_want(const struct kvt_nvme *n, const struct kvt_nvme_opts *o, struct kvt_fmt_super *s)
+{
+	memset(s, 0, sizeof *s);
+	s->version = KVT_FMT_VERSION;
+	s->n_layers = o->layout.n_layers;
+	s->n_kv_heads = o->layout.n_kv_heads;
+	s->head_dim = o->layout.head_dim;
+	s->dtype = (uint32_t)o->layout.dtype;
+	s->tokens_per_block = o->layout.tokens_per_block;
+	s->codec = (uint32_t)o->codec;
+	s->block_bytes = n->block_bytes;
+	s->slot_bytes = n->slot_bytes;
+	s->n_slots = n->n_slots;
+	s->data_off = KVT_FMT_SUPER_BYTES;
+}
+
+/* Write n->sb at offset 0; with @durable, fdatasync it (and the directory entry). */
+static int
+nvme_super_write(struct kvt_nvme *n, bool durable, char *err, size_t errlen)
+{
+	void *buf = NULL;
+	char eb[128];
+	ssize_t w;
+	int e;
+
+	if (posix_memalign(&buf, NVME_ALIGN, KVT_FMT_SUPER_BYTES) != 0)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: superblock buffer");
+	kvt_fmt_super_encode(&n->sb, buf);
+	w = pwrite(n->fd, buf, KVT_FMT_SUPER_BYTES, 0);
+	e = w < 0 ? errno : EIO;
+	free(buf);
+	if (w != (ssize_t)KVT_FMT_SUPER_BYTES)
+		return nvme_open_fail(-e, err, errlen, "nvme: writing the superblock of %s: %s",
+				      n->path, nvme_strerror(e, eb, sizeof eb));
+	if (durable && fdatasync(n->fd) != 0) {
+		e = errno;
+		return nvme_open_fail(-e, err, errlen, "nvme: fdatasync %s: %s", n->path,
+				      nvme_strerror(e, eb, sizeof eb));
+	}
+	return 0;
+}
+
+/* An existing store: read its superblock, refuse it if it does not match, bump its epoch. */
+static int
+nvme_super_load(struct kvt_nvme *n, const struct kvt_fmt_super *want, char *err, size_t errlen)
+{
+	void *buf = NULL;
+	char eb[128];
+	ssize_t r;
+	int e, rc;
+
+	if (posix_memalign(&buf, NVME_ALIGN, KVT_FMT_SUPER_BYTES) != 0)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: superblock buffer");
+	r = pread(n->fd, buf, KVT_FMT_SUPER_BYTES, 0);
+	e = r < 0 ? errno : 0;
+	if (r < 0) {
+		free(buf);
+		return nvme_open_fail(-e, err, errlen, "nvme: reading the superblock of %s: %s",
+				      n->path, nvme_strerror(e, eb, sizeof eb));
+	}
+	if (r < (ssize_t)KVT_FMT_SUPER_BYTES)
+		memset((uint8_t *)buf + r, 0, KVT_FMT_SUPER_BYTES - (size_t)r);
+	rc = kvt_fmt_super_decode(buf, KVT_FMT_SUPER_BYTES, &n->sb);
+	free(buf);
+	if (rc == 0)
+		rc = kvt_fmt_super_match(&n->sb, want, n->path);
+	if (rc != 0)
+		return nvme_open_fail(rc, err, errlen, "nvme store %s not used: %s", n->path,
+				      kvt_last_error_message());
+	n->sb.epoch++;
+	return nvme_super_write(n, true, err, errlen);
+}
+
+static uint64_t
+nvme_random64(void)
+{
+	uint64_t v = 0;
+
+	if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+		v = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ (uint64_t)time(NULL);
+	return v ? v : 1;
 }
 
 /*
@@ -288,7 +341,7 @@ nvme_check_dio(struct kvt_nvme *n, const char *dir, char *err, size_t errlen)
 static int
 nvme_reserve(struct kvt_nvme *n, char *err, size_t errlen)
 {
-	uint64_t size = (uint64_t)n->n_slots * n->slot_bytes;
+	uint64_t size = KVT_FMT_SUPER_BYTES + (uint64_t)n->n_slots * n->slot_bytes;
 	char eb[128];
 	int e;
 
@@ -318,6 +371,15 @@ nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: %zu bytes of staging buffers",
 				      arena_bytes);
 	n->arena = arena;
+	if (n->codec != KVT_CODEC_NONE) {
+		n->scratch = malloc(kvt_codec_scratch_bytes(n->block_bytes));
+		n->enc = malloc(n->block_bytes);
+		if (!n->scratch || !n->enc)
+			return nvme_open_fail(-ENOMEM, err, errlen, "nvme: codec buffers");
+	}
+	n->enc_q = malloc((size_t)n->qd * sizeof *n->enc_q);
+	if (!n->enc_q)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: encode queue");
 	n->reqs = calloc(n->qd, sizeof *n->reqs);
 	n->free_stack = malloc((size_t)n->qd * sizeof *n->free_stack);
 	if (!n->reqs || !n->free_stack)
@@ -354,6 +416,8 @@ nvme_ring_init(struct kvt_nvme *n, char *err, size_t errlen)
 	}
 	n->fixed_bufs = io_uring_register_buffers(&n->ring, iov, n->qd) == 0;
 	free(iov);
+	/* a registered file spares the kernel an fget/fput per IO; optional too */
+	n->fixed_file = io_uring_register_files(&n->ring, &n->fd, 1) == 0;
 	return 0;
 }
 
@@ -364,15 +428,57 @@ nvme_free(struct kvt_nvme *n, bool free_arena)
 	if (n->ring_ok)
 		io_uring_queue_exit(&n->ring);
 	if (n->fd >= 0) {
-		close(n->fd);
-		unlink(n->path);
+		if (!n->persist || n->unlink_on_free)
+			unlink(n->path);
+		close(n->fd); /* drops the flock too */
 	}
 	if (free_arena)
 		free(n->arena);
+	free(n->scratch);
+	free(n->enc);
+	free(n->dscratch);
+	free(n->enc_q);
+	if (n->mu_ok) {
+		pthread_mutex_destroy(&n->mu);
+		pthread_cond_destroy(&n->enc_cv);
+	}
 	free(n->reqs);
 	free(n->free_stack);
 	free(n->path);
 	free(n);
+}
+
+/* After the file is open: reserve its space and write (new) or check (existing) the superblock. */
+static int
+nvme_setup_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, size_t errlen)
+{
+	struct kvt_fmt_super want;
+	bool fresh = !n->persist || n->unlink_on_free;
+	int r = 0;
+
+	nvme_super_want(n, o, &want);
+	if (!n->buffered)
+		r = nvme_check_dio(n, o->dir, err, errlen);
+	if (r == 0 && fresh)
+		r = nvme_reserve(n, err, errlen);
+	if (r != 0)
+		return r;
+	if (!fresh)
+		return nvme_super_load(n, &want, err, errlen);
+	n->sb = want;
+	n->sb.epoch = 1;
+	n->sb.store_id = nvme_random64();
+	r = nvme_super_write(n, n->persist, err, errlen);
+	if (r == 0 && n->persist) {
+		/* the new file's directory entry must be durable before anything refers to it */
+		int dfd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+		if (dfd >= 0) {
+			(void)fsync(dfd);
+			close(dfd);
+		}
+	}
+	return r;
 }
 
 int
@@ -397,17 +503,24 @@ kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, s
 	if (!n)
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: tier object");
 	n->fd = -1;
+	pthread_mutex_init(&n->mu, NULL);
+	pthread_cond_init(&n->enc_cv, NULL);
+	n->mu_ok = true;
 	n->block_bytes = o->block_bytes;
 	n->slot_bytes = slot_bytes;
 	n->n_slots = n_slots;
 	n->qd = o->queue_depth;
+	n->persist = o->persist;
+	n->codec = o->codec;
+	n->min_saving = o->min_saving;
+	n->elem = kvt_dtype_size(o->layout.dtype);
 	if (o->hooks)
 		n->hooks = *o->hooks;
-	r = nvme_create_file(n, o->dir, err, errlen);
+	n->timeout_ns = (uint64_t)(n->hooks.io_timeout_ms ? n->hooks.io_timeout_ms
+							  : KVT_NVME_IO_TIMEOUT_MS) * 1000000ull;
+	r = nvme_create_file(n, o, err, errlen);
 	if (r == 0)
-		r = nvme_check_dio(n, o->dir, err, errlen);
-	if (r == 0)
-		r = nvme_reserve(n, err, errlen);
+		r = nvme_setup_file(n, o, err, errlen);
 	if (r == 0)
 		r = nvme_alloc_staging(n, err, errlen);
 	if (r == 0)
@@ -416,320 +529,13 @@ kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, s
 		nvme_free(n, true);
 		return r;
 	}
+	n->unlink_on_free = false;
+	/* the codec runs on a thread of its own when the ring can wait with a timeout without
+	 * using the SQ (IORING_FEAT_EXT_ARG): the SQ is then shared with that thread under mu */
+	if (n->codec != KVT_CODEC_NONE && (n->ring.features & IORING_FEAT_EXT_ARG))
+		n->enc_on = pthread_create(&n->enc_thr, NULL, kvt_nvme_enc_main, n) == 0;
 	*out = n;
 	return 0;
-}
-
-/* ---- submission ---------------------------------------------------------------------------- */
-
-/* io_uring_submit the queued SQEs. Returns the number taken by the kernel or -errno. */
-static int
-nvme_flush(struct kvt_nvme *n)
-{
-	int r;
-
-	if (n->queued == 0)
-		return 0;
-	r = io_uring_submit(&n->ring);
-	if (r < 0)
-		return r;
-	n->queued -= (uint32_t)r < n->queued ? (uint32_t)r : n->queued;
-	return r;
-}
-
-/* Like nvme_flush, but a transient refusal (retried at the next flush) is not an error. */
-static int
-nvme_flush_soft(struct kvt_nvme *n)
-{
-	char eb[128];
-	int r = nvme_flush(n);
-
-	if (r == -EAGAIN || r == -EBUSY || r == -EINTR)
-		return 0;
-	if (r < 0)
-		return kvt_err(r, "nvme: io_uring_submit: %s", nvme_strerror(-r, eb, sizeof eb));
-	return r;
-}
-
-/* IOs the kernel holds: requests in use whose SQE it has taken. Only these can complete. */
-static uint32_t
-nvme_in_kernel(const struct kvt_nvme *n)
-{
-	return n->qd - n->n_free - n->queued;
-}
-
-/* Queue one SQE for the rest of @req's IO: bytes [done, slot_bytes) of its slot. */
-static int
-nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
-{
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&n->ring);
-	uint8_t *buf = req->buf + req->done;
-	unsigned len = (unsigned)(n->slot_bytes - req->done);
-	uint64_t off = (uint64_t)req->slot * n->slot_bytes + req->done;
-
-	if (!sqe) {
-		/* Not expected: every request owns at most one SQE and the SQ has qd entries. */
-		(void)nvme_flush(n);
-		sqe = io_uring_get_sqe(&n->ring);
-		if (!sqe)
-			return kvt_err(-EAGAIN, "nvme: submission queue full");
-	}
-	if (req->is_write && n->fixed_bufs)
-		io_uring_prep_write_fixed(sqe, n->fd, buf, len, off, (int)req->index);
-	else if (req->is_write)
-		io_uring_prep_write(sqe, n->fd, buf, len, off);
-	else if (n->fixed_bufs)
-		io_uring_prep_read_fixed(sqe, n->fd, buf, len, off, (int)req->index);
-	else
-		io_uring_prep_read(sqe, n->fd, buf, len, off);
-	io_uring_sqe_set_data(sqe, req);
-	n->queued++;
-	return 0;
-}
-
-/* Validate a submit and take a free request. Returns 0 with *reqp set, or a negative code. */
-static int
-nvme_req_get(struct kvt_nvme *n, uint32_t slot, const void *buf, const char *what,
-	     struct nvme_req **reqp)
-{
-	struct nvme_req *req;
-
-	if (!n || !buf)
-		return kvt_err(-EINVAL, "nvme %s: %s is NULL", what, n ? "buffer" : "tier");
-	if (slot >= n->n_slots)
-		return kvt_err(-EINVAL, "nvme %s: slot %u out of range (%u slots)", what, slot,
-			       n->n_slots);
-	if (n->n_free == 0)
-		return kvt_err(-EAGAIN, "nvme %s: all %u staging buffers busy; reap first", what,
-			       n->qd);
-	req = &n->reqs[n->free_stack[--n->n_free]];
-	req->slot = slot;
-	req->done = 0;
-	req->stalls = 0;
-	req->dst = NULL;
-	*reqp = req;
-	return 0;
-}
-
-static void
-nvme_req_put(struct kvt_nvme *n, struct nvme_req *req)
-{
-	n->free_stack[n->n_free++] = req->index;
-}
-
-/* Fill the padding and the trailer of a staging buffer that holds the block's bytes. */
-static void
-nvme_seal(const struct kvt_nvme *n, uint8_t *buf, uint32_t slot, uint64_t key)
-{
-	uint8_t *t = buf + n->slot_bytes - NVME_TRAILER_BYTES;
-
-	memset(buf + n->block_bytes, 0, n->slot_bytes - NVME_TRAILER_BYTES - n->block_bytes);
-	memcpy(t + NVME_TR_MAGIC, nvme_magic, sizeof nvme_magic);
-	nvme_put_le32(t + NVME_TR_VERSION, NVME_FORMAT_VERSION);
-	nvme_put_le32(t + NVME_TR_SLOT, slot);
-	nvme_put_le64(t + NVME_TR_BLOCK_BYTES, n->block_bytes);
-	nvme_put_le64(t + NVME_TR_KEY, key);
-	nvme_put_le64(t + NVME_TR_DATA_SUM, XXH3_64bits(buf, n->block_bytes));
-	nvme_put_le64(t + NVME_TR_SELF_SUM, XXH3_64bits(t, NVME_TR_SELF_SUM));
-	memset(t + NVME_TR_PAD, 0, NVME_TRAILER_BYTES - NVME_TR_PAD);
-}
-
-int
-kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64_t key,
-		      uint64_t user_data)
-{
-	struct nvme_req *req;
-	int r = nvme_req_get(n, slot, src, "write", &req);
-
-	if (r != 0)
-		return r;
-	req->is_write = true;
-	req->key = key;
-	req->user_data = user_data;
-	memcpy(req->buf, src, n->block_bytes);
-	nvme_seal(n, req->buf, slot, key);
-	r = nvme_queue_rest(n, req);
-	if (r != 0)
-		nvme_req_put(n, req);
-	return r;
-}
-
-int
-kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
-		     uint64_t user_data)
-{
-	struct nvme_req *req;
-	int r = nvme_req_get(n, slot, dst, "read", &req);
-
-	if (r != 0)
-		return r;
-	req->is_write = false;
-	req->key = key;
-	req->user_data = user_data;
-	req->dst = dst;
-	r = nvme_queue_rest(n, req);
-	if (r != 0)
-		nvme_req_put(n, req);
-	return r;
-}
-
-int
-kvt_nvme_flush(struct kvt_nvme *n)
-{
-	char eb[128];
-	int r;
-
-	if (!n)
-		return kvt_err(-EINVAL, "nvme flush: tier is NULL");
-	r = nvme_flush(n);
-	if (r < 0)
-		return kvt_err(r, "nvme: io_uring_submit: %s", nvme_strerror(-r, eb, sizeof eb));
-	return r;
-}
-
-/* ---- completion ---------------------------------------------------------------------------- */
-
-/* Check a fully read staging buffer against its trailer. Returns 0 or KVT_ECORRUPT. */
-static int
-nvme_verify(const struct kvt_nvme *n, const struct nvme_req *req)
-{
-	const uint8_t *t = req->buf + n->slot_bytes - NVME_TRAILER_BYTES;
-	uint32_t slot = req->slot;
-
-	if (memcmp(t + NVME_TR_MAGIC, nvme_magic, sizeof nvme_magic) != 0)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: no block trailer (bad magic)", slot);
-	if (XXH3_64bits(t, NVME_TR_SELF_SUM) != nvme_get_le64(t + NVME_TR_SELF_SUM))
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: trailer checksum mismatch", slot);
-	if (nvme_get_le32(t + NVME_TR_VERSION) != NVME_FORMAT_VERSION)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: format version %u, expected %u", slot,
-			       nvme_get_le32(t + NVME_TR_VERSION), NVME_FORMAT_VERSION);
-	if (nvme_get_le32(t + NVME_TR_SLOT) != slot)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: holds a block written to slot %u",
-			       slot, nvme_get_le32(t + NVME_TR_SLOT));
-	if (nvme_get_le64(t + NVME_TR_BLOCK_BYTES) != n->block_bytes)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: block_bytes %llu, expected %zu", slot,
-			       (unsigned long long)nvme_get_le64(t + NVME_TR_BLOCK_BYTES),
-			       n->block_bytes);
-	if (nvme_get_le64(t + NVME_TR_KEY) != req->key)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: key %#llx, expected %#llx", slot,
-			       (unsigned long long)nvme_get_le64(t + NVME_TR_KEY),
-			       (unsigned long long)req->key);
-	if (XXH3_64bits(req->buf, n->block_bytes) != nvme_get_le64(t + NVME_TR_DATA_SUM))
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch", slot);
-	return 0;
-}
-
-/*
- * A piece of @req's IO moved @got bytes, fewer than asked. Continue from the last 4 KiB
- * boundary reached (O_DIRECT needs aligned offsets). Returns 0 when a new SQE is queued, or the
- * code to complete @req with.
- */
-static int
-nvme_continue(struct kvt_nvme *n, struct nvme_req *req, size_t got)
-{
-	const char *what = req->is_write ? "write" : "read";
-	size_t reached = (req->done + got) & ~(size_t)(NVME_ALIGN - 1);
-
-	if (got == 0)
-		return kvt_err(KVT_ESHORTIO, "nvme %s of slot %u: no progress at byte %u of %zu",
-			       what, req->slot, req->done, n->slot_bytes);
-	if (n->closing)
-		return kvt_err(KVT_ESHORTIO, "nvme %s of slot %u: short while closing", what,
-			       req->slot);
-	if (reached == req->done) {
-		if (++req->stalls > KVT_NVME_MAX_STALLS)
-			return kvt_err(KVT_ESHORTIO,
-				       "nvme %s of slot %u: stuck at byte %u of %zu after %u retries",
-				       what, req->slot, req->done, n->slot_bytes, req->stalls - 1);
-	} else {
-		req->stalls = 0;
-		req->done = (uint32_t)reached;
-	}
-	return nvme_queue_rest(n, req);
-}
-
-/*
- * Interpret one CQE of @req with result @res. Returns 1 when @req finished (*c filled, @req back
- * on the free stack), 0 when it was continued with a new SQE.
- */
-static int
-nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
-{
-	size_t left = n->slot_bytes - req->done;
-	uint64_t off = (uint64_t)req->slot * n->slot_bytes + req->done;
-	char eb[128];
-
-	if (n->hooks.on_complete)
-		n->hooks.on_complete(n->hooks.arg, req->is_write, req->slot, req->buf + req->done,
-				     left, off, &res);
-	if (res < 0) {
-		kvt_err(res, "nvme %s of slot %u: %s", req->is_write ? "write" : "read", req->slot,
-			nvme_strerror(-res, eb, sizeof eb));
-	} else if ((size_t)res < left) {
-		res = nvme_continue(n, req, (size_t)res);
-		if (res == 0)
-			return 0;
-	} else if ((size_t)res > left) {
-		res = kvt_err(-EIO, "nvme slot %u: %d bytes done of %zu asked", req->slot, res,
-			      left);
-	} else if (req->is_write || n->closing) {
-		res = 0;
-	} else {
-		res = nvme_verify(n, req);
-		if (res == 0)
-			memcpy(req->dst, req->buf, n->block_bytes);
-	}
-	c->user_data = req->user_data;
-	c->res = res;
-	c->is_write = req->is_write;
-	c->slot = req->slot;
-	nvme_req_put(n, req);
-	return 1;
-}
-
-int
-kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool wait)
-{
-	struct io_uring_cqe *cqe;
-	struct nvme_req *req;
-	uint32_t got = 0;
-	char eb[128];
-	int r, res;
-
-	if (!n || (!out && max > 0))
-		return kvt_err(-EINVAL, "nvme reap: %s is NULL", n ? "out" : "tier");
-	r = nvme_flush_soft(n);
-	if (r < 0)
-		return r;
-	while (got < max) {
-		r = io_uring_peek_cqe(&n->ring, &cqe);
-		if (r == -EAGAIN) {
-			/* Nothing ready: block only if asked to, nothing was reaped yet, and the
-			 * kernel holds an IO that will complete. */
-			if (!wait || got > 0 || nvme_in_kernel(n) == 0)
-				break;
-			r = io_uring_wait_cqe(&n->ring, &cqe);
-			if (r == -EINTR)
-				continue;
-		}
-		if (r < 0) {
-			if (got > 0)
-				break;
-			return kvt_err(r, "nvme: io_uring wait: %s",
-				       nvme_strerror(-r, eb, sizeof eb));
-		}
-		req = io_uring_cqe_get_data(cqe);
-		res = cqe->res;
-		io_uring_cqe_seen(&n->ring, cqe);
-		if (!req)
-			continue;
-		got += (uint32_t)nvme_complete(n, req, res, &out[got]);
-		/* A continued short IO queued an SQE: hand it over before we may wait. */
-		r = nvme_flush_soft(n);
-		if (r < 0)
-			return got > 0 ? (int)got : r;
-	}
-	return (int)got;
 }
 
 void
@@ -742,7 +548,9 @@ kvt_nvme_close(struct kvt_nvme *n)
 	if (!n)
 		return;
 	n->closing = true;
-	while (n->n_free < n->qd) {
+	/* retired requests' CQEs were consumed (only the fate hook loses them): their buffers are
+	 * free of the kernel; abandoned ones may still be written by it */
+	while (n->n_free + n->n_retired < n->qd) {
 		r = kvt_nvme_reap(n, sink, NVME_CLOSE_BATCH, true);
 		if (r > 0)
 			continue;
@@ -754,6 +562,7 @@ kvt_nvme_close(struct kvt_nvme *n)
 			n->qd - n->n_free);
 		break;
 	}
+	kvt_nvme_enc_stop(n);
 	nvme_free(n, drained);
 }
 
@@ -774,7 +583,7 @@ kvt_nvme_slot_bytes(const struct kvt_nvme *n)
 uint32_t
 kvt_nvme_inflight(const struct kvt_nvme *n)
 {
-	return n->qd - n->n_free;
+	return n->qd - n->n_free - n->n_retired - n->n_abandoned;
 }
 
 uint32_t
@@ -787,4 +596,79 @@ const char *
 kvt_nvme_path(const struct kvt_nvme *n)
 {
 	return n->path;
+}
+
+uint64_t
+kvt_nvme_epoch(const struct kvt_nvme *n)
+{
+	return n->sb.epoch;
+}
+
+uint64_t
+kvt_nvme_store_id(const struct kvt_nvme *n)
+{
+	return n->sb.store_id;
+}
+
+bool
+kvt_nvme_buffered(const struct kvt_nvme *n)
+{
+	return n->buffered;
+}
+
+bool
+kvt_nvme_persistent(const struct kvt_nvme *n)
+{
+	return n->persist;
+}
+
+int
+kvt_nvme_sync(struct kvt_nvme *n)
+{
+	char eb[128];
+	int e;
+
+	if (fdatasync(n->fd) == 0)
+		return 0;
+	e = errno;
+	return kvt_err(-e, "nvme: fdatasync %s: %s", n->path, nvme_strerror(e, eb, sizeof eb));
+}
+
+int
+kvt_nvme_read_header(struct kvt_nvme *n, uint32_t slot, struct kvt_fmt_blkhdr *h)
+{
+	uint64_t off = KVT_FMT_SUPER_BYTES + (uint64_t)slot * n->slot_bytes;
+	void *buf = NULL;
+	char eb[128];
+	ssize_t r;
+	int e, rc;
+
+	if (slot >= n->n_slots)
+		return kvt_err(KVT_ECORRUPT, "nvme: slot %u out of range (%u slots)", slot,
+			       n->n_slots);
+	if (posix_memalign(&buf, NVME_ALIGN, NVME_ALIGN) != 0)
+		return kvt_err(-ENOMEM, "nvme: header buffer");
+	r = pread(n->fd, buf, NVME_ALIGN, (off_t)off);
+	e = errno;
+	if (r < (ssize_t)NVME_HDR) {
+		free(buf);
+		if (r < 0)
+			return kvt_err(-e, "nvme: reading the header of slot %u: %s", slot,
+				       nvme_strerror(e, eb, sizeof eb));
+		return kvt_err(-EIO, "nvme: short read of the header of slot %u", slot);
+	}
+	rc = kvt_fmt_blkhdr_decode(buf, (size_t)r, h);
+	free(buf);
+	if (rc == 0 && h->slot != slot)
+		rc = kvt_err(KVT_ECORRUPT, "slot %u holds a header of slot %u", slot, h->slot);
+	return rc;
+}
+
+void
+kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot)
+{
+	if (slot < n->n_slots)
+		(void)fallocate(n->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				(off_t)(KVT_FMT_SUPER_BYTES + (uint64_t)slot * n->slot_bytes),
+				(off_t)n->slot_bytes);
 }

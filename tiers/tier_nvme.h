@@ -3,22 +3,35 @@
  * tiers/tier_nvme.h - the NVME tier (internal): one file of fixed-size slots under a directory,
  * opened O_DIRECT and driven by io_uring.
  *
- * On-disk slot layout (slot_bytes = round_up(block_bytes + 64, 4096)):
- *   [0, block_bytes)                 the block's bytes
- *   [block_bytes, slot_bytes - 64)   zero padding (not verified)
- *   [slot_bytes - 64, slot_bytes)    trailer, little-endian fixed-width fields:
- *       +0  u8[8] magic "KVTBLK01"     +8  u32 format version (1)   +12 u32 slot id
- *       +16 u64 block_bytes            +24 u64 key                  +32 u64 XXH3-64 of the data
- *       +40 u64 XXH3-64 of bytes +0..+40 of the trailer             +48 16 zero bytes
- * Every read verifies the trailer checksum, magic, version, slot, block_bytes, key and the data
- * checksum; any mismatch completes with KVT_ECORRUPT, never with data copied into the caller's
- * buffer. A slot never written reads as zeros and so fails too. The file lives only as long as
- * the tier (it is unlinked on close), so the format carries no model fingerprint yet.
+ * On-disk layout (docs/FORMAT.md, tiers/format.h): a 4 KiB superblock (layout fingerprint,
+ * format version, epoch), then slot s at 4096 + s * slot_bytes, slot_bytes =
+ * round_up(128 + block_bytes, 4096): a 128-byte block header (magic, version, slot, write key,
+ * session key, block index, raw and stored length, codec, content hash, XXH3-64 of the raw block,
+ * XXH3-64 of the header), the payload (raw, or encoded by tiers/codec.c when that saves at least
+ * min_saving), zero padding to the next 4 KiB. A write moves only round_up(128 + stored, 4096)
+ * bytes, and so does a read that is told the stored length. Every read verifies the header
+ * (checksum, magic, version, slot, raw length, key), decodes, and checks the raw checksum; any
+ * mismatch completes with KVT_ECORRUPT. A slot never written reads as zeros and so fails too.
+ *
+ * The file is either private (kvtier-<pid>-<n>.slots, unlinked on close) or the persistent store
+ * (kvtier.store, kept; opened again if present and its superblock matches, refused with
+ * KVT_EFORMAT otherwise; flock'ed so that one process uses it at a time). Each open of the
+ * persistent store bumps the superblock's epoch durably, so write keys made of
+ * (epoch << 40) | counter never repeat across restarts.
+ *
+ * With a codec, writes are encoded on the tier's encoder thread (when the kernel supports waiting
+ * with a timeout without the SQ, IORING_FEAT_EXT_ARG; otherwise inline at submit): submit copies
+ * the block into its staging buffer and returns, the thread encodes it there, then queues and
+ * submits the SQE. The SQ is shared under an internal mutex; completions are still reaped (and
+ * reads decoded and verified) by the caller of kvt_nvme_reap().
  *
  * IO goes through 4 KiB-aligned staging buffers owned by the tier (one per queue entry,
  * registered with io_uring when the kernel allows it): a write copies the caller's bytes at
  * submit time (the caller's buffer may be reused at once); a read copies into the caller's
  * buffer only after verification, in kvt_nvme_reap(). No memory is allocated per IO.
+ *
+ * Completions that do not come are timed out (KVT_NVME_IO_TIMEOUT_MS, -ETIMEDOUT); waiting for
+ * them uses io_uring_wait_cqe_timeout up to the earliest deadline, never a busy loop.
  *
  * Short reads and writes are continued from where they stopped, rounded down to 4 KiB because
  * O_DIRECT needs aligned offsets (re-transferring a few bytes is harmless). A completion of 0
@@ -30,7 +43,8 @@
  * hands them to the kernel. The CQ has twice as many entries as there are staging buffers and at
  * most one IO per buffer is in the kernel, so completions can never overflow it.
  *
- * Threading: not thread-safe; the engine calls it under its mutex.
+ * Threading: not thread-safe for its callers (the engine calls it under its mutex); the encoder
+ * thread is internal.
  */
 #ifndef KVT_TIERS_TIER_NVME_H
 #define KVT_TIERS_TIER_NVME_H
@@ -38,6 +52,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kvtier.h"
+#include "tiers/format.h"
 
 struct kvt_nvme;
 
@@ -55,10 +72,30 @@ struct kvt_nvme_fault_hooks {
 	void (*on_complete)(void *arg, bool is_write, uint32_t slot, void *buf, size_t len,
 			    uint64_t off, int *res);
 	void *arg;
+	/* Called first for every CQE (NULL: always normal). KVT_NVME_FATE_LOSE drops the CQE as if
+	 * the kernel never posted it: the IO then times out. KVT_NVME_FATE_DELAY keeps it and hands
+	 * it in at a later reap: a late, reordered completion. */
+	int (*fate)(void *arg, bool is_write, uint32_t slot);
+	uint32_t io_timeout_ms; /* deadline of one IO piece; 0 = KVT_NVME_IO_TIMEOUT_MS */
 };
+
+enum { KVT_NVME_FATE_NORMAL = 0, KVT_NVME_FATE_LOSE = 1, KVT_NVME_FATE_DELAY = 2 };
+
+/*
+ * An IO piece whose completion has not come within this time is completed with -ETIMEDOUT. Its
+ * staging buffer stays out of use until the kernel's completion arrives after all (then it is
+ * recycled silently); one that never arrives is leaked at close rather than freed under the
+ * kernel. A late write cannot harm: its write key no longer matches the slot's next owner.
+ */
+#define KVT_NVME_IO_TIMEOUT_MS 30000u
 
 struct kvt_nvme_opts {
 	const char *dir;            /* directory; must exist and be writable */
+	struct kvt_layout layout;   /* the model layout (fingerprint, element size); may be zero */
+	int codec;                  /* enum kvt_codec of writes (KVT_CODEC_NONE = raw) */
+	double min_saving;          /* keep an encoding only if it saves this fraction (0..1) */
+	bool persist;               /* open or create "<dir>/kvtier.store" and keep it */
+	bool buffered_fallback;     /* O_DIRECT refused: use buffered IO instead of failing */
 	uint64_t capacity_bytes;    /* rounded down to whole slots; must hold >= 1 slot */
 	size_t block_bytes;         /* bytes of one block */
 	uint32_t queue_depth;       /* io_uring entries and staging buffers; 1..4096 */
@@ -71,11 +108,23 @@ struct kvt_nvme_cqe {
 	int res;            /* 0 ok; -EIO, -ENOSPC ..., KVT_ESHORTIO, KVT_ECORRUPT */
 	bool is_write;      /* which kind it was */
 	uint32_t slot;      /* the slot */
+	uint32_t stored;    /* writes: payload bytes stored (raw_len when raw) */
+	uint32_t codec;     /* writes: codec of the payload */
+	uint64_t sum;       /* writes: XXH3-64 of the raw block */
+};
+
+/** What a write records in the block header besides the data. */
+struct kvt_nvme_wmeta {
+	uint64_t key;     /* write key, checked on read */
+	uint64_t session; /* session key (0 = none) */
+	uint32_t index;   /* block index in the session */
+	uint8_t hash[16]; /* content hash (zeros when unknown) */
 };
 
 /**
- * Open the tier: creates "<dir>/kvtier-<pid>-<counter>.slots" mode 0600, O_DIRECT, reserves its
- * size with fallocate (ftruncate where fallocate is not supported), sets up io_uring.
+ * Open the tier: creates "<dir>/kvtier-<pid>-<counter>.slots" (or opens/creates the persistent
+ * "<dir>/kvtier.store") mode 0600, O_DIRECT, reserves its size with fallocate (ftruncate where
+ * fallocate is not supported), writes (or reads and checks) the superblock, sets up io_uring.
  * @o:      options; copied (dir and hooks too), the caller may free them afterwards.
  * @out:    receives the tier; NULL on failure.
  * @err:    receives the failure message (the same text as kvt_last_error_message()); may be
@@ -83,30 +132,34 @@ struct kvt_nvme_cqe {
  * Returns 0, or -errno: -EINVAL (bad options, capacity below one slot or above 2^32-1 slots,
  * filesystem refuses O_DIRECT or, per statx, needs an alignment that does not divide 4 KiB),
  * -ENOENT (no dir), -ENOTDIR, -EACCES (dir not writable, also on a read-only filesystem),
- * -ENOSPC (fallocate could not reserve the space), -ENOMEM, or the error of io_uring_queue_init.
- * Nothing is left behind on failure (the file is removed).
+ * -ENOSPC (fallocate could not reserve the space), -ENOMEM, KVT_EFORMAT (an existing store
+ * was made for another layout/geometry/codec/version), -EBUSY (another process holds the store),
+ * or the error of io_uring_queue_init. Nothing is left behind on failure (a file created by this
+ * call is removed; an existing store is never modified when refused).
  */
 int kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, size_t errlen);
 
 /**
  * Wait for all IO in flight (their completions are discarded, read destinations are not
- * written), close and unlink the file, free @n. NULL is accepted. If the ring fails so that
- * in-flight IO cannot be waited for, the staging buffers are leaked rather than freed under the
- * kernel's feet.
+ * written), close the file (unlink it unless persistent), free @n. NULL is accepted. If the
+ * ring fails so that in-flight IO cannot be waited for, the staging buffers are leaked rather
+ * than freed under the kernel's feet.
  */
 void kvt_nvme_close(struct kvt_nvme *n);
 
 /** Number of slots in the file (capacity_bytes / slot_bytes). */
 uint32_t kvt_nvme_n_slots(const struct kvt_nvme *n);
-/** Bytes one slot takes in the file: round_up(block_bytes + 64, 4096). */
+/** Bytes one slot takes in the file: round_up(block_bytes + 128, 4096). */
 size_t kvt_nvme_slot_bytes(const struct kvt_nvme *n);
-/** IOs submitted whose completion has not been returned by kvt_nvme_reap() yet. */
+/** IOs submitted whose completion has not been returned by kvt_nvme_reap() yet (timed-out ones
+ * excluded: their completion was returned, -ETIMEDOUT). */
 uint32_t kvt_nvme_inflight(const struct kvt_nvme *n);
-/** Free staging buffers: a submit when this is 0 returns -EAGAIN (reap first). */
+/** Free staging buffers: a submit when this is 0 returns -EAGAIN (reap first). Timed-out IOs
+ * keep theirs until the kernel completes them after all. */
 uint32_t kvt_nvme_free_qd(const struct kvt_nvme *n);
 
 /**
- * Queue a write of block_bytes from @src into @slot, tagged with @key (stored in the trailer and
+ * Queue a write of block_bytes from @src into @slot, tagged with @key (stored in the header and
  * checked on read). @src is copied before return. The IO is queued, not yet submitted (see
  * kvt_nvme_flush). Returns 0 (exactly one completion will come from reap), -EAGAIN (no free
  * staging buffer: reap first), -EINVAL (slot out of range, src NULL); nothing is queued on error.
@@ -115,8 +168,10 @@ int kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, ui
 			  uint64_t user_data);
 
 /**
- * Queue a read of @slot into @dst (block_bytes). @dst is written only if the data verify
- * (during the kvt_nvme_reap() that returns this completion), so it must stay valid until then.
+ * Queue a read of @slot into @dst (block_bytes). @dst is written during the kvt_nvme_reap() that
+ * returns this completion (so it must stay valid until then): with the verified bytes, or, when
+ * the completion fails, with nothing (raw blocks) or undefined bytes (encoded blocks are decoded
+ * into it before the checksum can be compared). Never while closing.
  * Returns 0 (exactly one completion will come from reap), -EAGAIN, -EINVAL (slot, dst NULL).
  */
 int kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
@@ -128,6 +183,42 @@ int kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t 
  * ring's negative error (-EAGAIN/-EBUSY: try again after reaping); unsubmitted IO stays queued.
  */
 int kvt_nvme_flush(struct kvt_nvme *n);
+
+/**
+ * Like kvt_nvme_submit_write, with the header's session, index and content hash. The block is
+ * encoded with the tier's codec here (on the calling thread) when that pays.
+ */
+int kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
+			       const struct kvt_nvme_wmeta *m, uint64_t user_data);
+
+/**
+ * Like kvt_nvme_submit_read, reading only round_up(128 + @stored, 4096) bytes when @stored (the
+ * payload length its write completion reported) is not 0. A header that disagrees fails the read.
+ */
+int kvt_nvme_submit_read_len(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+			     uint32_t stored, uint64_t user_data);
+
+/**
+ * Read and parse the header of @slot synchronously (pread; for restore, not for the data path).
+ * Returns 0, KVT_ECORRUPT (no valid header), or -errno of the read.
+ */
+int kvt_nvme_read_header(struct kvt_nvme *n, uint32_t slot, struct kvt_fmt_blkhdr *h);
+
+/** Give the filesystem back the space of free @slot (FALLOC_FL_PUNCH_HOLE; best effort: thin
+ * and copy-on-write volumes regain it). The slot stays usable. */
+void kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot);
+
+/** Make every completed write durable (fdatasync of the file). 0 or -errno. */
+int kvt_nvme_sync(struct kvt_nvme *n);
+
+/** The superblock's epoch of this open (persistent store: bumped at every open; else 1). */
+uint64_t kvt_nvme_epoch(const struct kvt_nvme *n);
+/** The superblock's store id (random at creation). */
+uint64_t kvt_nvme_store_id(const struct kvt_nvme *n);
+/** Whether the file was opened without O_DIRECT (buffered fallback). */
+bool kvt_nvme_buffered(const struct kvt_nvme *n);
+/** Whether this is the persistent store (kept on close). */
+bool kvt_nvme_persistent(const struct kvt_nvme *n);
 
 /** Path of the slot file (owned by @n, valid until kvt_nvme_close). */
 const char *kvt_nvme_path(const struct kvt_nvme *n);

@@ -166,18 +166,22 @@ static void xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res);
 static int
 xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 {
-	uint64_t key = e->blocks[x->block].nvme_key;
+	struct kvt_block *b = &e->blocks[x->block];
+	struct kvt_nvme_wmeta m = { .key = b->nvme_key, .index = b->index };
 	int rc;
 
+	if (!b->dead && b->seq < e->cap_seqs)
+		m.session = e->seqs[b->seq].session_key;
 	for (;;) {
 		if (x->kind == KVT_X_H2N)
-			rc = kvt_nvme_submit_write(e->nvme, x->dst_slot,
-						   kvt_slot_addr(e, KVT_TIER_HOST, x->src_slot), key,
-						   (uint64_t)(uintptr_t)x);
+			rc = kvt_nvme_submit_write_meta(
+				e->nvme, x->dst_slot, kvt_slot_addr(e, KVT_TIER_HOST, x->src_slot),
+				&m, (uint64_t)(uintptr_t)x);
 		else
-			rc = kvt_nvme_submit_read(e->nvme, x->src_slot,
-						  kvt_slot_addr(e, KVT_TIER_HOST, x->dst_slot), key,
-						  (uint64_t)(uintptr_t)x);
+			rc = kvt_nvme_submit_read_len(e->nvme, x->src_slot,
+						      kvt_slot_addr(e, KVT_TIER_HOST, x->dst_slot),
+						      b->nvme_key, b->nvme_stored,
+						      (uint64_t)(uintptr_t)x);
 		if (rc != -EAGAIN)
 			break;
 		/* queue full: finish something first (the block itself is busy, so safe) */
@@ -216,7 +220,8 @@ kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_s
 		return kvt_err(-ENOMEM, "transfer record");
 	/* a fresh key per write: the trailer ties the slot's bytes to this one write, so bytes
 	 * left by an earlier block (ids and slots are reused) can never verify */
-	e->blocks[id].nvme_key = ++e->nvme_writes;
+	e->blocks[id].nvme_key = e->key_base | (++e->nvme_writes & ((1ull << 40) - 1));
+	e->blocks[id].nvme_stored = 0;
 	x->evict_src = evict_src;
 	if (evict_src)
 		e->demoting[KVT_TIER_HOST]++;
@@ -254,6 +259,8 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 
 	if (res < 0 && x->kind == KVT_X_H2N)
 		e->st.io_errors++;
+	if (res == -ENOSPC && x->kind == KVT_X_H2N)
+		kvt_nvme_enospc(e);
 	if (res < 0 || !current) {
 		/* failed or stale: the destination is not findable, its slot goes back; the
 		 * source copy stays (case d: nothing referenced is lost) */
@@ -457,6 +464,25 @@ xstream_poll(struct kvt_engine *e, struct kvt_xstream *xs, uint32_t max, int *do
 	return 0;
 }
 
+/* A write landed: remember how it was stored (the read asks for that much, the store's record
+ * carries it) and count the codec's effect. */
+static void
+xfer_note_write(struct kvt_engine *e, struct kvt_xfer *x, const struct kvt_nvme_cqe *c)
+{
+	struct kvt_block *b = &e->blocks[x->block];
+
+	e->st.codec_raw_bytes += e->block_bytes;
+	e->st.codec_stored_bytes += c->stored;
+	e->st.codec_blocks += c->codec != KVT_CODEC_NONE;
+	if (x->ver != b->ver)
+		return;
+	b->nvme_stored = c->stored;
+	b->nvme_codec = c->codec;
+	b->nvme_sum = c->sum;
+	if (!b->dead && b->seq < e->cap_seqs && e->seqs[b->seq].pub_pending)
+		e->pub_check = true;
+}
+
 static int
 xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 {
@@ -475,8 +501,12 @@ xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 			return kvt_err(n, "reaping NVMe completions");
 		wait = false;
 		for (i = 0; i < n; i++) {
+			struct kvt_xfer *x = (struct kvt_xfer *)(uintptr_t)cqe[i].user_data;
+
 			e->nvme_inflight--;
-			xfer_complete(e, (struct kvt_xfer *)(uintptr_t)cqe[i].user_data, cqe[i].res);
+			if (cqe[i].is_write && cqe[i].res == 0)
+				xfer_note_write(e, x, &cqe[i]);
+			xfer_complete(e, x, cqe[i].res);
 			(*done)++;
 		}
 	} while (n == (int)want && (!max || (uint32_t)*done < max));
@@ -493,6 +523,8 @@ kvt_xfer_poll(struct kvt_engine *e, uint32_t max)
 		rc = xstream_poll(e, &e->h2d, max, &done);
 	if (!rc)
 		rc = xfer_nvme_poll(e, max, false, &done);
+	if (e->pub_check)
+		kvt_persist_publish(e);
 	return rc ? rc : done;
 }
 

@@ -112,8 +112,8 @@ tsup_engine(const struct tsup_cfg *c, char **dir)
 	if (c->nvme_blocks) {
 		*dir = tsup_mkdtemp();
 		o.nvme_dir = *dir;
-		/* NVMe slots are the block plus a 64-byte trailer rounded up to 4 KiB */
-		o.nvme_bytes = (uint64_t)c->nvme_blocks * ((bb + 64 + 4095) / 4096 * 4096);
+		/* NVMe slots are a 128-byte header plus the block, rounded up to 4 KiB */
+		o.nvme_bytes = (uint64_t)c->nvme_blocks * ((bb + 128 + 4095) / 4096 * 4096);
 	}
 	rc = kvt_engine_create(&o, &e);
 	if (rc)

@@ -10,5 +10,6 @@ struct kvtb_mode {
 };
 
 /* one declaration per mode, each defined in tools/kvtier-bench/<mode>.c */
+int kvtb_nvme_main(int argc, char **argv);
 
 #endif

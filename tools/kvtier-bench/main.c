@@ -12,6 +12,7 @@
 
 static const struct kvtb_mode kvtb_modes[] = {
 	/* { "name", entry, "one-line summary" }, one line per mode, sorted by name */
+	{ "nvme", kvtb_nvme_main, "NVMe tier vs fio, park/resume to NVMe, codec on real K/V" },
 	{ NULL, NULL, NULL },
 };
 

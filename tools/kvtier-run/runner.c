@@ -369,9 +369,10 @@ run_engine_create(struct run_ctx *c)
 	eo.layout.tokens_per_block = o->tokens_per_block;
 	eo.hbm_bytes = o->hbm_bytes ? o->hbm_bytes : nblocks * block;
 	eo.host_bytes = o->host_bytes ? o->host_bytes : nblocks * block;
-	/* NVMe slots carry a 64-byte trailer and are 4 KiB aligned (tiers/tier_nvme.h) */
+	/* NVMe slots carry a 128-byte header and are 4 KiB aligned (tiers/tier_nvme.h) */
 	eo.nvme_bytes = o->nvme_bytes ? o->nvme_bytes
-				      : nblocks * ((block + 64 + 4095) / 4096 * 4096);
+				      : nblocks * ((block + 128 + 4095) / 4096 * 4096);
+	eo.nvme_codec = o->nvme_codec;
 	if (o->nvme_dir) {
 		eo.nvme_dir = o->nvme_dir;
 	} else {

@@ -72,6 +72,7 @@ struct kvtr_run_opts {
 	void (*step_hook)(void *arg, struct kvt_engine *e, uint64_t step); /* tests: called
 	                                        after every kvtier step; NULL = none */
 	void *hook_arg;                      /* passed to step_hook */
+	enum kvt_codec nvme_codec;           /* codec of blocks written to NVMe (default none) */
 };
 
 /** What one session produced in one turn. */

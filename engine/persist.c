@@ -1,0 +1,422 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/persist.c - parked sessions that survive a restart: publishing them in the persistent
+ * NVMe store's journal, restoring them, listing and dropping them (kvtier.h, docs/FORMAT.md).
+ *
+ * Two-phase publish: a sequence with a session key parked to NVMe is marked pub_pending. Once
+ * every one of its blocks has a valid NVMe copy (its write completed), kvt_persist_publish()
+ * makes the store file durable (fdatasync: phase 1, data), then appends one PUT record per ready
+ * session to the journal and makes it durable (phase 2, publish). Both are grouped: one pair of
+ * fdatasyncs for all sessions that became ready in one poll. A crash before phase 2 leaves the
+ * previous record (if any), whose blocks are checked against their headers at restore.
+ *
+ * Slots: at open, the NVMe slots of the published sessions are taken out of the allocator with
+ * owner KVT_SLOT_STORED, so nothing overwrites them until the session is restored (the slots
+ * become its blocks' copies), dropped, or given up to make room (kvt_persist_reclaim).
+ *
+ * All functions need e->lock (the public ones take it).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_impl.h"
+
+#define PERSIST_NO_SEQ UINT32_MAX
+
+/* Give the KVT_SLOT_STORED slots of @rec back to the allocator. */
+static void
+persist_free_slots(struct kvt_engine *e, const struct kvt_store_sess *rec)
+{
+	for (uint32_t i = 0; i < rec->n_blocks; i++) {
+		uint32_t sl = rec->blocks[i].slot;
+
+		if (sl < e->slots[KVT_TIER_NVME].n_slots &&
+		    e->owner[KVT_TIER_NVME][sl] == KVT_SLOT_STORED)
+			kvt_slot_free(e, KVT_TIER_NVME, sl);
+	}
+}
+
+/* Forget a restorable session: slots back, DEL record (made durable with the next commit). */
+static int
+persist_drop(struct kvt_engine *e, struct kvt_store_sess *rec)
+{
+	persist_free_slots(e, rec);
+	return kvt_store_del(e->store, rec->key);
+}
+
+int
+kvt_persist_open(struct kvt_engine *e)
+{
+	uint32_t n = 0, cap = 0, *slots = NULL, i, b;
+	struct kvt_store_sess *rec;
+	int rc;
+
+	rc = kvt_store_open(e->nvme_dir, kvt_nvme_store_id(e->nvme), kvt_nvme_n_slots(e->nvme),
+			    kvt_nvme_epoch(e->nvme) == 1, &e->store);
+	if (rc)
+		return rc;
+	for (i = 0; i < kvt_store_count(e->store); i++)
+		cap += kvt_store_at(e->store, i)->n_blocks;
+	slots = kvt_malloc((cap ? cap : 1) * sizeof *slots);
+	if (!slots)
+		return kvt_err(-ENOMEM, "store: %u slots", cap);
+	for (i = 0; i < kvt_store_count(e->store); i++) {
+		rec = kvt_store_at(e->store, i);
+		rec->open_seq = PERSIST_NO_SEQ;
+		for (b = 0; b < rec->n_blocks; b++)
+			slots[n++] = rec->blocks[b].slot;
+	}
+	/* the journal's replay guarantees distinct, in-range slots */
+	rc = kvt_slots_take(&e->slots[KVT_TIER_NVME], slots, n);
+	for (i = 0; rc == 0 && i < n; i++)
+		e->owner[KVT_TIER_NVME][slots[i]] = KVT_SLOT_STORED;
+	kvt_free(slots);
+	if (rc)
+		return kvt_err(rc, "store: the journal's sessions claim slots twice");
+	return 0;
+}
+
+void
+kvt_persist_close(struct kvt_engine *e)
+{
+	if (!e->store)
+		return;
+	kvt_persist_publish(e);
+	kvt_store_close(e->store);
+	e->store = NULL;
+}
+
+void
+kvt_persist_parked(struct kvt_engine *e, struct kvt_seqrec *s)
+{
+	if (!e->store || !s->session_key)
+		return;
+	s->pub_pending = 1;
+	e->pub_check = true;
+}
+
+void
+kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s)
+{
+	struct kvt_store_sess *rec;
+
+	s->pub_pending = 0;
+	if (!e->store || !s->session_key)
+		return;
+	rec = kvt_store_find(e->store, s->session_key);
+	if (rec && rec->open_seq == (uint32_t)(s - e->seqs))
+		(void)kvt_store_del(e->store, s->session_key); /* its slots belong to its blocks */
+}
+
+/* Whether every block of @s has a completed, valid NVMe copy. */
+static bool
+persist_ready(struct kvt_engine *e, const struct kvt_seqrec *s)
+{
+	for (uint32_t i = 0; i < s->n_blocks; i++) {
+		const struct kvt_block *b = &e->blocks[s->blocks[i]];
+
+		if (!kvt_copy_valid(b, KVT_TIER_NVME) || !b->nvme_stored)
+			return false;
+	}
+	return true;
+}
+
+/* Phase 2 for one ready sequence: its PUT record. */
+static int
+persist_put(struct kvt_engine *e, uint32_t idx)
+{
+	struct kvt_seqrec *s = &e->seqs[idx];
+	struct kvt_store_sess *old = kvt_store_find(e->store, s->session_key);
+	struct kvt_fmt_blkref *refs;
+	int rc;
+
+	if (old && old->open_seq == PERSIST_NO_SEQ)
+		persist_free_slots(e, old); /* a new sequence reused the key of a stored one */
+	refs = kvt_calloc(s->n_blocks ? s->n_blocks : 1, sizeof *refs);
+	if (!refs)
+		return kvt_err(-ENOMEM, "publishing a session of %u blocks", s->n_blocks);
+	for (uint32_t i = 0; i < s->n_blocks; i++) {
+		const struct kvt_block *b = &e->blocks[s->blocks[i]];
+
+		refs[i].slot = b->slot[KVT_TIER_NVME];
+		refs[i].stored_len = b->nvme_stored;
+		refs[i].key = b->nvme_key;
+		refs[i].sum = b->nvme_sum;
+		refs[i].codec = b->nvme_codec;
+	}
+	rc = kvt_store_put(e->store, s->session_key, s->tenant, s->priority, s->tokens,
+			   s->n_tokens, refs, s->n_blocks, idx);
+	kvt_free(refs);
+	return rc;
+}
+
+void
+kvt_persist_publish(struct kvt_engine *e)
+{
+	uint32_t i, ready = 0;
+	bool synced = false;
+	int rc = 0;
+
+	e->pub_check = false;
+	for (i = 0; i < e->cap_seqs; i++) {
+		struct kvt_seqrec *s = &e->seqs[i];
+
+		if (!s->open || !s->pub_pending)
+			continue;
+		if (!e->store || !s->parked) {
+			s->pub_pending = 0; /* resumed (or appended) before its park completed */
+			continue;
+		}
+		if (!persist_ready(e, s))
+			continue;
+		if (!synced) {
+			rc = kvt_nvme_sync(e->nvme); /* phase 1: the data are durable */
+			if (rc)
+				break;
+			synced = true;
+		}
+		rc = persist_put(e, i);
+		if (rc)
+			break;
+		s->pub_pending = 0;
+		ready++;
+	}
+	if (rc == 0 && ready)
+		rc = kvt_store_commit(e->store); /* phase 2: the records are durable */
+	if (rc) {
+		kvt_engine_log(e, KVT_LOG_ERROR, "publishing parked sessions: %s",
+			       kvt_last_error_message());
+		e->pub_check = true; /* try again at the next poll */
+	}
+}
+
+int
+kvt_persist_reclaim(struct kvt_engine *e, uint32_t need)
+{
+	uint32_t freed = 0;
+
+	while (e->store && freed < need) {
+		struct kvt_store_sess *oldest = NULL;
+
+		for (uint32_t i = 0; i < kvt_store_count(e->store); i++) {
+			struct kvt_store_sess *r = kvt_store_at(e->store, i);
+
+			if (r->open_seq == PERSIST_NO_SEQ && r->n_blocks &&
+			    (!oldest || r->seqno < oldest->seqno))
+				oldest = r;
+		}
+		if (!oldest)
+			break;
+		freed += oldest->n_blocks;
+		kvt_engine_log(e, KVT_LOG_WARN, "NVMe tier full: dropping stored session %#llx "
+			       "(%u blocks)", (unsigned long long)oldest->key, oldest->n_blocks);
+		(void)persist_drop(e, oldest);
+	}
+	return (int)freed;
+}
+
+/* ---- public API --------------------------------------------------------------------------- */
+
+int
+kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap)
+{
+	uint32_t n = 0;
+
+	if (!e || (!keys && cap))
+		return kvt_err(-EINVAL, "kvt_session_list: engine or keys is NULL");
+	kvt_lock(e);
+	for (uint32_t i = 0; e->store && i < kvt_store_count(e->store); i++) {
+		struct kvt_store_sess *r = kvt_store_at(e->store, i);
+
+		if (r->open_seq != PERSIST_NO_SEQ)
+			continue;
+		if (n < cap)
+			keys[n] = r->key;
+		n++;
+	}
+	kvt_unlock(e);
+	return (int)n;
+}
+
+/* Check every block header of @rec against the record. 0, -ENOENT (mismatch) or -EIO. */
+static int
+persist_check(struct kvt_engine *e, const struct kvt_store_sess *rec)
+{
+	struct kvt_fmt_blkhdr h;
+	int rc;
+
+	for (uint32_t i = 0; i < rec->n_blocks; i++) {
+		const struct kvt_fmt_blkref *r = &rec->blocks[i];
+
+		if (e->owner[KVT_TIER_NVME][r->slot] != KVT_SLOT_STORED)
+			return kvt_err(-ENOENT, "block %u: slot %u was reused", i, r->slot);
+		rc = kvt_nvme_read_header(e->nvme, r->slot, &h);
+		if (rc == KVT_ECORRUPT)
+			return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
+		if (rc)
+			return kvt_err(-EIO, "block %u: %s", i, kvt_last_error_message());
+		if (h.key != r->key || h.session != rec->key || h.index != i ||
+		    h.stored_len != r->stored_len || h.sum != r->sum || h.codec != r->codec)
+			return kvt_err(-ENOENT, "block %u: slot %u holds another write (key %#llx, "
+				       "expected %#llx)", i, r->slot, (unsigned long long)h.key,
+				       (unsigned long long)r->key);
+	}
+	return 0;
+}
+
+/* Undo a half-built restore: the blocks go, their slots return to KVT_SLOT_STORED. */
+static void
+persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
+{
+	while (s->n_blocks) {
+		uint32_t id = s->blocks[--s->n_blocks];
+		struct kvt_block *b = &e->blocks[id];
+		uint32_t sl = b->slot[KVT_TIER_NVME];
+
+		e->evict[KVT_TIER_NVME].ops->remove(&e->evict[KVT_TIER_NVME], id);
+		e->owner[KVT_TIER_NVME][sl] = KVT_SLOT_STORED;
+		b->slot[KVT_TIER_NVME] = KVT_NIL;
+		b->state[KVT_TIER_NVME] = KVT_COPY_ABSENT;
+		kvt_block_kill(e, id);
+	}
+}
+
+/* Build the sequence @idx from @rec: blocks whose only copy is the stored NVMe slot. */
+static int
+persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
+{
+	struct kvt_seqrec *s = &e->seqs[idx];
+	uint32_t id;
+	int rc;
+
+	if (kvt_seq_reserve(s, rec->n_tokens, rec->n_blocks, 0))
+		return kvt_err(-ENOMEM, "restoring a session of %llu tokens",
+			       (unsigned long long)rec->n_tokens);
+	for (uint32_t i = 0; i < rec->n_blocks; i++) {
+		const struct kvt_fmt_blkref *r = &rec->blocks[i];
+		struct kvt_block *b;
+
+		rc = kvt_block_new(e, idx, i, &id);
+		if (rc) {
+			persist_unbuild(e, s);
+			return rc;
+		}
+		b = &e->blocks[id];
+		b->ver = 1;
+		b->slot[KVT_TIER_NVME] = r->slot;
+		b->nvme_key = r->key;
+		b->nvme_sum = r->sum;
+		b->nvme_stored = r->stored_len;
+		b->nvme_codec = r->codec;
+		e->owner[KVT_TIER_NVME][r->slot] = id;
+		kvt_copy_set_present(e, id, KVT_TIER_NVME, b->ver);
+		s->blocks[s->n_blocks++] = id;
+	}
+	if (rec->n_tokens)
+		memcpy(s->tokens, rec->tokens, rec->n_tokens * sizeof *s->tokens);
+	s->n_tokens = rec->n_tokens;
+	s->parked = 1;
+	rec->open_seq = idx;
+	return 0;
+}
+
+/* Close the empty sequence @idx that a failed restore opened. */
+static void
+persist_unopen(struct kvt_engine *e, uint32_t idx)
+{
+	struct kvt_seqrec *s = &e->seqs[idx];
+
+	s->open = 0;
+	s->n_tokens = 0;
+	if (++s->gen == 0)
+		s->gen = 1;
+	s->next_free = e->seq_free;
+	e->seq_free = idx;
+	e->n_open_seqs--;
+}
+
+int
+kvt_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opts *o,
+		kvt_seq_id *out)
+{
+	struct kvt_seq_opts opts;
+	struct kvt_store_sess *rec;
+	uint32_t idx;
+	int rc;
+
+	if (!e || !out)
+		return kvt_err(-EINVAL, "kvt_seq_restore: engine and out must not be NULL");
+	*out = 0;
+	kvt_seq_opts_init(&opts, sizeof opts);
+	if (o) {
+		if (o->opts_size < offsetof(struct kvt_seq_opts, priority) + 1 ||
+		    o->opts_size > 4096)
+			return kvt_err(-EINVAL, "kvt_seq_opts.opts_size %zu is not a valid size",
+				       o->opts_size);
+		memcpy(&opts, o, o->opts_size < sizeof opts ? o->opts_size : sizeof opts);
+	}
+	if (opts.priority > 100)
+		return kvt_err(-EINVAL, "priority %u is out of range 0..100", opts.priority);
+	opts.session_key = key;
+	kvt_lock(e);
+	rec = e->store ? kvt_store_find(e->store, key) : NULL;
+	if (!rec) {
+		rc = kvt_err(-ENOENT, "session %#llx is not in the store%s",
+			     (unsigned long long)key,
+			     e->store ? "" : " (the engine has no persistent store)");
+		goto out;
+	}
+	if (rec->open_seq != PERSIST_NO_SEQ) {
+		rc = kvt_err(KVT_EBUSY, "session %#llx is open in this engine",
+			     (unsigned long long)key);
+		goto out;
+	}
+	rc = persist_check(e, rec);
+	if (rc == -ENOENT) {
+		char why[256];
+
+		snprintf(why, sizeof why, "%s", kvt_last_error_message());
+		(void)persist_drop(e, rec);
+		(void)kvt_store_commit(e->store);
+		rc = kvt_err(-ENOENT, "session %#llx did not survive (dropped): %s",
+			     (unsigned long long)key, why);
+		goto out;
+	}
+	if (rc == 0)
+		rc = kvt_seq_open_locked(e, &opts, &idx);
+	if (rc == 0) {
+		rc = persist_build(e, idx, rec);
+		if (rc == 0)
+			*out = ((uint64_t)e->seqs[idx].gen << 32) | idx;
+		else
+			persist_unopen(e, idx);
+	}
+out:
+	kvt_unlock(e);
+	return rc;
+}
+
+int
+kvt_session_drop(struct kvt_engine *e, uint64_t key)
+{
+	struct kvt_store_sess *rec;
+	int rc;
+
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_session_drop: engine is NULL");
+	kvt_lock(e);
+	rec = e->store ? kvt_store_find(e->store, key) : NULL;
+	if (!rec)
+		rc = kvt_err(-ENOENT, "session %#llx is not in the store", (unsigned long long)key);
+	else if (rec->open_seq != PERSIST_NO_SEQ)
+		rc = kvt_err(KVT_EBUSY, "session %#llx is open in this engine: close it",
+			     (unsigned long long)key);
+	else
+		rc = persist_drop(e, rec);
+	if (rc == 0)
+		rc = kvt_store_commit(e->store);
+	kvt_unlock(e);
+	return rc;
+}

@@ -1,0 +1,353 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tiers/codec.c - bit-plane / byte-plane shuffles and LZ4 for NVMe blocks (see codec.h).
+ *
+ * The bit-plane shuffle works on groups of 8 elements: byte k of the 8 elements forms an 8x8 bit
+ * matrix (one uint64), which is transposed (Hacker's Delight 7-3) so that byte i of the result
+ * holds bit i of byte k of each of the 8 elements: one byte of plane (k, i). Group g writes byte g
+ * of each plane; planes are ordered from the element's most significant byte down, so for
+ * f16/bf16/f32 the sign and exponent planes come first. The transpose is its own inverse.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include <lz4.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "engine/error.h"
+#include "tiers/codec.h"
+
+#define CODEC_MAX_RAW ((size_t)1 << 31) /* LZ4 takes int sizes */
+
+size_t
+kvt_codec_scratch_bytes(size_t raw_len)
+{
+	return raw_len;
+}
+
+const char *
+kvt_codec_name(int c)
+{
+	switch (c) {
+	case KVT_CODEC_NONE:
+		return "none";
+	case KVT_CODEC_LZ4:
+		return "lz4";
+	case KVT_CODEC_SHUF_LZ4:
+		return "shuf-lz4";
+	case KVT_CODEC_BYTE_LZ4:
+		return "byte-lz4";
+	default:
+		return "?";
+	}
+}
+
+/* Transpose the 8x8 bit matrix held in x (byte = row). */
+static inline uint64_t
+codec_t8(uint64_t x)
+{
+	uint64_t t;
+
+	t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAull;
+	x = x ^ t ^ (t << 7);
+	t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCull;
+	x = x ^ t ^ (t << 14);
+	t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ull;
+	x = x ^ t ^ (t << 28);
+	return x;
+}
+
+/* Normalise the element size: 1, 2, 4 or 8 are shuffled as such, anything else as bytes. */
+static size_t
+codec_elem(size_t elem)
+{
+	return elem == 2 || elem == 4 || elem == 8 ? elem : 1;
+}
+
+/* One group of 8 elements (index @g of @groups), scalar. */
+static void
+codec_bitshuffle_group(const uint8_t *s, uint8_t *d, size_t g, size_t groups, size_t elem)
+{
+	const uint8_t *e = s + g * 8 * elem;
+
+	for (size_t k = 0; k < elem; k++) {
+		uint64_t x = 0;
+
+		for (size_t i = 0; i < 8; i++)
+			x |= (uint64_t)e[i * elem + k] << (8 * i);
+		x = codec_t8(x);
+		/* plane p = (elem-1-k)*8 + (7-i): most significant byte and bit first */
+		for (size_t i = 0; i < 8; i++)
+			d[((elem - 1 - k) * 8 + (7 - i)) * groups + g] = (uint8_t)(x >> (8 * i));
+	}
+}
+
+#if defined(__SSE2__)
+/* Byte-plane @v (byte i = a byte of element i of 16) into the 8 bit planes of byte index @k:
+ * movemask takes bit 7 of every byte, so planes come out most significant bit first, exactly
+ * as the scalar transpose writes them (element j of a group at bit j). */
+static inline void
+codec_planes16(__m128i v, uint8_t *d, size_t k, size_t elem, size_t g, size_t groups)
+{
+	for (size_t b = 0; b < 8; b++) {
+		uint16_t m = (uint16_t)_mm_movemask_epi8(v);
+
+		memcpy(d + ((elem - 1 - k) * 8 + b) * groups + g, &m, 2);
+		v = _mm_add_epi8(v, v);
+	}
+}
+
+/* Groups g and g+1 (16 elements) of 2- or 4-byte elements with SSE2. */
+static void
+codec_bitshuffle16(const uint8_t *s, uint8_t *d, size_t g, size_t groups, size_t elem)
+{
+	const uint8_t *e = s + g * 8 * elem;
+
+	if (elem == 2) {
+		__m128i a = _mm_loadu_si128((const __m128i *)e);
+		__m128i b = _mm_loadu_si128((const __m128i *)(e + 16));
+		__m128i m = _mm_set1_epi16(0xff);
+
+		codec_planes16(_mm_packus_epi16(_mm_and_si128(a, m), _mm_and_si128(b, m)), d, 0,
+			       elem, g, groups);
+		codec_planes16(_mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)), d, 1,
+			       elem, g, groups);
+		return;
+	}
+	__m128i a[4], m = _mm_set1_epi32(0xff);
+
+	for (int i = 0; i < 4; i++)
+		a[i] = _mm_loadu_si128((const __m128i *)(e + 16 * i));
+	for (size_t k = 0; k < 4; k++) {
+		__m128i w[4];
+
+		__m128i sh = _mm_cvtsi32_si128((int)(8 * k));
+
+		for (int i = 0; i < 4; i++)
+			w[i] = _mm_and_si128(_mm_srl_epi32(a[i], sh), m);
+		codec_planes16(_mm_packus_epi16(_mm_packs_epi32(w[0], w[1]),
+						_mm_packs_epi32(w[2], w[3])),
+			       d, k, elem, g, groups);
+	}
+}
+#endif
+
+/* The shuffles work chunk by chunk (KVT_CODEC_CHUNK bytes, the last one shorter): 16-32 plane
+ * write streams over a whole 2 MiB block would sit 128 KiB apart and thrash the cache. */
+static void codec_bitshuffle_chunk(const uint8_t *s, uint8_t *d, size_t n, size_t elem);
+static void codec_bitunshuffle_chunk(const uint8_t *s, uint8_t *d, size_t n, size_t elem);
+
+void
+kvt_bitshuffle(const void *src, void *dst, size_t n, size_t elem)
+{
+	for (size_t off = 0, len; off < n; off += len) {
+		len = n - off < KVT_CODEC_CHUNK ? n - off : KVT_CODEC_CHUNK;
+		codec_bitshuffle_chunk((const uint8_t *)src + off, (uint8_t *)dst + off, len, elem);
+	}
+}
+
+void
+kvt_bitunshuffle(const void *src, void *dst, size_t n, size_t elem)
+{
+	for (size_t off = 0, len; off < n; off += len) {
+		len = n - off < KVT_CODEC_CHUNK ? n - off : KVT_CODEC_CHUNK;
+		codec_bitunshuffle_chunk((const uint8_t *)src + off, (uint8_t *)dst + off, len,
+					 elem);
+	}
+}
+
+static void
+codec_bitshuffle_chunk(const uint8_t *s, uint8_t *d, size_t n, size_t elem)
+{
+	size_t groups, g = 0;
+
+	elem = codec_elem(elem);
+	groups = n / (8 * elem);
+#if defined(__SSE2__)
+	if (elem == 2 || elem == 4)
+		for (; g + 1 < groups; g += 2)
+			codec_bitshuffle16(s, d, g, groups, elem);
+#endif
+	for (; g < groups; g++)
+		codec_bitshuffle_group(s, d, g, groups, elem);
+	memcpy(d + groups * 8 * elem, s + groups * 8 * elem, n - groups * 8 * elem);
+}
+
+/* One group of 8 elements, scalar inverse. */
+static void
+codec_bitunshuffle_group(const uint8_t *s, uint8_t *d, size_t g, size_t groups, size_t elem)
+{
+	uint8_t *e = d + g * 8 * elem;
+
+	for (size_t k = 0; k < elem; k++) {
+		uint64_t x = 0;
+
+		for (size_t i = 0; i < 8; i++)
+			x |= (uint64_t)s[((elem - 1 - k) * 8 + (7 - i)) * groups + g] << (8 * i);
+		x = codec_t8(x);
+		for (size_t i = 0; i < 8; i++)
+			e[i * elem + k] = (uint8_t)(x >> (8 * i));
+	}
+}
+
+#if defined(__SSE2__)
+/* The inverse of codec_planes16: byte i of the result = byte k of element i of 16. */
+static inline __m128i
+codec_unplanes16(const uint8_t *s, size_t k, size_t elem, size_t g, size_t groups)
+{
+	const __m128i sel = _mm_set_epi8((char)0x80, 0x40, 0x20, 0x10, 8, 4, 2, 1, (char)0x80,
+					 0x40, 0x20, 0x10, 8, 4, 2, 1);
+	__m128i acc = _mm_setzero_si128();
+
+	for (size_t b = 0; b < 8; b++) {
+		const uint8_t *p = s + ((elem - 1 - k) * 8 + b) * groups + g;
+		__m128i m = _mm_set_epi64x((int64_t)(0x0101010101010101ull * p[1]),
+					   (int64_t)(0x0101010101010101ull * p[0]));
+		__m128i on = _mm_cmpeq_epi8(_mm_and_si128(m, sel), sel);
+
+		acc = _mm_or_si128(acc, _mm_and_si128(on, _mm_set1_epi8((char)(0x80 >> b))));
+	}
+	return acc;
+}
+
+static void
+codec_bitunshuffle16(const uint8_t *s, uint8_t *d, size_t g, size_t groups, size_t elem)
+{
+	uint8_t *e = d + g * 8 * elem;
+
+	if (elem == 2) {
+		__m128i lo = codec_unplanes16(s, 0, elem, g, groups);
+		__m128i hi = codec_unplanes16(s, 1, elem, g, groups);
+
+		_mm_storeu_si128((__m128i *)e, _mm_unpacklo_epi8(lo, hi));
+		_mm_storeu_si128((__m128i *)(e + 16), _mm_unpackhi_epi8(lo, hi));
+		return;
+	}
+	__m128i b0 = codec_unplanes16(s, 0, elem, g, groups);
+	__m128i b1 = codec_unplanes16(s, 1, elem, g, groups);
+	__m128i b2 = codec_unplanes16(s, 2, elem, g, groups);
+	__m128i b3 = codec_unplanes16(s, 3, elem, g, groups);
+	__m128i l01 = _mm_unpacklo_epi8(b0, b1), h01 = _mm_unpackhi_epi8(b0, b1);
+	__m128i l23 = _mm_unpacklo_epi8(b2, b3), h23 = _mm_unpackhi_epi8(b2, b3);
+
+	_mm_storeu_si128((__m128i *)e, _mm_unpacklo_epi16(l01, l23));
+	_mm_storeu_si128((__m128i *)(e + 16), _mm_unpackhi_epi16(l01, l23));
+	_mm_storeu_si128((__m128i *)(e + 32), _mm_unpacklo_epi16(h01, h23));
+	_mm_storeu_si128((__m128i *)(e + 48), _mm_unpackhi_epi16(h01, h23));
+}
+#endif
+
+static void
+codec_bitunshuffle_chunk(const uint8_t *s, uint8_t *d, size_t n, size_t elem)
+{
+	size_t groups, g = 0;
+
+	elem = codec_elem(elem);
+	groups = n / (8 * elem);
+#if defined(__SSE2__)
+	if (elem == 2 || elem == 4)
+		for (; g + 1 < groups; g += 2)
+			codec_bitunshuffle16(s, d, g, groups, elem);
+#endif
+	for (; g < groups; g++)
+		codec_bitunshuffle_group(s, d, g, groups, elem);
+	memcpy(d + groups * 8 * elem, s + groups * 8 * elem, n - groups * 8 * elem);
+}
+
+void
+kvt_byteshuffle(const void *src, void *dst, size_t n, size_t elem)
+{
+	const uint8_t *s = src;
+	uint8_t *d = dst;
+	size_t ne, j, k;
+
+	elem = codec_elem(elem);
+	ne = n / elem;
+	for (k = 0; k < elem; k++)
+		for (j = 0; j < ne; j++)
+			d[(elem - 1 - k) * ne + j] = s[j * elem + k];
+	memcpy(d + ne * elem, s + ne * elem, n - ne * elem);
+}
+
+void
+kvt_byteunshuffle(const void *src, void *dst, size_t n, size_t elem)
+{
+	const uint8_t *s = src;
+	uint8_t *d = dst;
+	size_t ne, j, k;
+
+	elem = codec_elem(elem);
+	ne = n / elem;
+	for (k = 0; k < elem; k++)
+		for (j = 0; j < ne; j++)
+			d[j * elem + k] = s[(elem - 1 - k) * ne + j];
+	memcpy(d + ne * elem, s + ne * elem, n - ne * elem);
+}
+
+int64_t
+kvt_codec_encode(int c, size_t elem, const void *src, size_t raw_len, void *dst, size_t dst_cap,
+		 void *scratch, double min_saving)
+{
+	const void *in = src;
+	double keep;
+	size_t cap;
+	int r;
+
+	if (!src || !dst || !scratch || raw_len == 0 || raw_len >= CODEC_MAX_RAW)
+		return kvt_err(-EINVAL, "codec: bad buffers or length %zu", raw_len);
+	if (c == KVT_CODEC_NONE)
+		return 0;
+	if (c == KVT_CODEC_SHUF_LZ4)
+		kvt_bitshuffle(src, scratch, raw_len, elem);
+	else if (c == KVT_CODEC_BYTE_LZ4)
+		kvt_byteshuffle(src, scratch, raw_len, elem);
+	else if (c != KVT_CODEC_LZ4)
+		return kvt_err(-EINVAL, "codec %d unknown", c);
+	if (c != KVT_CODEC_LZ4)
+		in = scratch;
+	if (min_saving < 0)
+		min_saving = 0;
+	keep = (double)raw_len * (1.0 - min_saving);
+	cap = keep < 1 ? 0 : (size_t)keep;
+	if (cap >= raw_len)
+		cap = raw_len - 1; /* never store larger than (or as large as) raw */
+	if (cap > dst_cap)
+		cap = dst_cap;
+	if (cap == 0)
+		return 0;
+	/* LZ4 stops (returns 0) as soon as the output would pass cap: no wasted time there */
+	r = LZ4_compress_default(in, dst, (int)raw_len, (int)cap);
+	return r > 0 ? r : 0;
+}
+
+int
+kvt_codec_decode(int c, size_t elem, const void *src, size_t stored_len, void *dst,
+		 size_t raw_len, void *scratch)
+{
+	void *out = c == KVT_CODEC_LZ4 ? dst : scratch;
+	int r;
+
+	if (c == KVT_CODEC_NONE) {
+		if (stored_len != raw_len)
+			return kvt_err(KVT_ECORRUPT, "codec none: %zu bytes stored, %zu expected",
+				       stored_len, raw_len);
+		memcpy(dst, src, raw_len);
+		return 0;
+	}
+	if (c != KVT_CODEC_LZ4 && c != KVT_CODEC_SHUF_LZ4 && c != KVT_CODEC_BYTE_LZ4)
+		return kvt_err(-EINVAL, "codec %d unknown", c);
+	if (stored_len == 0 || stored_len >= CODEC_MAX_RAW || raw_len >= CODEC_MAX_RAW)
+		return kvt_err(KVT_ECORRUPT, "codec %s: bad lengths %zu -> %zu", kvt_codec_name(c),
+			       stored_len, raw_len);
+	r = LZ4_decompress_safe(src, out, (int)stored_len, (int)raw_len);
+	if (r != (int)raw_len)
+		return kvt_err(KVT_ECORRUPT, "codec %s: payload decodes to %d bytes, expected %zu",
+			       kvt_codec_name(c), r, raw_len);
+	if (c == KVT_CODEC_SHUF_LZ4)
+		kvt_bitunshuffle(scratch, dst, raw_len, elem);
+	else if (c == KVT_CODEC_BYTE_LZ4)
+		kvt_byteunshuffle(scratch, dst, raw_len, elem);
+	return 0;
+}

@@ -1,0 +1,401 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tiers/format.c - encoders and parsers of the NVMe store's on-disk format (see format.h and
+ * docs/FORMAT.md). Every parser bounds-checks against the length it is given and verifies a
+ * checksum before trusting any other field.
+ */
+#include <errno.h>
+#include <string.h>
+
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
+#include "engine/error.h"
+#include "tiers/codec.h"
+#include "tiers/format.h"
+
+static const uint8_t fmt_super_magic[8] = { 'K', 'V', 'T', 'S', 'T', 'O', 'R', 'E' };
+static const uint8_t fmt_blk_magic[8] = { 'K', 'V', 'T', 'B', 'L', 'K', '0', '2' };
+static const uint8_t fmt_j_magic[8] = { 'K', 'V', 'T', 'J', 'R', 'N', 'L', '2' };
+#define FMT_REC_MAGIC 0x5254564bu /* "KVTR" */
+
+/* superblock field offsets */
+enum {
+	SB_MAGIC = 0, SB_VERSION = 8, SB_LAYERS = 12, SB_HEADS = 16, SB_DIM = 20, SB_DTYPE = 24,
+	SB_TPB = 28, SB_CODEC = 32, SB_BLOCK = 40, SB_SLOT = 48, SB_NSLOTS = 56, SB_DATA = 64,
+	SB_EPOCH = 72, SB_ID = 80, SB_SUM = 248, SB_END = 256,
+};
+
+/* block header field offsets */
+enum {
+	BH_MAGIC = 0, BH_VERSION = 8, BH_SLOT = 12, BH_KEY = 16, BH_SESSION = 24, BH_INDEX = 32,
+	BH_RAW = 36, BH_STORED = 40, BH_CODEC = 44, BH_HASH = 48, BH_SUM = 64, BH_SELF = 120,
+};
+
+/* journal record header: magic, type, payload length, reserved, seqno, checksum */
+enum { RH_MAGIC = 0, RH_TYPE = 4, RH_LEN = 8, RH_RSV = 12, RH_SEQ = 16, RH_SUM = 24 };
+
+void
+kvt_put_le32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+void
+kvt_put_le64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+uint32_t
+kvt_get_le32(const uint8_t *p)
+{
+	uint32_t v = 0;
+
+	for (int i = 0; i < 4; i++)
+		v |= (uint32_t)p[i] << (8 * i);
+	return v;
+}
+
+uint64_t
+kvt_get_le64(const uint8_t *p)
+{
+	uint64_t v = 0;
+
+	for (int i = 0; i < 8; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+/* ---- superblock ---------------------------------------------------------------------------- */
+
+void
+kvt_fmt_super_encode(const struct kvt_fmt_super *s, uint8_t *out)
+{
+	memset(out, 0, KVT_FMT_SUPER_BYTES);
+	memcpy(out + SB_MAGIC, fmt_super_magic, 8);
+	kvt_put_le32(out + SB_VERSION, s->version);
+	kvt_put_le32(out + SB_LAYERS, s->n_layers);
+	kvt_put_le32(out + SB_HEADS, s->n_kv_heads);
+	kvt_put_le32(out + SB_DIM, s->head_dim);
+	kvt_put_le32(out + SB_DTYPE, s->dtype);
+	kvt_put_le32(out + SB_TPB, s->tokens_per_block);
+	kvt_put_le32(out + SB_CODEC, s->codec);
+	kvt_put_le64(out + SB_BLOCK, s->block_bytes);
+	kvt_put_le64(out + SB_SLOT, s->slot_bytes);
+	kvt_put_le64(out + SB_NSLOTS, s->n_slots);
+	kvt_put_le64(out + SB_DATA, s->data_off);
+	kvt_put_le64(out + SB_EPOCH, s->epoch);
+	kvt_put_le64(out + SB_ID, s->store_id);
+	kvt_put_le64(out + SB_SUM, XXH3_64bits(out, SB_SUM));
+}
+
+int
+kvt_fmt_super_decode(const uint8_t *b, size_t len, struct kvt_fmt_super *s)
+{
+	if (!b || len < KVT_FMT_SUPER_BYTES)
+		return kvt_err(KVT_EFORMAT, "superblock: %zu bytes, need %u", len,
+			       KVT_FMT_SUPER_BYTES);
+	if (memcmp(b + SB_MAGIC, fmt_super_magic, 8) != 0)
+		return kvt_err(KVT_EFORMAT, "not a kvtier store (bad superblock magic)");
+	if (XXH3_64bits(b, SB_SUM) != kvt_get_le64(b + SB_SUM))
+		return kvt_err(KVT_EFORMAT, "superblock checksum mismatch");
+	memset(s, 0, sizeof *s);
+	s->version = kvt_get_le32(b + SB_VERSION);
+	s->n_layers = kvt_get_le32(b + SB_LAYERS);
+	s->n_kv_heads = kvt_get_le32(b + SB_HEADS);
+	s->head_dim = kvt_get_le32(b + SB_DIM);
+	s->dtype = kvt_get_le32(b + SB_DTYPE);
+	s->tokens_per_block = kvt_get_le32(b + SB_TPB);
+	s->codec = kvt_get_le32(b + SB_CODEC);
+	s->block_bytes = kvt_get_le64(b + SB_BLOCK);
+	s->slot_bytes = kvt_get_le64(b + SB_SLOT);
+	s->n_slots = kvt_get_le64(b + SB_NSLOTS);
+	s->data_off = kvt_get_le64(b + SB_DATA);
+	s->epoch = kvt_get_le64(b + SB_EPOCH);
+	s->store_id = kvt_get_le64(b + SB_ID);
+	if (s->version != KVT_FMT_VERSION)
+		return kvt_err(KVT_EFORMAT, "store format version %u, this kvtier reads %u",
+			       s->version, KVT_FMT_VERSION);
+	if (s->slot_bytes == 0 || s->slot_bytes % KVT_FMT_ALIGN ||
+	    s->block_bytes + KVT_FMT_BLKHDR_BYTES > s->slot_bytes || s->n_slots == 0 ||
+	    s->n_slots > UINT32_MAX || s->data_off != KVT_FMT_SUPER_BYTES)
+		return kvt_err(KVT_EFORMAT, "superblock geometry is inconsistent");
+	return 0;
+}
+
+#define FMT_MATCH(field, what)                                                                  \
+	do {                                                                                    \
+		if (have->field != want->field)                                                 \
+			return kvt_err(KVT_EFORMAT,                                             \
+				       "store %s was made for %s %llu, this engine has %llu; "  \
+				       "not used (choose another nvme_dir or remove it)",      \
+				       path, what, (unsigned long long)have->field,             \
+				       (unsigned long long)want->field);                       \
+	} while (0)
+
+int
+kvt_fmt_super_match(const struct kvt_fmt_super *have, const struct kvt_fmt_super *want,
+		    const char *path)
+{
+	FMT_MATCH(n_layers, "n_layers");
+	FMT_MATCH(n_kv_heads, "n_kv_heads");
+	FMT_MATCH(head_dim, "head_dim");
+	FMT_MATCH(dtype, "dtype");
+	FMT_MATCH(tokens_per_block, "tokens_per_block");
+	FMT_MATCH(codec, "codec");
+	FMT_MATCH(block_bytes, "block_bytes");
+	FMT_MATCH(slot_bytes, "slot_bytes");
+	FMT_MATCH(n_slots, "slots (capacity)");
+	return 0;
+}
+
+/* ---- block header -------------------------------------------------------------------------- */
+
+void
+kvt_fmt_blkhdr_encode(const struct kvt_fmt_blkhdr *h, uint8_t *out)
+{
+	memset(out, 0, KVT_FMT_BLKHDR_BYTES);
+	memcpy(out + BH_MAGIC, fmt_blk_magic, 8);
+	kvt_put_le32(out + BH_VERSION, KVT_FMT_VERSION);
+	kvt_put_le32(out + BH_SLOT, h->slot);
+	kvt_put_le64(out + BH_KEY, h->key);
+	kvt_put_le64(out + BH_SESSION, h->session);
+	kvt_put_le32(out + BH_INDEX, h->index);
+	kvt_put_le32(out + BH_RAW, h->raw_len);
+	kvt_put_le32(out + BH_STORED, h->stored_len);
+	kvt_put_le32(out + BH_CODEC, h->codec);
+	memcpy(out + BH_HASH, h->hash, 16);
+	kvt_put_le64(out + BH_SUM, h->sum);
+	kvt_put_le64(out + BH_SELF, XXH3_64bits(out, BH_SELF));
+}
+
+int
+kvt_fmt_blkhdr_decode(const uint8_t *b, size_t len, struct kvt_fmt_blkhdr *h)
+{
+	if (!b || len < KVT_FMT_BLKHDR_BYTES)
+		return kvt_err(KVT_ECORRUPT, "block header: %zu bytes", len);
+	if (memcmp(b + BH_MAGIC, fmt_blk_magic, 8) != 0)
+		return kvt_err(KVT_ECORRUPT, "no block header (bad magic)");
+	if (XXH3_64bits(b, BH_SELF) != kvt_get_le64(b + BH_SELF))
+		return kvt_err(KVT_ECORRUPT, "block header checksum mismatch");
+	if (kvt_get_le32(b + BH_VERSION) != KVT_FMT_VERSION)
+		return kvt_err(KVT_ECORRUPT, "block header version %u, expected %u",
+			       kvt_get_le32(b + BH_VERSION), KVT_FMT_VERSION);
+	h->slot = kvt_get_le32(b + BH_SLOT);
+	h->key = kvt_get_le64(b + BH_KEY);
+	h->session = kvt_get_le64(b + BH_SESSION);
+	h->index = kvt_get_le32(b + BH_INDEX);
+	h->raw_len = kvt_get_le32(b + BH_RAW);
+	h->stored_len = kvt_get_le32(b + BH_STORED);
+	h->codec = kvt_get_le32(b + BH_CODEC);
+	memcpy(h->hash, b + BH_HASH, 16);
+	h->sum = kvt_get_le64(b + BH_SUM);
+	if (h->codec > KVT_CODEC_BYTE_LZ4 || h->stored_len == 0 || h->raw_len == 0 ||
+	    (h->codec == KVT_CODEC_NONE && h->stored_len != h->raw_len) ||
+	    (h->codec != KVT_CODEC_NONE && h->stored_len >= h->raw_len))
+		return kvt_err(KVT_ECORRUPT, "block header: codec %u, %u bytes stored for %u",
+			       h->codec, h->stored_len, h->raw_len);
+	return 0;
+}
+
+/* ---- journal ------------------------------------------------------------------------------- */
+
+void
+kvt_fmt_jhdr_encode(uint64_t store_id, uint8_t *out)
+{
+	memset(out, 0, KVT_FMT_JHDR_BYTES);
+	memcpy(out, fmt_j_magic, 8);
+	kvt_put_le32(out + 8, KVT_FMT_VERSION);
+	kvt_put_le64(out + 16, store_id);
+	kvt_put_le64(out + 56, XXH3_64bits(out, 56));
+}
+
+int
+kvt_fmt_jhdr_decode(const uint8_t *b, size_t len, uint64_t *store_id)
+{
+	if (!b || len < KVT_FMT_JHDR_BYTES || memcmp(b, fmt_j_magic, 8) != 0)
+		return kvt_err(KVT_EFORMAT, "not a kvtier journal (bad magic)");
+	if (XXH3_64bits(b, 56) != kvt_get_le64(b + 56))
+		return kvt_err(KVT_EFORMAT, "journal header checksum mismatch");
+	if (kvt_get_le32(b + 8) != KVT_FMT_VERSION)
+		return kvt_err(KVT_EFORMAT, "journal format version %u, this kvtier reads %u",
+			       kvt_get_le32(b + 8), KVT_FMT_VERSION);
+	*store_id = kvt_get_le64(b + 16);
+	return 0;
+}
+
+static size_t
+fmt_pad8(size_t n)
+{
+	return (n + 7) & ~(size_t)7;
+}
+
+size_t
+kvt_fmt_put_bytes(uint32_t n_blocks, uint64_t n_tokens)
+{
+	uint64_t p = KVT_FMT_PUT_FIXED + (uint64_t)n_blocks * KVT_FMT_PUT_BLOCK + n_tokens * 4;
+
+	if (n_tokens > KVT_FMT_MAX_REC || p > KVT_FMT_MAX_REC)
+		return 0;
+	return KVT_FMT_RECHDR_BYTES + fmt_pad8((size_t)p);
+}
+
+size_t
+kvt_fmt_del_bytes(void)
+{
+	return KVT_FMT_RECHDR_BYTES + 8;
+}
+
+/* Fill the record header of a record of @plen payload bytes (already written) and seal it. */
+static void
+fmt_rec_seal(uint8_t *out, uint32_t type, size_t plen, uint64_t seqno)
+{
+	XXH3_state_t st;
+
+	kvt_put_le32(out + RH_MAGIC, FMT_REC_MAGIC);
+	kvt_put_le32(out + RH_TYPE, type);
+	kvt_put_le32(out + RH_LEN, (uint32_t)plen);
+	kvt_put_le32(out + RH_RSV, 0);
+	kvt_put_le64(out + RH_SEQ, seqno);
+	XXH3_64bits_reset(&st);
+	XXH3_64bits_update(&st, out, RH_SUM);
+	XXH3_64bits_update(&st, out + KVT_FMT_RECHDR_BYTES, plen);
+	kvt_put_le64(out + RH_SUM, XXH3_64bits_digest(&st));
+}
+
+void
+kvt_fmt_put_encode(uint8_t *out, uint64_t seqno, uint64_t session, uint32_t tenant,
+		   uint32_t priority, const struct kvt_fmt_blkref *blocks, uint32_t n_blocks,
+		   const int32_t *tokens, uint64_t n_tokens)
+{
+	size_t total = kvt_fmt_put_bytes(n_blocks, n_tokens);
+	uint8_t *p = out + KVT_FMT_RECHDR_BYTES, *q;
+
+	memset(out, 0, total);
+	kvt_put_le64(p, session);
+	kvt_put_le64(p + 8, n_tokens);
+	kvt_put_le32(p + 16, n_blocks);
+	kvt_put_le32(p + 20, tenant);
+	kvt_put_le32(p + 24, priority);
+	for (uint32_t i = 0; i < n_blocks; i++) {
+		q = p + KVT_FMT_PUT_FIXED + (size_t)i * KVT_FMT_PUT_BLOCK;
+		kvt_put_le32(q, blocks[i].slot);
+		kvt_put_le32(q + 4, blocks[i].stored_len);
+		kvt_put_le64(q + 8, blocks[i].key);
+		kvt_put_le64(q + 16, blocks[i].sum);
+		memcpy(q + 24, blocks[i].hash, 16);
+		kvt_put_le32(q + 40, blocks[i].codec);
+	}
+	q = p + KVT_FMT_PUT_FIXED + (size_t)n_blocks * KVT_FMT_PUT_BLOCK;
+	for (uint64_t i = 0; i < n_tokens; i++)
+		kvt_put_le32(q + 4 * i, (uint32_t)(tokens ? tokens[i] : -1));
+	fmt_rec_seal(out, KVT_FMT_REC_PUT, total - KVT_FMT_RECHDR_BYTES, seqno);
+}
+
+void
+kvt_fmt_del_encode(uint8_t *out, uint64_t seqno, uint64_t session)
+{
+	memset(out, 0, kvt_fmt_del_bytes());
+	kvt_put_le64(out + KVT_FMT_RECHDR_BYTES, session);
+	fmt_rec_seal(out, KVT_FMT_REC_DEL, 8, seqno);
+}
+
+int
+kvt_fmt_rec_decode(const uint8_t *b, size_t len, struct kvt_fmt_rec *r, size_t *used)
+{
+	const uint8_t *p = b + KVT_FMT_RECHDR_BYTES;
+	XXH3_state_t st;
+	uint64_t need;
+	size_t plen;
+
+	if (!b || len < KVT_FMT_RECHDR_BYTES || kvt_get_le32(b + RH_MAGIC) != FMT_REC_MAGIC)
+		return 1;
+	plen = kvt_get_le32(b + RH_LEN);
+	if (plen > KVT_FMT_MAX_REC || plen % 8 || plen > len - KVT_FMT_RECHDR_BYTES)
+		return 1;
+	XXH3_64bits_reset(&st);
+	XXH3_64bits_update(&st, b, RH_SUM);
+	XXH3_64bits_update(&st, p, plen);
+	if (XXH3_64bits_digest(&st) != kvt_get_le64(b + RH_SUM))
+		return 1;
+	memset(r, 0, sizeof *r);
+	r->type = kvt_get_le32(b + RH_TYPE);
+	r->seqno = kvt_get_le64(b + RH_SEQ);
+	if (plen < 8)
+		return 1;
+	r->session = kvt_get_le64(p);
+	if (r->type == KVT_FMT_REC_DEL) {
+		*used = KVT_FMT_RECHDR_BYTES + plen;
+		return 0;
+	}
+	if (r->type != KVT_FMT_REC_PUT || plen < KVT_FMT_PUT_FIXED)
+		return 1;
+	r->n_tokens = kvt_get_le64(p + 8);
+	r->n_blocks = kvt_get_le32(p + 16);
+	r->tenant = kvt_get_le32(p + 20);
+	r->priority = kvt_get_le32(p + 24);
+	if (r->n_tokens > KVT_FMT_MAX_REC || r->n_blocks > KVT_FMT_MAX_REC || r->priority > 100)
+		return 1;
+	need = KVT_FMT_PUT_FIXED + (uint64_t)r->n_blocks * KVT_FMT_PUT_BLOCK + r->n_tokens * 4;
+	if (fmt_pad8((size_t)need) != plen)
+		return 1;
+	r->blocks = p + KVT_FMT_PUT_FIXED;
+	r->tokens = r->blocks + (size_t)r->n_blocks * KVT_FMT_PUT_BLOCK;
+	*used = KVT_FMT_RECHDR_BYTES + plen;
+	return 0;
+}
+
+void
+kvt_fmt_rec_block(const struct kvt_fmt_rec *r, uint32_t i, struct kvt_fmt_blkref *o)
+{
+	const uint8_t *q = r->blocks + (size_t)i * KVT_FMT_PUT_BLOCK;
+
+	o->slot = kvt_get_le32(q);
+	o->stored_len = kvt_get_le32(q + 4);
+	o->key = kvt_get_le64(q + 8);
+	o->sum = kvt_get_le64(q + 16);
+	memcpy(o->hash, q + 24, 16);
+	o->codec = kvt_get_le32(q + 40);
+}
+
+int32_t
+kvt_fmt_rec_token(const struct kvt_fmt_rec *r, uint64_t i)
+{
+	return (int32_t)kvt_get_le32(r->tokens + 4 * i);
+}
+
+int
+kvt_fmt_fuzz_one(const uint8_t *data, size_t len)
+{
+	struct kvt_fmt_super s, want;
+	struct kvt_fmt_blkhdr h;
+	struct kvt_fmt_blkref br;
+	struct kvt_fmt_rec r;
+	uint64_t id = 0, acc = 0;
+	size_t off = 0, used;
+	int n = 0;
+
+	if (kvt_fmt_super_decode(data, len, &s) == 0) {
+		want = s;
+		want.n_layers++;
+		acc += kvt_fmt_super_match(&s, &want, "fuzz") != 0;
+	}
+	if (kvt_fmt_blkhdr_decode(data, len, &h) == 0)
+		acc += h.slot + h.key + h.stored_len + h.hash[15];
+	if (kvt_fmt_jhdr_decode(data, len, &id) == 0)
+		off = KVT_FMT_JHDR_BYTES;
+	while (off < len && kvt_fmt_rec_decode(data + off, len - off, &r, &used) == 0) {
+		for (uint32_t i = 0; i < r.n_blocks; i++) {
+			kvt_fmt_rec_block(&r, i, &br);
+			acc += br.slot + br.key;
+		}
+		for (uint64_t i = 0; i < r.n_tokens; i++)
+			acc += (uint32_t)kvt_fmt_rec_token(&r, i);
+		off += used;
+		n++;
+	}
+	return n + (int)(acc & 0);
+}

@@ -1,0 +1,144 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tiers/format.h - the on-disk format of the NVMe store (internal): encoders and the parsers
+ * that every byte read from disk goes through (also the fuzz target's entry point). The format
+ * is documented in docs/FORMAT.md; all integers are little-endian, fixed width.
+ *
+ * Store file ("kvtier.store", or a private "kvtier-<pid>-<n>.slots"):
+ *   [0, 4096)                       superblock (kvt_fmt_super)
+ *   [4096 + s * slot_bytes, +slot_bytes)  slot s: a 128-byte block header, the payload
+ *                                   (stored_len bytes: raw or encoded), zero padding to 4 KiB
+ * Journal file ("kvtier.journal"): a 64-byte file header, then records (kvt_fmt_rec), each
+ *   self-checksummed; replay stops at the first record that does not verify (a torn tail).
+ *
+ * Threading: pure functions.
+ */
+#ifndef KVT_TIERS_FORMAT_H
+#define KVT_TIERS_FORMAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+
+#define KVT_FMT_VERSION 2u        /* format version of superblock, headers and journal */
+#define KVT_FMT_ALIGN 4096u       /* O_DIRECT alignment of offsets, lengths and buffers */
+#define KVT_FMT_SUPER_BYTES 4096u /* superblock area at the start of the store */
+#define KVT_FMT_BLKHDR_BYTES 128u /* block header at the start of every slot */
+#define KVT_FMT_JHDR_BYTES 64u    /* journal file header */
+#define KVT_FMT_RECHDR_BYTES 32u  /* journal record header */
+#define KVT_FMT_PUT_FIXED 32u     /* fixed part of a PUT payload */
+#define KVT_FMT_PUT_BLOCK 48u     /* one block entry of a PUT payload */
+#define KVT_FMT_MAX_REC (64u << 20) /* largest journal record accepted */
+
+/** The superblock: the store's identity and the layout it was made for. */
+struct kvt_fmt_super {
+	uint32_t version;          /* KVT_FMT_VERSION */
+	uint32_t n_layers;         /* layout, as in struct kvt_layout */
+	uint32_t n_kv_heads;       /* ... */
+	uint32_t head_dim;         /* ... */
+	uint32_t dtype;            /* enum kvt_dtype */
+	uint32_t tokens_per_block; /* ... */
+	uint32_t codec;            /* enum kvt_codec blocks are written with */
+	uint64_t block_bytes;      /* raw bytes of one block */
+	uint64_t slot_bytes;       /* bytes of one slot, a multiple of 4096 */
+	uint64_t n_slots;          /* slots in the file */
+	uint64_t data_off;         /* file offset of slot 0 (4096) */
+	uint64_t epoch;            /* bumped at every open; the high bits of write keys */
+	uint64_t store_id;         /* random at creation; the journal carries it too */
+};
+
+/** A block header, at the start of its slot. */
+struct kvt_fmt_blkhdr {
+	uint32_t slot;       /* slot it was written to */
+	uint32_t index;      /* block index within its session */
+	uint64_t key;        /* write key: unique per write, (epoch << 40) | counter */
+	uint64_t session;    /* session key (0 = none) */
+	uint32_t raw_len;    /* block_bytes */
+	uint32_t stored_len; /* payload bytes after the header */
+	uint32_t codec;      /* enum kvt_codec of the payload (NONE = raw) */
+	uint8_t hash[16];    /* content hash of the block (prefix chain; zero when unknown) */
+	uint64_t sum;        /* XXH3-64 of the raw (decoded) block */
+};
+
+/** One block of a published session (a PUT record entry). */
+struct kvt_fmt_blkref {
+	uint32_t slot;       /* slot holding it */
+	uint32_t stored_len; /* payload bytes */
+	uint64_t key;        /* write key, must match the slot's header */
+	uint64_t sum;        /* XXH3-64 of the raw block, must match too */
+	uint8_t hash[16];    /* content hash (zero when unknown) */
+	uint32_t codec;      /* payload codec */
+};
+
+enum kvt_fmt_rec_type { KVT_FMT_REC_PUT = 1, KVT_FMT_REC_DEL = 2 };
+
+/** A decoded journal record; pointers point into the parsed buffer. */
+struct kvt_fmt_rec {
+	uint32_t type;          /* enum kvt_fmt_rec_type */
+	uint64_t seqno;         /* journal sequence number */
+	uint64_t session;       /* session key */
+	uint64_t n_tokens;      /* PUT: tokens */
+	uint32_t n_blocks;      /* PUT: blocks */
+	uint32_t tenant;        /* PUT: tenant */
+	uint32_t priority;      /* PUT: 0..100 */
+	const uint8_t *blocks;  /* PUT: n_blocks entries of KVT_FMT_PUT_BLOCK bytes */
+	const uint8_t *tokens;  /* PUT: n_tokens little-endian int32 */
+};
+
+/** Write @s into @out (KVT_FMT_SUPER_BYTES, zero-filled beyond the fields). */
+void kvt_fmt_super_encode(const struct kvt_fmt_super *s, uint8_t *out);
+/** Parse a superblock. Returns 0 or KVT_EFORMAT (bad magic, checksum, version, geometry) with a
+ * message. @len < KVT_FMT_SUPER_BYTES is refused. */
+int kvt_fmt_super_decode(const uint8_t *buf, size_t len, struct kvt_fmt_super *s);
+/** Compare a store's superblock with what the engine expects; KVT_EFORMAT naming the first
+ * difference ("store was made for 32 layers, engine has 16"), or 0. */
+int kvt_fmt_super_match(const struct kvt_fmt_super *have, const struct kvt_fmt_super *want,
+			const char *path);
+
+/** Write a block header (KVT_FMT_BLKHDR_BYTES) into @out. */
+void kvt_fmt_blkhdr_encode(const struct kvt_fmt_blkhdr *h, uint8_t *out);
+/** Parse a block header. Returns 0 or KVT_ECORRUPT with a message naming @slot_hint. */
+int kvt_fmt_blkhdr_decode(const uint8_t *buf, size_t len, struct kvt_fmt_blkhdr *h);
+
+/** Journal file header for @store_id into @out (KVT_FMT_JHDR_BYTES). */
+void kvt_fmt_jhdr_encode(uint64_t store_id, uint8_t *out);
+/** Parse a journal header; 0 with *store_id, or KVT_EFORMAT. */
+int kvt_fmt_jhdr_decode(const uint8_t *buf, size_t len, uint64_t *store_id);
+
+/** Bytes of a PUT record (header + payload) for @n_blocks and @n_tokens; 0 if too large. */
+size_t kvt_fmt_put_bytes(uint32_t n_blocks, uint64_t n_tokens);
+/** Encode a PUT record into @out (kvt_fmt_put_bytes bytes). */
+void kvt_fmt_put_encode(uint8_t *out, uint64_t seqno, uint64_t session, uint32_t tenant,
+			uint32_t priority, const struct kvt_fmt_blkref *blocks, uint32_t n_blocks,
+			const int32_t *tokens, uint64_t n_tokens);
+/** Bytes of a DEL record. */
+size_t kvt_fmt_del_bytes(void);
+/** Encode a DEL record into @out. */
+void kvt_fmt_del_encode(uint8_t *out, uint64_t seqno, uint64_t session);
+
+/**
+ * kvt_fmt_rec_decode() - parse the record at the start of @buf (@len bytes available).
+ * Returns 0 with *r and *used (the record's bytes) set; 1 when @buf holds no complete valid
+ * record (end of journal, or a torn or corrupt tail: replay stops there); never reads past @len.
+ */
+int kvt_fmt_rec_decode(const uint8_t *buf, size_t len, struct kvt_fmt_rec *r, size_t *used);
+/** Entry @i of a decoded PUT (i < r->n_blocks). */
+void kvt_fmt_rec_block(const struct kvt_fmt_rec *r, uint32_t i, struct kvt_fmt_blkref *out);
+/** Token @i of a decoded PUT. */
+int32_t kvt_fmt_rec_token(const struct kvt_fmt_rec *r, uint64_t i);
+
+/**
+ * kvt_fmt_fuzz_one() - the fuzz entry point: runs every parser over @data (superblock, block
+ * header, journal header, then a journal replay of the rest) and touches every decoded field.
+ * Returns the number of records parsed. Never crashes on any input (the property fuzzed).
+ */
+int kvt_fmt_fuzz_one(const uint8_t *data, size_t len);
+
+/* little-endian helpers */
+void kvt_put_le32(uint8_t *p, uint32_t v);
+void kvt_put_le64(uint8_t *p, uint64_t v);
+uint32_t kvt_get_le32(const uint8_t *p);
+uint64_t kvt_get_le64(const uint8_t *p);
+
+#endif /* KVT_TIERS_FORMAT_H */

@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tiers/nvme_int.h - the NVME tier's internal state, shared by tier_nvme.c (open, files,
+ * superblock, close) and nvme_io.c (submission, the encoder thread, completion). Not installed.
+ */
+#ifndef KVT_TIERS_NVME_INT_H
+#define KVT_TIERS_NVME_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <liburing.h>
+
+#include "tiers/format.h"
+#include "tiers/tier_nvme.h"
+
+#define NVME_ALIGN KVT_FMT_ALIGN   /* O_DIRECT alignment of offsets, lengths and buffers */
+#define NVME_HDR KVT_FMT_BLKHDR_BYTES /* block header at the start of every slot */
+#define NVME_MAX_QD 4096u          /* largest queue depth accepted */
+#define NVME_MAX_BLOCK_BYTES (1u << 30) /* one IO's byte count must fit the int of a CQE */
+#define NVME_CLOSE_BATCH 32u       /* completions discarded per reap while closing */
+#define NVME_STORE_NAME "kvtier.store" /* the persistent store's file under dir */
+
+
+/* One IO in flight; qd of them live in kvt_nvme.reqs, free ones on kvt_nvme.free_stack. */
+struct nvme_req {
+	uint8_t *buf;       /* staging buffer: slot_bytes, 4 KiB aligned, part of the arena */
+	void *dst;          /* reads: the caller's buffer, written only after verification */
+	uint64_t user_data; /* caller's tag, returned in the completion */
+	uint64_t key;       /* writes: stored in the header; reads: expected there */
+	uint32_t slot;      /* slot in the file */
+	uint32_t len;       /* bytes this IO moves: header + payload rounded up to 4 KiB */
+	uint32_t done;      /* bytes known transferred, a multiple of NVME_ALIGN */
+	uint32_t stored;    /* writes: payload bytes written; reads: expected (0 = unknown) */
+	uint32_t codec;     /* writes: codec of the payload */
+	uint64_t sum;       /* writes: XXH3-64 of the raw block */
+	uint32_t stalls;    /* consecutive pieces that did not reach the next 4 KiB boundary */
+	uint32_t index;     /* position in reqs[], also the registered buffer index */
+	bool is_write;      /* write (true) or read */
+	bool busy;          /* taken off the free stack */
+	uint8_t parked;     /* enum nvme_parked: where a request not in the kernel's hands is */
+	int delayed_res;    /* NVME_DELAYED: the result to hand in later */
+	uint64_t delay_gen; /* NVME_DELAYED: reap generation it was delayed in */
+	uint64_t deadline;  /* ns (CLOCK_MONOTONIC) by which its current piece must complete */
+	struct kvt_nvme_wmeta meta; /* writes handed to the encoder: the header's fields */
+};
+
+/* A busy request is in the SQ, in the kernel, or parked in one of these states. */
+enum nvme_parked {
+	NVME_ACTIVE = 0,    /* queued or in the kernel */
+	NVME_DELAYED = 1,   /* its CQE was kept back by the fate hook: handed in at a later reap */
+	NVME_LOST = 2,      /* its CQE was dropped by the fate hook: it will time out */
+	NVME_ABANDONED = 3, /* timed out while the kernel holds it: recycled if its CQE comes */
+	NVME_RETIRED = 4,   /* timed out after its CQE was lost: never used again */
+	NVME_ENCODING = 5,  /* a write waiting for (or in) the encoder thread */
+};
+
+struct kvt_nvme {
+	struct io_uring ring;              /* SQ of queue_depth entries, CQ of twice that */
+	struct kvt_nvme_fault_hooks hooks; /* copy of the opts' hooks; zeroed when none */
+	char *path;                        /* slot file path; owned */
+	int fd;                            /* slot file, O_DIRECT; -1 while not open */
+	bool ring_ok;                      /* ring initialised (io_uring_queue_exit needed) */
+	bool fixed_bufs;                   /* staging registered: READ_FIXED / WRITE_FIXED */
+	bool fixed_file;                   /* the file registered: IOSQE_FIXED_FILE, index 0 */
+	bool closing;                      /* kvt_nvme_close is draining: discard, never copy */
+	bool persist;                      /* the file is the persistent store: kept at close */
+	bool unlink_on_free;               /* created by this open: removed if the open fails */
+	bool buffered;                     /* O_DIRECT refused, buffered IO asked for instead */
+	int codec;                         /* enum kvt_codec of writes */
+	double min_saving;                 /* encode kept only when it saves this fraction */
+	size_t elem;                       /* element size of the layout, for the shuffles */
+	uint8_t *scratch;                  /* codec scratch: block_bytes (engine lock held) */
+	uint8_t *enc;                      /* codec output: block_bytes */
+	struct kvt_fmt_super sb;           /* the superblock as written/read at open */
+	size_t block_bytes;                /* bytes of one block */
+	size_t slot_bytes;                 /* bytes of one slot in the file */
+	uint32_t n_slots;                  /* slots in the file */
+	uint32_t qd;                       /* queue depth: requests and staging buffers */
+	uint32_t n_free;                   /* entries of free_stack in use */
+	uint32_t queued;                   /* SQEs prepared but not yet taken by the kernel */
+	uint32_t n_parked;                 /* busy requests not in the kernel: DELAYED, LOST,
+	                                      RETIRED */
+	uint32_t n_delayed;                /* of those, DELAYED */
+	uint32_t n_lost;                   /* of those, LOST */
+	uint32_t n_retired;                /* of those, RETIRED */
+	uint32_t n_abandoned;              /* busy requests ABANDONED (still in the kernel) */
+	uint64_t reap_gen;                 /* kvt_nvme_reap calls so far */
+	/* The encoder thread (codec on): writes are copied to staging at submit, encoded there by
+	 * the thread, which then queues and submits their SQEs. mu guards the SQ, queued,
+	 * n_encoding, the encode queue and every request's fields between the two threads; the
+	 * engine thread holds it while it submits or reaps (not while it waits). */
+	pthread_mutex_t mu;                /* see above */
+	bool mu_ok;                        /* mu initialised */
+	pthread_cond_t enc_cv;             /* signalled when enc_q gets work or enc_stop is set */
+	bool enc_on;                       /* the encoder thread runs */
+	bool enc_stop;                     /* asks it to exit */
+	pthread_t enc_thr;                 /* the thread */
+	uint32_t *enc_q;                   /* [qd] ring of request indices to encode */
+	uint32_t enc_head, enc_n;          /* ring head and length */
+	uint32_t n_encoding;               /* busy requests NVME_ENCODING */
+	uint8_t *dscratch;                 /* decode scratch (reaping thread) */
+	uint64_t timeout_ns;               /* IO piece deadline */
+	uint32_t *free_stack;              /* [qd] indices of free requests */
+	struct nvme_req *reqs;             /* [qd] request contexts */
+	uint8_t *arena;                    /* [qd][slot_bytes] staging, 4 KiB aligned */
+};
+
+
+/* Thread-safe strerror (the GNU strerror_r, which may return a static string). */
+static const char *
+nvme_strerror(int e, char *buf, size_t len)
+{
+	return strerror_r(e, buf, len);
+}
+
+/* nvme_io.c: the encoder thread's body, and stopping it (all IO must have completed). */
+void *kvt_nvme_enc_main(void *arg);
+void kvt_nvme_enc_stop(struct kvt_nvme *n);
+
+#endif /* KVT_TIERS_NVME_INT_H */

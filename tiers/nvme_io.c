@@ -1,0 +1,688 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tiers/nvme_io.c - the NVME tier's IO: submission (batched SQEs over registered staging buffers
+ * and the registered file), the encoder thread, completion (short IO continued, verification and
+ * decoding, late/lost completions and deadlines) and reaping. The contract is in tier_nvme.h,
+ * the state in nvme_int.h.
+ *
+ * Life of an IO: submit_* takes a request context (with its staging buffer) off a free stack,
+ * fills the staging buffer (writes) and queues one SQE whose user_data is the request. reap()
+ * hands queued SQEs to the kernel, then takes CQEs one at a time; each CQE belongs to exactly one
+ * request, which either finishes (one completion out, the request back on the free stack) or is
+ * continued with a new SQE for its remaining bytes. A request thus owns at most one SQE or one
+ * in-kernel IO at any time, so at most queue_depth CQEs are ever pending in a CQ of twice that.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <liburing.h>
+#include <xxhash.h>
+
+#include "engine/error.h"
+#include "tiers/codec.h"
+#include "tiers/nvme_int.h"
+
+static int nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+				   uint32_t stored, uint64_t user_data);
+
+/* ---- submission ---------------------------------------------------------------------------- */
+
+/* io_uring_submit the queued SQEs. Returns the number taken by the kernel or -errno. */
+static int
+nvme_flush(struct kvt_nvme *n)
+{
+	int r;
+
+	if (n->queued == 0)
+		return 0;
+	r = io_uring_submit(&n->ring);
+	if (r < 0)
+		return r;
+	n->queued -= (uint32_t)r < n->queued ? (uint32_t)r : n->queued;
+	return r;
+}
+
+/* Like nvme_flush, but a transient refusal (retried at the next flush) is not an error. */
+static int
+nvme_flush_soft(struct kvt_nvme *n)
+{
+	char eb[128];
+	int r = nvme_flush(n);
+
+	if (r == -EAGAIN || r == -EBUSY || r == -EINTR)
+		return 0;
+	if (r < 0)
+		return kvt_err(r, "nvme: io_uring_submit: %s", nvme_strerror(-r, eb, sizeof eb));
+	return r;
+}
+
+/* IOs the kernel holds: requests in use whose SQE it has taken. Only these can complete. */
+static uint32_t
+nvme_in_kernel(const struct kvt_nvme *n)
+{
+	return n->qd - n->n_free - n->queued - n->n_parked - n->n_encoding;
+}
+
+static uint64_t
+nvme_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Queue one SQE for the rest of @req's IO: bytes [done, len) of its slot. */
+static int
+nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&n->ring);
+	uint8_t *buf = req->buf + req->done;
+	unsigned len = req->len - req->done;
+	uint64_t off = KVT_FMT_SUPER_BYTES + (uint64_t)req->slot * n->slot_bytes + req->done;
+	int fd = n->fixed_file ? 0 : n->fd;
+
+	if (!sqe) {
+		/* Not expected: every request owns at most one SQE and the SQ has qd entries. */
+		(void)nvme_flush(n);
+		sqe = io_uring_get_sqe(&n->ring);
+		if (!sqe)
+			return kvt_err(-EAGAIN, "nvme: submission queue full");
+	}
+	if (req->is_write && n->fixed_bufs)
+		io_uring_prep_write_fixed(sqe, fd, buf, len, off, (int)req->index);
+	else if (req->is_write)
+		io_uring_prep_write(sqe, fd, buf, len, off);
+	else if (n->fixed_bufs)
+		io_uring_prep_read_fixed(sqe, fd, buf, len, off, (int)req->index);
+	else
+		io_uring_prep_read(sqe, fd, buf, len, off);
+	if (n->fixed_file)
+		io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
+	io_uring_sqe_set_data(sqe, req);
+	req->deadline = nvme_now_ns() + n->timeout_ns;
+	n->queued++;
+	return 0;
+}
+
+/* Validate a submit and take a free request. Returns 0 with *reqp set, or a negative code. */
+static int
+nvme_req_get(struct kvt_nvme *n, uint32_t slot, const void *buf, const char *what,
+	     struct nvme_req **reqp)
+{
+	struct nvme_req *req;
+
+	if (!n || !buf)
+		return kvt_err(-EINVAL, "nvme %s: %s is NULL", what, n ? "buffer" : "tier");
+	if (slot >= n->n_slots)
+		return kvt_err(-EINVAL, "nvme %s: slot %u out of range (%u slots)", what, slot,
+			       n->n_slots);
+	if (n->n_free == 0 && kvt_nvme_inflight(n) == 0)
+		return kvt_err(-EIO,
+			       "nvme %s: every staging buffer is held by an IO that timed out", what);
+	if (n->n_free == 0)
+		return kvt_err(-EAGAIN, "nvme %s: all %u staging buffers busy; reap first", what,
+			       n->qd);
+	req = &n->reqs[n->free_stack[--n->n_free]];
+	req->busy = true;
+	req->parked = NVME_ACTIVE;
+	req->slot = slot;
+	req->done = 0;
+	req->stalls = 0;
+	req->dst = NULL;
+	*reqp = req;
+	return 0;
+}
+
+static void
+nvme_req_put(struct kvt_nvme *n, struct nvme_req *req)
+{
+	req->busy = false;
+	n->free_stack[n->n_free++] = req->index;
+}
+
+static uint32_t
+nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
+{
+	size_t l = (NVME_HDR + (size_t)stored + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
+
+	return (uint32_t)(l < n->slot_bytes ? l : n->slot_bytes);
+}
+
+/*
+ * Fill @req's staging buffer: the block (encoded when that pays) after the header, zero padding
+ * to the IO length, and the header. Sets req->len, stored, codec, sum.
+ */
+/*
+ * Fill @req's staging buffer: the block @raw (encoded when that pays) after the header, zero
+ * padding to the IO length, and the header. @raw may be the staging buffer's payload area itself
+ * (encoder thread); then @encbuf (block_bytes) receives the encoding first. Sets req->len, stored,
+ * codec, sum.
+ */
+static void
+nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
+	  const struct kvt_nvme_wmeta *m, uint8_t *scratch, uint8_t *encbuf)
+{
+	uint8_t *payload = req->buf + NVME_HDR;
+	uint8_t *eout = raw == payload ? encbuf : payload;
+	struct kvt_fmt_blkhdr h;
+	int64_t enc = 0;
+
+	memset(&h, 0, sizeof h);
+	h.sum = XXH3_64bits(raw, n->block_bytes);
+	if (n->codec != KVT_CODEC_NONE)
+		enc = kvt_codec_encode(n->codec, n->elem, raw, n->block_bytes, eout, n->block_bytes,
+				       scratch, n->min_saving);
+	if (enc > 0) {
+		if (eout != payload)
+			memcpy(payload, eout, (size_t)enc);
+		h.codec = (uint32_t)n->codec;
+		h.stored_len = (uint32_t)enc;
+	} else {
+		if (raw != payload)
+			memcpy(payload, raw, n->block_bytes);
+		h.codec = KVT_CODEC_NONE;
+		h.stored_len = (uint32_t)n->block_bytes;
+	}
+	req->len = nvme_io_len(n, h.stored_len);
+	memset(payload + h.stored_len, 0, req->len - NVME_HDR - h.stored_len);
+	h.slot = req->slot;
+	h.key = m->key;
+	h.session = m->session;
+	h.index = m->index;
+	h.raw_len = (uint32_t)n->block_bytes;
+	memcpy(h.hash, m->hash, sizeof h.hash);
+	kvt_fmt_blkhdr_encode(&h, req->buf);
+	req->stored = h.stored_len;
+	req->codec = h.codec;
+	req->sum = h.sum;
+}
+
+/* Wake a reaper blocked in the CQ wait (a NOP completes at once; its CQE carries no request). */
+static void
+nvme_poke(struct kvt_nvme *n)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&n->ring);
+
+	if (!sqe)
+		return;
+	io_uring_prep_nop(sqe);
+	io_uring_sqe_set_data(sqe, NULL);
+	n->queued++;
+	(void)nvme_flush(n);
+}
+
+/* The encoder thread: encode queued writes in their staging buffers, then queue and submit. */
+void *
+kvt_nvme_enc_main(void *arg)
+{
+	struct kvt_nvme *n = arg;
+
+	pthread_mutex_lock(&n->mu);
+	for (;;) {
+		struct nvme_req *req;
+		int r;
+
+		while (!n->enc_n && !n->enc_stop)
+			pthread_cond_wait(&n->enc_cv, &n->mu);
+		if (!n->enc_n)
+			break;
+		req = &n->reqs[n->enc_q[n->enc_head]];
+		n->enc_head = (n->enc_head + 1) % n->qd;
+		n->enc_n--;
+		pthread_mutex_unlock(&n->mu);
+		nvme_seal(n, req, req->buf + NVME_HDR, &req->meta, n->scratch, n->enc);
+		pthread_mutex_lock(&n->mu);
+		n->n_encoding--;
+		req->parked = NVME_ACTIVE;
+		r = nvme_queue_rest(n, req);
+		if (r == 0) {
+			(void)nvme_flush(n); /* a refusal is retried by the next reap's flush */
+			continue;
+		}
+		/* no SQE (not expected): complete it with the error through the delayed path */
+		req->parked = NVME_DELAYED;
+		req->delayed_res = r;
+		req->delay_gen = 0;
+		n->n_parked++;
+		n->n_delayed++;
+		nvme_poke(n);
+	}
+	pthread_mutex_unlock(&n->mu);
+	return NULL;
+}
+
+static int
+nvme_submit_write_locked(struct kvt_nvme *n, uint32_t slot, const void *src,
+			 const struct kvt_nvme_wmeta *m, uint64_t user_data)
+{
+	struct nvme_req *req;
+	int r;
+
+	if (!m)
+		return kvt_err(-EINVAL, "nvme write: meta is NULL");
+	r = nvme_req_get(n, slot, src, "write", &req);
+	if (r != 0)
+		return r;
+	req->is_write = true;
+	req->key = m->key;
+	req->user_data = user_data;
+	if (n->enc_on) {
+		/* copy now (the caller's buffer may change at once), encode on the thread */
+		memcpy(req->buf + NVME_HDR, src, n->block_bytes);
+		req->meta = *m;
+		req->parked = NVME_ENCODING;
+		n->n_encoding++;
+		n->enc_q[(n->enc_head + n->enc_n++) % n->qd] = req->index;
+		pthread_cond_signal(&n->enc_cv);
+		return 0;
+	}
+	nvme_seal(n, req, src, m, n->scratch, NULL);
+	r = nvme_queue_rest(n, req);
+	if (r != 0)
+		nvme_req_put(n, req);
+	return r;
+}
+
+int
+kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
+			   const struct kvt_nvme_wmeta *m, uint64_t user_data)
+{
+	int r;
+
+	if (!n)
+		return kvt_err(-EINVAL, "nvme write: tier is NULL");
+	pthread_mutex_lock(&n->mu);
+	r = nvme_submit_write_locked(n, slot, src, m, user_data);
+	pthread_mutex_unlock(&n->mu);
+	return r;
+}
+
+int
+kvt_nvme_submit_read_len(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+			 uint32_t stored, uint64_t user_data)
+{
+	int r;
+
+	if (!n)
+		return kvt_err(-EINVAL, "nvme read: tier is NULL");
+	pthread_mutex_lock(&n->mu);
+	r = nvme_submit_read_locked(n, slot, dst, key, stored, user_data);
+	pthread_mutex_unlock(&n->mu);
+	return r;
+}
+
+int
+kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64_t key,
+		      uint64_t user_data)
+{
+	struct kvt_nvme_wmeta m = { .key = key };
+
+	return kvt_nvme_submit_write_meta(n, slot, src, &m, user_data);
+}
+
+static int
+nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+			uint32_t stored, uint64_t user_data)
+{
+	struct nvme_req *req;
+	int r = nvme_req_get(n, slot, dst, "read", &req);
+
+	if (r != 0)
+		return r;
+	req->is_write = false;
+	req->key = key;
+	req->user_data = user_data;
+	req->dst = dst;
+	req->stored = stored;
+	req->len = stored ? nvme_io_len(n, stored) : (uint32_t)n->slot_bytes;
+	r = nvme_queue_rest(n, req);
+	if (r != 0)
+		nvme_req_put(n, req);
+	return r;
+}
+
+int
+kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+		     uint64_t user_data)
+{
+	return kvt_nvme_submit_read_len(n, slot, dst, key, 0, user_data);
+}
+
+int
+kvt_nvme_flush(struct kvt_nvme *n)
+{
+	char eb[128];
+	int r;
+
+	if (!n)
+		return kvt_err(-EINVAL, "nvme flush: tier is NULL");
+	pthread_mutex_lock(&n->mu);
+	r = nvme_flush(n);
+	pthread_mutex_unlock(&n->mu);
+	if (r < 0)
+		return kvt_err(r, "nvme: io_uring_submit: %s", nvme_strerror(-r, eb, sizeof eb));
+	return r;
+}
+
+/* ---- completion ---------------------------------------------------------------------------- */
+
+/*
+ * Check a fully read staging buffer: its header, then the payload decoded into the caller's
+ * buffer (raw payloads are checked in the staging buffer first). Returns 0 or KVT_ECORRUPT.
+ */
+static int
+nvme_verify(struct kvt_nvme *n, const struct nvme_req *req)
+{
+	struct kvt_fmt_blkhdr h;
+	uint32_t slot = req->slot;
+	int rc = kvt_fmt_blkhdr_decode(req->buf, req->len, &h);
+
+	if (rc != 0)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
+	if (h.slot != slot)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: holds a block written to slot %u",
+			       slot, h.slot);
+	if (h.raw_len != n->block_bytes)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: block_bytes %u, expected %zu", slot,
+			       h.raw_len, n->block_bytes);
+	if (h.key != req->key)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: key %#llx, expected %#llx", slot,
+			       (unsigned long long)h.key, (unsigned long long)req->key);
+	if ((req->stored && h.stored_len != req->stored) ||
+	    NVME_HDR + (size_t)h.stored_len > req->len)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %u bytes stored, %u expected", slot,
+			       h.stored_len, req->stored);
+	if (h.codec == KVT_CODEC_NONE) {
+		if (XXH3_64bits(req->buf + NVME_HDR, n->block_bytes) != h.sum)
+			return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch", slot);
+		memcpy(req->dst, req->buf + NVME_HDR, n->block_bytes);
+		return 0;
+	}
+	if (!n->dscratch && !(n->dscratch = malloc(kvt_codec_scratch_bytes(n->block_bytes))))
+		return kvt_err(-ENOMEM, "nvme slot %u: codec scratch", slot);
+	rc = kvt_codec_decode((int)h.codec, n->elem, req->buf + NVME_HDR, h.stored_len, req->dst,
+			      n->block_bytes, n->dscratch);
+	if (rc != 0)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
+	if (XXH3_64bits(req->dst, n->block_bytes) != h.sum)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch after decoding",
+			       slot);
+	return 0;
+}
+
+/*
+ * A piece of @req's IO moved @got bytes, fewer than asked. Continue from the last 4 KiB
+ * boundary reached (O_DIRECT needs aligned offsets). Returns 0 when a new SQE is queued, or the
+ * code to complete @req with.
+ */
+static int
+nvme_continue(struct kvt_nvme *n, struct nvme_req *req, size_t got)
+{
+	const char *what = req->is_write ? "write" : "read";
+	size_t reached = (req->done + got) & ~(size_t)(NVME_ALIGN - 1);
+
+	if (got == 0)
+		return kvt_err(KVT_ESHORTIO, "nvme %s of slot %u: no progress at byte %u of %u",
+			       what, req->slot, req->done, req->len);
+	if (n->closing)
+		return kvt_err(KVT_ESHORTIO, "nvme %s of slot %u: short while closing", what,
+			       req->slot);
+	if (reached == req->done) {
+		if (++req->stalls > KVT_NVME_MAX_STALLS)
+			return kvt_err(KVT_ESHORTIO,
+				       "nvme %s of slot %u: stuck at byte %u of %u after %u retries",
+				       what, req->slot, req->done, req->len, req->stalls - 1);
+	} else {
+		req->stalls = 0;
+		req->done = (uint32_t)reached;
+	}
+	return nvme_queue_rest(n, req);
+}
+
+/*
+ * Interpret one CQE of @req with result @res. Returns 1 when @req finished (*c filled, @req back
+ * on the free stack), 0 when it was continued with a new SQE.
+ */
+static int
+nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
+{
+	size_t left = req->len - req->done;
+	uint64_t off = KVT_FMT_SUPER_BYTES + (uint64_t)req->slot * n->slot_bytes + req->done;
+	char eb[128];
+
+	if (n->hooks.on_complete)
+		n->hooks.on_complete(n->hooks.arg, req->is_write, req->slot, req->buf + req->done,
+				     left, off, &res);
+	if (res < 0) {
+		kvt_err(res, "nvme %s of slot %u: %s", req->is_write ? "write" : "read", req->slot,
+			nvme_strerror(-res, eb, sizeof eb));
+	} else if ((size_t)res < left) {
+		res = nvme_continue(n, req, (size_t)res);
+		if (res == 0)
+			return 0;
+	} else if ((size_t)res > left) {
+		res = kvt_err(-EIO, "nvme slot %u: %d bytes done of %zu asked", req->slot, res,
+			      left);
+	} else if (req->is_write || n->closing) {
+		res = 0;
+	} else {
+		res = nvme_verify(n, req);
+	}
+	c->user_data = req->user_data;
+	c->stored = req->is_write ? req->stored : 0;
+	c->codec = req->is_write ? req->codec : 0;
+	c->sum = req->is_write ? req->sum : 0;
+	c->res = res;
+	c->is_write = req->is_write;
+	c->slot = req->slot;
+	nvme_req_put(n, req);
+	return 1;
+}
+
+/* Fill @c for a completion of @req with @res (no verification: failures and timeouts). */
+static void
+nvme_fill(const struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
+{
+	memset(c, 0, sizeof *c);
+	c->user_data = req->user_data;
+	c->res = res;
+	c->is_write = req->is_write;
+	c->slot = req->slot;
+}
+
+/*
+ * One CQE of @req arrived: recycle an abandoned request, apply the fate hook (lose, delay), or
+ * interpret it. Returns the completions written to @c (0 or 1).
+ */
+static int
+nvme_cqe(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
+{
+	int fate;
+
+	if (req->parked == NVME_ABANDONED) {
+		/* its timeout was reported long ago: the buffer is the kernel's no more */
+		n->n_abandoned--;
+		req->parked = NVME_ACTIVE;
+		nvme_req_put(n, req);
+		return 0;
+	}
+	fate = n->hooks.fate ? n->hooks.fate(n->hooks.arg, req->is_write, req->slot) : 0;
+	if (fate == KVT_NVME_FATE_LOSE) {
+		req->parked = NVME_LOST;
+		n->n_parked++;
+		n->n_lost++;
+		return 0;
+	}
+	if (fate == KVT_NVME_FATE_DELAY) {
+		req->parked = NVME_DELAYED;
+		req->delayed_res = res;
+		req->delay_gen = n->reap_gen;
+		n->n_parked++;
+		n->n_delayed++;
+		return 0;
+	}
+	return nvme_complete(n, req, res, c);
+}
+
+/* Hand in delayed CQEs (those kept back before this reap, or all with @all). */
+static uint32_t
+nvme_deliver_delayed(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool all)
+{
+	uint32_t got = 0;
+
+	for (uint32_t i = 0; i < n->qd && n->n_delayed && got < max; i++) {
+		struct nvme_req *req = &n->reqs[i];
+
+		if (!req->busy || req->parked != NVME_DELAYED ||
+		    (!all && req->delay_gen >= n->reap_gen))
+			continue;
+		req->parked = NVME_ACTIVE;
+		n->n_parked--;
+		n->n_delayed--;
+		got += (uint32_t)nvme_complete(n, req, req->delayed_res, &out[got]);
+	}
+	return got;
+}
+
+/* Time out IO pieces past their deadline (only while nothing waits in the SQ). */
+static uint32_t
+nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
+{
+	uint64_t now = nvme_now_ns();
+	uint32_t got = 0;
+
+	for (uint32_t i = 0; i < n->qd && n->queued == 0 && got < max; i++) {
+		struct nvme_req *req = &n->reqs[i];
+
+		if (!req->busy || req->deadline > now ||
+		    (req->parked != NVME_ACTIVE && req->parked != NVME_LOST))
+			continue;
+		kvt_err(-ETIMEDOUT, "nvme %s of slot %u: no completion within %llu ms",
+			req->is_write ? "write" : "read", req->slot,
+			(unsigned long long)(n->timeout_ns / 1000000));
+		nvme_fill(req, -ETIMEDOUT, &out[got++]);
+		if (req->parked == NVME_LOST) {
+			n->n_lost--;
+			n->n_retired++;
+			req->parked = NVME_RETIRED; /* stays counted in n_parked */
+		} else {
+			n->n_abandoned++;
+			req->parked = NVME_ABANDONED;
+		}
+	}
+	return got;
+}
+
+/* How long a waiting reap may sleep: until the earliest deadline of an IO that can time out. */
+static void
+nvme_wait_span(const struct kvt_nvme *n, struct __kernel_timespec *ts)
+{
+	uint64_t now = nvme_now_ns(), first = UINT64_MAX, d;
+
+	for (uint32_t i = 0; i < n->qd; i++) {
+		const struct nvme_req *req = &n->reqs[i];
+
+		if (req->busy && (req->parked == NVME_ACTIVE || req->parked == NVME_LOST) &&
+		    req->deadline < first)
+			first = req->deadline;
+	}
+	d = first == UINT64_MAX ? n->timeout_ns : first > now ? first - now : 0;
+	if (n->n_delayed && d > 1000000)
+		d = 1000000; /* an encoder failure parked one: hand it in soon */
+	if (d < 1000000)
+		d = 1000000; /* at least 1 ms */
+	ts->tv_sec = (long long)(d / 1000000000ull);
+	ts->tv_nsec = (long long)(d % 1000000000ull);
+}
+
+/* Whether a waiting reap has anything to wait for (a CQE that can come, or a deadline). */
+static bool
+nvme_waitable(const struct kvt_nvme *n)
+{
+	return nvme_in_kernel(n) > n->n_abandoned || n->n_lost > 0 || n->n_encoding > 0 ||
+	       n->n_delayed > 0;
+}
+
+static int
+nvme_reap_locked(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool wait)
+{
+	struct __kernel_timespec ts;
+	struct io_uring_cqe *cqe;
+	struct nvme_req *req;
+	uint32_t got = 0;
+	char eb[128];
+	int r, res;
+
+	r = nvme_flush_soft(n);
+	if (r < 0)
+		return r;
+	if (n->n_delayed)
+		got += nvme_deliver_delayed(n, out, max, false);
+	n->reap_gen++;
+	while (got < max) {
+		r = io_uring_peek_cqe(&n->ring, &cqe);
+		if (r == -EAGAIN) {
+			/* Nothing ready: time out what is overdue; block only if asked to, nothing
+			 * was reaped yet, and an IO can still complete or time out. */
+			got += nvme_expire(n, out + got, max - got);
+			if (wait && got == 0 && n->n_delayed)
+				got += nvme_deliver_delayed(n, out, max, true);
+			if (!wait || got > 0 || !nvme_waitable(n))
+				break;
+			nvme_wait_span(n, &ts);
+			/* the encoder thread may submit meanwhile: never wait holding mu */
+			pthread_mutex_unlock(&n->mu);
+			r = io_uring_wait_cqe_timeout(&n->ring, &cqe, &ts);
+			pthread_mutex_lock(&n->mu);
+			if (r == -EINTR || r == -ETIME)
+				continue;
+		}
+		if (r < 0) {
+			if (got > 0)
+				break;
+			return kvt_err(r, "nvme: io_uring wait: %s",
+				       nvme_strerror(-r, eb, sizeof eb));
+		}
+		req = io_uring_cqe_get_data(cqe);
+		res = cqe->res;
+		io_uring_cqe_seen(&n->ring, cqe);
+		if (!req)
+			continue;
+		got += (uint32_t)nvme_cqe(n, req, res, &out[got]);
+		/* A continued short IO queued an SQE: hand it over before we may wait. */
+		r = nvme_flush_soft(n);
+		if (r < 0)
+			return got > 0 ? (int)got : r;
+	}
+	return (int)got;
+}
+
+int
+kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool wait)
+{
+	int r;
+
+	if (!n || (!out && max > 0))
+		return kvt_err(-EINVAL, "nvme reap: %s is NULL", n ? "out" : "tier");
+	pthread_mutex_lock(&n->mu);
+	r = nvme_reap_locked(n, out, max, wait);
+	pthread_mutex_unlock(&n->mu);
+	return r;
+}
+
+/* Stop and join the encoder thread (its queue is empty once all IO has completed). */
+void
+kvt_nvme_enc_stop(struct kvt_nvme *n)
+{
+	if (!n->enc_on)
+		return;
+	pthread_mutex_lock(&n->mu);
+	n->enc_stop = true;
+	pthread_cond_signal(&n->enc_cv);
+	pthread_mutex_unlock(&n->mu);
+	pthread_join(n->enc_thr, NULL);
+	n->enc_on = false;
+}

@@ -1,0 +1,442 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tiers/store.c - the journal of published sessions and its in-memory index (see store.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/alloc.h"
+#include "engine/error.h"
+#include "tiers/store.h"
+
+#define STORE_JOURNAL "kvtier.journal"
+#define STORE_NIL UINT32_MAX
+
+struct kvt_store {
+	char *dir;                     /* directory; owned */
+	char *path;                    /* journal path; owned */
+	int fd;                        /* journal, O_APPEND is not used: writes go to end */
+	uint64_t end;                  /* journal bytes (next record's offset) */
+	uint64_t live_bytes;           /* bytes the live records take (compaction estimate) */
+	uint64_t next_seqno;           /* seqno of the next record */
+	uint64_t store_id;             /* id of the store this journal belongs to */
+	uint32_t n_slots;              /* slots of the store (references beyond are dropped) */
+	uint32_t n, cap;               /* sessions in use / capacity */
+	struct kvt_store_sess **sess;  /* [cap] */
+};
+
+static void
+store_sess_free(struct kvt_store_sess *s)
+{
+	if (!s)
+		return;
+	kvt_free(s->tokens);
+	kvt_free(s->blocks);
+	kvt_free(s);
+}
+
+static int
+store_index_of(const struct kvt_store *st, uint64_t key)
+{
+	for (uint32_t i = 0; i < st->n; i++)
+		if (st->sess[i]->key == key)
+			return (int)i;
+	return -1;
+}
+
+static void
+store_remove_at(struct kvt_store *st, uint32_t i)
+{
+	st->live_bytes -= kvt_fmt_put_bytes(st->sess[i]->n_blocks, st->sess[i]->n_tokens);
+	store_sess_free(st->sess[i]);
+	st->sess[i] = st->sess[--st->n];
+}
+
+/* Insert @s (owned from now on), replacing a session with the same key. */
+static int
+store_insert(struct kvt_store *st, struct kvt_store_sess *s)
+{
+	int i = store_index_of(st, s->key);
+	void *p;
+
+	if (i >= 0)
+		store_remove_at(st, (uint32_t)i);
+	if (st->n == st->cap) {
+		uint32_t c = st->cap ? st->cap * 2 : 16;
+
+		if (!(p = kvt_realloc(st->sess, (size_t)c * sizeof *st->sess))) {
+			store_sess_free(s);
+			return kvt_err(-ENOMEM, "store index of %u sessions", c);
+		}
+		st->sess = p;
+		st->cap = c;
+	}
+	st->sess[st->n++] = s;
+	st->live_bytes += kvt_fmt_put_bytes(s->n_blocks, s->n_tokens);
+	return 0;
+}
+
+static struct kvt_store_sess *
+store_sess_new(uint64_t key, uint64_t seqno, uint32_t tenant, uint32_t priority,
+	       uint64_t n_tokens, uint32_t n_blocks)
+{
+	struct kvt_store_sess *s = kvt_calloc(1, sizeof *s);
+
+	if (!s)
+		return NULL;
+	s->key = key;
+	s->seqno = seqno;
+	s->tenant = tenant;
+	s->priority = priority;
+	s->n_tokens = n_tokens;
+	s->n_blocks = n_blocks;
+	s->open_seq = STORE_NIL;
+	s->tokens = kvt_malloc(n_tokens ? n_tokens * sizeof *s->tokens : 1);
+	s->blocks = kvt_malloc(n_blocks ? n_blocks * sizeof *s->blocks : 1);
+	if (!s->tokens || !s->blocks) {
+		store_sess_free(s);
+		return NULL;
+	}
+	return s;
+}
+
+/* Apply one decoded record to the index. */
+static int
+store_apply(struct kvt_store *st, const struct kvt_fmt_rec *r)
+{
+	struct kvt_store_sess *s;
+	int i;
+
+	if (r->seqno >= st->next_seqno)
+		st->next_seqno = r->seqno + 1;
+	if (r->type == KVT_FMT_REC_DEL) {
+		i = store_index_of(st, r->session);
+		if (i >= 0)
+			store_remove_at(st, (uint32_t)i);
+		return 0;
+	}
+	s = store_sess_new(r->session, r->seqno, r->tenant, r->priority, r->n_tokens,
+			   r->n_blocks);
+	if (!s)
+		return kvt_err(-ENOMEM, "store: session of %llu tokens",
+			       (unsigned long long)r->n_tokens);
+	for (uint32_t b = 0; b < r->n_blocks; b++)
+		kvt_fmt_rec_block(r, b, &s->blocks[b]);
+	for (uint64_t t = 0; t < r->n_tokens; t++)
+		s->tokens[t] = kvt_fmt_rec_token(r, t);
+	return store_insert(st, s);
+}
+
+/* Drop sessions that refer to slots out of range or that a later session overwrote. */
+static int
+store_resolve(struct kvt_store *st)
+{
+	uint64_t *claim = kvt_calloc(st->n_slots ? st->n_slots : 1, sizeof *claim);
+	bool changed = true;
+
+	if (!claim)
+		return kvt_err(-ENOMEM, "store: slot claims for %u slots", st->n_slots);
+	while (changed) {
+		changed = false;
+		memset(claim, 0, (size_t)st->n_slots * sizeof *claim);
+		/* claim[slot] = highest seqno + 1 of a session referring to it */
+		for (uint32_t i = 0; i < st->n; i++)
+			for (uint32_t b = 0; b < st->sess[i]->n_blocks; b++) {
+				uint32_t sl = st->sess[i]->blocks[b].slot;
+
+				if (sl < st->n_slots && claim[sl] < st->sess[i]->seqno + 1)
+					claim[sl] = st->sess[i]->seqno + 1;
+			}
+		for (uint32_t i = 0; i < st->n && !changed; i++)
+			for (uint32_t b = 0; b < st->sess[i]->n_blocks; b++) {
+				uint32_t sl = st->sess[i]->blocks[b].slot;
+
+				if (sl >= st->n_slots || claim[sl] != st->sess[i]->seqno + 1) {
+					store_remove_at(st, i);
+					changed = true;
+					break;
+				}
+			}
+	}
+	kvt_free(claim);
+	return 0;
+}
+
+/* Read the whole journal into memory and replay it; cut a torn tail. */
+static int
+store_replay(struct kvt_store *st, bool fresh)
+{
+	struct kvt_fmt_rec r;
+	struct stat sb;
+	uint8_t *buf = NULL;
+	uint64_t id = 0;
+	size_t off = KVT_FMT_JHDR_BYTES, used;
+	ssize_t got;
+	int rc = 0;
+
+	if (fstat(st->fd, &sb) != 0)
+		return kvt_err(-errno, "store: fstat %s", st->path);
+	if (fresh || sb.st_size < (off_t)KVT_FMT_JHDR_BYTES)
+		return 0;
+	buf = kvt_malloc((size_t)sb.st_size);
+	if (!buf)
+		return kvt_err(-ENOMEM, "store: journal of %lld bytes", (long long)sb.st_size);
+	got = pread(st->fd, buf, (size_t)sb.st_size, 0);
+	if (got != sb.st_size) {
+		kvt_free(buf);
+		return kvt_err(-EIO, "store: reading %s", st->path);
+	}
+	if (kvt_fmt_jhdr_decode(buf, (size_t)got, &id) != 0 || id != st->store_id) {
+		kvt_free(buf); /* another store's journal (or none): start empty */
+		return 0;
+	}
+	while (rc == 0 && off < (size_t)got &&
+	       kvt_fmt_rec_decode(buf + off, (size_t)got - off, &r, &used) == 0) {
+		rc = store_apply(st, &r);
+		off += used;
+	}
+	kvt_free(buf);
+	return rc ? rc : store_resolve(st);
+}
+
+static int
+store_write_all(int fd, const uint8_t *p, size_t n, uint64_t off)
+{
+	while (n > 0) {
+		ssize_t w = pwrite(fd, p, n, (off_t)off);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EIO;
+		p += w;
+		n -= (size_t)w;
+		off += (uint64_t)w;
+	}
+	return 0;
+}
+
+static int
+store_encode_put(const struct kvt_store_sess *s, uint8_t **out, size_t *len)
+{
+	size_t n = kvt_fmt_put_bytes(s->n_blocks, s->n_tokens);
+
+	if (n == 0)
+		return kvt_err(-EINVAL, "store: session of %llu tokens is too large to record",
+			       (unsigned long long)s->n_tokens);
+	*out = kvt_malloc(n);
+	if (!*out)
+		return kvt_err(-ENOMEM, "store: record of %zu bytes", n);
+	kvt_fmt_put_encode(*out, s->seqno, s->key, s->tenant, s->priority, s->blocks, s->n_blocks,
+			   s->tokens, s->n_tokens);
+	*len = n;
+	return 0;
+}
+
+/* Rewrite the journal with only the live records: tmp file, fsync, rename, fsync dir. */
+static int
+store_compact(struct kvt_store *st)
+{
+	size_t plen = strlen(st->path) + 8, len;
+	char *tmp = kvt_malloc(plen);
+	uint8_t hdr[KVT_FMT_JHDR_BYTES], *rec;
+	uint64_t off = KVT_FMT_JHDR_BYTES;
+	int fd, rc = 0, dfd;
+
+	if (!tmp)
+		return kvt_err(-ENOMEM, "store: path");
+	snprintf(tmp, plen, "%s.tmp", st->path);
+	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		rc = kvt_err(-errno, "store: creating %s", tmp);
+		kvt_free(tmp);
+		return rc;
+	}
+	kvt_fmt_jhdr_encode(st->store_id, hdr);
+	rc = store_write_all(fd, hdr, sizeof hdr, 0);
+	for (uint32_t i = 0; rc == 0 && i < st->n; i++) {
+		rc = store_encode_put(st->sess[i], &rec, &len);
+		if (rc == 0) {
+			rc = store_write_all(fd, rec, len, off);
+			off += len;
+			kvt_free(rec);
+		}
+	}
+	if (rc == 0 && (fchmod(fd, 0600) != 0 || fdatasync(fd) != 0 || rename(tmp, st->path)))
+		rc = -errno;
+	if (rc != 0) {
+		close(fd);
+		unlink(tmp);
+		kvt_free(tmp);
+		return kvt_err(rc, "store: compacting %s", st->path);
+	}
+	kvt_free(tmp);
+	dfd = open(st->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		(void)fsync(dfd);
+		close(dfd);
+	}
+	if (st->fd >= 0)
+		close(st->fd);
+	st->fd = fd;
+	st->end = off;
+	return 0;
+}
+
+int
+kvt_store_open(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
+	       struct kvt_store **out)
+{
+	struct kvt_store *st;
+	size_t plen = strlen(dir) + sizeof STORE_JOURNAL + 2;
+	int rc;
+
+	*out = NULL;
+	st = kvt_calloc(1, sizeof *st);
+	if (!st || !(st->path = kvt_malloc(plen)) || !(st->dir = kvt_malloc(strlen(dir) + 1))) {
+		kvt_store_close(st);
+		return kvt_err(-ENOMEM, "store object");
+	}
+	memcpy(st->dir, dir, strlen(dir) + 1);
+	snprintf(st->path, plen, "%s/%s", dir, STORE_JOURNAL);
+	st->store_id = store_id;
+	st->n_slots = n_slots;
+	st->next_seqno = 1;
+	st->fd = open(st->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (st->fd < 0) {
+		rc = kvt_err(-errno, "store: opening %s", st->path);
+		kvt_store_close(st);
+		return rc;
+	}
+	rc = store_replay(st, fresh);
+	if (rc == 0)
+		rc = store_compact(st);
+	if (rc != 0) {
+		kvt_store_close(st);
+		return rc;
+	}
+	*out = st;
+	return 0;
+}
+
+void
+kvt_store_close(struct kvt_store *st)
+{
+	if (!st)
+		return;
+	if (st->fd >= 0)
+		close(st->fd);
+	for (uint32_t i = 0; i < st->n; i++)
+		store_sess_free(st->sess[i]);
+	kvt_free(st->sess);
+	kvt_free(st->path);
+	kvt_free(st->dir);
+	kvt_free(st);
+}
+
+uint32_t
+kvt_store_count(const struct kvt_store *st)
+{
+	return st->n;
+}
+
+struct kvt_store_sess *
+kvt_store_at(struct kvt_store *st, uint32_t i)
+{
+	return i < st->n ? st->sess[i] : NULL;
+}
+
+struct kvt_store_sess *
+kvt_store_find(struct kvt_store *st, uint64_t key)
+{
+	int i = store_index_of(st, key);
+
+	return i < 0 ? NULL : st->sess[i];
+}
+
+bool
+kvt_store_find_hash(struct kvt_store *st, const uint8_t *hash, struct kvt_store_sess **sess,
+		    uint32_t *index)
+{
+	static const uint8_t zero[16];
+
+	if (!memcmp(hash, zero, 16))
+		return false;
+	for (uint32_t i = 0; i < st->n; i++)
+		for (uint32_t b = 0; b < st->sess[i]->n_blocks; b++)
+			if (!memcmp(st->sess[i]->blocks[b].hash, hash, 16)) {
+				*sess = st->sess[i];
+				*index = b;
+				return true;
+			}
+	return false;
+}
+
+int
+kvt_store_put(struct kvt_store *st, uint64_t key, uint32_t tenant, uint32_t priority,
+	      const int32_t *tokens, uint64_t n_tokens, const struct kvt_fmt_blkref *blocks,
+	      uint32_t n_blocks, uint32_t open_seq)
+{
+	struct kvt_store_sess *s;
+	uint8_t *rec;
+	size_t len;
+	int rc;
+
+	s = store_sess_new(key, st->next_seqno, tenant, priority, n_tokens, n_blocks);
+	if (!s)
+		return kvt_err(-ENOMEM, "store: session of %llu tokens",
+			       (unsigned long long)n_tokens);
+	s->open_seq = open_seq;
+	if (n_tokens)
+		memcpy(s->tokens, tokens, n_tokens * sizeof *tokens);
+	if (n_blocks)
+		memcpy(s->blocks, blocks, n_blocks * sizeof *blocks);
+	rc = store_encode_put(s, &rec, &len);
+	if (rc == 0) {
+		rc = store_write_all(st->fd, rec, len, st->end);
+		kvt_free(rec);
+		if (rc != 0)
+			rc = kvt_err(rc, "store: appending to %s", st->path);
+	}
+	if (rc != 0) {
+		store_sess_free(s);
+		return rc;
+	}
+	st->end += len;
+	st->next_seqno++;
+	return store_insert(st, s);
+}
+
+int
+kvt_store_del(struct kvt_store *st, uint64_t key)
+{
+	uint8_t rec[KVT_FMT_RECHDR_BYTES + 8];
+	int i = store_index_of(st, key), rc;
+
+	if (i < 0)
+		return 0;
+	kvt_fmt_del_encode(rec, st->next_seqno, key);
+	rc = store_write_all(st->fd, rec, sizeof rec, st->end);
+	if (rc != 0)
+		return kvt_err(rc, "store: appending to %s", st->path);
+	st->end += sizeof rec;
+	st->next_seqno++;
+	store_remove_at(st, (uint32_t)i);
+	return 0;
+}
+
+int
+kvt_store_commit(struct kvt_store *st)
+{
+	if (fdatasync(st->fd) != 0)
+		return kvt_err(-errno, "store: fdatasync %s", st->path);
+	/* the log only grows between opens: rewrite it when mostly dead records */
+	if (st->end > ((uint64_t)1 << 20) && st->end > 4 * st->live_bytes)
+		return store_compact(st);
+	return 0;
+}

@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tiers/store.h - the journal and index of published sessions of the persistent NVMe store
+ * (internal). The block data live in the store file (tiers/tier_nvme.c); this module keeps
+ * "<dir>/kvtier.journal": an append-only log of PUT (a session's tokens and block references)
+ * and DEL records (tiers/format.h), replayed into an in-memory index at open and compacted
+ * (rewritten to a temporary file, fsync'ed, renamed over) at every open.
+ *
+ * Replay rules: a record that does not verify ends the log (a torn tail from a crash) and the
+ * file is cut there; a later PUT of a key replaces the earlier one, a DEL removes it; when two
+ * live sessions claim the same slot, the later PUT wins and the earlier session is dropped whole
+ * (its data were overwritten when the later one was written). Whether a session's slots still
+ * hold what its record says is checked by the caller against the block headers (restore).
+ *
+ * Durability: kvt_store_put/del only write; kvt_store_commit makes them durable (fdatasync). The
+ * caller makes the blocks' data durable before it puts a record that refers to them.
+ *
+ * Threading: not thread-safe; the engine calls it under its mutex.
+ */
+#ifndef KVT_TIERS_STORE_H
+#define KVT_TIERS_STORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tiers/format.h"
+
+/** One published session in the index. */
+struct kvt_store_sess {
+	uint64_t key;                  /* session key */
+	uint64_t seqno;                /* journal sequence number of its PUT */
+	uint64_t n_tokens;             /* tokens */
+	uint32_t n_blocks;             /* blocks */
+	uint32_t tenant;               /* as opened */
+	uint32_t priority;             /* as opened */
+	uint32_t open_seq;             /* engine: index of the open sequence using it, or
+	                                  UINT32_MAX when none (restorable) */
+	int32_t *tokens;               /* [n_tokens]; owned */
+	struct kvt_fmt_blkref *blocks; /* [n_blocks]; owned */
+};
+
+struct kvt_store;
+
+/**
+ * kvt_store_open() - open (or create) "<dir>/kvtier.journal" for the store @store_id with
+ * @n_slots slots, replay and compact it. @fresh: the store file was just created, so any journal
+ * left there belongs to an older store and is discarded (as is one whose store id differs).
+ * Returns 0, -ENOMEM, -errno of the file operations (with a message).
+ */
+int kvt_store_open(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
+		   struct kvt_store **out);
+/** Close the journal and free the index. NULL accepted. */
+void kvt_store_close(struct kvt_store *st);
+
+/** Number of sessions in the index, and the i-th (0 <= i < count; order changes on del). */
+uint32_t kvt_store_count(const struct kvt_store *st);
+struct kvt_store_sess *kvt_store_at(struct kvt_store *st, uint32_t i);
+/** The session with @key, or NULL. */
+struct kvt_store_sess *kvt_store_find(struct kvt_store *st, uint64_t key);
+/**
+ * kvt_store_find_hash() - a published block whose content hash is @hash (16 bytes, not all
+ * zero): its session and block index. Returns true when found. Linear in the blocks indexed.
+ */
+bool kvt_store_find_hash(struct kvt_store *st, const uint8_t *hash,
+			 struct kvt_store_sess **sess, uint32_t *index);
+
+/**
+ * kvt_store_put() - append a PUT record for @key and replace its index entry. Arrays are copied.
+ * Not durable until kvt_store_commit(). Returns 0, -ENOMEM, -EINVAL (too large), -errno.
+ */
+int kvt_store_put(struct kvt_store *st, uint64_t key, uint32_t tenant, uint32_t priority,
+		  const int32_t *tokens, uint64_t n_tokens, const struct kvt_fmt_blkref *blocks,
+		  uint32_t n_blocks, uint32_t open_seq);
+/** Append a DEL record for @key and remove it from the index (no-op when absent). 0 or -errno. */
+int kvt_store_del(struct kvt_store *st, uint64_t key);
+/** Make the records written so far durable (fdatasync). 0 or -errno. */
+int kvt_store_commit(struct kvt_store *st);
+
+#endif /* KVT_TIERS_STORE_H */

@@ -1,0 +1,434 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvtier-bench/nvme.c - `kvtier-bench nvme`: the NVMe tier against fio on the same
+ * filesystem.
+ *
+ *  1. Block-sized demote (write) and promote (read) through the NVMe tier itself (io_uring,
+ *     O_DIRECT, registered staging buffers, header + checksum per block, read verification
+ *     included), at each block size and queue depth, next to fio (io_uring engine, O_DIRECT,
+ *     same directory, block size and depth, sequential), with the kvtier/fio ratio.
+ *  2. Park and resume of N sessions of 4k tokens through the whole engine (emulated device):
+ *     park = HBM -> HOST -> NVMe until durable on NVMe, resume = NVMe -> HOST -> HBM until a
+ *     batch holding the session is ready; tokens/s and GB/s, and the ratio to fio at the
+ *     engine's block size and queue depth.
+ *  3. The codec table on real K/V (nvme_codec.c).
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "kvtier.h"
+#include "nvme_int.h"
+#include "tiers/tier_nvme.h"
+
+#define NB_MAX_LIST 8
+#define NB_MODEL "../shared/data/models/stories260K.bin"
+#define NB_TOK "../shared/data/models/tok512.bin"
+
+struct nb_opts {
+	const char *dir;              /* where the tier's and fio's files go */
+	size_t bs[NB_MAX_LIST];       /* block sizes (IO sizes), bytes */
+	uint32_t n_bs;                /* entries */
+	uint32_t qd[NB_MAX_LIST];     /* queue depths */
+	uint32_t n_qd;                /* entries */
+	uint64_t bytes;               /* bytes per measurement */
+	uint32_t sessions;            /* park/resume sessions */
+	uint32_t tokens;              /* tokens per session */
+	bool fio;                     /* run fio next to kvtier */
+	bool tier, park, codec;       /* which parts run */
+	const char *model, *tok;      /* codec table inputs */
+	int nvme_codec;               /* park/resume: the engine's NVMe codec */
+};
+
+/* ---- fio ----------------------------------------------------------------------------------- */
+
+/* bw_bytes of the "read" or "write" section of fio's JSON. */
+static double
+nb_fio_bw(const char *json, bool write)
+{
+	const char *p = strstr(json, write ? "\"write\" :" : "\"read\" :");
+
+	p = p ? strstr(p, "\"bw_bytes\"") : NULL;
+	p = p ? strchr(p, ':') : NULL;
+	return p ? strtod(p + 1, NULL) : 0;
+}
+
+/* Run fio once; returns bytes/s or 0 when fio failed. */
+static double
+nb_fio(const struct nb_opts *o, size_t bs, uint32_t qd, uint64_t bytes, bool write)
+{
+	char cmd[1024], *json = NULL;
+	size_t len = 0, cap = 0;
+	double bw;
+	FILE *p;
+
+	snprintf(cmd, sizeof cmd,
+		 "fio --name=kvtb --filename=%s/kvtier-bench-fio.dat --size=%llu --bs=%zu "
+		 "--iodepth=%u --ioengine=io_uring --direct=1 --rw=%s --output-format=json "
+		 "2>/dev/null", o->dir, (unsigned long long)bytes, bs, qd,
+		 write ? "write" : "read");
+	p = popen(cmd, "r");
+	if (!p)
+		return 0;
+	for (;;) {
+		if (len + 4096 + 1 > cap) {
+			char *n = realloc(json, cap = cap * 2 + 8192);
+
+			if (!n)
+				break;
+			json = n;
+		}
+		size_t got = fread(json + len, 1, 4096, p);
+
+		if (got == 0)
+			break;
+		len += got;
+	}
+	pclose(p);
+	if (!json)
+		return 0;
+	json[len] = '\0';
+	bw = nb_fio_bw(json, write);
+	free(json);
+	return bw;
+}
+
+static void
+nb_fio_clean(const struct nb_opts *o)
+{
+	char path[1024];
+
+	snprintf(path, sizeof path, "%s/kvtier-bench-fio.dat", o->dir);
+	unlink(path);
+}
+
+/* ---- the tier alone ------------------------------------------------------------------------ */
+
+/* Write (or read) every slot of @n once, keeping @qd IOs in flight. Returns bytes/s or -1. */
+static double
+nb_tier_pass(struct kvt_nvme *n, uint32_t qd, const uint8_t *src, uint8_t *dst, bool write)
+{
+	struct kvt_nvme_cqe c[64];
+	uint32_t slots = kvt_nvme_n_slots(n), next = 0, done = 0;
+	double t0 = kvtb_now();
+	int r;
+
+	while (done < slots) {
+		while (next < slots && kvt_nvme_free_qd(n) > 0) {
+			r = write ? kvt_nvme_submit_write(n, next, src, 1000 + next, next)
+				  : kvt_nvme_submit_read(n, next, dst, 1000 + next, next);
+			if (r)
+				return -1;
+			next++;
+		}
+		r = kvt_nvme_reap(n, c, qd < 64 ? qd : 64, true);
+		if (r < 0)
+			return -1;
+		for (int i = 0; i < r; i++)
+			if (c[i].res != 0) {
+				fprintf(stderr, "nvme bench: IO failed: %s\n",
+					kvt_strerror(c[i].res));
+				return -1;
+			}
+		done += (uint32_t)r;
+	}
+	return (double)slots * (double)kvt_nvme_slot_bytes(n) / (kvtb_now() - t0);
+}
+
+static int
+nb_tier_point(const struct nb_opts *o, size_t bs, uint32_t qd, double *w, double *rd)
+{
+	struct kvt_nvme_opts no = {
+		.dir = o->dir,
+		.capacity_bytes = o->bytes,
+		.block_bytes = bs - KVT_FMT_BLKHDR_BYTES, /* one IO of exactly bs bytes */
+		.queue_depth = qd,
+	};
+	struct kvt_nvme *n;
+	char err[256];
+	uint8_t *src = malloc(bs), *dst = malloc(bs);
+	int rc = -ENOMEM;
+
+	if (src && dst) {
+		for (size_t i = 0; i < bs; i++)
+			src[i] = (uint8_t)(i * 2654435761u >> 13);
+		rc = kvt_nvme_open(&no, &n, err, sizeof err);
+		if (rc)
+			fprintf(stderr, "nvme bench: %s\n", err);
+	}
+	if (rc == 0) {
+		*w = nb_tier_pass(n, qd, src, dst, true);
+		*rd = nb_tier_pass(n, qd, src, dst, false);
+		kvt_nvme_close(n);
+		rc = *w < 0 || *rd < 0 ? -EIO : 0;
+	}
+	free(src);
+	free(dst);
+	return rc;
+}
+
+static int
+nb_tier_table(const struct nb_opts *o)
+{
+	printf("\nNVMe tier vs fio (io_uring, O_DIRECT, sequential, %llu MiB per point, "
+	       "dir %s)\n\n", (unsigned long long)(o->bytes >> 20), o->dir);
+	printf("| block | QD | kvtier write GB/s | fio write GB/s | ratio | kvtier read GB/s "
+	       "| fio read GB/s | ratio |\n|---|---|---|---|---|---|---|---|\n");
+	for (uint32_t b = 0; b < o->n_bs; b++)
+		for (uint32_t q = 0; q < o->n_qd; q++) {
+			double w = 0, r = 0, fw = 0, fr = 0;
+			size_t bs = o->bs[b];
+			int rc = nb_tier_point(o, bs, o->qd[q], &w, &r);
+
+			if (rc)
+				return rc;
+			if (o->fio) {
+				fw = nb_fio(o, bs, o->qd[q], o->bytes, true);
+				fr = nb_fio(o, bs, o->qd[q], o->bytes, false);
+				nb_fio_clean(o);
+			}
+			printf("| %zu KiB | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+			       bs >> 10, o->qd[q], w / 1e9, fw / 1e9, fw > 0 ? w / fw : 0, r / 1e9,
+			       fr / 1e9, fr > 0 ? r / fr : 0);
+			fflush(stdout);
+		}
+	return 0;
+}
+
+/* ---- park and resume through the engine ---------------------------------------------------- */
+
+static void
+nb_fill(uint8_t *p, size_t n, uint64_t seed)
+{
+	uint64_t x = seed | 1;
+
+	for (size_t i = 0; i + 8 <= n; i += 8) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		/* bf16-like: sign and exponent bytes narrow, mantissa bytes noisy */
+		x = (x & 0x00ff00ff00ff00ffull) | 0x3c003c003c003c00ull;
+		memcpy(p + i, &x, 8);
+	}
+}
+
+static int
+nb_park_resume(const struct nb_opts *o)
+{
+	struct kvt_engine_opts eo;
+	struct kvt_engine *e = NULL;
+	struct kvt_geometry g;
+	kvt_seq_id *ids = calloc(o->sessions, sizeof *ids);
+	int64_t *map = malloc(o->tokens * sizeof *map);
+	uint32_t blocks_per = 0;
+	double tp = 0, tr = 0, bytes, fw = 0, fr = 0;
+	int rc;
+
+	kvt_engine_opts_init(&eo, sizeof eo);
+	eo.layout = (struct kvt_layout){ .n_layers = 32, .n_kv_heads = 8, .head_dim = 128,
+					 .dtype = KVT_DTYPE_BF16, .tokens_per_block = 16 };
+	blocks_per = (o->tokens + 15) / 16;
+	eo.hbm_bytes = (uint64_t)(blocks_per + 1) << 21; /* 2 MiB blocks */
+	eo.host_bytes = (uint64_t)64 << 21;
+	eo.nvme_dir = o->dir;
+	eo.nvme_bytes = (uint64_t)(o->sessions * blocks_per + 8) * ((2u << 20) + 4096);
+	eo.high_watermark = eo.low_watermark = 1.0f;
+	eo.nvme_codec = o->nvme_codec;
+	if (!ids || !map) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	rc = kvt_engine_create(&eo, &e);
+	if (rc == 0)
+		rc = kvt_engine_geometry(e, &g);
+	for (uint32_t s = 0; rc == 0 && s < o->sessions; s++) {
+		double t0;
+
+		rc = kvt_seq_open(e, NULL, &ids[s]);
+		if (rc == 0)
+			rc = kvt_seq_append(e, ids[s], NULL, o->tokens, map);
+		for (uint32_t t = 0; rc == 0 && t < o->tokens; t += 16)
+			nb_fill((uint8_t *)g.hbm_base + (uint64_t)(map[t] / 16) * g.block_bytes,
+				g.block_bytes, s * 100003u + t);
+		t0 = kvtb_now();
+		if (rc == 0)
+			rc = kvt_seq_park(e, ids[s], KVT_TIER_NVME);
+		if (rc == 0)
+			rc = kvt_engine_drain(e);
+		tp += kvtb_now() - t0;
+	}
+	for (uint32_t s = 0; rc == 0 && s < o->sessions; s++) {
+		struct kvt_batch *b = NULL;
+		double t0 = kvtb_now();
+
+		rc = kvt_seq_resume(e, ids[s]);
+		if (rc == 0)
+			rc = kvt_batch_prepare(e, &ids[s], 1, &b);
+		if (rc == 0)
+			rc = kvt_batch_wait_layer(b, 31, NULL);
+		tr += kvtb_now() - t0;
+		if (b)
+			kvt_batch_release(b, NULL);
+	}
+	if (rc) {
+		fprintf(stderr, "nvme bench: park/resume: %s (%s)\n", kvt_strerror(rc),
+			kvt_last_error_message());
+		goto out;
+	}
+	if (o->fio) {
+		uint64_t fb = (uint64_t)o->sessions * blocks_per * g.block_bytes;
+
+		fw = nb_fio(o, 2u << 20, 64, fb, true);
+		fr = nb_fio(o, 2u << 20, 64, fb, false);
+		nb_fio_clean(o);
+	}
+	bytes = (double)o->sessions * blocks_per * (double)g.block_bytes;
+	printf("\npark/resume: %u sessions x %u tokens (32 layers, 8 KV heads, head_dim 128, bf16, "
+	       "16-token 2 MiB blocks, QD 64, codec %s)\n\n", o->sessions, o->tokens,
+	       o->nvme_codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" : "off");
+	printf("| phase | tokens/s | GB/s | fio GB/s (2 MiB, QD 64) | ratio |\n"
+	       "|---|---|---|---|---|\n");
+	printf("| park to NVMe (written) | %.0f | %.2f | %.2f write | %.2f |\n",
+	       o->sessions * (double)o->tokens / tp, bytes / tp / 1e9, fw / 1e9,
+	       fw > 0 ? bytes / tp / fw : 0);
+	printf("| resume to HBM (ready) | %.0f | %.2f | %.2f read | %.2f |\n",
+	       o->sessions * (double)o->tokens / tr, bytes / tr / 1e9, fr / 1e9,
+	       fr > 0 ? bytes / tr / fr : 0);
+out:
+	kvt_engine_destroy(e);
+	free(ids);
+	free(map);
+	return rc;
+}
+
+/* ---- options ------------------------------------------------------------------------------- */
+
+static int
+nb_list(const char *s, uint64_t *v, uint32_t *n, bool size)
+{
+	char *end;
+
+	*n = 0;
+	while (*s && *n < NB_MAX_LIST) {
+		uint64_t x = strtoull(s, &end, 10);
+
+		if (end == s)
+			return -EINVAL;
+		if (size && (*end == 'k' || *end == 'K'))
+			x <<= 10, end++;
+		else if (size && (*end == 'm' || *end == 'M'))
+			x <<= 20, end++;
+		v[(*n)++] = x;
+		s = *end == ',' ? end + 1 : end;
+		if (*end && *end != ',')
+			return -EINVAL;
+	}
+	return *n ? 0 : -EINVAL;
+}
+
+static void
+nb_usage(FILE *f)
+{
+	fprintf(f, "usage: kvtier-bench nvme [--dir DIR] [--bs 256k,1m,2m] [--qd 1,16,64] "
+		   "[--mib 256]\n"
+		   "         [--sessions 2] [--tokens 4096] [--codec none|shuf-lz4] [--no-fio]\n"
+		   "         [--only tier|park|codec]\n"
+		   "         [--model stories260K.bin --tokenizer tok512.bin]\n"
+		   "DIR (default .) must be on the filesystem to measure (not tmpfs).\n");
+}
+
+static int
+nb_parse(int argc, char **argv, struct nb_opts *o)
+{
+	uint64_t v[NB_MAX_LIST];
+	uint32_t n;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			nb_usage(stdout);
+			exit(0);
+		} else if (!strcmp(a, "--no-fio")) {
+			o->fio = false;
+			continue;
+		}
+		if (!val)
+			return -EINVAL;
+		i++;
+		if (!strcmp(a, "--dir")) {
+			o->dir = val;
+		} else if (!strcmp(a, "--bs") && !nb_list(val, v, &n, true)) {
+			for (o->n_bs = 0; o->n_bs < n; o->n_bs++)
+				o->bs[o->n_bs] = (size_t)v[o->n_bs];
+		} else if (!strcmp(a, "--qd") && !nb_list(val, v, &n, false)) {
+			for (o->n_qd = 0; o->n_qd < n; o->n_qd++)
+				o->qd[o->n_qd] = (uint32_t)v[o->n_qd];
+		} else if (!strcmp(a, "--mib")) {
+			o->bytes = strtoull(val, NULL, 10) << 20;
+		} else if (!strcmp(a, "--sessions")) {
+			o->sessions = (uint32_t)strtoul(val, NULL, 10);
+		} else if (!strcmp(a, "--tokens")) {
+			o->tokens = (uint32_t)strtoul(val, NULL, 10);
+		} else if (!strcmp(a, "--only")) {
+			o->tier = !strcmp(val, "tier");
+			o->park = !strcmp(val, "park");
+			o->codec = !strcmp(val, "codec");
+		} else if (!strcmp(a, "--codec")) {
+			o->nvme_codec = !strcmp(val, "shuf-lz4") ? KVT_CODEC_SHUF_LZ4
+								 : KVT_CODEC_NONE;
+		} else if (!strcmp(a, "--model")) {
+			o->model = val;
+		} else if (!strcmp(a, "--tokenizer")) {
+			o->tok = val;
+		} else {
+			return -EINVAL;
+		}
+	}
+	for (uint32_t b = 0; b < o->n_bs; b++)
+		if (o->bs[b] < 8192 || o->bs[b] % 4096 || o->bs[b] > (64u << 20))
+			return -EINVAL;
+	for (uint32_t q = 0; q < o->n_qd; q++)
+		if (o->qd[q] < 1 || o->qd[q] > 1024)
+			return -EINVAL;
+	return o->bytes && o->sessions && o->tokens ? 0 : -EINVAL;
+}
+
+int
+kvtb_nvme_main(int argc, char **argv)
+{
+	struct nb_opts o = {
+		.dir = ".", .bs = { 256u << 10, 1u << 20, 2u << 20 }, .n_bs = 3,
+		.qd = { 1, 16, 64 }, .n_qd = 3, .bytes = 256ull << 20, .sessions = 2,
+		.tokens = 4096, .fio = true, .tier = true, .park = true, .codec = true,
+		.model = NB_MODEL, .tok = NB_TOK,
+	};
+	int rc;
+
+	if (nb_parse(argc, argv, &o)) {
+		nb_usage(stderr);
+		return 2;
+	}
+	if (o.fio && system("fio --version > /dev/null 2>&1") != 0) {
+		fprintf(stderr, "kvtier-bench nvme: fio not found (apt-get install fio): "
+				"kvtier figures only\n");
+		o.fio = false;
+	}
+	rc = o.tier ? nb_tier_table(&o) : 0;
+	if (rc == 0 && o.park)
+		rc = nb_park_resume(&o);
+	if (rc == 0 && o.codec) {
+		int c = kvtb_codec_table(stdout, o.model, o.tok, 4);
+
+		if (c)
+			fprintf(stderr, "kvtier-bench nvme: codec table skipped: %s: %s\n", o.model,
+				kvt_strerror(c));
+	}
+	if (rc)
+		fprintf(stderr, "kvtier-bench nvme: %s\n", kvt_strerror(rc));
+	return rc ? 1 : 0;
+}
