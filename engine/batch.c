@@ -286,6 +286,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	for (i = 0; i < n; i++) {
 		e->seqs[seqidx[i]].in_batch = 1;
 		e->seqs[seqidx[i]].parked = 0;
+		e->seqs[seqidx[i]].last_use_ns = kvt_now_ns();
 	}
 	e->n_batches++;
 	*out = b;

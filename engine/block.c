@@ -28,7 +28,7 @@ kvt_copy_valid(const struct kvt_block *b, int tier)
 bool
 kvt_copy_evictable(const struct kvt_block *b, int tier)
 {
-	if (!b->live || b->dead || b->busy || b->state[tier] != KVT_COPY_PRESENT)
+	if (!b->live || b->dead || b->busy || b->protect || b->state[tier] != KVT_COPY_PRESENT)
 		return false;
 	/* a pinned block keeps its HBM copy, and its lower copies too until HBM holds it: after
 	 * that a copy below is a clean duplicate and may go */
@@ -86,6 +86,9 @@ kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
 	b->index = index;
 	b->next_free = KVT_NIL;
 	e->n_live_blocks++;
+	if (seq < e->cap_seqs && e->seqs[seq].priority != KVT_EVICT_PRIO_DEFAULT)
+		kvt_block_set_prio(e, id, e->seqs[seq].priority, e->seqs[seq].retention_ms ?
+				   kvt_now_ns() + e->seqs[seq].retention_ms * 1000000ull : 0);
 	*out = id;
 	return 0;
 }
@@ -226,13 +229,26 @@ kvt_block_try_free(struct kvt_engine *e, uint32_t id)
 
 	if (!b->live || !b->dead || b->busy || b->pins)
 		return;
-	for (t = 0; t < KVT_TIER_COUNT; t++)
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		kvt_copy_drop(e, id, t);
+		if (e->evict[t].ops->forget) /* the id will name other content: no history */
+			e->evict[t].ops->forget(&e->evict[t], id);
+	}
 	b->live = 0;
 	b->dead = 0;
 	b->next_free = e->block_free;
 	e->block_free = id;
 	e->n_live_blocks--;
+}
+
+void
+kvt_block_set_prio(struct kvt_engine *e, uint32_t id, uint8_t prio, uint64_t until_ns)
+{
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		if (e->evict[t].ops->set_prio)
+			e->evict[t].ops->set_prio(&e->evict[t], id, prio, until_ns);
 }
 
 void

@@ -73,6 +73,9 @@ kvt_engine_opts_init(struct kvt_engine_opts *o, size_t size)
 	d.low_watermark = 0.85f;
 	d.nvme_queue_depth = 64;
 	d.emu_seed = 1;
+	d.evict_policy = KVT_EVICT_DEFAULT;
+	d.idle_timeout_ms = 0;
+	d.idle_target = KVT_TIER_HOST;
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
 }
 
@@ -129,9 +132,26 @@ engine_check_opts(const struct kvt_engine_opts *o, uint64_t bb)
 	      o->high_watermark <= 1.0f))
 		return kvt_err(-EINVAL, "watermarks must satisfy 0 < low (%g) <= high (%g) <= 1",
 			       (double)o->low_watermark, (double)o->high_watermark);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, evict_policy) &&
+	    o->evict_policy > KVT_EVICT_ARC)
+		return kvt_err(-EINVAL, "unknown eviction policy %u", o->evict_policy);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, idle_target) &&
+	    o->idle_target != KVT_TIER_HOST && o->idle_target != KVT_TIER_NVME)
+		return kvt_err(-EINVAL, "idle_target %u: must be KVT_TIER_HOST or KVT_TIER_NVME",
+			       o->idle_target);
 	if (o->device != KVT_DEVICE_EMULATED && o->device != KVT_DEVICE_CUDA)
 		return kvt_err(-EINVAL, "unknown device kind %d", (int)o->device);
 	return 0;
+}
+
+static const struct kvt_evict_ops *
+engine_policy(uint32_t p)
+{
+	switch (p) {
+	case KVT_EVICT_LRU: return &kvt_evict_lru_ops;
+	case KVT_EVICT_PRIO: return &kvt_evict_prio_ops;
+	default: return &kvt_evict_arc_ops; /* KVT_EVICT_DEFAULT, KVT_EVICT_ARC */
+	}
 }
 
 static int
@@ -147,7 +167,7 @@ engine_tier_init(struct kvt_engine *e, int tier, uint32_t n)
 		return kvt_err(-ENOMEM, "slot owner map of %u slots", n);
 	for (i = 0; i < n; i++)
 		e->owner[tier][i] = KVT_NIL;
-	rc = kvt_evict_init(&e->evict[tier], &kvt_evict_lru_ops, 256);
+	rc = kvt_evict_init(&e->evict[tier], engine_policy(e->opts.evict_policy), 256, n);
 	return rc ? kvt_err(rc, "eviction list") : 0;
 }
 
@@ -339,6 +359,8 @@ kvt_engine_poll(struct kvt_engine *e, uint32_t max)
 	rc = kvt_xfer_flush(e);
 	if (rc == 0)
 		rc = kvt_xfer_poll(e, max);
+	if (rc >= 0 && e->opts.idle_timeout_ms)
+		kvt_seq_idle_scan(e);
 	if (rc >= 0) {
 		/* completions may have queued follow-ups (a read that continues up to HBM) */
 		int rc2 = kvt_xfer_flush(e);
@@ -434,9 +456,40 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 		s.tier[t].used_bytes = (uint64_t)s.tier[t].used_slots * sb;
 	}
 	s.seqs_open = e->n_open_seqs;
+	s.meta_bytes = kvt_meta_bytes(e);
+	s.meta_block_records = e->cap_blocks;
 	s.batches_open = e->n_batches;
 	kvt_unlock(e);
 	s.size = size;
 	memcpy(out, &s, size < sizeof s ? size : sizeof s);
 	return 0;
+}
+
+uint64_t
+kvt_meta_bytes(const struct kvt_engine *e)
+{
+	uint64_t m = sizeof *e + (uint64_t)e->cap_blocks * sizeof *e->blocks +
+		     (uint64_t)e->cap_seqs * sizeof *e->seqs;
+	uint32_t i;
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		const struct kvt_evict *ev = &e->evict[t];
+
+		/* owner map, free stack and used flags per slot */
+		m += (uint64_t)e->slots[t].n_slots * (sizeof(uint32_t) * 2 + 1);
+		/* links, plus per-id state of prio (1 + 1 + 8 bytes) or arc (1 byte) */
+		m += (uint64_t)ev->cap * sizeof *ev->link;
+		if (ev->ops == &kvt_evict_prio_ops)
+			m += (uint64_t)ev->cap * 10u;
+		else if (ev->ops == &kvt_evict_arc_ops)
+			m += (uint64_t)ev->cap;
+	}
+	for (i = 0; i < e->cap_seqs; i++) {
+		const struct kvt_seqrec *s = &e->seqs[i];
+
+		m += s->cap_tokens * sizeof *s->tokens + (uint64_t)s->cap_blocks * sizeof *s->blocks +
+		     (uint64_t)s->cap_wpins * sizeof *s->wpins;
+	}
+	return m;
 }

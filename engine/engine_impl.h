@@ -52,6 +52,8 @@ struct kvt_block {
 	uint8_t live;                      /* 1 while owned by a sequence (or dying) */
 	uint8_t dead;                      /* owner gone: free once busy drops to 0 */
 	uint8_t lost;                      /* no valid copy left anywhere: must be recomputed */
+	uint8_t protect;                   /* kept in its tiers by the engine (schedule
+	                                      hints): eviction skips it like a pin */
 	uint8_t wanted;                    /* asked back to HBM (resume, prepare, append) since
 	                                      its last demotion started: a demotion in flight
 	                                      keeps its source and stops where it is */
@@ -70,6 +72,8 @@ struct kvt_seqrec {
 	uint8_t parked;     /* 1 after park until resume/append/prepare */
 	uint8_t in_batch;   /* 1 while an unreleased batch holds it */
 	uint8_t priority;   /* 0..100 */
+	uint32_t retention_ms; /* priority of new blocks falls back after this long; 0 = never */
+	uint64_t last_use_ns; /* last append/prepare/resume (idle parking) */
 	uint32_t tenant;    /* tenant id */
 	uint64_t n_tokens;  /* tokens held */
 	uint32_t n_blocks;  /* blocks in use (ceil(n_tokens / tpb)) */
@@ -170,6 +174,7 @@ struct kvt_engine {
 	uint32_t demoting[KVT_TIER_COUNT];  /* demotions in flight whose source slot in that
 	                                       tier is freed on completion */
 	struct kvt_stats st;                /* counters (size unused internally) */
+	uint64_t idle_next_ns;              /* next idle scan (kvt_engine_poll) */
 };
 
 /* ---- engine.c */
@@ -194,6 +199,8 @@ void kvt_block_bump_ver(struct kvt_engine *e, uint32_t id); /* contents change: 
 void kvt_block_pin(struct kvt_engine *e, uint32_t id);
 void kvt_block_unpin(struct kvt_engine *e, uint32_t id);
 void kvt_block_check_lost(struct kvt_engine *e, uint32_t id);
+/* Give block @id priority @prio until @until_ns (0 = for good) in every tier's policy. */
+void kvt_block_set_prio(struct kvt_engine *e, uint32_t id, uint8_t prio, uint64_t until_ns);
 void *kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot);
 
 /* ---- engine/residency.c: making room, demotion and promotion */
@@ -223,6 +230,9 @@ struct kvt_event *kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno);
 struct kvt_seqrec *kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx);
 void kvt_seq_unpin_writes(struct kvt_engine *e, struct kvt_seqrec *s);
 void kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost);
+int kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int target);
+void kvt_seq_idle_scan(struct kvt_engine *e); /* park sequences idle for idle_timeout_ms */
+uint64_t kvt_meta_bytes(const struct kvt_engine *e); /* host metadata kvtier holds */
 
 /* Test hook: when set before kvt_engine_create, the NVME tier is opened with these fault hooks
  * (tests/ inject EIO, short IO and bit flips through it). NULL in production. */

@@ -170,6 +170,28 @@ struct kvt_engine_opts {
 	void (*log)(void *arg, int level, const char *msg); /* warnings such as the mlock
 	                              fallback; NULL = print to stderr */
 	void *log_arg;             /* passed to log */
+	/* ---- 0.2: eviction and idle sessions */
+	uint32_t evict_policy;     /* enum kvt_evict_policy; default KVT_EVICT_DEFAULT (arc) */
+	uint32_t idle_timeout_ms;  /* a sequence not used (append, prepare, resume) for this long
+	                              is parked by kvt_engine_poll(); 0 = never (default) */
+	uint32_t idle_target;      /* enum kvt_tier it is parked to; default KVT_TIER_HOST */
+};
+
+/**
+ * Eviction policies, one instance per tier (docs/ARCHITECTURE.md, "Eviction policies").
+ *   KVT_EVICT_LRU   least recently used.
+ *   KVT_EVICT_PRIO  priority LRU with retention (TensorRT-LLM's KvCacheRetentionConfig): lower
+ *                   priority goes first, LRU within a priority; a priority given with a duration
+ *                   falls back to the default (50) when it runs out. The only policy that reads
+ *                   kvt_seq_opts.priority and kvt_seq_set_priority().
+ *   KVT_EVICT_ARC   adaptive replacement with ghost lists: learns how much room blocks used once
+ *                   deserve against blocks used again (the default: see docs/PERF.md).
+ */
+enum kvt_evict_policy {
+	KVT_EVICT_DEFAULT = 0, /* KVT_EVICT_ARC */
+	KVT_EVICT_LRU = 1,
+	KVT_EVICT_PRIO = 2,
+	KVT_EVICT_ARC = 3,
 };
 
 /**
@@ -261,7 +283,10 @@ typedef uint64_t kvt_seq_id;
 struct kvt_seq_opts {
 	size_t opts_size;  /* sizeof(struct kvt_seq_opts) as the caller compiled it */
 	uint32_t tenant;   /* tenant id (the salt of prefix sharing in later versions) */
-	uint8_t priority;  /* 0..100, higher is kept longer; default 50 (v0: recorded, LRU only) */
+	uint8_t priority;  /* 0..100, higher is kept longer; default 50 (KVT_EVICT_PRIO only) */
+	/* ---- 0.2 */
+	uint32_t retention_ms; /* priority falls back to 50 this long after a block is created;
+	                          0 = keeps it (default) */
 };
 
 /** kvt_seq_opts_init() - defaults (tenant 0, priority 50). */
@@ -329,6 +354,18 @@ KVT_API int kvt_seq_park(struct kvt_engine *e, kvt_seq_id s, enum kvt_tier targe
  * Returns 0, KVT_ECLOSED, or a negative error code.
  */
 KVT_API int kvt_seq_resume(struct kvt_engine *e, kvt_seq_id s);
+
+/**
+ * kvt_seq_set_priority() - retention priority of a token range (TensorRT-LLM's
+ * KvCacheRetentionConfig::TokenRangeRetentionConfig): the blocks holding tokens
+ * [first_token, first_token + n_tokens) get @priority until @duration_ms from now (0 = for good),
+ * then fall back to the default 50. Blocks appended later get the sequence's own priority.
+ * Priorities are kept per block across tiers (parking keeps them). Used by KVT_EVICT_PRIO; the
+ * other policies ignore priorities.
+ * @n_tokens: 0 = up to the end. Returns 0, KVT_ECLOSED, -EINVAL (priority > 100, range past end).
+ */
+KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t first_token,
+				 uint64_t n_tokens, uint8_t priority, uint32_t duration_ms);
 
 /** Where a sequence's blocks are. */
 struct kvt_seq_info {
@@ -493,7 +530,12 @@ struct kvt_stats {
 	uint64_t codec_blocks;        /* NVMe blocks stored compressed */
 	uint64_t codec_raw_bytes;     /* bytes before compression of blocks written to NVMe */
 	uint64_t codec_stored_bytes;  /* bytes after (raw where compression did not pay) */
-	uint64_t meta_bytes;          /* host memory used by kvtier's own metadata */
+	uint64_t meta_bytes;          /* host memory used by kvtier's own metadata: block records,
+	                                 eviction lists, slot owner maps, sequence tables and their
+	                                 token/block arrays (capacities, not only what is used) */
+	/* ---- 0.2 */
+	uint64_t idle_parked;         /* sequences parked by the idle timeout */
+	uint64_t meta_block_records;  /* block records allocated (meta_bytes / this = per block) */
 };
 
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */

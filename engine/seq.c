@@ -33,7 +33,8 @@ kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx)
 void
 kvt_seq_opts_init(struct kvt_seq_opts *o, size_t size)
 {
-	struct kvt_seq_opts d = { .opts_size = size, .tenant = 0, .priority = 50 };
+	struct kvt_seq_opts d = { .opts_size = size, .tenant = 0, .priority = 50,
+				  .retention_ms = 0 };
 
 	if (!o)
 		return;
@@ -93,6 +94,9 @@ kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out
 		s->open = 1;
 		s->tenant = opts.tenant;
 		s->priority = opts.priority;
+		s->retention_ms = o && o->opts_size > offsetof(struct kvt_seq_opts, retention_ms) ?
+				  opts.retention_ms : 0;
+		s->last_use_ns = kvt_now_ns();
 		s->n_tokens = 0;
 		s->n_blocks = 0;
 		s->n_wpins = 0;
@@ -315,6 +319,7 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 	}
 	s->n_tokens = end;
 	s->parked = 0;
+	s->last_use_ns = kvt_now_ns();
 	return 0;
 undo:
 	/* new blocks go away again; the partial block keeps its pin until release */
@@ -355,7 +360,7 @@ int
 kvt_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target)
 {
 	struct kvt_seqrec *s;
-	uint32_t idx, i;
+	uint32_t idx;
 	int rc = 0, t = (int)target;
 
 	if (!e)
@@ -373,31 +378,40 @@ kvt_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target)
 			     (unsigned long long)id);
 		goto out;
 	}
+	rc = kvt_seq_park_locked(e, s, t);
+out:
+	kvt_unlock(e);
+	return rc;
+}
+
+int
+kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
+{
+	uint32_t i;
+	int rc = 0;
+
 	/* a tier the engine lacks: the next one down, or up when there is none below */
 	while (t < KVT_TIER_COUNT && !e->slots[t].n_slots)
 		t++;
 	if (t == KVT_TIER_COUNT)
 		t = KVT_TIER_HOST;
-	if (!e->slots[t].n_slots) {
-		rc = kvt_err(-ENOSPC, "no HOST or NVME tier to park sequence %#llx in",
-			     (unsigned long long)id);
-		goto out;
-	}
+	if (!e->slots[t].n_slots)
+		return kvt_err(-ENOSPC, "no HOST or NVME tier to park sequence %u in",
+			       (unsigned)(s - e->seqs));
 	kvt_seq_unpin_writes(e, s);
 	for (i = 0; i < s->n_blocks && rc == 0; i++) {
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
 		if (rc == -ENOSPC)
-			rc = kvt_err(-ENOSPC, "no room below HBM to park block %u of sequence %#llx",
-				     i, (unsigned long long)id);
+			rc = kvt_err(-ENOSPC, "no room below HBM to park block %u of sequence %u",
+				     i, (unsigned)(s - e->seqs));
 	}
 	if (rc == 0)
 		rc = kvt_xfer_flush(e);
 	if (rc == 0)
 		s->parked = 1;
-out:
-	kvt_unlock(e);
 	return rc;
 }
+
 
 int
 kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
@@ -415,6 +429,7 @@ kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
 		goto out;
 	}
 	s->parked = 0;
+	s->last_use_ns = kvt_now_ns();
 	/* best effort, in order: NVMe reads are started first since they are slowest; blocks
 	 * already in HOST go up as room allows. Prepare finishes whatever is left. */
 	for (i = 0; i < s->n_blocks; i++)
@@ -452,4 +467,61 @@ kvt_seq_info(struct kvt_engine *e, kvt_seq_id id, struct kvt_seq_info *out)
 			out->blocks_in[t] += kvt_copy_valid(&e->blocks[s->blocks[i]], t);
 	kvt_unlock(e);
 	return 0;
+}
+
+int
+kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id id, uint64_t first_token,
+		     uint64_t n_tokens, uint8_t priority, uint32_t duration_ms)
+{
+	uint64_t tpb, end, until;
+	struct kvt_seqrec *s;
+	uint32_t b;
+	int rc = 0;
+
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_seq_set_priority: engine is NULL");
+	if (priority > KVT_EVICT_PRIO_MAX)
+		return kvt_err(-EINVAL, "priority %u is out of range 0..100", priority);
+	kvt_lock(e);
+	s = kvt_seq_lookup(e, id, NULL);
+	if (!s) {
+		rc = kvt_err(KVT_ECLOSED, "sequence %#llx is not open", (unsigned long long)id);
+		goto out;
+	}
+	end = n_tokens ? first_token + n_tokens : s->n_tokens;
+	if (first_token >= s->n_tokens || end > s->n_tokens || end < first_token) {
+		rc = kvt_err(-EINVAL, "token range %llu+%llu is past the sequence's %llu tokens",
+			     (unsigned long long)first_token, (unsigned long long)n_tokens,
+			     (unsigned long long)s->n_tokens);
+		goto out;
+	}
+	tpb = e->layout.tokens_per_block;
+	until = duration_ms ? kvt_now_ns() + duration_ms * 1000000ull : 0;
+	for (b = (uint32_t)(first_token / tpb); b < (uint32_t)((end + tpb - 1) / tpb); b++)
+		kvt_block_set_prio(e, s->blocks[b], priority, until);
+out:
+	kvt_unlock(e);
+	return rc;
+}
+
+void
+kvt_seq_idle_scan(struct kvt_engine *e)
+{
+	uint64_t now = kvt_now_ns(), idle = e->opts.idle_timeout_ms * 1000000ull;
+	uint32_t i;
+
+	/* a scan costs O(open sequences): at most four per timeout period */
+	if (now < e->idle_next_ns)
+		return;
+	e->idle_next_ns = now + idle / 4;
+	for (i = 0; i < e->cap_seqs; i++) {
+		struct kvt_seqrec *s = &e->seqs[i];
+
+		if (!s->open || s->parked || s->in_batch || !s->n_blocks ||
+		    now - s->last_use_ns < idle)
+			continue;
+		/* best effort: a sequence that cannot move now is tried again next scan */
+		if (kvt_seq_park_locked(e, s, (int)e->opts.idle_target) == 0)
+			e->st.idle_parked++;
+	}
 }
