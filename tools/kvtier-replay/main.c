@@ -1,0 +1,302 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvtier-replay/main.c - replay a serving trace against kvtier's eviction policies.
+ *
+ *   kvtier-replay TRACE [options]
+ *
+ * Metadata-only: no bytes move; kvtier's own evict/ policies rank the blocks. Two parts:
+ *   - a sweep of single-tier capacities (default 1k..64k blocks) for each policy and Belady MIN;
+ *   - a tiered run (HBM -> HOST -> NVME) for each policy, and MIN at the combined capacity.
+ * Results: a table on stdout, --csv/--json files, --plot PNG (gnuplot).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "out.h"
+#include "replay.h"
+
+#define RP_MAX_CAPS 32
+#define RP_MAX_POLS 4
+
+struct rp_opts {
+	const char *trace;            /* trace file */
+	uint64_t caps[RP_MAX_CAPS];   /* sweep capacities, blocks */
+	size_t n_caps;                /* entries */
+	const char *tier_spec[RP_TIERS]; /* --hbm/--host/--nvme as given */
+	const char *sweep_spec;       /* --sweep as given */
+	const char *pol_spec;         /* --policies as given */
+	char pol_buf[64];             /* copy of pol_spec cut into names */
+	const char *pols[RP_MAX_POLS]; /* policies */
+	size_t n_pols;                /* entries */
+	uint64_t bytes_per_token;     /* KV bytes of one token, all layers */
+	uint32_t block_tokens;        /* CSV traces: tokens per block */
+	uint32_t limit;               /* requests (0 = all) */
+	const char *csv, *json, *plot; /* outputs */
+};
+
+static void
+rp_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvtier-replay TRACE [options]\n"
+		"  TRACE                 Mooncake JSONL (hash_ids of 512-token blocks) or Azure CSV\n"
+		"  --sweep LIST          single-tier capacities, e.g. 1k,4k,16k,64k or 2GiB,8GiB\n"
+		"                        (default 1k,2k,4k,8k,16k,32k,64k blocks; k = 1000)\n"
+		"  --hbm N --host N --nvme N   tiered run capacities, blocks or bytes (KiB..TiB)\n"
+		"                        (default 2k, 8k, 32k blocks)\n"
+		"  --policies LIST       kvtier policies to compare (default lru,arc; also prio)\n"
+		"  --bytes-per-token N   KV bytes per token, all layers (default 131072: Llama-3-8B\n"
+		"                        fp16); converts bytes to blocks and blocks moved to bytes\n"
+		"  --block-tokens N      tokens per block of CSV traces (default 512)\n"
+		"  --limit N             replay the first N requests only\n"
+		"  --csv FILE  --json FILE  --plot FILE.png   outputs\n"
+		"Metadata-only: kvtier's own eviction policies, no KV bytes moved.\n");
+}
+
+/* "4096", "4k" (blocks, k = 1000) or "2GiB", "512MiB", "100B" (bytes). */
+static int
+rp_parse_cap(const char *s, uint64_t block_bytes, uint64_t *out)
+{
+	static const struct { const char *u; uint64_t m; int bytes; } units[] = {
+		{ "", 1, 0 }, { "k", 1000, 0 }, { "K", 1000, 0 }, { "B", 1, 1 },
+		{ "KiB", 1ull << 10, 1 }, { "MiB", 1ull << 20, 1 }, { "GiB", 1ull << 30, 1 },
+		{ "TiB", 1ull << 40, 1 },
+	};
+	char *end;
+	double v;
+	size_t i;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || v < 0)
+		return -1;
+	for (i = 0; i < sizeof units / sizeof units[0]; i++)
+		if (!strcmp(end, units[i].u)) {
+			v *= (double)units[i].m;
+			if (units[i].bytes)
+				v /= (double)block_bytes;
+			if (v >= 4e9)
+				return -1;
+			*out = (uint64_t)v;
+			return 0;
+		}
+	return -1;
+}
+
+static int
+rp_parse_args(int argc, char **argv, struct rp_opts *o)
+{
+	int i;
+
+	memset(o, 0, sizeof *o);
+	o->bytes_per_token = 131072;
+	o->block_tokens = 512;
+	for (i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			rp_usage(stdout);
+			exit(0);
+		}
+		if (a[0] != '-') {
+			if (o->trace) {
+				fprintf(stderr, "kvtier-replay: one trace only (%s)\n", a);
+				return -1;
+			}
+			o->trace = a;
+			continue;
+		}
+		if (!v) {
+			fprintf(stderr, "kvtier-replay: %s needs a value\n", a);
+			return -1;
+		}
+		i++;
+		if (!strcmp(a, "--sweep"))
+			o->sweep_spec = v;
+		else if (!strcmp(a, "--hbm"))
+			o->tier_spec[0] = v;
+		else if (!strcmp(a, "--host"))
+			o->tier_spec[1] = v;
+		else if (!strcmp(a, "--nvme"))
+			o->tier_spec[2] = v;
+		else if (!strcmp(a, "--policies"))
+			o->pol_spec = v;
+		else if (!strcmp(a, "--bytes-per-token"))
+			o->bytes_per_token = strtoull(v, NULL, 10);
+		else if (!strcmp(a, "--block-tokens"))
+			o->block_tokens = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(a, "--limit"))
+			o->limit = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(a, "--csv"))
+			o->csv = v;
+		else if (!strcmp(a, "--json"))
+			o->json = v;
+		else if (!strcmp(a, "--plot"))
+			o->plot = v;
+		else {
+			fprintf(stderr, "kvtier-replay: unknown option %s (see --help)\n", a);
+			return -1;
+		}
+	}
+	if (!o->trace) {
+		rp_usage(stderr);
+		return -1;
+	}
+	if (!o->bytes_per_token || !o->block_tokens) {
+		fprintf(stderr, "kvtier-replay: --bytes-per-token and --block-tokens must be > 0\n");
+		return -1;
+	}
+	return 0;
+}
+
+/* Cut @spec at commas into @o->caps (blocks). */
+static int
+rp_parse_sweep(struct rp_opts *o, const char *spec, uint64_t block_bytes)
+{
+	char buf[512], *tok, *save = NULL;
+
+	snprintf(buf, sizeof buf, "%s", spec);
+	o->n_caps = 0;
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (o->n_caps == RP_MAX_CAPS || rp_parse_cap(tok, block_bytes, &o->caps[o->n_caps]) ||
+		    !o->caps[o->n_caps]) {
+			fprintf(stderr, "kvtier-replay: --sweep: bad or too many capacities at '%s'\n",
+				tok);
+			return -1;
+		}
+		o->n_caps++;
+	}
+	return o->n_caps ? 0 : -1;
+}
+
+static int
+rp_parse_pols(struct rp_opts *o)
+{
+	char *tok, *save = NULL;
+
+	snprintf(o->pol_buf, sizeof o->pol_buf, "%s", o->pol_spec ? o->pol_spec : "lru,arc");
+	o->n_pols = 0;
+	for (tok = strtok_r(o->pol_buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (o->n_pols == RP_MAX_POLS - 1 || !kvt_evict_by_name(tok)) {
+			fprintf(stderr, "kvtier-replay: --policies: unknown or too many: '%s' "
+				"(lru, prio, arc)\n", tok);
+			return -1;
+		}
+		o->pols[o->n_pols++] = tok;
+	}
+	return o->n_pols ? 0 : -1;
+}
+
+static void
+rp_summary(const struct rp_result *r, size_t n)
+{
+	const struct rp_result *lru = NULL, *arc = NULL, *min = NULL;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		if (!strcmp(r[i].policy, "lru"))
+			lru = &r[i];
+		else if (!strcmp(r[i].policy, "arc"))
+			arc = &r[i];
+		else if (!strcmp(r[i].policy, "min"))
+			min = &r[i];
+	}
+	if (arc && lru && rp_hits(lru))
+		printf("  arc/lru %.2fx", (double)rp_hits(arc) / (double)rp_hits(lru));
+	if (arc && min && rp_hits(min))
+		printf("  arc/min %.2fx", (double)rp_hits(arc) / (double)rp_hits(min));
+	printf("\n");
+}
+
+int
+main(int argc, char **argv)
+{
+	static const uint64_t def_caps[] = { 1000, 2000, 4000, 8000, 16000, 32000, 64000 };
+	struct rp_opts o;
+	struct rp_trace tr;
+	struct rp_result *res, *all = NULL;
+	uint64_t bb, tiers[RP_TIERS] = { 2000, 8000, 32000 }, one[RP_TIERS] = { 0 };
+	size_t c, p, n_all = 0, per;
+	double *ratio = NULL;
+	int t, rc = 1;
+
+	if (rp_parse_args(argc, argv, &o) || rp_parse_pols(&o))
+		return 2;
+	if (rp_trace_load(o.trace, o.block_tokens, o.limit, &tr))
+		return 1;
+	bb = (uint64_t)tr.block_tokens * o.bytes_per_token;
+	if (o.sweep_spec) {
+		if (rp_parse_sweep(&o, o.sweep_spec, bb))
+			goto out;
+	} else {
+		memcpy(o.caps, def_caps, sizeof def_caps);
+		o.n_caps = sizeof def_caps / sizeof def_caps[0];
+	}
+	for (t = 0; t < RP_TIERS; t++)
+		if (o.tier_spec[t] && rp_parse_cap(o.tier_spec[t], bb, &tiers[t])) {
+			fprintf(stderr, "kvtier-replay: bad capacity '%s'\n", o.tier_spec[t]);
+			goto out;
+		}
+	if (!tiers[0]) {
+		fprintf(stderr, "kvtier-replay: --hbm must be at least one block\n");
+		goto out;
+	}
+	per = o.n_pols + 1;
+	all = calloc((o.n_caps + 1) * per, sizeof *all);
+	ratio = calloc(o.n_caps * per, sizeof *ratio);
+	if (!all || !ratio)
+		goto out;
+	printf("trace %s: %u requests, %llu block references, %u-token blocks, %llu bytes/block\n",
+	       o.trace, tr.n_req, (unsigned long long)tr.n_ids, tr.block_tokens,
+	       (unsigned long long)bb);
+	printf("\n== single tier (HBM only), capacity sweep ==\n");
+	for (c = 0; c < o.n_caps; c++) {
+		res = &all[n_all];
+		one[0] = o.caps[c];
+		for (p = 0; p < o.n_pols; p++)
+			if (rp_sim_run(&tr, kvt_evict_by_name(o.pols[p]), one, rp_progress, &res[p]))
+				goto out;
+		if (rp_min_run(&tr, o.caps[c], rp_progress, &res[o.n_pols]))
+			goto out;
+		for (p = 0; p < per; p++)
+			ratio[c * per + p] = res[p].refs ? (double)rp_hits(&res[p]) /
+							   (double)res[p].refs : 0;
+		rp_print_table(stdout, res, per, bb);
+		rp_summary(res, per);
+		n_all += per;
+	}
+	printf("\n== tiers HBM %llu + HOST %llu + NVME %llu blocks (MIN at the sum) ==\n",
+	       (unsigned long long)tiers[0], (unsigned long long)tiers[1],
+	       (unsigned long long)tiers[2]);
+	res = &all[n_all];
+	for (p = 0; p < o.n_pols; p++)
+		if (rp_sim_run(&tr, kvt_evict_by_name(o.pols[p]), tiers, rp_progress, &res[p]))
+			goto out;
+	if (rp_min_run(&tr, tiers[0] + tiers[1] + tiers[2], rp_progress, &res[o.n_pols]))
+		goto out;
+	rp_print_table(stdout, res, per, bb);
+	rp_summary(res, per);
+	n_all += per;
+	rc = 0;
+	if (o.csv && rp_write_csv(o.csv, all, n_all, bb))
+		rc = 1;
+	if (o.json && rp_write_json(o.json, all, n_all, bb))
+		rc = 1;
+	if (o.plot) {
+		const char *names[RP_MAX_POLS];
+
+		for (p = 0; p < o.n_pols; p++)
+			names[p] = o.pols[p];
+		names[o.n_pols] = "min";
+		if (rp_plot(o.plot, o.trace, o.caps, o.n_caps, names, per, ratio))
+			rc = 1;
+	}
+out:
+	free(all);
+	free(ratio);
+	rp_trace_free(&tr);
+	return rc;
+}
