@@ -440,6 +440,7 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
 
 		s->in_batch = 0;
+		kvt_seq_publish(e, s); /* its written sealed blocks become shareable */
 		kvt_seq_unpin_writes(e, s);
 	}
 	e->n_batches--;

@@ -82,6 +82,7 @@ kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
 	for (t = 0; t < KVT_TIER_COUNT; t++)
 		b->slot[t] = KVT_NIL;
 	b->live = 1;
+	b->refs = 1;
 	b->seq = seq;
 	b->index = index;
 	b->next_free = KVT_NIL;
@@ -219,6 +220,8 @@ kvt_block_check_lost(struct kvt_engine *e, uint32_t id)
 		return;
 	b->lost = 1;
 	e->st.blocks_lost++;
+	if (b->refs == 0)
+		kvt_block_uncache(e, id); /* a cached prefix block nobody needs any more */
 }
 
 void
@@ -229,6 +232,8 @@ kvt_block_try_free(struct kvt_engine *e, uint32_t id)
 
 	if (!b->live || !b->dead || b->busy || b->pins)
 		return;
+	/* out of the prefix index before any slot can be reused */
+	kvt_prefix_remove(e, id);
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		kvt_copy_drop(e, id, t);
 		if (e->evict[t].ops->forget) /* the id will name other content: no history */
@@ -256,6 +261,34 @@ kvt_block_kill(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_block *b = &e->blocks[id];
 
+	if (b->refs > 1) { /* another sequence still references it */
+		if (--b->refs == 1)
+			e->st.shared_blocks--;
+		return;
+	}
+	b->refs = 0;
+	if (e->opts.prefix_cache && b->indexed && !b->lost && !b->dead)
+		return; /* kept as a cached prefix block until eviction drops it */
+	b->dead = 1;
+	kvt_block_try_free(e, id);
+}
+
+void
+kvt_block_ref(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+
+	if (b->refs++ == 1)
+		e->st.shared_blocks++;
+}
+
+void
+kvt_block_uncache(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+
+	if (b->refs || !b->live || b->dead)
+		return;
 	b->dead = 1;
 	kvt_block_try_free(e, id);
 }

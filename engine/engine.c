@@ -148,9 +148,9 @@ static const struct kvt_evict_ops *
 engine_policy(uint32_t p)
 {
 	switch (p) {
-	case KVT_EVICT_LRU: return &kvt_evict_lru_ops;
+	case KVT_EVICT_ARC: return &kvt_evict_arc_ops;
 	case KVT_EVICT_PRIO: return &kvt_evict_prio_ops;
-	default: return &kvt_evict_arc_ops; /* KVT_EVICT_DEFAULT, KVT_EVICT_ARC */
+	default: return &kvt_evict_lru_ops; /* KVT_EVICT_DEFAULT, KVT_EVICT_LRU */
 	}
 }
 
@@ -324,6 +324,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	}
 	kvt_free(e->seqs);
 	kvt_free(e->blocks);
+	kvt_prefix_fini(e);
 	free(e->nvme_dir);
 	pthread_mutex_destroy(&e->lock);
 	kvt_free(e);
@@ -473,6 +474,7 @@ kvt_meta_bytes(const struct kvt_engine *e)
 	uint32_t i;
 	int t;
 
+	m += kvt_prefix_meta_bytes(e);
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		const struct kvt_evict *ev = &e->evict[t];
 

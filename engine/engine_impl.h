@@ -64,6 +64,28 @@ struct kvt_block {
 	uint32_t index;                    /* position within the sequence */
 	uint32_t next_free;                /* free-list link when !live */
 	uint64_t nvme_key;                 /* key of its latest NVMe write (trailer check) */
+	uint64_t hash[2];                  /* prefix key (engine/prefix.c) when hashed: XXH3-128
+	                                      of (parent's key, its tokens, salt, extra key);
+	                                      what the NVMe store may look blocks up by */
+	uint16_t refs;                     /* sequences referencing it (0 = cached only) */
+	uint8_t hashed;                    /* hash is set (a full block of known tokens) */
+	uint8_t indexed;                   /* in the prefix index (shareable) */
+};
+
+/* One sealed block in the prefix index. */
+struct kvt_pentry {
+	uint64_t h[2];   /* its key */
+	uint32_t block;  /* block id; KVT_NIL = empty, KVT_NIL - 1 = deleted */
+	int32_t *tokens; /* [tokens_per_block] its tokens, compared on every hit */
+};
+
+/* The prefix index: open addressing over a power-of-two table. */
+struct kvt_prefix {
+	struct kvt_pentry *tab; /* [cap] */
+	uint64_t cap;           /* slots (0 before first use) */
+	uint64_t n;             /* live entries */
+	uint64_t tombs;         /* deleted entries still in probe chains */
+	uint64_t collisions;    /* keys found whose tokens differed */
 };
 
 struct kvt_seqrec {
@@ -74,6 +96,7 @@ struct kvt_seqrec {
 	uint8_t priority;   /* 0..100 */
 	uint32_t retention_ms; /* priority of new blocks falls back after this long; 0 = never */
 	uint64_t last_use_ns; /* last append/prepare/resume (idle parking) */
+	uint64_t salt[2];   /* prefix key material: tenant salt, extra key (adapter, model) */
 	uint32_t tenant;    /* tenant id */
 	uint64_t n_tokens;  /* tokens held */
 	uint32_t n_blocks;  /* blocks in use (ceil(n_tokens / tpb)) */
@@ -175,6 +198,7 @@ struct kvt_engine {
 	                                       tier is freed on completion */
 	struct kvt_stats st;                /* counters (size unused internally) */
 	uint64_t idle_next_ns;              /* next idle scan (kvt_engine_poll) */
+	struct kvt_prefix prefix;           /* index of sealed blocks (engine/prefix.c) */
 };
 
 /* ---- engine.c */
@@ -183,7 +207,9 @@ uint64_t kvt_now_ns(void);
 
 /* ---- engine/block.c: blocks, copies, slots */
 int kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out);
-void kvt_block_kill(struct kvt_engine *e, uint32_t id);  /* owner drops it */
+void kvt_block_kill(struct kvt_engine *e, uint32_t id);  /* a referencing sequence drops it */
+void kvt_block_ref(struct kvt_engine *e, uint32_t id);   /* one more sequence references it */
+void kvt_block_uncache(struct kvt_engine *e, uint32_t id); /* free a cached (refs 0) block */
 void kvt_block_try_free(struct kvt_engine *e, uint32_t id); /* frees a dead, idle block */
 bool kvt_copy_valid(const struct kvt_block *b, int tier);
 bool kvt_copy_evictable(const struct kvt_block *b, int tier); /* may reclaim pick this copy */
@@ -202,6 +228,22 @@ void kvt_block_check_lost(struct kvt_engine *e, uint32_t id);
 /* Give block @id priority @prio until @until_ns (0 = for good) in every tier's policy. */
 void kvt_block_set_prio(struct kvt_engine *e, uint32_t id, uint8_t prio, uint64_t until_ns);
 void *kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot);
+
+/* ---- engine/prefix.c: the content-addressed index of sealed blocks */
+void kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
+		     const uint64_t salt[2], uint64_t out[2]);
+uint32_t kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens);
+uint32_t kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2]); /* no token check */
+int kvt_prefix_insert(struct kvt_engine *e, uint32_t id, const int32_t *tokens);
+void kvt_prefix_remove(struct kvt_engine *e, uint32_t id);
+void kvt_prefix_fini(struct kvt_engine *e);
+uint64_t kvt_prefix_meta_bytes(const struct kvt_engine *e);
+/* Match the full blocks of @tokens against the index: fills ids[0..k) and returns k. */
+uint32_t kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
+			 const uint64_t salt[2], uint32_t *ids, uint32_t max);
+/* Test hook: when set, replaces XXH3-128 (tests force collisions through it). */
+extern void (*kvt_test_prefix_hash)(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
+				    const uint64_t salt[2], uint64_t out[2]);
 
 /* ---- engine/residency.c: making room, demotion and promotion */
 int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
@@ -229,6 +271,8 @@ struct kvt_event *kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno);
 /* ---- engine/seq.c */
 struct kvt_seqrec *kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx);
 void kvt_seq_unpin_writes(struct kvt_engine *e, struct kvt_seqrec *s);
+/* At release: put the sequence's write-pinned hashed blocks (K/V now written) in the index. */
+void kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s);
 void kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost);
 int kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int target);
 void kvt_seq_idle_scan(struct kvt_engine *e); /* park sequences idle for idle_timeout_ms */

@@ -46,8 +46,15 @@ evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 		e->st.evictions++;
 		return 1;
 	}
-	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots)
+	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots) {
+		if (e->blocks[id].refs == 0) { /* a cached prefix block nobody holds: drop it */
+			kvt_block_uncache(e, id);
+			e->st.tier[tier].evictions++;
+			e->st.evictions++;
+			return 1;
+		}
 		return -ENOSPC;
+	}
 	/* the only valid copy: demote it. Pin it while room is made below, so the cascade
 	 * cannot pick it again (or drop its other copies) halfway. */
 	if (tier == KVT_TIER_HOST && !may_wait && kvt_nvme_free_qd(e->nvme) == 0)
@@ -64,6 +71,13 @@ evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 			rc = kvt_xfer_h2n(e, id, slot, true, may_wait);
 	}
 	kvt_block_unpin(e, id);
+	if (rc == -ENOSPC && e->blocks[id].refs == 0 && !e->blocks[id].busy &&
+	    !e->blocks[id].pins) {
+		kvt_block_uncache(e, id); /* a cached block with no room below: forget it */
+		e->st.tier[tier].evictions++;
+		e->st.evictions++;
+		return 1;
+	}
 	return rc;
 }
 

@@ -34,11 +34,20 @@ void
 kvt_seq_opts_init(struct kvt_seq_opts *o, size_t size)
 {
 	struct kvt_seq_opts d = { .opts_size = size, .tenant = 0, .priority = 50,
-				  .retention_ms = 0 };
+				  .retention_ms = 0, .salt = 0, .extra_key = 0 };
 
 	if (!o)
 		return;
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
+}
+
+/* Prefix key material: the salt given, else one derived from the tenant (so tenants never
+ * share unless given the same salt), and the extra key (adapter id, model revision). */
+static void
+seq_salt(const struct kvt_seq_opts *o, uint64_t salt[2])
+{
+	salt[0] = o->salt ? o->salt : (1ull << 63) | o->tenant;
+	salt[1] = o->extra_key;
 }
 
 static int
@@ -97,6 +106,7 @@ kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out
 		s->retention_ms = o && o->opts_size > offsetof(struct kvt_seq_opts, retention_ms) ?
 				  opts.retention_ms : 0;
 		s->last_use_ns = kvt_now_ns();
+		seq_salt(&opts, s->salt);
 		s->n_tokens = 0;
 		s->n_blocks = 0;
 		s->n_wpins = 0;
@@ -106,6 +116,46 @@ kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out
 	}
 	kvt_unlock(e);
 	return rc;
+}
+
+/* Hash the blocks of s that are full by token @end and whose tokens are all known, each chained
+ * to its parent's key (sealed blocks are immutable: appends only touch the partial last one). */
+static void
+seq_hash_blocks(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t from, uint64_t end)
+{
+	static const uint64_t zero[2] = { 0, 0 };
+	uint32_t tpb = e->layout.tokens_per_block, k, i;
+
+	for (k = (uint32_t)(from / tpb); (uint64_t)(k + 1) * tpb <= end; k++) {
+		struct kvt_block *b = &e->blocks[s->blocks[k]];
+		const struct kvt_block *p = k ? &e->blocks[s->blocks[k - 1]] : NULL;
+		const int32_t *tok = s->tokens + (uint64_t)k * tpb;
+
+		if (b->hashed)
+			continue;
+		if (p && !p->hashed)
+			return;
+		for (i = 0; i < tpb; i++)
+			if (tok[i] < 0)
+				return; /* tokens not given: v0 behaviour, no sharing */
+		kvt_prefix_hash(p ? p->hash : zero, tok, tpb, s->salt, b->hash);
+		b->hashed = 1;
+	}
+}
+
+void
+kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s)
+{
+	uint32_t tpb = e->layout.tokens_per_block, i;
+
+	for (i = 0; i < s->n_wpins; i++) {
+		struct kvt_block *b = &e->blocks[s->wpins[i]];
+
+		if (b->hashed && !b->indexed && !b->lost && b->live && !b->dead)
+			/* -ENOMEM only costs sharing: the block stays private */
+			(void)kvt_prefix_insert(e, s->wpins[i],
+						s->tokens + (uint64_t)b->index * tpb);
+	}
 }
 
 void
@@ -317,6 +367,7 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 			(int64_t)e->blocks[id].slot[KVT_TIER_HBM] * tpb + (int64_t)(pos % tpb);
 		s->tokens[pos] = tokens ? tokens[pos - s->n_tokens] : -1;
 	}
+	seq_hash_blocks(e, s, s->n_tokens, end);
 	s->n_tokens = end;
 	s->parked = 0;
 	s->last_use_ns = kvt_now_ns();
@@ -524,4 +575,115 @@ kvt_seq_idle_scan(struct kvt_engine *e)
 		if (kvt_seq_park_locked(e, s, (int)e->opts.idle_target) == 0)
 			e->st.idle_parked++;
 	}
+}
+
+/* The fastest tier holding a valid copy of @b (KVT_TIER_COUNT: only in flight). */
+static int
+seq_best_tier(const struct kvt_block *b)
+{
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		if (kvt_copy_valid(b, t))
+			return t;
+	return KVT_TIER_COUNT;
+}
+
+int
+kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const int32_t *tokens,
+		     size_t n, uint64_t *matched_tokens, enum kvt_tier *tier)
+{
+	struct kvt_seq_opts opts;
+	uint32_t *ids, k, i, tpb;
+	uint64_t salt[2];
+	int worst = KVT_TIER_HBM;
+
+	if (!e || (!tokens && n) || !matched_tokens)
+		return kvt_err(-EINVAL, "kvt_seq_match_prefix: engine, tokens and matched_tokens "
+			       "must not be NULL");
+	kvt_seq_opts_init(&opts, sizeof opts);
+	if (o)
+		memcpy(&opts, o, o->opts_size < sizeof opts ? o->opts_size : sizeof opts);
+	seq_salt(&opts, salt);
+	tpb = e->layout.tokens_per_block;
+	*matched_tokens = 0;
+	if (tier)
+		*tier = KVT_TIER_COUNT;
+	if (n < tpb)
+		return 0;
+	ids = kvt_malloc((n / tpb) * sizeof *ids);
+	if (!ids)
+		return kvt_err(-ENOMEM, "prefix match of %zu tokens", n);
+	kvt_lock(e);
+	k = kvt_prefix_walk(e, tokens, n, salt, ids, (uint32_t)(n / tpb));
+	for (i = 0; i < k; i++) {
+		int t = seq_best_tier(&e->blocks[ids[i]]);
+
+		worst = t > worst ? t : worst;
+	}
+	kvt_unlock(e);
+	kvt_free(ids);
+	*matched_tokens = (uint64_t)k * tpb;
+	if (tier && k)
+		*tier = (enum kvt_tier)(worst < KVT_TIER_COUNT ? worst : KVT_TIER_NVME);
+	return 0;
+}
+
+static int
+seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tokens, size_t n,
+		  uint64_t *attached)
+{
+	uint32_t tpb = e->layout.tokens_per_block, max = (uint32_t)(n / tpb), k, i;
+	uint32_t *ids;
+
+	if (s->n_tokens || s->in_batch)
+		return kvt_err(-EINVAL, "attach a prefix only to an empty sequence not in a batch");
+	if (!max)
+		return 0;
+	ids = kvt_malloc((size_t)max * sizeof *ids);
+	if (!ids || seq_reserve(s, (uint64_t)max * tpb, max, 0)) {
+		kvt_free(ids);
+		return kvt_err(-ENOMEM, "attaching a prefix of %u blocks", max);
+	}
+	k = kvt_prefix_walk(e, tokens, n, s->salt, ids, max);
+	for (i = 0; i < k; i++) {
+		struct kvt_block *b = &e->blocks[ids[i]];
+		int t = seq_best_tier(b);
+
+		kvt_block_ref(e, ids[i]);
+		s->blocks[i] = ids[i];
+		if (t < KVT_TIER_COUNT) {
+			e->st.tier[t].prefix_hit_blocks++;
+			e->evict[t].ops->access(&e->evict[t], ids[i]);
+		}
+	}
+	memcpy(s->tokens, tokens, (size_t)k * tpb * sizeof *tokens);
+	s->n_blocks = k;
+	s->n_tokens = (uint64_t)k * tpb;
+	e->st.prefix_hit_blocks += k;
+	e->st.prefix_hit_tokens += (uint64_t)k * tpb;
+	kvt_free(ids);
+	*attached = s->n_tokens;
+	return 0;
+}
+
+int
+kvt_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id id, const int32_t *tokens, size_t n,
+		      uint64_t *attached_tokens)
+{
+	struct kvt_seqrec *s;
+	int rc;
+
+	if (!e || (!tokens && n) || !attached_tokens)
+		return kvt_err(-EINVAL, "kvt_seq_attach_prefix: engine, tokens and attached_tokens "
+			       "must not be NULL");
+	*attached_tokens = 0;
+	kvt_lock(e);
+	s = kvt_seq_lookup(e, id, NULL);
+	if (!s)
+		rc = kvt_err(KVT_ECLOSED, "sequence %#llx is not open", (unsigned long long)id);
+	else
+		rc = seq_attach_locked(e, s, tokens, n, attached_tokens);
+	kvt_unlock(e);
+	return rc;
 }
