@@ -434,6 +434,56 @@ test_meta_bytes(void **state)
 	tsup_rmdir(dir);
 }
 
+/* 10,000 parked two-block sessions (16-token blocks, tokens given so blocks are hashed and
+ * indexed): what host metadata they cost, per block and per session. Printed for docs/PERF.md;
+ * the bound only catches a regression by an order of magnitude. */
+static void
+test_meta_10k_sessions(void **state)
+{
+	enum { NS = 10000, TPB = 16 };
+	struct kvt_engine_opts o;
+	struct kvt_stats st = { .size = sizeof st };
+	struct kvt_engine *e;
+	static int32_t tok[2 * TPB];
+	int64_t map[2 * TPB];
+	uint64_t bb, blocks;
+	kvt_seq_id s;
+	int i, j;
+
+	(void)state;
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout = (struct kvt_layout){ 1, 1, 8, KVT_DTYPE_F16, TPB };
+	bb = 2ull * TPB * 8 * 2;
+	o.hbm_bytes = 64 * bb;
+	o.host_bytes = (uint64_t)(2 * NS + 64) * bb;
+	assert_int_equal(kvt_engine_create(&o, &e), 0);
+	for (i = 0; i < NS; i++) {
+		struct kvt_batch *b;
+
+		for (j = 0; j < 2 * TPB; j++)
+			tok[j] = i * 64 + j; /* distinct prompts: nothing shared */
+		assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+		assert_int_equal(kvt_seq_append(e, s, tok, 2 * TPB, map), 0);
+		assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), 0);
+		assert_int_equal(kvt_batch_release(b, NULL), 0);
+		assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+		if (i % 16 == 0)
+			assert_true(kvt_engine_poll(e, 0) >= 0);
+	}
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	blocks = 2ull * NS;
+	print_message("10k parked sessions, 16-token blocks: meta %llu bytes = %.1f bytes/block "
+		      "(%llu records allocated), %.1f bytes/session; sizeof(kvt_block) %zu, "
+		      "sizeof(kvt_seqrec) %zu\n", (unsigned long long)st.meta_bytes,
+		      (double)st.meta_bytes / (double)blocks,
+		      (unsigned long long)st.meta_block_records,
+		      (double)st.meta_bytes / NS, sizeof(struct kvt_block),
+		      sizeof(struct kvt_seqrec));
+	assert_true(st.meta_bytes / blocks < 1024);
+	kvt_engine_destroy(e);
+}
+
 int
 main(void)
 {
@@ -451,6 +501,7 @@ main(void)
 		cmocka_unit_test(test_random_moves_arc),
 		cmocka_unit_test(test_idle_parking),
 		cmocka_unit_test(test_meta_bytes),
+		cmocka_unit_test(test_meta_10k_sessions),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
