@@ -252,6 +252,9 @@ main(int argc, char **argv)
 	printf("trace %s: %u requests, %llu block references, %u-token blocks, %llu bytes/block\n",
 	       o.trace, tr.n_req, (unsigned long long)tr.n_ids, tr.block_tokens,
 	       (unsigned long long)bb);
+	if (!tr.has_ids)
+		printf("note: this trace has lengths only, no block hashes: every block is new, so "
+		       "prefix hits are 0 by construction (arrivals, sizes and traffic still apply)\n");
 	printf("\n== single tier (HBM only), capacity sweep ==\n");
 	for (c = 0; c < o.n_caps; c++) {
 		res = &all[n_all];
@@ -277,6 +280,8 @@ main(int argc, char **argv)
 			goto out;
 	if (rp_min_run(&tr, tiers[0] + tiers[1] + tiers[2], rp_progress, &res[o.n_pols]))
 		goto out;
+	for (p = 0; p < per; p++)
+		res[p].tiered = 1;
 	rp_print_table(stdout, res, per, bb);
 	rp_summary(res, per);
 	n_all += per;

@@ -70,7 +70,7 @@ rp_write_csv(const char *path, const struct rp_result *r, size_t n, uint64_t blo
 		const struct rp_result *x = &r[i];
 
 		fprintf(f, "%s,%s,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%llu,%.6f",
-			x->cap[1] || x->cap[2] ? "tiers" : "single", x->policy,
+			x->tiered ? "tiers" : "single", x->policy,
 			(unsigned long long)x->cap[0], (unsigned long long)x->cap[1],
 			(unsigned long long)x->cap[2], (unsigned long long)x->refs,
 			(unsigned long long)x->tokens, (unsigned long long)rp_hits(x),
@@ -102,6 +102,7 @@ rp_write_json(const char *path, const struct rp_result *r, size_t n, uint64_t bl
 
 		cJSON_AddItemToArray(arr, o);
 		cJSON_AddStringToObject(o, "policy", x->policy);
+		cJSON_AddStringToObject(o, "mode", x->tiered ? "tiers" : "single");
 		cJSON_AddNumberToObject(o, "refs", (double)x->refs);
 		cJSON_AddNumberToObject(o, "tokens", (double)x->tokens);
 		cJSON_AddNumberToObject(o, "hit_ratio", rp_ratio(rp_hits(x), x->refs));
@@ -143,6 +144,7 @@ rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_caps,
 	const char *const *pols, size_t n_pols, const double *ratio)
 {
 	char dat[4096], gp[4096], cmd[8400];
+	const char *base;
 	FILE *f;
 	size_t c, p;
 	int rc;
@@ -169,8 +171,9 @@ rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_caps,
 	fclose(f);
 	if (!(f = fopen(gp, "w")))
 		return perror(gp), -1;
-	fprintf(f, "set terminal pngcairo size 900,600\nset output '%s'\n", png);
-	fprintf(f, "set title 'prefix-hit ratio vs capacity: %s'\n", trace);
+	base = strrchr(trace, '/');
+	fprintf(f, "set terminal pngcairo noenhanced size 900,600\nset output '%s'\n", png);
+	fprintf(f, "set title 'prefix-hit ratio vs capacity: %s'\n", base ? base + 1 : trace);
 	fprintf(f, "set logscale x 2\nset xlabel 'cache capacity (blocks)'\n"
 		"set ylabel 'prefix-hit ratio (%% of block references)'\nset key left top\n"
 		"set grid\nplot ");

@@ -30,6 +30,7 @@ struct rp_trace {
 	uint64_t n_ids;       /* entries of ids (block references) */
 	uint32_t max_id;      /* largest id + 1 */
 	uint32_t block_tokens; /* tokens per block (512 for Mooncake) */
+	int has_ids;          /* 1: block ids from the trace (Mooncake); 0: made up (CSV) */
 };
 
 /* Load a Mooncake JSONL (cJSON) or Azure CSV trace (by content: '{' first). @block_tokens is
@@ -45,6 +46,7 @@ uint32_t rp_block_tokens(const struct rp_trace *t, const struct rp_req *r, uint3
 
 struct rp_result {
 	char policy[16];                  /* "lru", "arc", "prio", "min" */
+	int tiered;                       /* 1: part of the tiered run (MIN: at the sum) */
 	uint64_t cap[RP_TIERS];           /* capacity per tier, blocks (0 = absent) */
 	uint64_t refs;                    /* block references */
 	uint64_t tokens;                  /* prompt tokens */

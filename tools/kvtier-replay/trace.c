@@ -160,6 +160,7 @@ rp_trace_load(const char *path, uint32_t block_tokens, uint32_t limit, struct rp
 			continue;
 		if (json < 0) {
 			json = line[0] == '{';
+			t->has_ids = json;
 			if (json)
 				t->block_tokens = 512; /* Mooncake's hash_ids are 512-token blocks */
 			else if (strncmp(line, "TIMESTAMP", 9) == 0)
