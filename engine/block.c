@@ -89,7 +89,8 @@ kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
 	e->n_live_blocks++;
 	if (seq < e->cap_seqs && e->seqs[seq].priority != KVT_EVICT_PRIO_DEFAULT)
 		kvt_block_set_prio(e, id, e->seqs[seq].priority, e->seqs[seq].retention_ms ?
-				   kvt_now_ns() + e->seqs[seq].retention_ms * 1000000ull : 0);
+				   e->evict[0].now_ns() + e->seqs[seq].retention_ms * 1000000ull :
+				   0);
 	*out = id;
 	return 0;
 }

@@ -547,7 +547,7 @@ kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id id, uint64_t first_token,
 		goto out;
 	}
 	tpb = e->layout.tokens_per_block;
-	until = duration_ms ? kvt_now_ns() + duration_ms * 1000000ull : 0;
+	until = duration_ms ? e->evict[0].now_ns() + duration_ms * 1000000ull : 0; /* policy clock */
 	for (b = (uint32_t)(first_token / tpb); b < (uint32_t)((end + tpb - 1) / tpb); b++)
 		kvt_block_set_prio(e, s->blocks[b], priority, until);
 out:

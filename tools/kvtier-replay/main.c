@@ -17,6 +17,7 @@
 
 #include "out.h"
 #include "replay.h"
+#include "replay_data.h"
 
 #define RP_MAX_CAPS 32
 #define RP_MAX_POLS 4
@@ -35,6 +36,8 @@ struct rp_opts {
 	uint32_t block_tokens;        /* CSV traces: tokens per block */
 	uint32_t limit;               /* requests (0 = all) */
 	const char *csv, *json, *plot; /* outputs */
+	int data;                     /* --data: real bytes through an engine */
+	const char *nvme_dir;         /* --nvme-dir for data mode */
 };
 
 static void
@@ -53,7 +56,11 @@ rp_usage(FILE *f)
 		"  --block-tokens N      tokens per block of CSV traces (default 512)\n"
 		"  --limit N             replay the first N requests only\n"
 		"  --csv FILE  --json FILE  --plot FILE.png   outputs\n"
-		"Metadata-only: kvtier's own eviction policies, no KV bytes moved.\n");
+		"  --data                data mode: the tiered run through a real engine (emulated\n"
+		"                        device, HOST memory, NVMe file), prefix sharing on, real\n"
+		"                        bytes checked on every hit; use --limit for short runs\n"
+		"  --nvme-dir D          NVMe file directory of data mode (default /tmp)\n"
+		"Default: metadata-only, kvtier's own eviction policies, no KV bytes moved.\n");
 }
 
 /* "4096", "4k" (blocks, k = 1000) or "2GiB", "512MiB", "100B" (bytes). */
@@ -101,6 +108,10 @@ rp_parse_args(int argc, char **argv, struct rp_opts *o)
 			rp_usage(stdout);
 			exit(0);
 		}
+		if (!strcmp(a, "--data")) {
+			o->data = 1;
+			continue;
+		}
 		if (a[0] != '-') {
 			if (o->trace) {
 				fprintf(stderr, "kvtier-replay: one trace only (%s)\n", a);
@@ -136,6 +147,8 @@ rp_parse_args(int argc, char **argv, struct rp_opts *o)
 			o->json = v;
 		else if (!strcmp(a, "--plot"))
 			o->plot = v;
+		else if (!strcmp(a, "--nvme-dir"))
+			o->nvme_dir = v;
 		else {
 			fprintf(stderr, "kvtier-replay: unknown option %s (see --help)\n", a);
 			return -1;
@@ -211,6 +224,58 @@ rp_summary(const struct rp_result *r, size_t n)
 	printf("\n");
 }
 
+static uint32_t
+rp_policy_enum(const char *name)
+{
+	return !strcmp(name, "arc") ? KVT_EVICT_ARC : !strcmp(name, "prio") ? KVT_EVICT_PRIO :
+									       KVT_EVICT_LRU;
+}
+
+/* Data mode: each policy through a real engine at the tier capacities. */
+static int
+rp_data_mode(const struct rp_opts *o, const struct rp_trace *tr, const uint64_t tiers[RP_TIERS])
+{
+	static const char *const mv[KVT_MOVE_COUNT] = { "HBM>HOST", "HOST>NVMe", "NVMe>HOST",
+							"HOST>HBM" };
+	struct rp_data_opts d = { .nvme_dir = o->nvme_dir ? o->nvme_dir : "/tmp" };
+	struct rp_data_result r;
+	struct rp_result m;
+	size_t p;
+	int t, rc = 0;
+
+	memcpy(d.cap, tiers, sizeof d.cap);
+	printf("\n== data mode: tiers HBM %llu + HOST %llu + NVME %llu blocks, real engine ==\n",
+	       (unsigned long long)tiers[0], (unsigned long long)tiers[1],
+	       (unsigned long long)tiers[2]);
+	for (p = 0; p < o->n_pols && rc == 0; p++) {
+		d.policy = rp_policy_enum(o->pols[p]);
+		rc = rp_data_run(tr, &d, rp_progress, &r);
+		if (rc)
+			break;
+		printf("%-5s prefix hit %.2f%% of blocks (HBM %llu, HOST %llu, NVMe %llu), %.2f%% "
+		       "of tokens; %llu shared blocks read back, %llu mismatched\n", o->pols[p],
+		       100.0 * (double)r.st.prefix_hit_blocks / (double)(r.refs ? r.refs : 1),
+		       (unsigned long long)r.st.tier[0].prefix_hit_blocks,
+		       (unsigned long long)r.st.tier[1].prefix_hit_blocks,
+		       (unsigned long long)r.st.tier[2].prefix_hit_blocks,
+		       100.0 * (double)r.attached_tokens / (double)(r.tokens ? r.tokens : 1),
+		       (unsigned long long)r.verified, (unsigned long long)r.mismatches);
+		printf("      evictions HBM %llu HOST %llu NVMe %llu; moved",
+		       (unsigned long long)r.st.tier[0].evictions,
+		       (unsigned long long)r.st.tier[1].evictions,
+		       (unsigned long long)r.st.tier[2].evictions);
+		for (t = 0; t < KVT_MOVE_COUNT; t++)
+			printf(" %s %.1f MiB", mv[t], (double)r.st.bytes_moved[t] / 1048576.0);
+		printf("; prefill tokens saved %llu\n", (unsigned long long)r.attached_tokens);
+		if (r.mismatches)
+			rc = -EIO;
+	}
+	if (rc == 0 && rp_min_run(tr, tiers[0] + tiers[1] + tiers[2], NULL, &m) == 0)
+		printf("min   (metadata, at the sum) prefix hit %.2f%% of blocks\n",
+		       100.0 * (double)rp_hits(&m) / (double)(m.refs ? m.refs : 1));
+	return rc;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -252,6 +317,10 @@ main(int argc, char **argv)
 	printf("trace %s: %u requests, %llu block references, %u-token blocks, %llu bytes/block\n",
 	       o.trace, tr.n_req, (unsigned long long)tr.n_ids, tr.block_tokens,
 	       (unsigned long long)bb);
+	if (o.data) {
+		rc = rp_data_mode(&o, &tr, tiers) ? 1 : 0;
+		goto out;
+	}
 	if (!tr.has_ids)
 		printf("note: this trace has lengths only, no block hashes: every block is new, so "
 		       "prefix hits are 0 by construction (arrivals, sizes and traffic still apply)\n");
