@@ -452,6 +452,8 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 	kvt_seq_unpin_writes(e, s);
 	for (i = 0; i < s->n_blocks && rc == 0; i++) {
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
+		if (rc == KVT_EBUSY && e->blocks[s->blocks[i]].refs > 1)
+			rc = 0; /* shared, and in another sequence's batch: it stays for that one */
 		if (rc == -ENOSPC)
 			rc = kvt_err(-ENOSPC, "no room below HBM to park block %u of sequence %u",
 				     i, (unsigned)(s - e->seqs));

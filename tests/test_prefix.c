@@ -14,7 +14,9 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/engine_impl.h"
 #include "support/kvt_test.h"
@@ -28,7 +30,7 @@ pfx_append(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, int32_t base, uint6
 {
 	struct kvt_geometry g;
 	int64_t map[64];
-	int32_t tok[64];
+	int32_t tok[64] = { 0 };
 	uint32_t l, i;
 	size_t t;
 	int rc;
@@ -308,6 +310,112 @@ test_cache_and_free(void **state)
 	kvt_engine_destroy(e);
 }
 
+/* Threads open sequences on one shared prompt, attach it, append their own tail, read it all
+ * back, park/resume and close, while a poller runs: under TSan this checks the locking of the
+ * refcounts and the index; every thread checks its bytes (shared ones are the owner's). */
+struct pfx_worker {
+	struct kvt_engine *e; /* shared engine */
+	uint32_t id;          /* thread number */
+	int failures;         /* unexpected results */
+	uint64_t attached;    /* tokens attached in all */
+};
+
+static int
+pfx_retry(int rc)
+{
+	if (rc == -ENOSPC)
+		usleep(100);
+	return rc == -ENOSPC;
+}
+
+static void *
+pfx_worker_main(void *arg)
+{
+	struct pfx_worker *w = arg;
+	int32_t tok[4 * T];
+	kvt_seq_id s;
+	uint64_t a;
+	int it, rc, tries;
+
+	prompt(tok, 1000, 4 * T);
+	for (it = 0; it < 20; it++) {
+		if (kvt_seq_open(w->e, NULL, &s)) {
+			w->failures++;
+			continue;
+		}
+		rc = kvt_seq_attach_prefix(w->e, s, tok, 4 * T, &a);
+		w->failures += rc != 0 || a % T != 0;
+		w->attached += a;
+		tries = 0;
+		rc = 0;
+		while (a < 4 * T && pfx_retry(rc = pfx_append(w->e, s, 1, 1000, a, 4 * T - a)) &&
+		       tries++ < 100000)
+			;
+		w->failures += rc != 0;
+		tries = 0;
+		while (rc == 0 && pfx_retry(rc = tsup_verify(w->e, s, 1)) && tries++ < 100000)
+			;
+		w->failures += rc != 0;
+		if ((it + w->id) % 3 == 0) {
+			w->failures += kvt_seq_park(w->e, s, it % 2 ? KVT_TIER_NVME : KVT_TIER_HOST) != 0;
+			w->failures += kvt_seq_resume(w->e, s) != 0;
+		}
+		w->failures += kvt_seq_close(w->e, s) != 0;
+	}
+	return NULL;
+}
+
+static volatile int pfx_stop;
+
+static void *
+pfx_poller(void *arg)
+{
+	while (!__atomic_load_n(&pfx_stop, __ATOMIC_ACQUIRE))
+		(void)kvt_engine_poll(arg, 0);
+	return NULL;
+}
+
+static void
+test_threads_share_prompt(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 24, .host_blocks = 16, .nvme_blocks = 128,
+			      .delay_us = 30 };
+	struct pfx_worker w[4];
+	pthread_t th[4], poller;
+	struct kvt_engine *e;
+	kvt_seq_id a;
+	uint64_t attached = 0;
+	char *dir;
+	int i;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_a(e, NULL, 1, 1000); /* the owner: 3 sealed blocks stay referenced */
+	__atomic_store_n(&pfx_stop, 0, __ATOMIC_RELEASE);
+	assert_int_equal(pthread_create(&poller, NULL, pfx_poller, e), 0);
+	for (i = 0; i < 4; i++) {
+		w[i] = (struct pfx_worker){ .e = e, .id = (uint32_t)i };
+		assert_int_equal(pthread_create(&th[i], NULL, pfx_worker_main, &w[i]), 0);
+	}
+	for (i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(w[i].failures, 0);
+		attached += w[i].attached;
+	}
+	__atomic_store_n(&pfx_stop, 1, __ATOMIC_RELEASE);
+	pthread_join(poller, NULL);
+	assert_true(attached >= 4 * 20 * 3 * T); /* every sequence found the owner's blocks */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	tsup_check_engine(e);
+	assert_int_equal(stats(e).shared_blocks, 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	tsup_check_engine(e);
+	assert_int_equal(e->n_live_blocks, 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -317,6 +425,7 @@ main(void)
 		cmocka_unit_test(test_tenants_and_keys),
 		cmocka_unit_test(test_divergence),
 		cmocka_unit_test(test_cache_and_free),
+		cmocka_unit_test(test_threads_share_prompt),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
