@@ -83,6 +83,7 @@ kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
 		b->slot[t] = KVT_NIL;
 	b->live = 1;
 	b->refs = 1;
+	b->tslot = seq < e->cap_seqs ? kvt_tenant_slot(e, e->seqs[seq].tenant) : 0;
 	b->seq = seq;
 	b->index = index;
 	b->next_free = KVT_NIL;
@@ -103,12 +104,15 @@ kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot)
 	if (rc)
 		return rc;
 	e->owner[tier][*slot] = block;
+	kvt_tenant_account(e, block, tier, 1);
 	return 0;
 }
 
 static void
 slot_release(struct kvt_engine *e, int tier, uint32_t slot)
 {
+	if (e->owner[tier][slot] < KVT_SLOT_QUARANTINED)
+		kvt_tenant_account(e, e->owner[tier][slot], tier, -1);
 	e->owner[tier][slot] = KVT_NIL;
 	kvt_slots_free(&e->slots[tier], slot);
 }
@@ -124,6 +128,7 @@ kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t bloc
 {
 	struct kvt_block *b = &e->blocks[block];
 
+	kvt_tenant_account(e, block, tier, -1);
 	e->owner[tier][slot] = KVT_SLOT_QUARANTINED;
 	if (b->slot[tier] == slot) {
 		b->slot[tier] = KVT_NIL;

@@ -110,6 +110,22 @@ check_refs(struct kvt_engine *e)
 		else if (b->indexed && kvt_prefix_key_block(e, b->hash) != i)
 			rc = kvt_err(-EINVAL, "block %u: marked indexed, the index says otherwise", i);
 	}
+	for (j = 0; !rc && j < e->n_budgets; j++) {
+		int t;
+
+		for (t = 0; t < KVT_TIER_COUNT && !rc; t++) {
+			uint64_t n = 0;
+
+			for (i = 0; i < e->slots[t].n_slots; i++)
+				n += e->owner[t][i] < KVT_SLOT_QUARANTINED &&
+				     e->blocks[e->owner[t][i]].tslot == j + 1;
+			if (n != e->budget[j].used[t])
+				rc = kvt_err(-EINVAL, "tenant %u tier %d: %llu slots held, budget "
+					     "counts %llu", e->budget[j].tenant, t,
+					     (unsigned long long)n,
+					     (unsigned long long)e->budget[j].used[t]);
+		}
+	}
 	if (!rc && shared != e->st.shared_blocks)
 		rc = kvt_err(-EINVAL, "%u shared blocks, counter says %llu", shared,
 			     (unsigned long long)e->st.shared_blocks);

@@ -362,6 +362,8 @@ kvt_engine_poll(struct kvt_engine *e, uint32_t max)
 		rc = kvt_xfer_poll(e, max);
 	if (rc >= 0 && e->opts.idle_timeout_ms)
 		kvt_seq_idle_scan(e);
+	if (rc >= 0 && e->n_budgets)
+		kvt_tenant_enforce(e);
 	if (rc >= 0) {
 		/* completions may have queued follow-ups (a read that continues up to HBM) */
 		int rc2 = kvt_xfer_flush(e);

@@ -70,6 +70,16 @@ struct kvt_block {
 	uint16_t refs;                     /* sequences referencing it (0 = cached only) */
 	uint8_t hashed;                    /* hash is set (a full block of known tokens) */
 	uint8_t indexed;                   /* in the prefix index (shareable) */
+	uint8_t tslot;                     /* 1 + its tenant's budget entry, 0 = none */
+};
+
+#define KVT_MAX_BUDGETS 64 /* tenants with a tier budget */
+
+/* A tenant with a budget: blocks it may keep per tier, and blocks it holds there. */
+struct kvt_budget {
+	uint32_t tenant;                 /* tenant id */
+	uint64_t max[KVT_TIER_COUNT];    /* slots it may hold per tier; 0 = unlimited */
+	uint64_t used[KVT_TIER_COUNT];   /* slots its blocks hold (present or being written) */
 };
 
 /* One sealed block in the prefix index. */
@@ -199,6 +209,8 @@ struct kvt_engine {
 	struct kvt_stats st;                /* counters (size unused internally) */
 	uint64_t idle_next_ns;              /* next idle scan (kvt_engine_poll) */
 	struct kvt_prefix prefix;           /* index of sealed blocks (engine/prefix.c) */
+	struct kvt_budget budget[KVT_MAX_BUDGETS]; /* per-tenant tier budgets (engine/tenant.c) */
+	uint32_t n_budgets;                 /* entries in budget */
 };
 
 /* ---- engine.c */
@@ -245,8 +257,15 @@ uint32_t kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n
 extern void (*kvt_test_prefix_hash)(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
 				    const uint64_t salt[2], uint64_t out[2]);
 
+/* ---- engine/tenant.c: per-tenant tier budgets */
+uint8_t kvt_tenant_slot(const struct kvt_engine *e, uint32_t tenant); /* 1 + index or 0 */
+void kvt_tenant_account(struct kvt_engine *e, uint32_t block, int tier, int delta);
+void kvt_tenant_enforce(struct kvt_engine *e); /* demote over-budget tenants' blocks */
+
 /* ---- engine/residency.c: making room, demotion and promotion */
 int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
+/* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
+int kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait);
 int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);
 int kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait);
 void kvt_watermarks(struct kvt_engine *e);

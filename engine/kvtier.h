@@ -418,6 +418,23 @@ KVT_API int kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts
 KVT_API int kvt_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens,
 				  size_t n, uint64_t *attached_tokens);
 
+/**
+ * kvt_tenant_set_budget() - the most slots of @tier the blocks of @tenant may hold (0 =
+ * unlimited). Soft: after every kvt_batch_release() and in kvt_engine_poll(), a tenant above its
+ * budget has its least valuable unpinned blocks demoted out of that tier (HBM -> HOST -> NVMe;
+ * on NVMe only cached prefix blocks can go). Blocks count for the tenant of the sequence that
+ * created them (a block shared under a common salt counts once, for its creator). Up to 64
+ * tenants have budgets. Returns 0, -EINVAL (bad tier), -ENOSPC (64 tenants already).
+ */
+KVT_API int kvt_tenant_set_budget(struct kvt_engine *e, uint32_t tenant, enum kvt_tier tier,
+				  uint64_t max_blocks);
+
+/**
+ * kvt_tenant_usage() - slots the blocks of @tenant hold per tier (tenants with a budget only;
+ * -ENOENT for others). @used: KVT_TIER_COUNT entries.
+ */
+KVT_API int kvt_tenant_usage(struct kvt_engine *e, uint32_t tenant, uint64_t *used);
+
 /** Where a sequence's blocks are. */
 struct kvt_seq_info {
 	uint64_t n_tokens;                /* tokens held (valid K/V) */

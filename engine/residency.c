@@ -33,9 +33,8 @@ valid_elsewhere(const struct kvt_block *b, int tier)
 	return false;
 }
 
-/* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
-static int
-evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
+int
+kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 {
 	uint32_t slot;
 	int rc;
@@ -120,7 +119,7 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 			if (!kvt_copy_evictable(b, tier) ||
 			    (below_full && !valid_elsewhere(b, tier)))
 				continue;
-			rc = evict_one(e, tier, cand[i], may_wait);
+			rc = kvt_evict_one(e, tier, cand[i], may_wait);
 			if (rc >= 0)
 				(*progress)++;
 			else if (rc == -ENOSPC)
@@ -274,6 +273,8 @@ kvt_watermarks(struct kvt_engine *e)
 {
 	int t;
 
+	if (e->n_budgets)
+		kvt_tenant_enforce(e);
 	for (t = KVT_TIER_HBM; t < KVT_TIER_NVME; t++) {
 		struct kvt_slots *sl = &e->slots[t];
 		uint32_t used = sl->n_slots - sl->n_free;

@@ -406,6 +406,66 @@ test_idle_parking(void **state)
 	kvt_engine_destroy(e);
 }
 
+/* Per-tenant budgets: a tenant above its HBM budget is demoted after its releases (and by
+ * poll when the budget comes later); other tenants keep theirs; nothing is lost. */
+static void
+test_tenant_budget(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 16, .host_blocks = 32, .no_watermarks = true };
+	struct kvt_seq_opts so;
+	struct kvt_seq_info info;
+	struct kvt_engine *e;
+	uint64_t used[KVT_TIER_COUNT];
+	kvt_seq_id a, b, d;
+	char *dir;
+	int i;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	assert_int_equal(kvt_tenant_set_budget(e, 1, KVT_TIER_HBM, 4), 0);
+	assert_int_equal(kvt_tenant_set_budget(e, 1, (enum kvt_tier)7, 4), -EINVAL);
+	assert_int_equal(kvt_tenant_usage(e, 9, used), -ENOENT);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = 1;
+	assert_int_equal(kvt_seq_open(e, &so, &a), 0);
+	so.tenant = 2;
+	assert_int_equal(kvt_seq_open(e, &so, &b), 0);
+	so.tenant = 3;
+	assert_int_equal(kvt_seq_open(e, &so, &d), 0);
+	for (i = 0; i < 4; i++) { /* 8 blocks each, two at a time */
+		assert_int_equal(tsup_append_write(e, a, 1, (uint64_t)i * 2 * TSUP_TPB,
+						   2 * TSUP_TPB), 0);
+		assert_int_equal(tsup_verify(e, a, 1), 0);
+		assert_int_equal(tsup_append_write(e, b, 2, (uint64_t)i * 2 * TSUP_TPB,
+						   2 * TSUP_TPB), 0);
+		assert_int_equal(tsup_verify(e, b, 2), 0);
+	}
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_tenant_usage(e, 1, used), 0);
+	assert_true(used[KVT_TIER_HBM] <= 4);
+	assert_int_equal(kvt_seq_info(e, a, &info), 0);
+	assert_true(info.blocks_in[KVT_TIER_HBM] <= 4);
+	assert_int_equal(info.blocks_in[KVT_TIER_HOST] + info.blocks_in[KVT_TIER_HBM] >= 8, 1);
+	assert_int_equal(kvt_seq_info(e, b, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 8); /* no budget: untouched */
+	tsup_check_engine(e);
+	/* a budget given later is applied by poll */
+	assert_int_equal(tsup_append_write(e, d, 3, 0, 4 * TSUP_TPB), 0);
+	assert_int_equal(tsup_verify(e, d, 3), 0);
+	assert_int_equal(kvt_tenant_set_budget(e, 3, KVT_TIER_HBM, 1), 0);
+	assert_true(kvt_engine_poll(e, 0) >= 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_info(e, d, &info), 0);
+	assert_true(info.blocks_in[KVT_TIER_HBM] <= 1);
+	tsup_check_engine(e);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	assert_int_equal(tsup_verify(e, d, 3), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 /* meta_bytes is reported; print the per-block figure of a 10,000-block engine. */
 static void
 test_meta_bytes(void **state)
@@ -500,6 +560,7 @@ main(void)
 		cmocka_unit_test(test_random_moves_prio),
 		cmocka_unit_test(test_random_moves_arc),
 		cmocka_unit_test(test_idle_parking),
+		cmocka_unit_test(test_tenant_budget),
 		cmocka_unit_test(test_meta_bytes),
 		cmocka_unit_test(test_meta_10k_sessions),
 	};
