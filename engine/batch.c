@@ -133,7 +133,7 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 			if (k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
 				continue; /* a read (or demotion) into HOST is under way */
 			if (kvt_copy_valid(k, KVT_TIER_HOST)) {
-				rc = kvt_reclaim(e, KVT_TIER_HBM, 1, true);
+				rc = kvt_reclaim_hbm_for(e, id, true);
 				if (rc == 0)
 					rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
 				if (rc == 0)

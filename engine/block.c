@@ -31,8 +31,12 @@ kvt_copy_evictable(const struct kvt_block *b, int tier)
 	if (!b->live || b->dead || b->busy || b->protect || b->state[tier] != KVT_COPY_PRESENT)
 		return false;
 	/* a pinned block keeps its HBM copy, and its lower copies too until HBM holds it: after
-	 * that a copy below is a clean duplicate and may go */
-	return b->pins == 0 || (tier != KVT_TIER_HBM && kvt_copy_valid(b, KVT_TIER_HBM));
+	 * that a copy below is a clean duplicate and may go. Its HOST copy may also go when NVMe
+	 * holds a valid copy (it is read again from there): otherwise a batch whose blocks fill
+	 * HOST can never make room in HBM, whose dirty blocks need HOST slots to leave. Callers
+	 * about to read a HOST copy protect it (kvt_reclaim_hbm_for). */
+	return b->pins == 0 || (tier != KVT_TIER_HBM && kvt_copy_valid(b, KVT_TIER_HBM)) ||
+	       (tier == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME));
 }
 
 static int

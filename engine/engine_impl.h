@@ -264,6 +264,8 @@ void kvt_tenant_enforce(struct kvt_engine *e); /* demote over-budget tenants' bl
 
 /* ---- engine/residency.c: making room, demotion and promotion */
 int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
+/* kvt_reclaim(HBM, 1) while block @id's HOST copy (to be copied up next) is protected. */
+int kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait);
 /* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
 int kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait);
 int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);

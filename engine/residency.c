@@ -168,6 +168,20 @@ kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 }
 
 int
+kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait)
+{
+	uint8_t was = e->blocks[id].protect;
+	int rc;
+
+	/* its HOST copy is about to be read: the cascade must not drop it, even where a valid
+	 * NVMe copy would make it droppable for a pinned block (kvt_copy_evictable) */
+	e->blocks[id].protect = 1;
+	rc = kvt_reclaim(e, KVT_TIER_HBM, 1, may_wait);
+	e->blocks[id].protect = was;
+	return rc;
+}
+
+int
 kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 {
 	struct kvt_block *b = &e->blocks[id];
@@ -185,7 +199,7 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 		if (kvt_copy_valid(b, KVT_TIER_HBM) || b->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
 			break;
 		if (kvt_copy_valid(b, KVT_TIER_HOST)) {
-			rc = kvt_reclaim(e, KVT_TIER_HBM, 1, may_wait);
+			rc = kvt_reclaim_hbm_for(e, id, may_wait);
 			if (rc == 0)
 				rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
 			if (rc == 0)
