@@ -352,7 +352,8 @@ KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *to
  * @target (KVT_TIER_HOST or KVT_TIER_NVME; a tier the engine does not have is skipped to the
  * next one down). Blocks shared with another sequence that is in an unreleased batch stay
  * where they are (that batch uses them). Asynchronous: copies are queued; HBM slots are freed
- * as they complete (kvt_engine_poll/drain). The id stays valid; kvt_seq_resume() or a batch brings it back.
+ * as they complete (kvt_engine_poll/drain). The id stays valid; kvt_seq_resume() or a batch
+ * brings it back.
  * Returns 0, KVT_ECLOSED, KVT_EBUSY, -EINVAL (bad target), -ENOSPC (no room below: the blocks
  * not yet demoted stay where they are; those already on their way down stay demoted, which
  * loses nothing).

@@ -44,7 +44,8 @@ test_mooncake_small(void **state)
 		"{\"timestamp\": 0, \"input_length\": 1300, \"output_length\": 5, \"hash_ids\": [0, 1, 2]}\n"
 		"{\"timestamp\": 5, \"input_length\": 1600, \"output_length\": 5, \"hash_ids\": [0, 1, 2, 3]}\n"
 		"{\"timestamp\": 9, \"input_length\": 700, \"output_length\": 5, \"hash_ids\": [0, 4]}\n"
-		"{\"timestamp\": 12, \"input_length\": 1600, \"output_length\": 5, \"hash_ids\": [0, 1, 2, 3]}\n");
+		"{\"timestamp\": 12, \"input_length\": 1600, \"output_length\": 5, "
+		"\"hash_ids\": [0, 1, 2, 3]}\n");
 	uint64_t cap[RP_TIERS] = { 100, 0, 0 };
 	struct rp_result r, m;
 	struct rp_trace t;
