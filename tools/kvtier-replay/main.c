@@ -276,98 +276,123 @@ rp_data_mode(const struct rp_opts *o, const struct rp_trace *tr, const uint64_t 
 	return rc;
 }
 
+/* Every policy and MIN at one capacity set (tiered: MIN at the sum); prints and fills @res. */
+static int
+rp_run_set(const struct rp_opts *o, const struct rp_trace *tr, const uint64_t cap[RP_TIERS],
+	   int tiered, uint64_t bb, struct rp_result *res)
+{
+	size_t p;
+
+	for (p = 0; p < o->n_pols; p++)
+		if (rp_sim_run(tr, kvt_evict_by_name(o->pols[p]), cap, rp_progress, &res[p]))
+			return -1;
+	if (rp_min_run(tr, cap[0] + cap[1] + cap[2], rp_progress, &res[o->n_pols]))
+		return -1;
+	for (p = 0; p <= o->n_pols; p++)
+		res[p].tiered = tiered;
+	rp_print_table(stdout, res, o->n_pols + 1, bb);
+	rp_summary(res, o->n_pols + 1);
+	return 0;
+}
+
+/* CSV, JSON and the plot, as asked. 0 or 1 when one of them failed. */
+static int
+rp_outputs(const struct rp_opts *o, const struct rp_result *all, size_t n_all, uint64_t bb,
+	   const double *ratio)
+{
+	const char *names[RP_MAX_POLS];
+	size_t p;
+	int rc = 0;
+
+	if (o->csv && rp_write_csv(o->csv, all, n_all, bb))
+		rc = 1;
+	if (o->json && rp_write_json(o->json, all, n_all, bb))
+		rc = 1;
+	if (o->plot) {
+		for (p = 0; p < o->n_pols; p++)
+			names[p] = o->pols[p];
+		names[o->n_pols] = "min";
+		if (rp_plot(o->plot, o->trace, o->caps, o->n_caps, names, o->n_pols + 1, ratio))
+			rc = 1;
+	}
+	return rc;
+}
+
+/* Capacities of the sweep and of the tiers, from the options. 0 or -1 (message printed). */
+static int
+rp_capacities(struct rp_opts *o, uint64_t bb, uint64_t tiers[RP_TIERS])
+{
+	static const uint64_t def_caps[] = { 1000, 2000, 4000, 8000, 16000, 32000, 64000 };
+	int t;
+
+	if (o->sweep_spec) {
+		if (rp_parse_sweep(o, o->sweep_spec, bb))
+			return -1;
+	} else {
+		memcpy(o->caps, def_caps, sizeof def_caps);
+		o->n_caps = sizeof def_caps / sizeof def_caps[0];
+	}
+	for (t = 0; t < RP_TIERS; t++)
+		if (o->tier_spec[t] && rp_parse_cap(o->tier_spec[t], bb, &tiers[t])) {
+			fprintf(stderr, "kvtier-replay: bad capacity '%s'\n", o->tier_spec[t]);
+			return -1;
+		}
+	if (!tiers[0]) {
+		fprintf(stderr, "kvtier-replay: --hbm must be at least one block\n");
+		return -1;
+	}
+	return 0;
+}
+
 int
 main(int argc, char **argv)
 {
-	static const uint64_t def_caps[] = { 1000, 2000, 4000, 8000, 16000, 32000, 64000 };
 	struct rp_opts o;
 	struct rp_trace tr;
-	struct rp_result *res, *all = NULL;
+	struct rp_result *all = NULL;
 	uint64_t bb, tiers[RP_TIERS] = { 2000, 8000, 32000 }, one[RP_TIERS] = { 0 };
-	size_t c, p, n_all = 0, per;
+	size_t c, p, per;
 	double *ratio = NULL;
-	int t, rc = 1;
+	int rc = 1;
 
 	if (rp_parse_args(argc, argv, &o) || rp_parse_pols(&o))
 		return 2;
 	if (rp_trace_load(o.trace, o.block_tokens, o.limit, &tr))
 		return 1;
 	bb = (uint64_t)tr.block_tokens * o.bytes_per_token;
-	if (o.sweep_spec) {
-		if (rp_parse_sweep(&o, o.sweep_spec, bb))
-			goto out;
-	} else {
-		memcpy(o.caps, def_caps, sizeof def_caps);
-		o.n_caps = sizeof def_caps / sizeof def_caps[0];
-	}
-	for (t = 0; t < RP_TIERS; t++)
-		if (o.tier_spec[t] && rp_parse_cap(o.tier_spec[t], bb, &tiers[t])) {
-			fprintf(stderr, "kvtier-replay: bad capacity '%s'\n", o.tier_spec[t]);
-			goto out;
-		}
-	if (!tiers[0]) {
-		fprintf(stderr, "kvtier-replay: --hbm must be at least one block\n");
+	if (rp_capacities(&o, bb, tiers))
 		goto out;
-	}
 	per = o.n_pols + 1;
 	all = calloc((o.n_caps + 1) * per, sizeof *all);
 	ratio = calloc(o.n_caps * per, sizeof *ratio);
 	if (!all || !ratio)
 		goto out;
-	printf("trace %s: %u requests, %llu block references, %u-token blocks, %llu bytes/block\n",
-	       o.trace, tr.n_req, (unsigned long long)tr.n_ids, tr.block_tokens,
-	       (unsigned long long)bb);
+	printf("trace %s: %u requests, %llu block references, %u-token blocks\n", o.trace,
+	       tr.n_req, (unsigned long long)tr.n_ids, tr.block_tokens);
 	if (o.data) {
 		rc = rp_data_mode(&o, &tr, tiers) ? 1 : 0;
 		goto out;
 	}
+	printf("metadata-only: %llu bytes per block (--bytes-per-token %llu)\n",
+	       (unsigned long long)bb, (unsigned long long)o.bytes_per_token);
 	if (!tr.has_ids)
 		printf("note: this trace has lengths only, no block hashes: every block is new, so "
 		       "prefix hits are 0 by construction (arrivals, sizes and traffic still apply)\n");
 	printf("\n== single tier (HBM only), capacity sweep ==\n");
 	for (c = 0; c < o.n_caps; c++) {
-		res = &all[n_all];
 		one[0] = o.caps[c];
-		for (p = 0; p < o.n_pols; p++)
-			if (rp_sim_run(&tr, kvt_evict_by_name(o.pols[p]), one, rp_progress, &res[p]))
-				goto out;
-		if (rp_min_run(&tr, o.caps[c], rp_progress, &res[o.n_pols]))
+		if (rp_run_set(&o, &tr, one, 0, bb, &all[c * per]))
 			goto out;
 		for (p = 0; p < per; p++)
-			ratio[c * per + p] = res[p].refs ? (double)rp_hits(&res[p]) /
-							   (double)res[p].refs : 0;
-		rp_print_table(stdout, res, per, bb);
-		rp_summary(res, per);
-		n_all += per;
+			ratio[c * per + p] = all[c * per + p].refs ?
+				(double)rp_hits(&all[c * per + p]) / (double)all[c * per + p].refs : 0;
 	}
 	printf("\n== tiers HBM %llu + HOST %llu + NVME %llu blocks (MIN at the sum) ==\n",
 	       (unsigned long long)tiers[0], (unsigned long long)tiers[1],
 	       (unsigned long long)tiers[2]);
-	res = &all[n_all];
-	for (p = 0; p < o.n_pols; p++)
-		if (rp_sim_run(&tr, kvt_evict_by_name(o.pols[p]), tiers, rp_progress, &res[p]))
-			goto out;
-	if (rp_min_run(&tr, tiers[0] + tiers[1] + tiers[2], rp_progress, &res[o.n_pols]))
+	if (rp_run_set(&o, &tr, tiers, 1, bb, &all[o.n_caps * per]))
 		goto out;
-	for (p = 0; p < per; p++)
-		res[p].tiered = 1;
-	rp_print_table(stdout, res, per, bb);
-	rp_summary(res, per);
-	n_all += per;
-	rc = 0;
-	if (o.csv && rp_write_csv(o.csv, all, n_all, bb))
-		rc = 1;
-	if (o.json && rp_write_json(o.json, all, n_all, bb))
-		rc = 1;
-	if (o.plot) {
-		const char *names[RP_MAX_POLS];
-
-		for (p = 0; p < o.n_pols; p++)
-			names[p] = o.pols[p];
-		names[o.n_pols] = "min";
-		if (rp_plot(o.plot, o.trace, o.caps, o.n_caps, names, per, ratio))
-			rc = 1;
-	}
+	rc = rp_outputs(&o, all, (o.n_caps + 1) * per, bb, ratio);
 out:
 	free(all);
 	free(ratio);
