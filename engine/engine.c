@@ -148,9 +148,9 @@ static const struct kvt_evict_ops *
 engine_policy(uint32_t p)
 {
 	switch (p) {
-	case KVT_EVICT_ARC: return &kvt_evict_arc_ops;
+	case KVT_EVICT_LRU: return &kvt_evict_lru_ops;
 	case KVT_EVICT_PRIO: return &kvt_evict_prio_ops;
-	default: return &kvt_evict_lru_ops; /* KVT_EVICT_DEFAULT, KVT_EVICT_LRU */
+	default: return &kvt_evict_arc_ops; /* KVT_EVICT_DEFAULT, KVT_EVICT_ARC */
 	}
 }
 

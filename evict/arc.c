@@ -9,7 +9,11 @@
  * which side was evicted too early, and moves the target size p of T1 towards it: the policy
  * learns the split from the workload instead of a fixed ratio. Ghosts are ids only, so they are
  * kept four times the tier's capacity (measured on the Mooncake trace: 1x gives 10.9% hits at
- * 4k blocks, 4x 13.2%, LRU 8.6%).
+ * 4k blocks, 4x 13.2%, LRU 8.6%). Two changes to the paper's rule, both measured on that
+ * trace: p starts at a fifth of the tier (not 0), and each ghost hit moves p by at least
+ * capacity/4096, so a large tier learns its split within a few thousand ghost hits instead of
+ * never (at 32k blocks the paper's +1 steps left T2 untouched for the whole trace: 2% below
+ * LRU; now 0.2% above).
  *
  * Prefix structure: a parent block is worth at least as much as its children (a child is only
  * reachable through its parent). The engine and the replayer touch a request's blocks from the
@@ -27,6 +31,7 @@
 
 enum { ARC_T1 = 0, ARC_T2 = 1, ARC_B1 = 2, ARC_B2 = 3, ARC_NONE = 0xff };
 #define ARC_GHOST_MULT 4u
+#define ARC_LEARN_HITS 4096.0 /* p can cross a whole tier within this many ghost hits */
 
 struct arc_state {
 	uint8_t *tag;          /* [cap] list of the id (ARC_T1..ARC_B2) or ARC_NONE */
@@ -59,6 +64,7 @@ arc_reserve(struct kvt_evict *ev, uint32_t n_ids)
 			return -ENOMEM;
 		for (i = 0; i < 4; i++)
 			kvt_elist_init(&st->l[i]);
+		st->p = ev->capacity / 5.0; /* no evidence yet: T1 may keep a fifth */
 		ev->priv = st;
 	}
 	if (n_ids <= old)
@@ -124,7 +130,7 @@ static void
 arc_insert(struct kvt_evict *ev, uint32_t id)
 {
 	struct arc_state *st = arc_st(ev);
-	double c = ev->capacity, b1, b2;
+	double c = ev->capacity, b1, b2, scale = c > ARC_LEARN_HITS ? c / ARC_LEARN_HITS : 1.0;
 
 	if (id >= ev->cap)
 		return;
@@ -136,13 +142,13 @@ arc_insert(struct kvt_evict *ev, uint32_t id)
 		arc_move(ev, id, ARC_T2);
 		break;
 	case ARC_B1: /* evicted from T1 too early: T1 deserves more room */
-		st->p += b2 / b1 > 1.0 ? b2 / b1 : 1.0;
+		st->p += scale * (b2 / b1 > 1.0 ? b2 / b1 : 1.0);
 		if (st->p > c)
 			st->p = c;
 		arc_move(ev, id, ARC_T2);
 		break;
 	case ARC_B2: /* evicted from T2 too early */
-		st->p -= b1 / b2 > 1.0 ? b1 / b2 : 1.0;
+		st->p -= scale * (b1 / b2 > 1.0 ? b1 / b2 : 1.0);
 		if (st->p < 0)
 			st->p = 0;
 		arc_move(ev, id, ARC_T2);

@@ -275,6 +275,7 @@ test_cache_and_free(void **state)
 	o.hbm_bytes = 4 * tsup_block_bytes();
 	o.host_bytes = 4 * tsup_block_bytes();
 	o.prefix_cache = 1;
+	o.evict_policy = KVT_EVICT_LRU; /* the eviction order below is LRU's */
 	assert_int_equal(kvt_engine_create(&o, &e), 0);
 	a = seq_a(e, NULL, 1, 1000);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);

@@ -130,7 +130,7 @@ test_data_mode(void **state)
 	rp_trace_free(&t);
 }
 
-/* On the real trace: MIN bounds every policy; arc beats lru at 4k blocks. */
+/* On the real trace: MIN bounds every policy; arc beats lru by 1.4x at 4k blocks. */
 static void
 test_mooncake_prefix(void **state)
 {
@@ -145,16 +145,16 @@ test_mooncake_prefix(void **state)
 		 d ? d : "../shared/data");
 	if (access(path, R_OK) != 0)
 		skip();
-	assert_int_equal(rp_trace_load(path, 512, 1500, &t), 0);
+	assert_int_equal(rp_trace_load(path, 512, 0, &t), 0);
 	assert_int_equal(rp_sim_run(&t, &kvt_evict_lru_ops, cap, NULL, &lru), 0);
 	assert_int_equal(rp_sim_run(&t, &kvt_evict_arc_ops, cap, NULL, &arc), 0);
 	assert_int_equal(rp_sim_run(&t, &kvt_evict_prio_ops, cap, NULL, &prio), 0);
 	assert_int_equal(rp_min_run(&t, cap[0], NULL, &min), 0);
 	assert_true(rp_hits(&min) >= rp_hits(&arc));
 	assert_true(rp_hits(&min) >= rp_hits(&lru));
-	assert_true(rp_hits(&arc) > rp_hits(&lru));
+	assert_true(rp_hits(&arc) * 10 > rp_hits(&lru) * 14);
 	assert_int_equal(rp_hits(&prio), rp_hits(&lru)); /* no priorities given: LRU */
-	print_message("1500 requests @4k: lru %llu arc %llu min %llu of %llu\n",
+	print_message("whole trace @4k: lru %llu arc %llu min %llu of %llu\n",
 		      (unsigned long long)rp_hits(&lru), (unsigned long long)rp_hits(&arc),
 		      (unsigned long long)rp_hits(&min), (unsigned long long)lru.refs);
 	rp_trace_free(&t);
