@@ -213,7 +213,7 @@ struct kvt_engine; /* opaque */
  * kvt_engine_create() - create an engine: the device, the three tiers (HBM slots from the
  * device, HOST slots pinned with cudaHostAlloc or mmap+mlock, falling back to unpinned memory
  * with a warning through opts->log when mlock is refused; NVME slots in one O_DIRECT file under
- * nvme_dir driven by io_uring) and the eviction policy (LRU per tier).
+ * nvme_dir driven by io_uring) and one eviction policy instance per tier (opts->evict_policy).
  * @o:   options; copied, the caller may free them (and nvme_dir) after the call.
  * @out: receives the engine; set to NULL on failure.
  * Returns 0, -EINVAL (bad layout or sizes: each with a message), -ENOMEM, -ENOENT/-EACCES/
