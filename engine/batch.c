@@ -133,7 +133,7 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 			if (k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
 				continue; /* a read (or demotion) into HOST is under way */
 			if (kvt_copy_valid(k, KVT_TIER_HOST)) {
-				rc = kvt_reclaim(e, KVT_TIER_HBM, 1, true);
+				rc = kvt_reclaim_hbm_for(e, id, true);
 				if (rc == 0)
 					rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
 				if (rc == 0)
@@ -286,6 +286,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	for (i = 0; i < n; i++) {
 		e->seqs[seqidx[i]].in_batch = 1;
 		e->seqs[seqidx[i]].parked = 0;
+		e->seqs[seqidx[i]].last_use_ns = kvt_now_ns();
 	}
 	e->n_batches++;
 	*out = b;
@@ -439,6 +440,7 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
 
 		s->in_batch = 0;
+		kvt_seq_publish(e, s); /* its written sealed blocks become shareable */
 		kvt_seq_unpin_writes(e, s);
 	}
 	e->n_batches--;

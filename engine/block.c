@@ -28,11 +28,15 @@ kvt_copy_valid(const struct kvt_block *b, int tier)
 bool
 kvt_copy_evictable(const struct kvt_block *b, int tier)
 {
-	if (!b->live || b->dead || b->busy || b->state[tier] != KVT_COPY_PRESENT)
+	if (!b->live || b->dead || b->busy || b->protect || b->state[tier] != KVT_COPY_PRESENT)
 		return false;
 	/* a pinned block keeps its HBM copy, and its lower copies too until HBM holds it: after
-	 * that a copy below is a clean duplicate and may go */
-	return b->pins == 0 || (tier != KVT_TIER_HBM && kvt_copy_valid(b, KVT_TIER_HBM));
+	 * that a copy below is a clean duplicate and may go. Its HOST copy may also go when NVMe
+	 * holds a valid copy (it is read again from there): otherwise a batch whose blocks fill
+	 * HOST can never make room in HBM, whose dirty blocks need HOST slots to leave. Callers
+	 * about to read a HOST copy protect it (kvt_reclaim_hbm_for). */
+	return b->pins == 0 || (tier != KVT_TIER_HBM && kvt_copy_valid(b, KVT_TIER_HBM)) ||
+	       (tier == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME));
 }
 
 static int
@@ -82,10 +86,16 @@ kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
 	for (t = 0; t < KVT_TIER_COUNT; t++)
 		b->slot[t] = KVT_NIL;
 	b->live = 1;
+	b->refs = 1;
+	b->tslot = seq < e->cap_seqs ? kvt_tenant_slot(e, e->seqs[seq].tenant) : 0;
 	b->seq = seq;
 	b->index = index;
 	b->next_free = KVT_NIL;
 	e->n_live_blocks++;
+	if (seq < e->cap_seqs && e->seqs[seq].priority != KVT_EVICT_PRIO_DEFAULT)
+		kvt_block_set_prio(e, id, e->seqs[seq].priority, e->seqs[seq].retention_ms ?
+				   e->evict[0].now_ns() + e->seqs[seq].retention_ms * 1000000ull :
+				   0);
 	*out = id;
 	return 0;
 }
@@ -98,12 +108,15 @@ kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot)
 	if (rc)
 		return rc;
 	e->owner[tier][*slot] = block;
+	kvt_tenant_account(e, block, tier, 1);
 	return 0;
 }
 
 static void
 slot_release(struct kvt_engine *e, int tier, uint32_t slot)
 {
+	if (KVT_OWNER_IS_BLOCK(e->owner[tier][slot]))
+		kvt_tenant_account(e, e->owner[tier][slot], tier, -1);
 	e->owner[tier][slot] = KVT_NIL;
 	kvt_slots_free(&e->slots[tier], slot);
 }
@@ -119,6 +132,7 @@ kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t bloc
 {
 	struct kvt_block *b = &e->blocks[block];
 
+	kvt_tenant_account(e, block, tier, -1);
 	e->owner[tier][slot] = KVT_SLOT_QUARANTINED;
 	if (b->slot[tier] == slot) {
 		b->slot[tier] = KVT_NIL;
@@ -216,6 +230,8 @@ kvt_block_check_lost(struct kvt_engine *e, uint32_t id)
 		return;
 	b->lost = 1;
 	e->st.blocks_lost++;
+	if (b->refs == 0)
+		kvt_block_uncache(e, id); /* a cached prefix block nobody needs any more */
 }
 
 void
@@ -226,8 +242,13 @@ kvt_block_try_free(struct kvt_engine *e, uint32_t id)
 
 	if (!b->live || !b->dead || b->busy || b->pins)
 		return;
-	for (t = 0; t < KVT_TIER_COUNT; t++)
+	/* out of the prefix index before any slot can be reused */
+	kvt_prefix_remove(e, id);
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		kvt_copy_drop(e, id, t);
+		if (e->evict[t].ops->forget) /* the id will name other content: no history */
+			e->evict[t].ops->forget(&e->evict[t], id);
+	}
 	b->live = 0;
 	b->dead = 0;
 	b->next_free = e->block_free;
@@ -236,10 +257,48 @@ kvt_block_try_free(struct kvt_engine *e, uint32_t id)
 }
 
 void
+kvt_block_set_prio(struct kvt_engine *e, uint32_t id, uint8_t prio, uint64_t until_ns)
+{
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		if (e->evict[t].ops->set_prio)
+			e->evict[t].ops->set_prio(&e->evict[t], id, prio, until_ns);
+}
+
+void
 kvt_block_kill(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_block *b = &e->blocks[id];
 
+	if (b->refs > 1) { /* another sequence still references it */
+		if (--b->refs == 1)
+			e->st.shared_blocks--;
+		return;
+	}
+	b->refs = 0;
+	if (e->opts.prefix_cache && b->indexed && !b->lost && !b->dead)
+		return; /* kept as a cached prefix block until eviction drops it */
+	b->dead = 1;
+	kvt_block_try_free(e, id);
+}
+
+void
+kvt_block_ref(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+
+	if (b->refs++ == 1)
+		e->st.shared_blocks++;
+}
+
+void
+kvt_block_uncache(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+
+	if (b->refs || !b->live || b->dead)
+		return;
 	b->dead = 1;
 	kvt_block_try_free(e, id);
 }

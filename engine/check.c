@@ -81,6 +81,58 @@ check_blocks(struct kvt_engine *e)
 	return 0;
 }
 
+/* Every block's refcount equals the sequences referencing it; unreferenced live blocks are
+ * cached prefix blocks (in the index); shared_blocks counts blocks with refs > 1. */
+static int
+check_refs(struct kvt_engine *e)
+{
+	uint32_t *cnt = kvt_calloc(e->cap_blocks ? e->cap_blocks : 1, sizeof *cnt);
+	uint32_t i, j, shared = 0;
+	int rc = 0;
+
+	if (!cnt)
+		return kvt_err(-ENOMEM, "check: refcount array");
+	for (i = 0; i < e->cap_seqs; i++)
+		for (j = 0; e->seqs[i].open && j < e->seqs[i].n_blocks; j++)
+			cnt[e->seqs[i].blocks[j]]++;
+	for (i = 0; i < e->cap_blocks && !rc; i++) {
+		struct kvt_block *b = &e->blocks[i];
+
+		if (!b->live || b->dead)
+			continue;
+		shared += b->refs > 1;
+		if (b->refs != cnt[i])
+			rc = kvt_err(-EINVAL, "block %u: refcount %u, referenced by %u sequences", i,
+				     b->refs, cnt[i]);
+		else if (!b->refs && !b->indexed)
+			rc = kvt_err(-EINVAL, "block %u: unreferenced but not a cached prefix block",
+				     i);
+		else if (b->indexed && kvt_prefix_key_block(e, b->hash) != i)
+			rc = kvt_err(-EINVAL, "block %u: marked indexed, the index says otherwise", i);
+	}
+	for (j = 0; !rc && j < e->n_budgets; j++) {
+		int t;
+
+		for (t = 0; t < KVT_TIER_COUNT && !rc; t++) {
+			uint64_t n = 0;
+
+			for (i = 0; i < e->slots[t].n_slots; i++)
+				n += KVT_OWNER_IS_BLOCK(e->owner[t][i]) &&
+				     e->blocks[e->owner[t][i]].tslot == j + 1;
+			if (n != e->budget[j].used[t])
+				rc = kvt_err(-EINVAL, "tenant %u tier %d: %llu slots held, budget "
+					     "counts %llu", e->budget[j].tenant, t,
+					     (unsigned long long)n,
+					     (unsigned long long)e->budget[j].used[t]);
+		}
+	}
+	if (!rc && shared != e->st.shared_blocks)
+		rc = kvt_err(-EINVAL, "%u shared blocks, counter says %llu", shared,
+			     (unsigned long long)e->st.shared_blocks);
+	kvt_free(cnt);
+	return rc;
+}
+
 static int
 check_seqs(struct kvt_engine *e)
 {
@@ -98,14 +150,14 @@ check_seqs(struct kvt_engine *e)
 		for (j = 0; j < s->n_blocks; j++) {
 			struct kvt_block *b = &e->blocks[s->blocks[j]];
 
-			if (!b->live || b->dead || b->seq != i || b->index != j)
+			if (!b->live || b->dead || b->index != j || !b->refs)
 				return kvt_err(-EINVAL, "sequence %u block %u (id %u) does not belong "
 					       "to it", i, j, s->blocks[j]);
 		}
 	}
 	if (open != e->n_open_seqs)
 		return kvt_err(-EINVAL, "%u open sequences, counter says %u", open, e->n_open_seqs);
-	return 0;
+	return check_refs(e);
 }
 
 int

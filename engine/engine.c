@@ -74,6 +74,9 @@ kvt_engine_opts_init(struct kvt_engine_opts *o, size_t size)
 	d.nvme_queue_depth = 64;
 	d.nvme_codec_min_saving = 0.1f;
 	d.emu_seed = 1;
+	d.evict_policy = KVT_EVICT_DEFAULT;
+	d.idle_timeout_ms = 0;
+	d.idle_target = KVT_TIER_HOST;
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
 }
 
@@ -140,9 +143,26 @@ engine_check_opts(const struct kvt_engine_opts *o, uint64_t bb)
 	if (o->opts_size > offsetof(struct kvt_engine_opts, nvme_persist) &&
 	    (o->nvme_persist < 0 || o->nvme_persist > 1))
 		return kvt_err(-EINVAL, "nvme_persist %d must be 0 or 1", o->nvme_persist);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, evict_policy) &&
+	    o->evict_policy > KVT_EVICT_ARC)
+		return kvt_err(-EINVAL, "unknown eviction policy %u", o->evict_policy);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, idle_target) &&
+	    o->idle_target != KVT_TIER_HOST && o->idle_target != KVT_TIER_NVME)
+		return kvt_err(-EINVAL, "idle_target %u: must be KVT_TIER_HOST or KVT_TIER_NVME",
+			       o->idle_target);
 	if (o->device != KVT_DEVICE_EMULATED && o->device != KVT_DEVICE_CUDA)
 		return kvt_err(-EINVAL, "unknown device kind %d", (int)o->device);
 	return 0;
+}
+
+static const struct kvt_evict_ops *
+engine_policy(uint32_t p)
+{
+	switch (p) {
+	case KVT_EVICT_LRU: return &kvt_evict_lru_ops;
+	case KVT_EVICT_PRIO: return &kvt_evict_prio_ops;
+	default: return &kvt_evict_arc_ops; /* KVT_EVICT_DEFAULT, KVT_EVICT_ARC */
+	}
 }
 
 static int
@@ -158,7 +178,7 @@ engine_tier_init(struct kvt_engine *e, int tier, uint32_t n)
 		return kvt_err(-ENOMEM, "slot owner map of %u slots", n);
 	for (i = 0; i < n; i++)
 		e->owner[tier][i] = KVT_NIL;
-	rc = kvt_evict_init(&e->evict[tier], &kvt_evict_lru_ops, 256);
+	rc = kvt_evict_init(&e->evict[tier], engine_policy(e->opts.evict_policy), 256, n);
 	return rc ? kvt_err(rc, "eviction list") : 0;
 }
 
@@ -329,6 +349,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	}
 	kvt_free(e->seqs);
 	kvt_free(e->blocks);
+	kvt_prefix_fini(e);
 	free(e->nvme_dir);
 	pthread_mutex_destroy(&e->lock);
 	kvt_free(e);
@@ -364,6 +385,10 @@ kvt_engine_poll(struct kvt_engine *e, uint32_t max)
 	rc = kvt_xfer_flush(e);
 	if (rc == 0)
 		rc = kvt_xfer_poll(e, max);
+	if (rc >= 0 && e->opts.idle_timeout_ms)
+		kvt_seq_idle_scan(e);
+	if (rc >= 0 && e->n_budgets)
+		kvt_tenant_enforce(e);
 	if (rc >= 0) {
 		/* completions may have queued follow-ups (a read that continues up to HBM) */
 		int rc2 = kvt_xfer_flush(e);
@@ -459,9 +484,41 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 		s.tier[t].used_bytes = (uint64_t)s.tier[t].used_slots * sb;
 	}
 	s.seqs_open = e->n_open_seqs;
+	s.meta_bytes = kvt_meta_bytes(e);
+	s.meta_block_records = e->cap_blocks;
 	s.batches_open = e->n_batches;
 	kvt_unlock(e);
 	s.size = size;
 	memcpy(out, &s, size < sizeof s ? size : sizeof s);
 	return 0;
+}
+
+uint64_t
+kvt_meta_bytes(const struct kvt_engine *e)
+{
+	uint64_t m = sizeof *e + (uint64_t)e->cap_blocks * sizeof *e->blocks +
+		     (uint64_t)e->cap_seqs * sizeof *e->seqs;
+	uint32_t i;
+	int t;
+
+	m += kvt_prefix_meta_bytes(e);
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		const struct kvt_evict *ev = &e->evict[t];
+
+		/* owner map, free stack and used flags per slot */
+		m += (uint64_t)e->slots[t].n_slots * (sizeof(uint32_t) * 2 + 1);
+		/* links, plus per-id state of prio (1 + 1 + 8 bytes) or arc (1 byte) */
+		m += (uint64_t)ev->cap * sizeof *ev->link;
+		if (ev->ops == &kvt_evict_prio_ops)
+			m += (uint64_t)ev->cap * 10u;
+		else if (ev->ops == &kvt_evict_arc_ops)
+			m += (uint64_t)ev->cap;
+	}
+	for (i = 0; i < e->cap_seqs; i++) {
+		const struct kvt_seqrec *s = &e->seqs[i];
+
+		m += s->cap_tokens * sizeof *s->tokens + (uint64_t)s->cap_blocks * sizeof *s->blocks +
+		     (uint64_t)s->cap_wpins * sizeof *s->wpins;
+	}
+	return m;
 }

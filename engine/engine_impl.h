@@ -46,6 +46,8 @@ enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESE
 
 #define KVT_SLOT_QUARANTINED (KVT_NIL - 1) /* owner of a slot kept out of use for good */
 #define KVT_SLOT_STORED (KVT_NIL - 2) /* owner of an NVMe slot of a restorable stored session */
+/* an owner entry that names a block (not free, quarantined or stored) */
+#define KVT_OWNER_IS_BLOCK(o) ((o) < KVT_SLOT_STORED)
 
 struct kvt_block {
 	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
@@ -54,6 +56,8 @@ struct kvt_block {
 	uint8_t live;                      /* 1 while owned by a sequence (or dying) */
 	uint8_t dead;                      /* owner gone: free once busy drops to 0 */
 	uint8_t lost;                      /* no valid copy left anywhere: must be recomputed */
+	uint8_t protect;                   /* kept in its tiers by the engine (schedule
+	                                      hints): eviction skips it like a pin */
 	uint8_t wanted;                    /* asked back to HBM (resume, prepare, append) since
 	                                      its last demotion started: a demotion in flight
 	                                      keeps its source and stops where it is */
@@ -67,6 +71,38 @@ struct kvt_block {
 	uint64_t nvme_sum;                 /* XXH3-64 of the raw block of that write */
 	uint32_t nvme_stored;              /* payload bytes of that write (0 = unknown) */
 	uint32_t nvme_codec;               /* codec of that write's payload */
+	uint64_t hash[2];                  /* prefix key (engine/prefix.c) when hashed: XXH3-128
+	                                      of (parent's key, its tokens, salt, extra key);
+	                                      what the NVMe store may look blocks up by */
+	uint16_t refs;                     /* sequences referencing it (0 = cached only) */
+	uint8_t hashed;                    /* hash is set (a full block of known tokens) */
+	uint8_t indexed;                   /* in the prefix index (shareable) */
+	uint8_t tslot;                     /* 1 + its tenant's budget entry, 0 = none */
+};
+
+#define KVT_MAX_BUDGETS 64 /* tenants with a tier budget */
+
+/* A tenant with a budget: blocks it may keep per tier, and blocks it holds there. */
+struct kvt_budget {
+	uint32_t tenant;                 /* tenant id */
+	uint64_t max[KVT_TIER_COUNT];    /* slots it may hold per tier; 0 = unlimited */
+	uint64_t used[KVT_TIER_COUNT];   /* slots its blocks hold (present or being written) */
+};
+
+/* One sealed block in the prefix index. */
+struct kvt_pentry {
+	uint64_t h[2];   /* its key */
+	uint32_t block;  /* block id; KVT_NIL = empty, KVT_NIL - 1 = deleted */
+	int32_t *tokens; /* [tokens_per_block] its tokens, compared on every hit */
+};
+
+/* The prefix index: open addressing over a power-of-two table. */
+struct kvt_prefix {
+	struct kvt_pentry *tab; /* [cap] */
+	uint64_t cap;           /* slots (0 before first use) */
+	uint64_t n;             /* live entries */
+	uint64_t tombs;         /* deleted entries still in probe chains */
+	uint64_t collisions;    /* keys found whose tokens differed */
 };
 
 struct kvt_seqrec {
@@ -75,6 +111,9 @@ struct kvt_seqrec {
 	uint8_t parked;     /* 1 after park until resume/append/prepare */
 	uint8_t in_batch;   /* 1 while an unreleased batch holds it */
 	uint8_t priority;   /* 0..100 */
+	uint32_t retention_ms; /* priority of new blocks falls back after this long; 0 = never */
+	uint64_t last_use_ns; /* last append/prepare/resume (idle parking) */
+	uint64_t salt[2];   /* prefix key material: tenant salt, extra key (adapter, model) */
 	uint32_t tenant;    /* tenant id */
 	uint64_t n_tokens;  /* tokens held */
 	uint32_t n_blocks;  /* blocks in use (ceil(n_tokens / tpb)) */
@@ -182,6 +221,10 @@ struct kvt_engine {
 	bool pub_check;                     /* a publish may be due (see engine/persist.c) */
 	uint64_t nvme_backoff_until;        /* ns: no background demotion to NVMe before this
 	                                       (set by an ENOSPC write) */
+	uint64_t idle_next_ns;              /* next idle scan (kvt_engine_poll) */
+	struct kvt_prefix prefix;           /* index of sealed blocks (engine/prefix.c) */
+	struct kvt_budget budget[KVT_MAX_BUDGETS]; /* per-tenant tier budgets (engine/tenant.c) */
+	uint32_t n_budgets;                 /* entries in budget */
 };
 
 /* ---- engine.c */
@@ -190,7 +233,9 @@ uint64_t kvt_now_ns(void);
 
 /* ---- engine/block.c: blocks, copies, slots */
 int kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out);
-void kvt_block_kill(struct kvt_engine *e, uint32_t id);  /* owner drops it */
+void kvt_block_kill(struct kvt_engine *e, uint32_t id);  /* a referencing sequence drops it */
+void kvt_block_ref(struct kvt_engine *e, uint32_t id);   /* one more sequence references it */
+void kvt_block_uncache(struct kvt_engine *e, uint32_t id); /* free a cached (refs 0) block */
 void kvt_block_try_free(struct kvt_engine *e, uint32_t id); /* frees a dead, idle block */
 bool kvt_copy_valid(const struct kvt_block *b, int tier);
 bool kvt_copy_evictable(const struct kvt_block *b, int tier); /* may reclaim pick this copy */
@@ -206,10 +251,37 @@ void kvt_block_bump_ver(struct kvt_engine *e, uint32_t id); /* contents change: 
 void kvt_block_pin(struct kvt_engine *e, uint32_t id);
 void kvt_block_unpin(struct kvt_engine *e, uint32_t id);
 void kvt_block_check_lost(struct kvt_engine *e, uint32_t id);
+/* Give block @id priority @prio until @until_ns (0 = for good) in every tier's policy. */
+void kvt_block_set_prio(struct kvt_engine *e, uint32_t id, uint8_t prio, uint64_t until_ns);
 void *kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot);
+
+/* ---- engine/prefix.c: the content-addressed index of sealed blocks */
+void kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
+		     const uint64_t salt[2], uint64_t out[2]);
+uint32_t kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens);
+uint32_t kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2]); /* no token check */
+int kvt_prefix_insert(struct kvt_engine *e, uint32_t id, const int32_t *tokens);
+void kvt_prefix_remove(struct kvt_engine *e, uint32_t id);
+void kvt_prefix_fini(struct kvt_engine *e);
+uint64_t kvt_prefix_meta_bytes(const struct kvt_engine *e);
+/* Match the full blocks of @tokens against the index: fills ids[0..k) and returns k. */
+uint32_t kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
+			 const uint64_t salt[2], uint32_t *ids, uint32_t max);
+/* Test hook: when set, replaces XXH3-128 (tests force collisions through it). */
+extern void (*kvt_test_prefix_hash)(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
+				    const uint64_t salt[2], uint64_t out[2]);
+
+/* ---- engine/tenant.c: per-tenant tier budgets */
+uint8_t kvt_tenant_slot(const struct kvt_engine *e, uint32_t tenant); /* 1 + index or 0 */
+void kvt_tenant_account(struct kvt_engine *e, uint32_t block, int tier, int delta);
+void kvt_tenant_enforce(struct kvt_engine *e); /* demote over-budget tenants' blocks */
 
 /* ---- engine/residency.c: making room, demotion and promotion */
 int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
+/* kvt_reclaim(HBM, 1) while block @id's HOST copy (to be copied up next) is protected. */
+int kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait);
+/* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
+int kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait);
 int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);
 int kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait);
 void kvt_watermarks(struct kvt_engine *e);
@@ -237,7 +309,12 @@ struct kvt_event *kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno);
 /* ---- engine/seq.c */
 struct kvt_seqrec *kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx);
 void kvt_seq_unpin_writes(struct kvt_engine *e, struct kvt_seqrec *s);
+/* At release: put the sequence's write-pinned hashed blocks (K/V now written) in the index. */
+void kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s);
 void kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost);
+int kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int target);
+void kvt_seq_idle_scan(struct kvt_engine *e); /* park sequences idle for idle_timeout_ms */
+uint64_t kvt_meta_bytes(const struct kvt_engine *e); /* host metadata kvtier holds */
 
 /* Test hook: when set before kvt_engine_create, the NVME tier is opened with these fault hooks
  * (tests/ inject EIO, short IO and bit flips through it). NULL in production. */

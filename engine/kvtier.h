@@ -196,6 +196,34 @@ struct kvt_engine_opts {
 	                              used: create fails with KVT_EFORMAT and says what differs. */
 	int nvme_buffered_fallback; /* 1: when the filesystem refuses O_DIRECT, use buffered IO
 	                              (page cache) with a warning instead of failing. Default 0 */
+	/* ---- 0.2: eviction and idle sessions */
+	uint32_t evict_policy;     /* enum kvt_evict_policy; default KVT_EVICT_DEFAULT (arc) */
+	uint32_t idle_timeout_ms;  /* a sequence not used (append, prepare, resume) for this long
+	                              is parked by kvt_engine_poll(); 0 = never (default) */
+	uint32_t idle_target;      /* enum kvt_tier it is parked to; default KVT_TIER_HOST */
+	uint32_t prefix_cache;     /* 1: sealed blocks stay cached (evictable) after the last
+	                              sequence holding them closes, for later requests with the
+	                              same prefix; 0 (default, v0): closing frees them, blocks are
+	                              shared only among sequences open at the same time */
+};
+
+/**
+ * Eviction policies, one instance per tier (docs/ARCHITECTURE.md, "Eviction policies").
+ *   KVT_EVICT_LRU   least recently used.
+ *   KVT_EVICT_PRIO  priority LRU with retention (TensorRT-LLM's KvCacheRetentionConfig): lower
+ *                   priority goes first, LRU within a priority; a priority given with a duration
+ *                   falls back to the default (50) when it runs out. The only policy that reads
+ *                   kvt_seq_opts.priority and kvt_seq_set_priority().
+ *   KVT_EVICT_ARC   adaptive replacement with ghost lists: learns how much room blocks used once
+ *                   deserve against blocks used again. The default: on the Mooncake trace it
+ *                   gives 1.5-1.7x LRU's prefix hits at 1k-4k blocks and stays within 0.1% of
+ *                   it at 64k (docs/PERF.md).
+ */
+enum kvt_evict_policy {
+	KVT_EVICT_DEFAULT = 0, /* KVT_EVICT_ARC */
+	KVT_EVICT_LRU = 1,
+	KVT_EVICT_PRIO = 2,
+	KVT_EVICT_ARC = 3,
 };
 
 /**
@@ -211,7 +239,7 @@ struct kvt_engine; /* opaque */
  * kvt_engine_create() - create an engine: the device, the three tiers (HBM slots from the
  * device, HOST slots pinned with cudaHostAlloc or mmap+mlock, falling back to unpinned memory
  * with a warning through opts->log when mlock is refused; NVME slots in one O_DIRECT file under
- * nvme_dir driven by io_uring) and the eviction policy (LRU per tier).
+ * nvme_dir driven by io_uring) and one eviction policy instance per tier (opts->evict_policy).
  * @o:   options; copied, the caller may free them (and nvme_dir) after the call.
  * @out: receives the engine; set to NULL on failure.
  * Returns 0, -EINVAL (bad layout or sizes: each with a message), -ENOMEM, -ENOENT/-EACCES/
@@ -289,12 +317,20 @@ typedef uint64_t kvt_seq_id;
 
 struct kvt_seq_opts {
 	size_t opts_size;  /* sizeof(struct kvt_seq_opts) as the caller compiled it */
-	uint32_t tenant;   /* tenant id (the salt of prefix sharing in later versions) */
-	uint8_t priority;  /* 0..100, higher is kept longer; default 50 (v0: recorded, LRU only) */
+	uint32_t tenant;   /* tenant id (also the default salt of prefix sharing, below) */
+	uint8_t priority;  /* 0..100, higher is kept longer; default 50 (KVT_EVICT_PRIO only) */
 	uint64_t session_key; /* caller-chosen id of the conversation (0 = none). With a
 	                         persistent NVMe store (nvme_persist), parking the sequence to NVMe
 	                         publishes it under this key once all its blocks are durable, and
 	                         kvt_seq_restore() reopens it after a restart. Unique per store. */
+	/* ---- 0.2 */
+	uint32_t retention_ms; /* priority falls back to 50 this long after a block is created;
+	                          0 = keeps it (default) */
+	uint64_t salt;     /* prefix-sharing salt: sequences share blocks only when their salts
+	                      (and extra keys) are equal. 0 = derived from tenant, so different
+	                      tenants never share; give tenants one salt to let them share */
+	uint64_t extra_key; /* anything else the KV depends on (adapter id, model revision):
+	                       mixed into every block's key; default 0 */
 };
 
 /** kvt_seq_opts_init() - defaults (tenant 0, priority 50). */
@@ -347,8 +383,10 @@ KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *to
 /**
  * kvt_seq_park() - demote every block of the sequence out of HBM (the idle chat session): to
  * @target (KVT_TIER_HOST or KVT_TIER_NVME; a tier the engine does not have is skipped to the
- * next one down). Asynchronous: copies are queued; HBM slots are freed as they complete
- * (kvt_engine_poll/drain). The id stays valid; kvt_seq_resume() or a batch brings it back.
+ * next one down). Blocks shared with another sequence that is in an unreleased batch stay
+ * where they are (that batch uses them). Asynchronous: copies are queued; HBM slots are freed
+ * as they complete (kvt_engine_poll/drain). The id stays valid; kvt_seq_resume() or a batch
+ * brings it back.
  * Returns 0, KVT_ECLOSED, KVT_EBUSY, -EINVAL (bad target), -ENOSPC (no room below: the blocks
  * not yet demoted stay where they are; those already on their way down stay demoted, which
  * loses nothing).
@@ -399,6 +437,73 @@ KVT_API int kvt_seq_restore(struct kvt_engine *e, uint64_t session_key,
  * NVMe slots freed unless an open sequence uses them). Returns 0, -ENOENT, KVT_EBUSY (open).
  */
 KVT_API int kvt_session_drop(struct kvt_engine *e, uint64_t session_key);
+/**
+ * kvt_seq_set_priority() - retention priority of a token range (TensorRT-LLM's
+ * KvCacheRetentionConfig::TokenRangeRetentionConfig): the blocks holding tokens
+ * [first_token, first_token + n_tokens) get @priority until @duration_ms from now (0 = for good),
+ * then fall back to the default 50. Blocks appended later get the sequence's own priority.
+ * Priorities are kept per block across tiers (parking keeps them). Used by KVT_EVICT_PRIO; the
+ * other policies ignore priorities.
+ * @n_tokens: 0 = up to the end. Returns 0, KVT_ECLOSED, -EINVAL (priority > 100, range past end).
+ */
+KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t first_token,
+				 uint64_t n_tokens, uint8_t priority, uint32_t duration_ms);
+
+/*
+ * Prefix sharing. When tokens are passed to kvt_seq_append(), every full ("sealed") block gets
+ * a key: XXH3-128 over (the previous block's key, its tokens, salt, extra key); at the next
+ * kvt_batch_release() of the sequence (its K/V are written then) the block becomes shareable.
+ * A new sequence whose prompt starts with the same tokens (and has the same salt and extra key)
+ * attaches those blocks instead of computing them: the server prefills only the rest. Shared
+ * blocks are immutable and refcounted; they are freed in no tier while a sequence references
+ * them. After the last sequence closes, a sealed block stays cached (evictable) for the next
+ * request with that prefix. A hit is confirmed by comparing tokens, so a hash collision is never
+ * served. Only full blocks are shared: a sequence that diverges inside a block computes that
+ * block itself. Without tokens (NULL) nothing is shared: the v0 behaviour.
+ */
+
+/**
+ * kvt_seq_match_prefix() - how much of a prompt is already cached.
+ * @o:      the options the sequence would be opened with (tenant, salt, extra_key); NULL =
+ *          defaults.
+ * @tokens: the prompt, @n tokens.
+ * @matched_tokens: receives the tokens covered by cached sealed blocks (a multiple of
+ *          tokens_per_block).
+ * @tier:   receives the slowest tier any of them has to come from (KVT_TIER_HBM when all are
+ *          in HBM), or KVT_TIER_COUNT when nothing matched. May be NULL.
+ * Nothing is pinned or moved. Returns 0, -EINVAL, -ENOMEM.
+ */
+KVT_API int kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o,
+				 const int32_t *tokens, size_t n, uint64_t *matched_tokens,
+				 enum kvt_tier *tier);
+
+/**
+ * kvt_seq_attach_prefix() - make an empty sequence start with the cached blocks matching the
+ * prompt @tokens (@n tokens): they are shared (refcounted), not copied, and its n_tokens becomes
+ * @attached_tokens (a multiple of tokens_per_block, possibly 0). The caller then appends and
+ * prefills tokens [attached_tokens, n) only. The next kvt_batch_prepare() brings the attached
+ * blocks to HBM. Returns 0, KVT_ECLOSED, -EINVAL (the sequence is not empty or is in a batch),
+ * -ENOMEM.
+ */
+KVT_API int kvt_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens,
+				  size_t n, uint64_t *attached_tokens);
+
+/**
+ * kvt_tenant_set_budget() - the most slots of @tier the blocks of @tenant may hold (0 =
+ * unlimited). Soft: after every kvt_batch_release() and in kvt_engine_poll(), a tenant above its
+ * budget has its least valuable unpinned blocks demoted out of that tier (HBM -> HOST -> NVMe;
+ * on NVMe only cached prefix blocks can go). Blocks count for the tenant of the sequence that
+ * created them (a block shared under a common salt counts once, for its creator). Up to 64
+ * tenants have budgets. Returns 0, -EINVAL (bad tier), -ENOSPC (64 tenants already).
+ */
+KVT_API int kvt_tenant_set_budget(struct kvt_engine *e, uint32_t tenant, enum kvt_tier tier,
+				  uint64_t max_blocks);
+
+/**
+ * kvt_tenant_usage() - slots the blocks of @tenant hold per tier (tenants with a budget only;
+ * -ENOENT for others). @used: KVT_TIER_COUNT entries.
+ */
+KVT_API int kvt_tenant_usage(struct kvt_engine *e, uint32_t tenant, uint64_t *used);
 
 /** Where a sequence's blocks are. */
 struct kvt_seq_info {
@@ -563,7 +668,12 @@ struct kvt_stats {
 	uint64_t codec_blocks;        /* NVMe blocks stored compressed */
 	uint64_t codec_raw_bytes;     /* bytes before compression of blocks written to NVMe */
 	uint64_t codec_stored_bytes;  /* bytes after (raw where compression did not pay) */
-	uint64_t meta_bytes;          /* host memory used by kvtier's own metadata */
+	uint64_t meta_bytes;          /* host memory used by kvtier's own metadata: block records,
+	                                 eviction lists, slot owner maps, sequence tables and their
+	                                 token/block arrays (capacities, not only what is used) */
+	/* ---- 0.2 */
+	uint64_t idle_parked;         /* sequences parked by the idle timeout */
+	uint64_t meta_block_records;  /* block records allocated (meta_bytes / this = per block) */
 };
 
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */

@@ -33,9 +33,8 @@ valid_elsewhere(const struct kvt_block *b, int tier)
 	return false;
 }
 
-/* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
-static int
-evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
+int
+kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 {
 	uint32_t slot;
 	int rc;
@@ -46,8 +45,15 @@ evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 		e->st.evictions++;
 		return 1;
 	}
-	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots)
+	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots) {
+		if (e->blocks[id].refs == 0) { /* a cached prefix block nobody holds: drop it */
+			kvt_block_uncache(e, id);
+			e->st.tier[tier].evictions++;
+			e->st.evictions++;
+			return 1;
+		}
 		return -ENOSPC;
+	}
 	/* the only valid copy: demote it. Pin it while room is made below, so the cascade
 	 * cannot pick it again (or drop its other copies) halfway. */
 	if (tier == KVT_TIER_HOST && !may_wait && kvt_nvme_free_qd(e->nvme) == 0)
@@ -64,6 +70,13 @@ evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 			rc = kvt_xfer_h2n(e, id, slot, true, may_wait);
 	}
 	kvt_block_unpin(e, id);
+	if (rc == -ENOSPC && e->blocks[id].refs == 0 && !e->blocks[id].busy &&
+	    !e->blocks[id].pins) {
+		kvt_block_uncache(e, id); /* a cached block with no room below: forget it */
+		e->st.tier[tier].evictions++;
+		e->st.evictions++;
+		return 1;
+	}
 	return rc;
 }
 
@@ -106,7 +119,7 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 			if (!kvt_copy_evictable(b, tier) ||
 			    (below_full && !valid_elsewhere(b, tier)))
 				continue;
-			rc = evict_one(e, tier, cand[i], may_wait);
+			rc = kvt_evict_one(e, tier, cand[i], may_wait);
 			if (rc >= 0)
 				(*progress)++;
 			else if (rc == -ENOSPC)
@@ -194,6 +207,20 @@ kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 }
 
 int
+kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait)
+{
+	uint8_t was = e->blocks[id].protect;
+	int rc;
+
+	/* its HOST copy is about to be read: the cascade must not drop it, even where a valid
+	 * NVMe copy would make it droppable for a pinned block (kvt_copy_evictable) */
+	e->blocks[id].protect = 1;
+	rc = kvt_reclaim(e, KVT_TIER_HBM, 1, may_wait);
+	e->blocks[id].protect = was;
+	return rc;
+}
+
+int
 kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 {
 	struct kvt_block *b = &e->blocks[id];
@@ -211,7 +238,7 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 		if (kvt_copy_valid(b, KVT_TIER_HBM) || b->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
 			break;
 		if (kvt_copy_valid(b, KVT_TIER_HOST)) {
-			rc = kvt_reclaim(e, KVT_TIER_HBM, 1, may_wait);
+			rc = kvt_reclaim_hbm_for(e, id, may_wait);
 			if (rc == 0)
 				rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
 			if (rc == 0)
@@ -299,6 +326,8 @@ kvt_watermarks(struct kvt_engine *e)
 {
 	int t;
 
+	if (e->n_budgets)
+		kvt_tenant_enforce(e);
 	for (t = KVT_TIER_HBM; t < KVT_TIER_NVME; t++) {
 		struct kvt_slots *sl = &e->slots[t];
 		uint32_t used = sl->n_slots - sl->n_free;

@@ -33,11 +33,21 @@ kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx)
 void
 kvt_seq_opts_init(struct kvt_seq_opts *o, size_t size)
 {
-	struct kvt_seq_opts d = { .opts_size = size, .tenant = 0, .priority = 50 };
+	struct kvt_seq_opts d = { .opts_size = size, .tenant = 0, .priority = 50,
+				  .retention_ms = 0, .salt = 0, .extra_key = 0 };
 
 	if (!o)
 		return;
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
+}
+
+/* Prefix key material: the salt given, else one derived from the tenant (so tenants never
+ * share unless given the same salt), and the extra key (adapter id, model revision). */
+static void
+seq_salt(const struct kvt_seq_opts *o, uint64_t salt[2])
+{
+	salt[0] = o->salt ? o->salt : (1ull << 63) | o->tenant;
+	salt[1] = o->extra_key;
 }
 
 static int
@@ -82,6 +92,9 @@ kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *opts, uint3
 	s->priority = opts->priority;
 	s->session_key = opts->session_key;
 	s->pub_pending = 0;
+	s->retention_ms = opts->retention_ms;
+	s->last_use_ns = kvt_now_ns();
+	seq_salt(opts, s->salt);
 	s->n_tokens = 0;
 	s->n_blocks = 0;
 	s->n_wpins = 0;
@@ -117,6 +130,46 @@ kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out
 		*out = seq_make_id(idx, e->seqs[idx].gen);
 	kvt_unlock(e);
 	return rc;
+}
+
+/* Hash the blocks of s that are full by token @end and whose tokens are all known, each chained
+ * to its parent's key (sealed blocks are immutable: appends only touch the partial last one). */
+static void
+seq_hash_blocks(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t from, uint64_t end)
+{
+	static const uint64_t zero[2] = { 0, 0 };
+	uint32_t tpb = e->layout.tokens_per_block, k, i;
+
+	for (k = (uint32_t)(from / tpb); (uint64_t)(k + 1) * tpb <= end; k++) {
+		struct kvt_block *b = &e->blocks[s->blocks[k]];
+		const struct kvt_block *p = k ? &e->blocks[s->blocks[k - 1]] : NULL;
+		const int32_t *tok = s->tokens + (uint64_t)k * tpb;
+
+		if (b->hashed)
+			continue;
+		if (p && !p->hashed)
+			return;
+		for (i = 0; i < tpb; i++)
+			if (tok[i] < 0)
+				return; /* tokens not given: v0 behaviour, no sharing */
+		kvt_prefix_hash(p ? p->hash : zero, tok, tpb, s->salt, b->hash);
+		b->hashed = 1;
+	}
+}
+
+void
+kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s)
+{
+	uint32_t tpb = e->layout.tokens_per_block, i;
+
+	for (i = 0; i < s->n_wpins; i++) {
+		struct kvt_block *b = &e->blocks[s->wpins[i]];
+
+		if (b->hashed && !b->indexed && !b->lost && b->live && !b->dead)
+			/* -ENOMEM only costs sharing: the block stays private */
+			(void)kvt_prefix_insert(e, s->wpins[i],
+						s->tokens + (uint64_t)b->index * tpb);
+	}
 }
 
 void
@@ -329,8 +382,10 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 			(int64_t)e->blocks[id].slot[KVT_TIER_HBM] * tpb + (int64_t)(pos % tpb);
 		s->tokens[pos] = tokens ? tokens[pos - s->n_tokens] : -1;
 	}
+	seq_hash_blocks(e, s, s->n_tokens, end);
 	s->n_tokens = end;
 	s->parked = 0;
+	s->last_use_ns = kvt_now_ns();
 	return 0;
 undo:
 	/* new blocks go away again; the partial block keeps its pin until release */
@@ -371,7 +426,7 @@ int
 kvt_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target)
 {
 	struct kvt_seqrec *s;
-	uint32_t idx, i;
+	uint32_t idx;
 	int rc = 0, t = (int)target;
 
 	if (!e)
@@ -389,22 +444,34 @@ kvt_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target)
 			     (unsigned long long)id);
 		goto out;
 	}
+	rc = kvt_seq_park_locked(e, s, t);
+out:
+	kvt_unlock(e);
+	return rc;
+}
+
+int
+kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
+{
+	uint32_t i;
+	int rc = 0;
+
 	/* a tier the engine lacks: the next one down, or up when there is none below */
 	while (t < KVT_TIER_COUNT && !e->slots[t].n_slots)
 		t++;
 	if (t == KVT_TIER_COUNT)
 		t = KVT_TIER_HOST;
-	if (!e->slots[t].n_slots) {
-		rc = kvt_err(-ENOSPC, "no HOST or NVME tier to park sequence %#llx in",
-			     (unsigned long long)id);
-		goto out;
-	}
+	if (!e->slots[t].n_slots)
+		return kvt_err(-ENOSPC, "no HOST or NVME tier to park sequence %u in",
+			       (unsigned)(s - e->seqs));
 	kvt_seq_unpin_writes(e, s);
 	for (i = 0; i < s->n_blocks && rc == 0; i++) {
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
+		if (rc == KVT_EBUSY && e->blocks[s->blocks[i]].refs > 1)
+			rc = 0; /* shared, and in another sequence's batch: it stays for that one */
 		if (rc == -ENOSPC)
-			rc = kvt_err(-ENOSPC, "no room below HBM to park block %u of sequence %#llx",
-				     i, (unsigned long long)id);
+			rc = kvt_err(-ENOSPC, "no room below HBM to park block %u of sequence %u",
+				     i, (unsigned)(s - e->seqs));
 	}
 	if (rc == 0)
 		rc = kvt_xfer_flush(e);
@@ -413,10 +480,9 @@ kvt_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target)
 		if (t == KVT_TIER_NVME)
 			kvt_persist_parked(e, s);
 	}
-out:
-	kvt_unlock(e);
 	return rc;
 }
+
 
 int
 kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
@@ -434,6 +500,7 @@ kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
 		goto out;
 	}
 	s->parked = 0;
+	s->last_use_ns = kvt_now_ns();
 	/* best effort, in order: NVMe reads are started first since they are slowest; blocks
 	 * already in HOST go up as room allows. Prepare finishes whatever is left. */
 	for (i = 0; i < s->n_blocks; i++)
@@ -471,4 +538,172 @@ kvt_seq_info(struct kvt_engine *e, kvt_seq_id id, struct kvt_seq_info *out)
 			out->blocks_in[t] += kvt_copy_valid(&e->blocks[s->blocks[i]], t);
 	kvt_unlock(e);
 	return 0;
+}
+
+int
+kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id id, uint64_t first_token,
+		     uint64_t n_tokens, uint8_t priority, uint32_t duration_ms)
+{
+	uint64_t tpb, end, until;
+	struct kvt_seqrec *s;
+	uint32_t b;
+	int rc = 0;
+
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_seq_set_priority: engine is NULL");
+	if (priority > KVT_EVICT_PRIO_MAX)
+		return kvt_err(-EINVAL, "priority %u is out of range 0..100", priority);
+	kvt_lock(e);
+	s = kvt_seq_lookup(e, id, NULL);
+	if (!s) {
+		rc = kvt_err(KVT_ECLOSED, "sequence %#llx is not open", (unsigned long long)id);
+		goto out;
+	}
+	end = n_tokens ? first_token + n_tokens : s->n_tokens;
+	if (first_token >= s->n_tokens || end > s->n_tokens || end < first_token) {
+		rc = kvt_err(-EINVAL, "token range %llu+%llu is past the sequence's %llu tokens",
+			     (unsigned long long)first_token, (unsigned long long)n_tokens,
+			     (unsigned long long)s->n_tokens);
+		goto out;
+	}
+	tpb = e->layout.tokens_per_block;
+	until = duration_ms ? e->evict[0].now_ns() + duration_ms * 1000000ull : 0; /* policy clock */
+	for (b = (uint32_t)(first_token / tpb); b < (uint32_t)((end + tpb - 1) / tpb); b++)
+		kvt_block_set_prio(e, s->blocks[b], priority, until);
+out:
+	kvt_unlock(e);
+	return rc;
+}
+
+void
+kvt_seq_idle_scan(struct kvt_engine *e)
+{
+	uint64_t now = kvt_now_ns(), idle = e->opts.idle_timeout_ms * 1000000ull;
+	uint32_t i;
+
+	/* a scan costs O(open sequences): at most four per timeout period */
+	if (now < e->idle_next_ns)
+		return;
+	e->idle_next_ns = now + idle / 4;
+	for (i = 0; i < e->cap_seqs; i++) {
+		struct kvt_seqrec *s = &e->seqs[i];
+
+		if (!s->open || s->parked || s->in_batch || !s->n_blocks ||
+		    now - s->last_use_ns < idle)
+			continue;
+		/* best effort: a sequence that cannot move now is tried again next scan */
+		if (kvt_seq_park_locked(e, s, (int)e->opts.idle_target) == 0)
+			e->st.idle_parked++;
+	}
+}
+
+/* The fastest tier holding a valid copy of @b (KVT_TIER_COUNT: only in flight). */
+static int
+seq_best_tier(const struct kvt_block *b)
+{
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		if (kvt_copy_valid(b, t))
+			return t;
+	return KVT_TIER_COUNT;
+}
+
+int
+kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const int32_t *tokens,
+		     size_t n, uint64_t *matched_tokens, enum kvt_tier *tier)
+{
+	struct kvt_seq_opts opts;
+	uint32_t *ids, k, i, tpb;
+	uint64_t salt[2];
+	int worst = KVT_TIER_HBM;
+
+	if (!e || (!tokens && n) || !matched_tokens)
+		return kvt_err(-EINVAL, "kvt_seq_match_prefix: engine, tokens and matched_tokens "
+			       "must not be NULL");
+	kvt_seq_opts_init(&opts, sizeof opts);
+	if (o)
+		memcpy(&opts, o, o->opts_size < sizeof opts ? o->opts_size : sizeof opts);
+	seq_salt(&opts, salt);
+	tpb = e->layout.tokens_per_block;
+	*matched_tokens = 0;
+	if (tier)
+		*tier = KVT_TIER_COUNT;
+	if (n < tpb)
+		return 0;
+	ids = kvt_malloc((n / tpb) * sizeof *ids);
+	if (!ids)
+		return kvt_err(-ENOMEM, "prefix match of %zu tokens", n);
+	kvt_lock(e);
+	k = kvt_prefix_walk(e, tokens, n, salt, ids, (uint32_t)(n / tpb));
+	for (i = 0; i < k; i++) {
+		int t = seq_best_tier(&e->blocks[ids[i]]);
+
+		worst = t > worst ? t : worst;
+	}
+	kvt_unlock(e);
+	kvt_free(ids);
+	*matched_tokens = (uint64_t)k * tpb;
+	if (tier && k)
+		*tier = (enum kvt_tier)(worst < KVT_TIER_COUNT ? worst : KVT_TIER_NVME);
+	return 0;
+}
+
+static int
+seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tokens, size_t n,
+		  uint64_t *attached)
+{
+	uint32_t tpb = e->layout.tokens_per_block, max = (uint32_t)(n / tpb), k, i;
+	uint32_t *ids;
+
+	if (s->n_tokens || s->in_batch)
+		return kvt_err(-EINVAL, "attach a prefix only to an empty sequence not in a batch");
+	if (!max)
+		return 0;
+	ids = kvt_malloc((size_t)max * sizeof *ids);
+	if (!ids || kvt_seq_reserve(s, (uint64_t)max * tpb, max, 0)) {
+		kvt_free(ids);
+		return kvt_err(-ENOMEM, "attaching a prefix of %u blocks", max);
+	}
+	k = kvt_prefix_walk(e, tokens, n, s->salt, ids, max);
+	for (i = 0; i < k; i++) {
+		struct kvt_block *b = &e->blocks[ids[i]];
+		int t = seq_best_tier(b);
+
+		kvt_block_ref(e, ids[i]);
+		s->blocks[i] = ids[i];
+		if (t < KVT_TIER_COUNT) {
+			e->st.tier[t].prefix_hit_blocks++;
+			e->evict[t].ops->access(&e->evict[t], ids[i]);
+		}
+	}
+	memcpy(s->tokens, tokens, (size_t)k * tpb * sizeof *tokens);
+	s->n_blocks = k;
+	s->n_tokens = (uint64_t)k * tpb;
+	e->st.prefix_hit_blocks += k;
+	e->st.prefix_hit_tokens += (uint64_t)k * tpb;
+	kvt_free(ids);
+	*attached = s->n_tokens;
+	return 0;
+}
+
+int
+kvt_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id id, const int32_t *tokens, size_t n,
+		      uint64_t *attached_tokens)
+{
+	struct kvt_seqrec *s;
+	int rc;
+
+	if (!e || (!tokens && n) || !attached_tokens)
+		return kvt_err(-EINVAL, "kvt_seq_attach_prefix: engine, tokens and attached_tokens "
+			       "must not be NULL");
+	*attached_tokens = 0;
+	kvt_lock(e);
+	s = kvt_seq_lookup(e, id, NULL);
+	if (!s)
+		rc = kvt_err(KVT_ECLOSED, "sequence %#llx is not open", (unsigned long long)id);
+	else
+		rc = seq_attach_locked(e, s, tokens, n, attached_tokens);
+	kvt_unlock(e);
+	return rc;
 }

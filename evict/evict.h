@@ -6,10 +6,22 @@
  * it when a copy appears (insert), is used (access) or goes away (remove), and asks for victims
  * from the cold end (victim_first / victim_next). The policy does not know about pins or
  * transfers in flight: the engine skips those while walking (DESIGN.md invariant 3), so a block
- * that becomes unpinned keeps its recency rank.
+ * that becomes unpinned keeps its rank. Blocks the engine protects (pinned by a batch or an
+ * append, or named by a schedule hint) are skipped the same way: see kvt_copy_evictable().
  *
- * Block ids are dense indices into the engine's block array; the policy grows its per-id
- * metadata on demand through reserve(). Not thread-safe: called under the engine mutex.
+ * Block ids are dense indices into the engine's block array (in tools/kvtier-replay: the trace's
+ * block hash ids); the policy grows its per-id metadata on demand through reserve().
+ * Not thread-safe: called under the engine mutex.
+ *
+ * Policies (enum kvt_evict_policy in kvtier.h):
+ *   lru   evict/lru.c   least recently used.
+ *   prio  evict/prio.c  priority LRU with retention (TensorRT-LLM's KvCacheRetentionConfig): a
+ *                       priority 0..100 per block and a time after which it falls back to the
+ *                       default; lowest priority first, LRU within a priority.
+ *   arc   evict/arc.c   adaptive replacement (Megiddo & Modha, FAST'03) with ghost lists four
+ *                       times the tier's capacity: learns from the workload how much room blocks
+ *                       used once deserve against blocks used again.
+ * The offline Belady MIN oracle lives in tools/kvtier-replay (it needs the future).
  */
 #ifndef KVT_EVICT_EVICT_H
 #define KVT_EVICT_EVICT_H
@@ -19,20 +31,30 @@
 
 #define KVT_NIL UINT32_MAX
 #define KVT_EVICT_OPS_V1 1u
+#define KVT_EVICT_OPS_V2 2u /* adds set_prio and forget */
+
+#define KVT_EVICT_PRIO_DEFAULT 50u /* priority of a block nobody gave one */
+#define KVT_EVICT_PRIO_MAX 100u
 
 struct kvt_evict;
 
 struct kvt_evict_ops {
-	uint32_t abi_version;                                   /* KVT_EVICT_OPS_V1; first */
-	const char *name;                                       /* "lru" */
+	uint32_t abi_version;                                   /* KVT_EVICT_OPS_V2; first */
+	const char *name;                                       /* "lru", "prio", "arc" */
 	int (*reserve)(struct kvt_evict *ev, uint32_t n_ids);   /* ids < n_ids usable; 0/-ENOMEM */
 	void (*fini)(struct kvt_evict *ev);                     /* free metadata */
-	void (*insert)(struct kvt_evict *ev, uint32_t id);      /* copy appeared: hottest */
+	void (*insert)(struct kvt_evict *ev, uint32_t id);      /* copy appeared */
 	void (*access)(struct kvt_evict *ev, uint32_t id);      /* copy used */
 	void (*remove)(struct kvt_evict *ev, uint32_t id);      /* copy gone (no-op if absent) */
 	bool (*contains)(const struct kvt_evict *ev, uint32_t id);
-	uint32_t (*victim_first)(const struct kvt_evict *ev);   /* coldest id or KVT_NIL */
-	uint32_t (*victim_next)(const struct kvt_evict *ev, uint32_t id); /* next warmer or NIL */
+	uint32_t (*victim_first)(struct kvt_evict *ev);         /* coldest id or KVT_NIL */
+	uint32_t (*victim_next)(struct kvt_evict *ev, uint32_t id); /* next warmer or NIL */
+	/* V2. set_prio: give @id priority 0..100 until the clock reaches @until_ns (0 = for
+	 * good), then KVT_EVICT_PRIO_DEFAULT; may be called before insert (remembered). NULL for
+	 * policies without priorities. forget: the id now names other content (the block was
+	 * freed): drop its history (ghost entries, priority). NULL when there is none. */
+	void (*set_prio)(struct kvt_evict *ev, uint32_t id, uint8_t prio, uint64_t until_ns);
+	void (*forget)(struct kvt_evict *ev, uint32_t id);
 };
 
 /** LRU state: a circular doubly linked list through per-id links, sentinel at index n_ids. */
@@ -43,15 +65,34 @@ struct kvt_lru_link {
 
 struct kvt_evict {
 	const struct kvt_evict_ops *ops; /* policy vtable */
-	struct kvt_lru_link *link;       /* [cap + 1]; link[cap] is the sentinel (head/tail) */
+	struct kvt_lru_link *link;       /* lru: [cap + 1]; link[cap] is the sentinel */
 	uint32_t cap;                    /* ids < cap are valid */
-	uint32_t n;                      /* ids currently listed */
+	uint32_t n;                      /* ids currently listed (copies present) */
+	uint32_t capacity;               /* slots of the tier (arc sizes its ghosts by it) */
+	void *priv;                      /* prio/arc: policy-private state */
+	uint64_t (*now_ns)(void);        /* clock of retention times (tests inject one) */
 };
 
 /** The LRU policy (evict/lru.c): insert/access move to the head, victims from the tail. */
 extern const struct kvt_evict_ops kvt_evict_lru_ops;
+/** Priority LRU with retention (evict/prio.c). */
+extern const struct kvt_evict_ops kvt_evict_prio_ops;
+/** Adaptive replacement with ghost lists (evict/arc.c). */
+extern const struct kvt_evict_ops kvt_evict_arc_ops;
 
-/** Initialise @ev with @ops and room for @n_ids ids. Returns 0 or -ENOMEM. */
-int kvt_evict_init(struct kvt_evict *ev, const struct kvt_evict_ops *ops, uint32_t n_ids);
+/**
+ * kvt_evict_init() - initialise @ev with @ops and room for @n_ids ids.
+ * @capacity: slots of the tier the instance ranks (>= 1; arc's ghost lists are 4x this).
+ * The clock is CLOCK_MONOTONIC (kvt_evict_clock_ns); tests may set ev->now_ns afterwards.
+ * Returns 0 or -ENOMEM.
+ */
+int kvt_evict_init(struct kvt_evict *ev, const struct kvt_evict_ops *ops, uint32_t n_ids,
+		   uint32_t capacity);
+
+/** kvt_evict_by_name() - the ops named @name ("lru", "prio", "arc") or NULL. */
+const struct kvt_evict_ops *kvt_evict_by_name(const char *name);
+
+/** CLOCK_MONOTONIC in nanoseconds: the default clock of retention times. */
+uint64_t kvt_evict_clock_ns(void);
 
 #endif /* KVT_EVICT_EVICT_H */

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/alloc.h"
 #include "evict.h"
@@ -110,7 +111,7 @@ lru_remove(struct kvt_evict *ev, uint32_t id)
 }
 
 static uint32_t
-lru_victim_first(const struct kvt_evict *ev)
+lru_victim_first(struct kvt_evict *ev)
 {
 	uint32_t t = ev->link[lru_sentinel(ev)].prev;
 
@@ -118,7 +119,7 @@ lru_victim_first(const struct kvt_evict *ev)
 }
 
 static uint32_t
-lru_victim_next(const struct kvt_evict *ev, uint32_t id)
+lru_victim_next(struct kvt_evict *ev, uint32_t id)
 {
 	uint32_t t;
 
@@ -129,7 +130,7 @@ lru_victim_next(const struct kvt_evict *ev, uint32_t id)
 }
 
 const struct kvt_evict_ops kvt_evict_lru_ops = {
-	.abi_version = KVT_EVICT_OPS_V1,
+	.abi_version = KVT_EVICT_OPS_V2,
 	.name = "lru",
 	.reserve = lru_reserve,
 	.fini = lru_fini,
@@ -139,12 +140,40 @@ const struct kvt_evict_ops kvt_evict_lru_ops = {
 	.contains = lru_contains,
 	.victim_first = lru_victim_first,
 	.victim_next = lru_victim_next,
+	.set_prio = NULL, /* plain LRU ignores priorities */
+	.forget = NULL,
 };
 
+uint64_t
+kvt_evict_clock_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+const struct kvt_evict_ops *
+kvt_evict_by_name(const char *name)
+{
+	static const struct kvt_evict_ops *const all[] = {
+		&kvt_evict_lru_ops, &kvt_evict_prio_ops, &kvt_evict_arc_ops,
+	};
+	size_t i;
+
+	for (i = 0; name && i < sizeof all / sizeof all[0]; i++)
+		if (!strcmp(all[i]->name, name))
+			return all[i];
+	return NULL;
+}
+
 int
-kvt_evict_init(struct kvt_evict *ev, const struct kvt_evict_ops *ops, uint32_t n_ids)
+kvt_evict_init(struct kvt_evict *ev, const struct kvt_evict_ops *ops, uint32_t n_ids,
+	       uint32_t capacity)
 {
 	memset(ev, 0, sizeof *ev);
 	ev->ops = ops;
+	ev->capacity = capacity ? capacity : 1;
+	ev->now_ns = kvt_evict_clock_ns;
 	return ops->reserve(ev, n_ids ? n_ids : 16);
 }

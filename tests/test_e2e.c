@@ -315,6 +315,47 @@ test_sessions16x3(void **state)
 	kvtr_run_result_free(&small);
 }
 
+/* Prefix sharing: 6 sessions with one long system prompt, 2 turns, sampled. Sessions 1..5
+ * attach the prompt blocks session 0 computed instead of computing them; every session's text
+ * equals the reference's, with small tiers (shared blocks parked to NVMe and back). */
+static void
+test_prefix_shared_prompt(void **state)
+{
+	struct kvtr_run_opts o;
+	struct kvtr_run_result ref, kvt, small;
+
+	(void)state;
+	e2e_opts(&o, 120);
+	o.prompt = "Once upon a time, there was a little girl named Lily. She loved to play "
+		   "outside with her dog Max. One day";
+	o.sessions = 6;
+	o.turns = 2;
+	o.temperature = 0.8f;
+	o.topp = 0.9f;
+	o.seed = 7;
+	o.tokens_per_block = 8;
+	o.reference = 1;
+	e2e_run(&o, &ref);
+	o.reference = 0;
+	o.prefix_share = 1;
+	e2e_run(&o, &kvt);
+	assert_same_sessions(&ref, &kvt);
+	print_message("prefix: %llu prompt positions attached, %llu shared-block hits\n",
+		      (unsigned long long)kvt.prefix_tokens,
+		      (unsigned long long)kvt.stats.prefix_hit_blocks);
+	assert_true(kvt.prefix_tokens >= 5 * 8);
+	assert_int_equal(kvt.stats.prefix_hit_tokens, kvt.prefix_tokens);
+	o.hbm_bytes = 8 * E2E_BLOCK_BYTES / 2; /* 8-token blocks are half the 16-token size */
+	o.host_bytes = 12 * E2E_BLOCK_BYTES / 2;
+	o.emu_delay_us = 20;
+	e2e_run(&o, &small);
+	assert_same_sessions(&ref, &small);
+	assert_true(small.prefix_tokens > 0);
+	kvtr_run_result_free(&ref);
+	kvtr_run_result_free(&kvt);
+	kvtr_run_result_free(&small);
+}
+
 /* One dtype: greedy 200 steps and 4 sessions x 2 turns sampled, kvtier with most blocks on
  * NVMe against --reference with the same dtype (and, sampled, against the fp32 reference). */
 /* The same runs with the NVMe codec on (bit-plane shuffle + LZ4): identical text, and blocks
@@ -510,6 +551,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_sampling_and_prompt, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cli_greedy200, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sessions16x3, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_prefix_shared_prompt, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lost_blocks_reprefill, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_kv_dtype_reference, setup, teardown),
 	};

@@ -106,6 +106,7 @@ tsup_engine(const struct tsup_cfg *c, char **dir)
 	o.emu_max_delay_us = c->delay_us;
 	o.emu_copy_bytes_per_s = c->bandwidth;
 	o.emu_seed = 42;
+	o.evict_policy = c->policy;
 	if (c->no_watermarks)
 		o.high_watermark = o.low_watermark = 1.0f;
 	*dir = NULL;

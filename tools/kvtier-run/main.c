@@ -64,6 +64,8 @@ main_usage(FILE *f)
 	      "  --reference           contiguous KV cache, no kvtier (the comparison baseline)\n"
 	      "  --device D            emu (default: host memory stands in for the GPU) or\n"
 	      "                        cuda (HBM on GPU 0, attention by the CUDA kernel)\n"
+	      "  --prefix-share        sessions attach the prompt blocks session 0 computed\n"
+	      "                        (kvtier prefix sharing); the text is unchanged\n"
 	      "  --emu-delay-us N      emulated device: delay/reorder copies up to N us\n"
 	      "                        (default 0)\n"
 	      "  --stats-json F        write tier/transfer statistics as JSON to F\n"
@@ -80,6 +82,7 @@ enum {
 	OPT_MODEL = 256, OPT_TOKENIZER, OPT_PROMPT, OPT_STEPS, OPT_TEMP, OPT_TOPP, OPT_SEED,
 	OPT_SESSIONS, OPT_TURNS, OPT_HBM, OPT_HOST, OPT_NVME_DIR, OPT_NVME, OPT_TPB, OPT_DTYPE,
 	OPT_REFERENCE, OPT_EMU_DELAY, OPT_STATS, OPT_METRICS, OPT_HELP, OPT_DEVICE,
+	OPT_PREFIX_SHARE,
 };
 
 static const struct option main_opts[] = {
@@ -99,6 +102,7 @@ static const struct option main_opts[] = {
 	{ "tokens-per-block", required_argument, NULL, OPT_TPB },
 	{ "kv-dtype", required_argument, NULL, OPT_DTYPE },
 	{ "reference", no_argument, NULL, OPT_REFERENCE },
+	{ "prefix-share", no_argument, NULL, OPT_PREFIX_SHARE },
 	{ "emu-delay-us", required_argument, NULL, OPT_EMU_DELAY },
 	{ "device", required_argument, NULL, OPT_DEVICE },
 	{ "stats-json", required_argument, NULL, OPT_STATS },
@@ -159,6 +163,7 @@ main_parse_one(int opt, const char *arg, struct kvtr_run_opts *o, struct main_ar
 					    &o->tokens_per_block);
 	case OPT_DTYPE: return main_parse_dtype(arg, &o->kv_dtype);
 	case OPT_REFERENCE: o->reference = 1; return 0;
+	case OPT_PREFIX_SHARE: o->prefix_share = 1; return 0;
 	case OPT_EMU_DELAY: return kvtr_parse_u32("--emu-delay-us", arg, 0, 1000000,
 						  &o->emu_delay_us);
 	case OPT_STATS: a->stats_json = arg; return 0;

@@ -190,6 +190,37 @@ run_warn_prompt_cut(struct run_ctx *c, const struct run_sess *s, uint32_t turn)
 		c->m->cfg.seq_len, room, n_prompt - room);
 }
 
+/*
+ * First turn with prefix sharing: attach the prompt blocks that are already cached (never the
+ * last prompt token: its logits are needed) and emit those positions' pieces exactly as
+ * run_after_forward() would have, without computing them.
+ */
+static int
+run_attach_prefix(struct run_ctx *c, struct run_sess *s)
+{
+	uint32_t room = c->steps < s->n_turn_toks ? c->steps : s->n_turn_toks, g;
+	uint64_t a = 0;
+	int rc;
+
+	if (room < 2)
+		return 0;
+	rc = kvt_seq_attach_prefix(c->e, s->id, s->turn_toks, room - 1, &a);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_seq_attach_prefix");
+	for (g = 0; g < (uint32_t)a; g++) {
+		int32_t next = s->turn_toks[g + 1];
+		const char *piece = kvtr_tokenizer_decode(c->o->tok, s->hist[g], next);
+
+		if (kvtr_piece_printable(piece) && (rc = kvtr_str_append(&s->text, piece)) != 0)
+			return rc;
+		s->out_toks[s->n_out++] = next;
+		s->hist[s->n_hist++] = next;
+	}
+	s->n_kv = (uint32_t)a;
+	c->r->prefix_tokens += a;
+	return 0;
+}
+
 static int
 run_begin_turn(struct run_ctx *c, struct run_sess *s, uint32_t turn)
 {
@@ -221,6 +252,8 @@ run_begin_turn(struct run_ctx *c, struct run_sess *s, uint32_t turn)
 	s->turn_start = s->n_hist;
 	s->hist[s->n_hist++] = s->turn_toks[0];
 	s->in_turn = 1;
+	if (turn == 0 && c->e && c->o->prefix_share)
+		return run_attach_prefix(c, s);
 	return 0;
 }
 
@@ -297,8 +330,12 @@ run_loop(struct run_ctx *c)
 	int rc = 0;
 
 	for (uint32_t t = 0; rc == 0 && t < c->o->turns; t++) {
-		for (uint32_t i = 0; rc == 0 && i < c->o->sessions; i++)
+		/* prefix sharing: session 0 computes the first prompt, the others attach it */
+		uint32_t first = t == 0 && c->e && c->o->prefix_share ? 1 : c->o->sessions;
+
+		for (uint32_t i = 0; rc == 0 && i < first; i++)
 			rc = run_begin_turn(c, &c->ss[i], t);
+again:
 		while (rc == 0) {
 			uint32_t n_act = 0;
 
@@ -312,6 +349,12 @@ run_loop(struct run_ctx *c)
 				t1 = run_now();
 				pos1 = c->r->positions;
 			}
+		}
+		if (rc == 0 && first < c->o->sessions) {
+			for (uint32_t i = first; rc == 0 && i < c->o->sessions; i++)
+				rc = run_begin_turn(c, &c->ss[i], t);
+			first = c->o->sessions;
+			goto again;
 		}
 	}
 	c->r->elapsed_s = run_now() - t0;

@@ -73,6 +73,11 @@ struct kvtr_run_opts {
 	                                        after every kvtier step; NULL = none */
 	void *hook_arg;                      /* passed to step_hook */
 	enum kvt_codec nvme_codec;           /* codec of blocks written to NVMe (default none) */
+	int prefix_share;                    /* 1: a session's first turn attaches the prompt
+	                                        blocks another session already computed
+	                                        (kvt_seq_attach_prefix) and computes only the rest;
+	                                        session 0's first turn runs first so the others
+	                                        find it. The text is unchanged */
 };
 
 /** What one session produced in one turn. */
@@ -109,6 +114,7 @@ struct kvtr_run_result {
 	uint64_t preemptions;         /* sessions parked to make room for another's batch */
 	uint64_t kv_tokens;           /* positions with K/V held at the end, all sessions */
 	uint64_t kv_blocks;           /* blocks of tokens_per_block they take, all sessions */
+	uint64_t prefix_tokens;       /* prompt positions attached, not computed (prefix_share) */
 	double elapsed_s;             /* wall time of the decode loop */
 	double tok_per_s;             /* positions per second after the first step (llama2.c) */
 };

@@ -75,6 +75,7 @@ json_run(cJSON *root, const struct kvtr_run_opts *o, const struct kvtr_run_resul
 	rc |= json_num(run, "preemptions", (double)r->preemptions);
 	rc |= json_num(run, "kv_tokens", (double)r->kv_tokens);
 	rc |= json_num(run, "kv_blocks", (double)r->kv_blocks);
+	rc |= json_num(run, "prefix_tokens", (double)r->prefix_tokens);
 	rc |= json_num(run, "elapsed_s", r->elapsed_s);
 	rc |= json_num(run, "tok_per_s", r->tok_per_s);
 	return rc ? -ENOMEM : 0;
@@ -124,6 +125,11 @@ json_engine(cJSON *root, const struct kvtr_run_result *r)
 	rc |= json_num(root, "seqs_open", st->seqs_open);
 	rc |= json_num(root, "batches_open", st->batches_open);
 	rc |= json_num(root, "transfers_in_flight", (double)st->transfers_in_flight);
+	rc |= json_num(root, "prefix_lookups", (double)st->prefix_lookups);
+	rc |= json_num(root, "prefix_hit_blocks", (double)st->prefix_hit_blocks);
+	rc |= json_num(root, "prefix_hit_tokens", (double)st->prefix_hit_tokens);
+	rc |= json_num(root, "shared_blocks", (double)st->shared_blocks);
+	rc |= json_num(root, "meta_bytes", (double)st->meta_bytes);
 	return rc ? -ENOMEM : 0;
 }
 

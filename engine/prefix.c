@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/prefix.c - prefix sharing: the content-addressed index of sealed blocks.
+ *
+ * A sealed block is a full block whose tokens are all known. Its key is a hash chain:
+ *     h(block i) = XXH3-128(h(block i-1) || tokens of block i || salt || extra key)
+ * with h(block -1) = 0, so a key names the whole prefix up to and including the block, and
+ * sequences of different tenants (different salts) or different adapters / model revisions
+ * (different extra keys) never meet. The key lives in the block record (struct kvt_block.hash,
+ * 16 bytes, also what the NVMe store can use to find a block by content after a restart).
+ *
+ * The index maps key -> block id (open addressing, linear probing, tombstones) and keeps a
+ * copy of each sealed block's tokens: a lookup that finds the key compares the tokens too, so a
+ * hash collision is counted and answered as a miss, never with another prefix's KV.
+ *
+ * A block enters the index when the write pin of the append that filled it is released (its
+ * K/V are written by then) and leaves it in kvt_block_try_free() before any of its slots is
+ * freed, so a slot reused for other content is never reachable through the index.
+ * All functions require e->lock.
+ */
+#include <errno.h>
+#include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
+#include "engine_impl.h"
+
+#define PFX_EMPTY KVT_NIL
+#define PFX_TOMB (KVT_NIL - 1)
+
+void (*kvt_test_prefix_hash)(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
+			     const uint64_t salt[2], uint64_t out[2]);
+
+void
+kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
+		const uint64_t salt[2], uint64_t out[2])
+{
+	XXH3_state_t st;
+	XXH128_hash_t h;
+
+	if (kvt_test_prefix_hash) {
+		kvt_test_prefix_hash(parent, tokens, n, salt, out);
+		return;
+	}
+	XXH3_128bits_reset(&st);
+	XXH3_128bits_update(&st, parent, 16);
+	XXH3_128bits_update(&st, tokens, (size_t)n * sizeof *tokens);
+	XXH3_128bits_update(&st, salt, 16);
+	h = XXH3_128bits_digest(&st);
+	out[0] = h.low64;
+	out[1] = h.high64;
+}
+
+static uint64_t
+pfx_slot0(const struct kvt_prefix *p, const uint64_t h[2])
+{
+	return (h[0] ^ (h[1] >> 7)) & (p->cap - 1);
+}
+
+static int
+pfx_grow(struct kvt_engine *e)
+{
+	struct kvt_prefix *p = &e->prefix;
+	uint64_t ncap = p->cap ? p->cap * 2 : 1024, i, j;
+	struct kvt_pentry *nt = kvt_malloc(ncap * sizeof *nt);
+	struct kvt_pentry *old = p->tab;
+
+	if (!nt)
+		return -ENOMEM;
+	for (i = 0; i < ncap; i++)
+		nt[i].block = PFX_EMPTY;
+	p->tab = nt;
+	for (i = 0; i < p->cap; i++) {
+		if (old[i].block >= PFX_TOMB)
+			continue;
+		for (j = (old[i].h[0] ^ (old[i].h[1] >> 7)) & (ncap - 1); nt[j].block != PFX_EMPTY;
+		     j = (j + 1) & (ncap - 1))
+			;
+		nt[j] = old[i];
+	}
+	p->cap = ncap;
+	p->tombs = 0;
+	kvt_free(old);
+	return 0;
+}
+
+/* The entry holding key @h, or NULL. */
+static struct kvt_pentry *
+pfx_find_key(struct kvt_prefix *p, const uint64_t h[2])
+{
+	uint64_t i;
+
+	if (!p->cap)
+		return NULL;
+	for (i = pfx_slot0(p, h); p->tab[i].block != PFX_EMPTY; i = (i + 1) & (p->cap - 1))
+		if (p->tab[i].block != PFX_TOMB && p->tab[i].h[0] == h[0] && p->tab[i].h[1] == h[1])
+			return &p->tab[i];
+	return NULL;
+}
+
+uint32_t
+kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2])
+{
+	struct kvt_pentry *pe = pfx_find_key(&e->prefix, h);
+
+	return pe ? pe->block : KVT_NIL;
+}
+
+uint32_t
+kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens)
+{
+	struct kvt_pentry *pe = pfx_find_key(&e->prefix, h);
+	uint32_t tpb = e->layout.tokens_per_block;
+
+	if (!pe)
+		return KVT_NIL;
+	if (memcmp(pe->tokens, tokens, (size_t)tpb * sizeof *tokens) != 0) {
+		e->prefix.collisions++; /* same key, other tokens: never share it */
+		return KVT_NIL;
+	}
+	return pe->block;
+}
+
+int
+kvt_prefix_insert(struct kvt_engine *e, uint32_t id, const int32_t *tokens)
+{
+	struct kvt_prefix *p = &e->prefix;
+	struct kvt_block *b = &e->blocks[id];
+	uint32_t tpb = e->layout.tokens_per_block;
+	uint64_t i;
+	int32_t *copy;
+
+	if (b->indexed || pfx_find_key(p, b->hash))
+		return 0; /* already there (same content elsewhere, or a collision): not shared */
+	if ((p->n + p->tombs + 1) * 10 > p->cap * 7 && pfx_grow(e))
+		return -ENOMEM;
+	copy = kvt_malloc((size_t)tpb * sizeof *copy);
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, tokens, (size_t)tpb * sizeof *copy);
+	for (i = pfx_slot0(p, b->hash); p->tab[i].block < PFX_TOMB; i = (i + 1) & (p->cap - 1))
+		;
+	if (p->tab[i].block == PFX_TOMB)
+		p->tombs--;
+	p->tab[i].h[0] = b->hash[0];
+	p->tab[i].h[1] = b->hash[1];
+	p->tab[i].block = id;
+	p->tab[i].tokens = copy;
+	p->n++;
+	b->indexed = 1;
+	return 0;
+}
+
+void
+kvt_prefix_remove(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+	struct kvt_pentry *pe;
+
+	if (!b->indexed)
+		return;
+	pe = pfx_find_key(&e->prefix, b->hash);
+	if (pe && pe->block == id) {
+		kvt_free(pe->tokens);
+		pe->tokens = NULL;
+		pe->block = PFX_TOMB;
+		e->prefix.n--;
+		e->prefix.tombs++;
+	}
+	b->indexed = 0;
+}
+
+void
+kvt_prefix_fini(struct kvt_engine *e)
+{
+	uint64_t i;
+
+	for (i = 0; i < e->prefix.cap; i++)
+		if (e->prefix.tab[i].block < PFX_TOMB)
+			kvt_free(e->prefix.tab[i].tokens);
+	kvt_free(e->prefix.tab);
+	memset(&e->prefix, 0, sizeof e->prefix);
+}
+
+uint64_t
+kvt_prefix_meta_bytes(const struct kvt_engine *e)
+{
+	return e->prefix.cap * sizeof(struct kvt_pentry) +
+	       e->prefix.n * (uint64_t)e->layout.tokens_per_block * sizeof(int32_t);
+}
+
+/* Is @id a live sealed block usable by a new sequence? */
+static bool
+pfx_usable(const struct kvt_block *b)
+{
+	int t;
+
+	if (!b->live || b->dead || b->lost)
+		return false;
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		if (kvt_copy_valid(b, t) ||
+		    (b->state[t] == KVT_COPY_INFLIGHT && b->copy_ver[t] == b->ver))
+			return true;
+	return false;
+}
+
+uint32_t
+kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const uint64_t salt[2],
+		uint32_t *ids, uint32_t max)
+{
+	uint32_t tpb = e->layout.tokens_per_block, k, id;
+	uint64_t h[2] = { 0, 0 };
+
+	for (k = 0; k < max && (uint64_t)(k + 1) * tpb <= n; k++) {
+		e->st.prefix_lookups++;
+		kvt_prefix_hash(h, tokens + (uint64_t)k * tpb, tpb, salt, h);
+		id = kvt_prefix_find(e, h, tokens + (uint64_t)k * tpb);
+		if (id == KVT_NIL || !pfx_usable(&e->blocks[id]))
+			break;
+		if (ids)
+			ids[k] = id;
+	}
+	return k;
+}

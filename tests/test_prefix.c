@@ -1,0 +1,433 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_prefix.c - prefix sharing: sequences with the same prompt share sealed blocks
+ * (refcounted, immutable) and read the same K/V; a forced hash collision is caught by the
+ * token comparison; tenants never share unless given one salt, extra keys separate adapters;
+ * a freed block leaves the index before its slots are reused; refcounts return to zero after
+ * every sequence closes; divergence inside a block gets its own copy; cached prefixes survive
+ * their sequence with prefix_cache and are found in the tier they were parked to.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine_impl.h"
+#include "support/kvt_test.h"
+
+#define T (TSUP_TPB)
+
+/* Append tokens base+pos for pos in [first, first+n) and write K/V pattern @tag there. */
+static int
+pfx_append(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, int32_t base, uint64_t first,
+	   size_t n)
+{
+	struct kvt_geometry g;
+	int64_t map[64];
+	int32_t tok[64] = { 0 };
+	uint32_t l, i;
+	size_t t;
+	int rc;
+
+	for (t = 0; t < n; t++)
+		tok[t] = base + (int32_t)(first + t);
+	rc = kvt_seq_append(e, s, tok, n, map);
+	if (rc)
+		return rc;
+	assert_int_equal(kvt_engine_geometry(e, &g), 0);
+	for (t = 0; t < n; t++)
+		for (l = 0; l < TSUP_LAYERS; l++) {
+			float *k, *v;
+
+			kvt_kv_addr(&g, l, map[t], (void **)&k, (void **)&v);
+			for (i = 0; i < TSUP_HEADS * TSUP_DIM; i++) {
+				k[i] = tsup_val(tag, first + t, l, 0, i);
+				v[i] = tsup_val(tag, first + t, l, 1, i);
+			}
+		}
+	return 0;
+}
+
+static void
+prompt(int32_t *tok, int32_t base, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		tok[i] = base + (int32_t)i;
+}
+
+static struct kvt_stats
+stats(struct kvt_engine *e)
+{
+	struct kvt_stats st = { .size = sizeof st };
+
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	return st;
+}
+
+/* A writes 3 full blocks + 2 tokens; returns A. */
+static kvt_seq_id
+seq_a(struct kvt_engine *e, const struct kvt_seq_opts *o, uint32_t tag, int32_t base)
+{
+	kvt_seq_id a;
+
+	assert_int_equal(kvt_seq_open(e, o, &a), 0);
+	assert_int_equal(pfx_append(e, a, tag, base, 0, 3 * T + 2), 0);
+	assert_int_equal(tsup_verify(e, a, tag), 0); /* release: the sealed blocks are shared */
+	return a;
+}
+
+static void
+test_share_and_refcounts(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 16, .host_blocks = 16 };
+	struct kvt_seq_info ia, ib;
+	struct kvt_engine *e;
+	int32_t tok[5 * T];
+	uint64_t m = 0;
+	enum kvt_tier tier;
+	kvt_seq_id a, b;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_a(e, NULL, 1, 1000);
+	prompt(tok, 1000, 5 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 5 * T, &m, &tier), 0);
+	assert_int_equal(m, 3 * T);
+	assert_int_equal(tier, KVT_TIER_HBM);
+	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 5 * T, &m), 0);
+	assert_int_equal(m, 3 * T);
+	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 5 * T, &m), -EINVAL); /* not empty */
+	assert_int_equal(stats(e).shared_blocks, 3);
+	assert_int_equal(stats(e).prefix_hit_blocks, 3);
+	assert_int_equal(stats(e).prefix_hit_tokens, 3 * T);
+	assert_int_equal(stats(e).tier[KVT_TIER_HBM].prefix_hit_blocks, 3);
+	/* B prefills only the rest, and reads A's K/V for the shared blocks */
+	assert_int_equal(pfx_append(e, b, 1, 1000, 3 * T, 2 * T), 0);
+	assert_int_equal(tsup_verify(e, b, 1), 0);
+	assert_int_equal(kvt_seq_info(e, a, &ia), 0);
+	assert_int_equal(kvt_seq_info(e, b, &ib), 0);
+	assert_int_equal(ib.n_tokens, 5 * T);
+	tsup_check_engine(e); /* refcount = referencing sequences, for every block */
+	/* shared blocks survive A's park and close */
+	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	assert_int_equal(stats(e).shared_blocks, 0);
+	tsup_check_engine(e);
+	assert_int_equal(tsup_verify(e, b, 1), 0);
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	/* back to zero: nothing referenced, nothing held (prefix_cache off) */
+	assert_int_equal(stats(e).tier[KVT_TIER_HBM].used_slots, 0);
+	assert_int_equal(stats(e).tier[KVT_TIER_HOST].used_slots, 0);
+	assert_int_equal(e->n_live_blocks, 0);
+	assert_int_equal(e->prefix.n, 0); /* freed blocks left the index */
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 5 * T, &m, &tier), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(tier, KVT_TIER_COUNT);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+static void
+const_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n, const uint64_t salt[2],
+	   uint64_t out[2])
+{
+	(void)parent;
+	(void)tokens;
+	(void)n;
+	(void)salt;
+	out[0] = 42;
+	out[1] = 42;
+}
+
+static void
+test_forced_collision(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 16, .host_blocks = 16 };
+	struct kvt_engine *e;
+	int32_t tok[4 * T];
+	uint64_t m = 1;
+	kvt_seq_id a, f;
+	char *dir;
+
+	(void)state;
+	kvt_test_prefix_hash = const_hash; /* every block gets the same key */
+	e = tsup_engine(&c, &dir);
+	a = seq_a(e, NULL, 1, 1000);
+	prompt(tok, 5000, 4 * T); /* other tokens */
+	assert_int_equal(kvt_seq_open(e, NULL, &f), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, f, tok, 4 * T, &m), 0);
+	assert_int_equal(m, 0); /* the key matched, the tokens did not: no KV of A served */
+	assert_true(e->prefix.collisions > 0);
+	assert_int_equal(pfx_append(e, f, 2, 5000, 0, 4 * T), 0);
+	assert_int_equal(tsup_verify(e, f, 2), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	/* same tokens still match through the same (constant) key */
+	prompt(tok, 1000, 4 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, T);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	kvt_test_prefix_hash = NULL;
+	tsup_rmdir(dir);
+}
+
+static void
+test_tenants_and_keys(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 16, .host_blocks = 16 };
+	struct kvt_seq_opts o1, o2;
+	struct kvt_engine *e;
+	int32_t tok[4 * T];
+	uint64_t m;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	kvt_seq_opts_init(&o1, sizeof o1);
+	kvt_seq_opts_init(&o2, sizeof o2);
+	o1.tenant = 1;
+	o2.tenant = 2;
+	(void)seq_a(e, &o1, 1, 1000);
+	prompt(tok, 1000, 4 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 3 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0); /* other tenant: never */
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0); /* tenant 0 either */
+	/* two tenants given one salt share */
+	o1.salt = o2.salt = 77;
+	(void)seq_a(e, &o1, 1, 1000);
+	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 3 * T);
+	/* another adapter / model revision does not */
+	o2.extra_key = 5;
+	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Divergence inside a block: only the full blocks before it are shared; a prompt shorter than
+ * one block shares nothing; tokens not given share nothing (v0). */
+static void
+test_divergence(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 16, .host_blocks = 16 };
+	struct kvt_engine *e;
+	int32_t tok[4 * T];
+	int64_t map[T];
+	uint64_t m;
+	kvt_seq_id a, h, v;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_a(e, NULL, 1, 1000);
+	prompt(tok, 1000, 4 * T);
+	tok[T + 1] = -7; /* differs inside block 1 */
+	assert_int_equal(kvt_seq_open(e, NULL, &h), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, h, tok, 4 * T, &m), 0);
+	assert_int_equal(m, T);
+	assert_int_equal(stats(e).shared_blocks, 1);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, T - 1, &m, NULL), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(kvt_seq_open(e, NULL, &v), 0);
+	assert_int_equal(kvt_seq_append(e, v, NULL, T, map), 0); /* no tokens: not hashed */
+	assert_int_equal(kvt_seq_close(e, v), 0);
+	assert_int_equal(kvt_seq_close(e, h), 0);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	tsup_check_engine(e);
+	assert_int_equal(e->n_live_blocks, 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* prefix_cache: sealed blocks outlive their sequence, are found in the tier they were parked
+ * to, and when eviction frees them they leave the index before their slots are reused. */
+static void
+test_cache_and_free(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_engine *e;
+	int32_t tok[4 * T];
+	enum kvt_tier tier;
+	uint64_t m;
+	kvt_seq_id a, b, x[6];
+	int i;
+
+	(void)state;
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout = (struct kvt_layout){ TSUP_LAYERS, TSUP_HEADS, TSUP_DIM, KVT_DTYPE_F32, T };
+	o.hbm_bytes = 4 * tsup_block_bytes();
+	o.host_bytes = 4 * tsup_block_bytes();
+	o.prefix_cache = 1;
+	o.evict_policy = KVT_EVICT_LRU; /* the eviction order below is LRU's */
+	assert_int_equal(kvt_engine_create(&o, &e), 0);
+	a = seq_a(e, NULL, 1, 1000);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	tsup_check_engine(e);
+	prompt(tok, 1000, 4 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, &tier), 0);
+	assert_int_equal(m, 3 * T);
+	assert_int_equal(tier, KVT_TIER_HOST);
+	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 4 * T, &m), 0);
+	assert_int_equal(m, 3 * T);
+	assert_int_equal(stats(e).tier[KVT_TIER_HOST].prefix_hit_blocks, 3);
+	assert_int_equal(pfx_append(e, b, 1, 1000, 3 * T, T), 0);
+	assert_int_equal(tsup_verify(e, b, 1), 0); /* brought up from HOST, same K/V */
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	/* other sequences fill both tiers: the cached blocks are evicted and freed */
+	for (i = 0; i < 6; i++) {
+		assert_int_equal(kvt_seq_open(e, NULL, &x[i]), 0);
+		assert_int_equal(pfx_append(e, x[i], 10 + i, 100000 * (i + 1), 0, T), 0);
+		assert_int_equal(tsup_verify(e, x[i], 10 + i), 0);
+		assert_int_equal(kvt_engine_drain(e), 0);
+		tsup_check_engine(e); /* indexed blocks are live, their keys point at them */
+	}
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0); /* block 0 was the coldest: gone, so is the prefix */
+	for (i = 0; i < 6; i++) {
+		assert_int_equal(tsup_verify(e, x[i], 10 + i), 0);
+		assert_int_equal(kvt_seq_close(e, x[i]), 0);
+	}
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+}
+
+/* Threads open sequences on one shared prompt, attach it, append their own tail, read it all
+ * back, park/resume and close, while a poller runs: under TSan this checks the locking of the
+ * refcounts and the index; every thread checks its bytes (shared ones are the owner's). */
+struct pfx_worker {
+	struct kvt_engine *e; /* shared engine */
+	uint32_t id;          /* thread number */
+	int failures;         /* unexpected results */
+	uint64_t attached;    /* tokens attached in all */
+};
+
+static int
+pfx_retry(int rc)
+{
+	if (rc == -ENOSPC)
+		usleep(100);
+	return rc == -ENOSPC;
+}
+
+static void *
+pfx_worker_main(void *arg)
+{
+	struct pfx_worker *w = arg;
+	int32_t tok[4 * T];
+	kvt_seq_id s;
+	uint64_t a;
+	int it, rc, tries;
+
+	prompt(tok, 1000, 4 * T);
+	for (it = 0; it < 20; it++) {
+		if (kvt_seq_open(w->e, NULL, &s)) {
+			w->failures++;
+			continue;
+		}
+		rc = kvt_seq_attach_prefix(w->e, s, tok, 4 * T, &a);
+		w->failures += rc != 0 || a % T != 0;
+		w->attached += a;
+		tries = 0;
+		rc = 0;
+		while (a < 4 * T && pfx_retry(rc = pfx_append(w->e, s, 1, 1000, a, 4 * T - a)) &&
+		       tries++ < 100000)
+			;
+		w->failures += rc != 0;
+		tries = 0;
+		while (rc == 0 && pfx_retry(rc = tsup_verify(w->e, s, 1)) && tries++ < 100000)
+			;
+		w->failures += rc != 0;
+		if ((it + w->id) % 3 == 0) {
+			w->failures += kvt_seq_park(w->e, s, it % 2 ? KVT_TIER_NVME : KVT_TIER_HOST) != 0;
+			w->failures += kvt_seq_resume(w->e, s) != 0;
+		}
+		w->failures += kvt_seq_close(w->e, s) != 0;
+	}
+	return NULL;
+}
+
+static volatile int pfx_stop;
+
+static void *
+pfx_poller(void *arg)
+{
+	while (!__atomic_load_n(&pfx_stop, __ATOMIC_ACQUIRE))
+		(void)kvt_engine_poll(arg, 0);
+	return NULL;
+}
+
+static void
+test_threads_share_prompt(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 24, .host_blocks = 16, .nvme_blocks = 128,
+			      .delay_us = 30 };
+	struct pfx_worker w[4];
+	pthread_t th[4], poller;
+	struct kvt_engine *e;
+	kvt_seq_id a;
+	uint64_t attached = 0;
+	char *dir;
+	int i;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_a(e, NULL, 1, 1000); /* the owner: 3 sealed blocks stay referenced */
+	__atomic_store_n(&pfx_stop, 0, __ATOMIC_RELEASE);
+	assert_int_equal(pthread_create(&poller, NULL, pfx_poller, e), 0);
+	for (i = 0; i < 4; i++) {
+		w[i] = (struct pfx_worker){ .e = e, .id = (uint32_t)i };
+		assert_int_equal(pthread_create(&th[i], NULL, pfx_worker_main, &w[i]), 0);
+	}
+	for (i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(w[i].failures, 0);
+		attached += w[i].attached;
+	}
+	__atomic_store_n(&pfx_stop, 1, __ATOMIC_RELEASE);
+	pthread_join(poller, NULL);
+	assert_true(attached >= 4 * 20 * 3 * T); /* every sequence found the owner's blocks */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	tsup_check_engine(e);
+	assert_int_equal(stats(e).shared_blocks, 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	tsup_check_engine(e);
+	assert_int_equal(e->n_live_blocks, 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_share_and_refcounts),
+		cmocka_unit_test(test_forced_collision),
+		cmocka_unit_test(test_tenants_and_keys),
+		cmocka_unit_test(test_divergence),
+		cmocka_unit_test(test_cache_and_free),
+		cmocka_unit_test(test_threads_share_prompt),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

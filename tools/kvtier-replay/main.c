@@ -1,0 +1,401 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvtier-replay/main.c - replay a serving trace against kvtier's eviction policies.
+ *
+ *   kvtier-replay TRACE [options]
+ *
+ * Metadata-only: no bytes move; kvtier's own evict/ policies rank the blocks. Two parts:
+ *   - a sweep of single-tier capacities (default 1k..64k blocks) for each policy and Belady MIN;
+ *   - a tiered run (HBM -> HOST -> NVME) for each policy, and MIN at the combined capacity.
+ * Results: a table on stdout, --csv/--json files, --plot PNG (gnuplot).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "out.h"
+#include "replay.h"
+#include "replay_data.h"
+
+#define RP_MAX_CAPS 32
+#define RP_MAX_POLS 4
+
+struct rp_opts {
+	const char *trace;            /* trace file */
+	uint64_t caps[RP_MAX_CAPS];   /* sweep capacities, blocks */
+	size_t n_caps;                /* entries */
+	const char *tier_spec[RP_TIERS]; /* --hbm/--host/--nvme as given */
+	const char *sweep_spec;       /* --sweep as given */
+	const char *pol_spec;         /* --policies as given */
+	char pol_buf[64];             /* copy of pol_spec cut into names */
+	const char *pols[RP_MAX_POLS]; /* policies */
+	size_t n_pols;                /* entries */
+	uint64_t bytes_per_token;     /* KV bytes of one token, all layers */
+	uint32_t block_tokens;        /* CSV traces: tokens per block */
+	uint32_t limit;               /* requests (0 = all) */
+	const char *csv, *json, *plot; /* outputs */
+	int data;                     /* --data: real bytes through an engine */
+	const char *nvme_dir;         /* --nvme-dir for data mode */
+};
+
+static void
+rp_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvtier-replay TRACE [options]\n"
+		"  TRACE                 Mooncake JSONL (hash_ids of 512-token blocks) or Azure CSV\n"
+		"  --sweep LIST          single-tier capacities, e.g. 1k,4k,16k,64k or 2GiB,8GiB\n"
+		"                        (default 1k,2k,4k,8k,16k,32k,64k blocks; k = 1000)\n"
+		"  --hbm N --host N --nvme N   tiered run capacities, blocks or bytes (KiB..TiB)\n"
+		"                        (default 2k, 8k, 32k blocks)\n"
+		"  --policies LIST       kvtier policies to compare (default lru,arc; also prio)\n"
+		"  --bytes-per-token N   KV bytes per token, all layers (default 131072: Llama-3-8B\n"
+		"                        fp16); converts bytes to blocks and blocks moved to bytes\n"
+		"  --block-tokens N      tokens per block of CSV traces (default 512)\n"
+		"  --limit N             replay the first N requests only\n"
+		"  --csv FILE  --json FILE  --plot FILE.png   outputs\n"
+		"  --data                data mode: the tiered run through a real engine (emulated\n"
+		"                        device, HOST memory, NVMe file), prefix sharing on, real\n"
+		"                        bytes checked on every hit; use --limit for short runs\n"
+		"  --nvme-dir D          NVMe file directory of data mode (default /tmp)\n"
+		"Default: metadata-only, kvtier's own eviction policies, no KV bytes moved.\n");
+}
+
+/* "4096", "4k" (blocks, k = 1000) or "2GiB", "512MiB", "100B" (bytes). */
+static int
+rp_parse_cap(const char *s, uint64_t block_bytes, uint64_t *out)
+{
+	static const struct { const char *u; uint64_t m; int bytes; } units[] = {
+		{ "", 1, 0 }, { "k", 1000, 0 }, { "K", 1000, 0 }, { "B", 1, 1 },
+		{ "KiB", 1ull << 10, 1 }, { "MiB", 1ull << 20, 1 }, { "GiB", 1ull << 30, 1 },
+		{ "TiB", 1ull << 40, 1 },
+	};
+	char *end;
+	double v;
+	size_t i;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || v < 0)
+		return -1;
+	for (i = 0; i < sizeof units / sizeof units[0]; i++)
+		if (!strcmp(end, units[i].u)) {
+			v *= (double)units[i].m;
+			if (units[i].bytes)
+				v /= (double)block_bytes;
+			if (v >= 4e9)
+				return -1;
+			*out = (uint64_t)v;
+			return 0;
+		}
+	return -1;
+}
+
+static int
+rp_parse_args(int argc, char **argv, struct rp_opts *o)
+{
+	int i;
+
+	memset(o, 0, sizeof *o);
+	o->bytes_per_token = 131072;
+	o->block_tokens = 512;
+	for (i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			rp_usage(stdout);
+			exit(0);
+		}
+		if (!strcmp(a, "--data")) {
+			o->data = 1;
+			continue;
+		}
+		if (a[0] != '-') {
+			if (o->trace) {
+				fprintf(stderr, "kvtier-replay: one trace only (%s)\n", a);
+				return -1;
+			}
+			o->trace = a;
+			continue;
+		}
+		if (!v) {
+			fprintf(stderr, "kvtier-replay: %s needs a value\n", a);
+			return -1;
+		}
+		i++;
+		if (!strcmp(a, "--sweep"))
+			o->sweep_spec = v;
+		else if (!strcmp(a, "--hbm"))
+			o->tier_spec[0] = v;
+		else if (!strcmp(a, "--host"))
+			o->tier_spec[1] = v;
+		else if (!strcmp(a, "--nvme"))
+			o->tier_spec[2] = v;
+		else if (!strcmp(a, "--policies"))
+			o->pol_spec = v;
+		else if (!strcmp(a, "--bytes-per-token"))
+			o->bytes_per_token = strtoull(v, NULL, 10);
+		else if (!strcmp(a, "--block-tokens"))
+			o->block_tokens = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(a, "--limit"))
+			o->limit = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(a, "--csv"))
+			o->csv = v;
+		else if (!strcmp(a, "--json"))
+			o->json = v;
+		else if (!strcmp(a, "--plot"))
+			o->plot = v;
+		else if (!strcmp(a, "--nvme-dir"))
+			o->nvme_dir = v;
+		else {
+			fprintf(stderr, "kvtier-replay: unknown option %s (see --help)\n", a);
+			return -1;
+		}
+	}
+	if (!o->trace) {
+		rp_usage(stderr);
+		return -1;
+	}
+	if (!o->bytes_per_token || !o->block_tokens) {
+		fprintf(stderr, "kvtier-replay: --bytes-per-token and --block-tokens must be > 0\n");
+		return -1;
+	}
+	return 0;
+}
+
+/* Cut @spec at commas into @o->caps (blocks). */
+static int
+rp_parse_sweep(struct rp_opts *o, const char *spec, uint64_t block_bytes)
+{
+	char buf[512], *tok, *save = NULL;
+
+	snprintf(buf, sizeof buf, "%s", spec);
+	o->n_caps = 0;
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (o->n_caps == RP_MAX_CAPS || rp_parse_cap(tok, block_bytes, &o->caps[o->n_caps]) ||
+		    !o->caps[o->n_caps]) {
+			fprintf(stderr, "kvtier-replay: --sweep: bad or too many capacities at '%s'\n",
+				tok);
+			return -1;
+		}
+		o->n_caps++;
+	}
+	return o->n_caps ? 0 : -1;
+}
+
+static int
+rp_parse_pols(struct rp_opts *o)
+{
+	char *tok, *save = NULL;
+
+	snprintf(o->pol_buf, sizeof o->pol_buf, "%s", o->pol_spec ? o->pol_spec : "lru,arc");
+	o->n_pols = 0;
+	for (tok = strtok_r(o->pol_buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (o->n_pols == RP_MAX_POLS - 1 || !kvt_evict_by_name(tok)) {
+			fprintf(stderr, "kvtier-replay: --policies: unknown or too many: '%s' "
+				"(lru, prio, arc)\n", tok);
+			return -1;
+		}
+		o->pols[o->n_pols++] = tok;
+	}
+	return o->n_pols ? 0 : -1;
+}
+
+static void
+rp_summary(const struct rp_result *r, size_t n)
+{
+	const struct rp_result *lru = NULL, *arc = NULL, *min = NULL;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		if (!strcmp(r[i].policy, "lru"))
+			lru = &r[i];
+		else if (!strcmp(r[i].policy, "arc"))
+			arc = &r[i];
+		else if (!strcmp(r[i].policy, "min"))
+			min = &r[i];
+	}
+	if (arc && lru && rp_hits(lru))
+		printf("  arc/lru %.2fx", (double)rp_hits(arc) / (double)rp_hits(lru));
+	if (arc && min && rp_hits(min))
+		printf("  arc/min %.2fx", (double)rp_hits(arc) / (double)rp_hits(min));
+	printf("\n");
+}
+
+static uint32_t
+rp_policy_enum(const char *name)
+{
+	return !strcmp(name, "arc") ? KVT_EVICT_ARC : !strcmp(name, "prio") ? KVT_EVICT_PRIO :
+									       KVT_EVICT_LRU;
+}
+
+/* Data mode: each policy through a real engine at the tier capacities. */
+static int
+rp_data_mode(const struct rp_opts *o, const struct rp_trace *tr, const uint64_t tiers[RP_TIERS])
+{
+	static const char *const mv[KVT_MOVE_COUNT] = { "HBM>HOST", "HOST>NVMe", "NVMe>HOST",
+							"HOST>HBM" };
+	struct rp_data_opts d = { .nvme_dir = o->nvme_dir ? o->nvme_dir : "/tmp" };
+	struct rp_data_result r;
+	struct rp_result m;
+	size_t p;
+	int t, rc = 0;
+
+	memcpy(d.cap, tiers, sizeof d.cap);
+	printf("\n== data mode: tiers HBM %llu + HOST %llu + NVME %llu blocks, real engine ==\n",
+	       (unsigned long long)tiers[0], (unsigned long long)tiers[1],
+	       (unsigned long long)tiers[2]);
+	for (p = 0; p < o->n_pols && rc == 0; p++) {
+		d.policy = rp_policy_enum(o->pols[p]);
+		rc = rp_data_run(tr, &d, rp_progress, &r);
+		if (rc)
+			break;
+		printf("%-5s prefix hit %.2f%% of blocks (HBM %llu, HOST %llu, NVMe %llu), %.2f%% "
+		       "of tokens; %llu shared blocks read back, %llu mismatched\n", o->pols[p],
+		       100.0 * (double)r.st.prefix_hit_blocks / (double)(r.refs ? r.refs : 1),
+		       (unsigned long long)r.st.tier[0].prefix_hit_blocks,
+		       (unsigned long long)r.st.tier[1].prefix_hit_blocks,
+		       (unsigned long long)r.st.tier[2].prefix_hit_blocks,
+		       100.0 * (double)r.attached_tokens / (double)(r.tokens ? r.tokens : 1),
+		       (unsigned long long)r.verified, (unsigned long long)r.mismatches);
+		printf("      evictions HBM %llu HOST %llu NVMe %llu; moved",
+		       (unsigned long long)r.st.tier[0].evictions,
+		       (unsigned long long)r.st.tier[1].evictions,
+		       (unsigned long long)r.st.tier[2].evictions);
+		for (t = 0; t < KVT_MOVE_COUNT; t++)
+			printf(" %s %.1f MiB", mv[t], (double)r.st.bytes_moved[t] / 1048576.0);
+		printf("; prefill tokens saved %llu\n", (unsigned long long)r.attached_tokens);
+		if (r.mismatches)
+			rc = -EIO;
+	}
+	if (rc == 0 && rp_min_run(tr, tiers[0] + tiers[1] + tiers[2], NULL, &m) == 0)
+		printf("min   (metadata, at the sum) prefix hit %.2f%% of blocks\n",
+		       100.0 * (double)rp_hits(&m) / (double)(m.refs ? m.refs : 1));
+	return rc;
+}
+
+/* Every policy and MIN at one capacity set (tiered: MIN at the sum); prints and fills @res. */
+static int
+rp_run_set(const struct rp_opts *o, const struct rp_trace *tr, const uint64_t cap[RP_TIERS],
+	   int tiered, uint64_t bb, struct rp_result *res)
+{
+	size_t p;
+
+	for (p = 0; p < o->n_pols; p++)
+		if (rp_sim_run(tr, kvt_evict_by_name(o->pols[p]), cap, rp_progress, &res[p]))
+			return -1;
+	if (rp_min_run(tr, cap[0] + cap[1] + cap[2], rp_progress, &res[o->n_pols]))
+		return -1;
+	for (p = 0; p <= o->n_pols; p++)
+		res[p].tiered = tiered;
+	rp_print_table(stdout, res, o->n_pols + 1, bb);
+	rp_summary(res, o->n_pols + 1);
+	return 0;
+}
+
+/* CSV, JSON and the plot, as asked. 0 or 1 when one of them failed. */
+static int
+rp_outputs(const struct rp_opts *o, const struct rp_result *all, size_t n_all, uint64_t bb,
+	   const double *ratio)
+{
+	const char *names[RP_MAX_POLS];
+	size_t p;
+	int rc = 0;
+
+	if (o->csv && rp_write_csv(o->csv, all, n_all, bb))
+		rc = 1;
+	if (o->json && rp_write_json(o->json, all, n_all, bb))
+		rc = 1;
+	if (o->plot) {
+		for (p = 0; p < o->n_pols; p++)
+			names[p] = o->pols[p];
+		names[o->n_pols] = "min";
+		if (rp_plot(o->plot, o->trace, o->caps, o->n_caps, names, o->n_pols + 1, ratio))
+			rc = 1;
+	}
+	return rc;
+}
+
+/* Capacities of the sweep and of the tiers, from the options. 0 or -1 (message printed). */
+static int
+rp_capacities(struct rp_opts *o, uint64_t bb, uint64_t tiers[RP_TIERS])
+{
+	static const uint64_t def_caps[] = { 1000, 2000, 4000, 8000, 16000, 32000, 64000 };
+	int t;
+
+	if (o->sweep_spec) {
+		if (rp_parse_sweep(o, o->sweep_spec, bb))
+			return -1;
+	} else {
+		memcpy(o->caps, def_caps, sizeof def_caps);
+		o->n_caps = sizeof def_caps / sizeof def_caps[0];
+	}
+	for (t = 0; t < RP_TIERS; t++)
+		if (o->tier_spec[t] && rp_parse_cap(o->tier_spec[t], bb, &tiers[t])) {
+			fprintf(stderr, "kvtier-replay: bad capacity '%s'\n", o->tier_spec[t]);
+			return -1;
+		}
+	if (!tiers[0]) {
+		fprintf(stderr, "kvtier-replay: --hbm must be at least one block\n");
+		return -1;
+	}
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	struct rp_opts o;
+	struct rp_trace tr;
+	struct rp_result *all = NULL;
+	uint64_t bb, tiers[RP_TIERS] = { 2000, 8000, 32000 }, one[RP_TIERS] = { 0 };
+	size_t c, p, per;
+	double *ratio = NULL;
+	int rc = 1;
+
+	if (rp_parse_args(argc, argv, &o) || rp_parse_pols(&o))
+		return 2;
+	if (rp_trace_load(o.trace, o.block_tokens, o.limit, &tr))
+		return 1;
+	bb = (uint64_t)tr.block_tokens * o.bytes_per_token;
+	if (rp_capacities(&o, bb, tiers))
+		goto out;
+	per = o.n_pols + 1;
+	all = calloc((o.n_caps + 1) * per, sizeof *all);
+	ratio = calloc(o.n_caps * per, sizeof *ratio);
+	if (!all || !ratio)
+		goto out;
+	printf("trace %s: %u requests, %llu block references, %u-token blocks\n", o.trace,
+	       tr.n_req, (unsigned long long)tr.n_ids, tr.block_tokens);
+	if (o.data) {
+		rc = rp_data_mode(&o, &tr, tiers) ? 1 : 0;
+		goto out;
+	}
+	printf("metadata-only: %llu bytes per block (--bytes-per-token %llu)\n",
+	       (unsigned long long)bb, (unsigned long long)o.bytes_per_token);
+	if (!tr.has_ids)
+		printf("note: this trace has lengths only, no block hashes: every block is new, so "
+		       "prefix hits are 0 by construction (arrivals, sizes and traffic still apply)\n");
+	printf("\n== single tier (HBM only), capacity sweep ==\n");
+	for (c = 0; c < o.n_caps; c++) {
+		one[0] = o.caps[c];
+		if (rp_run_set(&o, &tr, one, 0, bb, &all[c * per]))
+			goto out;
+		for (p = 0; p < per; p++)
+			ratio[c * per + p] = all[c * per + p].refs ?
+				(double)rp_hits(&all[c * per + p]) / (double)all[c * per + p].refs : 0;
+	}
+	printf("\n== tiers HBM %llu + HOST %llu + NVME %llu blocks (MIN at the sum) ==\n",
+	       (unsigned long long)tiers[0], (unsigned long long)tiers[1],
+	       (unsigned long long)tiers[2]);
+	if (rp_run_set(&o, &tr, tiers, 1, bb, &all[o.n_caps * per]))
+		goto out;
+	rc = rp_outputs(&o, all, (o.n_caps + 1) * per, bb, ratio);
+out:
+	free(all);
+	free(ratio);
+	rp_trace_free(&tr);
+	return rc;
+}

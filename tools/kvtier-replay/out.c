@@ -1,0 +1,208 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvtier-replay/out.c - results as a table, CSV, JSON (cJSON) and a gnuplot PNG.
+ */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "out.h"
+
+static double
+rp_ratio(uint64_t a, uint64_t b)
+{
+	return b ? (double)a / (double)b : 0.0;
+}
+
+void
+rp_print_table(FILE *f, const struct rp_result *r, size_t n, uint64_t block_bytes)
+{
+	size_t i;
+
+	fprintf(f, "%-6s %8s %8s %8s %8s %8s %8s %8s %9s %9s %9s %9s %12s\n", "policy", "hbm",
+		"host", "nvme", "hit%", "tok-hit%", "hbm%", "host%", "nvme%", "evict", "GiB-down",
+		"GiB-up", "saved-tok");
+	for (i = 0; i < n; i++) {
+		const struct rp_result *x = &r[i];
+		double gib = (double)block_bytes / (1024.0 * 1024 * 1024);
+
+		fprintf(f, "%-6s %8llu %8llu %8llu %8.2f %8.2f %8.2f %8.2f %9.2f %9llu %9.1f %9.1f "
+			"%12llu\n", x->policy, (unsigned long long)x->cap[0],
+			(unsigned long long)x->cap[1], (unsigned long long)x->cap[2],
+			100 * rp_ratio(rp_hits(x), x->refs),
+			100 * rp_ratio(rp_hit_tokens(x), x->tokens),
+			100 * rp_ratio(x->hit_blocks[0], x->refs),
+			100 * rp_ratio(x->hit_blocks[1], x->refs),
+			100 * rp_ratio(x->hit_blocks[2], x->refs),
+			(unsigned long long)(x->evictions[0] + x->evictions[1] + x->evictions[2]),
+			(double)(x->moved_blocks[0] + x->moved_blocks[1]) * gib,
+			(double)(x->moved_blocks[2] + x->moved_blocks[3]) * gib,
+			(unsigned long long)rp_hit_tokens(x));
+	}
+}
+
+static const char *const rp_move_names[4] = { "hbm_to_host", "host_to_nvme", "nvme_to_host",
+					      "host_to_hbm" };
+static const char *const rp_tier_names[RP_TIERS] = { "hbm", "host", "nvme" };
+
+int
+rp_write_csv(const char *path, const struct rp_result *r, size_t n, uint64_t block_bytes)
+{
+	FILE *f = fopen(path, "w");
+	size_t i;
+	int t;
+
+	if (!f) {
+		perror(path);
+		return -1;
+	}
+	fprintf(f, "mode,policy,cap_hbm,cap_host,cap_nvme,refs,tokens,hit_blocks,hit_ratio,"
+		"hit_tokens,token_hit_ratio");
+	for (t = 0; t < RP_TIERS; t++)
+		fprintf(f, ",hit_blocks_%s,hit_tokens_%s,evictions_%s", rp_tier_names[t],
+			rp_tier_names[t], rp_tier_names[t]);
+	for (t = 0; t < 4; t++)
+		fprintf(f, ",bytes_%s", rp_move_names[t]);
+	fprintf(f, ",prefill_tokens_saved\n");
+	for (i = 0; i < n; i++) {
+		const struct rp_result *x = &r[i];
+
+		fprintf(f, "%s,%s,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%llu,%.6f",
+			x->tiered ? "tiers" : "single", x->policy,
+			(unsigned long long)x->cap[0], (unsigned long long)x->cap[1],
+			(unsigned long long)x->cap[2], (unsigned long long)x->refs,
+			(unsigned long long)x->tokens, (unsigned long long)rp_hits(x),
+			rp_ratio(rp_hits(x), x->refs), (unsigned long long)rp_hit_tokens(x),
+			rp_ratio(rp_hit_tokens(x), x->tokens));
+		for (t = 0; t < RP_TIERS; t++)
+			fprintf(f, ",%llu,%llu,%llu", (unsigned long long)x->hit_blocks[t],
+				(unsigned long long)x->hit_tokens[t],
+				(unsigned long long)x->evictions[t]);
+		for (t = 0; t < 4; t++)
+			fprintf(f, ",%llu", (unsigned long long)(x->moved_blocks[t] * block_bytes));
+		fprintf(f, ",%llu\n", (unsigned long long)rp_hit_tokens(x));
+	}
+	return fclose(f) ? -1 : 0;
+}
+
+int
+rp_write_json(const char *path, const struct rp_result *r, size_t n, uint64_t block_bytes)
+{
+	cJSON *arr = cJSON_CreateArray();
+	char *txt;
+	FILE *f;
+	size_t i;
+	int t, rc = -1;
+
+	for (i = 0; arr && i < n; i++) {
+		const struct rp_result *x = &r[i];
+		cJSON *o = cJSON_CreateObject(), *tiers = cJSON_CreateArray(), *mv;
+
+		cJSON_AddItemToArray(arr, o);
+		cJSON_AddStringToObject(o, "policy", x->policy);
+		cJSON_AddStringToObject(o, "mode", x->tiered ? "tiers" : "single");
+		cJSON_AddNumberToObject(o, "refs", (double)x->refs);
+		cJSON_AddNumberToObject(o, "tokens", (double)x->tokens);
+		cJSON_AddNumberToObject(o, "hit_ratio", rp_ratio(rp_hits(x), x->refs));
+		cJSON_AddNumberToObject(o, "token_hit_ratio", rp_ratio(rp_hit_tokens(x), x->tokens));
+		cJSON_AddNumberToObject(o, "prefill_tokens_saved", (double)rp_hit_tokens(x));
+		cJSON_AddItemToObject(o, "tiers", tiers);
+		for (t = 0; t < RP_TIERS; t++) {
+			cJSON *to = cJSON_CreateObject();
+
+			cJSON_AddItemToArray(tiers, to);
+			cJSON_AddStringToObject(to, "tier", rp_tier_names[t]);
+			cJSON_AddNumberToObject(to, "capacity_blocks", (double)x->cap[t]);
+			cJSON_AddNumberToObject(to, "hit_blocks", (double)x->hit_blocks[t]);
+			cJSON_AddNumberToObject(to, "hit_tokens", (double)x->hit_tokens[t]);
+			cJSON_AddNumberToObject(to, "evictions", (double)x->evictions[t]);
+		}
+		mv = cJSON_CreateObject();
+		cJSON_AddItemToObject(o, "bytes_moved", mv);
+		for (t = 0; t < 4; t++)
+			cJSON_AddNumberToObject(mv, rp_move_names[t],
+						(double)(x->moved_blocks[t] * block_bytes));
+	}
+	txt = arr ? cJSON_Print(arr) : NULL;
+	f = txt ? fopen(path, "w") : NULL;
+	if (f) {
+		fputs(txt, f);
+		fputc('\n', f);
+		rc = fclose(f) ? -1 : 0;
+	} else if (txt) {
+		perror(path);
+	}
+	free(txt);
+	cJSON_Delete(arr);
+	return rc;
+}
+
+int
+rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_caps,
+	const char *const *pols, size_t n_pols, const double *ratio)
+{
+	char dat[4096], gp[4096], cmd[8400];
+	const char *base;
+	FILE *f;
+	size_t c, p;
+	int rc;
+
+	if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+		fprintf(stderr, "kvtier-replay: gnuplot not found: no plot written (install gnuplot, "
+			"or plot the CSV yourself)\n");
+		return -1;
+	}
+	snprintf(dat, sizeof dat, "%s.dat", png);
+	snprintf(gp, sizeof gp, "%s.gp", png);
+	if (!(f = fopen(dat, "w")))
+		return perror(dat), -1;
+	fprintf(f, "# capacity_blocks");
+	for (p = 0; p < n_pols; p++)
+		fprintf(f, " %s", pols[p]);
+	fprintf(f, "\n");
+	for (c = 0; c < n_caps; c++) {
+		fprintf(f, "%llu", (unsigned long long)caps[c]);
+		for (p = 0; p < n_pols; p++)
+			fprintf(f, " %.6f", 100 * ratio[c * n_pols + p]);
+		fprintf(f, "\n");
+	}
+	fclose(f);
+	if (!(f = fopen(gp, "w")))
+		return perror(gp), -1;
+	base = strrchr(trace, '/');
+	fprintf(f, "set terminal pngcairo noenhanced size 900,600\nset output '%s'\n", png);
+	fprintf(f, "set title 'prefix-hit ratio vs capacity: %s'\n", base ? base + 1 : trace);
+	fprintf(f, "set logscale x 2\nset xlabel 'cache capacity (blocks)'\n"
+		"set ylabel 'prefix-hit ratio (%% of block references)'\nset key left top\n"
+		"set grid\nplot ");
+	for (p = 0; p < n_pols; p++)
+		fprintf(f, "%s'%s' using 1:%zu with linespoints title '%s'", p ? ", " : "", dat,
+			p + 2, pols[p]);
+	fprintf(f, "\n");
+	fclose(f);
+	snprintf(cmd, sizeof cmd, "gnuplot '%s'", gp);
+	rc = system(cmd);
+	if (rc != 0) {
+		fprintf(stderr, "kvtier-replay: gnuplot failed (%d); script %s kept\n", rc, gp);
+		return -1;
+	}
+	return 0;
+}
+
+void
+rp_progress(uint64_t done, uint64_t total)
+{
+	int w = 40, k;
+
+	if (!isatty(STDERR_FILENO) || total == 0)
+		return;
+	k = (int)(done * (uint64_t)w / total);
+	fprintf(stderr, "\r[");
+	for (int i = 0; i < w; i++)
+		fputc(i < k ? '=' : ' ', stderr);
+	fprintf(stderr, "] %3d%%", (int)(done * 100 / total));
+	if (done == total)
+		fprintf(stderr, "\r%*s\r", w + 30, "");
+}

@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: MIT */
+/* tools/kvtier-replay/out.h - output of kvtier-replay (table, CSV, JSON, plot, progress). */
+#ifndef KVT_REPLAY_OUT_H
+#define KVT_REPLAY_OUT_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "replay.h"
+
+/* A table of @n results, one line each; @block_bytes converts blocks moved to GiB. */
+void rp_print_table(FILE *f, const struct rp_result *r, size_t n, uint64_t block_bytes);
+/* CSV / JSON files of the same results (bytes moved per direction). 0 or -1 (message). */
+int rp_write_csv(const char *path, const struct rp_result *r, size_t n, uint64_t block_bytes);
+int rp_write_json(const char *path, const struct rp_result *r, size_t n, uint64_t block_bytes);
+/* PNG of hit ratio vs capacity, one line per policy, through a generated gnuplot script
+ * (@ratio is [n_caps][n_pols]). -1 with a clear message when gnuplot is absent or fails. */
+int rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_caps,
+	    const char *const *pols, size_t n_pols, const double *ratio);
+/* Progress bar on stderr, only when it is a terminal. */
+void rp_progress(uint64_t done, uint64_t total);
+
+#endif /* KVT_REPLAY_OUT_H */
