@@ -176,7 +176,16 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 		if (rc < 0)
 			return rc;
 	}
-	b->need_h2d = e->h2d.submitted;
+	/* the youngest copy group carrying one of the batch's blocks: groups retire in order,
+	 * so its layer events cover every older one; 0 when everything was already in HBM */
+	for (i = 0; i < b->n_pinned; i++) {
+		struct kvt_block *k = &e->blocks[b->pinned[i]];
+
+		if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT && k->h2d_seqno > b->need_h2d)
+			b->need_h2d = k->h2d_seqno;
+	}
+	if (b->need_h2d <= e->h2d.retired)
+		b->need_h2d = 0;
 	return 0;
 }
 
@@ -233,6 +242,41 @@ batch_fill_table(struct kvt_engine *e, struct kvt_batch *b, const uint32_t *firs
 	b->indptr[b->n] = k;
 }
 
+/* Phase 1 bookkeeping of one block: LRU order and where the access finds it (coverage). */
+static void
+batch_classify(struct kvt_engine *e, struct kvt_batch *b, uint32_t id)
+{
+	struct kvt_block *k = &e->blocks[id];
+
+	if (k->state[KVT_TIER_HBM] == KVT_COPY_PRESENT)
+		e->evict[KVT_TIER_HBM].ops->access(&e->evict[KVT_TIER_HBM], id);
+	if (kvt_copy_valid(k, KVT_TIER_HBM)) {
+		b->n_ready++;
+		return;
+	}
+	if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT) {
+		b->n_early++; /* prefetched: ready if the waits find it landed */
+		return;
+	}
+	/* must be promoted now: found in HOST, or read from NVMe first */
+	if (kvt_copy_valid(k, KVT_TIER_HOST) || k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
+		e->st.tier[KVT_TIER_HOST].hits++;
+	else
+		e->st.tier[KVT_TIER_HOST].misses++;
+}
+
+/* At release: the batch's accesses, and those that found their block ready (no stall). */
+static void
+batch_count_accesses(struct kvt_engine *e, const struct kvt_batch *b)
+{
+	uint32_t ready = b->n_ready + (b->stalled ? 0 : b->n_early);
+
+	e->st.accesses += b->n_pinned;
+	e->st.accesses_ready += ready;
+	e->st.tier[KVT_TIER_HBM].hits += ready;
+	e->st.tier[KVT_TIER_HBM].misses += b->n_pinned - ready;
+}
+
 static int
 batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n,
 		     struct kvt_batch **out)
@@ -255,6 +299,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 		return kvt_err(-ENOMEM, "batch of %zu sequences", n);
 	}
 	b->e = e;
+	b->hint_mark = e->hint_seq;
 	memcpy(b->seqidx, seqidx, n * sizeof *seqidx);
 	/* phase 1: pin (and count as used: the LRU order follows use) */
 	for (i = 0; i < n; i++) {
@@ -266,8 +311,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 			kvt_block_pin(e, id);
 			e->blocks[id].wanted = 1;
 			b->pinned[b->n_pinned++] = id;
-			if (e->blocks[id].state[KVT_TIER_HBM] == KVT_COPY_PRESENT)
-				e->evict[KVT_TIER_HBM].ops->access(&e->evict[KVT_TIER_HBM], id);
+			batch_classify(e, b, id);
 		}
 	}
 	if (e->hbm_pinned > e->slots[KVT_TIER_HBM].n_slots) {
@@ -354,12 +398,34 @@ kvt_batch_block_table(const struct kvt_batch *b, struct kvt_block_table *out)
 	return kvt_engine_geometry(b->e, &out->geo);
 }
 
+/* Host wait for the event of @layer's group (engine locked: the group cannot retire meanwhile). */
+static int
+batch_wait_event(struct kvt_engine *e, struct kvt_batch *b, struct kvt_event *ev, void *stream)
+{
+	uint64_t t0;
+	int rc;
+
+	rc = e->dev->ops->event_query(e->dev, ev);
+	if (rc != -EAGAIN)
+		return rc;
+	if (stream) {
+		/* device-side wait: the host does not block (invariant 2 via the event) */
+		return e->dev->ops->stream_wait_event(e->dev, stream, ev);
+	}
+	t0 = kvt_now_ns();
+	rc = e->dev->ops->event_sync(e->dev, ev);
+	e->st.stalls++;
+	e->st.stall_ns += kvt_now_ns() - t0;
+	b->stalled = 1;
+	return rc;
+}
+
 int
 kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
 {
 	struct kvt_engine *e;
 	struct kvt_event *ev;
-	uint64_t t0;
+	uint32_t lpg;
 	int rc = 0;
 
 	if (!b)
@@ -368,28 +434,26 @@ kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
 	if (layer >= e->layout.n_layers)
 		return kvt_err(-EINVAL, "layer %u out of range (model has %u)", layer,
 			       e->layout.n_layers);
+	if (layer < b->layers_ready)
+		return 0; /* known landed: no lock, no polling (the decode path calls this per layer) */
 	kvt_lock(e);
-	/* once the batch's copies have retired every later layer returns at once (the decode
-	 * path calls this once per layer); otherwise see what has landed first */
-	if (e->h2d.retired < b->need_h2d) {
+	lpg = e->layers_per_group;
+	if (b->need_h2d && e->h2d.retired < b->need_h2d) {
 		rc = kvt_xfer_poll(e, 0);
 		if (rc >= 0)
 			rc = 0;
 	}
-	if (rc == 0 && e->h2d.retired < b->need_h2d) {
-		if (stream) {
-			/* device-side wait: the host does not block (invariant 2 via the event) */
-			ev = kvt_xfer_h2d_event(e, b->need_h2d);
-			if (ev)
-				rc = e->dev->ops->stream_wait_event(e->dev, stream, ev);
-			if (rc)
-				rc = kvt_err(rc, "making the stream wait: %s", e->dev->errmsg);
-		} else {
-			t0 = kvt_now_ns();
-			rc = kvt_xfer_wait_h2d(e, b->need_h2d);
-			e->st.stalls++;
-			e->st.stall_ns += kvt_now_ns() - t0;
-		}
+	if (rc == 0 && (!b->need_h2d || e->h2d.retired >= b->need_h2d)) {
+		b->layers_ready = e->layout.n_layers; /* every copy of the batch has retired */
+	} else if (rc == 0) {
+		/* the group is not retired, so it is still queued: wait for its layer event
+		 * only (copies are in stream order: earlier groups and layers come first) */
+		ev = kvt_xfer_h2d_event(e, b->need_h2d, layer);
+		rc = ev ? batch_wait_event(e, b, ev, stream) : 0;
+		if (rc)
+			rc = kvt_err(rc, "waiting for layer %u's copies: %s", layer, e->dev->errmsg);
+		else if (!stream)
+			b->layers_ready = (layer / lpg + 1) * lpg;
 	}
 	kvt_unlock(e);
 	return rc;
@@ -434,12 +498,14 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 	}
 	/* copies of this batch still in flight keep their blocks busy, so nothing demotes them
 	 * before they land */
+	batch_count_accesses(e, b);
 	batch_unpin(e, b);
 	for (i = 0; i < b->n; i++) {
 		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
 
 		s->in_batch = 0;
 		kvt_seq_unpin_writes(e, s);
+		kvt_hint_end(e, s, b->hint_mark);
 	}
 	e->n_batches--;
 	kvt_watermarks(e);

@@ -98,7 +98,8 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 		n = 0;
 		for (id = ev->ops->victim_first(ev); id != KVT_NIL && n < limit;
 		     id = ev->ops->victim_next(ev, id))
-			if (kvt_copy_evictable(&e->blocks[id], tier))
+			if (kvt_copy_evictable(&e->blocks[id], tier) &&
+			    !kvt_hint_spares(e, &e->blocks[id], tier))
 				cand[n++] = id;
 		for (i = 0; i < n && sl->n_free + e->demoting[tier] < need; i++) {
 			struct kvt_block *b = &e->blocks[cand[i]];
@@ -122,8 +123,8 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 	return rc;
 }
 
-int
-kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
+static int
+reclaim_run(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 {
 	struct kvt_slots *sl = &e->slots[tier];
 	int rc, progress;
@@ -152,6 +153,23 @@ kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 		if (rc < 0)
 			return rc;
 	}
+}
+
+/*
+ * Blocks announced by hints (engine/hint.c) are spared; a caller that must have room now
+ * (may_wait: prepare, append, park) takes them as a last resort rather than fail.
+ */
+int
+kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
+{
+	int rc = reclaim_run(e, tier, need, may_wait);
+
+	if (rc == -ENOSPC && may_wait && !e->evict_hinted) {
+		e->evict_hinted = true;
+		rc = reclaim_run(e, tier, need, may_wait);
+		e->evict_hinted = false;
+	}
+	return rc;
 }
 
 int

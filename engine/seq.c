@@ -97,6 +97,7 @@ kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out
 		s->n_blocks = 0;
 		s->n_wpins = 0;
 		s->parked = s->in_batch = 0;
+		s->hint_no = 0;
 		e->n_open_seqs++;
 		*out = seq_make_id(idx, s->gen);
 	}
@@ -155,6 +156,7 @@ kvt_seq_close(struct kvt_engine *e, kvt_seq_id id)
 		kvt_block_kill(e, s->blocks[i]);
 	s->n_blocks = 0;
 	s->n_tokens = 0;
+	s->hint_no = 0;
 	s->open = 0;
 	s->gen++;
 	if (s->gen == 0)
@@ -384,6 +386,7 @@ kvt_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target)
 		goto out;
 	}
 	kvt_seq_unpin_writes(e, s);
+	s->hint_no = 0; /* parked: whatever was announced for it no longer holds */
 	for (i = 0; i < s->n_blocks && rc == 0; i++) {
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
 		if (rc == -ENOSPC)
@@ -417,9 +420,11 @@ kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
 	s->parked = 0;
 	/* best effort, in order: NVMe reads are started first since they are slowest; blocks
 	 * already in HOST go up as room allows. Prepare finishes whatever is left. */
+	e->prefetching = true; /* ahead of the next prepare: counted as prefetched */
 	for (i = 0; i < s->n_blocks; i++)
 		if (kvt_promote_hbm(e, s->blocks[i], false) == KVT_ELOST)
 			break; /* reported by the next prepare, which truncates */
+	e->prefetching = false;
 	rc = kvt_xfer_flush(e);
 out:
 	kvt_unlock(e);
