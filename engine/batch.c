@@ -288,7 +288,10 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 
 	if (!tmp)
 		return kvt_err(-ENOMEM, "batch of %zu sequences", n);
-	rc = batch_check(e, r, n, seqidx, first, count, &total);
+	/* retire the copies that landed (their blocks count as ready, their sources as clean) */
+	rc = kvt_xfer_poll(e, 0);
+	if (rc >= 0)
+		rc = batch_check(e, r, n, seqidx, first, count, &total);
 	if (rc) {
 		kvt_free(tmp);
 		return rc;

@@ -107,6 +107,11 @@ hint_apply(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32
 	uint32_t j, end;
 	int rc = 0;
 
+	/* copies that landed since the last call free their blocks for eviction */
+	rc = kvt_xfer_poll(e, 0);
+	if (rc < 0)
+		return rc;
+	rc = 0;
 	e->hint_seq++;
 	e->st.hints++;
 	e->prefetching = true;

@@ -63,6 +63,10 @@ main_usage(FILE *f)
 	      "  --reference           contiguous KV cache, no kvtier (the comparison baseline)\n"
 	      "  --emu-delay-us N      emulated device: delay/reorder copies up to N us\n"
 	      "                        (default 0)\n"
+	      "  --emu-bandwidth B     emulated device: copy bandwidth in bytes/s (K/M/G\n"
+	      "                        suffixes; default unlimited)\n"
+	      "  --prefetch            schedule hints: promote the next group/window while the\n"
+	      "                        current one computes (groups/windows use half of HBM)\n"
 	      "  --stats-json F        write tier/transfer statistics as JSON to F\n"
 	      "  -h, --help            this text\n"
 	      "Sizes are at most 1 PiB. With one session and one turn stdout is only the\n"
@@ -74,7 +78,7 @@ main_usage(FILE *f)
 enum {
 	OPT_MODEL = 256, OPT_TOKENIZER, OPT_PROMPT, OPT_STEPS, OPT_TEMP, OPT_TOPP, OPT_SEED,
 	OPT_SESSIONS, OPT_TURNS, OPT_HBM, OPT_HOST, OPT_NVME_DIR, OPT_NVME, OPT_TPB, OPT_DTYPE,
-	OPT_REFERENCE, OPT_EMU_DELAY, OPT_STATS, OPT_HELP,
+	OPT_REFERENCE, OPT_EMU_DELAY, OPT_STATS, OPT_PREFETCH, OPT_BANDWIDTH, OPT_HELP,
 };
 
 static const struct option main_opts[] = {
@@ -96,6 +100,8 @@ static const struct option main_opts[] = {
 	{ "reference", no_argument, NULL, OPT_REFERENCE },
 	{ "emu-delay-us", required_argument, NULL, OPT_EMU_DELAY },
 	{ "stats-json", required_argument, NULL, OPT_STATS },
+	{ "prefetch", no_argument, NULL, OPT_PREFETCH },
+	{ "emu-bandwidth", required_argument, NULL, OPT_BANDWIDTH },
 	{ "help", no_argument, NULL, OPT_HELP },
 	{ NULL, 0, NULL, 0 },
 };
@@ -143,6 +149,8 @@ main_parse_one(int opt, const char *arg, struct kvtr_run_opts *o, struct main_ar
 	case OPT_EMU_DELAY: return kvtr_parse_u32("--emu-delay-us", arg, 0, 1000000,
 						  &o->emu_delay_us);
 	case OPT_STATS: a->stats_json = arg; return 0;
+	case OPT_PREFETCH: o->prefetch = 1; return 0;
+	case OPT_BANDWIDTH: return kvtr_parse_size("--emu-bandwidth", arg, &o->emu_copy_bytes_per_s);
 	case OPT_HELP:
 	case 'h':
 		return 1;
