@@ -117,11 +117,16 @@ static int
 batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 {
 	uint32_t i, slot, pending, progress;
+	bool wait = false;
 	uint64_t t0;
 	int rc;
 
+	/* rounds first make room without waiting, so that every block that can go up now joins
+	 * one batched copy; only a round that moved nothing lets reclaim wait (and, as a last
+	 * resort, take blocks that hints announced) */
 	for (;;) {
 		pending = progress = 0;
+		kvt_reclaim_for(e, KVT_TIER_HBM, b->pinned, b->n_pinned);
 		for (i = 0; i < b->n_pinned; i++) {
 			uint32_t id = b->pinned[i];
 			struct kvt_block *k = &e->blocks[id];
@@ -133,7 +138,7 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 			if (k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
 				continue; /* a read (or demotion) into HOST is under way */
 			if (kvt_copy_valid(k, KVT_TIER_HOST)) {
-				rc = kvt_reclaim(e, KVT_TIER_HBM, 1, true);
+				rc = kvt_reclaim(e, KVT_TIER_HBM, 1, wait);
 				if (rc == 0)
 					rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
 				if (rc == 0)
@@ -164,6 +169,11 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 			return rc;
 		if (!pending)
 			break;
+		if (!progress && !wait) {
+			wait = true;
+			continue;
+		}
+		wait = false;
 		if (!progress && !kvt_xfer_inflight(e))
 			return kvt_err(-ENOSPC, "no room to bring the batch into HBM: %u blocks "
 				       "pinned, %u HBM slots, %u HOST slots", e->hbm_pinned,

@@ -228,6 +228,7 @@ void *kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot);
 int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
 int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);
 int kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait);
+void kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n);
 void kvt_watermarks(struct kvt_engine *e);
 
 /* ---- transfer/xfer.c: submission and completion */
@@ -241,8 +242,10 @@ int kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evi
 int kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool then_hbm,
 		 bool may_wait);
 int kvt_xfer_flush(struct kvt_engine *e);             /* submit collected device copies */
+int kvt_xfer_flush_down(struct kvt_engine *e);        /* ... demotions only (not H2D) */
 int kvt_xfer_poll(struct kvt_engine *e, uint32_t max); /* process ready completions */
 int kvt_xfer_wait_any(struct kvt_engine *e);           /* block for >= 1 completion */
+int kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id); /* ... for the copy into @id */
 uint64_t kvt_xfer_inflight(const struct kvt_engine *e);
 /* Event after layer @layer's copies of h2d group @seqno (NULL when that group has retired). */
 struct kvt_event *kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno, uint32_t layer);

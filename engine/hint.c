@@ -127,6 +127,9 @@ hint_apply(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32
 		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, NULL);
 
 		end = r[i].n_blocks ? r[i].first_block + r[i].n_blocks : s->n_blocks;
+		if (to_hbm && end > r[i].first_block)
+			kvt_reclaim_for(e, KVT_TIER_HBM, s->blocks + r[i].first_block,
+					end - r[i].first_block);
 		for (j = r[i].first_block; j < end && rc == 0; j++) {
 			uint32_t id = s->blocks[j];
 

@@ -238,10 +238,16 @@ seq_ready_last(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t *block)
 
 		if (kvt_copy_valid(b, KVT_TIER_HBM) && !b->busy)
 			break;
-		if (kvt_copy_valid(b, KVT_TIER_HBM) || b->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
-			rc = kvt_xfer_wait_any(e); /* a copy in or out of HBM is in flight */
-		else
+		if (kvt_copy_valid(b, KVT_TIER_HBM) || b->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT) {
+			/* a copy in or out of HBM is in flight: a stall of the append */
+			uint64_t t0 = kvt_now_ns();
+
+			rc = kvt_xfer_wait_block(e, id);
+			e->st.stalls++;
+			e->st.stall_ns += kvt_now_ns() - t0;
+		} else {
 			rc = kvt_promote_hbm(e, id, true);
+		}
 		if (rc < 0)
 			return rc;
 	}

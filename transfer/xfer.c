@@ -465,6 +465,22 @@ fail:
 	return rc;
 }
 
+/* Submit collected demotions (device-to-host copies, NVMe IO), leaving host-to-device copies
+ * collected: making room for one block of a batch must not cut the batch's promotions into
+ * one copy group per block. */
+int
+kvt_xfer_flush_down(struct kvt_engine *e)
+{
+	int rc1 = xstream_flush(e, &e->d2h);
+	int rc3 = e->nvme && e->nvme_inflight ? kvt_nvme_flush(e->nvme) : 0;
+
+	if (rc3 == -EAGAIN || rc3 == -EBUSY || rc3 == -EINTR)
+		rc3 = 0;
+	if (rc3 < 0)
+		rc3 = kvt_err(rc3, "submitting NVMe IO");
+	return rc1 ? rc1 : rc3 < 0 ? rc3 : 0;
+}
+
 int
 kvt_xfer_flush(struct kvt_engine *e)
 {
@@ -576,6 +592,34 @@ kvt_xfer_wait_any(struct kvt_engine *e)
 		return xfer_dev_err(e, rc, "waiting for a transfer");
 	rc = kvt_xfer_poll(e, 0);
 	return rc < 0 ? rc : done + rc;
+}
+
+/**
+ * kvt_xfer_wait_block() - block until the transfers in flight on block @id have progressed:
+ * for a host-to-device copy into it, until its own copy group has landed (not whatever else
+ * is oldest), otherwise until any completion. Completions are processed. Returns >= 0 or a
+ * negative code.
+ */
+int
+kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+	struct kvt_xgroup *g;
+	int rc;
+
+	if (b->state[KVT_TIER_HBM] != KVT_COPY_INFLIGHT)
+		return kvt_xfer_wait_any(e);
+	rc = kvt_xfer_flush(e);
+	if (rc)
+		return rc;
+	for (g = e->h2d.head; g && g->seqno < b->h2d_seqno; g = g->next)
+		;
+	if (g && g->seqno == b->h2d_seqno) {
+		rc = e->dev->ops->event_sync(e->dev, g->ev[g->n_ev - 1]);
+		if (rc)
+			return xfer_dev_err(e, rc, "waiting for a host-to-device copy");
+	}
+	return kvt_xfer_poll(e, 0);
 }
 
 struct kvt_event *
