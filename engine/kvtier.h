@@ -499,13 +499,20 @@ struct kvt_tier_stats {
 	uint64_t evictions;      /* copies dropped from this tier to make room */
 	/* The fields below are filled by later subsystems (prefetch, prefix index, codec); a field
 	 * whose subsystem is not built stays 0. */
-	uint64_t hits;            /* block accesses by batches that found the block here, ready */
-	uint64_t misses;          /* block accesses that had to wait for a promotion into here */
-	uint64_t bytes_prefetched; /* bytes promoted into this tier ahead of need (hints, windows) */
-	uint64_t bytes_on_demand; /* bytes promoted into this tier because a batch needed them now */
+	uint64_t hits;            /* HBM: block accesses by batches that found the block ready
+				   (in HBM when prepared, or prefetched and landed before the
+				   batch's waits); HOST: accesses not ready in HBM whose block
+				   was in HOST (or on its way there) */
+	uint64_t misses;          /* HBM: accesses that waited for a promotion; HOST: those of
+				   them that had to read the block from NVMe first */
+	uint64_t bytes_prefetched; /* bytes promoted into this tier ahead of need (hints, resume) */
+	uint64_t bytes_on_demand; /* bytes promoted into this tier because a batch or an append
+				   needed them now */
 	uint64_t prefix_hit_blocks; /* sealed blocks found here through the prefix index */
-	uint64_t promote_count;   /* promotions into this tier that completed */
-	uint64_t promote_ns_sum;  /* their total latency, issue to completion, ns */
+	uint64_t promote_count;   /* promotions into this tier that completed (HBM: host-to-device
+				   copies; HOST: NVMe reads) */
+	uint64_t promote_ns_sum;  /* their total latency, ns: from issue to the poll or wait that
+				   saw the completion (queueing included) */
 	uint64_t promote_lat[KVT_LAT_BUCKETS]; /* histogram of that latency; bucket i counts
 						* latencies <= kvt_lat_bucket_ns[i] (not cumulative),
 						* the last bucket everything above */
@@ -520,16 +527,18 @@ struct kvt_stats {
 	uint64_t checksum_failed;                   /* NVMe reads whose checksum did not */
 	uint64_t io_errors;                         /* NVMe reads/writes that failed */
 	uint64_t evictions;                         /* sum over tiers */
-	uint64_t stalls;                            /* waits that found copies unfinished */
+	uint64_t stalls;                            /* host waits that found copies unfinished
+						       (layer waits, prepare, append) */
 	uint64_t stall_ns;                          /* time spent in those waits */
 	uint64_t blocks_lost;                       /* blocks dropped as unrecoverable */
 	uint32_t seqs_open;                         /* open sequences */
 	uint32_t batches_open;                      /* unreleased batches */
 	uint64_t transfers_in_flight;               /* copies and IOs not yet completed */
 	/* filled by later subsystems; 0 where not built */
-	uint64_t accesses;            /* block accesses by prepared batches (coverage denominator) */
-	uint64_t accesses_ready;      /* of those, blocks already ready in HBM (coverage numerator) */
-	uint64_t hints;               /* schedule hints received */
+	uint64_t accesses;            /* block accesses by released batches (coverage denominator) */
+	uint64_t accesses_ready;      /* of those, found ready: in HBM when prepared, or prefetched
+					 and landed without a stall (coverage numerator) */
+	uint64_t hints;               /* schedule hints accepted (kvt_engine_hint* calls) */
 	uint64_t prefix_lookups;      /* sealed blocks looked up in the prefix index */
 	uint64_t prefix_hit_blocks;   /* of those, found and shared */
 	uint64_t prefix_hit_tokens;   /* tokens covered by those hits (prefill saved) */

@@ -373,10 +373,14 @@ run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 {
 	uint32_t i = 0, maxg = n, slots = c->geo.hbm_slots, half = slots;
 
-	/* prefetch: the group computing and the one arriving must fit in HBM together (a
-	 * session that fits only alone still runs as a group of one) */
+	/* prefetch: the group computing and the one arriving must fit in HBM together, beside
+	 * the growing (dirty) last block of every active session, which would otherwise be
+	 * demoted to make room and come back on demand at its next append (a session that fits
+	 * only alone still runs as a group of one) */
 	if (c->o->prefetch && slots >= 2)
-		half = slots / 2;
+		half = (slots - (n < slots / 2 ? n : slots / 2)) / 2;
+	if (half == 0)
+		half = 1;
 	for (uint32_t k = 0; k < n; k++)
 		act[k]->computed = 0;
 	while (i < n) {

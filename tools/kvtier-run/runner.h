@@ -21,8 +21,9 @@
  * (kvt_batch_prepare_ranges, kvt_attn_partial_ref per window, kvt_attn_merge), each window
  * released before the next. With prefetch, each group's batch is followed at once by a hint
  * of the next group (the step's first group after the last), and each window by a hint of the
- * next window, so those copies overlap the compute; groups and windows then use at most half of
- * HBM, so that the one computing and the one arriving fit together. KVT_ELOST (a block failed its checksum) truncates the sequence:
+ * next window, so those copies overlap the compute; groups then use at most half of what HBM
+ * holds beside every active session's last block, and windows half of HBM, so that the one
+ * computing and the one arriving fit together. KVT_ELOST (a block failed its checksum) truncates the sequence:
  * the runner re-feeds the lost positions from its own token history (re-prefill) and goes on,
  * with a note on the log stream; the text is unaffected.
  *
