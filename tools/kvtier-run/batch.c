@@ -331,17 +331,17 @@ batch_fail_single(struct run_ctx *c, struct run_sess *s, int rc)
 			c->geo.host_slots, why);
 }
 
-/* Greedy group of consecutive sessions from act[i] whose blocks fit in @slots; *need gets
- * their blocks. */
+/* Greedy group of consecutive sessions from act[i] whose blocks fit in @slots, each holding
+ * @ahead positions more than it has now (1: this step's); *need gets their blocks. */
 static uint32_t
 batch_plan(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i, uint32_t maxg,
-	   uint32_t slots, uint32_t *need)
+	   uint32_t slots, uint32_t ahead, uint32_t *need)
 {
 	uint32_t cnt = 0;
 
 	*need = 0;
 	while (i + cnt < n && cnt < maxg) {
-		uint32_t bn = run_blocks(c, act[i + cnt]->n_kv + 1);
+		uint32_t bn = run_blocks(c, act[i + cnt]->n_kv + ahead);
 
 		if (cnt > 0 && *need + bn > slots)
 			break;
@@ -358,12 +358,17 @@ batch_plan_next(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i
 {
 	uint32_t need, cnt;
 
+	uint32_t ahead = 1;
+
 	c->n_hint = 0;
 	if (!c->o->prefetch)
 		return;
-	if (i >= n)
+	if (i >= n) {
+		/* the next step's first group: every session will hold one position more */
 		i = 0;
-	cnt = batch_plan(c, act, n, i, maxg, slots, &need);
+		ahead = 2;
+	}
+	cnt = batch_plan(c, act, n, i, maxg, slots, ahead, &need);
 	for (uint32_t k = 0; k < cnt; k++)
 		c->hint_ids[c->n_hint++] = act[i + k]->id;
 }
@@ -387,7 +392,7 @@ run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 		uint32_t cnt, need;
 		int rc;
 
-		cnt = batch_plan(c, act, n, i, maxg, half, &need);
+		cnt = batch_plan(c, act, n, i, maxg, half, 1, &need);
 		batch_plan_next(c, act, n, i + cnt, maxg, half);
 		if (cnt == 1 && need > slots && !act[i]->appended) {
 			/* larger than HBM: decoded by windows (window.c) */
