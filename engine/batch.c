@@ -448,7 +448,7 @@ kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
 		return kvt_err(-EINVAL, "layer %u out of range (model has %u)", layer,
 			       e->layout.n_layers);
 	if (layer < b->layers_ready)
-		return 0; /* known landed: no lock, no polling (the decode path calls this per layer) */
+		return 0; /* known landed: no lock, no polling (decode calls this per layer) */
 	kvt_lock(e);
 	lpg = e->layers_per_group;
 	if (b->need_h2d && e->h2d.retired < b->need_h2d) {
@@ -464,7 +464,8 @@ kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
 		ev = kvt_xfer_h2d_event(e, b->need_h2d, layer);
 		rc = ev ? batch_wait_event(e, b, ev, stream) : 0;
 		if (rc)
-			rc = kvt_err(rc, "waiting for layer %u's copies: %s", layer, e->dev->errmsg);
+			rc = kvt_err(rc, "waiting for layer %u's copies: %s", layer,
+				     e->dev->errmsg);
 		else if (!stream)
 			b->layers_ready = (layer / lpg + 1) * lpg;
 	}

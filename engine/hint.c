@@ -89,9 +89,9 @@ hint_check(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint64
 			continue; /* nothing stored yet: nothing to bring */
 		if (r[i].first_block >= s->n_blocks ||
 		    (uint64_t)r[i].first_block + r[i].n_blocks > s->n_blocks)
-			return kvt_err(-EINVAL, "hint entry %zu: blocks [%u, +%u) past the end of the "
-				       "sequence (%u blocks)", i, r[i].first_block, r[i].n_blocks,
-				       s->n_blocks);
+			return kvt_err(-EINVAL, "hint entry %zu: blocks [%u, +%u) past the end "
+				       "of the sequence (%u blocks)", i, r[i].first_block,
+				       r[i].n_blocks, s->n_blocks);
 		sum += r[i].n_blocks ? r[i].n_blocks : s->n_blocks - r[i].first_block;
 	}
 	*hbm_blocks = sum;

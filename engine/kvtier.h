@@ -535,7 +535,7 @@ struct kvt_stats {
 	uint32_t batches_open;                      /* unreleased batches */
 	uint64_t transfers_in_flight;               /* copies and IOs not yet completed */
 	/* filled by later subsystems; 0 where not built */
-	uint64_t accesses;            /* block accesses by released batches (coverage denominator) */
+	uint64_t accesses;            /* block accesses by released batches (coverage denom.) */
 	uint64_t accesses_ready;      /* of those, found ready: in HBM when prepared, or prefetched
 					 and landed without a stall (coverage numerator) */
 	uint64_t hints;               /* schedule hints accepted (kvt_engine_hint* calls) */

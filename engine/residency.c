@@ -130,7 +130,8 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 				cand[n++] = id;
 		reclaim_evict(e, tier, cand, n, need, may_wait, true, &below_full, progress);
 		if (full)
-			reclaim_evict(e, tier, cand, n, need, may_wait, false, &below_full, progress);
+			reclaim_evict(e, tier, cand, n, need, may_wait, false, &below_full,
+				      progress);
 		if (cand != stackc)
 			kvt_free(cand);
 		if (full || sl->n_free + e->demoting[tier] >= need)

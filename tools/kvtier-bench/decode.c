@@ -272,7 +272,8 @@ dec_bench(const struct dec_args *a, const struct kvtr_model *m, const struct kvt
 		       "stalls/st", "stall_ms", "h2d/step", "acc/step", "bound_ms", "vs_(a)");
 		for (int i = 0; i < DEC_RUNS; i++)
 			dec_print(a, &runs[i], bw, dec_step_ms(&runs[0]));
-		same = dec_same_text(&runs[0].r, &runs[1].r) && dec_same_text(&runs[0].r, &runs[2].r);
+		same = dec_same_text(&runs[0].r, &runs[1].r) &&
+		       dec_same_text(&runs[0].r, &runs[2].r);
 		dec_summary(runs, bw, same);
 		if (!same)
 			rc = kvtr_err(-EPROTO, "the three runs produced different texts");

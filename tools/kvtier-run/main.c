@@ -150,7 +150,8 @@ main_parse_one(int opt, const char *arg, struct kvtr_run_opts *o, struct main_ar
 						  &o->emu_delay_us);
 	case OPT_STATS: a->stats_json = arg; return 0;
 	case OPT_PREFETCH: o->prefetch = 1; return 0;
-	case OPT_BANDWIDTH: return kvtr_parse_size("--emu-bandwidth", arg, &o->emu_copy_bytes_per_s);
+	case OPT_BANDWIDTH:
+		return kvtr_parse_size("--emu-bandwidth", arg, &o->emu_copy_bytes_per_s);
 	case OPT_HELP:
 	case 'h':
 		return 1;

@@ -23,8 +23,8 @@
  * of the next group (the step's first group after the last), and each window by a hint of the
  * next window, so those copies overlap the compute; groups then use at most half of what HBM
  * holds beside every active session's last block, and windows half of HBM, so that the one
- * computing and the one arriving fit together. KVT_ELOST (a block failed its checksum) truncates the sequence:
- * the runner re-feeds the lost positions from its own token history (re-prefill) and goes on,
+ * computing and the one arriving fit together. KVT_ELOST (a block failed its checksum)
+ * truncates the sequence: the runner re-feeds the lost positions from its own token history (re-prefill) and goes on,
  * with a note on the log stream; the text is unaffected.
  *
  * Reference mode: the same loop with a contiguous KV cache per session and llama2.c's own
