@@ -106,63 +106,125 @@ batch_check(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint3
 }
 
 /*
+ * One round's step for block @id (pinned, not in HBM): start its NVMe read or its
+ * host-to-device copy if room allows. Returns 0 (moved, or lost: progress), -ENOSPC/-EAGAIN
+ * (not now), or a hard error. *pending is 1 while the block still needs a later round.
+ */
+static int
+batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pending)
+{
+	struct kvt_block *k = &e->blocks[id];
+	uint32_t slot;
+	int rc;
+
+	*pending = 1;
+	if (k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
+		return -EAGAIN; /* a read (or demotion) into HOST is under way */
+	if (kvt_copy_valid(k, KVT_TIER_HOST)) {
+		rc = kvt_reclaim(e, KVT_TIER_HBM, 1, wait);
+		if (rc == 0)
+			rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
+		if (rc == 0)
+			rc = kvt_xfer_h2d(e, id, slot);
+	} else if (kvt_copy_valid(k, KVT_TIER_NVME)) {
+		rc = kvt_reclaim(e, KVT_TIER_HOST, 1, false);
+		if (rc == 0)
+			rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
+		if (rc == 0)
+			rc = kvt_xfer_n2h(e, id, slot, false, true);
+	} else {
+		kvt_block_check_lost(e, id);
+		return k->lost ? 0 : -ENOSPC;
+	}
+	/* a block whose host-to-device copy is now queued is done here: kvt_batch_wait_layer()
+	 * waits for it, prepare does not */
+	if (e->blocks[id].state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
+		*pending = 0;
+	return rc;
+}
+
+/*
+ * The cycle of small tiers: HBM is full of dirty blocks (their only copy), so making room
+ * means demoting one into HOST, and HOST is full of this batch's own blocks waiting to go up
+ * (pinned: reclaim keeps them). A batch block whose HOST copy duplicates its NVMe copy gives
+ * its HOST slot to the coldest HBM victim's demotion, and is read back from NVMe in a later
+ * round, when the victim has gone on down. Returns 1 when a demotion started, else 0.
+ */
+static int
+batch_break_cycle(struct kvt_engine *e, struct kvt_batch *b)
+{
+	struct kvt_evict *ev = &e->evict[KVT_TIER_HBM];
+	uint32_t i, x = KVT_NIL, y = KVT_NIL, id;
+
+	for (i = 0; i < b->n_pinned && x == KVT_NIL; i++) {
+		struct kvt_block *k = &e->blocks[b->pinned[i]];
+
+		if (!k->busy && k->state[KVT_TIER_HBM] == KVT_COPY_ABSENT &&
+		    kvt_copy_valid(k, KVT_TIER_HOST) && kvt_copy_valid(k, KVT_TIER_NVME))
+			x = b->pinned[i];
+	}
+	for (id = ev->ops->victim_first(ev); id != KVT_NIL && y == KVT_NIL;
+	     id = ev->ops->victim_next(ev, id))
+		if (kvt_copy_evictable(&e->blocks[id], KVT_TIER_HBM))
+			y = id;
+	if (x == KVT_NIL || y == KVT_NIL)
+		return 0;
+	kvt_copy_drop(e, x, KVT_TIER_HOST);
+	return kvt_evict_one(e, KVT_TIER_HBM, y, false) >= 0;
+}
+
+/* The youngest copy group carrying one of the batch's blocks: groups retire in order, so its
+ * layer events cover every older one; 0 when everything was already in HBM. */
+static void
+batch_set_need(struct kvt_engine *e, struct kvt_batch *b)
+{
+	uint32_t i;
+
+	for (i = 0; i < b->n_pinned; i++) {
+		struct kvt_block *k = &e->blocks[b->pinned[i]];
+
+		if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT && k->h2d_seqno > b->need_h2d)
+			b->need_h2d = k->h2d_seqno;
+	}
+	if (b->need_h2d <= e->h2d.retired)
+		b->need_h2d = 0;
+}
+
+/*
  * Phases 2 and 3: bring every pinned block into HBM. NVMe-only blocks are read into HOST
  * (checksums verified on completion), HOST-valid blocks are copied up in one batched copy per
  * round. Small tiers can make this circular (the HOST slots a demotion from HBM needs are
  * holding the batch's own blocks on their way up), so it runs in rounds: do what room allows,
- * wait for a completion (an H2D that lands makes its block's HOST copy droppable), repeat.
+ * wait for a completion (an H2D that lands makes its block's HOST copy droppable), repeat;
+ * when nothing moves and nothing is in flight, batch_break_cycle() trades a staged copy.
+ * Rounds first make room without waiting, so that every block that can go up now joins one
+ * copy group; only a round that moved nothing lets reclaim wait (and, as a last resort, take
+ * blocks that hints announced).
  * Ends when every block is in HBM or on its way (or lost); -ENOSPC when nothing can move.
  */
 static int
 batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 {
-	uint32_t i, slot, pending, progress;
+	uint32_t i, pending, progress, one;
 	bool wait = false;
 	uint64_t t0;
 	int rc;
 
-	/* rounds first make room without waiting, so that every block that can go up now joins
-	 * one batched copy; only a round that moved nothing lets reclaim wait (and, as a last
-	 * resort, take blocks that hints announced) */
 	for (;;) {
 		pending = progress = 0;
 		kvt_reclaim_for(e, KVT_TIER_HBM, b->pinned, b->n_pinned);
 		for (i = 0; i < b->n_pinned; i++) {
-			uint32_t id = b->pinned[i];
-			struct kvt_block *k = &e->blocks[id];
+			struct kvt_block *k = &e->blocks[b->pinned[i]];
 
 			if (kvt_copy_valid(k, KVT_TIER_HBM) ||
 			    k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT || k->lost)
 				continue;
-			pending++;
-			if (k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
-				continue; /* a read (or demotion) into HOST is under way */
-			if (kvt_copy_valid(k, KVT_TIER_HOST)) {
-				rc = kvt_reclaim(e, KVT_TIER_HBM, 1, wait);
-				if (rc == 0)
-					rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
-				if (rc == 0)
-					rc = kvt_xfer_h2d(e, id, slot);
-			} else if (kvt_copy_valid(k, KVT_TIER_NVME)) {
-				rc = kvt_reclaim(e, KVT_TIER_HOST, 1, false);
-				if (rc == 0)
-					rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
-				if (rc == 0)
-					rc = kvt_xfer_n2h(e, id, slot, false, true);
-			} else {
-				kvt_block_check_lost(e, id);
-				rc = k->lost ? 0 : -ENOSPC;
-				progress += k->lost;
-				continue;
-			}
+			rc = batch_promote_one(e, b->pinned[i], wait, &one);
+			pending += one;
 			if (rc == 0)
 				progress++;
 			else if (rc != -ENOSPC && rc != -EAGAIN)
 				return kvt_err(rc, "promoting a block of the batch");
-			/* a block whose host-to-device copy is now queued is done here:
-			 * kvt_batch_wait_layer() waits for it, prepare does not */
-			if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
-				pending--;
 		}
 		rc = kvt_xfer_flush(e);
 		if (rc)
@@ -174,7 +236,7 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 			continue;
 		}
 		wait = false;
-		if (!progress && !kvt_xfer_inflight(e))
+		if (!progress && !kvt_xfer_inflight(e) && !batch_break_cycle(e, b))
 			return kvt_err(-ENOSPC, "no room to bring the batch into HBM: %u blocks "
 				       "pinned, %u HBM slots, %u HOST slots", e->hbm_pinned,
 				       e->slots[KVT_TIER_HBM].n_slots,
@@ -186,16 +248,7 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 		if (rc < 0)
 			return rc;
 	}
-	/* the youngest copy group carrying one of the batch's blocks: groups retire in order,
-	 * so its layer events cover every older one; 0 when everything was already in HBM */
-	for (i = 0; i < b->n_pinned; i++) {
-		struct kvt_block *k = &e->blocks[b->pinned[i]];
-
-		if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT && k->h2d_seqno > b->need_h2d)
-			b->need_h2d = k->h2d_seqno;
-	}
-	if (b->need_h2d <= e->h2d.retired)
-		b->need_h2d = 0;
+	batch_set_need(e, b);
 	return 0;
 }
 

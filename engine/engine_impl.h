@@ -226,6 +226,8 @@ void *kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot);
 
 /* ---- engine/residency.c: making room, demotion and promotion */
 int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
+/* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
+int kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait);
 int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);
 int kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait);
 void kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n);

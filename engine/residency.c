@@ -34,8 +34,8 @@ valid_elsewhere(const struct kvt_block *b, int tier)
 }
 
 /* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
-static int
-evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
+int
+kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 {
 	uint32_t slot;
 	int rc;
@@ -83,7 +83,7 @@ reclaim_evict(struct kvt_engine *e, int tier, const uint32_t *cand, uint32_t n, 
 		if (!kvt_copy_evictable(b, tier) ||
 		    ((clean_only || *below_full) && !valid_elsewhere(b, tier)))
 			continue;
-		rc = evict_one(e, tier, cand[i], may_wait);
+		rc = kvt_evict_one(e, tier, cand[i], may_wait);
 		if (rc >= 0)
 			(*progress)++;
 		else if (rc == -ENOSPC)
@@ -96,7 +96,9 @@ reclaim_evict(struct kvt_engine *e, int tier, const uint32_t *cand, uint32_t n, 
  * changes the list being walked). Clean copies go first (CFLRU: dropping one is free, while a
  * dirty one costs a demotion now and a promotion when it is next used, the fate of every
  * sequence's growing last block under plain LRU); dirty ones are demoted only when the window
- * looked at holds too few clean ones. A victim that cannot go (its demotion finds no room
+ * looked at holds too few clean ones. (A tier left full of dirty blocks needs room below for
+ * every eviction; when the batch's own blocks fill that room, prepare breaks the cycle, see
+ * batch_break_cycle() in batch.c.) A victim that cannot go (its demotion finds no room
  * below) is skipped rather than a reason to give up; after the first such refusal only clean
  * copies are tried (the tier below is full: asking again for every dirty victim would cost
  * O(this tier x tier below)). The first window looks only a little past the deficit; when that
@@ -193,8 +195,8 @@ kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 }
 
 /**
- * kvt_reclaim_for() - before promoting the blocks @ids[0..n) into @tier one by one, make room
- * for all of them in one pass (no waiting): clean copies go at once and every dirty victim's
+ * kvt_reclaim_for() - before promoting the blocks @ids[0..n) into @tier (HBM or HOST) one by
+ * one, make room for all those that are valid one tier down in one pass (no waiting): clean copies go at once and every dirty victim's
  * demotion starts together, instead of one demotion per block, each blocking the next block's
  * room until it lands. Best effort; the per-block reclaim that follows does the rest.
  */
@@ -206,7 +208,10 @@ kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n)
 	for (i = 0; i < n; i++) {
 		const struct kvt_block *b = &e->blocks[ids[i]];
 
-		if (!b->lost && !kvt_copy_valid(b, tier) && b->state[tier] != KVT_COPY_INFLIGHT)
+		/* only blocks that can go up now: one still below @tier + 1 would hold its slot
+		 * idle, and making room for it early can take the room its own read needs */
+		if (!b->lost && !kvt_copy_valid(b, tier) && b->state[tier] != KVT_COPY_INFLIGHT &&
+		    kvt_copy_valid(b, tier + 1))
 			want++;
 	}
 	if (want > e->slots[tier].n_slots)

@@ -513,6 +513,34 @@ test_window_larger_than_hbm(void **state)
 	tsup_rmdir(dir);
 }
 
+/* The cycle of small tiers: HBM holds a dirty block (its only copy), HOST holds the batch's
+ * own block (staged from NVMe by a hint): making room in HBM needs room in HOST, which the
+ * batch's block takes. Prepare trades the staged copy (NVMe still has it) for the demotion. */
+static void
+test_prepare_breaks_tier_cycle(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 1, .host_blocks = 1, .nvme_blocks = 8,
+			      .no_watermarks = true };
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = seq_with(e, 1, 4);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	b = seq_with(e, 2, 4); /* dirty, in the only HBM slot */
+	assert_int_equal(kvt_engine_hint(e, &a, 1, 2), 0); /* A staged in the only HOST slot */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(blocks_in(e, a, KVT_TIER_HOST), 1);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	assert_int_equal(tsup_verify(e, b, 2), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* the real model                                                                               */
 
@@ -585,6 +613,7 @@ main(void)
 		cmocka_unit_test(test_hint_spares_announced),
 		cmocka_unit_test(test_wait_layer_waits_only_its_layer),
 		cmocka_unit_test(test_window_larger_than_hbm),
+		cmocka_unit_test(test_prepare_breaks_tier_cycle),
 	};
 	const struct CMUnitTest model_tests[] = {
 		cmocka_unit_test(test_model_two_blocks_400_tokens),
