@@ -215,6 +215,17 @@ dec_summary(const struct dec_run *runs, double bw, int same)
 	       "(%.3f ms of copies vs %.3f ms of compute): (c)/max((a), bound) = %.3f\n", b / a,
 	       c / a, bound <= a ? "covers" : "does not cover", bound, a, c / floor);
 	printf("texts of (a), (b), (c) identical: %s\n", same ? "yes" : "NO");
+	for (int i = 1; i < DEC_RUNS; i++) {
+		const struct kvt_stats *s0 = &runs[i].p.s0, *s1 = &runs[i].p.s1;
+		uint64_t h = s1->blocks_moved[KVT_MOVE_HOST_TO_HBM] -
+			     s0->blocks_moved[KVT_MOVE_HOST_TO_HBM];
+		uint64_t acc = s1->accesses - s0->accesses;
+
+		printf("%s: %llu blocks promoted to HBM for %llu block accesses (%s)\n",
+		       runs[i].name, (unsigned long long)h, (unsigned long long)acc,
+		       h <= acc ? "none promoted twice for one access" : "MORE PROMOTIONS THAN "
+		       "ACCESSES");
+	}
 }
 
 static int
