@@ -386,6 +386,17 @@ run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 		half = (slots - (n < slots / 2 ? n : slots / 2)) / 2;
 	if (half == 0)
 		half = 1;
+	if (c->o->prefetch) {
+		/* balanced groups: a small last group would leave the next step's first group
+		 * too little compute to arrive behind */
+		uint64_t total = 0, k;
+
+		for (uint32_t j = 0; j < n; j++)
+			total += run_blocks(c, act[j]->n_kv + 1);
+		k = (total + half - 1) / half;
+		if (k > 1 && (n + k - 1) / k < maxg)
+			maxg = (uint32_t)((n + k - 1) / k);
+	}
 	for (uint32_t k = 0; k < n; k++)
 		act[k]->computed = 0;
 	while (i < n) {
