@@ -106,65 +106,137 @@ batch_check(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint3
 }
 
 /*
+ * One round's step for block @id (pinned, not in HBM): start its NVMe read or its
+ * host-to-device copy if room allows. Returns 0 (moved, or lost: progress), -ENOSPC/-EAGAIN
+ * (not now), or a hard error. *pending is 1 while the block still needs a later round.
+ */
+static int
+batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pending)
+{
+	struct kvt_block *k = &e->blocks[id];
+	uint32_t slot;
+	int rc;
+
+	*pending = 1;
+	if (k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
+		return -EAGAIN; /* a read (or demotion) into HOST is under way */
+	if (kvt_copy_valid(k, KVT_TIER_HOST)) {
+		rc = kvt_reclaim_hbm_for(e, id, wait);
+		if (rc == 0)
+			rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
+		if (rc == 0)
+			rc = kvt_xfer_h2d(e, id, slot);
+	} else if (kvt_copy_valid(k, KVT_TIER_NVME)) {
+		rc = kvt_reclaim(e, KVT_TIER_HOST, 1, false);
+		if (rc == 0)
+			rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
+		if (rc == 0)
+			rc = kvt_xfer_n2h(e, id, slot, false, true);
+	} else {
+		kvt_block_check_lost(e, id);
+		return k->lost ? 0 : -ENOSPC;
+	}
+	/* a block whose host-to-device copy is now queued is done here: kvt_batch_wait_layer()
+	 * waits for it, prepare does not */
+	if (e->blocks[id].state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
+		*pending = 0;
+	return rc;
+}
+
+/*
+ * The cycle of small tiers: HBM is full of dirty blocks (their only copy), so making room
+ * means demoting one into HOST, and HOST is full of this batch's own blocks waiting to go up
+ * (pinned: reclaim keeps them). A batch block whose HOST copy duplicates its NVMe copy gives
+ * its HOST slot to the coldest HBM victim's demotion, and is read back from NVMe in a later
+ * round, when the victim has gone on down. Returns 1 when a demotion started, else 0.
+ */
+static int
+batch_break_cycle(struct kvt_engine *e, struct kvt_batch *b)
+{
+	struct kvt_evict *ev = &e->evict[KVT_TIER_HBM];
+	uint32_t i, x = KVT_NIL, y = KVT_NIL, id;
+
+	for (i = 0; i < b->n_pinned && x == KVT_NIL; i++) {
+		struct kvt_block *k = &e->blocks[b->pinned[i]];
+
+		if (!k->busy && k->state[KVT_TIER_HBM] == KVT_COPY_ABSENT &&
+		    kvt_copy_valid(k, KVT_TIER_HOST) && kvt_copy_valid(k, KVT_TIER_NVME))
+			x = b->pinned[i];
+	}
+	for (id = ev->ops->victim_first(ev); id != KVT_NIL && y == KVT_NIL;
+	     id = ev->ops->victim_next(ev, id))
+		if (kvt_copy_evictable(&e->blocks[id], KVT_TIER_HBM))
+			y = id;
+	if (x == KVT_NIL || y == KVT_NIL)
+		return 0;
+	kvt_copy_drop(e, x, KVT_TIER_HOST);
+	return kvt_evict_one(e, KVT_TIER_HBM, y, false) >= 0;
+}
+
+/* The youngest copy group carrying one of the batch's blocks: groups retire in order, so its
+ * layer events cover every older one; 0 when everything was already in HBM. */
+static void
+batch_set_need(struct kvt_engine *e, struct kvt_batch *b)
+{
+	uint32_t i;
+
+	for (i = 0; i < b->n_pinned; i++) {
+		struct kvt_block *k = &e->blocks[b->pinned[i]];
+
+		if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT && k->h2d_seqno > b->need_h2d)
+			b->need_h2d = k->h2d_seqno;
+	}
+	if (b->need_h2d <= e->h2d.retired)
+		b->need_h2d = 0;
+}
+
+/*
  * Phases 2 and 3: bring every pinned block into HBM. NVMe-only blocks are read into HOST
  * (checksums verified on completion), HOST-valid blocks are copied up in one batched copy per
  * round. Small tiers can make this circular (the HOST slots a demotion from HBM needs are
  * holding the batch's own blocks on their way up), so it runs in rounds: do what room allows,
- * wait for a completion (an H2D that lands makes its block's HOST copy droppable), repeat.
+ * wait for a completion (an H2D that lands makes its block's HOST copy droppable), repeat;
+ * when nothing moves and nothing is in flight, batch_break_cycle() trades a staged copy.
+ * Rounds first make room without waiting, so that every block that can go up now joins one
+ * copy group; only a round that moved nothing lets reclaim wait (and, as a last resort, take
+ * blocks that hints announced).
  * Ends when every block is in HBM or on its way (or lost); -ENOSPC when nothing can move.
  */
 static int
 batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 {
-	uint32_t i, slot, pending, progress;
+	uint32_t i, pending, progress, one;
+	bool wait = false;
 	uint64_t t0;
 	int rc;
 
 	for (;;) {
 		pending = progress = 0;
+		kvt_reclaim_for(e, KVT_TIER_HBM, b->pinned, b->n_pinned);
 		for (i = 0; i < b->n_pinned; i++) {
-			uint32_t id = b->pinned[i];
-			struct kvt_block *k = &e->blocks[id];
+			struct kvt_block *k = &e->blocks[b->pinned[i]];
 
 			if (kvt_copy_valid(k, KVT_TIER_HBM) ||
 			    k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT || k->lost)
 				continue;
-			pending++;
-			if (k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
-				continue; /* a read (or demotion) into HOST is under way */
-			if (kvt_copy_valid(k, KVT_TIER_HOST)) {
-				rc = kvt_reclaim_hbm_for(e, id, true);
-				if (rc == 0)
-					rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
-				if (rc == 0)
-					rc = kvt_xfer_h2d(e, id, slot);
-			} else if (kvt_copy_valid(k, KVT_TIER_NVME)) {
-				rc = kvt_reclaim(e, KVT_TIER_HOST, 1, false);
-				if (rc == 0)
-					rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
-				if (rc == 0)
-					rc = kvt_xfer_n2h(e, id, slot, false, true);
-			} else {
-				kvt_block_check_lost(e, id);
-				rc = k->lost ? 0 : -ENOSPC;
-				progress += k->lost;
-				continue;
-			}
+			rc = batch_promote_one(e, b->pinned[i], wait, &one);
+			pending += one;
 			if (rc == 0)
 				progress++;
 			else if (rc != -ENOSPC && rc != -EAGAIN)
 				return kvt_err(rc, "promoting a block of the batch");
-			/* a block whose host-to-device copy is now queued is done here:
-			 * kvt_batch_wait_layer() waits for it, prepare does not */
-			if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
-				pending--;
 		}
 		rc = kvt_xfer_flush(e);
 		if (rc)
 			return rc;
 		if (!pending)
 			break;
-		if (!progress && !kvt_xfer_inflight(e))
+		if (!progress && !wait) {
+			wait = true;
+			continue;
+		}
+		wait = false;
+		if (!progress && !kvt_xfer_inflight(e) && !batch_break_cycle(e, b))
 			return kvt_err(-ENOSPC, "no room to bring the batch into HBM: %u blocks "
 				       "pinned, %u HBM slots, %u HOST slots", e->hbm_pinned,
 				       e->slots[KVT_TIER_HBM].n_slots,
@@ -176,7 +248,7 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 		if (rc < 0)
 			return rc;
 	}
-	b->need_h2d = e->h2d.submitted;
+	batch_set_need(e, b);
 	return 0;
 }
 
@@ -233,6 +305,41 @@ batch_fill_table(struct kvt_engine *e, struct kvt_batch *b, const uint32_t *firs
 	b->indptr[b->n] = k;
 }
 
+/* Phase 1 bookkeeping of one block: LRU order and where the access finds it (coverage). */
+static void
+batch_classify(struct kvt_engine *e, struct kvt_batch *b, uint32_t id)
+{
+	struct kvt_block *k = &e->blocks[id];
+
+	if (k->state[KVT_TIER_HBM] == KVT_COPY_PRESENT)
+		e->evict[KVT_TIER_HBM].ops->access(&e->evict[KVT_TIER_HBM], id);
+	if (kvt_copy_valid(k, KVT_TIER_HBM)) {
+		b->n_ready++;
+		return;
+	}
+	if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT) {
+		b->n_early++; /* prefetched: ready if the waits find it landed */
+		return;
+	}
+	/* must be promoted now: found in HOST, or read from NVMe first */
+	if (kvt_copy_valid(k, KVT_TIER_HOST) || k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
+		e->st.tier[KVT_TIER_HOST].hits++;
+	else
+		e->st.tier[KVT_TIER_HOST].misses++;
+}
+
+/* At release: the batch's accesses, and those that found their block ready (no stall). */
+static void
+batch_count_accesses(struct kvt_engine *e, const struct kvt_batch *b)
+{
+	uint32_t ready = b->n_ready + (b->stalled ? 0 : b->n_early);
+
+	e->st.accesses += b->n_pinned;
+	e->st.accesses_ready += ready;
+	e->st.tier[KVT_TIER_HBM].hits += ready;
+	e->st.tier[KVT_TIER_HBM].misses += b->n_pinned - ready;
+}
+
 static int
 batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n,
 		     struct kvt_batch **out)
@@ -244,7 +351,10 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 
 	if (!tmp)
 		return kvt_err(-ENOMEM, "batch of %zu sequences", n);
-	rc = batch_check(e, r, n, seqidx, first, count, &total);
+	/* retire the copies that landed (their blocks count as ready, their sources as clean) */
+	rc = kvt_xfer_poll(e, 0);
+	if (rc >= 0)
+		rc = batch_check(e, r, n, seqidx, first, count, &total);
 	if (rc) {
 		kvt_free(tmp);
 		return rc;
@@ -255,6 +365,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 		return kvt_err(-ENOMEM, "batch of %zu sequences", n);
 	}
 	b->e = e;
+	b->hint_mark = e->hint_seq;
 	memcpy(b->seqidx, seqidx, n * sizeof *seqidx);
 	/* phase 1: pin (and count as used: the LRU order follows use) */
 	for (i = 0; i < n; i++) {
@@ -266,8 +377,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 			kvt_block_pin(e, id);
 			e->blocks[id].wanted = 1;
 			b->pinned[b->n_pinned++] = id;
-			if (e->blocks[id].state[KVT_TIER_HBM] == KVT_COPY_PRESENT)
-				e->evict[KVT_TIER_HBM].ops->access(&e->evict[KVT_TIER_HBM], id);
+			batch_classify(e, b, id);
 		}
 	}
 	if (e->hbm_pinned > e->slots[KVT_TIER_HBM].n_slots) {
@@ -355,12 +465,34 @@ kvt_batch_block_table(const struct kvt_batch *b, struct kvt_block_table *out)
 	return kvt_engine_geometry(b->e, &out->geo);
 }
 
+/* Host wait for the event of @layer's group (engine locked: the group cannot retire meanwhile). */
+static int
+batch_wait_event(struct kvt_engine *e, struct kvt_batch *b, struct kvt_event *ev, void *stream)
+{
+	uint64_t t0;
+	int rc;
+
+	rc = e->dev->ops->event_query(e->dev, ev);
+	if (rc != -EAGAIN)
+		return rc;
+	if (stream) {
+		/* device-side wait: the host does not block (invariant 2 via the event) */
+		return e->dev->ops->stream_wait_event(e->dev, stream, ev);
+	}
+	t0 = kvt_now_ns();
+	rc = e->dev->ops->event_sync(e->dev, ev);
+	e->st.stalls++;
+	e->st.stall_ns += kvt_now_ns() - t0;
+	b->stalled = 1;
+	return rc;
+}
+
 int
 kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
 {
 	struct kvt_engine *e;
 	struct kvt_event *ev;
-	uint64_t t0;
+	uint32_t lpg;
 	int rc = 0;
 
 	if (!b)
@@ -369,28 +501,27 @@ kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
 	if (layer >= e->layout.n_layers)
 		return kvt_err(-EINVAL, "layer %u out of range (model has %u)", layer,
 			       e->layout.n_layers);
+	if (layer < b->layers_ready)
+		return 0; /* known landed: no lock, no polling (decode calls this per layer) */
 	kvt_lock(e);
-	/* once the batch's copies have retired every later layer returns at once (the decode
-	 * path calls this once per layer); otherwise see what has landed first */
-	if (e->h2d.retired < b->need_h2d) {
+	lpg = e->layers_per_group;
+	if (b->need_h2d && e->h2d.retired < b->need_h2d) {
 		rc = kvt_xfer_poll(e, 0);
 		if (rc >= 0)
 			rc = 0;
 	}
-	if (rc == 0 && e->h2d.retired < b->need_h2d) {
-		if (stream) {
-			/* device-side wait: the host does not block (invariant 2 via the event) */
-			ev = kvt_xfer_h2d_event(e, b->need_h2d);
-			if (ev)
-				rc = e->dev->ops->stream_wait_event(e->dev, stream, ev);
-			if (rc)
-				rc = kvt_err(rc, "making the stream wait: %s", e->dev->errmsg);
-		} else {
-			t0 = kvt_now_ns();
-			rc = kvt_xfer_wait_h2d(e, b->need_h2d);
-			e->st.stalls++;
-			e->st.stall_ns += kvt_now_ns() - t0;
-		}
+	if (rc == 0 && (!b->need_h2d || e->h2d.retired >= b->need_h2d)) {
+		b->layers_ready = e->layout.n_layers; /* every copy of the batch has retired */
+	} else if (rc == 0) {
+		/* the group is not retired, so it is still queued: wait for its layer event
+		 * only (copies are in stream order: earlier groups and layers come first) */
+		ev = kvt_xfer_h2d_event(e, b->need_h2d, layer);
+		rc = ev ? batch_wait_event(e, b, ev, stream) : 0;
+		if (rc)
+			rc = kvt_err(rc, "waiting for layer %u's copies: %s", layer,
+				     e->dev->errmsg);
+		else if (!stream)
+			b->layers_ready = (layer / lpg + 1) * lpg;
 	}
 	kvt_unlock(e);
 	return rc;
@@ -435,6 +566,7 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 	}
 	/* copies of this batch still in flight keep their blocks busy, so nothing demotes them
 	 * before they land */
+	batch_count_accesses(e, b);
 	batch_unpin(e, b);
 	for (i = 0; i < b->n; i++) {
 		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
@@ -442,6 +574,7 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 		s->in_batch = 0;
 		kvt_seq_publish(e, s); /* its written sealed blocks become shareable */
 		kvt_seq_unpin_writes(e, s);
+		kvt_hint_end(e, s, b->hint_mark);
 	}
 	e->n_batches--;
 	kvt_watermarks(e);

@@ -71,6 +71,8 @@ struct kvt_block {
 	uint64_t nvme_sum;                 /* XXH3-64 of the raw block of that write */
 	uint32_t nvme_stored;              /* payload bytes of that write (0 = unknown) */
 	uint32_t nvme_codec;               /* codec of that write's payload */
+	uint64_t h2d_seqno;                /* h2d group carrying its latest host-to-device copy
+	                                      (valid while its HBM copy is INFLIGHT) */
 	uint64_t hash[2];                  /* prefix key (engine/prefix.c) when hashed: XXH3-128
 	                                      of (parent's key, its tokens, salt, extra key);
 	                                      what the NVMe store may look blocks up by */
@@ -127,6 +129,9 @@ struct kvt_seqrec {
 	uint32_t next_free; /* free-list link when closed */
 	uint64_t session_key; /* caller's session key (0 = none): published when parked to NVMe */
 	uint8_t pub_pending; /* parked to NVMe, to be published once all blocks are there */
+	uint64_t hint_no;   /* e->hint_seq of its latest hint; 0 = not hinted */
+	uint32_t hint_first; /* hinted blocks [hint_first, hint_end) are spared by reclaim */
+	uint32_t hint_end;   /* ... until a batch prepared after the hint is released */
 };
 
 enum kvt_xfer_kind { KVT_X_D2H = 0, KVT_X_H2N = 1, KVT_X_N2H = 2, KVT_X_H2D = 3 };
@@ -141,15 +146,25 @@ struct kvt_xfer {
 	uint8_t evict_src;  /* drop the source copy when this completes (demotion) */
 	uint8_t then_nvme;  /* D2H: continue down to NVMe when done (park to NVMe) */
 	uint8_t then_hbm;   /* N2H: continue up to HBM when done (resume) */
+	uint8_t prefetch;   /* issued ahead of need (hint, resume): so is its continuation */
+	uint64_t t_issue;   /* kvt_now_ns() when created (promotion latency) */
 	struct kvt_xfer *next; /* list link (device group / free list) */
 };
 
-/* One batched device copy (all D2H or all H2D) and the event recorded after it. */
+/*
+ * One flush of a direction's collected transfers and the events recorded after it. D2H: one
+ * batched copy of whole blocks, one event. H2D: one batched copy per layer group (layers
+ * [g * layers_per_group, (g + 1) * layers_per_group) of every block of the group, in layer
+ * order), each followed by its own event, so that layer l is usable once ev[l /
+ * layers_per_group] has completed; the group retires (its blocks become PRESENT) only when the
+ * last event has, i.e. when every layer landed.
+ */
 struct kvt_xgroup {
-	struct kvt_event *ev;     /* recorded on the stream after the copies */
 	struct kvt_xfer *xfers;   /* its transfers */
 	uint64_t seqno;           /* position in its stream's order, from 1 */
 	struct kvt_xgroup *next;  /* next younger group on the same stream */
+	uint32_t n_ev;            /* events in ev[] (layer groups; 1 for D2H) */
+	struct kvt_event *ev[];   /* ev[i]: recorded after layer group i; ev[n_ev - 1]: all */
 };
 
 /* An in-order device stream owned by the engine, with its queue of groups in flight. */
@@ -169,7 +184,13 @@ struct kvt_batch {
 	uint32_t *seqidx;          /* [n] sequence indices */
 	uint32_t *pinned;          /* block ids pinned by this batch */
 	uint32_t n_pinned;         /* entries in pinned */
-	uint64_t need_h2d;         /* h2d seqno that must retire before the blocks are usable */
+	uint64_t need_h2d;         /* h2d group whose layer events make the blocks usable (0 =
+	                              every block was PRESENT when prepared) */
+	uint32_t layers_ready;     /* layers [0, layers_ready) known landed (per-layer progress) */
+	uint32_t n_ready;          /* blocks PRESENT in HBM when prepared (coverage) */
+	uint32_t n_early;          /* blocks already on their way up when prepared (prefetched) */
+	uint8_t stalled;           /* a wait of this batch found its copies unfinished */
+	uint64_t hint_mark;        /* e->hint_seq at prepare: hints up to it end at release */
 	uint32_t *indptr;          /* [n + 1] */
 	uint32_t *indices;         /* [indptr[n]] */
 	uint32_t *last_len;        /* [n] */
@@ -196,6 +217,13 @@ struct kvt_engine {
 	struct kvt_evict evict[KVT_TIER_COUNT]; /* LRU per tier */
 	struct kvt_xstream d2h;             /* HBM -> HOST copies */
 	struct kvt_xstream h2d;             /* HOST -> HBM copies */
+	uint32_t layers_per_group;          /* layers per H2D layer group (events per group) */
+	uint32_t n_lgroups;                 /* layer groups: ceil(n_layers / layers_per_group) */
+	uint64_t hint_seq;                  /* hints given so far (orders hints and batches) */
+	bool prefetching;                   /* promotions issued now are ahead of need (hint,
+	                                       resume): counted as prefetched bytes */
+	bool evict_hinted;                  /* reclaim may take blocks of hinted ranges (set only
+	                                       for a waiting caller's last resort) */
 	struct kvt_event *compute_ev;       /* recorded on the caller's stream at release */
 	struct kvt_event **ev_pool;         /* free events */
 	uint32_t n_ev_pool, cap_ev_pool;    /* entries / capacity */
@@ -284,6 +312,7 @@ int kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait);
 int kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait);
 int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);
 int kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait);
+void kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n);
 void kvt_watermarks(struct kvt_engine *e);
 #define KVT_ENOSPC_DROP 16u                  /* clean NVMe copies dropped per ENOSPC write */
 #define KVT_ENOSPC_BACKOFF_NS 200000000ull   /* background NVMe demotion paused this long */
@@ -300,11 +329,21 @@ int kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evi
 int kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool then_hbm,
 		 bool may_wait);
 int kvt_xfer_flush(struct kvt_engine *e);             /* submit collected device copies */
+int kvt_xfer_flush_down(struct kvt_engine *e);        /* ... demotions only (not H2D) */
 int kvt_xfer_poll(struct kvt_engine *e, uint32_t max); /* process ready completions */
 int kvt_xfer_wait_any(struct kvt_engine *e);           /* block for >= 1 completion */
+int kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id); /* ... for the copy into @id */
 uint64_t kvt_xfer_inflight(const struct kvt_engine *e);
-int kvt_xfer_wait_h2d(struct kvt_engine *e, uint64_t seqno); /* until h2d retired >= seqno */
-struct kvt_event *kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno);
+/* Event after layer @layer's copies of h2d group @seqno (NULL when that group has retired). */
+struct kvt_event *kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno, uint32_t layer);
+
+/* ---- engine/stats.c */
+void kvt_stats_record_promote(struct kvt_engine *e, int tier, uint64_t ns);
+void kvt_stats_record_issue(struct kvt_engine *e, int tier, uint64_t bytes);
+
+/* ---- engine/hint.c */
+bool kvt_hint_spares(const struct kvt_engine *e, const struct kvt_block *b, int tier);
+void kvt_hint_end(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t mark);
 
 /* ---- engine/seq.c */
 struct kvt_seqrec *kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx);

@@ -576,6 +576,45 @@ struct kvt_seq_range {
 KVT_API int kvt_batch_prepare_ranges(struct kvt_engine *e, const struct kvt_seq_range *ranges,
 				     size_t n, struct kvt_batch **out);
 
+/**
+ * kvt_engine_hint() - schedule hint: the sequences @seqs[0..n) will be in a batch
+ * @steps_ahead steps from now (0 or 1: the next batch this thread prepares; 2 and more: later).
+ * The engine starts their promotions at once and returns without waiting for them:
+ *   - steps_ahead <= 1: every block goes up to HBM: blocks only on NVMe are read into HOST first
+ *     (the slowest leg starts first) and continue to HBM when the read lands; blocks in HOST are
+ *     copied up as one batched copy per layer group, in layer order, so a later
+ *     kvt_batch_wait_layer(l) waits only for layer l's copies.
+ *   - steps_ahead >= 2: only NVMe -> HOST reads start (HBM is kept for nearer batches).
+ * Until a batch holding the sequence, prepared after this call, is released (or the sequence is
+ * parked or closed, or hinted again: the latest hint replaces the range), making room spares
+ * the hinted blocks in HBM and HOST: promotions for one announced batch never evict blocks that
+ * another announced batch or a prepared batch needs. A hint is a forecast: a prepare or append
+ * that can make room no other way still evicts hinted blocks rather than fail.
+ * Best effort: when HBM (or HOST) has no room that can be made without waiting (everything is
+ * pinned or announced), the remaining blocks are left for the prepare, which finishes the job.
+ * Typical use: while batch k computes, hint the sequences of batch k + 1 (the next group of a
+ * step too large for HBM, or the next window of a streamed sequence: kvt_engine_hint_ranges).
+ * @seqs: n open sequence ids (copied; duplicates allowed).  @n: 1..65536.
+ * Blocking: never waits for transfers (holds the engine mutex while it queues them).
+ * Returns 0; -EINVAL (NULL, n out of range; nothing hinted); KVT_ECLOSED (a sequence is not
+ * open; nothing hinted); KVT_ETOOBIG (steps_ahead <= 1 and the sequences' blocks together exceed
+ * the HBM slots: hint what one batch holds); -ENOMEM or KVT_EDEVICE (submitting the copies
+ * failed; the engine stays usable and the prepare will retry them). Counted in stats.hints; the
+ * bytes it moves count as bytes_prefetched of HOST/HBM.
+ */
+KVT_API int kvt_engine_hint(struct kvt_engine *e, const kvt_seq_id *seqs, size_t n,
+			    uint32_t steps_ahead);
+
+/**
+ * kvt_engine_hint_ranges() - as kvt_engine_hint(), for windows of sequences (struct
+ * kvt_seq_range: n_blocks 0 = to the end): only those blocks are promoted and spared. A server
+ * streaming a sequence larger than HBM hints window w + 1 while it computes window w. Errors as
+ * kvt_engine_hint(), plus -EINVAL for a range past the end of its sequence (a sequence holding
+ * no tokens yet accepts only {first_block 0, n_blocks 0}, and nothing happens for it).
+ */
+KVT_API int kvt_engine_hint_ranges(struct kvt_engine *e, const struct kvt_seq_range *ranges,
+				   size_t n, uint32_t steps_ahead);
+
 /** kvt_batch_block_table() - the batch's block table (see struct kvt_block_table). */
 KVT_API int kvt_batch_block_table(const struct kvt_batch *b, struct kvt_block_table *out);
 
@@ -584,8 +623,13 @@ KVT_API int kvt_batch_block_table(const struct kvt_batch *b, struct kvt_block_ta
  * @stream: NULL: the host blocks until the copies carrying that layer are complete.
  *          A device stream (cudaStream_t, or one from kvt_engine_stream_create): the stream is
  *          made to wait for them (cudaStreamWaitEvent) and the host returns at once.
- * v0 moves whole blocks (all layers in one copy), so every layer becomes ready together.
- * Returns 0, -EINVAL (layer out of range), KVT_EDEVICE.
+ * Host-to-device promotions move one layer group at a time (all the blocks' layer l, then
+ * l + 1, ...: one batched copy and one event per group; a group is one layer for models of up to
+ * 32 layers), so this waits only for the copies up to layer @layer's group: the compute of layer
+ * l overlaps the copies of the layers after it. Blocks that were already in HBM when the batch
+ * was prepared need no wait at all. A host wait that finds the copies unfinished counts as a
+ * stall (stats.stalls, stall_ns) and makes the batch's prefetched blocks count as not ready.
+ * Returns 0, -EINVAL (NULL batch, layer out of range), KVT_EDEVICE.
  */
 KVT_API int kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream);
 
@@ -630,13 +674,20 @@ struct kvt_tier_stats {
 	uint64_t evictions;      /* copies dropped from this tier to make room */
 	/* The fields below are filled by later subsystems (prefetch, prefix index, codec); a field
 	 * whose subsystem is not built stays 0. */
-	uint64_t hits;            /* block accesses by batches that found the block here, ready */
-	uint64_t misses;          /* block accesses that had to wait for a promotion into here */
-	uint64_t bytes_prefetched; /* bytes promoted into this tier ahead of need (hints, windows) */
-	uint64_t bytes_on_demand; /* bytes promoted into this tier because a batch needed them now */
+	uint64_t hits;            /* HBM: block accesses by batches that found the block ready
+				   (in HBM when prepared, or prefetched and landed before the
+				   batch's waits); HOST: accesses not ready in HBM whose block
+				   was in HOST (or on its way there) */
+	uint64_t misses;          /* HBM: accesses that waited for a promotion; HOST: those of
+				   them that had to read the block from NVMe first */
+	uint64_t bytes_prefetched; /* bytes promoted into this tier ahead of need (hints, resume) */
+	uint64_t bytes_on_demand; /* bytes promoted into this tier because a batch or an append
+				   needed them now */
 	uint64_t prefix_hit_blocks; /* sealed blocks found here through the prefix index */
-	uint64_t promote_count;   /* promotions into this tier that completed */
-	uint64_t promote_ns_sum;  /* their total latency, issue to completion, ns */
+	uint64_t promote_count;   /* promotions into this tier that completed (HBM: host-to-device
+				   copies; HOST: NVMe reads) */
+	uint64_t promote_ns_sum;  /* their total latency, ns: from issue to the poll or wait that
+				   saw the completion (queueing included) */
 	uint64_t promote_lat[KVT_LAT_BUCKETS]; /* histogram of that latency; bucket i counts
 						* latencies <= kvt_lat_bucket_ns[i] (not cumulative),
 						* the last bucket everything above */
@@ -651,16 +702,18 @@ struct kvt_stats {
 	uint64_t checksum_failed;                   /* NVMe reads whose checksum did not */
 	uint64_t io_errors;                         /* NVMe reads/writes that failed */
 	uint64_t evictions;                         /* sum over tiers */
-	uint64_t stalls;                            /* waits that found copies unfinished */
+	uint64_t stalls;                            /* host waits that found copies unfinished
+						       (layer waits, prepare, append) */
 	uint64_t stall_ns;                          /* time spent in those waits */
 	uint64_t blocks_lost;                       /* blocks dropped as unrecoverable */
 	uint32_t seqs_open;                         /* open sequences */
 	uint32_t batches_open;                      /* unreleased batches */
 	uint64_t transfers_in_flight;               /* copies and IOs not yet completed */
 	/* filled by later subsystems; 0 where not built */
-	uint64_t accesses;            /* block accesses by prepared batches (coverage denominator) */
-	uint64_t accesses_ready;      /* of those, blocks already ready in HBM (coverage numerator) */
-	uint64_t hints;               /* schedule hints received */
+	uint64_t accesses;            /* block accesses by released batches (coverage denom.) */
+	uint64_t accesses_ready;      /* of those, found ready: in HBM when prepared, or prefetched
+					 and landed without a stall (coverage numerator) */
+	uint64_t hints;               /* schedule hints accepted (kvt_engine_hint* calls) */
 	uint64_t prefix_lookups;      /* sealed blocks looked up in the prefix index */
 	uint64_t prefix_hit_blocks;   /* of those, found and shared */
 	uint64_t prefix_hit_tokens;   /* tokens covered by those hits (prefill saved) */

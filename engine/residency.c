@@ -33,6 +33,7 @@ valid_elsewhere(const struct kvt_block *b, int tier)
 	return false;
 }
 
+/* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
 int
 kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 {
@@ -80,21 +81,50 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	return rc;
 }
 
+/* Evict candidates in order until @need slots are free or coming; only clean copies (a valid
+ * copy elsewhere: dropping them costs nothing) when @clean_only. */
+static void
+reclaim_evict(struct kvt_engine *e, int tier, const uint32_t *cand, uint32_t n, uint32_t need,
+	      bool may_wait, bool clean_only, bool *below_full, int *progress)
+{
+	struct kvt_slots *sl = &e->slots[tier];
+	uint32_t i;
+	int rc;
+
+	for (i = 0; i < n && sl->n_free + e->demoting[tier] < need; i++) {
+		struct kvt_block *b = &e->blocks[cand[i]];
+
+		if (!kvt_copy_evictable(b, tier) ||
+		    ((clean_only || *below_full) && !valid_elsewhere(b, tier)))
+			continue;
+		rc = kvt_evict_one(e, tier, cand[i], may_wait);
+		if (rc >= 0)
+			(*progress)++;
+		else if (rc == -ENOSPC)
+			*below_full = true;
+	}
+}
+
 /*
  * One pass over the tier's LRU from the cold end. Candidates are collected first (evicting
- * changes the list being walked). A victim that cannot go (its demotion finds no room below) is
- * skipped rather than a reason to give up: a warmer clean copy may still go; after the first
- * such refusal only clean copies are tried (the tier below is full: asking again for every
- * dirty victim would cost O(this tier x tier below)). The first pass looks only a little past the
- * deficit; when that is not enough, at most RECLAIM_SCAN_MAX more entries are looked at, so one
- * call is bounded whatever the tier's size.
+ * changes the list being walked). Clean copies go first (CFLRU: dropping one is free, while a
+ * dirty one costs a demotion now and a promotion when it is next used, the fate of every
+ * sequence's growing last block under plain LRU); dirty ones are demoted only when the window
+ * looked at holds too few clean ones. (A tier left full of dirty blocks needs room below for
+ * every eviction; when the batch's own blocks fill that room, prepare breaks the cycle, see
+ * batch_break_cycle() in batch.c.) A victim that cannot go (its demotion finds no room
+ * below) is skipped rather than a reason to give up; after the first such refusal only clean
+ * copies are tried (the tier below is full: asking again for every dirty victim would cost
+ * O(this tier x tier below)). The first window looks only a little past the deficit; when that
+ * is not enough, at most RECLAIM_SCAN_MAX more entries are looked at, so one call is bounded
+ * whatever the tier's size.
  */
 static int
 reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *progress)
 {
 	struct kvt_slots *sl = &e->slots[tier];
 	struct kvt_evict *ev = &e->evict[tier];
-	uint32_t stackc[32], *cand, n, i, id, limit, deficit = need - sl->n_free - e->demoting[tier];
+	uint32_t stackc[32], *cand, n, id, limit, deficit = need - sl->n_free - e->demoting[tier];
 	bool full = false, below_full = false;
 	int rc;
 
@@ -111,27 +141,21 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 		n = 0;
 		for (id = ev->ops->victim_first(ev); id != KVT_NIL && n < limit;
 		     id = ev->ops->victim_next(ev, id))
-			if (kvt_copy_evictable(&e->blocks[id], tier))
+			if (kvt_copy_evictable(&e->blocks[id], tier) &&
+			    !kvt_hint_spares(e, &e->blocks[id], tier))
 				cand[n++] = id;
-		for (i = 0; i < n && sl->n_free + e->demoting[tier] < need; i++) {
-			struct kvt_block *b = &e->blocks[cand[i]];
-
-			if (!kvt_copy_evictable(b, tier) ||
-			    (below_full && !valid_elsewhere(b, tier)))
-				continue;
-			rc = kvt_evict_one(e, tier, cand[i], may_wait);
-			if (rc >= 0)
-				(*progress)++;
-			else if (rc == -ENOSPC)
-				below_full = true;
-		}
+		reclaim_evict(e, tier, cand, n, need, may_wait, true, &below_full, progress);
+		if (full)
+			reclaim_evict(e, tier, cand, n, need, may_wait, false, &below_full,
+				      progress);
 		if (cand != stackc)
 			kvt_free(cand);
 		if (full || sl->n_free + e->demoting[tier] >= need)
 			break;
 		limit = deficit + RECLAIM_SCAN_MAX; /* not enough near the tail: look further */
 	}
-	rc = kvt_xfer_flush(e);
+	/* the demotions start now; promotions collected by the caller stay one batch */
+	rc = kvt_xfer_flush_down(e);
 	return rc;
 }
 
@@ -170,8 +194,8 @@ kvt_nvme_enospc(struct kvt_engine *e)
 			       "NVMe copies dropped, background demotion to NVMe paused", n);
 }
 
-int
-kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
+static int
+reclaim_run(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 {
 	struct kvt_slots *sl = &e->slots[tier];
 	int rc, progress;
@@ -204,6 +228,49 @@ kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 		if (rc < 0)
 			return rc;
 	}
+}
+
+/*
+ * Blocks announced by hints (engine/hint.c) are spared; a caller that must have room now
+ * (may_wait: prepare, append, park) takes them as a last resort rather than fail.
+ */
+int
+kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
+{
+	int rc = reclaim_run(e, tier, need, may_wait);
+
+	if (rc == -ENOSPC && may_wait && !e->evict_hinted) {
+		e->evict_hinted = true;
+		rc = reclaim_run(e, tier, need, may_wait);
+		e->evict_hinted = false;
+	}
+	return rc;
+}
+
+/**
+ * kvt_reclaim_for() - before promoting the blocks @ids[0..n) into @tier (HBM or HOST) one by
+ * one, make room for all those that are valid one tier down in one pass (no waiting): clean copies go at once and every dirty victim's
+ * demotion starts together, instead of one demotion per block, each blocking the next block's
+ * room until it lands. Best effort; the per-block reclaim that follows does the rest.
+ */
+void
+kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n)
+{
+	uint32_t i, want = 0;
+
+	for (i = 0; i < n; i++) {
+		const struct kvt_block *b = &e->blocks[ids[i]];
+
+		/* only blocks that can go up now: one still below @tier + 1 would hold its slot
+		 * idle, and making room for it early can take the room its own read needs */
+		if (!b->lost && !kvt_copy_valid(b, tier) && b->state[tier] != KVT_COPY_INFLIGHT &&
+		    kvt_copy_valid(b, tier + 1))
+			want++;
+	}
+	if (want > e->slots[tier].n_slots)
+		want = e->slots[tier].n_slots;
+	if (want > e->slots[tier].n_free)
+		(void)kvt_reclaim(e, tier, want, false);
 }
 
 int

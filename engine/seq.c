@@ -93,6 +93,7 @@ kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *opts, uint3
 	s->session_key = opts->session_key;
 	s->pub_pending = 0;
 	s->retention_ms = opts->retention_ms;
+	s->hint_no = 0;
 	s->last_use_ns = kvt_now_ns();
 	seq_salt(opts, s->salt);
 	s->n_tokens = 0;
@@ -224,6 +225,7 @@ kvt_seq_close(struct kvt_engine *e, kvt_seq_id id)
 		kvt_block_kill(e, s->blocks[i]);
 	s->n_blocks = 0;
 	s->n_tokens = 0;
+	s->hint_no = 0;
 	s->open = 0;
 	s->gen++;
 	if (s->gen == 0)
@@ -305,10 +307,17 @@ seq_ready_last(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t *block)
 
 		if (kvt_copy_valid(b, KVT_TIER_HBM) && !b->busy)
 			break;
-		if (kvt_copy_valid(b, KVT_TIER_HBM) || b->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
-			rc = kvt_xfer_wait_any(e); /* a copy in or out of HBM is in flight */
-		else
+		if (kvt_copy_valid(b, KVT_TIER_HBM) ||
+		    b->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT) {
+			/* a copy in or out of HBM is in flight: a stall of the append */
+			uint64_t t0 = kvt_now_ns();
+
+			rc = kvt_xfer_wait_block(e, id);
+			e->st.stalls++;
+			e->st.stall_ns += kvt_now_ns() - t0;
+		} else {
 			rc = kvt_promote_hbm(e, id, true);
+		}
 		if (rc < 0)
 			return rc;
 	}
@@ -465,6 +474,7 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 		return kvt_err(-ENOSPC, "no HOST or NVME tier to park sequence %u in",
 			       (unsigned)(s - e->seqs));
 	kvt_seq_unpin_writes(e, s);
+	s->hint_no = 0; /* parked: whatever was announced for it no longer holds */
 	for (i = 0; i < s->n_blocks && rc == 0; i++) {
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
 		if (rc == KVT_EBUSY && e->blocks[s->blocks[i]].refs > 1)
@@ -503,9 +513,11 @@ kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
 	s->last_use_ns = kvt_now_ns();
 	/* best effort, in order: NVMe reads are started first since they are slowest; blocks
 	 * already in HOST go up as room allows. Prepare finishes whatever is left. */
+	e->prefetching = true; /* ahead of the next prepare: counted as prefetched */
 	for (i = 0; i < s->n_blocks; i++)
 		if (kvt_promote_hbm(e, s->blocks[i], false) == KVT_ELOST)
 			break; /* reported by the next prepare, which truncates */
+	e->prefetching = false;
 	rc = kvt_xfer_flush(e);
 out:
 	kvt_unlock(e);

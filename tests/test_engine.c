@@ -54,7 +54,8 @@ test_append_prepare_release(void **state)
 	assert_int_equal(info.n_blocks, 3);
 	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 3);
 	assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), 0);
-	assert_int_equal(kvt_batch_wait_layer(b, 1, NULL), 0);
+	for (uint32_t l = 0; l < TSUP_LAYERS; l++)
+		assert_int_equal(kvt_batch_wait_layer(b, l, NULL), 0);
 	assert_int_equal(kvt_batch_block_table(b, &bt), 0);
 	assert_int_equal(bt.n_seqs, 1);
 	assert_int_equal(bt.indptr[0], 0);
@@ -234,7 +235,9 @@ test_windows(void **state)
 	for (w = 0; w < 10; w += 2) {
 		r = (struct kvt_seq_range){ .seq = s, .first_block = w, .n_blocks = 2 };
 		assert_int_equal(kvt_batch_prepare_ranges(e, &r, 1, &b), 0);
-		assert_int_equal(kvt_batch_wait_layer(b, 0, NULL), 0);
+		/* layers land one group at a time: every layer checked below is waited for */
+		for (uint32_t l = 0; l < TSUP_LAYERS; l++)
+			assert_int_equal(kvt_batch_wait_layer(b, l, NULL), 0);
 		assert_int_equal(kvt_batch_block_table(b, &bt), 0);
 		assert_int_equal(bt.first_block[0], w);
 		assert_int_equal(bt.seq_len[0], 8);

@@ -91,7 +91,9 @@ test_inv2_pinned_after_copy_complete(void **state)
 	assert_int_equal(kvt_engine_drain(e), 0);
 	/* host wait */
 	assert_int_equal(kvt_batch_prepare(e, &a, 1, &bat), 0);
-	assert_int_equal(kvt_batch_wait_layer(bat, 0, NULL), 0);
+	/* layers land one group at a time: every layer checked below is waited for */
+	for (uint32_t l = 0; l < TSUP_LAYERS; l++)
+		assert_int_equal(kvt_batch_wait_layer(bat, l, NULL), 0);
 	assert_int_equal(kvt_batch_block_table(bat, &bt), 0);
 	assert_int_equal(tsup_check_entry(&bt, 0, 1), 0);
 	assert_int_equal(kvt_batch_release(bat, NULL), 0);
@@ -139,7 +141,8 @@ test_inv3_no_eviction_of_pinned(void **state)
 	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 0);
 	assert_int_equal(kvt_seq_info(e, a, &info), 0);
 	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 2);
-	assert_int_equal(kvt_batch_wait_layer(bat, 0, NULL), 0);
+	for (uint32_t l = 0; l < TSUP_LAYERS; l++)
+		assert_int_equal(kvt_batch_wait_layer(bat, l, NULL), 0);
 	assert_int_equal(kvt_batch_block_table(bat, &bt), 0);
 	assert_int_equal(tsup_check_entry(&bt, 0, 1), 0);
 	/* everything is pinned now (A by the batch, D by its append): no room at all */

@@ -118,6 +118,15 @@ int kvt_device_emu_create(const struct kvt_emu_opts *o, struct kvt_device **out)
 int kvt_device_emu_stream_hold(struct kvt_device *d, struct kvt_stream *s, bool hold);
 
 /**
+ * Test knob of the emulated device: let the held stream @s run exactly @n_ops more queued
+ * operations (a copy batch, an event record or a wait each count one), then hold it again.
+ * Returns once they have run (or the queue is empty), so a test can stop a batch of layer-wise
+ * copies between two layers deterministically. kvt_device_emu_stream_hold(d, s, false) releases
+ * it for good. Returns 0, -EINVAL (s NULL, n_ops 0, s not held), KVT_ENOTSUP (not emulated).
+ */
+int kvt_device_emu_stream_step(struct kvt_device *d, struct kvt_stream *s, uint32_t n_ops);
+
+/**
  * Create the CUDA device on @ordinal. Returns 0; KVT_ENOTSUP in builds without CUDA;
  * KVT_EDEVICE when no usable GPU is present (message "no CUDA device: ..." in
  * kvt_last_error_message()) or its context cannot be created; -EINVAL for an ordinal out of

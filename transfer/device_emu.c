@@ -10,8 +10,8 @@
  *   - A stream is a worker thread draining an in-order FIFO of operations: a copy batch, an
  *     event record, a wait for an event record. Before each operation the worker sleeps a random
  *     0..max_delay_us (per-stream RNG), so work on different streams completes late and in any
- *     relative order, while one stream stays strictly in order. Each copy of a batch first
- *     sleeps len / copy_bytes_per_s (simulated link time), then moves its bytes.
+ *     relative order, while one stream stays strictly in order. A copy batch (one DMA) first
+ *     sleeps its total length / copy_bytes_per_s (simulated link time), then moves its bytes.
  *   - An event points at its latest record (struct emu_rec). A record is done when its stream's
  *     worker reaches it. query/sync look at the latest record; stream_wait_event captures the
  *     latest record at call time, so a later re-record of the event does not release a wait
@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -83,6 +84,8 @@ struct emu_stream {
 	uint64_t queued;       /* ops ever queued */
 	uint64_t executed;     /* ops ever finished */
 	bool hold;             /* test knob: start no further op (kvt_device_emu_stream_hold) */
+	uint64_t hold_at;      /* test knob: hold once executed reaches it; 0 = off
+	                          (kvt_device_emu_stream_step) */
 	bool stop;             /* drain the queue, then exit */
 	uint32_t id;           /* 0, 1, ... in creation order on the device */
 	uint64_t rng;          /* splitmix64 state of the delays; used by the worker only */
@@ -312,15 +315,15 @@ emu_op_run(struct emu_dev *emu, struct emu_op *op)
 	case EMU_OP_COPY:
 		/* link time first, bytes at its end: the source must stay intact and the
 		 * destination stays old for the whole transfer, as on a real DMA engine, so
-		 * reusing either too early shows up as wrong bytes */
-		for (i = 0; i < op->n; i++) {
-			if (op->v[i].len == 0)
-				continue;
-			if (emu->opts.copy_bytes_per_s != 0)
-				emu_sleep_ns((uint64_t)((double)op->v[i].len * 1e9 /
-							(double)emu->opts.copy_bytes_per_s));
-			memcpy(op->v[i].dst, op->v[i].src, op->v[i].len);
-		}
+		 * reusing either too early shows up as wrong bytes. The batch is one DMA: one
+		 * sleep for its total length (a sleep per piece would cost the timer's slack,
+		 * tens of microseconds, per piece and distort small layer pieces) */
+		if (emu->opts.copy_bytes_per_s != 0 && op->total != 0)
+			emu_sleep_ns((uint64_t)((double)op->total * 1e9 /
+						(double)emu->opts.copy_bytes_per_s));
+		for (i = 0; i < op->n; i++)
+			if (op->v[i].len != 0)
+				memcpy(op->v[i].dst, op->v[i].src, op->v[i].len);
 		break;
 	case EMU_OP_RECORD:
 		pthread_mutex_lock(&emu->ev_lock);
@@ -346,9 +349,14 @@ emu_stream_main(void *arg)
 	uint32_t max_delay = s->dev->opts.max_delay_us;
 	struct emu_op *op;
 
+	/* simulated link times are microseconds: the default 50 us timer slack would add more
+	 * than the copy itself to every batch (a bandwidth-limited layer group sleeps once) */
+	(void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+
 	for (;;) {
 		pthread_mutex_lock(&s->lock);
-		while ((s->head == NULL || s->hold) && !s->stop)
+		while ((s->head == NULL || s->hold ||
+			(s->hold_at != 0 && s->executed >= s->hold_at)) && !s->stop)
 			pthread_cond_wait(&s->cond, &s->lock);
 		op = s->head;
 		if (op == NULL) { /* stopped and drained */
@@ -394,6 +402,7 @@ emu_stream_release(struct emu_stream *s)
 {
 	pthread_mutex_lock(&s->lock);
 	s->hold = false;
+	s->hold_at = 0;
 	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
 }
@@ -404,6 +413,7 @@ emu_stream_free(struct emu_stream *s)
 {
 	pthread_mutex_lock(&s->lock);
 	s->hold = false; /* a held stream would never drain */
+	s->hold_at = 0;
 	s->stop = true;
 	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
@@ -789,7 +799,31 @@ kvt_device_emu_stream_hold(struct kvt_device *d, struct kvt_stream *stream, bool
 		return kvt_err(-EINVAL, "stream hold: stream is NULL");
 	pthread_mutex_lock(&s->lock);
 	s->hold = hold;
+	s->hold_at = 0;
 	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+int
+kvt_device_emu_stream_step(struct kvt_device *d, struct kvt_stream *stream, uint32_t n_ops)
+{
+	struct emu_stream *s = (struct emu_stream *)(void *)stream;
+
+	if (d == NULL || d->ops != &emu_ops)
+		return kvt_err(KVT_ENOTSUP, "stream step: only the emulated device has it");
+	if (s == NULL || n_ops == 0)
+		return kvt_err(-EINVAL, "stream step: stream %p, %u operations", (void *)s, n_ops);
+	pthread_mutex_lock(&s->lock);
+	if (!s->hold) {
+		pthread_mutex_unlock(&s->lock);
+		return kvt_err(-EINVAL, "stream step: the stream is not held");
+	}
+	s->hold = false;
+	s->hold_at = s->executed + n_ops; /* held: nothing runs now, so executed is exact */
+	pthread_cond_broadcast(&s->cond);
+	while (s->executed < s->hold_at && s->head != NULL)
+		pthread_cond_wait(&s->cond, &s->lock);
 	pthread_mutex_unlock(&s->lock);
 	return 0;
 }

@@ -20,6 +20,8 @@
 
 #include "engine/engine_impl.h"
 
+#define XFER_MAX_LGROUPS 32u /* at most this many layer groups (events) per H2D flush */
+
 static const int xfer_dst_tier[4] = {
 	[KVT_X_D2H] = KVT_TIER_HOST,
 	[KVT_X_H2N] = KVT_TIER_NVME,
@@ -123,6 +125,10 @@ xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 	b->copy_ver[dst] = x->ver;
 	b->busy++;
 	e->st.transfers_in_flight++;
+	x->t_issue = kvt_now_ns();
+	x->prefetch = e->prefetching;
+	if (kind == KVT_X_H2D || kind == KVT_X_N2H)
+		kvt_stats_record_issue(e, dst, e->block_bytes);
 	return x;
 }
 
@@ -306,6 +312,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 		if (res == 0 && current) {
 			kvt_copy_set_present(e, id, KVT_TIER_HBM, x->ver);
 			xfer_count_move(e, x->kind);
+			kvt_stats_record_promote(e, KVT_TIER_HBM, kvt_now_ns() - x->t_issue);
 		} else {
 			kvt_copy_fail(e, id, KVT_TIER_HBM);
 		}
@@ -320,8 +327,14 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 		if (res == 0 && current) {
 			kvt_copy_set_present(e, id, KVT_TIER_HOST, x->ver);
 			xfer_count_move(e, x->kind);
-			if (x->then_hbm)
+			kvt_stats_record_promote(e, KVT_TIER_HOST, kvt_now_ns() - x->t_issue);
+			if (x->then_hbm) {
+				bool was = e->prefetching;
+
+				e->prefetching = x->prefetch;
 				kvt_promote_hbm(e, id, false);
+				e->prefetching = was;
+			}
 		} else {
 			kvt_copy_fail(e, id, KVT_TIER_HOST);
 			/* bytes on NVMe that do not verify are worthless: drop them, and if no
@@ -338,15 +351,76 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 
 /* ---- device groups */
 
+/* Copy descriptors of layer group @lg (all layers when @lg is UINT32_MAX) of every transfer. */
+static void
+xstream_fill(struct kvt_engine *e, struct kvt_xfer *list, uint32_t lg, struct kvt_copy *v)
+{
+	uint64_t off = 0, len = e->block_bytes;
+	struct kvt_xfer *x;
+	uint32_t i = 0, l0, l1;
+
+	if (lg != UINT32_MAX) {
+		l0 = lg * e->layers_per_group;
+		l1 = l0 + e->layers_per_group;
+		if (l1 > e->layout.n_layers)
+			l1 = e->layout.n_layers;
+		off = (uint64_t)l0 * e->layer_block_bytes;
+		len = (uint64_t)(l1 - l0) * e->layer_block_bytes;
+	}
+	for (x = list; x; x = x->next, i++) {
+		v[i].dst = (char *)kvt_slot_addr(e, xfer_dst_tier[x->kind], x->dst_slot) + off;
+		v[i].src = (char *)kvt_slot_addr(e, xfer_src_tier[x->kind], x->src_slot) + off;
+		v[i].len = len;
+	}
+}
+
+/*
+ * Queue the group's copies and events: one batched copy per layer group (H2D, in layer order)
+ * or one for whole blocks (D2H), each followed by an event record. Returns 0, or the failure
+ * with *queued telling whether some copies may have been queued, and the events recorded so far
+ * given back to the pool.
+ */
+static int
+xstream_submit(struct kvt_engine *e, struct kvt_xstream *xs, struct kvt_xgroup *g,
+	       struct kvt_copy *v, uint32_t n, bool *queued)
+{
+	bool layered = xs == &e->h2d;
+	uint32_t i;
+	int rc = 0;
+
+	for (i = 0; i < g->n_ev && !rc; i++) {
+		xstream_fill(e, g->xfers, layered ? i : UINT32_MAX, v);
+		rc = e->dev->ops->copy_batch_async(e->dev, xs->s, v, n);
+		/* a batch that failed part-way may have queued some copies (a per-copy
+		 * fallback): they must finish before their slots can be freed */
+		*queued = true;
+		if (rc)
+			break;
+		rc = xfer_event_get(e, &g->ev[i]);
+		if (rc == 0) {
+			rc = e->dev->ops->event_record(e->dev, g->ev[i], xs->s);
+			if (rc) {
+				xfer_event_put(e, g->ev[i]);
+				g->ev[i] = NULL;
+			}
+		}
+	}
+	if (rc)
+		for (i = 0; i < g->n_ev; i++)
+			if (g->ev[i])
+				xfer_event_put(e, g->ev[i]);
+	return rc;
+}
+
 static int
 xstream_flush(struct kvt_engine *e, struct kvt_xstream *xs)
 {
 	struct kvt_copy stackv[64], *v = stackv;
 	struct kvt_xgroup *g;
 	struct kvt_xfer *x, *list = xs->pending;
-	int src, dst, rc;
-	uint32_t i = 0, n = xs->n_pending;
+	uint32_t n = xs->n_pending, n_ev = xs == &e->h2d ? e->n_lgroups : 1;
 	bool queued = false;
+	int rc;
 
 	if (!n)
 		return 0;
@@ -356,32 +430,14 @@ xstream_flush(struct kvt_engine *e, struct kvt_xstream *xs)
 		rc = kvt_err(-ENOMEM, "copy descriptors");
 		goto fail;
 	}
-	for (x = list; x; x = x->next, i++) {
-		src = xfer_src_tier[x->kind];
-		dst = xfer_dst_tier[x->kind];
-		v[i].dst = kvt_slot_addr(e, dst, x->dst_slot);
-		v[i].src = kvt_slot_addr(e, src, x->src_slot);
-		v[i].len = e->block_bytes;
-	}
-	g = kvt_calloc(1, sizeof *g);
+	g = kvt_calloc(1, sizeof *g + n_ev * sizeof g->ev[0]);
 	if (!g) {
 		rc = kvt_err(-ENOMEM, "transfer group");
 		goto fail;
 	}
-	rc = e->dev->ops->copy_batch_async(e->dev, xs->s, v, n);
-	if (rc) {
-		/* a batch that failed part-way may have queued some copies (a per-copy
-		 * fallback): they must finish before their slots can be freed */
-		queued = true;
-	} else {
-		queued = true;
-		rc = xfer_event_get(e, &g->ev);
-		if (rc == 0) {
-			rc = e->dev->ops->event_record(e->dev, g->ev, xs->s);
-			if (rc)
-				xfer_event_put(e, g->ev);
-		}
-	}
+	g->n_ev = n_ev;
+	g->xfers = list;
+	rc = xstream_submit(e, xs, g, v, n, &queued);
 	if (rc) {
 		kvt_free(g);
 		rc = xfer_dev_err(e, rc, "submitting a batched copy");
@@ -389,8 +445,10 @@ xstream_flush(struct kvt_engine *e, struct kvt_xstream *xs)
 	}
 	if (v != stackv)
 		kvt_free(v);
-	g->xfers = list;
 	g->seqno = ++xs->submitted;
+	for (x = list; x; x = x->next)
+		if (x->kind == KVT_X_H2D)
+			e->blocks[x->block].h2d_seqno = g->seqno;
 	if (xs->tail)
 		xs->tail->next = g;
 	else
@@ -412,6 +470,22 @@ fail:
 		xfer_complete(e, x, rc);
 	}
 	return rc;
+}
+
+/* Submit collected demotions (device-to-host copies, NVMe IO), leaving host-to-device copies
+ * collected: making room for one block of a batch must not cut the batch's promotions into
+ * one copy group per block. */
+int
+kvt_xfer_flush_down(struct kvt_engine *e)
+{
+	int rc1 = xstream_flush(e, &e->d2h);
+	int rc3 = e->nvme && e->nvme_inflight ? kvt_nvme_flush(e->nvme) : 0;
+
+	if (rc3 == -EAGAIN || rc3 == -EBUSY || rc3 == -EINTR)
+		rc3 = 0;
+	if (rc3 < 0)
+		rc3 = kvt_err(rc3, "submitting NVMe IO");
+	return rc1 ? rc1 : rc3 < 0 ? rc3 : 0;
 }
 
 int
@@ -443,7 +517,8 @@ xstream_retire_head(struct kvt_engine *e, struct kvt_xstream *xs)
 		g->xfers = x->next;
 		xfer_complete(e, x, 0);
 	}
-	xfer_event_put(e, g->ev);
+	for (uint32_t i = 0; i < g->n_ev; i++)
+		xfer_event_put(e, g->ev[i]);
 	kvt_free(g);
 }
 
@@ -453,7 +528,7 @@ xstream_poll(struct kvt_engine *e, struct kvt_xstream *xs, uint32_t max, int *do
 	int rc;
 
 	while (xs->head && (!max || (uint32_t)*done < max)) {
-		rc = e->dev->ops->event_query(e->dev, xs->head->ev);
+		rc = e->dev->ops->event_query(e->dev, xs->head->ev[xs->head->n_ev - 1]);
 		if (rc == -EAGAIN)
 			break;
 		if (rc)
@@ -537,11 +612,11 @@ kvt_xfer_wait_any(struct kvt_engine *e)
 	if (rc)
 		return rc;
 	if (e->d2h.head) {
-		rc = e->dev->ops->event_sync(e->dev, e->d2h.head->ev);
+		rc = e->dev->ops->event_sync(e->dev, e->d2h.head->ev[0]);
 	} else if (e->nvme_inflight) {
 		rc = xfer_nvme_poll(e, 0, true, &done);
 	} else if (e->h2d.head) {
-		rc = e->dev->ops->event_sync(e->dev, e->h2d.head->ev);
+		rc = e->dev->ops->event_sync(e->dev, e->h2d.head->ev[e->h2d.head->n_ev - 1]);
 	} else {
 		return 0;
 	}
@@ -551,30 +626,42 @@ kvt_xfer_wait_any(struct kvt_engine *e)
 	return rc < 0 ? rc : done + rc;
 }
 
+/**
+ * kvt_xfer_wait_block() - block until the transfers in flight on block @id have progressed:
+ * for a host-to-device copy into it, until its own copy group has landed (not whatever else
+ * is oldest), otherwise until any completion. Completions are processed. Returns >= 0 or a
+ * negative code.
+ */
 int
-kvt_xfer_wait_h2d(struct kvt_engine *e, uint64_t seqno)
+kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id)
 {
-	int rc = kvt_xfer_flush(e);
+	struct kvt_block *b = &e->blocks[id];
+	struct kvt_xgroup *g;
+	int rc;
 
-	while (!rc && e->h2d.retired < seqno && e->h2d.head) {
-		rc = e->dev->ops->event_sync(e->dev, e->h2d.head->ev);
+	if (b->state[KVT_TIER_HBM] != KVT_COPY_INFLIGHT)
+		return kvt_xfer_wait_any(e);
+	rc = kvt_xfer_flush(e);
+	if (rc)
+		return rc;
+	for (g = e->h2d.head; g && g->seqno < b->h2d_seqno; g = g->next)
+		;
+	if (g && g->seqno == b->h2d_seqno) {
+		rc = e->dev->ops->event_sync(e->dev, g->ev[g->n_ev - 1]);
 		if (rc)
-			return xfer_dev_err(e, rc, "waiting for host-to-device copies");
-		rc = kvt_xfer_poll(e, 0);
-		if (rc > 0)
-			rc = 0;
+			return xfer_dev_err(e, rc, "waiting for a host-to-device copy");
 	}
-	return rc;
+	return kvt_xfer_poll(e, 0);
 }
 
 struct kvt_event *
-kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno)
+kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno, uint32_t layer)
 {
 	struct kvt_xgroup *g;
 
 	for (g = e->h2d.head; g; g = g->next)
 		if (g->seqno >= seqno)
-			return g->ev;
+			return g->ev[layer / e->layers_per_group];
 	return NULL;
 }
 
@@ -587,8 +674,13 @@ kvt_xfer_inflight(const struct kvt_engine *e)
 int
 kvt_xfer_init(struct kvt_engine *e)
 {
+	uint32_t L = e->layout.n_layers;
 	int rc;
 
+	/* one layer per group up to XFER_MAX_LGROUPS layers; beyond, neighbours share a group
+	 * (an event per layer costs a record per layer per flush) */
+	e->layers_per_group = (L + XFER_MAX_LGROUPS - 1) / XFER_MAX_LGROUPS;
+	e->n_lgroups = (L + e->layers_per_group - 1) / e->layers_per_group;
 	rc = e->dev->ops->stream_create(e->dev, &e->d2h.s);
 	if (!rc)
 		rc = e->dev->ops->stream_create(e->dev, &e->h2d.s);
@@ -611,7 +703,8 @@ xstream_forget(struct kvt_engine *e, struct kvt_xstream *xs)
 			g->xfers = x->next;
 			kvt_free(x);
 		}
-		e->dev->ops->event_destroy(e->dev, g->ev);
+		for (uint32_t i = 0; i < g->n_ev; i++)
+			e->dev->ops->event_destroy(e->dev, g->ev[i]);
 		kvt_free(g);
 	}
 	xs->tail = NULL;

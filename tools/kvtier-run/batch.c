@@ -210,6 +210,25 @@ batch_forward_group(struct run_ctx *c, struct run_sess **g, uint32_t n, struct k
 	return 0;
 }
 
+int
+run_hint(struct run_ctx *c, const struct kvt_seq_range *r)
+{
+	int rc;
+
+	if (!c->o->prefetch)
+		return 0;
+	if (r)
+		rc = kvt_engine_hint_ranges(c->e, r, 1, 1);
+	else if (c->n_hint)
+		rc = kvt_engine_hint(c->e, c->hint_ids, c->n_hint, 1);
+	else
+		return 0;
+	/* a next group larger than HBM is decoded by windows: nothing to announce as a whole */
+	if (rc == 0 || rc == KVT_ETOOBIG)
+		return 0;
+	return kvtr_err_kvt(rc, "kvt_engine_hint");
+}
+
 void
 run_done(struct run_ctx *c, struct run_sess *s)
 {
@@ -232,8 +251,10 @@ batch_run_group(struct run_ctx *c, struct run_sess **g, uint32_t n)
 	if (rc)
 		return rc;
 	c->r->batches++;
+	rc = run_hint(c, NULL); /* the next group's copies overlap this group's compute */
 	memset(&bt, 0, sizeof(bt));
-	rc = kvt_batch_block_table(b, &bt);
+	if (rc == 0)
+		rc = kvt_batch_block_table(b, &bt);
 	if (rc)
 		rc = kvtr_err_kvt(rc, "kvt_batch_block_table");
 	for (uint32_t i = 0; rc == 0 && i < n; i++)
@@ -317,26 +338,80 @@ batch_fail_single(struct run_ctx *c, struct run_sess *s, int rc)
 			c->geo.host_slots, why);
 }
 
+/* Greedy group of consecutive sessions from act[i] whose blocks fit in @slots, each holding
+ * @ahead positions more than it has now (1: this step's); *need gets their blocks. */
+static uint32_t
+batch_plan(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i, uint32_t maxg,
+	   uint32_t slots, uint32_t ahead, uint32_t *need)
+{
+	uint32_t cnt = 0;
+
+	*need = 0;
+	while (i + cnt < n && cnt < maxg) {
+		uint32_t bn = run_blocks(c, act[i + cnt]->n_kv + ahead);
+
+		if (cnt > 0 && *need + bn > slots)
+			break;
+		*need += bn;
+		cnt++;
+	}
+	return cnt;
+}
+
+/* Prefetch: the group after [i, i + cnt), wrapping to the step's first, into c->hint_ids. */
+static void
+batch_plan_next(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i, uint32_t maxg,
+		uint32_t slots)
+{
+	uint32_t need, cnt;
+
+	uint32_t ahead = 1;
+
+	c->n_hint = 0;
+	if (!c->o->prefetch)
+		return;
+	if (i >= n) {
+		/* the next step's first group: every session will hold one position more */
+		i = 0;
+		ahead = 2;
+	}
+	cnt = batch_plan(c, act, n, i, maxg, slots, ahead, &need);
+	for (uint32_t k = 0; k < cnt; k++)
+		c->hint_ids[c->n_hint++] = act[i + k]->id;
+}
+
 int
 run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 {
-	uint32_t i = 0, maxg = n, slots = c->geo.hbm_slots;
+	uint32_t i = 0, maxg = n, slots = c->geo.hbm_slots, half = slots;
 
+	/* prefetch: the group computing and the one arriving must fit in HBM together, beside
+	 * the growing (dirty) last block of every active session, which would otherwise be
+	 * demoted to make room and come back on demand at its next append (a session that fits
+	 * only alone still runs as a group of one) */
+	if (c->o->prefetch && slots >= 2)
+		half = (slots - (n < slots / 2 ? n : slots / 2)) / 2;
+	if (half == 0)
+		half = 1;
+	if (c->o->prefetch) {
+		/* balanced groups: a small last group would leave the next step's first group
+		 * too little compute to arrive behind */
+		uint64_t total = 0, k;
+
+		for (uint32_t j = 0; j < n; j++)
+			total += run_blocks(c, act[j]->n_kv + 1);
+		k = (total + half - 1) / half;
+		if (k > 1 && (n + k - 1) / k < maxg)
+			maxg = (uint32_t)((n + k - 1) / k);
+	}
 	for (uint32_t k = 0; k < n; k++)
 		act[k]->computed = 0;
 	while (i < n) {
-		uint32_t cnt = 0, need = 0;
+		uint32_t cnt, need;
 		int rc;
 
-		/* greedy group of consecutive sessions whose blocks fit in HBM together */
-		while (i + cnt < n && cnt < maxg) {
-			uint32_t bn = run_blocks(c, act[i + cnt]->n_kv + 1);
-
-			if (cnt > 0 && need + bn > slots)
-				break;
-			need += bn;
-			cnt++;
-		}
+		cnt = batch_plan(c, act, n, i, maxg, half, 1, &need);
+		batch_plan_next(c, act, n, i + cnt, maxg, half);
 		if (cnt == 1 && need > slots && !act[i]->appended) {
 			/* larger than HBM: decoded by windows (window.c) */
 			rc = run_windowed(c, act[i]);

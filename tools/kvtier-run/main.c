@@ -68,6 +68,10 @@ main_usage(FILE *f)
 	      "                        (kvtier prefix sharing); the text is unchanged\n"
 	      "  --emu-delay-us N      emulated device: delay/reorder copies up to N us\n"
 	      "                        (default 0)\n"
+	      "  --emu-bandwidth B     emulated device: copy bandwidth in bytes/s (K/M/G\n"
+	      "                        suffixes; default unlimited)\n"
+	      "  --prefetch            schedule hints: promote the next group/window while the\n"
+	      "                        current one computes (groups/windows use half of HBM)\n"
 	      "  --stats-json F        write tier/transfer statistics as JSON to F\n"
 	      "  --metrics F           write the engine's counters at the end in the Prometheus\n"
 	      "                        text format to F (- = stdout, after the text)\n"
@@ -82,7 +86,7 @@ enum {
 	OPT_MODEL = 256, OPT_TOKENIZER, OPT_PROMPT, OPT_STEPS, OPT_TEMP, OPT_TOPP, OPT_SEED,
 	OPT_SESSIONS, OPT_TURNS, OPT_HBM, OPT_HOST, OPT_NVME_DIR, OPT_NVME, OPT_TPB, OPT_DTYPE,
 	OPT_REFERENCE, OPT_EMU_DELAY, OPT_STATS, OPT_METRICS, OPT_HELP, OPT_DEVICE,
-	OPT_PREFIX_SHARE,
+	OPT_PREFIX_SHARE, OPT_PREFETCH, OPT_BANDWIDTH,
 };
 
 static const struct option main_opts[] = {
@@ -107,6 +111,8 @@ static const struct option main_opts[] = {
 	{ "device", required_argument, NULL, OPT_DEVICE },
 	{ "stats-json", required_argument, NULL, OPT_STATS },
 	{ "metrics", required_argument, NULL, OPT_METRICS },
+	{ "prefetch", no_argument, NULL, OPT_PREFETCH },
+	{ "emu-bandwidth", required_argument, NULL, OPT_BANDWIDTH },
 	{ "help", no_argument, NULL, OPT_HELP },
 	{ NULL, 0, NULL, 0 },
 };
@@ -169,6 +175,9 @@ main_parse_one(int opt, const char *arg, struct kvtr_run_opts *o, struct main_ar
 	case OPT_STATS: a->stats_json = arg; return 0;
 	case OPT_METRICS: a->metrics = arg; return 0;
 	case OPT_DEVICE: return main_parse_device(arg, &o->device);
+	case OPT_PREFETCH: o->prefetch = 1; return 0;
+	case OPT_BANDWIDTH:
+		return kvtr_parse_size("--emu-bandwidth", arg, &o->emu_copy_bytes_per_s);
 	case OPT_HELP:
 	case 'h':
 		return 1;

@@ -60,6 +60,8 @@ struct run_ctx {
 	uint32_t cut_warned;            /* turn + 1 of the last "prompt cut" warning, 0 = none */
 	char tmpdir[4096];              /* temp NVMe dir we created ("" if none) */
 	struct run_dev *dev;            /* --device cuda state (devrun.c), NULL otherwise */
+	kvt_seq_id *hint_ids;           /* [sessions] prefetch: the next group's sequences */
+	uint32_t n_hint;                /* their count (0 = nothing to announce) */
 };
 
 /**
@@ -103,6 +105,10 @@ void run_kv_view(const struct run_ctx *c, const struct kvt_block_table *bt, uint
 /** run_store_kv() - store @k/@v [kv_dim] of layer @l at kvt_kv_addr(s->slot), as kv_dtype. */
 int run_store_kv(struct run_ctx *c, struct run_sess *s, uint32_t l, const float *k,
 		 const float *v);
+
+/** run_hint() - prefetch mode: announce the next group (c->hint_ids) or @r (a window) to the
+ * engine. Refusals that only mean "cannot help now" are ignored; bugs are returned. */
+int run_hint(struct run_ctx *c, const struct kvt_seq_range *r);
 
 /** run_done() - the position is computed: n_kv++, logits valid, not appended. */
 void run_done(struct run_ctx *c, struct run_sess *s);

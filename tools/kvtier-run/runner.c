@@ -426,6 +426,7 @@ run_engine_create(struct run_ctx *c)
 	}
 	eo.device = o->device;
 	eo.emu_max_delay_us = o->emu_delay_us;
+	eo.emu_copy_bytes_per_s = o->emu_copy_bytes_per_s;
 	eo.log = run_engine_log;
 	eo.log_arg = c->log;
 	c->r->hbm_bytes = eo.hbm_bytes;
@@ -477,9 +478,10 @@ run_setup(struct run_ctx *c)
 	c->ss = calloc(c->o->sessions, sizeof(*c->ss));
 	c->act = calloc(c->o->sessions, sizeof(*c->act));
 	c->ids = calloc(c->o->sessions, sizeof(*c->ids));
+	c->hint_ids = calloc(c->o->sessions, sizeof(*c->hint_ids));
 	c->r->out = calloc((size_t)c->o->sessions * c->o->turns, sizeof(*c->r->out));
 	c->wo = calloc(dim * 2 + nh * 4, sizeof(float));
-	if (!c->ss || !c->act || !c->ids || !c->r->out || !c->wo)
+	if (!c->ss || !c->act || !c->ids || !c->hint_ids || !c->r->out || !c->wo)
 		return kvtr_err(-ENOMEM, "out of memory for %u sessions", c->o->sessions);
 	c->po = c->wo + dim;
 	c->wm = c->po + dim;
@@ -541,6 +543,7 @@ run_teardown(struct run_ctx *c, int rc)
 	free(c->ss);
 	free(c->act);
 	free(c->ids);
+	free(c->hint_ids);
 	free(c->wo);
 	free(c->side);
 	free(c->tokblk);

@@ -19,8 +19,12 @@
  * FFN; then kvt_batch_release. A group the engine refuses (KVT_ETOOBIG / -ENOSPC) is split; a
  * session whose blocks alone exceed HBM is decoded by windows of at most hbm_slots - 1 blocks
  * (kvt_batch_prepare_ranges, kvt_attn_partial_ref per window, kvt_attn_merge), each window
- * released before the next. KVT_ELOST (a block failed its checksum) truncates the sequence:
- * the runner re-feeds the lost positions from its own token history (re-prefill) and goes on,
+ * released before the next. With prefetch, each group's batch is followed at once by a hint
+ * of the next group (the step's first group after the last), and each window by a hint of the
+ * next window, so those copies overlap the compute; groups then use at most half of what HBM
+ * holds beside every active session's last block, and windows half of HBM, so that the one
+ * computing and the one arriving fit together. KVT_ELOST (a block failed its checksum)
+ * truncates the sequence: the runner re-feeds the lost positions from its own token history (re-prefill) and goes on,
  * with a note on the log stream; the text is unaffected.
  *
  * Reference mode: the same loop with a contiguous KV cache per session and llama2.c's own
@@ -78,6 +82,11 @@ struct kvtr_run_opts {
 	                                        (kvt_seq_attach_prefix) and computes only the rest;
 	                                        session 0's first turn runs first so the others
 	                                        find it. The text is unchanged */
+	int prefetch;                        /* 1: schedule hints (kvt_engine_hint): while one
+	                                        group computes, the next group's blocks (or the
+	                                        next window's) are promoted; groups and windows
+	                                        then take at most half of HBM each */
+	uint64_t emu_copy_bytes_per_s;       /* emulated device copy bandwidth; 0 = unlimited */
 };
 
 /** What one session produced in one turn. */

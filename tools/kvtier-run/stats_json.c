@@ -7,8 +7,10 @@
  *   parks, park_nospc, preemptions, kv_tokens, kv_blocks, elapsed_s, tok_per_s},
  *   geometry {block_bytes, hbm_slots, host_slots, nvme_slots},
  *   tiers.{hbm,host,nvme}.{capacity_bytes, used_bytes, slots, used_slots, evictions,
- *   configured_bytes}, blocks_moved.{hbm_to_host, host_to_nvme, nvme_to_host, host_to_hbm},
+ *   configured_bytes, hits, misses, bytes_prefetched, bytes_on_demand, promote_count,
+ *   promote_ns_sum}, blocks_moved.{hbm_to_host, host_to_nvme, nvme_to_host, host_to_hbm},
  *   bytes_moved.{...same...}, checksum.{verified, failed}, evictions, stalls, stall_ns,
+ *   accesses, accesses_ready, hints,
  *   io_errors, blocks_lost, seqs_open, batches_open, transfers_in_flight.
  */
 #include <errno.h>
@@ -110,6 +112,12 @@ json_engine(cJSON *root, const struct kvtr_run_result *r)
 		rc |= json_num(o, "used_slots", st->tier[t].used_slots);
 		rc |= json_num(o, "evictions", (double)st->tier[t].evictions);
 		rc |= json_num(o, "configured_bytes", (double)conf[t]);
+		rc |= json_num(o, "hits", (double)st->tier[t].hits);
+		rc |= json_num(o, "misses", (double)st->tier[t].misses);
+		rc |= json_num(o, "bytes_prefetched", (double)st->tier[t].bytes_prefetched);
+		rc |= json_num(o, "bytes_on_demand", (double)st->tier[t].bytes_on_demand);
+		rc |= json_num(o, "promote_count", (double)st->tier[t].promote_count);
+		rc |= json_num(o, "promote_ns_sum", (double)st->tier[t].promote_ns_sum);
 	}
 	for (int m = 0; m < KVT_MOVE_COUNT; m++) {
 		rc |= json_num(moved, json_move_names[m], (double)st->blocks_moved[m]);
@@ -120,6 +128,9 @@ json_engine(cJSON *root, const struct kvtr_run_result *r)
 	rc |= json_num(root, "evictions", (double)st->evictions);
 	rc |= json_num(root, "stalls", (double)st->stalls);
 	rc |= json_num(root, "stall_ns", (double)st->stall_ns);
+	rc |= json_num(root, "accesses", (double)st->accesses);
+	rc |= json_num(root, "accesses_ready", (double)st->accesses_ready);
+	rc |= json_num(root, "hints", (double)st->hints);
 	rc |= json_num(root, "io_errors", (double)st->io_errors);
 	rc |= json_num(root, "blocks_lost", (double)st->blocks_lost);
 	rc |= json_num(root, "seqs_open", st->seqs_open);

@@ -11,6 +11,10 @@
  *     merge all (kvt_attn_merge), in position order; FFN.
  *   then: kvt_seq_append(P) and one batch holding the last block, in which the K/V of every
  *   layer are stored, then released.
+ * With prefetch (runner.h), windows hold at most half of HBM, and as soon as a window is
+ * prepared the next one (of this layer, else the first of the next layer) is announced with
+ * kvt_engine_hint_ranges: its promotion runs while this window's partial is computed, and its
+ * blocks are spared by eviction until its own batch is released.
  * Why append last: kvtier takes the K/V written into an appended block as part of the block
  * only until the first release of a batch holding the sequence (the append's write pin); the
  * windows are such batches, so the new K/V must not be written before them.
@@ -94,9 +98,30 @@ win_prepare(struct run_ctx *c, struct run_sess *s, uint32_t ws, uint32_t *wn,
 	}
 }
 
+/*
+ * Prefetch: announce the window after [ws, ws + wn) of layer @l: the next window of this layer,
+ * else the first of the next layer (the same blocks come back: block-first slots hold every
+ * layer, but HBM holds only two windows), so its copies overlap this window's compute.
+ */
+static int
+win_hint_next(struct run_ctx *c, struct run_sess *s, uint32_t l, uint32_t ws, uint32_t wn,
+	      uint32_t nold, uint32_t cap)
+{
+	struct kvt_seq_range r = { .seq = s->id, .first_block = ws + wn, .n_blocks = 0 };
+
+	if (r.first_block >= nold) {
+		if (l + 1 >= (uint32_t)c->m->cfg.n_layers || ws == 0)
+			return 0; /* the last window, or one window holds them all */
+		r.first_block = 0;
+	}
+	r.n_blocks = nold - r.first_block < cap ? nold - r.first_block : cap;
+	return run_hint(c, &r);
+}
+
 /* One window of complete blocks for layer @l. *wn may shrink (HBM busy). */
 static int
-win_one(struct run_ctx *c, struct run_sess *s, uint32_t l, uint32_t ws, uint32_t *wn, int first)
+win_one(struct run_ctx *c, struct run_sess *s, uint32_t l, uint32_t ws, uint32_t *wn, int first,
+	uint32_t nold, uint32_t cap)
 {
 	uint32_t tpb = c->geo.tokens_per_block, pos = s->n_kv;
 	struct kvt_block_table bt;
@@ -109,6 +134,11 @@ win_one(struct run_ctx *c, struct run_sess *s, uint32_t l, uint32_t ws, uint32_t
 	if (rc)
 		return rc;
 	c->r->windows++;
+	rc = win_hint_next(c, s, l, ws, *wn, nold, cap);
+	if (rc) {
+		kvt_batch_release(b, NULL);
+		return rc;
+	}
 	want = ((uint64_t)(ws + *wn) * tpb < pos ? (uint64_t)(ws + *wn) * tpb : pos) -
 	       (uint64_t)ws * tpb;
 	memset(&bt, 0, sizeof(bt));
@@ -144,7 +174,7 @@ win_layer(struct run_ctx *c, struct run_sess *s, uint32_t l, uint32_t nold, uint
 	for (uint32_t ws = 0; ws < nold; first = 0) {
 		uint32_t wn = nold - ws < *cap ? nold - ws : *cap, asked = wn;
 
-		rc = win_one(c, s, l, ws, &wn, first);
+		rc = win_one(c, s, l, ws, &wn, first, nold, *cap);
 		if (rc)
 			return rc;
 		if (wn < asked)
@@ -247,7 +277,8 @@ run_windowed(struct run_ctx *c, struct run_sess *s)
 				"slots); raise --hbm", slots, s->idx + 1,
 				run_blocks(c, s->n_kv + 1));
 	for (int attempt = 0; attempt < WIN_MAX_RETRY; attempt++) {
-		int rc = win_forward(c, s, slots - 1);
+		/* prefetch: the window computing and the next one arriving share HBM */
+		int rc = win_forward(c, s, c->o->prefetch ? slots / 2 : slots - 1);
 
 		if (rc == 0)
 			rc = win_commit(c, s);

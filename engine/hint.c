@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/hint.c - schedule hints: the server announces which sequences (or windows of them) the
+ * next batches will hold, and the engine starts their promotions at once, so that the copies
+ * overlap the compute of the current step.
+ *
+ * A hint records, per sequence, the announced block range and the hint's number (e->hint_seq).
+ * Until a batch prepared after the hint is released (or the sequence is parked or closed), reclaim
+ * spares the range's copies in HBM and HOST: making room for one announced batch never evicts
+ * another's blocks, nor those of the batches running now (they are pinned). Announcements are a
+ * forecast: a caller that must have room now (prepare, append: may_wait) evicts hinted blocks as
+ * a last resort rather than fail.
+ *
+ * Promotions: steps_ahead 0 or 1 brings the blocks to HBM (NVMe reads first, continuing up when
+ * they land; HOST copies go up as one batched copy per layer group, in layer order); steps_ahead
+ * >= 2 only stages NVMe-only blocks in HOST, since HBM is better spent on the batches nearer in
+ * time. Best effort: when a tier has no evictable room without waiting, the rest is left to the
+ * prepare that follows. All of it is counted as prefetched bytes (engine/stats.c).
+ */
+#include <errno.h>
+
+#include "engine_impl.h"
+
+#define HINT_MAX_RANGES 65536u /* as kvt_batch_prepare */
+
+/**
+ * kvt_hint_spares() - whether reclaim must leave @b's copy in @tier alone because a hint
+ * announced the block for a coming batch. Requires e->lock.
+ */
+bool
+kvt_hint_spares(const struct kvt_engine *e, const struct kvt_block *b, int tier)
+{
+	const struct kvt_seqrec *s;
+
+	if (e->evict_hinted || tier == KVT_TIER_NVME || b->seq >= e->cap_seqs)
+		return false;
+	s = &e->seqs[b->seq];
+	return s->open && s->hint_no && b->index >= s->hint_first && b->index < s->hint_end;
+}
+
+/**
+ * kvt_hint_end() - a batch holding @s, prepared when e->hint_seq was @mark, is released: a hint
+ * given before that prepare has been served and ends; a later one (for the next step) stays.
+ */
+void
+kvt_hint_end(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t mark)
+{
+	(void)e;
+	if (s->hint_no && s->hint_no <= mark)
+		s->hint_no = 0;
+}
+
+/* NVMe-only block: start its read into HOST (no waiting). */
+static int
+hint_stage(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = &e->blocks[id];
+	uint32_t slot;
+	int rc;
+
+	if (b->lost || kvt_copy_valid(b, KVT_TIER_HBM) || kvt_copy_valid(b, KVT_TIER_HOST) ||
+	    b->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT ||
+	    b->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT || !kvt_copy_valid(b, KVT_TIER_NVME))
+		return 0;
+	kvt_block_pin(e, id); /* making room below must not pick it */
+	rc = kvt_reclaim(e, KVT_TIER_HOST, 1, false);
+	if (rc == 0)
+		rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
+	if (rc == 0)
+		rc = kvt_xfer_n2h(e, id, slot, false, false);
+	kvt_block_unpin(e, id);
+	return rc;
+}
+
+/* Check the ranges; *hbm_blocks receives the blocks they cover. */
+static int
+hint_check(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint64_t *hbm_blocks)
+{
+	uint64_t sum = 0;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, NULL);
+
+		if (!s)
+			return kvt_err(KVT_ECLOSED, "hint entry %zu: sequence %#llx is not open", i,
+				       (unsigned long long)r[i].seq);
+		if (s->n_blocks == 0 && r[i].first_block == 0 && r[i].n_blocks == 0)
+			continue; /* nothing stored yet: nothing to bring */
+		if (r[i].first_block >= s->n_blocks ||
+		    (uint64_t)r[i].first_block + r[i].n_blocks > s->n_blocks)
+			return kvt_err(-EINVAL, "hint entry %zu: blocks [%u, +%u) past the end "
+				       "of the sequence (%u blocks)", i, r[i].first_block,
+				       r[i].n_blocks, s->n_blocks);
+		sum += r[i].n_blocks ? r[i].n_blocks : s->n_blocks - r[i].first_block;
+	}
+	*hbm_blocks = sum;
+	return 0;
+}
+
+/* Record the hint and start the promotions, in range order. */
+static int
+hint_apply(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32_t steps_ahead)
+{
+	bool to_hbm = steps_ahead <= 1;
+	size_t i;
+	uint32_t j, end;
+	int rc = 0;
+
+	/* copies that landed since the last call free their blocks for eviction */
+	rc = kvt_xfer_poll(e, 0);
+	if (rc < 0)
+		return rc;
+	rc = 0;
+	e->hint_seq++;
+	e->st.hints++;
+	e->prefetching = true;
+	for (i = 0; i < n; i++) {
+		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, NULL);
+
+		end = r[i].n_blocks ? r[i].first_block + r[i].n_blocks : s->n_blocks;
+		s->hint_no = e->hint_seq;
+		s->hint_first = r[i].first_block;
+		s->hint_end = end;
+	}
+	for (i = 0; i < n && rc == 0; i++) {
+		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, NULL);
+
+		end = r[i].n_blocks ? r[i].first_block + r[i].n_blocks : s->n_blocks;
+		if (to_hbm && end > r[i].first_block)
+			kvt_reclaim_for(e, KVT_TIER_HBM, s->blocks + r[i].first_block,
+					end - r[i].first_block);
+		for (j = r[i].first_block; j < end && rc == 0; j++) {
+			uint32_t id = s->blocks[j];
+
+			if (to_hbm) {
+				rc = kvt_promote_hbm(e, id, false);
+				/* no room in HBM without waiting: stage it in HOST; when
+				 * nothing in HBM can go at all, stage the rest too */
+				if (rc == -ENOSPC || rc == -EAGAIN) {
+					to_hbm = rc == -EAGAIN;
+					rc = hint_stage(e, id);
+				}
+			} else {
+				rc = hint_stage(e, id);
+			}
+			if (rc == -ENOSPC || rc == -EAGAIN || rc == KVT_ELOST)
+				rc = 0; /* best effort; prepare reports what matters */
+		}
+	}
+	e->prefetching = false;
+	if (rc == 0)
+		rc = kvt_xfer_flush(e);
+	return rc;
+}
+
+int
+kvt_engine_hint_ranges(struct kvt_engine *e, const struct kvt_seq_range *ranges, size_t n,
+		       uint32_t steps_ahead)
+{
+	uint64_t blocks = 0;
+	uint32_t usable;
+	int rc;
+
+	if (!e || !ranges)
+		return kvt_err(-EINVAL, "kvt_engine_hint: engine and sequences must not be NULL");
+	if (n == 0 || n > HINT_MAX_RANGES)
+		return kvt_err(-EINVAL, "kvt_engine_hint: %zu sequences, must be 1..%u", n,
+			       HINT_MAX_RANGES);
+	kvt_lock(e);
+	rc = hint_check(e, ranges, n, &blocks);
+	usable = e->slots[KVT_TIER_HBM].n_slots - e->quarantined[KVT_TIER_HBM];
+	if (rc == 0 && steps_ahead <= 1 && blocks > usable)
+		rc = kvt_err(KVT_ETOOBIG, "the hinted batch needs %llu blocks in HBM at once; HBM "
+			     "has %u slots (hint what one batch will hold: fewer sequences, or "
+			     "windows of them)", (unsigned long long)blocks, usable);
+	if (rc == 0)
+		rc = hint_apply(e, ranges, n, steps_ahead);
+	kvt_unlock(e);
+	return rc;
+}
+
+int
+kvt_engine_hint(struct kvt_engine *e, const kvt_seq_id *seqs, size_t n, uint32_t steps_ahead)
+{
+	struct kvt_seq_range stackr[64], *r = stackr;
+	size_t i;
+	int rc;
+
+	if (!e || !seqs)
+		return kvt_err(-EINVAL, "kvt_engine_hint: engine and sequences must not be NULL");
+	if (n == 0 || n > HINT_MAX_RANGES)
+		return kvt_err(-EINVAL, "kvt_engine_hint: %zu sequences, must be 1..%u", n,
+			       HINT_MAX_RANGES);
+	if (n > 64 && !(r = kvt_calloc(n, sizeof *r)))
+		return kvt_err(-ENOMEM, "hint of %zu sequences", n);
+	for (i = 0; i < n; i++) {
+		r[i].seq = seqs[i];
+		r[i].first_block = 0;
+		r[i].n_blocks = 0;
+	}
+	rc = kvt_engine_hint_ranges(e, r, n, steps_ahead);
+	if (r != stackr)
+		kvt_free(r);
+	return rc;
+}
