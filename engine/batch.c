@@ -345,12 +345,15 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 		     struct kvt_batch **out)
 {
 	uint32_t *tmp = kvt_malloc(3 * n * sizeof *tmp), total = 0, i, j;
-	uint32_t *first = tmp, *count = tmp + n, *seqidx = tmp + 2 * n;
+	uint32_t *first, *count, *seqidx;
 	struct kvt_batch *b;
 	int rc;
 
 	if (!tmp)
 		return kvt_err(-ENOMEM, "batch of %zu sequences", n);
+	first = tmp; /* (no arithmetic on a NULL tmp: UBSan) */
+	count = tmp + n;
+	seqidx = tmp + 2 * n;
 	/* retire the copies that landed (their blocks count as ready, their sources as clean) */
 	rc = kvt_xfer_poll(e, 0);
 	if (rc >= 0)
