@@ -15,6 +15,13 @@ contract; this module adds only Python ownership and exceptions).
         seq.park(kvtier.TIER_NVME)             # idle session: KV goes down, id stays
         seq.close()
 
+Prefix sharing: eng.match_prefix(prompt) says how many prompt tokens are cached and in which
+tier, seq.attach_prefix(prompt) shares those blocks so that only the rest is prefilled.
+Schedule hints (eng.hint), priorities (seq.set_priority), tenant budgets
+(eng.set_tenant_budget, eng.tenant_usage) and persistent sessions (Engine(nvme_persist=True),
+open_sequence(session_key=...), eng.session_list(), eng.restore(), eng.drop_session()) follow
+kvtier.h one function each.
+
 The library is found through KVTIER_LIBRARY, then a libkvtier.so beside this package, then the
 system loader. Failures raise KvtierError subclasses carrying kvtier's code (negative), its
 name (kvt_strerror) and the detailed message (kvt_last_error_message). Engine, Sequence and
@@ -33,10 +40,16 @@ from . import _ffi
 from ._ffi import lib
 
 __all__ = ["Engine", "Sequence", "Batch", "BlockTable", "Stream", "KvtierError", "version",
-           "TIER_HBM", "TIER_HOST", "TIER_NVME"]
+           "stats_metrics_text", "TIER_HBM", "TIER_HOST", "TIER_NVME"]
 
 TIER_HBM, TIER_HOST, TIER_NVME = 0, 1, 2
 TIER_NAMES = ("hbm", "host", "nvme")
+# enum kvt_codec: codec of blocks written to NVMe (Engine(nvme_codec=...))
+CODEC_NONE, CODEC_LZ4, CODEC_SHUF_LZ4, CODEC_BYTE_LZ4 = 0, 1, 2, 3
+CODECS = {"none": 0, "lz4": 1, "shuf_lz4": 2, "byte_lz4": 3}
+# enum kvt_evict_policy (Engine(evict_policy=...)); default = ARC
+EVICT_DEFAULT, EVICT_LRU, EVICT_PRIO, EVICT_ARC = 0, 1, 2, 3
+EVICT_POLICIES = {"default": 0, "lru": 1, "prio": 2, "arc": 3}
 MOVE_NAMES = ("hbm_to_host", "host_to_nvme", "nvme_to_host", "host_to_hbm")
 DTYPES = {"f32": 0, "fp32": 0, "float32": 0, "f16": 1, "fp16": 1, "float16": 1, "bf16": 2,
           "bfloat16": 2, "fp8": 3, "fp8_e4m3": 3, "int8": 4}
@@ -104,8 +117,13 @@ class NotSupportedError(KvtierError, NotImplementedError):
     """KVT_ENOTSUP."""
 
 
+class NotFoundError(IOError_, LookupError):
+    """-ENOENT: no such session (kvt_seq_restore, kvt_session_drop), tenant without a budget
+    (kvt_tenant_usage), or a missing nvme_dir."""
+
+
 _ERRORS = {-errno.EINVAL: InvalidArgumentError, -errno.ENOSPC: NoSpaceError,
-           -errno.ENOMEM: OutOfMemoryError, EDEVICE: DeviceError, ESHORTIO: DeviceError,
+           -errno.ENOMEM: OutOfMemoryError, -errno.ENOENT: NotFoundError, EDEVICE: DeviceError, ESHORTIO: DeviceError,
            ECORRUPT: CorruptError, EFORMAT: CorruptError, ECLOSED: ClosedError,
            ELOST: LostError, ETOOBIG: TooBigError, EBUSY: BusyError,
            ENOTSUP: NotSupportedError}
@@ -133,13 +151,86 @@ def _closed(what):
     return ClosedError(ECLOSED, f"{what} is closed", what)
 
 
+def _tier(t):
+    """A tier given as TIER_* or its name ("hbm", "host", "nvme")."""
+    return TIER_NAMES.index(t) if isinstance(t, str) else int(t)
+
+
+def _enum(table, v, what):
+    if not isinstance(v, str):
+        return int(v)
+    if v not in table:
+        raise InvalidArgumentError(-errno.EINVAL, f"{what} {v!r}: one of {sorted(table)}", what)
+    return table[v]
+
+
+# Engine keyword arguments given by name or as Python values, converted to the C field's value
+_ENGINE_CONV = {"nvme_codec": lambda v: _enum(CODECS, v, "nvme_codec"),
+                "evict_policy": lambda v: _enum(EVICT_POLICIES, v, "evict_policy"),
+                "idle_target": _tier, "nvme_persist": int, "nvme_buffered_fallback": int,
+                "prefix_cache": int}
+_SEQ_OPTS = ("tenant", "priority", "session_key", "retention_ms", "salt", "extra_key")
+
+
+def _seq_opts(**kw):
+    """struct kvt_seq_opts from keyword arguments (unknown ones: TypeError)."""
+    o = _ffi.SeqOpts()
+    lib.kvt_seq_opts_init(ctypes.byref(o), ctypes.sizeof(o))
+    for k, v in kw.items():
+        if k not in _SEQ_OPTS:
+            raise TypeError(f"unknown sequence option {k!r} (one of {', '.join(_SEQ_OPTS)})")
+        if k == "priority" and not 0 <= int(v) <= 255:  # c_uint8 would wrap silently
+            raise InvalidArgumentError(-errno.EINVAL, f"priority {v} > 100", "kvt_seq_open")
+        setattr(o, k, int(v))
+    return o
+
+
+def _tokens(tokens):
+    tokens = [int(t) for t in tokens]
+    return (ctypes.c_int32 * len(tokens))(*tokens), len(tokens)
+
+
+def _ranges(ranges):
+    ranges = list(ranges)
+    return (_ffi.SeqRange * len(ranges))(*[_ffi.SeqRange(_seq_id(s), f, n)
+                                           for s, f, n in ranges]), len(ranges)
+
+
+def _metrics(fn):
+    need = ctypes.c_size_t(0)
+    cap = 16384
+    while True:
+        buf = ctypes.create_string_buffer(cap)
+        rc = fn(buf, cap, ctypes.byref(need))
+        if rc != -errno.ENOSPC:
+            return rc, buf.value.decode()
+        cap = need.value + 4096  # counters may grow between the calls
+
+
+def stats_metrics_text(stats):
+    """kvt_stats_metrics_text: the Prometheus text of a snapshot from Engine.stats() (a dict,
+    e.g. kept after the engine is closed)."""
+    s = _ffi.Stats()
+    _dict_struct(s, stats)
+    s.size = ctypes.sizeof(s)
+    rc, text = _metrics(lambda buf, cap, need: lib.kvt_stats_metrics_text(ctypes.byref(s), buf,
+                                                                          cap, need))
+    _check(rc, "kvt_stats_metrics_text")
+    return text
+
+
 class Engine:
     """A kvtier engine (kvt_engine_create). Keyword arguments are the fields of
     struct kvt_engine_opts: n_layers, n_kv_heads, head_dim, dtype ("f32", "f16", "bf16", "fp8",
     "int8" or the enum value), tokens_per_block, hbm_bytes, host_bytes, nvme_dir, nvme_bytes,
     device ("emulated" or "cuda"), cuda_device, high_watermark, low_watermark,
-    nvme_queue_depth, emu_max_delay_us, emu_seed, emu_copy_bytes_per_s; log: a callable
-    (level, message) for warnings (default: kvtier prints them to stderr)."""
+    nvme_queue_depth, emu_max_delay_us, emu_seed, emu_copy_bytes_per_s;
+    nvme_codec ("none", "lz4", "shuf_lz4", "byte_lz4" or CODEC_*), nvme_codec_min_saving,
+    nvme_persist (True: the persistent store <nvme_dir>/kvtier.store whose published sessions
+    survive a restart), nvme_buffered_fallback; evict_policy ("arc", "lru", "prio", "default"
+    or EVICT_*), idle_timeout_ms, idle_target (a tier), prefix_cache (True: sealed blocks stay
+    cached after their last sequence closes); log: a callable (level, message) for warnings
+    (default: kvtier prints them to stderr)."""
 
     def __init__(self, n_layers, n_kv_heads, head_dim, hbm_bytes, dtype="f16",
                  tokens_per_block=16, host_bytes=0, nvme_dir=None, nvme_bytes=0,
@@ -153,9 +244,9 @@ class Engine:
         o.nvme_dir = nvme_dir.encode() if isinstance(nvme_dir, str) else nvme_dir
         o.device = DEVICES[device] if isinstance(device, str) else int(device)
         for k, v in opts.items():
-            if k not in dict(o._fields_) or k in ("opts_size", "log", "log_arg"):
+            if k not in dict(o._fields_) or k in ("opts_size", "layout", "log", "log_arg"):
                 raise TypeError(f"Engine: unknown option {k!r}")
-            setattr(o, k, v)
+            setattr(o, k, _ENGINE_CONV.get(k, lambda x: x)(v))
         self._log = None
         if log is not None:  # kept alive as long as the engine
             self._log = _ffi.LOG_FN(lambda _arg, lvl, msg: log(lvl, msg.decode("utf-8",
@@ -207,11 +298,12 @@ class Engine:
             pass
 
     # -- sequences and batches -----------------------------------------------------------
-    def open_sequence(self, tenant=0, priority=50):
-        """kvt_seq_open: a new empty Sequence."""
-        o = _ffi.SeqOpts()
-        lib.kvt_seq_opts_init(ctypes.byref(o), ctypes.sizeof(o))
-        o.tenant, o.priority = tenant, priority
+    def open_sequence(self, tenant=0, priority=50, **opts):
+        """kvt_seq_open: a new empty Sequence. Keyword arguments are the fields of
+        struct kvt_seq_opts: tenant, priority (0..100), session_key (publish it under this key
+        when parked to NVMe with nvme_persist), retention_ms, salt and extra_key (prefix
+        sharing happens only between equal salts and extra keys; salt 0 = per tenant)."""
+        o = _seq_opts(tenant=tenant, priority=priority, **opts)
         sid = ctypes.c_uint64()
         _check(lib.kvt_seq_open(self._handle(), ctypes.byref(o), ctypes.byref(sid)),
                "kvt_seq_open")
@@ -227,10 +319,8 @@ class Engine:
         kvt_batch_prepare_ranges (windows of sequences)."""
         h = ctypes.c_void_p()
         if ranges is not None:
-            arr = (_ffi.SeqRange * len(ranges))(*[
-                _ffi.SeqRange(_seq_id(s), f, n) for s, f, n in ranges])
-            rc = lib.kvt_batch_prepare_ranges(self._handle(), arr, len(ranges),
-                                              ctypes.byref(h))
+            arr, n = _ranges(ranges)
+            rc = lib.kvt_batch_prepare_ranges(self._handle(), arr, n, ctypes.byref(h))
             call = "kvt_batch_prepare_ranges"
         else:
             seqs = list(seqs)
@@ -239,6 +329,74 @@ class Engine:
             call = "kvt_batch_prepare"
         _check(rc, call)
         return Batch(self, h)
+
+    def hint(self, seqs=(), steps_ahead=1, ranges=None):
+        """kvt_engine_hint: @seqs (Sequences or ids) will be in a batch @steps_ahead steps from
+        now (0 or 1: the next one; 2 and more: later, only NVMe -> HOST reads start); their
+        promotions start now and are spared by eviction until that batch is released. With
+        ranges=[(seq, first_block, n_blocks), ...]: kvt_engine_hint_ranges (windows)."""
+        if ranges is not None:
+            arr, n = _ranges(ranges)
+            _check(lib.kvt_engine_hint_ranges(self._handle(), arr, n, steps_ahead),
+                   "kvt_engine_hint_ranges")
+            return
+        ids = [_seq_id(s) for s in seqs]
+        arr = (ctypes.c_uint64 * len(ids))(*ids)
+        _check(lib.kvt_engine_hint(self._handle(), arr, len(ids), steps_ahead),
+               "kvt_engine_hint")
+
+    # -- prefix sharing, tenants, persistent sessions ------------------------------------
+    def match_prefix(self, tokens, **opts):
+        """kvt_seq_match_prefix: (matched_tokens, tier) for a prompt: how many of its leading
+        tokens are covered by cached blocks (a multiple of tokens_per_block) and the slowest
+        tier one of them has to come from (TIER_*), None when nothing matched. Keyword
+        arguments: the options the sequence would be opened with (tenant, salt, extra_key).
+        Nothing is pinned or moved."""
+        o = _seq_opts(**opts)
+        tok, n = _tokens(tokens)
+        matched, tier = ctypes.c_uint64(), _ffi.c_enum()
+        _check(lib.kvt_seq_match_prefix(self._handle(), ctypes.byref(o), tok, n,
+                                        ctypes.byref(matched), ctypes.byref(tier)),
+               "kvt_seq_match_prefix")
+        return matched.value, (tier.value if tier.value < _ffi.TIER_COUNT else None)
+
+    def set_tenant_budget(self, tenant, tier, max_blocks):
+        """kvt_tenant_set_budget: at most @max_blocks slots of @tier for @tenant's blocks
+        (0 = unlimited; soft: enforced after releases and in poll)."""
+        _check(lib.kvt_tenant_set_budget(self._handle(), tenant, _tier(tier), max_blocks),
+               "kvt_tenant_set_budget")
+
+    def tenant_usage(self, tenant):
+        """kvt_tenant_usage: slots @tenant's blocks hold, a list per tier (NotFoundError for
+        a tenant without a budget)."""
+        used = (ctypes.c_uint64 * _ffi.TIER_COUNT)()
+        _check(lib.kvt_tenant_usage(self._handle(), tenant, used), "kvt_tenant_usage")
+        return list(used)
+
+    def session_list(self):
+        """kvt_session_list: keys of the sessions published in the persistent store and not
+        open in this engine (restorable); [] without a store."""
+        cap = 0
+        while True:
+            keys = (ctypes.c_uint64 * max(cap, 1))()
+            n = _check(lib.kvt_session_list(self._handle(), keys, cap), "kvt_session_list")
+            if n <= cap:
+                return list(keys[:n])
+            cap = n + 16  # more may be published between the calls
+
+    def restore(self, session_key, tenant=0, priority=50, **opts):
+        """kvt_seq_restore: reopen a published session as a parked Sequence (its blocks on
+        NVMe, verified by checksum when read). NotFoundError when it is absent or did not
+        survive whole; BusyError when it is open here."""
+        o = _seq_opts(tenant=tenant, priority=priority, **opts)
+        sid = ctypes.c_uint64()
+        _check(lib.kvt_seq_restore(self._handle(), session_key, ctypes.byref(o),
+                                   ctypes.byref(sid)), "kvt_seq_restore")
+        return Sequence(self, sid.value)
+
+    def drop_session(self, session_key):
+        """kvt_session_drop: forget a published session (NotFoundError, BusyError if open)."""
+        _check(lib.kvt_session_drop(self._handle(), session_key), "kvt_session_drop")
 
     # -- progress and introspection ------------------------------------------------------
     def poll(self, max_completions=0):
@@ -266,15 +424,11 @@ class Engine:
 
     def metrics_text(self):
         """kvt_engine_metrics_text: the counters in the Prometheus text format 0.0.4."""
-        need = ctypes.c_size_t(0)
-        cap = 16384
-        while True:
-            buf = ctypes.create_string_buffer(cap)
-            rc = lib.kvt_engine_metrics_text(self._handle(), buf, cap, ctypes.byref(need))
-            if rc != -errno.ENOSPC:
-                _check(rc, "kvt_engine_metrics_text")
-                return buf.value.decode()
-            cap = need.value + 4096  # counters may grow between the calls
+        h = self._handle()
+        rc, text = _metrics(lambda buf, cap, need: lib.kvt_engine_metrics_text(h, buf, cap,
+                                                                               need))
+        _check(rc, "kvt_engine_metrics_text")
+        return text
 
     def write_kv(self, slot_mapping, layer, k, v):
         """Copy one token's K and V of one layer (bytes-like, each token_bytes long, e.g. a
@@ -309,6 +463,24 @@ class Engine:
 
 def _seq_id(s):
     return s.id if isinstance(s, Sequence) else int(s)
+
+
+def _dict_struct(st, d):
+    """Fill ctypes struct @st from a dict shaped as _struct_dict() makes them."""
+    for name, _ in st._fields_:
+        if name not in d:
+            continue
+        v, cur = d[name], getattr(st, name)
+        if isinstance(cur, ctypes.Array):
+            for i, x in enumerate(v):
+                if isinstance(cur[i], ctypes.Structure):
+                    _dict_struct(cur[i], x)
+                else:
+                    cur[i] = x
+        elif isinstance(cur, ctypes.Structure):
+            _dict_struct(cur, v)
+        else:
+            setattr(st, name, v)
 
 
 def _struct_dict(st):
@@ -376,16 +548,35 @@ class Sequence:
         """kvt_seq_append: reserve room for the tokens (ints; a numpy int32 array works
         too). Returns the slot mapping, one int per token: slot * tokens_per_block + offset,
         where that token's K/V must be written (kv_addr/Batch.kv help)."""
-        tokens = list(int(t) for t in tokens)
-        n = len(tokens)
-        tok = (ctypes.c_int32 * n)(*tokens)
+        tok, n = _tokens(tokens)
         out = (ctypes.c_int64 * n)()
         _check(self._call(lib.kvt_seq_append, tok, n, out), "kvt_seq_append")
         return list(out)
 
+    def attach_prefix(self, tokens):
+        """kvt_seq_attach_prefix: start this empty sequence with the cached blocks matching the
+        prompt @tokens (shared, not copied). Returns the tokens attached (a multiple of
+        tokens_per_block, maybe 0): append and prefill only tokens[attached:]."""
+        tok, n = _tokens(tokens)
+        got = ctypes.c_uint64()
+        _check(self._call(lib.kvt_seq_attach_prefix, tok, n, ctypes.byref(got)),
+               "kvt_seq_attach_prefix")
+        return got.value
+
+    def set_priority(self, priority, first_token=0, n_tokens=0, duration_ms=0):
+        """kvt_seq_set_priority: retention @priority (0..100) of the blocks holding tokens
+        [first_token, first_token + n_tokens) (0 = to the end) for @duration_ms (0 = for
+        good). Read by the "prio" eviction policy only."""
+        if not 0 <= int(priority) <= 255:
+            raise InvalidArgumentError(-errno.EINVAL, f"priority {priority} > 100",
+                                       "kvt_seq_set_priority")
+        _check(self._call(lib.kvt_seq_set_priority, first_token, n_tokens, priority,
+                          duration_ms), "kvt_seq_set_priority")
+
     def park(self, tier=TIER_HOST):
-        """kvt_seq_park: demote every block below HBM (asynchronous)."""
-        _check(self._call(lib.kvt_seq_park, tier), "kvt_seq_park")
+        """kvt_seq_park: demote every block below HBM (asynchronous). With nvme_persist and a
+        session_key, a park to NVMe publishes the session once its blocks are durable."""
+        _check(self._call(lib.kvt_seq_park, _tier(tier)), "kvt_seq_park")
 
     def resume(self):
         """kvt_seq_resume: start promoting the blocks back to HBM (best effort)."""

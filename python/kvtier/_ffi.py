@@ -62,11 +62,20 @@ class EngineOpts(ctypes.Structure):
                 ("device", c_enum), ("cuda_device", ctypes.c_int),
                 ("high_watermark", ctypes.c_float), ("low_watermark", ctypes.c_float),
                 ("nvme_queue_depth", c_u32), ("emu_max_delay_us", c_u32), ("emu_seed", c_u64),
-                ("emu_copy_bytes_per_s", c_u64), ("log", LOG_FN), ("log_arg", ctypes.c_void_p)]
+                ("emu_copy_bytes_per_s", c_u64), ("log", LOG_FN), ("log_arg", ctypes.c_void_p),
+                # NVMe store (issue 4)
+                ("nvme_codec", c_enum), ("nvme_codec_min_saving", ctypes.c_float),
+                ("nvme_persist", ctypes.c_int), ("nvme_buffered_fallback", ctypes.c_int),
+                # 0.2: eviction and idle sessions
+                ("evict_policy", c_u32), ("idle_timeout_ms", c_u32), ("idle_target", c_u32),
+                ("prefix_cache", c_u32)]
 
 
 class SeqOpts(ctypes.Structure):
-    _fields_ = [("opts_size", ctypes.c_size_t), ("tenant", c_u32), ("priority", c_u8)]
+    _fields_ = [("opts_size", ctypes.c_size_t), ("tenant", c_u32), ("priority", c_u8),
+                ("session_key", c_u64),
+                # 0.2
+                ("retention_ms", c_u32), ("salt", c_u64), ("extra_key", c_u64)]
 
 
 class SeqInfo(ctypes.Structure):
@@ -103,7 +112,9 @@ class Stats(ctypes.Structure):
                 ("accesses_ready", c_u64), ("hints", c_u64), ("prefix_lookups", c_u64),
                 ("prefix_hit_blocks", c_u64), ("prefix_hit_tokens", c_u64),
                 ("shared_blocks", c_u64), ("codec_blocks", c_u64), ("codec_raw_bytes", c_u64),
-                ("codec_stored_bytes", c_u64), ("meta_bytes", c_u64)]
+                ("codec_stored_bytes", c_u64), ("meta_bytes", c_u64),
+                # 0.2
+                ("idle_parked", c_u64), ("meta_block_records", c_u64)]
 
 
 STRUCTS = {"kvt_layout": Layout, "kvt_geometry": Geometry, "kvt_engine_opts": EngineOpts,
@@ -142,6 +153,23 @@ _PROTOS = {
     "kvt_engine_stats": (_int, [_vp, _P(Stats)]),
     "kvt_engine_metrics_text": (_int, [_vp, ctypes.c_char_p, ctypes.c_size_t,
                                        _P(ctypes.c_size_t)]),
+    "kvt_stats_metrics_text": (_int, [_P(Stats), ctypes.c_char_p, ctypes.c_size_t,
+                                      _P(ctypes.c_size_t)]),
+    "kvt_engine_stream_memcpy_async": (_int, [_vp, _vp, _vp, _vp, ctypes.c_size_t]),
+    # schedule hints
+    "kvt_engine_hint": (_int, [_vp, _P(c_u64), ctypes.c_size_t, c_u32]),
+    "kvt_engine_hint_ranges": (_int, [_vp, _P(SeqRange), ctypes.c_size_t, c_u32]),
+    # persistent sessions
+    "kvt_session_list": (_int, [_vp, _P(c_u64), ctypes.c_size_t]),
+    "kvt_seq_restore": (_int, [_vp, c_u64, _P(SeqOpts), _P(c_u64)]),
+    "kvt_session_drop": (_int, [_vp, c_u64]),
+    # priorities, prefix sharing, tenants
+    "kvt_seq_set_priority": (_int, [_vp, c_u64, c_u64, c_u64, c_u8, c_u32]),
+    "kvt_seq_match_prefix": (_int, [_vp, _P(SeqOpts), _P(c_i32), ctypes.c_size_t, _P(c_u64),
+                                    _P(c_enum)]),
+    "kvt_seq_attach_prefix": (_int, [_vp, c_u64, _P(c_i32), ctypes.c_size_t, _P(c_u64)]),
+    "kvt_tenant_set_budget": (_int, [_vp, c_u32, c_enum, c_u64]),
+    "kvt_tenant_usage": (_int, [_vp, c_u32, _P(c_u64)]),
 }
 lib = _load_library()
 for _name, (_res, _args) in _PROTOS.items():
