@@ -8,19 +8,33 @@ after vLLM's KVConnectorBase_V1) and runs them under a tiny scheduler + numpy mo
 decodes Karpathy's stories260K (llama2.c checkpoint, ../shared/data/models) for several chat
 sessions and turns, every K/V living only in kvtier blocks:
 
-  scheduling       get_num_new_matched_tokens(): how many of the request's tokens are already
-                   cached, and in which tier (a returning chat session: its parked sequence)
-  before the step  start_load_kv(): promotions start (kvt_seq_resume), then the step's tokens
-                   are appended (kvt_seq_append: where to write each new K/V) and the batch is
-                   prepared (kvt_batch_prepare: every block resident in HBM and pinned)
+  scheduling       get_num_new_matched_tokens(): how many of the request's prompt tokens are
+                   already cached, and in which tier. A returning chat session: its parked
+                   sequence holds its whole history. A new one: kvt_seq_match_prefix says how
+                   many leading prompt tokens other requests computed (a shared system prompt)
+                   and kvt_seq_attach_prefix shares those blocks: prefill starts after them.
+                   A session published in the persistent store by an earlier run (a server
+                   restart) is reopened with kvt_seq_restore.
+  before the step  start_load_kv(): the step's tokens are appended (kvt_seq_append: where to
+                   write each new K/V), the batch is prepared (kvt_batch_prepare: every block
+                   resident in HBM and pinned), and the next step's sequences are hinted
+                   (kvt_engine_hint): a returning session's promotions (NVMe -> host -> HBM)
+                   start while this step computes.
   per layer        wait_for_layer_load() (kvt_batch_wait_layer), save_kv_layer() (write the new
                    token's K/V at its slot), attention over the block table (Batch.kv gathers)
   after the step   wait_for_save(): kvt_batch_release (unpin; demotions may start)
-  request done     request_finished(): kvt_seq_park (the session's KV goes to host/NVMe)
+  request done     request_finished(): kvt_seq_park to NVMe. The engine keeps a persistent
+                   store (nvme_persist) and every sequence has a session_key, so a parked
+                   session is published there once durable and survives a restart: run again
+                   with the same --nvme-dir (and flags) and each session continues its chat.
 
 The output is the same text kvtier-run prints for the same flags (greedy), which the tests check:
     kv_connector.py --steps 64
     kv_connector.py --sessions 2 --turns 2 --steps 40 --prompt "Lily had a"
+    kv_connector.py --sessions 2 --prefix-share --prompt "<a long shared prompt>"
+With --prefix-share session 1 runs its first turn alone and the other sessions attach the
+prompt blocks it computed (as kvtier-run --prefix-share does); without it all sessions start
+together, so nothing is cached yet when they are scheduled.
 Runs on the emulated device (the HBM tier is host memory the numpy runner reads); on a GPU the
 runner would be CUDA kernels reading the same block table.
 """
@@ -145,8 +159,9 @@ class Tokenizer:
 
 # ---- the connector: the points where a server calls kvtier ------------------------------------
 class KvtierConnector:
-    """A vLLM-style KV connector on kvtier. One kvtier sequence per chat session (request id);
-    a finished turn parks it, the next turn finds it cached and resumes it."""
+    """A vLLM-style KV connector on kvtier. One kvtier sequence per chat session (request id),
+    opened with session_key = session id + 1; a finished turn parks it, the next turn finds it
+    cached. A new session's prompt attaches the blocks of the same prefix computed earlier."""
 
     def __init__(self, engine, park_tier):
         self.engine = engine
@@ -155,31 +170,56 @@ class KvtierConnector:
         self.batch = None     # the step's prepared batch
         self.table = None     # its block table
         self.slots = {}       # session id -> slot mapping entry of the step's new token
+        self.stored = set(engine.session_list())  # sessions an earlier run published
 
     # scheduler side
-    def get_num_new_matched_tokens(self, session):
-        """Tokens of this session already cached (so prefill skips them) and where: a dict
-        tier name -> blocks. kvtier keeps a parked session's whole KV; a server with prefix
-        matching across sessions would ask kvt_seq_match_prefix here."""
+    def get_num_new_matched_tokens(self, session, prompt, room):
+        """Tokens of this request already cached, so prefill skips them: (tokens, tier name
+        the slowest of them comes from, "restored" | "history" | "prefix" | None).
+        @prompt: the turn's token ids; @room: positions the turn may compute (the last
+        prompt token is always computed: its logits choose the first new token). A new
+        session's matching prompt blocks are attached here, so they stay cached (shared,
+        refcounted) until the request runs."""
         seq = self.seqs.get(session)
-        if seq is None:
-            self.seqs[session] = self.engine.open_sequence(tenant=0)
-            return 0, {}
-        info = seq.info()
-        where = {kvtier.TIER_NAMES[t]: n for t, n in enumerate(info["blocks_in"]) if n}
-        return info["n_tokens"], where
+        how = "history"
+        if seq is None and session + 1 in self.stored:  # published by an earlier run
+            seq = self.seqs[session] = self.engine.restore(session + 1)
+            how = "restored"
+        if seq is not None:
+            info = seq.info()
+            slowest = max((t for t, n in enumerate(info["blocks_in"]) if n), default=None)
+            return info["n_tokens"], _tier_name(slowest), how
+        seq = self.seqs[session] = self.engine.open_sequence(session_key=session + 1)
+        usable = prompt[:min(room, len(prompt)) - 1]
+        matched, tier = self.engine.match_prefix(usable) if usable else (0, None)
+        if not matched:
+            return 0, None, None
+        return seq.attach_prefix(usable), _tier_name(tier), "prefix"
+
+    def start_turn(self, sessions):
+        """The sessions whose turn starts now will be in the next step: their promotions
+        (parked blocks, attached prefix blocks) start at once."""
+        self.hint(sessions)
+
+    def hint(self, sessions):
+        if sessions:
+            try:
+                self.engine.hint([self.seqs[s] for s in sessions], steps_ahead=1)
+            except kvtier.TooBigError:
+                pass  # a forecast larger than HBM: the prepare will do what fits
 
     # worker side
-    def start_load_kv(self, sessions, tokens):
-        """Before the step: promotions of returning sessions start, the step's tokens get their
-        slots, the batch is prepared (resident and pinned)."""
-        for s in sessions:
-            if self.seqs[s].info()["parked"]:
-                self.seqs[s].resume()
+    def start_load_kv(self, sessions, tokens, next_sessions):
+        """Before the step: the step's tokens get their slots, the batch is prepared (resident
+        and pinned), and the sequences of the next step are announced (kvt_engine_hint), so
+        that their promotions overlap this step's compute. Here the next step is mostly this
+        one's sessions, already resident (the hint then costs nothing); a server whose
+        consecutive batches differ (rotating groups, more sessions than HBM holds) gains."""
         for s, t in zip(sessions, tokens):
             self.slots[s] = self.seqs[s].append([t])[0]
         self.batch = self.engine.prepare([self.seqs[s] for s in sessions])
         self.table = self.batch.block_table()
+        self.hint(next_sessions)
 
     def wait_for_layer_load(self, layer):
         self.batch.wait_layer(layer)
@@ -201,14 +241,19 @@ class KvtierConnector:
         self.seqs[session].park(self.park_tier)
 
     def close(self):
-        for seq in self.seqs.values():
-            seq.close()
+        """Server shutdown: the sessions stay published in the store (closing a sequence
+        would drop it), the engine's destroy keeps them."""
+        self.seqs.clear()
+
+
+def _tier_name(t):
+    return None if t is None else kvtier.TIER_NAMES[t]
 
 
 # ---- the server loop: scheduler + model runner ------------------------------------------------
-def forward_batch(model, conn, sessions, tokens, positions):
+def forward_batch(model, conn, sessions, tokens, positions, next_sessions):
     """One decode step for the batch; returns the logits of every session."""
-    conn.start_load_kv(sessions, tokens)
+    conn.start_load_kv(sessions, tokens, next_sessions)
     xs = [model.emb[t].copy() for t in tokens]
     for layer in range(model.n_layers):
         conn.wait_for_layer_load(layer)
@@ -229,23 +274,44 @@ def forward_batch(model, conn, sessions, tokens, positions):
     return [model.wcls @ model.rmsnorm(x, model.rms_final) for x in xs]
 
 
+def schedule(args, tok, conn, live, s, turn):
+    """Admit session @s's turn: ask the connector what is cached, skip those positions."""
+    prompt = tok.encode(args.prompt)
+    cached, tier, how = conn.get_num_new_matched_tokens(s, prompt, args.steps)
+    st = {"prompt": prompt, "local": 0, "token": prompt[0], "pos": cached, "text": b""}
+    if how == "prefix":  # the attached prompt positions are not computed: emit their pieces
+        for g in range(cached):
+            st["text"] += tok.decode(prompt[g], prompt[g + 1])
+        st.update(local=cached, token=prompt[cached])
+    if args.verbose and (cached or turn):
+        print(f"[scheduler] session {s + 1} turn {turn + 1}: {cached} tokens cached "
+              f"({how}, slowest tier {tier}), prefill only the rest", file=sys.stderr)
+    live[s] = st
+
+
 def run(args, model, tok, conn):
-    """sessions x turns, all sessions of a turn batched step by step; returns the texts."""
+    """sessions x turns, all sessions of a turn batched step by step; returns the texts.
+    With --prefix-share the first turn of sessions 2.. starts once session 1's is done."""
     texts = {}
     for turn in range(args.turns):
         live = {}
-        for s in range(args.sessions):
-            cached, where = conn.get_num_new_matched_tokens(s)
-            if turn and args.verbose:
-                print(f"[scheduler] session {s + 1} turn {turn + 1}: {cached} tokens cached "
-                      f"({where}), prefill only the new prompt", file=sys.stderr)
-            prompt = tok.encode(args.prompt)
-            live[s] = {"prompt": prompt, "local": 0, "token": prompt[0], "pos": cached,
-                       "text": b""}
-        while live:
+        waiting = list(range(args.sessions))
+        first = 1 if turn == 0 and args.prefix_share else args.sessions
+        for s in waiting[:first]:
+            schedule(args, tok, conn, live, s, turn)
+        waiting = waiting[first:]
+        conn.start_turn(sorted(live))
+        while live or waiting:
+            if not live:
+                for s in waiting:
+                    schedule(args, tok, conn, live, s, turn)
+                waiting = []
+                conn.start_turn(sorted(live))
             order = sorted(live)
+            nxt = [s for s in order  # forecast: those not at their turn's last position
+                   if live[s]["local"] + 1 < args.steps and live[s]["pos"] + 1 < model.seq_len]
             logits = forward_batch(model, conn, order, [live[s]["token"] for s in order],
-                                   [live[s]["pos"] for s in order])
+                                   [live[s]["pos"] for s in order], nxt)
             for s, lg in zip(order, logits):
                 st = live[s]
                 st["local"] += 1
@@ -277,7 +343,10 @@ def main():
     ap.add_argument("--turns", type=int, default=1)
     ap.add_argument("--tokens-per-block", type=int, default=16)
     ap.add_argument("--hbm-blocks", type=int, default=0, help="default: room for 2 sessions")
-    ap.add_argument("--nvme-dir", help="park to NVMe in this directory (default: a temp dir)")
+    ap.add_argument("--nvme-dir", help="the persistent NVMe store's directory (default: a temp "
+                    "dir); sessions an earlier run published there continue their chat")
+    ap.add_argument("--prefix-share", action="store_true",
+                    help="session 1 runs its first turn alone, the others attach its prompt")
     ap.add_argument("--metrics", action="store_true", help="print Prometheus text at the end")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
@@ -296,9 +365,11 @@ def main():
                           hbm_bytes=hbm_blocks * block,
                           host_bytes=per_session * block,
                           nvme_dir=args.nvme_dir or tmp,
-                          nvme_bytes=4 * args.sessions * per_session * (block + 4096)) as eng:
+                          nvme_bytes=4 * args.sessions * per_session * (block + 4096),
+                          nvme_persist=True) as eng:
         conn = KvtierConnector(eng, kvtier.TIER_NVME)
         texts = run(args, model, tok, conn)
+        eng.drain()  # the last parks complete (and are published) before the stats
         conn.close()
         if args.sessions == 1 and args.turns == 1:
             sys.stdout.write(texts[(0, 0)] + "\n")
@@ -309,7 +380,8 @@ def main():
         if args.metrics:
             sys.stdout.write(eng.metrics_text())
         st = eng.stats()
-        print(f"kv_connector: blocks moved {dict(zip(kvtier.MOVE_NAMES, st['blocks_moved']))}",
+        print(f"kv_connector: blocks moved {dict(zip(kvtier.MOVE_NAMES, st['blocks_moved']))}"
+              f", prefix hit tokens {st['prefix_hit_tokens']}, hints {st['hints']}",
               file=sys.stderr)
     return 0
 

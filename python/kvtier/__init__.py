@@ -123,10 +123,10 @@ class NotFoundError(IOError_, LookupError):
 
 
 _ERRORS = {-errno.EINVAL: InvalidArgumentError, -errno.ENOSPC: NoSpaceError,
-           -errno.ENOMEM: OutOfMemoryError, -errno.ENOENT: NotFoundError, EDEVICE: DeviceError, ESHORTIO: DeviceError,
-           ECORRUPT: CorruptError, EFORMAT: CorruptError, ECLOSED: ClosedError,
-           ELOST: LostError, ETOOBIG: TooBigError, EBUSY: BusyError,
-           ENOTSUP: NotSupportedError}
+           -errno.ENOMEM: OutOfMemoryError, -errno.ENOENT: NotFoundError,
+           EDEVICE: DeviceError, ESHORTIO: DeviceError, ECORRUPT: CorruptError,
+           EFORMAT: CorruptError, ECLOSED: ClosedError, ELOST: LostError,
+           ETOOBIG: TooBigError, EBUSY: BusyError, ENOTSUP: NotSupportedError}
 
 
 def error_for(code, call=""):
