@@ -486,6 +486,7 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 	s.seqs_open = e->n_open_seqs;
 	s.meta_bytes = kvt_meta_bytes(e);
 	s.meta_block_records = e->cap_blocks;
+	s.meta_token_bytes = kvt_meta_token_bytes(e);
 	s.batches_open = e->n_batches;
 	kvt_unlock(e);
 	s.size = size;
@@ -517,8 +518,19 @@ kvt_meta_bytes(const struct kvt_engine *e)
 	for (i = 0; i < e->cap_seqs; i++) {
 		const struct kvt_seqrec *s = &e->seqs[i];
 
-		m += s->cap_tokens * sizeof *s->tokens + (uint64_t)s->cap_blocks * sizeof *s->blocks +
+		m += (uint64_t)s->cap_blocks * sizeof *s->blocks +
 		     (uint64_t)s->cap_wpins * sizeof *s->wpins;
 	}
+	return m;
+}
+
+uint64_t
+kvt_meta_token_bytes(const struct kvt_engine *e)
+{
+	uint64_t m = kvt_prefix_token_bytes(e);
+	uint32_t i;
+
+	for (i = 0; i < e->cap_seqs; i++)
+		m += e->seqs[i].cap_tokens * sizeof *e->seqs[i].tokens;
 	return m;
 }

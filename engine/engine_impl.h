@@ -91,11 +91,11 @@ struct kvt_budget {
 	uint64_t used[KVT_TIER_COUNT];   /* slots its blocks hold (present or being written) */
 };
 
-/* One sealed block in the prefix index. */
+/* One sealed block in the prefix index (its key is the block's hash). */
 struct kvt_pentry {
-	uint64_t h[2];   /* its key */
 	uint32_t block;  /* block id; KVT_NIL = empty, KVT_NIL - 1 = deleted */
-	int32_t *tokens; /* [tokens_per_block] its tokens, compared on every hit */
+	int32_t *tokens; /* [tokens_per_block] own copy of its tokens, compared on every hit;
+	                    NULL = borrowed from its creator sequence (b->seq at b->index) */
 };
 
 /* The prefix index: open addressing over a power-of-two table. */
@@ -105,6 +105,7 @@ struct kvt_prefix {
 	uint64_t n;             /* live entries */
 	uint64_t tombs;         /* deleted entries still in probe chains */
 	uint64_t collisions;    /* keys found whose tokens differed */
+	uint64_t owned;         /* entries with their own token copy */
 };
 
 struct kvt_seqrec {
@@ -288,10 +289,15 @@ void kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n
 		     const uint64_t salt[2], uint64_t out[2]);
 uint32_t kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens);
 uint32_t kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2]); /* no token check */
-int kvt_prefix_insert(struct kvt_engine *e, uint32_t id, const int32_t *tokens);
+/* Index sealed block @id; its tokens are borrowed from its creator sequence (b->seq). */
+int kvt_prefix_insert(struct kvt_engine *e, uint32_t id);
+/* Block @id's creator sequence drops it (close, truncate): an indexed block that stays gets
+ * its own token copy (-ENOMEM: it leaves the index instead). */
+int kvt_prefix_detach(struct kvt_engine *e, uint32_t id);
 void kvt_prefix_remove(struct kvt_engine *e, uint32_t id);
 void kvt_prefix_fini(struct kvt_engine *e);
-uint64_t kvt_prefix_meta_bytes(const struct kvt_engine *e);
+uint64_t kvt_prefix_meta_bytes(const struct kvt_engine *e);  /* table, without tokens */
+uint64_t kvt_prefix_token_bytes(const struct kvt_engine *e); /* the entries' own tokens */
 /* Match the full blocks of @tokens against the index: fills ids[0..k) and returns k. */
 uint32_t kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
 			 const uint64_t salt[2], uint32_t *ids, uint32_t max);
@@ -353,7 +359,8 @@ void kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s);
 void kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost);
 int kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int target);
 void kvt_seq_idle_scan(struct kvt_engine *e); /* park sequences idle for idle_timeout_ms */
-uint64_t kvt_meta_bytes(const struct kvt_engine *e); /* host metadata kvtier holds */
+uint64_t kvt_meta_bytes(const struct kvt_engine *e); /* host metadata kvtier holds, no tokens */
+uint64_t kvt_meta_token_bytes(const struct kvt_engine *e); /* host bytes of token ids */
 
 /* Test hook: when set before kvt_engine_create, the NVME tier is opened with these fault hooks
  * (tests/ inject EIO, short IO and bit flips through it). NULL in production. */

@@ -161,15 +161,16 @@ seq_hash_blocks(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t from, uint6
 void
 kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s)
 {
-	uint32_t tpb = e->layout.tokens_per_block, i;
+	uint32_t i;
 
 	for (i = 0; i < s->n_wpins; i++) {
 		struct kvt_block *b = &e->blocks[s->wpins[i]];
 
-		if (b->hashed && !b->indexed && !b->lost && b->live && !b->dead)
+		/* only the creator indexes a block (its tokens are borrowed from s) */
+		if (b->hashed && !b->indexed && !b->lost && b->live && !b->dead &&
+		    b->seq < e->cap_seqs && &e->seqs[b->seq] == s)
 			/* -ENOMEM only costs sharing: the block stays private */
-			(void)kvt_prefix_insert(e, s->wpins[i],
-						s->tokens + (uint64_t)b->index * tpb);
+			(void)kvt_prefix_insert(e, s->wpins[i]);
 	}
 }
 
@@ -183,6 +184,17 @@ kvt_seq_unpin_writes(struct kvt_engine *e, struct kvt_seqrec *s)
 	s->n_wpins = 0;
 }
 
+/* @s drops block @id: an indexed block it created keeps its tokens (kvt_prefix_detach). */
+static void
+seq_drop_block(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t id)
+{
+	uint32_t owner = e->blocks[id].seq;
+
+	if (owner < e->cap_seqs && &e->seqs[owner] == s)
+		(void)kvt_prefix_detach(e, id); /* -ENOMEM: left the index, still correct */
+	kvt_block_kill(e, id);
+}
+
 void
 kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost)
 {
@@ -193,7 +205,7 @@ kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost
 		return;
 	kvt_seq_unpin_writes(e, s);
 	for (i = first_lost; i < s->n_blocks; i++)
-		kvt_block_kill(e, s->blocks[i]);
+		seq_drop_block(e, s, s->blocks[i]);
 	s->n_blocks = first_lost;
 	if (s->n_tokens > (uint64_t)first_lost * tpb)
 		s->n_tokens = (uint64_t)first_lost * tpb;
@@ -222,7 +234,7 @@ kvt_seq_close(struct kvt_engine *e, kvt_seq_id id)
 	kvt_persist_forget(e, s);
 	/* blocks with transfers in flight are freed by those completions, never before */
 	for (i = 0; i < s->n_blocks; i++)
-		kvt_block_kill(e, s->blocks[i]);
+		seq_drop_block(e, s, s->blocks[i]);
 	s->n_blocks = 0;
 	s->n_tokens = 0;
 	s->hint_no = 0;
