@@ -49,37 +49,41 @@ enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESE
 /* an owner entry that names a block (not free, quarantined or stored) */
 #define KVT_OWNER_IS_BLOCK(o) ((o) < KVT_SLOT_STORED)
 
+/* Laid out for size (96 bytes; 10,000 parked sessions hold 20,000 of them): 64-bit fields
+ * first, then 32-, 16- and 8-bit ones, flags as one-bit fields. */
 struct kvt_block {
-	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
-	uint32_t copy_ver[KVT_TIER_COUNT]; /* version each copy holds (or will hold) */
-	uint8_t state[KVT_TIER_COUNT];     /* enum kvt_copy_state per tier */
-	uint8_t live;                      /* 1 while owned by a sequence (or dying) */
-	uint8_t dead;                      /* owner gone: free once busy drops to 0 */
-	uint8_t lost;                      /* no valid copy left anywhere: must be recomputed */
-	uint8_t protect;                   /* kept in its tiers by the engine (schedule
-	                                      hints): eviction skips it like a pin */
-	uint8_t wanted;                    /* asked back to HBM (resume, prepare, append) since
-	                                      its last demotion started: a demotion in flight
-	                                      keeps its source and stops where it is */
-	uint32_t ver;                      /* content version, bumped by appends */
-	uint16_t pins;                     /* batch pins + append (write) pins */
-	uint16_t busy;                     /* transfers in flight on this block's copies */
-	uint32_t seq;                      /* owning sequence index */
-	uint32_t index;                    /* position within the sequence */
-	uint32_t next_free;                /* free-list link when !live */
-	uint64_t nvme_key;                 /* key of its latest NVMe write (header check) */
-	uint64_t nvme_sum;                 /* XXH3-64 of the raw block of that write */
-	uint32_t nvme_stored;              /* payload bytes of that write (0 = unknown) */
-	uint32_t nvme_codec;               /* codec of that write's payload */
-	uint64_t h2d_seqno;                /* h2d group carrying its latest host-to-device copy
-	                                      (valid while its HBM copy is INFLIGHT) */
 	uint64_t hash[2];                  /* prefix key (engine/prefix.c) when hashed: XXH3-128
 	                                      of (parent's key, its tokens, salt, extra key);
-	                                      what the NVMe store may look blocks up by */
+	                                      what the prefix index and the NVMe store look
+	                                      blocks up by */
+	uint64_t nvme_key;                 /* key of its latest NVMe write (header check) */
+	uint64_t nvme_sum;                 /* XXH3-64 of the raw block of that write */
+	uint64_t h2d_seqno;                /* h2d group carrying its latest host-to-device copy
+	                                      (valid while its HBM copy is INFLIGHT) */
+	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
+	uint32_t copy_ver[KVT_TIER_COUNT]; /* version each copy holds (or will hold) */
+	uint32_t ver;                      /* content version, bumped by appends */
+	uint32_t seq;                      /* creating sequence's index (its tokens back the
+	                                      prefix index entry while it holds the block) */
+	uint32_t index;                    /* position within the sequence */
+	uint32_t next_free;                /* free-list link when !live */
+	uint32_t nvme_stored;              /* payload bytes of that write (0 = unknown) */
+	uint16_t pins;                     /* batch pins + append (write) pins */
+	uint16_t busy;                     /* transfers in flight on this block's copies */
 	uint16_t refs;                     /* sequences referencing it (0 = cached only) */
-	uint8_t hashed;                    /* hash is set (a full block of known tokens) */
-	uint8_t indexed;                   /* in the prefix index (shareable) */
+	uint8_t state[KVT_TIER_COUNT];     /* enum kvt_copy_state per tier */
 	uint8_t tslot;                     /* 1 + its tenant's budget entry, 0 = none */
+	uint8_t nvme_codec;                /* enum kvt_codec of that write's payload */
+	unsigned live : 1;                 /* owned by a sequence (or dying) */
+	unsigned dead : 1;                 /* owner gone: free once busy drops to 0 */
+	unsigned lost : 1;                 /* no valid copy left anywhere: must be recomputed */
+	unsigned protect : 1;              /* kept in its tiers by the engine (schedule
+	                                      hints): eviction skips it like a pin */
+	unsigned wanted : 1;               /* asked back to HBM (resume, prepare, append) since
+	                                      its last demotion started: a demotion in flight
+	                                      keeps its source and stops where it is */
+	unsigned hashed : 1;               /* hash is set (a full block of known tokens) */
+	unsigned indexed : 1;              /* in the prefix index (shareable) */
 };
 
 #define KVT_MAX_BUDGETS 64 /* tenants with a tier budget */
@@ -108,31 +112,33 @@ struct kvt_prefix {
 	uint64_t owned;         /* entries with their own token copy */
 };
 
+/* Laid out for size (128 bytes): 64-bit fields and pointers first. */
 struct kvt_seqrec {
+	uint64_t salt[2];   /* prefix key material: tenant salt, extra key (adapter, model) */
+	uint64_t last_use_ns; /* last append/prepare/resume (idle parking) */
+	uint64_t n_tokens;  /* tokens held */
+	uint64_t cap_tokens; /* capacity of tokens[] (exact while parked) */
+	uint64_t session_key; /* caller's session key (0 = none): published when parked to NVMe */
+	uint64_t hint_no;   /* e->hint_seq of its latest hint; 0 = not hinted */
+	uint32_t *blocks;   /* [n_blocks] block ids */
+	int32_t *tokens;    /* [n_tokens] token ids (-1 when not given); also what the prefix
+	                       index compares for the indexed blocks this sequence created */
+	uint32_t *wpins;    /* block ids pinned by appends since the last release */
 	uint32_t gen;       /* generation: high half of the kvt_seq_id; bumped on close */
+	uint32_t retention_ms; /* priority of new blocks falls back after this long; 0 = never */
+	uint32_t tenant;    /* tenant id */
+	uint32_t n_blocks;  /* blocks in use (ceil(n_tokens / tpb)) */
+	uint32_t cap_blocks; /* capacity of blocks[] (exact while parked) */
+	uint32_t n_wpins;   /* entries in wpins */
+	uint32_t cap_wpins; /* capacity of wpins (0 while parked) */
+	uint32_t next_free; /* free-list link when closed */
+	uint32_t hint_first; /* hinted blocks [hint_first, hint_end) are spared by reclaim */
+	uint32_t hint_end;   /* ... until a batch prepared after the hint is released */
 	uint8_t open;       /* 1 while open */
 	uint8_t parked;     /* 1 after park until resume/append/prepare */
 	uint8_t in_batch;   /* 1 while an unreleased batch holds it */
 	uint8_t priority;   /* 0..100 */
-	uint32_t retention_ms; /* priority of new blocks falls back after this long; 0 = never */
-	uint64_t last_use_ns; /* last append/prepare/resume (idle parking) */
-	uint64_t salt[2];   /* prefix key material: tenant salt, extra key (adapter, model) */
-	uint32_t tenant;    /* tenant id */
-	uint64_t n_tokens;  /* tokens held */
-	uint32_t n_blocks;  /* blocks in use (ceil(n_tokens / tpb)) */
-	uint32_t cap_blocks; /* capacity of blocks[] */
-	uint32_t *blocks;   /* [n_blocks] block ids */
-	int32_t *tokens;    /* [n_tokens] token ids (-1 when not given) */
-	uint64_t cap_tokens; /* capacity of tokens[] */
-	uint32_t *wpins;    /* block ids pinned by appends since the last release */
-	uint32_t n_wpins;   /* entries in wpins */
-	uint32_t cap_wpins; /* capacity of wpins */
-	uint32_t next_free; /* free-list link when closed */
-	uint64_t session_key; /* caller's session key (0 = none): published when parked to NVMe */
 	uint8_t pub_pending; /* parked to NVMe, to be published once all blocks are there */
-	uint64_t hint_no;   /* e->hint_seq of its latest hint; 0 = not hinted */
-	uint32_t hint_first; /* hinted blocks [hint_first, hint_end) are spared by reclaim */
-	uint32_t hint_end;   /* ... until a batch prepared after the hint is released */
 };
 
 enum kvt_xfer_kind { KVT_X_D2H = 0, KVT_X_H2N = 1, KVT_X_N2H = 2, KVT_X_H2D = 3 };
