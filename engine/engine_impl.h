@@ -97,19 +97,24 @@ struct kvt_budget {
 
 /* One sealed block in the prefix index (its key is the block's hash). */
 struct kvt_pentry {
-	uint32_t block;  /* block id; KVT_NIL = empty, KVT_NIL - 1 = deleted */
-	int32_t *tokens; /* [tokens_per_block] own copy of its tokens, compared on every hit;
-	                    NULL = borrowed from its creator sequence (b->seq at b->index) */
+	uint32_t block; /* block id; KVT_NIL = empty, KVT_NIL - 1 = deleted */
+	uint32_t tok;   /* its own copy of its tokens: pool entry (struct kvt_prefix.pool);
+	                   KVT_NIL = borrowed from its creator sequence (b->seq at b->index) */
 };
 
-/* The prefix index: open addressing over a power-of-two table. */
+/* The prefix index: open addressing over a power-of-two table, plus a pool of token copies
+ * for the indexed blocks whose creator sequence has dropped them. */
 struct kvt_prefix {
 	struct kvt_pentry *tab; /* [cap] */
 	uint64_t cap;           /* slots (0 before first use) */
 	uint64_t n;             /* live entries */
 	uint64_t tombs;         /* deleted entries still in probe chains */
 	uint64_t collisions;    /* keys found whose tokens differed */
-	uint64_t owned;         /* entries with their own token copy */
+	uint64_t owned;         /* entries with their own token copy (pool entries in use) */
+	int32_t *pool;          /* [pool_cap * tokens_per_block] token copies */
+	uint32_t *pool_free;    /* [pool_cap] stack of free pool entries */
+	uint32_t pool_cap;      /* pool entries */
+	uint32_t n_pool_free;   /* entries on pool_free */
 };
 
 /* Laid out for size (128 bytes): 64-bit fields and pointers first. */

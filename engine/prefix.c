@@ -14,8 +14,10 @@
  * lookup that finds the key compares the tokens too, so a hash collision is counted and
  * answered as a miss, never with another prefix's KV. Tokens are kept once: while the sequence
  * that created the block (b->seq, position b->index) holds it, the entry borrows that
- * sequence's token array (tokens == NULL); when that sequence drops the block while it stays
- * indexed (cached, or shared by others), kvt_prefix_detach() gives the entry its own copy.
+ * sequence's token array (tok == KVT_NIL); when that sequence drops the block while it stays
+ * indexed (cached, or shared by others), kvt_prefix_detach() gives the entry its own copy in a
+ * pool of tokens_per_block-sized entries (no allocation per block; the pool keeps its high
+ * water mark). An entry is 8 bytes: the key is read from the block record.
  *
  * A block enters the index when the write pin of the append that filled it is released (its
  * K/V are written by then) and leaves it in kvt_block_try_free() before any of its slots is
@@ -67,8 +69,8 @@ pfx_tokens(const struct kvt_engine *e, const struct kvt_pentry *pe)
 {
 	const struct kvt_block *b = &e->blocks[pe->block];
 
-	if (pe->tokens)
-		return pe->tokens;
+	if (pe->tok != KVT_NIL)
+		return e->prefix.pool + (uint64_t)pe->tok * e->layout.tokens_per_block;
 	return e->seqs[b->seq].tokens + (uint64_t)b->index * e->layout.tokens_per_block;
 }
 
@@ -162,7 +164,7 @@ kvt_prefix_insert(struct kvt_engine *e, uint32_t id)
 	if (p->tab[i].block == PFX_TOMB)
 		p->tombs--;
 	p->tab[i].block = id;
-	p->tab[i].tokens = NULL; /* borrowed from b->seq until it drops the block */
+	p->tab[i].tok = KVT_NIL; /* borrowed from b->seq until it drops the block */
 	p->n++;
 	b->indexed = 1;
 	return 0;
@@ -178,9 +180,10 @@ kvt_prefix_remove(struct kvt_engine *e, uint32_t id)
 		return;
 	pe = pfx_find_key(e, b->hash);
 	if (pe && pe->block == id) {
-		e->prefix.owned -= pe->tokens != NULL;
-		kvt_free(pe->tokens);
-		pe->tokens = NULL;
+		if (pe->tok != KVT_NIL) {
+			e->prefix.pool_free[e->prefix.n_pool_free++] = pe->tok;
+			e->prefix.owned--;
+		}
 		pe->block = PFX_TOMB;
 		e->prefix.n--;
 		e->prefix.tombs++;
@@ -188,37 +191,57 @@ kvt_prefix_remove(struct kvt_engine *e, uint32_t id)
 	b->indexed = 0;
 }
 
+/* Room for one more token copy in the pool (grown by an eighth, at least 64 entries). */
+static int
+pfx_pool_grow(struct kvt_engine *e)
+{
+	struct kvt_prefix *p = &e->prefix;
+	uint32_t tpb = e->layout.tokens_per_block;
+	uint32_t ncap = p->pool_cap + (p->pool_cap / 8 > 64 ? p->pool_cap / 8 : 64), i;
+	void *np;
+
+	if (ncap >= KVT_NIL || ncap < p->pool_cap)
+		return -ENOMEM;
+	if (!(np = kvt_realloc(p->pool_free, (size_t)ncap * sizeof *p->pool_free)))
+		return -ENOMEM;
+	p->pool_free = np;
+	if (!(np = kvt_realloc(p->pool, (size_t)ncap * tpb * sizeof *p->pool)))
+		return -ENOMEM;
+	p->pool = np;
+	for (i = ncap; i-- > p->pool_cap;)
+		p->pool_free[p->n_pool_free++] = i;
+	p->pool_cap = ncap;
+	return 0;
+}
+
 int
 kvt_prefix_detach(struct kvt_engine *e, uint32_t id)
 {
-	uint32_t tpb = e->layout.tokens_per_block;
+	uint32_t tpb = e->layout.tokens_per_block, k;
+	struct kvt_prefix *p = &e->prefix;
 	struct kvt_pentry *pe;
-	int32_t *copy;
 
 	if (!e->blocks[id].indexed)
 		return 0;
 	pe = pfx_find_key(e, e->blocks[id].hash);
-	if (!pe || pe->block != id || pe->tokens)
+	if (!pe || pe->block != id || pe->tok != KVT_NIL)
 		return 0;
-	copy = kvt_malloc((size_t)tpb * sizeof *copy);
-	if (!copy) {
+	if (!p->n_pool_free && pfx_pool_grow(e)) {
 		kvt_prefix_remove(e, id); /* unshareable, never wrong */
 		return -ENOMEM;
 	}
-	memcpy(copy, pfx_tokens(e, pe), (size_t)tpb * sizeof *copy);
-	pe->tokens = copy;
-	e->prefix.owned++;
+	k = p->pool_free[--p->n_pool_free];
+	memcpy(p->pool + (uint64_t)k * tpb, pfx_tokens(e, pe), (size_t)tpb * sizeof *p->pool);
+	pe->tok = k;
+	p->owned++;
 	return 0;
 }
 
 void
 kvt_prefix_fini(struct kvt_engine *e)
 {
-	uint64_t i;
-
-	for (i = 0; i < e->prefix.cap; i++)
-		if (e->prefix.tab[i].block < PFX_TOMB)
-			kvt_free(e->prefix.tab[i].tokens);
+	kvt_free(e->prefix.pool);
+	kvt_free(e->prefix.pool_free);
 	kvt_free(e->prefix.tab);
 	memset(&e->prefix, 0, sizeof e->prefix);
 }
@@ -226,13 +249,14 @@ kvt_prefix_fini(struct kvt_engine *e)
 uint64_t
 kvt_prefix_meta_bytes(const struct kvt_engine *e)
 {
-	return e->prefix.cap * sizeof(struct kvt_pentry);
+	return e->prefix.cap * sizeof(struct kvt_pentry) +
+	       (uint64_t)e->prefix.pool_cap * sizeof *e->prefix.pool_free;
 }
 
 uint64_t
 kvt_prefix_token_bytes(const struct kvt_engine *e)
 {
-	return e->prefix.owned * (uint64_t)e->layout.tokens_per_block * sizeof(int32_t);
+	return (uint64_t)e->prefix.pool_cap * e->layout.tokens_per_block * sizeof(int32_t);
 }
 
 /* Is @id a live sealed block usable by a new sequence? */
