@@ -137,6 +137,10 @@ test_arc_keeps_reused(void **state)
 
 	(void)state;
 	assert_int_equal(kvt_evict_init(&ev, &kvt_evict_arc_ops, 16, 4), 0);
+	for (i = 6; i < 14; i++) { /* history: ghosts of 2x the capacity, ARC order from now */
+		ev.ops->insert(&ev, i);
+		ev.ops->remove(&ev, i);
+	}
 	ev.ops->insert(&ev, 0);
 	ev.ops->insert(&ev, 1);
 	ev.ops->access(&ev, 0); /* used again: T2 */
@@ -162,6 +166,38 @@ test_arc_keeps_reused(void **state)
 	n = walk(&ev, order, 16);
 	assert_int_not_equal(order[n - 1], 3);
 	ev.ops->fini(&ev);
+}
+
+/* Until the ghosts hold twice the tier's capacity, ARC evicts in LRU order (older tail of T1
+ * and T2); with that much history, by its T1/T2 split. */
+static void
+test_arc_lru_until_evidence(void **state)
+{
+	struct kvt_evict cold, warm;
+	uint32_t i;
+
+	(void)state;
+	assert_int_equal(kvt_evict_init(&cold, &kvt_evict_arc_ops, 64, 10), 0);
+	assert_int_equal(kvt_evict_init(&warm, &kvt_evict_arc_ops, 64, 10), 0);
+	for (i = 10; i < 30; i++) { /* 20 ghosts: 2 x capacity */
+		warm.ops->insert(&warm, i);
+		warm.ops->remove(&warm, i);
+	}
+	for (i = 0; i < 2; i++) {
+		struct kvt_evict *ev = i ? &warm : &cold;
+
+		ev->ops->insert(ev, 0);
+		ev->ops->insert(ev, 1);
+		ev->ops->access(ev, 0); /* T2 = [0], T1 = [1] */
+		ev->ops->insert(ev, 2); /* T1 = [2 1]: 2 <= T1's target (a fifth of 10) */
+	}
+	assert_int_equal(cold.ops->victim_first(&cold), 1); /* least recently used */
+	assert_int_equal(warm.ops->victim_first(&warm), 0); /* T1 within its target: T2 */
+	/* one ghost fewer than 2 x capacity: LRU order again */
+	warm.ops->insert(&warm, 10);
+	assert_int_equal(warm.ops->victim_first(&warm), 1);
+	cold.ops->fini(&cold);
+	warm.ops->fini(&warm);
 }
 
 /* Random insert/access/remove/set_prio/forget against a reference set: the victim walk visits
@@ -639,6 +675,7 @@ main(void)
 		cmocka_unit_test(test_prio_retention_falls_back),
 		cmocka_unit_test(test_prio_survives_moves),
 		cmocka_unit_test(test_arc_keeps_reused),
+		cmocka_unit_test(test_arc_lru_until_evidence),
 		cmocka_unit_test(test_random_lru),
 		cmocka_unit_test(test_random_prio),
 		cmocka_unit_test(test_random_arc),
