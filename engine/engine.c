@@ -508,12 +508,12 @@ kvt_meta_bytes(const struct kvt_engine *e)
 
 		/* owner map, free stack and used flags per slot */
 		m += (uint64_t)e->slots[t].n_slots * (sizeof(uint32_t) * 2 + 1);
-		/* links, plus per-id state of prio (1 + 1 + 8 bytes) or arc (1 byte) */
+		/* links, plus per-id state of prio (1 + 1 + 8 bytes) or arc (tag 1 + clock 4) */
 		m += (uint64_t)ev->cap * sizeof *ev->link;
 		if (ev->ops == &kvt_evict_prio_ops)
 			m += (uint64_t)ev->cap * 10u;
 		else if (ev->ops == &kvt_evict_arc_ops)
-			m += (uint64_t)ev->cap;
+			m += (uint64_t)ev->cap * 5u;
 	}
 	for (i = 0; i < e->cap_seqs; i++) {
 		const struct kvt_seqrec *s = &e->seqs[i];

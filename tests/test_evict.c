@@ -193,6 +193,8 @@ test_arc_lru_until_evidence(void **state)
 	}
 	assert_int_equal(cold.ops->victim_first(&cold), 1); /* least recently used */
 	assert_int_equal(warm.ops->victim_first(&warm), 0); /* T1 within its target: T2 */
+	cold.ops->access(&cold, 1); /* T2 = [1 0], T1 = [2]: 0 is now the least recently used */
+	assert_int_equal(cold.ops->victim_first(&cold), 0);
 	/* one ghost fewer than 2 x capacity: LRU order again */
 	warm.ops->insert(&warm, 10);
 	assert_int_equal(warm.ops->victim_first(&warm), 1);
