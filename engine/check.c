@@ -184,8 +184,9 @@ check_prefix(struct kvt_engine *e)
 		if (pe->tok != KVT_NIL) {
 			owned++;
 			if (pe->tok >= p->pool_cap)
-				return kvt_err(-EINVAL, "prefix entry of block %u: token pool entry %u "
-					       "of %u", pe->block, pe->tok, p->pool_cap);
+				return kvt_err(-EINVAL, "prefix entry of block %u: token "
+					       "pool entry %u of %u", pe->block, pe->tok,
+					       p->pool_cap);
 			continue;
 		}
 		s = b->seq < e->cap_seqs ? &e->seqs[b->seq] : NULL;

@@ -575,11 +575,12 @@ test_meta_10k_sessions(void **state)
 	sess = (uint64_t)e->cap_seqs * sizeof(struct kvt_seqrec);
 	for (j = 0; j < (int)e->cap_seqs; j++)
 		sess += ((uint64_t)e->seqs[j].cap_blocks + e->seqs[j].cap_wpins) * sizeof(uint32_t);
-	print_message("10k parked sessions, 16-token blocks: metadata %llu bytes = %.1f bytes/block "
-		      "all in (%.1f bytes/session); of it per block %.1f (block record, prefix "
-		      "index, eviction lists, slot maps; %llu records allocated) and per session "
-		      "%.1f (sequence record and block ids); token ids %llu bytes = %.1f bytes/block "
-		      "(4 per token); sizeof(kvt_block) %zu, sizeof(kvt_seqrec) %zu\n",
+	print_message("10k parked sessions, 16-token blocks: metadata %llu bytes = %.1f "
+		      "bytes/block all in (%.1f bytes/session); of it per block %.1f (block "
+		      "record, prefix index, eviction lists, slot maps; %llu records allocated) "
+		      "and per session %.1f (sequence record and block ids); token ids %llu "
+		      "bytes = %.1f bytes/block (4 per token); sizeof(kvt_block) %zu, "
+		      "sizeof(kvt_seqrec) %zu\n",
 		      (unsigned long long)st.meta_bytes, (double)st.meta_bytes / (double)blocks,
 		      (double)st.meta_bytes / NS, (double)(st.meta_bytes - sess) / (double)blocks,
 		      (unsigned long long)st.meta_block_records, (double)sess / NS,

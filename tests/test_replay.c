@@ -43,8 +43,10 @@ static void
 test_orphan_count(void **state)
 {
 	char *p = write_tmp(
-		"{\"timestamp\": 0, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [1]}\n"
-		"{\"timestamp\": 1, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [9]}\n"
+		"{\"timestamp\": 0, \"input_length\": 512, \"output_length\": 1, "
+		"\"hash_ids\": [1]}\n"
+		"{\"timestamp\": 1, \"input_length\": 512, \"output_length\": 1, "
+		"\"hash_ids\": [9]}\n"
 		"{\"timestamp\": 2, \"input_length\": 1024, \"output_length\": 1, "
 		"\"hash_ids\": [1, 2]}\n");
 	uint64_t cap[RP_TIERS] = { 2, 0, 0 };
