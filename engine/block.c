@@ -42,13 +42,16 @@ kvt_copy_evictable(const struct kvt_block *b, int tier)
 static int
 block_grow(struct kvt_engine *e)
 {
-	uint32_t ncap = e->cap_blocks ? e->cap_blocks * 2 : 256, i;
+	/* grown by an eighth (at least 256): at most 12.5% of the records idle */
+	uint32_t ncap = e->cap_blocks + (e->cap_blocks / 8 > 256 ? e->cap_blocks / 8 : 256), i;
 	struct kvt_block *nb;
 	int t, rc;
 
 	if (ncap < e->cap_blocks || ncap >= KVT_NIL)
 		return kvt_err(-ENOMEM, "block table full (%u blocks)", e->cap_blocks);
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		if (!e->slots[t].n_slots)
+			continue; /* a tier the engine lacks never lists a block */
 		rc = e->evict[t].ops->reserve(&e->evict[t], ncap);
 		if (rc)
 			return kvt_err(rc, "growing the eviction lists to %u blocks", ncap);

@@ -160,6 +160,49 @@ check_seqs(struct kvt_engine *e)
 	return check_refs(e);
 }
 
+/* Every index entry names a live indexed block; a borrowed entry's creator sequence is open
+ * and still holds the block where b->index says (so its tokens are there); owned entries use
+ * distinct pool entries, and pool entries are either owned or free. */
+static int
+check_prefix(struct kvt_engine *e)
+{
+	const struct kvt_prefix *p = &e->prefix;
+	uint64_t i, n = 0, owned = 0;
+
+	for (i = 0; i < p->cap; i++) {
+		const struct kvt_pentry *pe = &p->tab[i];
+		const struct kvt_block *b;
+		const struct kvt_seqrec *s;
+
+		if (pe->block >= KVT_NIL - 1)
+			continue;
+		n++;
+		b = pe->block < e->cap_blocks ? &e->blocks[pe->block] : NULL;
+		if (!b || !b->live || !b->indexed)
+			return kvt_err(-EINVAL, "prefix entry %llu: block %u is not a live indexed "
+				       "block", (unsigned long long)i, pe->block);
+		if (pe->tok != KVT_NIL) {
+			owned++;
+			if (pe->tok >= p->pool_cap)
+				return kvt_err(-EINVAL, "prefix entry of block %u: token "
+					       "pool entry %u of %u", pe->block, pe->tok,
+					       p->pool_cap);
+			continue;
+		}
+		s = b->seq < e->cap_seqs ? &e->seqs[b->seq] : NULL;
+		if (!s || !s->open || b->index >= s->n_blocks || s->blocks[b->index] != pe->block)
+			return kvt_err(-EINVAL, "prefix entry of block %u borrows the tokens of "
+				       "sequence %u, which does not hold it", pe->block, b->seq);
+	}
+	if (n != p->n || owned != p->owned || owned + p->n_pool_free != p->pool_cap)
+		return kvt_err(-EINVAL, "prefix index: %llu entries (counter %llu), %llu owning "
+			       "tokens (counter %llu), %u free of %u pool entries",
+			       (unsigned long long)n, (unsigned long long)p->n,
+			       (unsigned long long)owned, (unsigned long long)p->owned,
+			       p->n_pool_free, p->pool_cap);
+	return 0;
+}
+
 int
 kvt_engine_check(struct kvt_engine *e)
 {
@@ -171,6 +214,8 @@ kvt_engine_check(struct kvt_engine *e)
 		rc = check_blocks(e);
 	if (!rc)
 		rc = check_seqs(e);
+	if (!rc)
+		rc = check_prefix(e);
 	kvt_unlock(e);
 	return rc;
 }

@@ -486,6 +486,7 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 	s.seqs_open = e->n_open_seqs;
 	s.meta_bytes = kvt_meta_bytes(e);
 	s.meta_block_records = e->cap_blocks;
+	s.meta_token_bytes = kvt_meta_token_bytes(e);
 	s.batches_open = e->n_batches;
 	kvt_unlock(e);
 	s.size = size;
@@ -507,18 +508,29 @@ kvt_meta_bytes(const struct kvt_engine *e)
 
 		/* owner map, free stack and used flags per slot */
 		m += (uint64_t)e->slots[t].n_slots * (sizeof(uint32_t) * 2 + 1);
-		/* links, plus per-id state of prio (1 + 1 + 8 bytes) or arc (1 byte) */
+		/* links, plus per-id state of prio (1 + 1 + 8 bytes) or arc (tag 1 + clock 4) */
 		m += (uint64_t)ev->cap * sizeof *ev->link;
 		if (ev->ops == &kvt_evict_prio_ops)
 			m += (uint64_t)ev->cap * 10u;
 		else if (ev->ops == &kvt_evict_arc_ops)
-			m += (uint64_t)ev->cap;
+			m += (uint64_t)ev->cap * 5u;
 	}
 	for (i = 0; i < e->cap_seqs; i++) {
 		const struct kvt_seqrec *s = &e->seqs[i];
 
-		m += s->cap_tokens * sizeof *s->tokens + (uint64_t)s->cap_blocks * sizeof *s->blocks +
+		m += (uint64_t)s->cap_blocks * sizeof *s->blocks +
 		     (uint64_t)s->cap_wpins * sizeof *s->wpins;
 	}
+	return m;
+}
+
+uint64_t
+kvt_meta_token_bytes(const struct kvt_engine *e)
+{
+	uint64_t m = kvt_prefix_token_bytes(e);
+	uint32_t i;
+
+	for (i = 0; i < e->cap_seqs; i++)
+		m += e->seqs[i].cap_tokens * sizeof *e->seqs[i].tokens;
 	return m;
 }

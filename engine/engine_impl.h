@@ -49,37 +49,41 @@ enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESE
 /* an owner entry that names a block (not free, quarantined or stored) */
 #define KVT_OWNER_IS_BLOCK(o) ((o) < KVT_SLOT_STORED)
 
+/* Laid out for size (96 bytes; 10,000 parked sessions hold 20,000 of them): 64-bit fields
+ * first, then 32-, 16- and 8-bit ones, flags as one-bit fields. */
 struct kvt_block {
-	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
-	uint32_t copy_ver[KVT_TIER_COUNT]; /* version each copy holds (or will hold) */
-	uint8_t state[KVT_TIER_COUNT];     /* enum kvt_copy_state per tier */
-	uint8_t live;                      /* 1 while owned by a sequence (or dying) */
-	uint8_t dead;                      /* owner gone: free once busy drops to 0 */
-	uint8_t lost;                      /* no valid copy left anywhere: must be recomputed */
-	uint8_t protect;                   /* kept in its tiers by the engine (schedule
-	                                      hints): eviction skips it like a pin */
-	uint8_t wanted;                    /* asked back to HBM (resume, prepare, append) since
-	                                      its last demotion started: a demotion in flight
-	                                      keeps its source and stops where it is */
-	uint32_t ver;                      /* content version, bumped by appends */
-	uint16_t pins;                     /* batch pins + append (write) pins */
-	uint16_t busy;                     /* transfers in flight on this block's copies */
-	uint32_t seq;                      /* owning sequence index */
-	uint32_t index;                    /* position within the sequence */
-	uint32_t next_free;                /* free-list link when !live */
-	uint64_t nvme_key;                 /* key of its latest NVMe write (header check) */
-	uint64_t nvme_sum;                 /* XXH3-64 of the raw block of that write */
-	uint32_t nvme_stored;              /* payload bytes of that write (0 = unknown) */
-	uint32_t nvme_codec;               /* codec of that write's payload */
-	uint64_t h2d_seqno;                /* h2d group carrying its latest host-to-device copy
-	                                      (valid while its HBM copy is INFLIGHT) */
 	uint64_t hash[2];                  /* prefix key (engine/prefix.c) when hashed: XXH3-128
 	                                      of (parent's key, its tokens, salt, extra key);
-	                                      what the NVMe store may look blocks up by */
+	                                      what the prefix index and the NVMe store look
+	                                      blocks up by */
+	uint64_t nvme_key;                 /* key of its latest NVMe write (header check) */
+	uint64_t nvme_sum;                 /* XXH3-64 of the raw block of that write */
+	uint64_t h2d_seqno;                /* h2d group carrying its latest host-to-device copy
+	                                      (valid while its HBM copy is INFLIGHT) */
+	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
+	uint32_t copy_ver[KVT_TIER_COUNT]; /* version each copy holds (or will hold) */
+	uint32_t ver;                      /* content version, bumped by appends */
+	uint32_t seq;                      /* creating sequence's index (its tokens back the
+	                                      prefix index entry while it holds the block) */
+	uint32_t index;                    /* position within the sequence */
+	uint32_t next_free;                /* free-list link when !live */
+	uint32_t nvme_stored;              /* payload bytes of that write (0 = unknown) */
+	uint16_t pins;                     /* batch pins + append (write) pins */
+	uint16_t busy;                     /* transfers in flight on this block's copies */
 	uint16_t refs;                     /* sequences referencing it (0 = cached only) */
-	uint8_t hashed;                    /* hash is set (a full block of known tokens) */
-	uint8_t indexed;                   /* in the prefix index (shareable) */
+	uint8_t state[KVT_TIER_COUNT];     /* enum kvt_copy_state per tier */
 	uint8_t tslot;                     /* 1 + its tenant's budget entry, 0 = none */
+	uint8_t nvme_codec;                /* enum kvt_codec of that write's payload */
+	unsigned live : 1;                 /* owned by a sequence (or dying) */
+	unsigned dead : 1;                 /* owner gone: free once busy drops to 0 */
+	unsigned lost : 1;                 /* no valid copy left anywhere: must be recomputed */
+	unsigned protect : 1;              /* kept in its tiers by the engine (schedule
+	                                      hints): eviction skips it like a pin */
+	unsigned wanted : 1;               /* asked back to HBM (resume, prepare, append) since
+	                                      its last demotion started: a demotion in flight
+	                                      keeps its source and stops where it is */
+	unsigned hashed : 1;               /* hash is set (a full block of known tokens) */
+	unsigned indexed : 1;              /* in the prefix index (shareable) */
 };
 
 #define KVT_MAX_BUDGETS 64 /* tenants with a tier budget */
@@ -91,47 +95,55 @@ struct kvt_budget {
 	uint64_t used[KVT_TIER_COUNT];   /* slots its blocks hold (present or being written) */
 };
 
-/* One sealed block in the prefix index. */
+/* One sealed block in the prefix index (its key is the block's hash). */
 struct kvt_pentry {
-	uint64_t h[2];   /* its key */
-	uint32_t block;  /* block id; KVT_NIL = empty, KVT_NIL - 1 = deleted */
-	int32_t *tokens; /* [tokens_per_block] its tokens, compared on every hit */
+	uint32_t block; /* block id; KVT_NIL = empty, KVT_NIL - 1 = deleted */
+	uint32_t tok;   /* its own copy of its tokens: pool entry (struct kvt_prefix.pool);
+	                   KVT_NIL = borrowed from its creator sequence (b->seq at b->index) */
 };
 
-/* The prefix index: open addressing over a power-of-two table. */
+/* The prefix index: open addressing over a power-of-two table, plus a pool of token copies
+ * for the indexed blocks whose creator sequence has dropped them. */
 struct kvt_prefix {
 	struct kvt_pentry *tab; /* [cap] */
 	uint64_t cap;           /* slots (0 before first use) */
 	uint64_t n;             /* live entries */
 	uint64_t tombs;         /* deleted entries still in probe chains */
 	uint64_t collisions;    /* keys found whose tokens differed */
+	uint64_t owned;         /* entries with their own token copy (pool entries in use) */
+	int32_t *pool;          /* [pool_cap * tokens_per_block] token copies */
+	uint32_t *pool_free;    /* [pool_cap] stack of free pool entries */
+	uint32_t pool_cap;      /* pool entries */
+	uint32_t n_pool_free;   /* entries on pool_free */
 };
 
+/* Laid out for size (128 bytes): 64-bit fields and pointers first. */
 struct kvt_seqrec {
+	uint64_t salt[2];   /* prefix key material: tenant salt, extra key (adapter, model) */
+	uint64_t last_use_ns; /* last append/prepare/resume (idle parking) */
+	uint64_t n_tokens;  /* tokens held */
+	uint64_t cap_tokens; /* capacity of tokens[] (exact while parked) */
+	uint64_t session_key; /* caller's session key (0 = none): published when parked to NVMe */
+	uint64_t hint_no;   /* e->hint_seq of its latest hint; 0 = not hinted */
+	uint32_t *blocks;   /* [n_blocks] block ids */
+	int32_t *tokens;    /* [n_tokens] token ids (-1 when not given); also what the prefix
+	                       index compares for the indexed blocks this sequence created */
+	uint32_t *wpins;    /* block ids pinned by appends since the last release */
 	uint32_t gen;       /* generation: high half of the kvt_seq_id; bumped on close */
+	uint32_t retention_ms; /* priority of new blocks falls back after this long; 0 = never */
+	uint32_t tenant;    /* tenant id */
+	uint32_t n_blocks;  /* blocks in use (ceil(n_tokens / tpb)) */
+	uint32_t cap_blocks; /* capacity of blocks[] (exact while parked) */
+	uint32_t n_wpins;   /* entries in wpins */
+	uint32_t cap_wpins; /* capacity of wpins (0 while parked) */
+	uint32_t next_free; /* free-list link when closed */
+	uint32_t hint_first; /* hinted blocks [hint_first, hint_end) are spared by reclaim */
+	uint32_t hint_end;   /* ... until a batch prepared after the hint is released */
 	uint8_t open;       /* 1 while open */
 	uint8_t parked;     /* 1 after park until resume/append/prepare */
 	uint8_t in_batch;   /* 1 while an unreleased batch holds it */
 	uint8_t priority;   /* 0..100 */
-	uint32_t retention_ms; /* priority of new blocks falls back after this long; 0 = never */
-	uint64_t last_use_ns; /* last append/prepare/resume (idle parking) */
-	uint64_t salt[2];   /* prefix key material: tenant salt, extra key (adapter, model) */
-	uint32_t tenant;    /* tenant id */
-	uint64_t n_tokens;  /* tokens held */
-	uint32_t n_blocks;  /* blocks in use (ceil(n_tokens / tpb)) */
-	uint32_t cap_blocks; /* capacity of blocks[] */
-	uint32_t *blocks;   /* [n_blocks] block ids */
-	int32_t *tokens;    /* [n_tokens] token ids (-1 when not given) */
-	uint64_t cap_tokens; /* capacity of tokens[] */
-	uint32_t *wpins;    /* block ids pinned by appends since the last release */
-	uint32_t n_wpins;   /* entries in wpins */
-	uint32_t cap_wpins; /* capacity of wpins */
-	uint32_t next_free; /* free-list link when closed */
-	uint64_t session_key; /* caller's session key (0 = none): published when parked to NVMe */
 	uint8_t pub_pending; /* parked to NVMe, to be published once all blocks are there */
-	uint64_t hint_no;   /* e->hint_seq of its latest hint; 0 = not hinted */
-	uint32_t hint_first; /* hinted blocks [hint_first, hint_end) are spared by reclaim */
-	uint32_t hint_end;   /* ... until a batch prepared after the hint is released */
 };
 
 enum kvt_xfer_kind { KVT_X_D2H = 0, KVT_X_H2N = 1, KVT_X_N2H = 2, KVT_X_H2D = 3 };
@@ -288,10 +300,15 @@ void kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n
 		     const uint64_t salt[2], uint64_t out[2]);
 uint32_t kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens);
 uint32_t kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2]); /* no token check */
-int kvt_prefix_insert(struct kvt_engine *e, uint32_t id, const int32_t *tokens);
+/* Index sealed block @id; its tokens are borrowed from its creator sequence (b->seq). */
+int kvt_prefix_insert(struct kvt_engine *e, uint32_t id);
+/* Block @id's creator sequence drops it (close, truncate): an indexed block that stays gets
+ * its own token copy (-ENOMEM: it leaves the index instead). */
+int kvt_prefix_detach(struct kvt_engine *e, uint32_t id);
 void kvt_prefix_remove(struct kvt_engine *e, uint32_t id);
 void kvt_prefix_fini(struct kvt_engine *e);
-uint64_t kvt_prefix_meta_bytes(const struct kvt_engine *e);
+uint64_t kvt_prefix_meta_bytes(const struct kvt_engine *e);  /* table, without tokens */
+uint64_t kvt_prefix_token_bytes(const struct kvt_engine *e); /* the entries' own tokens */
 /* Match the full blocks of @tokens against the index: fills ids[0..k) and returns k. */
 uint32_t kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
 			 const uint64_t salt[2], uint32_t *ids, uint32_t max);
@@ -353,7 +370,8 @@ void kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s);
 void kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost);
 int kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int target);
 void kvt_seq_idle_scan(struct kvt_engine *e); /* park sequences idle for idle_timeout_ms */
-uint64_t kvt_meta_bytes(const struct kvt_engine *e); /* host metadata kvtier holds */
+uint64_t kvt_meta_bytes(const struct kvt_engine *e); /* host metadata kvtier holds, no tokens */
+uint64_t kvt_meta_token_bytes(const struct kvt_engine *e); /* host bytes of token ids */
 
 /* Test hook: when set before kvt_engine_create, the NVME tier is opened with these fault hooks
  * (tests/ inject EIO, short IO and bit flips through it). NULL in production. */

@@ -722,11 +722,15 @@ struct kvt_stats {
 	uint64_t codec_raw_bytes;     /* bytes before compression of blocks written to NVMe */
 	uint64_t codec_stored_bytes;  /* bytes after (raw where compression did not pay) */
 	uint64_t meta_bytes;          /* host memory used by kvtier's own metadata: block records,
-	                                 eviction lists, slot owner maps, sequence tables and their
-	                                 token/block arrays (capacities, not only what is used) */
+	                                 prefix index, eviction lists, slot owner maps, sequence
+	                                 tables and their block arrays (capacities, not only what
+	                                 is used); token ids are NOT included: meta_token_bytes */
 	/* ---- 0.2 */
 	uint64_t idle_parked;         /* sequences parked by the idle timeout */
 	uint64_t meta_block_records;  /* block records allocated (meta_bytes / this = per block) */
+	uint64_t meta_token_bytes;    /* host memory holding token ids (4 bytes per token, each
+	                                 token kept once: the sequences' arrays plus the prefix
+	                                 index's copies for cached blocks of closed sequences) */
 };
 
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */

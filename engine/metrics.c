@@ -215,7 +215,11 @@ metrics_write(struct metrics_out *o, const struct kvt_stats *st)
 	metrics_one(o, "kvtier_transfers_in_flight", "gauge",
 		    "Copies and IOs not yet completed.", st->transfers_in_flight);
 	metrics_one(o, "kvtier_metadata_bytes", "gauge",
-		    "Host memory used by kvtier's own metadata.", st->meta_bytes);
+		    "Host memory used by kvtier's own metadata (without token ids).",
+		    st->meta_bytes);
+	metrics_one(o, "kvtier_token_bytes", "gauge",
+		    "Host memory holding token ids (4 bytes per token, kept once).",
+		    st->meta_token_bytes);
 }
 
 int

@@ -9,9 +9,15 @@
  * (different extra keys) never meet. The key lives in the block record (struct kvt_block.hash,
  * 16 bytes, also what the NVMe store can use to find a block by content after a restart).
  *
- * The index maps key -> block id (open addressing, linear probing, tombstones) and keeps a
- * copy of each sealed block's tokens: a lookup that finds the key compares the tokens too, so a
- * hash collision is counted and answered as a miss, never with another prefix's KV.
+ * The index maps key -> block id (open addressing, linear probing, tombstones; the key itself
+ * is read from the block record, not stored twice) and can reach each sealed block's tokens: a
+ * lookup that finds the key compares the tokens too, so a hash collision is counted and
+ * answered as a miss, never with another prefix's KV. Tokens are kept once: while the sequence
+ * that created the block (b->seq, position b->index) holds it, the entry borrows that
+ * sequence's token array (tok == KVT_NIL); when that sequence drops the block while it stays
+ * indexed (cached, or shared by others), kvt_prefix_detach() gives the entry its own copy in a
+ * pool of tokens_per_block-sized entries (no allocation per block; the pool keeps its high
+ * water mark). An entry is 8 bytes: the key is read from the block record.
  *
  * A block enters the index when the write pin of the append that filled it is released (its
  * K/V are written by then) and leaves it in kvt_block_try_free() before any of its slots is
@@ -57,6 +63,17 @@ pfx_slot0(const struct kvt_prefix *p, const uint64_t h[2])
 	return (h[0] ^ (h[1] >> 7)) & (p->cap - 1);
 }
 
+/* The tokens of indexed block @id: its entry's own copy, or its creator sequence's. */
+static const int32_t *
+pfx_tokens(const struct kvt_engine *e, const struct kvt_pentry *pe)
+{
+	const struct kvt_block *b = &e->blocks[pe->block];
+
+	if (pe->tok != KVT_NIL)
+		return e->prefix.pool + (uint64_t)pe->tok * e->layout.tokens_per_block;
+	return e->seqs[b->seq].tokens + (uint64_t)b->index * e->layout.tokens_per_block;
+}
+
 static int
 pfx_grow(struct kvt_engine *e)
 {
@@ -71,9 +88,12 @@ pfx_grow(struct kvt_engine *e)
 		nt[i].block = PFX_EMPTY;
 	p->tab = nt;
 	for (i = 0; i < p->cap; i++) {
+		const uint64_t *h;
+
 		if (old[i].block >= PFX_TOMB)
 			continue;
-		for (j = (old[i].h[0] ^ (old[i].h[1] >> 7)) & (ncap - 1); nt[j].block != PFX_EMPTY;
+		h = e->blocks[old[i].block].hash;
+		for (j = (h[0] ^ (h[1] >> 7)) & (ncap - 1); nt[j].block != PFX_EMPTY;
 		     j = (j + 1) & (ncap - 1))
 			;
 		nt[j] = old[i];
@@ -86,22 +106,29 @@ pfx_grow(struct kvt_engine *e)
 
 /* The entry holding key @h, or NULL. */
 static struct kvt_pentry *
-pfx_find_key(struct kvt_prefix *p, const uint64_t h[2])
+pfx_find_key(struct kvt_engine *e, const uint64_t h[2])
 {
+	struct kvt_prefix *p = &e->prefix;
 	uint64_t i;
 
 	if (!p->cap)
 		return NULL;
-	for (i = pfx_slot0(p, h); p->tab[i].block != PFX_EMPTY; i = (i + 1) & (p->cap - 1))
-		if (p->tab[i].block != PFX_TOMB && p->tab[i].h[0] == h[0] && p->tab[i].h[1] == h[1])
+	for (i = pfx_slot0(p, h); p->tab[i].block != PFX_EMPTY; i = (i + 1) & (p->cap - 1)) {
+		const uint64_t *k;
+
+		if (p->tab[i].block == PFX_TOMB)
+			continue;
+		k = e->blocks[p->tab[i].block].hash;
+		if (k[0] == h[0] && k[1] == h[1])
 			return &p->tab[i];
+	}
 	return NULL;
 }
 
 uint32_t
 kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2])
 {
-	struct kvt_pentry *pe = pfx_find_key(&e->prefix, h);
+	struct kvt_pentry *pe = pfx_find_key(e, h);
 
 	return pe ? pe->block : KVT_NIL;
 }
@@ -109,12 +136,12 @@ kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2])
 uint32_t
 kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens)
 {
-	struct kvt_pentry *pe = pfx_find_key(&e->prefix, h);
+	struct kvt_pentry *pe = pfx_find_key(e, h);
 	uint32_t tpb = e->layout.tokens_per_block;
 
 	if (!pe)
 		return KVT_NIL;
-	if (memcmp(pe->tokens, tokens, (size_t)tpb * sizeof *tokens) != 0) {
+	if (memcmp(pfx_tokens(e, pe), tokens, (size_t)tpb * sizeof *tokens) != 0) {
 		e->prefix.collisions++; /* same key, other tokens: never share it */
 		return KVT_NIL;
 	}
@@ -122,30 +149,22 @@ kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens
 }
 
 int
-kvt_prefix_insert(struct kvt_engine *e, uint32_t id, const int32_t *tokens)
+kvt_prefix_insert(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_prefix *p = &e->prefix;
 	struct kvt_block *b = &e->blocks[id];
-	uint32_t tpb = e->layout.tokens_per_block;
 	uint64_t i;
-	int32_t *copy;
 
-	if (b->indexed || pfx_find_key(p, b->hash))
+	if (b->indexed || pfx_find_key(e, b->hash))
 		return 0; /* already there (same content elsewhere, or a collision): not shared */
 	if ((p->n + p->tombs + 1) * 10 > p->cap * 7 && pfx_grow(e))
 		return -ENOMEM;
-	copy = kvt_malloc((size_t)tpb * sizeof *copy);
-	if (!copy)
-		return -ENOMEM;
-	memcpy(copy, tokens, (size_t)tpb * sizeof *copy);
 	for (i = pfx_slot0(p, b->hash); p->tab[i].block < PFX_TOMB; i = (i + 1) & (p->cap - 1))
 		;
 	if (p->tab[i].block == PFX_TOMB)
 		p->tombs--;
-	p->tab[i].h[0] = b->hash[0];
-	p->tab[i].h[1] = b->hash[1];
 	p->tab[i].block = id;
-	p->tab[i].tokens = copy;
+	p->tab[i].tok = KVT_NIL; /* borrowed from b->seq until it drops the block */
 	p->n++;
 	b->indexed = 1;
 	return 0;
@@ -159,10 +178,12 @@ kvt_prefix_remove(struct kvt_engine *e, uint32_t id)
 
 	if (!b->indexed)
 		return;
-	pe = pfx_find_key(&e->prefix, b->hash);
+	pe = pfx_find_key(e, b->hash);
 	if (pe && pe->block == id) {
-		kvt_free(pe->tokens);
-		pe->tokens = NULL;
+		if (pe->tok != KVT_NIL) {
+			e->prefix.pool_free[e->prefix.n_pool_free++] = pe->tok;
+			e->prefix.owned--;
+		}
 		pe->block = PFX_TOMB;
 		e->prefix.n--;
 		e->prefix.tombs++;
@@ -170,14 +191,57 @@ kvt_prefix_remove(struct kvt_engine *e, uint32_t id)
 	b->indexed = 0;
 }
 
+/* Room for one more token copy in the pool (grown by an eighth, at least 64 entries). */
+static int
+pfx_pool_grow(struct kvt_engine *e)
+{
+	struct kvt_prefix *p = &e->prefix;
+	uint32_t tpb = e->layout.tokens_per_block;
+	uint32_t ncap = p->pool_cap + (p->pool_cap / 8 > 64 ? p->pool_cap / 8 : 64), i;
+	void *np;
+
+	if (ncap >= KVT_NIL || ncap < p->pool_cap)
+		return -ENOMEM;
+	if (!(np = kvt_realloc(p->pool_free, (size_t)ncap * sizeof *p->pool_free)))
+		return -ENOMEM;
+	p->pool_free = np;
+	if (!(np = kvt_realloc(p->pool, (size_t)ncap * tpb * sizeof *p->pool)))
+		return -ENOMEM;
+	p->pool = np;
+	for (i = ncap; i-- > p->pool_cap;)
+		p->pool_free[p->n_pool_free++] = i;
+	p->pool_cap = ncap;
+	return 0;
+}
+
+int
+kvt_prefix_detach(struct kvt_engine *e, uint32_t id)
+{
+	uint32_t tpb = e->layout.tokens_per_block, k;
+	struct kvt_prefix *p = &e->prefix;
+	struct kvt_pentry *pe;
+
+	if (!e->blocks[id].indexed)
+		return 0;
+	pe = pfx_find_key(e, e->blocks[id].hash);
+	if (!pe || pe->block != id || pe->tok != KVT_NIL)
+		return 0;
+	if (!p->n_pool_free && pfx_pool_grow(e)) {
+		kvt_prefix_remove(e, id); /* unshareable, never wrong */
+		return -ENOMEM;
+	}
+	k = p->pool_free[--p->n_pool_free];
+	memcpy(p->pool + (uint64_t)k * tpb, pfx_tokens(e, pe), (size_t)tpb * sizeof *p->pool);
+	pe->tok = k;
+	p->owned++;
+	return 0;
+}
+
 void
 kvt_prefix_fini(struct kvt_engine *e)
 {
-	uint64_t i;
-
-	for (i = 0; i < e->prefix.cap; i++)
-		if (e->prefix.tab[i].block < PFX_TOMB)
-			kvt_free(e->prefix.tab[i].tokens);
+	kvt_free(e->prefix.pool);
+	kvt_free(e->prefix.pool_free);
 	kvt_free(e->prefix.tab);
 	memset(&e->prefix, 0, sizeof e->prefix);
 }
@@ -186,7 +250,13 @@ uint64_t
 kvt_prefix_meta_bytes(const struct kvt_engine *e)
 {
 	return e->prefix.cap * sizeof(struct kvt_pentry) +
-	       e->prefix.n * (uint64_t)e->layout.tokens_per_block * sizeof(int32_t);
+	       (uint64_t)e->prefix.pool_cap * sizeof *e->prefix.pool_free;
+}
+
+uint64_t
+kvt_prefix_token_bytes(const struct kvt_engine *e)
+{
+	return (uint64_t)e->prefix.pool_cap * e->layout.tokens_per_block * sizeof(int32_t);
 }
 
 /* Is @id a live sealed block usable by a new sequence? */

@@ -20,7 +20,9 @@
  *                       default; lowest priority first, LRU within a priority.
  *   arc   evict/arc.c   adaptive replacement (Megiddo & Modha, FAST'03) with ghost lists four
  *                       times the tier's capacity: learns from the workload how much room blocks
- *                       used once deserve against blocks used again.
+ *                       used once deserve against blocks used again; LRU order until its ghosts
+ *                       hold twice the tier's capacity (no evidence yet, or a cache that holds
+ *                       its working set).
  * The offline Belady MIN oracle lives in tools/kvtier-replay (it needs the future).
  */
 #ifndef KVT_EVICT_EVICT_H

@@ -137,6 +137,10 @@ test_arc_keeps_reused(void **state)
 
 	(void)state;
 	assert_int_equal(kvt_evict_init(&ev, &kvt_evict_arc_ops, 16, 4), 0);
+	for (i = 6; i < 14; i++) { /* history: ghosts of 2x the capacity, ARC order from now */
+		ev.ops->insert(&ev, i);
+		ev.ops->remove(&ev, i);
+	}
 	ev.ops->insert(&ev, 0);
 	ev.ops->insert(&ev, 1);
 	ev.ops->access(&ev, 0); /* used again: T2 */
@@ -162,6 +166,40 @@ test_arc_keeps_reused(void **state)
 	n = walk(&ev, order, 16);
 	assert_int_not_equal(order[n - 1], 3);
 	ev.ops->fini(&ev);
+}
+
+/* Until the ghosts hold twice the tier's capacity, ARC evicts in LRU order (older tail of T1
+ * and T2); with that much history, by its T1/T2 split. */
+static void
+test_arc_lru_until_evidence(void **state)
+{
+	struct kvt_evict cold, warm;
+	uint32_t i;
+
+	(void)state;
+	assert_int_equal(kvt_evict_init(&cold, &kvt_evict_arc_ops, 64, 10), 0);
+	assert_int_equal(kvt_evict_init(&warm, &kvt_evict_arc_ops, 64, 10), 0);
+	for (i = 10; i < 30; i++) { /* 20 ghosts: 2 x capacity */
+		warm.ops->insert(&warm, i);
+		warm.ops->remove(&warm, i);
+	}
+	for (i = 0; i < 2; i++) {
+		struct kvt_evict *ev = i ? &warm : &cold;
+
+		ev->ops->insert(ev, 0);
+		ev->ops->insert(ev, 1);
+		ev->ops->access(ev, 0); /* T2 = [0], T1 = [1] */
+		ev->ops->insert(ev, 2); /* T1 = [2 1]: 2 <= T1's target (a fifth of 10) */
+	}
+	assert_int_equal(cold.ops->victim_first(&cold), 1); /* least recently used */
+	assert_int_equal(warm.ops->victim_first(&warm), 0); /* T1 within its target: T2 */
+	cold.ops->access(&cold, 1); /* T2 = [1 0], T1 = [2]: 0 is now the least recently used */
+	assert_int_equal(cold.ops->victim_first(&cold), 0);
+	/* one ghost fewer than 2 x capacity: LRU order again */
+	warm.ops->insert(&warm, 10);
+	assert_int_equal(warm.ops->victim_first(&warm), 1);
+	cold.ops->fini(&cold);
+	warm.ops->fini(&warm);
 }
 
 /* Random insert/access/remove/set_prio/forget against a reference set: the victim walk visits
@@ -506,7 +544,7 @@ test_meta_10k_sessions(void **state)
 	struct kvt_engine *e;
 	static int32_t tok[2 * TPB];
 	int64_t map[2 * TPB];
-	uint64_t bb, blocks;
+	uint64_t bb, blocks, sess;
 	kvt_seq_id s;
 	int i, j;
 
@@ -533,14 +571,102 @@ test_meta_10k_sessions(void **state)
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_engine_stats(e, &st), 0);
 	blocks = 2ull * NS;
-	print_message("10k parked sessions, 16-token blocks: meta %llu bytes = %.1f bytes/block "
-		      "(%llu records allocated), %.1f bytes/session; sizeof(kvt_block) %zu, "
-		      "sizeof(kvt_seqrec) %zu\n", (unsigned long long)st.meta_bytes,
-		      (double)st.meta_bytes / (double)blocks,
-		      (unsigned long long)st.meta_block_records,
-		      (double)st.meta_bytes / NS, sizeof(struct kvt_block),
+	/* the sessions' share: their records and block-id arrays; the rest is per block */
+	sess = (uint64_t)e->cap_seqs * sizeof(struct kvt_seqrec);
+	for (j = 0; j < (int)e->cap_seqs; j++)
+		sess += ((uint64_t)e->seqs[j].cap_blocks + e->seqs[j].cap_wpins) * sizeof(uint32_t);
+	print_message("10k parked sessions, 16-token blocks: metadata %llu bytes = %.1f "
+		      "bytes/block all in (%.1f bytes/session); of it per block %.1f (block "
+		      "record, prefix index, eviction lists, slot maps; %llu records allocated) "
+		      "and per session %.1f (sequence record and block ids); token ids %llu "
+		      "bytes = %.1f bytes/block (4 per token); sizeof(kvt_block) %zu, "
+		      "sizeof(kvt_seqrec) %zu\n",
+		      (unsigned long long)st.meta_bytes, (double)st.meta_bytes / (double)blocks,
+		      (double)st.meta_bytes / NS, (double)(st.meta_bytes - sess) / (double)blocks,
+		      (unsigned long long)st.meta_block_records, (double)sess / NS,
+		      (unsigned long long)st.meta_token_bytes,
+		      (double)st.meta_token_bytes / (double)blocks, sizeof(struct kvt_block),
 		      sizeof(struct kvt_seqrec));
-	assert_true(st.meta_bytes / blocks < 1024);
+	/* tokens once, exact-size while parked: 2 blocks x 16 tokens x 4 bytes per session */
+	assert_int_equal(st.meta_token_bytes, blocks * TPB * sizeof(int32_t));
+	assert_true(st.meta_bytes / blocks < 300);
+	kvt_engine_destroy(e);
+}
+
+/* Open a sequence, append @n tokens @tok (given: hashed), prepare and release a batch so that
+ * its full blocks enter the prefix index. */
+static kvt_seq_id
+kept_seq(struct kvt_engine *e, const int32_t *tok, size_t n)
+{
+	int64_t map[64];
+	struct kvt_batch *b;
+	kvt_seq_id s;
+
+	assert_true(n <= 64);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	assert_int_equal(kvt_seq_append(e, s, tok, n, map), 0);
+	assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), 0);
+	assert_int_equal(kvt_batch_release(b, NULL), 0);
+	return s;
+}
+
+/* Tokens are kept once: the index borrows them from the sequence that created the block, and
+ * when that sequence closes while the blocks stay (shared, then cached) they get their own copy,
+ * so a sequence reusing the closed one's record (and token array) with other tokens neither
+ * breaks the hits of the first prompt nor is taken for them. */
+static void
+test_prefix_tokens_kept_once(void **state)
+{
+	enum { TPB = 16 };
+	struct kvt_engine_opts o;
+	struct kvt_stats st = { .size = sizeof st };
+	struct kvt_engine *e;
+	int32_t p[2 * TPB], q[2 * TPB];
+	kvt_seq_id a, b, c, d;
+	uint64_t m;
+	int j;
+
+	(void)state;
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout = (struct kvt_layout){ 1, 1, 8, KVT_DTYPE_F16, TPB };
+	o.hbm_bytes = 64 * (2ull * TPB * 8 * 2);
+	o.host_bytes = 64 * (2ull * TPB * 8 * 2);
+	o.prefix_cache = 1;
+	assert_int_equal(kvt_engine_create(&o, &e), 0);
+	for (j = 0; j < 2 * TPB; j++) {
+		p[j] = 1000 + j;
+		q[j] = 5000 + j;
+	}
+	a = kept_seq(e, p, 2 * TPB);
+	assert_int_equal(e->prefix.n, 2);
+	assert_int_equal(e->prefix.owned, 0); /* borrowed from a */
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	assert_int_equal(st.meta_token_bytes, e->seqs[0].cap_tokens * sizeof(int32_t));
+	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, b, p, 2 * TPB, &m), 0);
+	assert_int_equal(m, 2 * TPB);
+	assert_int_equal(kvt_seq_close(e, a), 0); /* b still shares both blocks */
+	assert_int_equal(e->prefix.owned, 2);
+	c = kept_seq(e, q, 2 * TPB); /* takes a's record: its token array now holds q */
+	assert_int_equal(e->prefix.n, 4);
+	assert_int_equal(kvt_seq_open(e, NULL, &d), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, d, p, 2 * TPB, &m), 0);
+	assert_int_equal(m, 2 * TPB);
+	assert_int_equal(e->prefix.collisions, 0);
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	assert_int_equal(kvt_seq_close(e, d), 0);
+	assert_int_equal(kvt_seq_close(e, c), 0); /* all four blocks cached, tokens owned */
+	assert_int_equal(e->prefix.owned, 4);
+	assert_int_equal(kvt_seq_open(e, NULL, &a), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, a, q, 2 * TPB, &m), 0);
+	assert_int_equal(m, 2 * TPB);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, p, 2 * TPB, &m, NULL), 0);
+	assert_int_equal(m, 2 * TPB);
+	assert_int_equal(e->prefix.collisions, 0);
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	assert_true(st.meta_token_bytes >= 4 * TPB * sizeof(int32_t));
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 }
 
@@ -552,6 +678,7 @@ main(void)
 		cmocka_unit_test(test_prio_retention_falls_back),
 		cmocka_unit_test(test_prio_survives_moves),
 		cmocka_unit_test(test_arc_keeps_reused),
+		cmocka_unit_test(test_arc_lru_until_evidence),
 		cmocka_unit_test(test_random_lru),
 		cmocka_unit_test(test_random_prio),
 		cmocka_unit_test(test_random_arc),
@@ -563,6 +690,7 @@ main(void)
 		cmocka_unit_test(test_tenant_budget),
 		cmocka_unit_test(test_meta_bytes),
 		cmocka_unit_test(test_meta_10k_sessions),
+		cmocka_unit_test(test_prefix_tokens_kept_once),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

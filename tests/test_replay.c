@@ -36,6 +36,36 @@ write_tmp(const char *text)
 	return path;
 }
 
+/* The replayer counts a parent dropped while its child is cached: with 2 LRU blocks, r2 = [1 2]
+ * brings child 2 in first (children before parents) and the make-room pushes out parent 1, the
+ * coldest (then 1 comes back and 9 goes). With room for all, nothing is dropped. */
+static void
+test_orphan_count(void **state)
+{
+	char *p = write_tmp(
+		"{\"timestamp\": 0, \"input_length\": 512, \"output_length\": 1, "
+		"\"hash_ids\": [1]}\n"
+		"{\"timestamp\": 1, \"input_length\": 512, \"output_length\": 1, "
+		"\"hash_ids\": [9]}\n"
+		"{\"timestamp\": 2, \"input_length\": 1024, \"output_length\": 1, "
+		"\"hash_ids\": [1, 2]}\n");
+	uint64_t cap[RP_TIERS] = { 2, 0, 0 };
+	struct rp_result r;
+	struct rp_trace t;
+
+	(void)state;
+	assert_int_equal(rp_trace_load(p, 16, 0, &t), 0);
+	assert_int_equal(rp_sim_run(&t, &kvt_evict_lru_ops, cap, NULL, &r), 0);
+	assert_int_equal(r.orphaned, 1);
+	assert_int_equal(r.evictions[0], 2);
+	cap[0] = 3;
+	assert_int_equal(rp_sim_run(&t, &kvt_evict_lru_ops, cap, NULL, &r), 0);
+	assert_int_equal(r.orphaned, 0);
+	rp_trace_free(&t);
+	unlink(p);
+	free(p);
+}
+
 static void
 test_mooncake_small(void **state)
 {
@@ -165,6 +195,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_mooncake_small),
+		cmocka_unit_test(test_orphan_count),
 		cmocka_unit_test(test_azure_and_bad_input),
 		cmocka_unit_test(test_mooncake_prefix),
 		cmocka_unit_test(test_data_mode),

@@ -221,6 +221,10 @@ rp_summary(const struct rp_result *r, size_t n)
 		printf("  arc/lru %.2fx", (double)rp_hits(arc) / (double)rp_hits(lru));
 	if (arc && min && rp_hits(min))
 		printf("  arc/min %.2fx", (double)rp_hits(arc) / (double)rp_hits(min));
+	printf("  parents dropped before a cached child:");
+	for (i = 0; i < n; i++)
+		if (strcmp(r[i].policy, "min"))
+			printf(" %s %llu", r[i].policy, (unsigned long long)r[i].orphaned);
 	printf("\n");
 }
 

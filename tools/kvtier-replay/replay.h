@@ -54,6 +54,9 @@ struct rp_result {
 	uint64_t hit_tokens[RP_TIERS];    /* their tokens (prefill saved) */
 	uint64_t evictions[RP_TIERS];     /* copies pushed out of each tier */
 	uint64_t moved_blocks[4];         /* blocks moved per enum kvt_move direction */
+	uint64_t orphaned;                /* blocks dropped from every tier while one of their
+	                                     children (next block of a request) was cached:
+	                                     a parent evicted before its child (sim.c only) */
 };
 
 /* Progress callback: done of total requests. */

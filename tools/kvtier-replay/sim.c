@@ -7,7 +7,9 @@
  * hits (counted in the tier they are found in); then every block of the request is brought to
  * HBM (promoted from below, or prefilled), last block first so that a parent is always more
  * recently used than its children; HBM overflow is demoted to HOST, HOST overflow to NVME, and
- * NVME overflow is dropped.
+ * NVME overflow is dropped. It also counts how often a block leaves the cache while one of its
+ * children (the next block of a request that used it) is still cached: a parent is worth at
+ * least its children, since a child is only reachable through it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -21,6 +23,8 @@ struct sim {
 	uint64_t cap[RP_TIERS];        /* capacity per tier, blocks */
 	uint64_t used[RP_TIERS];       /* blocks held per tier */
 	uint8_t *where;                /* [max_id] tier + 1 holding the id, 0 = none */
+	uint32_t *parent;              /* [max_id] the id's parent (block before it), KVT_NIL */
+	uint32_t *kids;                /* [max_id] cached children of the id */
 	struct rp_result *r;           /* counters */
 };
 
@@ -56,6 +60,10 @@ sim_make_room(struct sim *s, int t)
 			sim_put(s, t + 1, v);
 			s->r->moved_blocks[t == 0 ? 0 : 1]++; /* HBM->HOST, HOST->NVME */
 			sim_make_room(s, t + 1);
+		} else { /* out of the cache */
+			s->r->orphaned += s->kids[v] > 0;
+			if (s->parent[v] != KVT_NIL)
+				s->kids[s->parent[v]]--;
 		}
 	}
 }
@@ -75,7 +83,11 @@ sim_request(struct sim *s, const struct rp_trace *tr, const struct rp_req *q)
 	for (k = q->n; k-- > 0;) {
 		uint32_t id = ids[k];
 
+		if (k && s->parent[id] == KVT_NIL)
+			s->parent[id] = ids[k - 1];
 		t = s->where[id] - 1;
+		if (t < 0 && s->parent[id] != KVT_NIL)
+			s->kids[s->parent[id]]++; /* enters the cache */
 		if (t == 0) {
 			s->ev[0].ops->access(&s->ev[0], id);
 			continue;
@@ -104,8 +116,13 @@ rp_sim_run(const struct rp_trace *tr, const struct kvt_evict_ops *ops,
 	snprintf(r->policy, sizeof r->policy, "%s", ops->name);
 	s.r = r;
 	s.where = calloc(tr->max_id ? tr->max_id : 1, 1);
-	if (!s.where)
-		return -ENOMEM;
+	s.parent = malloc((tr->max_id ? tr->max_id : 1) * sizeof *s.parent);
+	s.kids = calloc(tr->max_id ? tr->max_id : 1, sizeof *s.kids);
+	if (!s.where || !s.parent || !s.kids) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	memset(s.parent, 0xff, (tr->max_id ? tr->max_id : 1) * sizeof *s.parent);
 	for (t = 0; t < RP_TIERS; t++) {
 		s.cap[t] = r->cap[t] = cap[t];
 		if (cap[t] && (rc = kvt_evict_init(&s.ev[t], ops, tr->max_id,
@@ -125,6 +142,8 @@ out:
 		if (s.ev[t].ops)
 			s.ev[t].ops->fini(&s.ev[t]);
 	free(s.where);
+	free(s.parent);
+	free(s.kids);
 	return rc;
 }
 

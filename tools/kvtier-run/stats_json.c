@@ -141,6 +141,7 @@ json_engine(cJSON *root, const struct kvtr_run_result *r)
 	rc |= json_num(root, "prefix_hit_tokens", (double)st->prefix_hit_tokens);
 	rc |= json_num(root, "shared_blocks", (double)st->shared_blocks);
 	rc |= json_num(root, "meta_bytes", (double)st->meta_bytes);
+	rc |= json_num(root, "meta_token_bytes", (double)st->meta_token_bytes);
 	return rc ? -ENOMEM : 0;
 }
 
