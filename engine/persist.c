@@ -12,7 +12,11 @@
  *
  * Slots: at open, the NVMe slots of the published sessions are taken out of the allocator with
  * owner KVT_SLOT_STORED, so nothing overwrites them until the session is restored (the slots
- * become its blocks' copies), dropped, or given up to make room (kvt_persist_reclaim).
+ * become its blocks' copies), dropped, or given up to make room (kvt_persist_reclaim). Every slot
+ * a record that may be durable names is marked in e->nvme_named; such a slot that loses its block
+ * or its record becomes KVT_SLOT_PENDING and returns to the allocator only after the record that
+ * supersedes its own is committed (persist_commit), so a crash can never find a durable record
+ * naming a slot that was rewritten since.
  *
  * All functions need e->lock (the public ones take it).
  */
@@ -25,25 +29,98 @@
 
 #define PERSIST_NO_SEQ UINT32_MAX
 
-/* Give the KVT_SLOT_STORED slots of @rec back to the allocator. */
+/* Mark the slots of @rec as named by a journal record that may be durable. */
 static void
-persist_free_slots(struct kvt_engine *e, const struct kvt_store_sess *rec)
+persist_name(struct kvt_engine *e, const struct kvt_store_sess *rec)
 {
-	for (uint32_t i = 0; i < rec->n_blocks; i++) {
-		uint32_t sl = rec->blocks[i].slot;
+	for (uint32_t i = 0; i < rec->n_blocks; i++)
+		if (rec->blocks[i].slot < e->slots[KVT_TIER_NVME].n_slots)
+			e->nvme_named[rec->blocks[i].slot] = 1;
+}
+
+/* Queue the slots of @rec, whose record is about to be superseded, until that is committed. */
+static int
+persist_queue(struct kvt_engine *e, const struct kvt_store_sess *rec)
+{
+	uint32_t need = e->n_pend + rec->n_blocks;
+
+	if (need > e->cap_pend) {
+		uint32_t c = e->cap_pend ? e->cap_pend : 64;
+		void *p;
+
+		while (c < need)
+			c *= 2;
+		p = kvt_realloc(e->pend, (size_t)c * sizeof *e->pend);
+		if (!p)
+			return kvt_err(-ENOMEM, "store: %u pending slots", c);
+		e->pend = p;
+		e->cap_pend = c;
+	}
+	for (uint32_t i = 0; i < rec->n_blocks; i++)
+		e->pend[e->n_pend++] = rec->blocks[i].slot;
+	return 0;
+}
+
+/* The queued slots from @from on lost their record (superseded): stored ones become pending. */
+static void
+persist_unstore(struct kvt_engine *e, uint32_t from)
+{
+	for (uint32_t i = from; i < e->n_pend; i++) {
+		uint32_t sl = e->pend[i];
 
 		if (sl < e->slots[KVT_TIER_NVME].n_slots &&
 		    e->owner[KVT_TIER_NVME][sl] == KVT_SLOT_STORED)
-			kvt_slot_free(e, KVT_TIER_NVME, sl);
+			e->owner[KVT_TIER_NVME][sl] = KVT_SLOT_PENDING;
 	}
 }
 
-/* Forget a restorable session: slots back, DEL record (made durable with the next commit). */
+/*
+ * Make the journal durable (kvt_store_commit), then release what the committed records
+ * superseded: queued slots no live record names any more leave the named set, and those no
+ * block uses go back to the allocator. Returns the slots freed, or a negative error (nothing
+ * released: the old records may still be the durable ones).
+ */
+static int
+persist_commit(struct kvt_engine *e)
+{
+	uint32_t n_slots = e->slots[KVT_TIER_NVME].n_slots, freed = 0, i;
+	int rc = kvt_store_commit(e->store);
+
+	if (rc)
+		return rc;
+	for (i = 0; i < e->n_pend; i++)
+		if (e->pend[i] < n_slots)
+			e->nvme_named[e->pend[i]] = 0;
+	for (i = 0; i < kvt_store_count(e->store); i++)
+		persist_name(e, kvt_store_at(e->store, i));
+	for (i = 0; i < e->n_pend; i++) {
+		uint32_t sl = e->pend[i];
+
+		if (sl < n_slots && !e->nvme_named[sl] &&
+		    e->owner[KVT_TIER_NVME][sl] == KVT_SLOT_PENDING) {
+			e->owner[KVT_TIER_NVME][sl] = KVT_NIL;
+			kvt_slots_free(&e->slots[KVT_TIER_NVME], sl);
+			freed++;
+		}
+	}
+	e->n_pend = 0;
+	return (int)freed;
+}
+
+/* Forget a restorable session: DEL record; its slots are freed by the next persist_commit. */
 static int
 persist_drop(struct kvt_engine *e, struct kvt_store_sess *rec)
 {
-	persist_free_slots(e, rec);
-	return kvt_store_del(e->store, rec->key);
+	uint32_t from = e->n_pend;
+	int rc = persist_queue(e, rec);
+
+	if (rc == 0)
+		rc = kvt_store_del(e->store, rec->key);
+	if (rc == 0)
+		persist_unstore(e, from);
+	else
+		e->n_pend = from;
+	return rc;
 }
 
 int
@@ -60,8 +137,11 @@ kvt_persist_open(struct kvt_engine *e)
 	for (i = 0; i < kvt_store_count(e->store); i++)
 		cap += kvt_store_at(e->store, i)->n_blocks;
 	slots = kvt_malloc((cap ? cap : 1) * sizeof *slots);
-	if (!slots)
+	e->nvme_named = kvt_calloc(e->slots[KVT_TIER_NVME].n_slots, 1);
+	if (!slots || !e->nvme_named) {
+		kvt_free(slots);
 		return kvt_err(-ENOMEM, "store: %u slots", cap);
+	}
 	for (i = 0; i < kvt_store_count(e->store); i++) {
 		rec = kvt_store_at(e->store, i);
 		rec->open_seq = PERSIST_NO_SEQ;
@@ -72,6 +152,8 @@ kvt_persist_open(struct kvt_engine *e)
 	rc = kvt_slots_take(&e->slots[KVT_TIER_NVME], slots, n);
 	for (i = 0; rc == 0 && i < n; i++)
 		e->owner[KVT_TIER_NVME][slots[i]] = KVT_SLOT_STORED;
+	for (i = 0; rc == 0 && i < kvt_store_count(e->store); i++)
+		persist_name(e, kvt_store_at(e->store, i));
 	kvt_free(slots);
 	if (rc)
 		return kvt_err(rc, "store: the journal's sessions claim slots twice");
@@ -86,6 +168,11 @@ kvt_persist_close(struct kvt_engine *e)
 	kvt_persist_publish(e);
 	kvt_store_close(e->store);
 	e->store = NULL;
+	kvt_free(e->nvme_named);
+	e->nvme_named = NULL;
+	kvt_free(e->pend);
+	e->pend = NULL;
+	e->n_pend = e->cap_pend = 0;
 }
 
 void
@@ -106,8 +193,11 @@ kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s)
 	if (!e->store || !s->session_key)
 		return;
 	rec = kvt_store_find(e->store, s->session_key);
-	if (rec && rec->open_seq == (uint32_t)(s - e->seqs))
-		(void)kvt_store_del(e->store, s->session_key); /* its slots belong to its blocks */
+	/* its slots belong to its blocks; those the record names stay out of use (pending)
+	 * until the DEL is committed */
+	if (rec && rec->open_seq == (uint32_t)(s - e->seqs) && persist_drop(e, rec) != 0)
+		kvt_engine_log(e, KVT_LOG_ERROR, "forgetting session %#llx: %s",
+			       (unsigned long long)s->session_key, kvt_last_error_message());
 }
 
 /* Whether every block of @s has a completed, valid NVMe copy. */
@@ -130,10 +220,12 @@ persist_put(struct kvt_engine *e, uint32_t idx)
 	struct kvt_seqrec *s = &e->seqs[idx];
 	struct kvt_store_sess *old = kvt_store_find(e->store, s->session_key);
 	struct kvt_fmt_blkref *refs;
+	uint32_t from = e->n_pend;
 	int rc;
 
-	if (old && old->open_seq == PERSIST_NO_SEQ)
-		persist_free_slots(e, old); /* a new sequence reused the key of a stored one */
+	/* the slots of the record this one replaces stay out of use until it is committed */
+	if (old && (rc = persist_queue(e, old)) != 0)
+		return rc;
 	refs = kvt_calloc(s->n_blocks ? s->n_blocks : 1, sizeof *refs);
 	if (!refs)
 		return kvt_err(-ENOMEM, "publishing a session of %u blocks", s->n_blocks);
@@ -149,7 +241,13 @@ persist_put(struct kvt_engine *e, uint32_t idx)
 	rc = kvt_store_put(e->store, s->session_key, s->tenant, s->priority, s->tokens,
 			   s->n_tokens, refs, s->n_blocks, idx);
 	kvt_free(refs);
-	return rc;
+	if (rc) {
+		e->n_pend = from; /* the old record stays the live one */
+		return rc;
+	}
+	persist_unstore(e, from);
+	persist_name(e, kvt_store_find(e->store, s->session_key));
+	return 0;
 }
 
 void
@@ -157,7 +255,7 @@ kvt_persist_publish(struct kvt_engine *e)
 {
 	uint32_t i, ready = 0;
 	bool synced = false;
-	int rc = 0;
+	int rc = 0, crc;
 
 	e->pub_check = false;
 	for (i = 0; i < e->cap_seqs; i++) {
@@ -183,12 +281,18 @@ kvt_persist_publish(struct kvt_engine *e)
 		s->pub_pending = 0;
 		ready++;
 	}
-	if (rc == 0 && ready)
-		rc = kvt_store_commit(e->store); /* phase 2: the records are durable */
+	/* phase 2: the records are durable; also those put before a failure (they are no
+	 * longer pending, so nothing else would commit them) */
+	if (ready || e->n_pend) {
+		crc = persist_commit(e);
+		if (rc == 0 && crc < 0)
+			rc = crc;
+	}
 	if (rc) {
 		kvt_engine_log(e, KVT_LOG_ERROR, "publishing parked sessions: %s",
 			       kvt_last_error_message());
-		e->pub_check = true; /* try again at the next poll */
+		/* try again at the next poll, unless the store failed for good */
+		e->pub_check = !kvt_store_failed(e->store) && !kvt_nvme_sync_failed(e->nvme);
 	}
 }
 
@@ -196,8 +300,17 @@ int
 kvt_persist_reclaim(struct kvt_engine *e, uint32_t need)
 {
 	uint32_t freed = 0;
+	int rc;
 
-	while (e->store && freed < need) {
+	if (!e->store)
+		return 0;
+	/* slots waiting for a superseding record to be committed: commit now */
+	if (e->n_pend) {
+		rc = persist_commit(e);
+		if (rc > 0)
+			freed += (uint32_t)rc;
+	}
+	while (freed < need) {
 		struct kvt_store_sess *oldest = NULL;
 
 		for (uint32_t i = 0; i < kvt_store_count(e->store); i++) {
@@ -209,10 +322,15 @@ kvt_persist_reclaim(struct kvt_engine *e, uint32_t need)
 		}
 		if (!oldest)
 			break;
-		freed += oldest->n_blocks;
 		kvt_engine_log(e, KVT_LOG_WARN, "NVMe tier full: dropping stored session %#llx "
 			       "(%u blocks)", (unsigned long long)oldest->key, oldest->n_blocks);
-		(void)persist_drop(e, oldest);
+		if (persist_drop(e, oldest) != 0)
+			break;
+		/* its slots are reused only once its DEL is durable */
+		rc = persist_commit(e);
+		if (rc < 0)
+			break;
+		freed += (uint32_t)rc;
 	}
 	return (int)freed;
 }
@@ -378,8 +496,8 @@ kvt_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opts *o
 		char why[256];
 
 		snprintf(why, sizeof why, "%s", kvt_last_error_message());
-		(void)persist_drop(e, rec);
-		(void)kvt_store_commit(e->store);
+		if (persist_drop(e, rec) == 0)
+			(void)persist_commit(e);
 		rc = kvt_err(-ENOENT, "session %#llx did not survive (dropped): %s",
 			     (unsigned long long)key, why);
 		goto out;
@@ -415,8 +533,10 @@ kvt_session_drop(struct kvt_engine *e, uint64_t key)
 			     (unsigned long long)key);
 	else
 		rc = persist_drop(e, rec);
-	if (rc == 0)
-		rc = kvt_store_commit(e->store);
+	if (rc == 0) {
+		rc = persist_commit(e);
+		rc = rc < 0 ? rc : 0;
+	}
 	kvt_unlock(e);
 	return rc;
 }

@@ -69,6 +69,7 @@ struct kvt_nvme {
 	bool persist;                      /* the file is the persistent store: kept at close */
 	bool unlink_on_free;               /* created by this open: removed if the open fails */
 	bool buffered;                     /* O_DIRECT refused, buffered IO asked for instead */
+	bool sync_failed;                  /* an fdatasync failed: kvt_nvme_sync fails for good */
 	int codec;                         /* enum kvt_codec of writes */
 	double min_saving;                 /* encode kept only when it saves this fraction */
 	size_t elem;                       /* element size of the layout, for the shuffles */

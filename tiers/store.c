@@ -27,8 +27,30 @@ struct kvt_store {
 	uint64_t store_id;             /* id of the store this journal belongs to */
 	uint32_t n_slots;              /* slots of the store (references beyond are dropped) */
 	uint32_t n, cap;               /* sessions in use / capacity */
+	int failed;                    /* -errno of a failed fdatasync (final), else 0 */
 	struct kvt_store_sess **sess;  /* [cap] */
 };
+
+const struct kvt_sync_hook *kvt_test_sync_hook;
+
+void
+kvt_sync_note(int ev, uint64_t key, const struct kvt_fmt_blkref *blocks, uint32_t n)
+{
+	const struct kvt_sync_hook *h = kvt_test_sync_hook;
+
+	if (h && h->fn)
+		h->fn(h->arg, ev, key, blocks, n);
+}
+
+/* fdatasync @fd and report @ev to the test hook. 0 or -errno. */
+static int
+store_sync(int fd, int ev)
+{
+	if (fdatasync(fd) != 0)
+		return -errno;
+	kvt_sync_note(ev, 0, NULL, 0);
+	return 0;
+}
 
 static void
 store_sess_free(struct kvt_store_sess *s)
@@ -267,7 +289,11 @@ store_compact(struct kvt_store *st)
 			kvt_free(rec);
 		}
 	}
-	if (rc == 0 && (fchmod(fd, 0600) != 0 || fdatasync(fd) != 0 || rename(tmp, st->path)))
+	if (rc == 0 && fchmod(fd, 0600) != 0)
+		rc = -errno;
+	if (rc == 0)
+		rc = store_sync(fd, KVT_SYNC_COMPACT);
+	if (rc == 0 && rename(tmp, st->path) != 0)
 		rc = -errno;
 	if (rc != 0) {
 		close(fd);
@@ -387,6 +413,8 @@ kvt_store_put(struct kvt_store *st, uint64_t key, uint32_t tenant, uint32_t prio
 	size_t len;
 	int rc;
 
+	if (st->failed)
+		return kvt_err(-EIO, "store: %s failed to sync earlier: no more records", st->path);
 	s = store_sess_new(key, st->next_seqno, tenant, priority, n_tokens, n_blocks);
 	if (!s)
 		return kvt_err(-ENOMEM, "store: session of %llu tokens",
@@ -409,6 +437,7 @@ kvt_store_put(struct kvt_store *st, uint64_t key, uint32_t tenant, uint32_t prio
 	}
 	st->end += len;
 	st->next_seqno++;
+	kvt_sync_note(KVT_SYNC_PUT, key, blocks, n_blocks);
 	return store_insert(st, s);
 }
 
@@ -420,12 +449,15 @@ kvt_store_del(struct kvt_store *st, uint64_t key)
 
 	if (i < 0)
 		return 0;
+	if (st->failed)
+		return kvt_err(-EIO, "store: %s failed to sync earlier: no more records", st->path);
 	kvt_fmt_del_encode(rec, st->next_seqno, key);
 	rc = store_write_all(st->fd, rec, sizeof rec, st->end);
 	if (rc != 0)
 		return kvt_err(rc, "store: appending to %s", st->path);
 	st->end += sizeof rec;
 	st->next_seqno++;
+	kvt_sync_note(KVT_SYNC_DEL, key, NULL, 0);
 	store_remove_at(st, (uint32_t)i);
 	return 0;
 }
@@ -433,10 +465,24 @@ kvt_store_del(struct kvt_store *st, uint64_t key)
 int
 kvt_store_commit(struct kvt_store *st)
 {
-	if (fdatasync(st->fd) != 0)
-		return kvt_err(-errno, "store: fdatasync %s", st->path);
+	int rc;
+
+	if (st->failed)
+		return kvt_err(-EIO, "store: %s failed to sync earlier (%s): no more commits",
+			       st->path, strerror(-st->failed));
+	rc = store_sync(st->fd, KVT_SYNC_JOURNAL);
+	if (rc) {
+		st->failed = rc; /* the dirty pages may be gone: never report success again */
+		return kvt_err(rc, "store: fdatasync %s", st->path);
+	}
 	/* the log only grows between opens: rewrite it when mostly dead records */
 	if (st->end > ((uint64_t)1 << 20) && st->end > 4 * st->live_bytes)
 		return store_compact(st);
 	return 0;
+}
+
+bool
+kvt_store_failed(const struct kvt_store *st)
+{
+	return st && st->failed != 0;
 }

@@ -26,6 +26,7 @@
 #include "engine/error.h"
 #include "tiers/codec.h"
 #include "tiers/nvme_int.h"
+#include "tiers/store.h"
 
 /* Distinguishes the slot files of several tiers opened by one process. */
 static atomic_uint nvme_file_counter;
@@ -628,10 +629,22 @@ kvt_nvme_sync(struct kvt_nvme *n)
 	char eb[128];
 	int e;
 
-	if (fdatasync(n->fd) == 0)
+	if (n->sync_failed)
+		return kvt_err(-EIO, "nvme: fdatasync %s failed earlier: its data may be lost",
+			       n->path);
+	if (fdatasync(n->fd) == 0) {
+		kvt_sync_note(KVT_SYNC_DATA, 0, NULL, 0);
 		return 0;
+	}
 	e = errno;
+	n->sync_failed = true; /* the dirty pages may be gone: never report success again */
 	return kvt_err(-e, "nvme: fdatasync %s: %s", n->path, nvme_strerror(e, eb, sizeof eb));
+}
+
+bool
+kvt_nvme_sync_failed(const struct kvt_nvme *n)
+{
+	return n && n->sync_failed;
 }
 
 int

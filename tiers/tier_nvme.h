@@ -208,8 +208,11 @@ int kvt_nvme_read_header(struct kvt_nvme *n, uint32_t slot, struct kvt_fmt_blkhd
  * and copy-on-write volumes regain it). The slot stays usable. */
 void kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot);
 
-/** Make every completed write durable (fdatasync of the file). 0 or -errno. */
+/** Make every completed write durable (fdatasync of the file). 0 or -errno. A failure is final
+ * (dirty pages may have been dropped): every later call fails with -EIO. */
 int kvt_nvme_sync(struct kvt_nvme *n);
+/** Whether an fdatasync of the file failed (kvt_nvme_sync fails from then on). */
+bool kvt_nvme_sync_failed(const struct kvt_nvme *n);
 
 /** The superblock's epoch of this open (persistent store: bumped at every open; else 1). */
 uint64_t kvt_nvme_epoch(const struct kvt_nvme *n);

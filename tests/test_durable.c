@@ -1,0 +1,321 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_durable.c - the order of writes and syncs of the persistent NVMe store, recorded
+ * through the sync hook (tiers/store.h) and the NVMe completion hook: what a power cut at any
+ * point would leave. Checked at every event:
+ *   - no block write lands on a slot that a durable journal record names for another write
+ *     (slots of dropped, closed, reclaimed or changed sessions are reused only once the record
+ *     superseding theirs is durable);
+ *   - a PUT names only slots whose data were made durable before it (phase 1);
+ *   - every record appended is followed by a journal sync before the engine goes idle (phase
+ *     2), also when a publish fails halfway;
+ *   - the compacted journal is synced before it is renamed over the old one.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/engine_impl.h"
+#include "support/kvt_test.h"
+
+#define SLOT_BYTES 4096u /* 128-byte header + a 1024-byte test block, rounded up */
+#define DN 64u           /* slots tracked */
+#define DOPS 64u         /* records between two journal syncs */
+#define DBLK 16u         /* blocks per record tracked */
+
+struct dop {
+	int ev;               /* KVT_SYNC_PUT or KVT_SYNC_DEL */
+	uint64_t sess;        /* session key */
+	uint32_t n;           /* blocks */
+	uint32_t slot[DBLK];  /* their slots */
+	uint64_t key[DBLK];   /* their write keys */
+};
+
+/* What the disk would hold after a power cut now, as far as the journal is concerned. */
+struct drec {
+	uint64_t ev;            /* events so far */
+	uint64_t last_data;     /* event number of the last KVT_SYNC_DATA */
+	uint64_t written[DN];   /* event number of the last write completed per slot */
+	uint64_t dkey[DN];      /* write key a durable record names per slot (0 = none) */
+	uint64_t dsess[DN];     /* and its session */
+	struct dop op[DOPS];    /* records appended since the last journal sync */
+	uint32_t n_op;          /* entries in op */
+	unsigned overwrites;    /* writes over a durably named slot (must stay 0) */
+	unsigned unsynced_puts; /* PUTs naming data written after the last data sync (0) */
+	unsigned journal_syncs; /* KVT_SYNC_JOURNAL events */
+	unsigned compact_syncs; /* KVT_SYNC_COMPACT events */
+	unsigned puts;          /* KVT_SYNC_PUT events */
+	int fail_after_put;     /* 1: the allocation after the next PUT fails */
+};
+
+static struct drec rec;
+
+static void
+rec_forget(uint64_t sess)
+{
+	for (uint32_t s = 0; s < DN; s++)
+		if (rec.dkey[s] && rec.dsess[s] == sess)
+			rec.dkey[s] = 0;
+}
+
+static void
+rec_sync(void *arg, int ev, uint64_t key, const struct kvt_fmt_blkref *blocks, uint32_t n)
+{
+	struct dop *o;
+
+	(void)arg;
+	rec.ev++;
+	switch (ev) {
+	case KVT_SYNC_DATA:
+		rec.last_data = rec.ev;
+		break;
+	case KVT_SYNC_PUT:
+	case KVT_SYNC_DEL:
+		assert_true(rec.n_op < DOPS && n <= DBLK);
+		o = &rec.op[rec.n_op++];
+		o->ev = ev;
+		o->sess = key;
+		o->n = n;
+		for (uint32_t i = 0; i < n; i++) {
+			assert_true(blocks[i].slot < DN);
+			o->slot[i] = blocks[i].slot;
+			o->key[i] = blocks[i].key;
+			if (rec.written[blocks[i].slot] > rec.last_data)
+				rec.unsynced_puts++;
+		}
+		if (ev == KVT_SYNC_PUT) {
+			rec.puts++;
+			if (rec.fail_after_put) {
+				rec.fail_after_put = 0;
+				kvt_test_alloc_countdown = 1;
+			}
+		}
+		break;
+	case KVT_SYNC_JOURNAL:
+		rec.journal_syncs++;
+		for (uint32_t i = 0; i < rec.n_op; i++) {
+			o = &rec.op[i];
+			rec_forget(o->sess);
+			for (uint32_t b = 0; o->ev == KVT_SYNC_PUT && b < o->n; b++) {
+				rec.dkey[o->slot[b]] = o->key[b];
+				rec.dsess[o->slot[b]] = o->sess;
+			}
+		}
+		rec.n_op = 0;
+		break;
+	case KVT_SYNC_COMPACT:
+		rec.compact_syncs++;
+		break;
+	}
+}
+
+static void
+rec_write(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off, int *res)
+{
+	struct kvt_fmt_blkhdr h;
+
+	(void)arg;
+	(void)off;
+	if (!is_write || *res < 0 || slot >= DN)
+		return;
+	rec.ev++;
+	rec.written[slot] = rec.ev;
+	assert_int_equal(kvt_fmt_blkhdr_decode(buf, len, &h), 0);
+	if (rec.dkey[slot] && rec.dkey[slot] != h.key) {
+		print_error("write of key %#llx over slot %u, which a durable record of session "
+			    "%#llx names (key %#llx)\n", (unsigned long long)h.key, slot,
+			    (unsigned long long)rec.dsess[slot],
+			    (unsigned long long)rec.dkey[slot]);
+		rec.overwrites++;
+	}
+}
+
+static const struct kvt_sync_hook sync_hook = { .fn = rec_sync };
+static const struct kvt_nvme_fault_hooks io_hooks = { .on_complete = rec_write };
+
+static struct kvt_engine *
+dur_engine(const char *dir, uint32_t nvme_blocks)
+{
+	struct kvt_engine_opts o;
+	struct kvt_engine *e = NULL;
+	uint64_t bb = tsup_block_bytes();
+	int rc;
+
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout.n_layers = TSUP_LAYERS;
+	o.layout.n_kv_heads = TSUP_HEADS;
+	o.layout.head_dim = TSUP_DIM;
+	o.layout.dtype = KVT_DTYPE_F32;
+	o.layout.tokens_per_block = TSUP_TPB;
+	o.hbm_bytes = 16 * bb;
+	o.host_bytes = 8 * bb;
+	o.nvme_dir = dir;
+	o.nvme_bytes = (uint64_t)nvme_blocks * SLOT_BYTES;
+	o.nvme_persist = 1;
+	o.high_watermark = o.low_watermark = 1.0f;
+	kvt_test_nvme_hooks = &io_hooks;
+	rc = kvt_engine_create(&o, &e);
+	kvt_test_nvme_hooks = NULL;
+	if (rc)
+		print_error("create: %s\n", kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	return e;
+}
+
+static kvt_seq_id
+dur_open(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n)
+{
+	struct kvt_seq_opts so;
+	kvt_seq_id s;
+
+	kvt_seq_opts_init(&so, sizeof so);
+	so.session_key = key;
+	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
+	assert_int_equal(tsup_append_write(e, s, tag, 0, n), 0);
+	return s;
+}
+
+/* Park @s to NVMe, let everything complete; no record may be left unsynced. */
+static void
+dur_park(struct kvt_engine *e, kvt_seq_id s)
+{
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(rec.n_op, 0);
+	tsup_check_engine(e);
+}
+
+static void
+rec_check(void)
+{
+	assert_int_equal(rec.overwrites, 0);
+	assert_int_equal(rec.unsynced_puts, 0);
+}
+
+static void
+dur_restore(struct kvt_engine *e, uint64_t key, uint32_t tag, kvt_seq_id *s)
+{
+	int rc = kvt_seq_restore(e, key, NULL, s);
+
+	if (rc)
+		print_error("restore %#llx: %s\n", (unsigned long long)key,
+			    kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	assert_int_equal(kvt_seq_resume(e, *s), 0);
+	assert_int_equal(tsup_verify(e, *s, tag), 0);
+}
+
+/* Closed, reclaimed and changed sessions: their slots are reused only after a durable record
+ * supersedes theirs; publishing syncs data before records and records before going idle. */
+static void
+test_slots_reused_only_after_durable_supersede(void **state)
+{
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e;
+	kvt_seq_id a, b, c;
+
+	(void)state;
+	memset(&rec, 0, sizeof rec);
+	kvt_test_sync_hook = &sync_hook;
+	e = dur_engine(dir, 6);
+	assert_true(rec.compact_syncs >= 1); /* the journal compacted at open was synced */
+	a = dur_open(e, 1, 1, 8);              /* 2 blocks */
+	dur_park(e, a);
+	b = dur_open(e, 2, 2, 12);             /* 3 blocks */
+	dur_park(e, b);
+	assert_true(rec.puts >= 2 && rec.journal_syncs >= 2);
+	rec_check();
+	/* closing a: its DEL is not durable yet, so its 2 slots must wait; c needs 2 and 1 is
+	 * free: the DEL is committed first */
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	c = dur_open(e, 3, 3, 6);              /* 2 blocks, the second half full */
+	dur_park(e, c);
+	rec_check();
+	kvt_engine_destroy(e);
+
+	/* restart: 2 and 3 are restorable (5 slots); a new session needs 2 of its 1 free slot:
+	 * the oldest stored session goes, its slots reused once its DEL is durable */
+	rec.n_op = 0;
+	e = dur_engine(dir, 6);
+	a = dur_open(e, 4, 4, 8);
+	dur_park(e, a);
+	rec_check();
+	assert_int_equal(kvt_seq_restore(e, 2, NULL, &b), -ENOENT);
+	/* a restored session changed: its changed block's old slot stays named by the committed
+	 * PUT until the new PUT is durable (the LIFO allocator would hand it out first) */
+	dur_restore(e, 3, 3, &c);
+	assert_int_equal(tsup_append_write(e, c, 3, 6, 1), 0);
+	tsup_check_engine(e);
+	dur_park(e, c);
+	rec_check();
+	kvt_engine_destroy(e);
+
+	e = dur_engine(dir, 6);
+	dur_restore(e, 3, 3, &c);
+	dur_restore(e, 4, 4, &a);
+	rec_check();
+	kvt_engine_destroy(e);
+	kvt_test_sync_hook = NULL;
+	tsup_rmdir(dir);
+}
+
+/* A publish that fails after putting one record still commits that record. */
+static void
+test_publish_failure_commits_what_was_put(void **state)
+{
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+	unsigned puts;
+
+	(void)state;
+	memset(&rec, 0, sizeof rec);
+	kvt_test_sync_hook = &sync_hook;
+	e = dur_engine(dir, 16);
+	a = dur_open(e, 1, 1, 8);
+	b = dur_open(e, 2, 2, 8);
+	dur_park(e, a);
+	dur_park(e, b);
+	/* back up, then parked again: their NVMe copies are still valid, so both become ready
+	 * in the same publish; the allocation after the first PUT fails */
+	assert_int_equal(kvt_seq_resume(e, a), 0);
+	assert_int_equal(kvt_seq_resume(e, b), 0);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_NVME), 0);
+	puts = rec.puts;
+	rec.fail_after_put = 1;
+	assert_true(kvt_engine_poll(e, 0) >= 0);
+	kvt_test_alloc_countdown = 0;
+	assert_int_equal(rec.puts, puts + 1); /* one put, then the failure */
+	assert_int_equal(rec.n_op, 0);        /* and it was committed */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_true(kvt_engine_poll(e, 0) >= 0); /* the other one is retried */
+	assert_int_equal(rec.n_op, 0);
+	assert_int_equal(rec.puts, puts + 2);
+	rec_check();
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	e = dur_engine(dir, 16);
+	dur_restore(e, 1, 1, &a);
+	dur_restore(e, 2, 2, &b);
+	kvt_engine_destroy(e);
+	kvt_test_sync_hook = NULL;
+	tsup_rmdir(dir);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_slots_reused_only_after_durable_supersede),
+		cmocka_unit_test(test_publish_failure_commits_what_was_put),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
