@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/engine_impl.h"
 #include "support/kvt_test.h"
@@ -309,12 +310,85 @@ test_publish_failure_commits_what_was_put(void **state)
 	tsup_rmdir(dir);
 }
 
+static int late_writes; /* 1: every NVMe write's CQE comes only after its timeout */
+
+static int
+late_fate(void *arg, bool is_write, uint32_t slot)
+{
+	(void)arg;
+	(void)slot;
+	return is_write && late_writes ? KVT_NVME_FATE_LATE : KVT_NVME_FATE_NORMAL;
+}
+
+/* A write that timed out while the kernel still owns it: its slot stays quarantined (never
+ * handed to another write) until the late completion comes, then it is free again. */
+static void
+test_timed_out_write_quarantines_slot(void **state)
+{
+	static const struct kvt_nvme_fault_hooks hooks = { .fate = late_fate,
+							   .io_timeout_ms = 30 };
+	struct kvt_engine_opts o;
+	struct kvt_engine *e = NULL;
+	struct kvt_seq_info info;
+	char *dir = tsup_mkdtemp();
+	uint32_t q = 0;
+	kvt_seq_id a;
+
+	(void)state;
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout.n_layers = TSUP_LAYERS;
+	o.layout.n_kv_heads = TSUP_HEADS;
+	o.layout.head_dim = TSUP_DIM;
+	o.layout.dtype = KVT_DTYPE_F32;
+	o.layout.tokens_per_block = TSUP_TPB;
+	o.hbm_bytes = 16 * tsup_block_bytes();
+	o.host_bytes = 8 * tsup_block_bytes();
+	o.nvme_dir = dir;
+	o.nvme_bytes = 8 * SLOT_BYTES;
+	o.high_watermark = o.low_watermark = 1.0f;
+	kvt_test_nvme_hooks = &hooks;
+	assert_int_equal(kvt_engine_create(&o, &e), 0);
+	kvt_test_nvme_hooks = NULL;
+	a = dur_open(e, 0, 1, 8);
+	late_writes = 1;
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	/* poll (never waiting) until both writes have timed out: their late CQEs are due at
+	 * the reap after that one */
+	for (int i = 0; i < 20000 && (e->st.io_errors < 2 || e->nvme_inflight); i++) {
+		assert_true(kvt_engine_poll(e, 0) >= 0);
+		usleep(1000);
+	}
+	assert_int_equal(e->nvme_inflight, 0);
+	assert_int_equal(e->st.io_errors, 2);
+	late_writes = 0;
+	assert_int_equal(kvt_seq_info(e, a, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_NVME], 0);
+	for (uint32_t s = 0; s < e->slots[KVT_TIER_NVME].n_slots; s++)
+		q += e->owner[KVT_TIER_NVME][s] == KVT_SLOT_QUARANTINED;
+	assert_int_equal(q, 2);
+	assert_int_equal(e->slots[KVT_TIER_NVME].n_free, 6);
+	tsup_check_engine(e);
+	/* the late completions come at the next reap: the slots are free again */
+	assert_true(kvt_engine_poll(e, 0) >= 0);
+	assert_int_equal(e->slots[KVT_TIER_NVME].n_free, 8);
+	assert_int_equal(e->quarantined[KVT_TIER_NVME], 0);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_info(e, a, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_NVME], info.n_blocks);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_slots_reused_only_after_durable_supersede),
 		cmocka_unit_test(test_publish_failure_commits_what_was_put),
+		cmocka_unit_test(test_timed_out_write_quarantines_slot),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

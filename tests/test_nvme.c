@@ -842,6 +842,11 @@ fate_hook(void *arg, bool is_write, uint32_t slot)
 		ft->changed++;
 		return KVT_NVME_FATE_DELAY;
 	}
+	if (ft->mode == 3 && is_write && slot == 1) {
+		ft->mode = 0;
+		ft->changed++;
+		return KVT_NVME_FATE_LATE;
+	}
 	if (ft->mode == 2 && is_write && slot == 2) {
 		ft->mode = 0;
 		ft->changed++;
@@ -980,6 +985,37 @@ test_lost_completion(void **state)
 	kvt_nvme_close(n); /* retired buffers are freed: no leak under ASan */
 }
 
+/* A write whose completion comes after its timeout: -ETIMEDOUT first; its staging buffer stays
+ * out of use until the kernel's (late) CQE arrives, and only then is its slot reported free
+ * for writing again. */
+static void
+test_late_completion_after_timeout(void **state)
+{
+	struct fx *f = *state;
+	struct fates ft = { .mode = 3 };
+	struct kvt_nvme_fault_hooks hooks = { .fate = fate_hook, .arg = &ft, .io_timeout_ms = 30 };
+	struct kvt_nvme *n = fx_open(f, &hooks);
+	struct kvt_nvme_cqe c[QD];
+	uint8_t src[BLOCK];
+	uint32_t sl[QD];
+
+	fill_random(src, BLOCK, 6);
+	assert_int_equal(kvt_nvme_submit_write(n, 1, src, 77, 5), 0);
+	assert_int_equal(kvt_nvme_reap(n, c, QD, true), 1);
+	assert_int_equal(c[0].res, -ETIMEDOUT);
+	assert_int_equal(ft.changed, 1);
+	assert_int_equal(kvt_nvme_free_qd(n), QD - 1); /* the kernel still has its buffer */
+	assert_true(kvt_nvme_abandoned(n));
+	assert_int_equal(kvt_nvme_late_writes(n, sl, QD), 0); /* slot not yet reusable */
+	assert_int_equal(kvt_nvme_reap(n, c, QD, false), 0);  /* the late CQE: no completion */
+	assert_int_equal(kvt_nvme_free_qd(n), QD);
+	assert_false(kvt_nvme_abandoned(n));
+	assert_int_equal(kvt_nvme_late_writes(n, sl, QD), 1);
+	assert_int_equal(sl[0], 1);
+	assert_int_equal(kvt_nvme_late_writes(n, sl, QD), 0);
+	kvt_nvme_close(n);
+}
+
 static void
 test_open_dio_align_ok(void **state)
 {
@@ -1049,6 +1085,7 @@ main(void)
 		T(test_codec_round_trip),
 		T(test_delayed_completions),
 		T(test_lost_completion),
+		T(test_late_completion_after_timeout),
 	};
 #undef T
 

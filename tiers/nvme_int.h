@@ -44,6 +44,7 @@ struct nvme_req {
 	int delayed_res;    /* NVME_DELAYED: the result to hand in later */
 	uint64_t delay_gen; /* NVME_DELAYED: reap generation it was delayed in */
 	uint64_t deadline;  /* ns (CLOCK_MONOTONIC) by which its current piece must complete */
+	bool late_due;      /* HELD, then timed out: its kept CQE is handed in at the next reap */
 	struct kvt_nvme_wmeta meta; /* writes handed to the encoder: the header's fields */
 };
 
@@ -55,6 +56,7 @@ enum nvme_parked {
 	NVME_ABANDONED = 3, /* timed out while the kernel holds it: recycled if its CQE comes */
 	NVME_RETIRED = 4,   /* timed out after its CQE was lost: never used again */
 	NVME_ENCODING = 5,  /* a write waiting for (or in) the encoder thread */
+	NVME_HELD = 6,      /* its CQE was kept back by the fate hook (LATE) until it times out */
 };
 
 struct kvt_nvme {
@@ -83,11 +85,15 @@ struct kvt_nvme {
 	uint32_t n_free;                   /* entries of free_stack in use */
 	uint32_t queued;                   /* SQEs prepared but not yet taken by the kernel */
 	uint32_t n_parked;                 /* busy requests not in the kernel: DELAYED, LOST,
-	                                      RETIRED */
+	                                      RETIRED, HELD */
 	uint32_t n_delayed;                /* of those, DELAYED */
 	uint32_t n_lost;                   /* of those, LOST */
 	uint32_t n_retired;                /* of those, RETIRED */
 	uint32_t n_abandoned;              /* busy requests ABANDONED (still in the kernel) */
+	uint32_t n_held;                   /* busy requests HELD (counted in n_parked) */
+	uint32_t n_late_due;               /* ABANDONED requests with late_due set */
+	uint32_t *late_slots;              /* [qd] slots of abandoned writes whose CQE came */
+	uint32_t n_late_slots;             /* entries in late_slots */
 	uint64_t reap_gen;                 /* kvt_nvme_reap calls so far */
 	/* The encoder thread (codec on): writes are copied to staging at submit, encoded there by
 	 * the thread, which then queues and submits their SQEs. mu guards the SQ, queued,

@@ -79,13 +79,18 @@ struct kvt_nvme_fault_hooks {
 	uint32_t io_timeout_ms; /* deadline of one IO piece; 0 = KVT_NVME_IO_TIMEOUT_MS */
 };
 
-enum { KVT_NVME_FATE_NORMAL = 0, KVT_NVME_FATE_LOSE = 1, KVT_NVME_FATE_DELAY = 2 };
+/* KVT_NVME_FATE_LATE keeps the CQE until its IO has timed out and hands it in at the reap after
+ * that: the kernel completing an IO already reported -ETIMEDOUT. */
+enum { KVT_NVME_FATE_NORMAL = 0, KVT_NVME_FATE_LOSE = 1, KVT_NVME_FATE_DELAY = 2,
+       KVT_NVME_FATE_LATE = 3 };
 
 /*
  * An IO piece whose completion has not come within this time is completed with -ETIMEDOUT. Its
  * staging buffer stays out of use until the kernel's completion arrives after all (then it is
  * recycled silently); one that never arrives is leaked at close rather than freed under the
- * kernel. A late write cannot harm: its write key no longer matches the slot's next owner.
+ * kernel. The slot of a timed-out write must not be written again before the kernel is done with
+ * the late write (it could land over the new one): the caller keeps it out of use until
+ * kvt_nvme_late_writes() returns it.
  */
 #define KVT_NVME_IO_TIMEOUT_MS 30000u
 
@@ -207,6 +212,14 @@ int kvt_nvme_read_header(struct kvt_nvme *n, uint32_t slot, struct kvt_fmt_blkhd
 /** Give the filesystem back the space of free @slot (FALLOC_FL_PUNCH_HOLE; best effort: thin
  * and copy-on-write volumes regain it). The slot stays usable. */
 void kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot);
+
+/**
+ * Slots of writes that timed out (-ETIMEDOUT) and whose late completion has come since: they may
+ * be written again. Writes up to @max of them to @slots; returns how many. Thread: the reaper's.
+ */
+uint32_t kvt_nvme_late_writes(struct kvt_nvme *n, uint32_t *slots, uint32_t max);
+/** Whether IOs that timed out are still in the kernel (a reap may bring their late CQEs). */
+bool kvt_nvme_abandoned(const struct kvt_nvme *n);
 
 /** Make every completed write durable (fdatasync of the file). 0 or -errno. A failure is final
  * (dirty pages may have been dropped): every later call fails with -EIO. */
