@@ -18,6 +18,8 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -53,6 +55,9 @@ struct drec {
 	unsigned compact_syncs; /* KVT_SYNC_COMPACT events */
 	unsigned puts;          /* KVT_SYNC_PUT events */
 	int fail_after_put;     /* 1: the allocation after the next PUT fails */
+	unsigned super_syncs;   /* KVT_SYNC_SUPER events */
+	unsigned store_early;   /* of those, with "kvtier.store" already there at creation */
+	const char *dir;        /* store directory while creating (NULL otherwise) */
 };
 
 static struct drec rec;
@@ -112,6 +117,17 @@ rec_sync(void *arg, int ev, uint64_t key, const struct kvt_fmt_blkref *blocks, u
 		break;
 	case KVT_SYNC_COMPACT:
 		rec.compact_syncs++;
+		break;
+	case KVT_SYNC_SUPER:
+		rec.super_syncs++;
+		if (rec.dir) {
+			char path[600];
+
+			/* the store's own name appears only once its superblock is durable */
+			snprintf(path, sizeof path, "%s/kvtier.store", rec.dir);
+			if (access(path, F_OK) == 0)
+				rec.store_early++;
+		}
 		break;
 	}
 }
@@ -310,6 +326,54 @@ test_publish_failure_commits_what_was_put(void **state)
 	tsup_rmdir(dir);
 }
 
+/* A crash while the store is created leaves at most "kvtier.store.tmp" (removed by the next
+ * open), never a "kvtier.store" without a durable superblock. */
+static void
+test_store_created_atomically(void **state)
+{
+	char *dir = tsup_mkdtemp(), path[600];
+	struct kvt_engine *e;
+	struct stat st;
+	blkcnt_t full;
+	FILE *f;
+	int fd;
+
+	(void)state;
+	memset(&rec, 0, sizeof rec);
+	snprintf(path, sizeof path, "%s/kvtier.store.tmp", dir);
+	f = fopen(path, "w"); /* what a crash halfway through a creation leaves */
+	assert_non_null(f);
+	fputs("half a store", f);
+	fclose(f);
+	kvt_test_sync_hook = &sync_hook;
+	rec.dir = dir;
+	e = dur_engine(dir, 8);
+	rec.dir = NULL;
+	assert_int_equal(rec.super_syncs, 1);
+	assert_int_equal(rec.store_early, 0);
+	assert_int_equal(access(path, F_OK), -1); /* renamed */
+	kvt_engine_destroy(e);
+	/* space punched out of an existing store (ENOSPC handling) is reserved again at open */
+	snprintf(path, sizeof path, "%s/kvtier.store", dir);
+	fd = open(path, O_RDWR);
+	assert_true(fd >= 0);
+	assert_int_equal(fstat(fd, &st), 0);
+	full = st.st_blocks;
+	if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4096, 4 * SLOT_BYTES) == 0) {
+		assert_int_equal(fstat(fd, &st), 0);
+		assert_true(st.st_blocks < full);
+		close(fd);
+		e = dur_engine(dir, 8); /* and opens again */
+		kvt_engine_destroy(e);
+		assert_int_equal(stat(path, &st), 0);
+		assert_int_equal(st.st_blocks, full);
+	} else {
+		close(fd);
+	}
+	kvt_test_sync_hook = NULL;
+	tsup_rmdir(dir);
+}
+
 static int late_writes; /* 1: every NVMe write's CQE comes only after its timeout */
 
 static int
@@ -389,6 +453,7 @@ main(void)
 		cmocka_unit_test(test_slots_reused_only_after_durable_supersede),
 		cmocka_unit_test(test_publish_failure_commits_what_was_put),
 		cmocka_unit_test(test_timed_out_write_quarantines_slot),
+		cmocka_unit_test(test_store_created_atomically),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -63,6 +63,8 @@ struct kvt_nvme {
 	struct io_uring ring;              /* SQ of queue_depth entries, CQ of twice that */
 	struct kvt_nvme_fault_hooks hooks; /* copy of the opts' hooks; zeroed when none */
 	char *path;                        /* slot file path; owned */
+	char *final_path;                  /* creating a store: its name once the superblock
+	                                      is durable (path is "<name>.tmp"); owned */
 	int fd;                            /* slot file, O_DIRECT; -1 while not open */
 	bool ring_ok;                      /* ring initialised (io_uring_queue_exit needed) */
 	bool fixed_bufs;                   /* staging registered: READ_FIXED / WRITE_FIXED */

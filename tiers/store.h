@@ -48,6 +48,7 @@ enum kvt_sync_ev {
 	KVT_SYNC_DEL = 3,     /* a DEL record was appended (key) */
 	KVT_SYNC_JOURNAL = 4, /* the journal is durable (kvt_store_commit's fdatasync succeeded) */
 	KVT_SYNC_COMPACT = 5, /* a compacted journal is durable, about to be renamed over */
+	KVT_SYNC_SUPER = 6,   /* the store file's superblock is durable (create or open) */
 };
 
 /**

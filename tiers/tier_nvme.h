@@ -130,6 +130,8 @@ struct kvt_nvme_wmeta {
  * Open the tier: creates "<dir>/kvtier-<pid>-<counter>.slots" (or opens/creates the persistent
  * "<dir>/kvtier.store") mode 0600, O_DIRECT, reserves its size with fallocate (ftruncate where
  * fallocate is not supported), writes (or reads and checks) the superblock, sets up io_uring.
+ * A new store is built as "kvtier.store.tmp" and renamed once its superblock is durable (a stale
+ * .tmp is removed first); an existing one that matches has its space reserved again.
  * @o:      options; copied (dir and hooks too), the caller may free them afterwards.
  * @out:    receives the tier; NULL on failure.
  * @err:    receives the failure message (the same text as kvt_last_error_message()); may be
