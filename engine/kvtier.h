@@ -340,7 +340,9 @@ KVT_API void kvt_seq_opts_init(struct kvt_seq_opts *o, size_t size);
  * kvt_seq_open() - open an empty sequence.
  * @o:   options (NULL = defaults).
  * @out: receives the id.
- * Returns 0, -EINVAL (priority > 100, bad opts_size), -ENOMEM.
+ * Returns 0, -EINVAL (priority > 100, bad opts_size), -ENOMEM, KVT_EBUSY (opts.session_key is
+ * that of an open sequence), -EEXIST (the persistent store holds a session under that key:
+ * kvt_seq_restore() or kvt_session_drop() it).
  */
 KVT_API int kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out);
 

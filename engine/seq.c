@@ -104,6 +104,24 @@ kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *opts, uint3
 	return 0;
 }
 
+/* A new sequence may take session key @key: none open has it, and the store has no session
+ * under it (that one is reopened with kvt_seq_restore, or dropped first). Lock held. */
+static int
+seq_key_free(struct kvt_engine *e, uint64_t key)
+{
+	if (!key)
+		return 0;
+	for (uint32_t i = 0; i < e->cap_seqs; i++)
+		if (e->seqs[i].open && e->seqs[i].session_key == key)
+			return kvt_err(KVT_EBUSY, "session key %#llx is in use by an open sequence",
+				       (unsigned long long)key);
+	if (e->store && kvt_store_find(e->store, key))
+		return kvt_err(-EEXIST, "session key %#llx names a stored session: restore it "
+			       "(kvt_seq_restore) or drop it (kvt_session_drop) first",
+			       (unsigned long long)key);
+	return 0;
+}
+
 int
 kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out)
 {
@@ -125,7 +143,9 @@ kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out
 	if (opts.priority > 100)
 		return kvt_err(-EINVAL, "priority %u is out of range 0..100", opts.priority);
 	kvt_lock(e);
-	rc = kvt_seq_open_locked(e, &opts, &idx);
+	rc = seq_key_free(e, opts.session_key);
+	if (rc == 0)
+		rc = kvt_seq_open_locked(e, &opts, &idx);
 	if (rc == 0)
 		*out = seq_make_id(idx, e->seqs[idx].gen);
 	kvt_unlock(e);

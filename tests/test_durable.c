@@ -374,6 +374,39 @@ test_store_created_atomically(void **state)
 	tsup_rmdir(dir);
 }
 
+/* A session key names one conversation: a second open of it is refused, whether it is open
+ * now or stored (restore or drop it instead). */
+static void
+test_session_key_unique(void **state)
+{
+	char *dir = tsup_mkdtemp();
+	struct kvt_seq_opts so;
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+
+	(void)state;
+	memset(&rec, 0, sizeof rec);
+	e = dur_engine(dir, 16);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.session_key = 42;
+	a = dur_open(e, 42, 1, 8);
+	assert_int_equal(kvt_seq_open(e, &so, &b), KVT_EBUSY);
+	dur_park(e, a);
+	kvt_engine_destroy(e);
+	e = dur_engine(dir, 16);
+	assert_int_equal(kvt_seq_open(e, &so, &b), -EEXIST);
+	dur_restore(e, 42, 1, &a);
+	assert_int_equal(kvt_seq_open(e, &so, &b), KVT_EBUSY);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	assert_int_equal(kvt_seq_open(e, &so, &b), 0); /* closed: the key is free again */
+	so.session_key = 0;
+	assert_int_equal(kvt_seq_open(e, &so, &a), 0); /* 0 = no key: never refused */
+	assert_int_equal(kvt_seq_open(e, &so, &a), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 static int late_writes; /* 1: every NVMe write's CQE comes only after its timeout */
 
 static int
@@ -413,27 +446,31 @@ test_timed_out_write_quarantines_slot(void **state)
 	kvt_test_nvme_hooks = &hooks;
 	assert_int_equal(kvt_engine_create(&o, &e), 0);
 	kvt_test_nvme_hooks = NULL;
-	a = dur_open(e, 0, 1, 8);
+	a = dur_open(e, 0, 1, 4); /* one block: one write, whose timeout one poll sees */
 	late_writes = 1;
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
-	/* poll (never waiting) until both writes have timed out: their late CQEs are due at
-	 * the reap after that one */
-	for (int i = 0; i < 20000 && (e->st.io_errors < 2 || e->nvme_inflight); i++) {
+	/* poll (never waiting) until the write has timed out: its late CQE is due at the reap
+	 * after that one */
+	for (int i = 0; i < 20000 && (e->st.io_errors < 1 || e->nvme_inflight); i++) {
 		assert_true(kvt_engine_poll(e, 0) >= 0);
 		usleep(1000);
 	}
 	assert_int_equal(e->nvme_inflight, 0);
-	assert_int_equal(e->st.io_errors, 2);
+	assert_int_equal(e->st.io_errors, 1);
 	late_writes = 0;
 	assert_int_equal(kvt_seq_info(e, a, &info), 0);
 	assert_int_equal(info.blocks_in[KVT_TIER_NVME], 0);
 	for (uint32_t s = 0; s < e->slots[KVT_TIER_NVME].n_slots; s++)
 		q += e->owner[KVT_TIER_NVME][s] == KVT_SLOT_QUARANTINED;
-	assert_int_equal(q, 2);
-	assert_int_equal(e->slots[KVT_TIER_NVME].n_free, 6);
+	assert_int_equal(q, 1);
+	assert_int_equal(e->slots[KVT_TIER_NVME].n_free, 7);
 	tsup_check_engine(e);
-	/* the late completions come at the next reap: the slots are free again */
-	assert_true(kvt_engine_poll(e, 0) >= 0);
+	/* the late completion comes at the next reap (or, if the disk itself was slower than
+	 * the timeout, when the kernel is done): the slot is free again */
+	for (int i = 0; i < 20000 && e->slots[KVT_TIER_NVME].n_free < 8; i++) {
+		assert_true(kvt_engine_poll(e, 0) >= 0);
+		usleep(1000);
+	}
 	assert_int_equal(e->slots[KVT_TIER_NVME].n_free, 8);
 	assert_int_equal(e->quarantined[KVT_TIER_NVME], 0);
 	tsup_check_engine(e);
@@ -454,6 +491,7 @@ main(void)
 		cmocka_unit_test(test_publish_failure_commits_what_was_put),
 		cmocka_unit_test(test_timed_out_write_quarantines_slot),
 		cmocka_unit_test(test_store_created_atomically),
+		cmocka_unit_test(test_session_key_unique),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
