@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "engine/engine_impl.h"
+#include "tiers/codec.h"
 #include "support/kvt_test.h"
 
 #define SLOT_BYTES 4096u /* 128-byte header + a 1024-byte test block, rounded up */
@@ -156,6 +157,9 @@ rec_write(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64
 static const struct kvt_sync_hook sync_hook = { .fn = rec_sync };
 static const struct kvt_nvme_fault_hooks io_hooks = { .on_complete = rec_write };
 
+static int dur_codec; /* nvme_codec of dur_engine */
+static const struct kvt_nvme_fault_hooks *dur_hooks; /* instead of io_hooks when set */
+
 static struct kvt_engine *
 dur_engine(const char *dir, uint32_t nvme_blocks)
 {
@@ -175,8 +179,10 @@ dur_engine(const char *dir, uint32_t nvme_blocks)
 	o.nvme_dir = dir;
 	o.nvme_bytes = (uint64_t)nvme_blocks * SLOT_BYTES;
 	o.nvme_persist = 1;
+	o.nvme_codec = dur_codec;
+	o.nvme_codec_min_saving = 0.05f;
 	o.high_watermark = o.low_watermark = 1.0f;
-	kvt_test_nvme_hooks = &io_hooks;
+	kvt_test_nvme_hooks = dur_hooks ? dur_hooks : &io_hooks;
 	rc = kvt_engine_create(&o, &e);
 	kvt_test_nvme_hooks = NULL;
 	if (rc)
@@ -407,6 +413,95 @@ test_session_key_unique(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Bit flips that the codec does not notice: one in a mantissa byte of a raw block, one in a
+ * literal of the first LZ4 sequence of an encoded block (it still decodes, to other bytes). */
+static struct {
+	int mode;          /* 1: flip the raw block's first mantissa byte; 2: an LZ4 literal */
+	unsigned flipped;  /* reads changed */
+	unsigned decodes;  /* mode 2: of those, still decodable after the flip */
+} bf;
+
+static void
+bf_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off, int *res)
+{
+	static uint8_t out[8192], scratch[65536];
+	struct kvt_fmt_blkhdr h;
+	uint8_t *p = (uint8_t *)buf + KVT_FMT_BLKHDR_BYTES;
+	size_t lit, at = 1;
+
+	(void)arg, (void)slot, (void)off;
+	if (is_write || !bf.mode || *res < 0 || kvt_fmt_blkhdr_decode(buf, len, &h) != 0)
+		return;
+	assert_true(tsup_block_bytes() <= sizeof out);
+	assert_true(kvt_codec_scratch_bytes(tsup_block_bytes()) <= sizeof scratch);
+	if (bf.mode == 1) {
+		assert_int_equal(h.codec, KVT_CODEC_NONE);
+		p[0] ^= 0x01; /* lowest mantissa byte of the first (little-endian) float */
+		bf.flipped++;
+		return;
+	}
+	assert_int_not_equal(h.codec, KVT_CODEC_NONE);
+	lit = p[0] >> 4; /* the first LZ4 token: its literal run follows */
+	if (lit == 15)
+		while (lit += p[at], p[at++] == 255)
+			;
+	assert_true(lit > 0 && at + lit <= h.stored_len);
+	p[at] ^= 0x01;
+	bf.flipped++;
+	if (kvt_codec_decode((int)h.codec, sizeof(float), p, h.stored_len, out,
+			     tsup_block_bytes(), scratch) == 0)
+		bf.decodes++;
+}
+
+static void
+bitflip_case(int codec, int mode)
+{
+	static const struct kvt_nvme_fault_hooks hooks = { .on_complete = bf_hook };
+	struct kvt_stats st = { .size = sizeof st };
+	char *dir = tsup_mkdtemp();
+	struct kvt_seq_info info;
+	struct kvt_engine *e;
+	kvt_seq_id a;
+
+	memset(&bf, 0, sizeof bf);
+	dur_codec = codec;
+	dur_hooks = &hooks;
+	e = dur_engine(dir, 16);
+	dur_hooks = NULL;
+	dur_codec = 0;
+	a = dur_open(e, 0, 1, 8);
+	dur_park(e, a);
+	bf.mode = mode;
+	assert_int_equal(kvt_seq_resume(e, a), 0);
+	assert_int_equal(tsup_verify(e, a, 1), KVT_ELOST); /* detected, never served */
+	bf.mode = 0;
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	assert_true(bf.flipped > 0);
+	assert_int_equal(st.checksum_failed, bf.flipped);
+	assert_int_equal(st.checksum_verified, 0);
+	if (mode == 2)
+		assert_int_equal(bf.decodes, bf.flipped); /* the codec could not tell */
+	assert_int_equal(kvt_seq_info(e, a, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HOST], 0); /* no failed read left present */
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+static void
+test_bitflip_raw_mantissa(void **state)
+{
+	(void)state;
+	bitflip_case(KVT_CODEC_NONE, 1);
+}
+
+static void
+test_bitflip_lz4_literal(void **state)
+{
+	(void)state;
+	bitflip_case(KVT_CODEC_SHUF_LZ4, 2);
+}
+
 static int late_writes; /* 1: every NVMe write's CQE comes only after its timeout */
 
 static int
@@ -492,6 +587,8 @@ main(void)
 		cmocka_unit_test(test_timed_out_write_quarantines_slot),
 		cmocka_unit_test(test_store_created_atomically),
 		cmocka_unit_test(test_session_key_unique),
+		cmocka_unit_test(test_bitflip_raw_mantissa),
+		cmocka_unit_test(test_bitflip_lz4_literal),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

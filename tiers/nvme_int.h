@@ -27,7 +27,8 @@
 /* One IO in flight; qd of them live in kvt_nvme.reqs, free ones on kvt_nvme.free_stack. */
 struct nvme_req {
 	uint8_t *buf;       /* staging buffer: slot_bytes, 4 KiB aligned, part of the arena */
-	void *dst;          /* reads: the caller's buffer, written only after verification */
+	void *dst;          /* reads: the caller's buffer; raw: written after verification,
+	                       encoded: decoded into, then verified (garbage on failure) */
 	uint64_t user_data; /* caller's tag, returned in the completion */
 	uint64_t key;       /* writes: stored in the header; reads: expected there */
 	uint32_t slot;      /* slot in the file */
