@@ -84,7 +84,7 @@ j_rec_off(uint32_t i)
 static void
 test_two_records_claim_one_slot(void **state)
 {
-	static const uint32_t a[] = { 7, 8 }, b[] = { 8, 9 }, c[] = { 10 };
+	static const uint32_t a[] = { 7, 8 }, b[] = { 8, 9 }, c[] = { 10 }, d[] = { 11, 11 };
 	char *dir = tsup_mkdtemp();
 	struct kvt_store *st = j_open(dir);
 	struct kvt_store_sess *s;
@@ -93,6 +93,7 @@ test_two_records_claim_one_slot(void **state)
 	j_put(st, 1, a, 2);
 	j_put(st, 2, b, 2); /* written later over slot 8: session 1 lost its block 1 */
 	j_put(st, 3, c, 1);
+	j_put(st, 4, d, 2); /* names one slot twice: never written so, dropped at replay */
 	assert_int_equal(kvt_store_commit(st), 0);
 	kvt_store_close(st);
 	st = j_open(dir);
@@ -102,6 +103,7 @@ test_two_records_claim_one_slot(void **state)
 	assert_int_equal(s->n_blocks, 2);
 	assert_int_equal(s->blocks[0].slot, 8);
 	assert_non_null(kvt_store_find(st, 3));
+	assert_null(kvt_store_find(st, 4));
 	assert_int_equal(kvt_store_count(st), 2);
 	kvt_store_close(st);
 	tsup_rmdir(dir);

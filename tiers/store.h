@@ -108,4 +108,11 @@ int kvt_store_commit(struct kvt_store *st);
 /** Whether an fdatasync of the journal failed (the store takes no more records). */
 bool kvt_store_failed(const struct kvt_store *st);
 
+/**
+ * kvt_store_fuzz_one() - fuzz entry of journal replay (store_apply, store_resolve): replays the
+ * journal image @data (@len bytes, journal header first, any store id) into a throw-away index of
+ * 64 slots. Returns the sessions left, or -1 if the index broke an invariant. No files touched.
+ */
+int kvt_store_fuzz_one(const uint8_t *data, size_t len);
+
 #endif /* KVT_TIERS_STORE_H */
