@@ -1009,7 +1009,7 @@ test_misplaced_block_and_overlong_io(void **state)
 	struct fault ft = { .mode = FAULT_NONE };
 	struct kvt_nvme_fault_hooks hooks = { .on_complete = fault_hook, .arg = &ft };
 	struct kvt_nvme *n = fx_open(f, &hooks);
-	uint8_t src[BLOCK], dst[BLOCK], ref[BLOCK];
+	uint8_t src[2 * BLOCK], dst[BLOCK], ref[BLOCK];
 	struct io io = { .slot = 3, .key = 5, .write = true, .buf = src };
 	int res;
 
