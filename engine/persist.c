@@ -237,6 +237,8 @@ persist_put(struct kvt_engine *e, uint32_t idx)
 		refs[i].key = b->nvme_key;
 		refs[i].sum = b->nvme_sum;
 		refs[i].codec = b->nvme_codec;
+		if (b->hashed)
+			memcpy(refs[i].hash, b->hash, sizeof refs[i].hash); /* prefix key */
 	}
 	rc = kvt_store_put(e->store, s->session_key, s->tenant, s->priority, s->tokens,
 			   s->n_tokens, refs, s->n_blocks, idx);

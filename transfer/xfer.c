@@ -172,6 +172,8 @@ xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 
 	if (!b->dead && b->seq < e->cap_seqs)
 		m.session = e->seqs[b->seq].session_key;
+	if (b->hashed)
+		memcpy(m.hash, b->hash, sizeof m.hash); /* its prefix key: the content hash */
 	for (;;) {
 		if (x->kind == KVT_X_H2N)
 			rc = kvt_nvme_submit_write_meta(
