@@ -10,6 +10,9 @@
  *   - every record appended is followed by a journal sync before the engine goes idle (phase
  *     2), also when a publish fails halfway;
  *   - the compacted journal is synced before it is renamed over the old one.
+ * Also: a timed-out write's slot quarantined until its late completion, the store created
+ * under a temporary name, session keys unique, bit flips the codec cannot see caught by the
+ * checksum, content hashes stored, ENOSPC never punching a published slot.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -534,6 +537,50 @@ test_content_hash_stored(void **state)
 	tsup_rmdir(dir);
 }
 
+static int enospc_writes; /* 1: NVMe writes complete with -ENOSPC */
+
+static void
+enospc_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off,
+	    int *res)
+{
+	(void)arg, (void)slot, (void)buf, (void)len, (void)off;
+	if (is_write && enospc_writes)
+		*res = -ENOSPC;
+}
+
+/* ENOSPC gives up clean NVMe copies and punches their space out, but never that of a slot a
+ * published record names: that session is still restorable after a crash. */
+static void
+test_enospc_keeps_published_slots(void **state)
+{
+	static const struct kvt_nvme_fault_hooks hooks = { .on_complete = enospc_hook };
+	struct kvt_stats st = { .size = sizeof st };
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+
+	(void)state;
+	dur_hooks = &hooks;
+	e = dur_engine(dir, 16);
+	dur_hooks = NULL;
+	a = dur_open(e, 1, 1, 8);
+	dur_park(e, a);                            /* published */
+	assert_int_equal(tsup_verify(e, a, 1), 0); /* back in HBM: its NVMe copies are clean */
+	enospc_writes = 1;
+	b = dur_open(e, 2, 2, 8);
+	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	enospc_writes = 0;
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	assert_true(st.tier[KVT_TIER_NVME].evictions >= 2); /* a's clean copies given up */
+	tsup_check_engine(e);
+	kvt_engine_destroy(e); /* a crash as far as a is concerned: its record stays */
+	e = dur_engine(dir, 16);
+	dur_restore(e, 1, 1, &a);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 static int late_writes; /* 1: every NVMe write's CQE comes only after its timeout */
 
 static int
@@ -622,6 +669,7 @@ main(void)
 		cmocka_unit_test(test_bitflip_raw_mantissa),
 		cmocka_unit_test(test_bitflip_lz4_literal),
 		cmocka_unit_test(test_content_hash_stored),
+		cmocka_unit_test(test_enospc_keeps_published_slots),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
