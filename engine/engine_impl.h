@@ -337,6 +337,17 @@ void kvt_persist_publish(struct kvt_engine *e); /* publish sessions whose park c
 void kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s); /* seq closed: DEL */
 void kvt_persist_parked(struct kvt_engine *e, struct kvt_seqrec *s); /* parked to NVMe */
 int kvt_persist_reclaim(struct kvt_engine *e, uint32_t need); /* free stored sessions' slots */
+/*
+ * Prefix blocks after a restart: the restorable stored session whose block @k carries the prefix
+ * key that block k of @tokens chains to (salt @salt), its tokens equal to @tokens up to there;
+ * then its following blocks while keys and tokens keep matching, up to block @max and each
+ * header checked. Returns how many blocks from @k on match. With @seq (a sequence index, not
+ * UINT32_MAX) they become new blocks of it in ids[k..], refs 1, their NVMe copy the stored slot
+ * (which the record keeps naming: restoring that session later shares them), in the prefix
+ * index. Needs tokens up to block max.
+ */
+uint32_t kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t salt[2],
+			    uint32_t k, uint32_t max, uint32_t seq, uint32_t *ids);
 /* An NVMe slot named by a journal record that may be durable: kept out of the allocator. */
 static inline bool
 kvt_persist_named(const struct kvt_engine *e, int tier, uint32_t slot)

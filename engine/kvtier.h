@@ -461,7 +461,11 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
  * them. After the last sequence closes, a sealed block stays cached (evictable) for the next
  * request with that prefix. A hit is confirmed by comparing tokens, so a hash collision is never
  * served. Only full blocks are shared: a sequence that diverges inside a block computes that
- * block itself. Without tokens (NULL) nothing is shared: the v0 behaviour.
+ * block itself. Without tokens (NULL) nothing is shared: the v0 behaviour. With a persistent
+ * store (nvme_persist), the full blocks of sessions stored before a restart are found too (by
+ * the prefix key stored with each block, confirmed by the tokens of the session's record): an
+ * attach makes them blocks whose copy is the stored NVMe slot, shared with later attaches and
+ * with the stored session when it is restored.
  */
 
 /**

@@ -360,33 +360,86 @@ kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap)
 	return (int)n;
 }
 
-/* Check every block header of @rec against the record. 0, -ENOENT (mismatch) or -EIO. */
-static int
-persist_check(struct kvt_engine *e, const struct kvt_store_sess *rec)
+/* The live block that already holds block @i of @rec as its NVMe copy (one a prefix attach made
+ * from it, see kvt_persist_prefix), or KVT_NIL. */
+static uint32_t
+persist_holder(struct kvt_engine *e, const struct kvt_fmt_blkref *r)
 {
+	uint32_t id = e->owner[KVT_TIER_NVME][r->slot];
+	const struct kvt_block *b;
+
+	if (!KVT_OWNER_IS_BLOCK(id) || id >= e->cap_blocks)
+		return KVT_NIL;
+	b = &e->blocks[id];
+	if (!b->live || b->dead || b->slot[KVT_TIER_NVME] != r->slot || b->nvme_key != r->key ||
+	    !kvt_copy_valid(b, KVT_TIER_NVME))
+		return KVT_NIL;
+	return id;
+}
+
+/* Check block @i of @rec: its slot untouched since (stored, or pending: kept out of use) with a
+ * header that matches, or held by a live block made from it. 0, -ENOENT or -EIO. */
+static int
+persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32_t i)
+{
+	const struct kvt_fmt_blkref *r = &rec->blocks[i];
+	uint32_t own = e->owner[KVT_TIER_NVME][r->slot];
 	struct kvt_fmt_blkhdr h;
 	int rc;
 
-	for (uint32_t i = 0; i < rec->n_blocks; i++) {
-		const struct kvt_fmt_blkref *r = &rec->blocks[i];
-
-		if (e->owner[KVT_TIER_NVME][r->slot] != KVT_SLOT_STORED)
-			return kvt_err(-ENOENT, "block %u: slot %u was reused", i, r->slot);
-		rc = kvt_nvme_read_header(e->nvme, r->slot, &h);
-		if (rc == KVT_ECORRUPT)
-			return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
-		if (rc)
-			return kvt_err(-EIO, "block %u: %s", i, kvt_last_error_message());
-		if (h.key != r->key || h.session != rec->key || h.index != i ||
-		    h.stored_len != r->stored_len || h.sum != r->sum || h.codec != r->codec)
-			return kvt_err(-ENOENT, "block %u: slot %u holds another write (key %#llx, "
-				       "expected %#llx)", i, r->slot, (unsigned long long)h.key,
-				       (unsigned long long)r->key);
-	}
+	if (own != KVT_SLOT_STORED && own != KVT_SLOT_PENDING)
+		return persist_holder(e, r) != KVT_NIL ? 0 :
+		       kvt_err(-ENOENT, "block %u: slot %u was reused", i, r->slot);
+	rc = kvt_nvme_read_header(e->nvme, r->slot, &h);
+	if (rc == KVT_ECORRUPT)
+		return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
+	if (rc)
+		return kvt_err(-EIO, "block %u: %s", i, kvt_last_error_message());
+	if (h.key != r->key || h.session != rec->key || h.index != i ||
+	    h.stored_len != r->stored_len || h.sum != r->sum || h.codec != r->codec)
+		return kvt_err(-ENOENT, "block %u: slot %u holds another write (key %#llx, "
+			       "expected %#llx)", i, r->slot, (unsigned long long)h.key,
+			       (unsigned long long)r->key);
 	return 0;
 }
 
-/* Undo a half-built restore: the blocks go, their slots return to KVT_SLOT_STORED. */
+/* Check every block of @rec (persist_check_one). 0, -ENOENT (mismatch) or -EIO. */
+static int
+persist_check(struct kvt_engine *e, const struct kvt_store_sess *rec)
+{
+	int rc = 0;
+
+	for (uint32_t i = 0; rc == 0 && i < rec->n_blocks; i++)
+		rc = persist_check_one(e, rec, i);
+	return rc;
+}
+
+/* A new block @i of sequence @seq whose only copy is the stored slot of @r. */
+static int
+persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_fmt_blkref *r,
+	      uint32_t *out)
+{
+	struct kvt_block *b;
+	uint32_t id;
+	int rc = kvt_block_new(e, seq, i, &id);
+
+	if (rc)
+		return rc;
+	b = &e->blocks[id];
+	b->ver = 1;
+	b->slot[KVT_TIER_NVME] = r->slot;
+	b->nvme_key = r->key;
+	b->nvme_sum = r->sum;
+	b->nvme_stored = r->stored_len;
+	b->nvme_codec = r->codec;
+	e->owner[KVT_TIER_NVME][r->slot] = id;
+	kvt_copy_set_present(e, id, KVT_TIER_NVME, b->ver);
+	*out = id;
+	return 0;
+}
+
+/* Undo a half-built restore: blocks it made go (their slots return to KVT_SLOT_STORED), blocks
+ * it shared lose its reference. */
 static void
 persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 {
@@ -395,6 +448,10 @@ persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 		struct kvt_block *b = &e->blocks[id];
 		uint32_t sl = b->slot[KVT_TIER_NVME];
 
+		if (b->refs > 1) {
+			kvt_block_kill(e, id);
+			continue;
+		}
 		e->evict[KVT_TIER_NVME].ops->remove(&e->evict[KVT_TIER_NVME], id);
 		e->owner[KVT_TIER_NVME][sl] = KVT_SLOT_STORED;
 		b->slot[KVT_TIER_NVME] = KVT_NIL;
@@ -403,7 +460,8 @@ persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 	}
 }
 
-/* Build the sequence @idx from @rec: blocks whose only copy is the stored NVMe slot. */
+/* Build the sequence @idx from @rec: blocks whose only copy is the stored NVMe slot, or the
+ * blocks a prefix attach already made from it (shared). */
 static int
 persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 {
@@ -415,23 +473,13 @@ persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 		return kvt_err(-ENOMEM, "restoring a session of %llu tokens",
 			       (unsigned long long)rec->n_tokens);
 	for (uint32_t i = 0; i < rec->n_blocks; i++) {
-		const struct kvt_fmt_blkref *r = &rec->blocks[i];
-		struct kvt_block *b;
-
-		rc = kvt_block_new(e, idx, i, &id);
-		if (rc) {
+		id = persist_holder(e, &rec->blocks[i]);
+		if (id != KVT_NIL) {
+			kvt_block_ref(e, id);
+		} else if ((rc = persist_adopt(e, idx, i, &rec->blocks[i], &id)) != 0) {
 			persist_unbuild(e, s);
 			return rc;
 		}
-		b = &e->blocks[id];
-		b->ver = 1;
-		b->slot[KVT_TIER_NVME] = r->slot;
-		b->nvme_key = r->key;
-		b->nvme_sum = r->sum;
-		b->nvme_stored = r->stored_len;
-		b->nvme_codec = r->codec;
-		e->owner[KVT_TIER_NVME][r->slot] = id;
-		kvt_copy_set_present(e, id, KVT_TIER_NVME, b->ver);
 		s->blocks[s->n_blocks++] = id;
 	}
 	if (rec->n_tokens)
@@ -440,6 +488,50 @@ persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 	s->parked = 1;
 	rec->open_seq = idx;
 	return 0;
+}
+
+uint32_t
+kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t salt[2],
+		   uint32_t k, uint32_t max, uint32_t seq, uint32_t *ids)
+{
+	uint32_t tpb = e->layout.tokens_per_block, j, idx, found;
+	uint64_t h[2] = { 0, 0 };
+	struct kvt_store_sess *rec;
+
+	if (!e->store || k >= max)
+		return 0;
+	for (j = 0; j <= k; j++)
+		kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);
+	if (!kvt_store_find_hash(e->store, (const uint8_t *)h, &rec, &idx) || idx != k ||
+	    rec->open_seq != PERSIST_NO_SEQ || (uint64_t)k * tpb > rec->n_tokens ||
+	    memcmp(rec->tokens, tokens, (size_t)k * tpb * sizeof *tokens) != 0)
+		return 0;
+	for (j = k; j < max && j < rec->n_blocks && (uint64_t)(j + 1) * tpb <= rec->n_tokens; j++) {
+		uint32_t own = e->owner[KVT_TIER_NVME][rec->blocks[j].slot];
+
+		if (j > k)
+			kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);
+		/* the key, then the tokens themselves: never by hash alone */
+		if (memcmp(rec->blocks[j].hash, h, sizeof h) != 0 ||
+		    memcmp(rec->tokens + (uint64_t)j * tpb, tokens + (uint64_t)j * tpb,
+			   (size_t)tpb * sizeof *tokens) != 0 ||
+		    (own != KVT_SLOT_STORED && own != KVT_SLOT_PENDING) ||
+		    persist_check_one(e, rec, j) != 0)
+			break;
+	}
+	found = j - k;
+	for (j = k; seq != PERSIST_NO_SEQ && j < k + found; j++) {
+		struct kvt_block *b;
+
+		if (persist_adopt(e, seq, j, &rec->blocks[j], &ids[j]) != 0)
+			return j - k;
+		b = &e->blocks[ids[j]];
+		memcpy(b->hash, rec->blocks[j].hash, sizeof b->hash);
+		b->hashed = 1;
+		/* -ENOMEM only costs sharing with later sequences */
+		(void)kvt_prefix_insert(e, ids[j], tokens + (uint64_t)j * tpb);
+	}
+	return found;
 }
 
 /* Close the empty sequence @idx that a failed restore opened. */

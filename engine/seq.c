@@ -661,6 +661,11 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 
 		worst = t > worst ? t : worst;
 	}
+	/* the rest may be in a session stored before a restart: on NVMe */
+	i = kvt_persist_prefix(e, tokens, salt, k, (uint32_t)(n / tpb), UINT32_MAX, NULL);
+	if (i)
+		worst = KVT_TIER_NVME;
+	k += i;
 	kvt_unlock(e);
 	kvt_free(ids);
 	*matched_tokens = (uint64_t)k * tpb;
@@ -673,7 +678,7 @@ static int
 seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tokens, size_t n,
 		  uint64_t *attached)
 {
-	uint32_t tpb = e->layout.tokens_per_block, max = (uint32_t)(n / tpb), k, i;
+	uint32_t tpb = e->layout.tokens_per_block, max = (uint32_t)(n / tpb), k, i, mem;
 	uint32_t *ids;
 
 	if (s->n_tokens || s->in_batch)
@@ -686,11 +691,15 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 		return kvt_err(-ENOMEM, "attaching a prefix of %u blocks", max);
 	}
 	k = kvt_prefix_walk(e, tokens, n, s->salt, ids, max);
+	/* after it, blocks of a session stored before a restart: made for s (already its own) */
+	mem = k;
+	k += kvt_persist_prefix(e, tokens, s->salt, k, max, (uint32_t)(s - e->seqs), ids);
 	for (i = 0; i < k; i++) {
 		struct kvt_block *b = &e->blocks[ids[i]];
 		int t = seq_best_tier(b);
 
-		kvt_block_ref(e, ids[i]);
+		if (i < mem)
+			kvt_block_ref(e, ids[i]);
 		s->blocks[i] = ids[i];
 		if (t < KVT_TIER_COUNT) {
 			e->st.tier[t].prefix_hit_blocks++;

@@ -537,6 +537,96 @@ test_content_hash_stored(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Shared prefix blocks are found again after a restart: a prompt parked in a stored session is
+ * matched and attached by a new sequence (read back byte-exact from the stored slots, confirmed
+ * by tokens), and restoring the stored session afterwards shares those blocks. */
+static void
+test_prefix_found_after_restart(void **state)
+{
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e;
+	enum kvt_tier tier;
+	int32_t tok[10], other[10];
+	uint64_t got = 0;
+	kvt_seq_id a, c, d;
+
+	(void)state;
+	for (int i = 0; i < 10; i++)
+		tok[i] = other[i] = i; /* tsup_append_write's tokens are the positions */
+	other[5] = 99;
+	e = dur_engine(dir, 16);
+	a = dur_open(e, 9, 9, 10); /* blocks 0 and 1 full, 2 partial */
+	dur_park(e, a);
+	kvt_engine_destroy(e);
+
+	e = dur_engine(dir, 16);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 10, &got, &tier), 0);
+	assert_int_equal(got, 8);
+	assert_int_equal(tier, KVT_TIER_NVME);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, other, 10, &got, &tier), 0);
+	assert_int_equal(got, 4); /* block 1's tokens differ: its key does too */
+	assert_int_equal(kvt_seq_open(e, NULL, &c), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, c, tok, 10, &got), 0);
+	assert_int_equal(got, 8);
+	assert_int_equal(tsup_verify(e, c, 9), 0); /* K/V read back from the stored slots */
+	tsup_check_engine(e);
+	/* a second sequence shares the blocks now in memory */
+	assert_int_equal(kvt_seq_open(e, NULL, &d), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, d, tok, 10, &got), 0);
+	assert_int_equal(got, 8);
+	assert_int_equal(tsup_verify(e, d, 9), 0);
+	/* the stored session itself still restores whole, sharing those blocks */
+	dur_restore(e, 9, 9, &a);
+	assert_int_equal(tsup_append_write(e, c, 9, 8, 2), 0); /* c grows past the prefix */
+	assert_int_equal(tsup_verify(e, c, 9), 0);
+	assert_int_equal(kvt_seq_close(e, d), 0);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	assert_int_equal(tsup_verify(e, c, 9), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Every block's key depends only on its parent's: keys collide for any two prompts. */
+static void
+chain_only_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
+		const uint64_t salt[2], uint64_t out[2])
+{
+	(void)tokens, (void)n, (void)salt;
+	out[0] = parent[0] * 31 + 7;
+	out[1] = parent[1] + 1;
+}
+
+/* A stored block whose key matches but whose tokens differ is never attached. */
+static void
+test_prefix_after_restart_needs_tokens(void **state)
+{
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e;
+	int32_t other[8];
+	uint64_t got = 1;
+	kvt_seq_id a, c;
+
+	(void)state;
+	for (int i = 0; i < 8; i++)
+		other[i] = i;
+	other[6] = 77; /* block 1 differs */
+	kvt_test_prefix_hash = chain_only_hash;
+	e = dur_engine(dir, 16);
+	a = dur_open(e, 9, 9, 8);
+	dur_park(e, a);
+	kvt_engine_destroy(e);
+	e = dur_engine(dir, 16);
+	assert_int_equal(kvt_seq_open(e, NULL, &c), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, c, other, 8, &got), 0);
+	assert_int_equal(got, 4); /* block 0 only: same key as block 1, other tokens */
+	assert_int_equal(tsup_verify(e, c, 9), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	kvt_test_prefix_hash = NULL;
+	tsup_rmdir(dir);
+}
+
 static int enospc_writes; /* 1: NVMe writes complete with -ENOSPC */
 
 static void
@@ -670,6 +760,8 @@ main(void)
 		cmocka_unit_test(test_bitflip_lz4_literal),
 		cmocka_unit_test(test_content_hash_stored),
 		cmocka_unit_test(test_enospc_keeps_published_slots),
+		cmocka_unit_test(test_prefix_found_after_restart),
+		cmocka_unit_test(test_prefix_after_restart_needs_tokens),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
