@@ -627,6 +627,73 @@ test_prefix_after_restart_needs_tokens(void **state)
 	tsup_rmdir(dir);
 }
 
+static int sync_fail_ev; /* the next fdatasync of this event fails with EIO (0 = none) */
+
+static int
+fail_sync(void *arg, int ev)
+{
+	(void)arg;
+	if (ev != sync_fail_ev)
+		return 0;
+	sync_fail_ev = 0;
+	return EIO;
+}
+
+/* An fdatasync that fails is final: the kernel may have dropped the dirty pages, so a later
+ * fdatasync that succeeds proves nothing. Neither the journal nor the store file ever reports
+ * success again. */
+static void
+fsync_failure_is_final(int ev)
+{
+	static const struct kvt_sync_hook hook = { .fn = rec_sync, .fail = fail_sync };
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e;
+	kvt_seq_id a, b, c;
+	unsigned j;
+
+	memset(&rec, 0, sizeof rec);
+	kvt_test_sync_hook = &hook;
+	e = dur_engine(dir, 16);
+	a = dur_open(e, 1, 1, 8);
+	dur_park(e, a);
+	sync_fail_ev = ev;
+	b = dur_open(e, 2, 2, 8);
+	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(sync_fail_ev, 0); /* the failure was injected */
+	assert_false(e->pub_check);        /* not retried for ever */
+	j = rec.journal_syncs;
+	c = dur_open(e, 3, 3, 8);
+	assert_int_equal(kvt_seq_park(e, c, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	e->pub_check = true;
+	assert_true(kvt_engine_poll(e, 0) >= 0);
+	assert_int_equal(rec.journal_syncs, j); /* no commit claims success any more */
+	if (ev == KVT_SYNC_JOURNAL)
+		assert_true(kvt_store_failed(e->store));
+	else
+		assert_true(kvt_nvme_sync_failed(e->nvme));
+	assert_int_not_equal(kvt_session_drop(e, 77), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	kvt_test_sync_hook = NULL;
+	tsup_rmdir(dir);
+}
+
+static void
+test_journal_fsync_failure_is_final(void **state)
+{
+	(void)state;
+	fsync_failure_is_final(KVT_SYNC_JOURNAL);
+}
+
+static void
+test_data_fsync_failure_is_final(void **state)
+{
+	(void)state;
+	fsync_failure_is_final(KVT_SYNC_DATA);
+}
+
 static int enospc_writes; /* 1: NVMe writes complete with -ENOSPC */
 
 static void
@@ -762,6 +829,8 @@ main(void)
 		cmocka_unit_test(test_enospc_keeps_published_slots),
 		cmocka_unit_test(test_prefix_found_after_restart),
 		cmocka_unit_test(test_prefix_after_restart_needs_tokens),
+		cmocka_unit_test(test_journal_fsync_failure_is_final),
+		cmocka_unit_test(test_data_fsync_failure_is_final),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -42,10 +42,22 @@ kvt_sync_note(int ev, uint64_t key, const struct kvt_fmt_blkref *blocks, uint32_
 		h->fn(h->arg, ev, key, blocks, n);
 }
 
+int
+kvt_sync_inject(int ev)
+{
+	const struct kvt_sync_hook *h = kvt_test_sync_hook;
+
+	return h && h->fail ? h->fail(h->arg, ev) : 0;
+}
+
 /* fdatasync @fd and report @ev to the test hook. 0 or -errno. */
 static int
 store_sync(int fd, int ev)
 {
+	int inj = kvt_sync_inject(ev);
+
+	if (inj)
+		return -inj;
 	if (fdatasync(fd) != 0)
 		return -errno;
 	kvt_sync_note(ev, 0, NULL, 0);

@@ -60,11 +60,16 @@ struct kvt_sync_hook {
 	void (*fn)(void *arg, int ev, uint64_t key, const struct kvt_fmt_blkref *blocks,
 		   uint32_t n); /* @blocks: PUT only */
 	void *arg;              /* passed to fn */
+	int (*fail)(void *arg, int ev); /* may be NULL; called before the fdatasync of a
+	                                   DATA, JOURNAL or COMPACT event: an errno > 0 makes it
+	                                   fail with that error instead */
 };
 extern const struct kvt_sync_hook *kvt_test_sync_hook;
 
 /** Report @ev to the test hook (no-op when none is set). */
 void kvt_sync_note(int ev, uint64_t key, const struct kvt_fmt_blkref *blocks, uint32_t n);
+/** The errno the test hook injects into the fdatasync of @ev (0: none, the usual case). */
+int kvt_sync_inject(int ev);
 
 /**
  * kvt_store_open() - open (or create) "<dir>/kvtier.journal" for the store @store_id with

@@ -685,11 +685,13 @@ kvt_nvme_sync(struct kvt_nvme *n)
 	if (n->sync_failed)
 		return kvt_err(-EIO, "nvme: fdatasync %s failed earlier: its data may be lost",
 			       n->path);
-	if (fdatasync(n->fd) == 0) {
+	e = kvt_sync_inject(KVT_SYNC_DATA);
+	if (!e && fdatasync(n->fd) == 0) {
 		kvt_sync_note(KVT_SYNC_DATA, 0, NULL, 0);
 		return 0;
 	}
-	e = errno;
+	if (!e)
+		e = errno;
 	n->sync_failed = true; /* the dirty pages may be gone: never report success again */
 	return kvt_err(-e, "nvme: fdatasync %s: %s", n->path, nvme_strerror(e, eb, sizeof eb));
 }
