@@ -120,6 +120,11 @@ slot_release(struct kvt_engine *e, int tier, uint32_t slot)
 {
 	if (KVT_OWNER_IS_BLOCK(e->owner[tier][slot]))
 		kvt_tenant_account(e, e->owner[tier][slot], tier, -1);
+	if (kvt_persist_named(e, tier, slot)) {
+		/* a published record may still name it: freed once superseded durably */
+		e->owner[tier][slot] = KVT_SLOT_PENDING;
+		return;
+	}
 	e->owner[tier][slot] = KVT_NIL;
 	kvt_slots_free(&e->slots[tier], slot);
 }

@@ -18,10 +18,15 @@ check_tiers(struct kvt_engine *e)
 		used = 0;
 		for (s = 0; s < e->slots[t].n_slots; s++) {
 			id = e->owner[t][s];
-			if (id == KVT_NIL)
+			if (id == KVT_NIL) {
+				if (kvt_persist_named(e, t, s))
+					return kvt_err(-EINVAL, "NVMe slot %u is free but a journal "
+						       "record names it", s);
 				continue;
+			}
 			used++;
-			if (id == KVT_SLOT_QUARANTINED || id == KVT_SLOT_STORED)
+			if (id == KVT_SLOT_QUARANTINED || id == KVT_SLOT_STORED ||
+			    id == KVT_SLOT_PENDING)
 				continue;
 			if (id >= e->cap_blocks || !e->blocks[id].live)
 				return kvt_err(-EINVAL, "tier %d slot %u owned by dead block %u", t, s,

@@ -46,8 +46,11 @@ enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESE
 
 #define KVT_SLOT_QUARANTINED (KVT_NIL - 1) /* owner of a slot kept out of use for good */
 #define KVT_SLOT_STORED (KVT_NIL - 2) /* owner of an NVMe slot of a restorable stored session */
-/* an owner entry that names a block (not free, quarantined or stored) */
-#define KVT_OWNER_IS_BLOCK(o) ((o) < KVT_SLOT_STORED)
+/* owner of an NVMe slot that no block uses but that a journal record which may be durable still
+ * names: it returns to the allocator once a superseding record is committed (engine/persist.c) */
+#define KVT_SLOT_PENDING (KVT_NIL - 3)
+/* an owner entry that names a block (not free, quarantined, stored or pending) */
+#define KVT_OWNER_IS_BLOCK(o) ((o) < KVT_SLOT_PENDING)
 
 /* Laid out for size (96 bytes; 10,000 parked sessions hold 20,000 of them): 64-bit fields
  * first, then 32-, 16- and 8-bit ones, flags as one-bit fields. */
@@ -259,6 +262,13 @@ struct kvt_engine {
 	struct kvt_store *store;            /* journal of published sessions (nvme_persist) */
 	uint64_t key_base;                  /* NVMe epoch << 40: high bits of write keys */
 	bool pub_check;                     /* a publish may be due (see engine/persist.c) */
+	uint8_t *nvme_named;                /* [NVMe slots] (store only): 1 while a journal
+	                                       record that may be durable names the slot */
+	uint32_t *pend;                     /* NVMe slots whose naming record was superseded
+	                                       by one not yet committed */
+	uint32_t n_pend, cap_pend;          /* entries / capacity of pend */
+	uint32_t nvme_late;                 /* NVMe slots quarantined by a timed-out write
+	                                       until the kernel's late completion comes */
 	uint64_t nvme_backoff_until;        /* ns: no background demotion to NVMe before this
 	                                       (set by an ENOSPC write) */
 	uint64_t idle_next_ns;              /* next idle scan (kvt_engine_poll) */
@@ -384,6 +394,23 @@ void kvt_persist_publish(struct kvt_engine *e); /* publish sessions whose park c
 void kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s); /* seq closed: DEL */
 void kvt_persist_parked(struct kvt_engine *e, struct kvt_seqrec *s); /* parked to NVMe */
 int kvt_persist_reclaim(struct kvt_engine *e, uint32_t need); /* free stored sessions' slots */
+/*
+ * Prefix blocks after a restart: the restorable stored session whose block @k carries the prefix
+ * key that block k of @tokens chains to (salt @salt), its tokens equal to @tokens up to there;
+ * then its following blocks while keys and tokens keep matching, up to block @max and each
+ * header checked. Returns how many blocks from @k on match. With @seq (a sequence index, not
+ * UINT32_MAX) they become new blocks of it in ids[k..], refs 1, their NVMe copy the stored slot
+ * (which the record keeps naming: restoring that session later shares them), in the prefix
+ * index. Needs tokens up to block max.
+ */
+uint32_t kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t salt[2],
+			    uint32_t k, uint32_t max, uint32_t seq, uint32_t *ids);
+/* An NVMe slot named by a journal record that may be durable: kept out of the allocator. */
+static inline bool
+kvt_persist_named(const struct kvt_engine *e, int tier, uint32_t slot)
+{
+	return tier == KVT_TIER_NVME && e->nvme_named && e->nvme_named[slot];
+}
 
 /* ---- engine/seq.c (internal) */
 int kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *o, uint32_t *idx);

@@ -340,7 +340,9 @@ KVT_API void kvt_seq_opts_init(struct kvt_seq_opts *o, size_t size);
  * kvt_seq_open() - open an empty sequence.
  * @o:   options (NULL = defaults).
  * @out: receives the id.
- * Returns 0, -EINVAL (priority > 100, bad opts_size), -ENOMEM.
+ * Returns 0, -EINVAL (priority > 100, bad opts_size), -ENOMEM, KVT_EBUSY (opts.session_key is
+ * that of an open sequence), -EEXIST (the persistent store holds a session under that key:
+ * kvt_seq_restore() or kvt_session_drop() it).
  */
 KVT_API int kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out);
 
@@ -459,7 +461,11 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
  * them. After the last sequence closes, a sealed block stays cached (evictable) for the next
  * request with that prefix. A hit is confirmed by comparing tokens, so a hash collision is never
  * served. Only full blocks are shared: a sequence that diverges inside a block computes that
- * block itself. Without tokens (NULL) nothing is shared: the v0 behaviour.
+ * block itself. Without tokens (NULL) nothing is shared: the v0 behaviour. With a persistent
+ * store (nvme_persist), the full blocks of sessions stored before a restart are found too (by
+ * the prefix key stored with each block, confirmed by the tokens of the session's record): an
+ * attach makes them blocks whose copy is the stored NVMe slot, shared with later attaches and
+ * with the stored session when it is restored.
  */
 
 /**

@@ -12,7 +12,11 @@
  *
  * Slots: at open, the NVMe slots of the published sessions are taken out of the allocator with
  * owner KVT_SLOT_STORED, so nothing overwrites them until the session is restored (the slots
- * become its blocks' copies), dropped, or given up to make room (kvt_persist_reclaim).
+ * become its blocks' copies), dropped, or given up to make room (kvt_persist_reclaim). Every slot
+ * a record that may be durable names is marked in e->nvme_named; such a slot that loses its block
+ * or its record becomes KVT_SLOT_PENDING and returns to the allocator only after the record that
+ * supersedes its own is committed (persist_commit), so a crash can never find a durable record
+ * naming a slot that was rewritten since.
  *
  * All functions need e->lock (the public ones take it).
  */
@@ -25,25 +29,98 @@
 
 #define PERSIST_NO_SEQ UINT32_MAX
 
-/* Give the KVT_SLOT_STORED slots of @rec back to the allocator. */
+/* Mark the slots of @rec as named by a journal record that may be durable. */
 static void
-persist_free_slots(struct kvt_engine *e, const struct kvt_store_sess *rec)
+persist_name(struct kvt_engine *e, const struct kvt_store_sess *rec)
 {
-	for (uint32_t i = 0; i < rec->n_blocks; i++) {
-		uint32_t sl = rec->blocks[i].slot;
+	for (uint32_t i = 0; i < rec->n_blocks; i++)
+		if (rec->blocks[i].slot < e->slots[KVT_TIER_NVME].n_slots)
+			e->nvme_named[rec->blocks[i].slot] = 1;
+}
+
+/* Queue the slots of @rec, whose record is about to be superseded, until that is committed. */
+static int
+persist_queue(struct kvt_engine *e, const struct kvt_store_sess *rec)
+{
+	uint32_t need = e->n_pend + rec->n_blocks;
+
+	if (need > e->cap_pend) {
+		uint32_t c = e->cap_pend ? e->cap_pend : 64;
+		void *p;
+
+		while (c < need)
+			c *= 2;
+		p = kvt_realloc(e->pend, (size_t)c * sizeof *e->pend);
+		if (!p)
+			return kvt_err(-ENOMEM, "store: %u pending slots", c);
+		e->pend = p;
+		e->cap_pend = c;
+	}
+	for (uint32_t i = 0; i < rec->n_blocks; i++)
+		e->pend[e->n_pend++] = rec->blocks[i].slot;
+	return 0;
+}
+
+/* The queued slots from @from on lost their record (superseded): stored ones become pending. */
+static void
+persist_unstore(struct kvt_engine *e, uint32_t from)
+{
+	for (uint32_t i = from; i < e->n_pend; i++) {
+		uint32_t sl = e->pend[i];
 
 		if (sl < e->slots[KVT_TIER_NVME].n_slots &&
 		    e->owner[KVT_TIER_NVME][sl] == KVT_SLOT_STORED)
-			kvt_slot_free(e, KVT_TIER_NVME, sl);
+			e->owner[KVT_TIER_NVME][sl] = KVT_SLOT_PENDING;
 	}
 }
 
-/* Forget a restorable session: slots back, DEL record (made durable with the next commit). */
+/*
+ * Make the journal durable (kvt_store_commit), then release what the committed records
+ * superseded: queued slots no live record names any more leave the named set, and those no
+ * block uses go back to the allocator. Returns the slots freed, or a negative error (nothing
+ * released: the old records may still be the durable ones).
+ */
+static int
+persist_commit(struct kvt_engine *e)
+{
+	uint32_t n_slots = e->slots[KVT_TIER_NVME].n_slots, freed = 0, i;
+	int rc = kvt_store_commit(e->store);
+
+	if (rc)
+		return rc;
+	for (i = 0; i < e->n_pend; i++)
+		if (e->pend[i] < n_slots)
+			e->nvme_named[e->pend[i]] = 0;
+	for (i = 0; i < kvt_store_count(e->store); i++)
+		persist_name(e, kvt_store_at(e->store, i));
+	for (i = 0; i < e->n_pend; i++) {
+		uint32_t sl = e->pend[i];
+
+		if (sl < n_slots && !e->nvme_named[sl] &&
+		    e->owner[KVT_TIER_NVME][sl] == KVT_SLOT_PENDING) {
+			e->owner[KVT_TIER_NVME][sl] = KVT_NIL;
+			kvt_slots_free(&e->slots[KVT_TIER_NVME], sl);
+			freed++;
+		}
+	}
+	e->n_pend = 0;
+	return (int)freed;
+}
+
+/* Forget a restorable session: DEL record; its slots are freed by the next persist_commit. */
 static int
 persist_drop(struct kvt_engine *e, struct kvt_store_sess *rec)
 {
-	persist_free_slots(e, rec);
-	return kvt_store_del(e->store, rec->key);
+	uint32_t from = e->n_pend;
+	int rc = persist_queue(e, rec);
+
+	if (rc == 0)
+		rc = kvt_store_del(e->store, rec->key);
+	if (rc == 0)
+		persist_unstore(e, from);
+	else
+		e->n_pend = from;
+	return rc;
 }
 
 int
@@ -60,8 +137,11 @@ kvt_persist_open(struct kvt_engine *e)
 	for (i = 0; i < kvt_store_count(e->store); i++)
 		cap += kvt_store_at(e->store, i)->n_blocks;
 	slots = kvt_malloc((cap ? cap : 1) * sizeof *slots);
-	if (!slots)
+	e->nvme_named = kvt_calloc(e->slots[KVT_TIER_NVME].n_slots, 1);
+	if (!slots || !e->nvme_named) {
+		kvt_free(slots);
 		return kvt_err(-ENOMEM, "store: %u slots", cap);
+	}
 	for (i = 0; i < kvt_store_count(e->store); i++) {
 		rec = kvt_store_at(e->store, i);
 		rec->open_seq = PERSIST_NO_SEQ;
@@ -72,6 +152,8 @@ kvt_persist_open(struct kvt_engine *e)
 	rc = kvt_slots_take(&e->slots[KVT_TIER_NVME], slots, n);
 	for (i = 0; rc == 0 && i < n; i++)
 		e->owner[KVT_TIER_NVME][slots[i]] = KVT_SLOT_STORED;
+	for (i = 0; rc == 0 && i < kvt_store_count(e->store); i++)
+		persist_name(e, kvt_store_at(e->store, i));
 	kvt_free(slots);
 	if (rc)
 		return kvt_err(rc, "store: the journal's sessions claim slots twice");
@@ -86,6 +168,11 @@ kvt_persist_close(struct kvt_engine *e)
 	kvt_persist_publish(e);
 	kvt_store_close(e->store);
 	e->store = NULL;
+	kvt_free(e->nvme_named);
+	e->nvme_named = NULL;
+	kvt_free(e->pend);
+	e->pend = NULL;
+	e->n_pend = e->cap_pend = 0;
 }
 
 void
@@ -106,8 +193,11 @@ kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s)
 	if (!e->store || !s->session_key)
 		return;
 	rec = kvt_store_find(e->store, s->session_key);
-	if (rec && rec->open_seq == (uint32_t)(s - e->seqs))
-		(void)kvt_store_del(e->store, s->session_key); /* its slots belong to its blocks */
+	/* its slots belong to its blocks; those the record names stay out of use (pending)
+	 * until the DEL is committed */
+	if (rec && rec->open_seq == (uint32_t)(s - e->seqs) && persist_drop(e, rec) != 0)
+		kvt_engine_log(e, KVT_LOG_ERROR, "forgetting session %#llx: %s",
+			       (unsigned long long)s->session_key, kvt_last_error_message());
 }
 
 /* Whether every block of @s has a completed, valid NVMe copy. */
@@ -130,10 +220,12 @@ persist_put(struct kvt_engine *e, uint32_t idx)
 	struct kvt_seqrec *s = &e->seqs[idx];
 	struct kvt_store_sess *old = kvt_store_find(e->store, s->session_key);
 	struct kvt_fmt_blkref *refs;
+	uint32_t from = e->n_pend;
 	int rc;
 
-	if (old && old->open_seq == PERSIST_NO_SEQ)
-		persist_free_slots(e, old); /* a new sequence reused the key of a stored one */
+	/* the slots of the record this one replaces stay out of use until it is committed */
+	if (old && (rc = persist_queue(e, old)) != 0)
+		return rc;
 	refs = kvt_calloc(s->n_blocks ? s->n_blocks : 1, sizeof *refs);
 	if (!refs)
 		return kvt_err(-ENOMEM, "publishing a session of %u blocks", s->n_blocks);
@@ -145,11 +237,19 @@ persist_put(struct kvt_engine *e, uint32_t idx)
 		refs[i].key = b->nvme_key;
 		refs[i].sum = b->nvme_sum;
 		refs[i].codec = b->nvme_codec;
+		if (b->hashed)
+			memcpy(refs[i].hash, b->hash, sizeof refs[i].hash); /* prefix key */
 	}
 	rc = kvt_store_put(e->store, s->session_key, s->tenant, s->priority, s->tokens,
 			   s->n_tokens, refs, s->n_blocks, idx);
 	kvt_free(refs);
-	return rc;
+	if (rc) {
+		e->n_pend = from; /* the old record stays the live one */
+		return rc;
+	}
+	persist_unstore(e, from);
+	persist_name(e, kvt_store_find(e->store, s->session_key));
+	return 0;
 }
 
 void
@@ -157,7 +257,7 @@ kvt_persist_publish(struct kvt_engine *e)
 {
 	uint32_t i, ready = 0;
 	bool synced = false;
-	int rc = 0;
+	int rc = 0, crc;
 
 	e->pub_check = false;
 	for (i = 0; i < e->cap_seqs; i++) {
@@ -183,12 +283,18 @@ kvt_persist_publish(struct kvt_engine *e)
 		s->pub_pending = 0;
 		ready++;
 	}
-	if (rc == 0 && ready)
-		rc = kvt_store_commit(e->store); /* phase 2: the records are durable */
+	/* phase 2: the records are durable; also those put before a failure (they are no
+	 * longer pending, so nothing else would commit them) */
+	if (ready || e->n_pend) {
+		crc = persist_commit(e);
+		if (rc == 0 && crc < 0)
+			rc = crc;
+	}
 	if (rc) {
 		kvt_engine_log(e, KVT_LOG_ERROR, "publishing parked sessions: %s",
 			       kvt_last_error_message());
-		e->pub_check = true; /* try again at the next poll */
+		/* try again at the next poll, unless the store failed for good */
+		e->pub_check = !kvt_store_failed(e->store) && !kvt_nvme_sync_failed(e->nvme);
 	}
 }
 
@@ -196,8 +302,17 @@ int
 kvt_persist_reclaim(struct kvt_engine *e, uint32_t need)
 {
 	uint32_t freed = 0;
+	int rc;
 
-	while (e->store && freed < need) {
+	if (!e->store)
+		return 0;
+	/* slots waiting for a superseding record to be committed: commit now */
+	if (e->n_pend) {
+		rc = persist_commit(e);
+		if (rc > 0)
+			freed += (uint32_t)rc;
+	}
+	while (freed < need) {
 		struct kvt_store_sess *oldest = NULL;
 
 		for (uint32_t i = 0; i < kvt_store_count(e->store); i++) {
@@ -209,10 +324,15 @@ kvt_persist_reclaim(struct kvt_engine *e, uint32_t need)
 		}
 		if (!oldest)
 			break;
-		freed += oldest->n_blocks;
 		kvt_engine_log(e, KVT_LOG_WARN, "NVMe tier full: dropping stored session %#llx "
 			       "(%u blocks)", (unsigned long long)oldest->key, oldest->n_blocks);
-		(void)persist_drop(e, oldest);
+		if (persist_drop(e, oldest) != 0)
+			break;
+		/* its slots are reused only once its DEL is durable */
+		rc = persist_commit(e);
+		if (rc < 0)
+			break;
+		freed += (uint32_t)rc;
 	}
 	return (int)freed;
 }
@@ -240,33 +360,86 @@ kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap)
 	return (int)n;
 }
 
-/* Check every block header of @rec against the record. 0, -ENOENT (mismatch) or -EIO. */
-static int
-persist_check(struct kvt_engine *e, const struct kvt_store_sess *rec)
+/* The live block that already holds block @i of @rec as its NVMe copy (one a prefix attach made
+ * from it, see kvt_persist_prefix), or KVT_NIL. */
+static uint32_t
+persist_holder(struct kvt_engine *e, const struct kvt_fmt_blkref *r)
 {
+	uint32_t id = e->owner[KVT_TIER_NVME][r->slot];
+	const struct kvt_block *b;
+
+	if (!KVT_OWNER_IS_BLOCK(id) || id >= e->cap_blocks)
+		return KVT_NIL;
+	b = &e->blocks[id];
+	if (!b->live || b->dead || b->slot[KVT_TIER_NVME] != r->slot || b->nvme_key != r->key ||
+	    !kvt_copy_valid(b, KVT_TIER_NVME))
+		return KVT_NIL;
+	return id;
+}
+
+/* Check block @i of @rec: its slot untouched since (stored, or pending: kept out of use) with a
+ * header that matches, or held by a live block made from it. 0, -ENOENT or -EIO. */
+static int
+persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32_t i)
+{
+	const struct kvt_fmt_blkref *r = &rec->blocks[i];
+	uint32_t own = e->owner[KVT_TIER_NVME][r->slot];
 	struct kvt_fmt_blkhdr h;
 	int rc;
 
-	for (uint32_t i = 0; i < rec->n_blocks; i++) {
-		const struct kvt_fmt_blkref *r = &rec->blocks[i];
-
-		if (e->owner[KVT_TIER_NVME][r->slot] != KVT_SLOT_STORED)
-			return kvt_err(-ENOENT, "block %u: slot %u was reused", i, r->slot);
-		rc = kvt_nvme_read_header(e->nvme, r->slot, &h);
-		if (rc == KVT_ECORRUPT)
-			return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
-		if (rc)
-			return kvt_err(-EIO, "block %u: %s", i, kvt_last_error_message());
-		if (h.key != r->key || h.session != rec->key || h.index != i ||
-		    h.stored_len != r->stored_len || h.sum != r->sum || h.codec != r->codec)
-			return kvt_err(-ENOENT, "block %u: slot %u holds another write (key %#llx, "
-				       "expected %#llx)", i, r->slot, (unsigned long long)h.key,
-				       (unsigned long long)r->key);
-	}
+	if (own != KVT_SLOT_STORED && own != KVT_SLOT_PENDING)
+		return persist_holder(e, r) != KVT_NIL ? 0 :
+		       kvt_err(-ENOENT, "block %u: slot %u was reused", i, r->slot);
+	rc = kvt_nvme_read_header(e->nvme, r->slot, &h);
+	if (rc == KVT_ECORRUPT)
+		return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
+	if (rc)
+		return kvt_err(-EIO, "block %u: %s", i, kvt_last_error_message());
+	if (h.key != r->key || h.session != rec->key || h.index != i ||
+	    h.stored_len != r->stored_len || h.sum != r->sum || h.codec != r->codec)
+		return kvt_err(-ENOENT, "block %u: slot %u holds another write (key %#llx, "
+			       "expected %#llx)", i, r->slot, (unsigned long long)h.key,
+			       (unsigned long long)r->key);
 	return 0;
 }
 
-/* Undo a half-built restore: the blocks go, their slots return to KVT_SLOT_STORED. */
+/* Check every block of @rec (persist_check_one). 0, -ENOENT (mismatch) or -EIO. */
+static int
+persist_check(struct kvt_engine *e, const struct kvt_store_sess *rec)
+{
+	int rc = 0;
+
+	for (uint32_t i = 0; rc == 0 && i < rec->n_blocks; i++)
+		rc = persist_check_one(e, rec, i);
+	return rc;
+}
+
+/* A new block @i of sequence @seq whose only copy is the stored slot of @r. */
+static int
+persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_fmt_blkref *r,
+	      uint32_t *out)
+{
+	struct kvt_block *b;
+	uint32_t id;
+	int rc = kvt_block_new(e, seq, i, &id);
+
+	if (rc)
+		return rc;
+	b = &e->blocks[id];
+	b->ver = 1;
+	b->slot[KVT_TIER_NVME] = r->slot;
+	b->nvme_key = r->key;
+	b->nvme_sum = r->sum;
+	b->nvme_stored = r->stored_len;
+	b->nvme_codec = r->codec;
+	e->owner[KVT_TIER_NVME][r->slot] = id;
+	kvt_copy_set_present(e, id, KVT_TIER_NVME, b->ver);
+	*out = id;
+	return 0;
+}
+
+/* Undo a half-built restore: blocks it made go (their slots return to KVT_SLOT_STORED), blocks
+ * it shared lose its reference. */
 static void
 persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 {
@@ -275,6 +448,10 @@ persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 		struct kvt_block *b = &e->blocks[id];
 		uint32_t sl = b->slot[KVT_TIER_NVME];
 
+		if (b->refs > 1) {
+			kvt_block_kill(e, id);
+			continue;
+		}
 		e->evict[KVT_TIER_NVME].ops->remove(&e->evict[KVT_TIER_NVME], id);
 		e->owner[KVT_TIER_NVME][sl] = KVT_SLOT_STORED;
 		b->slot[KVT_TIER_NVME] = KVT_NIL;
@@ -283,7 +460,8 @@ persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 	}
 }
 
-/* Build the sequence @idx from @rec: blocks whose only copy is the stored NVMe slot. */
+/* Build the sequence @idx from @rec: blocks whose only copy is the stored NVMe slot, or the
+ * blocks a prefix attach already made from it (shared). */
 static int
 persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 {
@@ -295,23 +473,13 @@ persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 		return kvt_err(-ENOMEM, "restoring a session of %llu tokens",
 			       (unsigned long long)rec->n_tokens);
 	for (uint32_t i = 0; i < rec->n_blocks; i++) {
-		const struct kvt_fmt_blkref *r = &rec->blocks[i];
-		struct kvt_block *b;
-
-		rc = kvt_block_new(e, idx, i, &id);
-		if (rc) {
+		id = persist_holder(e, &rec->blocks[i]);
+		if (id != KVT_NIL) {
+			kvt_block_ref(e, id);
+		} else if ((rc = persist_adopt(e, idx, i, &rec->blocks[i], &id)) != 0) {
 			persist_unbuild(e, s);
 			return rc;
 		}
-		b = &e->blocks[id];
-		b->ver = 1;
-		b->slot[KVT_TIER_NVME] = r->slot;
-		b->nvme_key = r->key;
-		b->nvme_sum = r->sum;
-		b->nvme_stored = r->stored_len;
-		b->nvme_codec = r->codec;
-		e->owner[KVT_TIER_NVME][r->slot] = id;
-		kvt_copy_set_present(e, id, KVT_TIER_NVME, b->ver);
 		s->blocks[s->n_blocks++] = id;
 	}
 	if (rec->n_tokens)
@@ -320,6 +488,50 @@ persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 	s->parked = 1;
 	rec->open_seq = idx;
 	return 0;
+}
+
+uint32_t
+kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t salt[2],
+		   uint32_t k, uint32_t max, uint32_t seq, uint32_t *ids)
+{
+	uint32_t tpb = e->layout.tokens_per_block, j, idx, found;
+	uint64_t h[2] = { 0, 0 };
+	struct kvt_store_sess *rec;
+
+	if (!e->store || k >= max)
+		return 0;
+	for (j = 0; j <= k; j++)
+		kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);
+	if (!kvt_store_find_hash(e->store, (const uint8_t *)h, &rec, &idx) || idx != k ||
+	    rec->open_seq != PERSIST_NO_SEQ || (uint64_t)k * tpb > rec->n_tokens ||
+	    memcmp(rec->tokens, tokens, (size_t)k * tpb * sizeof *tokens) != 0)
+		return 0;
+	for (j = k; j < max && j < rec->n_blocks && (uint64_t)(j + 1) * tpb <= rec->n_tokens; j++) {
+		uint32_t own = e->owner[KVT_TIER_NVME][rec->blocks[j].slot];
+
+		if (j > k)
+			kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);
+		/* the key, then the tokens themselves: never by hash alone */
+		if (memcmp(rec->blocks[j].hash, h, sizeof h) != 0 ||
+		    memcmp(rec->tokens + (uint64_t)j * tpb, tokens + (uint64_t)j * tpb,
+			   (size_t)tpb * sizeof *tokens) != 0 ||
+		    (own != KVT_SLOT_STORED && own != KVT_SLOT_PENDING) ||
+		    persist_check_one(e, rec, j) != 0)
+			break;
+	}
+	found = j - k;
+	for (j = k; seq != PERSIST_NO_SEQ && j < k + found; j++) {
+		struct kvt_block *b;
+
+		if (persist_adopt(e, seq, j, &rec->blocks[j], &ids[j]) != 0)
+			return j - k;
+		b = &e->blocks[ids[j]];
+		memcpy(b->hash, rec->blocks[j].hash, sizeof b->hash);
+		b->hashed = 1;
+		/* -ENOMEM only costs sharing with later sequences */
+		(void)kvt_prefix_insert(e, ids[j], tokens + (uint64_t)j * tpb);
+	}
+	return found;
 }
 
 /* Close the empty sequence @idx that a failed restore opened. */
@@ -378,8 +590,8 @@ kvt_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opts *o
 		char why[256];
 
 		snprintf(why, sizeof why, "%s", kvt_last_error_message());
-		(void)persist_drop(e, rec);
-		(void)kvt_store_commit(e->store);
+		if (persist_drop(e, rec) == 0)
+			(void)persist_commit(e);
 		rc = kvt_err(-ENOENT, "session %#llx did not survive (dropped): %s",
 			     (unsigned long long)key, why);
 		goto out;
@@ -415,8 +627,10 @@ kvt_session_drop(struct kvt_engine *e, uint64_t key)
 			     (unsigned long long)key);
 	else
 		rc = persist_drop(e, rec);
-	if (rc == 0)
-		rc = kvt_store_commit(e->store);
+	if (rc == 0) {
+		rc = persist_commit(e);
+		rc = rc < 0 ? rc : 0;
+	}
 	kvt_unlock(e);
 	return rc;
 }

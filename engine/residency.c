@@ -185,7 +185,10 @@ kvt_nvme_enospc(struct kvt_engine *e)
 		uint32_t slot = e->blocks[cand[i]].slot[KVT_TIER_NVME];
 
 		kvt_copy_drop(e, cand[i], KVT_TIER_NVME);
-		kvt_nvme_punch(e->nvme, slot);
+		/* a slot a published record still names keeps its data (restorable after a
+		 * crash); it is punched never, the others now */
+		if (!kvt_persist_named(e, KVT_TIER_NVME, slot))
+			kvt_nvme_punch(e->nvme, slot);
 		e->st.tier[KVT_TIER_NVME].evictions++;
 		e->st.evictions++;
 	}

@@ -106,6 +106,24 @@ kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *opts, uint3
 	return 0;
 }
 
+/* A new sequence may take session key @key: none open has it, and the store has no session
+ * under it (that one is reopened with kvt_seq_restore, or dropped first). Lock held. */
+static int
+seq_key_free(struct kvt_engine *e, uint64_t key)
+{
+	if (!key)
+		return 0;
+	for (uint32_t i = 0; i < e->cap_seqs; i++)
+		if (e->seqs[i].open && e->seqs[i].session_key == key)
+			return kvt_err(KVT_EBUSY, "session key %#llx is in use by an open sequence",
+				       (unsigned long long)key);
+	if (e->store && kvt_store_find(e->store, key))
+		return kvt_err(-EEXIST, "session key %#llx names a stored session: restore it "
+			       "(kvt_seq_restore) or drop it (kvt_session_drop) first",
+			       (unsigned long long)key);
+	return 0;
+}
+
 int
 kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out)
 {
@@ -127,7 +145,9 @@ kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out
 	if (opts.priority > 100)
 		return kvt_err(-EINVAL, "priority %u is out of range 0..100", opts.priority);
 	kvt_lock(e);
-	rc = kvt_seq_open_locked(e, &opts, &idx);
+	rc = seq_key_free(e, opts.session_key);
+	if (rc == 0)
+		rc = kvt_seq_open_locked(e, &opts, &idx);
 	if (rc == 0)
 		*out = seq_make_id(idx, e->seqs[idx].gen);
 	kvt_unlock(e);
@@ -692,6 +712,11 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 
 		worst = t > worst ? t : worst;
 	}
+	/* the rest may be in a session stored before a restart: on NVMe */
+	i = kvt_persist_prefix(e, tokens, salt, k, (uint32_t)(n / tpb), UINT32_MAX, NULL);
+	if (i)
+		worst = KVT_TIER_NVME;
+	k += i;
 	kvt_unlock(e);
 	kvt_free(ids);
 	*matched_tokens = (uint64_t)k * tpb;
@@ -704,7 +729,7 @@ static int
 seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tokens, size_t n,
 		  uint64_t *attached)
 {
-	uint32_t tpb = e->layout.tokens_per_block, max = (uint32_t)(n / tpb), k, i;
+	uint32_t tpb = e->layout.tokens_per_block, max = (uint32_t)(n / tpb), k, i, mem;
 	uint32_t *ids;
 
 	if (s->n_tokens || s->in_batch)
@@ -717,11 +742,15 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 		return kvt_err(-ENOMEM, "attaching a prefix of %u blocks", max);
 	}
 	k = kvt_prefix_walk(e, tokens, n, s->salt, ids, max);
+	/* after it, blocks of a session stored before a restart: made for s (already its own) */
+	mem = k;
+	k += kvt_persist_prefix(e, tokens, s->salt, k, max, (uint32_t)(s - e->seqs), ids);
 	for (i = 0; i < k; i++) {
 		struct kvt_block *b = &e->blocks[ids[i]];
 		int t = seq_best_tier(b);
 
-		kvt_block_ref(e, ids[i]);
+		if (i < mem)
+			kvt_block_ref(e, ids[i]);
 		s->blocks[i] = ids[i];
 		if (t < KVT_TIER_COUNT) {
 			e->st.tier[t].prefix_hit_blocks++;

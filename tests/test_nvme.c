@@ -424,6 +424,7 @@ struct fault {
 	unsigned calls;    /* hook calls seen */
 	unsigned faulted;  /* calls that changed something */
 	uint8_t retried[NSLOTS]; /* FAULT_SMALL_ONCE: the slot's IO was faulted, let its retry pass */
+	uint8_t saved[SLOT];     /* FAULT_MISPLACED: slot 0 as last written */
 };
 
 enum {
@@ -436,6 +437,8 @@ enum {
 	FAULT_SMALL_ONCE,  /* the first try of every IO reports 100 bytes */
 	FAULT_SMALL_ALWAYS, /* every piece reports 100 bytes */
 	FAULT_ZERO,        /* every piece reports 0 bytes */
+	FAULT_MISPLACED,   /* reads of slot 1 return what was written to slot 0 */
+	FAULT_TOO_MANY,    /* every IO reports a page more than it asked for */
 };
 
 static void
@@ -449,7 +452,19 @@ fault_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint6
 	ft->calls++;
 	assert_true(off >= SUPER + (uint64_t)slot * SLOT && start + len <= SLOT);
 	assert_int_equal(*res, (int)len); /* the real IO always moved everything here */
+	if (is_write && slot == 0 && first)
+		memcpy(ft->saved, buf, len);
 	switch (ft->mode) {
+	case FAULT_MISPLACED:
+		if (!is_write && slot == 1 && first) {
+			memcpy(buf, ft->saved, len); /* a valid block, with the key asked for */
+			ft->faulted++;
+		}
+		return;
+	case FAULT_TOO_MANY:
+		*res = (int)len + 4096;
+		ft->faulted++;
+		return;
 	case FAULT_FLIP:
 		if (!is_write && ft->flip_at >= start && ft->flip_at < start + len) {
 			((uint8_t *)buf)[ft->flip_at - start] ^= 0x08;
@@ -842,6 +857,11 @@ fate_hook(void *arg, bool is_write, uint32_t slot)
 		ft->changed++;
 		return KVT_NVME_FATE_DELAY;
 	}
+	if (ft->mode == 3 && is_write && slot == 1) {
+		ft->mode = 0;
+		ft->changed++;
+		return KVT_NVME_FATE_LATE;
+	}
 	if (ft->mode == 2 && is_write && slot == 2) {
 		ft->mode = 0;
 		ft->changed++;
@@ -980,6 +1000,74 @@ test_lost_completion(void **state)
 	kvt_nvme_close(n); /* retired buffers are freed: no leak under ASan */
 }
 
+/* A whole valid block (right key, checksums fine) found in the wrong slot is refused; so is a
+ * completion that claims more bytes than were asked for (never reported as success). */
+static void
+test_misplaced_block_and_overlong_io(void **state)
+{
+	struct fx *f = *state;
+	struct fault ft = { .mode = FAULT_NONE };
+	struct kvt_nvme_fault_hooks hooks = { .on_complete = fault_hook, .arg = &ft };
+	struct kvt_nvme *n = fx_open(f, &hooks);
+	uint8_t src[2 * BLOCK], dst[BLOCK], ref[BLOCK];
+	struct io io = { .slot = 3, .key = 5, .write = true, .buf = src };
+	int res;
+
+	write_slots(n, 2, src); /* slot 0: key 1000, slot 1: key 1001 */
+	ft.mode = FAULT_MISPLACED;
+	memset(ref, 0xcd, BLOCK);
+	memcpy(dst, ref, BLOCK);
+	assert_int_equal(read_one(n, 1, 1000, dst), KVT_ECORRUPT);
+	assert_int_equal(ft.faulted, 1);
+	assert_non_null(strstr(kvt_last_error_message(), "written to slot 0"));
+	assert_memory_equal(dst, ref, BLOCK);
+	ft.mode = FAULT_TOO_MANY;
+	pump(n, &io, 1, &res);
+	assert_int_equal(res, -EIO);
+	assert_non_null(strstr(kvt_last_error_message(), "asked"));
+	assert_int_equal(read_one(n, 0, 1000, dst), -EIO);
+	assert_memory_equal(dst, ref, BLOCK);
+	ft.mode = FAULT_NONE;
+	assert_int_equal(read_one(n, 0, 1000, dst), 0);
+	kvt_nvme_close(n);
+}
+
+/* A write whose completion comes after its timeout: -ETIMEDOUT first; its staging buffer stays
+ * out of use until the kernel's (late) CQE arrives, and only then is its slot reported free
+ * for writing again. */
+static void
+test_late_completion_after_timeout(void **state)
+{
+	struct fx *f = *state;
+	struct fates ft = { .mode = 3 };
+	struct kvt_nvme_fault_hooks hooks = { .fate = fate_hook, .arg = &ft, .io_timeout_ms = 30 };
+	struct kvt_nvme *n = fx_open(f, &hooks);
+	struct kvt_nvme_cqe c[QD];
+	uint8_t src[BLOCK];
+	uint32_t sl[QD];
+
+	fill_random(src, BLOCK, 6);
+	assert_int_equal(kvt_nvme_submit_write(n, 1, src, 77, 5), 0);
+	assert_int_equal(kvt_nvme_reap(n, c, QD, true), 1);
+	assert_int_equal(c[0].res, -ETIMEDOUT);
+	assert_int_equal(ft.changed, 1);
+	assert_int_equal(kvt_nvme_free_qd(n), QD - 1); /* the kernel still has its buffer */
+	assert_true(kvt_nvme_abandoned(n));
+	assert_int_equal(kvt_nvme_late_writes(n, sl, QD), 0); /* slot not yet reusable */
+	/* the late CQE (at the next reap, or when a disk slower than 30 ms is done): no
+	 * completion is returned for it */
+	for (int i = 0; i < 20000 && kvt_nvme_free_qd(n) < QD; i++) {
+		assert_int_equal(kvt_nvme_reap(n, c, QD, false), 0);
+		usleep(1000);
+	}
+	assert_int_equal(kvt_nvme_free_qd(n), QD);
+	assert_false(kvt_nvme_abandoned(n));
+	assert_int_equal(kvt_nvme_late_writes(n, sl, QD), 1);
+	assert_int_equal(sl[0], 1);
+	assert_int_equal(kvt_nvme_late_writes(n, sl, QD), 0);
+	kvt_nvme_close(n);
+}
+
 static void
 test_open_dio_align_ok(void **state)
 {
@@ -1049,6 +1137,8 @@ main(void)
 		T(test_codec_round_trip),
 		T(test_delayed_completions),
 		T(test_lost_completion),
+		T(test_late_completion_after_timeout),
+		T(test_misplaced_block_and_overlong_io),
 	};
 #undef T
 

@@ -27,7 +27,8 @@
 /* One IO in flight; qd of them live in kvt_nvme.reqs, free ones on kvt_nvme.free_stack. */
 struct nvme_req {
 	uint8_t *buf;       /* staging buffer: slot_bytes, 4 KiB aligned, part of the arena */
-	void *dst;          /* reads: the caller's buffer, written only after verification */
+	void *dst;          /* reads: the caller's buffer; raw: written after verification,
+	                       encoded: decoded into, then verified (garbage on failure) */
 	uint64_t user_data; /* caller's tag, returned in the completion */
 	uint64_t key;       /* writes: stored in the header; reads: expected there */
 	uint32_t slot;      /* slot in the file */
@@ -44,6 +45,7 @@ struct nvme_req {
 	int delayed_res;    /* NVME_DELAYED: the result to hand in later */
 	uint64_t delay_gen; /* NVME_DELAYED: reap generation it was delayed in */
 	uint64_t deadline;  /* ns (CLOCK_MONOTONIC) by which its current piece must complete */
+	bool late_due;      /* HELD, then timed out: its kept CQE is handed in at the next reap */
 	struct kvt_nvme_wmeta meta; /* writes handed to the encoder: the header's fields */
 };
 
@@ -55,12 +57,15 @@ enum nvme_parked {
 	NVME_ABANDONED = 3, /* timed out while the kernel holds it: recycled if its CQE comes */
 	NVME_RETIRED = 4,   /* timed out after its CQE was lost: never used again */
 	NVME_ENCODING = 5,  /* a write waiting for (or in) the encoder thread */
+	NVME_HELD = 6,      /* its CQE was kept back by the fate hook (LATE) until it times out */
 };
 
 struct kvt_nvme {
 	struct io_uring ring;              /* SQ of queue_depth entries, CQ of twice that */
 	struct kvt_nvme_fault_hooks hooks; /* copy of the opts' hooks; zeroed when none */
 	char *path;                        /* slot file path; owned */
+	char *final_path;                  /* creating a store: its name once the superblock
+	                                      is durable (path is "<name>.tmp"); owned */
 	int fd;                            /* slot file, O_DIRECT; -1 while not open */
 	bool ring_ok;                      /* ring initialised (io_uring_queue_exit needed) */
 	bool fixed_bufs;                   /* staging registered: READ_FIXED / WRITE_FIXED */
@@ -69,6 +74,7 @@ struct kvt_nvme {
 	bool persist;                      /* the file is the persistent store: kept at close */
 	bool unlink_on_free;               /* created by this open: removed if the open fails */
 	bool buffered;                     /* O_DIRECT refused, buffered IO asked for instead */
+	bool sync_failed;                  /* an fdatasync failed: kvt_nvme_sync fails for good */
 	int codec;                         /* enum kvt_codec of writes */
 	double min_saving;                 /* encode kept only when it saves this fraction */
 	size_t elem;                       /* element size of the layout, for the shuffles */
@@ -82,11 +88,15 @@ struct kvt_nvme {
 	uint32_t n_free;                   /* entries of free_stack in use */
 	uint32_t queued;                   /* SQEs prepared but not yet taken by the kernel */
 	uint32_t n_parked;                 /* busy requests not in the kernel: DELAYED, LOST,
-	                                      RETIRED */
+	                                      RETIRED, HELD */
 	uint32_t n_delayed;                /* of those, DELAYED */
 	uint32_t n_lost;                   /* of those, LOST */
 	uint32_t n_retired;                /* of those, RETIRED */
 	uint32_t n_abandoned;              /* busy requests ABANDONED (still in the kernel) */
+	uint32_t n_held;                   /* busy requests HELD (counted in n_parked) */
+	uint32_t n_late_due;               /* ABANDONED requests with late_due set */
+	uint32_t *late_slots;              /* [qd] slots of abandoned writes whose CQE came */
+	uint32_t n_late_slots;             /* entries in late_slots */
 	uint64_t reap_gen;                 /* kvt_nvme_reap calls so far */
 	/* The encoder thread (codec on): writes are copied to staging at submit, encoded there by
 	 * the thread, which then queues and submits their SQEs. mu guards the SQ, queued,

@@ -503,7 +503,10 @@ nvme_cqe(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe 
 	int fate;
 
 	if (req->parked == NVME_ABANDONED) {
-		/* its timeout was reported long ago: the buffer is the kernel's no more */
+		/* its timeout was reported long ago: the buffer is the kernel's no more, nor (a
+		 * write) the slot: the caller may use it again (kvt_nvme_late_writes) */
+		if (req->is_write && n->n_late_slots < n->qd)
+			n->late_slots[n->n_late_slots++] = req->slot; /* else: stays quarantined */
 		n->n_abandoned--;
 		req->parked = NVME_ACTIVE;
 		nvme_req_put(n, req);
@@ -514,6 +517,13 @@ nvme_cqe(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe 
 		req->parked = NVME_LOST;
 		n->n_parked++;
 		n->n_lost++;
+		return 0;
+	}
+	if (fate == KVT_NVME_FATE_LATE) {
+		req->parked = NVME_HELD;
+		req->delayed_res = res;
+		n->n_parked++;
+		n->n_held++;
 		return 0;
 	}
 	if (fate == KVT_NVME_FATE_DELAY) {
@@ -547,6 +557,23 @@ nvme_deliver_delayed(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max,
 	return got;
 }
 
+/* Hand in the kept CQEs of HELD requests that have timed out since (late completions). */
+static void
+nvme_deliver_late(struct kvt_nvme *n)
+{
+	struct kvt_nvme_cqe unused;
+
+	for (uint32_t i = 0; i < n->qd && n->n_late_due; i++) {
+		struct nvme_req *req = &n->reqs[i];
+
+		if (!req->busy || !req->late_due)
+			continue;
+		req->late_due = false;
+		n->n_late_due--;
+		(void)nvme_cqe(n, req, req->delayed_res, &unused); /* ABANDONED: recycled */
+	}
+}
+
 /* Time out IO pieces past their deadline (only while nothing waits in the SQ). */
 static uint32_t
 nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
@@ -558,7 +585,8 @@ nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
 		struct nvme_req *req = &n->reqs[i];
 
 		if (!req->busy || req->deadline > now ||
-		    (req->parked != NVME_ACTIVE && req->parked != NVME_LOST))
+		    (req->parked != NVME_ACTIVE && req->parked != NVME_LOST &&
+		     req->parked != NVME_HELD))
 			continue;
 		kvt_err(-ETIMEDOUT, "nvme %s of slot %u: no completion within %llu ms",
 			req->is_write ? "write" : "read", req->slot,
@@ -568,6 +596,14 @@ nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
 			n->n_lost--;
 			n->n_retired++;
 			req->parked = NVME_RETIRED; /* stays counted in n_parked */
+		} else if (req->parked == NVME_HELD) {
+			/* the kernel finished it, but only the next reap may say so */
+			n->n_held--;
+			n->n_parked--;
+			n->n_abandoned++;
+			n->n_late_due++;
+			req->late_due = true;
+			req->parked = NVME_ABANDONED;
 		} else {
 			n->n_abandoned++;
 			req->parked = NVME_ABANDONED;
@@ -585,13 +621,15 @@ nvme_wait_span(const struct kvt_nvme *n, struct __kernel_timespec *ts)
 	for (uint32_t i = 0; i < n->qd; i++) {
 		const struct nvme_req *req = &n->reqs[i];
 
-		if (req->busy && (req->parked == NVME_ACTIVE || req->parked == NVME_LOST) &&
+		if (req->busy && (req->parked == NVME_ACTIVE || req->parked == NVME_LOST ||
+				  req->parked == NVME_HELD) &&
 		    req->deadline < first)
 			first = req->deadline;
 	}
 	d = first == UINT64_MAX ? n->timeout_ns : first > now ? first - now : 0;
-	if (n->n_delayed && d > 1000000)
-		d = 1000000; /* an encoder failure parked one: hand it in soon */
+	if ((n->n_delayed || n->n_encoding || n->queued || n->n_late_due) && d > 1000000)
+		d = 1000000; /* an encoder failure parked one, a write is being encoded or its
+			      * submit was refused (retried by the next flush): look again soon */
 	if (d < 1000000)
 		d = 1000000; /* at least 1 ms */
 	ts->tv_sec = (long long)(d / 1000000000ull);
@@ -603,7 +641,7 @@ static bool
 nvme_waitable(const struct kvt_nvme *n)
 {
 	return nvme_in_kernel(n) > n->n_abandoned || n->n_lost > 0 || n->n_encoding > 0 ||
-	       n->n_delayed > 0;
+	       n->n_delayed > 0 || n->n_held > 0;
 }
 
 static int
@@ -619,6 +657,8 @@ nvme_reap_locked(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, boo
 	r = nvme_flush_soft(n);
 	if (r < 0)
 		return r;
+	if (n->n_late_due)
+		nvme_deliver_late(n);
 	if (n->n_delayed)
 		got += nvme_deliver_delayed(n, out, max, false);
 	n->reap_gen++;
@@ -671,6 +711,24 @@ kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool w
 	r = nvme_reap_locked(n, out, max, wait);
 	pthread_mutex_unlock(&n->mu);
 	return r;
+}
+
+uint32_t
+kvt_nvme_late_writes(struct kvt_nvme *n, uint32_t *slots, uint32_t max)
+{
+	uint32_t k = 0;
+
+	pthread_mutex_lock(&n->mu);
+	while (k < max && n->n_late_slots)
+		slots[k++] = n->late_slots[--n->n_late_slots];
+	pthread_mutex_unlock(&n->mu);
+	return k;
+}
+
+bool
+kvt_nvme_abandoned(const struct kvt_nvme *n)
+{
+	return n->n_abandoned > 0;
 }
 
 /* Stop and join the encoder thread (its queue is empty once all IO has completed). */

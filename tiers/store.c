@@ -27,8 +27,42 @@ struct kvt_store {
 	uint64_t store_id;             /* id of the store this journal belongs to */
 	uint32_t n_slots;              /* slots of the store (references beyond are dropped) */
 	uint32_t n, cap;               /* sessions in use / capacity */
+	int failed;                    /* -errno of a failed fdatasync (final), else 0 */
 	struct kvt_store_sess **sess;  /* [cap] */
 };
+
+const struct kvt_sync_hook *kvt_test_sync_hook;
+
+void
+kvt_sync_note(int ev, uint64_t key, const struct kvt_fmt_blkref *blocks, uint32_t n)
+{
+	const struct kvt_sync_hook *h = kvt_test_sync_hook;
+
+	if (h && h->fn)
+		h->fn(h->arg, ev, key, blocks, n);
+}
+
+int
+kvt_sync_inject(int ev)
+{
+	const struct kvt_sync_hook *h = kvt_test_sync_hook;
+
+	return h && h->fail ? h->fail(h->arg, ev) : 0;
+}
+
+/* fdatasync @fd and report @ev to the test hook. 0 or -errno. */
+static int
+store_sync(int fd, int ev)
+{
+	int inj = kvt_sync_inject(ev);
+
+	if (inj)
+		return -inj;
+	if (fdatasync(fd) != 0)
+		return -errno;
+	kvt_sync_note(ev, 0, NULL, 0);
+	return 0;
+}
 
 static void
 store_sess_free(struct kvt_store_sess *s)
@@ -132,52 +166,87 @@ store_apply(struct kvt_store *st, const struct kvt_fmt_rec *r)
 	return store_insert(st, s);
 }
 
-/* Drop sessions that refer to slots out of range or that a later session overwrote. */
+static int
+store_by_seqno_desc(const void *a, const void *b)
+{
+	const struct kvt_store_sess *x = *(struct kvt_store_sess *const *)a;
+	const struct kvt_store_sess *y = *(struct kvt_store_sess *const *)b;
+
+	return x->seqno < y->seqno ? 1 : x->seqno > y->seqno ? -1 : 0;
+}
+
+/*
+ * Drop sessions that refer to slots out of range, to one slot twice, or to a slot that a later
+ * session claims (its data were overwritten when the later one was written): newest first, a
+ * session is kept only when none of its slots is taken by one kept before it.
+ */
 static int
 store_resolve(struct kvt_store *st)
 {
-	uint64_t *claim = kvt_calloc(st->n_slots ? st->n_slots : 1, sizeof *claim);
-	bool changed = true;
+	uint32_t *mark = kvt_calloc(st->n_slots ? st->n_slots : 1, sizeof *mark);
+	struct kvt_store_sess **ord = kvt_malloc((st->n ? st->n : 1) * sizeof *ord);
+	uint32_t n = st->n, i, b, k;
 
-	if (!claim)
+	if (!mark || !ord) {
+		kvt_free(mark);
+		kvt_free(ord);
 		return kvt_err(-ENOMEM, "store: slot claims for %u slots", st->n_slots);
-	while (changed) {
-		changed = false;
-		memset(claim, 0, (size_t)st->n_slots * sizeof *claim);
-		/* claim[slot] = highest seqno + 1 of a session referring to it */
-		for (uint32_t i = 0; i < st->n; i++)
-			for (uint32_t b = 0; b < st->sess[i]->n_blocks; b++) {
-				uint32_t sl = st->sess[i]->blocks[b].slot;
-
-				if (sl < st->n_slots && claim[sl] < st->sess[i]->seqno + 1)
-					claim[sl] = st->sess[i]->seqno + 1;
-			}
-		for (uint32_t i = 0; i < st->n && !changed; i++)
-			for (uint32_t b = 0; b < st->sess[i]->n_blocks; b++) {
-				uint32_t sl = st->sess[i]->blocks[b].slot;
-
-				if (sl >= st->n_slots || claim[sl] != st->sess[i]->seqno + 1) {
-					store_remove_at(st, i);
-					changed = true;
-					break;
-				}
-			}
 	}
-	kvt_free(claim);
+	if (n)
+		memcpy(ord, st->sess, n * sizeof *ord);
+	qsort(ord, n, sizeof *ord, store_by_seqno_desc);
+	for (i = 0; i < n; i++) {
+		struct kvt_store_sess *s = ord[i];
+		bool keep = true;
+
+		for (b = 0; b < s->n_blocks && keep; b++) {
+			uint32_t sl = s->blocks[b].slot;
+
+			keep = sl < st->n_slots && mark[sl] != UINT32_MAX && mark[sl] != i + 1;
+			if (keep)
+				mark[sl] = i + 1;
+		}
+		for (b = 0; b < s->n_blocks && keep; b++)
+			mark[s->blocks[b].slot] = UINT32_MAX;
+		if (keep)
+			ord[i] = NULL;
+	}
+	for (i = 0; i < n; i++)
+		for (k = 0; ord[i] && k < st->n; k++)
+			if (st->sess[k] == ord[i]) {
+				store_remove_at(st, k);
+				break;
+			}
+	kvt_free(mark);
+	kvt_free(ord);
 	return 0;
+}
+
+/* Apply the records of the journal image @buf (@len bytes, header first) up to the first one
+ * that does not verify, then resolve slot conflicts. */
+static int
+store_replay_buf(struct kvt_store *st, const uint8_t *buf, size_t len)
+{
+	size_t off = KVT_FMT_JHDR_BYTES, used;
+	struct kvt_fmt_rec r;
+	int rc = 0;
+
+	while (rc == 0 && off < len && kvt_fmt_rec_decode(buf + off, len - off, &r, &used) == 0) {
+		rc = store_apply(st, &r);
+		off += used;
+	}
+	return rc ? rc : store_resolve(st);
 }
 
 /* Read the whole journal into memory and replay it; cut a torn tail. */
 static int
 store_replay(struct kvt_store *st, bool fresh)
 {
-	struct kvt_fmt_rec r;
 	struct stat sb;
 	uint8_t *buf = NULL;
 	uint64_t id = 0;
-	size_t off = KVT_FMT_JHDR_BYTES, used;
 	ssize_t got;
-	int rc = 0;
+	int rc;
 
 	if (fstat(st->fd, &sb) != 0)
 		return kvt_err(-errno, "store: fstat %s", st->path);
@@ -195,13 +264,38 @@ store_replay(struct kvt_store *st, bool fresh)
 		kvt_free(buf); /* another store's journal (or none): start empty */
 		return 0;
 	}
-	while (rc == 0 && off < (size_t)got &&
-	       kvt_fmt_rec_decode(buf + off, (size_t)got - off, &r, &used) == 0) {
-		rc = store_apply(st, &r);
-		off += used;
-	}
+	rc = store_replay_buf(st, buf, (size_t)got);
 	kvt_free(buf);
-	return rc ? rc : store_resolve(st);
+	return rc;
+}
+
+int
+kvt_store_fuzz_one(const uint8_t *data, size_t len)
+{
+	struct kvt_store st = { .fd = -1, .n_slots = 64, .next_seqno = 1 };
+	uint8_t claimed[64] = { 0 };
+	int n;
+
+	if (kvt_fmt_jhdr_decode(data, len, &st.store_id) != 0)
+		return 0;
+	(void)store_replay_buf(&st, data, len);
+	n = (int)st.n;
+	/* what replay guarantees the engine: one session per key, slots in range, no slot
+	 * claimed twice */
+	for (uint32_t i = 0; i < st.n; i++) {
+		const struct kvt_store_sess *s = st.sess[i];
+
+		if (kvt_store_find(&st, s->key) != s)
+			n = -1;
+		for (uint32_t b = 0; b < s->n_blocks; b++) {
+			if (s->blocks[b].slot >= st.n_slots || claimed[s->blocks[b].slot]++)
+				n = -1;
+		}
+	}
+	for (uint32_t i = 0; i < st.n; i++)
+		store_sess_free(st.sess[i]);
+	kvt_free(st.sess);
+	return n;
 }
 
 static int
@@ -267,7 +361,11 @@ store_compact(struct kvt_store *st)
 			kvt_free(rec);
 		}
 	}
-	if (rc == 0 && (fchmod(fd, 0600) != 0 || fdatasync(fd) != 0 || rename(tmp, st->path)))
+	if (rc == 0 && fchmod(fd, 0600) != 0)
+		rc = -errno;
+	if (rc == 0)
+		rc = store_sync(fd, KVT_SYNC_COMPACT);
+	if (rc == 0 && rename(tmp, st->path) != 0)
 		rc = -errno;
 	if (rc != 0) {
 		close(fd);
@@ -387,6 +485,8 @@ kvt_store_put(struct kvt_store *st, uint64_t key, uint32_t tenant, uint32_t prio
 	size_t len;
 	int rc;
 
+	if (st->failed)
+		return kvt_err(-EIO, "store: %s failed to sync earlier: no more records", st->path);
 	s = store_sess_new(key, st->next_seqno, tenant, priority, n_tokens, n_blocks);
 	if (!s)
 		return kvt_err(-ENOMEM, "store: session of %llu tokens",
@@ -409,6 +509,7 @@ kvt_store_put(struct kvt_store *st, uint64_t key, uint32_t tenant, uint32_t prio
 	}
 	st->end += len;
 	st->next_seqno++;
+	kvt_sync_note(KVT_SYNC_PUT, key, blocks, n_blocks);
 	return store_insert(st, s);
 }
 
@@ -420,12 +521,15 @@ kvt_store_del(struct kvt_store *st, uint64_t key)
 
 	if (i < 0)
 		return 0;
+	if (st->failed)
+		return kvt_err(-EIO, "store: %s failed to sync earlier: no more records", st->path);
 	kvt_fmt_del_encode(rec, st->next_seqno, key);
 	rc = store_write_all(st->fd, rec, sizeof rec, st->end);
 	if (rc != 0)
 		return kvt_err(rc, "store: appending to %s", st->path);
 	st->end += sizeof rec;
 	st->next_seqno++;
+	kvt_sync_note(KVT_SYNC_DEL, key, NULL, 0);
 	store_remove_at(st, (uint32_t)i);
 	return 0;
 }
@@ -433,10 +537,24 @@ kvt_store_del(struct kvt_store *st, uint64_t key)
 int
 kvt_store_commit(struct kvt_store *st)
 {
-	if (fdatasync(st->fd) != 0)
-		return kvt_err(-errno, "store: fdatasync %s", st->path);
+	int rc;
+
+	if (st->failed)
+		return kvt_err(-EIO, "store: %s failed to sync earlier (%s): no more commits",
+			       st->path, strerror(-st->failed));
+	rc = store_sync(st->fd, KVT_SYNC_JOURNAL);
+	if (rc) {
+		st->failed = rc; /* the dirty pages may be gone: never report success again */
+		return kvt_err(rc, "store: fdatasync %s", st->path);
+	}
 	/* the log only grows between opens: rewrite it when mostly dead records */
 	if (st->end > ((uint64_t)1 << 20) && st->end > 4 * st->live_bytes)
 		return store_compact(st);
 	return 0;
+}
+
+bool
+kvt_store_failed(const struct kvt_store *st)
+{
+	return st && st->failed != 0;
 }

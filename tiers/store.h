@@ -41,6 +41,36 @@ struct kvt_store_sess {
 
 struct kvt_store;
 
+/** Events seen by the durability test hook, in the order they happen. */
+enum kvt_sync_ev {
+	KVT_SYNC_DATA = 1,    /* the store file's data are durable (kvt_nvme_sync succeeded) */
+	KVT_SYNC_PUT = 2,     /* a PUT record was appended (key, blocks, n) */
+	KVT_SYNC_DEL = 3,     /* a DEL record was appended (key) */
+	KVT_SYNC_JOURNAL = 4, /* the journal is durable (kvt_store_commit's fdatasync succeeded) */
+	KVT_SYNC_COMPACT = 5, /* a compacted journal is durable, about to be renamed over */
+	KVT_SYNC_SUPER = 6,   /* the store file's superblock is durable (create or open) */
+};
+
+/**
+ * Test hook: when set, called (under the engine lock) after each event above, so that a test
+ * can record the order of writes and syncs and tell what a power cut at any point would leave.
+ * NULL in production.
+ */
+struct kvt_sync_hook {
+	void (*fn)(void *arg, int ev, uint64_t key, const struct kvt_fmt_blkref *blocks,
+		   uint32_t n); /* @blocks: PUT only */
+	void *arg;              /* passed to fn */
+	int (*fail)(void *arg, int ev); /* may be NULL; called before the fdatasync of a
+	                                   DATA, JOURNAL or COMPACT event: an errno > 0 makes it
+	                                   fail with that error instead */
+};
+extern const struct kvt_sync_hook *kvt_test_sync_hook;
+
+/** Report @ev to the test hook (no-op when none is set). */
+void kvt_sync_note(int ev, uint64_t key, const struct kvt_fmt_blkref *blocks, uint32_t n);
+/** The errno the test hook injects into the fdatasync of @ev (0: none, the usual case). */
+int kvt_sync_inject(int ev);
+
 /**
  * kvt_store_open() - open (or create) "<dir>/kvtier.journal" for the store @store_id with
  * @n_slots slots, replay and compact it. @fresh: the store file was just created, so any journal
@@ -73,7 +103,21 @@ int kvt_store_put(struct kvt_store *st, uint64_t key, uint32_t tenant, uint32_t 
 		  uint32_t n_blocks, uint32_t open_seq);
 /** Append a DEL record for @key and remove it from the index (no-op when absent). 0 or -errno. */
 int kvt_store_del(struct kvt_store *st, uint64_t key);
-/** Make the records written so far durable (fdatasync). 0 or -errno. */
+/**
+ * Make the records written so far durable (fdatasync). 0 or -errno. An fdatasync failure is
+ * final: the kernel may have dropped the dirty pages and a later fdatasync could succeed
+ * without writing them, so from then on put, del and commit fail (-EIO) and kvt_store_failed()
+ * is true.
+ */
 int kvt_store_commit(struct kvt_store *st);
+/** Whether an fdatasync of the journal failed (the store takes no more records). */
+bool kvt_store_failed(const struct kvt_store *st);
+
+/**
+ * kvt_store_fuzz_one() - fuzz entry of journal replay (store_apply, store_resolve): replays the
+ * journal image @data (@len bytes, journal header first, any store id) into a throw-away index of
+ * 64 slots. Returns the sessions left, or -1 if the index broke an invariant. No files touched.
+ */
+int kvt_store_fuzz_one(const uint8_t *data, size_t len);
 
 #endif /* KVT_TIERS_STORE_H */

@@ -26,6 +26,7 @@
 #include "engine/error.h"
 #include "tiers/codec.h"
 #include "tiers/nvme_int.h"
+#include "tiers/store.h"
 
 /* Distinguishes the slot files of several tiers opened by one process. */
 static atomic_uint nvme_file_counter;
@@ -172,6 +173,24 @@ nvme_lock(int fd)
 	}
 }
 
+/* Remove a "kvtier.store.tmp" a crash left behind (0), unless a live creator holds its lock
+ * (-1). */
+static int
+nvme_drop_stale_tmp(const char *tmp)
+{
+	int fd = open(tmp, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		close(fd);
+		return -1;
+	}
+	unlink(tmp);
+	close(fd);
+	return 0;
+}
+
 static int
 nvme_create_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, size_t errlen)
 {
@@ -188,9 +207,22 @@ nvme_create_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, s
 		fd = nvme_open_path(n, 0, o->buffered_fallback);
 		e = fd < 0 ? errno : 0;
 		if (fd < 0 && e == ENOENT) {
+			/* created under a temporary name, renamed once its superblock is durable
+			 * (nvme_setup_file): a crash never leaves a store that cannot be opened */
+			n->final_path = n->path;
+			n->path = malloc(len + 4);
+			if (!n->path)
+				return nvme_open_fail(-ENOMEM, err, errlen, "nvme: path");
+			snprintf(n->path, len + 4, "%s/%s.tmp", dir, NVME_STORE_NAME);
+			if (nvme_drop_stale_tmp(n->path) != 0)
+				return nvme_open_fail(-EBUSY, err, errlen, "nvme store %s is being "
+						      "created by another process", n->final_path);
 			fd = nvme_open_path(n, O_CREAT | O_EXCL, o->buffered_fallback);
 			e = fd < 0 ? errno : 0;
 			n->unlink_on_free = fd >= 0 || e == EINVAL;
+			if (e == EEXIST)
+				return nvme_open_fail(-EBUSY, err, errlen, "nvme store %s is being "
+						      "created by another process", n->final_path);
 		}
 	}
 	/* EEXIST only when a crashed process with our pid left its file behind: take the next. */
@@ -258,6 +290,8 @@ nvme_super_write(struct kvt_nvme *n, bool durable, char *err, size_t errlen)
 		return nvme_open_fail(-e, err, errlen, "nvme: fdatasync %s: %s", n->path,
 				      nvme_strerror(e, eb, sizeof eb));
 	}
+	if (durable)
+		kvt_sync_note(KVT_SYNC_SUPER, 0, NULL, 0);
 	return 0;
 }
 
@@ -382,7 +416,8 @@ nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: encode queue");
 	n->reqs = calloc(n->qd, sizeof *n->reqs);
 	n->free_stack = malloc((size_t)n->qd * sizeof *n->free_stack);
-	if (!n->reqs || !n->free_stack)
+	n->late_slots = malloc((size_t)n->qd * sizeof *n->late_slots);
+	if (!n->reqs || !n->free_stack || !n->late_slots)
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: %u request contexts", n->qd);
 	for (uint32_t i = 0; i < n->qd; i++) {
 		n->reqs[i].buf = n->arena + (size_t)i * n->slot_bytes;
@@ -444,7 +479,9 @@ nvme_free(struct kvt_nvme *n, bool free_arena)
 	}
 	free(n->reqs);
 	free(n->free_stack);
+	free(n->late_slots);
 	free(n->path);
+	free(n->final_path);
 	free(n);
 }
 
@@ -463,12 +500,29 @@ nvme_setup_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, si
 		r = nvme_reserve(n, err, errlen);
 	if (r != 0)
 		return r;
-	if (!fresh)
-		return nvme_super_load(n, &want, err, errlen);
+	if (!fresh) {
+		r = nvme_super_load(n, &want, err, errlen);
+		/* a store that matches gets its space reserved again (slots punched out after
+		 * ENOSPC, or a copy made without it); one refused is never modified */
+		return r ? r : nvme_reserve(n, err, errlen);
+	}
 	n->sb = want;
 	n->sb.epoch = 1;
 	n->sb.store_id = nvme_random64();
 	r = nvme_super_write(n, n->persist, err, errlen);
+	if (r == 0 && n->final_path) {
+		char eb[128];
+		int e;
+
+		if (rename(n->path, n->final_path) != 0) {
+			e = errno;
+			return nvme_open_fail(-e, err, errlen, "nvme: rename %s: %s", n->path,
+					      nvme_strerror(e, eb, sizeof eb));
+		}
+		free(n->path);
+		n->path = n->final_path;
+		n->final_path = NULL;
+	}
 	if (r == 0 && n->persist) {
 		/* the new file's directory entry must be durable before anything refers to it */
 		int dfd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -628,10 +682,24 @@ kvt_nvme_sync(struct kvt_nvme *n)
 	char eb[128];
 	int e;
 
-	if (fdatasync(n->fd) == 0)
+	if (n->sync_failed)
+		return kvt_err(-EIO, "nvme: fdatasync %s failed earlier: its data may be lost",
+			       n->path);
+	e = kvt_sync_inject(KVT_SYNC_DATA);
+	if (!e && fdatasync(n->fd) == 0) {
+		kvt_sync_note(KVT_SYNC_DATA, 0, NULL, 0);
 		return 0;
-	e = errno;
+	}
+	if (!e)
+		e = errno;
+	n->sync_failed = true; /* the dirty pages may be gone: never report success again */
 	return kvt_err(-e, "nvme: fdatasync %s: %s", n->path, nvme_strerror(e, eb, sizeof eb));
+}
+
+bool
+kvt_nvme_sync_failed(const struct kvt_nvme *n)
+{
+	return n && n->sync_failed;
 }
 
 int

@@ -27,8 +27,11 @@
  *
  * IO goes through 4 KiB-aligned staging buffers owned by the tier (one per queue entry,
  * registered with io_uring when the kernel allows it): a write copies the caller's bytes at
- * submit time (the caller's buffer may be reused at once); a read copies into the caller's
- * buffer only after verification, in kvt_nvme_reap(). No memory is allocated per IO.
+ * submit time (the caller's buffer may be reused at once); a raw read copies into the caller's
+ * buffer only after verification, in kvt_nvme_reap(); an encoded read decodes into it and then
+ * verifies the checksum, so after a failed read (res != 0) the buffer holds garbage and must not
+ * be used (the engine frees that destination slot: the copy never becomes present). No memory
+ * is allocated per IO.
  *
  * Completions that do not come are timed out (KVT_NVME_IO_TIMEOUT_MS, -ETIMEDOUT); waiting for
  * them uses io_uring_wait_cqe_timeout up to the earliest deadline, never a busy loop.
@@ -79,13 +82,18 @@ struct kvt_nvme_fault_hooks {
 	uint32_t io_timeout_ms; /* deadline of one IO piece; 0 = KVT_NVME_IO_TIMEOUT_MS */
 };
 
-enum { KVT_NVME_FATE_NORMAL = 0, KVT_NVME_FATE_LOSE = 1, KVT_NVME_FATE_DELAY = 2 };
+/* KVT_NVME_FATE_LATE keeps the CQE until its IO has timed out and hands it in at the reap after
+ * that: the kernel completing an IO already reported -ETIMEDOUT. */
+enum { KVT_NVME_FATE_NORMAL = 0, KVT_NVME_FATE_LOSE = 1, KVT_NVME_FATE_DELAY = 2,
+       KVT_NVME_FATE_LATE = 3 };
 
 /*
  * An IO piece whose completion has not come within this time is completed with -ETIMEDOUT. Its
  * staging buffer stays out of use until the kernel's completion arrives after all (then it is
  * recycled silently); one that never arrives is leaked at close rather than freed under the
- * kernel. A late write cannot harm: its write key no longer matches the slot's next owner.
+ * kernel. The slot of a timed-out write must not be written again before the kernel is done with
+ * the late write (it could land over the new one): the caller keeps it out of use until
+ * kvt_nvme_late_writes() returns it.
  */
 #define KVT_NVME_IO_TIMEOUT_MS 30000u
 
@@ -125,6 +133,8 @@ struct kvt_nvme_wmeta {
  * Open the tier: creates "<dir>/kvtier-<pid>-<counter>.slots" (or opens/creates the persistent
  * "<dir>/kvtier.store") mode 0600, O_DIRECT, reserves its size with fallocate (ftruncate where
  * fallocate is not supported), writes (or reads and checks) the superblock, sets up io_uring.
+ * A new store is built as "kvtier.store.tmp" and renamed once its superblock is durable (a stale
+ * .tmp is removed first); an existing one that matches has its space reserved again.
  * @o:      options; copied (dir and hooks too), the caller may free them afterwards.
  * @out:    receives the tier; NULL on failure.
  * @err:    receives the failure message (the same text as kvt_last_error_message()); may be
@@ -208,8 +218,19 @@ int kvt_nvme_read_header(struct kvt_nvme *n, uint32_t slot, struct kvt_fmt_blkhd
  * and copy-on-write volumes regain it). The slot stays usable. */
 void kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot);
 
-/** Make every completed write durable (fdatasync of the file). 0 or -errno. */
+/**
+ * Slots of writes that timed out (-ETIMEDOUT) and whose late completion has come since: they may
+ * be written again. Writes up to @max of them to @slots; returns how many. Thread: the reaper's.
+ */
+uint32_t kvt_nvme_late_writes(struct kvt_nvme *n, uint32_t *slots, uint32_t max);
+/** Whether IOs that timed out are still in the kernel (a reap may bring their late CQEs). */
+bool kvt_nvme_abandoned(const struct kvt_nvme *n);
+
+/** Make every completed write durable (fdatasync of the file). 0 or -errno. A failure is final
+ * (dirty pages may have been dropped): every later call fails with -EIO. */
 int kvt_nvme_sync(struct kvt_nvme *n);
+/** Whether an fdatasync of the file failed (kvt_nvme_sync fails from then on). */
+bool kvt_nvme_sync_failed(const struct kvt_nvme *n);
 
 /** The superblock's epoch of this open (persistent store: bumped at every open; else 1). */
 uint64_t kvt_nvme_epoch(const struct kvt_nvme *n);

@@ -178,6 +178,8 @@ xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 
 	if (!b->dead && b->seq < e->cap_seqs)
 		m.session = e->seqs[b->seq].session_key;
+	if (b->hashed)
+		memcpy(m.hash, b->hash, sizeof m.hash); /* its prefix key: the content hash */
 	for (;;) {
 		if (x->kind == KVT_X_H2N)
 			rc = kvt_nvme_submit_write_meta(
@@ -267,6 +269,13 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 		e->st.io_errors++;
 	if (res == -ENOSPC && x->kind == KVT_X_H2N)
 		kvt_nvme_enospc(e);
+	if (res == -ETIMEDOUT && x->kind == KVT_X_H2N && b->state[dst] == KVT_COPY_INFLIGHT) {
+		/* the kernel still owns the write: a new write to the slot could be overwritten
+		 * by it, so the slot stays out of use until its late completion comes */
+		kvt_slot_quarantine(e, dst, b->slot[dst], x->block);
+		e->nvme_late++;
+		return;
+	}
 	if (res < 0 || !current) {
 		/* failed or stale: the destination is not findable, its slot goes back; the
 		 * source copy stays (case d: nothing referenced is lost) */
@@ -558,6 +567,23 @@ xfer_note_write(struct kvt_engine *e, struct kvt_xfer *x, const struct kvt_nvme_
 		e->pub_check = true;
 }
 
+/* Slots quarantined by timed-out writes whose late completion came: back to the allocator. */
+static void
+xfer_nvme_late(struct kvt_engine *e)
+{
+	uint32_t sl[32], k;
+
+	while ((k = kvt_nvme_late_writes(e->nvme, sl, 32)) > 0)
+		for (uint32_t i = 0; i < k; i++) {
+			if (e->owner[KVT_TIER_NVME][sl[i]] != KVT_SLOT_QUARANTINED || !e->nvme_late)
+				continue;
+			e->owner[KVT_TIER_NVME][sl[i]] = KVT_NIL;
+			kvt_slots_free(&e->slots[KVT_TIER_NVME], sl[i]);
+			e->quarantined[KVT_TIER_NVME]--;
+			e->nvme_late--;
+		}
+}
+
 static int
 xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 {
@@ -565,8 +591,10 @@ xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 	uint32_t want;
 	int n, i;
 
-	if (!e->nvme || !e->nvme_inflight)
+	if (!e->nvme || (!e->nvme_inflight && !e->nvme_late))
 		return 0;
+	if (!e->nvme_inflight)
+		wait = false; /* only late completions of timed-out writes to pick up */
 	do {
 		want = 32;
 		if (max && max - (uint32_t)*done < want)
@@ -585,6 +613,8 @@ xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 			(*done)++;
 		}
 	} while (n == (int)want && (!max || (uint32_t)*done < max));
+	if (e->nvme_late)
+		xfer_nvme_late(e);
 	return 0;
 }
 
