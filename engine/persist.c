@@ -529,7 +529,7 @@ kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t s
 		memcpy(b->hash, rec->blocks[j].hash, sizeof b->hash);
 		b->hashed = 1;
 		/* -ENOMEM only costs sharing with later sequences */
-		(void)kvt_prefix_insert(e, ids[j], tokens + (uint64_t)j * tpb);
+		(void)kvt_prefix_insert(e, ids[j]); /* tokens borrowed from seq */
 	}
 	return found;
 }
