@@ -16,6 +16,8 @@
 #include "engine_impl.h"
 
 #define BATCH_MAX_SEQS 65536u
+#define BATCH_ROUNDS_BASE 256u  /* prepare rounds allowed: this + BATCH_ROUNDS_PER * blocks */
+#define BATCH_ROUNDS_PER 64u
 
 static void
 batch_free(struct kvt_batch *b)
@@ -127,7 +129,9 @@ batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pendin
 		if (rc == 0)
 			rc = kvt_xfer_h2d(e, id, slot);
 	} else if (kvt_copy_valid(k, KVT_TIER_NVME)) {
-		rc = kvt_reclaim(e, KVT_TIER_HOST, 1, false);
+		/* a round that may wait may also take announced blocks' HOST copies (hints are
+		 * a forecast; this batch runs now), never another batch block's (protected) */
+		rc = kvt_reclaim(e, KVT_TIER_HOST, 1, wait);
 		if (rc == 0)
 			rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
 		if (rc == 0)
@@ -173,6 +177,27 @@ batch_break_cycle(struct kvt_engine *e, struct kvt_batch *b)
 	return kvt_evict_one(e, KVT_TIER_HBM, y, false) >= 0;
 }
 
+/*
+ * While prepare runs, the HOST copy of every batch block not yet in HBM is protected: making
+ * room for one of them (an NVMe read into HOST, a demotion from HBM) must not drop a sibling's
+ * staged copy, or two blocks can take each other's HOST slot in turn for ever, each read
+ * looking like headway. Blocks that have reached HBM (or are on their way) give their HOST copy
+ * up again. batch_break_cycle() is the one place that drops a staged copy, by design.
+ * @on false clears the marks of every block of the batch (prepare ends).
+ */
+static void
+batch_protect(struct kvt_engine *e, struct kvt_batch *b, bool on)
+{
+	uint32_t i;
+
+	for (i = 0; i < b->n_pinned; i++) {
+		struct kvt_block *k = &e->blocks[b->pinned[i]];
+
+		k->protect = on && !k->lost && !kvt_copy_valid(k, KVT_TIER_HBM) &&
+			     k->state[KVT_TIER_HBM] != KVT_COPY_INFLIGHT;
+	}
+}
+
 /* The youngest copy group carrying one of the batch's blocks: groups retire in order, so its
  * layer events cover every older one; 0 when everything was already in HBM. */
 static void
@@ -198,20 +223,30 @@ batch_set_need(struct kvt_engine *e, struct kvt_batch *b)
  * wait for a completion (an H2D that lands makes its block's HOST copy droppable), repeat;
  * when nothing moves and nothing is in flight, batch_break_cycle() trades a staged copy.
  * Rounds first make room without waiting, so that every block that can go up now joins one
- * copy group; only a round that moved nothing lets reclaim wait (and, as a last resort, take
- * blocks that hints announced).
+ * copy group; only a round that moved nothing lets reclaim wait (and take blocks that hints
+ * announced, before any of the batch's own staged copies is given up).
+ * Headway: a host-to-device copy always counts; an NVMe read counts only while the batch has
+ * read no more blocks than it holds (plus the re-reads that cycle breaks cause), so reads that
+ * undo each other cannot keep the loop from waiting and breaking cycles. The rounds are capped
+ * all the same (-EDEADLK, never a hang).
  * Ends when every block is in HBM or on its way (or lost); -ENOSPC when nothing can move.
  */
 static int
 batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 {
-	uint32_t i, pending, progress, one;
+	uint32_t i, pending, progress, one, reads = 0, breaks = 0, rounds = 0;
+	uint32_t max_rounds = BATCH_ROUNDS_BASE + BATCH_ROUNDS_PER * b->n_pinned;
 	bool wait = false;
 	uint64_t t0;
 	int rc;
 
-	for (;;) {
+	for (;; rounds++) {
+		if (rounds > max_rounds)
+			return kvt_err(-EDEADLK, "prepare made no headway in %u rounds (%u blocks, "
+				       "%u NVMe reads): a bug, please report it", rounds,
+				       b->n_pinned, reads);
 		pending = progress = 0;
+		batch_protect(e, b, true);
 		kvt_reclaim_for(e, KVT_TIER_HBM, b->pinned, b->n_pinned);
 		for (i = 0; i < b->n_pinned; i++) {
 			struct kvt_block *k = &e->blocks[b->pinned[i]];
@@ -221,9 +256,10 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 				continue;
 			rc = batch_promote_one(e, b->pinned[i], wait, &one);
 			pending += one;
-			if (rc == 0)
+			if (rc == 0 && (!one || e->blocks[b->pinned[i]].lost ||
+					++reads <= b->n_pinned + breaks))
 				progress++;
-			else if (rc != -ENOSPC && rc != -EAGAIN)
+			else if (rc && rc != -ENOSPC && rc != -EAGAIN)
 				return kvt_err(rc, "promoting a block of the batch");
 		}
 		rc = kvt_xfer_flush(e);
@@ -236,11 +272,15 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 			continue;
 		}
 		wait = false;
-		if (!progress && !kvt_xfer_inflight(e) && !batch_break_cycle(e, b))
-			return kvt_err(-ENOSPC, "no room to bring the batch into HBM: %u blocks "
-				       "pinned, %u HBM slots, %u HOST slots", e->hbm_pinned,
-				       e->slots[KVT_TIER_HBM].n_slots,
-				       e->slots[KVT_TIER_HOST].n_slots);
+		if (!progress && !kvt_xfer_inflight(e)) {
+			batch_protect(e, b, true);
+			if (!batch_break_cycle(e, b))
+				return kvt_err(-ENOSPC, "no room to bring the batch into HBM: %u "
+					       "blocks pinned, %u HBM slots, %u HOST slots",
+					       e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots,
+					       e->slots[KVT_TIER_HOST].n_slots);
+			breaks++;
+		}
 		t0 = kvt_now_ns();
 		rc = kvt_xfer_wait_any(e);
 		e->st.stalls++;
@@ -389,6 +429,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 		goto fail;
 	}
 	rc = batch_make_resident(e, b);
+	batch_protect(e, b, false);
 	if (rc == 0 && batch_truncate_lost(e, b))
 		rc = kvt_err(KVT_ELOST, "KV blocks failed their checksum or could not be read; the "
 			     "affected sequences were truncated (see kvt_seq_info) and must be "
