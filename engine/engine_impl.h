@@ -80,6 +80,9 @@ struct kvt_block {
 	uint8_t hashed;                    /* hash is set (a full block of known tokens) */
 	uint8_t indexed;                   /* in the prefix index (shareable) */
 	uint8_t tslot;                     /* 1 + its tenant's budget entry, 0 = none */
+	uint64_t hint_no;                  /* e->hint_seq of the latest hint announcing it (for
+	                                      any sequence holding it); 0 = none: reclaim
+	                                      spares it while set (engine/hint.c) */
 };
 
 #define KVT_MAX_BUDGETS 64 /* tenants with a tier budget */
@@ -344,6 +347,8 @@ void kvt_stats_record_issue(struct kvt_engine *e, int tier, uint64_t bytes);
 /* ---- engine/hint.c */
 bool kvt_hint_spares(const struct kvt_engine *e, const struct kvt_block *b, int tier);
 void kvt_hint_end(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t mark);
+/* @s's hint no longer holds (parked, closed, truncated): unstamp its blocks. Requires e->lock. */
+void kvt_hint_drop(struct kvt_engine *e, struct kvt_seqrec *s);
 
 /* ---- engine/seq.c */
 struct kvt_seqrec *kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx);
