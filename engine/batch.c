@@ -520,7 +520,11 @@ batch_wait_event(struct kvt_engine *e, struct kvt_batch *b, struct kvt_event *ev
 	if (rc != -EAGAIN)
 		return rc;
 	if (stream) {
-		/* device-side wait: the host does not block (invariant 2 via the event) */
+		/* device-side wait: the host does not block (invariant 2 via the event), but the
+		 * caller's stream does: the layer was not ready when asked for, a stall (its
+		 * length is the device's to know; coverage counts the batch as not ready) */
+		e->st.stalls++;
+		b->stalled = 1;
 		return e->dev->ops->stream_wait_event(e->dev, stream, ev);
 	}
 	t0 = kvt_now_ns();

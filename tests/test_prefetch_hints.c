@@ -20,7 +20,7 @@
 #include "engine/engine_impl.h"
 #include "support/kvt_test.h"
 
-static inline struct kvt_stats
+static struct kvt_stats
 hints_stats(struct kvt_engine *e)
 {
 	struct kvt_stats st;
@@ -111,11 +111,114 @@ test_hint_spares_shared_prefix(void **state)
 	tsup_rmdir(dir);
 }
 
+/* A hint's copies are submitted before kvt_engine_hint returns (the copy stream is held, so
+ * they are still in flight); the batch that follows finds them on their way, and a stream wait
+ * on a layer whose copies have not landed is a stall: none of the batch's accesses count as
+ * ready (coverage), although all of its blocks were prefetched. */
+static void
+test_stream_wait_stall_not_ready(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 4, .host_blocks = 8, .no_watermarks = true };
+	struct kvt_block_table bt;
+	struct kvt_stats s0, st;
+	struct kvt_engine *e;
+	struct kvt_batch *b;
+	uint64_t g0;
+	void *stream;
+	kvt_seq_id a;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = hints_seq(e, 5, 3 * TSUP_TPB);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_device_emu_stream_hold(e->dev, e->h2d.s, true), 0);
+	g0 = e->h2d.submitted;
+	s0 = hints_stats(e);
+	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
+	assert_int_equal(e->h2d.submitted, g0 + 1); /* one group, queued on the copy stream */
+	assert_true(kvt_xfer_inflight(e));
+	for (uint32_t i = 0; i < 3; i++)
+		assert_int_equal(e->blocks[e->seqs[(uint32_t)a].blocks[i]].state[KVT_TIER_HBM],
+				 KVT_COPY_INFLIGHT);
+	assert_int_equal(kvt_batch_prepare(e, &a, 1, &b), 0);
+	assert_int_equal(e->h2d.submitted, g0 + 1); /* nothing promoted twice */
+	assert_int_equal(kvt_batch_block_table(b, &bt), 0);
+	assert_int_equal(kvt_engine_stream_create(e, &stream), 0);
+	for (uint32_t l = 0; l < TSUP_LAYERS; l++)
+		assert_int_equal(kvt_batch_wait_layer(b, l, stream), 0); /* copies held: stall */
+	assert_int_equal(kvt_device_emu_stream_hold(e->dev, e->h2d.s, false), 0);
+	assert_int_equal(kvt_engine_stream_sync(e, stream), 0);
+	assert_int_equal(tsup_check_entry(&bt, 0, 5), 0);
+	assert_int_equal(kvt_batch_release(b, stream), 0);
+	kvt_engine_stream_destroy(e, stream);
+	st = hints_stats(e);
+	assert_int_equal(st.accesses - s0.accesses, 3);
+	assert_int_equal(st.accesses_ready - s0.accesses_ready, 0);
+	assert_true(st.stalls > s0.stalls);
+	/* the same with the copies landed before the waits: all three ready */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	s0 = hints_stats(e);
+	assert_int_equal(tsup_verify(e, a, 5), 0);
+	st = hints_stats(e);
+	assert_int_equal(st.accesses_ready - s0.accesses_ready, 3);
+	assert_int_equal(st.stalls, s0.stalls);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* A tenant over its HBM budget after a release demotes its unannounced blocks, not the ones a
+ * hint just brought up for the next step. */
+static void
+test_budget_spares_announced(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 16, .no_watermarks = true };
+	struct kvt_seq_opts so;
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = 1;
+	for (int i = 0; i < 2; i++) {
+		kvt_seq_id *s = i ? &b : &a;
+
+		assert_int_equal(kvt_seq_open(e, &so, s), 0);
+		assert_int_equal(tsup_append_write(e, *s, 1 + (uint32_t)i, 0, 2 * TSUP_TPB), 0);
+		assert_int_equal(tsup_verify(e, *s, 1 + (uint32_t)i), 0);
+	}
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_tenant_set_budget(e, 1, KVT_TIER_HBM, 2), 0);
+	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0); /* A for the next step: 4 in HBM */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(hints_in(e, a, KVT_TIER_HBM), 2);
+	assert_int_equal(tsup_verify(e, b, 2), 0); /* B's step: its release enforces the budget */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(hints_in(e, a, KVT_TIER_HBM), 2);
+	assert_int_equal(hints_in(e, b, KVT_TIER_HBM), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0); /* A's step: served, the budget holds again */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_true(hints_in(e, a, KVT_TIER_HBM) + hints_in(e, b, KVT_TIER_HBM) <= 2);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hint_spares_shared_prefix),
+		cmocka_unit_test(test_stream_wait_stall_not_ready),
+		cmocka_unit_test(test_budget_spares_announced),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
