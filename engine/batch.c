@@ -128,6 +128,8 @@ batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pendin
 			rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
 		if (rc == 0)
 			rc = kvt_xfer_h2d(e, id, slot);
+		if (rc == 0)
+			kvt_promo_note(e, id);
 	} else if (kvt_copy_valid(k, KVT_TIER_NVME)) {
 		/* a round that may wait may also take announced blocks' HOST copies (hints are
 		 * a forecast; this batch runs now), never another batch block's (protected) */
@@ -345,6 +347,31 @@ batch_fill_table(struct kvt_engine *e, struct kvt_batch *b, const uint32_t *firs
 	b->indptr[b->n] = k;
 }
 
+void
+kvt_promo_note(struct kvt_engine *e, uint32_t id)
+{
+	if (id >= e->promo_cap) {
+		uint32_t cap = e->cap_blocks > id ? e->cap_blocks : id + 1;
+		uint8_t *m = kvt_realloc(e->promo_mark, cap);
+
+		if (!m)
+			return; /* a statistic: not worth failing a promotion for */
+		memset(m + e->promo_cap, 0, cap - e->promo_cap);
+		e->promo_mark = m;
+		e->promo_cap = cap;
+	}
+	if (e->promo_mark[id])
+		e->st.repromotions++;
+	e->promo_mark[id] = 1;
+}
+
+void
+kvt_promo_access(struct kvt_engine *e, uint32_t id)
+{
+	if (id < e->promo_cap)
+		e->promo_mark[id] = 0;
+}
+
 /* Phase 1 bookkeeping of one block: LRU order and where the access finds it (coverage). */
 static void
 batch_classify(struct kvt_engine *e, struct kvt_batch *b, uint32_t id)
@@ -437,12 +464,15 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	if (rc)
 		goto fail;
 	batch_fill_table(e, b, first, count);
+	for (i = 0; i < b->n_pinned; i++)
+		kvt_promo_access(e, b->pinned[i]); /* this use consumes its promotion */
 	for (i = 0; i < n; i++) {
 		e->seqs[seqidx[i]].in_batch = 1;
 		e->seqs[seqidx[i]].parked = 0;
 		e->seqs[seqidx[i]].last_use_ns = kvt_now_ns();
 	}
 	e->n_batches++;
+	e->st.batches++;
 	*out = b;
 	kvt_free(tmp);
 	return 0;

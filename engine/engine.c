@@ -349,6 +349,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	}
 	kvt_free(e->seqs);
 	kvt_free(e->blocks);
+	kvt_free(e->promo_mark);
 	kvt_prefix_fini(e);
 	free(e->nvme_dir);
 	pthread_mutex_destroy(&e->lock);
@@ -487,6 +488,7 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 	s.meta_bytes = kvt_meta_bytes(e);
 	s.meta_block_records = e->cap_blocks;
 	s.batches_open = e->n_batches;
+	s.h2d_groups = e->h2d.submitted;
 	kvt_unlock(e);
 	s.size = size;
 	memcpy(out, &s, size < sizeof s ? size : sizeof s);

@@ -256,6 +256,9 @@ struct kvt_engine {
 	struct kvt_prefix prefix;           /* index of sealed blocks (engine/prefix.c) */
 	struct kvt_budget budget[KVT_MAX_BUDGETS]; /* per-tenant tier budgets (engine/tenant.c) */
 	uint32_t n_budgets;                 /* entries in budget */
+	uint8_t *promo_mark;                /* [promo_cap] 1: promoted to HBM since its last
+	                                       access (stats.repromotions, engine/batch.c) */
+	uint32_t promo_cap;                 /* entries of promo_mark */
 };
 
 /* ---- engine.c */
@@ -347,6 +350,10 @@ void kvt_stats_record_issue(struct kvt_engine *e, int tier, uint64_t bytes);
 /* ---- engine/hint.c */
 bool kvt_hint_spares(const struct kvt_engine *e, const struct kvt_block *b, int tier);
 void kvt_hint_end(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t mark);
+/* Block @id's host-to-device copy was just queued / it was accessed by a batch (counts
+ * stats.repromotions). Requires e->lock. */
+void kvt_promo_note(struct kvt_engine *e, uint32_t id);
+void kvt_promo_access(struct kvt_engine *e, uint32_t id);
 /* @s's hint no longer holds (parked, closed, truncated): unstamp its blocks. Requires e->lock. */
 void kvt_hint_drop(struct kvt_engine *e, struct kvt_seqrec *s);
 

@@ -729,6 +729,13 @@ struct kvt_stats {
 	/* ---- 0.2 */
 	uint64_t idle_parked;         /* sequences parked by the idle timeout */
 	uint64_t meta_block_records;  /* block records allocated (meta_bytes / this = per block) */
+	/* ---- 0.3 */
+	uint64_t batches;             /* batches prepared (kvt_batch_prepare* that succeeded) */
+	uint64_t h2d_groups;          /* host-to-device copy groups submitted: each is one batched
+					 copy per layer group, whatever its number of blocks */
+	uint64_t repromotions;        /* host-to-device promotions of a block already promoted
+					 since its last access by a batch: a block promoted twice
+					 for one use (wasted copy bandwidth) */
 };
 
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */

@@ -342,6 +342,8 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 				rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
 			if (rc == 0)
 				rc = kvt_xfer_h2d(e, id, slot);
+			if (rc == 0)
+				kvt_promo_note(e, id);
 			break;
 		}
 		if (b->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT) {

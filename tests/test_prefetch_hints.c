@@ -5,7 +5,8 @@
  * closed) and no longer protects them once that sequence is closed, even when an unrelated
  * sequence reuses the creator's index and is announced; tenant budget enforcement spares
  * announced blocks; a hint's copies are in flight as soon as kvt_engine_hint returns; a batch
- * whose layer wait stalls counts none of its prefetched accesses as ready.
+ * whose layer wait stalls counts none of its prefetched accesses as ready; a block promoted
+ * twice for one use is counted (stats.repromotions).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -212,6 +213,48 @@ test_budget_spares_announced(void **state)
 	tsup_rmdir(dir);
 }
 
+/* stats.repromotions counts a block promoted again before a batch used its first promotion;
+ * a hint followed by its batch promotes each block once, in one copy group. */
+static void
+test_repromotions_counted(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 4, .host_blocks = 8, .no_watermarks = true };
+	struct kvt_stats s0, st;
+	struct kvt_engine *e;
+	kvt_seq_id a;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = hints_seq(e, 6, 3 * TSUP_TPB);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	s0 = hints_stats(e);
+	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
+	assert_int_equal(tsup_verify(e, a, 6), 0);
+	st = hints_stats(e);
+	assert_int_equal(st.repromotions, s0.repromotions);
+	assert_int_equal(st.h2d_groups - s0.h2d_groups, 1);
+	assert_int_equal(st.batches - s0.batches, 1);
+	assert_int_equal(st.blocks_moved[KVT_MOVE_HOST_TO_HBM] -
+			 s0.blocks_moved[KVT_MOVE_HOST_TO_HBM], 3);
+	/* announced, promoted, taken back down before its batch: the batch promotes it again */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	s0 = hints_stats(e);
+	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_verify(e, a, 6), 0);
+	st = hints_stats(e);
+	assert_int_equal(st.repromotions - s0.repromotions, 3);
+	assert_int_equal(st.h2d_groups - s0.h2d_groups, 2);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -219,6 +262,7 @@ main(void)
 		cmocka_unit_test(test_hint_spares_shared_prefix),
 		cmocka_unit_test(test_stream_wait_stall_not_ready),
 		cmocka_unit_test(test_budget_spares_announced),
+		cmocka_unit_test(test_repromotions_counted),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
