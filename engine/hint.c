@@ -7,8 +7,9 @@
  * A hint records, per sequence, the announced block range and the hint's number (e->hint_seq),
  * and stamps that number on every block of the range (shared prefix blocks included, whichever
  * sequence created them). Until a batch prepared after the hint is released (or the sequence is
- * parked, closed or truncated), reclaim spares the stamped blocks' copies in HBM and HOST: making room for one announced batch never evicts
- * another's blocks, nor those of the batches running now (they are pinned). Announcements are a
+ * parked, closed or truncated), reclaim spares the stamped blocks' copies in HBM and HOST:
+ * making room for one announced batch never evicts another's blocks, nor those of the batches
+ * running now (they are pinned). Announcements are a
  * forecast: a caller that must have room now (prepare, append: may_wait) evicts hinted blocks as
  * a last resort rather than fail.
  *

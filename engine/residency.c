@@ -145,8 +145,8 @@ reclaim_ranked(struct kvt_engine *e, int tier, const uint32_t *cand, uint32_t n,
  * dirty one costs a demotion now and a promotion when it is next used, the fate of every
  * sequence's growing last block under plain LRU); dirty ones are demoted only when the window
  * looked at holds too few clean ones; under a policy that ranks its victims (priorities) this
- * holds within each class only, see reclaim_ranked(). (A tier left full of dirty blocks needs room below for
- * every eviction; when the batch's own blocks fill that room, prepare breaks the cycle, see
+ * holds within each class only, see reclaim_ranked(). (A tier left full of dirty blocks needs
+ * room below for every eviction; when the batch's own blocks fill that room, prepare breaks the cycle, see
  * batch_break_cycle() in batch.c.) A victim that cannot go (its demotion finds no room
  * below) is skipped rather than a reason to give up; after the first such refusal only clean
  * copies are tried (the tier below is full: asking again for every dirty victim would cost
