@@ -16,6 +16,8 @@
 #include "engine_impl.h"
 
 #define BATCH_MAX_SEQS 65536u
+#define BATCH_ROUNDS_BASE 256u  /* prepare rounds allowed: this + BATCH_ROUNDS_PER * blocks */
+#define BATCH_ROUNDS_PER 64u
 
 static void
 batch_free(struct kvt_batch *b)
@@ -126,8 +128,12 @@ batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pendin
 			rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
 		if (rc == 0)
 			rc = kvt_xfer_h2d(e, id, slot);
+		if (rc == 0)
+			kvt_promo_note(e, id);
 	} else if (kvt_copy_valid(k, KVT_TIER_NVME)) {
-		rc = kvt_reclaim(e, KVT_TIER_HOST, 1, false);
+		/* a round that may wait may also take announced blocks' HOST copies (hints are
+		 * a forecast; this batch runs now), never another batch block's (protected) */
+		rc = kvt_reclaim(e, KVT_TIER_HOST, 1, wait);
 		if (rc == 0)
 			rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
 		if (rc == 0)
@@ -173,6 +179,27 @@ batch_break_cycle(struct kvt_engine *e, struct kvt_batch *b)
 	return kvt_evict_one(e, KVT_TIER_HBM, y, false) >= 0;
 }
 
+/*
+ * While prepare runs, the HOST copy of every batch block not yet in HBM is protected: making
+ * room for one of them (an NVMe read into HOST, a demotion from HBM) must not drop a sibling's
+ * staged copy, or two blocks can take each other's HOST slot in turn for ever, each read
+ * looking like headway. Blocks that have reached HBM (or are on their way) give their HOST copy
+ * up again. batch_break_cycle() is the one place that drops a staged copy, by design.
+ * @on false clears the marks of every block of the batch (prepare ends).
+ */
+static void
+batch_protect(struct kvt_engine *e, struct kvt_batch *b, bool on)
+{
+	uint32_t i;
+
+	for (i = 0; i < b->n_pinned; i++) {
+		struct kvt_block *k = &e->blocks[b->pinned[i]];
+
+		k->protect = on && !k->lost && !kvt_copy_valid(k, KVT_TIER_HBM) &&
+			     k->state[KVT_TIER_HBM] != KVT_COPY_INFLIGHT;
+	}
+}
+
 /* The youngest copy group carrying one of the batch's blocks: groups retire in order, so its
  * layer events cover every older one; 0 when everything was already in HBM. */
 static void
@@ -198,20 +225,30 @@ batch_set_need(struct kvt_engine *e, struct kvt_batch *b)
  * wait for a completion (an H2D that lands makes its block's HOST copy droppable), repeat;
  * when nothing moves and nothing is in flight, batch_break_cycle() trades a staged copy.
  * Rounds first make room without waiting, so that every block that can go up now joins one
- * copy group; only a round that moved nothing lets reclaim wait (and, as a last resort, take
- * blocks that hints announced).
+ * copy group; only a round that moved nothing lets reclaim wait (and take blocks that hints
+ * announced, before any of the batch's own staged copies is given up).
+ * Headway: a host-to-device copy always counts; an NVMe read counts only while the batch has
+ * read no more blocks than it holds (plus the re-reads that cycle breaks cause), so reads that
+ * undo each other cannot keep the loop from waiting and breaking cycles. The rounds are capped
+ * all the same (-EDEADLK, never a hang).
  * Ends when every block is in HBM or on its way (or lost); -ENOSPC when nothing can move.
  */
 static int
 batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 {
-	uint32_t i, pending, progress, one;
+	uint32_t i, pending, progress, one, reads = 0, breaks = 0, rounds = 0;
+	uint32_t max_rounds = BATCH_ROUNDS_BASE + BATCH_ROUNDS_PER * b->n_pinned;
 	bool wait = false;
 	uint64_t t0;
 	int rc;
 
-	for (;;) {
+	for (;; rounds++) {
+		if (rounds > max_rounds)
+			return kvt_err(-EDEADLK, "prepare made no headway in %u rounds (%u blocks, "
+				       "%u NVMe reads): a bug, please report it", rounds,
+				       b->n_pinned, reads);
 		pending = progress = 0;
+		batch_protect(e, b, true);
 		kvt_reclaim_for(e, KVT_TIER_HBM, b->pinned, b->n_pinned);
 		for (i = 0; i < b->n_pinned; i++) {
 			struct kvt_block *k = &e->blocks[b->pinned[i]];
@@ -221,9 +258,10 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 				continue;
 			rc = batch_promote_one(e, b->pinned[i], wait, &one);
 			pending += one;
-			if (rc == 0)
+			if (rc == 0 && (!one || e->blocks[b->pinned[i]].lost ||
+					++reads <= b->n_pinned + breaks))
 				progress++;
-			else if (rc != -ENOSPC && rc != -EAGAIN)
+			else if (rc && rc != -ENOSPC && rc != -EAGAIN)
 				return kvt_err(rc, "promoting a block of the batch");
 		}
 		rc = kvt_xfer_flush(e);
@@ -236,11 +274,15 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 			continue;
 		}
 		wait = false;
-		if (!progress && !kvt_xfer_inflight(e) && !batch_break_cycle(e, b))
-			return kvt_err(-ENOSPC, "no room to bring the batch into HBM: %u blocks "
-				       "pinned, %u HBM slots, %u HOST slots", e->hbm_pinned,
-				       e->slots[KVT_TIER_HBM].n_slots,
-				       e->slots[KVT_TIER_HOST].n_slots);
+		if (!progress && !kvt_xfer_inflight(e)) {
+			batch_protect(e, b, true);
+			if (!batch_break_cycle(e, b))
+				return kvt_err(-ENOSPC, "no room to bring the batch into HBM: %u "
+					       "blocks pinned, %u HBM slots, %u HOST slots",
+					       e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots,
+					       e->slots[KVT_TIER_HOST].n_slots);
+			breaks++;
+		}
 		t0 = kvt_now_ns();
 		rc = kvt_xfer_wait_any(e);
 		e->st.stalls++;
@@ -303,6 +345,31 @@ batch_fill_table(struct kvt_engine *e, struct kvt_batch *b, const uint32_t *firs
 		b->last_len[i] = (uint32_t)(end - (uint64_t)(first[i] + count[i] - 1) * tpb);
 	}
 	b->indptr[b->n] = k;
+}
+
+void
+kvt_promo_note(struct kvt_engine *e, uint32_t id)
+{
+	if (id >= e->promo_cap) {
+		uint32_t cap = e->cap_blocks > id ? e->cap_blocks : id + 1;
+		uint8_t *m = kvt_realloc(e->promo_mark, cap);
+
+		if (!m)
+			return; /* a statistic: not worth failing a promotion for */
+		memset(m + e->promo_cap, 0, cap - e->promo_cap);
+		e->promo_mark = m;
+		e->promo_cap = cap;
+	}
+	if (e->promo_mark[id])
+		e->st.repromotions++;
+	e->promo_mark[id] = 1;
+}
+
+void
+kvt_promo_access(struct kvt_engine *e, uint32_t id)
+{
+	if (id < e->promo_cap)
+		e->promo_mark[id] = 0;
 }
 
 /* Phase 1 bookkeeping of one block: LRU order and where the access finds it (coverage). */
@@ -389,6 +456,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 		goto fail;
 	}
 	rc = batch_make_resident(e, b);
+	batch_protect(e, b, false);
 	if (rc == 0 && batch_truncate_lost(e, b))
 		rc = kvt_err(KVT_ELOST, "KV blocks failed their checksum or could not be read; the "
 			     "affected sequences were truncated (see kvt_seq_info) and must be "
@@ -396,12 +464,15 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	if (rc)
 		goto fail;
 	batch_fill_table(e, b, first, count);
+	for (i = 0; i < b->n_pinned; i++)
+		kvt_promo_access(e, b->pinned[i]); /* this use consumes its promotion */
 	for (i = 0; i < n; i++) {
 		e->seqs[seqidx[i]].in_batch = 1;
 		e->seqs[seqidx[i]].parked = 0;
 		e->seqs[seqidx[i]].last_use_ns = kvt_now_ns();
 	}
 	e->n_batches++;
+	e->st.batches++;
 	*out = b;
 	kvt_free(tmp);
 	return 0;
@@ -479,7 +550,11 @@ batch_wait_event(struct kvt_engine *e, struct kvt_batch *b, struct kvt_event *ev
 	if (rc != -EAGAIN)
 		return rc;
 	if (stream) {
-		/* device-side wait: the host does not block (invariant 2 via the event) */
+		/* device-side wait: the host does not block (invariant 2 via the event), but the
+		 * caller's stream does: the layer was not ready when asked for, a stall (its
+		 * length is the device's to know; coverage counts the batch as not ready) */
+		e->st.stalls++;
+		b->stalled = 1;
 		return e->dev->ops->stream_wait_event(e->dev, stream, ev);
 	}
 	t0 = kvt_now_ns();

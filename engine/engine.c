@@ -349,6 +349,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	}
 	kvt_free(e->seqs);
 	kvt_free(e->blocks);
+	kvt_free(e->promo_mark);
 	kvt_prefix_fini(e);
 	free(e->nvme_dir);
 	pthread_mutex_destroy(&e->lock);
@@ -488,6 +489,7 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 	s.meta_block_records = e->cap_blocks;
 	s.meta_token_bytes = kvt_meta_token_bytes(e);
 	s.batches_open = e->n_batches;
+	s.h2d_groups = e->h2d.submitted;
 	kvt_unlock(e);
 	s.size = size;
 	memcpy(out, &s, size < sizeof s ? size : sizeof s);

@@ -87,6 +87,9 @@ struct kvt_block {
 	                                      keeps its source and stops where it is */
 	unsigned hashed : 1;               /* hash is set (a full block of known tokens) */
 	unsigned indexed : 1;              /* in the prefix index (shareable) */
+	uint64_t hint_no;                  /* e->hint_seq of the latest hint announcing it (for
+	                                      any sequence holding it); 0 = none: reclaim
+	                                      spares it while set (engine/hint.c) */
 };
 
 #define KVT_MAX_BUDGETS 64 /* tenants with a tier budget */
@@ -275,6 +278,9 @@ struct kvt_engine {
 	struct kvt_prefix prefix;           /* index of sealed blocks (engine/prefix.c) */
 	struct kvt_budget budget[KVT_MAX_BUDGETS]; /* per-tenant tier budgets (engine/tenant.c) */
 	uint32_t n_budgets;                 /* entries in budget */
+	uint8_t *promo_mark;                /* [promo_cap] 1: promoted to HBM since its last
+	                                       access (stats.repromotions, engine/batch.c) */
+	uint32_t promo_cap;                 /* entries of promo_mark */
 };
 
 /* ---- engine.c */
@@ -371,6 +377,12 @@ void kvt_stats_record_issue(struct kvt_engine *e, int tier, uint64_t bytes);
 /* ---- engine/hint.c */
 bool kvt_hint_spares(const struct kvt_engine *e, const struct kvt_block *b, int tier);
 void kvt_hint_end(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t mark);
+/* Block @id's host-to-device copy was just queued / it was accessed by a batch (counts
+ * stats.repromotions). Requires e->lock. */
+void kvt_promo_note(struct kvt_engine *e, uint32_t id);
+void kvt_promo_access(struct kvt_engine *e, uint32_t id);
+/* @s's hint no longer holds (parked, closed, truncated): unstamp its blocks. Requires e->lock. */
+void kvt_hint_drop(struct kvt_engine *e, struct kvt_seqrec *s);
 
 /* ---- engine/seq.c */
 struct kvt_seqrec *kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx);

@@ -4,10 +4,12 @@
  * next batches will hold, and the engine starts their promotions at once, so that the copies
  * overlap the compute of the current step.
  *
- * A hint records, per sequence, the announced block range and the hint's number (e->hint_seq).
- * Until a batch prepared after the hint is released (or the sequence is parked or closed), reclaim
- * spares the range's copies in HBM and HOST: making room for one announced batch never evicts
- * another's blocks, nor those of the batches running now (they are pinned). Announcements are a
+ * A hint records, per sequence, the announced block range and the hint's number (e->hint_seq),
+ * and stamps that number on every block of the range (shared prefix blocks included, whichever
+ * sequence created them). Until a batch prepared after the hint is released (or the sequence is
+ * parked, closed or truncated), reclaim spares the stamped blocks' copies in HBM and HOST:
+ * making room for one announced batch never evicts another's blocks, nor those of the batches
+ * running now (they are pinned). Announcements are a
  * forecast: a caller that must have room now (prepare, append: may_wait) evicts hinted blocks as
  * a last resort rather than fail.
  *
@@ -25,17 +27,31 @@
 
 /**
  * kvt_hint_spares() - whether reclaim must leave @b's copy in @tier alone because a hint
- * announced the block for a coming batch. Requires e->lock.
+ * announced the block for a coming batch: the hint stamps the block itself, so a shared prefix
+ * block is spared for every sequence that announces it, whoever created it. Requires e->lock.
  */
 bool
 kvt_hint_spares(const struct kvt_engine *e, const struct kvt_block *b, int tier)
 {
-	const struct kvt_seqrec *s;
+	return !e->evict_hinted && tier != KVT_TIER_NVME && b->hint_no != 0;
+}
 
-	if (e->evict_hinted || tier == KVT_TIER_NVME || b->seq >= e->cap_seqs)
-		return false;
-	s = &e->seqs[b->seq];
-	return s->open && s->hint_no && b->index >= s->hint_first && b->index < s->hint_end;
+/**
+ * kvt_hint_drop() - @s's hint no longer holds: unstamp the blocks of its range that carry its
+ * number (a later hint of another sequence holding the same block keeps its stamp). Requires
+ * e->lock.
+ */
+void
+kvt_hint_drop(struct kvt_engine *e, struct kvt_seqrec *s)
+{
+	uint32_t j, end = s->hint_end < s->n_blocks ? s->hint_end : s->n_blocks;
+
+	if (!s->hint_no)
+		return;
+	for (j = s->hint_first; j < end; j++)
+		if (e->blocks[s->blocks[j]].hint_no == s->hint_no)
+			e->blocks[s->blocks[j]].hint_no = 0;
+	s->hint_no = 0;
 }
 
 /**
@@ -45,9 +61,8 @@ kvt_hint_spares(const struct kvt_engine *e, const struct kvt_block *b, int tier)
 void
 kvt_hint_end(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t mark)
 {
-	(void)e;
 	if (s->hint_no && s->hint_no <= mark)
-		s->hint_no = 0;
+		kvt_hint_drop(e, s);
 }
 
 /* NVMe-only block: start its read into HOST (no waiting). */
@@ -119,9 +134,12 @@ hint_apply(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32
 		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, NULL);
 
 		end = r[i].n_blocks ? r[i].first_block + r[i].n_blocks : s->n_blocks;
+		kvt_hint_drop(e, s); /* its earlier announcement is replaced */
 		s->hint_no = e->hint_seq;
 		s->hint_first = r[i].first_block;
 		s->hint_end = end;
+		for (j = r[i].first_block; j < end; j++)
+			e->blocks[s->blocks[j]].hint_no = e->hint_seq;
 	}
 	for (i = 0; i < n && rc == 0; i++) {
 		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, NULL);

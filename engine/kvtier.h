@@ -633,8 +633,9 @@ KVT_API int kvt_batch_block_table(const struct kvt_batch *b, struct kvt_block_ta
  * l + 1, ...: one batched copy and one event per group; a group is one layer for models of up to
  * 32 layers), so this waits only for the copies up to layer @layer's group: the compute of layer
  * l overlaps the copies of the layers after it. Blocks that were already in HBM when the batch
- * was prepared need no wait at all. A host wait that finds the copies unfinished counts as a
- * stall (stats.stalls, stall_ns) and makes the batch's prefetched blocks count as not ready.
+ * was prepared need no wait at all. A wait that finds the copies unfinished counts as a stall
+ * (stats.stalls; a host wait adds its time to stall_ns, a stream wait adds nothing there: the
+ * device waits) and makes the batch's prefetched blocks count as not ready.
  * Returns 0, -EINVAL (NULL batch, layer out of range), KVT_EDEVICE.
  */
 KVT_API int kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream);
@@ -708,9 +709,10 @@ struct kvt_stats {
 	uint64_t checksum_failed;                   /* NVMe reads whose checksum did not */
 	uint64_t io_errors;                         /* NVMe reads/writes that failed */
 	uint64_t evictions;                         /* sum over tiers */
-	uint64_t stalls;                            /* host waits that found copies unfinished
-						       (layer waits, prepare, append) */
-	uint64_t stall_ns;                          /* time spent in those waits */
+	uint64_t stalls;                            /* waits that found copies unfinished
+						       (layer waits, host or stream; prepare,
+						       append) */
+	uint64_t stall_ns;                          /* host time spent in those waits */
 	uint64_t blocks_lost;                       /* blocks dropped as unrecoverable */
 	uint32_t seqs_open;                         /* open sequences */
 	uint32_t batches_open;                      /* unreleased batches */
@@ -737,6 +739,13 @@ struct kvt_stats {
 	uint64_t meta_token_bytes;    /* host memory holding token ids (4 bytes per token, each
 	                                 token kept once: the sequences' arrays plus the prefix
 	                                 index's copies for cached blocks of closed sequences) */
+	/* ---- 0.3 */
+	uint64_t batches;             /* batches prepared (kvt_batch_prepare* that succeeded) */
+	uint64_t h2d_groups;          /* host-to-device copy groups submitted: each is one batched
+					 copy per layer group, whatever its number of blocks */
+	uint64_t repromotions;        /* host-to-device promotions of a block already promoted
+					 since its last access by a batch: a block promoted twice
+					 for one use (wasted copy bandwidth) */
 };
 
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */

@@ -106,12 +106,47 @@ reclaim_evict(struct kvt_engine *e, int tier, const uint32_t *cand, uint32_t n, 
 }
 
 /*
+ * Evict from the candidates (in victim order) until @need slots are free or coming: clean ones
+ * first, then dirty ones, class by class when the policy ranks its victims (priorities: a clean
+ * copy of a higher class never goes before a dirty one of a lower class). The dirty ones of the
+ * last class seen go only when the window is @full (more clean ones of that class may follow).
+ */
+static void
+reclaim_ranked(struct kvt_engine *e, int tier, const uint32_t *cand, uint32_t n, uint32_t need,
+	       bool may_wait, bool full, bool *below_full, int *progress)
+{
+	const struct kvt_evict *ev = &e->evict[tier];
+	struct kvt_slots *sl = &e->slots[tier];
+	uint32_t i = 0, j, r;
+
+	if (ev->ops->abi_version < KVT_EVICT_OPS_V3 || !ev->ops->rank) {
+		reclaim_evict(e, tier, cand, n, need, may_wait, true, below_full, progress);
+		if (full)
+			reclaim_evict(e, tier, cand, n, need, may_wait, false, below_full,
+				      progress);
+		return;
+	}
+	while (i < n && sl->n_free + e->demoting[tier] < need) {
+		r = ev->ops->rank(ev, cand[i]);
+		for (j = i + 1; j < n && ev->ops->rank(ev, cand[j]) == r; j++)
+			;
+		reclaim_evict(e, tier, cand + i, j - i, need, may_wait, true, below_full,
+			      progress);
+		if (j < n || full)
+			reclaim_evict(e, tier, cand + i, j - i, need, may_wait, false, below_full,
+				      progress);
+		i = j;
+	}
+}
+
+/*
  * One pass over the tier's LRU from the cold end. Candidates are collected first (evicting
  * changes the list being walked). Clean copies go first (CFLRU: dropping one is free, while a
  * dirty one costs a demotion now and a promotion when it is next used, the fate of every
  * sequence's growing last block under plain LRU); dirty ones are demoted only when the window
- * looked at holds too few clean ones. (A tier left full of dirty blocks needs room below for
- * every eviction; when the batch's own blocks fill that room, prepare breaks the cycle, see
+ * looked at holds too few clean ones; under a policy that ranks its victims (priorities) this
+ * holds within each class only, see reclaim_ranked(). (A tier left full of dirty blocks needs
+ * room below for every eviction; when the batch's own blocks fill that room, prepare breaks the cycle, see
  * batch_break_cycle() in batch.c.) A victim that cannot go (its demotion finds no room
  * below) is skipped rather than a reason to give up; after the first such refusal only clean
  * copies are tried (the tier below is full: asking again for every dirty victim would cost
@@ -144,10 +179,7 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 			if (kvt_copy_evictable(&e->blocks[id], tier) &&
 			    !kvt_hint_spares(e, &e->blocks[id], tier))
 				cand[n++] = id;
-		reclaim_evict(e, tier, cand, n, need, may_wait, true, &below_full, progress);
-		if (full)
-			reclaim_evict(e, tier, cand, n, need, may_wait, false, &below_full,
-				      progress);
+		reclaim_ranked(e, tier, cand, n, need, may_wait, full, &below_full, progress);
 		if (cand != stackc)
 			kvt_free(cand);
 		if (full || sl->n_free + e->demoting[tier] >= need)
@@ -313,6 +345,8 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 				rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
 			if (rc == 0)
 				rc = kvt_xfer_h2d(e, id, slot);
+			if (rc == 0)
+				kvt_promo_note(e, id);
 			break;
 		}
 		if (b->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT) {

@@ -225,6 +225,7 @@ kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost
 	if (first_lost >= s->n_blocks)
 		return;
 	kvt_seq_unpin_writes(e, s);
+	kvt_hint_drop(e, s); /* what was announced is gone in part: announce again */
 	for (i = first_lost; i < s->n_blocks; i++)
 		seq_drop_block(e, s, s->blocks[i]);
 	s->n_blocks = first_lost;
@@ -253,6 +254,7 @@ kvt_seq_close(struct kvt_engine *e, kvt_seq_id id)
 	}
 	kvt_seq_unpin_writes(e, s);
 	kvt_persist_forget(e, s);
+	kvt_hint_drop(e, s);
 	/* blocks with transfers in flight are freed by those completions, never before */
 	for (i = 0; i < s->n_blocks; i++)
 		seq_drop_block(e, s, s->blocks[i]);
@@ -532,7 +534,7 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 		return kvt_err(-ENOSPC, "no HOST or NVME tier to park sequence %u in",
 			       (unsigned)(s - e->seqs));
 	kvt_seq_unpin_writes(e, s);
-	s->hint_no = 0; /* parked: whatever was announced for it no longer holds */
+	kvt_hint_drop(e, s); /* parked: whatever was announced for it no longer holds */
 	for (i = 0; i < s->n_blocks && rc == 0; i++) {
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
 		if (rc == KVT_EBUSY && e->blocks[s->blocks[i]].refs > 1)

@@ -55,8 +55,9 @@ tenant_enforce_tier(struct kvt_engine *e, int tier)
 
 		next = ev->ops->victim_next(ev, id);
 		seen++;
+		/* announced blocks stay: the budget is met again when their batch is released */
 		if (!bu || !bu->max[tier] || bu->used[tier] - going[k] <= bu->max[tier] ||
-		    !kvt_copy_evictable(b, tier))
+		    !kvt_copy_evictable(b, tier) || kvt_hint_spares(e, b, tier))
 			continue;
 		/* 1: the copy is gone now (counted by the slot release); 0: a demotion whose
 		 * completion frees the slot */

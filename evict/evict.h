@@ -34,6 +34,7 @@
 #define KVT_NIL UINT32_MAX
 #define KVT_EVICT_OPS_V1 1u
 #define KVT_EVICT_OPS_V2 2u /* adds set_prio and forget */
+#define KVT_EVICT_OPS_V3 3u /* adds rank */
 
 #define KVT_EVICT_PRIO_DEFAULT 50u /* priority of a block nobody gave one */
 #define KVT_EVICT_PRIO_MAX 100u
@@ -57,6 +58,11 @@ struct kvt_evict_ops {
 	 * freed): drop its history (ghost entries, priority). NULL when there is none. */
 	void (*set_prio)(struct kvt_evict *ev, uint32_t id, uint8_t prio, uint64_t until_ns);
 	void (*forget)(struct kvt_evict *ev, uint32_t id);
+	/* V3. rank: @id's eviction class (a listed id); the victim walk gives every id of a lower
+	 * class before any of a higher one, and the engine's clean-first preference applies only
+	 * among ids of one class (a clean high-priority copy is not dropped while dirty
+	 * low-priority ones stay). NULL: one class (plain recency policies). */
+	uint32_t (*rank)(const struct kvt_evict *ev, uint32_t id);
 };
 
 /** LRU state: a circular doubly linked list through per-id links, sentinel at index n_ids. */

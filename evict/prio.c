@@ -239,8 +239,15 @@ prio_forget(struct kvt_evict *ev, uint32_t id)
 	st->until[id] = 0;
 }
 
+/* The class of a listed id: the priority list it is on (its effective priority). */
+static uint32_t
+prio_rank(const struct kvt_evict *ev, uint32_t id)
+{
+	return id < ev->cap ? prio_st(ev)->list[id] : PRIO_NONE;
+}
+
 const struct kvt_evict_ops kvt_evict_prio_ops = {
-	.abi_version = KVT_EVICT_OPS_V2,
+	.abi_version = KVT_EVICT_OPS_V3,
 	.name = "prio",
 	.reserve = prio_reserve,
 	.fini = prio_fini,
@@ -252,4 +259,5 @@ const struct kvt_evict_ops kvt_evict_prio_ops = {
 	.victim_next = prio_victim_next,
 	.set_prio = prio_set,
 	.forget = prio_forget,
+	.rank = prio_rank,
 };

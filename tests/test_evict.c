@@ -324,6 +324,52 @@ test_engine_priority_decides(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Engine, prio policy: a clean copy of a priority-100 block (valid in HOST too) stays in HBM
+ * while dirty priority-0 blocks are there to demote: clean-first holds only within a class. */
+static void
+test_engine_priority_beats_clean_first(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 4, .host_blocks = 16, .no_watermarks = true,
+			      .policy = KVT_EVICT_PRIO };
+	struct kvt_seq_opts so;
+	struct kvt_seq_info info;
+	struct kvt_engine *e;
+	kvt_seq_id h, l[4];
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.priority = 100;
+	assert_int_equal(kvt_seq_open(e, &so, &h), 0);
+	assert_int_equal(tsup_append_write(e, h, 1, 0, TSUP_TPB), 0);
+	assert_int_equal(tsup_verify(e, h, 1), 0);
+	assert_int_equal(kvt_seq_park(e, h, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_verify(e, h, 1), 0); /* back in HBM, its HOST copy kept: clean */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_info(e, h, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 1);
+	assert_int_equal(info.blocks_in[KVT_TIER_HOST], 1);
+	so.priority = 0;
+	for (int i = 0; i < 4; i++) { /* the fourth needs a slot: a dirty priority-0 one goes */
+		assert_int_equal(kvt_seq_open(e, &so, &l[i]), 0);
+		assert_int_equal(tsup_append_write(e, l[i], 2 + (uint32_t)i, 0, TSUP_TPB), 0);
+		assert_int_equal(tsup_verify(e, l[i], 2 + (uint32_t)i), 0);
+	}
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_info(e, h, &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 1);
+	assert_int_equal(kvt_seq_info(e, l[0], &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HBM], 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HOST], 1);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(tsup_verify(e, l[i], 2 + (uint32_t)i), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 /* Random appends, parks, resumes, batches and closes over HBM, HOST and NVMe with every policy:
  * after every step each tier's slots add up (free + used = capacity), every copy is on exactly
  * its tier's list and every slot has one owner (kvt_engine_check), and all data reads back. */
@@ -683,6 +729,7 @@ main(void)
 		cmocka_unit_test(test_random_prio),
 		cmocka_unit_test(test_random_arc),
 		cmocka_unit_test(test_engine_priority_decides),
+		cmocka_unit_test(test_engine_priority_beats_clean_first),
 		cmocka_unit_test(test_random_moves_lru),
 		cmocka_unit_test(test_random_moves_prio),
 		cmocka_unit_test(test_random_moves_arc),

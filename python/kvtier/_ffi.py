@@ -115,7 +115,8 @@ class Stats(ctypes.Structure):
                 ("codec_stored_bytes", c_u64), ("meta_bytes", c_u64),
                 # 0.2
                 ("idle_parked", c_u64), ("meta_block_records", c_u64),
-                ("meta_token_bytes", c_u64)]
+                ("meta_token_bytes", c_u64),
+                ("batches", c_u64), ("h2d_groups", c_u64), ("repromotions", c_u64)]
 
 
 STRUCTS = {"kvt_layout": Layout, "kvt_geometry": Geometry, "kvt_engine_opts": EngineOpts,

@@ -1,0 +1,269 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_prefetch_hints.c - what hints protect and start, and what prefetch coverage counts:
+ * a hint spares the shared prompt blocks of the announced sequence (created by another, since
+ * closed) and no longer protects them once that sequence is closed, even when an unrelated
+ * sequence reuses the creator's index and is announced; tenant budget enforcement spares
+ * announced blocks; a hint's copies are in flight as soon as kvt_engine_hint returns; a batch
+ * whose layer wait stalls counts none of its prefetched accesses as ready; a block promoted
+ * twice for one use is counted (stats.repromotions).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "engine/engine_impl.h"
+#include "support/kvt_test.h"
+
+static struct kvt_stats
+hints_stats(struct kvt_engine *e)
+{
+	struct kvt_stats st;
+
+	memset(&st, 0, sizeof st);
+	st.size = sizeof st;
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	return st;
+}
+
+/* An open sequence of @tokens tokens (pattern @tag), a batch per block (write pins released). */
+static kvt_seq_id
+hints_seq(struct kvt_engine *e, uint32_t tag, uint32_t tokens)
+{
+	kvt_seq_id s;
+
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	for (uint32_t pos = 0; pos < tokens; pos += TSUP_TPB) {
+		struct kvt_seq_range r = { .seq = s, .first_block = pos / TSUP_TPB, .n_blocks = 1 };
+		struct kvt_batch *b;
+
+		assert_int_equal(tsup_append_write(e, s, tag, pos, TSUP_TPB), 0);
+		assert_int_equal(kvt_batch_prepare_ranges(e, &r, 1, &b), 0);
+		assert_int_equal(kvt_batch_release(b, NULL), 0);
+	}
+	return s;
+}
+
+static uint32_t
+hints_in(struct kvt_engine *e, kvt_seq_id s, int tier)
+{
+	struct kvt_seq_info info;
+
+	assert_int_equal(kvt_seq_info(e, s, &info), 0);
+	return info.blocks_in[tier];
+}
+
+/* B attached A's prompt (2 blocks A created), A closed: a hint for B spares those blocks; once B
+ * is closed, a hint for D (which reuses A's index) does not protect the cached blocks. */
+static void
+test_hint_spares_shared_prefix(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 4, .host_blocks = 16, .no_watermarks = true };
+	struct kvt_engine *e;
+	kvt_seq_id a, b, d;
+	int32_t tok[2 * TSUP_TPB];
+	uint32_t shared[2];
+	uint64_t at = 0;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	e->opts.prefix_cache = 1; /* closed sequences leave their indexed blocks cached */
+	a = hints_seq(e, 1, 2 * TSUP_TPB);
+	for (int t = 0; t < 2 * TSUP_TPB; t++)
+		tok[t] = t; /* the tokens tsup_append_write records */
+	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 2 * TSUP_TPB, &at), 0);
+	assert_int_equal(at, 2 * TSUP_TPB);
+	shared[0] = e->seqs[(uint32_t)b].blocks[0];
+	shared[1] = e->seqs[(uint32_t)b].blocks[1];
+	assert_int_equal(e->blocks[shared[0]].seq, (uint32_t)a); /* created by A */
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	d = hints_seq(e, 3, 2 * TSUP_TPB);
+	assert_int_equal((uint32_t)d, (uint32_t)a); /* D reuses A's index */
+	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_seq_park(e, d, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(hints_in(e, b, KVT_TIER_HBM), 0);
+	assert_int_equal(kvt_engine_hint(e, &b, 1, 1), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(hints_in(e, b, KVT_TIER_HBM), 2);
+	/* two sequences of two blocks each need all of HBM in turn: B's announced blocks stay,
+	 * the unannounced X goes when Y needs room */
+	(void)hints_seq(e, 4, 2 * TSUP_TPB);
+	(void)hints_seq(e, 5, 2 * TSUP_TPB);
+	assert_int_equal(hints_in(e, b, KVT_TIER_HBM), 2);
+	assert_true(kvt_hint_spares(e, &e->blocks[shared[0]], KVT_TIER_HBM));
+	/* B closes: the blocks stay cached (indexed), unannounced, whatever D is told */
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	assert_int_equal(kvt_engine_hint(e, &d, 1, 1), 0);
+	assert_true(e->blocks[shared[0]].live);
+	assert_false(kvt_hint_spares(e, &e->blocks[shared[0]], KVT_TIER_HBM));
+	assert_false(kvt_hint_spares(e, &e->blocks[shared[1]], KVT_TIER_HBM));
+	assert_int_equal(tsup_verify(e, d, 3), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* A hint's copies are submitted before kvt_engine_hint returns (the copy stream is held, so
+ * they are still in flight); the batch that follows finds them on their way, and a stream wait
+ * on a layer whose copies have not landed is a stall: none of the batch's accesses count as
+ * ready (coverage), although all of its blocks were prefetched. */
+static void
+test_stream_wait_stall_not_ready(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 4, .host_blocks = 8, .no_watermarks = true };
+	struct kvt_block_table bt;
+	struct kvt_stats s0, st;
+	struct kvt_engine *e;
+	struct kvt_batch *b;
+	uint64_t g0;
+	void *stream;
+	kvt_seq_id a;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = hints_seq(e, 5, 3 * TSUP_TPB);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_device_emu_stream_hold(e->dev, e->h2d.s, true), 0);
+	g0 = e->h2d.submitted;
+	s0 = hints_stats(e);
+	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
+	assert_int_equal(e->h2d.submitted, g0 + 1); /* one group, queued on the copy stream */
+	assert_true(kvt_xfer_inflight(e));
+	for (uint32_t i = 0; i < 3; i++)
+		assert_int_equal(e->blocks[e->seqs[(uint32_t)a].blocks[i]].state[KVT_TIER_HBM],
+				 KVT_COPY_INFLIGHT);
+	assert_int_equal(kvt_batch_prepare(e, &a, 1, &b), 0);
+	assert_int_equal(e->h2d.submitted, g0 + 1); /* nothing promoted twice */
+	assert_int_equal(kvt_batch_block_table(b, &bt), 0);
+	assert_int_equal(kvt_engine_stream_create(e, &stream), 0);
+	for (uint32_t l = 0; l < TSUP_LAYERS; l++)
+		assert_int_equal(kvt_batch_wait_layer(b, l, stream), 0); /* copies held: stall */
+	assert_int_equal(kvt_device_emu_stream_hold(e->dev, e->h2d.s, false), 0);
+	assert_int_equal(kvt_engine_stream_sync(e, stream), 0);
+	assert_int_equal(tsup_check_entry(&bt, 0, 5), 0);
+	assert_int_equal(kvt_batch_release(b, stream), 0);
+	kvt_engine_stream_destroy(e, stream);
+	st = hints_stats(e);
+	assert_int_equal(st.accesses - s0.accesses, 3);
+	assert_int_equal(st.accesses_ready - s0.accesses_ready, 0);
+	assert_true(st.stalls > s0.stalls);
+	/* the same with the copies landed before the waits: all three ready */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	s0 = hints_stats(e);
+	assert_int_equal(tsup_verify(e, a, 5), 0);
+	st = hints_stats(e);
+	assert_int_equal(st.accesses_ready - s0.accesses_ready, 3);
+	assert_int_equal(st.stalls, s0.stalls);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* A tenant over its HBM budget after a release demotes its unannounced blocks, not the ones a
+ * hint just brought up for the next step. */
+static void
+test_budget_spares_announced(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 16, .no_watermarks = true };
+	struct kvt_seq_opts so;
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = 1;
+	for (int i = 0; i < 2; i++) {
+		kvt_seq_id *s = i ? &b : &a;
+
+		assert_int_equal(kvt_seq_open(e, &so, s), 0);
+		assert_int_equal(tsup_append_write(e, *s, 1 + (uint32_t)i, 0, 2 * TSUP_TPB), 0);
+		assert_int_equal(tsup_verify(e, *s, 1 + (uint32_t)i), 0);
+	}
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_tenant_set_budget(e, 1, KVT_TIER_HBM, 2), 0);
+	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0); /* A for the next step: 4 in HBM */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(hints_in(e, a, KVT_TIER_HBM), 2);
+	assert_int_equal(tsup_verify(e, b, 2), 0); /* B's step: its release enforces the budget */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(hints_in(e, a, KVT_TIER_HBM), 2);
+	assert_int_equal(hints_in(e, b, KVT_TIER_HBM), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0); /* A's step: served, the budget holds again */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_true(hints_in(e, a, KVT_TIER_HBM) + hints_in(e, b, KVT_TIER_HBM) <= 2);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* stats.repromotions counts a block promoted again before a batch used its first promotion;
+ * a hint followed by its batch promotes each block once, in one copy group. */
+static void
+test_repromotions_counted(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 4, .host_blocks = 8, .no_watermarks = true };
+	struct kvt_stats s0, st;
+	struct kvt_engine *e;
+	kvt_seq_id a;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = hints_seq(e, 6, 3 * TSUP_TPB);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	s0 = hints_stats(e);
+	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
+	assert_int_equal(tsup_verify(e, a, 6), 0);
+	st = hints_stats(e);
+	assert_int_equal(st.repromotions, s0.repromotions);
+	assert_int_equal(st.h2d_groups - s0.h2d_groups, 1);
+	assert_int_equal(st.batches - s0.batches, 1);
+	assert_int_equal(st.blocks_moved[KVT_MOVE_HOST_TO_HBM] -
+			 s0.blocks_moved[KVT_MOVE_HOST_TO_HBM], 3);
+	/* announced, promoted, taken back down before its batch: the batch promotes it again */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	s0 = hints_stats(e);
+	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_verify(e, a, 6), 0);
+	st = hints_stats(e);
+	assert_int_equal(st.repromotions - s0.repromotions, 3);
+	assert_int_equal(st.h2d_groups - s0.h2d_groups, 2);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_hint_spares_shared_prefix),
+		cmocka_unit_test(test_stream_wait_stall_not_ready),
+		cmocka_unit_test(test_budget_spares_announced),
+		cmocka_unit_test(test_repromotions_counted),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
