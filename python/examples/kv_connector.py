@@ -404,7 +404,9 @@ def main():
     ap.add_argument("--turns", type=positive, default=1)
     ap.add_argument("--tokens-per-block", type=positive, default=16)
     ap.add_argument("--hbm-blocks", type=non_negative, default=0,
-                    help="default: room for 2 sessions of this run, and at least for one session at the model's seq_len (a restored chat); sessions run in groups that fit")
+                    help="default: room for 2 sessions of this run, and at least for one "
+                    "session at the model's seq_len (a restored chat); sessions run in "
+                    "groups that fit")
     ap.add_argument("--nvme-dir", help="the persistent NVMe store's directory (default: a temp "
                     "dir); sessions an earlier run published there continue their chat")
     ap.add_argument("--prefix-share", action="store_true",
