@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/test_bench_nvme.c - `kvtier-bench nvme` refuses bad arguments before measuring
+ * tests/test_bench_nvme.c - `kvtier-bench nvme` (and decode's parser) refuses bad arguments before measuring
  * anything: exit status 2 and a message naming the argument (kvtr_last_error(), also printed).
  */
 #include <stdarg.h>
@@ -64,6 +64,20 @@ test_unknown_option(void **state)
 	bn_expect(bn_run(1, "stray"), "unexpected argument 'stray'");
 }
 
+/* kvtier-bench decode names an unknown option as such (not "missing value"), exit 1 */
+static void
+test_decode_unknown_option(void **state)
+{
+	char *argv[] = { (char *)"decode", (char *)"--bogus", NULL };
+	char *argv2[] = { (char *)"decode", (char *)"--steps", NULL };
+
+	(void)state;
+	assert_int_equal(kvtb_decode_main(2, argv), 1);
+	assert_non_null(strstr(kvtr_last_error(), "unknown option --bogus"));
+	assert_int_equal(kvtb_decode_main(2, argv2), 1);
+	assert_non_null(strstr(kvtr_last_error(), "--steps: missing value"));
+}
+
 static void
 test_missing_paths(void **state)
 {
@@ -81,6 +95,7 @@ main(void)
 		cmocka_unit_test(test_bad_values_named),
 		cmocka_unit_test(test_unknown_option),
 		cmocka_unit_test(test_missing_paths),
+		cmocka_unit_test(test_decode_unknown_option),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
