@@ -235,3 +235,24 @@ def test_library_found_in_the_repository_build_dir(root, tmp_path):
     assert r.returncode != 0
     assert "libkvtier.so not found" in r.stderr and "KVTIER_LIBRARY=" in r.stderr
     assert str(tmp_path / "build" / "libkvtier.so") in r.stderr
+
+
+@pytest.mark.xfail(raises=kvtier.NoSpaceError, strict=False,
+                   reason="engine: a hint that stages NVMe blocks into every HOST slot leaves "
+                   "the next prepare of those sequences -ENOSPC with HBM free (reported)")
+def test_hint_then_prepare_more_nvme_blocks_than_host_slots(tmp_path):
+    """Two sequences of 5 blocks parked on NVMe, HOST 3 slots, HBM 32: hint them, then
+    prepare them. The prepare should succeed (HBM has room; HOST is only staging)."""
+    tpb, blk = 16, 2 * 2 * 16 * 8 * 4
+    with kvtier.Engine(n_layers=2, n_kv_heads=1, head_dim=8, dtype="f32", tokens_per_block=tpb,
+                       hbm_bytes=32 * blk, host_bytes=3 * blk, nvme_dir=str(tmp_path),
+                       nvme_bytes=1 << 22) as eng:
+        seqs = [eng.open_sequence() for _ in range(2)]
+        for s in seqs:
+            s.append(list(range(80)))
+        eng.prepare(seqs).release()
+        for s in seqs:
+            s.park(kvtier.TIER_NVME)
+        eng.drain()
+        eng.hint(seqs, steps_ahead=1)
+        eng.prepare(seqs).release()
