@@ -106,10 +106,16 @@ test_worked_7b_mha(void **state)
 	assert_true(r.token_bytes == 0.5 * MiB);
 	assert_true(r.seq_bytes == 2 * GiB);
 	assert_true(r.batch_bytes == 64 * GiB);
+	/* hidden alone does not say how many heads: an error, not a guessed head_dim 128 */
 	kvc_model_init(&m);
 	m.n_layers = 32;
 	m.hidden = 4096;
+	assert_int_equal(kvc_model_finish(&m), -EINVAL);
+	assert_non_null(strstr(kvtr_last_error(), "num_attention_heads"));
+	assert_non_null(strstr(kvtr_last_error(), "head_dim"));
+	m.head_dim = 128; /* with head_dim: 32 heads of 128 */
 	assert_int_equal(kvc_model_finish(&m), 0);
+	assert_int_equal(m.n_heads, 32);
 	calc_run(&m, 4096, 32, &r);
 	assert_true(r.token_bytes == 0.5 * MiB);
 	assert_true(r.batch_bytes == 64 * GiB);
@@ -403,6 +409,31 @@ test_cli(void **state)
 	free(t);
 	assert_int_equal(calc_cli(&t, 5, "--layers", "4", "--hidden", "512", "--kv-dtype"), 2);
 	free(t);
+	/* a config without num_attention_heads (or 0): an error unless head_dim is given */
+	assert_int_equal(calc_cli(&t, 6, "--layers", "4", "--hidden", "512", "--kv-dtype",
+				  "fp16"), 2);
+	assert_non_null(strstr(t, "num_attention_heads"));
+	free(t);
+	assert_int_equal(calc_cli(&t, 8, "--layers", "4", "--hidden", "512", "--kv-dtype",
+				  "fp16", "--head-dim", "64"), 0);
+	assert_non_null(strstr(t, "KV per token     8 KiB"));
+	free(t);
+	/* weights larger than HBM: said plainly, 0 sessions in HBM, exit 0 (documented) */
+	assert_int_equal(calc_cli(&t, 6, "--config", calc_cfg_path("llama-3-8b.json"),
+				  "--hbm", "1G", "--params", "8.03e9"), 0);
+	assert_non_null(strstr(t, "weights (14.96 GiB) do not fit in HBM (1 GiB): 0 sessions "
+				  "in HBM"));
+	free(t);
+	assert_int_equal(calc_cli(&t, 7, "--config", calc_cfg_path("llama-3-8b.json"),
+				  "--hbm", "1G", "--params", "8.03e9", "--json"), 0);
+	assert_non_null(strstr(t, "\"weights_fit_hbm\":\tfalse"));
+	assert_non_null(strstr(t, "\"sessions_hbm\":\t0"));
+	free(t);
+	/* the tools' shared size syntax */
+	assert_int_equal(calc_cli(&t, 7, "--config", calc_cfg_path("llama-3-8b.json"),
+				  "--nvme", "1.5T", "--hbm", "4X", "--json"), 2);
+	assert_non_null(strstr(t, "unknown suffix"));
+	free(t);
 }
 
 static void
@@ -436,6 +467,10 @@ test_bad_input(void **state)
 	assert_true(b == 3ull << 39);
 	assert_int_equal(kvc_parse_bytes("--hbm", "80X", &b), -EINVAL);
 	assert_int_equal(kvc_parse_bytes("--hbm", "-1", &b), -EINVAL);
+	assert_int_equal(kvc_parse_bytes("--nvme", "4T", &b), 0);
+	assert_true(b == 4ull << 40);
+	assert_int_equal(kvc_parse_bytes("--host", "0", &b), 0);
+	assert_true(b == 0);
 	assert_int_equal(kvc_parse_count("--params", "70B", &c), 0);
 	assert_true(c == 70e9);
 	assert_int_equal(kvc_parse_count("--params", "7Q", &c), -EINVAL);

@@ -14,10 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tools/kvtier-replay/replay.h"
 #include "tools/kvtier-replay/replay_data.h"
+#include "tools/kvtier-run/util.h"
 
 static char *
 write_tmp(const char *text)
@@ -120,10 +122,81 @@ test_azure_and_bad_input(void **state)
 	assert_int_equal(t.req[1].t_ms, 4314);
 	rp_trace_free(&t);
 	assert_int_equal(rp_trace_load(bad, 512, 0, &t), -1);
+	unlink(bad);
+	free(bad);
+	/* a file of neither format, a directory: the message names both accepted formats */
+	bad = write_tmp("# kvtier\nnot a trace\n");
+	assert_int_equal(rp_trace_load(bad, 512, 0, &t), -1);
+	assert_non_null(strstr(kvtr_last_error(), "not a trace format"));
+	assert_non_null(strstr(kvtr_last_error(), "Mooncake JSONL"));
+	assert_non_null(strstr(kvtr_last_error(), "Azure CSV"));
+	assert_int_equal(rp_trace_load("/tmp", 512, 0, &t), -1);
+	assert_non_null(strstr(kvtr_last_error(), "/tmp is a directory"));
+	assert_non_null(strstr(kvtr_last_error(), "Azure CSV"));
 	unlink(p);
 	unlink(bad);
 	free(p);
 	free(bad);
+}
+
+/* Runs the kvtier-replay binary beside kvtier-run (KVT_RUN) with @args; returns its exit
+ * status and its stderr's first line in @msg, or -1 when the binary is not there. */
+static int
+replay_cli(const char *args, char *msg, size_t cap)
+{
+	const char *run = getenv("KVT_RUN");
+	char cmd[2048];
+	const char *slash;
+	FILE *p;
+	int st;
+
+	if (!run || !(slash = strrchr(run, '/')))
+		return -1;
+	snprintf(cmd, sizeof cmd, "%.*s/kvtier-replay", (int)(slash - run), run);
+	if (access(cmd, X_OK) != 0)
+		return -1;
+	snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " %s 2>&1 >/dev/null", args);
+	p = popen(cmd, "r");
+	assert_non_null(p);
+	msg[0] = '\0';
+	if (!fgets(msg, (int)cap, p))
+		msg[0] = '\0';
+	while (fgetc(p) != EOF)
+		;
+	st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* --limit -1/0/abc: exit 2 naming --limit, never a run of the whole trace. */
+static void
+test_cli_bad_arguments(void **state)
+{
+	static const char *const bad[] = { "-1", "0", "abc" };
+	char *p = write_tmp("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+			    "2023-11-16 18:15:46.6805900,374,44\n");
+	char args[1024], msg[1024];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		int rc;
+
+		snprintf(args, sizeof args, "%s --limit %s", p, bad[i]);
+		rc = replay_cli(args, msg, sizeof msg);
+		if (rc == -1) { /* no kvtier-replay built beside the test */
+			unlink(p);
+			free(p);
+			skip();
+		}
+		assert_int_equal(rc, 2);
+		assert_non_null(strstr(msg, "--limit"));
+	}
+	snprintf(args, sizeof args, "%s --hbm 2X", p);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 1);
+	assert_non_null(strstr(msg, "--hbm: bad capacity '2X'"));
+	snprintf(args, sizeof args, "%s --limit 1 --hbm 1.5GiB --sweep 1k --bytes-per-token 1K", p);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 0);
+	unlink(p);
+	free(p);
 }
 
 /* Data mode: real bytes through an engine with small tiers; every shared block read back
@@ -197,6 +270,7 @@ main(void)
 		cmocka_unit_test(test_mooncake_small),
 		cmocka_unit_test(test_orphan_count),
 		cmocka_unit_test(test_azure_and_bad_input),
+		cmocka_unit_test(test_cli_bad_arguments),
 		cmocka_unit_test(test_mooncake_prefix),
 		cmocka_unit_test(test_data_mode),
 	};

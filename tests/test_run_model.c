@@ -86,14 +86,32 @@ test_parse_size_ok(void **state)
 	assert_int_equal(v, KVTR_SIZE_MAX);
 	assert_int_equal(kvtr_parse_size("--nvme", "20000G", &v), 0);
 	assert_int_equal(v, UINT64_C(20000) << 30);
+	/* one syntax for every tool: T and P, fractions, iB/B spellings */
+	assert_int_equal(kvtr_parse_size("--nvme", "4T", &v), 0);
+	assert_int_equal(v, UINT64_C(4) << 40);
+	assert_int_equal(kvtr_parse_size("--hbm", "1.5G", &v), 0);
+	assert_int_equal(v, UINT64_C(3) << 29);
+	assert_int_equal(kvtr_parse_size("--hbm", "1.5M", &v), 0);
+	assert_int_equal(v, UINT64_C(3) << 19);
+	assert_int_equal(kvtr_parse_size("--hbm", "1KB", &v), 0);
+	assert_int_equal(v, 1024);
+	assert_int_equal(kvtr_parse_size("--hbm", "2MiB", &v), 0);
+	assert_int_equal(v, UINT64_C(2) << 20);
+	assert_int_equal(kvtr_parse_size("--hbm", "1p", &v), 0);
+	assert_int_equal(v, KVTR_SIZE_MAX);
+	assert_int_equal(kvtr_parse_size("--hbm", "100B", &v), 0);
+	assert_int_equal(v, 100);
+	assert_int_equal(kvtr_parse_bytes("--x", "0", 0, UINT64_MAX, &v), 0);
+	assert_int_equal(v, 0);
 }
 
 static void
 test_parse_size_bad(void **state)
 {
 	static const char *const bad[] = {
-		"", "0", "0K", "-1", "+1", "12X", "1.5M", " 1", "1 ", "1KB", "K", "abc",
-		"1048577G", "1125899906842625", "99999999999G", "18446744073709551616",
+		"", "0", "0K", "-1", "+1", "12X", " 1", "1 ", "K", "abc", "1.", ".5G", "1.5",
+		"1.3K", "1KX", "2P", "1048577G", "1125899906842625", "99999999999G",
+		"18446744073709551616",
 	};
 	uint64_t v = 77;
 
@@ -110,6 +128,10 @@ test_parse_size_bad(void **state)
 	/* more digits than 64 bits hold: out of range too, not "not a size" */
 	assert_int_equal(kvtr_parse_size("--nvme", "99999999999999999999", &v), -EINVAL);
 	assert_msg_contains("out of range (more than 1 PiB");
+	assert_int_equal(kvtr_parse_size("--nvme", "4X", &v), -EINVAL);
+	assert_msg_contains("unknown suffix 'X' (use K, M, G, T or P");
+	assert_int_equal(kvtr_parse_size("--nvme", "1.3K", &v), -EINVAL);
+	assert_msg_contains("not a whole number of bytes");
 }
 
 static void

@@ -163,8 +163,9 @@ class KvtierConnector:
     opened with session_key = session id + 1; a finished turn parks it, the next turn finds it
     cached. A new session's prompt attaches the blocks of the same prefix computed earlier."""
 
-    def __init__(self, engine, park_tier):
+    def __init__(self, engine, park_tier, host_blocks):
         self.engine = engine
+        self.host_blocks = host_blocks  # HOST tier slots: a turn's start hints at most these
         self.park_tier = park_tier
         self.seqs = {}        # session id -> kvtier.Sequence
         self.batch = None     # the step's prepared batch
@@ -198,8 +199,18 @@ class KvtierConnector:
 
     def start_turn(self, sessions):
         """The sessions whose turn starts now will be in the next step: their promotions
-        (parked blocks, attached prefix blocks) start at once."""
-        self.hint(sessions)
+        (parked blocks, attached prefix blocks) start at once, for as many of their blocks as
+        the HOST tier stages with a slot to spare (NVMe blocks come up through HOST): with
+        kvtier 0.1, a hint that stages NVMe blocks into every HOST slot leaves the next
+        kvt_batch_prepare of those sequences no room to move them (-ENOSPC, even with HBM
+        free); the others come up at their prepare."""
+        hinted, n = [], 0
+        for s in sessions:
+            n += self.seqs[s].info()["n_blocks"]
+            if n >= self.host_blocks:
+                break
+            hinted.append(s)
+        self.hint(hinted)
 
     def hint(self, sessions):
         if sessions:
@@ -274,8 +285,9 @@ def forward_batch(model, conn, sessions, tokens, positions, next_sessions):
     return [model.wcls @ model.rmsnorm(x, model.rms_final) for x in xs]
 
 
-def schedule(args, tok, conn, live, s, turn):
-    """Admit session @s's turn: ask the connector what is cached, skip those positions."""
+def schedule(args, tok, conn, s, turn):
+    """Session @s's turn: ask the connector what is cached, skip those positions. Returns the
+    turn's state (not yet admitted into the running batch)."""
     prompt = tok.encode(args.prompt)
     cached, tier, how = conn.get_num_new_matched_tokens(s, prompt, args.steps)
     st = {"prompt": prompt, "local": 0, "token": prompt[0], "pos": cached, "text": b""}
@@ -286,27 +298,54 @@ def schedule(args, tok, conn, live, s, turn):
     if args.verbose and (cached or turn):
         print(f"[scheduler] session {s + 1} turn {turn + 1}: {cached} tokens cached "
               f"({how}, slowest tier {tier}), prefill only the rest", file=sys.stderr)
-    live[s] = st
+    return st
 
 
-def run(args, model, tok, conn):
-    """sessions x turns, all sessions of a turn batched step by step; returns the texts.
-    With --prefix-share the first turn of sessions 2.. starts once session 1's is done."""
+def blocks_needed(args, model, st):
+    """HBM blocks the turn's sequence occupies at its end: its cached history (a restored or
+    returning session's whole chat so far) plus the positions this turn computes."""
+    end = min(model.seq_len, st["pos"] - st["local"] + args.steps)
+    return -(-end // args.tokens_per_block)
+
+
+def admit(args, model, tok, conn, live, ready, pending, turn, hbm_blocks):
+    """Move sessions from @ready into the running batch @live while their blocks fit in HBM
+    (the whole batch is resident and pinned during a step), as kvtier-run does: sessions that
+    do not fit wait for a later group. Returns the admitted sessions."""
+    used = sum(blocks_needed(args, model, st) for st in live.values())
+    admitted = []
+    while ready:
+        s = ready[0]
+        if s not in pending:
+            pending[s] = schedule(args, tok, conn, s, turn)
+        need = blocks_needed(args, model, pending[s])
+        if live and used + need > hbm_blocks:
+            break
+        if need > hbm_blocks:
+            raise SystemExit(f"kv_connector: session {s + 1} turn {turn + 1} needs {need} "
+                             f"blocks in HBM, which holds {hbm_blocks}: raise --hbm-blocks")
+        live[s] = pending.pop(s)
+        used += need
+        admitted.append(ready.pop(0))
+    return admitted
+
+
+def run(args, model, tok, conn, hbm_blocks):
+    """sessions x turns, the sessions of a turn batched step by step in groups that fit HBM;
+    returns the texts. With --prefix-share the first turn of sessions 2.. starts once session
+    1's is done."""
     texts = {}
     for turn in range(args.turns):
-        live = {}
-        waiting = list(range(args.sessions))
+        live, pending = {}, {}
         first = 1 if turn == 0 and args.prefix_share else args.sessions
-        for s in waiting[:first]:
-            schedule(args, tok, conn, live, s, turn)
-        waiting = waiting[first:]
-        conn.start_turn(sorted(live))
-        while live or waiting:
-            if not live:
-                for s in waiting:
-                    schedule(args, tok, conn, live, s, turn)
-                waiting = []
-                conn.start_turn(sorted(live))
+        ready, held = list(range(first)), list(range(first, args.sessions))
+        conn.start_turn(admit(args, model, tok, conn, live, ready, pending, turn, hbm_blocks))
+        while live or ready or held:
+            if not live and not ready:
+                ready, held = held, []
+            new = admit(args, model, tok, conn, live, ready, pending, turn, hbm_blocks)
+            if new:
+                conn.start_turn(new)
             order = sorted(live)
             nxt = [s for s in order  # forecast: those not at their turn's last position
                    if live[s]["local"] + 1 < args.steps and live[s]["pos"] + 1 < model.seq_len]
@@ -330,6 +369,28 @@ def run(args, model, tok, conn):
     return texts
 
 
+def positive(text):
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def non_negative(text):
+    """argparse type: an integer >= 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     data = os.environ.get("KVT_SHARED_DATA",
@@ -338,11 +399,14 @@ def main():
     ap.add_argument("--model", default=os.path.join(data, "models", "stories260K.bin"))
     ap.add_argument("--tokenizer", default=os.path.join(data, "models", "tok512.bin"))
     ap.add_argument("--prompt", default="")
-    ap.add_argument("--steps", type=int, default=64, help="positions per turn")
-    ap.add_argument("--sessions", type=int, default=1)
-    ap.add_argument("--turns", type=int, default=1)
-    ap.add_argument("--tokens-per-block", type=int, default=16)
-    ap.add_argument("--hbm-blocks", type=int, default=0, help="default: room for 2 sessions")
+    ap.add_argument("--steps", type=positive, default=64, help="positions per turn")
+    ap.add_argument("--sessions", type=positive, default=1)
+    ap.add_argument("--turns", type=positive, default=1)
+    ap.add_argument("--tokens-per-block", type=positive, default=16)
+    ap.add_argument("--hbm-blocks", type=non_negative, default=0,
+                    help="default: room for 2 sessions of this run, and at least for one "
+                    "session at the model's seq_len (a restored chat); sessions run in "
+                    "groups that fit")
     ap.add_argument("--nvme-dir", help="the persistent NVMe store's directory (default: a temp "
                     "dir); sessions an earlier run published there continue their chat")
     ap.add_argument("--prefix-share", action="store_true",
@@ -357,7 +421,8 @@ def main():
     tok = Tokenizer(args.tokenizer, model.vocab)
     tpb = args.tokens_per_block
     per_session = -(-min(model.seq_len, args.steps * args.turns) // tpb)
-    hbm_blocks = args.hbm_blocks or 2 * per_session + 1
+    max_blocks = -(-model.seq_len // tpb)  # a session's longest chat, over restarts
+    hbm_blocks = args.hbm_blocks or max(2 * per_session + 1, max_blocks)
     block = model.n_layers * 2 * tpb * model.kv_dim * 4
     with tempfile.TemporaryDirectory() as tmp, \
             kvtier.Engine(n_layers=model.n_layers, n_kv_heads=model.n_kv_heads,
@@ -365,10 +430,10 @@ def main():
                           hbm_bytes=hbm_blocks * block,
                           host_bytes=per_session * block,
                           nvme_dir=args.nvme_dir or tmp,
-                          nvme_bytes=4 * args.sessions * per_session * (block + 4096),
+                          nvme_bytes=2 * args.sessions * max_blocks * (block + 4096),
                           nvme_persist=True) as eng:
-        conn = KvtierConnector(eng, kvtier.TIER_NVME)
-        texts = run(args, model, tok, conn)
+        conn = KvtierConnector(eng, kvtier.TIER_NVME, host_blocks=per_session)
+        texts = run(args, model, tok, conn, hbm_blocks)
         eng.drain()  # the last parks complete (and are published) before the stats
         conn.close()
         if args.sessions == 1 and args.turns == 1:

@@ -23,7 +23,8 @@ open_sequence(session_key=...), eng.session_list(), eng.restore(), eng.drop_sess
 kvtier.h one function each.
 
 The library is found through KVTIER_LIBRARY, then a libkvtier.so beside this package, then the
-system loader. Failures raise KvtierError subclasses carrying kvtier's code (negative), its
+repository's build/ (python/kvtier/../../build), then the system loader. Failures raise
+KvtierError subclasses carrying kvtier's code (negative), its
 name (kvt_strerror) and the detailed message (kvt_last_error_message). Engine, Sequence and
 Batch are context managers and have close()/release(): resources go back when the caller says,
 not when the garbage collector runs. An Engine's objects become unusable once it is closed
@@ -34,6 +35,7 @@ numpy is optional: it is needed only by Engine.hbm_array() and Batch.kv().
 
 import ctypes
 import errno
+import operator
 import weakref
 
 from . import _ffi
@@ -237,6 +239,21 @@ class Engine:
                  device="emulated", log=None, **opts):
         o = _ffi.EngineOpts()
         lib.kvt_engine_opts_init(ctypes.byref(o), ctypes.sizeof(o))
+        if isinstance(dtype, str) and dtype not in DTYPES:
+            raise InvalidArgumentError(-errno.EINVAL, f"unknown dtype {dtype!r} (one of "
+                                       + ", ".join(sorted(DTYPES)) + ")", "Engine")
+        sizes = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim,
+                 "tokens_per_block": tokens_per_block, "hbm_bytes": hbm_bytes,
+                 "host_bytes": host_bytes, "nvme_bytes": nvme_bytes}
+        for k, v in sizes.items():
+            try:
+                ok = 0 <= operator.index(v) < (1 << (64 if k.endswith("_bytes") else 32))
+            except TypeError:
+                ok = False
+            if not ok:
+                raise InvalidArgumentError(-errno.EINVAL, f"{k} must be a non-negative "
+                                           f"integer that fits its C field, got {v!r}",
+                                           "Engine")
         o.layout = _ffi.Layout(n_layers, n_kv_heads, head_dim,
                                DTYPES[dtype] if isinstance(dtype, str) else int(dtype),
                                tokens_per_block)

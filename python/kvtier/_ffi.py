@@ -19,14 +19,16 @@ LAT_BUCKET_BOUNDS_NS = (10000, 50000, 100000, 500000, 1000000, 5000000, 10000000
 
 
 def _load_library():
-    """KVTIER_LIBRARY, then a libkvtier.so* beside this package, then the system loader."""
+    """KVTIER_LIBRARY, then a libkvtier.so* beside this package, then the build tree of the
+    repository this package sits in (python/kvtier/../../build), then the system loader."""
     tried = []
     env = os.environ.get("KVTIER_LIBRARY")
     if env:
         return ctypes.CDLL(env)  # an explicit choice: its error is the answer
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("libkvtier.so", "libkvtier.so.0"):
-        path = os.path.join(here, name)
+    build = os.path.normpath(os.path.join(here, "..", "..", "build"))
+    for path in (os.path.join(d, n) for d in (here, build)
+                 for n in ("libkvtier.so", "libkvtier.so.0")):
         if os.path.exists(path):
             return ctypes.CDLL(path)
         tried.append(path)
@@ -37,8 +39,9 @@ def _load_library():
             return ctypes.CDLL(name)
         except OSError:
             tried.append(name)
-    raise OSError("kvtier: libkvtier.so not found (set KVTIER_LIBRARY to its path; tried "
-                  + ", ".join(tried) + ")")
+    raise OSError("kvtier: libkvtier.so not found; tried " + ", ".join(tried)
+                  + " and the system loader's paths. Build it (cmake --build build) or set "
+                  "KVTIER_LIBRARY=/path/to/libkvtier.so")
 
 
 class Layout(ctypes.Structure):

@@ -93,3 +93,34 @@ def test_restart_restores_published_sessions(root, tmp_path):
     assert [x for _, x in got] == [lines[("1", "2")], lines[("2", "2")]]
     assert re.findall(r"\[session (\d) turn 1\] (.*)", first.stdout)[0][1] == \
         lines[("1", "1")]
+
+
+def test_restart_two_sessions_default_hbm(root, tmp_path):
+    """A restart with 2 sessions at the default HBM size: the restored sessions carry their
+    history (40 tokens each) on top of this run's 40 positions, so they no longer fit HBM
+    together as the first run's did; the example runs them in groups that fit."""
+    model_files(root)
+    flags = ["--sessions", "2", "--steps", "40", "--nvme-dir", str(tmp_path)]
+    example(root, flags)
+    for _ in range(2):  # each restart continues both chats (80, then 120 tokens)
+        again = example(root, flags)
+        assert len(re.findall(r"turn 1: \d+ tokens cached \(restored", again.stderr)) == 2
+        assert len(re.findall(r"\[session \d turn 1\] ", again.stdout)) == 2
+
+
+def test_more_sessions_than_hbm_holds_run_in_groups(root):
+    model_files(root)
+    flags = ["--sessions", "3", "--steps", "40", "--prompt", "Lily had a"]
+    ex = example(root, flags + ["--hbm-blocks", "7"])  # 3 blocks a session: 2 at a time
+    assert ex.stdout.strip() == kvtier_run(root, flags).strip()
+
+
+@pytest.mark.parametrize("flags", [["--steps", "0"], ["--steps", "-5"], ["--sessions", "0"],
+                                   ["--turns", "x"]])
+def test_bad_arguments_are_argparse_errors(root, flags):
+    env = dict(os.environ, KVT_SHARED_DATA=data_dir(root))
+    r = subprocess.run([sys.executable, os.path.join(root, "python", "examples",
+                                                     "kv_connector.py")] + flags,
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2
+    assert "error: argument " + flags[0] in r.stderr and "Traceback" not in r.stderr

@@ -25,6 +25,7 @@
  * what this machine's CPU moves makes transfers take realistic time relative to its compute.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -325,9 +326,23 @@ dec_usage(FILE *f)
 	      "  --measure-from S      first measured step (default: 3/4 of --steps)\n"
 	      "  --repeat N            rounds of the three runs; the fastest of each counts\n"
 	      "                        (default 3)\n"
-	      "  --bandwidth B         emulated copy bytes/s, K/M/G suffixes (default: measured\n"
+	      "  --bandwidth B         emulated copy bytes/s, K/M/G/T suffixes (default: measured\n"
 	      "                        memcpy bandwidth / 4, a PCIe-to-DRAM-like ratio)\n",
 	      f);
+}
+
+/* Is @k one of decode's options (all take a value)? */
+static bool
+dec_known(const char *k)
+{
+	static const char *const names[] = { "--model", "--tokenizer", "--sessions", "--steps",
+					      "--tokens-per-block", "--ratio", "--measure-from",
+					      "--repeat", "--bandwidth" };
+
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (!strcmp(k, names[i]))
+			return true;
+	return false;
 }
 
 static int
@@ -339,6 +354,8 @@ dec_parse(int argc, char **argv, struct dec_args *a)
 
 		if (!strcmp(k, "-h") || !strcmp(k, "--help"))
 			return 1;
+		if (!dec_known(k))
+			return kvtr_err(-EINVAL, "unknown option %s (see --help)", k);
 		if (!v)
 			return kvtr_err(-EINVAL, "%s: missing value (see --help)", k);
 		i++;

@@ -18,12 +18,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include "bench.h"
 #include "kvtier.h"
 #include "nvme_int.h"
 #include "tiers/tier_nvme.h"
+#include "util.h"
 
 #define NB_MAX_LIST 8
 #define NB_MODEL "../shared/data/models/stories260K.bin"
@@ -171,6 +175,16 @@ nb_tier_point(const struct nb_opts *o, size_t bs, uint32_t qd, double *w, double
 	return rc;
 }
 
+/* "fio GB/s | ratio |" of one point, "- | - |" when fio did not run (--no-fio, no fio, failed). */
+static void
+nb_fio_cols(double fio, double kvtier)
+{
+	if (fio > 0)
+		printf("%.2f | %.2f |", fio / 1e9, kvtier / fio);
+	else
+		printf("- | - |");
+}
+
 static int
 nb_tier_table(const struct nb_opts *o)
 {
@@ -191,9 +205,11 @@ nb_tier_table(const struct nb_opts *o)
 				fr = nb_fio(o, bs, o->qd[q], o->bytes, false);
 				nb_fio_clean(o);
 			}
-			printf("| %zu KiB | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-			       bs >> 10, o->qd[q], w / 1e9, fw / 1e9, fw > 0 ? w / fw : 0, r / 1e9,
-			       fr / 1e9, fr > 0 ? r / fr : 0);
+			printf("| %zu KiB | %u | %.2f | ", bs >> 10, o->qd[q], w / 1e9);
+			nb_fio_cols(fw, w);
+			printf(" %.2f | ", r / 1e9);
+			nb_fio_cols(fr, r);
+			printf("\n");
 			fflush(stdout);
 		}
 	return 0;
@@ -292,12 +308,13 @@ nb_park_resume(const struct nb_opts *o)
 	       o->nvme_codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" : "off");
 	printf("| phase | tokens/s | GB/s | fio GB/s (2 MiB, QD 64) | ratio |\n"
 	       "|---|---|---|---|---|\n");
-	printf("| park to NVMe (written) | %.0f | %.2f | %.2f write | %.2f |\n",
-	       o->sessions * (double)o->tokens / tp, bytes / tp / 1e9, fw / 1e9,
-	       fw > 0 ? bytes / tp / fw : 0);
-	printf("| resume to HBM (ready) | %.0f | %.2f | %.2f read | %.2f |\n",
-	       o->sessions * (double)o->tokens / tr, bytes / tr / 1e9, fr / 1e9,
-	       fr > 0 ? bytes / tr / fr : 0);
+	printf("| park to NVMe (written) | %.0f | %.2f | ", o->sessions * (double)o->tokens / tp,
+	       bytes / tp / 1e9);
+	nb_fio_cols(fw, bytes / tp);
+	printf("\n| resume to HBM (ready) | %.0f | %.2f | ", o->sessions * (double)o->tokens / tr,
+	       bytes / tr / 1e9);
+	nb_fio_cols(fr, bytes / tr);
+	printf("\n");
 out:
 	kvt_engine_destroy(e);
 	free(ids);
@@ -308,26 +325,35 @@ out:
 /* ---- options ------------------------------------------------------------------------------- */
 
 static int
-nb_list(const char *s, uint64_t *v, uint32_t *n, bool size)
+nb_list(const char *what, const char *s, uint64_t *v, uint32_t *n, bool size)
 {
-	char *end;
+	char item[64];
+	const char *end;
+	size_t len;
+	int rc;
 
 	*n = 0;
-	while (*s && *n < NB_MAX_LIST) {
-		uint64_t x = strtoull(s, &end, 10);
-
-		if (end == s)
-			return -EINVAL;
-		if (size && (*end == 'k' || *end == 'K'))
-			x <<= 10, end++;
-		else if (size && (*end == 'm' || *end == 'M'))
-			x <<= 20, end++;
-		v[(*n)++] = x;
-		s = *end == ',' ? end + 1 : end;
-		if (*end && *end != ',')
-			return -EINVAL;
+	for (;;) {
+		end = strchr(s, ',');
+		len = end ? (size_t)(end - s) : strlen(s);
+		if (*n == NB_MAX_LIST)
+			return kvtr_err(-EINVAL, "%s: more than %d values", what, NB_MAX_LIST);
+		if (len >= sizeof item)
+			return kvtr_err(-EINVAL, "%s: '%.*s' is too long", what, (int)len, s);
+		memcpy(item, s, len);
+		item[len] = '\0';
+		rc = size ? kvtr_parse_bytes(what, item, 8192, 64u << 20, &v[*n])
+			  : kvtr_parse_u64(what, item, 1, 1024, &v[*n]);
+		if (rc)
+			return rc;
+		if (size && v[*n] % 4096)
+			return kvtr_err(-EINVAL, "%s: %s is not a multiple of 4096 (O_DIRECT)", what,
+					item);
+		(*n)++;
+		if (!end)
+			return 0;
+		s = end + 1;
 	}
-	return *n ? 0 : -EINVAL;
 }
 
 static void
@@ -338,64 +364,120 @@ nb_usage(FILE *f)
 		   "         [--sessions 2] [--tokens 4096] [--codec none|shuf-lz4] [--no-fio]\n"
 		   "         [--only tier|park|codec]\n"
 		   "         [--model stories260K.bin --tokenizer tok512.bin]\n"
-		   "DIR (default .) must be on the filesystem to measure (not tmpfs).\n");
+		   "DIR (default .) must exist and be on the filesystem to measure (on tmpfs the\n"
+		   "figures are memory figures: a warning says so). --bs: 8 KiB..64 MiB, multiples\n"
+		   "of 4 KiB (K/M suffixes); --qd: 1..1024. Without fio (or with --no-fio) the fio\n"
+		   "columns read \"-\".\n");
 }
 
+/* One option with a value; returns 0, or -EINVAL with kvtr_last_error() naming it. */
 static int
-nb_parse(int argc, char **argv, struct nb_opts *o)
+nb_opt(struct nb_opts *o, const char *a, const char *val)
 {
 	uint64_t v[NB_MAX_LIST];
 	uint32_t n;
+	int rc = 0;
 
+	if (!strcmp(a, "--dir")) {
+		o->dir = val;
+	} else if (!strcmp(a, "--bs")) {
+		rc = nb_list("--bs", val, v, &n, true);
+		for (o->n_bs = 0; rc == 0 && o->n_bs < n; o->n_bs++)
+			o->bs[o->n_bs] = (size_t)v[o->n_bs];
+	} else if (!strcmp(a, "--qd")) {
+		rc = nb_list("--qd", val, v, &n, false);
+		for (o->n_qd = 0; rc == 0 && o->n_qd < n; o->n_qd++)
+			o->qd[o->n_qd] = (uint32_t)v[o->n_qd];
+	} else if (!strcmp(a, "--mib")) {
+		rc = kvtr_parse_u64("--mib", val, 1, 1u << 20, &v[0]);
+		o->bytes = rc ? o->bytes : v[0] << 20;
+	} else if (!strcmp(a, "--sessions")) {
+		rc = kvtr_parse_u32("--sessions", val, 1, 4096, &o->sessions);
+	} else if (!strcmp(a, "--tokens")) {
+		rc = kvtr_parse_u32("--tokens", val, 1, 1u << 22, &o->tokens);
+	} else if (!strcmp(a, "--only")) {
+		o->tier = !strcmp(val, "tier");
+		o->park = !strcmp(val, "park");
+		o->codec = !strcmp(val, "codec");
+		if (!o->tier && !o->park && !o->codec)
+			rc = kvtr_err(-EINVAL, "--only: unknown part '%s' (tier, park or codec)",
+				      val);
+	} else if (!strcmp(a, "--codec")) {
+		if (!strcmp(val, "shuf-lz4") || !strcmp(val, "shuf_lz4"))
+			o->nvme_codec = KVT_CODEC_SHUF_LZ4;
+		else if (!strcmp(val, "none") || !strcmp(val, "off"))
+			o->nvme_codec = KVT_CODEC_NONE;
+		else
+			rc = kvtr_err(-EINVAL, "--codec: unknown codec '%s' (none or shuf-lz4)", val);
+	} else if (!strcmp(a, "--model")) {
+		o->model = val;
+	} else if (!strcmp(a, "--tokenizer")) {
+		o->tok = val;
+	} else {
+		rc = kvtr_err(-EINVAL, "unknown option '%s' (see --help)", a);
+	}
+	return rc;
+}
+
+/* Is @a one of the options that take a value? */
+static bool
+nb_valued(const char *a)
+{
+	static const char *const names[] = { "--dir", "--bs", "--qd", "--mib", "--sessions",
+					      "--tokens", "--only", "--codec", "--model",
+					      "--tokenizer" };
+
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (!strcmp(a, names[i]))
+			return true;
+	return false;
+}
+
+/* Returns 0, 1 for --help, or -EINVAL with kvtr_last_error() naming the bad argument. */
+static int
+nb_parse(int argc, char **argv, struct nb_opts *o)
+{
 	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+		const char *a = argv[i];
+		int rc;
 
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			nb_usage(stdout);
-			exit(0);
-		} else if (!strcmp(a, "--no-fio")) {
+		if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+			return 1;
+		if (!strcmp(a, "--no-fio")) {
 			o->fio = false;
 			continue;
 		}
-		if (!val)
-			return -EINVAL;
-		i++;
-		if (!strcmp(a, "--dir")) {
-			o->dir = val;
-		} else if (!strcmp(a, "--bs") && !nb_list(val, v, &n, true)) {
-			for (o->n_bs = 0; o->n_bs < n; o->n_bs++)
-				o->bs[o->n_bs] = (size_t)v[o->n_bs];
-		} else if (!strcmp(a, "--qd") && !nb_list(val, v, &n, false)) {
-			for (o->n_qd = 0; o->n_qd < n; o->n_qd++)
-				o->qd[o->n_qd] = (uint32_t)v[o->n_qd];
-		} else if (!strcmp(a, "--mib")) {
-			o->bytes = strtoull(val, NULL, 10) << 20;
-		} else if (!strcmp(a, "--sessions")) {
-			o->sessions = (uint32_t)strtoul(val, NULL, 10);
-		} else if (!strcmp(a, "--tokens")) {
-			o->tokens = (uint32_t)strtoul(val, NULL, 10);
-		} else if (!strcmp(a, "--only")) {
-			o->tier = !strcmp(val, "tier");
-			o->park = !strcmp(val, "park");
-			o->codec = !strcmp(val, "codec");
-		} else if (!strcmp(a, "--codec")) {
-			o->nvme_codec = !strcmp(val, "shuf-lz4") ? KVT_CODEC_SHUF_LZ4
-								 : KVT_CODEC_NONE;
-		} else if (!strcmp(a, "--model")) {
-			o->model = val;
-		} else if (!strcmp(a, "--tokenizer")) {
-			o->tok = val;
-		} else {
-			return -EINVAL;
-		}
+		if (strncmp(a, "--", 2))
+			return kvtr_err(-EINVAL, "unexpected argument '%s' (see --help)", a);
+		if (!nb_valued(a))
+			return kvtr_err(-EINVAL, "unknown option '%s' (see --help)", a);
+		if (i + 1 == argc)
+			return kvtr_err(-EINVAL, "%s: missing value", a);
+		rc = nb_opt(o, a, argv[++i]);
+		if (rc)
+			return rc;
 	}
-	for (uint32_t b = 0; b < o->n_bs; b++)
-		if (o->bs[b] < 8192 || o->bs[b] % 4096 || o->bs[b] > (64u << 20))
-			return -EINVAL;
-	for (uint32_t q = 0; q < o->n_qd; q++)
-		if (o->qd[q] < 1 || o->qd[q] > 1024)
-			return -EINVAL;
-	return o->bytes && o->sessions && o->tokens ? 0 : -EINVAL;
+	return 0;
+}
+
+/* The directory must exist and be writable; on tmpfs (or ramfs) the figures are not a
+ * disk's: a warning says so. Returns 0 or -errno with kvtr_last_error() set. */
+static int
+nb_check_dir(const char *dir)
+{
+	struct statfs fs;
+	struct stat st;
+
+	if (stat(dir, &st))
+		return kvtr_err(-errno, "--dir %s: %s", dir, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return kvtr_err(-ENOTDIR, "--dir %s: not a directory", dir);
+	if (access(dir, W_OK | X_OK))
+		return kvtr_err(-errno, "--dir %s: not writable: %s", dir, strerror(errno));
+	if (statfs(dir, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC))
+		fprintf(stderr, "kvtier-bench nvme: warning: %s is on tmpfs (memory): its figures "
+				"are not disk figures, and O_DIRECT may be refused\n", dir);
+	return 0;
 }
 
 int
@@ -407,10 +489,20 @@ kvtb_nvme_main(int argc, char **argv)
 		.tokens = 4096, .fio = true, .tier = true, .park = true, .codec = true,
 		.model = NB_MODEL, .tok = NB_TOK,
 	};
-	int rc;
+	int rc = nb_parse(argc, argv, &o);
 
-	if (nb_parse(argc, argv, &o)) {
-		nb_usage(stderr);
+	if (rc == 1) {
+		nb_usage(stdout);
+		return 0;
+	}
+	if (rc == 0 && (o.tier || o.park))
+		rc = nb_check_dir(o.dir);
+	if (rc == 0 && o.codec && (access(o.model, R_OK) || access(o.tok, R_OK)))
+		rc = kvtr_err(-ENOENT, "codec table: cannot read %s: %s (give --model and "
+			      "--tokenizer)", access(o.model, R_OK) ? o.model : o.tok,
+			      strerror(errno));
+	if (rc) {
+		fprintf(stderr, "kvtier-bench nvme: %s\n", kvtr_last_error());
 		return 2;
 	}
 	if (o.fio && system("fio --version > /dev/null 2>&1") != 0) {
@@ -422,11 +514,11 @@ kvtb_nvme_main(int argc, char **argv)
 	if (rc == 0 && o.park)
 		rc = nb_park_resume(&o);
 	if (rc == 0 && o.codec) {
-		int c = kvtb_codec_table(stdout, o.model, o.tok, 4);
-
-		if (c)
-			fprintf(stderr, "kvtier-bench nvme: codec table skipped: %s: %s\n", o.model,
-				kvt_strerror(c));
+		rc = kvtb_codec_table(stdout, o.model, o.tok, 4);
+		if (rc)
+			fprintf(stderr, "kvtier-bench nvme: codec table: %s: %s\n", o.model,
+				kvt_strerror(rc));
+		return rc ? 1 : 0;
 	}
 	if (rc)
 		fprintf(stderr, "kvtier-bench nvme: %s\n", kvt_strerror(rc));

@@ -53,45 +53,11 @@ kvc_dtype_bytes(const char *name)
 	return 0;
 }
 
-/* Multiplier of a size suffix ("", K, M, G, T, P, each optionally followed by "iB" or "B"). */
-static double
-calc_suffix(const char *p, int binary)
-{
-	static const char units[] = "KMGTP";
-	const char *u;
-	double base = binary ? 1024.0 : 1000.0, mult = 1.0;
-
-	if (*p == '\0')
-		return 1.0;
-	u = strchr(units, (char)(*p >= 'a' ? *p - 32 : *p));
-	if (!u)
-		return -1.0;
-	for (long i = 0; i <= u - units; i++)
-		mult *= base;
-	p++;
-	if (*p == 'i')
-		p++;
-	if (*p == 'B' || *p == 'b')
-		p++;
-	return *p == '\0' ? mult : -1.0;
-}
-
 int
 kvc_parse_bytes(const char *what, const char *s, uint64_t *out)
 {
-	char *end;
-	double v, mult;
-
-	if (!s || !*s)
-		return kvtr_err(-EINVAL, "%s: empty size", what);
-	errno = 0;
-	v = strtod(s, &end);
-	mult = end != s ? calc_suffix(end, 1) : -1.0;
-	if (errno || mult < 0 || !(v >= 0) || v * mult >= 1.8e19)
-		return kvtr_err(-EINVAL, "%s: '%s' is not a size (bytes with an optional K, M, G, "
-				"T or P suffix, binary: e.g. 80G, 1.5T)", what, s);
-	*out = (uint64_t)llround(v * mult);
-	return 0;
+	/* the tools' one size syntax (kvtier-run/util.c); 0 is a valid budget here */
+	return kvtr_parse_bytes(what, s, 0, UINT64_MAX, out);
 }
 
 int
@@ -150,16 +116,15 @@ kvc_model_finish(struct kvc_model *m)
 	calc_layer_pattern(m);
 	if (m->kv_lora_rank) /* MLA: one latent plus the rope key per token and layer */
 		return 0;
-	if (!m->n_heads && m->n_kv_heads)
-		m->n_heads = m->n_kv_heads;
-	if (!m->n_heads && m->hidden && !m->head_dim) {
-		/* only hidden given: an MHA whose heads x head_dim = hidden */
-		m->head_dim = m->hidden % 128 == 0 ? 128 : m->hidden;
+	/* without the head count only an explicit head_dim says how wide a head is: no guess */
+	if (!m->n_heads && m->head_dim && m->n_kv_heads)
+		m->n_heads = m->n_kv_heads; /* assumed MHA: the KV bytes do not depend on it */
+	else if (!m->n_heads && m->head_dim && m->hidden && m->hidden % m->head_dim == 0)
 		m->n_heads = m->hidden / m->head_dim;
-	}
 	if (!m->n_heads)
-		return kvtr_err(-EINVAL, "number of attention heads missing (num_attention_heads, "
-				"--heads or --kv-heads)");
+		return kvtr_err(-EINVAL, "number of attention heads missing or 0 "
+				"(num_attention_heads / --heads), and no head_dim (--head-dim) with "
+				"num_key_value_heads or hidden_size to size the heads by");
 	if (!m->n_kv_heads)
 		m->n_kv_heads = m->n_heads;
 	if (!m->head_dim) {

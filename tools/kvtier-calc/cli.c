@@ -35,7 +35,7 @@ cli_usage(FILE *f)
 	      "  --context N           tokens per sequence (default 4096)\n"
 	      "  --batch N             sequences (default 1)\n"
 	      "  --tokens-per-block N  kvtier block size (default 16)\n"
-	      "Budgets (binary K/M/G/T suffixes, e.g. 80G):\n"
+	      "Budgets (bytes with binary K/M/G/T/P suffixes and fractions, e.g. 80G, 1.5T):\n"
 	      "  --hbm SIZE            GPU memory; the weights are taken out first\n"
 	      "  --hbm-util F          fraction of --hbm usable (default 1.0)\n"
 	      "  --host SIZE           host memory for KV\n"
@@ -45,7 +45,11 @@ cli_usage(FILE *f)
 	      "  --weights-dtype T     default: the config's torch_dtype, else the KV dtype\n"
 	      "Output:\n"
 	      "  --json                one JSON object instead of text\n"
-	      "  -h, --help            this text\n",
+	      "  -h, --help            this text\n"
+	      "Heads: num_attention_heads (--heads) is required unless head_dim (--head-dim) is\n"
+	      "given with num_key_value_heads or hidden_size; nothing is guessed.\n"
+	      "Exit status: 0 when computed, also when the weights do not fit in --hbm (the text\n"
+	      "says so, 0 sessions in HBM; --json: \"weights_fit_hbm\": false); 2 on bad input.\n",
 	      f);
 }
 

@@ -74,7 +74,12 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 		print_human(r->batch_paged_bytes, b, sizeof b));
 	if (r->weight_bytes > 0)
 		fprintf(f, "weights          %s\n", print_human(r->weight_bytes, a, sizeof a));
-	if (q->hbm_bytes)
+	if (q->hbm_bytes && r->weight_bytes > (double)q->hbm_bytes * q->hbm_util)
+		fprintf(f, "HBM              weights (%s) do not fit in HBM (%s%s): 0 sessions "
+			"in HBM\n", print_human(r->weight_bytes, a, sizeof a),
+			print_human((double)q->hbm_bytes * q->hbm_util, b, sizeof b),
+			q->hbm_util < 1.0 ? " usable" : "");
+	else if (q->hbm_bytes)
 		fprintf(f, "HBM              %s for KV after weights: %llu sessions\n",
 			print_human(r->hbm_kv_bytes, a, sizeof a), (unsigned long long)r->fit_hbm);
 	if (q->host_bytes)
@@ -132,7 +137,9 @@ kvc_print_json(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 	char *s;
 	int ok;
 
-	ok = o && cJSON_AddStringToObject(o, "model", m->name) &&
+	ok = o && cJSON_AddBoolToObject(o, "weights_fit_hbm", !q->hbm_bytes ||
+					r->weight_bytes <= (double)q->hbm_bytes * q->hbm_util) &&
+	     cJSON_AddStringToObject(o, "model", m->name) &&
 	     cJSON_AddStringToObject(o, "attention", print_attn_name[r->attn]);
 	for (size_t i = 0; ok && i < sizeof(n) / sizeof(n[0]); i++)
 		ok = cJSON_AddNumberToObject(o, n[i].key, n[i].v) != NULL;

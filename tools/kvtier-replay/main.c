@@ -18,6 +18,7 @@
 #include "out.h"
 #include "replay.h"
 #include "replay_data.h"
+#include "util.h"
 
 #define RP_MAX_CAPS 32
 #define RP_MAX_POLS 4
@@ -48,13 +49,17 @@ rp_usage(FILE *f)
 		"  TRACE                 Mooncake JSONL (hash_ids of 512-token blocks) or Azure CSV\n"
 		"  --sweep LIST          single-tier capacities, e.g. 1k,4k,16k,64k or 2GiB,8GiB\n"
 		"                        (default 1k,2k,4k,8k,16k,32k,64k blocks; k = 1000)\n"
-		"  --hbm N --host N --nvme N   tiered run capacities, blocks or bytes (KiB..TiB)\n"
+		"  --hbm N --host N --nvme N   tiered run capacities: blocks (4k = 4000 blocks)\n"
+		"                        or bytes ending in B (512MiB, 1.5GiB, 2TB: binary)\n"
 		"                        (default 2k, 8k, 32k blocks)\n"
 		"  --policies LIST       kvtier policies to compare (default lru,arc; also prio)\n"
-		"  --bytes-per-token N   KV bytes per token, all layers (default 131072: Llama-3-8B\n"
-		"                        fp16); converts bytes to blocks and blocks moved to bytes\n"
+		"  --bytes-per-token N   KV bytes per token, all layers (default 131072 = 128 KiB:\n"
+		"                        Llama-3-8B, 32 layers x 8 KV heads x 128 x K+V x fp16);\n"
+		"                        a block is --block-tokens (Mooncake: 512) x this = 64 MiB\n"
+		"                        by default: it converts byte capacities to blocks, and\n"
+		"                        every GiB column is blocks x that block size\n"
 		"  --block-tokens N      tokens per block of CSV traces (default 512)\n"
-		"  --limit N             replay the first N requests only\n"
+		"  --limit N             replay the first N requests only (N >= 1)\n"
 		"  --csv FILE  --json FILE  --plot FILE.png   outputs\n"
 		"  --data                data mode: the tiered run through a real engine (emulated\n"
 		"                        device, HOST memory, NVMe file), prefix sharing on, real\n"
@@ -63,33 +68,39 @@ rp_usage(FILE *f)
 		"Default: metadata-only, kvtier's own eviction policies, no KV bytes moved.\n");
 }
 
-/* "4096", "4k" (blocks, k = 1000) or "2GiB", "512MiB", "100B" (bytes). */
+/* "4096", "4k" (blocks, k = 1000) or bytes in the tools' size syntax ending in B: "2GiB",
+ * "1.5GB", "512MiB", "100B" (binary), converted to whole blocks of @block_bytes. */
 static int
 rp_parse_cap(const char *s, uint64_t block_bytes, uint64_t *out)
 {
-	static const struct { const char *u; uint64_t m; int bytes; } units[] = {
-		{ "", 1, 0 }, { "k", 1000, 0 }, { "K", 1000, 0 }, { "B", 1, 1 },
-		{ "KiB", 1ull << 10, 1 }, { "MiB", 1ull << 20, 1 }, { "GiB", 1ull << 30, 1 },
-		{ "TiB", 1ull << 40, 1 },
-	};
-	char *end;
-	double v;
-	size_t i;
+	size_t len = strlen(s);
+	uint64_t v;
+	char buf[64];
 
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || v < 0)
+	if (len && (s[len - 1] == 'B' || s[len - 1] == 'b')) {
+		if (kvtr_parse_bytes("capacity", s, 1, UINT64_MAX, &v))
+			return -1;
+		v /= block_bytes;
+	} else if (len && (s[len - 1] == 'k' || s[len - 1] == 'K') && len < sizeof buf) {
+		memcpy(buf, s, len - 1);
+		buf[len - 1] = '\0';
+		if (kvtr_parse_u64("capacity", buf, 0, 4000000, &v))
+			return -1;
+		v *= 1000;
+	} else if (kvtr_parse_u64("capacity", s, 0, 4000000000ull, &v)) {
 		return -1;
-	for (i = 0; i < sizeof units / sizeof units[0]; i++)
-		if (!strcmp(end, units[i].u)) {
-			v *= (double)units[i].m;
-			if (units[i].bytes)
-				v /= (double)block_bytes;
-			if (v >= 4e9)
-				return -1;
-			*out = (uint64_t)v;
-			return 0;
-		}
+	}
+	if (v >= 4000000000ull)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* Print the parse error kvtr_last_error() holds; returns -1. */
+static int
+rp_arg_error(void)
+{
+	fprintf(stderr, "kvtier-replay: %s\n", kvtr_last_error());
 	return -1;
 }
 
@@ -135,12 +146,17 @@ rp_parse_args(int argc, char **argv, struct rp_opts *o)
 			o->tier_spec[2] = v;
 		else if (!strcmp(a, "--policies"))
 			o->pol_spec = v;
-		else if (!strcmp(a, "--bytes-per-token"))
-			o->bytes_per_token = strtoull(v, NULL, 10);
-		else if (!strcmp(a, "--block-tokens"))
-			o->block_tokens = (uint32_t)strtoul(v, NULL, 10);
-		else if (!strcmp(a, "--limit"))
-			o->limit = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(a, "--bytes-per-token") &&
+			 kvtr_parse_bytes(a, v, 1, UINT64_C(1) << 40, &o->bytes_per_token))
+			return rp_arg_error();
+		else if (!strcmp(a, "--block-tokens") &&
+			 kvtr_parse_u32(a, v, 1, 1u << 20, &o->block_tokens))
+			return rp_arg_error();
+		else if (!strcmp(a, "--limit") && kvtr_parse_u32(a, v, 1, UINT32_MAX, &o->limit))
+			return rp_arg_error();
+		else if (!strcmp(a, "--bytes-per-token") || !strcmp(a, "--block-tokens") ||
+			 !strcmp(a, "--limit"))
+			continue;
 		else if (!strcmp(a, "--csv"))
 			o->csv = v;
 		else if (!strcmp(a, "--json"))
@@ -338,7 +354,9 @@ rp_capacities(struct rp_opts *o, uint64_t bb, uint64_t tiers[RP_TIERS])
 	}
 	for (t = 0; t < RP_TIERS; t++)
 		if (o->tier_spec[t] && rp_parse_cap(o->tier_spec[t], bb, &tiers[t])) {
-			fprintf(stderr, "kvtier-replay: bad capacity '%s'\n", o->tier_spec[t]);
+			fprintf(stderr, "kvtier-replay: --%s: bad capacity '%s' (blocks, 4k = 4000 "
+				"blocks, or bytes ending in B: 512MiB, 1.5GiB)\n",
+				t == 0 ? "hbm" : t == 1 ? "host" : "nvme", o->tier_spec[t]);
 			return -1;
 		}
 	if (!tiers[0]) {

@@ -7,9 +7,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "replay.h"
+#include "util.h"
+
+#define TR_FORMATS "Mooncake JSONL (one {\"timestamp\", \"input_length\", \"hash_ids\"} " \
+	"object per line) or Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens)"
+
+/* Does the first non-empty line look like one of the two formats? */
+static int
+tr_format_known(const char *line)
+{
+	if (line[0] == '{' || strncmp(line, "TIMESTAMP", 9) == 0)
+		return 1;
+	/* an Azure row without its header: "YYYY-MM-DD hh:mm:ss.f,context,generated" */
+	return line[0] >= '0' && line[0] <= '9' && strchr(line, ',') != NULL;
+}
 
 static int
 tr_push_req(struct rp_trace *t, uint32_t *cap)
@@ -147,11 +162,21 @@ rp_trace_load(const char *path, uint32_t block_tokens, uint32_t limit, struct rp
 	uint64_t idcap = 0;
 	double t0 = -1;
 	int json = -1, rc = 0;
+	struct stat st;
 
 	memset(t, 0, sizeof *t);
 	t->block_tokens = block_tokens;
-	if (!f) {
-		fprintf(stderr, "kvtier-replay: %s: %s\n", path, strerror(errno));
+	if (!f || fstat(fileno(f), &st)) {
+		kvtr_err(-errno, "%s: %s", path, strerror(errno));
+		fprintf(stderr, "kvtier-replay: %s\n", kvtr_last_error());
+		if (f)
+			fclose(f);
+		return -1;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		kvtr_err(-EISDIR, "%s is a directory: give a trace file, " TR_FORMATS, path);
+		fprintf(stderr, "kvtier-replay: %s\n", kvtr_last_error());
+		fclose(f);
 		return -1;
 	}
 	while (rc == 0 && (len = getline(&line, &lcap, f)) >= 0) {
@@ -159,6 +184,13 @@ rp_trace_load(const char *path, uint32_t block_tokens, uint32_t limit, struct rp
 		if (len <= 1 || (limit && t->n_req >= limit))
 			continue;
 		if (json < 0) {
+			if (!tr_format_known(line)) {
+				kvtr_err(-EINVAL, "%s: line %u: not a trace format kvtier-replay "
+					 "reads: " TR_FORMATS, path, lineno);
+				fprintf(stderr, "kvtier-replay: %s\n", kvtr_last_error());
+				rc = -1;
+				break;
+			}
 			json = line[0] == '{';
 			t->has_ids = json;
 			if (json)
@@ -174,7 +206,7 @@ rp_trace_load(const char *path, uint32_t block_tokens, uint32_t limit, struct rp
 	free(line);
 	fclose(f);
 	if (rc == 0 && t->n_req == 0) {
-		fprintf(stderr, "kvtier-replay: %s: no requests\n", path);
+		fprintf(stderr, "kvtier-replay: %s: no requests (expected " TR_FORMATS ")\n", path);
 		rc = -1;
 	}
 	if (rc)

@@ -54,7 +54,7 @@ main_usage(FILE *f)
 	      "  --sessions N          concurrent chat sessions (default 1)\n"
 	      "  --turns T             turns per session; sessions are parked between turns\n"
 	      "                        (default 1)\n"
-	      "  --hbm SIZE            HBM tier bytes (K/M/G suffixes; default: room for all;\n"
+	      "  --hbm SIZE            HBM tier bytes (default: room for all;\n"
 	      "                        at least 2 blocks when a session outgrows one block)\n"
 	      "  --host SIZE           pinned host tier bytes (default: room for all)\n"
 	      "  --nvme-dir D          directory of the NVMe tier (default: a temp dir)\n"
@@ -68,15 +68,16 @@ main_usage(FILE *f)
 	      "                        (kvtier prefix sharing); the text is unchanged\n"
 	      "  --emu-delay-us N      emulated device: delay/reorder copies up to N us\n"
 	      "                        (default 0)\n"
-	      "  --emu-bandwidth B     emulated device: copy bandwidth in bytes/s (K/M/G\n"
-	      "                        suffixes; default unlimited)\n"
+	      "  --emu-bandwidth B     emulated device: copy bandwidth in bytes/s (a SIZE;\n"
+	      "                        default unlimited)\n"
 	      "  --prefetch            schedule hints: promote the next group/window while the\n"
 	      "                        current one computes (groups/windows use half of HBM)\n"
 	      "  --stats-json F        write tier/transfer statistics as JSON to F\n"
 	      "  --metrics F           write the engine's counters at the end in the Prometheus\n"
 	      "                        text format to F (- = stdout, after the text)\n"
 	      "  -h, --help            this text\n"
-	      "Sizes are at most 1 PiB. With one session and one turn stdout is only the\n"
+	      "SIZE: bytes with an optional fraction and binary K, M, G, T or P suffix (64M,\n"
+	      "1.5G, 4T), at most 1 PiB. With one session and one turn stdout is only the\n"
 	      "generated text, as llama2.c prints it; otherwise each turn's text is printed\n"
 	      "as \"[session S turn T] text\".\n",
 	      f);
@@ -371,6 +372,9 @@ main_run(struct main_args *a, struct kvtr_run_opts *o, struct kvtr_run_result *r
 		o->tok = &t;
 		o->stream = single ? stdout : NULL;
 		o->log = stderr;
+		if (o->steps > (uint32_t)m.cfg.seq_len)
+			fprintf(stderr, "kvtier-run: warning: --steps %u is more than the model's "
+				"seq_len %d: capped at %d\n", o->steps, m.cfg.seq_len, m.cfg.seq_len);
 		rc = kvtr_run(o, r);
 		if (rc == 0 && !single)
 			main_print_turns(r);

@@ -93,51 +93,84 @@ util_parse_digits(const char *s, uint64_t *v, int *overflow)
 	return p;
 }
 
-int
-kvtr_parse_size(const char *what, const char *s, uint64_t *out)
+/* Multiplier of a size suffix: "" 1, K/M/G/T/P powers of 1024 (either case), each optionally
+ * followed by "iB" or "B"; a lone "B" is bytes. 0 when it is none of those. */
+static uint64_t
+util_size_suffix(const char *p)
 {
-	uint64_t v, mult = 1;
-	const char *p;
+	static const char units[] = "KMGTP";
+	const char *u;
+	uint64_t mult = 1;
+
+	if (*p == '\0' || ((*p == 'B' || *p == 'b') && p[1] == '\0'))
+		return 1;
+	u = strchr(units, toupper((unsigned char)*p));
+	if (!u || !*p)
+		return 0;
+	mult <<= 10 * (u - units + 1);
+	p++;
+	if (*p == 'i')
+		p++;
+	if (*p == 'B' || *p == 'b')
+		p++;
+	return *p == '\0' ? mult : 0;
+}
+
+#define UTIL_SIZE_FORM "bytes, optionally with a fraction and a binary K, M, G, T or P suffix, " \
+	"e.g. 64M, 1.5G, 4T"
+
+int
+kvtr_parse_bytes(const char *what, const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+	uint64_t v, mult, frac_bytes = 0;
+	const char *p, *q;
+	double frac = 0.0;
 	int overflow;
 
 	if (!s || !*s)
-		return kvtr_err(-EINVAL, "%s: empty size (expected bytes with an optional K, M or "
-				"G suffix, e.g. 64M)", what);
+		return kvtr_err(-EINVAL, "%s: empty size (expected " UTIL_SIZE_FORM ")", what);
 	p = util_parse_digits(s, &v, &overflow);
 	if (!p)
-		return kvtr_err(-EINVAL, "%s: '%s' is not a size (expected bytes with an optional "
-				"K, M or G suffix, e.g. 64M)", what, s);
-	switch (*p) {
-	case '\0':
-		break;
-	case 'k':
-	case 'K':
-		mult = UINT64_C(1) << 10;
-		p++;
-		break;
-	case 'm':
-	case 'M':
-		mult = UINT64_C(1) << 20;
-		p++;
-		break;
-	case 'g':
-	case 'G':
-		mult = UINT64_C(1) << 30;
-		p++;
-		break;
-	default:
-		return kvtr_err(-EINVAL, "%s: '%s' has an unknown suffix (use K, M or G)", what, s);
+		return kvtr_err(-EINVAL, "%s: '%s' is not a size (expected " UTIL_SIZE_FORM ")",
+				what, s);
+	if (*p == '.') {
+		q = p + 1;
+		if (!isdigit((unsigned char)*q))
+			return kvtr_err(-EINVAL, "%s: '%s' is not a size (expected "
+					UTIL_SIZE_FORM ")", what, s);
+		frac = strtod(p, NULL); /* "." and digits: a value in [0, 1) */
+		for (p = q; isdigit((unsigned char)*p); p++)
+			;
 	}
-	if (*p != '\0')
-		return kvtr_err(-EINVAL, "%s: '%s' has trailing characters after the size", what,
-				s);
-	if (v == 0)
-		return kvtr_err(-EINVAL, "%s: size must be greater than zero", what);
-	if (overflow || v > KVTR_SIZE_MAX / mult)
-		return kvtr_err(-EINVAL, "%s: size '%s' is out of range (more than 1 PiB, the "
-				"largest tier kvtier accepts)", what, s);
-	*out = v * mult;
+	mult = util_size_suffix(p);
+	if (!mult)
+		return kvtr_err(-EINVAL, "%s: '%s' has an unknown suffix '%s' (use K, M, G, T or P, "
+				"powers of 1024)", what, s, p);
+	if (frac > 0.0) {
+		frac_bytes = (uint64_t)llround(frac * (double)mult);
+		if ((double)frac_bytes != frac * (double)mult)
+			return kvtr_err(-EINVAL, "%s: '%s' is not a whole number of bytes", what, s);
+	}
+	if (overflow || v > (UINT64_MAX - frac_bytes) / mult || v * mult + frac_bytes > max) {
+		if (max == KVTR_SIZE_MAX)
+			return kvtr_err(-EINVAL, "%s: size '%s' is out of range (more than 1 PiB, "
+					"the largest tier kvtier accepts)", what, s);
+		return kvtr_err(-EINVAL, "%s: size '%s' is out of range (more than %llu bytes)",
+				what, s, (unsigned long long)max);
+	}
+	v = v * mult + frac_bytes;
+	if (v < min)
+		return min == 1 ? kvtr_err(-EINVAL, "%s: size must be greater than zero", what)
+				: kvtr_err(-EINVAL, "%s: size '%s' is below the minimum %llu bytes",
+					   what, s, (unsigned long long)min);
+	*out = v;
 	return 0;
+}
+
+int
+kvtr_parse_size(const char *what, const char *s, uint64_t *out)
+{
+	return kvtr_parse_bytes(what, s, 1, KVTR_SIZE_MAX, out);
 }
 
 int

@@ -45,9 +45,18 @@ int kvtr_err_kvt(int code, const char *what);
 const char *kvtr_last_error(void);
 
 /**
- * kvtr_parse_size() - parse a byte count: decimal digits and an optional K, M or G suffix
- * (powers of 1024, either case). Rejects empty strings, signs, spaces, other suffixes, 0 and
- * values above KVTR_SIZE_MAX ("out of range"), each with a message naming @what (e.g. "--hbm").
+ * kvtr_parse_bytes() - parse a byte count, the one size syntax of the tools: decimal digits, an
+ * optional fraction (".5") and an optional binary suffix K, M, G, T or P (powers of 1024, either
+ * case, optionally followed by "iB" or "B"; "B" alone is bytes): "4096", "64M", "1.5G", "4TiB".
+ * Rejects empty strings, signs, spaces, unknown suffixes, fractions of a byte, values below
+ * @min and above @max, each with a message naming @what (e.g. "--hbm").
+ * Returns 0 and *out, or -EINVAL (*out untouched).
+ */
+int kvtr_parse_bytes(const char *what, const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+/**
+ * kvtr_parse_size() - kvtr_parse_bytes() of a tier size: at least 1 byte, at most KVTR_SIZE_MAX
+ * ("out of range (more than 1 PiB ...)"); 0 is "size must be greater than zero".
  * Returns 0 and *out, or -EINVAL.
  */
 int kvtr_parse_size(const char *what, const char *s, uint64_t *out);

@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_bench_nvme.c - `kvtier-bench nvme` (and decode's parser) refuses bad arguments before measuring
+ * anything: exit status 2 and a message naming the argument (kvtr_last_error(), also printed).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/kvtier-bench/bench.h"
+#include "tools/kvtier-run/util.h"
+
+/* Runs `kvtier-bench nvme ARGS...` in-process; returns its exit status. */
+static int
+bn_run(int argc, ...)
+{
+	char *argv[16];
+	va_list ap;
+
+	argv[0] = (char *)"nvme";
+	va_start(ap, argc);
+	for (int i = 1; i <= argc; i++)
+		argv[i] = va_arg(ap, char *);
+	va_end(ap);
+	argv[argc + 1] = NULL;
+	return kvtb_nvme_main(argc + 1, argv);
+}
+
+static void
+bn_expect(int rc, const char *needle)
+{
+	assert_int_equal(rc, 2);
+	if (!strstr(kvtr_last_error(), needle))
+		fail_msg("'%s' not in '%s'", needle, kvtr_last_error());
+}
+
+static void
+test_bad_values_named(void **state)
+{
+	(void)state;
+	bn_expect(bn_run(2, "--codec", "zip"), "--codec: unknown codec 'zip'");
+	bn_expect(bn_run(2, "--only", "foo"), "--only: unknown part 'foo'");
+	bn_expect(bn_run(2, "--bs", "7"), "--bs");
+	bn_expect(bn_run(2, "--bs", "12k,7"), "--bs");
+	bn_expect(bn_run(2, "--bs", "12345"), "multiple of 4096");
+	bn_expect(bn_run(2, "--qd", "0"), "--qd");
+	bn_expect(bn_run(2, "--qd", "1,x"), "--qd");
+	bn_expect(bn_run(2, "--mib", "0"), "--mib");
+	bn_expect(bn_run(2, "--sessions", "-1"), "--sessions");
+	bn_expect(bn_run(1, "--mib"), "--mib: missing value");
+}
+
+static void
+test_unknown_option(void **state)
+{
+	(void)state;
+	bn_expect(bn_run(1, "--bogus"), "unknown option '--bogus'");
+	bn_expect(bn_run(2, "--bogus", "1"), "unknown option '--bogus'");
+	bn_expect(bn_run(1, "stray"), "unexpected argument 'stray'");
+}
+
+/* kvtier-bench decode names an unknown option as such (not "missing value"), exit 1 */
+static void
+test_decode_unknown_option(void **state)
+{
+	char *argv[] = { (char *)"decode", (char *)"--bogus", NULL };
+	char *argv2[] = { (char *)"decode", (char *)"--steps", NULL };
+
+	(void)state;
+	assert_int_equal(kvtb_decode_main(2, argv), 1);
+	assert_non_null(strstr(kvtr_last_error(), "unknown option --bogus"));
+	assert_int_equal(kvtb_decode_main(2, argv2), 1);
+	assert_non_null(strstr(kvtr_last_error(), "--steps: missing value"));
+}
+
+static void
+test_missing_paths(void **state)
+{
+	(void)state;
+	bn_expect(bn_run(2, "--dir", "/nonexistent"), "--dir /nonexistent: No such file");
+	bn_expect(bn_run(4, "--only", "codec", "--model", "/nonexistent"),
+		  "cannot read /nonexistent");
+	bn_expect(bn_run(4, "--only", "tier", "--dir", "/etc/hostname"), "not a directory");
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bad_values_named),
+		cmocka_unit_test(test_unknown_option),
+		cmocka_unit_test(test_missing_paths),
+		cmocka_unit_test(test_decode_unknown_option),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
