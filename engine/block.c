@@ -28,7 +28,12 @@ kvt_copy_valid(const struct kvt_block *b, int tier)
 bool
 kvt_copy_evictable(const struct kvt_block *b, int tier)
 {
-	if (!b->live || b->dead || b->busy || b->protect || b->state[tier] != KVT_COPY_PRESENT)
+	if (!b->live || b->dead || b->busy || b->state[tier] != KVT_COPY_PRESENT)
+		return false;
+	/* protect guards a copy that is to be read up into HBM; once HBM holds the block, a
+	 * copy below is a clean duplicate whatever the flag (it is recomputed per prepare round,
+	 * and a copy that landed within the round must not keep its staging slot) */
+	if (b->protect && !(tier != KVT_TIER_HBM && kvt_copy_valid(b, KVT_TIER_HBM)))
 		return false;
 	/* a pinned block keeps its HBM copy, and its lower copies too until HBM holds it: after
 	 * that a copy below is a clean duplicate and may go. Its HOST copy may also go when NVMe

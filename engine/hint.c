@@ -28,12 +28,17 @@
 /**
  * kvt_hint_spares() - whether reclaim must leave @b's copy in @tier alone because a hint
  * announced the block for a coming batch: the hint stamps the block itself, so a shared prefix
- * block is spared for every sequence that announces it, whoever created it. Requires e->lock.
+ * block is spared for every sequence that announces it, whoever created it. Only the copy
+ * the block will be served from is spared: once it is valid in HBM, its HOST copy is a clean
+ * duplicate and goes like any other (else HOST, the staging tier, fills with such duplicates
+ * and the blocks still on NVMe cannot come up). Requires e->lock.
  */
 bool
 kvt_hint_spares(const struct kvt_engine *e, const struct kvt_block *b, int tier)
 {
-	return !e->evict_hinted && tier != KVT_TIER_NVME && b->hint_no != 0;
+	if (e->evict_hinted || tier == KVT_TIER_NVME || b->hint_no == 0)
+		return false;
+	return !(tier == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_HBM));
 }
 
 /**

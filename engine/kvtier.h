@@ -446,7 +446,8 @@ KVT_API int kvt_session_drop(struct kvt_engine *e, uint64_t session_key);
  * then fall back to the default 50. Blocks appended later get the sequence's own priority.
  * Priorities are kept per block across tiers (parking keeps them). Used by KVT_EVICT_PRIO; the
  * other policies ignore priorities.
- * @n_tokens: 0 = up to the end. Returns 0, KVT_ECLOSED, -EINVAL (priority > 100, range past end).
+ * @n_tokens: 0 = up to the end (first_token == the sequence's length: an empty range, a no-op).
+ * Returns 0, KVT_ECLOSED, -EINVAL (priority > 100, range past end).
  */
 KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t first_token,
 				 uint64_t n_tokens, uint8_t priority, uint32_t duration_ms);

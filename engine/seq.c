@@ -633,6 +633,8 @@ kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id id, uint64_t first_token,
 		goto out;
 	}
 	end = n_tokens ? first_token + n_tokens : s->n_tokens;
+	if (!n_tokens && first_token == s->n_tokens)
+		goto out; /* "from here to the end" of what is there: an empty range, nothing to do */
 	if (first_token >= s->n_tokens || end > s->n_tokens || end < first_token) {
 		rc = kvt_err(-EINVAL, "token range %llu+%llu is past the sequence's %llu tokens",
 			     (unsigned long long)first_token, (unsigned long long)n_tokens,

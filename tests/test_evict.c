@@ -314,6 +314,9 @@ test_engine_priority_decides(void **state)
 	assert_int_equal(kvt_seq_set_priority(e, a, 0, 0, 0, 0), 0);
 	assert_int_equal(kvt_seq_set_priority(e, a, 0, 99, 5, 0), -EINVAL);
 	assert_int_equal(kvt_seq_set_priority(e, a, 0, 0, 101, 0), -EINVAL);
+	/* from its end to its end: an empty range, a no-op; one token past it: an error */
+	assert_int_equal(kvt_seq_set_priority(e, a, 2 * TSUP_TPB, 0, 90, 0), 0);
+	assert_int_equal(kvt_seq_set_priority(e, a, 2 * TSUP_TPB + 1, 0, 90, 0), -EINVAL);
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_seq_info(e, a, &ia), 0);

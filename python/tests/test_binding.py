@@ -237,9 +237,6 @@ def test_library_found_in_the_repository_build_dir(root, tmp_path):
     assert str(tmp_path / "build" / "libkvtier.so") in r.stderr
 
 
-@pytest.mark.xfail(raises=kvtier.NoSpaceError, strict=False,
-                   reason="engine: a hint that stages NVMe blocks into every HOST slot leaves "
-                   "the next prepare of those sequences -ENOSPC with HBM free (reported)")
 def test_hint_then_prepare_more_nvme_blocks_than_host_slots(tmp_path):
     """Two sequences of 5 blocks parked on NVMe, HOST 3 slots, HBM 32: hint them, then
     prepare them. The prepare should succeed (HBM has room; HOST is only staging)."""
