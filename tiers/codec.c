@@ -9,6 +9,7 @@
  * f16/bf16/f32 the sign and exponent planes come first. The transpose is its own inverse.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include <lz4.h>
@@ -20,6 +21,14 @@
 #include "tiers/codec.h"
 
 #define CODEC_MAX_RAW ((size_t)1 << 31) /* LZ4 takes int sizes */
+
+void
+kvt_codec_geom_of_layout(const struct kvt_layout *l, struct kvt_codec_geom *g)
+{
+	g->elem = kvt_dtype_size(l->dtype);
+	g->tokens = l->tokens_per_block;
+	g->row = (size_t)l->n_kv_heads * l->head_dim;
+}
 
 size_t
 kvt_codec_scratch_bytes(size_t raw_len)
@@ -39,6 +48,8 @@ kvt_codec_name(int c)
 		return "shuf-lz4";
 	case KVT_CODEC_BYTE_LZ4:
 		return "byte-lz4";
+	case KVT_CODEC_CSHUF_LZ4:
+		return "cshuf-lz4";
 	default:
 		return "?";
 	}
@@ -286,25 +297,231 @@ kvt_byteunshuffle(const void *src, void *dst, size_t n, size_t elem)
 	memcpy(d + ne * elem, s + ne * elem, n - ne * elem);
 }
 
+/*
+ * KVT_CODEC_CSHUF_LZ4's element transform, chunk by chunk: the transformed block is, element by
+ * element, the Gray-coded source element at the transposed position. Gray coding of the exponent
+ * field (bits lo..lo+7: 7..14 of a 2-byte element, 23..30 of a 4-byte one) is f ^ (f >> 1); for
+ * f16 the field also covers the top 2 mantissa bits, which stays exact.
+ */
+struct codec_cpos {
+	size_t i;     /* element index in the transformed block */
+	size_t tile;  /* its tile */
+	size_t c;     /* its channel in the tile */
+	size_t t;     /* its token in the tile */
+	size_t tiled; /* elements covered by whole tiles */
+};
+
+static void
+codec_cpos_init(struct codec_cpos *p, const struct kvt_codec_geom *g, size_t n, size_t i)
+{
+	size_t te = g->tokens * g->row;
+
+	p->i = i;
+	p->tiled = g->tokens >= 2 && g->row ? n / g->elem / te * te : 0;
+	p->tile = te ? i / te : 0;
+	p->c = te ? i % te / g->tokens : 0;
+	p->t = te ? i % te % g->tokens : 0;
+}
+
+/* Number of elements from p->i that map to consecutive tokens of one channel (stride row), or
+ * to consecutive source elements (stride 1) past the tiles; the source index in *src. */
+static size_t
+codec_cpos_run(const struct codec_cpos *p, const struct kvt_codec_geom *g, size_t *src,
+	       size_t *stride)
+{
+	if (p->i >= p->tiled) {
+		*src = p->i;
+		*stride = 1;
+		return SIZE_MAX;
+	}
+	*src = p->tile * g->tokens * g->row + p->t * g->row + p->c;
+	*stride = g->row;
+	return g->tokens - p->t;
+}
+
+/* Move @k elements on (k <= the run codec_cpos_run returned). */
+static void
+codec_cpos_advance(struct codec_cpos *p, const struct kvt_codec_geom *g, size_t k)
+{
+	bool tiled = p->i < p->tiled;
+
+	p->i += k;
+	if (!tiled)
+		return;
+	p->t += k;
+	if (p->t == g->tokens) {
+		p->t = 0;
+		if (++p->c == g->row) {
+			p->c = 0;
+			p->tile++;
+		}
+	}
+}
+
+static inline uint32_t
+codec_gray(uint32_t x, unsigned lo)
+{
+	return x ^ ((x >> 1) & (0x7fu << lo));
+}
+
+static inline uint32_t
+codec_ungray(uint32_t x, unsigned lo)
+{
+	uint32_t f = (x >> lo) & 0xffu;
+
+	f ^= f >> 1;
+	f ^= f >> 2;
+	f ^= f >> 4;
+	return (x & ~(0xffu << lo)) | f << lo;
+}
+
+/* @run elements: forward (@fwd) from @blk at stride @st to @seq, Gray-coded; or back. */
+static void
+codec_crun(uint8_t *blk, uint8_t *seq, size_t run, size_t st, size_t elem, bool fwd)
+{
+	if (elem == 2 && fwd) {
+		for (size_t k = 0; k < run; k++) {
+			uint16_t h;
+
+			memcpy(&h, blk + k * st * 2, 2);
+			h = (uint16_t)codec_gray(h, 7);
+			memcpy(seq + k * 2, &h, 2);
+		}
+	} else if (elem == 2) {
+		for (size_t k = 0; k < run; k++) {
+			uint16_t h;
+
+			memcpy(&h, seq + k * 2, 2);
+			h = (uint16_t)codec_ungray(h, 7);
+			memcpy(blk + k * st * 2, &h, 2);
+		}
+	} else if (fwd) {
+		for (size_t k = 0; k < run; k++) {
+			uint32_t x;
+
+			memcpy(&x, blk + k * st * 4, 4);
+			x = codec_gray(x, 23);
+			memcpy(seq + k * 4, &x, 4);
+		}
+	} else {
+		for (size_t k = 0; k < run; k++) {
+			uint32_t x;
+
+			memcpy(&x, seq + k * 4, 4);
+			x = codec_ungray(x, 23);
+			memcpy(blk + k * st * 4, &x, 4);
+		}
+	}
+}
+
+/* One chunk: elements [i0, i0 + ne) of the transformed block (n bytes), from the block @in to
+ * @tmp (@fwd), or from @tmp into the block @out. The exponent field starts at bit 7 (2-byte
+ * elements) or 23 (4-byte). */
+static void
+codec_ctransform(const struct kvt_codec_geom *g, size_t n, size_t i0, size_t ne,
+		 const uint8_t *in, uint8_t *out, uint8_t *tmp, bool fwd)
+{
+	struct codec_cpos p;
+	size_t done = 0;
+
+	codec_cpos_init(&p, g, n, i0);
+	while (done < ne) {
+		size_t src, stride, run = codec_cpos_run(&p, g, &src, &stride);
+
+		if (run > ne - done)
+			run = ne - done;
+		if (fwd) /* reads only: the cast lets one helper serve both directions */
+			codec_crun((uint8_t *)(uintptr_t)(in + src * g->elem),
+				   tmp + done * g->elem, run, stride, g->elem, true);
+		else
+			codec_crun(out + src * g->elem, tmp + done * g->elem, run, stride, g->elem,
+				   false);
+		done += run;
+		codec_cpos_advance(&p, g, run);
+	}
+}
+
+/* KVT_CODEC_CSHUF_LZ4's shuffle: @src (n bytes) -> @dst, or its inverse (@fwd false: @src is
+ * the shuffled form, @dst receives the block). Other element sizes than 2 and 4: the bit-plane
+ * shuffle alone. */
+static void
+codec_cshuffle(const struct kvt_codec_geom *g, const uint8_t *src, uint8_t *dst, size_t n,
+	       bool fwd)
+{
+	uint8_t tmp[KVT_CODEC_CHUNK];
+
+	if (g->elem != 2 && g->elem != 4) {
+		if (fwd)
+			kvt_bitshuffle(src, dst, n, g->elem);
+		else
+			kvt_bitunshuffle(src, dst, n, g->elem);
+		return;
+	}
+	for (size_t off = 0, len; off < n; off += len) {
+		size_t cne;
+
+		len = n - off < KVT_CODEC_CHUNK ? n - off : KVT_CODEC_CHUNK;
+		cne = len / g->elem; /* off is a multiple of elem: whole elements of the chunk */
+		if (fwd) {
+			codec_ctransform(g, n, off / g->elem, cne, src, NULL, tmp, true);
+			memcpy(tmp + cne * g->elem, src + off + cne * g->elem, len - cne * g->elem);
+			codec_bitshuffle_chunk(tmp, dst + off, len, g->elem);
+		} else {
+			codec_bitunshuffle_chunk(src + off, tmp, len, g->elem);
+			codec_ctransform(g, n, off / g->elem, cne, NULL, dst, tmp, false);
+			memcpy(dst + off + cne * g->elem, tmp + cne * g->elem, len - cne * g->elem);
+		}
+	}
+}
+
+void
+kvt_cshuffle(const struct kvt_codec_geom *g, const void *src, void *dst, size_t n)
+{
+	struct kvt_codec_geom ng = { codec_elem(g->elem), g->tokens, g->row };
+
+	codec_cshuffle(&ng, src, dst, n, true);
+}
+
+void
+kvt_cunshuffle(const struct kvt_codec_geom *g, const void *src, void *dst, size_t n)
+{
+	struct kvt_codec_geom ng = { codec_elem(g->elem), g->tokens, g->row };
+
+	codec_cshuffle(&ng, src, dst, n, false);
+}
+
 int64_t
 kvt_codec_encode(int c, size_t elem, const void *src, size_t raw_len, void *dst, size_t dst_cap,
 		 void *scratch, double min_saving)
 {
+	struct kvt_codec_geom g = { elem, 0, 0 };
+
+	return kvt_codec_encode_geom(c, &g, src, raw_len, dst, dst_cap, scratch, min_saving);
+}
+
+int64_t
+kvt_codec_encode_geom(int c, const struct kvt_codec_geom *g, const void *src, size_t raw_len,
+		      void *dst, size_t dst_cap, void *scratch, double min_saving)
+{
 	const void *in = src;
+	size_t cap, elem;
 	double keep;
-	size_t cap;
 	int r;
 
-	if (!src || !dst || !scratch || raw_len == 0 || raw_len >= CODEC_MAX_RAW)
+	if (!g || !src || !dst || !scratch || raw_len == 0 || raw_len >= CODEC_MAX_RAW)
 		return kvt_err(-EINVAL, "codec: bad buffers or length %zu", raw_len);
+	elem = codec_elem(g->elem);
 	if (c == KVT_CODEC_NONE)
 		return 0;
-	if (c == KVT_CODEC_SHUF_LZ4)
+	if (c == KVT_CODEC_SHUF_LZ4) {
 		kvt_bitshuffle(src, scratch, raw_len, elem);
-	else if (c == KVT_CODEC_BYTE_LZ4)
+	} else if (c == KVT_CODEC_BYTE_LZ4) {
 		kvt_byteshuffle(src, scratch, raw_len, elem);
-	else if (c != KVT_CODEC_LZ4)
+	} else if (c == KVT_CODEC_CSHUF_LZ4) {
+		kvt_cshuffle(g, src, scratch, raw_len);
+	} else if (c != KVT_CODEC_LZ4) {
 		return kvt_err(-EINVAL, "codec %d unknown", c);
+	}
 	if (c != KVT_CODEC_LZ4)
 		in = scratch;
 	if (min_saving < 0)
@@ -326,9 +543,22 @@ int
 kvt_codec_decode(int c, size_t elem, const void *src, size_t stored_len, void *dst,
 		 size_t raw_len, void *scratch)
 {
+	struct kvt_codec_geom g = { elem, 0, 0 };
+
+	return kvt_codec_decode_geom(c, &g, src, stored_len, dst, raw_len, scratch);
+}
+
+int
+kvt_codec_decode_geom(int c, const struct kvt_codec_geom *g, const void *src, size_t stored_len,
+		      void *dst, size_t raw_len, void *scratch)
+{
 	void *out = c == KVT_CODEC_LZ4 ? dst : scratch;
+	size_t elem;
 	int r;
 
+	if (!g || !src || !dst || (!scratch && c != KVT_CODEC_NONE && c != KVT_CODEC_LZ4))
+		return kvt_err(-EINVAL, "codec: bad buffers");
+	elem = codec_elem(g->elem);
 	if (c == KVT_CODEC_NONE) {
 		if (stored_len != raw_len)
 			return kvt_err(KVT_ECORRUPT, "codec none: %zu bytes stored, %zu expected",
@@ -336,7 +566,7 @@ kvt_codec_decode(int c, size_t elem, const void *src, size_t stored_len, void *d
 		memcpy(dst, src, raw_len);
 		return 0;
 	}
-	if (c != KVT_CODEC_LZ4 && c != KVT_CODEC_SHUF_LZ4 && c != KVT_CODEC_BYTE_LZ4)
+	if (c < KVT_CODEC_LZ4 || c > KVT_CODEC_CSHUF_LZ4)
 		return kvt_err(-EINVAL, "codec %d unknown", c);
 	if (stored_len == 0 || stored_len >= CODEC_MAX_RAW || raw_len >= CODEC_MAX_RAW)
 		return kvt_err(KVT_ECORRUPT, "codec %s: bad lengths %zu -> %zu", kvt_codec_name(c),
@@ -345,9 +575,12 @@ kvt_codec_decode(int c, size_t elem, const void *src, size_t stored_len, void *d
 	if (r != (int)raw_len)
 		return kvt_err(KVT_ECORRUPT, "codec %s: payload decodes to %d bytes, expected %zu",
 			       kvt_codec_name(c), r, raw_len);
-	if (c == KVT_CODEC_SHUF_LZ4)
+	if (c == KVT_CODEC_SHUF_LZ4) {
 		kvt_bitunshuffle(scratch, dst, raw_len, elem);
-	else if (c == KVT_CODEC_BYTE_LZ4)
+	} else if (c == KVT_CODEC_BYTE_LZ4) {
 		kvt_byteunshuffle(scratch, dst, raw_len, elem);
+	} else if (c == KVT_CODEC_CSHUF_LZ4) {
+		kvt_cunshuffle(g, scratch, dst, raw_len);
+	}
 	return 0;
 }
