@@ -375,52 +375,148 @@ codec_ungray(uint32_t x, unsigned lo)
 	return (x & ~(0xffu << lo)) | f << lo;
 }
 
-/* @run elements: forward (@fwd) from @blk at stride @st to @seq, Gray-coded; or back. */
+/* @run elements: forward (@fwd) from @blk at stride @st to @seq; or back. */
 static void
 codec_crun(uint8_t *blk, uint8_t *seq, size_t run, size_t st, size_t elem, bool fwd)
 {
-	if (elem == 2 && fwd) {
-		for (size_t k = 0; k < run; k++) {
-			uint16_t h;
+	size_t sb = st * elem;
 
-			memcpy(&h, blk + k * st * 2, 2);
-			h = (uint16_t)codec_gray(h, 7);
-			memcpy(seq + k * 2, &h, 2);
-		}
-	} else if (elem == 2) {
-		for (size_t k = 0; k < run; k++) {
-			uint16_t h;
+	if (st == 1 && fwd)
+		memcpy(seq, blk, run * elem);
+	else if (st == 1)
+		memcpy(blk, seq, run * elem);
+	else if (elem == 2 && fwd)
+		for (size_t k = 0; k < run; k++, blk += sb)
+			memcpy(seq + k * 2, blk, 2);
+	else if (elem == 2)
+		for (size_t k = 0; k < run; k++, blk += sb)
+			memcpy(blk, seq + k * 2, 2);
+	else if (fwd)
+		for (size_t k = 0; k < run; k++, blk += sb)
+			memcpy(seq + k * 4, blk, 4);
+	else
+		for (size_t k = 0; k < run; k++, blk += sb)
+			memcpy(blk, seq + k * 4, 4);
+}
 
-			memcpy(&h, seq + k * 2, 2);
-			h = (uint16_t)codec_ungray(h, 7);
-			memcpy(blk + k * st * 2, &h, 2);
-		}
-	} else if (fwd) {
-		for (size_t k = 0; k < run; k++) {
-			uint32_t x;
+/* Gray-code (@fwd) or decode the exponent fields of @ne elements of 2 or 4 bytes in @p. */
+static void
+codec_gray_buf(uint8_t *p, size_t ne, size_t elem, bool fwd)
+{
+	unsigned lo = elem == 2 ? 7 : 23;
+	size_t i = 0;
 
-			memcpy(&x, blk + k * st * 4, 4);
-			x = codec_gray(x, 23);
-			memcpy(seq + k * 4, &x, 4);
-		}
-	} else {
-		for (size_t k = 0; k < run; k++) {
-			uint32_t x;
+#if defined(__SSE2__)
+	const __m128i m7 = elem == 2 ? _mm_set1_epi16(0x3f80) : _mm_set1_epi32(0x3f800000);
+	const __m128i ff = elem == 2 ? _mm_set1_epi16(0xff) : _mm_set1_epi32(0xff);
+	const __m128i fl = elem == 2 ? _mm_set1_epi16(0x7f80) : _mm_set1_epi32(0x7f800000);
 
-			memcpy(&x, seq + k * 4, 4);
-			x = codec_ungray(x, 23);
-			memcpy(blk + k * st * 4, &x, 4);
+	for (; (i + 16 / elem) <= ne; i += 16 / elem) {
+		__m128i x = _mm_loadu_si128((const __m128i *)(p + i * elem)), f;
+
+		if (fwd && elem == 2) {
+			x = _mm_xor_si128(x, _mm_and_si128(_mm_srli_epi16(x, 1), m7));
+		} else if (fwd) {
+			x = _mm_xor_si128(x, _mm_and_si128(_mm_srli_epi32(x, 1), m7));
+		} else if (elem == 2) {
+			f = _mm_and_si128(_mm_srli_epi16(x, 7), ff);
+			f = _mm_xor_si128(f, _mm_srli_epi16(f, 1));
+			f = _mm_xor_si128(f, _mm_srli_epi16(f, 2));
+			f = _mm_xor_si128(f, _mm_srli_epi16(f, 4));
+			x = _mm_or_si128(_mm_andnot_si128(fl, x), _mm_slli_epi16(f, 7));
+		} else {
+			f = _mm_and_si128(_mm_srli_epi32(x, 23), ff);
+			f = _mm_xor_si128(f, _mm_srli_epi32(f, 1));
+			f = _mm_xor_si128(f, _mm_srli_epi32(f, 2));
+			f = _mm_xor_si128(f, _mm_srli_epi32(f, 4));
+			x = _mm_or_si128(_mm_andnot_si128(fl, x), _mm_slli_epi32(f, 23));
 		}
+		_mm_storeu_si128((__m128i *)(p + i * elem), x);
+	}
+#endif
+	for (; i < ne; i++) {
+		uint32_t x = 0;
+
+		memcpy(&x, p + i * elem, elem);
+		x = fwd ? codec_gray(x, lo) : codec_ungray(x, lo);
+		memcpy(p + i * elem, &x, elem);
 	}
 }
 
-/* One chunk: elements [i0, i0 + ne) of the transformed block (n bytes), from the block @in to
- * @tmp (@fwd), or from @tmp into the block @out. The exponent field starts at bit 7 (2-byte
- * elements) or 23 (4-byte). */
+#if defined(__SSE2__)
+/* Transpose the 8x8 matrix of 16-bit elements in r[0..7] (row i = r[i]) in place. */
+static inline void
+codec_t8x8_16(__m128i r[8])
+{
+	__m128i a[8], b[8];
+
+	for (int i = 0; i < 4; i++) {
+		a[2 * i] = _mm_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+		a[2 * i + 1] = _mm_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+	}
+	for (int i = 0; i < 2; i++)
+		for (int j = 0; j < 2; j++) {
+			b[4 * i + j] = _mm_unpacklo_epi32(a[4 * i + j], a[4 * i + j + 2]);
+			b[4 * i + j + 2] = _mm_unpackhi_epi32(a[4 * i + j], a[4 * i + j + 2]);
+		}
+	/* b[0..3]: rows 0-3, columns (0,1) (4,5) (2,3) (6,7); b[4..7]: rows 4-7 likewise */
+	static const int col[4] = { 0, 4, 2, 6 };
+
+	for (int j = 0; j < 4; j++) {
+		r[col[j]] = _mm_unpacklo_epi64(b[j], b[j + 4]);
+		r[col[j] + 1] = _mm_unpackhi_epi64(b[j], b[j + 4]);
+	}
+}
+
+/* Transpose the 4x4 matrix of 32-bit elements in r[0..3] in place. */
+static inline void
+codec_t4x4_32(__m128i r[4])
+{
+	__m128i a0 = _mm_unpacklo_epi32(r[0], r[1]), a1 = _mm_unpackhi_epi32(r[0], r[1]);
+	__m128i a2 = _mm_unpacklo_epi32(r[2], r[3]), a3 = _mm_unpackhi_epi32(r[2], r[3]);
+
+	r[0] = _mm_unpacklo_epi64(a0, a2);
+	r[1] = _mm_unpackhi_epi64(a0, a2);
+	r[2] = _mm_unpacklo_epi64(a1, a3);
+	r[3] = _mm_unpackhi_epi64(a1, a3);
+}
+
+/* A stripe of w = 16 / elem channels x all tokens of a tile with SSE2, @blk at the stripe's
+ * first element (token 0, channel c), @seq the stripe's place in the chunk buffer. */
+static void
+codec_cstripe(uint8_t *blk, uint8_t *seq, const struct kvt_codec_geom *g, bool fwd)
+{
+	size_t w = 16 / g->elem, rb = g->row * g->elem, tb = g->tokens * g->elem;
+	__m128i r[8];
+
+	for (size_t t = 0; t < g->tokens; t += w) {
+		for (size_t i = 0; i < w; i++)
+			r[i] = fwd ? _mm_loadu_si128((const __m128i *)(blk + (t + i) * rb))
+				   : _mm_loadu_si128((const __m128i *)(seq + i * tb + t * g->elem));
+		if (w == 8)
+			codec_t8x8_16(r);
+		else
+			codec_t4x4_32(r);
+		for (size_t i = 0; i < w; i++) {
+			if (fwd)
+				_mm_storeu_si128((__m128i *)(seq + i * tb + t * g->elem), r[i]);
+			else
+				_mm_storeu_si128((__m128i *)(blk + (t + i) * rb), r[i]);
+		}
+	}
+}
+#endif
+
+/* One chunk: elements [i0, i0 + ne) of the transposed block (n bytes), from the block @in to
+ * @tmp (@fwd), or from @tmp into the block @out. Whole stripes of 16 bytes of channels go
+ * through SSE2 transposes when the geometry allows, the rest element by element. */
 static void
 codec_ctransform(const struct kvt_codec_geom *g, size_t n, size_t i0, size_t ne,
 		 const uint8_t *in, uint8_t *out, uint8_t *tmp, bool fwd)
 {
+	/* reads only when fwd: the cast lets one helper serve both directions */
+	uint8_t *blk = fwd ? (uint8_t *)(uintptr_t)in : out;
+	size_t w = 16 / g->elem;
 	struct codec_cpos p;
 	size_t done = 0;
 
@@ -428,14 +524,23 @@ codec_ctransform(const struct kvt_codec_geom *g, size_t n, size_t i0, size_t ne,
 	while (done < ne) {
 		size_t src, stride, run = codec_cpos_run(&p, g, &src, &stride);
 
+#if defined(__SSE2__)
+		if (stride > 1 && p.t == 0 && p.c % w == 0 && g->tokens % w == 0 &&
+		    g->row % w == 0 && ne - done >= w * g->tokens) {
+			codec_cstripe(blk + src * g->elem, tmp + done * g->elem, g, fwd);
+			done += w * g->tokens;
+			p.i += w * g->tokens;
+			p.c += w;
+			if (p.c == g->row) {
+				p.c = 0;
+				p.tile++;
+			}
+			continue;
+		}
+#endif
 		if (run > ne - done)
 			run = ne - done;
-		if (fwd) /* reads only: the cast lets one helper serve both directions */
-			codec_crun((uint8_t *)(uintptr_t)(in + src * g->elem),
-				   tmp + done * g->elem, run, stride, g->elem, true);
-		else
-			codec_crun(out + src * g->elem, tmp + done * g->elem, run, stride, g->elem,
-				   false);
+		codec_crun(blk + src * g->elem, tmp + done * g->elem, run, stride, g->elem, fwd);
 		done += run;
 		codec_cpos_advance(&p, g, run);
 	}
@@ -464,10 +569,12 @@ codec_cshuffle(const struct kvt_codec_geom *g, const uint8_t *src, uint8_t *dst,
 		cne = len / g->elem; /* off is a multiple of elem: whole elements of the chunk */
 		if (fwd) {
 			codec_ctransform(g, n, off / g->elem, cne, src, NULL, tmp, true);
+			codec_gray_buf(tmp, cne, g->elem, true);
 			memcpy(tmp + cne * g->elem, src + off + cne * g->elem, len - cne * g->elem);
 			codec_bitshuffle_chunk(tmp, dst + off, len, g->elem);
 		} else {
 			codec_bitunshuffle_chunk(src + off, tmp, len, g->elem);
+			codec_gray_buf(tmp, cne, g->elem, false);
 			codec_ctransform(g, n, off / g->elem, cne, NULL, dst, tmp, false);
 			memcpy(dst + off + cne * g->elem, tmp + cne * g->elem, len - cne * g->elem);
 		}
