@@ -134,7 +134,7 @@ engine_check_opts(const struct kvt_engine_opts *o, uint64_t bb)
 		return kvt_err(-EINVAL, "watermarks must satisfy 0 < low (%g) <= high (%g) <= 1",
 			       (double)o->low_watermark, (double)o->high_watermark);
 	if (o->opts_size > offsetof(struct kvt_engine_opts, nvme_codec) &&
-	    (o->nvme_codec < KVT_CODEC_NONE || o->nvme_codec > KVT_CODEC_BYTE_LZ4))
+	    (o->nvme_codec < KVT_CODEC_NONE || o->nvme_codec > KVT_CODEC_CSHUF_LZ4))
 		return kvt_err(-EINVAL, "nvme_codec %d unknown", (int)o->nvme_codec);
 	if (o->opts_size > offsetof(struct kvt_engine_opts, nvme_codec_min_saving) &&
 	    !(o->nvme_codec_min_saving >= 0.0f && o->nvme_codec_min_saving < 1.0f))

@@ -152,8 +152,10 @@ enum kvt_device_kind {
 enum kvt_codec {
 	KVT_CODEC_NONE = 0,     /* raw */
 	KVT_CODEC_LZ4 = 1,      /* plain LZ4 */
-	KVT_CODEC_SHUF_LZ4 = 2, /* bit-plane shuffle of the elements, then LZ4 (recommended) */
+	KVT_CODEC_SHUF_LZ4 = 2, /* bit-plane shuffle of the elements, then LZ4 */
 	KVT_CODEC_BYTE_LZ4 = 3, /* byte-plane shuffle, then LZ4 */
+	KVT_CODEC_CSHUF_LZ4 = 4, /* channel-major tiles, Gray-coded exponents, bit-plane shuffle,
+	                            then LZ4 (recommended) */
 };
 
 /* Log levels passed to kvt_engine_opts.log. */

@@ -192,6 +192,7 @@ test_restore_codec(void **state)
 	(void)state;
 	roundtrip(KVT_CODEC_SHUF_LZ4);
 	roundtrip(KVT_CODEC_BYTE_LZ4);
+	roundtrip(KVT_CODEC_CSHUF_LZ4);
 }
 
 static void

@@ -201,7 +201,7 @@ kvt_fmt_blkhdr_decode(const uint8_t *b, size_t len, struct kvt_fmt_blkhdr *h)
 	h->codec = kvt_get_le32(b + BH_CODEC);
 	memcpy(h->hash, b + BH_HASH, 16);
 	h->sum = kvt_get_le64(b + BH_SUM);
-	if (h->codec > KVT_CODEC_BYTE_LZ4 || h->stored_len == 0 || h->raw_len == 0 ||
+	if (h->codec > KVT_CODEC_CSHUF_LZ4 || h->stored_len == 0 || h->raw_len == 0 ||
 	    (h->codec == KVT_CODEC_NONE && h->stored_len != h->raw_len) ||
 	    (h->codec != KVT_CODEC_NONE && h->stored_len >= h->raw_len))
 		return kvt_err(KVT_ECORRUPT, "block header: codec %u, %u bytes stored for %u",

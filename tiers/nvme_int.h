@@ -13,6 +13,7 @@
 
 #include <liburing.h>
 
+#include "tiers/codec.h"
 #include "tiers/format.h"
 #include "tiers/tier_nvme.h"
 
@@ -77,7 +78,7 @@ struct kvt_nvme {
 	bool sync_failed;                  /* an fdatasync failed: kvt_nvme_sync fails for good */
 	int codec;                         /* enum kvt_codec of writes */
 	double min_saving;                 /* encode kept only when it saves this fraction */
-	size_t elem;                       /* element size of the layout, for the shuffles */
+	struct kvt_codec_geom geom;        /* tile geometry of the layout, for the codec */
 	uint8_t *scratch;                  /* codec scratch: block_bytes (engine lock held) */
 	uint8_t *enc;                      /* codec output: block_bytes */
 	struct kvt_fmt_super sb;           /* the superblock as written/read at open */

@@ -173,8 +173,8 @@ nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
 	memset(&h, 0, sizeof h);
 	h.sum = XXH3_64bits(raw, n->block_bytes);
 	if (n->codec != KVT_CODEC_NONE)
-		enc = kvt_codec_encode(n->codec, n->elem, raw, n->block_bytes, eout, n->block_bytes,
-				       scratch, n->min_saving);
+		enc = kvt_codec_encode_geom(n->codec, &n->geom, raw, n->block_bytes, eout,
+					    n->block_bytes, scratch, n->min_saving);
 	if (enc > 0) {
 		if (eout != payload)
 			memcpy(payload, eout, (size_t)enc);
@@ -403,8 +403,8 @@ nvme_verify(struct kvt_nvme *n, const struct nvme_req *req)
 	}
 	if (!n->dscratch && !(n->dscratch = malloc(kvt_codec_scratch_bytes(n->block_bytes))))
 		return kvt_err(-ENOMEM, "nvme slot %u: codec scratch", slot);
-	rc = kvt_codec_decode((int)h.codec, n->elem, req->buf + NVME_HDR, h.stored_len, req->dst,
-			      n->block_bytes, n->dscratch);
+	rc = kvt_codec_decode_geom((int)h.codec, &n->geom, req->buf + NVME_HDR, h.stored_len,
+				   req->dst, n->block_bytes, n->dscratch);
 	if (rc != 0)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
 	if (XXH3_64bits(req->dst, n->block_bytes) != h.sum)

@@ -67,7 +67,7 @@ nvme_validate(const struct kvt_nvme_opts *o, size_t *slot_bytes, uint32_t *n_slo
 	if (o->queue_depth == 0 || o->queue_depth > NVME_MAX_QD)
 		return nvme_open_fail(-EINVAL, err, errlen, "nvme queue_depth %u out of range 1..%u",
 				      o->queue_depth, NVME_MAX_QD);
-	if (o->codec < KVT_CODEC_NONE || o->codec > KVT_CODEC_BYTE_LZ4)
+	if (o->codec < KVT_CODEC_NONE || o->codec > KVT_CODEC_CSHUF_LZ4)
 		return nvme_open_fail(-EINVAL, err, errlen, "nvme codec %d unknown", o->codec);
 	if (!(o->min_saving >= 0 && o->min_saving < 1))
 		return nvme_open_fail(-EINVAL, err, errlen,
@@ -567,7 +567,7 @@ kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, s
 	n->persist = o->persist;
 	n->codec = o->codec;
 	n->min_saving = o->min_saving;
-	n->elem = kvt_dtype_size(o->layout.dtype);
+	kvt_codec_geom_of_layout(&o->layout, &n->geom);
 	if (o->hooks)
 		n->hooks = *o->hooks;
 	n->timeout_ns = (uint64_t)(n->hooks.io_timeout_ms ? n->hooks.io_timeout_ms

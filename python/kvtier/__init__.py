@@ -47,8 +47,8 @@ __all__ = ["Engine", "Sequence", "Batch", "BlockTable", "Stream", "KvtierError",
 TIER_HBM, TIER_HOST, TIER_NVME = 0, 1, 2
 TIER_NAMES = ("hbm", "host", "nvme")
 # enum kvt_codec: codec of blocks written to NVMe (Engine(nvme_codec=...))
-CODEC_NONE, CODEC_LZ4, CODEC_SHUF_LZ4, CODEC_BYTE_LZ4 = 0, 1, 2, 3
-CODECS = {"none": 0, "lz4": 1, "shuf_lz4": 2, "byte_lz4": 3}
+CODEC_NONE, CODEC_LZ4, CODEC_SHUF_LZ4, CODEC_BYTE_LZ4, CODEC_CSHUF_LZ4 = 0, 1, 2, 3, 4
+CODECS = {"none": 0, "lz4": 1, "shuf_lz4": 2, "byte_lz4": 3, "cshuf_lz4": 4}
 # enum kvt_evict_policy (Engine(evict_policy=...)); default = ARC
 EVICT_DEFAULT, EVICT_LRU, EVICT_PRIO, EVICT_ARC = 0, 1, 2, 3
 EVICT_POLICIES = {"default": 0, "lru": 1, "prio": 2, "arc": 3}
