@@ -389,7 +389,7 @@ test_greedy200_nvme_codec(void **state)
 	o.tokens_per_block = 16;
 	o.hbm_bytes = 4 * block;
 	o.host_bytes = 2 * block;
-	o.nvme_codec = KVT_CODEC_SHUF_LZ4;
+	o.nvme_codec = KVT_CODEC_CSHUF_LZ4; /* the recommended codec for bf16 */
 	e2e_run(&o, &kvt);
 	assert_same_sessions(&ref, &kvt);
 	assert_nvme_roundtrip(&kvt.stats);

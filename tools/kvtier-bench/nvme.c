@@ -305,7 +305,8 @@ nb_park_resume(const struct nb_opts *o)
 	bytes = (double)o->sessions * blocks_per * (double)g.block_bytes;
 	printf("\npark/resume: %u sessions x %u tokens (32 layers, 8 KV heads, head_dim 128, bf16, "
 	       "16-token 2 MiB blocks, QD 64, codec %s)\n\n", o->sessions, o->tokens,
-	       o->nvme_codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" : "off");
+	       o->nvme_codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" :
+	       o->nvme_codec == KVT_CODEC_CSHUF_LZ4 ? "cshuf-lz4" : "off");
 	printf("| phase | tokens/s | GB/s | fio GB/s (2 MiB, QD 64) | ratio |\n"
 	       "|---|---|---|---|---|\n");
 	printf("| park to NVMe (written) | %.0f | %.2f | ", o->sessions * (double)o->tokens / tp,
@@ -361,7 +362,7 @@ nb_usage(FILE *f)
 {
 	fprintf(f, "usage: kvtier-bench nvme [--dir DIR] [--bs 256k,1m,2m] [--qd 1,16,64] "
 		   "[--mib 256]\n"
-		   "         [--sessions 2] [--tokens 4096] [--codec none|shuf-lz4] [--no-fio]\n"
+		   "         [--sessions 2] [--tokens 4096] [--codec none|shuf-lz4|cshuf-lz4] [--no-fio]\n"
 		   "         [--only tier|park|codec]\n"
 		   "         [--model stories260K.bin --tokenizer tok512.bin]\n"
 		   "DIR (default .) must exist and be on the filesystem to measure (on tmpfs the\n"
@@ -405,10 +406,13 @@ nb_opt(struct nb_opts *o, const char *a, const char *val)
 	} else if (!strcmp(a, "--codec")) {
 		if (!strcmp(val, "shuf-lz4") || !strcmp(val, "shuf_lz4"))
 			o->nvme_codec = KVT_CODEC_SHUF_LZ4;
+		else if (!strcmp(val, "cshuf-lz4") || !strcmp(val, "cshuf_lz4"))
+			o->nvme_codec = KVT_CODEC_CSHUF_LZ4;
 		else if (!strcmp(val, "none") || !strcmp(val, "off"))
 			o->nvme_codec = KVT_CODEC_NONE;
 		else
-			rc = kvtr_err(-EINVAL, "--codec: unknown codec '%s' (none or shuf-lz4)", val);
+			rc = kvtr_err(-EINVAL, "--codec: unknown codec '%s' (none, shuf-lz4 or "
+				      "cshuf-lz4)", val);
 	} else if (!strcmp(a, "--model")) {
 		o->model = val;
 	} else if (!strcmp(a, "--tokenizer")) {

@@ -116,16 +116,17 @@ codec_dump_run(const struct kvtr_model *m, const struct kvtr_tokenizer *t, enum 
 	return rc;
 }
 
-enum { C_LZ4, C_SHUF, C_BYTE, C_ZSTD, C_COUNT };
+enum { C_LZ4, C_SHUF, C_BYTE, C_CSHUF, C_ZSTD, C_COUNT };
 static const char *const codec_names[C_COUNT] = { "lz4", "shuffle+lz4", "byteshuffle+lz4",
-						  "zstd -1" };
+						  "cshuf+lz4", "zstd -1" };
 
 static const int codec_map[C_COUNT] = { KVT_CODEC_LZ4, KVT_CODEC_SHUF_LZ4, KVT_CODEC_BYTE_LZ4,
-					 0 };
+					 KVT_CODEC_CSHUF_LZ4, 0 };
 
 /* Compress every block once into out + i * cap; len[i] = payload bytes, 0 when not smaller. */
 static void
-codec_enc(int c, const uint8_t *blocks, size_t n, size_t bb, size_t elem, uint8_t *out,
+codec_enc(int c, const uint8_t *blocks, size_t n, size_t bb, const struct kvt_codec_geom *g,
+	  uint8_t *out,
 	  size_t cap, uint8_t *scr, int64_t *len)
 {
 	for (size_t i = 0; i < n; i++) {
@@ -139,15 +140,16 @@ codec_enc(int c, const uint8_t *blocks, size_t n, size_t bb, size_t elem, uint8_
 			len[i] = ZSTD_isError(z) || z >= bb ? 0 : (int64_t)z;
 #endif
 		} else {
-			len[i] = kvt_codec_encode(codec_map[c], elem, src, bb, out + i * cap, cap,
-						  scr, 0.0);
+			len[i] = kvt_codec_encode_geom(codec_map[c], g, src, bb, out + i * cap,
+						       cap, scr, 0.0);
 		}
 	}
 }
 
 /* Decode every block that was kept; returns 0 or -1 when one does not round-trip. */
 static int
-codec_dec(int c, const uint8_t *blocks, size_t n, size_t bb, size_t elem, const uint8_t *out,
+codec_dec(int c, const uint8_t *blocks, size_t n, size_t bb, const struct kvt_codec_geom *g,
+	  const uint8_t *out,
 	  size_t cap, uint8_t *scr, const int64_t *len, uint8_t *back, bool check)
 {
 	for (size_t i = 0; i < n; i++) {
@@ -157,7 +159,7 @@ codec_dec(int c, const uint8_t *blocks, size_t n, size_t bb, size_t elem, const 
 #ifdef KVTB_WITH_ZSTD
 			(void)ZSTD_decompress(back, bb, out + i * cap, (size_t)len[i]);
 #endif
-		} else if (kvt_codec_decode(codec_map[c], elem, out + i * cap, (size_t)len[i], back,
+		} else if (kvt_codec_decode_geom(codec_map[c], g, out + i * cap, (size_t)len[i], back,
 					    bb, scr) != 0) {
 			return -1;
 		}
@@ -169,7 +171,7 @@ codec_dec(int c, const uint8_t *blocks, size_t n, size_t bb, size_t elem, const 
 
 static void
 codec_row(FILE *f, const char *dt, int c, const uint8_t *blocks, size_t n, size_t bb,
-	  size_t elem)
+	  const struct kvt_codec_geom *g)
 {
 	size_t cap = bb * 2 + 1024, stored = 0, kept = 0;
 	uint8_t *out = malloc(n * cap), *scr = malloc(bb), *back = malloc(bb);
@@ -184,9 +186,9 @@ codec_row(FILE *f, const char *dt, int c, const uint8_t *blocks, size_t n, size_
 	while (kvtb_now() - t0 < CODEC_MIN_TIME || reps < 3) {
 		double a = kvtb_now(), b2, c2;
 
-		codec_enc(c, blocks, n, bb, elem, out, cap, scr, len);
+		codec_enc(c, blocks, n, bb, g, out, cap, scr, len);
 		b2 = kvtb_now();
-		if (codec_dec(c, blocks, n, bb, elem, out, cap, scr, len, back, reps == 0)) {
+		if (codec_dec(c, blocks, n, bb, g, out, cap, scr, len, back, reps == 0)) {
 			fprintf(f, "| %-5s | %-16s | round trip FAILED |\n", dt, codec_names[c]);
 			goto done;
 		}
@@ -249,7 +251,10 @@ kvtb_codec_table(FILE *f, const char *model, const char *tokp, unsigned sessions
 			if (c == C_ZSTD)
 				continue;
 #endif
-			codec_row(f, dtn[i], c, d.snap, n, d.block, kvt_dtype_size(dts[i]));
+			struct kvt_codec_geom g = { kvt_dtype_size(dts[i]), 16,
+						    (size_t)m.cfg.n_kv_heads * m.head_size };
+
+			codec_row(f, dtn[i], c, d.snap, n, d.block, &g);
 		}
 		free(d.snap);
 	}
