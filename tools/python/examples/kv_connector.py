@@ -394,7 +394,7 @@ def non_negative(text):
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     data = os.environ.get("KVT_SHARED_DATA",
-                          os.path.join(here, "..", "..", "..", "shared", "data"))
+                          os.path.join(here, "..", "..", "..", "..", "shared", "data"))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=os.path.join(data, "models", "stories260K.bin"))
     ap.add_argument("--tokenizer", default=os.path.join(data, "models", "tok512.bin"))

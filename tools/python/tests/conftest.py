@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: MIT
-"""pytest setup: import kvtier from python/ and find libkvtier.so (KVTIER_LIBRARY, as ctest sets
+"""pytest setup: import kvtier from tools/python/ and find libkvtier.so (KVTIER_LIBRARY, as ctest sets
 it, else build/libkvtier.so of this checkout); skip everything when there is none."""
 import os
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/python
+ROOT = os.path.dirname(os.path.dirname(PKG))
+sys.path.insert(0, PKG)
 if not os.environ.get("KVTIER_LIBRARY"):
     cand = os.path.join(ROOT, "build", "libkvtier.so")
     if os.path.exists(cand):

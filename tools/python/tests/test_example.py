@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""python/examples/kv_connector.py decodes the real stories260K model through the binding and
+"""tools/python/examples/kv_connector.py decodes the real stories260K model through the binding and
 prints the same text as kvtier-run (the C runner) for the same flags: one session, a batched
 multi-session chat parked to NVMe between turns, a shared prompt whose blocks the second
 request attaches instead of prefilling, and sessions restored from the persistent store by a
@@ -29,7 +29,7 @@ def model_files(root):
 
 def example(root, flags):
     env = dict(os.environ, KVT_SHARED_DATA=data_dir(root))
-    return subprocess.run([sys.executable, os.path.join(root, "python", "examples",
+    return subprocess.run([sys.executable, os.path.join(root, "tools", "python", "examples",
                                                         "kv_connector.py"), "--verbose"]
                           + flags, check=True, capture_output=True, text=True, env=env)
 
@@ -119,7 +119,7 @@ def test_more_sessions_than_hbm_holds_run_in_groups(root):
                                    ["--turns", "x"]])
 def test_bad_arguments_are_argparse_errors(root, flags):
     env = dict(os.environ, KVT_SHARED_DATA=data_dir(root))
-    r = subprocess.run([sys.executable, os.path.join(root, "python", "examples",
+    r = subprocess.run([sys.executable, os.path.join(root, "tools", "python", "examples",
                                                      "kv_connector.py")] + flags,
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2

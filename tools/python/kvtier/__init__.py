@@ -23,7 +23,7 @@ open_sequence(session_key=...), eng.session_list(), eng.restore(), eng.drop_sess
 kvtier.h one function each.
 
 The library is found through KVTIER_LIBRARY, then a libkvtier.so beside this package, then the
-repository's build/ (python/kvtier/../../build), then the system loader. Failures raise
+repository's build/ (tools/python/kvtier/../../../build), then the system loader. Failures raise
 KvtierError subclasses carrying kvtier's code (negative), its
 name (kvt_strerror) and the detailed message (kvt_last_error_message). Engine, Sequence and
 Batch are context managers and have close()/release(): resources go back when the caller says,

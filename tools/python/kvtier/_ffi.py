@@ -20,13 +20,13 @@ LAT_BUCKET_BOUNDS_NS = (10000, 50000, 100000, 500000, 1000000, 5000000, 10000000
 
 def _load_library():
     """KVTIER_LIBRARY, then a libkvtier.so* beside this package, then the build tree of the
-    repository this package sits in (python/kvtier/../../build), then the system loader."""
+    repository this package sits in (tools/python/kvtier/../../../build), then the system loader."""
     tried = []
     env = os.environ.get("KVTIER_LIBRARY")
     if env:
         return ctypes.CDLL(env)  # an explicit choice: its error is the answer
     here = os.path.dirname(os.path.abspath(__file__))
-    build = os.path.normpath(os.path.join(here, "..", "..", "build"))
+    build = os.path.normpath(os.path.join(here, "..", "..", "..", "build"))
     for path in (os.path.join(d, n) for d in (here, build)
                  for n in ("libkvtier.so", "libkvtier.so.0")):
         if os.path.exists(path):

@@ -46,7 +46,7 @@ def test_version_matches_header(root):
     parts = [re.search(rf"#define KVT_VERSION_{p} (\d+)", hdr).group(1)
              for p in ("MAJOR", "MINOR", "PATCH")]
     assert kvtier.version() == ".".join(parts)
-    toml = open(os.path.join(root, "python", "pyproject.toml")).read()
+    toml = open(os.path.join(root, "tools", "python", "pyproject.toml")).read()
     assert re.search(r'^version = "([^"]+)"', toml, re.M).group(1) == kvtier.version()
 
 
@@ -223,18 +223,20 @@ def test_library_found_in_the_repository_build_dir(root, tmp_path):
     code = "import sys; sys.path.insert(0, sys.argv[1]); import kvtier; print(kvtier.lib._name)"
     built = os.path.join(root, "build", "libkvtier.so")
     if os.path.exists(built):
-        r = subprocess.run([sys.executable, "-c", code, os.path.join(root, "python")],
+        r = subprocess.run([sys.executable, "-c", code, os.path.join(root, "tools", "python")],
                            env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == built
     if ctypes.util.find_library("kvtier"):
         pytest.skip("a libkvtier is installed system-wide")
-    shutil.copytree(os.path.join(root, "python", "kvtier"), tmp_path / "python" / "kvtier")
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "python")], env=env,
+    # a copy laid out as in a repository (tools/python/kvtier) with no build beside it
+    pkg = tmp_path / "repo" / "tools" / "python"
+    shutil.copytree(os.path.join(root, "tools", "python", "kvtier"), pkg / "kvtier")
+    r = subprocess.run([sys.executable, "-c", code, str(pkg)], env=env,
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "libkvtier.so not found" in r.stderr and "KVTIER_LIBRARY=" in r.stderr
-    assert str(tmp_path / "build" / "libkvtier.so") in r.stderr
+    assert str(tmp_path / "repo" / "build" / "libkvtier.so") in r.stderr
 
 
 def test_hint_then_prepare_more_nvme_blocks_than_host_slots(tmp_path):
