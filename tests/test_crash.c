@@ -1,12 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tests/test_crash.c - crash consistency of the persistent NVMe store. Each trial forks a child
- * that opens the store and loops: restore a stored session or open a new one, append tokens
- * (K/V pattern determined by the session key and the position), park it to NVMe, sometimes close
- * or drop one. The parent SIGKILLs it after a random delay, then opens the store itself and
- * restores every listed session: each must come back whole and byte-exact (every block verified
- * by checksum and compared with the pattern) or be cleanly absent (-ENOENT); nothing else. The
- * same store carries over from trial to trial. Total runtime is a few seconds.
+ * that opens the store, restores every stored session, and loops: restore a stored session or
+ * open a new one, append tokens (K/V pattern determined by the session key and the position),
+ * park it to NVMe, sometimes drain or close one. Through a pipe the child tells the parent
+ * each version it is about to park, each version that a drain + poll has published (durable),
+ * and each close. The parent SIGKILLs it after a random delay, then opens the store itself and
+ * checks every key against that log (kvtier.h "Persistent sessions": a session comes back as of
+ * its last completed park): a session reported durable and not changed since must come back
+ * whole and byte-exact at exactly that version (every block verified by checksum and compared
+ * with the pattern); anything restored must be a version the child announced; a key may be
+ * absent only if it was never published or was closed since. The same store and the model
+ * carry over from trial to trial. Total runtime is a few seconds.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,7 +20,9 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,16 +61,66 @@ crash_engine(const char *dir, struct kvt_engine **e)
 	return kvt_engine_create(&o, e);
 }
 
+/*
+ * What the child tells the parent, through a pipe, in the order it happens. A report is written
+ * BEFORE the call it announces (so a SIGKILL between the two only widens what is acceptable) or,
+ * for CRASH_DURABLE, AFTER the engine has made the version durable (so it is always true).
+ */
+enum crash_op {
+	CRASH_INTENT = 1, /* about to park @key at @n tokens: it may become durable from now on */
+	CRASH_DURABLE,    /* the park of @key at @n tokens is published (drain + poll returned) */
+	CRASH_CLOSE,      /* about to close @key: record dropped (the DEL may not be durable) */
+	CRASH_RESTORED,   /* @key was restored at startup with @n tokens */
+};
+
+struct crash_rep {
+	uint32_t op;  /* enum crash_op */
+	uint32_t key; /* session key, 1..CRASH_KEYS */
+	uint32_t n;   /* tokens (K/V at position p is tsup_val(key, p, ...): n fingerprints it) */
+};
+
+/* Per key, the set of states the store may hold: bit n = restored with n tokens, bit 0 = absent. */
+typedef uint64_t crash_mask;
+
+struct crash_child {
+	kvt_seq_id open_ids[CRASH_KEYS + 1]; /* open sequence per key (0 = none) */
+	uint32_t pend[CRASH_KEYS + 1];       /* tokens of a successful park not yet confirmed */
+	int fd;                              /* write end of the report pipe */
+	unsigned rnd;                        /* rand_r state */
+};
+
+static void
+crash_report(struct crash_child *c, uint32_t op, uint64_t key, uint32_t n)
+{
+	struct crash_rep r = { op, (uint32_t)key, n };
+
+	/* < PIPE_BUF: atomic; blocking on a full pipe only delays the call it announces */
+	if (write(c->fd, &r, sizeof r) != (ssize_t)sizeof r)
+		_exit(5);
+}
+
+/* After a successful drain + poll, every session parked since is published: say so. */
+static void
+crash_confirm(struct crash_child *c)
+{
+	for (uint64_t k = 1; k <= CRASH_KEYS; k++) {
+		if (c->pend[k])
+			crash_report(c, CRASH_DURABLE, k, c->pend[k]);
+		c->pend[k] = 0;
+	}
+}
+
 /* One step of the child's workload on session @key. Returns 0 or an error code. */
 static int
-child_step(struct kvt_engine *e, uint64_t key, kvt_seq_id *open_ids, unsigned *rnd)
+child_step(struct kvt_engine *e, uint64_t key, struct crash_child *c)
 {
 	struct kvt_seq_opts so;
 	struct kvt_seq_info info;
-	kvt_seq_id s = open_ids[key];
-	uint32_t add = 1 + rand_r(rnd) % 9;
+	kvt_seq_id s = c->open_ids[key];
+	uint32_t add = 1 + rand_r(&c->rnd) % 9;
 	int rc = 0;
 
+	c->pend[key] = 0; /* changed from here on: its last park is no longer confirmable */
 	if (!s) {
 		rc = kvt_seq_restore(e, key, NULL, &s);
 		if (rc == -ENOENT) {
@@ -73,51 +130,143 @@ child_step(struct kvt_engine *e, uint64_t key, kvt_seq_id *open_ids, unsigned *r
 		}
 		if (rc)
 			return rc;
-		open_ids[key] = s;
+		c->open_ids[key] = s;
 	}
 	if ((rc = kvt_seq_info(e, s, &info)))
 		return rc;
-	if (info.n_tokens + add > CRASH_MAX_TOKENS || rand_r(rnd) % 16 == 0) {
-		open_ids[key] = 0; /* start this conversation over */
+	if (info.n_tokens + add > CRASH_MAX_TOKENS || rand_r(&c->rnd) % 16 == 0) {
+		c->open_ids[key] = 0; /* start this conversation over */
+		crash_report(c, CRASH_CLOSE, key, 0);
 		return kvt_seq_close(e, s);
 	}
 	rc = tsup_append_write(e, s, (uint32_t)key, info.n_tokens, add);
+	if (rc)
+		return rc;
+	crash_report(c, CRASH_INTENT, key, info.n_tokens + add);
+	rc = kvt_seq_park(e, s, KVT_TIER_NVME);
 	if (rc == 0)
-		rc = kvt_seq_park(e, s, KVT_TIER_NVME);
-	if (rc == 0 && rand_r(rnd) % 2)
+		c->pend[key] = info.n_tokens + add;
+	if (rc == 0 && rand_r(&c->rnd) % 2)
 		rc = kvt_engine_poll(e, 0) < 0 ? -EIO : 0;
 	return rc;
 }
 
-static void __attribute__((noreturn))
-child_main(const char *dir, unsigned seed)
+/*
+ * Restore every stored session first: an open session's record is never given up to make room
+ * (kvt_persist_reclaim drops only records not open), so from then on the only ways a record
+ * changes are the parks and closes the child reports.
+ */
+static int
+child_restore_all(struct kvt_engine *e, struct crash_child *c)
 {
-	kvt_seq_id open_ids[CRASH_KEYS + 1] = { 0 };
+	uint64_t keys[CRASH_KEYS + 8];
+	int n = kvt_session_list(e, keys, CRASH_KEYS + 8);
+
+	if (n < 0 || n > CRASH_KEYS)
+		return n < 0 ? n : -E2BIG;
+	for (int i = 0; i < n; i++) {
+		struct kvt_seq_info info;
+		kvt_seq_id s;
+		int rc = kvt_seq_restore(e, keys[i], NULL, &s);
+
+		if (rc == -ENOENT)
+			continue; /* the parent's model says whether that was allowed */
+		if (rc || (rc = kvt_seq_info(e, s, &info)))
+			return rc;
+		c->open_ids[keys[i]] = s;
+		crash_report(c, CRASH_RESTORED, keys[i], (uint32_t)info.n_tokens);
+	}
+	return 0;
+}
+
+static void __attribute__((noreturn))
+child_main(const char *dir, unsigned seed, int fd)
+{
+	struct crash_child c = { .fd = fd, .rnd = seed };
 	struct kvt_engine *e;
-	unsigned rnd = seed;
 	int rc = crash_engine(dir, &e);
 
+	if (rc == 0)
+		rc = child_restore_all(e, &c);
 	if (rc) {
-		fprintf(stderr, "child: create: %s\n", kvt_last_error_message());
+		fprintf(stderr, "child: start: %s\n", kvt_last_error_message());
 		_exit(3);
 	}
 	for (;;) {
-		uint64_t key = 1 + rand_r(&rnd) % CRASH_KEYS;
+		uint64_t key = 1 + rand_r(&c.rnd) % CRASH_KEYS;
 
-		rc = child_step(e, key, open_ids, &rnd);
+		rc = child_step(e, key, &c);
 		if (rc && rc != -ENOSPC) {
 			fprintf(stderr, "child: step: %s (%s)\n", kvt_strerror(rc),
 				kvt_last_error_message());
 			_exit(4);
 		}
-		if (rand_r(&rnd) % 8 == 0)
-			(void)kvt_engine_drain(e);
+		if (rand_r(&c.rnd) % 4 == 0 && kvt_engine_drain(e) == 0 &&
+		    kvt_engine_poll(e, 0) >= 0)
+			crash_confirm(&c);
 	}
 }
 
-/* After a crash: every listed session is restored whole and exact, or absent. */
+/* Apply the child's reports to the model of acceptable states @ok. */
 static void
-check_store(const char *dir, unsigned *recovered, unsigned *absent)
+crash_apply(int fd, crash_mask *ok, unsigned *confirmed)
+{
+	struct crash_rep r;
+	ssize_t got;
+
+	while ((got = read(fd, &r, sizeof r)) == (ssize_t)sizeof r) {
+		assert_true(r.key >= 1 && r.key <= CRASH_KEYS && r.n <= CRASH_MAX_TOKENS);
+		switch (r.op) {
+		case CRASH_INTENT:
+			ok[r.key] |= 1ull << r.n;
+			break;
+		case CRASH_DURABLE:
+			assert_true(r.n > 0);
+			ok[r.key] = 1ull << r.n; /* published: nothing older, not absent */
+			(*confirmed)++;
+			break;
+		case CRASH_CLOSE:
+			ok[r.key] |= 1; /* absent once the DEL is durable, the last version until */
+			break;
+		case CRASH_RESTORED:
+			if (!(ok[r.key] & (1ull << r.n)))
+				print_error("child restored session %u with %u tokens: not a "
+					    "version it published\n", r.key, r.n);
+			assert_true(ok[r.key] & (1ull << r.n));
+			ok[r.key] = 1ull << r.n;
+			break;
+		default:
+			fail_msg("bad report op %u", r.op);
+		}
+	}
+	assert_int_equal(got, 0);
+}
+
+struct crash_count {
+	unsigned recovered;  /* sessions restored byte-exact */
+	unsigned required;   /* of those, ones absence would have failed (confirmed durable) */
+	unsigned absent;     /* keys absent, absence allowed (never durable, or closed) */
+	unsigned confirmed;  /* CRASH_DURABLE reports received */
+};
+
+/* Whether @key is in @keys[0..n). */
+static bool
+crash_listed(const uint64_t *keys, int n, uint64_t key)
+{
+	for (int i = 0; i < n; i++)
+		if (keys[i] == key)
+			return true;
+	return false;
+}
+
+/*
+ * After a crash: each key's state must be one @ok allows. A session reported durable (and not
+ * changed since) must come back whole and byte-exact at exactly that version; any restored
+ * session must be a version the child announced; absent only where that is allowed. @ok then
+ * holds exactly the state found, for the next trial.
+ */
+static void
+check_store(const char *dir, crash_mask *ok, struct crash_count *cnt)
 {
 	struct kvt_engine *e;
 	uint64_t keys[CRASH_KEYS + 8];
@@ -129,14 +278,20 @@ check_store(const char *dir, unsigned *recovered, unsigned *absent)
 	assert_int_equal(rc, 0);
 	n = kvt_session_list(e, keys, CRASH_KEYS + 8);
 	assert_true(n >= 0 && n <= CRASH_KEYS);
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < n; i++)
+		assert_true(keys[i] >= 1 && keys[i] <= CRASH_KEYS);
+	for (uint64_t k = 1; k <= CRASH_KEYS; k++) {
 		struct kvt_seq_info info;
 		kvt_seq_id s;
 
-		assert_true(keys[i] >= 1 && keys[i] <= CRASH_KEYS);
-		rc = kvt_seq_restore(e, keys[i], NULL, &s);
+		rc = crash_listed(keys, n, k) ? kvt_seq_restore(e, k, NULL, &s) : -ENOENT;
 		if (rc == -ENOENT) {
-			(*absent)++;
+			if (!(ok[k] & 1))
+				print_error("session %llu lost: it was published with %d tokens\n",
+					    (unsigned long long)k, __builtin_ctzll(ok[k]));
+			assert_true(ok[k] & 1);
+			ok[k] = 1;
+			cnt->absent++;
 			continue;
 		}
 		if (rc)
@@ -144,13 +299,19 @@ check_store(const char *dir, unsigned *recovered, unsigned *absent)
 		assert_int_equal(rc, 0);
 		assert_int_equal(kvt_seq_info(e, s, &info), 0);
 		assert_true(info.n_tokens > 0 && info.n_tokens <= CRASH_MAX_TOKENS);
+		if (!(ok[k] & (1ull << info.n_tokens)))
+			print_error("session %llu restored with %u tokens: allowed mask %#llx\n",
+				    (unsigned long long)k, (unsigned)info.n_tokens,
+				    (unsigned long long)ok[k]);
+		assert_true(ok[k] & (1ull << info.n_tokens));
 		/* every block is read, verified by checksum and compared with the pattern */
-		rc = tsup_verify(e, s, (uint32_t)keys[i]);
+		rc = tsup_verify(e, s, (uint32_t)k);
 		if (rc)
-			print_error("session %llu: %s\n", (unsigned long long)keys[i],
-				    kvt_strerror(rc));
+			print_error("session %llu: %s\n", (unsigned long long)k, kvt_strerror(rc));
 		assert_int_equal(rc, 0);
-		(*recovered)++;
+		cnt->required += !(ok[k] & 1);
+		ok[k] = 1ull << info.n_tokens;
+		cnt->recovered++;
 	}
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
@@ -160,18 +321,28 @@ static void
 test_kill9_trials(void **state)
 {
 	char *dir = tsup_mkdtemp();
-	unsigned recovered = 0, absent = 0, seed = (unsigned)time(NULL);
+	crash_mask ok[CRASH_KEYS + 1];
+	struct crash_count cnt = { 0 };
+	unsigned seed = (unsigned)time(NULL);
 	struct timespec ts;
 
 	(void)state;
+	for (int k = 0; k <= CRASH_KEYS; k++)
+		ok[k] = 1; /* empty store: every key absent */
 	print_message("crash test seed %u\n", seed);
 	for (int t = 0; t < CRASH_TRIALS; t++) {
-		int status;
-		pid_t pid = fork();
+		int status, p[2];
+		pid_t pid;
 
+		assert_int_equal(pipe(p), 0);
+		(void)fcntl(p[1], F_SETPIPE_SZ, 1 << 20); /* best effort: fewer blocked writes */
+		pid = fork();
 		assert_true(pid >= 0);
-		if (pid == 0)
-			child_main(dir, seed + (unsigned)t);
+		if (pid == 0) {
+			close(p[0]);
+			child_main(dir, seed + (unsigned)t, p[1]);
+		}
+		close(p[1]);
 		ts.tv_sec = 0;
 		ts.tv_nsec = (long)(2 + rand_r(&seed) % 40) * 1000000L;
 		nanosleep(&ts, NULL);
@@ -181,11 +352,14 @@ test_kill9_trials(void **state)
 		if (!WIFSIGNALED(status))
 			print_error("child exited with %d\n", WEXITSTATUS(status));
 		assert_true(WIFSIGNALED(status));
-		check_store(dir, &recovered, &absent);
+		crash_apply(p[0], ok, &cnt.confirmed);
+		close(p[0]);
+		check_store(dir, ok, &cnt);
 	}
-	print_message("crash test: %d trials, %u sessions recovered exactly, %u cleanly absent, "
-		      "0 corrupt\n", CRASH_TRIALS, recovered, absent);
-	assert_true(recovered > 0);
+	print_message("crash test: %d trials, %u durable reports, %u sessions recovered exactly "
+		      "(%u of them required), %u cleanly absent, 0 lost, 0 corrupt\n", CRASH_TRIALS,
+		      cnt.confirmed, cnt.recovered, cnt.required, cnt.absent);
+	assert_true(cnt.required > 0);
 	tsup_rmdir(dir);
 }
 
