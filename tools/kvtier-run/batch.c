@@ -219,10 +219,16 @@ run_hint(struct run_ctx *c, const struct kvt_seq_range *r)
 		return 0;
 	if (r)
 		rc = kvt_engine_hint_ranges(c->e, r, 1, 1);
-	else if (c->n_hint)
-		rc = kvt_engine_hint(c->e, c->hint_ids, c->n_hint, 1);
-	else
+	else if (c->n_hint) {
+		/* the blocks that appends write come up first, in their own copy group, and stay
+		 * spared: an append never waits behind the rest of a batch or for a demotion */
+		rc = c->n_hint_last ? kvt_engine_hint_ranges(c->e, c->hint_last, c->n_hint_last, 1)
+				    : 0;
+		if (rc == 0 || rc == KVT_ETOOBIG)
+			rc = kvt_engine_hint(c->e, c->hint_ids, c->n_hint, 1);
+	} else {
 		return 0;
+	}
 	/* a next group larger than HBM is decoded by windows: nothing to announce as a whole */
 	if (rc == 0 || rc == KVT_ETOOBIG)
 		return 0;
@@ -368,6 +374,7 @@ batch_plan_next(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i
 	uint32_t ahead = 1;
 
 	c->n_hint = 0;
+	c->n_hint_last = 0;
 	if (!c->o->prefetch)
 		return;
 	if (i >= n) {
@@ -378,6 +385,16 @@ batch_plan_next(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i
 	cnt = batch_plan(c, act, n, i, maxg, slots, ahead, &need);
 	for (uint32_t k = 0; k < cnt; k++)
 		c->hint_ids[c->n_hint++] = act[i + k]->id;
+	/* every active session's growing block (n_kv / tpb) stays spared in HBM, so that no
+	 * append waits for it: the next group's first, then the others' */
+	for (uint32_t k = 0; k < n; k++) {
+		const struct run_sess *s = act[(i + k) % n];
+		uint32_t tpb = c->geo.tokens_per_block;
+
+		if (s->appended || s->n_kv % tpb)
+			c->hint_last[c->n_hint_last++] = (struct kvt_seq_range){
+				.seq = s->id, .first_block = s->n_kv / tpb, .n_blocks = 1 };
+	}
 }
 
 int

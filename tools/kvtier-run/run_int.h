@@ -62,6 +62,8 @@ struct run_ctx {
 	struct run_dev *dev;            /* --device cuda state (devrun.c), NULL otherwise */
 	kvt_seq_id *hint_ids;           /* [sessions] prefetch: the next group's sequences */
 	uint32_t n_hint;                /* their count (0 = nothing to announce) */
+	struct kvt_seq_range *hint_last; /* [sessions] the active sessions' growing blocks */
+	uint32_t n_hint_last;           /* their count (hinted before the next group) */
 };
 
 /**
