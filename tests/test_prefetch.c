@@ -38,35 +38,6 @@ stats(struct kvt_engine *e)
 	return st;
 }
 
-/* An open sequence of @tokens tokens with pattern @tag, appended a block at a time (each
- * block's write pin released by a batch of it, so it fits any HBM of one free slot). */
-static kvt_seq_id
-seq_with(struct kvt_engine *e, uint32_t tag, uint32_t tokens)
-{
-	kvt_seq_id s;
-
-	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
-	for (uint32_t pos = 0; pos < tokens; pos += TSUP_TPB) {
-		uint32_t n = tokens - pos < TSUP_TPB ? tokens - pos : TSUP_TPB;
-		struct kvt_seq_range r = { .seq = s, .first_block = pos / TSUP_TPB, .n_blocks = 1 };
-		struct kvt_batch *b;
-
-		assert_int_equal(tsup_append_write(e, s, tag, pos, n), 0);
-		assert_int_equal(kvt_batch_prepare_ranges(e, &r, 1, &b), 0);
-		assert_int_equal(kvt_batch_release(b, NULL), 0);
-	}
-	return s;
-}
-
-static uint32_t
-blocks_in(struct kvt_engine *e, kvt_seq_id s, int tier)
-{
-	struct kvt_seq_info info;
-
-	assert_int_equal(kvt_seq_info(e, s, &info), 0);
-	return info.blocks_in[tier];
-}
-
 /* 0 when layer @l of every token of entry 0 holds the pattern @tag, else 1. */
 static int
 layer_ok(const struct kvt_block_table *bt, uint32_t l, uint32_t tag)
@@ -115,7 +86,7 @@ test_hint_bad_input(void **state)
 
 	(void)state;
 	e = tsup_engine(&c, &dir);
-	a = seq_with(e, 1, 8); /* 2 blocks */
+	a = tsup_seq_written(e, 1, 8); /* 2 blocks */
 	assert_int_equal(kvt_seq_open(e, NULL, &gone), 0);
 	assert_int_equal(kvt_seq_close(e, gone), 0);
 	assert_int_equal(kvt_engine_hint(NULL, &a, 1, 1), -EINVAL);
@@ -135,7 +106,7 @@ test_hint_bad_input(void **state)
 	assert_int_equal(kvt_engine_hint_ranges(e, &r, 1, 1), -EINVAL);
 	assert_non_null(strstr(kvt_last_error_message(), "past the end"));
 	/* two sequences of 2 blocks can never be one batch in 2 HBM slots */
-	two[1] = seq_with(e, 2, 8);
+	two[1] = tsup_seq_written(e, 2, 8);
 	assert_int_equal(kvt_engine_hint(e, two, 2, 0), KVT_ETOOBIG);
 	assert_non_null(strstr(kvt_last_error_message(), "HBM has 2 slots"));
 	assert_int_equal(stats(e).hints, 0);
@@ -163,15 +134,15 @@ test_hint_prefetches(void **state)
 
 	(void)state;
 	e = tsup_engine(&c, &dir);
-	a = seq_with(e, 1, 12); /* 3 blocks */
+	a = tsup_seq_written(e, 1, 12); /* 3 blocks */
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	s0 = stats(e); /* the appends' batches counted accesses too */
 	g0 = e->h2d.submitted;
-	assert_int_equal(blocks_in(e, a, KVT_TIER_HBM), 0);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HBM), 0);
 	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(blocks_in(e, a, KVT_TIER_HBM), 3);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HBM), 3);
 	st = stats(e);
 	assert_int_equal(st.hints, 1);
 	assert_int_equal(st.tier[KVT_TIER_HBM].bytes_prefetched, 3 * bb);
@@ -218,14 +189,14 @@ test_hint_stages_nvme(void **state)
 
 	(void)state;
 	e = tsup_engine(&c, &dir);
-	a = seq_with(e, 3, 8);
+	a = tsup_seq_written(e, 3, 8);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(blocks_in(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_hint(e, &a, 1, 3), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(blocks_in(e, a, KVT_TIER_HOST), 2);
-	assert_int_equal(blocks_in(e, a, KVT_TIER_HBM), 0);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HOST), 2);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HBM), 0);
 	st = stats(e);
 	assert_int_equal(st.tier[KVT_TIER_HOST].promote_count, 2);
 	assert_int_equal(st.tier[KVT_TIER_HOST].bytes_prefetched, 2 * tsup_block_bytes());
@@ -249,7 +220,7 @@ test_prefetch_delayed_reordered(void **state)
 	(void)state;
 	e = tsup_engine(&c, &dir);
 	for (uint32_t i = 0; i < 4; i++) {
-		s[i] = seq_with(e, 10 + i, 8);
+		s[i] = tsup_seq_written(e, 10 + i, 8);
 		assert_int_equal(kvt_seq_park(e, s[i], KVT_TIER_HOST), 0);
 	}
 	for (uint32_t round = 0; round < 6; round++) {
@@ -287,7 +258,7 @@ test_close_while_prefetching(void **state)
 
 	(void)state;
 	e = tsup_engine(&c, &dir);
-	a = seq_with(e, 1, 12);
+	a = tsup_seq_written(e, 1, 12);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_device_emu_stream_hold(e->dev, e->h2d.s, true), 0);
@@ -302,7 +273,7 @@ test_close_while_prefetching(void **state)
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(stats(e).tier[KVT_TIER_HBM].used_slots, 0);
 	assert_int_equal(stats(e).tier[KVT_TIER_HOST].used_slots, 0);
-	b = seq_with(e, 2, 16); /* all four slots are usable again */
+	b = tsup_seq_written(e, 2, 16); /* all four slots are usable again */
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
@@ -322,16 +293,16 @@ test_hint_then_park(void **state)
 
 	(void)state;
 	e = tsup_engine(&c, &dir);
-	a = seq_with(e, 1, 8);
+	a = tsup_seq_written(e, 1, 8);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(blocks_in(e, a, KVT_TIER_HBM), 0);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HBM), 0);
 	assert_int_equal(e->seqs[(uint32_t)a].hint_no, 0);
 	/* a sequence needing all of HBM gets it */
-	b = seq_with(e, 2, 16);
+	b = tsup_seq_written(e, 2, 16);
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
 	tsup_check_engine(e);
@@ -352,9 +323,9 @@ test_hint_spares_announced(void **state)
 
 	(void)state;
 	e = tsup_engine(&c, &dir);
-	a = seq_with(e, 1, 8);
-	b = seq_with(e, 2, 8);
-	d = seq_with(e, 3, 8);
+	a = tsup_seq_written(e, 1, 8);
+	b = tsup_seq_written(e, 2, 8);
+	d = tsup_seq_written(e, 3, 8);
 	for (int i = 0; i < 3; i++)
 		assert_int_equal(kvt_seq_park(e, i == 0 ? a : i == 1 ? b : d, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
@@ -363,15 +334,15 @@ test_hint_spares_announced(void **state)
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_engine_hint(e, &d, 1, 1), 0);     /* no room without taking A */
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(blocks_in(e, a, KVT_TIER_HBM), 2);
-	assert_int_equal(blocks_in(e, d, KVT_TIER_HBM), 0);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HBM), 2);
+	assert_int_equal(tsup_blocks_in(e, d, KVT_TIER_HBM), 0);
 	assert_int_equal(kvt_batch_release(bb, NULL), 0);
 	/* B released: D's next hint takes B's slots, A stays */
 	assert_int_equal(kvt_engine_hint(e, &d, 1, 1), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(blocks_in(e, a, KVT_TIER_HBM), 2);
-	assert_int_equal(blocks_in(e, d, KVT_TIER_HBM), 2);
-	assert_int_equal(blocks_in(e, b, KVT_TIER_HBM), 0);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HBM), 2);
+	assert_int_equal(tsup_blocks_in(e, d, KVT_TIER_HBM), 2);
+	assert_int_equal(tsup_blocks_in(e, b, KVT_TIER_HBM), 0);
 	/* B's batch now needs A's or D's slots, both announced: it takes them */
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
@@ -430,7 +401,7 @@ test_wait_layer_waits_only_its_layer(void **state)
 	(void)state;
 	assert_true(TSUP_LAYERS >= 2);
 	e = tsup_engine(&c, &dir);
-	a = seq_with(e, 7, 12);
+	a = tsup_seq_written(e, 7, 12);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	/* junk where the copies land, so that a layer not yet copied cannot look right */
@@ -482,7 +453,7 @@ test_window_larger_than_hbm(void **state)
 
 	(void)state;
 	e = tsup_engine(&c, &dir);
-	a = seq_with(e, 5, 16); /* 4 blocks through 2 slots */
+	a = tsup_seq_written(e, 5, 16); /* 4 blocks through 2 slots */
 	r.seq = a;
 	r.first_block = 0;
 	r.n_blocks = 3;
@@ -527,13 +498,13 @@ test_prepare_breaks_tier_cycle(void **state)
 
 	(void)state;
 	e = tsup_engine(&c, &dir);
-	a = seq_with(e, 1, 4);
+	a = tsup_seq_written(e, 1, 4);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	b = seq_with(e, 2, 4); /* dirty, in the only HBM slot */
+	b = tsup_seq_written(e, 2, 4); /* dirty, in the only HBM slot */
 	assert_int_equal(kvt_engine_hint(e, &a, 1, 2), 0); /* A staged in the only HOST slot */
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(blocks_in(e, a, KVT_TIER_HOST), 1);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HOST), 1);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	tsup_check_engine(e);

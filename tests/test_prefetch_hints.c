@@ -32,33 +32,6 @@ hints_stats(struct kvt_engine *e)
 	return st;
 }
 
-/* An open sequence of @tokens tokens (pattern @tag), a batch per block (write pins released). */
-static kvt_seq_id
-hints_seq(struct kvt_engine *e, uint32_t tag, uint32_t tokens)
-{
-	kvt_seq_id s;
-
-	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
-	for (uint32_t pos = 0; pos < tokens; pos += TSUP_TPB) {
-		struct kvt_seq_range r = { .seq = s, .first_block = pos / TSUP_TPB, .n_blocks = 1 };
-		struct kvt_batch *b;
-
-		assert_int_equal(tsup_append_write(e, s, tag, pos, TSUP_TPB), 0);
-		assert_int_equal(kvt_batch_prepare_ranges(e, &r, 1, &b), 0);
-		assert_int_equal(kvt_batch_release(b, NULL), 0);
-	}
-	return s;
-}
-
-static uint32_t
-hints_in(struct kvt_engine *e, kvt_seq_id s, int tier)
-{
-	struct kvt_seq_info info;
-
-	assert_int_equal(kvt_seq_info(e, s, &info), 0);
-	return info.blocks_in[tier];
-}
-
 /* B attached A's prompt (2 blocks A created), A closed: a hint for B spares those blocks; once B
  * is closed, a hint for D (which reuses A's index) does not protect the cached blocks. */
 static void
@@ -75,7 +48,7 @@ test_hint_spares_shared_prefix(void **state)
 	(void)state;
 	e = tsup_engine(&c, &dir);
 	e->opts.prefix_cache = 1; /* closed sequences leave their indexed blocks cached */
-	a = hints_seq(e, 1, 2 * TSUP_TPB);
+	a = tsup_seq_written(e, 1, 2 * TSUP_TPB);
 	for (int t = 0; t < 2 * TSUP_TPB; t++)
 		tok[t] = t; /* the tokens tsup_append_write records */
 	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
@@ -85,20 +58,20 @@ test_hint_spares_shared_prefix(void **state)
 	shared[1] = e->seqs[(uint32_t)b].blocks[1];
 	assert_int_equal(e->blocks[shared[0]].seq, (uint32_t)a); /* created by A */
 	assert_int_equal(kvt_seq_close(e, a), 0);
-	d = hints_seq(e, 3, 2 * TSUP_TPB);
+	d = tsup_seq_written(e, 3, 2 * TSUP_TPB);
 	assert_int_equal((uint32_t)d, (uint32_t)a); /* D reuses A's index */
 	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_seq_park(e, d, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(hints_in(e, b, KVT_TIER_HBM), 0);
+	assert_int_equal(tsup_blocks_in(e, b, KVT_TIER_HBM), 0);
 	assert_int_equal(kvt_engine_hint(e, &b, 1, 1), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(hints_in(e, b, KVT_TIER_HBM), 2);
+	assert_int_equal(tsup_blocks_in(e, b, KVT_TIER_HBM), 2);
 	/* two sequences of two blocks each need all of HBM in turn: B's announced blocks stay,
 	 * the unannounced X goes when Y needs room */
-	(void)hints_seq(e, 4, 2 * TSUP_TPB);
-	(void)hints_seq(e, 5, 2 * TSUP_TPB);
-	assert_int_equal(hints_in(e, b, KVT_TIER_HBM), 2);
+	(void)tsup_seq_written(e, 4, 2 * TSUP_TPB);
+	(void)tsup_seq_written(e, 5, 2 * TSUP_TPB);
+	assert_int_equal(tsup_blocks_in(e, b, KVT_TIER_HBM), 2);
 	assert_true(kvt_hint_spares(e, &e->blocks[shared[0]], KVT_TIER_HBM));
 	/* B closes: the blocks stay cached (indexed), unannounced, whatever D is told */
 	assert_int_equal(kvt_seq_close(e, b), 0);
@@ -131,7 +104,7 @@ test_stream_wait_stall_not_ready(void **state)
 
 	(void)state;
 	e = tsup_engine(&c, &dir);
-	a = hints_seq(e, 5, 3 * TSUP_TPB);
+	a = tsup_seq_written(e, 5, 3 * TSUP_TPB);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_device_emu_stream_hold(e->dev, e->h2d.s, true), 0);
@@ -200,14 +173,14 @@ test_budget_spares_announced(void **state)
 	assert_int_equal(kvt_tenant_set_budget(e, 1, KVT_TIER_HBM, 2), 0);
 	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0); /* A for the next step: 4 in HBM */
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(hints_in(e, a, KVT_TIER_HBM), 2);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HBM), 2);
 	assert_int_equal(tsup_verify(e, b, 2), 0); /* B's step: its release enforces the budget */
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(hints_in(e, a, KVT_TIER_HBM), 2);
-	assert_int_equal(hints_in(e, b, KVT_TIER_HBM), 0);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HBM), 2);
+	assert_int_equal(tsup_blocks_in(e, b, KVT_TIER_HBM), 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0); /* A's step: served, the budget holds again */
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_true(hints_in(e, a, KVT_TIER_HBM) + hints_in(e, b, KVT_TIER_HBM) <= 2);
+	assert_true(tsup_blocks_in(e, a, KVT_TIER_HBM) + tsup_blocks_in(e, b, KVT_TIER_HBM) <= 2);
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
@@ -226,7 +199,7 @@ test_repromotions_counted(void **state)
 
 	(void)state;
 	e = tsup_engine(&c, &dir);
-	a = hints_seq(e, 6, 3 * TSUP_TPB);
+	a = tsup_seq_written(e, 6, 3 * TSUP_TPB);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	s0 = hints_stats(e);

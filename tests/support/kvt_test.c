@@ -16,6 +16,33 @@
 #include "engine/engine_impl.h"
 #include "support/kvt_test.h"
 
+kvt_seq_id
+tsup_seq_written(struct kvt_engine *e, uint32_t tag, uint32_t tokens)
+{
+	kvt_seq_id s;
+
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	for (uint32_t pos = 0; pos < tokens; pos += TSUP_TPB) {
+		uint32_t n = tokens - pos < TSUP_TPB ? tokens - pos : TSUP_TPB;
+		struct kvt_seq_range r = { .seq = s, .first_block = pos / TSUP_TPB, .n_blocks = 1 };
+		struct kvt_batch *b;
+
+		assert_int_equal(tsup_append_write(e, s, tag, pos, n), 0);
+		assert_int_equal(kvt_batch_prepare_ranges(e, &r, 1, &b), 0);
+		assert_int_equal(kvt_batch_release(b, NULL), 0);
+	}
+	return s;
+}
+
+uint32_t
+tsup_blocks_in(struct kvt_engine *e, kvt_seq_id s, int tier)
+{
+	struct kvt_seq_info info;
+
+	assert_int_equal(kvt_seq_info(e, s, &info), 0);
+	return info.blocks_in[tier];
+}
+
 void
 tsup_check_engine(struct kvt_engine *e)
 {

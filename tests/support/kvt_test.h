@@ -49,6 +49,13 @@ int tsup_append_write(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint64_t
  * on a data mismatch. */
 int tsup_verify(struct kvt_engine *e, kvt_seq_id s, uint32_t tag);
 
+/* Assert: an open sequence of @tokens tokens with pattern @tag, appended a block at a time,
+ * each block's write pin released by a batch of it (so it fits any HBM with one free slot). */
+kvt_seq_id tsup_seq_written(struct kvt_engine *e, uint32_t tag, uint32_t tokens);
+
+/* Assert kvt_seq_info() succeeds; the blocks of @s whose copy in @tier is valid. */
+uint32_t tsup_blocks_in(struct kvt_engine *e, kvt_seq_id s, int tier);
+
 /* Assert kvt_engine_check(e) passes (prints its message when it does not). */
 void tsup_check_engine(struct kvt_engine *e);
 
