@@ -80,9 +80,8 @@ arc_reserve(struct kvt_evict *ev, uint32_t n_ids)
 	}
 	if (n_ids <= old)
 		return 0;
-	if (!(p = kvt_realloc(ev->link, (size_t)n_ids * sizeof *ev->link)))
+	if (kvt_elist_links_grow(ev, n_ids))
 		return -ENOMEM;
-	ev->link = p;
 	if (!(p = kvt_realloc(st->tag, n_ids)))
 		return -ENOMEM;
 	st->tag = p;
@@ -90,7 +89,6 @@ arc_reserve(struct kvt_evict *ev, uint32_t n_ids)
 		return -ENOMEM;
 	st->stamp = p;
 	for (i = old; i < n_ids; i++) {
-		ev->link[i].prev = ev->link[i].next = KVT_NIL;
 		st->tag[i] = ARC_NONE;
 		st->stamp[i] = 0;
 	}
@@ -108,10 +106,7 @@ arc_fini(struct kvt_evict *ev)
 		kvt_free(st->stamp);
 		kvt_free(st);
 	}
-	kvt_free(ev->link);
-	ev->link = NULL;
-	ev->priv = NULL;
-	ev->cap = ev->n = 0;
+	kvt_elist_links_free(ev);
 }
 
 static void

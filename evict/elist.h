@@ -8,8 +8,10 @@
 #ifndef KVT_EVICT_ELIST_H
 #define KVT_EVICT_ELIST_H
 
+#include <errno.h>
 #include <stdint.h>
 
+#include "engine/alloc.h"
 #include "evict.h"
 
 struct kvt_elist {
@@ -17,6 +19,31 @@ struct kvt_elist {
 	uint32_t tail; /* coldest id or KVT_NIL */
 	uint32_t n;    /* ids on the list */
 };
+
+/* Grow ev->link from ev->cap to @n_ids entries (> ev->cap), the new ones on no list. The
+ * caller grows its own per-id arrays and then sets ev->cap. 0 or -ENOMEM (link unchanged). */
+static inline int
+kvt_elist_links_grow(struct kvt_evict *ev, uint32_t n_ids)
+{
+	struct kvt_lru_link *p = kvt_realloc(ev->link, (size_t)n_ids * sizeof *p);
+
+	if (!p)
+		return -ENOMEM;
+	for (uint32_t i = ev->cap; i < n_ids; i++)
+		p[i].prev = p[i].next = KVT_NIL;
+	ev->link = p;
+	return 0;
+}
+
+/* Free ev->link and forget the instance's ids (the policy frees ev->priv first). */
+static inline void
+kvt_elist_links_free(struct kvt_evict *ev)
+{
+	kvt_free(ev->link);
+	ev->link = NULL;
+	ev->priv = NULL;
+	ev->cap = ev->n = 0;
+}
 
 static inline void
 kvt_elist_init(struct kvt_elist *l)

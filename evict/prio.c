@@ -60,9 +60,8 @@ prio_reserve(struct kvt_evict *ev, uint32_t n_ids)
 	}
 	if (n_ids <= old)
 		return 0;
-	if (!(p = kvt_realloc(ev->link, (size_t)n_ids * sizeof *ev->link)))
+	if (kvt_elist_links_grow(ev, n_ids))
 		return -ENOMEM;
-	ev->link = p;
 	if (!(p = kvt_realloc(st->list, n_ids)))
 		return -ENOMEM;
 	st->list = p;
@@ -73,7 +72,6 @@ prio_reserve(struct kvt_evict *ev, uint32_t n_ids)
 		return -ENOMEM;
 	st->until = p;
 	for (i = old; i < n_ids; i++) {
-		ev->link[i].prev = ev->link[i].next = KVT_NIL;
 		st->list[i] = PRIO_NONE;
 		st->prio[i] = KVT_EVICT_PRIO_DEFAULT;
 		st->until[i] = 0;
@@ -93,10 +91,7 @@ prio_fini(struct kvt_evict *ev)
 		kvt_free(st->until);
 		kvt_free(st);
 	}
-	kvt_free(ev->link);
-	ev->link = NULL;
-	ev->priv = NULL;
-	ev->cap = ev->n = 0;
+	kvt_elist_links_free(ev);
 }
 
 /* The priority @id has now (its own until it expires, then the default). */
