@@ -190,19 +190,6 @@ dur_engine(const char *dir, uint32_t nvme_blocks)
 	return e;
 }
 
-static kvt_seq_id
-dur_open(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n)
-{
-	struct kvt_seq_opts so;
-	kvt_seq_id s;
-
-	kvt_seq_opts_init(&so, sizeof so);
-	so.session_key = key;
-	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
-	assert_int_equal(tsup_append_write(e, s, tag, 0, n), 0);
-	return s;
-}
-
 /* Park @s to NVMe, let everything complete; no record may be left unsynced. */
 static void
 dur_park(struct kvt_engine *e, kvt_seq_id s)
@@ -247,16 +234,16 @@ test_slots_reused_only_after_durable_supersede(void **state)
 	kvt_test_sync_hook = &sync_hook;
 	e = dur_engine(dir, 6);
 	assert_true(rec.compact_syncs >= 1); /* the journal compacted at open was synced */
-	a = dur_open(e, 1, 1, 8);              /* 2 blocks */
+	a = tsup_session_written(e, 1, 1, 8);              /* 2 blocks */
 	dur_park(e, a);
-	b = dur_open(e, 2, 2, 12);             /* 3 blocks */
+	b = tsup_session_written(e, 2, 2, 12);             /* 3 blocks */
 	dur_park(e, b);
 	assert_true(rec.puts >= 2 && rec.journal_syncs >= 2);
 	rec_check();
 	/* closing a: its DEL is not durable yet, so its 2 slots must wait; c needs 2 and 1 is
 	 * free: the DEL is committed first */
 	assert_int_equal(kvt_seq_close(e, a), 0);
-	c = dur_open(e, 3, 3, 6);              /* 2 blocks, the second half full */
+	c = tsup_session_written(e, 3, 3, 6);              /* 2 blocks, the second half full */
 	dur_park(e, c);
 	rec_check();
 	kvt_engine_destroy(e);
@@ -265,7 +252,7 @@ test_slots_reused_only_after_durable_supersede(void **state)
 	 * the oldest stored session goes, its slots reused once its DEL is durable */
 	rec.n_op = 0;
 	e = dur_engine(dir, 6);
-	a = dur_open(e, 4, 4, 8);
+	a = tsup_session_written(e, 4, 4, 8);
 	dur_park(e, a);
 	rec_check();
 	assert_int_equal(kvt_seq_restore(e, 2, NULL, &b), -ENOENT);
@@ -300,8 +287,8 @@ test_publish_failure_commits_what_was_put(void **state)
 	memset(&rec, 0, sizeof rec);
 	kvt_test_sync_hook = &sync_hook;
 	e = dur_engine(dir, 16);
-	a = dur_open(e, 1, 1, 8);
-	b = dur_open(e, 2, 2, 8);
+	a = tsup_session_written(e, 1, 1, 8);
+	b = tsup_session_written(e, 2, 2, 8);
 	dur_park(e, a);
 	dur_park(e, b);
 	/* back up, then parked again: their NVMe copies are still valid, so both become ready
@@ -394,7 +381,7 @@ test_session_key_unique(void **state)
 	e = dur_engine(dir, 16);
 	kvt_seq_opts_init(&so, sizeof so);
 	so.session_key = 42;
-	a = dur_open(e, 42, 1, 8);
+	a = tsup_session_written(e, 42, 1, 8);
 	assert_int_equal(kvt_seq_open(e, &so, &b), KVT_EBUSY);
 	dur_park(e, a);
 	kvt_engine_destroy(e);
@@ -439,16 +426,16 @@ fsync_failure_is_final(int ev)
 	memset(&rec, 0, sizeof rec);
 	kvt_test_sync_hook = &hook;
 	e = dur_engine(dir, 16);
-	a = dur_open(e, 1, 1, 8);
+	a = tsup_session_written(e, 1, 1, 8);
 	dur_park(e, a);
 	sync_fail_ev = ev;
-	b = dur_open(e, 2, 2, 8);
+	b = tsup_session_written(e, 2, 2, 8);
 	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(sync_fail_ev, 0); /* the failure was injected */
 	assert_false(e->pub_check);        /* not retried for ever */
 	j = rec.journal_syncs;
-	c = dur_open(e, 3, 3, 8);
+	c = tsup_session_written(e, 3, 3, 8);
 	assert_int_equal(kvt_seq_park(e, c, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	e->pub_check = true;
@@ -505,11 +492,11 @@ test_enospc_keeps_published_slots(void **state)
 	dur_hooks = &hooks;
 	e = dur_engine(dir, 16);
 	dur_hooks = NULL;
-	a = dur_open(e, 1, 1, 8);
+	a = tsup_session_written(e, 1, 1, 8);
 	dur_park(e, a);                            /* published */
 	assert_int_equal(tsup_verify(e, a, 1), 0); /* back in HBM: its NVMe copies are clean */
 	enospc_writes = 1;
-	b = dur_open(e, 2, 2, 8);
+	b = tsup_session_written(e, 2, 2, 8);
 	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	enospc_writes = 0;
@@ -562,7 +549,7 @@ test_timed_out_write_quarantines_slot(void **state)
 	kvt_test_nvme_hooks = &hooks;
 	assert_int_equal(kvt_engine_create(&o, &e), 0);
 	kvt_test_nvme_hooks = NULL;
-	a = dur_open(e, 0, 1, 4); /* one block: one write, whose timeout one poll sees */
+	a = tsup_session_written(e, 0, 1, 4); /* one block: one write, whose timeout one poll sees */
 	late_writes = 1;
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
 	/* poll (never waiting) until the write has timed out: its late CQE is due at the reap

@@ -54,19 +54,6 @@ dur_engine(const char *dir, uint32_t nvme_blocks)
 	return e;
 }
 
-static kvt_seq_id
-dur_open(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n)
-{
-	struct kvt_seq_opts so;
-	kvt_seq_id s;
-
-	kvt_seq_opts_init(&so, sizeof so);
-	so.session_key = key;
-	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
-	assert_int_equal(tsup_append_write(e, s, tag, 0, n), 0);
-	return s;
-}
-
 static void
 dur_park(struct kvt_engine *e, kvt_seq_id s)
 {
@@ -144,7 +131,7 @@ bitflip_case(int codec, int mode)
 	e = dur_engine(dir, 16);
 	dur_hooks = NULL;
 	dur_codec = 0;
-	a = dur_open(e, 0, 1, 8);
+	a = tsup_session_written(e, 0, 1, 8);
 	dur_park(e, a);
 	bf.mode = mode;
 	assert_int_equal(kvt_seq_resume(e, a), 0);
@@ -193,7 +180,7 @@ test_content_hash_stored(void **state)
 
 	(void)state;
 	e = dur_engine(dir, 16);
-	a = dur_open(e, 5, 5, 8);
+	a = tsup_session_written(e, 5, 5, 8);
 	sr = &e->seqs[(uint32_t)a];
 	assert_true(e->blocks[sr->blocks[1]].hashed);
 	memcpy(hash, e->blocks[sr->blocks[1]].hash, sizeof hash);
@@ -227,7 +214,7 @@ test_prefix_found_after_restart(void **state)
 		tok[i] = other[i] = i; /* tsup_append_write's tokens are the positions */
 	other[5] = 99;
 	e = dur_engine(dir, 16);
-	a = dur_open(e, 9, 9, 10); /* blocks 0 and 1 full, 2 partial */
+	a = tsup_session_written(e, 9, 9, 10); /* blocks 0 and 1 full, 2 partial */
 	dur_park(e, a);
 	kvt_engine_destroy(e);
 
@@ -285,7 +272,7 @@ test_prefix_after_restart_needs_tokens(void **state)
 	other[6] = 77; /* block 1 differs */
 	kvt_test_prefix_hash = chain_only_hash;
 	e = dur_engine(dir, 16);
-	a = dur_open(e, 9, 9, 8);
+	a = tsup_session_written(e, 9, 9, 8);
 	dur_park(e, a);
 	kvt_engine_destroy(e);
 	e = dur_engine(dir, 16);

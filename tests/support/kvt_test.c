@@ -34,6 +34,19 @@ tsup_seq_written(struct kvt_engine *e, uint32_t tag, uint32_t tokens)
 	return s;
 }
 
+kvt_seq_id
+tsup_session_written(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n)
+{
+	struct kvt_seq_opts so;
+	kvt_seq_id s;
+
+	kvt_seq_opts_init(&so, sizeof so);
+	so.session_key = key;
+	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
+	assert_int_equal(tsup_append_write(e, s, tag, 0, n), 0);
+	return s;
+}
+
 uint32_t
 tsup_blocks_in(struct kvt_engine *e, kvt_seq_id s, int tier)
 {

@@ -53,6 +53,10 @@ int tsup_verify(struct kvt_engine *e, kvt_seq_id s, uint32_t tag);
  * each block's write pin released by a batch of it (so it fits any HBM with one free slot). */
 kvt_seq_id tsup_seq_written(struct kvt_engine *e, uint32_t tag, uint32_t tokens);
 
+/* Assert: an open sequence with session key @key (0 = none) and @n tokens of pattern @tag,
+ * appended at once. */
+kvt_seq_id tsup_session_written(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n);
+
 /* Assert kvt_seq_info() succeeds; the blocks of @s whose copy in @tier is valid. */
 uint32_t tsup_blocks_in(struct kvt_engine *e, kvt_seq_id s, int tier);
 
