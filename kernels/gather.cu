@@ -10,6 +10,11 @@
  * Grid: y walks the pieces (grid-stride when n > 65535), x walks the words of one piece
  * (grid-stride). Word = 16 bytes (uint4) when every address and length is 16-byte aligned,
  * else 1 byte.
+ *
+ * kvt_copy_batch_cuda() is the same idea for a list of arbitrary (dst, src, len) copies: the
+ * CUDA backend's fallback where cudaMemcpyBatchAsync cannot be used. The copy list travels in
+ * the launch's parameters (KVT_COPY_KERNEL_CHUNK copies, 3 KiB, under the 4 KiB parameter limit
+ * of every CUDA version), so no device buffer has to outlive the launch.
  */
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -101,4 +106,71 @@ kvt_scatter_blocks_cuda(void *base, uint64_t slot_stride, uint64_t offset, uint6
 	/* the kernel only reads through src when scattering */
 	return gather_launch(const_cast<void *>(src), base, slot_stride, offset, len, slots, n,
 			     false, stream);
+}
+
+/* One launch's copies, passed by value. */
+struct copy_chunk {
+	struct kvt_cuda_copy c[KVT_COPY_KERNEL_CHUNK]; /* the copies; n used */
+};
+
+/*
+ * Copy ch.c[i] for i = blockIdx.y, y + gridDim.y, ... < n; x walks its words. 16-byte words
+ * when its addresses and length are multiples of 16, else bytes (rare: the engine copies whole
+ * blocks or layer pieces of 16-byte multiples between 256-byte aligned arenas).
+ */
+__global__ void
+copy_batch_kernel(const struct copy_chunk ch, uint32_t n)
+{
+	for (uint32_t i = blockIdx.y; i < n; i += gridDim.y) {
+		const struct kvt_cuda_copy cp = ch.c[i];
+		uint64_t start = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+		uint64_t step = (uint64_t)gridDim.x * blockDim.x;
+
+		if ((((uintptr_t)cp.dst | (uintptr_t)cp.src | cp.len) % 16) == 0) {
+			uint4 *d = (uint4 *)cp.dst;
+			const uint4 *s = (const uint4 *)cp.src;
+
+			for (uint64_t j = start; j < cp.len / 16; j += step)
+				d[j] = s[j];
+		} else {
+			unsigned char *d = (unsigned char *)cp.dst;
+			const unsigned char *s = (const unsigned char *)cp.src;
+
+			for (uint64_t j = start; j < cp.len; j += step)
+				d[j] = s[j];
+		}
+	}
+}
+
+extern "C" int
+kvt_copy_batch_cuda(const struct kvt_cuda_copy *v, uint32_t n, cudaStream_t stream)
+{
+	struct copy_chunk ch;
+
+	if (n && !v)
+		return kvt_err(-EINVAL, "copy batch (cuda): NULL copy list for %u copies", n);
+	for (uint32_t done = 0; done < n;) {
+		uint32_t m = n - done < KVT_COPY_KERNEL_CHUNK ? n - done : KVT_COPY_KERNEL_CHUNK;
+		uint64_t most = 0, xblocks, xcap;
+
+		for (uint32_t i = 0; i < m; i++) {
+			if (!v[done + i].dst || !v[done + i].src)
+				return kvt_err(-EINVAL, "copy batch (cuda): copy %u has a NULL "
+					       "address", done + i);
+			ch.c[i] = v[done + i];
+			most = v[done + i].len > most ? v[done + i].len : most;
+		}
+		/* enough thread blocks per copy to cover the longest in 16-byte words, but about
+		 * 4096 in all: a few copies each get many, many copies share the GPU */
+		xblocks = (most / 16 + GATHER_THREADS - 1) / GATHER_THREADS;
+		xcap = 4096u / m;
+		xblocks = xblocks < 1 ? 1 : xblocks > xcap ? xcap : xblocks; /* xcap >= 32 */
+		copy_batch_kernel<<<dim3((unsigned)xblocks, m), GATHER_THREADS, 0, stream>>>(ch, m);
+		cudaError_t e = cudaGetLastError();
+		if (e != cudaSuccess)
+			return kvt_err(KVT_EDEVICE, "copy batch kernel launch: %s (%s)",
+				       cudaGetErrorString(e), cudaGetErrorName(e));
+		done += m;
+	}
+	return 0;
 }

@@ -125,6 +125,32 @@ int kvt_scatter_blocks_cuda(void *base, uint64_t slot_stride, uint64_t offset, u
 			    const void *src, const uint32_t *slots, uint32_t n,
 			    kvt_cuda_stream_t stream);
 
+/** Copies per kvt_copy_batch_cuda() launch (the list is a by-value launch parameter). */
+#define KVT_COPY_KERNEL_CHUNK 128u
+
+/** One copy of kvt_copy_batch_cuda(): device-addressable @dst and @src, @len bytes. */
+struct kvt_cuda_copy {
+	void *dst;       /* device memory or mapped pinned host memory */
+	const void *src; /* likewise; must not overlap dst */
+	uint64_t len;    /* bytes; 0 copies nothing */
+};
+
+/**
+ * kvt_copy_batch_cuda() - perform @n independent copies with one kernel launch per
+ * KVT_COPY_KERNEL_CHUNK of them, queued on @stream (so each copy sees what earlier work on the
+ * stream wrote, and later work sees the copy). The CUDA backend's fallback for a copy batch
+ * where cudaMemcpyBatchAsync is absent (CUDA < 12.8), refused, or not allowed (legacy stream):
+ * one launch per 128 blocks instead of one cudaMemcpyAsync per block (5-7 us each).
+ * @v:      host array of @n copies, read before the call returns (the caller may reuse it).
+ *          Every address must be addressable by the GPU: cudaMalloc memory or cudaHostAlloc
+ *          memory (mapped under UVA); pageable memory faults the kernel. Copies must not
+ *          overlap each other's destinations.
+ * A copy whose addresses and length are multiples of 16 moves 16-byte words, else bytes.
+ * Returns 0 (n 0 queues nothing), -EINVAL (v NULL with n > 0, a NULL address),
+ * KVT_EDEVICE (launch failure, CUDA's message kept). Thread-safe (no shared state).
+ */
+int kvt_copy_batch_cuda(const struct kvt_cuda_copy *v, uint32_t n, kvt_cuda_stream_t stream);
+
 /**
  * kvt_quant_cuda() - int8 / fp8 e4m3 quantization with one fp32 scale per group of @group
  * elements, as kvt_quant_ref() (kernels/quant.h) and with the same bytes. Device pointers:

@@ -12,7 +12,10 @@
  *     read A's bytes, and B lands intact (invariant 1);
  *   - kvt_batch_wait_layer(stream) makes the stream wait for a 64 MiB promotion without host
  *     blocking: a gather kernel queued right after reads every block intact (invariant 2);
- *   - CUDA failures come back as KVT_EDEVICE with the CUDA message, and the device stays usable.
+ *   - CUDA failures come back as KVT_EDEVICE with the CUDA message, and the device stays usable;
+ *   - the copy-kernel fallback (used where cudaMemcpyBatchAsync is not) moves the right bytes,
+ *     one launch per 128 copies, and sends memory the GPU cannot address to cudaMemcpyAsync;
+ *     the first three tests run again with every engine copy forced through that kernel.
  * Skips (77) without CUDA in the build or without a GPU.
  */
 #include <stdarg.h>
@@ -31,10 +34,45 @@
 #ifdef KVT_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "engine/engine_impl.h"
 #include "kernels/kernels_cuda.h"
+#include "transfer/device.h"
 
 #define TCA_OK(call) assert_int_equal((int)(call), (int)cudaSuccess)
 #define TCA_DELAY_NS 100000000ull /* 100 ms of GPU time before a delayed kernel acts */
+
+/* The copy path the engines of the running test are forced onto (AUTO: none). */
+static enum kvt_cuda_copy_path tca_path = KVT_CUDA_COPY_AUTO;
+
+static int
+tca_force_kernel(void **state)
+{
+	(void)state;
+	tca_path = KVT_CUDA_COPY_KERNEL;
+	return 0;
+}
+
+static int
+tca_unforce(void **state)
+{
+	(void)state;
+	tca_path = KVT_CUDA_COPY_AUTO;
+	return 0;
+}
+
+/* Before destroying a test's engine: under a forced path, its copies took that path only. */
+static void
+tca_check_path(struct kvt_engine *e)
+{
+	uint64_t n[KVT_CUDA_COPY_PATHS];
+
+	assert_int_equal(kvt_device_cuda_copy_path(e->dev, tca_path, n), 0);
+	if (tca_path != KVT_CUDA_COPY_KERNEL)
+		return;
+	assert_true(n[KVT_CUDA_COPY_KERNEL] > 0);
+	assert_int_equal(n[KVT_CUDA_COPY_BATCH_API], 0);
+	assert_int_equal(n[KVT_CUDA_COPY_LOOP], 0); /* the engine copies within its arenas */
+}
 
 /* An engine on the CUDA device: the given block shape, HBM and HOST sizes in blocks. */
 static struct kvt_engine *
@@ -58,6 +96,7 @@ tca_engine(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint32_t hbm_b
 	assert_int_equal(kvt_engine_geometry(e, g), 0);
 	assert_int_equal(g->block_bytes, bb);
 	assert_int_equal(g->hbm_slots, hbm_blocks);
+	assert_int_equal(kvt_device_cuda_copy_path(e->dev, tca_path, NULL), 0);
 	return e;
 }
 
@@ -145,6 +184,7 @@ test_copy_waits_for_write(void **state)
 	assert_true(tca_stats(e).blocks_moved[KVT_MOVE_HBM_TO_HOST] >= 1);
 	assert_true(tca_stats(e).blocks_moved[KVT_MOVE_HOST_TO_HBM] >= 1);
 	kvt_engine_stream_destroy(e, st);
+	tca_check_path(e);
 	kvt_engine_destroy(e);
 }
 
@@ -197,6 +237,7 @@ test_slot_not_reused_while_read(void **state)
 	assert_int_equal(kvt_batch_release(b, NULL), 0);
 	TCA_OK(cudaFree(out));
 	kvt_engine_stream_destroy(e, st);
+	tca_check_path(e);
 	kvt_engine_destroy(e);
 }
 
@@ -259,6 +300,7 @@ test_stream_waits_for_promotion(void **state)
 	TCA_OK(cudaFree(contig));
 	TCA_OK(cudaFree(dslots));
 	kvt_engine_stream_destroy(e, st);
+	tca_check_path(e);
 	kvt_engine_destroy(e);
 }
 
@@ -291,6 +333,89 @@ test_cuda_error_reported(void **state)
 	e = tca_engine(2, 2, 64, 2, 2, &g); /* not sticky: the next engine works */
 	kvt_engine_destroy(e);
 }
+/* Fill n bytes at p with a pattern that differs per seed. */
+static void
+tca_pattern(unsigned char *p, size_t n, uint32_t seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (unsigned char)((i * 131u + seed * 7919u) >> 3);
+}
+
+/*
+ * The copy kernel directly on the device: NB blocks host->device in a scrambled order, an
+ * unaligned piece (byte path), a copy from pageable memory (the GPU cannot address it: it must
+ * go through cudaMemcpyAsync), then all back device->host. Every byte checked; the counters say
+ * which path each copy took.
+ */
+static void
+test_copy_kernel_fallback(void **state)
+{
+	enum { NB = 300, BS = 64 << 10 }; /* 300 copies: three launches (128 + 128 + 44) */
+	struct kvt_device *d = NULL;
+	struct kvt_stream *s = NULL;
+	struct kvt_copy v[NB + 2];
+	unsigned char *host = NULL, *back = NULL, *pageable = malloc(BS), *check = malloc(BS);
+	uint64_t n0[KVT_CUDA_COPY_PATHS], n1[KVT_CUDA_COPY_PATHS];
+	void *dev = NULL;
+	bool pinned = false;
+	uint32_t i;
+
+	(void)state;
+	assert_non_null(pageable);
+	assert_non_null(check);
+	assert_int_equal(kvt_device_cuda_create(0, &d), 0);
+	assert_int_equal(d->ops->stream_create(d, &s), 0);
+	assert_int_equal(d->ops->mem_alloc(d, (size_t)(NB + 2) * BS, &dev), 0);
+	assert_int_equal(d->ops->host_alloc(d, (size_t)(NB + 2) * BS, (void **)&host, &pinned), 0);
+	assert_true(pinned);
+	back = malloc((size_t)(NB + 2) * BS);
+	assert_non_null(back);
+	for (i = 0; i < NB; i++)
+		tca_pattern(host + (size_t)i * BS, BS, i);
+	tca_pattern(pageable, BS, 9999);
+	assert_int_equal(kvt_device_cuda_copy_path(d, KVT_CUDA_COPY_KERNEL, n0), 0);
+	/* host block i -> device block (i * 7) % NB (7 and 300 are coprime) */
+	for (i = 0; i < NB; i++)
+		v[i] = (struct kvt_copy){ .dst = (char *)dev + (size_t)((i * 7u) % NB) * BS,
+					  .src = host + (size_t)i * BS, .len = BS };
+	v[NB] = (struct kvt_copy){ .dst = (char *)dev + (size_t)NB * BS + 5,
+				   .src = host + 3, .len = 1001 };
+	v[NB + 1] = (struct kvt_copy){ .dst = (char *)dev + (size_t)(NB + 1) * BS,
+				       .src = pageable, .len = BS };
+	assert_int_equal(d->ops->copy_batch_async(d, s, v, NB + 2), 0);
+	assert_int_equal(d->ops->stream_sync(d, s), 0);
+	assert_int_equal(kvt_device_cuda_copy_path(d, KVT_CUDA_COPY_KERNEL, n1), 0);
+	assert_int_equal(n1[KVT_CUDA_COPY_KERNEL] - n0[KVT_CUDA_COPY_KERNEL], NB + 1);
+	assert_int_equal(n1[KVT_CUDA_COPY_LOOP] - n0[KVT_CUDA_COPY_LOOP], 1);
+	assert_int_equal(n1[KVT_CUDA_COPY_BATCH_API], n0[KVT_CUDA_COPY_BATCH_API]);
+	TCA_OK(cudaMemcpy(back, dev, (size_t)(NB + 2) * BS, cudaMemcpyDeviceToHost));
+	for (i = 0; i < NB; i++)
+		if (memcmp(back + (size_t)((i * 7u) % NB) * BS, host + (size_t)i * BS, BS))
+			fail_msg("host block %u did not land in device block %u", i,
+				 (i * 7u) % NB);
+	assert_memory_equal(back + (size_t)NB * BS + 5, host + 3, 1001);
+	assert_memory_equal(back + (size_t)(NB + 1) * BS, pageable, BS);
+	/* and back: device block j -> host block j, after poisoning HOST */
+	memset(host, 0xee, (size_t)(NB + 2) * BS);
+	for (i = 0; i < NB; i++)
+		v[i] = (struct kvt_copy){ .dst = host + (size_t)i * BS,
+					  .src = (char *)dev + (size_t)i * BS, .len = BS };
+	assert_int_equal(d->ops->copy_batch_async(d, s, v, NB), 0);
+	assert_int_equal(d->ops->stream_sync(d, s), 0);
+	assert_memory_equal(host, back, (size_t)NB * BS);
+	tca_pattern(check, BS, 0);
+	assert_memory_equal(host + (size_t)0 * BS, check, BS); /* block 0 came from host 0 */
+	/* back to the normal choice: the batch API takes batches again (CUDA 12.8+) */
+	assert_int_equal(kvt_device_cuda_copy_path(d, KVT_CUDA_COPY_AUTO, NULL), 0);
+	assert_int_equal(kvt_device_cuda_batched(d), CUDART_VERSION >= 12080 ? 1 : 0);
+	d->ops->host_free(d, host, (size_t)(NB + 2) * BS);
+	d->ops->mem_free(d, dev);
+	d->ops->stream_destroy(d, s);
+	kvt_device_destroy(d);
+	free(back);
+	free(pageable);
+	free(check);
+}
 #endif /* KVT_WITH_CUDA */
 
 int
@@ -302,6 +427,13 @@ main(void)
 		cmocka_unit_test(test_slot_not_reused_while_read),
 		cmocka_unit_test(test_stream_waits_for_promotion),
 		cmocka_unit_test(test_cuda_error_reported),
+		cmocka_unit_test(test_copy_kernel_fallback),
+		cmocka_unit_test_setup_teardown(test_copy_waits_for_write, tca_force_kernel,
+						tca_unforce),
+		cmocka_unit_test_setup_teardown(test_slot_not_reused_while_read,
+						tca_force_kernel, tca_unforce),
+		cmocka_unit_test_setup_teardown(test_stream_waits_for_promotion,
+						tca_force_kernel, tca_unforce),
 	};
 	int n = 0;
 

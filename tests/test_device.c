@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "engine/kvtier.h"
+#include "transfer/copy_plan.h"
 #include "transfer/device.h"
 #include "support/kvt_test.h"
 
@@ -648,6 +649,60 @@ test_emu_pipeline_threads(void **state)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* copy plan (the CUDA fallback's split; pure C)                                                */
+
+/* Ranges: add, overlap refused, remove, ENOSPC; split: inside/outside/straddling, order kept. */
+static void
+test_copy_plan_split(void **state)
+{
+	static char a[4096], b[4096], outside[64];
+	struct kvt_copy_ranges cr;
+	struct kvt_copy v[6], kern[6], rest[6];
+	uint32_t nk, nr = 99;
+
+	(void)state;
+	assert_int_equal(kvt_copy_ranges_init(&cr), 0);
+	assert_int_equal(kvt_copy_ranges_add(&cr, a, sizeof a), 0);
+	assert_int_equal(kvt_copy_ranges_add(&cr, b, 1024), 0);
+	assert_int_equal(kvt_copy_ranges_add(&cr, a + 100, 10), -EINVAL);  /* overlaps a */
+	assert_int_equal(kvt_copy_ranges_add(&cr, b + 1000, 100), -EINVAL); /* overlaps b's end */
+	assert_int_equal(kvt_copy_ranges_add(&cr, NULL, 10), -EINVAL);
+	assert_int_equal(kvt_copy_ranges_add(&cr, a, 0), -EINVAL);
+	assert_int_equal(kvt_copy_ranges_add(&cr, (void *)(uintptr_t)-16, 64), -EINVAL); /* wraps */
+	v[0] = (struct kvt_copy){ .dst = b, .src = a, .len = 1024 };          /* inside both */
+	v[1] = (struct kvt_copy){ .dst = outside, .src = a, .len = 64 };      /* dst outside */
+	v[2] = (struct kvt_copy){ .dst = b + 1000, .src = a, .len = 25 };     /* past b's end */
+	v[3] = (struct kvt_copy){ .dst = a + 4000, .src = b + 1000, .len = 24 }; /* both ends in */
+	v[4] = (struct kvt_copy){ .dst = a, .src = outside, .len = 8 };       /* src outside */
+	v[5] = (struct kvt_copy){ .dst = a + 4095, .src = b, .len = 1 };      /* last byte of a */
+	nk = kvt_copy_ranges_split(&cr, v, 6, kern, rest, &nr);
+	assert_int_equal(nk, 3);
+	assert_int_equal(nr, 3);
+	assert_ptr_equal(kern[0].dst, v[0].dst);
+	assert_ptr_equal(kern[1].dst, v[3].dst);
+	assert_ptr_equal(kern[2].dst, v[5].dst);
+	assert_ptr_equal(rest[0].dst, v[1].dst);
+	assert_ptr_equal(rest[1].dst, v[2].dst);
+	assert_ptr_equal(rest[2].src, v[4].src);
+	/* forget b: copies touching it leave the kernel's share */
+	assert_int_equal(kvt_copy_ranges_remove(&cr, b), 0);
+	assert_int_equal(kvt_copy_ranges_remove(&cr, b), -ENOENT);
+	nk = kvt_copy_ranges_split(&cr, v, 6, kern, rest, &nr);
+	assert_int_equal(nk, 0);
+	assert_int_equal(nr, 6);
+	/* full table: ENOSPC, and what is recorded still counts */
+	for (uint32_t i = 1; i < KVT_COPY_RANGES_MAX; i++)
+		assert_int_equal(kvt_copy_ranges_add(&cr, (void *)(((uintptr_t)1 << 44) +
+								     ((uintptr_t)i << 20)), 16),
+				 0); /* addresses nothing maps: only recorded, never touched */
+	assert_int_equal(kvt_copy_ranges_add(&cr, b, 16), -ENOSPC);
+	v[0] = (struct kvt_copy){ .dst = a + 16, .src = a + 2048, .len = 512 };
+	assert_int_equal(kvt_copy_ranges_split(&cr, v, 1, kern, rest, &nr), 1);
+	assert_int_equal(nr, 0);
+	kvt_copy_ranges_fini(&cr);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* CUDA                                                                                         */
 
 /* Without CUDA in the build: KVT_ENOTSUP. With CUDA and no GPU: KVT_EDEVICE with a message. With
@@ -663,6 +718,8 @@ test_cuda_create(void **state)
 	if (rc == KVT_ENOTSUP) {
 		assert_null(d);
 		assert_non_null(strstr(kvt_last_error_message(), "built without CUDA"));
+		assert_int_equal(kvt_device_cuda_copy_path(NULL, KVT_CUDA_COPY_KERNEL, NULL),
+				 KVT_ENOTSUP);
 		print_message("(this build has no CUDA backend)\n");
 		return;
 	}
@@ -678,6 +735,10 @@ test_cuda_create(void **state)
 	assert_false(d->caps.device_mem_is_host);
 	assert_int_equal(kvt_device_emu_stream_hold(d, NULL, true), KVT_ENOTSUP);
 	print_message("(running the generic checks on the GPU)\n");
+	gen_all(d);
+	/* and again with every batch through the copy kernel (the batch API's fallback) */
+	assert_int_equal(kvt_device_cuda_copy_path(d, KVT_CUDA_COPY_PATHS, NULL), -EINVAL);
+	assert_int_equal(kvt_device_cuda_copy_path(d, KVT_CUDA_COPY_KERNEL, NULL), 0);
 	gen_all(d);
 	kvt_device_destroy(d);
 	d = NULL;
@@ -698,6 +759,7 @@ main(void)
 		cmocka_unit_test(test_emu_bandwidth),
 		cmocka_unit_test(test_emu_host_alloc),
 		cmocka_unit_test(test_emu_invalid_args),
+		cmocka_unit_test(test_copy_plan_split),
 		cmocka_unit_test(test_emu_pipeline_threads),
 		cmocka_unit_test(test_cuda_create),
 	};

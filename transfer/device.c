@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * transfer/device.c - device-backend code common to every build. Today only the stand-ins for
- * kvt_device_cuda_create() and kvt_device_cuda_batched() in builds without CUDA, so that
+ * kvt_device_cuda_create(), kvt_device_cuda_batched() and kvt_device_cuda_copy_path() in builds without CUDA, so that
  * callers (the engine, tests, tools) link the same way in every build and learn at run time
  * that CUDA is absent.
  */
@@ -22,6 +22,16 @@ int
 kvt_device_cuda_batched(struct kvt_device *d)
 {
 	(void)d;
+	return kvt_err(KVT_ENOTSUP, "built without CUDA (KVT_WITH_CUDA=OFF or nvcc not found)");
+}
+
+int
+kvt_device_cuda_copy_path(struct kvt_device *d, enum kvt_cuda_copy_path path,
+			  uint64_t counts[KVT_CUDA_COPY_PATHS])
+{
+	(void)d;
+	(void)path;
+	(void)counts;
 	return kvt_err(KVT_ENOTSUP, "built without CUDA (KVT_WITH_CUDA=OFF or nvcc not found)");
 }
 #endif

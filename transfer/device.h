@@ -138,10 +138,32 @@ int kvt_device_cuda_create(int ordinal, struct kvt_device **out);
 
 /**
  * kvt_device_cuda_batched() - 1 while @d's copy batches go through cudaMemcpyBatchAsync, 0 once
- * the driver refused that API and each batch became a loop of cudaMemcpyAsync (or the runtime
- * predates 12.8). KVT_ENOTSUP when @d is not the CUDA device or CUDA is not built in.
+ * the driver refused that API and batches went to the copy kernel (or the runtime predates
+ * 12.8, or a test forced another path). KVT_ENOTSUP when @d is not the CUDA device or CUDA is
+ * not built in.
  */
 int kvt_device_cuda_batched(struct kvt_device *d);
+
+/** How the CUDA device performs a copy batch (kvt_device_cuda_copy_path()). */
+enum kvt_cuda_copy_path {
+	KVT_CUDA_COPY_AUTO = 0,      /* the batch API where allowed, else the copy kernel */
+	KVT_CUDA_COPY_BATCH_API = 1, /* cudaMemcpyBatchAsync (CUDA 12.8+) */
+	KVT_CUDA_COPY_KERNEL = 2,    /* kvt_copy_batch_cuda(): one launch per 128 copies */
+	KVT_CUDA_COPY_LOOP = 3,      /* one cudaMemcpyAsync per copy (memory the GPU can't see) */
+	KVT_CUDA_COPY_PATHS = 4
+};
+
+/**
+ * kvt_device_cuda_copy_path() - test and benchmark knob of the CUDA device: make every later
+ * copy batch of @d take @path (KVT_CUDA_COPY_AUTO restores the normal choice;
+ * KVT_CUDA_COPY_BATCH_API means AUTO), and read in @counts (may be NULL) the copies queued so
+ * far by each path, indexed by enum kvt_cuda_copy_path (counts[AUTO] stays 0). Under
+ * KVT_CUDA_COPY_KERNEL, copies outside the device's arenas still go one at a time (LOOP).
+ * Thread-safe; a batch being submitted meanwhile may take either path. Returns 0, -EINVAL (path
+ * out of range), KVT_ENOTSUP (@d is not the CUDA device, or no CUDA in the build).
+ */
+int kvt_device_cuda_copy_path(struct kvt_device *d, enum kvt_cuda_copy_path path,
+			      uint64_t counts[KVT_CUDA_COPY_PATHS]);
 
 /** Convenience: destroy d (NULL ok). */
 static inline void

@@ -3,7 +3,10 @@
  * transfer/device_cuda.c - the CUDA device backend (built only with KVT_WITH_CUDA): plain C over
  * the CUDA runtime API. cudaMalloc for HBM, cudaHostAlloc(portable) for the HOST tier,
  * non-blocking streams (a struct kvt_stream * IS the cudaStream_t), timing-free events, and one
- * cudaMemcpyBatchAsync per copy batch (CUDA 12.8+), never one call per block.
+ * cudaMemcpyBatchAsync per copy batch (CUDA 12.8+), never one call per block. Where that API is
+ * absent, refused or not allowed, a copy kernel (kvt_copy_batch_cuda(), one launch per 128
+ * copies) moves the copies within the device's own arenas (transfer/copy_plan.h); only memory
+ * the GPU cannot address goes through one cudaMemcpyAsync per copy.
  *
  * Errors: every failing CUDA call stores "cudaXxx: message (cudaErrorName)" in d->errmsg and
  * the raw cudaError_t in d->last_error (under cuda_dev.err_lock), clears the runtime's
@@ -15,6 +18,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,17 +27,30 @@
 #include <cuda_runtime_api.h>
 
 #include "error.h"
+#include "kernels/kernels_cuda.h"
+#include "transfer/copy_plan.h"
 #include "transfer/device.h"
 
-#define CUDA_BATCH_STACK 64u /* copies handled without a heap allocation in copy_batch_async */
+#define CUDA_BATCH_STACK 32u /* copies handled without a heap allocation in copy_batch_async */
 #define CUDA_BATCH_MAX 4096u  /* copies per cudaMemcpyBatchAsync call (no documented limit) */
 
 struct cuda_dev {
 	struct kvt_device dev;   /* the public part; first member, so d == &c->dev */
 	int ordinal;             /* CUDA device ordinal */
 	pthread_mutex_t err_lock; /* serialises writes of dev.errmsg / dev.last_error */
-	atomic_int no_batch;     /* 1 once cudaMemcpyBatchAsync refused a valid batch: loop */
+	atomic_int no_batch;     /* 1 once cudaMemcpyBatchAsync refused a valid batch: kernel */
+	atomic_int forced;       /* enum kvt_cuda_copy_path a test forces; AUTO = none */
+	atomic_uint_fast64_t copies[KVT_CUDA_COPY_PATHS]; /* copies queued by each path */
+	struct kvt_copy_ranges ranges; /* this device's arenas: what the copy kernel may touch */
 };
+
+/* cuda_copy_kernel() passes struct kvt_copy arrays as struct kvt_cuda_copy arrays */
+_Static_assert(sizeof(struct kvt_copy) == sizeof(struct kvt_cuda_copy) &&
+		       offsetof(struct kvt_copy, dst) == offsetof(struct kvt_cuda_copy, dst) &&
+		       offsetof(struct kvt_copy, src) == offsetof(struct kvt_cuda_copy, src) &&
+		       offsetof(struct kvt_copy, len) == offsetof(struct kvt_cuda_copy, len) &&
+		       sizeof(size_t) == sizeof(uint64_t),
+	       "struct kvt_copy and struct kvt_cuda_copy differ");
 
 static const struct kvt_device_ops cuda_ops;
 
@@ -101,6 +118,7 @@ cuda_mem_alloc(struct kvt_device *d, size_t len, void **out)
 		*out = NULL;
 		return cuda_fail(c, err, "cudaMalloc");
 	}
+	(void)kvt_copy_ranges_add(&c->ranges, *out, len); /* when full: cudaMemcpyAsync */
 	return 0;
 }
 
@@ -110,7 +128,10 @@ cuda_mem_free(struct kvt_device *d, void *p)
 	struct cuda_dev *c = cuda_dev_of(d);
 	cudaError_t err;
 
-	if (p == NULL || cuda_enter(c) != 0)
+	if (p == NULL)
+		return;
+	(void)kvt_copy_ranges_remove(&c->ranges, p);
+	if (cuda_enter(c) != 0)
 		return;
 	err = cudaFree(p);
 	if (err != cudaSuccess)
@@ -141,6 +162,8 @@ cuda_host_alloc(struct kvt_device *d, size_t len, void **out, bool *pinned)
 		return cuda_fail(c, err, "cudaHostAlloc");
 	}
 	*pinned = true;
+	/* mapped into the device's address space under UVA: the copy kernel may touch it */
+	(void)kvt_copy_ranges_add(&c->ranges, *out, len);
 	return 0;
 }
 
@@ -151,7 +174,10 @@ cuda_host_free(struct kvt_device *d, void *p, size_t len)
 	cudaError_t err;
 
 	(void)len;
-	if (p == NULL || cuda_enter(c) != 0)
+	if (p == NULL)
+		return;
+	(void)kvt_copy_ranges_remove(&c->ranges, p);
+	if (cuda_enter(c) != 0)
 		return;
 	err = cudaFreeHost(p);
 	if (err != cudaSuccess)
@@ -199,73 +225,131 @@ cuda_stream_destroy(struct kvt_device *d, struct kvt_stream *s)
 		cuda_fail(c, err, "cudaStreamDestroy");
 }
 
-/* The per-copy fallback: used where the batch API is missing, refused, or not allowed (the legacy
- * default stream, which cudaMemcpyBatchAsync rejects). */
+/* One cudaMemcpyAsync per copy: copies the kernel cannot do (memory the GPU cannot address). */
 static int
-cuda_copy_loop(struct cuda_dev *c, cudaStream_t s, void *const *dst, const void *const *src,
-	       const size_t *len, size_t n)
+cuda_copy_loop(struct cuda_dev *c, cudaStream_t s, const struct kvt_copy *v, uint32_t n)
 {
 	cudaError_t err;
-	size_t i;
 
-	for (i = 0; i < n; i++) {
-		err = cudaMemcpyAsync(dst[i], src[i], len[i], cudaMemcpyDefault, s);
+	for (uint32_t i = 0; i < n; i++) {
+		err = cudaMemcpyAsync(v[i].dst, v[i].src, v[i].len, cudaMemcpyDefault, s);
 		if (err != cudaSuccess)
 			return cuda_fail(c, err, "cudaMemcpyAsync");
 	}
+	atomic_fetch_add(&c->copies[KVT_CUDA_COPY_LOOP], n);
 	return 0;
 }
 
 /*
- * Queue n (> 0, all non-empty) copies on s as one batch (chunks of CUDA_BATCH_MAX). If the
- * driver refuses the batch API itself (cudaErrorNotSupported, or cudaErrorInvalidValue for a
- * batch the loop then copies fine), the device falls back to the loop for good and says so in
- * kvt_device_cuda_batched(); any other error is returned.
+ * The fallback where the batch API is absent, refused or not allowed: the copies within the
+ * device's arenas (all of the engine's) go to one copy-kernel launch per KVT_COPY_KERNEL_CHUNK,
+ * the rest one cudaMemcpyAsync each (transfer/copy_plan.h). @tmp has room for 2n copies.
  */
 static int
-cuda_copy_submit(struct cuda_dev *c, cudaStream_t s, void *const *dst, const void *const *src,
-		 const size_t *len, size_t n)
+cuda_copy_kernel(struct cuda_dev *c, cudaStream_t s, const struct kvt_copy *v, uint32_t n,
+		 struct kvt_copy *tmp)
 {
+	uint32_t nr = 0, nk = kvt_copy_ranges_split(&c->ranges, v, n, tmp, tmp + n, &nr);
+	int rc;
+
+	if (nk) {
+		/* struct kvt_copy and struct kvt_cuda_copy have the same members: see the
+		 * static assertions at the top of the file */
+		rc = kvt_copy_batch_cuda((const struct kvt_cuda_copy *)(const void *)tmp, nk, s);
+		if (rc != 0) {
+			/* the launcher consumed CUDA's last error and kept its message */
+			pthread_mutex_lock(&c->err_lock);
+			snprintf(c->dev.errmsg, sizeof c->dev.errmsg, "%s",
+				 kvt_last_error_message());
+			pthread_mutex_unlock(&c->err_lock);
+			return rc;
+		}
+		atomic_fetch_add(&c->copies[KVT_CUDA_COPY_KERNEL], nk);
+	}
+	return nr ? cuda_copy_loop(c, s, tmp + n, nr) : 0;
+}
+
 #if CUDART_VERSION >= 12080
+/*
+ * Queue v[0..n) (non-empty copies) as cudaMemcpyBatchAsync calls of at most CUDA_BATCH_MAX.
+ * Returns 0, or a CUDA error; *done gets the copies queued before it.
+ */
+static cudaError_t
+cuda_copy_batch_api(cudaStream_t s, const struct kvt_copy *v, uint32_t n, void **dst,
+		    const void **src, size_t *len, uint32_t *done)
+{
 	struct cudaMemcpyAttributes attr;
-	size_t attr_idx = 0, done = 0;
+	size_t attr_idx = 0;
 	cudaError_t err = cudaSuccess;
 
-	if (s == NULL || s == cudaStreamLegacy || atomic_load(&c->no_batch))
-		return cuda_copy_loop(c, s, dst, src, len, n);
+	for (uint32_t i = 0; i < n; i++) {
+		dst[i] = v[i].dst;
+		src[i] = v[i].src;
+		len[i] = v[i].len;
+	}
 	memset(&attr, 0, sizeof attr);
 	/* sources are read in stream order: a copy may read what earlier work on s produced */
 	attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
 	attr.flags = cudaMemcpyFlagDefault;
-	while (done < n && err == cudaSuccess) {
-		size_t m = n - done < CUDA_BATCH_MAX ? n - done : CUDA_BATCH_MAX;
+	*done = 0;
+	while (*done < n && err == cudaSuccess) {
+		uint32_t m = n - *done < CUDA_BATCH_MAX ? n - *done : CUDA_BATCH_MAX;
 #if CUDART_VERSION >= 13000
-		err = cudaMemcpyBatchAsync(dst + done, src + done, len + done, m, &attr, &attr_idx,
-					   1, s);
+		err = cudaMemcpyBatchAsync(dst + *done, src + *done, len + *done, m, &attr,
+					   &attr_idx, 1, s);
 #else
 		size_t fail_idx = 0;
 
-		err = cudaMemcpyBatchAsync((void **)(dst + done), (void **)(src + done),
-					   (size_t *)(len + done), m, &attr, &attr_idx, 1,
-					   &fail_idx, s);
+		err = cudaMemcpyBatchAsync((void **)(dst + *done), (void **)(src + *done),
+					   len + *done, m, &attr, &attr_idx, 1, &fail_idx, s);
 #endif
 		if (err == cudaSuccess)
-			done += m;
+			*done += m;
 	}
-	if (err == cudaSuccess)
-		return 0;
-	if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue)
-		return cuda_fail(c, err, "cudaMemcpyBatchAsync");
-	(void)cudaGetLastError(); /* maybe not an error of ours: try the loop */
-	if (cuda_copy_loop(c, s, dst + done, src + done, len + done, n - done) != 0)
-		return kvt_err(KVT_EDEVICE, "cudaMemcpyBatchAsync: %s (%s), and one copy at a "
-			       "time failed too: %s", cudaGetErrorString(err),
-			       cudaGetErrorName(err), c->dev.errmsg);
-	atomic_store(&c->no_batch, 1);
-	return 0;
-#else
-	return cuda_copy_loop(c, s, dst, src, len, n);
+	return err;
+}
 #endif
+
+/*
+ * Queue n (> 0, all non-empty) copies on s: one cudaMemcpyBatchAsync per CUDA_BATCH_MAX where
+ * allowed; else (CUDA < 12.8, the legacy/NULL stream, the driver refused the API, or a test
+ * forced it) the copy kernel. A refusal of the batch API itself (cudaErrorNotSupported, or
+ * cudaErrorInvalidValue for a batch the fallback then copies fine) switches the device to the
+ * kernel for good, visible in kvt_device_cuda_batched(); any other error is returned. @tmp has
+ * room for 2n copies (used as 3n pointer-sized words by the batch API).
+ */
+static int
+cuda_copy_submit(struct cuda_dev *c, cudaStream_t s, const struct kvt_copy *v, uint32_t n,
+		 struct kvt_copy *tmp)
+{
+	int forced = atomic_load(&c->forced);
+
+	if (forced == KVT_CUDA_COPY_LOOP)
+		return cuda_copy_loop(c, s, v, n);
+	if (forced == KVT_CUDA_COPY_KERNEL)
+		return cuda_copy_kernel(c, s, v, n, tmp);
+#if CUDART_VERSION >= 12080
+	if (s != NULL && s != cudaStreamLegacy && !atomic_load(&c->no_batch)) {
+		void **dst = (void **)(void *)tmp;
+		uint32_t done = 0;
+		cudaError_t err = cuda_copy_batch_api(s, v, n, dst, (const void **)(dst + n),
+						      (size_t *)(void *)(dst + 2 * n), &done);
+
+		atomic_fetch_add(&c->copies[KVT_CUDA_COPY_BATCH_API], done);
+		if (err == cudaSuccess)
+			return 0;
+		if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue)
+			return cuda_fail(c, err, "cudaMemcpyBatchAsync");
+		(void)cudaGetLastError(); /* maybe not an error of ours: try the fallback */
+		if (cuda_copy_kernel(c, s, v + done, n - done, tmp) != 0)
+			return kvt_err(KVT_EDEVICE, "cudaMemcpyBatchAsync: %s (%s), and the "
+				       "fallback failed too: %s", cudaGetErrorString(err),
+				       cudaGetErrorName(err), kvt_last_error_message());
+		atomic_store(&c->no_batch, 1);
+		return 0;
+	}
+#endif
+	return cuda_copy_kernel(c, s, v, n, tmp);
 }
 
 int
@@ -274,10 +358,28 @@ kvt_device_cuda_batched(struct kvt_device *d)
 	if (!d || d->ops != &cuda_ops)
 		return kvt_err(KVT_ENOTSUP, "not the CUDA device");
 #if CUDART_VERSION >= 12080
-	return !atomic_load(&cuda_dev_of(d)->no_batch);
+	return !atomic_load(&cuda_dev_of(d)->no_batch) &&
+	       atomic_load(&cuda_dev_of(d)->forced) == KVT_CUDA_COPY_AUTO;
 #else
 	return 0;
 #endif
+}
+
+int
+kvt_device_cuda_copy_path(struct kvt_device *d, enum kvt_cuda_copy_path path,
+			  uint64_t counts[KVT_CUDA_COPY_PATHS])
+{
+	struct cuda_dev *c;
+
+	if (!d || d->ops != &cuda_ops)
+		return kvt_err(KVT_ENOTSUP, "not the CUDA device");
+	if ((unsigned)path >= KVT_CUDA_COPY_PATHS)
+		return kvt_err(-EINVAL, "CUDA copy path %d unknown", (int)path);
+	c = cuda_dev_of(d);
+	atomic_store(&c->forced, (int)path);
+	for (int i = 0; counts && i < KVT_CUDA_COPY_PATHS; i++)
+		counts[i] = atomic_load(&c->copies[i]);
+	return 0;
 }
 
 static int
@@ -285,37 +387,24 @@ cuda_copy_batch_async(struct kvt_device *d, struct kvt_stream *stream, const str
 		      uint32_t n)
 {
 	struct cuda_dev *c = cuda_dev_of(d);
-	void *dst_stack[CUDA_BATCH_STACK];
-	const void *src_stack[CUDA_BATCH_STACK];
-	size_t len_stack[CUDA_BATCH_STACK];
-	void **dst = dst_stack;
-	const void **src = src_stack;
-	size_t *len = len_stack;
-	void *heap = NULL;
-	size_t m = 0;
-	uint32_t i;
+	struct kvt_copy stack[3 * CUDA_BATCH_STACK];
+	struct kvt_copy *nz = stack, *heap = NULL;
+	uint32_t m = 0;
 	int rc;
 
 	if (v == NULL && n != 0)
 		return kvt_err(-EINVAL, "cuda copy_batch_async: v is NULL, n %u", n);
 	if (n > CUDA_BATCH_STACK) {
-		heap = malloc((size_t)n * (sizeof *dst + sizeof *src + sizeof *len));
+		heap = malloc((size_t)n * 3 * sizeof *heap);
 		if (heap == NULL)
 			return kvt_err(-ENOMEM, "cuda copy_batch_async: no memory for %u copies",
 				       n);
-		dst = heap;
-		src = (const void **)(dst + n);
-		len = (size_t *)(void *)(src + n);
+		nz = heap;
 	}
-	for (i = 0; i < n; i++) {
-		if (v[i].len == 0)
-			continue; /* the batch API rejects empty copies */
-		dst[m] = v[i].dst;
-		src[m] = v[i].src;
-		len[m] = v[i].len;
-		m++;
-	}
-	rc = m == 0 ? 0 : cuda_copy_submit(c, cuda_stream_of(stream), dst, src, len, m);
+	for (uint32_t i = 0; i < n; i++)
+		if (v[i].len != 0) /* the batch API rejects empty copies */
+			nz[m++] = v[i];
+	rc = m == 0 ? 0 : cuda_copy_submit(c, cuda_stream_of(stream), nz, m, nz + m);
 	free(heap);
 	return rc;
 }
@@ -430,6 +519,7 @@ cuda_destroy(struct kvt_device *d)
 		(void)cudaDeviceSynchronize();
 	(void)cudaGetLastError();
 	pthread_mutex_destroy(&c->err_lock);
+	kvt_copy_ranges_fini(&c->ranges);
 	free(c);
 }
 
@@ -460,6 +550,11 @@ kvt_device_cuda_create(int ordinal, struct kvt_device **out)
 		free(c);
 		return kvt_err(-ENOMEM, "kvt_device_cuda_create: cannot initialise a lock");
 	}
+	if (kvt_copy_ranges_init(&c->ranges) != 0) {
+		pthread_mutex_destroy(&c->err_lock);
+		free(c);
+		return kvt_err(-ENOMEM, "kvt_device_cuda_create: cannot initialise a lock");
+	}
 	c->ordinal = ordinal;
 	c->dev.ops = &cuda_ops;
 	c->dev.ctx = c;
@@ -474,6 +569,7 @@ kvt_device_cuda_create(int ordinal, struct kvt_device **out)
 		int rc = cuda_fail(c, err, "CUDA context creation");
 
 		pthread_mutex_destroy(&c->err_lock);
+		kvt_copy_ranges_fini(&c->ranges);
 		free(c);
 		return rc;
 	}
