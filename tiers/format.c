@@ -174,7 +174,9 @@ kvt_fmt_write_key(uint64_t epoch, uint32_t slot, uint64_t sum)
 uint64_t
 kvt_fmt_slot_bytes(uint64_t block_bytes)
 {
-	return KVT_FMT_HDR_PAGE + ((block_bytes + KVT_FMT_ALIGN - 1) & ~(uint64_t)(KVT_FMT_ALIGN - 1));
+	uint64_t mask = KVT_FMT_ALIGN - 1;
+
+	return KVT_FMT_HDR_PAGE + ((block_bytes + mask) & ~mask);
 }
 
 /* ---- block header -------------------------------------------------------------------------- */
