@@ -14,9 +14,9 @@
 void *
 kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot)
 {
-	char *base = tier == KVT_TIER_HBM ? e->hbm_base : e->host_base;
-
-	return base + (uint64_t)slot * e->block_bytes;
+	if (tier == KVT_TIER_HOST)
+		return (char *)e->host_base + (uint64_t)slot * e->host_stride;
+	return (char *)e->hbm_base + (uint64_t)slot * e->block_bytes;
 }
 
 bool

@@ -206,7 +206,11 @@ engine_open_device(struct kvt_engine *e)
 		return kvt_err(rc, "allocating %llu bytes of HBM%s%s", (unsigned long long)hbm,
 			       e->dev->errmsg[0] ? ": " : "", e->dev->errmsg);
 	if (e->slots[KVT_TIER_HOST].n_slots) {
-		e->host_len = (size_t)e->slots[KVT_TIER_HOST].n_slots * e->block_bytes;
+		/* with an NVME tier, HOST slots start on 4 KiB boundaries: their blocks move by
+		 * O_DIRECT straight to and from the disk (zero-copy, tiers/tier_nvme.h) */
+		e->host_stride = e->nvme_dir ? (e->block_bytes + 4095) & ~(uint64_t)4095
+					     : e->block_bytes;
+		e->host_len = (size_t)e->slots[KVT_TIER_HOST].n_slots * e->host_stride;
 		rc = e->dev->ops->host_alloc(e->dev, e->host_len, &e->host_base, &e->host_pinned);
 		if (rc)
 			return kvt_err(rc, "allocating %zu bytes of HOST memory", e->host_len);
@@ -232,6 +236,9 @@ engine_open_nvme(struct kvt_engine *e)
 		.min_saving = e->opts.nvme_codec_min_saving,
 		.persist = e->opts.nvme_persist == 1,
 		.buffered_fallback = e->opts.nvme_buffered_fallback != 0,
+		.host_base = e->host_base,
+		.host_len = e->host_len,
+		.host_stride = e->host_stride,
 	};
 	char msg[256] = "";
 	int rc;
@@ -243,7 +250,10 @@ engine_open_nvme(struct kvt_engine *e)
 		kvt_engine_log(e, KVT_LOG_WARN, "the filesystem at %s refuses O_DIRECT: the NVME "
 			       "tier uses buffered IO (page cache) as nvme_buffered_fallback asks",
 			       e->nvme_dir);
-	e->key_base = kvt_nvme_epoch(e->nvme) << 40;
+	if (!kvt_nvme_zero_copy(e->nvme))
+		kvt_engine_log(e, KVT_LOG_WARN, "NVME tier: zero-copy IO is off (%s); blocks go "
+			       "through staging buffers, one memcpy each way",
+			       kvt_nvme_zc_reason(e->nvme));
 	rc = engine_tier_init(e, KVT_TIER_NVME, kvt_nvme_n_slots(e->nvme));
 	if (rc == 0 && kvt_nvme_persistent(e->nvme))
 		rc = kvt_persist_open(e);
@@ -505,6 +515,7 @@ kvt_meta_bytes(const struct kvt_engine *e)
 	int t;
 
 	m += kvt_prefix_meta_bytes(e);
+	m += kvt_nvme_meta_bytes(e->nvme); /* the NVMe copies' metadata, 16 bytes per slot */
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		const struct kvt_evict *ev = &e->evict[t];
 

@@ -59,8 +59,6 @@ struct kvt_block {
 	                                      of (parent's key, its tokens, salt, extra key);
 	                                      what the prefix index and the NVMe store look
 	                                      blocks up by */
-	uint64_t nvme_key;                 /* key of its latest NVMe write (header check) */
-	uint64_t nvme_sum;                 /* XXH3-64 of the raw block of that write */
 	uint64_t h2d_seqno;                /* h2d group carrying its latest host-to-device copy
 	                                      (valid while its HBM copy is INFLIGHT) */
 	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
@@ -70,13 +68,11 @@ struct kvt_block {
 	                                      prefix index entry while it holds the block) */
 	uint32_t index;                    /* position within the sequence */
 	uint32_t next_free;                /* free-list link when !live */
-	uint32_t nvme_stored;              /* payload bytes of that write (0 = unknown) */
 	uint16_t pins;                     /* batch pins + append (write) pins */
 	uint16_t busy;                     /* transfers in flight on this block's copies */
 	uint16_t refs;                     /* sequences referencing it (0 = cached only) */
 	uint8_t state[KVT_TIER_COUNT];     /* enum kvt_copy_state per tier */
 	uint8_t tslot;                     /* 1 + its tenant's budget entry, 0 = none */
-	uint8_t nvme_codec;                /* enum kvt_codec of that write's payload */
 	unsigned live : 1;                 /* owned by a sequence (or dying) */
 	unsigned dead : 1;                 /* owner gone: free once busy drops to 0 */
 	unsigned lost : 1;                 /* no valid copy left anywhere: must be recomputed */
@@ -228,6 +224,8 @@ struct kvt_engine {
 	void *hbm_base;                     /* HBM slots (device memory) */
 	void *host_base;                    /* HOST slots */
 	size_t host_len;                    /* bytes of host_base */
+	size_t host_stride;                 /* bytes between HOST slots: block_bytes, rounded up
+	                                       to 4 KiB with an NVME tier (O_DIRECT, zero-copy) */
 	bool host_pinned;                   /* host_base is page-locked */
 	struct kvt_nvme *nvme;              /* NVME tier or NULL */
 	struct kvt_slots slots[KVT_TIER_COUNT]; /* slot allocators (n_slots 0 = tier absent) */
@@ -247,7 +245,6 @@ struct kvt_engine {
 	uint32_t n_ev_pool, cap_ev_pool;    /* entries / capacity */
 	struct kvt_xfer *xfer_free;         /* free transfer records */
 	uint32_t nvme_inflight;             /* NVMe IOs submitted, not reaped */
-	uint64_t nvme_writes;               /* NVMe writes ever started: their keys */
 	struct kvt_block *blocks;           /* [cap_blocks] */
 	uint32_t cap_blocks;                /* capacity */
 	uint32_t block_free;                /* free list head (KVT_NIL = none) */
@@ -263,7 +260,6 @@ struct kvt_engine {
 	                                       tier is freed on completion */
 	struct kvt_stats st;                /* counters (size unused internally) */
 	struct kvt_store *store;            /* journal of published sessions (nvme_persist) */
-	uint64_t key_base;                  /* NVMe epoch << 40: high bits of write keys */
 	bool pub_check;                     /* a publish may be due (see engine/persist.c) */
 	uint8_t *nvme_named;                /* [NVMe slots] (store only): 1 while a journal
 	                                       record that may be durable names the slot */

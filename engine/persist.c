@@ -204,10 +204,13 @@ kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s)
 static bool
 persist_ready(struct kvt_engine *e, const struct kvt_seqrec *s)
 {
+	struct kvt_nvme_slotinfo si;
+
 	for (uint32_t i = 0; i < s->n_blocks; i++) {
 		const struct kvt_block *b = &e->blocks[s->blocks[i]];
 
-		if (!kvt_copy_valid(b, KVT_TIER_NVME) || !b->nvme_stored)
+		if (!kvt_copy_valid(b, KVT_TIER_NVME) ||
+		    !kvt_nvme_slot_info(e->nvme, b->slot[KVT_TIER_NVME], &si))
 			return false;
 	}
 	return true;
@@ -231,12 +234,15 @@ persist_put(struct kvt_engine *e, uint32_t idx)
 		return kvt_err(-ENOMEM, "publishing a session of %u blocks", s->n_blocks);
 	for (uint32_t i = 0; i < s->n_blocks; i++) {
 		const struct kvt_block *b = &e->blocks[s->blocks[i]];
+		struct kvt_nvme_slotinfo si = { 0 };
 
+		/* persist_ready found every entry: the NVMe copy's metadata is the tier's */
+		(void)kvt_nvme_slot_info(e->nvme, b->slot[KVT_TIER_NVME], &si);
 		refs[i].slot = b->slot[KVT_TIER_NVME];
-		refs[i].stored_len = b->nvme_stored;
-		refs[i].key = b->nvme_key;
-		refs[i].sum = b->nvme_sum;
-		refs[i].codec = b->nvme_codec;
+		refs[i].stored_len = si.stored;
+		refs[i].key = si.key;
+		refs[i].sum = si.sum;
+		refs[i].codec = si.codec;
 		if (b->hashed)
 			memcpy(refs[i].hash, b->hash, sizeof refs[i].hash); /* prefix key */
 	}
@@ -366,12 +372,14 @@ static uint32_t
 persist_holder(struct kvt_engine *e, const struct kvt_fmt_blkref *r)
 {
 	uint32_t id = e->owner[KVT_TIER_NVME][r->slot];
+	struct kvt_nvme_slotinfo si;
 	const struct kvt_block *b;
 
 	if (!KVT_OWNER_IS_BLOCK(id) || id >= e->cap_blocks)
 		return KVT_NIL;
 	b = &e->blocks[id];
-	if (!b->live || b->dead || b->slot[KVT_TIER_NVME] != r->slot || b->nvme_key != r->key ||
+	if (!b->live || b->dead || b->slot[KVT_TIER_NVME] != r->slot ||
+	    !kvt_nvme_slot_info(e->nvme, r->slot, &si) || si.key != r->key ||
 	    !kvt_copy_valid(b, KVT_TIER_NVME))
 		return KVT_NIL;
 	return id;
@@ -419,19 +427,20 @@ static int
 persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_fmt_blkref *r,
 	      uint32_t *out)
 {
+	struct kvt_nvme_slotinfo si = { .key = r->key, .sum = r->sum, .stored = r->stored_len,
+					.codec = r->codec };
 	struct kvt_block *b;
 	uint32_t id;
-	int rc = kvt_block_new(e, seq, i, &id);
+	int rc = kvt_nvme_slot_set(e->nvme, r->slot, &si);
 
+	if (rc)
+		return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
+	rc = kvt_block_new(e, seq, i, &id);
 	if (rc)
 		return rc;
 	b = &e->blocks[id];
 	b->ver = 1;
 	b->slot[KVT_TIER_NVME] = r->slot;
-	b->nvme_key = r->key;
-	b->nvme_sum = r->sum;
-	b->nvme_stored = r->stored_len;
-	b->nvme_codec = r->codec;
 	e->owner[KVT_TIER_NVME][r->slot] = id;
 	kvt_copy_set_present(e, id, KVT_TIER_NVME, b->ver);
 	*out = id;

@@ -29,10 +29,10 @@
 #include "engine/kvtier.h"
 #include "tiers/tier_nvme.h"
 
-#define BLOCK 10000u /* slot = 12288: three pages: a 128-byte header, the block, padding */
-#define SLOT 12288u
+#define BLOCK 10000u /* slot = 16384: the header page, then the block and padding (3 pages) */
+#define SLOT 16384u
 #define SUPER 4096u  /* the superblock before slot 0 */
-#define HDR 128u     /* block header bytes */
+#define HDR 4096u    /* payload offset in a slot: after the header page */
 #define NSLOTS 48u
 #define QD 4u
 
@@ -607,7 +607,7 @@ short_round_trip(struct fx *f, int mode, unsigned pieces_per_io)
 static void
 test_short_io_half(void **state)
 {
-	/* half of 12288 = 6144: continued from the 4096 boundary */
+	/* half of 16384 = 8192: continued from there */
 	short_round_trip(*state, FAULT_HALF, 2);
 }
 
@@ -733,7 +733,7 @@ test_open_bad_options(void **state)
 	o.queue_depth = 4096; /* the largest depth is accepted */
 	o.block_bytes = 100;
 	assert_int_equal(kvt_nvme_open(&o, &n, NULL, 0), 0);
-	assert_int_equal(kvt_nvme_slot_bytes(n), 4096);
+	assert_int_equal(kvt_nvme_slot_bytes(n), 8192); /* header page + one data page */
 	assert_int_equal(kvt_nvme_free_qd(n), 4096);
 	kvt_nvme_close(n);
 	assert_int_equal(kvt_nvme_open(&o, NULL, NULL, 0), -EINVAL);

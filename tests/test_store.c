@@ -24,7 +24,7 @@
 #include "engine/engine_impl.h"
 #include "support/kvt_test.h"
 
-#define SLOT_BYTES 4096u /* 128-byte header + a 1024-byte test block, rounded up */
+#define SLOT_BYTES 8192u /* a 4 KiB header page + a 1024-byte test block, rounded up */
 
 struct scfg {
 	int codec;            /* enum kvt_codec */
@@ -330,7 +330,7 @@ flip_reads(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint6
 	(void)slot;
 	(void)off;
 	if (!is_write && len > 200) {
-		((uint8_t *)buf)[150] ^= 0x10; /* inside the (encoded) payload */
+		((uint8_t *)buf)[4096 + 150] ^= 0x10; /* inside the (encoded) payload */
 		flips++;
 	}
 	(void)res;

@@ -88,11 +88,20 @@ bf_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t
 {
 	static uint8_t out[8192], scratch[65536];
 	struct kvt_fmt_blkhdr h;
-	uint8_t *p = (uint8_t *)buf + KVT_FMT_BLKHDR_BYTES;
+	uint8_t *p = (uint8_t *)buf + KVT_FMT_HDR_PAGE;
 	size_t lit, at = 1;
 
-	(void)arg, (void)slot, (void)off;
-	if (is_write || !bf.mode || *res < 0 || kvt_fmt_blkhdr_decode(buf, len, &h) != 0)
+	(void)arg, (void)slot;
+	if (is_write || !bf.mode || *res < 0)
+		return;
+	if ((off - 4096) % (4096 + ((tsup_block_bytes() + 4095) & ~(size_t)4095)) != 0) {
+		/* a zero-copy read: the raw payload only, straight into the HOST slot */
+		assert_int_equal(bf.mode, 1);
+		((uint8_t *)buf)[0] ^= 0x01;
+		bf.flipped++;
+		return;
+	}
+	if (kvt_fmt_blkhdr_decode(buf, len, &h) != 0)
 		return;
 	assert_true(tsup_block_bytes() <= sizeof out);
 	assert_true(kvt_codec_scratch_bytes(tsup_block_bytes()) <= sizeof scratch);

@@ -128,7 +128,8 @@ kvt_fmt_super_decode(const uint8_t *b, size_t len, struct kvt_fmt_super *s)
 		return kvt_err(KVT_EFORMAT, "store format version %u, this kvtier reads %u",
 			       s->version, KVT_FMT_VERSION);
 	if (s->slot_bytes == 0 || s->slot_bytes % KVT_FMT_ALIGN ||
-	    s->block_bytes + KVT_FMT_BLKHDR_BYTES > s->slot_bytes || s->n_slots == 0 ||
+	    s->block_bytes > UINT32_MAX || s->slot_bytes != kvt_fmt_slot_bytes(s->block_bytes) ||
+	    s->n_slots == 0 ||
 	    s->n_slots > UINT32_MAX || s->data_off != KVT_FMT_SUPER_BYTES)
 		return kvt_err(KVT_EFORMAT, "superblock geometry is inconsistent");
 	return 0;
@@ -158,6 +159,24 @@ kvt_fmt_super_match(const struct kvt_fmt_super *have, const struct kvt_fmt_super
 	FMT_MATCH(slot_bytes, "slot_bytes");
 	FMT_MATCH(n_slots, "slots (capacity)");
 	return 0;
+}
+
+uint64_t
+kvt_fmt_write_key(uint64_t epoch, uint32_t slot, uint64_t sum)
+{
+	uint8_t b[12];
+
+	kvt_put_le32(b, slot);
+	kvt_put_le64(b + 4, sum);
+	return (epoch << 40) | (XXH3_64bits(b, sizeof b) & ((1ull << 40) - 1));
+}
+
+uint64_t
+kvt_fmt_slot_bytes(uint64_t block_bytes)
+{
+	uint64_t mask = KVT_FMT_ALIGN - 1;
+
+	return KVT_FMT_HDR_PAGE + ((block_bytes + mask) & ~mask);
 }
 
 /* ---- block header -------------------------------------------------------------------------- */

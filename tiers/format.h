@@ -6,8 +6,12 @@
  *
  * Store file ("kvtier.store", or a private "kvtier-<pid>-<n>.slots"):
  *   [0, 4096)                       superblock (kvt_fmt_super)
- *   [4096 + s * slot_bytes, +slot_bytes)  slot s: a 128-byte block header, the payload
- *                                   (stored_len bytes: raw or encoded), zero padding to 4 KiB
+ *   [4096 + s * slot_bytes, +slot_bytes)  slot s: a 4 KiB header page (a 128-byte block
+ *                                   header, zeros), then the payload at slot offset 4096
+ *                                   (stored_len bytes: raw or encoded), zero padding to 4 KiB;
+ *                                   slot_bytes = 4096 + round_up(block_bytes, 4096). The raw
+ *                                   payload is 4 KiB aligned on disk so that it can move by
+ *                                   O_DIRECT straight from/to the HOST tier's memory.
  * Journal file ("kvtier.journal"): a 64-byte file header, then records (kvt_fmt_rec), each
  *   self-checksummed; replay stops at the first record that does not verify (a torn tail).
  *
@@ -21,10 +25,12 @@
 
 #include "kvtier.h"
 
-#define KVT_FMT_VERSION 2u        /* format version of superblock, headers and journal */
+#define KVT_FMT_VERSION 3u        /* format version of superblock, headers and journal
+				     (3: payload in its own 4 KiB pages, derived write keys) */
 #define KVT_FMT_ALIGN 4096u       /* O_DIRECT alignment of offsets, lengths and buffers */
 #define KVT_FMT_SUPER_BYTES 4096u /* superblock area at the start of the store */
 #define KVT_FMT_BLKHDR_BYTES 128u /* block header at the start of every slot */
+#define KVT_FMT_HDR_PAGE 4096u    /* the header page: the payload starts at this slot offset */
 #define KVT_FMT_JHDR_BYTES 64u    /* journal file header */
 #define KVT_FMT_RECHDR_BYTES 32u  /* journal record header */
 #define KVT_FMT_PUT_FIXED 32u     /* fixed part of a PUT payload */
@@ -52,7 +58,7 @@ struct kvt_fmt_super {
 struct kvt_fmt_blkhdr {
 	uint32_t slot;       /* slot it was written to */
 	uint32_t index;      /* block index within its session */
-	uint64_t key;        /* write key: unique per write, (epoch << 40) | counter */
+	uint64_t key;        /* write key: kvt_fmt_write_key(epoch, slot, sum) */
 	uint64_t session;    /* session key (0 = none) */
 	uint32_t raw_len;    /* block_bytes */
 	uint32_t stored_len; /* payload bytes after the header */
@@ -85,6 +91,17 @@ struct kvt_fmt_rec {
 	const uint8_t *blocks;  /* PUT: n_blocks entries of KVT_FMT_PUT_BLOCK bytes */
 	const uint8_t *tokens;  /* PUT: n_tokens little-endian int32 */
 };
+
+/**
+ * The write key of a block written to @slot in store epoch @epoch with raw checksum @sum:
+ * (epoch << 40) | the low 40 bits of XXH3-64 of (slot, sum). Two writes to one slot get the same
+ * key only when their contents hash alike (then they are the same bytes for every practical
+ * purpose); a key names its epoch, so keys of different opens never collide. Pure.
+ */
+uint64_t kvt_fmt_write_key(uint64_t epoch, uint32_t slot, uint64_t sum);
+
+/** Bytes of one slot for @block_bytes: KVT_FMT_HDR_PAGE + round_up(block_bytes, 4096). */
+uint64_t kvt_fmt_slot_bytes(uint64_t block_bytes);
 
 /** Write @s into @out (KVT_FMT_SUPER_BYTES, zero-filled beyond the fields). */
 void kvt_fmt_super_encode(const struct kvt_fmt_super *s, uint8_t *out);

@@ -19,6 +19,8 @@
 
 #define NVME_ALIGN KVT_FMT_ALIGN   /* O_DIRECT alignment of offsets, lengths and buffers */
 #define NVME_HDR KVT_FMT_BLKHDR_BYTES /* block header at the start of every slot */
+#define NVME_HPAGE KVT_FMT_HDR_PAGE  /* header page: the payload starts at this slot offset */
+#define NVME_MAX_REG (1ull << 30)  /* io_uring's limit on one registered buffer */
 #define NVME_MAX_QD 4096u          /* largest queue depth accepted */
 #define NVME_MAX_BLOCK_BYTES (1u << 30) /* one IO's byte count must fit the int of a CQE */
 #define NVME_CLOSE_BATCH 32u       /* completions discarded per reap while closing */
@@ -28,6 +30,12 @@
 /* One IO in flight; qd of them live in kvt_nvme.reqs, free ones on kvt_nvme.free_stack. */
 struct nvme_req {
 	uint8_t *buf;       /* staging buffer: slot_bytes, 4 KiB aligned, part of the arena */
+	uint8_t *data;      /* zero-copy: the HOST slot the payload moves from/to directly
+	                       (slot bytes [NVME_HPAGE, len)); NULL = all through buf */
+	uint32_t data_index; /* zero-copy: registered buffer index of data's HOST chunk */
+	uint32_t piece;     /* bytes the SQE in flight moves (from done on) */
+	bool tabled;        /* kvt_nvme_put/get: the slot table is the write's record (put:
+	                       set at completion) and the read's expectation (get) */
 	void *dst;          /* reads: the caller's buffer; raw: written after verification,
 	                       encoded: decoded into, then verified (garbage on failure) */
 	uint64_t user_data; /* caller's tag, returned in the completion */
@@ -36,6 +44,7 @@ struct nvme_req {
 	uint32_t len;       /* bytes this IO moves: header + payload rounded up to 4 KiB */
 	uint32_t done;      /* bytes known transferred, a multiple of NVME_ALIGN */
 	uint32_t stored;    /* writes: payload bytes written; reads: expected (0 = unknown) */
+	uint64_t want_sum;  /* get: XXH3-64 the slot table expects of the raw block */
 	uint32_t codec;     /* writes: codec of the payload */
 	uint64_t sum;       /* writes: XXH3-64 of the raw block */
 	uint32_t stalls;    /* consecutive pieces that did not reach the next 4 KiB boundary */
@@ -49,6 +58,17 @@ struct nvme_req {
 	bool late_due;      /* HELD, then timed out: its kept CQE is handed in at the next reap */
 	struct kvt_nvme_wmeta meta; /* writes handed to the encoder: the header's fields */
 };
+
+/* The NVMe copy's metadata of one slot: how its latest completed kvt_nvme_put was stored (16
+ * bytes; the write key is derived: kvt_fmt_write_key(epoch, slot, sum)). stored 0 = unknown (never
+ * written through kvt_nvme_put, being rewritten, or the write failed). */
+struct nvme_slotmeta {
+	uint64_t sum;         /* XXH3-64 of the raw block */
+	uint32_t stored;      /* payload bytes (block_bytes when raw); 0 = unknown */
+	uint32_t epoch_codec; /* epoch of the write (low 24 bits) << 8 | its enum kvt_codec */
+};
+
+_Static_assert(sizeof(struct nvme_slotmeta) == 16, "the slot table's entry is 16 bytes");
 
 /* A busy request is in the SQ, in the kernel, or parked in one of these states. */
 enum nvme_parked {
@@ -117,6 +137,14 @@ struct kvt_nvme {
 	uint32_t *free_stack;              /* [qd] indices of free requests */
 	struct nvme_req *reqs;             /* [qd] request contexts */
 	uint8_t *arena;                    /* [qd][slot_bytes] staging, 4 KiB aligned */
+	struct nvme_slotmeta *meta;        /* [n_slots] the slot table (guarded by mu) */
+	/* Zero-copy: the HOST tier's memory, registered with io_uring after the staging buffers
+	 * (buffer index qd + c for chunk c of host_chunk bytes, each <= 1 GiB, whole slots). */
+	uint8_t *host_base;                /* HOST tier memory; NULL = no zero-copy */
+	size_t host_len;                   /* its bytes */
+	size_t host_chunk;                 /* bytes per registered chunk (a multiple of stride) */
+	char zc_reason[160];               /* why zero-copy is off ("" when on) */
+	struct kvt_nvme_stats st;          /* IO counters (guarded by mu) */
 };
 
 

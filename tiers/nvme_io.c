@@ -74,13 +74,31 @@ nvme_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Queue one SQE for the rest of @req's IO: bytes [done, len) of its slot. */
+/* The buffer of @req's current piece (from done on): staging, or the HOST slot (zero-copy
+ * payload); *idx its registered buffer index, *len the piece's bytes. */
+static uint8_t *
+nvme_piece(const struct nvme_req *req, int *idx, unsigned *len)
+{
+	*idx = (int)req->index;
+	*len = req->len - req->done;
+	if (!req->data)
+		return req->buf + req->done;
+	if (req->done < NVME_HPAGE) {
+		*len = NVME_HPAGE - req->done; /* the header page first */
+		return req->buf + req->done;
+	}
+	*idx = (int)req->data_index;
+	return req->data + (req->done - NVME_HPAGE);
+}
+
+/* Queue one SQE for the rest of @req's current piece: bytes [done, end of piece) of its slot. */
 static int
 nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&n->ring);
-	uint8_t *buf = req->buf + req->done;
-	unsigned len = req->len - req->done;
+	unsigned len;
+	int bi;
+	uint8_t *buf = nvme_piece(req, &bi, &len);
 	uint64_t off = KVT_FMT_SUPER_BYTES + (uint64_t)req->slot * n->slot_bytes + req->done;
 	int fd = n->fixed_file ? 0 : n->fd;
 
@@ -92,13 +110,14 @@ nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
 			return kvt_err(-EAGAIN, "nvme: submission queue full");
 	}
 	if (req->is_write && n->fixed_bufs)
-		io_uring_prep_write_fixed(sqe, fd, buf, len, off, (int)req->index);
+		io_uring_prep_write_fixed(sqe, fd, buf, len, off, bi);
 	else if (req->is_write)
 		io_uring_prep_write(sqe, fd, buf, len, off);
 	else if (n->fixed_bufs)
-		io_uring_prep_read_fixed(sqe, fd, buf, len, off, (int)req->index);
+		io_uring_prep_read_fixed(sqe, fd, buf, len, off, bi);
 	else
 		io_uring_prep_read(sqe, fd, buf, len, off);
+	req->piece = len;
 	if (n->fixed_file)
 		io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
 	io_uring_sqe_set_data(sqe, req);
@@ -132,6 +151,8 @@ nvme_req_get(struct kvt_nvme *n, uint32_t slot, const void *buf, const char *wha
 	req->done = 0;
 	req->stalls = 0;
 	req->dst = NULL;
+	req->data = NULL;
+	req->tabled = false;
 	*reqp = req;
 	return 0;
 }
@@ -146,33 +167,30 @@ nvme_req_put(struct kvt_nvme *n, struct nvme_req *req)
 static uint32_t
 nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
 {
-	size_t l = (NVME_HDR + (size_t)stored + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
+	size_t l = NVME_HPAGE + (((size_t)stored + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1));
 
 	return (uint32_t)(l < n->slot_bytes ? l : n->slot_bytes);
 }
 
 /*
- * Fill @req's staging buffer: the block (encoded when that pays) after the header, zero padding
- * to the IO length, and the header. Sets req->len, stored, codec, sum.
- */
-/*
- * Fill @req's staging buffer: the block @raw (encoded when that pays) after the header, zero
- * padding to the IO length, and the header. @raw may be the staging buffer's payload area itself
- * (encoder thread); then @encbuf (block_bytes) receives the encoding first. Sets req->len, stored,
- * codec, sum.
+ * Fill @req's staging buffer: its header page (the header, zeros), and unless the payload goes
+ * zero-copy (req->data), the block @raw (encoded when that pays) at NVME_HPAGE with zero padding
+ * to the IO length. @raw may be the staging buffer's payload area itself (encoder thread); then
+ * @encbuf (block_bytes) receives the encoding first. A put's key is derived from the checksum.
+ * Sets req->len, key, stored, codec, sum.
  */
 static void
 nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
 	  const struct kvt_nvme_wmeta *m, uint8_t *scratch, uint8_t *encbuf)
 {
-	uint8_t *payload = req->buf + NVME_HDR;
+	uint8_t *payload = req->buf + NVME_HPAGE;
 	uint8_t *eout = raw == payload ? encbuf : payload;
 	struct kvt_fmt_blkhdr h;
 	int64_t enc = 0;
 
 	memset(&h, 0, sizeof h);
 	h.sum = XXH3_64bits(raw, n->block_bytes);
-	if (n->codec != KVT_CODEC_NONE)
+	if (n->codec != KVT_CODEC_NONE && !req->data)
 		enc = kvt_codec_encode_geom(n->codec, &n->geom, raw, n->block_bytes, eout,
 					    n->block_bytes, scratch, n->min_saving);
 	if (enc > 0) {
@@ -181,15 +199,18 @@ nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
 		h.codec = (uint32_t)n->codec;
 		h.stored_len = (uint32_t)enc;
 	} else {
-		if (raw != payload)
+		if (raw != payload && !req->data)
 			memcpy(payload, raw, n->block_bytes);
 		h.codec = KVT_CODEC_NONE;
 		h.stored_len = (uint32_t)n->block_bytes;
 	}
 	req->len = nvme_io_len(n, h.stored_len);
-	memset(payload + h.stored_len, 0, req->len - NVME_HDR - h.stored_len);
+	if (!req->data)
+		memset(payload + h.stored_len, 0, req->len - NVME_HPAGE - h.stored_len);
+	memset(req->buf + NVME_HDR, 0, NVME_HPAGE - NVME_HDR);
 	h.slot = req->slot;
-	h.key = m->key;
+	h.key = req->tabled ? kvt_fmt_write_key(n->sb.epoch, req->slot, h.sum) : m->key;
+	req->key = h.key;
 	h.session = m->session;
 	h.index = m->index;
 	h.raw_len = (uint32_t)n->block_bytes;
@@ -233,7 +254,7 @@ kvt_nvme_enc_main(void *arg)
 		n->enc_head = (n->enc_head + 1) % n->qd;
 		n->enc_n--;
 		pthread_mutex_unlock(&n->mu);
-		nvme_seal(n, req, req->buf + NVME_HDR, &req->meta, n->scratch, n->enc);
+		nvme_seal(n, req, req->buf + NVME_HPAGE, &req->meta, n->scratch, n->enc);
 		pthread_mutex_lock(&n->mu);
 		n->n_encoding--;
 		req->parked = NVME_ACTIVE;
@@ -254,11 +275,35 @@ kvt_nvme_enc_main(void *arg)
 	return NULL;
 }
 
+/*
+ * Whether the block at @p (block_bytes, read or written as round_up(block_bytes, 4096)) lies in
+ * the registered HOST memory within one registered chunk, 4 KiB aligned: then *idx is the
+ * chunk's buffer index.
+ */
+static bool
+nvme_zc_span(const struct kvt_nvme *n, const void *p, uint32_t *idx)
+{
+	uintptr_t a = (uintptr_t)p, base = (uintptr_t)n->host_base;
+	size_t need = (n->block_bytes + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
+	size_t off, c, end;
+
+	if (!n->host_base || a < base || a - base >= n->host_len || a % NVME_ALIGN)
+		return false;
+	off = a - base;
+	c = off / n->host_chunk;
+	end = (c + 1) * n->host_chunk < n->host_len ? (c + 1) * n->host_chunk : n->host_len;
+	if (off + need > end)
+		return false;
+	*idx = n->qd + (uint32_t)c;
+	return true;
+}
+
 static int
 nvme_submit_write_locked(struct kvt_nvme *n, uint32_t slot, const void *src,
-			 const struct kvt_nvme_wmeta *m, uint64_t user_data)
+			 const struct kvt_nvme_wmeta *m, uint64_t user_data, bool tabled)
 {
 	struct nvme_req *req;
+	uint32_t idx;
 	int r;
 
 	if (!m)
@@ -269,9 +314,19 @@ nvme_submit_write_locked(struct kvt_nvme *n, uint32_t slot, const void *src,
 	req->is_write = true;
 	req->key = m->key;
 	req->user_data = user_data;
-	if (n->enc_on) {
+	req->tabled = tabled;
+	if (tabled)
+		n->meta[slot].stored = 0; /* being rewritten: unknown until it completes */
+	if (tabled && n->codec == KVT_CODEC_NONE && nvme_zc_span(n, src, &idx)) {
+		req->data = (uint8_t *)(uintptr_t)src;
+		req->data_index = idx;
+		n->st.zc_writes++;
+	} else {
+		n->st.staged_writes++;
+	}
+	if (n->enc_on && !req->data) {
 		/* copy now (the caller's buffer may change at once), encode on the thread */
-		memcpy(req->buf + NVME_HDR, src, n->block_bytes);
+		memcpy(req->buf + NVME_HPAGE, src, n->block_bytes);
 		req->meta = *m;
 		req->parked = NVME_ENCODING;
 		n->n_encoding++;
@@ -295,7 +350,62 @@ kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
 	if (!n)
 		return kvt_err(-EINVAL, "nvme write: tier is NULL");
 	pthread_mutex_lock(&n->mu);
-	r = nvme_submit_write_locked(n, slot, src, m, user_data);
+	r = nvme_submit_write_locked(n, slot, src, m, user_data, false);
+	pthread_mutex_unlock(&n->mu);
+	return r;
+}
+
+int
+kvt_nvme_put(struct kvt_nvme *n, uint32_t slot, const void *src, const struct kvt_nvme_wmeta *m,
+	     uint64_t user_data)
+{
+	int r;
+
+	if (!n)
+		return kvt_err(-EINVAL, "nvme put: tier is NULL");
+	pthread_mutex_lock(&n->mu);
+	r = nvme_submit_write_locked(n, slot, src, m, user_data, true);
+	pthread_mutex_unlock(&n->mu);
+	return r;
+}
+
+int
+kvt_nvme_get(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t user_data)
+{
+	const struct nvme_slotmeta *e;
+	struct nvme_req *req;
+	uint32_t idx;
+	int r;
+
+	if (!n || slot >= n->n_slots)
+		return kvt_err(-EINVAL, "nvme get: %s", n ? "slot out of range" : "tier is NULL");
+	pthread_mutex_lock(&n->mu);
+	e = &n->meta[slot];
+	r = e->stored ? nvme_req_get(n, slot, dst, "read", &req)
+		      : kvt_err(KVT_ECORRUPT, "nvme slot %u: no completed write recorded", slot);
+	if (r != 0) {
+		pthread_mutex_unlock(&n->mu);
+		return r;
+	}
+	req->is_write = false;
+	req->tabled = true;
+	req->key = kvt_fmt_write_key(e->epoch_codec >> 8, slot, e->sum);
+	req->want_sum = e->sum;
+	req->user_data = user_data;
+	req->dst = dst;
+	req->stored = e->stored;
+	req->len = nvme_io_len(n, e->stored);
+	if ((e->epoch_codec & 0xffu) == KVT_CODEC_NONE && nvme_zc_span(n, dst, &idx)) {
+		req->data = dst; /* the payload only, straight into the HOST slot */
+		req->data_index = idx;
+		req->done = NVME_HPAGE;
+		n->st.zc_reads++;
+	} else {
+		n->st.staged_reads++;
+	}
+	r = nvme_queue_rest(n, req);
+	if (r != 0)
+		nvme_req_put(n, req);
 	pthread_mutex_unlock(&n->mu);
 	return r;
 }
@@ -338,6 +448,7 @@ nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t k
 	req->dst = dst;
 	req->stored = stored;
 	req->len = stored ? nvme_io_len(n, stored) : (uint32_t)n->slot_bytes;
+	n->st.staged_reads++;
 	r = nvme_queue_rest(n, req);
 	if (r != 0)
 		nvme_req_put(n, req);
@@ -378,8 +489,17 @@ nvme_verify(struct kvt_nvme *n, const struct nvme_req *req)
 {
 	struct kvt_fmt_blkhdr h;
 	uint32_t slot = req->slot;
-	int rc = kvt_fmt_blkhdr_decode(req->buf, req->len, &h);
+	const uint8_t *payload = req->buf + NVME_HPAGE;
+	int rc;
 
+	if (req->data) {
+		/* zero-copy: no header read; the slot table's checksum decides */
+		if (XXH3_64bits(req->data, n->block_bytes) != req->want_sum)
+			return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch "
+				       "(zero-copy read)", slot);
+		return 0;
+	}
+	rc = kvt_fmt_blkhdr_decode(req->buf, req->len, &h);
 	if (rc != 0)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
 	if (h.slot != slot)
@@ -391,19 +511,22 @@ nvme_verify(struct kvt_nvme *n, const struct nvme_req *req)
 	if (h.key != req->key)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: key %#llx, expected %#llx", slot,
 			       (unsigned long long)h.key, (unsigned long long)req->key);
+	if (req->tabled && h.sum != req->want_sum)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: checksum %#llx, expected %#llx", slot,
+			       (unsigned long long)h.sum, (unsigned long long)req->want_sum);
 	if ((req->stored && h.stored_len != req->stored) ||
-	    NVME_HDR + (size_t)h.stored_len > req->len)
+	    NVME_HPAGE + (size_t)h.stored_len > req->len)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %u bytes stored, %u expected", slot,
 			       h.stored_len, req->stored);
 	if (h.codec == KVT_CODEC_NONE) {
-		if (XXH3_64bits(req->buf + NVME_HDR, n->block_bytes) != h.sum)
+		if (XXH3_64bits(payload, n->block_bytes) != h.sum)
 			return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch", slot);
-		memcpy(req->dst, req->buf + NVME_HDR, n->block_bytes);
+		memcpy(req->dst, payload, n->block_bytes);
 		return 0;
 	}
 	if (!n->dscratch && !(n->dscratch = malloc(kvt_codec_scratch_bytes(n->block_bytes))))
 		return kvt_err(-ENOMEM, "nvme slot %u: codec scratch", slot);
-	rc = kvt_codec_decode_geom((int)h.codec, &n->geom, req->buf + NVME_HDR, h.stored_len,
+	rc = kvt_codec_decode_geom((int)h.codec, &n->geom, payload, h.stored_len,
 				   req->dst, n->block_bytes, n->dscratch);
 	if (rc != 0)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
@@ -449,14 +572,23 @@ nvme_continue(struct kvt_nvme *n, struct nvme_req *req, size_t got)
 static int
 nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
 {
-	size_t left = req->len - req->done;
 	uint64_t off = KVT_FMT_SUPER_BYTES + (uint64_t)req->slot * n->slot_bytes + req->done;
+	unsigned plen;
+	int bi;
+	uint8_t *pbuf = nvme_piece(req, &bi, &plen);
+	size_t left = req->piece;
 	char eb[128];
 
 	if (n->hooks.on_complete)
-		n->hooks.on_complete(n->hooks.arg, req->is_write, req->slot, req->buf + req->done,
-				     left, off, &res);
-	if (res < 0) {
+		n->hooks.on_complete(n->hooks.arg, req->is_write, req->slot, pbuf, left, off, &res);
+	if (res >= 0 && (size_t)res == left && req->done + left < req->len && !n->closing) {
+		/* this piece is done (a zero-copy put's header page): on to the payload */
+		req->done += (uint32_t)left;
+		req->stalls = 0;
+		res = nvme_queue_rest(n, req);
+		if (res == 0)
+			return 0;
+	} else if (res < 0) {
 		kvt_err(res, "nvme %s of slot %u: %s", req->is_write ? "write" : "read", req->slot,
 			nvme_strerror(-res, eb, sizeof eb));
 	} else if ((size_t)res < left) {
@@ -466,10 +598,19 @@ nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme
 	} else if ((size_t)res > left) {
 		res = kvt_err(-EIO, "nvme slot %u: %d bytes done of %zu asked", req->slot, res,
 			      left);
+	} else if (req->done + left < req->len) {
+		res = kvt_err(KVT_ESHORTIO, "nvme slot %u: closing mid-IO", req->slot);
 	} else if (req->is_write || n->closing) {
 		res = 0;
 	} else {
 		res = nvme_verify(n, req);
+	}
+	if (req->is_write && req->tabled && res == 0) {
+		struct nvme_slotmeta *e = &n->meta[req->slot];
+
+		e->sum = req->sum;
+		e->stored = req->stored;
+		e->epoch_codec = (uint32_t)((n->sb.epoch & 0xffffffu) << 8) | (req->codec & 0xffu);
 	}
 	c->user_data = req->user_data;
 	c->stored = req->is_write ? req->stored : 0;

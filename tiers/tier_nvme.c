@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -72,12 +73,12 @@ nvme_validate(const struct kvt_nvme_opts *o, size_t *slot_bytes, uint32_t *n_slo
 	if (!(o->min_saving >= 0 && o->min_saving < 1))
 		return nvme_open_fail(-EINVAL, err, errlen,
 				      "nvme codec min_saving %g not in [0, 1)", o->min_saving);
-	sb = (o->block_bytes + NVME_HDR + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
+	sb = (size_t)kvt_fmt_slot_bytes(o->block_bytes);
 	slots = o->capacity_bytes / sb;
 	if (slots == 0)
 		return nvme_open_fail(-EINVAL, err, errlen,
 				      "nvme capacity %llu bytes is below one slot of %zu bytes "
-				      "(block_bytes %zu + 128-byte header, rounded up to 4 KiB)",
+				      "(a 4 KiB header page + block_bytes %zu rounded up to 4 KiB)",
 				      (unsigned long long)o->capacity_bytes, sb, o->block_bytes);
 	if (slots > UINT32_MAX)
 		return nvme_open_fail(-EINVAL, err, errlen,
@@ -417,7 +418,8 @@ nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
 	n->reqs = calloc(n->qd, sizeof *n->reqs);
 	n->free_stack = malloc((size_t)n->qd * sizeof *n->free_stack);
 	n->late_slots = malloc((size_t)n->qd * sizeof *n->late_slots);
-	if (!n->reqs || !n->free_stack || !n->late_slots)
+	n->meta = calloc(n->n_slots, sizeof *n->meta);
+	if (!n->reqs || !n->free_stack || !n->late_slots || !n->meta)
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: %u request contexts", n->qd);
 	for (uint32_t i = 0; i < n->qd; i++) {
 		n->reqs[i].buf = n->arena + (size_t)i * n->slot_bytes;
@@ -428,10 +430,90 @@ nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
 	return 0;
 }
 
-static int
-nvme_ring_init(struct kvt_nvme *n, char *err, size_t errlen)
+/*
+ * Check the HOST memory of the options for zero-copy IO and cut it into chunks of whole slots
+ * of at most 1 GiB (io_uring's limit per registered buffer). Returns the number of chunks, or 0
+ * with n->zc_reason set.
+ */
+static uint32_t
+nvme_host_chunks(struct kvt_nvme *n, const struct kvt_nvme_opts *o)
 {
-	struct iovec *iov;
+	size_t need = (n->block_bytes + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
+	size_t per, chunks;
+
+	if (!o->host_base || !o->host_len) {
+		snprintf(n->zc_reason, sizeof n->zc_reason, "no HOST memory given");
+		return 0;
+	}
+	if ((uintptr_t)o->host_base % NVME_ALIGN || o->host_stride % NVME_ALIGN ||
+	    o->host_stride < need) {
+		snprintf(n->zc_reason, sizeof n->zc_reason,
+			 "HOST memory not 4 KiB aligned (stride %zu, block %zu)", o->host_stride,
+			 n->block_bytes);
+		return 0;
+	}
+	per = (size_t)(NVME_MAX_REG / o->host_stride);
+	chunks = per ? (o->host_len + per * o->host_stride - 1) / (per * o->host_stride) : 0;
+	if (!per || chunks + n->qd > 16384) {
+		snprintf(n->zc_reason, sizeof n->zc_reason,
+			 "HOST memory (%zu bytes, stride %zu) does not fit io_uring's buffer table",
+			 o->host_len, o->host_stride);
+		return 0;
+	}
+	n->host_chunk = per * o->host_stride;
+	return (uint32_t)chunks;
+}
+
+/* Register the staging buffers and, when possible, the HOST memory (zero-copy) with the ring. */
+static void
+nvme_register(struct kvt_nvme *n, const struct kvt_nvme_opts *o)
+{
+	uint32_t nc = nvme_host_chunks(n, o);
+	struct iovec *iov = malloc((size_t)(n->qd + nc) * sizeof *iov);
+	struct rlimit rl;
+	char eb[128];
+	int r;
+
+	if (!iov) {
+		snprintf(n->zc_reason, sizeof n->zc_reason, "no memory for the buffer table");
+		return;
+	}
+	for (uint32_t i = 0; i < n->qd; i++) {
+		iov[i].iov_base = n->reqs[i].buf;
+		iov[i].iov_len = n->slot_bytes;
+	}
+	for (uint32_t c = 0; c < nc; c++) {
+		size_t off = (size_t)c * n->host_chunk;
+
+		iov[n->qd + c].iov_base = (uint8_t *)o->host_base + off;
+		iov[n->qd + c].iov_len = o->host_len - off < n->host_chunk ? o->host_len - off
+									   : n->host_chunk;
+	}
+	r = nc && n->hooks.refuse_register ? -ENOMEM
+		: nc ? io_uring_register_buffers(&n->ring, iov, n->qd + nc) : -1;
+	if (r == 0) {
+		n->fixed_bufs = true;
+		n->host_base = o->host_base;
+		n->host_len = o->host_len;
+		n->zc_reason[0] = '\0';
+	} else if (nc) {
+		getrlimit(RLIMIT_MEMLOCK, &rl);
+		snprintf(n->zc_reason, sizeof n->zc_reason,
+			 "registering %zu bytes of HOST memory with io_uring failed: %s "
+			 "(RLIMIT_MEMLOCK %llu bytes%s)", o->host_len,
+			 nvme_strerror(-r, eb, sizeof eb), (unsigned long long)rl.rlim_cur,
+			 n->hooks.refuse_register ? ", refused by a test hook" : "");
+	}
+	/* Staging alone: registered buffers save the kernel a page walk per IO. Optional: without
+	 * them (memlock limits, buffers over 1 GiB) plain READ/WRITE do the same job. */
+	if (r != 0)
+		n->fixed_bufs = io_uring_register_buffers(&n->ring, iov, n->qd) == 0;
+	free(iov);
+}
+
+static int
+nvme_ring_init(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, size_t errlen)
+{
 	char eb[128];
 	int r;
 
@@ -440,17 +522,7 @@ nvme_ring_init(struct kvt_nvme *n, char *err, size_t errlen)
 		return nvme_open_fail(r, err, errlen, "nvme: io_uring_queue_init(%u): %s", n->qd,
 				      nvme_strerror(-r, eb, sizeof eb));
 	n->ring_ok = true;
-	/* Registered buffers save the kernel a page walk per IO. Optional: without them (memlock
-	 * limits, buffers over 1 GiB) plain READ/WRITE do the same job. */
-	iov = malloc((size_t)n->qd * sizeof *iov);
-	if (!iov)
-		return 0;
-	for (uint32_t i = 0; i < n->qd; i++) {
-		iov[i].iov_base = n->reqs[i].buf;
-		iov[i].iov_len = n->slot_bytes;
-	}
-	n->fixed_bufs = io_uring_register_buffers(&n->ring, iov, n->qd) == 0;
-	free(iov);
+	nvme_register(n, o);
 	/* a registered file spares the kernel an fget/fput per IO; optional too */
 	n->fixed_file = io_uring_register_files(&n->ring, &n->fd, 1) == 0;
 	return 0;
@@ -480,6 +552,7 @@ nvme_free(struct kvt_nvme *n, bool free_arena)
 	free(n->reqs);
 	free(n->free_stack);
 	free(n->late_slots);
+	free(n->meta);
 	free(n->path);
 	free(n->final_path);
 	free(n);
@@ -578,7 +651,7 @@ kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, s
 	if (r == 0)
 		r = nvme_alloc_staging(n, err, errlen);
 	if (r == 0)
-		r = nvme_ring_init(n, err, errlen);
+		r = nvme_ring_init(n, o, err, errlen);
 	if (r != 0) {
 		nvme_free(n, true);
 		return r;
@@ -739,4 +812,73 @@ kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot)
 		(void)fallocate(n->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 				(off_t)(KVT_FMT_SUPER_BYTES + (uint64_t)slot * n->slot_bytes),
 				(off_t)n->slot_bytes);
+}
+
+/* ---- the slot table and counters ----------------------------------------------------------- */
+
+bool
+kvt_nvme_slot_info(struct kvt_nvme *n, uint32_t slot, struct kvt_nvme_slotinfo *out)
+{
+	const struct nvme_slotmeta *e;
+	bool ok;
+
+	if (!n || slot >= n->n_slots)
+		return false;
+	pthread_mutex_lock(&n->mu);
+	e = &n->meta[slot];
+	ok = e->stored != 0;
+	if (ok) {
+		out->sum = e->sum;
+		out->stored = e->stored;
+		out->codec = e->epoch_codec & 0xffu;
+		out->key = kvt_fmt_write_key(e->epoch_codec >> 8, slot, e->sum);
+	}
+	pthread_mutex_unlock(&n->mu);
+	return ok;
+}
+
+int
+kvt_nvme_slot_set(struct kvt_nvme *n, uint32_t slot, const struct kvt_nvme_slotinfo *in)
+{
+	uint64_t epoch;
+
+	if (!n || !in || slot >= n->n_slots || !in->stored || in->stored > n->block_bytes ||
+	    (in->codec != KVT_CODEC_NONE && in->codec != (uint32_t)n->codec))
+		return kvt_err(-EINVAL, "nvme slot %u: no such slot or stored block", slot);
+	epoch = (in->key >> 40) & 0xffffffu;
+	if (kvt_fmt_write_key(epoch, slot, in->sum) != in->key)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: key %#llx does not belong to it", slot,
+			       (unsigned long long)in->key);
+	pthread_mutex_lock(&n->mu);
+	n->meta[slot].sum = in->sum;
+	n->meta[slot].stored = in->stored;
+	n->meta[slot].epoch_codec = (uint32_t)(epoch << 8) | in->codec;
+	pthread_mutex_unlock(&n->mu);
+	return 0;
+}
+
+uint64_t
+kvt_nvme_meta_bytes(const struct kvt_nvme *n)
+{
+	return n ? (uint64_t)n->n_slots * sizeof *n->meta : 0;
+}
+
+void
+kvt_nvme_get_stats(struct kvt_nvme *n, struct kvt_nvme_stats *out)
+{
+	pthread_mutex_lock(&n->mu);
+	*out = n->st;
+	pthread_mutex_unlock(&n->mu);
+}
+
+bool
+kvt_nvme_zero_copy(const struct kvt_nvme *n)
+{
+	return n && n->host_base != NULL;
+}
+
+const char *
+kvt_nvme_zc_reason(const struct kvt_nvme *n)
+{
+	return n->zc_reason;
 }

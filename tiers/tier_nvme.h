@@ -4,15 +4,33 @@
  * opened O_DIRECT and driven by io_uring.
  *
  * On-disk layout (docs/FORMAT.md, tiers/format.h): a 4 KiB superblock (layout fingerprint,
- * format version, epoch), then slot s at 4096 + s * slot_bytes, slot_bytes =
- * round_up(128 + block_bytes, 4096): a 128-byte block header (magic, version, slot, write key,
- * session key, block index, raw and stored length, codec, content hash, XXH3-64 of the raw block,
- * XXH3-64 of the header), the payload (raw, or encoded by tiers/codec.c when that saves at least
- * min_saving), zero padding to the next 4 KiB. A write moves only round_up(128 + stored, 4096)
- * bytes, and so does a read that is told the stored length. Every read verifies the header
- * (checksum, magic, version, slot, raw length, key), decodes, and checks the raw checksum; any
- * mismatch completes with KVT_ECORRUPT. A slot never written reads as zeros and so fails too.
+ * format version, epoch), then slot s at 4096 + s * slot_bytes, slot_bytes = 4096 +
+ * round_up(block_bytes, 4096): a 4 KiB header page holding the 128-byte block header (magic,
+ * version, slot, write key, session key, block index, raw and stored length, codec, content
+ * hash, XXH3-64 of the raw block, XXH3-64 of the header), then the payload at slot offset 4096
+ * (raw, or encoded by tiers/codec.c when that saves at least min_saving), zero padding to the
+ * next 4 KiB. A write moves 4096 + round_up(stored, 4096) bytes. Every read verifies: one that
+ * reads the header checks it (checksum, magic, version, slot, raw length, key), decodes, and
+ * checks the raw checksum; any mismatch completes with KVT_ECORRUPT. A slot never written reads
+ * as zeros and so fails too.
  *
+ * The slot table: for each slot, how its latest completed kvt_nvme_put() stored the block (16
+ * bytes: XXH3-64 of the raw block, stored length, codec, epoch; the write key is derived from
+ * them, kvt_fmt_write_key). It is the NVMe copy's metadata: kvt_nvme_get() reads against it, the
+ * engine's store records are made from it (kvt_nvme_slot_info) and restored into it
+ * (kvt_nvme_slot_set).
+ *
+ * Zero-copy (raw blocks between the HOST tier and the disk): when the options name the HOST
+ * tier's memory (4 KiB aligned, a 4 KiB-multiple slot stride), open registers it with io_uring
+ * next to the staging buffers (chunks of whole slots, each <= 1 GiB). Then kvt_nvme_put() of a
+ * raw block (no codec) from that memory writes the header page from a staging buffer and the
+ * payload with WRITE_FIXED straight from the HOST slot (two pieces of one IO, in order), and
+ * kvt_nvme_get() of a slot stored raw reads only the payload with READ_FIXED straight into the
+ * HOST slot and verifies it against the slot table's checksum (the header is needed only to
+ * rebuild the index after a restart). The HOST slot must not change while a put is in flight
+ * (the engine keeps the block busy). When registration fails (RLIMIT_MEMLOCK, ...) everything
+ * goes through staging and kvt_nvme_zc_reason() says why.
+
  * The file is either private (kvtier-<pid>-<n>.slots, unlinked on close) or the persistent store
  * (kvtier.store, kept; opened again if present and its superblock matches, refused with
  * KVT_EFORMAT otherwise; flock'ed so that one process uses it at a time). Each open of the
@@ -25,11 +43,11 @@
  * submits the SQE. The SQ is shared under an internal mutex; completions are still reaped (and
  * reads decoded and verified) by the caller of kvt_nvme_reap().
  *
- * IO goes through 4 KiB-aligned staging buffers owned by the tier (one per queue entry,
- * registered with io_uring when the kernel allows it): a write copies the caller's bytes at
- * submit time (the caller's buffer may be reused at once); a raw read copies into the caller's
- * buffer only after verification, in kvt_nvme_reap(); an encoded read decodes into it and then
- * verifies the checksum, so after a failed read (res != 0) the buffer holds garbage and must not
+ * IO that is not zero-copy goes through 4 KiB-aligned staging buffers owned by the tier (one
+ * per queue entry, registered with io_uring when the kernel allows it): a write copies the
+ * caller's bytes at submit time (the caller's buffer may be reused at once); a raw read copies
+ * into the caller's buffer only after verification, in kvt_nvme_reap(); an encoded read decodes
+ * into it and then verifies the checksum, so after a failed read (res != 0) the buffer holds garbage and must not
  * be used (the engine frees that destination slot: the copy never becomes present). No memory
  * is allocated per IO.
  *
@@ -40,11 +58,12 @@
  * O_DIRECT needs aligned offsets (re-transferring a few bytes is harmless). A completion of 0
  * bytes fails with KVT_ESHORTIO at once; one that does not advance a 4 KiB boundary is retried
  * from the same place at most KVT_NVME_MAX_STALLS times, then fails with KVT_ESHORTIO. An IO is
- * never reported as done before all slot_bytes are transferred.
+ * never reported as done before all its bytes are transferred (a zero-copy put: the header page,
+ * then the payload, each a piece of its own).
  *
  * Submission is batched: submit_* only queue SQEs; kvt_nvme_flush() (and every kvt_nvme_reap())
  * hands them to the kernel. The CQ has twice as many entries as there are staging buffers and at
- * most one IO per buffer is in the kernel, so completions can never overflow it.
+ * most one IO piece per buffer is in the kernel, so completions can never overflow it.
  *
  * Threading: not thread-safe for its callers (the engine calls it under its mutex); the encoder
  * thread is internal.
@@ -80,6 +99,7 @@ struct kvt_nvme_fault_hooks {
 	 * it in at a later reap: a late, reordered completion. */
 	int (*fate)(void *arg, bool is_write, uint32_t slot);
 	uint32_t io_timeout_ms; /* deadline of one IO piece; 0 = KVT_NVME_IO_TIMEOUT_MS */
+	bool refuse_register;   /* registering the HOST memory fails as if over RLIMIT_MEMLOCK */
 };
 
 /* KVT_NVME_FATE_LATE keeps the CQE until its IO has timed out and hands it in at the reap after
@@ -108,6 +128,27 @@ struct kvt_nvme_opts {
 	size_t block_bytes;         /* bytes of one block */
 	uint32_t queue_depth;       /* io_uring entries and staging buffers; 1..4096 */
 	const struct kvt_nvme_fault_hooks *hooks; /* NULL in production; copied at open */
+	void *host_base;            /* HOST tier memory for zero-copy IO (NULL = none); must
+	                               outlive the tier; 4 KiB aligned */
+	size_t host_len;            /* its bytes */
+	size_t host_stride;         /* bytes between HOST slots: a multiple of 4096 that holds
+	                               round_up(block_bytes, 4096) (else no zero-copy) */
+};
+
+/** IO counters of the tier (kvt_nvme_stats). */
+struct kvt_nvme_stats {
+	uint64_t zc_writes;     /* puts whose payload went straight from a HOST slot */
+	uint64_t zc_reads;      /* gets whose payload went straight into a HOST slot */
+	uint64_t staged_writes; /* writes through a staging buffer */
+	uint64_t staged_reads;  /* reads through a staging buffer */
+};
+
+/** The NVMe copy's metadata of one slot (kvt_nvme_slot_info / kvt_nvme_slot_set). */
+struct kvt_nvme_slotinfo {
+	uint64_t key;    /* write key: kvt_fmt_write_key(epoch of the write, slot, sum) */
+	uint64_t sum;    /* XXH3-64 of the raw block */
+	uint32_t stored; /* payload bytes */
+	uint32_t codec;  /* enum kvt_codec of the payload */
 };
 
 /** One finished IO. */
@@ -159,7 +200,7 @@ void kvt_nvme_close(struct kvt_nvme *n);
 
 /** Number of slots in the file (capacity_bytes / slot_bytes). */
 uint32_t kvt_nvme_n_slots(const struct kvt_nvme *n);
-/** Bytes one slot takes in the file: round_up(block_bytes + 128, 4096). */
+/** Bytes one slot takes in the file: 4096 + round_up(block_bytes, 4096). */
 size_t kvt_nvme_slot_bytes(const struct kvt_nvme *n);
 /** IOs submitted whose completion has not been returned by kvt_nvme_reap() yet (timed-out ones
  * excluded: their completion was returned, -ETIMEDOUT). */
@@ -202,11 +243,47 @@ int kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *sr
 			       const struct kvt_nvme_wmeta *m, uint64_t user_data);
 
 /**
- * Like kvt_nvme_submit_read, reading only round_up(128 + @stored, 4096) bytes when @stored (the
+ * Like kvt_nvme_submit_read, reading only 4096 + round_up(@stored, 4096) bytes when @stored (the
  * payload length its write completion reported) is not 0. A header that disagrees fails the read.
  */
 int kvt_nvme_submit_read_len(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
 			     uint32_t stored, uint64_t user_data);
+
+/**
+ * Write the block at @src into @slot for the engine: like kvt_nvme_submit_write_meta, but the
+ * write key is derived (m->key is ignored) and the slot table records the write when it
+ * completes successfully (it forgets the slot at once: a read of it fails until then). Raw
+ * blocks (no codec) in the registered HOST memory go zero-copy (@src must then stay unchanged
+ * until the completion); others are copied to staging before return. Errors as submit_write.
+ */
+int kvt_nvme_put(struct kvt_nvme *n, uint32_t slot, const void *src,
+		 const struct kvt_nvme_wmeta *m, uint64_t user_data);
+
+/**
+ * Read @slot into @dst (block_bytes) against the slot table: a slot stored raw whose @dst is in
+ * the registered HOST memory is read zero-copy and verified by the table's checksum (after a
+ * failure @dst holds garbage); others through staging, the header checked against the table
+ * too. Returns 0 (one completion will come), -EAGAIN, -EINVAL (slot, dst), KVT_ECORRUPT (the
+ * table knows no completed write of @slot; nothing queued).
+ */
+int kvt_nvme_get(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t user_data);
+
+/** The slot table's entry of @slot into *@out: true, or false when it knows none. Locks. */
+bool kvt_nvme_slot_info(struct kvt_nvme *n, uint32_t slot, struct kvt_nvme_slotinfo *out);
+/**
+ * Set @slot's table entry (restoring a stored block after a restart). Returns 0, -EINVAL (slot
+ * out of range, stored 0 or above block_bytes, codec not NONE nor the tier's) or KVT_ECORRUPT
+ * (the key is not the one this sum and slot derive). Locks.
+ */
+int kvt_nvme_slot_set(struct kvt_nvme *n, uint32_t slot, const struct kvt_nvme_slotinfo *in);
+/** Host bytes of the slot table (16 per slot), for the engine's metadata accounting. */
+uint64_t kvt_nvme_meta_bytes(const struct kvt_nvme *n);
+/** Copy the IO counters into *@out. Locks. */
+void kvt_nvme_get_stats(struct kvt_nvme *n, struct kvt_nvme_stats *out);
+/** Whether the HOST memory is registered (zero-copy puts and gets). */
+bool kvt_nvme_zero_copy(const struct kvt_nvme *n);
+/** Why zero-copy is off: "" when on, "no HOST memory given" ... (owned by @n). */
+const char *kvt_nvme_zc_reason(const struct kvt_nvme *n);
 
 /**
  * Read and parse the header of @slot synchronously (pread; for restore, not for the data path).

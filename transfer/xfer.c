@@ -173,7 +173,7 @@ static int
 xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 {
 	struct kvt_block *b = &e->blocks[x->block];
-	struct kvt_nvme_wmeta m = { .key = b->nvme_key, .index = b->index };
+	struct kvt_nvme_wmeta m = { .index = b->index };
 	int rc;
 
 	if (!b->dead && b->seq < e->cap_seqs)
@@ -182,14 +182,13 @@ xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 		memcpy(m.hash, b->hash, sizeof m.hash); /* its prefix key: the content hash */
 	for (;;) {
 		if (x->kind == KVT_X_H2N)
-			rc = kvt_nvme_submit_write_meta(
-				e->nvme, x->dst_slot, kvt_slot_addr(e, KVT_TIER_HOST, x->src_slot),
-				&m, (uint64_t)(uintptr_t)x);
+			rc = kvt_nvme_put(e->nvme, x->dst_slot,
+					  kvt_slot_addr(e, KVT_TIER_HOST, x->src_slot), &m,
+					  (uint64_t)(uintptr_t)x);
 		else
-			rc = kvt_nvme_submit_read_len(e->nvme, x->src_slot,
-						      kvt_slot_addr(e, KVT_TIER_HOST, x->dst_slot),
-						      b->nvme_key, b->nvme_stored,
-						      (uint64_t)(uintptr_t)x);
+			rc = kvt_nvme_get(e->nvme, x->src_slot,
+					  kvt_slot_addr(e, KVT_TIER_HOST, x->dst_slot),
+					  (uint64_t)(uintptr_t)x);
 		if (rc != -EAGAIN)
 			break;
 		/* queue full: finish something first (the block itself is busy, so safe) */
@@ -226,10 +225,8 @@ kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_s
 	x = xfer_start(e, KVT_X_H2N, id, nvme_slot);
 	if (!x)
 		return kvt_err(-ENOMEM, "transfer record");
-	/* a fresh key per write: the trailer ties the slot's bytes to this one write, so bytes
-	 * left by an earlier block (ids and slots are reused) can never verify */
-	e->blocks[id].nvme_key = e->key_base | (++e->nvme_writes & ((1ull << 40) - 1));
-	e->blocks[id].nvme_stored = 0;
+	/* the tier's slot table records the write (key, checksum, stored length) when it
+	 * completes; bytes an earlier block left in the slot can never verify against it */
 	x->evict_src = evict_src;
 	if (evict_src)
 		e->demoting[KVT_TIER_HOST]++;
@@ -548,8 +545,8 @@ xstream_poll(struct kvt_engine *e, struct kvt_xstream *xs, uint32_t max, int *do
 	return 0;
 }
 
-/* A write landed: remember how it was stored (the read asks for that much, the store's record
- * carries it) and count the codec's effect. */
+/* A write landed (the tier's slot table now says how it was stored: the read asks for that
+ * much, the store's record carries it): count the codec's effect. */
 static void
 xfer_note_write(struct kvt_engine *e, struct kvt_xfer *x, const struct kvt_nvme_cqe *c)
 {
@@ -560,9 +557,6 @@ xfer_note_write(struct kvt_engine *e, struct kvt_xfer *x, const struct kvt_nvme_
 	e->st.codec_blocks += c->codec != KVT_CODEC_NONE;
 	if (x->ver != b->ver)
 		return;
-	b->nvme_stored = c->stored;
-	b->nvme_codec = c->codec;
-	b->nvme_sum = c->sum;
 	if (!b->dead && b->seq < e->cap_seqs && e->seqs[b->seq].pub_pending)
 		e->pub_check = true;
 }

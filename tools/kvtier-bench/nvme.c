@@ -149,7 +149,7 @@ nb_tier_point(const struct nb_opts *o, size_t bs, uint32_t qd, double *w, double
 	struct kvt_nvme_opts no = {
 		.dir = o->dir,
 		.capacity_bytes = o->bytes,
-		.block_bytes = bs - KVT_FMT_BLKHDR_BYTES, /* one IO of exactly bs bytes */
+		.block_bytes = bs - KVT_FMT_HDR_PAGE, /* one IO of exactly bs bytes (header page) */
 		.queue_depth = qd,
 	};
 	struct kvt_nvme *n;

@@ -1,0 +1,328 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_nvme_zc.c - the NVME tier's zero-copy path and slot table (tiers/tier_nvme.h):
+ * kvt_nvme_put/get of raw blocks move straight between registered HOST memory and the disk
+ * (counted as zero-copy IOs), the refused registration falls back to staging with a reason, and
+ * short IO, bit flips and unknown slots on the new path are continued or detected. Also the
+ * engine: parking to NVMe and resuming goes zero-copy, and the slot table is in its metadata.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine_impl.h"
+#include "support/kvt_test.h"
+#include "tiers/format.h"
+#include "tiers/tier_nvme.h"
+
+#define BLOCK 10000u  /* not a 4 KiB multiple: the HOST stride is rounded up */
+#define STRIDE 12288u /* round_up(BLOCK, 4096) */
+#define SLOT 16384u   /* header page + STRIDE */
+#define NSLOTS 8u
+#define HSLOTS 4u     /* HOST slots */
+#define QD 4u
+
+struct zfx {
+	char dir[PATH_MAX]; /* fresh temporary directory */
+	uint8_t *host;      /* HSLOTS * STRIDE, 4 KiB aligned: the "HOST tier" */
+};
+
+static int
+zfx_setup(void **state)
+{
+	struct zfx *f = calloc(1, sizeof *f);
+	void *p = NULL;
+
+	if (!f || posix_memalign(&p, 4096, (size_t)HSLOTS * STRIDE) != 0)
+		return -1;
+	f->host = p;
+	snprintf(f->dir, sizeof f->dir, "/tmp/nvmezc-XXXXXX");
+	if (!mkdtemp(f->dir))
+		return -1;
+	*state = f;
+	return 0;
+}
+
+static int
+zfx_teardown(void **state)
+{
+	struct zfx *f = *state;
+	int r = rmdir(f->dir); /* every tier removed its file */
+
+	free(f->host);
+	free(f);
+	return r;
+}
+
+/* A fault hook: on the chosen kind of IO, flip a byte or cut the piece short. */
+static struct {
+	int mode;        /* 0 none, 1 flip in reads, 2 half a read piece, 3 zero bytes (reads),
+			    4 half a write's payload piece */
+	unsigned hits;   /* pieces changed */
+	unsigned pieces; /* pieces seen (reads and writes) */
+} zf;
+
+static void
+zf_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off, int *res)
+{
+	(void)arg, (void)slot;
+	zf.pieces++;
+	if (*res < 0)
+		return;
+	if (zf.mode == 1 && !is_write) {
+		((uint8_t *)buf)[len / 2] ^= 0x04;
+		zf.hits++;
+	} else if ((zf.mode == 2 && !is_write && !zf.hits) ||
+		   (zf.mode == 4 && is_write && (off - 4096) % SLOT != 0 && !zf.hits)) {
+		*res = (int)(len / 2); /* continued from the last 4 KiB boundary */
+		zf.hits++;
+	} else if (zf.mode == 3 && !is_write) {
+		*res = 0;
+		zf.hits++;
+	}
+}
+
+static struct kvt_nvme *
+zopen(struct zfx *f, bool refuse, int codec)
+{
+	static struct kvt_nvme_fault_hooks hooks;
+	struct kvt_nvme_opts o = {
+		.dir = f->dir,
+		.capacity_bytes = (uint64_t)NSLOTS * SLOT,
+		.block_bytes = BLOCK,
+		.queue_depth = QD,
+		.codec = codec,
+		.hooks = &hooks,
+		.host_base = f->host,
+		.host_len = (size_t)HSLOTS * STRIDE,
+		.host_stride = STRIDE,
+	};
+	struct kvt_nvme *n = NULL;
+
+	memset(&zf, 0, sizeof zf);
+	hooks = (struct kvt_nvme_fault_hooks){ .on_complete = zf_hook, .refuse_register = refuse };
+	assert_int_equal(kvt_nvme_open(&o, &n, NULL, 0), 0);
+	assert_int_equal(kvt_nvme_slot_bytes(n), SLOT);
+	return n;
+}
+
+static int
+zwait(struct kvt_nvme *n, uint64_t ud)
+{
+	struct kvt_nvme_cqe c;
+
+	assert_int_equal(kvt_nvme_reap(n, &c, 1, true), 1);
+	assert_int_equal(c.user_data, ud);
+	return c.res;
+}
+
+static int
+zput(struct kvt_nvme *n, uint32_t slot, const void *src)
+{
+	struct kvt_nvme_wmeta m = { .session = 5, .index = slot };
+
+	assert_int_equal(kvt_nvme_put(n, slot, src, &m, 10 + slot), 0);
+	return zwait(n, 10 + slot);
+}
+
+static int
+zget(struct kvt_nvme *n, uint32_t slot, void *dst)
+{
+	assert_int_equal(kvt_nvme_get(n, slot, dst, 20 + slot), 0);
+	return zwait(n, 20 + slot);
+}
+
+static void
+fill(uint8_t *p, size_t len, uint32_t seed)
+{
+	for (size_t i = 0; i < len; i++)
+		p[i] = (uint8_t)((i * 131u + seed * 7u) ^ (i >> 9));
+}
+
+/* A raw put from HOST slot 0 and a get into HOST slot 1 move no byte through staging. */
+static void
+test_zero_copy_round_trip(void **state)
+{
+	struct zfx *f = *state;
+	struct kvt_nvme *n = zopen(f, false, KVT_CODEC_NONE);
+	uint8_t *h0 = f->host, *h1 = f->host + STRIDE;
+	struct kvt_nvme_stats st;
+	struct kvt_nvme_slotinfo si;
+	struct kvt_fmt_blkhdr h;
+
+	assert_true(kvt_nvme_zero_copy(n));
+	assert_string_equal(kvt_nvme_zc_reason(n), "");
+	fill(h0, BLOCK, 1);
+	assert_int_equal(zput(n, 3, h0), 0);
+	assert_int_equal(zf.pieces, 2); /* the header page, then the payload */
+	memset(h1, 0xee, STRIDE);
+	assert_int_equal(zget(n, 3, h1), 0);
+	assert_memory_equal(h1, h0, BLOCK);
+	kvt_nvme_get_stats(n, &st);
+	assert_int_equal(st.zc_writes, 1);
+	assert_int_equal(st.zc_reads, 1);
+	assert_int_equal(st.staged_writes + st.staged_reads, 0);
+	/* the slot table and the on-disk header agree on the derived key */
+	assert_true(kvt_nvme_slot_info(n, 3, &si));
+	assert_int_equal(si.stored, BLOCK);
+	assert_int_equal(si.codec, KVT_CODEC_NONE);
+	assert_int_equal(si.key, kvt_fmt_write_key(kvt_nvme_epoch(n), 3, si.sum));
+	assert_int_equal(kvt_nvme_read_header(n, 3, &h), 0);
+	assert_int_equal(h.key, si.key);
+	assert_int_equal(h.sum, si.sum);
+	assert_int_equal(kvt_nvme_meta_bytes(n), (uint64_t)NSLOTS * 16);
+	/* a buffer outside the HOST memory still works, through staging */
+	{
+		uint8_t *out = malloc(BLOCK);
+
+		assert_non_null(out);
+		assert_int_equal(zget(n, 3, out), 0);
+		assert_memory_equal(out, h0, BLOCK);
+		free(out);
+	}
+	kvt_nvme_get_stats(n, &st);
+	assert_int_equal(st.staged_reads, 1);
+	kvt_nvme_close(n);
+}
+
+/* Registration refused (RLIMIT_MEMLOCK): staging does the same job, and says why. */
+static void
+test_refused_registration_falls_back(void **state)
+{
+	struct zfx *f = *state;
+	struct kvt_nvme *n = zopen(f, true, KVT_CODEC_NONE);
+	uint8_t *h0 = f->host, *h1 = f->host + STRIDE;
+	struct kvt_nvme_stats st;
+
+	assert_false(kvt_nvme_zero_copy(n));
+	assert_non_null(strstr(kvt_nvme_zc_reason(n), "RLIMIT_MEMLOCK"));
+	fill(h0, BLOCK, 2);
+	assert_int_equal(zput(n, 0, h0), 0);
+	assert_int_equal(zget(n, 0, h1), 0);
+	assert_memory_equal(h1, h0, BLOCK);
+	kvt_nvme_get_stats(n, &st);
+	assert_int_equal(st.zc_writes + st.zc_reads, 0);
+	assert_int_equal(st.staged_writes, 1);
+	assert_int_equal(st.staged_reads, 1);
+	kvt_nvme_close(n);
+}
+
+/* Bit flips and short IO on the zero-copy path: detected or continued, never served. */
+static void
+test_zero_copy_faults(void **state)
+{
+	struct zfx *f = *state;
+	struct kvt_nvme *n = zopen(f, false, KVT_CODEC_NONE);
+	uint8_t *h0 = f->host, *h1 = f->host + STRIDE;
+	struct kvt_nvme_stats st;
+
+	fill(h0, BLOCK, 3);
+	zf.mode = 4; /* the payload piece of the write comes back half done: continued */
+	assert_int_equal(zput(n, 1, h0), 0);
+	assert_int_equal(zf.hits, 1);
+	zf.mode = 0;
+	assert_int_equal(zget(n, 1, h1), 0);
+	assert_memory_equal(h1, h0, BLOCK);
+	zf.mode = 1; /* a flipped bit in the HOST slot after the read */
+	zf.hits = 0;
+	assert_int_equal(zget(n, 1, h1), KVT_ECORRUPT);
+	assert_int_equal(zf.hits, 1);
+	zf.mode = 2; /* a short read: continued to the end, then verified */
+	zf.hits = 0;
+	memset(h1, 0, STRIDE);
+	assert_int_equal(zget(n, 1, h1), 0);
+	assert_int_equal(zf.hits, 1);
+	assert_memory_equal(h1, h0, BLOCK);
+	zf.mode = 3; /* no progress at all */
+	assert_int_equal(zget(n, 1, h1), KVT_ESHORTIO);
+	zf.mode = 0;
+	/* a slot the table knows no write of is refused before any IO */
+	assert_int_equal(kvt_nvme_get(n, 2, h1, 1), KVT_ECORRUPT);
+	kvt_nvme_get_stats(n, &st);
+	assert_int_equal(st.zc_reads, 4);
+	assert_int_equal(st.staged_reads, 0);
+	kvt_nvme_close(n);
+}
+
+/* The slot table forgets a slot being rewritten, restores only keys that belong to the slot. */
+static void
+test_slot_table_set(void **state)
+{
+	struct zfx *f = *state;
+	struct kvt_nvme *n = zopen(f, false, KVT_CODEC_NONE);
+	struct kvt_nvme_slotinfo si, bad;
+
+	fill(f->host, BLOCK, 4);
+	assert_int_equal(zput(n, 4, f->host), 0);
+	assert_true(kvt_nvme_slot_info(n, 4, &si));
+	bad = si;
+	bad.key ^= 1;
+	assert_int_equal(kvt_nvme_slot_set(n, 5, &bad), KVT_ECORRUPT);
+	assert_int_equal(kvt_nvme_slot_set(n, 5, &si), KVT_ECORRUPT); /* key names slot 4 */
+	bad = si;
+	bad.stored = 0;
+	assert_int_equal(kvt_nvme_slot_set(n, 4, &bad), -EINVAL);
+	assert_int_equal(kvt_nvme_slot_set(n, 4, &si), 0);
+	assert_int_equal(zget(n, 4, f->host + STRIDE), 0);
+	assert_memory_equal(f->host + STRIDE, f->host, BLOCK);
+	kvt_nvme_close(n);
+}
+
+/* Through the engine: park to NVMe and resume go zero-copy (the test layout's block is not a
+ * 4 KiB multiple: the HOST stride is rounded up), the data verifies, the slot table is counted in
+ * the metadata. */
+static void
+test_engine_park_resume_zero_copy(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 8, .nvme_blocks = 16 };
+	struct kvt_stats es = { .size = sizeof es };
+	struct kvt_nvme_stats st;
+	struct kvt_engine *e;
+	char *dir = NULL;
+	kvt_seq_id s;
+	uint32_t nb;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	assert_true(kvt_nvme_zero_copy(e->nvme));
+	s = tsup_session_written(e, 0, 3, 6 * TSUP_TPB);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	nb = tsup_blocks_in(e, s, KVT_TIER_NVME);
+	assert_int_equal(nb, 6);
+	assert_int_equal(kvt_seq_resume(e, s), 0);
+	assert_int_equal(tsup_verify(e, s, 3), 0);
+	kvt_nvme_get_stats(e->nvme, &st);
+	assert_int_equal(st.zc_writes, nb);
+	assert_true(st.zc_reads >= nb);
+	assert_int_equal(st.staged_writes + st.staged_reads, 0);
+	assert_int_equal(kvt_engine_stats(e, &es), 0);
+	assert_int_equal(kvt_nvme_meta_bytes(e->nvme), (uint64_t)kvt_nvme_n_slots(e->nvme) * 16);
+	assert_true(es.meta_bytes > kvt_nvme_meta_bytes(e->nvme));
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_zero_copy_round_trip, zfx_setup, zfx_teardown),
+		cmocka_unit_test_setup_teardown(test_refused_registration_falls_back, zfx_setup,
+						zfx_teardown),
+		cmocka_unit_test_setup_teardown(test_zero_copy_faults, zfx_setup, zfx_teardown),
+		cmocka_unit_test_setup_teardown(test_slot_table_set, zfx_setup, zfx_teardown),
+		cmocka_unit_test(test_engine_park_resume_zero_copy),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
