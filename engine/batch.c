@@ -210,8 +210,9 @@ batch_set_need(struct kvt_engine *e, struct kvt_batch *b)
 	for (i = 0; i < b->n_pinned; i++) {
 		struct kvt_block *k = &e->blocks[b->pinned[i]];
 
-		if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT && k->h2d_seqno > b->need_h2d)
-			b->need_h2d = k->h2d_seqno;
+		if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT &&
+		    e->hbm_h2d_seqno[k->slot[KVT_TIER_HBM]] > b->need_h2d)
+			b->need_h2d = e->hbm_h2d_seqno[k->slot[KVT_TIER_HBM]];
 	}
 	if (b->need_h2d <= e->h2d.retired)
 		b->need_h2d = 0;

@@ -97,8 +97,7 @@ kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
 	b->refs = 1;
 	b->tslot = seq < e->cap_seqs ? kvt_tenant_slot(e, e->seqs[seq].tenant) : 0;
 	b->seq = seq;
-	b->index = index;
-	b->next_free = KVT_NIL;
+	b->index = index; /* b->seq above is also the free-list link: set once live */
 	e->n_live_blocks++;
 	if (seq < e->cap_seqs && e->seqs[seq].priority != KVT_EVICT_PRIO_DEFAULT)
 		kvt_block_set_prio(e, id, e->seqs[seq].priority, e->seqs[seq].retention_ms ?
@@ -173,7 +172,7 @@ kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier, uint32_t ver)
 	struct kvt_block *b = &e->blocks[id];
 
 	b->state[tier] = KVT_COPY_PRESENT;
-	b->copy_ver[tier] = ver;
+	b->copy_ver[tier] = (uint16_t)ver;
 	e->evict[tier].ops->insert(&e->evict[tier], id);
 }
 
@@ -195,7 +194,8 @@ kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
 	struct kvt_block *b = &e->blocks[id];
 	int t;
 
-	b->ver++;
+	b->ver++; /* 16 bits, wraps: see struct kvt_block */
+	b->written = 1;
 	/* copies below HBM now hold old bytes: drop them (in-flight ones are dropped by their
 	 * completion, which sees the version mismatch) */
 	for (t = KVT_TIER_HOST; t < KVT_TIER_COUNT; t++)
@@ -239,7 +239,7 @@ kvt_block_check_lost(struct kvt_engine *e, uint32_t id)
 		    (b->state[t] == KVT_COPY_INFLIGHT && b->copy_ver[t] == b->ver))
 			return;
 	/* an empty block (no token written yet) has nothing to lose */
-	if (b->ver == 0)
+	if (!b->written)
 		return;
 	b->lost = 1;
 	e->st.blocks_lost++;

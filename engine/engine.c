@@ -178,6 +178,11 @@ engine_tier_init(struct kvt_engine *e, int tier, uint32_t n)
 		return kvt_err(-ENOMEM, "slot owner map of %u slots", n);
 	for (i = 0; i < n; i++)
 		e->owner[tier][i] = KVT_NIL;
+	if (tier == KVT_TIER_HBM) {
+		e->hbm_h2d_seqno = kvt_calloc(n ? n : 1, sizeof *e->hbm_h2d_seqno);
+		if (!e->hbm_h2d_seqno)
+			return kvt_err(-ENOMEM, "h2d group map of %u HBM slots", n);
+	}
 	rc = kvt_evict_init(&e->evict[tier], engine_policy(e->opts.evict_policy), 256, n);
 	return rc ? kvt_err(rc, "eviction list") : 0;
 }
@@ -350,6 +355,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	kvt_free(e->seqs);
 	kvt_free(e->blocks);
 	kvt_free(e->promo_mark);
+	kvt_free(e->hbm_h2d_seqno);
 	kvt_prefix_fini(e);
 	free(e->nvme_dir);
 	pthread_mutex_destroy(&e->lock);
@@ -505,6 +511,13 @@ kvt_meta_bytes(const struct kvt_engine *e)
 	int t;
 
 	m += kvt_prefix_meta_bytes(e);
+	/* per HBM slot: the h2d group of the copy into it; per block: the repromotion mark */
+	m += (uint64_t)e->slots[KVT_TIER_HBM].n_slots * sizeof *e->hbm_h2d_seqno;
+	m += e->promo_cap;
+	/* the persistent store's per-NVMe-slot naming flags and its pending-slot list */
+	if (e->nvme_named)
+		m += e->slots[KVT_TIER_NVME].n_slots;
+	m += (uint64_t)e->cap_pend * sizeof *e->pend;
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		const struct kvt_evict *ev = &e->evict[t];
 

@@ -52,8 +52,16 @@ enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESE
 /* an owner entry that names a block (not free, quarantined, stored or pending) */
 #define KVT_OWNER_IS_BLOCK(o) ((o) < KVT_SLOT_PENDING)
 
-/* Laid out for size (96 bytes; 10,000 parked sessions hold 20,000 of them): 64-bit fields
- * first, then 32-, 16- and 8-bit ones, flags as one-bit fields. */
+/* Laid out for size (80 bytes, 59 without the NVMe write fields; 10,000 parked sessions hold
+ * 20,000 of them): 64-bit fields first, then 32-, 16- and 8-bit ones, flags as one-bit fields.
+ * What only a block with an HBM copy needs lives per HBM slot (engine->hbm_h2d_seqno).
+ *
+ * Versions are 16 bits and wrap: the only question asked of them is equality (a copy is current
+ * when its copy_ver equals ver), the first bump happens before any copy exists, and every later
+ * bump is an append that adds at least one token to a block that is not yet full, so a block
+ * sees at most tokens_per_block (<= 65536) bumps in its life and a copy taken at version v >= 1
+ * outlives at most 65535 of them: never the 65536 that would bring ver back to v. Whether the
+ * block was ever written is a flag (written), not ver != 0. */
 struct kvt_block {
 	uint64_t hash[2];                  /* prefix key (engine/prefix.c) when hashed: XXH3-128
 	                                      of (parent's key, its tokens, salt, extra key);
@@ -61,35 +69,37 @@ struct kvt_block {
 	                                      blocks up by */
 	uint64_t nvme_key;                 /* key of its latest NVMe write (header check) */
 	uint64_t nvme_sum;                 /* XXH3-64 of the raw block of that write */
-	uint64_t h2d_seqno;                /* h2d group carrying its latest host-to-device copy
-	                                      (valid while its HBM copy is INFLIGHT) */
 	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
-	uint32_t copy_ver[KVT_TIER_COUNT]; /* version each copy holds (or will hold) */
-	uint32_t ver;                      /* content version, bumped by appends */
-	uint32_t seq;                      /* creating sequence's index (its tokens back the
-	                                      prefix index entry while it holds the block) */
+	union {
+		uint32_t seq;              /* creating sequence's index (its tokens back the
+		                              prefix index entry while it holds the block) */
+		uint32_t next_free;        /* free-list link when !live (seq is unused then) */
+	};
 	uint32_t index;                    /* position within the sequence */
-	uint32_t next_free;                /* free-list link when !live */
 	uint32_t nvme_stored;              /* payload bytes of that write (0 = unknown) */
+	uint32_t hint_no;                  /* low 32 bits of the e->hint_seq of the latest hint
+	                                      announcing it (for any sequence holding it); 0 =
+	                                      none: reclaim spares it while set (engine/hint.c;
+	                                      a stamp that wraps to 0 only spares nothing) */
+	uint16_t ver;                      /* content version, bumped by appends (wraps) */
+	uint16_t copy_ver[KVT_TIER_COUNT]; /* version each copy holds (or will hold) */
 	uint16_t pins;                     /* batch pins + append (write) pins */
 	uint16_t busy;                     /* transfers in flight on this block's copies */
 	uint16_t refs;                     /* sequences referencing it (0 = cached only) */
 	uint8_t state[KVT_TIER_COUNT];     /* enum kvt_copy_state per tier */
 	uint8_t tslot;                     /* 1 + its tenant's budget entry, 0 = none */
 	uint8_t nvme_codec;                /* enum kvt_codec of that write's payload */
-	unsigned live : 1;                 /* owned by a sequence (or dying) */
-	unsigned dead : 1;                 /* owner gone: free once busy drops to 0 */
-	unsigned lost : 1;                 /* no valid copy left anywhere: must be recomputed */
-	unsigned protect : 1;              /* kept in its tiers by the engine (schedule
+	uint8_t live : 1;                  /* owned by a sequence (or dying) */
+	uint8_t dead : 1;                  /* owner gone: free once busy drops to 0 */
+	uint8_t lost : 1;                  /* no valid copy left anywhere: must be recomputed */
+	uint8_t protect : 1;               /* kept in its tiers by the engine (schedule
 	                                      hints): eviction skips it like a pin */
-	unsigned wanted : 1;               /* asked back to HBM (resume, prepare, append) since
+	uint8_t wanted : 1;                /* asked back to HBM (resume, prepare, append) since
 	                                      its last demotion started: a demotion in flight
 	                                      keeps its source and stops where it is */
-	unsigned hashed : 1;               /* hash is set (a full block of known tokens) */
-	unsigned indexed : 1;              /* in the prefix index (shareable) */
-	uint64_t hint_no;                  /* e->hint_seq of the latest hint announcing it (for
-	                                      any sequence holding it); 0 = none: reclaim
-	                                      spares it while set (engine/hint.c) */
+	uint8_t hashed : 1;                /* hash is set (a full block of known tokens) */
+	uint8_t indexed : 1;               /* in the prefix index (shareable) */
+	uint8_t written : 1;               /* ver was bumped at least once (has contents) */
 };
 
 #define KVT_MAX_BUDGETS 64 /* tenants with a tier budget */
@@ -238,6 +248,9 @@ struct kvt_engine {
 	uint32_t layers_per_group;          /* layers per H2D layer group (events per group) */
 	uint32_t n_lgroups;                 /* layer groups: ceil(n_layers / layers_per_group) */
 	uint64_t hint_seq;                  /* hints given so far (orders hints and batches) */
+	uint64_t *hbm_h2d_seqno;            /* [HBM slots] h2d group carrying the latest
+	                                       host-to-device copy into the slot (valid while
+	                                       its block's HBM copy is INFLIGHT) */
 	bool prefetching;                   /* promotions issued now are ahead of need (hint,
 	                                       resume): counted as prefetched bytes */
 	bool evict_hinted;                  /* reclaim may take blocks of hinted ranges (set only

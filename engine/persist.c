@@ -427,6 +427,7 @@ persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_f
 		return rc;
 	b = &e->blocks[id];
 	b->ver = 1;
+	b->written = 1;
 	b->slot[KVT_TIER_NVME] = r->slot;
 	b->nvme_key = r->key;
 	b->nvme_sum = r->sum;

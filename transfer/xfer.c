@@ -457,7 +457,7 @@ xstream_flush(struct kvt_engine *e, struct kvt_xstream *xs)
 	g->seqno = ++xs->submitted;
 	for (x = list; x; x = x->next)
 		if (x->kind == KVT_X_H2D)
-			e->blocks[x->block].h2d_seqno = g->seqno;
+			e->hbm_h2d_seqno[x->dst_slot] = g->seqno;
 	if (xs->tail)
 		xs->tail->next = g;
 	else
@@ -667,6 +667,7 @@ kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_block *b = &e->blocks[id];
 	struct kvt_xgroup *g;
+	uint64_t want;
 	int rc;
 
 	if (b->state[KVT_TIER_HBM] != KVT_COPY_INFLIGHT)
@@ -674,9 +675,10 @@ kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id)
 	rc = kvt_xfer_flush(e);
 	if (rc)
 		return rc;
-	for (g = e->h2d.head; g && g->seqno < b->h2d_seqno; g = g->next)
+	want = e->hbm_h2d_seqno[b->slot[KVT_TIER_HBM]];
+	for (g = e->h2d.head; g && g->seqno < want; g = g->next)
 		;
-	if (g && g->seqno == b->h2d_seqno) {
+	if (g && g->seqno == want) {
 		rc = e->dev->ops->event_sync(e->dev, g->ev[g->n_ev - 1]);
 		if (rc)
 			return xfer_dev_err(e, rc, "waiting for a host-to-device copy");
