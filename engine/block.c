@@ -114,7 +114,7 @@ kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot)
 
 	if (rc)
 		return rc;
-	e->owner[tier][*slot] = block;
+	kvt_owner_set(e, tier, *slot, block);
 	kvt_tenant_account(e, block, tier, 1);
 	return 0;
 }
@@ -122,14 +122,14 @@ kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot)
 static void
 slot_release(struct kvt_engine *e, int tier, uint32_t slot)
 {
-	if (KVT_OWNER_IS_BLOCK(e->owner[tier][slot]))
-		kvt_tenant_account(e, e->owner[tier][slot], tier, -1);
+	if (KVT_OWNER_IS_BLOCK(kvt_owner(e, tier, slot)))
+		kvt_tenant_account(e, kvt_owner(e, tier, slot), tier, -1);
 	if (kvt_persist_named(e, tier, slot)) {
 		/* a published record may still name it: freed once superseded durably */
-		e->owner[tier][slot] = KVT_SLOT_PENDING;
+		kvt_owner_set(e, tier, slot, KVT_SLOT_PENDING);
 		return;
 	}
-	e->owner[tier][slot] = KVT_NIL;
+	kvt_owner_set(e, tier, slot, KVT_NIL);
 	kvt_slots_free(&e->slots[tier], slot);
 }
 
@@ -145,7 +145,7 @@ kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t bloc
 	struct kvt_block *b = &e->blocks[block];
 
 	kvt_tenant_account(e, block, tier, -1);
-	e->owner[tier][slot] = KVT_SLOT_QUARANTINED;
+	kvt_owner_set(e, tier, slot, KVT_SLOT_QUARANTINED);
 	if (b->slot[tier] == slot) {
 		b->slot[tier] = KVT_NIL;
 		b->state[tier] = KVT_COPY_ABSENT;

@@ -8,6 +8,18 @@
 
 #include "engine_impl.h"
 
+/* The free list threaded through the slot entries: n_free distinct free slots, then its end. */
+static int
+check_free_list(const struct kvt_slots *sl)
+{
+	uint32_t s = sl->head, n = 0;
+
+	for (; s != KVT_SLOTS_FREE && n <= sl->n_free; s = sl->ent[s], n++)
+		if (s >= sl->n_slots || kvt_slots_is_used(sl, s))
+			return -EINVAL;
+	return s == KVT_SLOTS_FREE && n == sl->n_free ? 0 : -EINVAL;
+}
+
 static int
 check_tiers(struct kvt_engine *e)
 {
@@ -17,7 +29,7 @@ check_tiers(struct kvt_engine *e)
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		used = 0;
 		for (s = 0; s < e->slots[t].n_slots; s++) {
-			id = e->owner[t][s];
+			id = kvt_owner(e, t, s);
 			if (id == KVT_NIL) {
 				if (kvt_persist_named(e, t, s))
 					return kvt_err(-EINVAL, "NVMe slot %u is free but a journal "
@@ -39,6 +51,8 @@ check_tiers(struct kvt_engine *e)
 		if (used != e->slots[t].n_slots - e->slots[t].n_free)
 			return kvt_err(-EINVAL, "tier %d: %u slots owned, allocator says %u", t,
 				       used, e->slots[t].n_slots - e->slots[t].n_free);
+		if (check_free_list(&e->slots[t]))
+			return kvt_err(-EINVAL, "tier %d: free list broken", t);
 	}
 	return 0;
 }
@@ -70,9 +84,9 @@ check_blocks(struct kvt_engine *e)
 				return kvt_err(-EINVAL, "block %u tier %d: state %u but %s the "
 					       "eviction list", id, t, b->state[t],
 					       listed ? "on" : "not on");
-			if (b->state[t] != KVT_COPY_ABSENT && e->owner[t][b->slot[t]] != id)
+			if (b->state[t] != KVT_COPY_ABSENT && kvt_owner(e, t, b->slot[t]) != id)
 				return kvt_err(-EINVAL, "block %u tier %d slot %u owned by %u", id, t,
-					       b->slot[t], e->owner[t][b->slot[t]]);
+					       b->slot[t], kvt_owner(e, t, b->slot[t]));
 		}
 	}
 	if (busy != e->st.transfers_in_flight)
@@ -122,8 +136,8 @@ check_refs(struct kvt_engine *e)
 			uint64_t n = 0;
 
 			for (i = 0; i < e->slots[t].n_slots; i++)
-				n += KVT_OWNER_IS_BLOCK(e->owner[t][i]) &&
-				     e->blocks[e->owner[t][i]].tslot == j + 1;
+				n += KVT_OWNER_IS_BLOCK(kvt_owner(e, t, i)) &&
+				     e->blocks[kvt_owner(e, t, i)].tslot == j + 1;
 			if (n != e->budget[j].used[t])
 				rc = kvt_err(-EINVAL, "tenant %u tier %d: %llu slots held, budget "
 					     "counts %llu", e->budget[j].tenant, t,

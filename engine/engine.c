@@ -168,16 +168,10 @@ engine_policy(uint32_t p)
 static int
 engine_tier_init(struct kvt_engine *e, int tier, uint32_t n)
 {
-	uint32_t i;
 	int rc;
 
 	if (kvt_slots_init(&e->slots[tier], n))
 		return kvt_err(-ENOMEM, "slot allocator of %u slots", n);
-	e->owner[tier] = kvt_malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
-	if (!e->owner[tier])
-		return kvt_err(-ENOMEM, "slot owner map of %u slots", n);
-	for (i = 0; i < n; i++)
-		e->owner[tier][i] = KVT_NIL;
 	if (tier == KVT_TIER_HBM) {
 		e->hbm_h2d_seqno = kvt_calloc(n ? n : 1, sizeof *e->hbm_h2d_seqno);
 		if (!e->hbm_h2d_seqno)
@@ -343,7 +337,6 @@ kvt_engine_destroy(struct kvt_engine *e)
 	}
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		kvt_slots_fini(&e->slots[t]);
-		kvt_free(e->owner[t]);
 		if (e->evict[t].ops)
 			e->evict[t].ops->fini(&e->evict[t]);
 	}
@@ -521,8 +514,8 @@ kvt_meta_bytes(const struct kvt_engine *e)
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		const struct kvt_evict *ev = &e->evict[t];
 
-		/* owner map, free stack and used flags per slot */
-		m += (uint64_t)e->slots[t].n_slots * (sizeof(uint32_t) * 2 + 1);
+		/* owner map (free list threaded through it) and allocated bits */
+		m += kvt_slots_meta_bytes(&e->slots[t]);
 		/* links, plus per-id state of prio (1 + 1 + 8 bytes) or arc (tag 1 + clock 4) */
 		m += (uint64_t)ev->cap * sizeof *ev->link;
 		if (ev->ops == &kvt_evict_prio_ops)

@@ -240,8 +240,8 @@ struct kvt_engine {
 	size_t host_len;                    /* bytes of host_base */
 	bool host_pinned;                   /* host_base is page-locked */
 	struct kvt_nvme *nvme;              /* NVME tier or NULL */
-	struct kvt_slots slots[KVT_TIER_COUNT]; /* slot allocators (n_slots 0 = tier absent) */
-	uint32_t *owner[KVT_TIER_COUNT];    /* slot -> block id (KVT_NIL when free) */
+	struct kvt_slots slots[KVT_TIER_COUNT]; /* slot allocators (n_slots 0 = tier absent);
+	                                       they also keep each slot's owner (kvt_owner) */
 	struct kvt_evict evict[KVT_TIER_COUNT]; /* LRU per tier */
 	struct kvt_xstream d2h;             /* HBM -> HOST copies */
 	struct kvt_xstream h2d;             /* HOST -> HBM copies */
@@ -444,6 +444,21 @@ int kvt_seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, 
 
 /* ---- engine/check.c: consistency walk for tests (returns 0 or -EINVAL with a message) */
 int kvt_engine_check(struct kvt_engine *e);
+
+/* The owner of @slot of @tier: a block id, a KVT_SLOT_* marker, or KVT_NIL when free. The map
+ * lives in the slot allocator's entries (tiers/slots.h), whose free ones link the free list. */
+static inline uint32_t
+kvt_owner(const struct kvt_engine *e, int tier, uint32_t slot)
+{
+	return kvt_slots_owner(&e->slots[tier], slot);
+}
+
+/* Set the owner of allocated @slot of @tier (see kvt_owner; a free slot keeps none). */
+static inline void
+kvt_owner_set(struct kvt_engine *e, int tier, uint32_t slot, uint32_t owner)
+{
+	kvt_slots_set_owner(&e->slots[tier], slot, owner);
+}
 
 static inline void
 kvt_lock(struct kvt_engine *e)

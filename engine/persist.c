@@ -69,8 +69,8 @@ persist_unstore(struct kvt_engine *e, uint32_t from)
 		uint32_t sl = e->pend[i];
 
 		if (sl < e->slots[KVT_TIER_NVME].n_slots &&
-		    e->owner[KVT_TIER_NVME][sl] == KVT_SLOT_STORED)
-			e->owner[KVT_TIER_NVME][sl] = KVT_SLOT_PENDING;
+		    kvt_owner(e, KVT_TIER_NVME, sl) == KVT_SLOT_STORED)
+			kvt_owner_set(e, KVT_TIER_NVME, sl, KVT_SLOT_PENDING);
 	}
 }
 
@@ -97,8 +97,8 @@ persist_commit(struct kvt_engine *e)
 		uint32_t sl = e->pend[i];
 
 		if (sl < n_slots && !e->nvme_named[sl] &&
-		    e->owner[KVT_TIER_NVME][sl] == KVT_SLOT_PENDING) {
-			e->owner[KVT_TIER_NVME][sl] = KVT_NIL;
+		    kvt_owner(e, KVT_TIER_NVME, sl) == KVT_SLOT_PENDING) {
+			kvt_owner_set(e, KVT_TIER_NVME, sl, KVT_NIL);
 			kvt_slots_free(&e->slots[KVT_TIER_NVME], sl);
 			freed++;
 		}
@@ -151,7 +151,7 @@ kvt_persist_open(struct kvt_engine *e)
 	/* the journal's replay guarantees distinct, in-range slots */
 	rc = kvt_slots_take(&e->slots[KVT_TIER_NVME], slots, n);
 	for (i = 0; rc == 0 && i < n; i++)
-		e->owner[KVT_TIER_NVME][slots[i]] = KVT_SLOT_STORED;
+		kvt_owner_set(e, KVT_TIER_NVME, slots[i], KVT_SLOT_STORED);
 	for (i = 0; rc == 0 && i < kvt_store_count(e->store); i++)
 		persist_name(e, kvt_store_at(e->store, i));
 	kvt_free(slots);
@@ -365,7 +365,7 @@ kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap)
 static uint32_t
 persist_holder(struct kvt_engine *e, const struct kvt_fmt_blkref *r)
 {
-	uint32_t id = e->owner[KVT_TIER_NVME][r->slot];
+	uint32_t id = kvt_owner(e, KVT_TIER_NVME, r->slot);
 	const struct kvt_block *b;
 
 	if (!KVT_OWNER_IS_BLOCK(id) || id >= e->cap_blocks)
@@ -383,7 +383,7 @@ static int
 persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32_t i)
 {
 	const struct kvt_fmt_blkref *r = &rec->blocks[i];
-	uint32_t own = e->owner[KVT_TIER_NVME][r->slot];
+	uint32_t own = kvt_owner(e, KVT_TIER_NVME, r->slot);
 	struct kvt_fmt_blkhdr h;
 	int rc;
 
@@ -433,7 +433,7 @@ persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_f
 	b->nvme_sum = r->sum;
 	b->nvme_stored = r->stored_len;
 	b->nvme_codec = r->codec;
-	e->owner[KVT_TIER_NVME][r->slot] = id;
+	kvt_owner_set(e, KVT_TIER_NVME, r->slot, id);
 	kvt_copy_set_present(e, id, KVT_TIER_NVME, b->ver);
 	*out = id;
 	return 0;
@@ -454,7 +454,7 @@ persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 			continue;
 		}
 		e->evict[KVT_TIER_NVME].ops->remove(&e->evict[KVT_TIER_NVME], id);
-		e->owner[KVT_TIER_NVME][sl] = KVT_SLOT_STORED;
+		kvt_owner_set(e, KVT_TIER_NVME, sl, KVT_SLOT_STORED);
 		b->slot[KVT_TIER_NVME] = KVT_NIL;
 		b->state[KVT_TIER_NVME] = KVT_COPY_ABSENT;
 		kvt_block_kill(e, id);
@@ -508,7 +508,7 @@ kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t s
 	    memcmp(rec->tokens, tokens, (size_t)k * tpb * sizeof *tokens) != 0)
 		return 0;
 	for (j = k; j < max && j < rec->n_blocks && (uint64_t)(j + 1) * tpb <= rec->n_tokens; j++) {
-		uint32_t own = e->owner[KVT_TIER_NVME][rec->blocks[j].slot];
+		uint32_t own = kvt_owner(e, KVT_TIER_NVME, rec->blocks[j].slot);
 
 		if (j > k)
 			kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);
