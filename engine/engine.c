@@ -165,6 +165,21 @@ engine_policy(uint32_t p)
 	}
 }
 
+/* Slot keys of the eviction policies: a block's copy in tier @arg sits in slot b->slot[arg]. */
+static uint32_t
+engine_evict_key(const void *ctx, uint32_t arg, uint32_t id)
+{
+	const struct kvt_engine *e = ctx;
+
+	return id < e->cap_blocks ? e->blocks[id].slot[arg] : KVT_NIL;
+}
+
+static uint32_t
+engine_evict_id(const void *ctx, uint32_t arg, uint32_t key)
+{
+	return kvt_owner(ctx, (int)arg, key);
+}
+
 static int
 engine_tier_init(struct kvt_engine *e, int tier, uint32_t n)
 {
@@ -178,6 +193,11 @@ engine_tier_init(struct kvt_engine *e, int tier, uint32_t n)
 			return kvt_err(-ENOMEM, "h2d group map of %u HBM slots", n);
 	}
 	rc = kvt_evict_init(&e->evict[tier], engine_policy(e->opts.evict_policy), 256, n);
+	if (rc == 0) {
+		e->evkeys[tier] = (struct kvt_evict_keys){ engine_evict_key, engine_evict_id, e,
+							   (uint32_t)tier };
+		rc = kvt_evict_use_slots(&e->evict[tier], &e->evkeys[tier]);
+	}
 	return rc ? kvt_err(rc, "eviction list") : 0;
 }
 
@@ -516,12 +536,8 @@ kvt_meta_bytes(const struct kvt_engine *e)
 
 		/* owner map (free list threaded through it) and allocated bits */
 		m += kvt_slots_meta_bytes(&e->slots[t]);
-		/* links, plus per-id state of prio (1 + 1 + 8 bytes) or arc (tag 1 + clock 4) */
-		m += (uint64_t)ev->cap * sizeof *ev->link;
-		if (ev->ops == &kvt_evict_prio_ops)
-			m += (uint64_t)ev->cap * 10u;
-		else if (ev->ops == &kvt_evict_arc_ops)
-			m += (uint64_t)ev->cap * 5u;
+		/* links and per-copy state (per slot; prio: per id), arc's ghosts */
+		m += kvt_evict_meta_bytes(ev);
 	}
 	for (i = 0; i < e->cap_seqs; i++) {
 		const struct kvt_seqrec *s = &e->seqs[i];

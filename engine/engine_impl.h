@@ -242,7 +242,8 @@ struct kvt_engine {
 	struct kvt_nvme *nvme;              /* NVME tier or NULL */
 	struct kvt_slots slots[KVT_TIER_COUNT]; /* slot allocators (n_slots 0 = tier absent);
 	                                       they also keep each slot's owner (kvt_owner) */
-	struct kvt_evict evict[KVT_TIER_COUNT]; /* LRU per tier */
+	struct kvt_evict evict[KVT_TIER_COUNT]; /* eviction policy per tier */
+	struct kvt_evict_keys evkeys[KVT_TIER_COUNT]; /* its slot keys: b->slot[tier] and back */
 	struct kvt_xstream d2h;             /* HBM -> HOST copies */
 	struct kvt_xstream h2d;             /* HOST -> HBM copies */
 	uint32_t layers_per_group;          /* layers per H2D layer group (events per group) */

@@ -241,8 +241,18 @@ prio_rank(const struct kvt_evict *ev, uint32_t id)
 	return id < ev->cap ? prio_st(ev)->list[id] : PRIO_NONE;
 }
 
+static uint64_t
+prio_meta_bytes(const struct kvt_evict *ev)
+{
+	const struct prio_state *st = prio_st(ev);
+
+	/* per id: links, list, priority and retention deadline */
+	return st ? sizeof *st + (uint64_t)ev->cap * (sizeof *ev->link + 2 + sizeof *st->until) :
+		    0;
+}
+
 const struct kvt_evict_ops kvt_evict_prio_ops = {
-	.abi_version = KVT_EVICT_OPS_V3,
+	.abi_version = KVT_EVICT_OPS_V4,
 	.name = "prio",
 	.reserve = prio_reserve,
 	.fini = prio_fini,
@@ -255,4 +265,5 @@ const struct kvt_evict_ops kvt_evict_prio_ops = {
 	.set_prio = prio_set,
 	.forget = prio_forget,
 	.rank = prio_rank,
+	.meta_bytes = prio_meta_bytes,
 };
