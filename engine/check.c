@@ -40,13 +40,13 @@ check_tiers(struct kvt_engine *e)
 			if (id == KVT_SLOT_QUARANTINED || id == KVT_SLOT_STORED ||
 			    id == KVT_SLOT_PENDING)
 				continue;
-			if (id >= e->cap_blocks || !e->blocks[id].live)
+			if (id >= e->cap_blocks || !kvt_blk(e, id)->live)
 				return kvt_err(-EINVAL, "tier %d slot %u owned by dead block %u", t, s,
 					       id);
-			if (e->blocks[id].slot[t] != s || e->blocks[id].state[t] == KVT_COPY_ABSENT)
+			if (kvt_blk(e, id)->slot[t] != s || kvt_blk(e, id)->state[t] == KVT_COPY_ABSENT)
 				return kvt_err(-EINVAL, "tier %d slot %u: owner block %u points to "
-					       "slot %u state %u", t, s, id, e->blocks[id].slot[t],
-					       e->blocks[id].state[t]);
+					       "slot %u state %u", t, s, id, kvt_blk(e, id)->slot[t],
+					       kvt_blk(e, id)->state[t]);
 		}
 		if (used != e->slots[t].n_slots - e->slots[t].n_free)
 			return kvt_err(-EINVAL, "tier %d: %u slots owned, allocator says %u", t,
@@ -65,7 +65,7 @@ check_blocks(struct kvt_engine *e)
 	int t;
 
 	for (id = 0; id < e->cap_blocks; id++) {
-		struct kvt_block *b = &e->blocks[id];
+		struct kvt_block *b = kvt_blk(e, id);
 
 		if (!b->live)
 			continue;
@@ -115,7 +115,7 @@ check_refs(struct kvt_engine *e)
 		for (j = 0; e->seqs[i].open && j < e->seqs[i].n_blocks; j++)
 			cnt[e->seqs[i].blocks[j]]++;
 	for (i = 0; i < e->cap_blocks && !rc; i++) {
-		struct kvt_block *b = &e->blocks[i];
+		struct kvt_block *b = kvt_blk(e, i);
 
 		if (!b->live || b->dead)
 			continue;
@@ -137,7 +137,7 @@ check_refs(struct kvt_engine *e)
 
 			for (i = 0; i < e->slots[t].n_slots; i++)
 				n += KVT_OWNER_IS_BLOCK(kvt_owner(e, t, i)) &&
-				     e->blocks[kvt_owner(e, t, i)].tslot == j + 1;
+				     kvt_blk(e, kvt_owner(e, t, i))->tslot == j + 1;
 			if (n != e->budget[j].used[t])
 				rc = kvt_err(-EINVAL, "tenant %u tier %d: %llu slots held, budget "
 					     "counts %llu", e->budget[j].tenant, t,
@@ -167,7 +167,7 @@ check_seqs(struct kvt_engine *e)
 			return kvt_err(-EINVAL, "sequence %u: %llu tokens in %u blocks", i,
 				       (unsigned long long)s->n_tokens, s->n_blocks);
 		for (j = 0; j < s->n_blocks; j++) {
-			struct kvt_block *b = &e->blocks[s->blocks[j]];
+			struct kvt_block *b = kvt_blk(e, s->blocks[j]);
 
 			if (!b->live || b->dead || b->index != j || !b->refs)
 				return kvt_err(-EINVAL, "sequence %u block %u (id %u) does not belong "
@@ -196,7 +196,7 @@ check_prefix(struct kvt_engine *e)
 		if (pe->block >= KVT_NIL - 1)
 			continue;
 		n++;
-		b = pe->block < e->cap_blocks ? &e->blocks[pe->block] : NULL;
+		b = pe->block < e->cap_blocks ? kvt_blk(e, pe->block) : NULL;
 		if (!b || !b->live || !b->indexed)
 			return kvt_err(-EINVAL, "prefix entry %llu: block %u is not a live indexed "
 				       "block", (unsigned long long)i, pe->block);

@@ -171,7 +171,7 @@ engine_evict_key(const void *ctx, uint32_t arg, uint32_t id)
 {
 	const struct kvt_engine *e = ctx;
 
-	return id < e->cap_blocks ? e->blocks[id].slot[arg] : KVT_NIL;
+	return id < e->cap_blocks ? kvt_blk(e, id)->slot[arg] : KVT_NIL;
 }
 
 static uint32_t
@@ -366,7 +366,9 @@ kvt_engine_destroy(struct kvt_engine *e)
 		kvt_free(e->seqs[i].wpins);
 	}
 	kvt_free(e->seqs);
-	kvt_free(e->blocks);
+	for (uint32_t c = 0; c < e->cap_blocks >> KVT_BCHUNK_SHIFT; c++)
+		kvt_free(e->bchunk[c]);
+	kvt_free(e->bchunk);
 	kvt_free(e->promo_mark);
 	kvt_free(e->hbm_h2d_seqno);
 	kvt_prefix_fini(e);
@@ -518,7 +520,8 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 uint64_t
 kvt_meta_bytes(const struct kvt_engine *e)
 {
-	uint64_t m = sizeof *e + (uint64_t)e->cap_blocks * sizeof *e->blocks +
+	uint64_t m = sizeof *e + (uint64_t)e->cap_blocks * sizeof(struct kvt_block) +
+		     (uint64_t)e->cap_bchunks * sizeof *e->bchunk +
 		     (uint64_t)e->cap_seqs * sizeof *e->seqs;
 	uint32_t i;
 	int t;

@@ -102,6 +102,9 @@ struct kvt_block {
 	uint8_t written : 1;               /* ver was bumped at least once (has contents) */
 };
 
+#define KVT_BCHUNK_SHIFT 8u                   /* block records per chunk: 1 << this */
+#define KVT_BCHUNK (1u << KVT_BCHUNK_SHIFT)
+
 #define KVT_MAX_BUDGETS 64 /* tenants with a tier budget */
 
 /* A tenant with a budget: blocks it may keep per tier, and blocks it holds there. */
@@ -262,8 +265,12 @@ struct kvt_engine {
 	struct kvt_xfer *xfer_free;         /* free transfer records */
 	uint32_t nvme_inflight;             /* NVMe IOs submitted, not reaped */
 	uint64_t nvme_writes;               /* NVMe writes ever started: their keys */
-	struct kvt_block *blocks;           /* [cap_blocks] */
-	uint32_t cap_blocks;                /* capacity */
+	struct kvt_block **bchunk;          /* [cap_bchunks] chunks of KVT_BCHUNK block records
+	                                       (kvt_blk): the table grows a chunk at a time,
+	                                       records never move */
+	uint32_t cap_bchunks;               /* entries of bchunk (the first cap_blocks /
+	                                       KVT_BCHUNK point to chunks) */
+	uint32_t cap_blocks;                /* block records (a multiple of KVT_BCHUNK) */
 	uint32_t block_free;                /* free list head (KVT_NIL = none) */
 	uint32_t n_live_blocks;             /* blocks live */
 	struct kvt_seqrec *seqs;            /* [cap_seqs] */
@@ -445,6 +452,14 @@ int kvt_seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, 
 
 /* ---- engine/check.c: consistency walk for tests (returns 0 or -EINVAL with a message) */
 int kvt_engine_check(struct kvt_engine *e);
+
+/* Block record @id (< e->cap_blocks). Records never move: the pointer stays valid until the
+ * engine is destroyed. */
+static inline struct kvt_block *
+kvt_blk(const struct kvt_engine *e, uint32_t id)
+{
+	return &e->bchunk[id >> KVT_BCHUNK_SHIFT][id & (KVT_BCHUNK - 1)];
+}
 
 /* The owner of @slot of @tier: a block id, a KVT_SLOT_* marker, or KVT_NIL when free. The map
  * lives in the slot allocator's entries (tiers/slots.h), whose free ones link the free list. */

@@ -205,7 +205,7 @@ static bool
 persist_ready(struct kvt_engine *e, const struct kvt_seqrec *s)
 {
 	for (uint32_t i = 0; i < s->n_blocks; i++) {
-		const struct kvt_block *b = &e->blocks[s->blocks[i]];
+		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
 
 		if (!kvt_copy_valid(b, KVT_TIER_NVME) || !b->nvme_stored)
 			return false;
@@ -230,7 +230,7 @@ persist_put(struct kvt_engine *e, uint32_t idx)
 	if (!refs)
 		return kvt_err(-ENOMEM, "publishing a session of %u blocks", s->n_blocks);
 	for (uint32_t i = 0; i < s->n_blocks; i++) {
-		const struct kvt_block *b = &e->blocks[s->blocks[i]];
+		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
 
 		refs[i].slot = b->slot[KVT_TIER_NVME];
 		refs[i].stored_len = b->nvme_stored;
@@ -370,7 +370,7 @@ persist_holder(struct kvt_engine *e, const struct kvt_fmt_blkref *r)
 
 	if (!KVT_OWNER_IS_BLOCK(id) || id >= e->cap_blocks)
 		return KVT_NIL;
-	b = &e->blocks[id];
+	b = kvt_blk(e, id);
 	if (!b->live || b->dead || b->slot[KVT_TIER_NVME] != r->slot || b->nvme_key != r->key ||
 	    !kvt_copy_valid(b, KVT_TIER_NVME))
 		return KVT_NIL;
@@ -425,7 +425,7 @@ persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_f
 
 	if (rc)
 		return rc;
-	b = &e->blocks[id];
+	b = kvt_blk(e, id);
 	b->ver = 1;
 	b->written = 1;
 	b->slot[KVT_TIER_NVME] = r->slot;
@@ -446,7 +446,7 @@ persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 {
 	while (s->n_blocks) {
 		uint32_t id = s->blocks[--s->n_blocks];
-		struct kvt_block *b = &e->blocks[id];
+		struct kvt_block *b = kvt_blk(e, id);
 		uint32_t sl = b->slot[KVT_TIER_NVME];
 
 		if (b->refs > 1) {
@@ -526,7 +526,7 @@ kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t s
 
 		if (persist_adopt(e, seq, j, &rec->blocks[j], &ids[j]) != 0)
 			return j - k;
-		b = &e->blocks[ids[j]];
+		b = kvt_blk(e, ids[j]);
 		memcpy(b->hash, rec->blocks[j].hash, sizeof b->hash);
 		b->hashed = 1;
 		/* -ENOMEM only costs sharing with later sequences */

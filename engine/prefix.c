@@ -67,7 +67,7 @@ pfx_slot0(const struct kvt_prefix *p, const uint64_t h[2])
 static const int32_t *
 pfx_tokens(const struct kvt_engine *e, const struct kvt_pentry *pe)
 {
-	const struct kvt_block *b = &e->blocks[pe->block];
+	const struct kvt_block *b = kvt_blk(e, pe->block);
 
 	if (pe->tok != KVT_NIL)
 		return e->prefix.pool + (uint64_t)pe->tok * e->layout.tokens_per_block;
@@ -92,7 +92,7 @@ pfx_grow(struct kvt_engine *e)
 
 		if (old[i].block >= PFX_TOMB)
 			continue;
-		h = e->blocks[old[i].block].hash;
+		h = kvt_blk(e, old[i].block)->hash;
 		for (j = (h[0] ^ (h[1] >> 7)) & (ncap - 1); nt[j].block != PFX_EMPTY;
 		     j = (j + 1) & (ncap - 1))
 			;
@@ -118,7 +118,7 @@ pfx_find_key(struct kvt_engine *e, const uint64_t h[2])
 
 		if (p->tab[i].block == PFX_TOMB)
 			continue;
-		k = e->blocks[p->tab[i].block].hash;
+		k = kvt_blk(e, p->tab[i].block)->hash;
 		if (k[0] == h[0] && k[1] == h[1])
 			return &p->tab[i];
 	}
@@ -152,7 +152,7 @@ int
 kvt_prefix_insert(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_prefix *p = &e->prefix;
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	uint64_t i;
 
 	if (b->indexed || pfx_find_key(e, b->hash))
@@ -173,7 +173,7 @@ kvt_prefix_insert(struct kvt_engine *e, uint32_t id)
 void
 kvt_prefix_remove(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	struct kvt_pentry *pe;
 
 	if (!b->indexed)
@@ -221,9 +221,9 @@ kvt_prefix_detach(struct kvt_engine *e, uint32_t id)
 	struct kvt_prefix *p = &e->prefix;
 	struct kvt_pentry *pe;
 
-	if (!e->blocks[id].indexed)
+	if (!kvt_blk(e, id)->indexed)
 		return 0;
-	pe = pfx_find_key(e, e->blocks[id].hash);
+	pe = pfx_find_key(e, kvt_blk(e, id)->hash);
 	if (!pe || pe->block != id || pe->tok != KVT_NIL)
 		return 0;
 	if (!p->n_pool_free && pfx_pool_grow(e)) {
@@ -285,7 +285,7 @@ kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const u
 		e->st.prefix_lookups++;
 		kvt_prefix_hash(h, tokens + (uint64_t)k * tpb, tpb, salt, h);
 		id = kvt_prefix_find(e, h, tokens + (uint64_t)k * tpb);
-		if (id == KVT_NIL || !pfx_usable(&e->blocks[id]))
+		if (id == KVT_NIL || !pfx_usable(kvt_blk(e, id)))
 			break;
 		if (ids)
 			ids[k] = id;

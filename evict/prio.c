@@ -60,6 +60,8 @@ prio_reserve(struct kvt_evict *ev, uint32_t n_ids)
 	}
 	if (n_ids <= old)
 		return 0;
+	if (n_ids - old < old / 8) /* the engine grows by small chunks: grow by an eighth */
+		n_ids = old + old / 8 < old ? UINT32_MAX - 1 : old + old / 8;
 	if (kvt_elist_links_grow(ev, n_ids))
 		return -ENOMEM;
 	if (!(p = kvt_realloc(st->list, n_ids)))

@@ -106,7 +106,7 @@ xfer_put(struct kvt_engine *e, struct kvt_xfer *x)
 static struct kvt_xfer *
 xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	int src = xfer_src_tier[kind], dst = xfer_dst_tier[kind];
 	struct kvt_xfer *x = xfer_get(e);
 
@@ -172,7 +172,7 @@ static void xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res);
 static int
 xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 {
-	struct kvt_block *b = &e->blocks[x->block];
+	struct kvt_block *b = kvt_blk(e, x->block);
 	struct kvt_nvme_wmeta m = { .key = b->nvme_key, .index = b->index };
 	int rc;
 
@@ -228,8 +228,8 @@ kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_s
 		return kvt_err(-ENOMEM, "transfer record");
 	/* a fresh key per write: the trailer ties the slot's bytes to this one write, so bytes
 	 * left by an earlier block (ids and slots are reused) can never verify */
-	e->blocks[id].nvme_key = e->key_base | (++e->nvme_writes & ((1ull << 40) - 1));
-	e->blocks[id].nvme_stored = 0;
+	kvt_blk(e, id)->nvme_key = e->key_base | (++e->nvme_writes & ((1ull << 40) - 1));
+	kvt_blk(e, id)->nvme_stored = 0;
 	x->evict_src = evict_src;
 	if (evict_src)
 		e->demoting[KVT_TIER_HOST]++;
@@ -262,7 +262,7 @@ xfer_count_move(struct kvt_engine *e, int kind)
 static void
 xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool current)
 {
-	struct kvt_block *b = &e->blocks[x->block];
+	struct kvt_block *b = kvt_blk(e, x->block);
 	int dst = xfer_dst_tier[x->kind], src = xfer_src_tier[x->kind];
 
 	if (res < 0 && x->kind == KVT_X_H2N)
@@ -304,7 +304,7 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 static void
 xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 {
-	struct kvt_block *b = &e->blocks[x->block];
+	struct kvt_block *b = kvt_blk(e, x->block);
 	bool current = !b->dead && x->ver == b->ver;
 	uint32_t id = x->block;
 
@@ -553,7 +553,7 @@ xstream_poll(struct kvt_engine *e, struct kvt_xstream *xs, uint32_t max, int *do
 static void
 xfer_note_write(struct kvt_engine *e, struct kvt_xfer *x, const struct kvt_nvme_cqe *c)
 {
-	struct kvt_block *b = &e->blocks[x->block];
+	struct kvt_block *b = kvt_blk(e, x->block);
 
 	e->st.codec_raw_bytes += e->block_bytes;
 	e->st.codec_stored_bytes += c->stored;
@@ -665,7 +665,7 @@ kvt_xfer_wait_any(struct kvt_engine *e)
 int
 kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	struct kvt_xgroup *g;
 	uint64_t want;
 	int rc;
