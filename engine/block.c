@@ -52,7 +52,7 @@ block_grow(struct kvt_engine *e)
 	struct kvt_block *nb;
 	int t, rc;
 
-	if (ncap < e->cap_blocks || ncap >= KVT_NIL - KVT_BCHUNK)
+	if (ncap < e->cap_blocks || ncap > KVT_MAX_BLOCKS)
 		return kvt_err(-ENOMEM, "block table full (%u blocks)", e->cap_blocks);
 	if (c == e->cap_bchunks) {
 		uint32_t nc = e->cap_bchunks ? e->cap_bchunks * 2 : 16;

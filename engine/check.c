@@ -188,31 +188,45 @@ check_prefix(struct kvt_engine *e)
 	const struct kvt_prefix *p = &e->prefix;
 	uint64_t i, n = 0, owned = 0;
 
+	uint32_t k, nfree = 0;
+
 	for (i = 0; i < p->cap; i++) {
-		const struct kvt_pentry *pe = &p->tab[i];
+		uint32_t v = p->tab[i], id, tok = KVT_NIL;
 		const struct kvt_block *b;
 		const struct kvt_seqrec *s;
 
-		if (pe->block >= KVT_NIL - 1)
+		if (v >= KVT_PFX_TOMB)
 			continue;
 		n++;
-		b = pe->block < e->cap_blocks ? kvt_blk(e, pe->block) : NULL;
+		if (v & KVT_PFX_OWNED) {
+			tok = v & ~KVT_PFX_OWNED;
+			if (tok >= p->pool_cap)
+				return kvt_err(-EINVAL, "prefix entry %llu: token pool entry %u of "
+					       "%u", (unsigned long long)i, tok, p->pool_cap);
+		}
+		id = kvt_pentry_block(p, v);
+		b = id < e->cap_blocks ? kvt_blk(e, id) : NULL;
 		if (!b || !b->live || !b->indexed)
 			return kvt_err(-EINVAL, "prefix entry %llu: block %u is not a live indexed "
-				       "block", (unsigned long long)i, pe->block);
-		if (pe->tok != KVT_NIL) {
+				       "block", (unsigned long long)i, id);
+		if (tok != KVT_NIL) {
 			owned++;
-			if (pe->tok >= p->pool_cap)
-				return kvt_err(-EINVAL, "prefix entry of block %u: token "
-					       "pool entry %u of %u", pe->block, pe->tok,
-					       p->pool_cap);
 			continue;
 		}
 		s = b->seq < e->cap_seqs ? &e->seqs[b->seq] : NULL;
-		if (!s || !s->open || b->index >= s->n_blocks || s->blocks[b->index] != pe->block)
+		if (!s || !s->open || b->index >= s->n_blocks || s->blocks[b->index] != id)
 			return kvt_err(-EINVAL, "prefix entry of block %u borrows the tokens of "
-				       "sequence %u, which does not hold it", pe->block, b->seq);
+				       "sequence %u, which does not hold it", id, b->seq);
 	}
+	/* the free pool entries: a list of n_pool_free distinct entries */
+	for (k = p->pool_free; k != KVT_NIL && nfree <= p->n_pool_free; k = p->pool_block[k]) {
+		if (k >= p->pool_cap)
+			return kvt_err(-EINVAL, "free token pool entry %u of %u", k, p->pool_cap);
+		nfree++;
+	}
+	if (nfree != p->n_pool_free)
+		return kvt_err(-EINVAL, "token pool: %u entries on the free list, counter %u",
+			       nfree, p->n_pool_free);
 	if (n != p->n || owned != p->owned || owned + p->n_pool_free != p->pool_cap)
 		return kvt_err(-EINVAL, "prefix index: %llu entries (counter %llu), %llu owning "
 			       "tokens (counter %llu), %u free of %u pool entries",

@@ -302,6 +302,7 @@ kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 	e->token_bytes = e->layer_block_bytes / 2 / o->layout.tokens_per_block;
 	e->block_free = KVT_NIL;
 	e->seq_free = KVT_NIL;
+	e->prefix.pool_free = KVT_NIL;
 	if (o->nvme_dir && !(e->nvme_dir = strdup(o->nvme_dir))) {
 		rc = kvt_err(-ENOMEM, "nvme_dir");
 		goto fail;

@@ -114,27 +114,38 @@ struct kvt_budget {
 	uint64_t used[KVT_TIER_COUNT];   /* slots its blocks hold (present or being written) */
 };
 
-/* One sealed block in the prefix index (its key is the block's hash). */
-struct kvt_pentry {
-	uint32_t block; /* block id; KVT_NIL = empty, KVT_NIL - 1 = deleted */
-	uint32_t tok;   /* its own copy of its tokens: pool entry (struct kvt_prefix.pool);
-	                   KVT_NIL = borrowed from its creator sequence (b->seq at b->index) */
-};
+/* One sealed block in the prefix index (its key is the block's hash), 4 bytes: KVT_PFX_EMPTY,
+ * KVT_PFX_TOMB (deleted), a block id below KVT_PFX_OWNED (its tokens borrowed from its creator
+ * sequence, b->seq at b->index), or KVT_PFX_OWNED | k: the block has its own copy of its tokens
+ * in pool entry k, and pool_block[k] names the block. */
+#define KVT_PFX_EMPTY KVT_NIL
+#define KVT_PFX_TOMB (KVT_NIL - 1)
+#define KVT_PFX_OWNED 0x80000000u /* block ids stay below it (KVT_MAX_BLOCKS) */
+#define KVT_MAX_BLOCKS KVT_PFX_OWNED
 
 /* The prefix index: open addressing over a power-of-two table, plus a pool of token copies
  * for the indexed blocks whose creator sequence has dropped them. */
 struct kvt_prefix {
-	struct kvt_pentry *tab; /* [cap] */
+	uint32_t *tab;          /* [cap] entries (see KVT_PFX_OWNED) */
 	uint64_t cap;           /* slots (0 before first use) */
 	uint64_t n;             /* live entries */
 	uint64_t tombs;         /* deleted entries still in probe chains */
 	uint64_t collisions;    /* keys found whose tokens differed */
 	uint64_t owned;         /* entries with their own token copy (pool entries in use) */
 	int32_t *pool;          /* [pool_cap * tokens_per_block] token copies */
-	uint32_t *pool_free;    /* [pool_cap] stack of free pool entries */
+	uint32_t *pool_block;   /* [pool_cap] block owning the entry; a free entry: the next
+	                           free one (KVT_NIL ends the list) */
+	uint32_t pool_free;     /* first free pool entry, KVT_NIL = none */
 	uint32_t pool_cap;      /* pool entries */
-	uint32_t n_pool_free;   /* entries on pool_free */
+	uint32_t n_pool_free;   /* free pool entries */
 };
+
+/* The block an index entry @v (neither empty nor deleted) names. */
+static inline uint32_t
+kvt_pentry_block(const struct kvt_prefix *p, uint32_t v)
+{
+	return v & KVT_PFX_OWNED ? p->pool_block[v & ~KVT_PFX_OWNED] : v;
+}
 
 /* Laid out for size (128 bytes): 64-bit fields and pointers first. */
 struct kvt_seqrec {
