@@ -351,27 +351,17 @@ batch_fill_table(struct kvt_engine *e, struct kvt_batch *b, const uint32_t *firs
 void
 kvt_promo_note(struct kvt_engine *e, uint32_t id)
 {
-	if (id >= e->promo_cap) {
-		uint32_t cap = e->promo_cap + e->promo_cap / 8 > id ? e->promo_cap + e->promo_cap / 8 :
-				id + 256; /* grown by an eighth: block ids come a chunk at a time */
-		uint8_t *m = kvt_realloc(e->promo_mark, cap);
+	struct kvt_block *b = kvt_blk(e, id);
 
-		if (!m)
-			return; /* a statistic: not worth failing a promotion for */
-		memset(m + e->promo_cap, 0, cap - e->promo_cap);
-		e->promo_mark = m;
-		e->promo_cap = cap;
-	}
-	if (e->promo_mark[id])
+	if (b->promoted)
 		e->st.repromotions++;
-	e->promo_mark[id] = 1;
+	b->promoted = 1;
 }
 
 void
 kvt_promo_access(struct kvt_engine *e, uint32_t id)
 {
-	if (id < e->promo_cap)
-		e->promo_mark[id] = 0;
+	kvt_blk(e, id)->promoted = 0;
 }
 
 /* Phase 1 bookkeeping of one block: LRU order and where the access finds it (coverage). */

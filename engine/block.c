@@ -22,7 +22,8 @@ kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot)
 bool
 kvt_copy_valid(const struct kvt_block *b, int tier)
 {
-	return b->state[tier] == KVT_COPY_PRESENT && b->copy_ver[tier] == b->ver;
+	return b->state[tier] == KVT_COPY_PRESENT; /* PRESENT copies are current: see
+	                                              engine_impl.h */
 }
 
 bool
@@ -180,7 +181,7 @@ kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier, uint32_t ver)
 	struct kvt_block *b = kvt_blk(e, id);
 
 	b->state[tier] = KVT_COPY_PRESENT;
-	b->copy_ver[tier] = (uint16_t)ver;
+	(void)ver; /* == b->ver: callers pass a current version only */
 	e->evict[tier].ops->insert(&e->evict[tier], id);
 }
 
@@ -209,8 +210,9 @@ kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
 	for (t = KVT_TIER_HOST; t < KVT_TIER_COUNT; t++)
 		if (b->state[t] == KVT_COPY_PRESENT)
 			kvt_copy_drop(e, id, t);
-	if (b->state[KVT_TIER_HBM] == KVT_COPY_PRESENT)
-		b->copy_ver[KVT_TIER_HBM] = b->ver;
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		if (b->state[t] == KVT_COPY_INFLIGHT)
+			b->stale |= 1u << t;
 }
 
 void
@@ -244,7 +246,7 @@ kvt_block_check_lost(struct kvt_engine *e, uint32_t id)
 		return;
 	for (t = 0; t < KVT_TIER_COUNT; t++)
 		if (kvt_copy_valid(b, t) ||
-		    (b->state[t] == KVT_COPY_INFLIGHT && b->copy_ver[t] == b->ver))
+		    (b->state[t] == KVT_COPY_INFLIGHT && !(b->stale >> t & 1)))
 			return;
 	/* an empty block (no token written yet) has nothing to lose */
 	if (!b->written)

@@ -370,7 +370,6 @@ kvt_engine_destroy(struct kvt_engine *e)
 	for (uint32_t c = 0; c < e->cap_blocks >> KVT_BCHUNK_SHIFT; c++)
 		kvt_free(e->bchunk[c]);
 	kvt_free(e->bchunk);
-	kvt_free(e->promo_mark);
 	kvt_free(e->hbm_h2d_seqno);
 	kvt_prefix_fini(e);
 	free(e->nvme_dir);
@@ -528,9 +527,8 @@ kvt_meta_bytes(const struct kvt_engine *e)
 	int t;
 
 	m += kvt_prefix_meta_bytes(e);
-	/* per HBM slot: the h2d group of the copy into it; per block: the repromotion mark */
+	/* per HBM slot: the h2d group of the copy into it */
 	m += (uint64_t)e->slots[KVT_TIER_HBM].n_slots * sizeof *e->hbm_h2d_seqno;
-	m += e->promo_cap;
 	/* the persistent store's per-NVMe-slot naming flags and its pending-slot list */
 	if (e->nvme_named)
 		m += e->slots[KVT_TIER_NVME].n_slots;

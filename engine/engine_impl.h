@@ -12,9 +12,12 @@
  *        ^                                                  |                          |
  *        +------------------(completion failed / stale)-----+----(evict: free slot)----+
  *
- * and a version: b->ver counts the writes appended to the block; a copy is *valid* when it is
- * PRESENT and its copy_ver equals b->ver. HBM always holds the newest bytes when present
- * (appends happen in HBM), so lower copies go stale when tokens are appended and are dropped.
+ * and a version: b->ver counts the writes appended to the block. A copy becomes PRESENT only
+ * with the block's current version (a transfer that completes after an append is dropped: its
+ * x->ver differs), and an append drops the PRESENT copies below HBM (HBM always holds the
+ * newest bytes when present: appends happen there), so a copy is *valid* exactly when it is
+ * PRESENT. An INFLIGHT copy goes stale when the block is appended to while it is on its way
+ * (b->stale has its tier's bit; its completion drops it).
  *
  * A block is *busy* while any transfer reads or writes one of its copies (b->busy counts them);
  * it is *pinned* while a batch or an append holds it (b->pins). Eviction picks only blocks that
@@ -52,16 +55,17 @@ enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESE
 /* an owner entry that names a block (not free, quarantined, stored or pending) */
 #define KVT_OWNER_IS_BLOCK(o) ((o) < KVT_SLOT_PENDING)
 
-/* Laid out for size (80 bytes, 59 without the NVMe write fields; 10,000 parked sessions hold
- * 20,000 of them): 64-bit fields first, then 32-, 16- and 8-bit ones, flags as one-bit fields.
- * What only a block with an HBM copy needs lives per HBM slot (engine->hbm_h2d_seqno).
+/* Laid out for size (80 bytes, 54 = 56 aligned without the NVMe write fields; 10,000 parked
+ * sessions hold 20,000 of them): 64-bit fields first, then 32-, 16- and 8-bit ones, flags as
+ * one-bit fields. What only a block with an HBM copy needs lives per HBM slot
+ * (engine->hbm_h2d_seqno).
  *
- * Versions are 16 bits and wrap: the only question asked of them is equality (a copy is current
- * when its copy_ver equals ver), the first bump happens before any copy exists, and every later
- * bump is an append that adds at least one token to a block that is not yet full, so a block
- * sees at most tokens_per_block (<= 65536) bumps in its life and a copy taken at version v >= 1
- * outlives at most 65535 of them: never the 65536 that would bring ver back to v. Whether the
- * block was ever written is a flag (written), not ver != 0. */
+ * The version is 16 bits and wraps: the only question asked of it is equality (a transfer's
+ * x->ver against ver at its completion), the first bump happens before any copy exists, and
+ * every later bump is an append that adds at least one token to a block that is not yet full,
+ * so a block sees at most tokens_per_block (<= 65536) bumps in its life and a transfer started
+ * at version v >= 1 outlives at most 65535 of them: never the 65536 that would bring ver back
+ * to v. Whether the block was ever written is a flag (written), not ver != 0. */
 struct kvt_block {
 	uint64_t hash[2];                  /* prefix key (engine/prefix.c) when hashed: XXH3-128
 	                                      of (parent's key, its tokens, salt, extra key);
@@ -82,7 +86,6 @@ struct kvt_block {
 	                                      none: reclaim spares it while set (engine/hint.c;
 	                                      a stamp that wraps to 0 only spares nothing) */
 	uint16_t ver;                      /* content version, bumped by appends (wraps) */
-	uint16_t copy_ver[KVT_TIER_COUNT]; /* version each copy holds (or will hold) */
 	uint16_t pins;                     /* batch pins + append (write) pins */
 	uint16_t busy;                     /* transfers in flight on this block's copies */
 	uint16_t refs;                     /* sequences referencing it (0 = cached only) */
@@ -100,6 +103,10 @@ struct kvt_block {
 	uint8_t hashed : 1;                /* hash is set (a full block of known tokens) */
 	uint8_t indexed : 1;               /* in the prefix index (shareable) */
 	uint8_t written : 1;               /* ver was bumped at least once (has contents) */
+	uint8_t stale : KVT_TIER_COUNT;    /* bit t: its INFLIGHT copy in tier t carries an
+	                                      older version (appended to since it started) */
+	uint8_t promoted : 1;              /* promoted to HBM since its last access by a batch
+	                                      (stats.repromotions, engine/batch.c) */
 };
 
 #define KVT_BCHUNK_SHIFT 8u                   /* block records per chunk: 1 << this */
@@ -310,9 +317,6 @@ struct kvt_engine {
 	struct kvt_prefix prefix;           /* index of sealed blocks (engine/prefix.c) */
 	struct kvt_budget budget[KVT_MAX_BUDGETS]; /* per-tenant tier budgets (engine/tenant.c) */
 	uint32_t n_budgets;                 /* entries in budget */
-	uint8_t *promo_mark;                /* [promo_cap] 1: promoted to HBM since its last
-	                                       access (stats.repromotions, engine/batch.c) */
-	uint32_t promo_cap;                 /* entries of promo_mark */
 };
 
 /* ---- engine.c */

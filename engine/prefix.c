@@ -288,7 +288,7 @@ pfx_usable(const struct kvt_block *b)
 		return false;
 	for (t = 0; t < KVT_TIER_COUNT; t++)
 		if (kvt_copy_valid(b, t) ||
-		    (b->state[t] == KVT_COPY_INFLIGHT && b->copy_ver[t] == b->ver))
+		    (b->state[t] == KVT_COPY_INFLIGHT && !(b->stale >> t & 1)))
 			return true;
 	return false;
 }

@@ -109,6 +109,7 @@ xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 	struct kvt_block *b = kvt_blk(e, id);
 	int src = xfer_src_tier[kind], dst = xfer_dst_tier[kind];
 	struct kvt_xfer *x = xfer_get(e);
+	bool old;
 
 	if (!x) {
 		kvt_slot_free(e, dst, dst_slot);
@@ -118,11 +119,13 @@ xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 	x->block = id;
 	x->src_slot = b->slot[src];
 	x->dst_slot = dst_slot;
-	/* the version the bytes carry: the source copy's */
-	x->ver = b->copy_ver[src];
+	/* the version the bytes carry: the source copy's, current unless that copy is itself
+	 * on its way and stale (then an older one: this copy is dropped on completion too) */
+	old = b->state[src] == KVT_COPY_INFLIGHT && (b->stale >> src & 1);
+	x->ver = old ? (uint16_t)(b->ver - 1) : b->ver;
 	b->slot[dst] = dst_slot;
 	b->state[dst] = KVT_COPY_INFLIGHT;
-	b->copy_ver[dst] = x->ver;
+	b->stale = (uint8_t)(old ? b->stale | 1u << dst : b->stale & ~(1u << dst));
 	b->busy++;
 	e->st.transfers_in_flight++;
 	x->t_issue = kvt_now_ns();
