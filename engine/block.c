@@ -176,12 +176,11 @@ kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier)
 }
 
 void
-kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier, uint32_t ver)
+kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier)
 {
 	struct kvt_block *b = kvt_blk(e, id);
 
 	b->state[tier] = KVT_COPY_PRESENT;
-	(void)ver; /* == b->ver: callers pass a current version only */
 	e->evict[tier].ops->insert(&e->evict[tier], id);
 }
 
@@ -203,7 +202,6 @@ kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
 	struct kvt_block *b = kvt_blk(e, id);
 	int t;
 
-	b->ver++; /* 16 bits, wraps: see struct kvt_block */
 	b->written = 1;
 	/* copies below HBM now hold old bytes: drop them (in-flight ones are dropped by their
 	 * completion, which sees the version mismatch) */

@@ -12,12 +12,12 @@
  *        ^                                                  |                          |
  *        +------------------(completion failed / stale)-----+----(evict: free slot)----+
  *
- * and a version: b->ver counts the writes appended to the block. A copy becomes PRESENT only
- * with the block's current version (a transfer that completes after an append is dropped: its
- * x->ver differs), and an append drops the PRESENT copies below HBM (HBM always holds the
- * newest bytes when present: appends happen there), so a copy is *valid* exactly when it is
- * PRESENT. An INFLIGHT copy goes stale when the block is appended to while it is on its way
- * (b->stale has its tier's bit; its completion drops it).
+ * and contents that appends change. An append drops the PRESENT copies below HBM (HBM always
+ * holds the newest bytes when present: appends happen there) and marks the INFLIGHT ones stale
+ * (b->stale, a bit per tier; a copy started from a stale one is stale too), and a transfer whose
+ * destination is stale when it completes is dropped, so a copy is *valid* exactly when it is
+ * PRESENT, and an INFLIGHT copy will be valid unless its stale bit is set. No version number is
+ * kept: nothing but "appended to since" is ever asked of one.
  *
  * A block is *busy* while any transfer reads or writes one of its copies (b->busy counts them);
  * it is *pinned* while a batch or an append holds it (b->pins). Eviction picks only blocks that
@@ -55,17 +55,13 @@ enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESE
 /* an owner entry that names a block (not free, quarantined, stored or pending) */
 #define KVT_OWNER_IS_BLOCK(o) ((o) < KVT_SLOT_PENDING)
 
-/* Laid out for size (80 bytes, 54 = 56 aligned without the NVMe write fields; 10,000 parked
- * sessions hold 20,000 of them): 64-bit fields first, then 32-, 16- and 8-bit ones, flags as
- * one-bit fields. What only a block with an HBM copy needs lives per HBM slot
- * (engine->hbm_h2d_seqno).
- *
- * The version is 16 bits and wraps: the only question asked of it is equality (a transfer's
- * x->ver against ver at its completion), the first bump happens before any copy exists, and
- * every later bump is an append that adds at least one token to a block that is not yet full,
- * so a block sees at most tokens_per_block (<= 65536) bumps in its life and a transfer started
- * at version v >= 1 outlives at most 65535 of them: never the 65536 that would bring ver back
- * to v. Whether the block was ever written is a flag (written), not ver != 0. */
+/* Laid out for size (72 bytes, 48 without the NVMe write fields; 10,000 parked sessions hold
+ * 20,000 of them): 64-bit fields first, then 32-, 16- and 8-bit ones, flags as one-bit fields.
+ * What only a block with an HBM copy needs lives per HBM slot (engine->hbm_h2d_seqno). busy
+ * fits in 3 bits: every transfer of a block writes a copy in another tier (its destination is
+ * INFLIGHT until the transfer completes, and a tier holds one copy), so at most KVT_TIER_COUNT
+ * run at once (xfer_start refuses more than KVT_BUSY_MAX all the same). */
+#define KVT_BUSY_MAX 7u
 struct kvt_block {
 	uint64_t hash[2];                  /* prefix key (engine/prefix.c) when hashed: XXH3-128
 	                                      of (parent's key, its tokens, salt, extra key);
@@ -81,13 +77,10 @@ struct kvt_block {
 	};
 	uint32_t index;                    /* position within the sequence */
 	uint32_t nvme_stored;              /* payload bytes of that write (0 = unknown) */
-	uint32_t hint_no;                  /* low 32 bits of the e->hint_seq of the latest hint
-	                                      announcing it (for any sequence holding it); 0 =
-	                                      none: reclaim spares it while set (engine/hint.c;
-	                                      a stamp that wraps to 0 only spares nothing) */
-	uint16_t ver;                      /* content version, bumped by appends (wraps) */
+	uint16_t hint_no;                  /* kvt_hint_stamp() of the latest hint announcing it
+	                                      (for any sequence holding it); 0 = none: reclaim
+	                                      spares it while set (engine/hint.c) */
 	uint16_t pins;                     /* batch pins + append (write) pins */
-	uint16_t busy;                     /* transfers in flight on this block's copies */
 	uint16_t refs;                     /* sequences referencing it (0 = cached only) */
 	uint8_t state[KVT_TIER_COUNT];     /* enum kvt_copy_state per tier */
 	uint8_t tslot;                     /* 1 + its tenant's budget entry, 0 = none */
@@ -102,12 +95,21 @@ struct kvt_block {
 	                                      keeps its source and stops where it is */
 	uint8_t hashed : 1;                /* hash is set (a full block of known tokens) */
 	uint8_t indexed : 1;               /* in the prefix index (shareable) */
-	uint8_t written : 1;               /* ver was bumped at least once (has contents) */
+	uint8_t written : 1;               /* appended to at least once (has contents) */
 	uint8_t stale : KVT_TIER_COUNT;    /* bit t: its INFLIGHT copy in tier t carries an
 	                                      older version (appended to since it started) */
 	uint8_t promoted : 1;              /* promoted to HBM since its last access by a batch
 	                                      (stats.repromotions, engine/batch.c) */
+	uint8_t busy : 3;                  /* transfers in flight on its copies (see above) */
 };
+
+/* The 16-bit stamp of hint number @no (never 0, which means "none"): two hints 65,535 apart
+ * share a stamp, which can only end the sparing of a block early (engine/hint.c). */
+static inline uint16_t
+kvt_hint_stamp(uint64_t no)
+{
+	return (uint16_t)no ? (uint16_t)no : 1;
+}
 
 #define KVT_BCHUNK_SHIFT 8u                   /* block records per chunk: 1 << this */
 #define KVT_BCHUNK (1u << KVT_BCHUNK_SHIFT)
@@ -190,7 +192,6 @@ struct kvt_xfer {
 	uint32_t block;     /* block id */
 	uint32_t src_slot;  /* slot read */
 	uint32_t dst_slot;  /* slot written */
-	uint32_t ver;       /* block version the copy carries */
 	uint8_t kind;       /* enum kvt_xfer_kind (== enum kvt_move) */
 	uint8_t evict_src;  /* drop the source copy when this completes (demotion) */
 	uint8_t then_nvme;  /* D2H: continue down to NVMe when done (park to NVMe) */
@@ -337,7 +338,7 @@ void kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot); /* an unused 
  * the block's copy there is forgotten. */
 void kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t block);
 void kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier); /* free a PRESENT copy */
-void kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier, uint32_t ver);
+void kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier); /* current bytes */
 void kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier); /* an INFLIGHT copy failed */
 void kvt_block_bump_ver(struct kvt_engine *e, uint32_t id); /* contents change: drop stale */
 void kvt_block_pin(struct kvt_engine *e, uint32_t id);

@@ -54,7 +54,7 @@ kvt_hint_drop(struct kvt_engine *e, struct kvt_seqrec *s)
 	if (!s->hint_no)
 		return;
 	for (j = s->hint_first; j < end; j++)
-		if (kvt_blk(e, s->blocks[j])->hint_no == (uint32_t)s->hint_no)
+		if (kvt_blk(e, s->blocks[j])->hint_no == kvt_hint_stamp(s->hint_no))
 			kvt_blk(e, s->blocks[j])->hint_no = 0;
 	s->hint_no = 0;
 }
@@ -144,7 +144,7 @@ hint_apply(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32
 		s->hint_first = r[i].first_block;
 		s->hint_end = end;
 		for (j = r[i].first_block; j < end; j++)
-			kvt_blk(e, s->blocks[j])->hint_no = (uint32_t)e->hint_seq;
+			kvt_blk(e, s->blocks[j])->hint_no = kvt_hint_stamp(e->hint_seq);
 	}
 	for (i = 0; i < n && rc == 0; i++) {
 		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, NULL);

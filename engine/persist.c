@@ -426,7 +426,6 @@ persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_f
 	if (rc)
 		return rc;
 	b = kvt_blk(e, id);
-	b->ver = 1;
 	b->written = 1;
 	b->slot[KVT_TIER_NVME] = r->slot;
 	b->nvme_key = r->key;
@@ -434,7 +433,7 @@ persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_f
 	b->nvme_stored = r->stored_len;
 	b->nvme_codec = r->codec;
 	kvt_owner_set(e, KVT_TIER_NVME, r->slot, id);
-	kvt_copy_set_present(e, id, KVT_TIER_NVME, b->ver);
+	kvt_copy_set_present(e, id, KVT_TIER_NVME);
 	*out = id;
 	return 0;
 }

@@ -416,7 +416,7 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 		}
 		kvt_blk(e, id)->slot[KVT_TIER_HBM] = slot;
 		kvt_block_bump_ver(e, id);
-		kvt_copy_set_present(e, id, KVT_TIER_HBM, kvt_blk(e, id)->ver);
+		kvt_copy_set_present(e, id, KVT_TIER_HBM);
 		s->blocks[s->n_blocks++] = id;
 		s->wpins[s->n_wpins++] = id; /* pinned above */
 	}

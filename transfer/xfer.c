@@ -108,7 +108,7 @@ xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 {
 	struct kvt_block *b = kvt_blk(e, id);
 	int src = xfer_src_tier[kind], dst = xfer_dst_tier[kind];
-	struct kvt_xfer *x = xfer_get(e);
+	struct kvt_xfer *x = b->busy < KVT_BUSY_MAX ? xfer_get(e) : NULL;
 	bool old;
 
 	if (!x) {
@@ -119,10 +119,9 @@ xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 	x->block = id;
 	x->src_slot = b->slot[src];
 	x->dst_slot = dst_slot;
-	/* the version the bytes carry: the source copy's, current unless that copy is itself
-	 * on its way and stale (then an older one: this copy is dropped on completion too) */
+	/* the bytes are current unless the source copy is itself on its way and stale (then
+	 * this copy is dropped on completion too) */
 	old = b->state[src] == KVT_COPY_INFLIGHT && (b->stale >> src & 1);
-	x->ver = old ? (uint16_t)(b->ver - 1) : b->ver;
 	b->slot[dst] = dst_slot;
 	b->state[dst] = KVT_COPY_INFLIGHT;
 	b->stale = (uint8_t)(old ? b->stale | 1u << dst : b->stale & ~(1u << dst));
@@ -285,7 +284,7 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 		kvt_copy_fail(e, x->block, dst);
 		return;
 	}
-	kvt_copy_set_present(e, x->block, dst, x->ver);
+	kvt_copy_set_present(e, x->block, dst);
 	xfer_count_move(e, x->kind);
 	/* a demotion frees the source once the copy below is safe, unless it got pinned or
 	 * another transfer uses it meanwhile */
@@ -308,7 +307,7 @@ static void
 xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 {
 	struct kvt_block *b = kvt_blk(e, x->block);
-	bool current = !b->dead && x->ver == b->ver;
+	bool current = !b->dead && !(b->stale >> xfer_dst_tier[x->kind] & 1);
 	uint32_t id = x->block;
 
 	b->busy--;
@@ -322,7 +321,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 		break;
 	case KVT_X_H2D:
 		if (res == 0 && current) {
-			kvt_copy_set_present(e, id, KVT_TIER_HBM, x->ver);
+			kvt_copy_set_present(e, id, KVT_TIER_HBM);
 			xfer_count_move(e, x->kind);
 			kvt_stats_record_promote(e, KVT_TIER_HBM, kvt_now_ns() - x->t_issue);
 		} else {
@@ -337,7 +336,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 		else
 			e->st.io_errors++;
 		if (res == 0 && current) {
-			kvt_copy_set_present(e, id, KVT_TIER_HOST, x->ver);
+			kvt_copy_set_present(e, id, KVT_TIER_HOST);
 			xfer_count_move(e, x->kind);
 			kvt_stats_record_promote(e, KVT_TIER_HOST, kvt_now_ns() - x->t_issue);
 			if (x->then_hbm) {
@@ -561,7 +560,7 @@ xfer_note_write(struct kvt_engine *e, struct kvt_xfer *x, const struct kvt_nvme_
 	e->st.codec_raw_bytes += e->block_bytes;
 	e->st.codec_stored_bytes += c->stored;
 	e->st.codec_blocks += c->codec != KVT_CODEC_NONE;
-	if (x->ver != b->ver)
+	if (b->stale >> KVT_TIER_NVME & 1) /* appended to meanwhile: dropped on completion */
 		return;
 	b->nvme_stored = c->stored;
 	b->nvme_codec = c->codec;
