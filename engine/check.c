@@ -57,6 +57,37 @@ check_tiers(struct kvt_engine *e)
 	return 0;
 }
 
+/* Each tier's eviction list, walked in victim order, gives every PRESENT copy once and nothing
+ * else (its ids are live blocks owning the slot their key names). */
+static int
+check_lists(struct kvt_engine *e)
+{
+	uint32_t id, n, present;
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		struct kvt_evict *ev = &e->evict[t];
+
+		present = 0;
+		for (id = 0; id < e->cap_blocks; id++)
+			present += kvt_blk(e, id)->live &&
+				   kvt_blk(e, id)->state[t] == KVT_COPY_PRESENT;
+		n = 0;
+		for (id = ev->ops->victim_first(ev); id != KVT_NIL; id = ev->ops->victim_next(ev, id)) {
+			if (id >= e->cap_blocks || !kvt_blk(e, id)->live ||
+			    kvt_blk(e, id)->state[t] != KVT_COPY_PRESENT)
+				return kvt_err(-EINVAL, "tier %d: eviction list holds %u, not a "
+					       "present copy", t, id);
+			if (++n > present)
+				break;
+		}
+		if (n != present || ev->n != present)
+			return kvt_err(-EINVAL, "tier %d: %u present copies, eviction list walks "
+				       "%u and counts %u", t, present, n, ev->n);
+	}
+	return 0;
+}
+
 static int
 check_blocks(struct kvt_engine *e)
 {
@@ -245,6 +276,8 @@ kvt_engine_check(struct kvt_engine *e)
 	rc = check_tiers(e);
 	if (!rc)
 		rc = check_blocks(e);
+	if (!rc)
+		rc = check_lists(e);
 	if (!rc)
 		rc = check_seqs(e);
 	if (!rc)
