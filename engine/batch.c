@@ -115,7 +115,7 @@ batch_check(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint3
 static int
 batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pending)
 {
-	struct kvt_block *k = &e->blocks[id];
+	struct kvt_block *k = kvt_blk(e, id);
 	uint32_t slot;
 	int rc;
 
@@ -144,7 +144,7 @@ batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pendin
 	}
 	/* a block whose host-to-device copy is now queued is done here: kvt_batch_wait_layer()
 	 * waits for it, prepare does not */
-	if (e->blocks[id].state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
+	if (kvt_blk(e, id)->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
 		*pending = 0;
 	return rc;
 }
@@ -163,7 +163,7 @@ batch_break_cycle(struct kvt_engine *e, struct kvt_batch *b)
 	uint32_t i, x = KVT_NIL, y = KVT_NIL, id;
 
 	for (i = 0; i < b->n_pinned && x == KVT_NIL; i++) {
-		struct kvt_block *k = &e->blocks[b->pinned[i]];
+		struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
 		if (!k->busy && k->state[KVT_TIER_HBM] == KVT_COPY_ABSENT &&
 		    kvt_copy_valid(k, KVT_TIER_HOST) && kvt_copy_valid(k, KVT_TIER_NVME))
@@ -171,7 +171,7 @@ batch_break_cycle(struct kvt_engine *e, struct kvt_batch *b)
 	}
 	for (id = ev->ops->victim_first(ev); id != KVT_NIL && y == KVT_NIL;
 	     id = ev->ops->victim_next(ev, id))
-		if (kvt_copy_evictable(&e->blocks[id], KVT_TIER_HBM))
+		if (kvt_copy_evictable(kvt_blk(e, id), KVT_TIER_HBM))
 			y = id;
 	if (x == KVT_NIL || y == KVT_NIL)
 		return 0;
@@ -193,7 +193,7 @@ batch_protect(struct kvt_engine *e, struct kvt_batch *b, bool on)
 	uint32_t i;
 
 	for (i = 0; i < b->n_pinned; i++) {
-		struct kvt_block *k = &e->blocks[b->pinned[i]];
+		struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
 		k->protect = on && !k->lost && !kvt_copy_valid(k, KVT_TIER_HBM) &&
 			     k->state[KVT_TIER_HBM] != KVT_COPY_INFLIGHT;
@@ -208,10 +208,11 @@ batch_set_need(struct kvt_engine *e, struct kvt_batch *b)
 	uint32_t i;
 
 	for (i = 0; i < b->n_pinned; i++) {
-		struct kvt_block *k = &e->blocks[b->pinned[i]];
+		struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
-		if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT && k->h2d_seqno > b->need_h2d)
-			b->need_h2d = k->h2d_seqno;
+		if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT &&
+		    e->hbm_h2d_seqno[k->slot[KVT_TIER_HBM]] > b->need_h2d)
+			b->need_h2d = e->hbm_h2d_seqno[k->slot[KVT_TIER_HBM]];
 	}
 	if (b->need_h2d <= e->h2d.retired)
 		b->need_h2d = 0;
@@ -251,14 +252,14 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 		batch_protect(e, b, true);
 		kvt_reclaim_for(e, KVT_TIER_HBM, b->pinned, b->n_pinned);
 		for (i = 0; i < b->n_pinned; i++) {
-			struct kvt_block *k = &e->blocks[b->pinned[i]];
+			struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
 			if (kvt_copy_valid(k, KVT_TIER_HBM) ||
 			    k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT || k->lost)
 				continue;
 			rc = batch_promote_one(e, b->pinned[i], wait, &one);
 			pending += one;
-			if (rc == 0 && (!one || e->blocks[b->pinned[i]].lost ||
+			if (rc == 0 && (!one || kvt_blk(e, b->pinned[i])->lost ||
 					++reads <= b->n_pinned + breaks))
 				progress++;
 			else if (rc && rc != -ENOSPC && rc != -EAGAIN)
@@ -304,7 +305,7 @@ batch_truncate_lost(struct kvt_engine *e, struct kvt_batch *b)
 		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
 
 		for (j = 0; j < s->n_blocks; j++) {
-			if (e->blocks[s->blocks[j]].lost) {
+			if (kvt_blk(e, s->blocks[j])->lost) {
 				kvt_seq_truncate(e, s, j);
 				n++;
 				break;
@@ -339,7 +340,7 @@ batch_fill_table(struct kvt_engine *e, struct kvt_batch *b, const uint32_t *firs
 			end = s->n_tokens;
 		b->indptr[i] = k;
 		for (j = first[i]; j < first[i] + count[i]; j++)
-			b->indices[k++] = e->blocks[s->blocks[j]].slot[KVT_TIER_HBM];
+			b->indices[k++] = kvt_blk(e, s->blocks[j])->slot[KVT_TIER_HBM];
 		b->first_block[i] = first[i];
 		b->seq_len[i] = end - begin;
 		b->last_len[i] = (uint32_t)(end - (uint64_t)(first[i] + count[i] - 1) * tpb);
@@ -350,33 +351,24 @@ batch_fill_table(struct kvt_engine *e, struct kvt_batch *b, const uint32_t *firs
 void
 kvt_promo_note(struct kvt_engine *e, uint32_t id)
 {
-	if (id >= e->promo_cap) {
-		uint32_t cap = e->cap_blocks > id ? e->cap_blocks : id + 1;
-		uint8_t *m = kvt_realloc(e->promo_mark, cap);
+	struct kvt_block *b = kvt_blk(e, id);
 
-		if (!m)
-			return; /* a statistic: not worth failing a promotion for */
-		memset(m + e->promo_cap, 0, cap - e->promo_cap);
-		e->promo_mark = m;
-		e->promo_cap = cap;
-	}
-	if (e->promo_mark[id])
+	if (b->promoted)
 		e->st.repromotions++;
-	e->promo_mark[id] = 1;
+	b->promoted = 1;
 }
 
 void
 kvt_promo_access(struct kvt_engine *e, uint32_t id)
 {
-	if (id < e->promo_cap)
-		e->promo_mark[id] = 0;
+	kvt_blk(e, id)->promoted = 0;
 }
 
 /* Phase 1 bookkeeping of one block: LRU order and where the access finds it (coverage). */
 static void
 batch_classify(struct kvt_engine *e, struct kvt_batch *b, uint32_t id)
 {
-	struct kvt_block *k = &e->blocks[id];
+	struct kvt_block *k = kvt_blk(e, id);
 
 	if (k->state[KVT_TIER_HBM] == KVT_COPY_PRESENT)
 		e->evict[KVT_TIER_HBM].ops->access(&e->evict[KVT_TIER_HBM], id);
@@ -445,7 +437,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 			uint32_t id = s->blocks[j];
 
 			kvt_block_pin(e, id);
-			e->blocks[id].wanted = 1;
+			kvt_blk(e, id)->wanted = 1;
 			b->pinned[b->n_pinned++] = id;
 			batch_classify(e, b, id);
 		}

@@ -22,7 +22,8 @@ kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot)
 bool
 kvt_copy_valid(const struct kvt_block *b, int tier)
 {
-	return b->state[tier] == KVT_COPY_PRESENT && b->copy_ver[tier] == b->ver;
+	return b->state[tier] == KVT_COPY_PRESENT; /* PRESENT copies are current: see
+	                                              engine_impl.h */
 }
 
 bool
@@ -44,16 +45,25 @@ kvt_copy_evictable(const struct kvt_block *b, int tier)
 	       (tier == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME));
 }
 
+/* One more chunk of KVT_BCHUNK records: fewer than KVT_BCHUNK records ever idle. */
 static int
 block_grow(struct kvt_engine *e)
 {
-	/* grown by an eighth (at least 256): at most 12.5% of the records idle */
-	uint32_t ncap = e->cap_blocks + (e->cap_blocks / 8 > 256 ? e->cap_blocks / 8 : 256), i;
+	uint32_t ncap = e->cap_blocks + KVT_BCHUNK, c = e->cap_blocks >> KVT_BCHUNK_SHIFT, i;
 	struct kvt_block *nb;
 	int t, rc;
 
-	if (ncap < e->cap_blocks || ncap >= KVT_NIL)
+	if (ncap < e->cap_blocks || ncap > KVT_MAX_BLOCKS)
 		return kvt_err(-ENOMEM, "block table full (%u blocks)", e->cap_blocks);
+	if (c == e->cap_bchunks) {
+		uint32_t nc = e->cap_bchunks ? e->cap_bchunks * 2 : 16;
+		struct kvt_block **nd = kvt_realloc(e->bchunk, (size_t)nc * sizeof *nd);
+
+		if (!nd)
+			return kvt_err(-ENOMEM, "growing the block chunk table to %u chunks", nc);
+		e->bchunk = nd;
+		e->cap_bchunks = nc;
+	}
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		if (!e->slots[t].n_slots)
 			continue; /* a tier the engine lacks never lists a block */
@@ -61,16 +71,15 @@ block_grow(struct kvt_engine *e)
 		if (rc)
 			return kvt_err(rc, "growing the eviction lists to %u blocks", ncap);
 	}
-	nb = kvt_realloc(e->blocks, (size_t)ncap * sizeof *nb);
+	nb = kvt_calloc(KVT_BCHUNK, sizeof *nb);
 	if (!nb)
 		return kvt_err(-ENOMEM, "growing the block table to %u blocks", ncap);
-	memset(nb + e->cap_blocks, 0, (size_t)(ncap - e->cap_blocks) * sizeof *nb);
+	e->bchunk[c] = nb;
 	/* push the new ids on the free list, lowest first */
 	for (i = ncap; i-- > e->cap_blocks;) {
-		nb[i].next_free = e->block_free;
+		nb[i - e->cap_blocks].next_free = e->block_free;
 		e->block_free = i;
 	}
-	e->blocks = nb;
 	e->cap_blocks = ncap;
 	return 0;
 }
@@ -88,7 +97,7 @@ kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
 			return rc;
 	}
 	id = e->block_free;
-	b = &e->blocks[id];
+	b = kvt_blk(e, id);
 	e->block_free = b->next_free;
 	memset(b, 0, sizeof *b);
 	for (t = 0; t < KVT_TIER_COUNT; t++)
@@ -97,8 +106,7 @@ kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
 	b->refs = 1;
 	b->tslot = seq < e->cap_seqs ? kvt_tenant_slot(e, e->seqs[seq].tenant) : 0;
 	b->seq = seq;
-	b->index = index;
-	b->next_free = KVT_NIL;
+	b->index = index; /* b->seq above is also the free-list link: set once live */
 	e->n_live_blocks++;
 	if (seq < e->cap_seqs && e->seqs[seq].priority != KVT_EVICT_PRIO_DEFAULT)
 		kvt_block_set_prio(e, id, e->seqs[seq].priority, e->seqs[seq].retention_ms ?
@@ -115,7 +123,7 @@ kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot)
 
 	if (rc)
 		return rc;
-	e->owner[tier][*slot] = block;
+	kvt_owner_set(e, tier, *slot, block);
 	kvt_tenant_account(e, block, tier, 1);
 	return 0;
 }
@@ -123,14 +131,14 @@ kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot)
 static void
 slot_release(struct kvt_engine *e, int tier, uint32_t slot)
 {
-	if (KVT_OWNER_IS_BLOCK(e->owner[tier][slot]))
-		kvt_tenant_account(e, e->owner[tier][slot], tier, -1);
+	if (KVT_OWNER_IS_BLOCK(kvt_owner(e, tier, slot)))
+		kvt_tenant_account(e, kvt_owner(e, tier, slot), tier, -1);
 	if (kvt_persist_named(e, tier, slot)) {
 		/* a published record may still name it: freed once superseded durably */
-		e->owner[tier][slot] = KVT_SLOT_PENDING;
+		kvt_owner_set(e, tier, slot, KVT_SLOT_PENDING);
 		return;
 	}
-	e->owner[tier][slot] = KVT_NIL;
+	kvt_owner_set(e, tier, slot, KVT_NIL);
 	kvt_slots_free(&e->slots[tier], slot);
 }
 
@@ -143,10 +151,10 @@ kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot)
 void
 kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t block)
 {
-	struct kvt_block *b = &e->blocks[block];
+	struct kvt_block *b = kvt_blk(e, block);
 
 	kvt_tenant_account(e, block, tier, -1);
-	e->owner[tier][slot] = KVT_SLOT_QUARANTINED;
+	kvt_owner_set(e, tier, slot, KVT_SLOT_QUARANTINED);
 	if (b->slot[tier] == slot) {
 		b->slot[tier] = KVT_NIL;
 		b->state[tier] = KVT_COPY_ABSENT;
@@ -157,7 +165,7 @@ kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t bloc
 void
 kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 
 	if (b->state[tier] != KVT_COPY_PRESENT)
 		return;
@@ -168,19 +176,18 @@ kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier)
 }
 
 void
-kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier, uint32_t ver)
+kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 
 	b->state[tier] = KVT_COPY_PRESENT;
-	b->copy_ver[tier] = ver;
 	e->evict[tier].ops->insert(&e->evict[tier], id);
 }
 
 void
 kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 
 	if (b->state[tier] != KVT_COPY_INFLIGHT)
 		return;
@@ -192,23 +199,24 @@ kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier)
 void
 kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	int t;
 
-	b->ver++;
+	b->written = 1;
 	/* copies below HBM now hold old bytes: drop them (in-flight ones are dropped by their
 	 * completion, which sees the version mismatch) */
 	for (t = KVT_TIER_HOST; t < KVT_TIER_COUNT; t++)
 		if (b->state[t] == KVT_COPY_PRESENT)
 			kvt_copy_drop(e, id, t);
-	if (b->state[KVT_TIER_HBM] == KVT_COPY_PRESENT)
-		b->copy_ver[KVT_TIER_HBM] = b->ver;
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		if (b->state[t] == KVT_COPY_INFLIGHT)
+			b->stale |= 1u << t;
 }
 
 void
 kvt_block_pin(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 
 	if (b->pins++ == 0)
 		e->hbm_pinned++;
@@ -217,7 +225,7 @@ kvt_block_pin(struct kvt_engine *e, uint32_t id)
 void
 kvt_block_unpin(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 
 	if (b->pins == 0)
 		return;
@@ -229,17 +237,17 @@ kvt_block_unpin(struct kvt_engine *e, uint32_t id)
 void
 kvt_block_check_lost(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	int t;
 
 	if (!b->live || b->dead || b->lost)
 		return;
 	for (t = 0; t < KVT_TIER_COUNT; t++)
 		if (kvt_copy_valid(b, t) ||
-		    (b->state[t] == KVT_COPY_INFLIGHT && b->copy_ver[t] == b->ver))
+		    (b->state[t] == KVT_COPY_INFLIGHT && !(b->stale >> t & 1)))
 			return;
 	/* an empty block (no token written yet) has nothing to lose */
-	if (b->ver == 0)
+	if (!b->written)
 		return;
 	b->lost = 1;
 	e->st.blocks_lost++;
@@ -250,7 +258,7 @@ kvt_block_check_lost(struct kvt_engine *e, uint32_t id)
 void
 kvt_block_try_free(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	int t;
 
 	if (!b->live || !b->dead || b->busy || b->pins)
@@ -282,7 +290,7 @@ kvt_block_set_prio(struct kvt_engine *e, uint32_t id, uint8_t prio, uint64_t unt
 void
 kvt_block_kill(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 
 	if (b->refs > 1) { /* another sequence still references it */
 		if (--b->refs == 1)
@@ -299,7 +307,7 @@ kvt_block_kill(struct kvt_engine *e, uint32_t id)
 void
 kvt_block_ref(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 
 	if (b->refs++ == 1)
 		e->st.shared_blocks++;
@@ -308,7 +316,7 @@ kvt_block_ref(struct kvt_engine *e, uint32_t id)
 void
 kvt_block_uncache(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 
 	if (b->refs || !b->live || b->dead)
 		return;

@@ -8,6 +8,18 @@
 
 #include "engine_impl.h"
 
+/* The free list threaded through the slot entries: n_free distinct free slots, then its end. */
+static int
+check_free_list(const struct kvt_slots *sl)
+{
+	uint32_t s = sl->head, n = 0;
+
+	for (; s != KVT_SLOTS_FREE && n <= sl->n_free; s = sl->ent[s], n++)
+		if (s >= sl->n_slots || kvt_slots_is_used(sl, s))
+			return -EINVAL;
+	return s == KVT_SLOTS_FREE && n == sl->n_free ? 0 : -EINVAL;
+}
+
 static int
 check_tiers(struct kvt_engine *e)
 {
@@ -17,7 +29,7 @@ check_tiers(struct kvt_engine *e)
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		used = 0;
 		for (s = 0; s < e->slots[t].n_slots; s++) {
-			id = e->owner[t][s];
+			id = kvt_owner(e, t, s);
 			if (id == KVT_NIL) {
 				if (kvt_persist_named(e, t, s))
 					return kvt_err(-EINVAL, "NVMe slot %u is free but a journal "
@@ -28,17 +40,50 @@ check_tiers(struct kvt_engine *e)
 			if (id == KVT_SLOT_QUARANTINED || id == KVT_SLOT_STORED ||
 			    id == KVT_SLOT_PENDING)
 				continue;
-			if (id >= e->cap_blocks || !e->blocks[id].live)
+			if (id >= e->cap_blocks || !kvt_blk(e, id)->live)
 				return kvt_err(-EINVAL, "tier %d slot %u owned by dead block %u", t, s,
 					       id);
-			if (e->blocks[id].slot[t] != s || e->blocks[id].state[t] == KVT_COPY_ABSENT)
+			if (kvt_blk(e, id)->slot[t] != s || kvt_blk(e, id)->state[t] == KVT_COPY_ABSENT)
 				return kvt_err(-EINVAL, "tier %d slot %u: owner block %u points to "
-					       "slot %u state %u", t, s, id, e->blocks[id].slot[t],
-					       e->blocks[id].state[t]);
+					       "slot %u state %u", t, s, id, kvt_blk(e, id)->slot[t],
+					       kvt_blk(e, id)->state[t]);
 		}
 		if (used != e->slots[t].n_slots - e->slots[t].n_free)
 			return kvt_err(-EINVAL, "tier %d: %u slots owned, allocator says %u", t,
 				       used, e->slots[t].n_slots - e->slots[t].n_free);
+		if (check_free_list(&e->slots[t]))
+			return kvt_err(-EINVAL, "tier %d: free list broken", t);
+	}
+	return 0;
+}
+
+/* Each tier's eviction list, walked in victim order, gives every PRESENT copy once and nothing
+ * else (its ids are live blocks owning the slot their key names). */
+static int
+check_lists(struct kvt_engine *e)
+{
+	uint32_t id, n, present;
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		struct kvt_evict *ev = &e->evict[t];
+
+		present = 0;
+		for (id = 0; id < e->cap_blocks; id++)
+			present += kvt_blk(e, id)->live &&
+				   kvt_blk(e, id)->state[t] == KVT_COPY_PRESENT;
+		n = 0;
+		for (id = ev->ops->victim_first(ev); id != KVT_NIL; id = ev->ops->victim_next(ev, id)) {
+			if (id >= e->cap_blocks || !kvt_blk(e, id)->live ||
+			    kvt_blk(e, id)->state[t] != KVT_COPY_PRESENT)
+				return kvt_err(-EINVAL, "tier %d: eviction list holds %u, not a "
+					       "present copy", t, id);
+			if (++n > present)
+				break;
+		}
+		if (n != present || ev->n != present)
+			return kvt_err(-EINVAL, "tier %d: %u present copies, eviction list walks "
+				       "%u and counts %u", t, present, n, ev->n);
 	}
 	return 0;
 }
@@ -51,7 +96,7 @@ check_blocks(struct kvt_engine *e)
 	int t;
 
 	for (id = 0; id < e->cap_blocks; id++) {
-		struct kvt_block *b = &e->blocks[id];
+		struct kvt_block *b = kvt_blk(e, id);
 
 		if (!b->live)
 			continue;
@@ -70,9 +115,9 @@ check_blocks(struct kvt_engine *e)
 				return kvt_err(-EINVAL, "block %u tier %d: state %u but %s the "
 					       "eviction list", id, t, b->state[t],
 					       listed ? "on" : "not on");
-			if (b->state[t] != KVT_COPY_ABSENT && e->owner[t][b->slot[t]] != id)
+			if (b->state[t] != KVT_COPY_ABSENT && kvt_owner(e, t, b->slot[t]) != id)
 				return kvt_err(-EINVAL, "block %u tier %d slot %u owned by %u", id, t,
-					       b->slot[t], e->owner[t][b->slot[t]]);
+					       b->slot[t], kvt_owner(e, t, b->slot[t]));
 		}
 	}
 	if (busy != e->st.transfers_in_flight)
@@ -101,7 +146,7 @@ check_refs(struct kvt_engine *e)
 		for (j = 0; e->seqs[i].open && j < e->seqs[i].n_blocks; j++)
 			cnt[e->seqs[i].blocks[j]]++;
 	for (i = 0; i < e->cap_blocks && !rc; i++) {
-		struct kvt_block *b = &e->blocks[i];
+		struct kvt_block *b = kvt_blk(e, i);
 
 		if (!b->live || b->dead)
 			continue;
@@ -122,8 +167,8 @@ check_refs(struct kvt_engine *e)
 			uint64_t n = 0;
 
 			for (i = 0; i < e->slots[t].n_slots; i++)
-				n += KVT_OWNER_IS_BLOCK(e->owner[t][i]) &&
-				     e->blocks[e->owner[t][i]].tslot == j + 1;
+				n += KVT_OWNER_IS_BLOCK(kvt_owner(e, t, i)) &&
+				     kvt_blk(e, kvt_owner(e, t, i))->tslot == j + 1;
 			if (n != e->budget[j].used[t])
 				rc = kvt_err(-EINVAL, "tenant %u tier %d: %llu slots held, budget "
 					     "counts %llu", e->budget[j].tenant, t,
@@ -153,7 +198,7 @@ check_seqs(struct kvt_engine *e)
 			return kvt_err(-EINVAL, "sequence %u: %llu tokens in %u blocks", i,
 				       (unsigned long long)s->n_tokens, s->n_blocks);
 		for (j = 0; j < s->n_blocks; j++) {
-			struct kvt_block *b = &e->blocks[s->blocks[j]];
+			struct kvt_block *b = kvt_blk(e, s->blocks[j]);
 
 			if (!b->live || b->dead || b->index != j || !b->refs)
 				return kvt_err(-EINVAL, "sequence %u block %u (id %u) does not belong "
@@ -174,31 +219,45 @@ check_prefix(struct kvt_engine *e)
 	const struct kvt_prefix *p = &e->prefix;
 	uint64_t i, n = 0, owned = 0;
 
+	uint32_t k, nfree = 0;
+
 	for (i = 0; i < p->cap; i++) {
-		const struct kvt_pentry *pe = &p->tab[i];
+		uint32_t v = p->tab[i], id, tok = KVT_NIL;
 		const struct kvt_block *b;
 		const struct kvt_seqrec *s;
 
-		if (pe->block >= KVT_NIL - 1)
+		if (v >= KVT_PFX_TOMB)
 			continue;
 		n++;
-		b = pe->block < e->cap_blocks ? &e->blocks[pe->block] : NULL;
+		if (v & KVT_PFX_OWNED) {
+			tok = v & ~KVT_PFX_OWNED;
+			if (tok >= p->pool_cap)
+				return kvt_err(-EINVAL, "prefix entry %llu: token pool entry %u of "
+					       "%u", (unsigned long long)i, tok, p->pool_cap);
+		}
+		id = kvt_pentry_block(p, v);
+		b = id < e->cap_blocks ? kvt_blk(e, id) : NULL;
 		if (!b || !b->live || !b->indexed)
 			return kvt_err(-EINVAL, "prefix entry %llu: block %u is not a live indexed "
-				       "block", (unsigned long long)i, pe->block);
-		if (pe->tok != KVT_NIL) {
+				       "block", (unsigned long long)i, id);
+		if (tok != KVT_NIL) {
 			owned++;
-			if (pe->tok >= p->pool_cap)
-				return kvt_err(-EINVAL, "prefix entry of block %u: token "
-					       "pool entry %u of %u", pe->block, pe->tok,
-					       p->pool_cap);
 			continue;
 		}
 		s = b->seq < e->cap_seqs ? &e->seqs[b->seq] : NULL;
-		if (!s || !s->open || b->index >= s->n_blocks || s->blocks[b->index] != pe->block)
+		if (!s || !s->open || b->index >= s->n_blocks || s->blocks[b->index] != id)
 			return kvt_err(-EINVAL, "prefix entry of block %u borrows the tokens of "
-				       "sequence %u, which does not hold it", pe->block, b->seq);
+				       "sequence %u, which does not hold it", id, b->seq);
 	}
+	/* the free pool entries: a list of n_pool_free distinct entries */
+	for (k = p->pool_free; k != KVT_NIL && nfree <= p->n_pool_free; k = p->pool_block[k]) {
+		if (k >= p->pool_cap)
+			return kvt_err(-EINVAL, "free token pool entry %u of %u", k, p->pool_cap);
+		nfree++;
+	}
+	if (nfree != p->n_pool_free)
+		return kvt_err(-EINVAL, "token pool: %u entries on the free list, counter %u",
+			       nfree, p->n_pool_free);
 	if (n != p->n || owned != p->owned || owned + p->n_pool_free != p->pool_cap)
 		return kvt_err(-EINVAL, "prefix index: %llu entries (counter %llu), %llu owning "
 			       "tokens (counter %llu), %u free of %u pool entries",
@@ -217,6 +276,8 @@ kvt_engine_check(struct kvt_engine *e)
 	rc = check_tiers(e);
 	if (!rc)
 		rc = check_blocks(e);
+	if (!rc)
+		rc = check_lists(e);
 	if (!rc)
 		rc = check_seqs(e);
 	if (!rc)

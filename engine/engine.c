@@ -165,20 +165,39 @@ engine_policy(uint32_t p)
 	}
 }
 
+/* Slot keys of the eviction policies: a block's copy in tier @arg sits in slot b->slot[arg]. */
+static uint32_t
+engine_evict_key(const void *ctx, uint32_t arg, uint32_t id)
+{
+	const struct kvt_engine *e = ctx;
+
+	return id < e->cap_blocks ? kvt_blk(e, id)->slot[arg] : KVT_NIL;
+}
+
+static uint32_t
+engine_evict_id(const void *ctx, uint32_t arg, uint32_t key)
+{
+	return kvt_owner(ctx, (int)arg, key);
+}
+
 static int
 engine_tier_init(struct kvt_engine *e, int tier, uint32_t n)
 {
-	uint32_t i;
 	int rc;
 
 	if (kvt_slots_init(&e->slots[tier], n))
 		return kvt_err(-ENOMEM, "slot allocator of %u slots", n);
-	e->owner[tier] = kvt_malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
-	if (!e->owner[tier])
-		return kvt_err(-ENOMEM, "slot owner map of %u slots", n);
-	for (i = 0; i < n; i++)
-		e->owner[tier][i] = KVT_NIL;
+	if (tier == KVT_TIER_HBM) {
+		e->hbm_h2d_seqno = kvt_calloc(n ? n : 1, sizeof *e->hbm_h2d_seqno);
+		if (!e->hbm_h2d_seqno)
+			return kvt_err(-ENOMEM, "h2d group map of %u HBM slots", n);
+	}
 	rc = kvt_evict_init(&e->evict[tier], engine_policy(e->opts.evict_policy), 256, n);
+	if (rc == 0) {
+		e->evkeys[tier] = (struct kvt_evict_keys){ engine_evict_key, engine_evict_id, e,
+							   (uint32_t)tier };
+		rc = kvt_evict_use_slots(&e->evict[tier], &e->evkeys[tier]);
+	}
 	return rc ? kvt_err(rc, "eviction list") : 0;
 }
 
@@ -293,6 +312,7 @@ kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 	e->token_bytes = e->layer_block_bytes / 2 / o->layout.tokens_per_block;
 	e->block_free = KVT_NIL;
 	e->seq_free = KVT_NIL;
+	e->prefix.pool_free = KVT_NIL;
 	if (o->nvme_dir && !(e->nvme_dir = strdup(o->nvme_dir))) {
 		rc = kvt_err(-ENOMEM, "nvme_dir");
 		goto fail;
@@ -348,7 +368,6 @@ kvt_engine_destroy(struct kvt_engine *e)
 	}
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		kvt_slots_fini(&e->slots[t]);
-		kvt_free(e->owner[t]);
 		if (e->evict[t].ops)
 			e->evict[t].ops->fini(&e->evict[t]);
 	}
@@ -358,8 +377,10 @@ kvt_engine_destroy(struct kvt_engine *e)
 		kvt_free(e->seqs[i].wpins);
 	}
 	kvt_free(e->seqs);
-	kvt_free(e->blocks);
-	kvt_free(e->promo_mark);
+	for (uint32_t c = 0; c < e->cap_blocks >> KVT_BCHUNK_SHIFT; c++)
+		kvt_free(e->bchunk[c]);
+	kvt_free(e->bchunk);
+	kvt_free(e->hbm_h2d_seqno);
 	kvt_prefix_fini(e);
 	free(e->nvme_dir);
 	pthread_mutex_destroy(&e->lock);
@@ -509,24 +530,27 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 uint64_t
 kvt_meta_bytes(const struct kvt_engine *e)
 {
-	uint64_t m = sizeof *e + (uint64_t)e->cap_blocks * sizeof *e->blocks +
+	uint64_t m = sizeof *e + (uint64_t)e->cap_blocks * sizeof(struct kvt_block) +
+		     (uint64_t)e->cap_bchunks * sizeof *e->bchunk +
 		     (uint64_t)e->cap_seqs * sizeof *e->seqs;
 	uint32_t i;
 	int t;
 
 	m += kvt_prefix_meta_bytes(e);
 	m += kvt_nvme_meta_bytes(e->nvme); /* the NVMe copies' metadata, 16 bytes per slot */
+	/* per HBM slot: the h2d group of the copy into it */
+	m += (uint64_t)e->slots[KVT_TIER_HBM].n_slots * sizeof *e->hbm_h2d_seqno;
+	/* the persistent store's per-NVMe-slot naming flags and its pending-slot list */
+	if (e->nvme_named)
+		m += e->slots[KVT_TIER_NVME].n_slots;
+	m += (uint64_t)e->cap_pend * sizeof *e->pend;
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		const struct kvt_evict *ev = &e->evict[t];
 
-		/* owner map, free stack and used flags per slot */
-		m += (uint64_t)e->slots[t].n_slots * (sizeof(uint32_t) * 2 + 1);
-		/* links, plus per-id state of prio (1 + 1 + 8 bytes) or arc (tag 1 + clock 4) */
-		m += (uint64_t)ev->cap * sizeof *ev->link;
-		if (ev->ops == &kvt_evict_prio_ops)
-			m += (uint64_t)ev->cap * 10u;
-		else if (ev->ops == &kvt_evict_arc_ops)
-			m += (uint64_t)ev->cap * 5u;
+		/* owner map (free list threaded through it) and allocated bits */
+		m += kvt_slots_meta_bytes(&e->slots[t]);
+		/* links and per-copy state (per slot; prio: per id), arc's ghosts */
+		m += kvt_evict_meta_bytes(ev);
 	}
 	for (i = 0; i < e->cap_seqs; i++) {
 		const struct kvt_seqrec *s = &e->seqs[i];

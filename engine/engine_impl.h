@@ -12,9 +12,12 @@
  *        ^                                                  |                          |
  *        +------------------(completion failed / stale)-----+----(evict: free slot)----+
  *
- * and a version: b->ver counts the writes appended to the block; a copy is *valid* when it is
- * PRESENT and its copy_ver equals b->ver. HBM always holds the newest bytes when present
- * (appends happen in HBM), so lower copies go stale when tokens are appended and are dropped.
+ * and contents that appends change. An append drops the PRESENT copies below HBM (HBM always
+ * holds the newest bytes when present: appends happen there) and marks the INFLIGHT ones stale
+ * (b->stale, a bit per tier; a copy started from a stale one is stale too), and a transfer whose
+ * destination is stale when it completes is dropped, so a copy is *valid* exactly when it is
+ * PRESENT, and an INFLIGHT copy will be valid unless its stale bit is set. No version number is
+ * kept: nothing but "appended to since" is ever asked of one.
  *
  * A block is *busy* while any transfer reads or writes one of its copies (b->busy counts them);
  * it is *pinned* while a batch or an append holds it (b->pins). Eviction picks only blocks that
@@ -52,41 +55,60 @@ enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESE
 /* an owner entry that names a block (not free, quarantined, stored or pending) */
 #define KVT_OWNER_IS_BLOCK(o) ((o) < KVT_SLOT_PENDING)
 
-/* Laid out for size (96 bytes; 10,000 parked sessions hold 20,000 of them): 64-bit fields
- * first, then 32-, 16- and 8-bit ones, flags as one-bit fields. */
+/* Laid out for size (48 bytes; the NVMe copy's write fields live per NVMe slot in the tier; 10,000 parked sessions hold
+ * 20,000 of them): 64-bit fields first, then 32-, 16- and 8-bit ones, flags as one-bit fields.
+ * What only a block with an HBM copy needs lives per HBM slot (engine->hbm_h2d_seqno). busy
+ * fits in 3 bits: every transfer of a block writes a copy in another tier (its destination is
+ * INFLIGHT until the transfer completes, and a tier holds one copy), so at most KVT_TIER_COUNT
+ * run at once (xfer_start refuses more than KVT_BUSY_MAX all the same). */
+#define KVT_BUSY_MAX 7u
 struct kvt_block {
 	uint64_t hash[2];                  /* prefix key (engine/prefix.c) when hashed: XXH3-128
 	                                      of (parent's key, its tokens, salt, extra key);
 	                                      what the prefix index and the NVMe store look
 	                                      blocks up by */
-	uint64_t h2d_seqno;                /* h2d group carrying its latest host-to-device copy
-	                                      (valid while its HBM copy is INFLIGHT) */
 	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
-	uint32_t copy_ver[KVT_TIER_COUNT]; /* version each copy holds (or will hold) */
-	uint32_t ver;                      /* content version, bumped by appends */
-	uint32_t seq;                      /* creating sequence's index (its tokens back the
-	                                      prefix index entry while it holds the block) */
+	union {
+		uint32_t seq;              /* creating sequence's index (its tokens back the
+		                              prefix index entry while it holds the block) */
+		uint32_t next_free;        /* free-list link when !live (seq is unused then) */
+	};
 	uint32_t index;                    /* position within the sequence */
-	uint32_t next_free;                /* free-list link when !live */
+	uint16_t hint_no;                  /* kvt_hint_stamp() of the latest hint announcing it
+	                                      (for any sequence holding it); 0 = none: reclaim
+	                                      spares it while set (engine/hint.c) */
 	uint16_t pins;                     /* batch pins + append (write) pins */
-	uint16_t busy;                     /* transfers in flight on this block's copies */
 	uint16_t refs;                     /* sequences referencing it (0 = cached only) */
 	uint8_t state[KVT_TIER_COUNT];     /* enum kvt_copy_state per tier */
 	uint8_t tslot;                     /* 1 + its tenant's budget entry, 0 = none */
-	unsigned live : 1;                 /* owned by a sequence (or dying) */
-	unsigned dead : 1;                 /* owner gone: free once busy drops to 0 */
-	unsigned lost : 1;                 /* no valid copy left anywhere: must be recomputed */
-	unsigned protect : 1;              /* kept in its tiers by the engine (schedule
+	uint8_t live : 1;                  /* owned by a sequence (or dying) */
+	uint8_t dead : 1;                  /* owner gone: free once busy drops to 0 */
+	uint8_t lost : 1;                  /* no valid copy left anywhere: must be recomputed */
+	uint8_t protect : 1;               /* kept in its tiers by the engine (schedule
 	                                      hints): eviction skips it like a pin */
-	unsigned wanted : 1;               /* asked back to HBM (resume, prepare, append) since
+	uint8_t wanted : 1;                /* asked back to HBM (resume, prepare, append) since
 	                                      its last demotion started: a demotion in flight
 	                                      keeps its source and stops where it is */
-	unsigned hashed : 1;               /* hash is set (a full block of known tokens) */
-	unsigned indexed : 1;              /* in the prefix index (shareable) */
-	uint64_t hint_no;                  /* e->hint_seq of the latest hint announcing it (for
-	                                      any sequence holding it); 0 = none: reclaim
-	                                      spares it while set (engine/hint.c) */
+	uint8_t hashed : 1;                /* hash is set (a full block of known tokens) */
+	uint8_t indexed : 1;               /* in the prefix index (shareable) */
+	uint8_t written : 1;               /* appended to at least once (has contents) */
+	uint8_t stale : KVT_TIER_COUNT;    /* bit t: its INFLIGHT copy in tier t carries an
+	                                      older version (appended to since it started) */
+	uint8_t promoted : 1;              /* promoted to HBM since its last access by a batch
+	                                      (stats.repromotions, engine/batch.c) */
+	uint8_t busy : 3;                  /* transfers in flight on its copies (see above) */
 };
+
+/* The 16-bit stamp of hint number @no (never 0, which means "none"): two hints 65,535 apart
+ * share a stamp, which can only end the sparing of a block early (engine/hint.c). */
+static inline uint16_t
+kvt_hint_stamp(uint64_t no)
+{
+	return (uint16_t)no ? (uint16_t)no : 1;
+}
+
+#define KVT_BCHUNK_SHIFT 8u                   /* block records per chunk: 1 << this */
+#define KVT_BCHUNK (1u << KVT_BCHUNK_SHIFT)
 
 #define KVT_MAX_BUDGETS 64 /* tenants with a tier budget */
 
@@ -97,27 +119,38 @@ struct kvt_budget {
 	uint64_t used[KVT_TIER_COUNT];   /* slots its blocks hold (present or being written) */
 };
 
-/* One sealed block in the prefix index (its key is the block's hash). */
-struct kvt_pentry {
-	uint32_t block; /* block id; KVT_NIL = empty, KVT_NIL - 1 = deleted */
-	uint32_t tok;   /* its own copy of its tokens: pool entry (struct kvt_prefix.pool);
-	                   KVT_NIL = borrowed from its creator sequence (b->seq at b->index) */
-};
+/* One sealed block in the prefix index (its key is the block's hash), 4 bytes: KVT_PFX_EMPTY,
+ * KVT_PFX_TOMB (deleted), a block id below KVT_PFX_OWNED (its tokens borrowed from its creator
+ * sequence, b->seq at b->index), or KVT_PFX_OWNED | k: the block has its own copy of its tokens
+ * in pool entry k, and pool_block[k] names the block. */
+#define KVT_PFX_EMPTY KVT_NIL
+#define KVT_PFX_TOMB (KVT_NIL - 1)
+#define KVT_PFX_OWNED 0x80000000u /* block ids stay below it (KVT_MAX_BLOCKS) */
+#define KVT_MAX_BLOCKS KVT_PFX_OWNED
 
 /* The prefix index: open addressing over a power-of-two table, plus a pool of token copies
  * for the indexed blocks whose creator sequence has dropped them. */
 struct kvt_prefix {
-	struct kvt_pentry *tab; /* [cap] */
+	uint32_t *tab;          /* [cap] entries (see KVT_PFX_OWNED) */
 	uint64_t cap;           /* slots (0 before first use) */
 	uint64_t n;             /* live entries */
 	uint64_t tombs;         /* deleted entries still in probe chains */
 	uint64_t collisions;    /* keys found whose tokens differed */
 	uint64_t owned;         /* entries with their own token copy (pool entries in use) */
 	int32_t *pool;          /* [pool_cap * tokens_per_block] token copies */
-	uint32_t *pool_free;    /* [pool_cap] stack of free pool entries */
+	uint32_t *pool_block;   /* [pool_cap] block owning the entry; a free entry: the next
+	                           free one (KVT_NIL ends the list) */
+	uint32_t pool_free;     /* first free pool entry, KVT_NIL = none */
 	uint32_t pool_cap;      /* pool entries */
-	uint32_t n_pool_free;   /* entries on pool_free */
+	uint32_t n_pool_free;   /* free pool entries */
 };
+
+/* The block an index entry @v (neither empty nor deleted) names. */
+static inline uint32_t
+kvt_pentry_block(const struct kvt_prefix *p, uint32_t v)
+{
+	return v & KVT_PFX_OWNED ? p->pool_block[v & ~KVT_PFX_OWNED] : v;
+}
 
 /* Laid out for size (128 bytes): 64-bit fields and pointers first. */
 struct kvt_seqrec {
@@ -155,7 +188,6 @@ struct kvt_xfer {
 	uint32_t block;     /* block id */
 	uint32_t src_slot;  /* slot read */
 	uint32_t dst_slot;  /* slot written */
-	uint32_t ver;       /* block version the copy carries */
 	uint8_t kind;       /* enum kvt_xfer_kind (== enum kvt_move) */
 	uint8_t evict_src;  /* drop the source copy when this completes (demotion) */
 	uint8_t then_nvme;  /* D2H: continue down to NVMe when done (park to NVMe) */
@@ -228,14 +260,18 @@ struct kvt_engine {
 	                                       to 4 KiB with an NVME tier (O_DIRECT, zero-copy) */
 	bool host_pinned;                   /* host_base is page-locked */
 	struct kvt_nvme *nvme;              /* NVME tier or NULL */
-	struct kvt_slots slots[KVT_TIER_COUNT]; /* slot allocators (n_slots 0 = tier absent) */
-	uint32_t *owner[KVT_TIER_COUNT];    /* slot -> block id (KVT_NIL when free) */
-	struct kvt_evict evict[KVT_TIER_COUNT]; /* LRU per tier */
+	struct kvt_slots slots[KVT_TIER_COUNT]; /* slot allocators (n_slots 0 = tier absent);
+	                                       they also keep each slot's owner (kvt_owner) */
+	struct kvt_evict evict[KVT_TIER_COUNT]; /* eviction policy per tier */
+	struct kvt_evict_keys evkeys[KVT_TIER_COUNT]; /* its slot keys: b->slot[tier] and back */
 	struct kvt_xstream d2h;             /* HBM -> HOST copies */
 	struct kvt_xstream h2d;             /* HOST -> HBM copies */
 	uint32_t layers_per_group;          /* layers per H2D layer group (events per group) */
 	uint32_t n_lgroups;                 /* layer groups: ceil(n_layers / layers_per_group) */
 	uint64_t hint_seq;                  /* hints given so far (orders hints and batches) */
+	uint64_t *hbm_h2d_seqno;            /* [HBM slots] h2d group carrying the latest
+	                                       host-to-device copy into the slot (valid while
+	                                       its block's HBM copy is INFLIGHT) */
 	bool prefetching;                   /* promotions issued now are ahead of need (hint,
 	                                       resume): counted as prefetched bytes */
 	bool evict_hinted;                  /* reclaim may take blocks of hinted ranges (set only
@@ -245,8 +281,12 @@ struct kvt_engine {
 	uint32_t n_ev_pool, cap_ev_pool;    /* entries / capacity */
 	struct kvt_xfer *xfer_free;         /* free transfer records */
 	uint32_t nvme_inflight;             /* NVMe IOs submitted, not reaped */
-	struct kvt_block *blocks;           /* [cap_blocks] */
-	uint32_t cap_blocks;                /* capacity */
+	struct kvt_block **bchunk;          /* [cap_bchunks] chunks of KVT_BCHUNK block records
+	                                       (kvt_blk): the table grows a chunk at a time,
+	                                       records never move */
+	uint32_t cap_bchunks;               /* entries of bchunk (the first cap_blocks /
+	                                       KVT_BCHUNK point to chunks) */
+	uint32_t cap_blocks;                /* block records (a multiple of KVT_BCHUNK) */
 	uint32_t block_free;                /* free list head (KVT_NIL = none) */
 	uint32_t n_live_blocks;             /* blocks live */
 	struct kvt_seqrec *seqs;            /* [cap_seqs] */
@@ -274,9 +314,6 @@ struct kvt_engine {
 	struct kvt_prefix prefix;           /* index of sealed blocks (engine/prefix.c) */
 	struct kvt_budget budget[KVT_MAX_BUDGETS]; /* per-tenant tier budgets (engine/tenant.c) */
 	uint32_t n_budgets;                 /* entries in budget */
-	uint8_t *promo_mark;                /* [promo_cap] 1: promoted to HBM since its last
-	                                       access (stats.repromotions, engine/batch.c) */
-	uint32_t promo_cap;                 /* entries of promo_mark */
 };
 
 /* ---- engine.c */
@@ -297,7 +334,7 @@ void kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot); /* an unused 
  * the block's copy there is forgotten. */
 void kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t block);
 void kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier); /* free a PRESENT copy */
-void kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier, uint32_t ver);
+void kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier); /* current bytes */
 void kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier); /* an INFLIGHT copy failed */
 void kvt_block_bump_ver(struct kvt_engine *e, uint32_t id); /* contents change: drop stale */
 void kvt_block_pin(struct kvt_engine *e, uint32_t id);
@@ -427,6 +464,29 @@ int kvt_seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, 
 
 /* ---- engine/check.c: consistency walk for tests (returns 0 or -EINVAL with a message) */
 int kvt_engine_check(struct kvt_engine *e);
+
+/* Block record @id (< e->cap_blocks). Records never move: the pointer stays valid until the
+ * engine is destroyed. */
+static inline struct kvt_block *
+kvt_blk(const struct kvt_engine *e, uint32_t id)
+{
+	return &e->bchunk[id >> KVT_BCHUNK_SHIFT][id & (KVT_BCHUNK - 1)];
+}
+
+/* The owner of @slot of @tier: a block id, a KVT_SLOT_* marker, or KVT_NIL when free. The map
+ * lives in the slot allocator's entries (tiers/slots.h), whose free ones link the free list. */
+static inline uint32_t
+kvt_owner(const struct kvt_engine *e, int tier, uint32_t slot)
+{
+	return kvt_slots_owner(&e->slots[tier], slot);
+}
+
+/* Set the owner of allocated @slot of @tier (see kvt_owner; a free slot keeps none). */
+static inline void
+kvt_owner_set(struct kvt_engine *e, int tier, uint32_t slot, uint32_t owner)
+{
+	kvt_slots_set_owner(&e->slots[tier], slot, owner);
+}
 
 static inline void
 kvt_lock(struct kvt_engine *e)

@@ -54,8 +54,8 @@ kvt_hint_drop(struct kvt_engine *e, struct kvt_seqrec *s)
 	if (!s->hint_no)
 		return;
 	for (j = s->hint_first; j < end; j++)
-		if (e->blocks[s->blocks[j]].hint_no == s->hint_no)
-			e->blocks[s->blocks[j]].hint_no = 0;
+		if (kvt_blk(e, s->blocks[j])->hint_no == kvt_hint_stamp(s->hint_no))
+			kvt_blk(e, s->blocks[j])->hint_no = 0;
 	s->hint_no = 0;
 }
 
@@ -74,7 +74,7 @@ kvt_hint_end(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t mark)
 static int
 hint_stage(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	uint32_t slot;
 	int rc;
 
@@ -144,7 +144,7 @@ hint_apply(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32
 		s->hint_first = r[i].first_block;
 		s->hint_end = end;
 		for (j = r[i].first_block; j < end; j++)
-			e->blocks[s->blocks[j]].hint_no = e->hint_seq;
+			kvt_blk(e, s->blocks[j])->hint_no = kvt_hint_stamp(e->hint_seq);
 	}
 	for (i = 0; i < n && rc == 0; i++) {
 		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, NULL);

@@ -69,8 +69,8 @@ persist_unstore(struct kvt_engine *e, uint32_t from)
 		uint32_t sl = e->pend[i];
 
 		if (sl < e->slots[KVT_TIER_NVME].n_slots &&
-		    e->owner[KVT_TIER_NVME][sl] == KVT_SLOT_STORED)
-			e->owner[KVT_TIER_NVME][sl] = KVT_SLOT_PENDING;
+		    kvt_owner(e, KVT_TIER_NVME, sl) == KVT_SLOT_STORED)
+			kvt_owner_set(e, KVT_TIER_NVME, sl, KVT_SLOT_PENDING);
 	}
 }
 
@@ -97,8 +97,8 @@ persist_commit(struct kvt_engine *e)
 		uint32_t sl = e->pend[i];
 
 		if (sl < n_slots && !e->nvme_named[sl] &&
-		    e->owner[KVT_TIER_NVME][sl] == KVT_SLOT_PENDING) {
-			e->owner[KVT_TIER_NVME][sl] = KVT_NIL;
+		    kvt_owner(e, KVT_TIER_NVME, sl) == KVT_SLOT_PENDING) {
+			kvt_owner_set(e, KVT_TIER_NVME, sl, KVT_NIL);
 			kvt_slots_free(&e->slots[KVT_TIER_NVME], sl);
 			freed++;
 		}
@@ -151,7 +151,7 @@ kvt_persist_open(struct kvt_engine *e)
 	/* the journal's replay guarantees distinct, in-range slots */
 	rc = kvt_slots_take(&e->slots[KVT_TIER_NVME], slots, n);
 	for (i = 0; rc == 0 && i < n; i++)
-		e->owner[KVT_TIER_NVME][slots[i]] = KVT_SLOT_STORED;
+		kvt_owner_set(e, KVT_TIER_NVME, slots[i], KVT_SLOT_STORED);
 	for (i = 0; rc == 0 && i < kvt_store_count(e->store); i++)
 		persist_name(e, kvt_store_at(e->store, i));
 	kvt_free(slots);
@@ -207,7 +207,7 @@ persist_ready(struct kvt_engine *e, const struct kvt_seqrec *s)
 	struct kvt_nvme_slotinfo si;
 
 	for (uint32_t i = 0; i < s->n_blocks; i++) {
-		const struct kvt_block *b = &e->blocks[s->blocks[i]];
+		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
 
 		if (!kvt_copy_valid(b, KVT_TIER_NVME) ||
 		    !kvt_nvme_slot_info(e->nvme, b->slot[KVT_TIER_NVME], &si))
@@ -233,7 +233,7 @@ persist_put(struct kvt_engine *e, uint32_t idx)
 	if (!refs)
 		return kvt_err(-ENOMEM, "publishing a session of %u blocks", s->n_blocks);
 	for (uint32_t i = 0; i < s->n_blocks; i++) {
-		const struct kvt_block *b = &e->blocks[s->blocks[i]];
+		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
 		struct kvt_nvme_slotinfo si = { 0 };
 
 		/* persist_ready found every entry: the NVMe copy's metadata is the tier's */
@@ -371,13 +371,13 @@ kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap)
 static uint32_t
 persist_holder(struct kvt_engine *e, const struct kvt_fmt_blkref *r)
 {
-	uint32_t id = e->owner[KVT_TIER_NVME][r->slot];
+	uint32_t id = kvt_owner(e, KVT_TIER_NVME, r->slot);
 	struct kvt_nvme_slotinfo si;
 	const struct kvt_block *b;
 
 	if (!KVT_OWNER_IS_BLOCK(id) || id >= e->cap_blocks)
 		return KVT_NIL;
-	b = &e->blocks[id];
+	b = kvt_blk(e, id);
 	if (!b->live || b->dead || b->slot[KVT_TIER_NVME] != r->slot ||
 	    !kvt_nvme_slot_info(e->nvme, r->slot, &si) || si.key != r->key ||
 	    !kvt_copy_valid(b, KVT_TIER_NVME))
@@ -391,7 +391,7 @@ static int
 persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32_t i)
 {
 	const struct kvt_fmt_blkref *r = &rec->blocks[i];
-	uint32_t own = e->owner[KVT_TIER_NVME][r->slot];
+	uint32_t own = kvt_owner(e, KVT_TIER_NVME, r->slot);
 	struct kvt_fmt_blkhdr h;
 	int rc;
 
@@ -438,11 +438,11 @@ persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_f
 	rc = kvt_block_new(e, seq, i, &id);
 	if (rc)
 		return rc;
-	b = &e->blocks[id];
-	b->ver = 1;
+	b = kvt_blk(e, id);
+	b->written = 1;
 	b->slot[KVT_TIER_NVME] = r->slot;
-	e->owner[KVT_TIER_NVME][r->slot] = id;
-	kvt_copy_set_present(e, id, KVT_TIER_NVME, b->ver);
+	kvt_owner_set(e, KVT_TIER_NVME, r->slot, id);
+	kvt_copy_set_present(e, id, KVT_TIER_NVME);
 	*out = id;
 	return 0;
 }
@@ -454,7 +454,7 @@ persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 {
 	while (s->n_blocks) {
 		uint32_t id = s->blocks[--s->n_blocks];
-		struct kvt_block *b = &e->blocks[id];
+		struct kvt_block *b = kvt_blk(e, id);
 		uint32_t sl = b->slot[KVT_TIER_NVME];
 
 		if (b->refs > 1) {
@@ -462,7 +462,7 @@ persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 			continue;
 		}
 		e->evict[KVT_TIER_NVME].ops->remove(&e->evict[KVT_TIER_NVME], id);
-		e->owner[KVT_TIER_NVME][sl] = KVT_SLOT_STORED;
+		kvt_owner_set(e, KVT_TIER_NVME, sl, KVT_SLOT_STORED);
 		b->slot[KVT_TIER_NVME] = KVT_NIL;
 		b->state[KVT_TIER_NVME] = KVT_COPY_ABSENT;
 		kvt_block_kill(e, id);
@@ -516,7 +516,7 @@ kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t s
 	    memcmp(rec->tokens, tokens, (size_t)k * tpb * sizeof *tokens) != 0)
 		return 0;
 	for (j = k; j < max && j < rec->n_blocks && (uint64_t)(j + 1) * tpb <= rec->n_tokens; j++) {
-		uint32_t own = e->owner[KVT_TIER_NVME][rec->blocks[j].slot];
+		uint32_t own = kvt_owner(e, KVT_TIER_NVME, rec->blocks[j].slot);
 
 		if (j > k)
 			kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);
@@ -534,7 +534,7 @@ kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t s
 
 		if (persist_adopt(e, seq, j, &rec->blocks[j], &ids[j]) != 0)
 			return j - k;
-		b = &e->blocks[ids[j]];
+		b = kvt_blk(e, ids[j]);
 		memcpy(b->hash, rec->blocks[j].hash, sizeof b->hash);
 		b->hashed = 1;
 		/* -ENOMEM only costs sharing with later sequences */

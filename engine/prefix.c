@@ -17,7 +17,8 @@
  * sequence's token array (tok == KVT_NIL); when that sequence drops the block while it stays
  * indexed (cached, or shared by others), kvt_prefix_detach() gives the entry its own copy in a
  * pool of tokens_per_block-sized entries (no allocation per block; the pool keeps its high
- * water mark). An entry is 8 bytes: the key is read from the block record.
+ * water mark). An entry is 4 bytes: the key is read from the block record, and an entry with
+ * its own tokens names its pool entry, whose pool_block names the block (KVT_PFX_OWNED).
  *
  * A block enters the index when the write pin of the append that filled it is released (its
  * K/V are written by then) and leaves it in kvt_block_try_free() before any of its slots is
@@ -31,8 +32,8 @@
 
 #include "engine_impl.h"
 
-#define PFX_EMPTY KVT_NIL
-#define PFX_TOMB (KVT_NIL - 1)
+#define PFX_EMPTY KVT_PFX_EMPTY
+#define PFX_TOMB KVT_PFX_TOMB
 
 void (*kvt_test_prefix_hash)(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
 			     const uint64_t salt[2], uint64_t out[2]);
@@ -63,14 +64,23 @@ pfx_slot0(const struct kvt_prefix *p, const uint64_t h[2])
 	return (h[0] ^ (h[1] >> 7)) & (p->cap - 1);
 }
 
-/* The tokens of indexed block @id: its entry's own copy, or its creator sequence's. */
-static const int32_t *
-pfx_tokens(const struct kvt_engine *e, const struct kvt_pentry *pe)
+/* The block entry @v names (see KVT_PFX_OWNED). */
+static uint32_t
+pfx_block(const struct kvt_engine *e, uint32_t v)
 {
-	const struct kvt_block *b = &e->blocks[pe->block];
+	return kvt_pentry_block(&e->prefix, v);
+}
 
-	if (pe->tok != KVT_NIL)
-		return e->prefix.pool + (uint64_t)pe->tok * e->layout.tokens_per_block;
+/* The tokens of the block entry @v names: its own copy, or its creator sequence's. */
+static const int32_t *
+pfx_tokens(const struct kvt_engine *e, uint32_t v)
+{
+	const struct kvt_block *b;
+
+	if (v & KVT_PFX_OWNED)
+		return e->prefix.pool +
+		       (uint64_t)(v & ~KVT_PFX_OWNED) * e->layout.tokens_per_block;
+	b = kvt_blk(e, v);
 	return e->seqs[b->seq].tokens + (uint64_t)b->index * e->layout.tokens_per_block;
 }
 
@@ -79,21 +89,21 @@ pfx_grow(struct kvt_engine *e)
 {
 	struct kvt_prefix *p = &e->prefix;
 	uint64_t ncap = p->cap ? p->cap * 2 : 1024, i, j;
-	struct kvt_pentry *nt = kvt_malloc(ncap * sizeof *nt);
-	struct kvt_pentry *old = p->tab;
+	uint32_t *nt = kvt_malloc(ncap * sizeof *nt);
+	uint32_t *old = p->tab;
 
 	if (!nt)
 		return -ENOMEM;
 	for (i = 0; i < ncap; i++)
-		nt[i].block = PFX_EMPTY;
+		nt[i] = PFX_EMPTY;
 	p->tab = nt;
 	for (i = 0; i < p->cap; i++) {
 		const uint64_t *h;
 
-		if (old[i].block >= PFX_TOMB)
+		if (old[i] >= PFX_TOMB)
 			continue;
-		h = e->blocks[old[i].block].hash;
-		for (j = (h[0] ^ (h[1] >> 7)) & (ncap - 1); nt[j].block != PFX_EMPTY;
+		h = kvt_blk(e, pfx_block(e, old[i]))->hash;
+		for (j = (h[0] ^ (h[1] >> 7)) & (ncap - 1); nt[j] != PFX_EMPTY;
 		     j = (j + 1) & (ncap - 1))
 			;
 		nt[j] = old[i];
@@ -105,7 +115,7 @@ pfx_grow(struct kvt_engine *e)
 }
 
 /* The entry holding key @h, or NULL. */
-static struct kvt_pentry *
+static uint32_t *
 pfx_find_key(struct kvt_engine *e, const uint64_t h[2])
 {
 	struct kvt_prefix *p = &e->prefix;
@@ -113,12 +123,12 @@ pfx_find_key(struct kvt_engine *e, const uint64_t h[2])
 
 	if (!p->cap)
 		return NULL;
-	for (i = pfx_slot0(p, h); p->tab[i].block != PFX_EMPTY; i = (i + 1) & (p->cap - 1)) {
+	for (i = pfx_slot0(p, h); p->tab[i] != PFX_EMPTY; i = (i + 1) & (p->cap - 1)) {
 		const uint64_t *k;
 
-		if (p->tab[i].block == PFX_TOMB)
+		if (p->tab[i] == PFX_TOMB)
 			continue;
-		k = e->blocks[p->tab[i].block].hash;
+		k = kvt_blk(e, pfx_block(e, p->tab[i]))->hash;
 		if (k[0] == h[0] && k[1] == h[1])
 			return &p->tab[i];
 	}
@@ -128,43 +138,42 @@ pfx_find_key(struct kvt_engine *e, const uint64_t h[2])
 uint32_t
 kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2])
 {
-	struct kvt_pentry *pe = pfx_find_key(e, h);
+	uint32_t *pe = pfx_find_key(e, h);
 
-	return pe ? pe->block : KVT_NIL;
+	return pe ? pfx_block(e, *pe) : KVT_NIL;
 }
 
 uint32_t
 kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens)
 {
-	struct kvt_pentry *pe = pfx_find_key(e, h);
+	uint32_t *pe = pfx_find_key(e, h);
 	uint32_t tpb = e->layout.tokens_per_block;
 
 	if (!pe)
 		return KVT_NIL;
-	if (memcmp(pfx_tokens(e, pe), tokens, (size_t)tpb * sizeof *tokens) != 0) {
+	if (memcmp(pfx_tokens(e, *pe), tokens, (size_t)tpb * sizeof *tokens) != 0) {
 		e->prefix.collisions++; /* same key, other tokens: never share it */
 		return KVT_NIL;
 	}
-	return pe->block;
+	return pfx_block(e, *pe);
 }
 
 int
 kvt_prefix_insert(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_prefix *p = &e->prefix;
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	uint64_t i;
 
 	if (b->indexed || pfx_find_key(e, b->hash))
 		return 0; /* already there (same content elsewhere, or a collision): not shared */
 	if ((p->n + p->tombs + 1) * 10 > p->cap * 7 && pfx_grow(e))
 		return -ENOMEM;
-	for (i = pfx_slot0(p, b->hash); p->tab[i].block < PFX_TOMB; i = (i + 1) & (p->cap - 1))
+	for (i = pfx_slot0(p, b->hash); p->tab[i] < PFX_TOMB; i = (i + 1) & (p->cap - 1))
 		;
-	if (p->tab[i].block == PFX_TOMB)
+	if (p->tab[i] == PFX_TOMB)
 		p->tombs--;
-	p->tab[i].block = id;
-	p->tab[i].tok = KVT_NIL; /* borrowed from b->seq until it drops the block */
+	p->tab[i] = id; /* tokens borrowed from b->seq until it drops the block */
 	p->n++;
 	b->indexed = 1;
 	return 0;
@@ -173,18 +182,21 @@ kvt_prefix_insert(struct kvt_engine *e, uint32_t id)
 void
 kvt_prefix_remove(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
-	struct kvt_pentry *pe;
+	struct kvt_block *b = kvt_blk(e, id);
+	struct kvt_prefix *p = &e->prefix;
+	uint32_t *pe;
 
 	if (!b->indexed)
 		return;
 	pe = pfx_find_key(e, b->hash);
-	if (pe && pe->block == id) {
-		if (pe->tok != KVT_NIL) {
-			e->prefix.pool_free[e->prefix.n_pool_free++] = pe->tok;
-			e->prefix.owned--;
+	if (pe && pfx_block(e, *pe) == id) {
+		if (*pe & KVT_PFX_OWNED) { /* its pool entry goes back on the free list */
+			p->pool_block[*pe & ~KVT_PFX_OWNED] = p->pool_free;
+			p->pool_free = *pe & ~KVT_PFX_OWNED;
+			p->n_pool_free++;
+			p->owned--;
 		}
-		pe->block = PFX_TOMB;
+		*pe = PFX_TOMB;
 		e->prefix.n--;
 		e->prefix.tombs++;
 	}
@@ -200,16 +212,19 @@ pfx_pool_grow(struct kvt_engine *e)
 	uint32_t ncap = p->pool_cap + (p->pool_cap / 8 > 64 ? p->pool_cap / 8 : 64), i;
 	void *np;
 
-	if (ncap >= KVT_NIL || ncap < p->pool_cap)
+	if (ncap >= KVT_PFX_TOMB - KVT_PFX_OWNED || ncap < p->pool_cap)
 		return -ENOMEM;
-	if (!(np = kvt_realloc(p->pool_free, (size_t)ncap * sizeof *p->pool_free)))
+	if (!(np = kvt_realloc(p->pool_block, (size_t)ncap * sizeof *p->pool_block)))
 		return -ENOMEM;
-	p->pool_free = np;
+	p->pool_block = np;
 	if (!(np = kvt_realloc(p->pool, (size_t)ncap * tpb * sizeof *p->pool)))
 		return -ENOMEM;
 	p->pool = np;
-	for (i = ncap; i-- > p->pool_cap;)
-		p->pool_free[p->n_pool_free++] = i;
+	for (i = ncap; i-- > p->pool_cap;) { /* lowest new entry first */
+		p->pool_block[i] = p->pool_free;
+		p->pool_free = i;
+		p->n_pool_free++;
+	}
 	p->pool_cap = ncap;
 	return 0;
 }
@@ -219,20 +234,23 @@ kvt_prefix_detach(struct kvt_engine *e, uint32_t id)
 {
 	uint32_t tpb = e->layout.tokens_per_block, k;
 	struct kvt_prefix *p = &e->prefix;
-	struct kvt_pentry *pe;
+	uint32_t *pe;
 
-	if (!e->blocks[id].indexed)
+	if (!kvt_blk(e, id)->indexed)
 		return 0;
-	pe = pfx_find_key(e, e->blocks[id].hash);
-	if (!pe || pe->block != id || pe->tok != KVT_NIL)
+	pe = pfx_find_key(e, kvt_blk(e, id)->hash);
+	if (!pe || *pe != id) /* not its entry, or it owns its tokens already */
 		return 0;
 	if (!p->n_pool_free && pfx_pool_grow(e)) {
 		kvt_prefix_remove(e, id); /* unshareable, never wrong */
 		return -ENOMEM;
 	}
-	k = p->pool_free[--p->n_pool_free];
-	memcpy(p->pool + (uint64_t)k * tpb, pfx_tokens(e, pe), (size_t)tpb * sizeof *p->pool);
-	pe->tok = k;
+	k = p->pool_free;
+	p->pool_free = p->pool_block[k];
+	p->n_pool_free--;
+	memcpy(p->pool + (uint64_t)k * tpb, pfx_tokens(e, *pe), (size_t)tpb * sizeof *p->pool);
+	p->pool_block[k] = id;
+	*pe = KVT_PFX_OWNED | k;
 	p->owned++;
 	return 0;
 }
@@ -241,16 +259,17 @@ void
 kvt_prefix_fini(struct kvt_engine *e)
 {
 	kvt_free(e->prefix.pool);
-	kvt_free(e->prefix.pool_free);
+	kvt_free(e->prefix.pool_block);
 	kvt_free(e->prefix.tab);
 	memset(&e->prefix, 0, sizeof e->prefix);
+	e->prefix.pool_free = KVT_NIL;
 }
 
 uint64_t
 kvt_prefix_meta_bytes(const struct kvt_engine *e)
 {
-	return e->prefix.cap * sizeof(struct kvt_pentry) +
-	       (uint64_t)e->prefix.pool_cap * sizeof *e->prefix.pool_free;
+	return e->prefix.cap * sizeof *e->prefix.tab +
+	       (uint64_t)e->prefix.pool_cap * sizeof *e->prefix.pool_block;
 }
 
 uint64_t
@@ -269,7 +288,7 @@ pfx_usable(const struct kvt_block *b)
 		return false;
 	for (t = 0; t < KVT_TIER_COUNT; t++)
 		if (kvt_copy_valid(b, t) ||
-		    (b->state[t] == KVT_COPY_INFLIGHT && b->copy_ver[t] == b->ver))
+		    (b->state[t] == KVT_COPY_INFLIGHT && !(b->stale >> t & 1)))
 			return true;
 	return false;
 }
@@ -285,7 +304,7 @@ kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const u
 		e->st.prefix_lookups++;
 		kvt_prefix_hash(h, tokens + (uint64_t)k * tpb, tpb, salt, h);
 		id = kvt_prefix_find(e, h, tokens + (uint64_t)k * tpb);
-		if (id == KVT_NIL || !pfx_usable(&e->blocks[id]))
+		if (id == KVT_NIL || !pfx_usable(kvt_blk(e, id)))
 			break;
 		if (ids)
 			ids[k] = id;

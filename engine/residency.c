@@ -40,14 +40,14 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	uint32_t slot;
 	int rc;
 
-	if (valid_elsewhere(&e->blocks[id], tier)) {
+	if (valid_elsewhere(kvt_blk(e, id), tier)) {
 		kvt_copy_drop(e, id, tier);
 		e->st.tier[tier].evictions++;
 		e->st.evictions++;
 		return 1;
 	}
 	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots) {
-		if (e->blocks[id].refs == 0) { /* a cached prefix block nobody holds: drop it */
+		if (kvt_blk(e, id)->refs == 0) { /* a cached prefix block nobody holds: drop it */
 			kvt_block_uncache(e, id);
 			e->st.tier[tier].evictions++;
 			e->st.evictions++;
@@ -59,7 +59,7 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	 * cannot pick it again (or drop its other copies) halfway. */
 	if (tier == KVT_TIER_HOST && !may_wait && kvt_nvme_free_qd(e->nvme) == 0)
 		return -EAGAIN; /* no IO slot: do not make room below for nothing */
-	e->blocks[id].wanted = 0;
+	kvt_blk(e, id)->wanted = 0;
 	kvt_block_pin(e, id);
 	rc = kvt_reclaim(e, tier + 1, 1, may_wait);
 	if (rc == 0)
@@ -71,8 +71,8 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 			rc = kvt_xfer_h2n(e, id, slot, true, may_wait);
 	}
 	kvt_block_unpin(e, id);
-	if (rc == -ENOSPC && e->blocks[id].refs == 0 && !e->blocks[id].busy &&
-	    !e->blocks[id].pins) {
+	if (rc == -ENOSPC && kvt_blk(e, id)->refs == 0 && !kvt_blk(e, id)->busy &&
+	    !kvt_blk(e, id)->pins) {
 		kvt_block_uncache(e, id); /* a cached block with no room below: forget it */
 		e->st.tier[tier].evictions++;
 		e->st.evictions++;
@@ -92,7 +92,7 @@ reclaim_evict(struct kvt_engine *e, int tier, const uint32_t *cand, uint32_t n, 
 	int rc;
 
 	for (i = 0; i < n && sl->n_free + e->demoting[tier] < need; i++) {
-		struct kvt_block *b = &e->blocks[cand[i]];
+		struct kvt_block *b = kvt_blk(e, cand[i]);
 
 		if (!kvt_copy_evictable(b, tier) ||
 		    ((clean_only || *below_full) && !valid_elsewhere(b, tier)))
@@ -176,8 +176,8 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 		n = 0;
 		for (id = ev->ops->victim_first(ev); id != KVT_NIL && n < limit;
 		     id = ev->ops->victim_next(ev, id))
-			if (kvt_copy_evictable(&e->blocks[id], tier) &&
-			    !kvt_hint_spares(e, &e->blocks[id], tier))
+			if (kvt_copy_evictable(kvt_blk(e, id), tier) &&
+			    !kvt_hint_spares(e, kvt_blk(e, id), tier))
 				cand[n++] = id;
 		reclaim_ranked(e, tier, cand, n, need, may_wait, full, &below_full, progress);
 		if (cand != stackc)
@@ -210,11 +210,11 @@ kvt_nvme_enospc(struct kvt_engine *e)
 	e->nvme_backoff_until = now + KVT_ENOSPC_BACKOFF_NS;
 	for (id = ev->ops->victim_first(ev); id != KVT_NIL && n < KVT_ENOSPC_DROP;
 	     id = ev->ops->victim_next(ev, id))
-		if (kvt_copy_evictable(&e->blocks[id], KVT_TIER_NVME) &&
-		    valid_elsewhere(&e->blocks[id], KVT_TIER_NVME))
+		if (kvt_copy_evictable(kvt_blk(e, id), KVT_TIER_NVME) &&
+		    valid_elsewhere(kvt_blk(e, id), KVT_TIER_NVME))
 			cand[n++] = id;
 	for (uint32_t i = 0; i < n; i++) {
-		uint32_t slot = e->blocks[cand[i]].slot[KVT_TIER_NVME];
+		uint32_t slot = kvt_blk(e, cand[i])->slot[KVT_TIER_NVME];
 
 		kvt_copy_drop(e, cand[i], KVT_TIER_NVME);
 		/* a slot a published record still names keeps its data (restorable after a
@@ -294,7 +294,7 @@ kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n)
 	uint32_t i, want = 0;
 
 	for (i = 0; i < n; i++) {
-		const struct kvt_block *b = &e->blocks[ids[i]];
+		const struct kvt_block *b = kvt_blk(e, ids[i]);
 
 		/* only blocks that can go up now: one still below @tier + 1 would hold its slot
 		 * idle, and making room for it early can take the room its own read needs */
@@ -311,28 +311,28 @@ kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n)
 int
 kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait)
 {
-	uint8_t was = e->blocks[id].protect;
+	uint8_t was = kvt_blk(e, id)->protect;
 	int rc;
 
 	/* its HOST copy is about to be read: the cascade must not drop it, even where a valid
 	 * NVMe copy would make it droppable for a pinned block (kvt_copy_evictable) */
-	e->blocks[id].protect = 1;
+	kvt_blk(e, id)->protect = 1;
 	rc = kvt_reclaim(e, KVT_TIER_HBM, 1, may_wait);
-	e->blocks[id].protect = was;
+	kvt_blk(e, id)->protect = was;
 	return rc;
 }
 
 int
 kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	uint32_t slot;
 	int rc = 0;
 
 	kvt_block_pin(e, id); /* the lookup pins it: scenario (c) of the v0 issue */
-	e->blocks[id].wanted = 1; /* a demotion still in flight keeps its HBM copy */
+	kvt_blk(e, id)->wanted = 1; /* a demotion still in flight keeps its HBM copy */
 	for (;;) {
-		b = &e->blocks[id];
+		b = kvt_blk(e, id);
 		if (b->lost) {
 			rc = KVT_ELOST;
 			break;
@@ -371,7 +371,7 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 			continue;
 		}
 		kvt_block_check_lost(e, id);
-		rc = e->blocks[id].lost ? KVT_ELOST : -ENOSPC;
+		rc = kvt_blk(e, id)->lost ? KVT_ELOST : -ENOSPC;
 		break;
 	}
 	kvt_block_unpin(e, id);
@@ -385,14 +385,14 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 	uint32_t slot;
 	int rc = 0, t;
 
-	while (e->blocks[id].busy) {
+	while (kvt_blk(e, id)->busy) {
 		if (!may_wait)
 			return -EAGAIN;
 		rc = kvt_xfer_wait_any(e);
 		if (rc < 0)
 			return rc;
 	}
-	b = &e->blocks[id];
+	b = kvt_blk(e, id);
 	if (b->pins)
 		return KVT_EBUSY;
 	b->wanted = 0; /* parked: its demotion goes all the way */

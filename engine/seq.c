@@ -163,8 +163,8 @@ seq_hash_blocks(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t from, uint6
 	uint32_t tpb = e->layout.tokens_per_block, k, i;
 
 	for (k = (uint32_t)(from / tpb); (uint64_t)(k + 1) * tpb <= end; k++) {
-		struct kvt_block *b = &e->blocks[s->blocks[k]];
-		const struct kvt_block *p = k ? &e->blocks[s->blocks[k - 1]] : NULL;
+		struct kvt_block *b = kvt_blk(e, s->blocks[k]);
+		const struct kvt_block *p = k ? kvt_blk(e, s->blocks[k - 1]) : NULL;
 		const int32_t *tok = s->tokens + (uint64_t)k * tpb;
 
 		if (b->hashed)
@@ -185,7 +185,7 @@ kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s)
 	uint32_t i;
 
 	for (i = 0; i < s->n_wpins; i++) {
-		struct kvt_block *b = &e->blocks[s->wpins[i]];
+		struct kvt_block *b = kvt_blk(e, s->wpins[i]);
 
 		/* only the creator indexes a block (its tokens are borrowed from s) */
 		if (b->hashed && !b->indexed && !b->lost && b->live && !b->dead &&
@@ -209,7 +209,7 @@ kvt_seq_unpin_writes(struct kvt_engine *e, struct kvt_seqrec *s)
 static void
 seq_drop_block(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t id)
 {
-	uint32_t owner = e->blocks[id].seq;
+	uint32_t owner = kvt_blk(e, id)->seq;
 
 	if (owner < e->cap_seqs && &e->seqs[owner] == s)
 		(void)kvt_prefix_detach(e, id); /* -ENOMEM: left the index, still correct */
@@ -338,7 +338,7 @@ seq_ready_last(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t *block)
 	int rc;
 
 	for (;;) {
-		struct kvt_block *b = &e->blocks[id];
+		struct kvt_block *b = kvt_blk(e, id);
 
 		if (kvt_copy_valid(b, KVT_TIER_HBM) && !b->busy)
 			break;
@@ -414,16 +414,16 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 				     e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots);
 			goto undo;
 		}
-		e->blocks[id].slot[KVT_TIER_HBM] = slot;
+		kvt_blk(e, id)->slot[KVT_TIER_HBM] = slot;
 		kvt_block_bump_ver(e, id);
-		kvt_copy_set_present(e, id, KVT_TIER_HBM, e->blocks[id].ver);
+		kvt_copy_set_present(e, id, KVT_TIER_HBM);
 		s->blocks[s->n_blocks++] = id;
 		s->wpins[s->n_wpins++] = id; /* pinned above */
 	}
 	for (pos = s->n_tokens; pos < end; pos++) {
 		id = s->blocks[pos / tpb];
 		slot_mapping[pos - s->n_tokens] =
-			(int64_t)e->blocks[id].slot[KVT_TIER_HBM] * tpb + (int64_t)(pos % tpb);
+			(int64_t)kvt_blk(e, id)->slot[KVT_TIER_HBM] * tpb + (int64_t)(pos % tpb);
 		s->tokens[pos] = tokens ? tokens[pos - s->n_tokens] : -1;
 	}
 	seq_hash_blocks(e, s, s->n_tokens, end);
@@ -537,7 +537,7 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 	kvt_hint_drop(e, s); /* parked: whatever was announced for it no longer holds */
 	for (i = 0; i < s->n_blocks && rc == 0; i++) {
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
-		if (rc == KVT_EBUSY && e->blocks[s->blocks[i]].refs > 1)
+		if (rc == KVT_EBUSY && kvt_blk(e, s->blocks[i])->refs > 1)
 			rc = 0; /* shared, and in another sequence's batch: it stays for that one */
 		if (rc == -ENOSPC)
 			rc = kvt_err(-ENOSPC, "no room below HBM to park block %u of sequence %u",
@@ -608,7 +608,7 @@ kvt_seq_info(struct kvt_engine *e, kvt_seq_id id, struct kvt_seq_info *out)
 	out->parked = s->parked;
 	for (i = 0; i < s->n_blocks; i++)
 		for (t = 0; t < KVT_TIER_COUNT; t++)
-			out->blocks_in[t] += kvt_copy_valid(&e->blocks[s->blocks[i]], t);
+			out->blocks_in[t] += kvt_copy_valid(kvt_blk(e, s->blocks[i]), t);
 	kvt_unlock(e);
 	return 0;
 }
@@ -712,7 +712,7 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 	kvt_lock(e);
 	k = kvt_prefix_walk(e, tokens, n, salt, ids, (uint32_t)(n / tpb));
 	for (i = 0; i < k; i++) {
-		int t = seq_best_tier(&e->blocks[ids[i]]);
+		int t = seq_best_tier(kvt_blk(e, ids[i]));
 
 		worst = t > worst ? t : worst;
 	}
@@ -750,7 +750,7 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 	mem = k;
 	k += kvt_persist_prefix(e, tokens, s->salt, k, max, (uint32_t)(s - e->seqs), ids);
 	for (i = 0; i < k; i++) {
-		struct kvt_block *b = &e->blocks[ids[i]];
+		struct kvt_block *b = kvt_blk(e, ids[i]);
 		int t = seq_best_tier(b);
 
 		if (i < mem)

@@ -30,7 +30,7 @@ kvt_tenant_slot(const struct kvt_engine *e, uint32_t tenant)
 void
 kvt_tenant_account(struct kvt_engine *e, uint32_t block, int tier, int delta)
 {
-	uint8_t ts = e->blocks[block].tslot;
+	uint8_t ts = kvt_blk(e, block)->tslot;
 
 	if (!ts)
 		return;
@@ -49,7 +49,7 @@ tenant_enforce_tier(struct kvt_engine *e, int tier)
 	uint32_t id, next, seen = 0;
 
 	for (id = ev->ops->victim_first(ev); id != KVT_NIL && seen < TENANT_SCAN_MAX; id = next) {
-		struct kvt_block *b = &e->blocks[id];
+		struct kvt_block *b = kvt_blk(e, id);
 		uint32_t k = b->tslot ? b->tslot - 1u : 0;
 		struct kvt_budget *bu = b->tslot ? &e->budget[k] : NULL;
 
@@ -105,7 +105,7 @@ kvt_tenant_set_budget(struct kvt_engine *e, uint32_t tenant, enum kvt_tier tier,
 		e->budget[ts - 1] = (struct kvt_budget){ .tenant = tenant };
 		/* tag the tenant's existing blocks and count their slots */
 		for (id = 0; id < e->cap_blocks; id++) {
-			struct kvt_block *b = &e->blocks[id];
+			struct kvt_block *b = kvt_blk(e, id);
 
 			if (!b->live || b->seq >= e->cap_seqs || e->seqs[b->seq].tenant != tenant)
 				continue;

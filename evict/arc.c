@@ -30,6 +30,12 @@
  * Engine mapping: insert = a copy appeared in this tier (a ghost hit when it was evicted from
  * this tier recently), access = a batch used it, remove = the copy left this tier (remembered as
  * a ghost), forget = the block was freed (its id now names other content: no ghost).
+ *
+ * Memory: the resident lists T1 and T2 live in arrays indexed by key (the copy's slot with slot
+ * keys, else the id: links 8 B, tag 1 B, clock 4 B per key); the ghosts B1 and B2, which have no
+ * slot, live in a pool of entries (links, id, list: 13 B) found by id through an open-addressing
+ * hash (linear probing, deletion by backward shift, at most half full), grown on demand and
+ * bounded by the ghost lists' room (ARC_GHOST_MULT x capacity each).
  */
 #include <errno.h>
 #include <string.h>
@@ -43,11 +49,18 @@ enum { ARC_T1 = 0, ARC_T2 = 1, ARC_B1 = 2, ARC_B2 = 3, ARC_NONE = 0xff };
 #define ARC_EVIDENCE_DIV 2u   /* ARC order once the ghosts hold >= 1/this of their room */
 
 struct arc_state {
-	uint8_t *tag;          /* [cap] list of the id (ARC_T1..ARC_B2) or ARC_NONE */
-	struct kvt_elist l[4]; /* T1, T2 (resident), B1, B2 (ghosts) */
-	double p;              /* target size of T1, 0..capacity */
-	uint32_t *stamp;       /* [cap] clock at the id's last insert or use (LRU order) */
-	uint32_t clock;        /* inserts and uses so far (wraps; ages are differences) */
+	uint8_t *tag;            /* [cap] list of the key (ARC_T1, ARC_T2) or ARC_NONE */
+	struct kvt_elist l[4];   /* T1, T2 (resident, over keys), B1, B2 (ghosts, over entries) */
+	double p;                /* target size of T1, 0..capacity */
+	uint32_t *stamp;         /* [cap] clock at the key's last insert or use (LRU order) */
+	uint32_t clock;          /* inserts and uses so far (wraps; ages are differences) */
+	struct kvt_lru_link *glink; /* [gcap] ghost entries' list links */
+	uint32_t *gid;           /* [gcap] the ghost's id; a free entry: the next free one */
+	uint8_t *gtag;           /* [gcap] ARC_B1, ARC_B2, or ARC_NONE (free) */
+	uint32_t gcap;           /* ghost entries */
+	uint32_t gfree;          /* first free entry or KVT_NIL */
+	uint32_t *ghash;         /* [hcap] entry of a ghost, by id; KVT_NIL = empty */
+	uint32_t hcap;           /* power of two (0 before the first ghost) */
 };
 
 static struct arc_state *
@@ -59,7 +72,9 @@ arc_st(const struct kvt_evict *ev)
 static bool
 arc_contains(const struct kvt_evict *ev, uint32_t id)
 {
-	return id < ev->cap && arc_st(ev)->tag[id] <= ARC_T2;
+	uint32_t k = kvt_evict_key(ev, id);
+
+	return k < ev->cap && arc_st(ev)->tag[k] <= ARC_T2;
 }
 
 static int
@@ -76,8 +91,11 @@ arc_reserve(struct kvt_evict *ev, uint32_t n_ids)
 		for (i = 0; i < 4; i++)
 			kvt_elist_init(&st->l[i]);
 		st->p = ev->capacity / 5.0; /* no evidence yet: T1 may keep a fifth */
+		st->gfree = KVT_NIL;
 		ev->priv = st;
 	}
+	if (ev->keys)
+		n_ids = ev->capacity; /* keys are slots: as many as the tier has */
 	if (n_ids <= old)
 		return 0;
 	if (kvt_elist_links_grow(ev, n_ids))
@@ -104,28 +122,174 @@ arc_fini(struct kvt_evict *ev)
 	if (st) {
 		kvt_free(st->tag);
 		kvt_free(st->stamp);
+		kvt_free(st->glink);
+		kvt_free(st->gid);
+		kvt_free(st->gtag);
+		kvt_free(st->ghash);
 		kvt_free(st);
 	}
 	kvt_elist_links_free(ev);
 }
 
+static uint64_t
+arc_meta_bytes(const struct kvt_evict *ev)
+{
+	const struct arc_state *st = arc_st(ev);
+
+	if (!st)
+		return 0;
+	return sizeof *st + (uint64_t)ev->cap * (sizeof *ev->link + 1 + sizeof *st->stamp) +
+	       (uint64_t)st->gcap * (sizeof *st->glink + sizeof *st->gid + 1) +
+	       (uint64_t)st->hcap * sizeof *st->ghash;
+}
+
+/* ---- ghosts: entries of B1/B2 found by id */
+
+static uint32_t
+arc_home(const struct arc_state *st, uint32_t id)
+{
+	return (uint32_t)(((uint64_t)id * 0x9E3779B97F4A7C15ull) >> 32) & (st->hcap - 1);
+}
+
+/* Position in ghash of @id's entry, or of the empty bucket where it would go. */
+static uint32_t
+arc_hpos(const struct arc_state *st, uint32_t id)
+{
+	uint32_t i = arc_home(st, id);
+
+	while (st->ghash[i] != KVT_NIL && st->gid[st->ghash[i]] != id)
+		i = (i + 1) & (st->hcap - 1);
+	return i;
+}
+
+static uint32_t
+arc_ghost_find(const struct arc_state *st, uint32_t id)
+{
+	return st->hcap ? st->ghash[arc_hpos(st, id)] : KVT_NIL;
+}
+
+/* Rehash into a table of @ncap buckets. 0 or -ENOMEM (table unchanged). */
+static int
+arc_hash_grow(struct arc_state *st, uint32_t ncap)
+{
+	uint32_t *old = st->ghash, ocap = st->hcap, i;
+	uint32_t *nh = kvt_malloc((size_t)ncap * sizeof *nh);
+
+	if (!nh)
+		return -ENOMEM;
+	memset(nh, 0xff, (size_t)ncap * sizeof *nh);
+	st->ghash = nh;
+	st->hcap = ncap;
+	for (i = 0; i < ocap; i++)
+		if (old[i] != KVT_NIL)
+			nh[arc_hpos(st, st->gid[old[i]])] = old[i];
+	kvt_free(old);
+	return 0;
+}
+
+/* A free ghost entry (the pool doubled when none is left), or KVT_NIL when out of memory. */
+static uint32_t
+arc_ghost_entry(struct arc_state *st)
+{
+	uint32_t g, ncap, i;
+	void *p;
+
+	if (st->gfree == KVT_NIL) {
+		ncap = st->gcap ? st->gcap * 2 : 64;
+		if (ncap <= st->gcap)
+			return KVT_NIL;
+		if (!(p = kvt_realloc(st->glink, (size_t)ncap * sizeof *st->glink)))
+			return KVT_NIL;
+		st->glink = p;
+		if (!(p = kvt_realloc(st->gid, (size_t)ncap * sizeof *st->gid)))
+			return KVT_NIL;
+		st->gid = p;
+		if (!(p = kvt_realloc(st->gtag, ncap)))
+			return KVT_NIL;
+		st->gtag = p;
+		for (i = ncap; i-- > st->gcap;) {
+			st->gtag[i] = ARC_NONE;
+			st->glink[i].prev = st->glink[i].next = KVT_NIL;
+			st->gid[i] = st->gfree;
+			st->gfree = i;
+		}
+		st->gcap = ncap;
+	}
+	g = st->gfree;
+	st->gfree = st->gid[g];
+	return g;
+}
+
+/* Remember @id as a ghost at the hot end of list @to (ARC_B1 or ARC_B2). Out of memory: the id
+ * is forgotten instead (a ghost is a hint, never needed for correctness). */
 static void
-arc_move(struct kvt_evict *ev, uint32_t id, uint8_t to)
+arc_ghost_add(struct arc_state *st, uint32_t id, uint8_t to)
+{
+	uint32_t used = st->l[ARC_B1].n + st->l[ARC_B2].n, g;
+
+	if ((uint64_t)(used + 1) * 2 > st->hcap &&
+	    arc_hash_grow(st, st->hcap ? st->hcap * 2 : 128))
+		return;
+	g = arc_ghost_entry(st);
+	if (g == KVT_NIL)
+		return;
+	st->gid[g] = id;
+	st->gtag[g] = to;
+	st->ghash[arc_hpos(st, id)] = g;
+	kvt_elist_push_head(&st->l[to], st->glink, g);
+}
+
+/* Drop ghost entry @g (off its list and the hash, back to the pool). */
+static void
+arc_ghost_del(struct arc_state *st, uint32_t g)
+{
+	uint32_t m = st->hcap - 1, i = arc_hpos(st, st->gid[g]), j = i, k;
+
+	kvt_elist_unlink(&st->l[st->gtag[g]], st->glink, g);
+	st->gtag[g] = ARC_NONE;
+	st->ghash[i] = KVT_NIL;
+	/* backward shift: close the gap for the entries probed past it */
+	for (;;) {
+		j = (j + 1) & m;
+		if (st->ghash[j] == KVT_NIL)
+			break;
+		k = arc_home(st, st->gid[st->ghash[j]]);
+		if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+			continue;
+		st->ghash[i] = st->ghash[j];
+		st->ghash[j] = KVT_NIL;
+		i = j;
+	}
+	st->gid[g] = st->gfree;
+	st->gfree = g;
+}
+
+/* ---- residents: T1/T2 over keys */
+
+/* Put key @k (listed or not) at the hot end of resident list @to, stamped now. */
+static void
+arc_res_put(struct kvt_evict *ev, uint32_t k, uint8_t to)
 {
 	struct arc_state *st = arc_st(ev);
-	uint8_t from = st->tag[id];
 
-	if (from != ARC_NONE) {
-		kvt_elist_unlink(&st->l[from], ev->link, id);
-		ev->n -= from <= ARC_T2;
+	if (st->tag[k] != ARC_NONE) {
+		kvt_elist_unlink(&st->l[st->tag[k]], ev->link, k);
+		ev->n--;
 	}
-	st->tag[id] = to;
-	if (to <= ARC_T2)
-		st->stamp[id] = ++st->clock; /* inserted or used now */
-	if (to != ARC_NONE) {
-		kvt_elist_push_head(&st->l[to], ev->link, id);
-		ev->n += to <= ARC_T2;
-	}
+	st->tag[k] = to;
+	st->stamp[k] = ++st->clock; /* inserted or used now */
+	kvt_elist_push_head(&st->l[to], ev->link, k);
+	ev->n++;
+}
+
+static void
+arc_res_drop(struct kvt_evict *ev, uint32_t k)
+{
+	struct arc_state *st = arc_st(ev);
+
+	kvt_elist_unlink(&st->l[st->tag[k]], ev->link, k);
+	st->tag[k] = ARC_NONE;
+	ev->n--;
 }
 
 /* Keep each ghost list at most ARC_GHOST_MULT x capacity long: forget its oldest ids. */
@@ -136,7 +300,7 @@ arc_trim_ghost(struct kvt_evict *ev, uint8_t g)
 	uint64_t max = (uint64_t)ev->capacity * ARC_GHOST_MULT;
 
 	while (st->l[g].n > max)
-		arc_move(ev, st->l[g].tail, ARC_NONE);
+		arc_ghost_del(st, st->l[g].tail);
 }
 
 static void
@@ -144,58 +308,68 @@ arc_insert(struct kvt_evict *ev, uint32_t id)
 {
 	struct arc_state *st = arc_st(ev);
 	double c = ev->capacity, b1, b2, scale = c > ARC_LEARN_HITS ? c / ARC_LEARN_HITS : 1.0;
+	uint32_t k = kvt_evict_key(ev, id), g;
 
-	if (id >= ev->cap)
+	if (k >= ev->cap)
 		return;
 	b1 = st->l[ARC_B1].n ? st->l[ARC_B1].n : 1;
 	b2 = st->l[ARC_B2].n ? st->l[ARC_B2].n : 1;
-	switch (st->tag[id]) {
-	case ARC_T1:
-	case ARC_T2:
-		arc_move(ev, id, ARC_T2);
-		break;
-	case ARC_B1: /* evicted from T1 too early: T1 deserves more room */
+	if (st->tag[k] <= ARC_T2) {
+		arc_res_put(ev, k, ARC_T2);
+		return;
+	}
+	g = arc_ghost_find(st, id);
+	if (g == KVT_NIL) {
+		arc_res_put(ev, k, ARC_T1);
+		return;
+	}
+	if (st->gtag[g] == ARC_B1) { /* evicted from T1 too early: T1 deserves more room */
 		st->p += scale * (b2 / b1 > 1.0 ? b2 / b1 : 1.0);
 		if (st->p > c)
 			st->p = c;
-		arc_move(ev, id, ARC_T2);
-		break;
-	case ARC_B2: /* evicted from T2 too early */
+	} else { /* evicted from T2 too early */
 		st->p -= scale * (b1 / b2 > 1.0 ? b1 / b2 : 1.0);
 		if (st->p < 0)
 			st->p = 0;
-		arc_move(ev, id, ARC_T2);
-		break;
-	default:
-		arc_move(ev, id, ARC_T1);
 	}
+	arc_ghost_del(st, g);
+	arc_res_put(ev, k, ARC_T2);
 }
 
 static void
 arc_access(struct kvt_evict *ev, uint32_t id)
 {
 	if (arc_contains(ev, id))
-		arc_move(ev, id, ARC_T2);
+		arc_res_put(ev, kvt_evict_key(ev, id), ARC_T2);
 }
 
 static void
 arc_remove(struct kvt_evict *ev, uint32_t id)
 {
 	struct arc_state *st = arc_st(ev);
+	uint32_t k;
 	uint8_t g;
 
 	if (!arc_contains(ev, id))
 		return;
-	g = st->tag[id] == ARC_T1 ? ARC_B1 : ARC_B2;
-	arc_move(ev, id, g);
+	k = kvt_evict_key(ev, id);
+	g = st->tag[k] == ARC_T1 ? ARC_B1 : ARC_B2;
+	arc_res_drop(ev, k);
+	arc_ghost_add(st, id, g);
 	arc_trim_ghost(ev, g);
 }
 
 static void
 arc_forget(struct kvt_evict *ev, uint32_t id)
 {
-	if (id < ev->cap)
-		arc_move(ev, id, ARC_NONE);
+	struct arc_state *st = arc_st(ev);
+	uint32_t g;
+
+	if (arc_contains(ev, id))
+		arc_res_drop(ev, kvt_evict_key(ev, id));
+	g = arc_ghost_find(st, id);
+	if (g != KVT_NIL)
+		arc_ghost_del(st, g);
 }
 
 /* The list victims come from first: while the ghosts hold less than 1/ARC_EVIDENCE_DIV of their
@@ -224,25 +398,27 @@ arc_victim_first(struct kvt_evict *ev)
 	struct arc_state *st = arc_st(ev);
 	uint8_t f = arc_first_list(ev);
 
-	return st->l[f].tail != KVT_NIL ? st->l[f].tail : st->l[f ^ 1].tail;
+	return kvt_evict_id(ev, st->l[f].tail != KVT_NIL ? st->l[f].tail : st->l[f ^ 1].tail);
 }
 
 static uint32_t
 arc_victim_next(struct kvt_evict *ev, uint32_t id)
 {
 	struct arc_state *st = arc_st(ev);
+	uint32_t k;
 	uint8_t f;
 
 	if (!arc_contains(ev, id))
 		return KVT_NIL;
-	if (ev->link[id].prev != KVT_NIL)
-		return ev->link[id].prev;
+	k = kvt_evict_key(ev, id);
+	if (ev->link[k].prev != KVT_NIL)
+		return kvt_evict_id(ev, ev->link[k].prev);
 	f = arc_first_list(ev);
-	return st->tag[id] == f ? st->l[f ^ 1].tail : KVT_NIL;
+	return st->tag[k] == f ? kvt_evict_id(ev, st->l[f ^ 1].tail) : KVT_NIL;
 }
 
 const struct kvt_evict_ops kvt_evict_arc_ops = {
-	.abi_version = KVT_EVICT_OPS_V2,
+	.abi_version = KVT_EVICT_OPS_V4,
 	.name = "arc",
 	.reserve = arc_reserve,
 	.fini = arc_fini,
@@ -254,4 +430,6 @@ const struct kvt_evict_ops kvt_evict_arc_ops = {
 	.victim_next = arc_victim_next,
 	.set_prio = NULL,
 	.forget = arc_forget,
+	.rank = NULL,
+	.meta_bytes = arc_meta_bytes,
 };

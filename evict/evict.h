@@ -11,6 +11,13 @@
  *
  * Block ids are dense indices into the engine's block array (in tools/kvtier-replay: the trace's
  * block hash ids); the policy grows its per-id metadata on demand through reserve().
+ *
+ * Slot keys (kvt_evict_use_slots): the engine tells lru and arc how to map a listed id to the
+ * tier slot its copy occupies and back. They then keep their per-copy state in arrays indexed
+ * by slot (capacity entries, whatever the number of blocks: a small HBM tier costs almost
+ * nothing) and ignore reserve(); arc keeps its ghosts (ids that left the tier) in a pool with an
+ * id hash of their own. The ids in and out of the ops are block ids either way, and the order of
+ * victims is the same. prio keeps per-id state (its priorities are set before a copy exists).
  * Not thread-safe: called under the engine mutex.
  *
  * Policies (enum kvt_evict_policy in kvtier.h):
@@ -35,6 +42,7 @@
 #define KVT_EVICT_OPS_V1 1u
 #define KVT_EVICT_OPS_V2 2u /* adds set_prio and forget */
 #define KVT_EVICT_OPS_V3 3u /* adds rank */
+#define KVT_EVICT_OPS_V4 4u /* adds meta_bytes */
 
 #define KVT_EVICT_PRIO_DEFAULT 50u /* priority of a block nobody gave one */
 #define KVT_EVICT_PRIO_MAX 100u
@@ -63,6 +71,8 @@ struct kvt_evict_ops {
 	 * among ids of one class (a clean high-priority copy is not dropped while dirty
 	 * low-priority ones stay). NULL: one class (plain recency policies). */
 	uint32_t (*rank)(const struct kvt_evict *ev, uint32_t id);
+	/* V4. meta_bytes: host bytes the instance holds (NULL: links only). */
+	uint64_t (*meta_bytes)(const struct kvt_evict *ev);
 };
 
 /** LRU state: a circular doubly linked list through per-id links, sentinel at index n_ids. */
@@ -71,10 +81,21 @@ struct kvt_lru_link {
 	uint32_t next; /* colder neighbour's id (towards tail), KVT_NIL when not listed */
 };
 
+/* Slot keys of one tier (see kvt_evict_use_slots): both maps see only ids with a copy (or a
+ * copy being made) in the tier, and keys < kvt_evict.capacity. */
+struct kvt_evict_keys {
+	uint32_t (*key_of)(const void *ctx, uint32_t arg, uint32_t id); /* slot of id's copy or
+	                                                                   KVT_NIL */
+	uint32_t (*id_of)(const void *ctx, uint32_t arg, uint32_t key); /* id owning a slot */
+	const void *ctx;                                                /* passed to both */
+	uint32_t arg;                                                   /* passed to both */
+};
+
 struct kvt_evict {
 	const struct kvt_evict_ops *ops; /* policy vtable */
+	const struct kvt_evict_keys *keys; /* slot keys (lru, arc) or NULL: per-id arrays */
 	struct kvt_lru_link *link;       /* lru: [cap + 1]; link[cap] is the sentinel */
-	uint32_t cap;                    /* ids < cap are valid */
+	uint32_t cap;                    /* ids (keys with slot keys) < cap are valid */
 	uint32_t n;                      /* ids currently listed (copies present) */
 	uint32_t capacity;               /* slots of the tier (arc sizes its ghosts by it) */
 	void *priv;                      /* prio/arc: policy-private state */
@@ -96,6 +117,32 @@ extern const struct kvt_evict_ops kvt_evict_arc_ops;
  */
 int kvt_evict_init(struct kvt_evict *ev, const struct kvt_evict_ops *ops, uint32_t n_ids,
 		   uint32_t capacity);
+
+/**
+ * kvt_evict_use_slots() - key @ev's per-copy state by slot through @keys (kept by the caller,
+ * alive as long as @ev) instead of by id, for lru and arc (others keep per-id arrays and ignore
+ * it). Call right after kvt_evict_init, before any insert. Returns 0 or -ENOMEM.
+ */
+int kvt_evict_use_slots(struct kvt_evict *ev, const struct kvt_evict_keys *keys);
+
+/** kvt_evict_meta_bytes() - host bytes @ev's policy holds (links, per-copy state, ghosts). */
+uint64_t kvt_evict_meta_bytes(const struct kvt_evict *ev);
+
+/* Key of @id in @ev: its slot with slot keys (KVT_NIL when none), else @id itself. */
+static inline uint32_t
+kvt_evict_key(const struct kvt_evict *ev, uint32_t id)
+{
+	return ev->keys ? ev->keys->key_of(ev->keys->ctx, ev->keys->arg, id) : id;
+}
+
+/* Id owning key @k (KVT_NIL passes through). */
+static inline uint32_t
+kvt_evict_id(const struct kvt_evict *ev, uint32_t k)
+{
+	if (k == KVT_NIL || !ev->keys)
+		return k;
+	return ev->keys->id_of(ev->keys->ctx, ev->keys->arg, k);
+}
 
 /** kvt_evict_by_name() - the ops named @name ("lru", "prio", "arc") or NULL. */
 const struct kvt_evict_ops *kvt_evict_by_name(const char *name);

@@ -6,7 +6,8 @@
  * with a sentinel at index cap (SQLite pcache1's PGroup.lru, jemalloc's ql): head = most
  * recently used, tail = least. Links are 32-bit ids rather than pointers: half the size, and the
  * array can be grown with realloc because nothing points into it. When the array grows the
- * sentinel moves from index cap to the new cap, so its neighbours are re-pointed.
+ * sentinel moves from index cap to the new cap, so its neighbours are re-pointed. With slot keys
+ * (kvt_evict_use_slots) the array is indexed by slot instead and never grows.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -25,7 +26,9 @@ lru_sentinel(const struct kvt_evict *ev)
 static bool
 lru_contains(const struct kvt_evict *ev, uint32_t id)
 {
-	return id < ev->cap && ev->link[id].prev != KVT_NIL;
+	uint32_t k = kvt_evict_key(ev, id);
+
+	return k < ev->cap && ev->link[k].prev != KVT_NIL;
 }
 
 static void
@@ -58,6 +61,8 @@ lru_reserve(struct kvt_evict *ev, uint32_t n_ids)
 	struct kvt_lru_link *nl;
 	uint32_t old = ev->cap, i;
 
+	if (ev->keys)
+		n_ids = ev->capacity; /* keys are slots: as many as the tier has */
 	if (n_ids <= ev->cap && ev->link)
 		return 0;
 	if (n_ids < old)
@@ -96,18 +101,20 @@ lru_fini(struct kvt_evict *ev)
 static void
 lru_insert(struct kvt_evict *ev, uint32_t id)
 {
-	if (id >= ev->cap)
+	uint32_t k = kvt_evict_key(ev, id);
+
+	if (k >= ev->cap)
 		return;
-	if (lru_contains(ev, id))
-		lru_unlink(ev, id);
-	lru_push_head(ev, id);
+	if (ev->link[k].prev != KVT_NIL)
+		lru_unlink(ev, k);
+	lru_push_head(ev, k);
 }
 
 static void
 lru_remove(struct kvt_evict *ev, uint32_t id)
 {
 	if (lru_contains(ev, id))
-		lru_unlink(ev, id);
+		lru_unlink(ev, kvt_evict_key(ev, id));
 }
 
 static uint32_t
@@ -115,7 +122,7 @@ lru_victim_first(struct kvt_evict *ev)
 {
 	uint32_t t = ev->link[lru_sentinel(ev)].prev;
 
-	return t == lru_sentinel(ev) ? KVT_NIL : t;
+	return t == lru_sentinel(ev) ? KVT_NIL : kvt_evict_id(ev, t);
 }
 
 static uint32_t
@@ -125,12 +132,18 @@ lru_victim_next(struct kvt_evict *ev, uint32_t id)
 
 	if (!lru_contains(ev, id))
 		return KVT_NIL;
-	t = ev->link[id].prev;
-	return t == lru_sentinel(ev) ? KVT_NIL : t;
+	t = ev->link[kvt_evict_key(ev, id)].prev;
+	return t == lru_sentinel(ev) ? KVT_NIL : kvt_evict_id(ev, t);
+}
+
+static uint64_t
+lru_meta_bytes(const struct kvt_evict *ev)
+{
+	return ev->link ? ((uint64_t)ev->cap + 1) * sizeof *ev->link : 0;
 }
 
 const struct kvt_evict_ops kvt_evict_lru_ops = {
-	.abi_version = KVT_EVICT_OPS_V2,
+	.abi_version = KVT_EVICT_OPS_V4,
 	.name = "lru",
 	.reserve = lru_reserve,
 	.fini = lru_fini,
@@ -142,6 +155,8 @@ const struct kvt_evict_ops kvt_evict_lru_ops = {
 	.victim_next = lru_victim_next,
 	.set_prio = NULL, /* plain LRU ignores priorities */
 	.forget = NULL,
+	.rank = NULL,
+	.meta_bytes = lru_meta_bytes,
 };
 
 uint64_t
@@ -176,4 +191,25 @@ kvt_evict_init(struct kvt_evict *ev, const struct kvt_evict_ops *ops, uint32_t n
 	ev->capacity = capacity ? capacity : 1;
 	ev->now_ns = kvt_evict_clock_ns;
 	return ops->reserve(ev, n_ids ? n_ids : 16);
+}
+
+int
+kvt_evict_use_slots(struct kvt_evict *ev, const struct kvt_evict_keys *keys)
+{
+	if (ev->ops != &kvt_evict_lru_ops && ev->ops != &kvt_evict_arc_ops)
+		return 0; /* per-id state (prio): keys unused */
+	/* nothing is listed yet: start over with arrays of capacity entries, indexed by slot */
+	ev->ops->fini(ev);
+	ev->keys = keys;
+	return ev->ops->reserve(ev, ev->capacity);
+}
+
+uint64_t
+kvt_evict_meta_bytes(const struct kvt_evict *ev)
+{
+	if (!ev->ops)
+		return 0;
+	if (ev->ops->abi_version >= KVT_EVICT_OPS_V4 && ev->ops->meta_bytes)
+		return ev->ops->meta_bytes(ev);
+	return (uint64_t)ev->cap * sizeof *ev->link;
 }

@@ -60,6 +60,8 @@ prio_reserve(struct kvt_evict *ev, uint32_t n_ids)
 	}
 	if (n_ids <= old)
 		return 0;
+	if (n_ids - old < old / 8) /* the engine grows by small chunks: grow by an eighth */
+		n_ids = old + old / 8 < old ? UINT32_MAX - 1 : old + old / 8;
 	if (kvt_elist_links_grow(ev, n_ids))
 		return -ENOMEM;
 	if (!(p = kvt_realloc(st->list, n_ids)))
@@ -241,8 +243,18 @@ prio_rank(const struct kvt_evict *ev, uint32_t id)
 	return id < ev->cap ? prio_st(ev)->list[id] : PRIO_NONE;
 }
 
+static uint64_t
+prio_meta_bytes(const struct kvt_evict *ev)
+{
+	const struct prio_state *st = prio_st(ev);
+
+	/* per id: links, list, priority and retention deadline */
+	return st ? sizeof *st + (uint64_t)ev->cap * (sizeof *ev->link + 2 + sizeof *st->until) :
+		    0;
+}
+
 const struct kvt_evict_ops kvt_evict_prio_ops = {
-	.abi_version = KVT_EVICT_OPS_V3,
+	.abi_version = KVT_EVICT_OPS_V4,
 	.name = "prio",
 	.reserve = prio_reserve,
 	.fini = prio_fini,
@@ -255,4 +267,5 @@ const struct kvt_evict_ops kvt_evict_prio_ops = {
 	.set_prio = prio_set,
 	.forget = prio_forget,
 	.rank = prio_rank,
+	.meta_bytes = prio_meta_bytes,
 };

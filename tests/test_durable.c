@@ -564,7 +564,7 @@ test_timed_out_write_quarantines_slot(void **state)
 	assert_int_equal(kvt_seq_info(e, a, &info), 0);
 	assert_int_equal(info.blocks_in[KVT_TIER_NVME], 0);
 	for (uint32_t s = 0; s < e->slots[KVT_TIER_NVME].n_slots; s++)
-		q += e->owner[KVT_TIER_NVME][s] == KVT_SLOT_QUARANTINED;
+		q += kvt_owner(e, KVT_TIER_NVME, s) == KVT_SLOT_QUARANTINED;
 	assert_int_equal(q, 1);
 	assert_int_equal(e->slots[KVT_TIER_NVME].n_free, 7);
 	tsup_check_engine(e);

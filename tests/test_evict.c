@@ -593,9 +593,9 @@ test_meta_10k_sessions(void **state)
 	struct kvt_engine *e;
 	static int32_t tok[2 * TPB];
 	int64_t map[2 * TPB];
-	uint64_t bb, blocks, sess;
+	uint64_t bb, blocks, sess, rec, idx, evl = 0, slm = 0, perblk;
 	kvt_seq_id s;
-	int i, j;
+	int i, j, t;
 
 	(void)state;
 	kvt_engine_opts_init(&o, sizeof o);
@@ -636,9 +636,34 @@ test_meta_10k_sessions(void **state)
 		      (unsigned long long)st.meta_token_bytes,
 		      (double)st.meta_token_bytes / (double)blocks, sizeof(struct kvt_block),
 		      sizeof(struct kvt_seqrec));
+	/* the per-block share, part by part */
+	rec = (uint64_t)e->cap_blocks * sizeof(struct kvt_block);
+	idx = kvt_prefix_meta_bytes(e);
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		evl += kvt_evict_meta_bytes(&e->evict[t]);
+		slm += kvt_slots_meta_bytes(&e->slots[t]);
+	}
+	perblk = st.meta_bytes - sess;
+	print_message("per block: records %.1f, prefix index %.1f, eviction lists %.1f (HBM %llu "
+		      "bytes), slot maps %.1f, rest %.1f\n", (double)rec / (double)blocks,
+		      (double)idx / (double)blocks, (double)evl / (double)blocks,
+		      (unsigned long long)kvt_evict_meta_bytes(&e->evict[KVT_TIER_HBM]),
+		      (double)slm / (double)blocks,
+		      (double)(perblk - rec - idx - evl - slm) / (double)blocks);
 	/* tokens once, exact-size while parked: 2 blocks x 16 tokens x 4 bytes per session */
 	assert_int_equal(st.meta_token_bytes, blocks * TPB * sizeof(int32_t));
-	assert_true(st.meta_bytes / blocks < 300);
+	/* what issue 5 reached (the target is 64): records in chunks, 4-byte index entries at
+	 * <= 70% load, eviction state per slot (a 64-slot HBM costs next to nothing), one 4-byte
+	 * owner entry per slot; the record still holds the NVMe write fields (21 bytes) */
+	assert_true(sizeof(struct kvt_block) <= 72);
+	assert_true(rec <= (blocks + KVT_BCHUNK) * sizeof(struct kvt_block));
+	assert_true(idx <= blocks * 4 * 2 * 10 / 7); /* 4-byte entries, table < 2 x n / 0.7 */
+	/* HBM: 13 bytes per slot, ghosts of 4x its 64 slots per list (13 bytes + hash) */
+	assert_true(kvt_evict_meta_bytes(&e->evict[KVT_TIER_HBM]) <
+		    64 * 13 + 2 * 4 * 64 * (13 + 8) + 1024);
+	assert_true(slm <= (blocks + 2 * TPB * 64) * 5);
+	assert_true(perblk <= 98 * blocks);
+	assert_true(sess <= 148 * (uint64_t)NS);
 	kvt_engine_destroy(e);
 }
 

@@ -471,9 +471,8 @@ test_inv3_copy_evictable_rules(void **state)
 	(void)state;
 	memset(&b, 0, sizeof b);
 	b.live = 1;
-	b.ver = 1;
+	b.written = 1;
 	b.state[KVT_TIER_HBM] = b.state[KVT_TIER_HOST] = KVT_COPY_PRESENT;
-	b.copy_ver[KVT_TIER_HBM] = b.copy_ver[KVT_TIER_HOST] = 1;
 	assert_true(kvt_copy_evictable(&b, KVT_TIER_HBM));
 	b.busy = 1; /* a transfer in flight: never */
 	assert_false(kvt_copy_evictable(&b, KVT_TIER_HBM));

@@ -56,7 +56,7 @@ test_hint_spares_shared_prefix(void **state)
 	assert_int_equal(at, 2 * TSUP_TPB);
 	shared[0] = e->seqs[(uint32_t)b].blocks[0];
 	shared[1] = e->seqs[(uint32_t)b].blocks[1];
-	assert_int_equal(e->blocks[shared[0]].seq, (uint32_t)a); /* created by A */
+	assert_int_equal(kvt_blk(e, shared[0])->seq, (uint32_t)a); /* created by A */
 	assert_int_equal(kvt_seq_close(e, a), 0);
 	d = tsup_seq_written(e, 3, 2 * TSUP_TPB);
 	assert_int_equal((uint32_t)d, (uint32_t)a); /* D reuses A's index */
@@ -72,13 +72,13 @@ test_hint_spares_shared_prefix(void **state)
 	(void)tsup_seq_written(e, 4, 2 * TSUP_TPB);
 	(void)tsup_seq_written(e, 5, 2 * TSUP_TPB);
 	assert_int_equal(tsup_blocks_in(e, b, KVT_TIER_HBM), 2);
-	assert_true(kvt_hint_spares(e, &e->blocks[shared[0]], KVT_TIER_HBM));
+	assert_true(kvt_hint_spares(e, kvt_blk(e, shared[0]), KVT_TIER_HBM));
 	/* B closes: the blocks stay cached (indexed), unannounced, whatever D is told */
 	assert_int_equal(kvt_seq_close(e, b), 0);
 	assert_int_equal(kvt_engine_hint(e, &d, 1, 1), 0);
-	assert_true(e->blocks[shared[0]].live);
-	assert_false(kvt_hint_spares(e, &e->blocks[shared[0]], KVT_TIER_HBM));
-	assert_false(kvt_hint_spares(e, &e->blocks[shared[1]], KVT_TIER_HBM));
+	assert_true(kvt_blk(e, shared[0])->live);
+	assert_false(kvt_hint_spares(e, kvt_blk(e, shared[0]), KVT_TIER_HBM));
+	assert_false(kvt_hint_spares(e, kvt_blk(e, shared[1]), KVT_TIER_HBM));
 	assert_int_equal(tsup_verify(e, d, 3), 0);
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
@@ -114,7 +114,7 @@ test_stream_wait_stall_not_ready(void **state)
 	assert_int_equal(e->h2d.submitted, g0 + 1); /* one group, queued on the copy stream */
 	assert_true(kvt_xfer_inflight(e));
 	for (uint32_t i = 0; i < 3; i++)
-		assert_int_equal(e->blocks[e->seqs[(uint32_t)a].blocks[i]].state[KVT_TIER_HBM],
+		assert_int_equal(kvt_blk(e, e->seqs[(uint32_t)a].blocks[i])->state[KVT_TIER_HBM],
 				 KVT_COPY_INFLIGHT);
 	assert_int_equal(kvt_batch_prepare(e, &a, 1, &b), 0);
 	assert_int_equal(e->h2d.submitted, g0 + 1); /* nothing promoted twice */

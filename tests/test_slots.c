@@ -103,6 +103,48 @@ test_zero_slots(void **state)
 	kvt_slots_fini(NULL);
 }
 
+/* The owner values live in the free list's entries: an allocated slot keeps what was stored,
+ * a free one reads KVT_SLOTS_FREE, and freeing slots with owners set keeps the LIFO order and
+ * the count (free + used = capacity); take() rebuilds the list lowest first. */
+static void
+test_owner_values_and_threaded_list(void **state)
+{
+	struct kvt_slots s;
+	uint32_t a, b, x, i, taken[2] = { 3, 5 };
+
+	(void)state;
+	assert_int_equal(kvt_slots_init(&s, N), 0);
+	assert_int_equal(kvt_slots_owner(&s, 0), KVT_SLOTS_FREE);
+	assert_int_equal(kvt_slots_alloc(&s, &a), 0);
+	assert_int_equal(kvt_slots_alloc(&s, &b), 0);
+	assert_int_equal(kvt_slots_owner(&s, a), KVT_SLOTS_FREE); /* none stored yet */
+	kvt_slots_set_owner(&s, a, 1000);
+	kvt_slots_set_owner(&s, b, 2000);
+	kvt_slots_set_owner(&s, 7, 3000); /* free: ignored */
+	assert_int_equal(kvt_slots_owner(&s, a), 1000);
+	assert_int_equal(kvt_slots_owner(&s, b), 2000);
+	assert_int_equal(kvt_slots_owner(&s, 7), KVT_SLOTS_FREE);
+	assert_int_equal(kvt_slots_owner(&s, N), KVT_SLOTS_FREE); /* out of range */
+	assert_int_equal(kvt_slots_free(&s, a), 0);
+	assert_int_equal(kvt_slots_owner(&s, a), KVT_SLOTS_FREE);
+	assert_int_equal(kvt_slots_used(&s) + s.n_free, N);
+	assert_int_equal(kvt_slots_alloc(&s, &x), 0);
+	assert_int_equal(x, a); /* last freed first */
+	assert_int_equal(kvt_slots_alloc(&s, &x), 0);
+	assert_int_equal(x, 2); /* then the untouched list */
+	kvt_slots_fini(&s);
+
+	assert_int_equal(kvt_slots_init(&s, N), 0);
+	assert_int_equal(kvt_slots_take(&s, taken, 2), 0);
+	assert_int_equal(kvt_slots_used(&s), 2);
+	for (i = 0; i < N - 2; i++) {
+		assert_int_equal(kvt_slots_alloc(&s, &x), 0);
+		assert_int_equal(x, i < 3 ? i : i < 4 ? 4 : i + 2);
+	}
+	assert_int_equal(kvt_slots_alloc(&s, &x), -ENOSPC);
+	kvt_slots_fini(&s);
+}
+
 int
 main(void)
 {
@@ -111,6 +153,7 @@ main(void)
 		cmocka_unit_test(test_first_is_zero_and_lifo_reuse),
 		cmocka_unit_test(test_double_free_and_range),
 		cmocka_unit_test(test_zero_slots),
+		cmocka_unit_test(test_owner_values_and_threaded_list),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

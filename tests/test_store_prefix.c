@@ -191,8 +191,8 @@ test_content_hash_stored(void **state)
 	e = dur_engine(dir, 16);
 	a = tsup_session_written(e, 5, 5, 8);
 	sr = &e->seqs[(uint32_t)a];
-	assert_true(e->blocks[sr->blocks[1]].hashed);
-	memcpy(hash, e->blocks[sr->blocks[1]].hash, sizeof hash);
+	assert_true(kvt_blk(e, sr->blocks[1])->hashed);
+	memcpy(hash, kvt_blk(e, sr->blocks[1])->hash, sizeof hash);
 	dur_park(e, a);
 	kvt_engine_destroy(e);
 	e = dur_engine(dir, 16);

@@ -2,11 +2,14 @@
 /*
  * tiers/slots.h - the generic slot allocator every tier uses (internal).
  *
- * A tier has n_slots fixed-size places numbered 0..n_slots-1. The allocator hands them out from
- * a LIFO stack of free slot ids (the most recently freed slot is reused first, which keeps the
- * working set of HBM/HOST slots warm in caches and TLBs) and keeps one "used" byte per slot so
- * that a double free or an out-of-range id is refused instead of corrupting the stack.
- * Every operation is O(1); memory is 5 bytes per slot.
+ * A tier has n_slots fixed-size places numbered 0..n_slots-1. The allocator keeps one 32-bit
+ * entry per slot: for an allocated slot, the owner value its user stores there (the engine: the
+ * block id, or a KVT_SLOT_* marker); for a free slot, the link to the next free slot. The free
+ * slots form a LIFO list threaded through those entries (the most recently freed slot is reused
+ * first, which keeps the working set of HBM/HOST slots warm in caches and TLBs), and one bit
+ * per slot says which slots are allocated, so that a double free or an out-of-range id is
+ * refused instead of corrupting the list and a free slot's owner reads as KVT_SLOTS_FREE.
+ * Every operation but kvt_slots_take is O(1); memory is 4 bytes and 1 bit per slot.
  *
  * Threading: not thread-safe; the engine calls it under its mutex.
  */
@@ -16,15 +19,18 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#define KVT_SLOTS_FREE UINT32_MAX /* owner value of a free slot (== KVT_NIL) */
+
 struct kvt_slots {
 	uint32_t n_slots; /* slots managed, ids 0..n_slots-1 */
-	uint32_t n_free;  /* entries of stack in use: free slots */
-	uint32_t *stack;  /* [n_slots] free slot ids; stack[n_free - 1] is handed out next */
-	uint8_t *used;    /* [n_slots] 1 while a slot is allocated, 0 while free */
+	uint32_t n_free;  /* free slots (length of the free list) */
+	uint32_t head;    /* free slot handed out next, KVT_SLOTS_FREE when none */
+	uint32_t *ent;    /* [n_slots] owner value (allocated) or next free slot (free) */
+	uint64_t *used;   /* [ceil(n_slots / 64)] bit set while a slot is allocated */
 };
 
 /**
- * kvt_slots_init() - set up @s for @n slots, all free. Slot 0 is handed out first.
+ * kvt_slots_init() - set up @s for @n slots, all free. Slot 0 is handed out first, then 1, ...
  * @s: caller-allocated; fully overwritten. @n: 0 is allowed (every alloc fails).
  * Returns 0 or -ENOMEM (then @s needs no kvt_slots_fini, though calling it is harmless).
  */
@@ -34,14 +40,14 @@ int kvt_slots_init(struct kvt_slots *s, uint32_t n);
 void kvt_slots_fini(struct kvt_slots *s);
 
 /**
- * kvt_slots_alloc() - take a free slot.
+ * kvt_slots_alloc() - take a free slot; its owner value starts as KVT_SLOTS_FREE.
  * @out: receives the slot id.
  * Returns 0, or -ENOSPC when every slot is in use (*out untouched).
  */
 int kvt_slots_alloc(struct kvt_slots *s, uint32_t *out);
 
 /**
- * kvt_slots_free() - give @slot back.
+ * kvt_slots_free() - give @slot back (its owner value is forgotten).
  * Returns 0, or -EINVAL when @slot is out of range or not allocated (double free); @s is left
  * unchanged in that case.
  */
@@ -49,8 +55,9 @@ int kvt_slots_free(struct kvt_slots *s, uint32_t slot);
 
 /**
  * kvt_slots_take() - mark the @n given slots allocated (used at start-up, to keep the slots of a
- * persistent store's sessions). O(n_slots). Returns 0, or -EINVAL (a slot out of range, taken
- * or given twice) with nothing changed... except slots before the bad one when given twice.
+ * persistent store's sessions), their owner values KVT_SLOTS_FREE. O(n_slots). Returns 0, or
+ * -EINVAL (a slot out of range, taken or given twice) with nothing changed... except slots
+ * before the bad one when given twice.
  */
 int kvt_slots_take(struct kvt_slots *s, const uint32_t *slots, uint32_t n);
 
@@ -58,6 +65,33 @@ int kvt_slots_take(struct kvt_slots *s, const uint32_t *slots, uint32_t n);
 uint32_t kvt_slots_used(const struct kvt_slots *s);
 
 /** kvt_slots_is_used() - whether @slot is allocated (false when out of range). */
-bool kvt_slots_is_used(const struct kvt_slots *s, uint32_t slot);
+static inline bool
+kvt_slots_is_used(const struct kvt_slots *s, uint32_t slot)
+{
+	return slot < s->n_slots && (s->used[slot / 64] >> (slot % 64) & 1);
+}
+
+/** kvt_slots_owner() - the owner value stored for allocated @slot; KVT_SLOTS_FREE when @slot
+ * is free or out of range. */
+static inline uint32_t
+kvt_slots_owner(const struct kvt_slots *s, uint32_t slot)
+{
+	return kvt_slots_is_used(s, slot) ? s->ent[slot] : KVT_SLOTS_FREE;
+}
+
+/** kvt_slots_set_owner() - store @owner for allocated @slot (ignored for a free one). */
+static inline void
+kvt_slots_set_owner(struct kvt_slots *s, uint32_t slot, uint32_t owner)
+{
+	if (kvt_slots_is_used(s, slot))
+		s->ent[slot] = owner;
+}
+
+/** kvt_slots_meta_bytes() - host bytes @s holds (entries and bitmap). */
+static inline uint64_t
+kvt_slots_meta_bytes(const struct kvt_slots *s)
+{
+	return (uint64_t)s->n_slots * sizeof *s->ent + ((uint64_t)s->n_slots + 63) / 64 * 8;
+}
 
 #endif /* KVT_TIERS_SLOTS_H */

@@ -106,9 +106,10 @@ xfer_put(struct kvt_engine *e, struct kvt_xfer *x)
 static struct kvt_xfer *
 xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	int src = xfer_src_tier[kind], dst = xfer_dst_tier[kind];
-	struct kvt_xfer *x = xfer_get(e);
+	struct kvt_xfer *x = b->busy < KVT_BUSY_MAX ? xfer_get(e) : NULL;
+	bool old;
 
 	if (!x) {
 		kvt_slot_free(e, dst, dst_slot);
@@ -118,11 +119,12 @@ xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 	x->block = id;
 	x->src_slot = b->slot[src];
 	x->dst_slot = dst_slot;
-	/* the version the bytes carry: the source copy's */
-	x->ver = b->copy_ver[src];
+	/* the bytes are current unless the source copy is itself on its way and stale (then
+	 * this copy is dropped on completion too) */
+	old = b->state[src] == KVT_COPY_INFLIGHT && (b->stale >> src & 1);
 	b->slot[dst] = dst_slot;
 	b->state[dst] = KVT_COPY_INFLIGHT;
-	b->copy_ver[dst] = x->ver;
+	b->stale = (uint8_t)(old ? b->stale | 1u << dst : b->stale & ~(1u << dst));
 	b->busy++;
 	e->st.transfers_in_flight++;
 	x->t_issue = kvt_now_ns();
@@ -172,7 +174,7 @@ static void xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res);
 static int
 xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 {
-	struct kvt_block *b = &e->blocks[x->block];
+	struct kvt_block *b = kvt_blk(e, x->block);
 	struct kvt_nvme_wmeta m = { .index = b->index };
 	int rc;
 
@@ -259,7 +261,7 @@ xfer_count_move(struct kvt_engine *e, int kind)
 static void
 xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool current)
 {
-	struct kvt_block *b = &e->blocks[x->block];
+	struct kvt_block *b = kvt_blk(e, x->block);
 	int dst = xfer_dst_tier[x->kind], src = xfer_src_tier[x->kind];
 
 	if (res < 0 && x->kind == KVT_X_H2N)
@@ -279,7 +281,7 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 		kvt_copy_fail(e, x->block, dst);
 		return;
 	}
-	kvt_copy_set_present(e, x->block, dst, x->ver);
+	kvt_copy_set_present(e, x->block, dst);
 	xfer_count_move(e, x->kind);
 	/* a demotion frees the source once the copy below is safe, unless it got pinned or
 	 * another transfer uses it meanwhile */
@@ -301,8 +303,8 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 static void
 xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 {
-	struct kvt_block *b = &e->blocks[x->block];
-	bool current = !b->dead && x->ver == b->ver;
+	struct kvt_block *b = kvt_blk(e, x->block);
+	bool current = !b->dead && !(b->stale >> xfer_dst_tier[x->kind] & 1);
 	uint32_t id = x->block;
 
 	b->busy--;
@@ -316,7 +318,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 		break;
 	case KVT_X_H2D:
 		if (res == 0 && current) {
-			kvt_copy_set_present(e, id, KVT_TIER_HBM, x->ver);
+			kvt_copy_set_present(e, id, KVT_TIER_HBM);
 			xfer_count_move(e, x->kind);
 			kvt_stats_record_promote(e, KVT_TIER_HBM, kvt_now_ns() - x->t_issue);
 		} else {
@@ -331,7 +333,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 		else
 			e->st.io_errors++;
 		if (res == 0 && current) {
-			kvt_copy_set_present(e, id, KVT_TIER_HOST, x->ver);
+			kvt_copy_set_present(e, id, KVT_TIER_HOST);
 			xfer_count_move(e, x->kind);
 			kvt_stats_record_promote(e, KVT_TIER_HOST, kvt_now_ns() - x->t_issue);
 			if (x->then_hbm) {
@@ -454,7 +456,7 @@ xstream_flush(struct kvt_engine *e, struct kvt_xstream *xs)
 	g->seqno = ++xs->submitted;
 	for (x = list; x; x = x->next)
 		if (x->kind == KVT_X_H2D)
-			e->blocks[x->block].h2d_seqno = g->seqno;
+			e->hbm_h2d_seqno[x->dst_slot] = g->seqno;
 	if (xs->tail)
 		xs->tail->next = g;
 	else
@@ -550,12 +552,12 @@ xstream_poll(struct kvt_engine *e, struct kvt_xstream *xs, uint32_t max, int *do
 static void
 xfer_note_write(struct kvt_engine *e, struct kvt_xfer *x, const struct kvt_nvme_cqe *c)
 {
-	struct kvt_block *b = &e->blocks[x->block];
+	struct kvt_block *b = kvt_blk(e, x->block);
 
 	e->st.codec_raw_bytes += e->block_bytes;
 	e->st.codec_stored_bytes += c->stored;
 	e->st.codec_blocks += c->codec != KVT_CODEC_NONE;
-	if (x->ver != b->ver)
+	if (b->stale >> KVT_TIER_NVME & 1) /* appended to meanwhile: dropped on completion */
 		return;
 	if (!b->dead && b->seq < e->cap_seqs && e->seqs[b->seq].pub_pending)
 		e->pub_check = true;
@@ -569,9 +571,9 @@ xfer_nvme_late(struct kvt_engine *e)
 
 	while ((k = kvt_nvme_late_writes(e->nvme, sl, 32)) > 0)
 		for (uint32_t i = 0; i < k; i++) {
-			if (e->owner[KVT_TIER_NVME][sl[i]] != KVT_SLOT_QUARANTINED || !e->nvme_late)
+			if (kvt_owner(e, KVT_TIER_NVME, sl[i]) != KVT_SLOT_QUARANTINED || !e->nvme_late)
 				continue;
-			e->owner[KVT_TIER_NVME][sl[i]] = KVT_NIL;
+			kvt_owner_set(e, KVT_TIER_NVME, sl[i], KVT_NIL);
 			kvt_slots_free(&e->slots[KVT_TIER_NVME], sl[i]);
 			e->quarantined[KVT_TIER_NVME]--;
 			e->nvme_late--;
@@ -659,8 +661,9 @@ kvt_xfer_wait_any(struct kvt_engine *e)
 int
 kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_block *b = &e->blocks[id];
+	struct kvt_block *b = kvt_blk(e, id);
 	struct kvt_xgroup *g;
+	uint64_t want;
 	int rc;
 
 	if (b->state[KVT_TIER_HBM] != KVT_COPY_INFLIGHT)
@@ -668,9 +671,10 @@ kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id)
 	rc = kvt_xfer_flush(e);
 	if (rc)
 		return rc;
-	for (g = e->h2d.head; g && g->seqno < b->h2d_seqno; g = g->next)
+	want = e->hbm_h2d_seqno[b->slot[KVT_TIER_HBM]];
+	for (g = e->h2d.head; g && g->seqno < want; g = g->next)
 		;
-	if (g && g->seqno == b->h2d_seqno) {
+	if (g && g->seqno == want) {
 		rc = e->dev->ops->event_sync(e->dev, g->ev[g->n_ev - 1]);
 		if (rc)
 			return xfer_dev_err(e, rc, "waiting for a host-to-device copy");
