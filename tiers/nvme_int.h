@@ -20,6 +20,7 @@
 #define NVME_ALIGN KVT_FMT_ALIGN   /* O_DIRECT alignment of offsets, lengths and buffers */
 #define NVME_HDR KVT_FMT_BLKHDR_BYTES /* block header at the start of every slot */
 #define NVME_HPAGE KVT_FMT_HDR_PAGE  /* header page: the payload starts at this slot offset */
+#define NVME_HUGE ((size_t)2 << 20) /* staging arena alignment: a transparent huge page */
 #define NVME_MAX_REG (1ull << 30)  /* io_uring's limit on one registered buffer */
 #define NVME_MAX_QD 4096u          /* largest queue depth accepted */
 #define NVME_MAX_BLOCK_BYTES (1u << 30) /* one IO's byte count must fit the int of a CQE */
