@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tiers/nvme_int.h - the NVME tier's internal state, shared by tier_nvme.c (open, files,
- * superblock, close) and nvme_io.c (submission, the encoder thread, completion). Not installed.
+ * superblock, close), nvme_io.c (submission, completion) and nvme_work.c (the worker pool).
+ * Not installed.
  */
 #ifndef KVT_TIERS_NVME_INT_H
 #define KVT_TIERS_NVME_INT_H
@@ -90,7 +91,7 @@ enum nvme_parked {
 	NVME_LOST = 2,      /* its CQE was dropped by the fate hook: it will time out */
 	NVME_ABANDONED = 3, /* timed out while the kernel holds it: recycled if its CQE comes */
 	NVME_RETIRED = 4,   /* timed out after its CQE was lost: never used again */
-	NVME_ENCODING = 5,  /* a write waiting for (or in) the encoder thread */
+	NVME_ENCODING = 5,  /* a write waiting for (or in) a worker's seal */
 	NVME_HELD = 6,      /* its CQE was kept back by the fate hook (LATE) until it times out */
 	NVME_VERIFYING = 7, /* a read whose IO is done, queued for (or in) a worker's verify */
 	NVME_VERIFIED = 8,  /* ... verified (vres): on the done queue until a reap hands it out */

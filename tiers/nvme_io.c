@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tiers/nvme_io.c - the NVME tier's IO: submission (batched SQEs over registered staging buffers
- * and the registered file), the encoder thread, completion (short IO continued, verification and
- * decoding, late/lost completions and deadlines) and reaping. The contract is in tier_nvme.h,
- * the state in nvme_int.h.
+ * and the registered file), handing work to the worker pool (nvme_work.c), completion (short IO
+ * continued, verification and decoding, late/lost completions and deadlines) and reaping. The
+ * contract is in tier_nvme.h, the state in nvme_int.h.
  *
  * Life of an IO: submit_* takes a request context (with its staging buffer) off a free stack,
  * fills the staging buffer (writes) and queues one SQE whose user_data is the request. reap()
@@ -175,7 +175,7 @@ nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
 /*
  * Fill @req's staging buffer: its header page (the header, zeros), and unless the payload goes
  * zero-copy (req->data), the block @raw (encoded when that pays) at NVME_HPAGE with zero padding
- * to the IO length. @raw may be the staging buffer's payload area itself (encoder thread); then
+ * to the IO length. @raw may be the staging buffer's payload area itself (a worker); then
  * @encbuf (block_bytes) receives the encoding first. A put's key is derived from the checksum.
  * Sets req->len, key, stored, codec, sum.
  */
@@ -757,7 +757,7 @@ nvme_wait_span(const struct kvt_nvme *n, struct __kernel_timespec *ts)
 	d = first == UINT64_MAX ? n->timeout_ns : first > now ? first - now : 0;
 	if ((n->n_delayed || n->n_encoding || n->n_verifying || n->queued || n->n_late_due) &&
 	    d > 1000000)
-		d = 1000000; /* an encoder failure parked one, a write is being encoded or its
+		d = 1000000; /* a worker's submit failure parked one, a write is being encoded or its
 			      * submit was refused (retried by the next flush): look again soon */
 	if (d < 1000000)
 		d = 1000000; /* at least 1 ms */

@@ -2,7 +2,7 @@
 /*
  * tiers/tier_nvme.c - the NVME tier: one file of fixed-size slots, O_DIRECT, io_uring. This file
  * opens it (options, directory, the slot file or the persistent store with its superblock and
- * lock, fallocate, staging buffers, the ring, the encoder thread), closes it, and answers the
+ * lock, fallocate, staging buffers, the ring, the worker pool), closes it, and answers the
  * accessors; the IO itself is in nvme_io.c. The slot layout and the contract are in tier_nvme.h.
  */
 #include <errno.h>

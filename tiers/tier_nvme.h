@@ -49,10 +49,10 @@
  * IO that is not zero-copy goes through 4 KiB-aligned staging buffers owned by the tier (one
  * per queue entry, registered with io_uring when the kernel allows it): a write copies the
  * caller's bytes at submit time (the caller's buffer may be reused at once); a raw read copies
- * into the caller's buffer only after verification, in kvt_nvme_reap(); an encoded read decodes
- * into it and then verifies the checksum, so after a failed read (res != 0) the buffer holds garbage and must not
- * be used (the engine frees that destination slot: the copy never becomes present). No memory
- * is allocated per IO.
+ * into the caller's buffer only after verification (on a worker, or in kvt_nvme_reap()); an
+ * encoded read decodes into it and then verifies the checksum, so after a failed read (res != 0)
+ * the buffer holds garbage and must not be used (the engine frees that destination slot: the
+ * copy never becomes present). No memory is allocated per IO.
  *
  * Completions that do not come are timed out (KVT_NVME_IO_TIMEOUT_MS, -ETIMEDOUT); waiting for
  * them uses io_uring_wait_cqe_timeout up to the earliest deadline, never a busy loop.
