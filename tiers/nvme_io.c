@@ -181,7 +181,7 @@ nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
  */
 void
 kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
-	  const struct kvt_nvme_wmeta *m, uint8_t *scratch, uint8_t *encbuf)
+	      const struct kvt_nvme_wmeta *m, uint8_t *scratch, uint8_t *encbuf)
 {
 	uint8_t *payload = req->buf + NVME_HPAGE;
 	uint8_t *eout = raw == payload ? encbuf : payload;
@@ -757,8 +757,9 @@ nvme_wait_span(const struct kvt_nvme *n, struct __kernel_timespec *ts)
 	d = first == UINT64_MAX ? n->timeout_ns : first > now ? first - now : 0;
 	if ((n->n_delayed || n->n_encoding || n->n_verifying || n->queued || n->n_late_due) &&
 	    d > 1000000)
-		d = 1000000; /* a worker's submit failure parked one, a write is being encoded or its
-			      * submit was refused (retried by the next flush): look again soon */
+		d = 1000000; /* a worker's submit failure parked one, a write is being sealed, a
+			      * read verified, or a submit was refused (retried by the next
+			      * flush): look again soon */
 	if (d < 1000000)
 		d = 1000000; /* at least 1 ms */
 	ts->tv_sec = (long long)(d / 1000000000ull);
