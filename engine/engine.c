@@ -72,6 +72,7 @@ kvt_engine_opts_init(struct kvt_engine_opts *o, size_t size)
 	d.high_watermark = 0.95f;
 	d.low_watermark = 0.85f;
 	d.nvme_queue_depth = 64;
+	d.nvme_workers = 2;
 	d.nvme_codec_min_saving = 0.1f;
 	d.emu_seed = 1;
 	d.evict_policy = KVT_EVICT_DEFAULT;
@@ -150,6 +151,9 @@ engine_check_opts(const struct kvt_engine_opts *o, uint64_t bb)
 	    o->idle_target != KVT_TIER_HOST && o->idle_target != KVT_TIER_NVME)
 		return kvt_err(-EINVAL, "idle_target %u: must be KVT_TIER_HOST or KVT_TIER_NVME",
 			       o->idle_target);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, nvme_workers) &&
+	    o->nvme_workers > 16)
+		return kvt_err(-EINVAL, "nvme_workers %u out of range 0..16", o->nvme_workers);
 	if (o->device != KVT_DEVICE_EMULATED && o->device != KVT_DEVICE_CUDA)
 		return kvt_err(-EINVAL, "unknown device kind %d", (int)o->device);
 	return 0;
@@ -249,6 +253,7 @@ engine_open_nvme(struct kvt_engine *e)
 		.capacity_bytes = e->opts.nvme_bytes,
 		.block_bytes = e->block_bytes,
 		.queue_depth = e->opts.nvme_queue_depth ? e->opts.nvme_queue_depth : 64,
+		.workers = e->opts.nvme_workers,
 		.hooks = kvt_test_nvme_hooks,
 		.layout = e->layout,
 		.codec = e->opts.nvme_codec,

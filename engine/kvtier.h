@@ -207,6 +207,13 @@ struct kvt_engine_opts {
 	                              sequence holding them closes, for later requests with the
 	                              same prefix; 0 (default, v0): closing frees them, blocks are
 	                              shared only among sequences open at the same time */
+	/* ---- 0.3: NVMe worker threads */
+	uint32_t nvme_workers;     /* threads of the NVME tier that checksum (and encode) blocks
+	                              being written and verify (and decode) blocks read, in
+	                              parallel and outside the engine's lock; a block read from
+	                              NVMe becomes valid only after it verified. 0 = all of it on
+	                              the thread that submits or reaps, under the lock. 1..16;
+	                              default 2 */
 };
 
 /**

@@ -870,7 +870,7 @@ fate_hook(void *arg, bool is_write, uint32_t slot)
 	return KVT_NVME_FATE_NORMAL;
 }
 
-/* The codec path (encoder thread where the kernel allows it): writes come back with a smaller
+/* The codec path (inline: no workers): writes come back with a smaller
  * stored length, reads of that length decode to the original, and a flipped payload bit is
  * caught after decoding. */
 static void

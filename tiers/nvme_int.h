@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tiers/nvme_int.h - the NVME tier's internal state, shared by tier_nvme.c (open, files,
- * superblock, close) and nvme_io.c (submission, the encoder thread, completion). Not installed.
+ * superblock, close), nvme_io.c (submission, completion) and nvme_work.c (the worker pool).
+ * Not installed.
  */
 #ifndef KVT_TIERS_NVME_INT_H
 #define KVT_TIERS_NVME_INT_H
@@ -20,6 +21,7 @@
 #define NVME_ALIGN KVT_FMT_ALIGN   /* O_DIRECT alignment of offsets, lengths and buffers */
 #define NVME_HDR KVT_FMT_BLKHDR_BYTES /* block header at the start of every slot */
 #define NVME_HPAGE KVT_FMT_HDR_PAGE  /* header page: the payload starts at this slot offset */
+#define NVME_HUGE ((size_t)2 << 20) /* staging arena alignment: a transparent huge page */
 #define NVME_MAX_REG (1ull << 30)  /* io_uring's limit on one registered buffer */
 #define NVME_MAX_QD 4096u          /* largest queue depth accepted */
 #define NVME_MAX_BLOCK_BYTES (1u << 30) /* one IO's byte count must fit the int of a CQE */
@@ -56,7 +58,19 @@ struct nvme_req {
 	uint64_t delay_gen; /* NVME_DELAYED: reap generation it was delayed in */
 	uint64_t deadline;  /* ns (CLOCK_MONOTONIC) by which its current piece must complete */
 	bool late_due;      /* HELD, then timed out: its kept CQE is handed in at the next reap */
-	struct kvt_nvme_wmeta meta; /* writes handed to the encoder: the header's fields */
+	struct kvt_nvme_wmeta meta; /* writes handed to a worker: the header's fields */
+	int vres;           /* reads verified by a worker: the result (0 or KVT_ECORRUPT ...) */
+	char verr[160];     /* ... and its message (kvt_err is per thread: raised again by the
+	                       reaper when it hands the completion out) */
+};
+
+/* One thread of the worker pool (kvt_nvme_opts.workers): seals (checksums, encodes) writes and
+ * verifies (decodes) reads, without the tier's lock, with buffers of its own. */
+struct nvme_worker {
+	struct kvt_nvme *n;  /* the tier */
+	pthread_t thr;       /* the thread */
+	uint8_t *scratch;    /* codec scratch: kvt_codec_scratch_bytes(block_bytes) */
+	uint8_t *enc;        /* codec output: block_bytes */
 };
 
 /* The NVMe copy's metadata of one slot: how its latest completed kvt_nvme_put was stored (16
@@ -77,8 +91,10 @@ enum nvme_parked {
 	NVME_LOST = 2,      /* its CQE was dropped by the fate hook: it will time out */
 	NVME_ABANDONED = 3, /* timed out while the kernel holds it: recycled if its CQE comes */
 	NVME_RETIRED = 4,   /* timed out after its CQE was lost: never used again */
-	NVME_ENCODING = 5,  /* a write waiting for (or in) the encoder thread */
+	NVME_ENCODING = 5,  /* a write waiting for (or in) a worker's seal */
 	NVME_HELD = 6,      /* its CQE was kept back by the fate hook (LATE) until it times out */
+	NVME_VERIFYING = 7, /* a read whose IO is done, queued for (or in) a worker's verify */
+	NVME_VERIFIED = 8,  /* ... verified (vres): on the done queue until a reap hands it out */
 };
 
 struct kvt_nvme {
@@ -119,20 +135,28 @@ struct kvt_nvme {
 	uint32_t *late_slots;              /* [qd] slots of abandoned writes whose CQE came */
 	uint32_t n_late_slots;             /* entries in late_slots */
 	uint64_t reap_gen;                 /* kvt_nvme_reap calls so far */
-	/* The encoder thread (codec on): writes are copied to staging at submit, encoded there by
-	 * the thread, which then queues and submits their SQEs. mu guards the SQ, queued,
-	 * n_encoding, the encode queue and every request's fields between the two threads; the
-	 * engine thread holds it while it submits or reaps (not while it waits). */
+	/* The worker pool (opts.workers threads): writes are queued at submit (staged ones copied
+	 * to staging first), sealed by a worker (checksum, encoding, header), which then queues and
+	 * submits their SQEs; reads whose IO completed are queued by the reaper, verified (and
+	 * decoded) by a worker and put on the done queue, which the next reap hands out. mu guards
+	 * the SQ, queued, the counters, both queues and every request's fields between the
+	 * threads; a worker does not hold it while it seals or verifies. The engine thread holds it
+	 * while it submits or reaps (not while it waits). */
 	pthread_mutex_t mu;                /* see above */
 	bool mu_ok;                        /* mu initialised */
-	pthread_cond_t enc_cv;             /* signalled when enc_q gets work or enc_stop is set */
-	bool enc_on;                       /* the encoder thread runs */
-	bool enc_stop;                     /* asks it to exit */
-	pthread_t enc_thr;                 /* the thread */
-	uint32_t *enc_q;                   /* [qd] ring of request indices to encode */
-	uint32_t enc_head, enc_n;          /* ring head and length */
+	pthread_cond_t work_cv;            /* signalled when work_q gets work or work_stop is set */
+	struct nvme_worker *workers;       /* [n_workers] */
+	uint32_t n_workers;                /* threads running (0 = all inline, on the caller) */
+	bool work_stop;                    /* asks them to exit */
+	uint32_t *work_q;                  /* [qd] ring of request indices to seal or verify */
+	uint32_t work_head, work_n;        /* ring head and length */
+	uint32_t *done_q;                  /* [qd] ring of verified reads */
+	uint32_t done_head, done_n;        /* ring head and length */
 	uint32_t n_encoding;               /* busy requests NVME_ENCODING */
-	uint8_t *dscratch;                 /* decode scratch (reaping thread) */
+	uint32_t n_verifying;              /* busy requests NVME_VERIFYING or NVME_VERIFIED */
+	bool reaper_waiting;               /* a reap sleeps in the CQ wait: a worker that puts a
+	                                      read on done_q wakes it (a NOP) */
+	uint8_t *dscratch;                 /* decode scratch (reaping thread, no workers) */
 	uint64_t timeout_ns;               /* IO piece deadline */
 	uint32_t *free_stack;              /* [qd] indices of free requests */
 	struct nvme_req *reqs;             /* [qd] request contexts */
@@ -149,14 +173,29 @@ struct kvt_nvme {
 
 
 /* Thread-safe strerror (the GNU strerror_r, which may return a static string). */
-static const char *
+static inline const char *
 nvme_strerror(int e, char *buf, size_t len)
 {
 	return strerror_r(e, buf, len);
 }
 
-/* nvme_io.c: the encoder thread's body, and stopping it (all IO must have completed). */
-void *kvt_nvme_enc_main(void *arg);
-void kvt_nvme_enc_stop(struct kvt_nvme *n);
+/* nvme_work.c: start the pool of @count workers (0 or a failure: inline), stop and join it (all
+ * IO must have completed), and hand out verified reads (mu held; returns those written). */
+int kvt_nvme_workers_start(struct kvt_nvme *n, uint32_t count);
+void kvt_nvme_workers_stop(struct kvt_nvme *n);
+uint32_t kvt_nvme_deliver_verified(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max);
+/* A verified read of @req goes out: queue it on done_q (worker, mu held). */
+void kvt_nvme_queue_verify(struct kvt_nvme *n, struct nvme_req *req);
+
+/* nvme_io.c, for the workers (mu held unless said otherwise): seal a write (no mu), verify a
+ * read into its destination (no mu; @scratch: codec scratch), queue the rest of an IO, submit,
+ * wake a waiting reaper, and finish a request into a completion. */
+void kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
+		   const struct kvt_nvme_wmeta *m, uint8_t *scratch, uint8_t *encbuf);
+int kvt_nvme_verify(struct kvt_nvme *n, const struct nvme_req *req, uint8_t *scratch);
+int kvt_nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req);
+int kvt_nvme_submit_queued(struct kvt_nvme *n);
+void kvt_nvme_poke(struct kvt_nvme *n);
+void kvt_nvme_finish(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c);
 
 #endif /* KVT_TIERS_NVME_INT_H */

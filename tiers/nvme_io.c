@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tiers/nvme_io.c - the NVME tier's IO: submission (batched SQEs over registered staging buffers
- * and the registered file), the encoder thread, completion (short IO continued, verification and
- * decoding, late/lost completions and deadlines) and reaping. The contract is in tier_nvme.h,
- * the state in nvme_int.h.
+ * and the registered file), handing work to the worker pool (nvme_work.c), completion (short IO
+ * continued, verification and decoding, late/lost completions and deadlines) and reaping. The
+ * contract is in tier_nvme.h, the state in nvme_int.h.
  *
  * Life of an IO: submit_* takes a request context (with its staging buffer) off a free stack,
  * fills the staging buffer (writes) and queues one SQE whose user_data is the request. reap()
@@ -62,7 +62,7 @@ nvme_flush_soft(struct kvt_nvme *n)
 static uint32_t
 nvme_in_kernel(const struct kvt_nvme *n)
 {
-	return n->qd - n->n_free - n->queued - n->n_parked - n->n_encoding;
+	return n->qd - n->n_free - n->queued - n->n_parked - n->n_encoding - n->n_verifying;
 }
 
 static uint64_t
@@ -92,8 +92,8 @@ nvme_piece(const struct nvme_req *req, int *idx, unsigned *len)
 }
 
 /* Queue one SQE for the rest of @req's current piece: bytes [done, end of piece) of its slot. */
-static int
-nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
+int
+kvt_nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&n->ring);
 	unsigned len;
@@ -175,13 +175,13 @@ nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
 /*
  * Fill @req's staging buffer: its header page (the header, zeros), and unless the payload goes
  * zero-copy (req->data), the block @raw (encoded when that pays) at NVME_HPAGE with zero padding
- * to the IO length. @raw may be the staging buffer's payload area itself (encoder thread); then
+ * to the IO length. @raw may be the staging buffer's payload area itself (a worker); then
  * @encbuf (block_bytes) receives the encoding first. A put's key is derived from the checksum.
  * Sets req->len, key, stored, codec, sum.
  */
-static void
-nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
-	  const struct kvt_nvme_wmeta *m, uint8_t *scratch, uint8_t *encbuf)
+void
+kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
+	      const struct kvt_nvme_wmeta *m, uint8_t *scratch, uint8_t *encbuf)
 {
 	uint8_t *payload = req->buf + NVME_HPAGE;
 	uint8_t *eout = raw == payload ? encbuf : payload;
@@ -222,8 +222,8 @@ nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
 }
 
 /* Wake a reaper blocked in the CQ wait (a NOP completes at once; its CQE carries no request). */
-static void
-nvme_poke(struct kvt_nvme *n)
+void
+kvt_nvme_poke(struct kvt_nvme *n)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&n->ring);
 
@@ -235,44 +235,11 @@ nvme_poke(struct kvt_nvme *n)
 	(void)nvme_flush(n);
 }
 
-/* The encoder thread: encode queued writes in their staging buffers, then queue and submit. */
-void *
-kvt_nvme_enc_main(void *arg)
+/* io_uring_submit the queued SQEs (mu held): the workers' way to nvme_flush. */
+int
+kvt_nvme_submit_queued(struct kvt_nvme *n)
 {
-	struct kvt_nvme *n = arg;
-
-	pthread_mutex_lock(&n->mu);
-	for (;;) {
-		struct nvme_req *req;
-		int r;
-
-		while (!n->enc_n && !n->enc_stop)
-			pthread_cond_wait(&n->enc_cv, &n->mu);
-		if (!n->enc_n)
-			break;
-		req = &n->reqs[n->enc_q[n->enc_head]];
-		n->enc_head = (n->enc_head + 1) % n->qd;
-		n->enc_n--;
-		pthread_mutex_unlock(&n->mu);
-		nvme_seal(n, req, req->buf + NVME_HPAGE, &req->meta, n->scratch, n->enc);
-		pthread_mutex_lock(&n->mu);
-		n->n_encoding--;
-		req->parked = NVME_ACTIVE;
-		r = nvme_queue_rest(n, req);
-		if (r == 0) {
-			(void)nvme_flush(n); /* a refusal is retried by the next reap's flush */
-			continue;
-		}
-		/* no SQE (not expected): complete it with the error through the delayed path */
-		req->parked = NVME_DELAYED;
-		req->delayed_res = r;
-		req->delay_gen = 0;
-		n->n_parked++;
-		n->n_delayed++;
-		nvme_poke(n);
-	}
-	pthread_mutex_unlock(&n->mu);
-	return NULL;
+	return nvme_flush(n);
 }
 
 /*
@@ -324,18 +291,21 @@ nvme_submit_write_locked(struct kvt_nvme *n, uint32_t slot, const void *src,
 	} else {
 		n->st.staged_writes++;
 	}
-	if (n->enc_on && !req->data) {
-		/* copy now (the caller's buffer may change at once), encode on the thread */
-		memcpy(req->buf + NVME_HPAGE, src, n->block_bytes);
+	if (n->n_workers) {
+		/* a worker checksums (and encodes) it; a staged write is copied now (the caller's
+		 * buffer may change at once), a zero-copy one's HOST slot stays put until it is
+		 * complete */
+		if (!req->data)
+			memcpy(req->buf + NVME_HPAGE, src, n->block_bytes);
 		req->meta = *m;
 		req->parked = NVME_ENCODING;
 		n->n_encoding++;
-		n->enc_q[(n->enc_head + n->enc_n++) % n->qd] = req->index;
-		pthread_cond_signal(&n->enc_cv);
+		n->work_q[(n->work_head + n->work_n++) % n->qd] = req->index;
+		pthread_cond_signal(&n->work_cv);
 		return 0;
 	}
-	nvme_seal(n, req, src, m, n->scratch, NULL);
-	r = nvme_queue_rest(n, req);
+	kvt_nvme_seal(n, req, src, m, n->scratch, NULL);
+	r = kvt_nvme_queue_rest(n, req);
 	if (r != 0)
 		nvme_req_put(n, req);
 	return r;
@@ -403,7 +373,7 @@ kvt_nvme_get(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t user_data)
 	} else {
 		n->st.staged_reads++;
 	}
-	r = nvme_queue_rest(n, req);
+	r = kvt_nvme_queue_rest(n, req);
 	if (r != 0)
 		nvme_req_put(n, req);
 	pthread_mutex_unlock(&n->mu);
@@ -449,7 +419,7 @@ nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t k
 	req->stored = stored;
 	req->len = stored ? nvme_io_len(n, stored) : (uint32_t)n->slot_bytes;
 	n->st.staged_reads++;
-	r = nvme_queue_rest(n, req);
+	r = kvt_nvme_queue_rest(n, req);
 	if (r != 0)
 		nvme_req_put(n, req);
 	return r;
@@ -482,10 +452,13 @@ kvt_nvme_flush(struct kvt_nvme *n)
 
 /*
  * Check a fully read staging buffer: its header, then the payload decoded into the caller's
- * buffer (raw payloads are checked in the staging buffer first). Returns 0 or KVT_ECORRUPT.
+ * buffer (raw payloads are checked in the staging buffer first); a zero-copy read: the HOST slot
+ * against the slot table. @scratch: codec scratch (kvt_codec_scratch_bytes), NULL = the tier's
+ * own (reaping thread). Needs no lock (reads only @req and the tier's fixed fields). Returns 0,
+ * KVT_ECORRUPT or -ENOMEM.
  */
-static int
-nvme_verify(struct kvt_nvme *n, const struct nvme_req *req)
+int
+kvt_nvme_verify(struct kvt_nvme *n, const struct nvme_req *req, uint8_t *scratch)
 {
 	struct kvt_fmt_blkhdr h;
 	uint32_t slot = req->slot;
@@ -524,10 +497,11 @@ nvme_verify(struct kvt_nvme *n, const struct nvme_req *req)
 		memcpy(req->dst, payload, n->block_bytes);
 		return 0;
 	}
-	if (!n->dscratch && !(n->dscratch = malloc(kvt_codec_scratch_bytes(n->block_bytes))))
+	if (!scratch && !n->dscratch &&
+	    !(n->dscratch = malloc(kvt_codec_scratch_bytes(n->block_bytes))))
 		return kvt_err(-ENOMEM, "nvme slot %u: codec scratch", slot);
 	rc = kvt_codec_decode_geom((int)h.codec, &n->geom, payload, h.stored_len,
-				   req->dst, n->block_bytes, n->dscratch);
+				   req->dst, n->block_bytes, scratch ? scratch : n->dscratch);
 	if (rc != 0)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
 	if (XXH3_64bits(req->dst, n->block_bytes) != h.sum)
@@ -562,7 +536,7 @@ nvme_continue(struct kvt_nvme *n, struct nvme_req *req, size_t got)
 		req->stalls = 0;
 		req->done = (uint32_t)reached;
 	}
-	return nvme_queue_rest(n, req);
+	return kvt_nvme_queue_rest(n, req);
 }
 
 /*
@@ -585,7 +559,7 @@ nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme
 		/* this piece is done (a zero-copy put's header page): on to the payload */
 		req->done += (uint32_t)left;
 		req->stalls = 0;
-		res = nvme_queue_rest(n, req);
+		res = kvt_nvme_queue_rest(n, req);
 		if (res == 0)
 			return 0;
 	} else if (res < 0) {
@@ -602,9 +576,23 @@ nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme
 		res = kvt_err(KVT_ESHORTIO, "nvme slot %u: closing mid-IO", req->slot);
 	} else if (req->is_write || n->closing) {
 		res = 0;
+	} else if (n->n_workers) {
+		/* a worker verifies it; a reap hands it out (kvt_nvme_deliver_verified) */
+		kvt_nvme_queue_verify(n, req);
+		return 0;
 	} else {
-		res = nvme_verify(n, req);
+		if (n->hooks.before_verify)
+			n->hooks.before_verify(n->hooks.arg, req->slot);
+		res = kvt_nvme_verify(n, req, NULL);
 	}
+	kvt_nvme_finish(n, req, res, c);
+	return 1;
+}
+
+/* Finish @req with @res: a put's slot table entry, the completion @c, the request freed. */
+void
+kvt_nvme_finish(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
+{
 	if (req->is_write && req->tabled && res == 0) {
 		struct nvme_slotmeta *e = &n->meta[req->slot];
 
@@ -620,7 +608,6 @@ nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme
 	c->is_write = req->is_write;
 	c->slot = req->slot;
 	nvme_req_put(n, req);
-	return 1;
 }
 
 /* Fill @c for a completion of @req with @res (no verification: failures and timeouts). */
@@ -768,9 +755,11 @@ nvme_wait_span(const struct kvt_nvme *n, struct __kernel_timespec *ts)
 			first = req->deadline;
 	}
 	d = first == UINT64_MAX ? n->timeout_ns : first > now ? first - now : 0;
-	if ((n->n_delayed || n->n_encoding || n->queued || n->n_late_due) && d > 1000000)
-		d = 1000000; /* an encoder failure parked one, a write is being encoded or its
-			      * submit was refused (retried by the next flush): look again soon */
+	if ((n->n_delayed || n->n_encoding || n->n_verifying || n->queued || n->n_late_due) &&
+	    d > 1000000)
+		d = 1000000; /* a worker's submit failure parked one, a write is being sealed, a
+			      * read verified, or a submit was refused (retried by the next
+			      * flush): look again soon */
 	if (d < 1000000)
 		d = 1000000; /* at least 1 ms */
 	ts->tv_sec = (long long)(d / 1000000000ull);
@@ -782,7 +771,7 @@ static bool
 nvme_waitable(const struct kvt_nvme *n)
 {
 	return nvme_in_kernel(n) > n->n_abandoned || n->n_lost > 0 || n->n_encoding > 0 ||
-	       n->n_delayed > 0 || n->n_held > 0;
+	       n->n_verifying > 0 || n->n_delayed > 0 || n->n_held > 0;
 }
 
 static int
@@ -804,6 +793,11 @@ nvme_reap_locked(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, boo
 		got += nvme_deliver_delayed(n, out, max, false);
 	n->reap_gen++;
 	while (got < max) {
+		if (n->done_n) {
+			got += kvt_nvme_deliver_verified(n, out + got, max - got);
+			if (got == max)
+				break;
+		}
 		r = io_uring_peek_cqe(&n->ring, &cqe);
 		if (r == -EAGAIN) {
 			/* Nothing ready: time out what is overdue; block only if asked to, nothing
@@ -814,10 +808,13 @@ nvme_reap_locked(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, boo
 			if (!wait || got > 0 || !nvme_waitable(n))
 				break;
 			nvme_wait_span(n, &ts);
-			/* the encoder thread may submit meanwhile: never wait holding mu */
+			/* a worker may submit meanwhile: never wait holding mu; one that finishes a
+			 * verification wakes us (a NOP) */
+			n->reaper_waiting = true;
 			pthread_mutex_unlock(&n->mu);
 			r = io_uring_wait_cqe_timeout(&n->ring, &cqe, &ts);
 			pthread_mutex_lock(&n->mu);
+			n->reaper_waiting = false;
 			if (r == -EINTR || r == -ETIME)
 				continue;
 		}
@@ -870,18 +867,4 @@ bool
 kvt_nvme_abandoned(const struct kvt_nvme *n)
 {
 	return n->n_abandoned > 0;
-}
-
-/* Stop and join the encoder thread (its queue is empty once all IO has completed). */
-void
-kvt_nvme_enc_stop(struct kvt_nvme *n)
-{
-	if (!n->enc_on)
-		return;
-	pthread_mutex_lock(&n->mu);
-	n->enc_stop = true;
-	pthread_cond_signal(&n->enc_cv);
-	pthread_mutex_unlock(&n->mu);
-	pthread_join(n->enc_thr, NULL);
-	n->enc_on = false;
 }

@@ -2,7 +2,7 @@
 /*
  * tiers/tier_nvme.c - the NVME tier: one file of fixed-size slots, O_DIRECT, io_uring. This file
  * opens it (options, directory, the slot file or the persistent store with its superblock and
- * lock, fallocate, staging buffers, the ring, the encoder thread), closes it, and answers the
+ * lock, fallocate, staging buffers, the ring, the worker pool), closes it, and answers the
  * accessors; the IO itself is in nvme_io.c. The slot layout and the contract are in tier_nvme.h.
  */
 #include <errno.h>
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -65,6 +66,9 @@ nvme_validate(const struct kvt_nvme_opts *o, size_t *slot_bytes, uint32_t *n_slo
 		return nvme_open_fail(-EINVAL, err, errlen,
 				      "nvme block_bytes %zu out of range 1..%u", o->block_bytes,
 				      NVME_MAX_BLOCK_BYTES);
+	if (o->workers > KVT_NVME_MAX_WORKERS)
+		return nvme_open_fail(-EINVAL, err, errlen, "nvme workers %u out of range 0..%u",
+				      o->workers, KVT_NVME_MAX_WORKERS);
 	if (o->queue_depth == 0 || o->queue_depth > NVME_MAX_QD)
 		return nvme_open_fail(-EINVAL, err, errlen, "nvme queue_depth %u out of range 1..%u",
 				      o->queue_depth, NVME_MAX_QD);
@@ -402,9 +406,13 @@ nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
 	size_t arena_bytes = (size_t)n->qd * n->slot_bytes;
 	void *arena = NULL;
 
-	if (posix_memalign(&arena, NVME_ALIGN, arena_bytes) != 0)
+	/* 2 MiB aligned with transparent huge pages asked for: an IO's buffer is then a few
+	 * physically contiguous pages, not hundreds of 4 KiB ones (fewer DMA segments) */
+	arena_bytes = (arena_bytes + NVME_HUGE - 1) & ~(size_t)(NVME_HUGE - 1);
+	if (posix_memalign(&arena, NVME_HUGE, arena_bytes) != 0)
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: %zu bytes of staging buffers",
 				      arena_bytes);
+	(void)madvise(arena, arena_bytes, MADV_HUGEPAGE);
 	n->arena = arena;
 	if (n->codec != KVT_CODEC_NONE) {
 		n->scratch = malloc(kvt_codec_scratch_bytes(n->block_bytes));
@@ -412,9 +420,10 @@ nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
 		if (!n->scratch || !n->enc)
 			return nvme_open_fail(-ENOMEM, err, errlen, "nvme: codec buffers");
 	}
-	n->enc_q = malloc((size_t)n->qd * sizeof *n->enc_q);
-	if (!n->enc_q)
-		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: encode queue");
+	n->work_q = malloc((size_t)n->qd * sizeof *n->work_q);
+	n->done_q = malloc((size_t)n->qd * sizeof *n->done_q);
+	if (!n->work_q || !n->done_q)
+		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: worker queues");
 	n->reqs = calloc(n->qd, sizeof *n->reqs);
 	n->free_stack = malloc((size_t)n->qd * sizeof *n->free_stack);
 	n->late_slots = malloc((size_t)n->qd * sizeof *n->late_slots);
@@ -544,10 +553,11 @@ nvme_free(struct kvt_nvme *n, bool free_arena)
 	free(n->scratch);
 	free(n->enc);
 	free(n->dscratch);
-	free(n->enc_q);
+	free(n->work_q);
+	free(n->done_q);
 	if (n->mu_ok) {
 		pthread_mutex_destroy(&n->mu);
-		pthread_cond_destroy(&n->enc_cv);
+		pthread_cond_destroy(&n->work_cv);
 	}
 	free(n->reqs);
 	free(n->free_stack);
@@ -631,7 +641,7 @@ kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, s
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: tier object");
 	n->fd = -1;
 	pthread_mutex_init(&n->mu, NULL);
-	pthread_cond_init(&n->enc_cv, NULL);
+	pthread_cond_init(&n->work_cv, NULL);
 	n->mu_ok = true;
 	n->block_bytes = o->block_bytes;
 	n->slot_bytes = slot_bytes;
@@ -657,10 +667,11 @@ kvt_nvme_open(const struct kvt_nvme_opts *o, struct kvt_nvme **out, char *err, s
 		return r;
 	}
 	n->unlink_on_free = false;
-	/* the codec runs on a thread of its own when the ring can wait with a timeout without
-	 * using the SQ (IORING_FEAT_EXT_ARG): the SQ is then shared with that thread under mu */
-	if (n->codec != KVT_CODEC_NONE && (n->ring.features & IORING_FEAT_EXT_ARG))
-		n->enc_on = pthread_create(&n->enc_thr, NULL, kvt_nvme_enc_main, n) == 0;
+	/* checksums, the codec and verification run on worker threads when the ring can wait
+	 * with a timeout without using the SQ (IORING_FEAT_EXT_ARG): the SQ is then shared with
+	 * them under mu. Without (or when no thread starts) all of it runs inline. */
+	if (o->workers && (n->ring.features & IORING_FEAT_EXT_ARG))
+		(void)kvt_nvme_workers_start(n, o->workers);
 	*out = n;
 	return 0;
 }
@@ -689,7 +700,7 @@ kvt_nvme_close(struct kvt_nvme *n)
 			n->qd - n->n_free);
 		break;
 	}
-	kvt_nvme_enc_stop(n);
+	kvt_nvme_workers_stop(n);
 	nvme_free(n, drained);
 }
 

@@ -37,19 +37,22 @@
  * persistent store bumps the superblock's epoch durably, so write keys made of
  * (epoch << 40) | counter never repeat across restarts.
  *
- * With a codec, writes are encoded on the tier's encoder thread (when the kernel supports waiting
- * with a timeout without the SQ, IORING_FEAT_EXT_ARG; otherwise inline at submit): submit copies
- * the block into its staging buffer and returns, the thread encodes it there, then queues and
- * submits the SQE. The SQ is shared under an internal mutex; completions are still reaped (and
- * reads decoded and verified) by the caller of kvt_nvme_reap().
+ * CPU work runs on the tier's worker threads (kvt_nvme_opts.workers, when the kernel supports
+ * waiting with a timeout without the SQ, IORING_FEAT_EXT_ARG; otherwise inline, on the caller):
+ * a write's submit queues it (a staged one copied into its staging buffer first) and returns; a
+ * worker checksums it (and encodes it), writes its header, then queues and submits the SQE. A
+ * read whose IO completed is queued by the reap that saw its CQE; a worker verifies (and
+ * decodes) it without any lock, in parallel with the others, and a later kvt_nvme_reap() hands
+ * out its completion: a read is never reported complete (so never made valid by the engine)
+ * before it verified. The SQ is shared under an internal mutex.
  *
  * IO that is not zero-copy goes through 4 KiB-aligned staging buffers owned by the tier (one
  * per queue entry, registered with io_uring when the kernel allows it): a write copies the
  * caller's bytes at submit time (the caller's buffer may be reused at once); a raw read copies
- * into the caller's buffer only after verification, in kvt_nvme_reap(); an encoded read decodes
- * into it and then verifies the checksum, so after a failed read (res != 0) the buffer holds garbage and must not
- * be used (the engine frees that destination slot: the copy never becomes present). No memory
- * is allocated per IO.
+ * into the caller's buffer only after verification (on a worker, or in kvt_nvme_reap()); an
+ * encoded read decodes into it and then verifies the checksum, so after a failed read (res != 0)
+ * the buffer holds garbage and must not be used (the engine frees that destination slot: the
+ * copy never becomes present). No memory is allocated per IO.
  *
  * Completions that do not come are timed out (KVT_NVME_IO_TIMEOUT_MS, -ETIMEDOUT); waiting for
  * them uses io_uring_wait_cqe_timeout up to the earliest deadline, never a busy loop.
@@ -65,8 +68,8 @@
  * hands them to the kernel. The CQ has twice as many entries as there are staging buffers and at
  * most one IO piece per buffer is in the kernel, so completions can never overflow it.
  *
- * Threading: not thread-safe for its callers (the engine calls it under its mutex); the encoder
- * thread is internal.
+ * Threading: not thread-safe for its callers (the engine calls it under its mutex); the worker
+ * threads are internal.
  */
 #ifndef KVT_TIERS_TIER_NVME_H
 #define KVT_TIERS_TIER_NVME_H
@@ -100,6 +103,10 @@ struct kvt_nvme_fault_hooks {
 	int (*fate)(void *arg, bool is_write, uint32_t slot);
 	uint32_t io_timeout_ms; /* deadline of one IO piece; 0 = KVT_NVME_IO_TIMEOUT_MS */
 	bool refuse_register;   /* registering the HOST memory fails as if over RLIMIT_MEMLOCK */
+	/* Called on the thread that verifies a read whose IO is complete (a worker, or the
+	 * reaper without workers), before it verifies: a test delays verification with it to
+	 * check that nothing is handed out (nor, in the engine, made valid) before. */
+	void (*before_verify)(void *arg, uint32_t slot);
 };
 
 /* KVT_NVME_FATE_LATE keeps the CQE until its IO has timed out and hands it in at the reap after
@@ -133,7 +140,14 @@ struct kvt_nvme_opts {
 	size_t host_len;            /* its bytes */
 	size_t host_stride;         /* bytes between HOST slots: a multiple of 4096 that holds
 	                               round_up(block_bytes, 4096) (else no zero-copy) */
+	uint32_t workers;           /* threads that checksum and encode writes and verify and
+	                               decode reads, in parallel and outside the tier's lock
+	                               (KVT_NVME_MAX_WORKERS at most); 0 = all of it inline, on
+	                               the thread that submits or reaps */
 };
+
+/** Most worker threads a tier runs (kvt_nvme_opts.workers). */
+#define KVT_NVME_MAX_WORKERS 16u
 
 /** IO counters of the tier (kvt_nvme_stats). */
 struct kvt_nvme_stats {
@@ -324,7 +338,8 @@ const char *kvt_nvme_path(const struct kvt_nvme *n);
 /**
  * Reap up to @max completions into @out. With @wait, blocks until at least one completion
  * arrives if any IO is in flight (io_uring_wait_cqe, no busy loop). Continues short IO
- * internally. Reads that verify are copied to their dst here. Each submitted IO yields exactly
+ * internally. A read's completion comes only after it verified (raw staged reads are copied to
+ * their dst then; with workers that happened on a worker thread). Each submitted IO yields exactly
  * one completion. A failed completion's detail ("nvme slot 7: key 0x5, expected 0x6") is left in
  * kvt_last_error_message(). Returns the number written to out (>= 0) or a negative code of the
  * ring itself (-EINVAL for out == NULL with max > 0).

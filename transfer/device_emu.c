@@ -192,6 +192,39 @@ emu_mlock(void *p, size_t len)
 	return syscall(SYS_mlock, p, len) == 0;
 }
 
+#define EMU_HUGE ((size_t)2 << 20) /* a transparent huge page */
+
+/*
+ * An anonymous mapping of @len bytes rounded up to 2 MiB (*maplen), 2 MiB aligned, with
+ * transparent huge pages asked for (MADV_HUGEPAGE; where THP is off the advice does nothing).
+ * A 2 MiB block then lies in one physically contiguous page that DMA (O_DIRECT NVMe IO straight
+ * into HOST slots) moves as one segment instead of 512 4 KiB pages: on the build VM's virtio disk
+ * zero-copy reads went from 1.2 to 3.1 GB/s (docs/PERF.md). Returns MAP_FAILED with errno set.
+ */
+static void *
+emu_map_huge(size_t len, size_t *maplen)
+{
+	size_t want = (len + EMU_HUGE - 1) & ~(EMU_HUGE - 1);
+	uint8_t *raw, *p;
+
+	if (want < len || want + EMU_HUGE < want) {
+		errno = ENOMEM;
+		return MAP_FAILED;
+	}
+	raw = mmap(NULL, want + EMU_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+		   0);
+	if (raw == MAP_FAILED)
+		return MAP_FAILED;
+	p = (uint8_t *)(((uintptr_t)raw + EMU_HUGE - 1) & ~(uintptr_t)(EMU_HUGE - 1));
+	if (p > raw)
+		munmap(raw, (size_t)(p - raw));
+	if (raw + want + EMU_HUGE > p + want)
+		munmap(p + want, (size_t)(raw + want + EMU_HUGE - (p + want)));
+	(void)madvise(p, want, MADV_HUGEPAGE);
+	*maplen = want;
+	return p;
+}
+
 /* Drop one reference of r (NULL ok). Caller holds ev_lock. */
 static void
 emu_rec_put_locked(struct emu_rec *r)
@@ -245,6 +278,7 @@ emu_host_alloc(struct kvt_device *d, size_t len, void **out, bool *pinned)
 {
 	struct emu_dev *emu = emu_dev_of(d);
 	struct emu_map *m;
+	size_t maplen = 0;
 	char ebuf[64];
 	void *p;
 
@@ -258,7 +292,7 @@ emu_host_alloc(struct kvt_device *d, size_t len, void **out, bool *pinned)
 	m = calloc(1, sizeof *m);
 	if (m == NULL)
 		return kvt_err(-ENOMEM, "emulated host_alloc: no memory for the mapping record");
-	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	p = emu_map_huge(len, &maplen);
 	if (p == MAP_FAILED) {
 		int e = errno;
 
@@ -268,9 +302,9 @@ emu_host_alloc(struct kvt_device *d, size_t len, void **out, bool *pinned)
 	}
 	/* mlock fails with EPERM/ENOMEM/EAGAIN under RLIMIT_MEMLOCK without CAP_IPC_LOCK: keep the
 	 * mapping unlocked and say so; the caller decides whether to warn. */
-	m->locked = emu_mlock(p, len);
+	m->locked = emu_mlock(p, maplen);
 	m->p = p;
-	m->len = len;
+	m->len = maplen;
 	pthread_mutex_lock(&emu->lock);
 	emu_list_add(&emu->maps, &m->link);
 	pthread_mutex_unlock(&emu->lock);

@@ -46,7 +46,12 @@ struct nb_opts {
 	bool tier, park, codec;       /* which parts run */
 	const char *model, *tok;      /* codec table inputs */
 	int nvme_codec;               /* park/resume: the engine's NVMe codec */
+	uint32_t workers;             /* the NVMe tier's worker threads (engine's nvme_workers) */
+	bool staged;                  /* park/resume: refuse zero-copy (IO through staging) */
 };
+
+/* engine/engine.c's test hook: --staged refuses the HOST registration with it. */
+extern const struct kvt_nvme_fault_hooks *kvt_test_nvme_hooks;
 
 /* ---- fio ----------------------------------------------------------------------------------- */
 
@@ -151,6 +156,7 @@ nb_tier_point(const struct nb_opts *o, size_t bs, uint32_t qd, double *w, double
 		.capacity_bytes = o->bytes,
 		.block_bytes = bs - KVT_FMT_HDR_PAGE, /* one IO of exactly bs bytes (header page) */
 		.queue_depth = qd,
+		.workers = o->workers,
 	};
 	struct kvt_nvme *n;
 	char err[256];
@@ -235,6 +241,7 @@ nb_fill(uint8_t *p, size_t n, uint64_t seed)
 static int
 nb_park_resume(const struct nb_opts *o)
 {
+	static const struct kvt_nvme_fault_hooks staged_hooks = { .refuse_register = true };
 	struct kvt_engine_opts eo;
 	struct kvt_engine *e = NULL;
 	struct kvt_geometry g;
@@ -254,11 +261,15 @@ nb_park_resume(const struct nb_opts *o)
 	eo.nvme_bytes = (uint64_t)(o->sessions * blocks_per + 8) * ((2u << 20) + 4096);
 	eo.high_watermark = eo.low_watermark = 1.0f;
 	eo.nvme_codec = o->nvme_codec;
+	eo.nvme_workers = o->workers;
 	if (!ids || !map) {
 		rc = -ENOMEM;
 		goto out;
 	}
+	if (o->staged)
+		kvt_test_nvme_hooks = &staged_hooks;
 	rc = kvt_engine_create(&eo, &e);
+	kvt_test_nvme_hooks = NULL;
 	if (rc == 0)
 		rc = kvt_engine_geometry(e, &g);
 	for (uint32_t s = 0; rc == 0 && s < o->sessions; s++) {
@@ -304,9 +315,10 @@ nb_park_resume(const struct nb_opts *o)
 	}
 	bytes = (double)o->sessions * blocks_per * (double)g.block_bytes;
 	printf("\npark/resume: %u sessions x %u tokens (32 layers, 8 KV heads, head_dim 128, bf16, "
-	       "16-token 2 MiB blocks, QD 64, codec %s)\n\n", o->sessions, o->tokens,
-	       o->nvme_codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" :
-	       o->nvme_codec == KVT_CODEC_CSHUF_LZ4 ? "cshuf-lz4" : "off");
+	       "16-token 2 MiB blocks, QD 64, codec %s, %u workers%s)\n\n", o->sessions,
+	       o->tokens, o->nvme_codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" :
+	       o->nvme_codec == KVT_CODEC_CSHUF_LZ4 ? "cshuf-lz4" : "off", o->workers,
+	       o->staged ? ", staged: no zero-copy" : "");
 	printf("| phase | tokens/s | GB/s | fio GB/s (2 MiB, QD 64) | ratio |\n"
 	       "|---|---|---|---|---|\n");
 	printf("| park to NVMe (written) | %.0f | %.2f | ", o->sessions * (double)o->tokens / tp,
@@ -363,12 +375,14 @@ nb_usage(FILE *f)
 	fprintf(f, "usage: kvtier-bench nvme [--dir DIR] [--bs 256k,1m,2m] [--qd 1,16,64] "
 		   "[--mib 256]\n"
 		   "         [--sessions 2] [--tokens 4096] [--codec none|shuf-lz4|cshuf-lz4] [--no-fio]\n"
-		   "         [--only tier|park|codec]\n"
+		   "         [--only tier|park|codec] [--workers 2] [--staged]\n"
 		   "         [--model stories260K.bin --tokenizer tok512.bin]\n"
 		   "DIR (default .) must exist and be on the filesystem to measure (on tmpfs the\n"
 		   "figures are memory figures: a warning says so). --bs: 8 KiB..64 MiB, multiples\n"
 		   "of 4 KiB (K/M suffixes); --qd: 1..1024. Without fio (or with --no-fio) the fio\n"
-		   "columns read \"-\".\n");
+		   "columns read \"-\". --workers: the NVMe tier's threads that checksum, encode,\n"
+		   "verify and decode (0 = inline, under the lock). --staged: park/resume through\n"
+		   "the staging buffers instead of zero-copy (for comparison).\n");
 }
 
 /* One option with a value; returns 0, or -EINVAL with kvtr_last_error() naming it. */
@@ -394,6 +408,8 @@ nb_opt(struct nb_opts *o, const char *a, const char *val)
 		o->bytes = rc ? o->bytes : v[0] << 20;
 	} else if (!strcmp(a, "--sessions")) {
 		rc = kvtr_parse_u32("--sessions", val, 1, 4096, &o->sessions);
+	} else if (!strcmp(a, "--workers")) {
+		rc = kvtr_parse_u32("--workers", val, 0, KVT_NVME_MAX_WORKERS, &o->workers);
 	} else if (!strcmp(a, "--tokens")) {
 		rc = kvtr_parse_u32("--tokens", val, 1, 1u << 22, &o->tokens);
 	} else if (!strcmp(a, "--only")) {
@@ -429,7 +445,7 @@ nb_valued(const char *a)
 {
 	static const char *const names[] = { "--dir", "--bs", "--qd", "--mib", "--sessions",
 					      "--tokens", "--only", "--codec", "--model",
-					      "--tokenizer" };
+					      "--tokenizer", "--workers" };
 
 	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
 		if (!strcmp(a, names[i]))
@@ -449,6 +465,10 @@ nb_parse(int argc, char **argv, struct nb_opts *o)
 			return 1;
 		if (!strcmp(a, "--no-fio")) {
 			o->fio = false;
+			continue;
+		}
+		if (!strcmp(a, "--staged")) {
+			o->staged = true;
 			continue;
 		}
 		if (strncmp(a, "--", 2))
@@ -489,7 +509,7 @@ kvtb_nvme_main(int argc, char **argv)
 {
 	struct nb_opts o = {
 		.dir = ".", .bs = { 256u << 10, 1u << 20, 2u << 20 }, .n_bs = 3,
-		.qd = { 1, 16, 64 }, .n_qd = 3, .bytes = 256ull << 20, .sessions = 2,
+		.qd = { 1, 16, 64 }, .n_qd = 3, .bytes = 256ull << 20, .sessions = 2, .workers = 2,
 		.tokens = 4096, .fio = true, .tier = true, .park = true, .codec = true,
 		.model = NB_MODEL, .tok = NB_TOK,
 	};

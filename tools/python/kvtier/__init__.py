@@ -231,7 +231,8 @@ class Engine:
     nvme_persist (True: the persistent store <nvme_dir>/kvtier.store whose published sessions
     survive a restart), nvme_buffered_fallback; evict_policy ("arc", "lru", "prio", "default"
     or EVICT_*), idle_timeout_ms, idle_target (a tier), prefix_cache (True: sealed blocks stay
-    cached after their last sequence closes); log: a callable (level, message) for warnings
+    cached after their last sequence closes), nvme_workers (threads that verify and decode
+    NVMe blocks outside the engine's lock, 0..16, default 2); log: a callable (level, message) for warnings
     (default: kvtier prints them to stderr)."""
 
     def __init__(self, n_layers, n_kv_heads, head_dim, hbm_bytes, dtype="f16",

@@ -71,7 +71,9 @@ class EngineOpts(ctypes.Structure):
                 ("nvme_persist", ctypes.c_int), ("nvme_buffered_fallback", ctypes.c_int),
                 # 0.2: eviction and idle sessions
                 ("evict_policy", c_u32), ("idle_timeout_ms", c_u32), ("idle_target", c_u32),
-                ("prefix_cache", c_u32)]
+                ("prefix_cache", c_u32),
+                # 0.3: NVMe worker threads
+                ("nvme_workers", c_u32)]
 
 
 class SeqOpts(ctypes.Structure):
