@@ -114,9 +114,10 @@ struct copy_chunk {
 };
 
 /*
- * Copy ch.c[i] for i = blockIdx.y, y + gridDim.y, ... < n; x walks its words. 16-byte words
- * when its addresses and length are multiples of 16, else bytes (rare: the engine copies whole
- * blocks or layer pieces of 16-byte multiples between 256-byte aligned arenas).
+ * Copy ch.c[i] for i = blockIdx.y, y + gridDim.y, ... < n; x walks its words. When both
+ * addresses are multiples of 16 the body moves 16-byte words and the last len % 16 bytes one by
+ * one; otherwise every byte one by one (rare: the engine copies whole blocks or layer pieces
+ * between 256-byte aligned arenas).
  */
 __global__ void
 copy_batch_kernel(const struct copy_chunk ch, uint32_t n)
@@ -124,29 +125,29 @@ copy_batch_kernel(const struct copy_chunk ch, uint32_t n)
 	for (uint32_t i = blockIdx.y; i < n; i += gridDim.y) {
 		const struct kvt_cuda_copy cp = ch.c[i];
 		uint64_t start = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-		uint64_t step = (uint64_t)gridDim.x * blockDim.x;
+		uint64_t step = (uint64_t)gridDim.x * blockDim.x, body = 0;
+		unsigned char *d = (unsigned char *)cp.dst;
+		const unsigned char *s = (const unsigned char *)cp.src;
 
-		if ((((uintptr_t)cp.dst | (uintptr_t)cp.src | cp.len) % 16) == 0) {
-			uint4 *d = (uint4 *)cp.dst;
-			const uint4 *s = (const uint4 *)cp.src;
-
-			for (uint64_t j = start; j < cp.len / 16; j += step)
-				d[j] = s[j];
-		} else {
-			unsigned char *d = (unsigned char *)cp.dst;
-			const unsigned char *s = (const unsigned char *)cp.src;
-
-			for (uint64_t j = start; j < cp.len; j += step)
-				d[j] = s[j];
+		if ((((uintptr_t)cp.dst | (uintptr_t)cp.src) % 16) == 0) {
+			body = cp.len / 16;
+			for (uint64_t j = start; j < body; j += step)
+				((uint4 *)cp.dst)[j] = ((const uint4 *)cp.src)[j];
+			body *= 16;
 		}
+		for (uint64_t j = body + start; j < cp.len; j += step)
+			d[j] = s[j];
 	}
 }
 
 extern "C" int
-kvt_copy_batch_cuda(const struct kvt_cuda_copy *v, uint32_t n, cudaStream_t stream)
+kvt_copy_batch_cuda(const struct kvt_cuda_copy *v, uint32_t n, cudaStream_t stream,
+		    int *cuda_error)
 {
 	struct copy_chunk ch;
 
+	if (cuda_error)
+		*cuda_error = 0;
 	if (n && !v)
 		return kvt_err(-EINVAL, "copy batch (cuda): NULL copy list for %u copies", n);
 	for (uint32_t done = 0; done < n;) {
@@ -165,11 +166,19 @@ kvt_copy_batch_cuda(const struct kvt_cuda_copy *v, uint32_t n, cudaStream_t stre
 		xblocks = (most / 16 + GATHER_THREADS - 1) / GATHER_THREADS;
 		xcap = 4096u / m;
 		xblocks = xblocks < 1 ? 1 : xblocks > xcap ? xcap : xblocks; /* xcap >= 32 */
-		copy_batch_kernel<<<dim3((unsigned)xblocks, m), GATHER_THREADS, 0, stream>>>(ch, m);
-		cudaError_t e = cudaGetLastError();
-		if (e != cudaSuccess)
-			return kvt_err(KVT_EDEVICE, "copy batch kernel launch: %s (%s)",
+		/* cudaLaunchKernel, not <<<>>>: the stub's one-time kernel lookup is a function
+		 * static, and the library's host code may be called from many threads at once */
+		void *args[] = { &ch, &m };
+		cudaError_t e = cudaLaunchKernel((const void *)copy_batch_kernel,
+						 dim3((unsigned)xblocks, m), dim3(GATHER_THREADS),
+						 args, 0, stream);
+		if (e != cudaSuccess) {
+			(void)cudaGetLastError(); /* clear the non-sticky launch error */
+			if (cuda_error)
+				*cuda_error = (int)e;
+			return kvt_err(KVT_EDEVICE, "cudaLaunchKernel (copy batch): %s (%s)",
 				       cudaGetErrorString(e), cudaGetErrorName(e));
+		}
 		done += m;
 	}
 	return 0;

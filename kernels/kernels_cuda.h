@@ -145,11 +145,16 @@ struct kvt_cuda_copy {
  *          Every address must be addressable by the GPU: cudaMalloc memory or cudaHostAlloc
  *          memory (mapped under UVA); pageable memory faults the kernel. Copies must not
  *          overlap each other's destinations.
- * A copy whose addresses and length are multiples of 16 moves 16-byte words, else bytes.
+ * A copy whose two addresses are multiples of 16 moves 16-byte words (its last len % 16 bytes
+ * one by one), else bytes. The launch goes to @stream's device, which must be the calling
+ * thread's current device (a CUDA rule for kernel launches; the CUDA backend sees to it).
+ * @cuda_error: may be NULL; else the cudaError_t of a failed launch (0 otherwise).
  * Returns 0 (n 0 queues nothing), -EINVAL (v NULL with n > 0, a NULL address),
- * KVT_EDEVICE (launch failure, CUDA's message kept). Thread-safe (no shared state).
+ * KVT_EDEVICE (launch failure, CUDA's message kept; launches of earlier chunks stay queued).
+ * Thread-safe (cudaLaunchKernel, no shared state).
  */
-int kvt_copy_batch_cuda(const struct kvt_cuda_copy *v, uint32_t n, kvt_cuda_stream_t stream);
+int kvt_copy_batch_cuda(const struct kvt_cuda_copy *v, uint32_t n, kvt_cuda_stream_t stream,
+			int *cuda_error);
 
 /**
  * kvt_quant_cuda() - int8 / fp8 e4m3 quantization with one fp32 scale per group of @group

@@ -4,7 +4,7 @@
  *
  * The CUDA backend's fallback for a copy batch, where cudaMemcpyBatchAsync is absent (CUDA <
  * 12.8), refused by the driver, or not allowed (the legacy default stream), is one copy kernel
- * launch per KVT_COPY_CHUNK copies (kernels/gather.cu, kvt_copy_batch_cuda()). A kernel can only
+ * launch per KVT_COPY_KERNEL_CHUNK (128) copies (kernels/gather.cu, kvt_copy_batch_cuda()). A kernel can only
  * touch memory that the GPU can address: the backend's own cudaMalloc arenas and its
  * cudaHostAlloc regions (mapped into the device address space under UVA). This module keeps
  * those ranges and splits a batch into the copies whose source and destination both lie in them
@@ -23,7 +23,6 @@
 #include "transfer/device.h"
 
 #define KVT_COPY_RANGES_MAX 64u /* arenas a device tracks (the engine allocates 2-4) */
-#define KVT_COPY_CHUNK 128u     /* copies per copy-kernel launch (by-value parameter: 3 KiB) */
 
 /** One memory range the GPU can address: [lo, hi). */
 struct kvt_mem_range {

@@ -250,20 +250,26 @@ cuda_copy_kernel(struct cuda_dev *c, cudaStream_t s, const struct kvt_copy *v, u
 		 struct kvt_copy *tmp)
 {
 	uint32_t nr = 0, nk = kvt_copy_ranges_split(&c->ranges, v, n, tmp, tmp + n, &nr);
-	int rc;
+	int rc, cerr = 0, cur = -1;
+	cudaError_t err;
 
 	if (nk) {
+		/* a kernel launches on the thread's current device, which must be ours (the
+		 * copies themselves would run on any device); put it back afterwards */
+		err = cudaGetDevice(&cur);
+		if (err == cudaSuccess && cur != c->ordinal)
+			err = cudaSetDevice(c->ordinal);
+		if (err != cudaSuccess)
+			return cuda_fail(c, err, "cudaSetDevice (copy kernel)");
 		/* struct kvt_copy and struct kvt_cuda_copy have the same members: see the
-		 * static assertions at the top of the file */
-		rc = kvt_copy_batch_cuda((const struct kvt_cuda_copy *)(const void *)tmp, nk, s);
-		if (rc != 0) {
-			/* the launcher consumed CUDA's last error and kept its message */
-			pthread_mutex_lock(&c->err_lock);
-			snprintf(c->dev.errmsg, sizeof c->dev.errmsg, "%s",
-				 kvt_last_error_message());
-			pthread_mutex_unlock(&c->err_lock);
-			return rc;
-		}
+		 * static assertion at the top of the file */
+		rc = kvt_copy_batch_cuda((const struct kvt_cuda_copy *)(const void *)tmp, nk, s,
+					 &cerr);
+		if (cur != c->ordinal)
+			(void)cudaSetDevice(cur);
+		if (rc != 0)
+			return cerr ? cuda_fail(c, (cudaError_t)cerr, "cudaLaunchKernel (copy batch)")
+				    : rc;
 		atomic_fetch_add(&c->copies[KVT_CUDA_COPY_KERNEL], nk);
 	}
 	return nr ? cuda_copy_loop(c, s, tmp + n, nr) : 0;
@@ -341,10 +347,14 @@ cuda_copy_submit(struct cuda_dev *c, cudaStream_t s, const struct kvt_copy *v, u
 		if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue)
 			return cuda_fail(c, err, "cudaMemcpyBatchAsync");
 		(void)cudaGetLastError(); /* maybe not an error of ours: try the fallback */
-		if (cuda_copy_kernel(c, s, v + done, n - done, tmp) != 0)
+		if (cuda_copy_kernel(c, s, v + done, n - done, tmp) != 0) {
+			char why[256]; /* kvt_err writes the buffer this message lives in */
+
+			snprintf(why, sizeof why, "%s", kvt_last_error_message());
 			return kvt_err(KVT_EDEVICE, "cudaMemcpyBatchAsync: %s (%s), and the "
 				       "fallback failed too: %s", cudaGetErrorString(err),
-				       cudaGetErrorName(err), kvt_last_error_message());
+				       cudaGetErrorName(err), why);
+		}
 		atomic_store(&c->no_batch, 1);
 		return 0;
 	}
@@ -376,7 +386,8 @@ kvt_device_cuda_copy_path(struct kvt_device *d, enum kvt_cuda_copy_path path,
 	if ((unsigned)path >= KVT_CUDA_COPY_PATHS)
 		return kvt_err(-EINVAL, "CUDA copy path %d unknown", (int)path);
 	c = cuda_dev_of(d);
-	atomic_store(&c->forced, (int)path);
+	/* forcing the batch API is the normal choice: it is used wherever it is allowed */
+	atomic_store(&c->forced, path == KVT_CUDA_COPY_BATCH_API ? KVT_CUDA_COPY_AUTO : (int)path);
 	for (int i = 0; counts && i < KVT_CUDA_COPY_PATHS; i++)
 		counts[i] = atomic_load(&c->copies[i]);
 	return 0;
