@@ -441,6 +441,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	for (i = 0; i < n; i++) {
 		struct kvt_seqrec *s = &e->seqs[seqidx[i]];
 
+		kvt_rot_prepared(e, s, first[i] == 0 && count[i] == s->n_blocks);
 		for (j = first[i]; j < first[i] + count[i]; j++) {
 			uint32_t id = s->blocks[j];
 
@@ -650,6 +651,7 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
 
 		s->in_batch = 0;
+		kvt_rot_released(e, s, b->seqidx[i]);
 		kvt_seq_publish(e, s); /* its written sealed blocks become shareable */
 		kvt_seq_unpin_writes(e, s);
 		kvt_hint_end(e, s, b->hint_mark);

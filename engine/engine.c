@@ -350,6 +350,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	kvt_free(e->seqs);
 	kvt_free(e->blocks);
 	kvt_free(e->promo_mark);
+	kvt_free(e->rel_ring);
 	kvt_prefix_fini(e);
 	free(e->nvme_dir);
 	pthread_mutex_destroy(&e->lock);
