@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/attention.h"
 #include "run_int.h"
@@ -397,19 +398,71 @@ batch_plan_next(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i
 	}
 }
 
+static uint64_t
+batch_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Host time the engine has spent waiting for copies so far (stats.stall_ns). */
+static uint64_t
+batch_stall_ns(struct run_ctx *c)
+{
+	struct kvt_stats st;
+
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	return kvt_engine_stats(c->e, &st) == 0 ? st.stall_ns : 0;
+}
+
+/*
+ * Prefetch: blocks per group. The group computing and the one arriving must fit in HBM
+ * together, beside the growing (dirty) last block of every active session, which would
+ * otherwise be demoted to make room and come back on demand at its next append: at most half
+ * of what is left. That is the window when compute is the bottleneck (the copies hide behind
+ * it, and big groups absorb the jitter). When the copies are (c->copy_ratio = step time /
+ * compute time > 1.2), a bigger window does not move bytes faster, and every slot it holds is
+ * one the engine cannot keep resident across steps (under the rotation's victim order,
+ * engine/hint.c, each step promotes about accesses - (HBM - window) blocks): the window shrinks
+ * by that ratio (a session that fits only alone still runs as a group of one).
+ */
+static uint32_t
+batch_window(const struct run_ctx *c, uint32_t n)
+{
+	uint32_t slots = c->geo.hbm_slots, half = slots;
+
+	if (c->o->prefetch && slots >= 2)
+		half = (slots - (n < slots / 2 ? n : slots / 2)) / 2;
+	if (c->o->prefetch && c->copy_ratio > 1.2)
+		half = (uint32_t)((double)half / c->copy_ratio);
+	return half ? half : 1;
+}
+
+/* Prefetch: fold one step's step time and copy wait time into c->copy_ratio. */
+static void
+batch_measure(struct run_ctx *c, uint64_t step_ns, uint64_t stall_ns)
+{
+	double r;
+
+	if (!c->o->prefetch || step_ns == 0)
+		return;
+	if (stall_ns >= step_ns)
+		stall_ns = step_ns - step_ns / 16; /* the compute is never free */
+	r = (double)step_ns / (double)(step_ns - stall_ns);
+	c->copy_ratio = c->copy_ratio > 0 ? 0.75 * c->copy_ratio + 0.25 * r : r;
+}
+
 int
 run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 {
-	uint32_t i = 0, maxg = n, slots = c->geo.hbm_slots, half = slots;
+	uint32_t i = 0, maxg = n, slots = c->geo.hbm_slots, half = batch_window(c, n);
+	uint64_t t0 = c->o->prefetch ? batch_now_ns() : 0;
+	uint64_t w0 = c->o->prefetch ? batch_stall_ns(c) : 0;
+	int rc;
 
-	/* prefetch: the group computing and the one arriving must fit in HBM together, beside
-	 * the growing (dirty) last block of every active session, which would otherwise be
-	 * demoted to make room and come back on demand at its next append (a session that fits
-	 * only alone still runs as a group of one) */
-	if (c->o->prefetch && slots >= 2)
-		half = (slots - (n < slots / 2 ? n : slots / 2)) / 2;
-	if (half == 0)
-		half = 1;
 	if (c->o->prefetch) {
 		/* balanced groups: a small last group would leave the next step's first group
 		 * too little compute to arrive behind */
@@ -425,7 +478,6 @@ run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 		act[k]->computed = 0;
 	while (i < n) {
 		uint32_t cnt, need;
-		int rc;
 
 		cnt = batch_plan(c, act, n, i, maxg, half, 1, &need);
 		batch_plan_next(c, act, n, i + cnt, maxg, half);
@@ -450,5 +502,7 @@ run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 			return rc;
 		i += cnt;
 	}
+	if (c->o->prefetch)
+		batch_measure(c, batch_now_ns() - t0, batch_stall_ns(c) - w0);
 	return 0;
 }

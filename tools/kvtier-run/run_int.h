@@ -64,6 +64,9 @@ struct run_ctx {
 	uint32_t n_hint;                /* their count (0 = nothing to announce) */
 	struct kvt_seq_range *hint_last; /* [sessions] the active sessions' growing blocks */
 	uint32_t n_hint_last;           /* their count (hinted before the next group) */
+	double copy_ratio;              /* prefetch: measured step time / compute time (copy
+	                                   time over compute time when copies are the
+	                                   bottleneck), smoothed; 0 = not measured yet */
 };
 
 /**
