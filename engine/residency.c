@@ -166,30 +166,43 @@ reclaim_collect(struct kvt_engine *e, int tier, uint32_t *out, uint32_t max, int
 /*
  * HBM under the rotation's order (engine/hint.c): blocks outside the rotation (LRU, clean ones
  * first, dirty ones too: an idle block's demotion costs less than a block the cycle will need),
- * then the rotation's (furthest next use first: clean ones first, dirty ones before any block
- * that the cycle needs sooner), then the rest (LRU). @cand holds 3 * @limit entries.
+ * then the rotation's, furthest next use first, then the rest (LRU, the next needed last).
+ * Within the rotation clean copies go first. A dirty one's slot is free only once its demotion
+ * has landed, so a caller that cannot wait (a hint) takes a clean copy of the rest before it;
+ * one that can (prepare, append) takes the dirty one first (Belady's choice).
+ * @cand holds 3 * @limit entries.
  */
 static void
 reclaim_rot(struct kvt_engine *e, uint32_t *cand, uint32_t limit, uint32_t need, bool may_wait,
 	    bool full, bool *below_full, int *progress)
 {
 	struct kvt_slots *sl = &e->slots[KVT_TIER_HBM];
-	uint32_t n;
+	uint32_t n, *rot = cand + limit, *rest = cand + 2 * limit, n_rot, n_rest = 0;
 
+#define ROT_DONE() (sl->n_free + e->demoting[KVT_TIER_HBM] >= need)
 	n = reclaim_collect(e, KVT_TIER_HBM, cand, limit, 1);
 	reclaim_evict(e, KVT_TIER_HBM, cand, n, need, may_wait, true, below_full, progress);
 	reclaim_evict(e, KVT_TIER_HBM, cand, n, need, may_wait, false, below_full, progress);
-	if (sl->n_free + e->demoting[KVT_TIER_HBM] >= need)
+	if (ROT_DONE())
 		return;
-	n = kvt_rot_victims(e, cand + limit, limit);
-	reclaim_evict(e, KVT_TIER_HBM, cand + limit, n, need, may_wait, true, below_full, progress);
-	reclaim_evict(e, KVT_TIER_HBM, cand + limit, n, need, may_wait, false, below_full,
-		      progress);
-	if (sl->n_free + e->demoting[KVT_TIER_HBM] >= need)
+	n_rot = kvt_rot_victims(e, rot, limit);
+	reclaim_evict(e, KVT_TIER_HBM, rot, n_rot, need, may_wait, true, below_full, progress);
+	if (ROT_DONE())
 		return;
-	n = reclaim_collect(e, KVT_TIER_HBM, cand + 2 * limit, limit, 2);
-	reclaim_ranked(e, KVT_TIER_HBM, cand + 2 * limit, n, need, may_wait, full, below_full,
-		       progress);
+	if (!may_wait) {
+		n_rest = reclaim_collect(e, KVT_TIER_HBM, rest, limit, 2);
+		reclaim_evict(e, KVT_TIER_HBM, rest, n_rest, need, may_wait, true, below_full,
+			      progress);
+		if (ROT_DONE())
+			return;
+	}
+	reclaim_evict(e, KVT_TIER_HBM, rot, n_rot, need, may_wait, false, below_full, progress);
+	if (ROT_DONE())
+		return;
+	if (may_wait)
+		n_rest = reclaim_collect(e, KVT_TIER_HBM, rest, limit, 2);
+	reclaim_ranked(e, KVT_TIER_HBM, rest, n_rest, need, may_wait, full, below_full, progress);
+#undef ROT_DONE
 }
 
 /*
