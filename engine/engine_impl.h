@@ -147,12 +147,12 @@ struct kvt_seqrec {
 	uint32_t hint_end;   /* ... until a batch prepared after the hint is released */
 	uint32_t rel_no;     /* e->rel_next at its latest batch release (0 = none): the
 	                        rotation's victim order (engine/hint.c, kvt_rot_victims) */
-	uint8_t open;       /* 1 while open */
-	uint8_t parked;     /* 1 after park until resume/append/prepare */
-	uint8_t in_batch;   /* 1 while an unreleased batch holds it */
 	uint8_t priority;   /* 0..100 */
-	uint8_t pub_pending; /* parked to NVMe, to be published once all blocks are there */
-	uint8_t rot_part;   /* 1: its latest batch held only a window of it (no MRU order) */
+	unsigned open : 1;  /* 1 while open */
+	unsigned parked : 1; /* 1 after park until resume/append/prepare */
+	unsigned in_batch : 1; /* 1 while an unreleased batch holds it */
+	unsigned pub_pending : 1; /* parked to NVMe, to be published once all blocks are there */
+	unsigned rot_part : 1; /* 1: its latest batch held only a window of it (no MRU order) */
 };
 
 enum kvt_xfer_kind { KVT_X_D2H = 0, KVT_X_H2N = 1, KVT_X_N2H = 2, KVT_X_H2D = 3 };
