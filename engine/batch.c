@@ -433,6 +433,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	for (i = 0; i < n; i++) {
 		struct kvt_seqrec *s = &e->seqs[seqidx[i]];
 
+		kvt_rot_prepared(e, s, first[i] == 0 && count[i] == s->n_blocks);
 		for (j = first[i]; j < first[i] + count[i]; j++) {
 			uint32_t id = s->blocks[j];
 
@@ -531,39 +532,84 @@ kvt_batch_block_table(const struct kvt_batch *b, struct kvt_block_table *out)
 	return kvt_engine_geometry(b->e, &out->geo);
 }
 
-/* Host wait for the event of @layer's group (engine locked: the group cannot retire meanwhile). */
+/*
+ * The event to wait for before layer @layer of @b is usable, or NULL in *ev when every copy of
+ * the batch has retired (copies that landed are retired first). Requires e->lock.
+ */
 static int
-batch_wait_event(struct kvt_engine *e, struct kvt_batch *b, struct kvt_event *ev, void *stream)
+batch_layer_event(struct kvt_engine *e, struct kvt_batch *b, uint32_t layer,
+		  struct kvt_event **ev)
 {
+	int rc;
+
+	*ev = NULL;
+	if (b->need_h2d && e->h2d.retired < b->need_h2d) {
+		rc = kvt_xfer_poll(e, 0);
+		if (rc < 0)
+			return rc;
+	}
+	if (!b->need_h2d || e->h2d.retired >= b->need_h2d) {
+		b->layers_ready = e->layout.n_layers; /* every copy of the batch has retired */
+		return 0;
+	}
+	/* the group is not retired, so it is still queued: its layer event only (copies are
+	 * in stream order: earlier groups and layers come first) */
+	*ev = kvt_xfer_h2d_event(e, b->need_h2d, layer);
+	return 0;
+}
+
+/*
+ * Wait for layer @layer of @b; called and returns with e->lock held. A device-side wait
+ * (@stream) is queued under the lock (the host does not block). A host wait blocks with the
+ * lock released, so that other threads' engine calls (stats, hints, other sequences' appends
+ * and batches, completions) go on meanwhile; once it returns, the lock is taken again and the
+ * state looked at afresh: the group may have retired meanwhile (another thread's poll), or its
+ * event been recorded again for a younger group, in which case waiting again waits for more
+ * than needed, never for less (copies are in stream order). A wait that found the layer not
+ * landed is one stall, however many rounds it takes.
+ */
+static int
+batch_wait_locked(struct kvt_engine *e, struct kvt_batch *b, uint32_t layer, void *stream)
+{
+	struct kvt_event *ev;
+	bool counted = false;
 	uint64_t t0;
 	int rc;
 
-	rc = e->dev->ops->event_query(e->dev, ev);
-	if (rc != -EAGAIN)
-		return rc;
-	if (stream) {
-		/* device-side wait: the host does not block (invariant 2 via the event), but the
-		 * caller's stream does: the layer was not ready when asked for, a stall (its
-		 * length is the device's to know; coverage counts the batch as not ready) */
-		e->st.stalls++;
-		b->stalled = 1;
-		return e->dev->ops->stream_wait_event(e->dev, stream, ev);
+	for (;;) {
+		rc = batch_layer_event(e, b, layer, &ev);
+		if (rc || !ev)
+			return rc;
+		rc = e->dev->ops->event_query(e->dev, ev);
+		if (rc != -EAGAIN)
+			return rc;
+		if (!counted) {
+			/* the layer was not ready when asked for: a stall (coverage counts the
+			 * batch as not ready) */
+			e->st.stalls++;
+			b->stalled = 1;
+			counted = true;
+		}
+		if (stream) /* the caller's stream waits, the host does not (the stall's
+			     * length is the device's to know) */
+			return e->dev->ops->stream_wait_event(e->dev, stream, ev);
+		kvt_unlock(e);
+		t0 = kvt_now_ns();
+		rc = e->dev->ops->event_sync(e->dev, ev);
+		t0 = kvt_now_ns() - t0;
+		kvt_lock(e);
+		e->st.stall_ns += t0;
+		if (rc)
+			return rc;
 	}
-	t0 = kvt_now_ns();
-	rc = e->dev->ops->event_sync(e->dev, ev);
-	e->st.stalls++;
-	e->st.stall_ns += kvt_now_ns() - t0;
-	b->stalled = 1;
-	return rc;
 }
 
 int
 kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
 {
 	struct kvt_engine *e;
-	struct kvt_event *ev;
 	uint32_t lpg;
-	int rc = 0;
+	int rc;
 
 	if (!b)
 		return kvt_err(-EINVAL, "kvt_batch_wait_layer: batch is NULL");
@@ -575,24 +621,11 @@ kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
 		return 0; /* known landed: no lock, no polling (decode calls this per layer) */
 	kvt_lock(e);
 	lpg = e->layers_per_group;
-	if (b->need_h2d && e->h2d.retired < b->need_h2d) {
-		rc = kvt_xfer_poll(e, 0);
-		if (rc >= 0)
-			rc = 0;
-	}
-	if (rc == 0 && (!b->need_h2d || e->h2d.retired >= b->need_h2d)) {
-		b->layers_ready = e->layout.n_layers; /* every copy of the batch has retired */
-	} else if (rc == 0) {
-		/* the group is not retired, so it is still queued: wait for its layer event
-		 * only (copies are in stream order: earlier groups and layers come first) */
-		ev = kvt_xfer_h2d_event(e, b->need_h2d, layer);
-		rc = ev ? batch_wait_event(e, b, ev, stream) : 0;
-		if (rc)
-			rc = kvt_err(rc, "waiting for layer %u's copies: %s", layer,
-				     e->dev->errmsg);
-		else if (!stream)
-			b->layers_ready = (layer / lpg + 1) * lpg;
-	}
+	rc = batch_wait_locked(e, b, layer, stream);
+	if (rc)
+		rc = kvt_err(rc, "waiting for layer %u's copies: %s", layer, e->dev->errmsg);
+	else if (!stream && b->layers_ready < (layer / lpg + 1) * lpg)
+		b->layers_ready = (layer / lpg + 1) * lpg;
 	kvt_unlock(e);
 	return rc;
 }
@@ -642,6 +675,7 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
 
 		s->in_batch = 0;
+		kvt_rot_released(e, s, b->seqidx[i]);
 		kvt_seq_publish(e, s); /* its written sealed blocks become shareable */
 		kvt_seq_unpin_writes(e, s);
 		kvt_hint_end(e, s, b->hint_mark);

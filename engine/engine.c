@@ -386,6 +386,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 		kvt_free(e->bchunk[c]);
 	kvt_free(e->bchunk);
 	kvt_free(e->hbm_h2d_seqno);
+	kvt_free(e->rel_ring);
 	kvt_prefix_fini(e);
 	free(e->nvme_dir);
 	pthread_mutex_destroy(&e->lock);

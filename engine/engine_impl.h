@@ -174,11 +174,14 @@ struct kvt_seqrec {
 	uint32_t next_free; /* free-list link when closed */
 	uint32_t hint_first; /* hinted blocks [hint_first, hint_end) are spared by reclaim */
 	uint32_t hint_end;   /* ... until a batch prepared after the hint is released */
-	uint8_t open;       /* 1 while open */
-	uint8_t parked;     /* 1 after park until resume/append/prepare */
-	uint8_t in_batch;   /* 1 while an unreleased batch holds it */
+	uint32_t rel_no;     /* e->rel_next at its latest batch release (0 = none): the
+	                        rotation's victim order (engine/hint.c, kvt_rot_victims) */
 	uint8_t priority;   /* 0..100 */
-	uint8_t pub_pending; /* parked to NVMe, to be published once all blocks are there */
+	unsigned open : 1;  /* 1 while open */
+	unsigned parked : 1; /* 1 after park until resume/append/prepare */
+	unsigned in_batch : 1; /* 1 while an unreleased batch holds it */
+	unsigned pub_pending : 1; /* parked to NVMe, to be published once all blocks are there */
+	unsigned rot_part : 1; /* 1: its latest batch held only a window of it (no MRU order) */
 };
 
 enum kvt_xfer_kind { KVT_X_D2H = 0, KVT_X_H2N = 1, KVT_X_N2H = 2, KVT_X_H2D = 3 };
@@ -314,7 +317,16 @@ struct kvt_engine {
 	struct kvt_prefix prefix;           /* index of sealed blocks (engine/prefix.c) */
 	struct kvt_budget budget[KVT_MAX_BUDGETS]; /* per-tenant tier budgets (engine/tenant.c) */
 	uint32_t n_budgets;                 /* entries in budget */
+	uint32_t rel_next;                  /* batch releases of sequences so far (s->rel_no) */
+	uint32_t step_start;                /* rel_next when the current step began: a step
+	                                       ends when a sequence released in it is prepared
+	                                       again (the rotation came around) */
+	uint32_t prev_step_start;           /* ... when the previous step began */
+	uint32_t *rel_ring;                 /* [KVT_REL_RING] seq index by rel_no % size
+	                                       (allocated at the first hint) */
 };
+
+#define KVT_REL_RING 4096u /* releases remembered for the rotation's victim order */
 
 /* ---- engine.c */
 void kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...) KVT_PRINTF(3, 4);
@@ -416,6 +428,14 @@ void kvt_promo_note(struct kvt_engine *e, uint32_t id);
 void kvt_promo_access(struct kvt_engine *e, uint32_t id);
 /* @s's hint no longer holds (parked, closed, truncated): unstamp its blocks. Requires e->lock. */
 void kvt_hint_drop(struct kvt_engine *e, struct kvt_seqrec *s);
+/* Rotation bookkeeping: @s is prepared (@whole: from its first block to its last) / released. */
+void kvt_rot_prepared(struct kvt_engine *e, struct kvt_seqrec *s, bool whole);
+void kvt_rot_released(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t idx);
+/* Whether @b's creator sequence is in the rotation (used in this step or the previous one). */
+bool kvt_rot_member(const struct kvt_engine *e, const struct kvt_block *b);
+/* Up to @max HBM victims of the rotation, furthest next use first (Belady for a cyclic
+ * schedule: the sequence released last, its last block first). Returns how many. */
+uint32_t kvt_rot_victims(struct kvt_engine *e, uint32_t *out, uint32_t max);
 
 /* ---- engine/seq.c */
 struct kvt_seqrec *kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx);

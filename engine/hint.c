@@ -18,6 +18,17 @@
  * >= 2 only stages NVMe-only blocks in HOST, since HBM is better spent on the batches nearer in
  * time. Best effort: when a tier has no evictable room without waiting, the rest is left to the
  * prepare that follows. All of it is counted as prefetched bytes (engine/stats.c).
+ *
+ * The rotation: a server that hints runs its sessions in a cycle (every decode step holds the
+ * active sessions in the same order), and under a cyclic schedule the block whose next use is
+ * furthest is the one used last (Belady), the opposite of LRU's choice. From the first hint on,
+ * the engine remembers the order of batch releases per sequence (s->rel_no, e->rel_ring) and
+ * where steps begin (a step ends when a sequence released in it is prepared again); making room
+ * in HBM then takes (1) blocks of sequences outside the rotation (not used in this step or the
+ * previous one), least recently used first; (2) blocks of the rotation, the sequence released
+ * last first and its last block first; (3) anything else evictable, LRU. What (2) leaves alone
+ * is a resident set that the cycle never moves: each step promotes only what the streaming
+ * window (the batch computing and the one announced) cannot leave in place.
  */
 #include <errno.h>
 
@@ -68,6 +79,80 @@ kvt_hint_end(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t mark)
 {
 	if (s->hint_no && s->hint_no <= mark)
 		kvt_hint_drop(e, s);
+}
+
+/**
+ * kvt_rot_prepared() - @s joins a batch being prepared; @whole: the batch holds it from its first
+ * block. A sequence released in the current step comes round again: a new step begins. Requires
+ * e->lock.
+ */
+void
+kvt_rot_prepared(struct kvt_engine *e, struct kvt_seqrec *s, bool whole)
+{
+	if (!e->rel_ring)
+		return;
+	if (whole && s->rel_no > e->step_start && s->rel_no <= e->rel_next) {
+		e->prev_step_start = e->step_start;
+		e->step_start = e->rel_next;
+	}
+	s->rot_part = !whole;
+}
+
+/**
+ * kvt_rot_released() - the batch holding @s (index @idx) is released: it is now the rotation's
+ * most recently used sequence. Requires e->lock.
+ */
+void
+kvt_rot_released(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t idx)
+{
+	if (!e->rel_ring)
+		return;
+	if (e->rel_next == UINT32_MAX) { /* wrapped: forget the order, start again */
+		e->rel_next = 0;
+		e->step_start = e->prev_step_start = 0;
+	}
+	s->rel_no = ++e->rel_next;
+	e->rel_ring[s->rel_no % KVT_REL_RING] = idx;
+}
+
+bool
+kvt_rot_member(const struct kvt_engine *e, const struct kvt_block *b)
+{
+	const struct kvt_seqrec *s;
+
+	if (!e->rel_ring || b->seq >= e->cap_seqs)
+		return false;
+	s = &e->seqs[b->seq];
+	return s->open && !s->rot_part && s->rel_no > e->prev_step_start &&
+	       s->rel_no <= e->rel_next;
+}
+
+uint32_t
+kvt_rot_victims(struct kvt_engine *e, uint32_t *out, uint32_t max)
+{
+	uint32_t r, low, n = 0, j;
+
+	if (!e->rel_ring)
+		return 0;
+	low = e->rel_next > KVT_REL_RING ? e->rel_next - KVT_REL_RING : 0;
+	if (low < e->prev_step_start)
+		low = e->prev_step_start;
+	for (r = e->rel_next; r > low && n < max; r--) {
+		uint32_t idx = e->rel_ring[r % KVT_REL_RING];
+		struct kvt_seqrec *s = idx < e->cap_seqs ? &e->seqs[idx] : NULL;
+
+		if (!s || !s->open || s->rel_no != r || s->in_batch || s->rot_part)
+			continue; /* a later release of it comes first, or it is in use */
+		for (j = s->n_blocks; j > 0 && n < max; j--) {
+			uint32_t id = s->blocks[j - 1];
+			const struct kvt_block *b = kvt_blk(e, id);
+
+			if (b->seq == idx && kvt_copy_evictable(b, KVT_TIER_HBM) &&
+			    !kvt_hint_spares(e, b, KVT_TIER_HBM))
+				out[n++] = id;
+		}
+	}
+	return n;
 }
 
 /* NVMe-only block: start its read into HOST (no waiting). */
@@ -132,6 +217,8 @@ hint_apply(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32
 	if (rc < 0)
 		return rc;
 	rc = 0;
+	if (!e->rel_ring && !(e->rel_ring = kvt_calloc(KVT_REL_RING, sizeof *e->rel_ring)))
+		return kvt_err(-ENOMEM, "rotation order of %u releases", KVT_REL_RING);
 	e->hint_seq++;
 	e->st.hints++;
 	e->prefetching = true;

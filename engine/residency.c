@@ -140,7 +140,74 @@ reclaim_ranked(struct kvt_engine *e, int tier, const uint32_t *cand, uint32_t n,
 }
 
 /*
- * One pass over the tier's LRU from the cold end. Candidates are collected first (evicting
+ * Evictable copies of @tier that hints do not spare, from the cold end of its eviction list, at
+ * most @max: all of them (@which 0), those outside the rotation (1) or those in it (2; see
+ * engine/hint.c). Returns how many were put in @out.
+ */
+static uint32_t
+reclaim_collect(struct kvt_engine *e, int tier, uint32_t *out, uint32_t max, int which)
+{
+	struct kvt_evict *ev = &e->evict[tier];
+	uint32_t id, n = 0;
+
+	for (id = ev->ops->victim_first(ev); id != KVT_NIL && n < max;
+	     id = ev->ops->victim_next(ev, id)) {
+		const struct kvt_block *b = kvt_blk(e, id);
+
+		if (!kvt_copy_evictable(b, tier) || kvt_hint_spares(e, b, tier))
+			continue;
+		if (which && kvt_rot_member(e, b) != (which == 2))
+			continue;
+		out[n++] = id;
+	}
+	return n;
+}
+
+/*
+ * HBM under the rotation's order (engine/hint.c): blocks outside the rotation (LRU, clean ones
+ * first, dirty ones too: an idle block's demotion costs less than a block the cycle will need),
+ * then the rotation's, furthest next use first, then the rest (LRU, the next needed last).
+ * Within the rotation clean copies go first. A dirty one's slot is free only once its demotion
+ * has landed, so a caller that cannot wait (a hint) takes a clean copy of the rest before it;
+ * one that can (prepare, append) takes the dirty one first (Belady's choice).
+ * @cand holds 3 * @limit entries.
+ */
+static void
+reclaim_rot(struct kvt_engine *e, uint32_t *cand, uint32_t limit, uint32_t need, bool may_wait,
+	    bool full, bool *below_full, int *progress)
+{
+	struct kvt_slots *sl = &e->slots[KVT_TIER_HBM];
+	uint32_t n, *rot = cand + limit, *rest = cand + 2 * limit, n_rot, n_rest = 0;
+
+#define ROT_DONE() (sl->n_free + e->demoting[KVT_TIER_HBM] >= need)
+	n = reclaim_collect(e, KVT_TIER_HBM, cand, limit, 1);
+	reclaim_evict(e, KVT_TIER_HBM, cand, n, need, may_wait, true, below_full, progress);
+	reclaim_evict(e, KVT_TIER_HBM, cand, n, need, may_wait, false, below_full, progress);
+	if (ROT_DONE())
+		return;
+	n_rot = kvt_rot_victims(e, rot, limit);
+	reclaim_evict(e, KVT_TIER_HBM, rot, n_rot, need, may_wait, true, below_full, progress);
+	if (ROT_DONE())
+		return;
+	if (!may_wait) {
+		n_rest = reclaim_collect(e, KVT_TIER_HBM, rest, limit, 2);
+		reclaim_evict(e, KVT_TIER_HBM, rest, n_rest, need, may_wait, true, below_full,
+			      progress);
+		if (ROT_DONE())
+			return;
+	}
+	reclaim_evict(e, KVT_TIER_HBM, rot, n_rot, need, may_wait, false, below_full, progress);
+	if (ROT_DONE())
+		return;
+	if (may_wait)
+		n_rest = reclaim_collect(e, KVT_TIER_HBM, rest, limit, 2);
+	reclaim_ranked(e, KVT_TIER_HBM, rest, n_rest, need, may_wait, full, below_full, progress);
+#undef ROT_DONE
+}
+
+/*
+ * One pass over the tier's LRU from the cold end (in HBM, once hints are in use: the rotation's
+ * order, see engine/hint.c). Candidates are collected first (evicting
  * changes the list being walked). Clean copies go first (CFLRU: dropping one is free, while a
  * dirty one costs a demotion now and a promotion when it is next used, the fate of every
  * sequence's growing last block under plain LRU); dirty ones are demoted only when the window
@@ -159,9 +226,13 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 {
 	struct kvt_slots *sl = &e->slots[tier];
 	struct kvt_evict *ev = &e->evict[tier];
-	uint32_t stackc[32], *cand, n, id, limit, deficit = need - sl->n_free - e->demoting[tier];
-	bool full = false, below_full = false;
+	uint32_t stackc[32], *cand, n, cap, limit, deficit = need - sl->n_free - e->demoting[tier];
+	bool full = false, below_full = false, rot;
 	int rc;
+
+	/* a policy that ranks its victims (priorities) keeps its own order */
+	rot = tier == KVT_TIER_HBM && e->rel_ring &&
+	      !(ev->ops->abi_version >= KVT_EVICT_OPS_V3 && ev->ops->rank);
 
 	limit = deficit + 8;
 	for (;;) {
@@ -170,16 +241,17 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 			full = true;
 		}
 		/* the common case (one slot wanted) needs no allocation on the decode path */
-		cand = limit <= 32 ? stackc : kvt_malloc((size_t)limit * sizeof *cand);
+		cap = rot ? 3 * limit : limit;
+		cand = cap <= 32 ? stackc : kvt_malloc((size_t)cap * sizeof *cand);
 		if (!cand)
 			return kvt_err(-ENOMEM, "eviction candidates");
-		n = 0;
-		for (id = ev->ops->victim_first(ev); id != KVT_NIL && n < limit;
-		     id = ev->ops->victim_next(ev, id))
-			if (kvt_copy_evictable(kvt_blk(e, id), tier) &&
-			    !kvt_hint_spares(e, kvt_blk(e, id), tier))
-				cand[n++] = id;
-		reclaim_ranked(e, tier, cand, n, need, may_wait, full, &below_full, progress);
+		if (rot) {
+			reclaim_rot(e, cand, limit, need, may_wait, full, &below_full, progress);
+		} else {
+			n = reclaim_collect(e, tier, cand, limit, 0);
+			reclaim_ranked(e, tier, cand, n, need, may_wait, full, &below_full,
+				       progress);
+		}
 		if (cand != stackc)
 			kvt_free(cand);
 		if (full || sl->n_free + e->demoting[tier] >= need)

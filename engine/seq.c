@@ -95,6 +95,8 @@ kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *opts, uint3
 	s->pub_pending = 0;
 	s->retention_ms = opts->retention_ms;
 	s->hint_no = 0;
+	s->rel_no = 0;
+	s->rot_part = 0;
 	s->last_use_ns = kvt_now_ns();
 	seq_salt(opts, s->salt);
 	s->n_tokens = 0;

@@ -67,6 +67,7 @@ struct emu_op {
 	enum emu_op_kind kind; /* what to do */
 	struct emu_rec *rec;   /* RECORD: record to complete; WAIT: record to wait for */
 	size_t total;          /* COPY: sum of the lengths, bytes */
+	uint64_t t_queued;     /* CLOCK_MONOTONIC ns when pushed */
 	uint32_t n;            /* COPY: number of copies in v */
 	struct kvt_copy v[];   /* COPY: the caller's descriptors, copied at submit */
 };
@@ -89,6 +90,8 @@ struct emu_stream {
 	bool stop;             /* drain the queue, then exit */
 	uint32_t id;           /* 0, 1, ... in creation order on the device */
 	uint64_t rng;          /* splitmix64 state of the delays; used by the worker only */
+	uint64_t link_end;     /* worker only: CLOCK_MONOTONIC ns at which the simulated link
+	                          finished (or finishes) the work run so far */
 };
 
 struct emu_event {
@@ -172,6 +175,26 @@ emu_rng_next(uint64_t *state)
 {
 	*state += 0x9e3779b97f4a7c15ull;
 	return emu_mix64(*state);
+}
+
+static uint64_t
+emu_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Sleep until CLOCK_MONOTONIC reaches @t ns (at once when it has). */
+static void
+emu_sleep_until(uint64_t t)
+{
+	struct timespec ts = { .tv_sec = (time_t)(t / 1000000000u),
+			       .tv_nsec = (long)(t % 1000000000u) };
+
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
 }
 
 static void
@@ -341,10 +364,19 @@ emu_host_free(struct kvt_device *d, void *p, size_t len)
 /* stream worker                                                                                */
 
 static void
-emu_op_run(struct emu_dev *emu, struct emu_op *op)
+emu_op_run(struct emu_stream *s, struct emu_op *op)
 {
+	struct emu_dev *emu = s->dev;
+	uint64_t t;
 	uint32_t i;
+	bool waited;
 
+	/* the simulated link starts an op when the previous one has finished on it (link_end)
+	 * or when the op was queued, whichever is later: not when this thread got round to it,
+	 * so that the host's scheduling delays (late wake-ups on a busy machine) do not add up
+	 * across back-to-back copies, as they would not on a DMA engine */
+	if (op->t_queued > s->link_end)
+		s->link_end = op->t_queued;
 	switch (op->kind) {
 	case EMU_OP_COPY:
 		/* link time first, bytes at its end: the source must stay intact and the
@@ -352,9 +384,11 @@ emu_op_run(struct emu_dev *emu, struct emu_op *op)
 		 * reusing either too early shows up as wrong bytes. The batch is one DMA: one
 		 * sleep for its total length (a sleep per piece would cost the timer's slack,
 		 * tens of microseconds, per piece and distort small layer pieces) */
-		if (emu->opts.copy_bytes_per_s != 0 && op->total != 0)
-			emu_sleep_ns((uint64_t)((double)op->total * 1e9 /
-						(double)emu->opts.copy_bytes_per_s));
+		if (emu->opts.copy_bytes_per_s != 0 && op->total != 0) {
+			s->link_end += (uint64_t)((double)op->total * 1e9 /
+						  (double)emu->opts.copy_bytes_per_s);
+			emu_sleep_until(s->link_end);
+		}
 		for (i = 0; i < op->n; i++)
 			if (op->v[i].len != 0)
 				memcpy(op->v[i].dst, op->v[i].src, op->v[i].len);
@@ -368,10 +402,14 @@ emu_op_run(struct emu_dev *emu, struct emu_op *op)
 		break;
 	case EMU_OP_WAIT:
 		pthread_mutex_lock(&emu->ev_lock);
+		waited = !op->rec->done;
 		while (!op->rec->done)
 			pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
 		emu_rec_put_locked(op->rec);
 		pthread_mutex_unlock(&emu->ev_lock);
+		t = waited ? emu_now_ns() : 0; /* the link was idle until the event came */
+		if (t > s->link_end)
+			s->link_end = t;
 		break;
 	}
 }
@@ -382,16 +420,22 @@ emu_stream_main(void *arg)
 	struct emu_stream *s = arg;
 	uint32_t max_delay = s->dev->opts.max_delay_us;
 	struct emu_op *op;
+	bool held;
 
 	/* simulated link times are microseconds: the default 50 us timer slack would add more
 	 * than the copy itself to every batch (a bandwidth-limited layer group sleeps once) */
 	(void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
 
 	for (;;) {
+		held = false;
 		pthread_mutex_lock(&s->lock);
 		while ((s->head == NULL || s->hold ||
-			(s->hold_at != 0 && s->executed >= s->hold_at)) && !s->stop)
+			(s->hold_at != 0 && s->executed >= s->hold_at)) && !s->stop) {
+			held = held || s->head != NULL; /* work waits behind a hold */
 			pthread_cond_wait(&s->cond, &s->lock);
+		}
+		if (held) /* the link stood still while held: it starts now */
+			s->link_end = emu_now_ns();
 		op = s->head;
 		if (op == NULL) { /* stopped and drained */
 			pthread_mutex_unlock(&s->lock);
@@ -402,9 +446,11 @@ emu_stream_main(void *arg)
 			s->tail = NULL;
 		pthread_mutex_unlock(&s->lock);
 
-		if (max_delay != 0)
+		if (max_delay != 0) {
 			emu_sleep_ns(emu_rng_next(&s->rng) % ((uint64_t)max_delay + 1) * 1000u);
-		emu_op_run(s->dev, op);
+			s->link_end = emu_now_ns(); /* the test knob's delay is link time */
+		}
+		emu_op_run(s, op);
 		free(op);
 
 		pthread_mutex_lock(&s->lock);
@@ -419,6 +465,7 @@ static void
 emu_stream_push(struct emu_stream *s, struct emu_op *op)
 {
 	op->next = NULL;
+	op->t_queued = emu_now_ns();
 	pthread_mutex_lock(&s->lock);
 	if (s->tail != NULL)
 		s->tail->next = op;

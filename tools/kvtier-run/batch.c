@@ -9,11 +9,14 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/attention.h"
 #include "run_int.h"
 
 #define BATCH_MAX_RETRY 16 /* KVT_ELOST answers tolerated for one group in one step */
+#define BATCH_COPY_IN 1.5   /* copy_ratio above which copies are the bottleneck ... */
+#define BATCH_COPY_OUT 1.25 /* ... and below which they no longer are (hysteresis) */
 
 int
 run_nofit(int rc)
@@ -224,7 +227,9 @@ run_hint(struct run_ctx *c, const struct kvt_seq_range *r)
 		 * spared: an append never waits behind the rest of a batch or for a demotion */
 		rc = c->n_hint_last ? kvt_engine_hint_ranges(c->e, c->hint_last, c->n_hint_last, 1)
 				    : 0;
-		if (rc == 0 || rc == KVT_ETOOBIG)
+		if ((rc == 0 || rc == KVT_ETOOBIG) && c->n_hint_part)
+			rc = kvt_engine_hint_ranges(c->e, c->hint_part, c->n_hint_part, 1);
+		else if (rc == 0 || rc == KVT_ETOOBIG)
 			rc = kvt_engine_hint(c->e, c->hint_ids, c->n_hint, 1);
 	} else {
 		return 0;
@@ -364,6 +369,47 @@ batch_plan(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i, uin
 	return cnt;
 }
 
+/*
+ * Copy-bound prefetch: of what the next group @g[0..n) misses in HBM, announce only as much as
+ * keeps the copy stream busy while this group computes (its missing blocks / copy_ratio, plus
+ * one); its prepare brings the rest, into the slots this group frees at release. Every slot a
+ * group holds ahead of its prepare is one the engine cannot keep resident across steps. Under
+ * the rotation's victim order (engine/hint.c) a session misses its blocks from the end: the
+ * announced ranges start after its resident ones (its growing last block stays resident).
+ */
+static void
+batch_plan_part(struct run_ctx *c, struct run_sess **g, uint32_t n)
+{
+	struct kvt_seq_info info[8];
+	uint32_t miss = 0, budget;
+
+	if (n > 8)
+		return; /* large groups: not a copy-bound window; announce them whole */
+	for (uint32_t k = 0; k < n; k++) {
+		memset(&info[k], 0, sizeof(info[k]));
+		if (kvt_seq_info(c->e, g[k]->id, &info[k]) != 0)
+			return;
+		miss += info[k].n_blocks - info[k].blocks_in[KVT_TIER_HBM];
+	}
+	budget = (uint32_t)((double)miss / c->copy_ratio) + 1;
+	for (uint32_t k = 0; k < n && budget; k++) {
+		uint32_t nb = info[k].n_blocks, in = info[k].blocks_in[KVT_TIER_HBM];
+		uint32_t first = in ? in - 1 : 0, len = nb - in;
+
+		if (!len || first >= nb)
+			continue;
+		if (first + len > nb)
+			len = nb - first;
+		if (len > budget)
+			len = budget;
+		budget -= len;
+		c->hint_part[c->n_hint_part++] = (struct kvt_seq_range){
+			.seq = g[k]->id, .first_block = first, .n_blocks = len };
+	}
+	if (!c->n_hint_part) /* nothing missing: announce the group whole */
+		c->hint_part[c->n_hint_part++] = (struct kvt_seq_range){ .seq = g[0]->id };
+}
+
 /* Prefetch: the group after [i, i + cnt), wrapping to the step's first, into c->hint_ids. */
 static void
 batch_plan_next(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i, uint32_t maxg,
@@ -385,6 +431,9 @@ batch_plan_next(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i
 	cnt = batch_plan(c, act, n, i, maxg, slots, ahead, &need);
 	for (uint32_t k = 0; k < cnt; k++)
 		c->hint_ids[c->n_hint++] = act[i + k]->id;
+	c->n_hint_part = 0;
+	if (c->copy_bound)
+		batch_plan_part(c, act + i, cnt);
 	/* every active session's growing block (n_kv / tpb) stays spared in HBM, so that no
 	 * append waits for it: the next group's first, then the others' */
 	for (uint32_t k = 0; k < n; k++) {
@@ -397,19 +446,76 @@ batch_plan_next(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i
 	}
 }
 
+static uint64_t
+batch_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Host time the engine has spent waiting for copies so far (stats.stall_ns). */
+static uint64_t
+batch_stall_ns(struct run_ctx *c)
+{
+	struct kvt_stats st;
+
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	return kvt_engine_stats(c->e, &st) == 0 ? st.stall_ns : 0;
+}
+
+/*
+ * Prefetch: blocks per group. The group computing and the one arriving must fit in HBM
+ * together, beside the growing (dirty) last block of every active session, which would
+ * otherwise be demoted to make room and come back on demand at its next append: at most half
+ * of what is left. That is the window when compute is the bottleneck (the copies hide behind
+ * it, and big groups absorb the jitter). When the copies are (c->copy_bound: c->copy_ratio =
+ * step time / compute time went above BATCH_COPY_IN and has not fallen below BATCH_COPY_OUT
+ * since), a bigger window does not move bytes faster, and every slot it holds is
+ * one the engine cannot keep resident across steps (under the rotation's victim order,
+ * engine/hint.c, each step promotes about accesses - (HBM - window) blocks): the window shrinks
+ * by that ratio (a session that fits only alone still runs as a group of one).
+ */
+static uint32_t
+batch_window(const struct run_ctx *c, uint32_t n)
+{
+	uint32_t slots = c->geo.hbm_slots, half = slots;
+
+	if (c->o->prefetch && slots >= 2)
+		half = (slots - (n < slots / 2 ? n : slots / 2)) / 2;
+	if (c->o->prefetch && c->copy_bound)
+		half = (uint32_t)((double)half / c->copy_ratio);
+	return half ? half : 1;
+}
+
+/* Prefetch: fold one step's step time and copy wait time into c->copy_ratio. */
+static void
+batch_measure(struct run_ctx *c, uint64_t step_ns, uint64_t stall_ns)
+{
+	double r;
+
+	if (!c->o->prefetch || step_ns == 0)
+		return;
+	if (stall_ns >= step_ns)
+		stall_ns = step_ns - step_ns / 16; /* the compute is never free */
+	r = (double)step_ns / (double)(step_ns - stall_ns);
+	c->copy_ratio = c->copy_ratio > 0 ? 0.75 * c->copy_ratio + 0.25 * r : r;
+	if (c->copy_ratio > BATCH_COPY_IN)
+		c->copy_bound = 1;
+	else if (c->copy_ratio < BATCH_COPY_OUT)
+		c->copy_bound = 0;
+}
+
 int
 run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 {
-	uint32_t i = 0, maxg = n, slots = c->geo.hbm_slots, half = slots;
+	uint32_t i = 0, maxg = n, slots = c->geo.hbm_slots, half = batch_window(c, n);
+	uint64_t t0 = c->o->prefetch ? batch_now_ns() : 0;
+	uint64_t w0 = c->o->prefetch ? batch_stall_ns(c) : 0;
+	int rc;
 
-	/* prefetch: the group computing and the one arriving must fit in HBM together, beside
-	 * the growing (dirty) last block of every active session, which would otherwise be
-	 * demoted to make room and come back on demand at its next append (a session that fits
-	 * only alone still runs as a group of one) */
-	if (c->o->prefetch && slots >= 2)
-		half = (slots - (n < slots / 2 ? n : slots / 2)) / 2;
-	if (half == 0)
-		half = 1;
 	if (c->o->prefetch) {
 		/* balanced groups: a small last group would leave the next step's first group
 		 * too little compute to arrive behind */
@@ -425,7 +531,6 @@ run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 		act[k]->computed = 0;
 	while (i < n) {
 		uint32_t cnt, need;
-		int rc;
 
 		cnt = batch_plan(c, act, n, i, maxg, half, 1, &need);
 		batch_plan_next(c, act, n, i + cnt, maxg, half);
@@ -450,5 +555,7 @@ run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 			return rc;
 		i += cnt;
 	}
+	if (c->o->prefetch)
+		batch_measure(c, batch_now_ns() - t0, batch_stall_ns(c) - w0);
 	return 0;
 }

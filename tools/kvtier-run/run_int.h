@@ -64,6 +64,14 @@ struct run_ctx {
 	uint32_t n_hint;                /* their count (0 = nothing to announce) */
 	struct kvt_seq_range *hint_last; /* [sessions] the active sessions' growing blocks */
 	uint32_t n_hint_last;           /* their count (hinted before the next group) */
+	struct kvt_seq_range *hint_part; /* [sessions] copy-bound prefetch: the next group's
+	                                    blocks to bring ahead (a part of what it misses) */
+	uint32_t n_hint_part;           /* their count (used instead of hint_ids when > 0) */
+	double copy_ratio;              /* prefetch: measured step time / compute time (copy
+	                                   time over compute time when copies are the
+	                                   bottleneck), smoothed; 0 = not measured yet */
+	int copy_bound;                 /* copies are the bottleneck: small window, partial
+	                                   announcements (batch.c; with hysteresis) */
 };
 
 /**

@@ -480,9 +480,10 @@ run_setup(struct run_ctx *c)
 	c->ids = calloc(c->o->sessions, sizeof(*c->ids));
 	c->hint_ids = calloc(c->o->sessions, sizeof(*c->hint_ids));
 	c->hint_last = calloc(c->o->sessions, sizeof(*c->hint_last));
+	c->hint_part = calloc(c->o->sessions, sizeof(*c->hint_part));
 	c->r->out = calloc((size_t)c->o->sessions * c->o->turns, sizeof(*c->r->out));
 	c->wo = calloc(dim * 2 + nh * 4, sizeof(float));
-	if (!c->ss || !c->act || !c->ids || !c->hint_ids || !c->hint_last || !c->r->out ||
+	if (!c->ss || !c->act || !c->ids || !c->hint_ids || !c->hint_last || !c->hint_part || !c->r->out ||
 	    !c->wo)
 		return kvtr_err(-ENOMEM, "out of memory for %u sessions", c->o->sessions);
 	c->po = c->wo + dim;
@@ -547,6 +548,7 @@ run_teardown(struct run_ctx *c, int rc)
 	free(c->ids);
 	free(c->hint_ids);
 	free(c->hint_last);
+	free(c->hint_part);
 	free(c->wo);
 	free(c->side);
 	free(c->tokblk);
