@@ -98,11 +98,11 @@ pfx_grow(struct kvt_engine *e)
 		nt[i] = PFX_EMPTY;
 	p->tab = nt;
 	for (i = 0; i < p->cap; i++) {
-		const uint64_t *h;
+		uint64_t h[2];
 
 		if (old[i] >= PFX_TOMB)
 			continue;
-		h = kvt_blk(e, pfx_block(e, old[i]))->hash;
+		kvt_blk_key(kvt_blk(e, pfx_block(e, old[i])), h);
 		for (j = (h[0] ^ (h[1] >> 7)) & (ncap - 1); nt[j] != PFX_EMPTY;
 		     j = (j + 1) & (ncap - 1))
 			;
@@ -124,11 +124,11 @@ pfx_find_key(struct kvt_engine *e, const uint64_t h[2])
 	if (!p->cap)
 		return NULL;
 	for (i = pfx_slot0(p, h); p->tab[i] != PFX_EMPTY; i = (i + 1) & (p->cap - 1)) {
-		const uint64_t *k;
+		uint64_t k[2];
 
 		if (p->tab[i] == PFX_TOMB)
 			continue;
-		k = kvt_blk(e, pfx_block(e, p->tab[i]))->hash;
+		kvt_blk_key(kvt_blk(e, pfx_block(e, p->tab[i])), k);
 		if (k[0] == h[0] && k[1] == h[1])
 			return &p->tab[i];
 	}
@@ -163,13 +163,14 @@ kvt_prefix_insert(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_prefix *p = &e->prefix;
 	struct kvt_block *b = kvt_blk(e, id);
-	uint64_t i;
+	uint64_t i, h[2];
 
-	if (b->indexed || pfx_find_key(e, b->hash))
+	kvt_blk_key(b, h);
+	if (b->indexed || pfx_find_key(e, h))
 		return 0; /* already there (same content elsewhere, or a collision): not shared */
 	if ((p->n + p->tombs + 1) * 10 > p->cap * 7 && pfx_grow(e))
 		return -ENOMEM;
-	for (i = pfx_slot0(p, b->hash); p->tab[i] < PFX_TOMB; i = (i + 1) & (p->cap - 1))
+	for (i = pfx_slot0(p, h); p->tab[i] < PFX_TOMB; i = (i + 1) & (p->cap - 1))
 		;
 	if (p->tab[i] == PFX_TOMB)
 		p->tombs--;
@@ -184,11 +185,13 @@ kvt_prefix_remove(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_block *b = kvt_blk(e, id);
 	struct kvt_prefix *p = &e->prefix;
+	uint64_t h[2];
 	uint32_t *pe;
 
 	if (!b->indexed)
 		return;
-	pe = pfx_find_key(e, b->hash);
+	kvt_blk_key(b, h);
+	pe = pfx_find_key(e, h);
 	if (pe && pfx_block(e, *pe) == id) {
 		if (*pe & KVT_PFX_OWNED) { /* its pool entry goes back on the free list */
 			p->pool_block[*pe & ~KVT_PFX_OWNED] = p->pool_free;
@@ -234,11 +237,13 @@ kvt_prefix_detach(struct kvt_engine *e, uint32_t id)
 {
 	uint32_t tpb = e->layout.tokens_per_block, k;
 	struct kvt_prefix *p = &e->prefix;
+	uint64_t h[2];
 	uint32_t *pe;
 
 	if (!kvt_blk(e, id)->indexed)
 		return 0;
-	pe = pfx_find_key(e, kvt_blk(e, id)->hash);
+	kvt_blk_key(kvt_blk(e, id), h);
+	pe = pfx_find_key(e, h);
 	if (!pe || *pe != id) /* not its entry, or it owns its tokens already */
 		return 0;
 	if (!p->n_pool_free && pfx_pool_grow(e)) {
@@ -288,7 +293,7 @@ pfx_usable(const struct kvt_block *b)
 		return false;
 	for (t = 0; t < KVT_TIER_COUNT; t++)
 		if (kvt_copy_valid(b, t) ||
-		    (b->state[t] == KVT_COPY_INFLIGHT && !(b->stale >> t & 1)))
+		    (kvt_copy_state(b, t) == KVT_COPY_INFLIGHT && !kvt_copy_stale(b, t)))
 			return true;
 	return false;
 }
