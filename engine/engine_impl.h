@@ -182,8 +182,8 @@ struct kvt_budget {
 #define KVT_PFX_OWNED 0x80000000u /* block ids stay below it (KVT_MAX_BLOCKS) */
 #define KVT_MAX_BLOCKS KVT_PFX_OWNED
 
-/* The prefix index: open addressing over a power-of-two table, plus a pool of token copies
- * for the indexed blocks whose creator sequence has dropped them. */
+/* The prefix index: open addressing over a table 70-80% full (engine/prefix.c), plus a pool of
+ * token copies for the indexed blocks whose creator sequence has dropped them. */
 struct kvt_prefix {
 	uint32_t *tab;          /* [cap] entries (see KVT_PFX_OWNED) */
 	uint64_t cap;           /* slots (0 before first use) */
