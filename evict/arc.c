@@ -25,7 +25,8 @@
  * (each tagged T1 or T2, so the split is known) and the victim walk follows it; when the
  * evidence is in, one pass splits it into T1 and T2, each in its recency order. (An earlier
  * version kept T1 and T2 apart from the start and took the older tail by a 4-byte clock stamp
- * per key; the single list gives the same victims without it.)
+ * per key; the single list gives the same first victim without it, and its victim walk is
+ * strict recency order where the earlier one walked the list with the older tail first.)
  *
  * Prefix structure: a parent block is worth at least as much as its children (a child is only
  * reachable through its parent). The engine and the replayer touch a request's blocks from the
