@@ -14,9 +14,10 @@
  *
  * and contents that appends change. An append drops the PRESENT copies below HBM (HBM always
  * holds the newest bytes when present: appends happen there) and marks the INFLIGHT ones stale
- * (b->stale, a bit per tier; a copy started from a stale one is stale too), and a transfer whose
- * destination is stale when it completes is dropped, so a copy is *valid* exactly when it is
- * PRESENT, and an INFLIGHT copy will be valid unless its stale bit is set. No version number is
+ * (kvt_copy_mark_stale(): the fourth value of the copy's 2-bit state; a copy started from a
+ * stale one is stale too), and a transfer whose destination is stale when it completes is
+ * dropped, so a copy is *valid* exactly when it is PRESENT, and an INFLIGHT copy will be valid
+ * unless it is stale (kvt_copy_stale()). No version number is
  * kept: nothing but "appended to since" is ever asked of one.
  *
  * A block is *busy* while any transfer reads or writes one of its copies (b->busy counts them);
