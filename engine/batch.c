@@ -120,7 +120,7 @@ batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pendin
 	int rc;
 
 	*pending = 1;
-	if (k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
+	if (kvt_copy_state(k, KVT_TIER_HOST) == KVT_COPY_INFLIGHT)
 		return -EAGAIN; /* a read (or demotion) into HOST is under way */
 	if (kvt_copy_valid(k, KVT_TIER_HOST)) {
 		rc = kvt_reclaim_hbm_for(e, id, wait);
@@ -144,7 +144,7 @@ batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pendin
 	}
 	/* a block whose host-to-device copy is now queued is done here: kvt_batch_wait_layer()
 	 * waits for it, prepare does not */
-	if (kvt_blk(e, id)->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT)
+	if (kvt_copy_state(kvt_blk(e, id), KVT_TIER_HBM) == KVT_COPY_INFLIGHT)
 		*pending = 0;
 	return rc;
 }
@@ -165,7 +165,7 @@ batch_break_cycle(struct kvt_engine *e, struct kvt_batch *b)
 	for (i = 0; i < b->n_pinned && x == KVT_NIL; i++) {
 		struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
-		if (!k->busy && k->state[KVT_TIER_HBM] == KVT_COPY_ABSENT &&
+		if (!k->busy && kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_ABSENT &&
 		    kvt_copy_valid(k, KVT_TIER_HOST) && kvt_copy_valid(k, KVT_TIER_NVME))
 			x = b->pinned[i];
 	}
@@ -196,7 +196,7 @@ batch_protect(struct kvt_engine *e, struct kvt_batch *b, bool on)
 		struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
 		k->protect = on && !k->lost && !kvt_copy_valid(k, KVT_TIER_HBM) &&
-			     k->state[KVT_TIER_HBM] != KVT_COPY_INFLIGHT;
+			     kvt_copy_state(k, KVT_TIER_HBM) != KVT_COPY_INFLIGHT;
 	}
 }
 
@@ -210,7 +210,7 @@ batch_set_need(struct kvt_engine *e, struct kvt_batch *b)
 	for (i = 0; i < b->n_pinned; i++) {
 		struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
-		if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT &&
+		if (kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_INFLIGHT &&
 		    e->hbm_h2d_seqno[k->slot[KVT_TIER_HBM]] > b->need_h2d)
 			b->need_h2d = e->hbm_h2d_seqno[k->slot[KVT_TIER_HBM]];
 	}
@@ -255,7 +255,7 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 			struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
 			if (kvt_copy_valid(k, KVT_TIER_HBM) ||
-			    k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT || k->lost)
+			    kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_INFLIGHT || k->lost)
 				continue;
 			rc = batch_promote_one(e, b->pinned[i], wait, &one);
 			pending += one;
@@ -370,18 +370,19 @@ batch_classify(struct kvt_engine *e, struct kvt_batch *b, uint32_t id)
 {
 	struct kvt_block *k = kvt_blk(e, id);
 
-	if (k->state[KVT_TIER_HBM] == KVT_COPY_PRESENT)
+	if (kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_PRESENT)
 		e->evict[KVT_TIER_HBM].ops->access(&e->evict[KVT_TIER_HBM], id);
 	if (kvt_copy_valid(k, KVT_TIER_HBM)) {
 		b->n_ready++;
 		return;
 	}
-	if (k->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT) {
+	if (kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_INFLIGHT) {
 		b->n_early++; /* prefetched: ready if the waits find it landed */
 		return;
 	}
 	/* must be promoted now: found in HOST, or read from NVMe first */
-	if (kvt_copy_valid(k, KVT_TIER_HOST) || k->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
+	if (kvt_copy_valid(k, KVT_TIER_HOST) ||
+	    kvt_copy_state(k, KVT_TIER_HOST) == KVT_COPY_INFLIGHT)
 		e->st.tier[KVT_TIER_HOST].hits++;
 	else
 		e->st.tier[KVT_TIER_HOST].misses++;

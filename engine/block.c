@@ -22,14 +22,14 @@ kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot)
 bool
 kvt_copy_valid(const struct kvt_block *b, int tier)
 {
-	return b->state[tier] == KVT_COPY_PRESENT; /* PRESENT copies are current: see
+	return kvt_copy_state(b, tier) == KVT_COPY_PRESENT; /* PRESENT copies are current: see
 	                                              engine_impl.h */
 }
 
 bool
 kvt_copy_evictable(const struct kvt_block *b, int tier)
 {
-	if (!b->live || b->dead || b->busy || b->state[tier] != KVT_COPY_PRESENT)
+	if (!b->live || b->dead || b->busy || kvt_copy_state(b, tier) != KVT_COPY_PRESENT)
 		return false;
 	/* protect guards a copy that is to be read up into HBM; once HBM holds the block, a
 	 * copy below is a clean duplicate whatever the flag (it is recomputed per prepare round,
@@ -91,6 +91,9 @@ kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
 	uint32_t id;
 	int t, rc;
 
+	if (index > KVT_SEQ_MAX_BLOCKS - 1u)
+		return kvt_err(KVT_ETOOBIG, "block %u of a sequence: at most %u blocks per "
+			       "sequence", index, KVT_SEQ_MAX_BLOCKS);
 	if (e->block_free == KVT_NIL) {
 		rc = block_grow(e);
 		if (rc)
@@ -157,7 +160,7 @@ kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t bloc
 	kvt_owner_set(e, tier, slot, KVT_SLOT_QUARANTINED);
 	if (b->slot[tier] == slot) {
 		b->slot[tier] = KVT_NIL;
-		b->state[tier] = KVT_COPY_ABSENT;
+		kvt_copy_state_set(b, tier, KVT_COPY_ABSENT);
 	}
 	e->quarantined[tier]++;
 }
@@ -167,12 +170,12 @@ kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier)
 {
 	struct kvt_block *b = kvt_blk(e, id);
 
-	if (b->state[tier] != KVT_COPY_PRESENT)
+	if (kvt_copy_state(b, tier) != KVT_COPY_PRESENT)
 		return;
 	e->evict[tier].ops->remove(&e->evict[tier], id);
 	slot_release(e, tier, b->slot[tier]);
 	b->slot[tier] = KVT_NIL;
-	b->state[tier] = KVT_COPY_ABSENT;
+	kvt_copy_state_set(b, tier, KVT_COPY_ABSENT);
 }
 
 void
@@ -180,7 +183,7 @@ kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier)
 {
 	struct kvt_block *b = kvt_blk(e, id);
 
-	b->state[tier] = KVT_COPY_PRESENT;
+	kvt_copy_state_set(b, tier, KVT_COPY_PRESENT);
 	e->evict[tier].ops->insert(&e->evict[tier], id);
 }
 
@@ -189,11 +192,11 @@ kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier)
 {
 	struct kvt_block *b = kvt_blk(e, id);
 
-	if (b->state[tier] != KVT_COPY_INFLIGHT)
+	if (kvt_copy_state(b, tier) != KVT_COPY_INFLIGHT)
 		return;
 	slot_release(e, tier, b->slot[tier]);
 	b->slot[tier] = KVT_NIL;
-	b->state[tier] = KVT_COPY_ABSENT;
+	kvt_copy_state_set(b, tier, KVT_COPY_ABSENT);
 }
 
 void
@@ -206,11 +209,10 @@ kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
 	/* copies below HBM now hold old bytes: drop them (in-flight ones are dropped by their
 	 * completion, which sees the version mismatch) */
 	for (t = KVT_TIER_HOST; t < KVT_TIER_COUNT; t++)
-		if (b->state[t] == KVT_COPY_PRESENT)
+		if (kvt_copy_state(b, t) == KVT_COPY_PRESENT)
 			kvt_copy_drop(e, id, t);
 	for (t = 0; t < KVT_TIER_COUNT; t++)
-		if (b->state[t] == KVT_COPY_INFLIGHT)
-			b->stale |= 1u << t;
+		kvt_copy_mark_stale(b, t); /* an INFLIGHT copy */
 }
 
 void
@@ -244,7 +246,7 @@ kvt_block_check_lost(struct kvt_engine *e, uint32_t id)
 		return;
 	for (t = 0; t < KVT_TIER_COUNT; t++)
 		if (kvt_copy_valid(b, t) ||
-		    (b->state[t] == KVT_COPY_INFLIGHT && !(b->stale >> t & 1)))
+		    (kvt_copy_state(b, t) == KVT_COPY_INFLIGHT && !kvt_copy_stale(b, t)))
 			return;
 	/* an empty block (no token written yet) has nothing to lose */
 	if (!b->written)

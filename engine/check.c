@@ -43,10 +43,11 @@ check_tiers(struct kvt_engine *e)
 			if (id >= e->cap_blocks || !kvt_blk(e, id)->live)
 				return kvt_err(-EINVAL, "tier %d slot %u owned by dead block %u", t, s,
 					       id);
-			if (kvt_blk(e, id)->slot[t] != s || kvt_blk(e, id)->state[t] == KVT_COPY_ABSENT)
+			if (kvt_blk(e, id)->slot[t] != s ||
+			    kvt_copy_state(kvt_blk(e, id), t) == KVT_COPY_ABSENT)
 				return kvt_err(-EINVAL, "tier %d slot %u: owner block %u points to "
 					       "slot %u state %u", t, s, id, kvt_blk(e, id)->slot[t],
-					       kvt_blk(e, id)->state[t]);
+					       kvt_copy_state(kvt_blk(e, id), t));
 		}
 		if (used != e->slots[t].n_slots - e->slots[t].n_free)
 			return kvt_err(-EINVAL, "tier %d: %u slots owned, allocator says %u", t,
@@ -71,11 +72,11 @@ check_lists(struct kvt_engine *e)
 		present = 0;
 		for (id = 0; id < e->cap_blocks; id++)
 			present += kvt_blk(e, id)->live &&
-				   kvt_blk(e, id)->state[t] == KVT_COPY_PRESENT;
+				   kvt_copy_state(kvt_blk(e, id), t) == KVT_COPY_PRESENT;
 		n = 0;
 		for (id = ev->ops->victim_first(ev); id != KVT_NIL; id = ev->ops->victim_next(ev, id)) {
 			if (id >= e->cap_blocks || !kvt_blk(e, id)->live ||
-			    kvt_blk(e, id)->state[t] != KVT_COPY_PRESENT)
+			    kvt_copy_state(kvt_blk(e, id), t) != KVT_COPY_PRESENT)
 				return kvt_err(-EINVAL, "tier %d: eviction list holds %u, not a "
 					       "present copy", t, id);
 			if (++n > present)
@@ -108,14 +109,15 @@ check_blocks(struct kvt_engine *e)
 		for (t = 0; t < KVT_TIER_COUNT; t++) {
 			bool listed = e->evict[t].ops->contains(&e->evict[t], id);
 
-			if ((b->state[t] == KVT_COPY_ABSENT) != (b->slot[t] == KVT_NIL))
+			if ((kvt_copy_state(b, t) == KVT_COPY_ABSENT) != (b->slot[t] == KVT_NIL))
 				return kvt_err(-EINVAL, "block %u tier %d: state %u with slot %u", id,
-					       t, b->state[t], b->slot[t]);
-			if (listed != (b->state[t] == KVT_COPY_PRESENT))
+					       t, kvt_copy_state(b, t), b->slot[t]);
+			if (listed != (kvt_copy_state(b, t) == KVT_COPY_PRESENT))
 				return kvt_err(-EINVAL, "block %u tier %d: state %u but %s the "
-					       "eviction list", id, t, b->state[t],
+					       "eviction list", id, t, kvt_copy_state(b, t),
 					       listed ? "on" : "not on");
-			if (b->state[t] != KVT_COPY_ABSENT && kvt_owner(e, t, b->slot[t]) != id)
+			if (kvt_copy_state(b, t) != KVT_COPY_ABSENT &&
+			    kvt_owner(e, t, b->slot[t]) != id)
 				return kvt_err(-EINVAL, "block %u tier %d slot %u owned by %u", id, t,
 					       b->slot[t], kvt_owner(e, t, b->slot[t]));
 		}
@@ -133,6 +135,16 @@ check_blocks(struct kvt_engine *e)
 
 /* Every block's refcount equals the sequences referencing it; unreferenced live blocks are
  * cached prefix blocks (in the index); shared_blocks counts blocks with refs > 1. */
+/* The block the prefix index finds by @b's key (no token check). */
+static uint32_t
+check_key_block(struct kvt_engine *e, const struct kvt_block *b)
+{
+	uint64_t h[2];
+
+	kvt_blk_key(b, h);
+	return kvt_prefix_key_block(e, h);
+}
+
 static int
 check_refs(struct kvt_engine *e)
 {
@@ -157,7 +169,7 @@ check_refs(struct kvt_engine *e)
 		else if (!b->refs && !b->indexed)
 			rc = kvt_err(-EINVAL, "block %u: unreferenced but not a cached prefix block",
 				     i);
-		else if (b->indexed && kvt_prefix_key_block(e, b->hash) != i)
+		else if (b->indexed && check_key_block(e, b) != i)
 			rc = kvt_err(-EINVAL, "block %u: marked indexed, the index says otherwise", i);
 	}
 	for (j = 0; !rc && j < e->n_budgets; j++) {

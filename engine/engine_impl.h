@@ -14,9 +14,10 @@
  *
  * and contents that appends change. An append drops the PRESENT copies below HBM (HBM always
  * holds the newest bytes when present: appends happen there) and marks the INFLIGHT ones stale
- * (b->stale, a bit per tier; a copy started from a stale one is stale too), and a transfer whose
- * destination is stale when it completes is dropped, so a copy is *valid* exactly when it is
- * PRESENT, and an INFLIGHT copy will be valid unless its stale bit is set. No version number is
+ * (kvt_copy_mark_stale(): the fourth value of the copy's 2-bit state; a copy started from a
+ * stale one is stale too), and a transfer whose destination is stale when it completes is
+ * dropped, so a copy is *valid* exactly when it is PRESENT, and an INFLIGHT copy will be valid
+ * unless it is stale (kvt_copy_stale()). No version number is
  * kept: nothing but "appended to since" is ever asked of one.
  *
  * A block is *busy* while any transfer reads or writes one of its copies (b->busy counts them);
@@ -35,6 +36,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "engine/alloc.h"
 #include "engine/error.h"
@@ -55,49 +57,100 @@ enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESE
 /* an owner entry that names a block (not free, quarantined, stored or pending) */
 #define KVT_OWNER_IS_BLOCK(o) ((o) < KVT_SLOT_PENDING)
 
-/* Laid out for size (48 bytes; the NVMe copy's write fields live per NVMe slot in the tier; 10,000 parked sessions hold
- * 20,000 of them): 64-bit fields first, then 32-, 16- and 8-bit ones, flags as one-bit fields.
- * What only a block with an HBM copy needs lives per HBM slot (engine->hbm_h2d_seqno). busy
- * fits in 3 bits: every transfer of a block writes a copy in another tier (its destination is
- * INFLIGHT until the transfer completes, and a tier holds one copy), so at most KVT_TIER_COUNT
- * run at once (xfer_start refuses more than KVT_BUSY_MAX all the same). */
-#define KVT_BUSY_MAX 7u
+/* Laid out for size (44 bytes, 4-byte aligned; 10,000 parked sessions hold 20,000 of them): the
+ * prefix key as four 32-bit words (a uint64_t pair would align the record to 8 and pad it to
+ * 48), then 32- and 16-bit fields, then one-bit fields. The NVMe copy's write fields live per
+ * NVMe slot in the tier; what only a block with an HBM copy needs lives per HBM slot
+ * (engine->hbm_h2d_seqno). The copy state per tier is 2 bits (kvt_copy_state(), never read
+ * directly): enum kvt_copy_state, or KVT_COPY_RAW_STALE, an INFLIGHT copy appended to since its
+ * transfer started (kvt_copy_stale(): its completion drops it). busy fits in 2 bits: every
+ * transfer of a block writes a copy in another tier (its destination is INFLIGHT until the
+ * transfer completes, and a tier holds one copy), so at most KVT_TIER_COUNT run at once
+ * (xfer_start refuses more than KVT_BUSY_MAX all the same). The position in the creating
+ * sequence is 24 bits: a sequence holds at most KVT_SEQ_MAX_BLOCKS blocks. */
+#define KVT_BUSY_MAX 3u
+#define KVT_SEQ_MAX_BLOCKS ((1u << 24) - 1u)
+#define KVT_COPY_RAW_STALE 3u /* raw copy state: INFLIGHT, and stale (see above) */
 struct kvt_block {
-	uint64_t hash[2];                  /* prefix key (engine/prefix.c) when hashed: XXH3-128
-	                                      of (parent's key, its tokens, salt, extra key);
-	                                      what the prefix index and the NVMe store look
-	                                      blocks up by */
+	uint32_t hash[4];                  /* prefix key (engine/prefix.c) when hashed: XXH3-128
+	                                      of (parent's key, its tokens, salt, extra key),
+	                                      as the uint64_t pair kvt_blk_key() returns; what
+	                                      the prefix index and the NVMe store look blocks
+	                                      up by */
 	uint32_t slot[KVT_TIER_COUNT];     /* slot per tier, KVT_NIL when ABSENT */
 	union {
 		uint32_t seq;              /* creating sequence's index (its tokens back the
 		                              prefix index entry while it holds the block) */
 		uint32_t next_free;        /* free-list link when !live (seq is unused then) */
 	};
-	uint32_t index;                    /* position within the sequence */
 	uint16_t hint_no;                  /* kvt_hint_stamp() of the latest hint announcing it
 	                                      (for any sequence holding it); 0 = none: reclaim
 	                                      spares it while set (engine/hint.c) */
 	uint16_t pins;                     /* batch pins + append (write) pins */
 	uint16_t refs;                     /* sequences referencing it (0 = cached only) */
-	uint8_t state[KVT_TIER_COUNT];     /* enum kvt_copy_state per tier */
-	uint8_t tslot;                     /* 1 + its tenant's budget entry, 0 = none */
-	uint8_t live : 1;                  /* owned by a sequence (or dying) */
-	uint8_t dead : 1;                  /* owner gone: free once busy drops to 0 */
-	uint8_t lost : 1;                  /* no valid copy left anywhere: must be recomputed */
-	uint8_t protect : 1;               /* kept in its tiers by the engine (schedule
+	uint16_t dead : 1;                 /* owner gone: free once busy drops to 0 */
+	uint16_t lost : 1;                 /* no valid copy left anywhere: must be recomputed */
+	uint16_t protect : 1;              /* kept in its tiers by the engine (schedule
 	                                      hints): eviction skips it like a pin */
-	uint8_t wanted : 1;                /* asked back to HBM (resume, prepare, append) since
+	uint16_t wanted : 1;               /* asked back to HBM (resume, prepare, append) since
 	                                      its last demotion started: a demotion in flight
 	                                      keeps its source and stops where it is */
-	uint8_t hashed : 1;                /* hash is set (a full block of known tokens) */
-	uint8_t indexed : 1;               /* in the prefix index (shareable) */
-	uint8_t written : 1;               /* appended to at least once (has contents) */
-	uint8_t stale : KVT_TIER_COUNT;    /* bit t: its INFLIGHT copy in tier t carries an
-	                                      older version (appended to since it started) */
-	uint8_t promoted : 1;              /* promoted to HBM since its last access by a batch
+	uint16_t hashed : 1;               /* hash is set (a full block of known tokens) */
+	uint16_t indexed : 1;              /* in the prefix index (shareable) */
+	uint16_t written : 1;              /* appended to at least once (has contents) */
+	uint16_t promoted : 1;             /* promoted to HBM since its last access by a batch
 	                                      (stats.repromotions, engine/batch.c) */
-	uint8_t busy : 3;                  /* transfers in flight on its copies (see above) */
+	uint16_t copies : 2 * KVT_TIER_COUNT; /* raw copy state, 2 bits per tier (see above) */
+	uint16_t busy : 2;                 /* transfers in flight on its copies (see above) */
+	uint32_t index : 24;               /* position within the sequence */
+	uint32_t tslot : 7;                /* 1 + its tenant's budget entry, 0 = none */
+	uint32_t live : 1;                 /* owned by a sequence (or dying) */
 };
+
+/* The state of @b's copy in @tier (a stale INFLIGHT copy reads as INFLIGHT). */
+static inline enum kvt_copy_state
+kvt_copy_state(const struct kvt_block *b, int tier)
+{
+	unsigned raw = b->copies >> (2 * tier) & 3u;
+
+	return raw == KVT_COPY_RAW_STALE ? KVT_COPY_INFLIGHT : (enum kvt_copy_state)raw;
+}
+
+/* Is @b's copy in @tier INFLIGHT with older bytes (appended to since its transfer started)? */
+static inline bool
+kvt_copy_stale(const struct kvt_block *b, int tier)
+{
+	return (b->copies >> (2 * tier) & 3u) == KVT_COPY_RAW_STALE;
+}
+
+/* Set the state of @b's copy in @tier (not stale). */
+static inline void
+kvt_copy_state_set(struct kvt_block *b, int tier, enum kvt_copy_state s)
+{
+	b->copies = (uint16_t)((b->copies & ~(3u << (2 * tier))) | (unsigned)s << (2 * tier));
+}
+
+/* Mark @b's INFLIGHT copy in @tier stale (no effect on a copy in another state). */
+static inline void
+kvt_copy_mark_stale(struct kvt_block *b, int tier)
+{
+	if (kvt_copy_state(b, tier) == KVT_COPY_INFLIGHT)
+		b->copies = (uint16_t)(b->copies | KVT_COPY_RAW_STALE << (2 * tier));
+}
+
+/* @b's prefix key into @h (meaningful when b->hashed). */
+static inline void
+kvt_blk_key(const struct kvt_block *b, uint64_t h[2])
+{
+	memcpy(h, b->hash, sizeof b->hash);
+}
+
+/* Set @b's prefix key to @h. */
+static inline void
+kvt_blk_set_key(struct kvt_block *b, const uint64_t h[2])
+{
+	memcpy(b->hash, h, sizeof b->hash);
+}
 
 /* The 16-bit stamp of hint number @no (never 0, which means "none"): two hints 65,535 apart
  * share a stamp, which can only end the sparing of a block early (engine/hint.c). */
@@ -111,6 +164,8 @@ kvt_hint_stamp(uint64_t no)
 #define KVT_BCHUNK (1u << KVT_BCHUNK_SHIFT)
 
 #define KVT_MAX_BUDGETS 64 /* tenants with a tier budget */
+_Static_assert(KVT_MAX_BUDGETS < 128, "struct kvt_block.tslot is 7 bits");
+_Static_assert(sizeof(struct kvt_block) == 44, "struct kvt_block is laid out for 44 bytes");
 
 /* A tenant with a budget: blocks it may keep per tier, and blocks it holds there. */
 struct kvt_budget {
@@ -128,8 +183,8 @@ struct kvt_budget {
 #define KVT_PFX_OWNED 0x80000000u /* block ids stay below it (KVT_MAX_BLOCKS) */
 #define KVT_MAX_BLOCKS KVT_PFX_OWNED
 
-/* The prefix index: open addressing over a power-of-two table, plus a pool of token copies
- * for the indexed blocks whose creator sequence has dropped them. */
+/* The prefix index: open addressing over a table 70-80% full (engine/prefix.c), plus a pool of
+ * token copies for the indexed blocks whose creator sequence has dropped them. */
 struct kvt_prefix {
 	uint32_t *tab;          /* [cap] entries (see KVT_PFX_OWNED) */
 	uint64_t cap;           /* slots (0 before first use) */

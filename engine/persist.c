@@ -464,7 +464,7 @@ persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 		e->evict[KVT_TIER_NVME].ops->remove(&e->evict[KVT_TIER_NVME], id);
 		kvt_owner_set(e, KVT_TIER_NVME, sl, KVT_SLOT_STORED);
 		b->slot[KVT_TIER_NVME] = KVT_NIL;
-		b->state[KVT_TIER_NVME] = KVT_COPY_ABSENT;
+		kvt_copy_state_set(b, KVT_TIER_NVME, KVT_COPY_ABSENT);
 		kvt_block_kill(e, id);
 	}
 }

@@ -10,7 +10,13 @@
  * 16 bytes, also what the NVMe store can use to find a block by content after a restart).
  *
  * The index maps key -> block id (open addressing, linear probing, tombstones; the key itself
- * is read from the block record, not stored twice) and can reach each sealed block's tokens: a
+ * is read from the block record, not stored twice) over a table of any size (a key's home is
+ * its hash scaled to the table, not masked), kept between 70% and 80% full: when entries and
+ * tombstones would pass 80%, the live entries are rehashed into a table they fill to 70% (it
+ * grows by about a seventh, or shrinks after many removals). 4-byte entries thus cost 5 to
+ * 5.7 bytes per indexed block; a failed lookup probes about 13 entries at 80% (linear probing:
+ * (1 + 1 / (1 - load)^2) / 2), each a read of a block record's key. It can reach each sealed
+ * block's tokens: a
  * lookup that finds the key compares the tokens too, so a hash collision is counted and
  * answered as a miss, never with another prefix's KV. Tokens are kept once: while the sequence
  * that created the block (b->seq, position b->index) holds it, the entry borrows that
@@ -58,10 +64,22 @@ kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
 	out[1] = h.high64;
 }
 
+#define PFX_LOAD_MAX 8 /* tenths: entries + tombstones at most this full */
+#define PFX_LOAD_NEW 7 /* tenths: a rehashed table is this full */
+#define PFX_MIN_CAP 1024u
+
+/* Home of key @h in a table of @cap entries: 32 well-mixed bits of its hash scaled to cap. */
 static uint64_t
-pfx_slot0(const struct kvt_prefix *p, const uint64_t h[2])
+pfx_home(const uint64_t h[2], uint64_t cap)
 {
-	return (h[0] ^ (h[1] >> 7)) & (p->cap - 1);
+	return ((((h[0] ^ (h[1] >> 7)) * 0x9E3779B97F4A7C15ull) >> 32) * cap) >> 32;
+}
+
+/* The entry after @i in a table of @cap entries (wrapping). */
+static uint64_t
+pfx_next(uint64_t i, uint64_t cap)
+{
+	return i + 1 == cap ? 0 : i + 1;
 }
 
 /* The block entry @v names (see KVT_PFX_OWNED). */
@@ -84,27 +102,32 @@ pfx_tokens(const struct kvt_engine *e, uint32_t v)
 	return e->seqs[b->seq].tokens + (uint64_t)b->index * e->layout.tokens_per_block;
 }
 
+/* Rehash the live entries (and one more to come) into a table they fill to PFX_LOAD_NEW tenths,
+ * dropping the tombstones. 0 or -ENOMEM (table unchanged). */
 static int
-pfx_grow(struct kvt_engine *e)
+pfx_rehash(struct kvt_engine *e)
 {
 	struct kvt_prefix *p = &e->prefix;
-	uint64_t ncap = p->cap ? p->cap * 2 : 1024, i, j;
-	uint32_t *nt = kvt_malloc(ncap * sizeof *nt);
-	uint32_t *old = p->tab;
+	uint64_t ncap = ((p->n + 1) * 10 + PFX_LOAD_NEW - 1) / PFX_LOAD_NEW, i, j;
+	uint32_t *nt, *old = p->tab;
 
+	if (ncap < PFX_MIN_CAP)
+		ncap = PFX_MIN_CAP;
+	if (ncap > UINT32_MAX)
+		return -ENOMEM; /* the home is computed in 32-bit steps */
+	nt = kvt_malloc(ncap * sizeof *nt);
 	if (!nt)
 		return -ENOMEM;
 	for (i = 0; i < ncap; i++)
 		nt[i] = PFX_EMPTY;
 	p->tab = nt;
 	for (i = 0; i < p->cap; i++) {
-		const uint64_t *h;
+		uint64_t h[2];
 
 		if (old[i] >= PFX_TOMB)
 			continue;
-		h = kvt_blk(e, pfx_block(e, old[i]))->hash;
-		for (j = (h[0] ^ (h[1] >> 7)) & (ncap - 1); nt[j] != PFX_EMPTY;
-		     j = (j + 1) & (ncap - 1))
+		kvt_blk_key(kvt_blk(e, pfx_block(e, old[i])), h);
+		for (j = pfx_home(h, ncap); nt[j] != PFX_EMPTY; j = pfx_next(j, ncap))
 			;
 		nt[j] = old[i];
 	}
@@ -123,12 +146,12 @@ pfx_find_key(struct kvt_engine *e, const uint64_t h[2])
 
 	if (!p->cap)
 		return NULL;
-	for (i = pfx_slot0(p, h); p->tab[i] != PFX_EMPTY; i = (i + 1) & (p->cap - 1)) {
-		const uint64_t *k;
+	for (i = pfx_home(h, p->cap); p->tab[i] != PFX_EMPTY; i = pfx_next(i, p->cap)) {
+		uint64_t k[2];
 
 		if (p->tab[i] == PFX_TOMB)
 			continue;
-		k = kvt_blk(e, pfx_block(e, p->tab[i]))->hash;
+		kvt_blk_key(kvt_blk(e, pfx_block(e, p->tab[i])), k);
 		if (k[0] == h[0] && k[1] == h[1])
 			return &p->tab[i];
 	}
@@ -163,13 +186,14 @@ kvt_prefix_insert(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_prefix *p = &e->prefix;
 	struct kvt_block *b = kvt_blk(e, id);
-	uint64_t i;
+	uint64_t i, h[2];
 
-	if (b->indexed || pfx_find_key(e, b->hash))
+	kvt_blk_key(b, h);
+	if (b->indexed || pfx_find_key(e, h))
 		return 0; /* already there (same content elsewhere, or a collision): not shared */
-	if ((p->n + p->tombs + 1) * 10 > p->cap * 7 && pfx_grow(e))
+	if ((p->n + p->tombs + 1) * 10 > p->cap * PFX_LOAD_MAX && pfx_rehash(e))
 		return -ENOMEM;
-	for (i = pfx_slot0(p, b->hash); p->tab[i] < PFX_TOMB; i = (i + 1) & (p->cap - 1))
+	for (i = pfx_home(h, p->cap); p->tab[i] < PFX_TOMB; i = pfx_next(i, p->cap))
 		;
 	if (p->tab[i] == PFX_TOMB)
 		p->tombs--;
@@ -184,11 +208,13 @@ kvt_prefix_remove(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_block *b = kvt_blk(e, id);
 	struct kvt_prefix *p = &e->prefix;
+	uint64_t h[2];
 	uint32_t *pe;
 
 	if (!b->indexed)
 		return;
-	pe = pfx_find_key(e, b->hash);
+	kvt_blk_key(b, h);
+	pe = pfx_find_key(e, h);
 	if (pe && pfx_block(e, *pe) == id) {
 		if (*pe & KVT_PFX_OWNED) { /* its pool entry goes back on the free list */
 			p->pool_block[*pe & ~KVT_PFX_OWNED] = p->pool_free;
@@ -234,11 +260,13 @@ kvt_prefix_detach(struct kvt_engine *e, uint32_t id)
 {
 	uint32_t tpb = e->layout.tokens_per_block, k;
 	struct kvt_prefix *p = &e->prefix;
+	uint64_t h[2];
 	uint32_t *pe;
 
 	if (!kvt_blk(e, id)->indexed)
 		return 0;
-	pe = pfx_find_key(e, kvt_blk(e, id)->hash);
+	kvt_blk_key(kvt_blk(e, id), h);
+	pe = pfx_find_key(e, h);
 	if (!pe || *pe != id) /* not its entry, or it owns its tokens already */
 		return 0;
 	if (!p->n_pool_free && pfx_pool_grow(e)) {
@@ -288,7 +316,7 @@ pfx_usable(const struct kvt_block *b)
 		return false;
 	for (t = 0; t < KVT_TIER_COUNT; t++)
 		if (kvt_copy_valid(b, t) ||
-		    (b->state[t] == KVT_COPY_INFLIGHT && !(b->stale >> t & 1)))
+		    (kvt_copy_state(b, t) == KVT_COPY_INFLIGHT && !kvt_copy_stale(b, t)))
 			return true;
 	return false;
 }

@@ -163,6 +163,7 @@ seq_hash_blocks(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t from, uint6
 {
 	static const uint64_t zero[2] = { 0, 0 };
 	uint32_t tpb = e->layout.tokens_per_block, k, i;
+	uint64_t ph[2], h[2];
 
 	for (k = (uint32_t)(from / tpb); (uint64_t)(k + 1) * tpb <= end; k++) {
 		struct kvt_block *b = kvt_blk(e, s->blocks[k]);
@@ -176,7 +177,10 @@ seq_hash_blocks(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t from, uint6
 		for (i = 0; i < tpb; i++)
 			if (tok[i] < 0)
 				return; /* tokens not given: v0 behaviour, no sharing */
-		kvt_prefix_hash(p ? p->hash : zero, tok, tpb, s->salt, b->hash);
+		if (p)
+			kvt_blk_key(p, ph);
+		kvt_prefix_hash(p ? ph : zero, tok, tpb, s->salt, h);
+		kvt_blk_set_key(b, h);
 		b->hashed = 1;
 	}
 }
@@ -345,7 +349,7 @@ seq_ready_last(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t *block)
 		if (kvt_copy_valid(b, KVT_TIER_HBM) && !b->busy)
 			break;
 		if (kvt_copy_valid(b, KVT_TIER_HBM) ||
-		    b->state[KVT_TIER_HBM] == KVT_COPY_INFLIGHT) {
+		    kvt_copy_state(b, KVT_TIER_HBM) == KVT_COPY_INFLIGHT) {
 			/* a copy in or out of HBM is in flight: a stall of the append */
 			uint64_t t0 = kvt_now_ns();
 
@@ -380,6 +384,10 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 	pinned_after = s->n_wpins + touched;
 	if (touched && s->n_tokens % tpb && seq_has_wpin(s, s->blocks[s->n_blocks - 1]))
 		pinned_after--;
+	if (end > (uint64_t)KVT_SEQ_MAX_BLOCKS * tpb)
+		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence longer "
+			       "than %u blocks (the most a block record can place)", n,
+			       KVT_SEQ_MAX_BLOCKS);
 	if (touched > slots)
 		return kvt_err(KVT_ETOOBIG,
 			       "appending %zu tokens needs %u HBM blocks at once; HBM has %u slots "

@@ -111,7 +111,8 @@ kvt_tenant_set_budget(struct kvt_engine *e, uint32_t tenant, enum kvt_tier tier,
 				continue;
 			b->tslot = ts;
 			for (t = 0; t < KVT_TIER_COUNT; t++)
-				e->budget[ts - 1].used[t] += b->state[t] != KVT_COPY_ABSENT;
+				e->budget[ts - 1].used[t] +=
+					kvt_copy_state(b, t) != KVT_COPY_ABSENT;
 		}
 	}
 	e->budget[ts - 1].max[tier] = max_blocks;

@@ -16,12 +16,17 @@
  * LRU; now 0.2% above).
  *
  * Evidence first: until the tier has evicted enough to hold ghosts of twice its capacity (half
- * the ghost lists' room), victims come in plain LRU order (the older of T1's and T2's tails, by
- * a per-id clock of the last insert or use). A cache that holds most of its working set never
- * gathers that much history, so it behaves exactly as LRU, where LRU is close to optimal; ARC
- * takes over where LRU is weak. Measured on the Mooncake trace (docs/PERF.md): never below LRU
- * from 1k to 64k blocks (plain ARC was 0.03 points below at 48k and 64k), 1.53x LRU at 4k.
- * In LRU order the victim walk goes through the list with the older tail first, then the other.
+ * the ghost lists' room), victims come in plain LRU order. A cache that holds most of its
+ * working set never gathers that much history, so it behaves exactly as LRU, where LRU is close
+ * to optimal; ARC takes over where LRU is weak, for good (the first time the ghosts reach that
+ * much: a tier that was once under that pressure keeps ARC's order). Measured on the Mooncake
+ * trace (docs/PERF.md): never below LRU from 1k to 64k blocks (plain ARC was 0.03 points below
+ * at 48k and 64k), 1.53x LRU at 4k. Until then the residents are on one list in recency order
+ * (each tagged T1 or T2, so the split is known) and the victim walk follows it; when the
+ * evidence is in, one pass splits it into T1 and T2, each in its recency order. (An earlier
+ * version kept T1 and T2 apart from the start and took the older tail by a 4-byte clock stamp
+ * per key; the single list gives the same first victim without it, and its victim walk is
+ * strict recency order where the earlier one walked the list with the older tail first.)
  *
  * Prefix structure: a parent block is worth at least as much as its children (a child is only
  * reachable through its parent). The engine and the replayer touch a request's blocks from the
@@ -31,8 +36,8 @@
  * this tier recently), access = a batch used it, remove = the copy left this tier (remembered as
  * a ghost), forget = the block was freed (its id now names other content: no ghost).
  *
- * Memory: the resident lists T1 and T2 live in arrays indexed by key (the copy's slot with slot
- * keys, else the id: links 8 B, tag 1 B, clock 4 B per key); the ghosts B1 and B2, which have no
+ * Memory: the resident lists live in arrays indexed by key (the copy's slot with slot keys,
+ * else the id: links 8 B and a 2-bit tag per key, 8.25 B); the ghosts B1 and B2, which have no
  * slot, live in a pool of entries (links, id, list: 13 B) found by id through an open-addressing
  * hash (linear probing, deletion by backward shift, at most half full), grown on demand and
  * bounded by the ghost lists' room (ARC_GHOST_MULT x capacity each).
@@ -44,16 +49,20 @@
 #include "elist.h"
 
 enum { ARC_T1 = 0, ARC_T2 = 1, ARC_B1 = 2, ARC_B2 = 3, ARC_NONE = 0xff };
+#define ARC_TAG_NONE 3u      /* a key's 2-bit tag when it is on no resident list */
 #define ARC_GHOST_MULT 4u
 #define ARC_LEARN_HITS 4096.0 /* p can cross a whole tier within this many ghost hits */
 #define ARC_EVIDENCE_DIV 2u   /* ARC order once the ghosts hold >= 1/this of their room */
 
 struct arc_state {
-	uint8_t *tag;            /* [cap] list of the key (ARC_T1, ARC_T2) or ARC_NONE */
-	struct kvt_elist l[4];   /* T1, T2 (resident, over keys), B1, B2 (ghosts, over entries) */
+	uint8_t *tag;            /* [(cap + 3) / 4] 2 bits per key: ARC_T1, ARC_T2 or
+	                            ARC_TAG_NONE (arc_tag()) */
+	struct kvt_elist l[4];   /* T1, T2 (resident, over keys; empty until evidence), B1, B2
+	                            (ghosts, over entries) */
+	struct kvt_elist lru;    /* before evidence: all residents, in recency order */
+	bool evidence;           /* the ghosts once held 1/ARC_EVIDENCE_DIV of their room: T1
+	                            and T2 are apart (and lru empty) for good */
 	double p;                /* target size of T1, 0..capacity */
-	uint32_t *stamp;         /* [cap] clock at the key's last insert or use (LRU order) */
-	uint32_t clock;          /* inserts and uses so far (wraps; ages are differences) */
 	struct kvt_lru_link *glink; /* [gcap] ghost entries' list links */
 	uint32_t *gid;           /* [gcap] the ghost's id; a free entry: the next free one */
 	uint8_t *gtag;           /* [gcap] ARC_B1, ARC_B2, or ARC_NONE (free) */
@@ -69,12 +78,36 @@ arc_st(const struct kvt_evict *ev)
 	return ev->priv;
 }
 
+/* The resident list of key @k (ARC_T1, ARC_T2) or ARC_NONE. */
+static uint8_t
+arc_tag(const struct arc_state *st, uint32_t k)
+{
+	unsigned v = st->tag[k / 4] >> (2 * (k % 4)) & 3u;
+
+	return v == ARC_TAG_NONE ? ARC_NONE : (uint8_t)v;
+}
+
+static void
+arc_tag_set(struct arc_state *st, uint32_t k, uint8_t to)
+{
+	unsigned v = to == ARC_NONE ? ARC_TAG_NONE : to, sh = 2 * (k % 4);
+
+	st->tag[k / 4] = (uint8_t)((st->tag[k / 4] & ~(3u << sh)) | v << sh);
+}
+
+/* The list a resident tagged @tag is on: its own once there is evidence, else the LRU list. */
+static struct kvt_elist *
+arc_res_list(struct arc_state *st, uint8_t tag)
+{
+	return st->evidence ? &st->l[tag] : &st->lru;
+}
+
 static bool
 arc_contains(const struct kvt_evict *ev, uint32_t id)
 {
 	uint32_t k = kvt_evict_key(ev, id);
 
-	return k < ev->cap && arc_st(ev)->tag[k] <= ARC_T2;
+	return k < ev->cap && arc_tag(arc_st(ev), k) <= ARC_T2;
 }
 
 static int
@@ -90,6 +123,7 @@ arc_reserve(struct kvt_evict *ev, uint32_t n_ids)
 			return -ENOMEM;
 		for (i = 0; i < 4; i++)
 			kvt_elist_init(&st->l[i]);
+		kvt_elist_init(&st->lru);
 		st->p = ev->capacity / 5.0; /* no evidence yet: T1 may keep a fifth */
 		st->gfree = KVT_NIL;
 		ev->priv = st;
@@ -100,16 +134,12 @@ arc_reserve(struct kvt_evict *ev, uint32_t n_ids)
 		return 0;
 	if (kvt_elist_links_grow(ev, n_ids))
 		return -ENOMEM;
-	if (!(p = kvt_realloc(st->tag, n_ids)))
+	if (!(p = kvt_realloc(st->tag, ((size_t)n_ids + 3) / 4)))
 		return -ENOMEM;
 	st->tag = p;
-	if (!(p = kvt_realloc(st->stamp, (size_t)n_ids * sizeof *st->stamp)))
-		return -ENOMEM;
-	st->stamp = p;
-	for (i = old; i < n_ids; i++) {
-		st->tag[i] = ARC_NONE;
-		st->stamp[i] = 0;
-	}
+	/* new bytes: every key untagged (the keys past cap in the old last byte already are) */
+	memset(st->tag + ((size_t)old + 3) / 4, 0xff,
+	       ((size_t)n_ids + 3) / 4 - ((size_t)old + 3) / 4);
 	ev->cap = n_ids;
 	return 0;
 }
@@ -121,7 +151,6 @@ arc_fini(struct kvt_evict *ev)
 
 	if (st) {
 		kvt_free(st->tag);
-		kvt_free(st->stamp);
 		kvt_free(st->glink);
 		kvt_free(st->gid);
 		kvt_free(st->gtag);
@@ -138,7 +167,7 @@ arc_meta_bytes(const struct kvt_evict *ev)
 
 	if (!st)
 		return 0;
-	return sizeof *st + (uint64_t)ev->cap * (sizeof *ev->link + 1 + sizeof *st->stamp) +
+	return sizeof *st + (uint64_t)ev->cap * sizeof *ev->link + ((uint64_t)ev->cap + 3) / 4 +
 	       (uint64_t)st->gcap * (sizeof *st->glink + sizeof *st->gid + 1) +
 	       (uint64_t)st->hcap * sizeof *st->ghash;
 }
@@ -266,19 +295,19 @@ arc_ghost_del(struct arc_state *st, uint32_t g)
 
 /* ---- residents: T1/T2 over keys */
 
-/* Put key @k (listed or not) at the hot end of resident list @to, stamped now. */
+/* Put key @k (listed or not) at the hot end of resident list @to (inserted or used now). */
 static void
 arc_res_put(struct kvt_evict *ev, uint32_t k, uint8_t to)
 {
 	struct arc_state *st = arc_st(ev);
+	uint8_t tag = arc_tag(st, k);
 
-	if (st->tag[k] != ARC_NONE) {
-		kvt_elist_unlink(&st->l[st->tag[k]], ev->link, k);
+	if (tag != ARC_NONE) {
+		kvt_elist_unlink(arc_res_list(st, tag), ev->link, k);
 		ev->n--;
 	}
-	st->tag[k] = to;
-	st->stamp[k] = ++st->clock; /* inserted or used now */
-	kvt_elist_push_head(&st->l[to], ev->link, k);
+	arc_tag_set(st, k, to);
+	kvt_elist_push_head(arc_res_list(st, to), ev->link, k);
 	ev->n++;
 }
 
@@ -287,9 +316,28 @@ arc_res_drop(struct kvt_evict *ev, uint32_t k)
 {
 	struct arc_state *st = arc_st(ev);
 
-	kvt_elist_unlink(&st->l[st->tag[k]], ev->link, k);
-	st->tag[k] = ARC_NONE;
+	kvt_elist_unlink(arc_res_list(st, arc_tag(st, k)), ev->link, k);
+	arc_tag_set(st, k, ARC_NONE);
 	ev->n--;
+}
+
+/* The evidence is in once the ghosts hold 1/ARC_EVIDENCE_DIV of their room: split the LRU list
+ * into T1 and T2 by tag, oldest first, so each keeps its recency order. */
+static void
+arc_check_evidence(struct kvt_evict *ev)
+{
+	struct arc_state *st = arc_st(ev);
+	uint64_t ghosts = (uint64_t)st->l[ARC_B1].n + st->l[ARC_B2].n;
+	uint32_t k;
+
+	if (st->evidence ||
+	    ghosts * ARC_EVIDENCE_DIV < (uint64_t)ev->capacity * ARC_GHOST_MULT)
+		return;
+	st->evidence = true;
+	while ((k = st->lru.tail) != KVT_NIL) {
+		kvt_elist_unlink(&st->lru, ev->link, k);
+		kvt_elist_push_head(&st->l[arc_tag(st, k)], ev->link, k);
+	}
 }
 
 /* Keep each ghost list at most ARC_GHOST_MULT x capacity long: forget its oldest ids. */
@@ -314,7 +362,7 @@ arc_insert(struct kvt_evict *ev, uint32_t id)
 		return;
 	b1 = st->l[ARC_B1].n ? st->l[ARC_B1].n : 1;
 	b2 = st->l[ARC_B2].n ? st->l[ARC_B2].n : 1;
-	if (st->tag[k] <= ARC_T2) {
+	if (arc_tag(st, k) <= ARC_T2) {
 		arc_res_put(ev, k, ARC_T2);
 		return;
 	}
@@ -353,10 +401,11 @@ arc_remove(struct kvt_evict *ev, uint32_t id)
 	if (!arc_contains(ev, id))
 		return;
 	k = kvt_evict_key(ev, id);
-	g = st->tag[k] == ARC_T1 ? ARC_B1 : ARC_B2;
+	g = arc_tag(st, k) == ARC_T1 ? ARC_B1 : ARC_B2;
 	arc_res_drop(ev, k);
 	arc_ghost_add(st, id, g);
 	arc_trim_ghost(ev, g);
+	arc_check_evidence(ev);
 }
 
 static void
@@ -372,23 +421,17 @@ arc_forget(struct kvt_evict *ev, uint32_t id)
 		arc_ghost_del(st, g);
 }
 
-/* The list victims come from first: while the ghosts hold less than 1/ARC_EVIDENCE_DIV of their
- * room, the one whose tail is older (LRU order); then T1 while it is above its target p, else
- * T2. */
+/* With evidence, the list victims come from first: T1 while it is above its target p, else T2
+ * (the other when that one is empty). */
 static uint8_t
 arc_first_list(const struct kvt_evict *ev)
 {
 	const struct arc_state *st = arc_st(ev);
-	uint64_t ghosts = (uint64_t)st->l[ARC_B1].n + st->l[ARC_B2].n;
 
 	if (!st->l[ARC_T2].n)
 		return ARC_T1;
 	if (!st->l[ARC_T1].n)
 		return ARC_T2;
-	if (ghosts * ARC_EVIDENCE_DIV < (uint64_t)ev->capacity * ARC_GHOST_MULT)
-		return (uint32_t)(st->clock - st->stamp[st->l[ARC_T2].tail]) >
-			       (uint32_t)(st->clock - st->stamp[st->l[ARC_T1].tail]) ?
-			       ARC_T2 : ARC_T1;
 	return (double)st->l[ARC_T1].n > st->p ? ARC_T1 : ARC_T2;
 }
 
@@ -396,8 +439,11 @@ static uint32_t
 arc_victim_first(struct kvt_evict *ev)
 {
 	struct arc_state *st = arc_st(ev);
-	uint8_t f = arc_first_list(ev);
+	uint8_t f;
 
+	if (!st->evidence) /* LRU order: the least recently inserted or used */
+		return kvt_evict_id(ev, st->lru.tail);
+	f = arc_first_list(ev);
 	return kvt_evict_id(ev, st->l[f].tail != KVT_NIL ? st->l[f].tail : st->l[f ^ 1].tail);
 }
 
@@ -413,8 +459,10 @@ arc_victim_next(struct kvt_evict *ev, uint32_t id)
 	k = kvt_evict_key(ev, id);
 	if (ev->link[k].prev != KVT_NIL)
 		return kvt_evict_id(ev, ev->link[k].prev);
+	if (!st->evidence)
+		return KVT_NIL; /* the head of the LRU list: all walked */
 	f = arc_first_list(ev);
-	return st->tag[k] == f ? kvt_evict_id(ev, st->l[f ^ 1].tail) : KVT_NIL;
+	return arc_tag(st, k) == f ? kvt_evict_id(ev, st->l[f ^ 1].tail) : KVT_NIL;
 }
 
 const struct kvt_evict_ops kvt_evict_arc_ops = {

@@ -36,23 +36,24 @@ append_overtakes_copy(uint32_t delay_us)
 	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0); /* its copy down starts */
 	assert_non_null(kvt_seq_lookup(e, s, &idx));
 	b = kvt_blk(e, e->seqs[idx].blocks[0]);
-	inflight = b->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT;
+	inflight = kvt_copy_state(b, KVT_TIER_HOST) == KVT_COPY_INFLIGHT;
 	print_message("delay %u us: the copy down %s when the append came\n", delay_us,
 		      inflight ? "was on its way" : "had landed");
 	assert_int_equal(tsup_append_write(e, s, 7, TSUP_TPB / 2, 1), 0);
 	/* whether the copy had landed (dropped by the append) or is still on its way (now
 	 * stale), the block has no valid HOST copy */
 	assert_false(kvt_copy_valid(b, KVT_TIER_HOST));
-	if (b->state[KVT_TIER_HOST] == KVT_COPY_INFLIGHT)
-		assert_true(inflight && (b->stale >> KVT_TIER_HOST & 1));
+	if (kvt_copy_state(b, KVT_TIER_HOST) == KVT_COPY_INFLIGHT)
+		assert_true(inflight && kvt_copy_stale(b, KVT_TIER_HOST));
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(b->state[KVT_TIER_HOST], KVT_COPY_ABSENT); /* its completion dropped it */
+	/* its completion dropped it */
+	assert_int_equal(kvt_copy_state(b, KVT_TIER_HOST), KVT_COPY_ABSENT);
 	assert_true(kvt_copy_valid(b, KVT_TIER_HBM));
 	tsup_check_engine(e);
 	/* down and back up: every token, the appended one included */
 	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(b->state[KVT_TIER_HBM], KVT_COPY_ABSENT);
+	assert_int_equal(kvt_copy_state(b, KVT_TIER_HBM), KVT_COPY_ABSENT);
 	assert_int_equal(tsup_verify(e, s, 7), 0);
 	tsup_check_engine(e);
 	assert_int_equal(kvt_seq_close(e, s), 0);

@@ -462,6 +462,45 @@ test_scenario_c_append_lookup(void **state)
 	tsup_rmdir(dir);
 }
 
+/* The packed copy state: 2 bits per tier, a stale INFLIGHT copy reads as INFLIGHT and is told
+ * apart only by kvt_copy_stale(); setting a state clears the stale mark; tiers are independent. */
+static void
+test_copy_state_packing(void **state)
+{
+	struct kvt_block b;
+	int t;
+
+	(void)state;
+	memset(&b, 0, sizeof b);
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		assert_int_equal(kvt_copy_state(&b, t), KVT_COPY_ABSENT);
+	kvt_copy_state_set(&b, KVT_TIER_HBM, KVT_COPY_PRESENT);
+	kvt_copy_state_set(&b, KVT_TIER_NVME, KVT_COPY_INFLIGHT);
+	kvt_copy_mark_stale(&b, KVT_TIER_HBM); /* PRESENT: no effect */
+	kvt_copy_mark_stale(&b, KVT_TIER_HOST); /* ABSENT: no effect */
+	kvt_copy_mark_stale(&b, KVT_TIER_NVME);
+	assert_int_equal(kvt_copy_state(&b, KVT_TIER_HBM), KVT_COPY_PRESENT);
+	assert_int_equal(kvt_copy_state(&b, KVT_TIER_HOST), KVT_COPY_ABSENT);
+	assert_int_equal(kvt_copy_state(&b, KVT_TIER_NVME), KVT_COPY_INFLIGHT);
+	assert_false(kvt_copy_stale(&b, KVT_TIER_HBM));
+	assert_false(kvt_copy_stale(&b, KVT_TIER_HOST));
+	assert_true(kvt_copy_stale(&b, KVT_TIER_NVME));
+	assert_false(kvt_copy_valid(&b, KVT_TIER_NVME));
+	kvt_copy_state_set(&b, KVT_TIER_NVME, KVT_COPY_INFLIGHT); /* a new transfer: current */
+	assert_false(kvt_copy_stale(&b, KVT_TIER_NVME));
+	kvt_copy_mark_stale(&b, KVT_TIER_NVME);
+	kvt_copy_state_set(&b, KVT_TIER_NVME, KVT_COPY_ABSENT);
+	assert_int_equal(kvt_copy_state(&b, KVT_TIER_NVME), KVT_COPY_ABSENT);
+	assert_int_equal(kvt_copy_state(&b, KVT_TIER_HBM), KVT_COPY_PRESENT);
+	b.busy = KVT_BUSY_MAX; /* one transfer per destination tier fits */
+	assert_int_equal(b.busy, KVT_TIER_COUNT);
+	b.index = KVT_SEQ_MAX_BLOCKS - 1u;
+	assert_int_equal(b.index, KVT_SEQ_MAX_BLOCKS - 1u);
+	b.tslot = KVT_MAX_BUDGETS;
+	assert_int_equal(b.tslot, KVT_MAX_BUDGETS);
+	assert_int_equal(kvt_copy_state(&b, KVT_TIER_HBM), KVT_COPY_PRESENT);
+}
+
 /* Invariant 3 at the unit level: which copies may reclaim pick. */
 static void
 test_inv3_copy_evictable_rules(void **state)
@@ -472,7 +511,8 @@ test_inv3_copy_evictable_rules(void **state)
 	memset(&b, 0, sizeof b);
 	b.live = 1;
 	b.written = 1;
-	b.state[KVT_TIER_HBM] = b.state[KVT_TIER_HOST] = KVT_COPY_PRESENT;
+	kvt_copy_state_set(&b, KVT_TIER_HBM, KVT_COPY_PRESENT);
+	kvt_copy_state_set(&b, KVT_TIER_HOST, KVT_COPY_PRESENT);
 	assert_true(kvt_copy_evictable(&b, KVT_TIER_HBM));
 	b.busy = 1; /* a transfer in flight: never */
 	assert_false(kvt_copy_evictable(&b, KVT_TIER_HBM));
@@ -481,7 +521,8 @@ test_inv3_copy_evictable_rules(void **state)
 	b.pins = 1; /* pinned: never its HBM copy; its clean HOST duplicate may go */
 	assert_false(kvt_copy_evictable(&b, KVT_TIER_HBM));
 	assert_true(kvt_copy_evictable(&b, KVT_TIER_HOST));
-	b.state[KVT_TIER_HBM] = KVT_COPY_INFLIGHT; /* ... but not before HBM holds it */
+	/* ... but not before HBM holds it */
+	kvt_copy_state_set(&b, KVT_TIER_HBM, KVT_COPY_INFLIGHT);
 	assert_false(kvt_copy_evictable(&b, KVT_TIER_HOST));
 	b.pins = 0;
 	b.dead = 1;
@@ -594,6 +635,7 @@ main(void)
 		cmocka_unit_test(test_scenario_b_reader_keeps_slot),
 		cmocka_unit_test(test_scenario_c_lookup_pins),
 		cmocka_unit_test(test_scenario_c_append_lookup),
+		cmocka_unit_test(test_copy_state_packing),
 		cmocka_unit_test(test_inv3_copy_evictable_rules),
 		cmocka_unit_test(test_scenario_d_failed_nvme_write),
 		cmocka_unit_test(test_close_with_transfers_in_flight),

@@ -114,7 +114,8 @@ test_stream_wait_stall_not_ready(void **state)
 	assert_int_equal(e->h2d.submitted, g0 + 1); /* one group, queued on the copy stream */
 	assert_true(kvt_xfer_inflight(e));
 	for (uint32_t i = 0; i < 3; i++)
-		assert_int_equal(kvt_blk(e, e->seqs[(uint32_t)a].blocks[i])->state[KVT_TIER_HBM],
+		assert_int_equal(kvt_copy_state(kvt_blk(e, e->seqs[(uint32_t)a].blocks[i]),
+						KVT_TIER_HBM),
 				 KVT_COPY_INFLIGHT);
 	assert_int_equal(kvt_batch_prepare(e, &a, 1, &b), 0);
 	assert_int_equal(e->h2d.submitted, g0 + 1); /* nothing promoted twice */

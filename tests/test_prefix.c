@@ -256,6 +256,111 @@ test_divergence(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Open @n two-block sequences from prompt number @first on (distinct tokens, hashed and indexed),
+ * parked to HOST. */
+static void
+churn_open(struct kvt_engine *e, kvt_seq_id *s, int first, int n, int tpb)
+{
+	int32_t tok[2 * 16];
+	int64_t map[2 * 16];
+	int i, j;
+
+	for (i = 0; i < n; i++) {
+		struct kvt_batch *b;
+
+		for (j = 0; j < 2 * tpb; j++)
+			tok[j] = (first + i) * 64 + j;
+		assert_int_equal(kvt_seq_open(e, NULL, &s[i]), 0);
+		assert_int_equal(kvt_seq_append(e, s[i], tok, 2 * (size_t)tpb, map), 0);
+		assert_int_equal(kvt_batch_prepare(e, &s[i], 1, &b), 0);
+		assert_int_equal(kvt_batch_release(b, NULL), 0);
+		assert_int_equal(kvt_seq_park(e, s[i], KVT_TIER_HOST), 0);
+		if (i % 16 == 0)
+			assert_true(kvt_engine_poll(e, 0) >= 0);
+	}
+	assert_int_equal(kvt_engine_drain(e), 0);
+}
+
+/* Does prompt number @k (two blocks) match in full? */
+static bool
+churn_found(struct kvt_engine *e, int k, int tpb)
+{
+	int32_t tok[2 * 16];
+	enum kvt_tier tier;
+	uint64_t m = 0;
+	int j;
+
+	for (j = 0; j < 2 * tpb; j++)
+		tok[j] = k * 64 + j;
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 2 * (size_t)tpb, &m, &tier), 0);
+	return m == 2 * (uint64_t)tpb;
+}
+
+/* The index table (any size, linear probing, tombstones) through growth, removals and the
+ * rehash that drops tombstones: every indexed block is found by its key (tsup_check_engine),
+ * removed prompts are not, and the table stays 70-80% full: never more than 80% counting
+ * tombstones, and a rehash sizes it for 70% of the live entries. */
+static void
+test_index_churn(void **state)
+{
+	enum { NS = 1500, TPB = 16 };
+	struct kvt_engine_opts o;
+	struct kvt_engine *e;
+	static kvt_seq_id s[2 * NS];
+	uint64_t bb = 2ull * TPB * 8 * 2, cap;
+	int i, round;
+
+	(void)state;
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout = (struct kvt_layout){ 1, 1, 8, KVT_DTYPE_F16, TPB };
+	o.hbm_bytes = 64 * bb;
+	o.host_bytes = (uint64_t)(2 * NS + 64) * bb;
+	assert_int_equal(kvt_engine_create(&o, &e), 0);
+	churn_open(e, s, 0, NS, TPB);
+	assert_int_equal(e->prefix.n, 2 * NS);
+	assert_int_equal(e->prefix.tombs, 0);
+	assert_true((e->prefix.n + e->prefix.tombs) * 10 <= e->prefix.cap * 8);
+	assert_true(e->prefix.cap * 7 <= (e->prefix.n + 1) * 10 + 7); /* grown to fit, no more */
+	assert_true(e->prefix.cap > 1024); /* it grew */
+	tsup_check_engine(e);
+	for (round = 0; round < 3; round++) {
+		int base = (round + 1) * NS;
+
+		/* close all but every tenth sequence: their entries become tombstones */
+		for (i = 0; i < NS; i++)
+			if (i % 10)
+				assert_int_equal(kvt_seq_close(e, s[i]), 0);
+		assert_true((e->prefix.n + e->prefix.tombs) * 10 <= e->prefix.cap * 8);
+		tsup_check_engine(e);
+		assert_false(churn_found(e, base - NS + 1, TPB));
+		assert_true(churn_found(e, 10, TPB)); /* kept open */
+		/* new prompts reuse the room: a rehash drops the tombstones */
+		for (i = 0; i < NS; i++)
+			if (i % 10)
+				churn_open(e, &s[i], base + i, 1, TPB);
+		assert_int_equal(e->prefix.n, 2 * NS);
+		assert_true(e->prefix.tombs < 2 * NS);
+		assert_true((e->prefix.n + e->prefix.tombs) * 10 <= e->prefix.cap * 8);
+		tsup_check_engine(e);
+		for (i = 0; i < NS; i++) {
+			assert_int_equal(churn_found(e, i % 10 ? base + i : i, TPB), true);
+			if (i % 10)
+				assert_false(churn_found(e, base - NS + i, TPB));
+		}
+	}
+	/* most sequences gone: the next rehash shrinks the table to fit what is left */
+	for (i = 0; i < NS; i++)
+		if (i % 10)
+			assert_int_equal(kvt_seq_close(e, s[i]), 0);
+	cap = e->prefix.cap;
+	churn_open(e, s + NS, 10 * NS, NS / 2, TPB);
+	assert_int_equal(e->prefix.n, 2 * (NS / 10 + NS / 2));
+	assert_true(e->prefix.cap < cap);
+	assert_true(e->prefix.cap * 7 <= (e->prefix.n + 1) * 10 + 7);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+}
+
 /* prefix_cache: sealed blocks outlive their sequence, are found in the tier they were parked
  * to, and when eviction frees them they leave the index before their slots are reused. */
 static void
@@ -425,6 +530,7 @@ main(void)
 		cmocka_unit_test(test_forced_collision),
 		cmocka_unit_test(test_tenants_and_keys),
 		cmocka_unit_test(test_divergence),
+		cmocka_unit_test(test_index_churn),
 		cmocka_unit_test(test_cache_and_free),
 		cmocka_unit_test(test_threads_share_prompt),
 	};

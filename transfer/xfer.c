@@ -121,10 +121,11 @@ xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 	x->dst_slot = dst_slot;
 	/* the bytes are current unless the source copy is itself on its way and stale (then
 	 * this copy is dropped on completion too) */
-	old = b->state[src] == KVT_COPY_INFLIGHT && (b->stale >> src & 1);
+	old = kvt_copy_stale(b, src);
 	b->slot[dst] = dst_slot;
-	b->state[dst] = KVT_COPY_INFLIGHT;
-	b->stale = (uint8_t)(old ? b->stale | 1u << dst : b->stale & ~(1u << dst));
+	kvt_copy_state_set(b, dst, KVT_COPY_INFLIGHT);
+	if (old)
+		kvt_copy_mark_stale(b, dst);
 	b->busy++;
 	e->st.transfers_in_flight++;
 	x->t_issue = kvt_now_ns();
@@ -268,7 +269,8 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 		e->st.io_errors++;
 	if (res == -ENOSPC && x->kind == KVT_X_H2N)
 		kvt_nvme_enospc(e);
-	if (res == -ETIMEDOUT && x->kind == KVT_X_H2N && b->state[dst] == KVT_COPY_INFLIGHT) {
+	if (res == -ETIMEDOUT && x->kind == KVT_X_H2N &&
+	    kvt_copy_state(b, dst) == KVT_COPY_INFLIGHT) {
 		/* the kernel still owns the write: a new write to the slot could be overwritten
 		 * by it, so the slot stays out of use until its late completion comes */
 		kvt_slot_quarantine(e, dst, b->slot[dst], x->block);
@@ -286,7 +288,7 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 	/* a demotion frees the source once the copy below is safe, unless it got pinned or
 	 * another transfer uses it meanwhile */
 	if (x->evict_src && !b->wanted && b->pins == 0 && b->busy == 0 &&
-	    b->state[src] == KVT_COPY_PRESENT) {
+	    kvt_copy_state(b, src) == KVT_COPY_PRESENT) {
 		kvt_copy_drop(e, x->block, src);
 		e->st.tier[src].evictions++;
 		e->st.evictions++;
@@ -304,7 +306,7 @@ static void
 xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 {
 	struct kvt_block *b = kvt_blk(e, x->block);
-	bool current = !b->dead && !(b->stale >> xfer_dst_tier[x->kind] & 1);
+	bool current = !b->dead && !kvt_copy_stale(b, xfer_dst_tier[x->kind]);
 	uint32_t id = x->block;
 
 	b->busy--;
@@ -347,7 +349,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 			kvt_copy_fail(e, id, KVT_TIER_HOST);
 			/* bytes on NVMe that do not verify are worthless: drop them, and if no
 			 * other copy exists the block is lost (the caller sees a miss) */
-			if (res < 0 && b->state[KVT_TIER_NVME] == KVT_COPY_PRESENT)
+			if (res < 0 && kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_PRESENT)
 				kvt_copy_drop(e, id, KVT_TIER_NVME);
 			kvt_block_check_lost(e, id);
 		}
@@ -557,7 +559,7 @@ xfer_note_write(struct kvt_engine *e, struct kvt_xfer *x, const struct kvt_nvme_
 	e->st.codec_raw_bytes += e->block_bytes;
 	e->st.codec_stored_bytes += c->stored;
 	e->st.codec_blocks += c->codec != KVT_CODEC_NONE;
-	if (b->stale >> KVT_TIER_NVME & 1) /* appended to meanwhile: dropped on completion */
+	if (kvt_copy_stale(b, KVT_TIER_NVME)) /* appended to meanwhile: dropped on completion */
 		return;
 	if (!b->dead && b->seq < e->cap_seqs && e->seqs[b->seq].pub_pending)
 		e->pub_check = true;
@@ -666,7 +668,7 @@ kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id)
 	uint64_t want;
 	int rc;
 
-	if (b->state[KVT_TIER_HBM] != KVT_COPY_INFLIGHT)
+	if (kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_INFLIGHT)
 		return kvt_xfer_wait_any(e);
 	rc = kvt_xfer_flush(e);
 	if (rc)
