@@ -111,6 +111,12 @@ kvt_hint_stamp(uint64_t no)
 #define KVT_BCHUNK (1u << KVT_BCHUNK_SHIFT)
 
 #define KVT_MAX_BUDGETS 64 /* tenants with a tier budget */
+/* With an NVME tier, HOST slots of blocks of at least this many bytes get a 4 KiB header room
+ * in front of the data (host_data_off): a raw block then goes to the disk as ONE IO [header
+ * page | data] from the HOST slot. The room costs 4 KiB per HOST slot, at most 6.25% of HOST
+ * memory from here up; smaller blocks (where it would cost more) keep the two-IO zero-copy
+ * write (header page from staging, then the data). */
+#define KVT_HOST_ROOM_MIN_BLOCK ((uint64_t)64 << 10)
 
 /* A tenant with a budget: blocks it may keep per tier, and blocks it holds there. */
 struct kvt_budget {
@@ -256,8 +262,13 @@ struct kvt_engine {
 	void *hbm_base;                     /* HBM slots (device memory) */
 	void *host_base;                    /* HOST slots */
 	size_t host_len;                    /* bytes of host_base */
-	size_t host_stride;                 /* bytes between HOST slots: block_bytes, rounded up
-	                                       to 4 KiB with an NVME tier (O_DIRECT, zero-copy) */
+	size_t host_stride;                 /* bytes between HOST slots: block_bytes; with an
+	                                       NVME tier host_data_off + block_bytes rounded up
+	                                       to 4 KiB (O_DIRECT, zero-copy) */
+	size_t host_data_off;               /* where a block's data starts in its HOST slot:
+	                                       4096 (header room for one-IO NVMe writes) with an
+	                                       NVME tier and blocks of >= KVT_HOST_ROOM_MIN_BLOCK
+	                                       bytes, else 0 (kvt_slot_addr adds it) */
 	bool host_pinned;                   /* host_base is page-locked */
 	struct kvt_nvme *nvme;              /* NVME tier or NULL */
 	struct kvt_slots slots[KVT_TIER_COUNT]; /* slot allocators (n_slots 0 = tier absent);
