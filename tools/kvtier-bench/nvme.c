@@ -166,14 +166,15 @@ nb_tier_pass(struct kvt_nvme *n, uint32_t qd, const struct nb_host *h, uint8_t *
 }
 
 /* HOST memory for @slots slots of @bs-byte IOs (block_bytes = bs - 4096), laid out as the
- * engine lays out its HOST tier. Returns 0 or -ENOMEM. */
+ * engine lays out its HOST tier for blocks this large: a 4 KiB header room, then the data.
+ * Returns 0 or -ENOMEM. */
 static int
 nb_host_alloc(struct nb_host *h, size_t bs, uint32_t slots)
 {
 	size_t huge = (size_t)2 << 20;
 
-	h->stride = bs - KVT_FMT_HDR_PAGE;
-	h->off = 0;
+	h->stride = bs; /* header room, then the data: one IO per put */
+	h->off = KVT_FMT_HDR_PAGE;
 	h->len = ((size_t)slots * h->stride + huge - 1) & ~(huge - 1);
 	if (posix_memalign((void **)&h->base, huge, h->len))
 		return -ENOMEM;
@@ -207,6 +208,7 @@ nb_tier_point(const struct nb_opts *o, size_t bs, uint32_t qd, double *w, double
 		no.host_base = h.base;
 		no.host_len = h.len;
 		no.host_stride = h.stride;
+		no.host_data_off = h.off;
 		rc = kvt_nvme_open(&no, &n, err, sizeof err);
 		if (rc)
 			fprintf(stderr, "nvme bench: %s\n", err);
