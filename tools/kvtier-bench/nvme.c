@@ -6,8 +6,9 @@
  *  1. Block-sized demote (write) and promote (read) through the NVMe tier itself (io_uring,
  *     O_DIRECT, raw blocks zero-copy from and to registered HOST memory laid out as the
  *     engine's, or through the staging buffers with --staged; header + checksum per block, read
- *     verification included), at each block size and queue depth, next to fio (io_uring engine, O_DIRECT,
- *     same directory, block size and depth, sequential), with the kvtier/fio ratio.
+ *     verification included), at each block size and queue depth, next to fio (io_uring
+ *     engine, O_DIRECT, same directory, block size and depth, sequential), with the
+ *     kvtier/fio ratio.
  *  2. Park and resume of N sessions of 4k tokens through the whole engine (emulated device):
  *     park = HBM -> HOST -> NVMe until durable on NVMe, resume = NVMe -> HOST -> HBM until a
  *     batch holding the session is ready; tokens/s and GB/s, and the ratio to fio at the
