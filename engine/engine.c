@@ -18,6 +18,7 @@
 #define ENGINE_MAX_SLOTS (1u << 30)
 
 const struct kvt_nvme_fault_hooks *kvt_test_nvme_hooks;
+uint64_t kvt_test_host_room_min_block = KVT_HOST_ROOM_MIN_BLOCK;
 
 uint64_t
 kvt_now_ns(void)
@@ -232,7 +233,7 @@ engine_open_device(struct kvt_engine *e)
 		/* with an NVME tier, HOST slots start on 4 KiB boundaries: their blocks move by
 		 * O_DIRECT straight to and from the disk (zero-copy, tiers/tier_nvme.h); large
 		 * blocks get a 4 KiB header room in front (one IO per NVMe write) */
-		e->host_data_off = e->nvme_dir && e->block_bytes >= KVT_HOST_ROOM_MIN_BLOCK
+		e->host_data_off = e->nvme_dir && e->block_bytes >= kvt_test_host_room_min_block
 					   ? KVT_FMT_HDR_PAGE : 0;
 		e->host_stride = e->nvme_dir ? e->host_data_off +
 						       ((e->block_bytes + 4095) & ~(uint64_t)4095)

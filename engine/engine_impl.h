@@ -442,6 +442,10 @@ uint64_t kvt_meta_token_bytes(const struct kvt_engine *e); /* host bytes of toke
 /* Test hook: when set before kvt_engine_create, the NVME tier is opened with these fault hooks
  * (tests/ inject EIO, short IO and bit flips through it). NULL in production. */
 extern const struct kvt_nvme_fault_hooks *kvt_test_nvme_hooks;
+/* Test hook: with an NVME tier, blocks of at least this many bytes get the HOST header room
+ * (one-IO zero-copy writes); KVT_HOST_ROOM_MIN_BLOCK in production. Tests set it (before
+ * kvt_engine_create) to 1 to take that path with their small layouts. */
+extern uint64_t kvt_test_host_room_min_block;
 
 /* ---- engine/persist.c: published sessions of the persistent NVMe store */
 int kvt_persist_open(struct kvt_engine *e);   /* after the NVME tier opened: journal, slots */

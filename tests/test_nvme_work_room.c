@@ -5,9 +5,10 @@
  * from the HOST slot (inline and with workers, which seal the header page into the room), the
  * room holds exactly the header page that lands on disk, a short write is continued, two puts of
  * one HOST slot at once fall back to the two-IO path, a refused registration stages and leaves the
- * room alone, and without room a put stays two IOs. Through the engine: large blocks get the room
- * (small ones do not), park writes one IO per block, and the persistent store restores and
- * verifies those blocks after a restart. Named nvme_work_*: runs in the concurrency label (TSan).
+ * room alone, a failed one-IO put leaves the slot unknown, and without room a put stays two
+ * IOs. Through the engine: large blocks get the room (small ones do not), park writes one IO per
+ * block, and the persistent store restores and verifies those blocks after a restart. Named
+ * nvme_work_*: runs in the concurrency label (TSan).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -72,6 +73,7 @@ rfx_teardown(void **state)
 /* The fault hook: counts pieces (writes), cuts the first write piece short when asked. */
 static struct {
 	bool cut;          /* cut the first write piece to half */
+	bool eio;          /* fail every write with -EIO */
 	unsigned wpieces;  /* write pieces seen */
 	size_t first_len;  /* bytes of the first write piece */
 } rf;
@@ -82,6 +84,8 @@ rf_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t
 	(void)arg, (void)slot, (void)buf, (void)off;
 	if (!is_write || *res < 0)
 		return;
+	if (rf.eio)
+		*res = -EIO;
 	if (rf.wpieces++ == 0) {
 		rf.first_len = len;
 		if (rf.cut)
@@ -245,6 +249,29 @@ test_one_io_short_write(void **state)
 	assert_int_equal(st.sqes, 2);
 	rget(n, 1, hdata(f, 3));
 	assert_memory_equal(hdata(f, 3), hdata(f, 2), BLOCK);
+	kvt_nvme_close(n);
+}
+
+/* A one-IO put that fails (EIO) completes with the error and leaves the slot unknown (a get is
+ * refused); the next put of it lands. */
+static void
+test_one_io_eio(void **state)
+{
+	struct rfx *f = *state;
+	struct kvt_nvme *n = ropen(f, KVT_FMT_HDR_PAGE, false, 2);
+	struct kvt_nvme_wmeta m = { .session = 2 };
+	struct kvt_nvme_cqe c;
+
+	fill(hdata(f, 1), BLOCK, 7);
+	rf.eio = true;
+	assert_int_equal(kvt_nvme_put(n, 6, hdata(f, 1), &m, 6), 0);
+	assert_int_equal(kvt_nvme_reap(n, &c, 1, true), 1);
+	assert_int_equal(c.res, -EIO);
+	assert_int_equal(kvt_nvme_get(n, 6, hdata(f, 2), 6), KVT_ECORRUPT);
+	rf.eio = false;
+	rput(n, 6, hdata(f, 1));
+	rget(n, 6, hdata(f, 2));
+	assert_memory_equal(hdata(f, 2), hdata(f, 1), BLOCK);
 	kvt_nvme_close(n);
 }
 
@@ -433,6 +460,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_one_io_inline, rfx_setup, rfx_teardown),
 		cmocka_unit_test_setup_teardown(test_one_io_workers, rfx_setup, rfx_teardown),
 		cmocka_unit_test_setup_teardown(test_one_io_short_write, rfx_setup, rfx_teardown),
+		cmocka_unit_test_setup_teardown(test_one_io_eio, rfx_setup, rfx_teardown),
 		cmocka_unit_test_setup_teardown(test_same_slot_twice, rfx_setup, rfx_teardown),
 		cmocka_unit_test_setup_teardown(test_room_refused_registration, rfx_setup,
 						rfx_teardown),
