@@ -183,9 +183,9 @@ nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
  * Fill @req's header page (the header, zeros: in its staging buffer, or for a one-IO put in the
  * HOST slot's header room in front of req->data), and unless the payload goes zero-copy
  * (req->data), its staging buffer's payload: the block @raw (encoded when that pays) at
- * NVME_HPAGE with zero padding to the IO length. @raw may be the staging buffer's payload area itself (a worker); then
- * @encbuf (block_bytes) receives the encoding first. A put's key is derived from the checksum.
- * Sets req->len, key, stored, codec, sum.
+ * NVME_HPAGE with zero padding to the IO length. @raw may be the staging buffer's payload area
+ * itself (a worker); then @encbuf (block_bytes) receives the encoding first. A put's key is
+ * derived from the checksum. Sets req->len, key, stored, codec, sum.
  */
 void
 kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
