@@ -15,7 +15,7 @@ void *
 kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot)
 {
 	if (tier == KVT_TIER_HOST)
-		return (char *)e->host_base + (uint64_t)slot * e->host_stride;
+		return (char *)e->host_base + (uint64_t)slot * e->host_stride + e->host_data_off;
 	return (char *)e->hbm_base + (uint64_t)slot * e->block_bytes;
 }
 

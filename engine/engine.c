@@ -18,6 +18,7 @@
 #define ENGINE_MAX_SLOTS (1u << 30)
 
 const struct kvt_nvme_fault_hooks *kvt_test_nvme_hooks;
+uint64_t kvt_test_host_room_min_block = KVT_HOST_ROOM_MIN_BLOCK;
 
 uint64_t
 kvt_now_ns(void)
@@ -230,8 +231,12 @@ engine_open_device(struct kvt_engine *e)
 			       e->dev->errmsg[0] ? ": " : "", e->dev->errmsg);
 	if (e->slots[KVT_TIER_HOST].n_slots) {
 		/* with an NVME tier, HOST slots start on 4 KiB boundaries: their blocks move by
-		 * O_DIRECT straight to and from the disk (zero-copy, tiers/tier_nvme.h) */
-		e->host_stride = e->nvme_dir ? (e->block_bytes + 4095) & ~(uint64_t)4095
+		 * O_DIRECT straight to and from the disk (zero-copy, tiers/tier_nvme.h); large
+		 * blocks get a 4 KiB header room in front (one IO per NVMe write) */
+		e->host_data_off = e->nvme_dir && e->block_bytes >= kvt_test_host_room_min_block
+					   ? KVT_FMT_HDR_PAGE : 0;
+		e->host_stride = e->nvme_dir ? e->host_data_off +
+						       ((e->block_bytes + 4095) & ~(uint64_t)4095)
 					     : e->block_bytes;
 		e->host_len = (size_t)e->slots[KVT_TIER_HOST].n_slots * e->host_stride;
 		rc = e->dev->ops->host_alloc(e->dev, e->host_len, &e->host_base, &e->host_pinned);
@@ -263,6 +268,7 @@ engine_open_nvme(struct kvt_engine *e)
 		.host_base = e->host_base,
 		.host_len = e->host_len,
 		.host_stride = e->host_stride,
+		.host_data_off = e->host_data_off,
 	};
 	char msg[256] = "";
 	int rc;

@@ -167,6 +167,13 @@ kvt_hint_stamp(uint64_t no)
 _Static_assert(KVT_MAX_BUDGETS < 128, "struct kvt_block.tslot is 7 bits");
 _Static_assert(sizeof(struct kvt_block) == 44, "struct kvt_block is laid out for 44 bytes");
 
+/* With an NVME tier, HOST slots of blocks of at least this many bytes get a 4 KiB header room
+ * in front of the data (host_data_off): a raw block then goes to the disk as ONE IO [header
+ * page | data] from the HOST slot. The room costs 4 KiB per HOST slot, at most 6.25% of HOST
+ * memory from here up; smaller blocks (where it would cost more) keep the two-IO zero-copy
+ * write (header page from staging, then the data). */
+#define KVT_HOST_ROOM_MIN_BLOCK ((uint64_t)64 << 10)
+
 /* A tenant with a budget: blocks it may keep per tier, and blocks it holds there. */
 struct kvt_budget {
 	uint32_t tenant;                 /* tenant id */
@@ -314,8 +321,13 @@ struct kvt_engine {
 	void *hbm_base;                     /* HBM slots (device memory) */
 	void *host_base;                    /* HOST slots */
 	size_t host_len;                    /* bytes of host_base */
-	size_t host_stride;                 /* bytes between HOST slots: block_bytes, rounded up
-	                                       to 4 KiB with an NVME tier (O_DIRECT, zero-copy) */
+	size_t host_stride;                 /* bytes between HOST slots: block_bytes; with an
+	                                       NVME tier host_data_off + block_bytes rounded up
+	                                       to 4 KiB (O_DIRECT, zero-copy) */
+	size_t host_data_off;               /* where a block's data starts in its HOST slot:
+	                                       4096 (header room for one-IO NVMe writes) with an
+	                                       NVME tier and blocks of >= KVT_HOST_ROOM_MIN_BLOCK
+	                                       bytes, else 0 (kvt_slot_addr adds it) */
 	bool host_pinned;                   /* host_base is page-locked */
 	struct kvt_nvme *nvme;              /* NVME tier or NULL */
 	struct kvt_slots slots[KVT_TIER_COUNT]; /* slot allocators (n_slots 0 = tier absent);
@@ -506,6 +518,10 @@ uint64_t kvt_meta_token_bytes(const struct kvt_engine *e); /* host bytes of toke
 /* Test hook: when set before kvt_engine_create, the NVME tier is opened with these fault hooks
  * (tests/ inject EIO, short IO and bit flips through it). NULL in production. */
 extern const struct kvt_nvme_fault_hooks *kvt_test_nvme_hooks;
+/* Test hook: with an NVME tier, blocks of at least this many bytes get the HOST header room
+ * (one-IO zero-copy writes); KVT_HOST_ROOM_MIN_BLOCK in production. Tests set it (before
+ * kvt_engine_create) to 1 to take that path with their small layouts. */
+extern uint64_t kvt_test_host_room_min_block;
 
 /* ---- engine/persist.c: published sessions of the persistent NVMe store */
 int kvt_persist_open(struct kvt_engine *e);   /* after the NVME tier opened: journal, slots */

@@ -11,7 +11,9 @@
  * whole and byte-exact at exactly that version (every block verified by checksum and compared
  * with the pattern); anything restored must be a version the child announced; a key may be
  * absent only if it was never published or was closed since. The same store and the model
- * carry over from trial to trial. Total runtime is a few seconds.
+ * carry over from trial to trial. Total runtime is a few seconds. A second run does the same
+ * with the codec off and the HOST header room forced on (kvt_test_host_room_min_block): every
+ * block then goes to disk as ONE zero-copy IO [header page | data] from its HOST slot.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -30,12 +32,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/engine_impl.h"
 #include "kvtier.h"
 #include "support/kvt_test.h"
+#include "tiers/tier_nvme.h"
 
 #define CRASH_TRIALS 100
 #define CRASH_KEYS 6        /* session keys 1..CRASH_KEYS */
 #define CRASH_MAX_TOKENS 60 /* a session grows up to this, then starts over */
+#define CRASH_ROOM_TRIALS 60 /* trials of the one-IO (header room) run */
+
+static int crash_codec = KVT_CODEC_SHUF_LZ4; /* the store's codec (children inherit it) */
 
 static int
 crash_engine(const char *dir, struct kvt_engine **e)
@@ -54,7 +61,7 @@ crash_engine(const char *dir, struct kvt_engine **e)
 	o.nvme_dir = dir;
 	o.nvme_bytes = 160 * 4096ull;
 	o.nvme_persist = 1;
-	o.nvme_codec = KVT_CODEC_SHUF_LZ4;
+	o.nvme_codec = crash_codec;
 	o.nvme_codec_min_saving = 0.05f;
 	o.high_watermark = o.low_watermark = 1.0f;
 	*e = NULL;
@@ -317,20 +324,19 @@ check_store(const char *dir, crash_mask *ok, struct crash_count *cnt)
 	kvt_engine_destroy(e);
 }
 
+/* @trials kill -9 trials on a fresh store in @dir (removed after). */
 static void
-test_kill9_trials(void **state)
+crash_trials(char *dir, int trials)
 {
-	char *dir = tsup_mkdtemp();
 	crash_mask ok[CRASH_KEYS + 1];
 	struct crash_count cnt = { 0 };
 	unsigned seed = (unsigned)time(NULL);
 	struct timespec ts;
 
-	(void)state;
 	for (int k = 0; k <= CRASH_KEYS; k++)
 		ok[k] = 1; /* empty store: every key absent */
 	print_message("crash test seed %u\n", seed);
-	for (int t = 0; t < CRASH_TRIALS; t++) {
+	for (int t = 0; t < trials; t++) {
 		int status, p[2];
 		pid_t pid;
 
@@ -357,10 +363,45 @@ test_kill9_trials(void **state)
 		check_store(dir, ok, &cnt);
 	}
 	print_message("crash test: %d trials, %u durable reports, %u sessions recovered exactly "
-		      "(%u of them required), %u cleanly absent, 0 lost, 0 corrupt\n", CRASH_TRIALS,
+		      "(%u of them required), %u cleanly absent, 0 lost, 0 corrupt\n", trials,
 		      cnt.confirmed, cnt.recovered, cnt.required, cnt.absent);
 	assert_true(cnt.required > 0);
 	tsup_rmdir(dir);
+}
+
+static void
+test_kill9_trials(void **state)
+{
+	(void)state;
+	crash_trials(tsup_mkdtemp(), CRASH_TRIALS);
+}
+
+/* The same with raw blocks written as one IO from the HOST slot's header room; first checks
+ * that this store's engine takes that path. */
+static void
+test_kill9_trials_one_io(void **state)
+{
+	char *dir = tsup_mkdtemp();
+	struct kvt_nvme_stats st;
+	struct kvt_engine *e;
+	kvt_seq_id s;
+
+	(void)state;
+	crash_codec = KVT_CODEC_NONE;
+	kvt_test_host_room_min_block = 1;
+	assert_int_equal(crash_engine(dir, &e), 0);
+	assert_int_equal(e->host_data_off, 4096);
+	s = tsup_session_written(e, 0, 1, 3 * TSUP_TPB);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	kvt_nvme_get_stats(e->nvme, &st);
+	assert_int_equal(st.zc_one_io, 3);
+	assert_int_equal(st.sqes, 3);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+	crash_trials(dir, CRASH_ROOM_TRIALS);
+	kvt_test_host_room_min_block = KVT_HOST_ROOM_MIN_BLOCK;
+	crash_codec = KVT_CODEC_SHUF_LZ4;
 }
 
 int
@@ -368,6 +409,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_kill9_trials),
+		cmocka_unit_test(test_kill9_trials_one_io),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

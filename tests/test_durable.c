@@ -12,7 +12,8 @@
  *   - the compacted journal is synced before it is renamed over the old one.
  * Also: a timed-out write's slot quarantined until its late completion, the store created
  * under a temporary name, session keys unique, fdatasync failures final, ENOSPC never punching
- * a published slot.
+ * a published slot. Every test runs twice: with the two-IO zero-copy write of small blocks, and
+ * with the HOST header room forced on (kvt_test_host_room_min_block: one IO per block).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -194,10 +195,16 @@ dur_engine(const char *dir, uint32_t nvme_blocks)
 static void
 dur_park(struct kvt_engine *e, kvt_seq_id s)
 {
+	struct kvt_nvme_stats st;
+
 	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(rec.n_op, 0);
 	tsup_check_engine(e);
+	/* the room variant really writes one IO per zero-copy put */
+	kvt_nvme_get_stats(e->nvme, &st);
+	assert_int_equal(e->host_data_off, kvt_test_host_room_min_block == 1 ? 4096 : 0);
+	assert_int_equal(st.zc_one_io, e->host_data_off ? st.zc_writes : 0);
 }
 
 static void
@@ -586,18 +593,37 @@ test_timed_out_write_quarantines_slot(void **state)
 	tsup_rmdir(dir);
 }
 
+/* The HOST header room on for the small test blocks: zero-copy writes are one IO each. */
+static int
+room_on(void **state)
+{
+	(void)state;
+	kvt_test_host_room_min_block = 1;
+	return 0;
+}
+
+static int
+room_off(void **state)
+{
+	(void)state;
+	kvt_test_host_room_min_block = KVT_HOST_ROOM_MIN_BLOCK;
+	return 0;
+}
+
+#define DUR_BOTH(t) cmocka_unit_test(t), cmocka_unit_test_setup_teardown(t, room_on, room_off)
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_slots_reused_only_after_durable_supersede),
-		cmocka_unit_test(test_publish_failure_commits_what_was_put),
-		cmocka_unit_test(test_timed_out_write_quarantines_slot),
-		cmocka_unit_test(test_store_created_atomically),
-		cmocka_unit_test(test_session_key_unique),
-		cmocka_unit_test(test_enospc_keeps_published_slots),
-		cmocka_unit_test(test_journal_fsync_failure_is_final),
-		cmocka_unit_test(test_data_fsync_failure_is_final),
+		DUR_BOTH(test_slots_reused_only_after_durable_supersede),
+		DUR_BOTH(test_publish_failure_commits_what_was_put),
+		DUR_BOTH(test_timed_out_write_quarantines_slot),
+		DUR_BOTH(test_store_created_atomically),
+		DUR_BOTH(test_session_key_unique),
+		DUR_BOTH(test_enospc_keeps_published_slots),
+		DUR_BOTH(test_journal_fsync_failure_is_final),
+		DUR_BOTH(test_data_fsync_failure_is_final),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -35,6 +35,9 @@ struct nvme_req {
 	uint8_t *data;      /* zero-copy: the HOST slot the payload moves from/to directly
 	                       (slot bytes [NVME_HPAGE, len)); NULL = all through buf */
 	uint32_t data_index; /* zero-copy: registered buffer index of data's HOST chunk */
+	bool whole;         /* zero-copy put, one IO: the header page is sealed into the HOST
+	                       slot's header room (data - NVME_HPAGE) and all len bytes move
+	                       from there */
 	uint32_t piece;     /* bytes the SQE in flight moves (from done on) */
 	bool tabled;        /* kvt_nvme_put/get: the slot table is the write's record (put:
 	                       set at completion) and the read's expectation (get) */
@@ -167,6 +170,9 @@ struct kvt_nvme {
 	uint8_t *host_base;                /* HOST tier memory; NULL = no zero-copy */
 	size_t host_len;                   /* its bytes */
 	size_t host_chunk;                 /* bytes per registered chunk (a multiple of stride) */
+	size_t host_stride;                /* bytes between HOST slots */
+	size_t host_off;                   /* a block's data offset in its HOST slot: 0, or
+	                                      NVME_HPAGE (header room: one-IO puts) */
 	char zc_reason[160];               /* why zero-copy is off ("" when on) */
 	struct kvt_nvme_stats st;          /* IO counters (guarded by mu) */
 };

@@ -75,7 +75,8 @@ nvme_now_ns(void)
 }
 
 /* The buffer of @req's current piece (from done on): staging, or the HOST slot (zero-copy
- * payload); *idx its registered buffer index, *len the piece's bytes. */
+ * payload; a one-IO put: its header room and payload); *idx its registered buffer index, *len
+ * the piece's bytes. */
 static uint8_t *
 nvme_piece(const struct nvme_req *req, int *idx, unsigned *len)
 {
@@ -83,6 +84,10 @@ nvme_piece(const struct nvme_req *req, int *idx, unsigned *len)
 	*len = req->len - req->done;
 	if (!req->data)
 		return req->buf + req->done;
+	if (req->whole) {
+		*idx = (int)req->data_index;
+		return req->data - NVME_HPAGE + req->done;
+	}
 	if (req->done < NVME_HPAGE) {
 		*len = NVME_HPAGE - req->done; /* the header page first */
 		return req->buf + req->done;
@@ -118,6 +123,7 @@ kvt_nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
 	else
 		io_uring_prep_read(sqe, fd, buf, len, off);
 	req->piece = len;
+	n->st.sqes++;
 	if (n->fixed_file)
 		io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
 	io_uring_sqe_set_data(sqe, req);
@@ -152,6 +158,7 @@ nvme_req_get(struct kvt_nvme *n, uint32_t slot, const void *buf, const char *wha
 	req->stalls = 0;
 	req->dst = NULL;
 	req->data = NULL;
+	req->whole = false;
 	req->tabled = false;
 	*reqp = req;
 	return 0;
@@ -173,11 +180,12 @@ nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
 }
 
 /*
- * Fill @req's staging buffer: its header page (the header, zeros), and unless the payload goes
- * zero-copy (req->data), the block @raw (encoded when that pays) at NVME_HPAGE with zero padding
- * to the IO length. @raw may be the staging buffer's payload area itself (a worker); then
- * @encbuf (block_bytes) receives the encoding first. A put's key is derived from the checksum.
- * Sets req->len, key, stored, codec, sum.
+ * Fill @req's header page (the header, zeros: in its staging buffer, or for a one-IO put in the
+ * HOST slot's header room in front of req->data), and unless the payload goes zero-copy
+ * (req->data), its staging buffer's payload: the block @raw (encoded when that pays) at
+ * NVME_HPAGE with zero padding to the IO length. @raw may be the staging buffer's payload area
+ * itself (a worker); then @encbuf (block_bytes) receives the encoding first. A put's key is
+ * derived from the checksum. Sets req->len, key, stored, codec, sum.
  */
 void
 kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
@@ -185,6 +193,7 @@ kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
 {
 	uint8_t *payload = req->buf + NVME_HPAGE;
 	uint8_t *eout = raw == payload ? encbuf : payload;
+	uint8_t *hpage = req->whole ? req->data - NVME_HPAGE : req->buf;
 	struct kvt_fmt_blkhdr h;
 	int64_t enc = 0;
 
@@ -207,7 +216,7 @@ kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
 	req->len = nvme_io_len(n, h.stored_len);
 	if (!req->data)
 		memset(payload + h.stored_len, 0, req->len - NVME_HPAGE - h.stored_len);
-	memset(req->buf + NVME_HDR, 0, NVME_HPAGE - NVME_HDR);
+	memset(hpage + NVME_HDR, 0, NVME_HPAGE - NVME_HDR);
 	h.slot = req->slot;
 	h.key = req->tabled ? kvt_fmt_write_key(n->sb.epoch, req->slot, h.sum) : m->key;
 	req->key = h.key;
@@ -215,7 +224,7 @@ kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
 	h.index = m->index;
 	h.raw_len = (uint32_t)n->block_bytes;
 	memcpy(h.hash, m->hash, sizeof h.hash);
-	kvt_fmt_blkhdr_encode(&h, req->buf);
+	kvt_fmt_blkhdr_encode(&h, hpage);
 	req->stored = h.stored_len;
 	req->codec = h.codec;
 	req->sum = h.sum;
@@ -265,6 +274,25 @@ nvme_zc_span(const struct kvt_nvme *n, const void *p, uint32_t *idx)
 	return true;
 }
 
+/*
+ * Whether a zero-copy put of the block at @p (in the registered HOST memory) can be one IO from
+ * its slot's header room: the HOST memory has header room, @p is a slot's data, and no other
+ * put in flight uses that room (a caller putting one HOST slot to two disk slots at once; the
+ * engine never does). mu held.
+ */
+static bool
+nvme_zc_room(const struct kvt_nvme *n, const void *p)
+{
+	size_t off = (size_t)((uintptr_t)p - (uintptr_t)n->host_base);
+
+	if (n->host_off != NVME_HPAGE || off < NVME_HPAGE || (off - NVME_HPAGE) % n->host_stride)
+		return false;
+	for (uint32_t i = 0; i < n->qd; i++)
+		if (n->reqs[i].busy && n->reqs[i].whole && n->reqs[i].data == p)
+			return false;
+	return true;
+}
+
 static int
 nvme_submit_write_locked(struct kvt_nvme *n, uint32_t slot, const void *src,
 			 const struct kvt_nvme_wmeta *m, uint64_t user_data, bool tabled)
@@ -287,7 +315,9 @@ nvme_submit_write_locked(struct kvt_nvme *n, uint32_t slot, const void *src,
 	if (tabled && n->codec == KVT_CODEC_NONE && nvme_zc_span(n, src, &idx)) {
 		req->data = (uint8_t *)(uintptr_t)src;
 		req->data_index = idx;
+		req->whole = nvme_zc_room(n, src);
 		n->st.zc_writes++;
+		n->st.zc_one_io += req->whole;
 	} else {
 		n->st.staged_writes++;
 	}

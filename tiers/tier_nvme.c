@@ -454,11 +454,17 @@ nvme_host_chunks(struct kvt_nvme *n, const struct kvt_nvme_opts *o)
 		snprintf(n->zc_reason, sizeof n->zc_reason, "no HOST memory given");
 		return 0;
 	}
-	if ((uintptr_t)o->host_base % NVME_ALIGN || o->host_stride % NVME_ALIGN ||
-	    o->host_stride < need) {
+	if (o->host_data_off != 0 && o->host_data_off != NVME_HPAGE) {
 		snprintf(n->zc_reason, sizeof n->zc_reason,
-			 "HOST memory not 4 KiB aligned (stride %zu, block %zu)", o->host_stride,
-			 n->block_bytes);
+			 "HOST data offset %zu is neither 0 nor %u", o->host_data_off,
+			 (unsigned)NVME_HPAGE);
+		return 0;
+	}
+	if ((uintptr_t)o->host_base % NVME_ALIGN || o->host_stride % NVME_ALIGN ||
+	    o->host_stride < o->host_data_off + need) {
+		snprintf(n->zc_reason, sizeof n->zc_reason,
+			 "HOST memory not 4 KiB aligned (stride %zu, data offset %zu, block %zu)",
+			 o->host_stride, o->host_data_off, n->block_bytes);
 		return 0;
 	}
 	per = (size_t)(NVME_MAX_REG / o->host_stride);
@@ -504,6 +510,8 @@ nvme_register(struct kvt_nvme *n, const struct kvt_nvme_opts *o)
 		n->fixed_bufs = true;
 		n->host_base = o->host_base;
 		n->host_len = o->host_len;
+		n->host_stride = o->host_stride;
+		n->host_off = o->host_data_off;
 		n->zc_reason[0] = '\0';
 	} else if (nc) {
 		getrlimit(RLIMIT_MEMLOCK, &rl);

@@ -23,13 +23,17 @@
  * Zero-copy (raw blocks between the HOST tier and the disk): when the options name the HOST
  * tier's memory (4 KiB aligned, a 4 KiB-multiple slot stride), open registers it with io_uring
  * next to the staging buffers (chunks of whole slots, each <= 1 GiB). Then kvt_nvme_put() of a
- * raw block (no codec) from that memory writes the header page from a staging buffer and the
- * payload with WRITE_FIXED straight from the HOST slot (two pieces of one IO, in order), and
- * kvt_nvme_get() of a slot stored raw reads only the payload with READ_FIXED straight into the
- * HOST slot and verifies it against the slot table's checksum (the header is needed only to
- * rebuild the index after a restart). The HOST slot must not change while a put is in flight
- * (the engine keeps the block busy). When registration fails (RLIMIT_MEMLOCK, ...) everything
- * goes through staging and kvt_nvme_zc_reason() says why.
+ * raw block (no codec) from that memory is zero-copy: with header room (host_data_off 4096) the
+ * header page is sealed into the 4 KiB in front of the block in its HOST slot and [header page |
+ * payload] goes to the disk slot with ONE WRITE_FIXED straight from the HOST slot (the on-disk
+ * slot is the same); without it (or while another put from the same HOST slot is in flight) the
+ * header page goes from a staging buffer and the payload with WRITE_FIXED from the HOST slot (two
+ * pieces of one IO, in order). kvt_nvme_get() of a slot stored raw reads only the payload with
+ * READ_FIXED straight into the HOST slot and verifies it against the slot table's checksum (the
+ * header is needed only to rebuild the index after a restart; the header room is not read
+ * into). The HOST slot must not change while a put is in flight (the engine keeps the block
+ * busy), nor its header room be touched by anyone but the tier. When registration fails
+ * (RLIMIT_MEMLOCK, ...) everything goes through staging and kvt_nvme_zc_reason() says why.
 
  * The file is either private (kvtier-<pid>-<n>.slots, unlinked on close) or the persistent store
  * (kvtier.store, kept; opened again if present and its superblock matches, refused with
@@ -139,7 +143,14 @@ struct kvt_nvme_opts {
 	                               outlive the tier; 4 KiB aligned */
 	size_t host_len;            /* its bytes */
 	size_t host_stride;         /* bytes between HOST slots: a multiple of 4096 that holds
-	                               round_up(block_bytes, 4096) (else no zero-copy) */
+	                               host_data_off + round_up(block_bytes, 4096) (else no
+	                               zero-copy) */
+	size_t host_data_off;       /* where a block's data starts in its HOST slot: 0, or
+	                               KVT_FMT_HDR_PAGE (4096): header room, the 4 KiB in front
+	                               of the data are the tier's (a zero-copy put seals the
+	                               header page there and writes [header page | data] as one
+	                               IO); the data pointers given to put/get are slot start +
+	                               host_data_off */
 	uint32_t workers;           /* threads that checksum and encode writes and verify and
 	                               decode reads, in parallel and outside the tier's lock
 	                               (KVT_NVME_MAX_WORKERS at most); 0 = all of it inline, on
@@ -155,6 +166,10 @@ struct kvt_nvme_stats {
 	uint64_t zc_reads;      /* gets whose payload went straight into a HOST slot */
 	uint64_t staged_writes; /* writes through a staging buffer */
 	uint64_t staged_reads;  /* reads through a staging buffer */
+	uint64_t zc_one_io;     /* of zc_writes, those written as one IO [header page | data]
+	                           from the HOST slot's header room (host_data_off) */
+	uint64_t sqes;          /* IO pieces handed to the kernel (reads and writes; a
+	                           continued short IO adds one) */
 };
 
 /** The NVMe copy's metadata of one slot (kvt_nvme_slot_info / kvt_nvme_slot_set). */

@@ -4,9 +4,11 @@
  * filesystem.
  *
  *  1. Block-sized demote (write) and promote (read) through the NVMe tier itself (io_uring,
- *     O_DIRECT, registered staging buffers, header + checksum per block, read verification
- *     included), at each block size and queue depth, next to fio (io_uring engine, O_DIRECT,
- *     same directory, block size and depth, sequential), with the kvtier/fio ratio.
+ *     O_DIRECT, raw blocks zero-copy from and to registered HOST memory laid out as the
+ *     engine's, or through the staging buffers with --staged; header + checksum per block, read
+ *     verification included), at each block size and queue depth, next to fio (io_uring
+ *     engine, O_DIRECT, same directory, block size and depth, sequential), with the
+ *     kvtier/fio ratio.
  *  2. Park and resume of N sessions of 4k tokens through the whole engine (emulated device):
  *     park = HBM -> HOST -> NVMe until durable on NVMe, resume = NVMe -> HOST -> HBM until a
  *     batch holding the session is ready; tokens/s and GB/s, and the ratio to fio at the
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -47,7 +50,8 @@ struct nb_opts {
 	const char *model, *tok;      /* codec table inputs */
 	int nvme_codec;               /* park/resume: the engine's NVMe codec */
 	uint32_t workers;             /* the NVMe tier's worker threads (engine's nvme_workers) */
-	bool staged;                  /* park/resume: refuse zero-copy (IO through staging) */
+	bool staged;                  /* tier table, park/resume: no zero-copy (IO through
+	                                 staging) */
 };
 
 /* engine/engine.c's test hook: --staged refuses the HOST registration with it. */
@@ -117,10 +121,22 @@ nb_fio_clean(const struct nb_opts *o)
 
 /* ---- the tier alone ------------------------------------------------------------------------ */
 
-/* Write (or read) every slot of @n once, keeping @qd IOs in flight. Returns bytes/s or -1. */
+/* The HOST memory of a tier point: its slots, as the engine lays them out (tier_nvme.h). */
+struct nb_host {
+	uint8_t *base;  /* 2 MiB aligned, transparent huge pages asked for; NULL = staged */
+	size_t len;     /* bytes */
+	size_t stride;  /* bytes between slots */
+	size_t off;     /* a block's data offset in its slot */
+};
+
+/* Write (or read) every slot of @n once through kvt_nvme_put/get (as the engine does: zero-copy
+ * from and to @h's slot of the same number, or through staging from @src/@dst when @h has no
+ * memory), keeping @qd IOs in flight. Returns bytes/s or -1. */
 static double
-nb_tier_pass(struct kvt_nvme *n, uint32_t qd, const uint8_t *src, uint8_t *dst, bool write)
+nb_tier_pass(struct kvt_nvme *n, uint32_t qd, const struct nb_host *h, uint8_t *src,
+	     uint8_t *dst, bool write)
 {
+	struct kvt_nvme_wmeta m = { .index = 0 };
 	struct kvt_nvme_cqe c[64];
 	uint32_t slots = kvt_nvme_n_slots(n), next = 0, done = 0;
 	double t0 = kvtb_now();
@@ -128,8 +144,10 @@ nb_tier_pass(struct kvt_nvme *n, uint32_t qd, const uint8_t *src, uint8_t *dst, 
 
 	while (done < slots) {
 		while (next < slots && kvt_nvme_free_qd(n) > 0) {
-			r = write ? kvt_nvme_submit_write(n, next, src, 1000 + next, next)
-				  : kvt_nvme_submit_read(n, next, dst, 1000 + next, next);
+			uint8_t *hs = h->base ? h->base + next * h->stride + h->off : NULL;
+
+			r = write ? kvt_nvme_put(n, next, hs ? hs : src, &m, next)
+				  : kvt_nvme_get(n, next, hs ? hs : dst, next);
 			if (r)
 				return -1;
 			next++;
@@ -148,9 +166,29 @@ nb_tier_pass(struct kvt_nvme *n, uint32_t qd, const uint8_t *src, uint8_t *dst, 
 	return (double)slots * (double)kvt_nvme_slot_bytes(n) / (kvtb_now() - t0);
 }
 
+/* HOST memory for @slots slots of @bs-byte IOs (block_bytes = bs - 4096), laid out as the
+ * engine lays out its HOST tier for blocks this large: a 4 KiB header room, then the data.
+ * Returns 0 or -ENOMEM. */
+static int
+nb_host_alloc(struct nb_host *h, size_t bs, uint32_t slots)
+{
+	size_t huge = (size_t)2 << 20;
+
+	h->stride = bs; /* header room, then the data: one IO per put */
+	h->off = KVT_FMT_HDR_PAGE;
+	h->len = ((size_t)slots * h->stride + huge - 1) & ~(huge - 1);
+	if (posix_memalign((void **)&h->base, huge, h->len))
+		return -ENOMEM;
+	(void)madvise(h->base, h->len, MADV_HUGEPAGE);
+	for (size_t i = 0; i < h->len; i++)
+		h->base[i] = (uint8_t)(i * 2654435761u >> 13);
+	return 0;
+}
+
 static int
 nb_tier_point(const struct nb_opts *o, size_t bs, uint32_t qd, double *w, double *rd)
 {
+	struct nb_host h = { 0 };
 	struct kvt_nvme_opts no = {
 		.dir = o->dir,
 		.capacity_bytes = o->bytes,
@@ -158,27 +196,55 @@ nb_tier_point(const struct nb_opts *o, size_t bs, uint32_t qd, double *w, double
 		.queue_depth = qd,
 		.workers = o->workers,
 	};
-	struct kvt_nvme *n;
+	struct kvt_nvme *n = NULL;
 	char err[256];
 	uint8_t *src = malloc(bs), *dst = malloc(bs);
-	int rc = -ENOMEM;
+	int rc = src && dst ? 0 : -ENOMEM;
 
-	if (src && dst) {
+	if (rc == 0 && !o->staged)
+		rc = nb_host_alloc(&h, bs, (uint32_t)(o->bytes / bs) + 1);
+	if (rc == 0) {
 		for (size_t i = 0; i < bs; i++)
 			src[i] = (uint8_t)(i * 2654435761u >> 13);
+		no.host_base = h.base;
+		no.host_len = h.len;
+		no.host_stride = h.stride;
+		no.host_data_off = h.off;
 		rc = kvt_nvme_open(&no, &n, err, sizeof err);
 		if (rc)
 			fprintf(stderr, "nvme bench: %s\n", err);
 	}
+	if (rc == 0 && h.base && !kvt_nvme_zero_copy(n))
+		fprintf(stderr, "nvme bench: no zero-copy: %s\n", kvt_nvme_zc_reason(n));
 	if (rc == 0) {
-		*w = nb_tier_pass(n, qd, src, dst, true);
-		*rd = nb_tier_pass(n, qd, src, dst, false);
+		*w = nb_tier_pass(n, qd, &h, src, dst, true);
+		*rd = nb_tier_pass(n, qd, &h, src, dst, false);
 		kvt_nvme_close(n);
 		rc = *w < 0 || *rd < 0 ? -EIO : 0;
 	}
+	free(h.base);
 	free(src);
 	free(dst);
 	return rc;
+}
+
+/* The transparent huge page mode ("always", "madvise", "never"; "?" when unknown) into @buf:
+ * fio's buffers get huge pages only with "always", kvtier's also with "madvise". */
+static const char *
+nb_thp_mode(char *buf, size_t len)
+{
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+	char line[128] = "", *a, *b;
+
+	snprintf(buf, len, "?");
+	if (!f)
+		return buf;
+	if (fgets(line, sizeof line, f) && (a = strchr(line, '[')) && (b = strchr(a, ']'))) {
+		*b = '\0';
+		snprintf(buf, len, "%s", a + 1);
+	}
+	fclose(f);
+	return buf;
 }
 
 /* "fio GB/s | ratio |" of one point, "- | - |" when fio did not run (--no-fio, no fio, failed). */
@@ -194,8 +260,12 @@ nb_fio_cols(double fio, double kvtier)
 static int
 nb_tier_table(const struct nb_opts *o)
 {
+	char thp[32];
+
 	printf("\nNVMe tier vs fio (io_uring, O_DIRECT, sequential, %llu MiB per point, "
-	       "dir %s)\n\n", (unsigned long long)(o->bytes >> 20), o->dir);
+	       "dir %s, %s, %u workers, THP %s)\n\n", (unsigned long long)(o->bytes >> 20), o->dir,
+	       o->staged ? "staged: no zero-copy" : "zero-copy from HOST memory", o->workers,
+	       nb_thp_mode(thp, sizeof thp));
 	printf("| block | QD | kvtier write GB/s | fio write GB/s | ratio | kvtier read GB/s "
 	       "| fio read GB/s | ratio |\n|---|---|---|---|---|---|---|---|\n");
 	for (uint32_t b = 0; b < o->n_bs; b++)
@@ -249,6 +319,7 @@ nb_park_resume(const struct nb_opts *o)
 	int64_t *map = malloc(o->tokens * sizeof *map);
 	uint32_t blocks_per = 0;
 	double tp = 0, tr = 0, bytes, fw = 0, fr = 0;
+	char thp[32];
 	int rc;
 
 	kvt_engine_opts_init(&eo, sizeof eo);
@@ -315,10 +386,10 @@ nb_park_resume(const struct nb_opts *o)
 	}
 	bytes = (double)o->sessions * blocks_per * (double)g.block_bytes;
 	printf("\npark/resume: %u sessions x %u tokens (32 layers, 8 KV heads, head_dim 128, bf16, "
-	       "16-token 2 MiB blocks, QD 64, codec %s, %u workers%s)\n\n", o->sessions,
+	       "16-token 2 MiB blocks, QD 64, codec %s, %u workers%s, THP %s)\n\n", o->sessions,
 	       o->tokens, o->nvme_codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" :
 	       o->nvme_codec == KVT_CODEC_CSHUF_LZ4 ? "cshuf-lz4" : "off", o->workers,
-	       o->staged ? ", staged: no zero-copy" : "");
+	       o->staged ? ", staged: no zero-copy" : "", nb_thp_mode(thp, sizeof thp));
 	printf("| phase | tokens/s | GB/s | fio GB/s (2 MiB, QD 64) | ratio |\n"
 	       "|---|---|---|---|---|\n");
 	printf("| park to NVMe (written) | %.0f | %.2f | ", o->sessions * (double)o->tokens / tp,
@@ -381,8 +452,11 @@ nb_usage(FILE *f)
 		   "figures are memory figures: a warning says so). --bs: 8 KiB..64 MiB, multiples\n"
 		   "of 4 KiB (K/M suffixes); --qd: 1..1024. Without fio (or with --no-fio) the fio\n"
 		   "columns read \"-\". --workers: the NVMe tier's threads that checksum, encode,\n"
-		   "verify and decode (0 = inline, under the lock). --staged: park/resume through\n"
-		   "the staging buffers instead of zero-copy (for comparison).\n");
+		   "verify and decode (0 = inline, under the lock). The tier table moves blocks\n"
+		   "as the engine does, zero-copy from and to HOST memory (huge pages asked for);\n"
+		   "--staged: the tier table and park/resume through the staging buffers instead\n"
+		   "(for comparison). The header names the THP mode: fio's buffers get huge pages\n"
+		   "only with \"always\".\n");
 }
 
 /* One option with a value; returns 0, or -EINVAL with kvtr_last_error() naming it. */
