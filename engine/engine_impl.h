@@ -498,7 +498,8 @@ void kvt_hint_drop(struct kvt_engine *e, struct kvt_seqrec *s);
 /* Rotation bookkeeping: @s is prepared (@whole: from its first block to its last) / released. */
 void kvt_rot_prepared(struct kvt_engine *e, struct kvt_seqrec *s, bool whole);
 void kvt_rot_released(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t idx);
-/* Whether @b's creator sequence is in the rotation (used in this step or the previous one). */
+/* Whether @b belongs to the rotation: shared (refs > 1), held by a sequence other than its
+ * closed creator, or its creator was used in this step or the previous one. */
 bool kvt_rot_member(const struct kvt_engine *e, const struct kvt_block *b);
 /* Up to @max HBM victims of the rotation, furthest next use first (Belady for a cyclic
  * schedule: the sequence released last, its last block first). Returns how many. */

@@ -120,11 +120,16 @@ kvt_rot_member(const struct kvt_engine *e, const struct kvt_block *b)
 {
 	const struct kvt_seqrec *s;
 
-	if (!e->rel_ring || b->seq >= e->cap_seqs)
+	if (!e->rel_ring)
+		return false;
+	if (b->refs > 1)
+		return true; /* shared (a system prompt): the next sequence of the cycle may use it */
+	if (b->seq >= e->cap_seqs)
 		return false;
 	s = &e->seqs[b->seq];
-	return s->open && !s->rot_part && s->rel_no > e->prev_step_start &&
-	       s->rel_no <= e->rel_next;
+	if (!s->open)
+		return b->refs > 0; /* its creator closed; the sequence holding it may be in it */
+	return !s->rot_part && s->rel_no > e->prev_step_start && s->rel_no <= e->rel_next;
 }
 
 uint32_t
@@ -147,7 +152,8 @@ kvt_rot_victims(struct kvt_engine *e, uint32_t *out, uint32_t max)
 			uint32_t id = s->blocks[j - 1];
 			const struct kvt_block *b = kvt_blk(e, id);
 
-			if (b->seq == idx && kvt_copy_evictable(b, KVT_TIER_HBM) &&
+			/* its own blocks only; a shared one is needed again within the cycle */
+			if (b->seq == idx && b->refs <= 1 && kvt_copy_evictable(b, KVT_TIER_HBM) &&
 			    !kvt_hint_spares(e, b, KVT_TIER_HBM))
 				out[n++] = id;
 		}

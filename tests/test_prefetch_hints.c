@@ -6,7 +6,8 @@
  * sequence reuses the creator's index and is announced; tenant budget enforcement spares
  * announced blocks; a hint's copies are in flight as soon as kvt_engine_hint returns; a batch
  * whose layer wait stalls counts none of its prefetched accesses as ready; a block promoted
- * twice for one use is counted (stats.repromotions).
+ * twice for one use is counted (stats.repromotions); the rotation's victim order keeps shared
+ * prompt blocks.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -80,6 +81,56 @@ test_hint_spares_shared_prefix(void **state)
 	assert_false(kvt_hint_spares(e, kvt_blk(e, shared[0]), KVT_TIER_HBM));
 	assert_false(kvt_hint_spares(e, kvt_blk(e, shared[1]), KVT_TIER_HBM));
 	assert_int_equal(tsup_verify(e, d, 3), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* The rotation's victim order (hints in use) keeps shared prompt blocks: they count as in the
+ * rotation while shared, and while another sequence holds them after their creator closed, and
+ * are never the released creator's "furthest next use" victims; cached-only ones are not. */
+static void
+test_rotation_keeps_shared(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 16, .no_watermarks = true };
+	struct kvt_engine *e;
+	struct kvt_batch *bt;
+	kvt_seq_id a, b;
+	int32_t tok[2 * TSUP_TPB];
+	uint32_t shared, own, out[16], n, i;
+	uint64_t at = 0;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	e->opts.prefix_cache = 1;
+	a = tsup_seq_written(e, 1, 3 * TSUP_TPB); /* 2 prompt blocks + 1 of its own */
+	for (int t = 0; t < 2 * TSUP_TPB; t++)
+		tok[t] = t;
+	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 2 * TSUP_TPB, &at), 0);
+	assert_int_equal(at, 2 * TSUP_TPB);
+	shared = e->seqs[(uint32_t)b].blocks[0];
+	own = e->seqs[(uint32_t)a].blocks[2];
+	assert_int_equal(kvt_blk(e, shared)->refs, 2);
+	assert_int_equal(kvt_engine_hint(e, &b, 1, 1), 0); /* hints in use: the rotation is on */
+	assert_non_null(e->rel_ring);
+	assert_true(kvt_rot_member(e, kvt_blk(e, shared)));
+	/* A runs and is released: its own block is a rotation victim, the shared ones are not */
+	assert_int_equal(kvt_batch_prepare(e, &a, 1, &bt), 0);
+	assert_int_equal(kvt_batch_release(bt, NULL), 0);
+	n = kvt_rot_victims(e, out, 16);
+	for (i = 0; i < n; i++)
+		assert_int_not_equal(out[i], shared);
+	assert_true(n >= 1 && out[0] == own); /* its last block first */
+	/* A closes: B still holds the prompt */
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	assert_int_equal(kvt_blk(e, shared)->refs, 1);
+	assert_true(kvt_rot_member(e, kvt_blk(e, shared)));
+	/* B closes: cached only, out of the rotation */
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	assert_true(kvt_blk(e, shared)->live);
+	assert_false(kvt_rot_member(e, kvt_blk(e, shared)));
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
@@ -234,6 +285,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hint_spares_shared_prefix),
+		cmocka_unit_test(test_rotation_keeps_shared),
 		cmocka_unit_test(test_stream_wait_stall_not_ready),
 		cmocka_unit_test(test_budget_spares_announced),
 		cmocka_unit_test(test_repromotions_counted),
