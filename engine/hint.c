@@ -233,10 +233,16 @@ hint_apply(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32
 		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, NULL);
 
 		end = r[i].n_blocks ? r[i].first_block + r[i].n_blocks : s->n_blocks;
-		kvt_hint_drop(e, s); /* its earlier announcement is replaced */
-		s->hint_no = e->hint_seq;
-		s->hint_first = r[i].first_block;
-		s->hint_end = end;
+		if (s->hint_no != e->hint_seq) {
+			kvt_hint_drop(e, s); /* its earlier announcement is replaced */
+			s->hint_no = e->hint_seq;
+			s->hint_first = r[i].first_block;
+			s->hint_end = end;
+		} else { /* another range of it in this call: the announcement spans both */
+			s->hint_first = r[i].first_block < s->hint_first ? r[i].first_block
+									 : s->hint_first;
+			s->hint_end = end > s->hint_end ? end : s->hint_end;
+		}
 		for (j = r[i].first_block; j < end; j++)
 			kvt_blk(e, s->blocks[j])->hint_no = kvt_hint_stamp(e->hint_seq);
 	}

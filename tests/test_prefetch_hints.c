@@ -136,6 +136,41 @@ test_rotation_keeps_shared(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Two ranges of one sequence in one hint: both are announced (the second does not replace the
+ * first), and a later hint of the sequence replaces both. */
+static void
+test_hint_two_ranges_one_seq(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 16, .no_watermarks = true };
+	struct kvt_engine *e;
+	struct kvt_seq_range r[2];
+	kvt_seq_id a;
+	uint32_t *blk;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	a = tsup_seq_written(e, 1, 4 * TSUP_TPB);
+	blk = e->seqs[(uint32_t)a].blocks;
+	r[0] = (struct kvt_seq_range){ .seq = a, .first_block = 0, .n_blocks = 1 };
+	r[1] = (struct kvt_seq_range){ .seq = a, .first_block = 2, .n_blocks = 1 };
+	assert_int_equal(kvt_engine_hint_ranges(e, r, 2, 1), 0);
+	assert_true(kvt_hint_spares(e, kvt_blk(e, blk[0]), KVT_TIER_HBM));
+	assert_true(kvt_hint_spares(e, kvt_blk(e, blk[2]), KVT_TIER_HBM));
+	assert_false(kvt_hint_spares(e, kvt_blk(e, blk[1]), KVT_TIER_HBM));
+	assert_false(kvt_hint_spares(e, kvt_blk(e, blk[3]), KVT_TIER_HBM));
+	/* a new hint of block 3 alone replaces the two ranges */
+	r[0] = (struct kvt_seq_range){ .seq = a, .first_block = 3, .n_blocks = 1 };
+	assert_int_equal(kvt_engine_hint_ranges(e, r, 1, 1), 0);
+	assert_false(kvt_hint_spares(e, kvt_blk(e, blk[0]), KVT_TIER_HBM));
+	assert_false(kvt_hint_spares(e, kvt_blk(e, blk[2]), KVT_TIER_HBM));
+	assert_true(kvt_hint_spares(e, kvt_blk(e, blk[3]), KVT_TIER_HBM));
+	assert_int_equal(kvt_engine_drain(e), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 /* A hint's copies are submitted before kvt_engine_hint returns (the copy stream is held, so
  * they are still in flight); the batch that follows finds them on their way, and a stream wait
  * on a layer whose copies have not landed is a stall: none of the batch's accesses count as
@@ -286,6 +321,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hint_spares_shared_prefix),
 		cmocka_unit_test(test_rotation_keeps_shared),
+		cmocka_unit_test(test_hint_two_ranges_one_seq),
 		cmocka_unit_test(test_stream_wait_stall_not_ready),
 		cmocka_unit_test(test_budget_spares_announced),
 		cmocka_unit_test(test_repromotions_counted),
