@@ -45,6 +45,7 @@ struct nb_opts {
 	uint64_t bytes;               /* bytes per measurement */
 	uint32_t sessions;            /* park/resume sessions */
 	uint32_t tokens;              /* tokens per session */
+	uint32_t host_blocks;         /* park/resume: HOST tier size in 2 MiB blocks */
 	bool fio;                     /* run fio next to kvtier */
 	bool tier, park, codec;       /* which parts run */
 	const char *model, *tok;      /* codec table inputs */
@@ -327,7 +328,7 @@ nb_park_resume(const struct nb_opts *o)
 					 .dtype = KVT_DTYPE_BF16, .tokens_per_block = 16 };
 	blocks_per = (o->tokens + 15) / 16;
 	eo.hbm_bytes = (uint64_t)(blocks_per + 1) << 21; /* 2 MiB blocks */
-	eo.host_bytes = (uint64_t)64 << 21;
+	eo.host_bytes = (uint64_t)o->host_blocks << 21;
 	eo.nvme_dir = o->dir;
 	eo.nvme_bytes = (uint64_t)(o->sessions * blocks_per + 8) * ((2u << 20) + 4096);
 	eo.high_watermark = eo.low_watermark = 1.0f;
@@ -386,8 +387,9 @@ nb_park_resume(const struct nb_opts *o)
 	}
 	bytes = (double)o->sessions * blocks_per * (double)g.block_bytes;
 	printf("\npark/resume: %u sessions x %u tokens (32 layers, 8 KV heads, head_dim 128, bf16, "
-	       "16-token 2 MiB blocks, QD 64, codec %s, %u workers%s, THP %s)\n\n", o->sessions,
-	       o->tokens, o->nvme_codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" :
+	       "16-token 2 MiB blocks, QD 64, HOST %u blocks, codec %s, %u workers%s, THP %s)\n\n",
+	       o->sessions, o->tokens, o->host_blocks,
+	       o->nvme_codec == KVT_CODEC_SHUF_LZ4 ? "shuf-lz4" :
 	       o->nvme_codec == KVT_CODEC_CSHUF_LZ4 ? "cshuf-lz4" : "off", o->workers,
 	       o->staged ? ", staged: no zero-copy" : "", nb_thp_mode(thp, sizeof thp));
 	printf("| phase | tokens/s | GB/s | fio GB/s (2 MiB, QD 64) | ratio |\n"
@@ -446,7 +448,7 @@ nb_usage(FILE *f)
 	fprintf(f, "usage: kvtier-bench nvme [--dir DIR] [--bs 256k,1m,2m] [--qd 1,16,64] "
 		   "[--mib 256]\n"
 		   "         [--sessions 2] [--tokens 4096] [--codec none|shuf-lz4|cshuf-lz4] [--no-fio]\n"
-		   "         [--only tier|park|codec] [--workers 2] [--staged]\n"
+		   "         [--only tier|park|codec] [--workers 2] [--staged] [--host-blocks 256]\n"
 		   "         [--model stories260K.bin --tokenizer tok512.bin]\n"
 		   "DIR (default .) must exist and be on the filesystem to measure (on tmpfs the\n"
 		   "figures are memory figures: a warning says so). --bs: 8 KiB..64 MiB, multiples\n"
@@ -456,7 +458,8 @@ nb_usage(FILE *f)
 		   "as the engine does, zero-copy from and to HOST memory (huge pages asked for);\n"
 		   "--staged: the tier table and park/resume through the staging buffers instead\n"
 		   "(for comparison). The header names the THP mode: fio's buffers get huge pages\n"
-		   "only with \"always\".\n");
+		   "only with \"always\". --host-blocks: the HOST tier of park/resume, in 2 MiB\n"
+		   "blocks (16..65536; at least 2x the queue depth of 64 keeps every read slot busy).\n");
 }
 
 /* One option with a value; returns 0, or -EINVAL with kvtr_last_error() naming it. */
@@ -482,6 +485,8 @@ nb_opt(struct nb_opts *o, const char *a, const char *val)
 		o->bytes = rc ? o->bytes : v[0] << 20;
 	} else if (!strcmp(a, "--sessions")) {
 		rc = kvtr_parse_u32("--sessions", val, 1, 4096, &o->sessions);
+	} else if (!strcmp(a, "--host-blocks")) {
+		rc = kvtr_parse_u32("--host-blocks", val, 16, 65536, &o->host_blocks);
 	} else if (!strcmp(a, "--workers")) {
 		rc = kvtr_parse_u32("--workers", val, 0, KVT_NVME_MAX_WORKERS, &o->workers);
 	} else if (!strcmp(a, "--tokens")) {
@@ -519,7 +524,7 @@ nb_valued(const char *a)
 {
 	static const char *const names[] = { "--dir", "--bs", "--qd", "--mib", "--sessions",
 					      "--tokens", "--only", "--codec", "--model",
-					      "--tokenizer", "--workers" };
+					      "--tokenizer", "--workers", "--host-blocks" };
 
 	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
 		if (!strcmp(a, names[i]))
@@ -583,7 +588,8 @@ kvtb_nvme_main(int argc, char **argv)
 {
 	struct nb_opts o = {
 		.dir = ".", .bs = { 256u << 10, 1u << 20, 2u << 20 }, .n_bs = 3,
-		.qd = { 1, 16, 64 }, .n_qd = 3, .bytes = 256ull << 20, .sessions = 2, .workers = 2,
+		.qd = { 1, 16, 64 }, .n_qd = 3, .bytes = 256ull << 20, .sessions = 2,
+		.host_blocks = 256, .workers = 2,
 		.tokens = 4096, .fio = true, .tier = true, .park = true, .codec = true,
 		.model = NB_MODEL, .tok = NB_TOK,
 	};
