@@ -53,6 +53,9 @@ test_bad_values_named(void **state)
 	bn_expect(bn_run(2, "--mib", "0"), "--mib");
 	bn_expect(bn_run(2, "--sessions", "-1"), "--sessions");
 	bn_expect(bn_run(1, "--mib"), "--mib: missing value");
+	bn_expect(bn_run(2, "--host-blocks", "8"), "--host-blocks");
+	bn_expect(bn_run(2, "--host-blocks", "1e9"), "--host-blocks");
+	bn_expect(bn_run(1, "--host-blocks"), "--host-blocks: missing value");
 }
 
 static void
