@@ -378,6 +378,9 @@ struct kvt_engine {
 	uint32_t n_pend, cap_pend;          /* entries / capacity of pend */
 	uint32_t nvme_late;                 /* NVMe slots quarantined by a timed-out write
 	                                       until the kernel's late completion comes */
+	uint32_t host_late;                 /* HOST slots quarantined by a timed-out zero-copy
+	                                       NVMe read (the kernel may still write them)
+	                                       until its late completion comes */
 	uint64_t nvme_backoff_until;        /* ns: no background demotion to NVMe before this
 	                                       (set by an ENOSPC write) */
 	uint64_t idle_next_ns;              /* next idle scan (kvt_engine_poll) */
