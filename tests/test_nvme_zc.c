@@ -5,7 +5,8 @@
  * (counted as zero-copy IOs), the refused registration falls back to staging with a reason, and
  * short IO, bit flips and unknown slots on the new path are continued or detected. Also the
  * engine: parking to NVMe and resuming goes zero-copy, and the slot table is in its metadata; a
- * zero-copy read that timed out keeps its HOST slot quarantined until its late completion.
+ * zero-copy read that timed out keeps its HOST slot quarantined until its late completion, and
+ * an append does not free the HOST slot a zero-copy write still reads.
  */
 #include <errno.h>
 #include <limits.h>
@@ -458,6 +459,69 @@ test_engine_late_read_releases_host_slot(void **state)
 	tsup_rmdir(dir);
 }
 
+/* An append (kvt_block_bump_ver) to a block whose HOST copy a zero-copy HOST->NVMe write still
+ * reads in place: the HOST slot is not freed under the write (another block's copy could be put
+ * there while the kernel or a worker reads it), only once the write completed; the stale NVMe
+ * copy is dropped then, and everything is consistent. seq_ready_last already waits for such a
+ * write before it appends: the test calls the state change directly. */
+static void
+test_engine_append_keeps_host_source_of_write(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 4, .nvme_blocks = 16,
+			      .no_watermarks = true };
+	struct kvt_nvme_stats st;
+	struct kvt_engine *e;
+	struct kvt_block *b;
+	char *dir = NULL;
+	uint32_t id = KVT_NIL, h = KVT_NIL, ns;
+	kvt_seq_id a;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	assert_true(kvt_nvme_zero_copy(e->nvme));
+	a = tsup_session_written(e, 0, 1, TSUP_TPB - 1); /* one partial block */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_resume(e, a), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	for (uint32_t s = 0; s < e->slots[KVT_TIER_HOST].n_slots; s++)
+		if (KVT_OWNER_IS_BLOCK(kvt_owner(e, KVT_TIER_HOST, s)))
+			id = kvt_owner(e, KVT_TIER_HOST, s), h = s;
+	assert_true(id != KVT_NIL);
+	b = kvt_blk(e, id);
+	assert_true(kvt_copy_valid(b, KVT_TIER_HBM) && kvt_copy_valid(b, KVT_TIER_HOST));
+	/* a write of the clean HOST copy to NVMe, in flight (nothing polls until the drain) */
+	assert_int_equal(kvt_slot_alloc(e, KVT_TIER_NVME, id, &ns), 0);
+	assert_int_equal(kvt_xfer_h2n(e, id, ns, false, true), 0);
+	assert_int_equal(b->busy, 1);
+	kvt_block_bump_ver(e, id); /* what an append to the block does */
+	assert_int_equal(kvt_owner(e, KVT_TIER_HOST, h), id); /* not freed under the write */
+	assert_int_equal(b->slot[KVT_TIER_HOST], h);
+	assert_false(kvt_copy_valid(b, KVT_TIER_HOST)); /* but no longer valid */
+	assert_true(kvt_copy_stale(b, KVT_TIER_HOST));
+	assert_true(kvt_copy_stale(b, KVT_TIER_NVME));
+	assert_int_equal(e->slots[KVT_TIER_HOST].n_free, 3);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_engine_drain(e), 0); /* the write completes: both copies go */
+	kvt_nvme_get_stats(e->nvme, &st);
+	assert_int_equal(st.zc_writes, 1);
+	assert_int_equal(kvt_copy_state(b, KVT_TIER_HOST), KVT_COPY_ABSENT);
+	assert_int_equal(kvt_copy_state(b, KVT_TIER_NVME), KVT_COPY_ABSENT);
+	assert_int_equal(kvt_owner(e, KVT_TIER_HOST, h), KVT_NIL);
+	assert_int_equal(e->slots[KVT_TIER_HOST].n_free, 4);
+	assert_int_equal(e->slots[KVT_TIER_NVME].n_free, e->slots[KVT_TIER_NVME].n_slots);
+	tsup_check_engine(e);
+	/* the HBM copy is the block, and the sequence goes on as usual */
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -470,6 +534,7 @@ main(void)
 		cmocka_unit_test(test_engine_park_resume_zero_copy),
 		cmocka_unit_test(test_engine_timed_out_read_quarantines_host_slot),
 		cmocka_unit_test(test_engine_late_read_releases_host_slot),
+		cmocka_unit_test(test_engine_append_keeps_host_source_of_write),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

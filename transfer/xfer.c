@@ -302,6 +302,22 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 	}
 }
 
+/*
+ * @x, which read @x's block's HOST copy, completed: a HOST copy appended to while transfers
+ * read it was left INFLIGHT and stale (kvt_block_bump_ver); once no transfer reads it any more
+ * (no HOST->NVMe write, no HOST->HBM copy in flight) its slot is released.
+ */
+static void
+xfer_release_src(struct kvt_engine *e, struct kvt_xfer *x)
+{
+	struct kvt_block *b = kvt_blk(e, x->block);
+
+	if (kvt_copy_stale(b, KVT_TIER_HOST) && b->slot[KVT_TIER_HOST] == x->src_slot &&
+	    kvt_copy_state(b, KVT_TIER_NVME) != KVT_COPY_INFLIGHT &&
+	    kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_INFLIGHT)
+		kvt_copy_fail(e, x->block, KVT_TIER_HOST);
+}
+
 static void
 xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 {
@@ -355,6 +371,8 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 		}
 		break;
 	}
+	if (x->kind == KVT_X_H2N || x->kind == KVT_X_H2D)
+		xfer_release_src(e, x);
 	xfer_put(e, x);
 	kvt_block_try_free(e, id);
 }
