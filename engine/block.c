@@ -199,6 +199,17 @@ kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier)
 	kvt_copy_state_set(b, tier, KVT_COPY_ABSENT);
 }
 
+/* Is @b's HOST copy PRESENT and the source of a transfer in flight? Only a HOST->NVMe write
+ * (a zero-copy one reads the slot in place, its worker checksums it) or a HOST->HBM copy reads
+ * it, and their destinations are INFLIGHT while they run. */
+static bool
+host_copy_read(const struct kvt_block *b)
+{
+	return b->busy && kvt_copy_state(b, KVT_TIER_HOST) == KVT_COPY_PRESENT &&
+	       (kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_INFLIGHT ||
+		kvt_copy_state(b, KVT_TIER_HBM) == KVT_COPY_INFLIGHT);
+}
+
 void
 kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
 {
@@ -206,6 +217,14 @@ kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
 	int t;
 
 	b->written = 1;
+	if (host_copy_read(b)) {
+		/* a transfer still reads the HOST slot: it must not be freed (and reused) under
+		 * it. The copy is invalid from now on: INFLIGHT and stale, off the eviction list,
+		 * its slot released when the last transfer reading it completes
+		 * (xfer_release_src, transfer/xfer.c) */
+		e->evict[KVT_TIER_HOST].ops->remove(&e->evict[KVT_TIER_HOST], id);
+		kvt_copy_state_set(b, KVT_TIER_HOST, KVT_COPY_INFLIGHT);
+	}
 	/* copies below HBM now hold old bytes: drop them (in-flight ones are dropped by their
 	 * completion, which sees the version mismatch) */
 	for (t = KVT_TIER_HOST; t < KVT_TIER_COUNT; t++)

@@ -17,7 +17,9 @@
  * (kvt_copy_mark_stale(): the fourth value of the copy's 2-bit state; a copy started from a
  * stale one is stale too), and a transfer whose destination is stale when it completes is
  * dropped, so a copy is *valid* exactly when it is PRESENT, and an INFLIGHT copy will be valid
- * unless it is stale (kvt_copy_stale()). No version number is
+ * unless it is stale (kvt_copy_stale()). A PRESENT HOST copy that a transfer still reads (a
+ * HOST->NVMe write, a HOST->HBM copy) is not dropped by an append but turned INFLIGHT and stale:
+ * its slot goes when the last of those transfers completes. No version number is
  * kept: nothing but "appended to since" is ever asked of one.
  *
  * A block is *busy* while any transfer reads or writes one of its copies (b->busy counts them);
@@ -378,6 +380,9 @@ struct kvt_engine {
 	uint32_t n_pend, cap_pend;          /* entries / capacity of pend */
 	uint32_t nvme_late;                 /* NVMe slots quarantined by a timed-out write
 	                                       until the kernel's late completion comes */
+	uint32_t host_late;                 /* HOST slots quarantined by a timed-out zero-copy
+	                                       NVMe read (the kernel may still write them)
+	                                       until its late completion comes */
 	uint64_t nvme_backoff_until;        /* ns: no background demotion to NVMe before this
 	                                       (set by an ENOSPC write) */
 	uint64_t idle_next_ns;              /* next idle scan (kvt_engine_poll) */

@@ -4,7 +4,9 @@
  * kvt_nvme_put/get of raw blocks move straight between registered HOST memory and the disk
  * (counted as zero-copy IOs), the refused registration falls back to staging with a reason, and
  * short IO, bit flips and unknown slots on the new path are continued or detected. Also the
- * engine: parking to NVMe and resuming goes zero-copy, and the slot table is in its metadata.
+ * engine: parking to NVMe and resuming goes zero-copy, and the slot table is in its metadata; a
+ * zero-copy read that timed out keeps its HOST slot quarantined until its late completion, and
+ * an append does not free the HOST slot a zero-copy write still reads.
  */
 #include <errno.h>
 #include <limits.h>
@@ -312,6 +314,214 @@ test_engine_park_resume_zero_copy(void **state)
 	tsup_rmdir(dir);
 }
 
+/* The engine tests' NVMe read fate: 0 normal, KVT_NVME_FATE_LATE (the CQE comes only after
+ * the read timed out) or KVT_NVME_FATE_LOSE (it never comes); writes are always normal. */
+static int read_fate;
+
+static int
+read_fate_hook(void *arg, bool is_write, uint32_t slot)
+{
+	(void)arg, (void)slot;
+	return is_write ? KVT_NVME_FATE_NORMAL : read_fate;
+}
+
+/* An engine whose NVMe IO times out after 30 ms, and a parked one-block sequence *a on NVMe. */
+static struct kvt_engine *
+late_engine(char **dir, kvt_seq_id *a)
+{
+	static const struct kvt_nvme_fault_hooks hooks = { .fate = read_fate_hook,
+							   .io_timeout_ms = 30 };
+	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 4, .nvme_blocks = 16,
+			      .no_watermarks = true };
+	struct kvt_engine *e;
+
+	kvt_test_nvme_hooks = &hooks;
+	e = tsup_engine(&c, dir);
+	kvt_test_nvme_hooks = NULL;
+	assert_true(kvt_nvme_zero_copy(e->nvme));
+	*a = tsup_session_written(e, 0, 1, TSUP_TPB);
+	assert_int_equal(kvt_seq_park(e, *a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_blocks_in(e, *a, KVT_TIER_NVME), 1);
+	assert_int_equal(e->slots[KVT_TIER_HOST].n_free, 4);
+	return e;
+}
+
+/* Resume @a (one block on NVMe) with reads of @fate, poll until its zero-copy read into a HOST
+ * slot timed out; that slot (returned) must then be quarantined, owned by no block. */
+static uint32_t
+late_read(struct kvt_engine *e, kvt_seq_id a, int fate)
+{
+	uint64_t errs = e->st.io_errors, zc;
+	struct kvt_nvme_stats st;
+	uint32_t h = KVT_NIL;
+
+	kvt_nvme_get_stats(e->nvme, &st);
+	zc = st.zc_reads;
+	read_fate = fate;
+	assert_int_equal(kvt_seq_resume(e, a), 0);
+	for (uint32_t s = 0; s < e->slots[KVT_TIER_HOST].n_slots; s++)
+		if (KVT_OWNER_IS_BLOCK(kvt_owner(e, KVT_TIER_HOST, s)))
+			h = s;
+	assert_true(h != KVT_NIL);
+	assert_int_equal(kvt_copy_state(kvt_blk(e, kvt_owner(e, KVT_TIER_HOST, h)),
+					KVT_TIER_HOST), KVT_COPY_INFLIGHT);
+	for (int i = 0; i < 20000 && (e->st.io_errors == errs || e->nvme_inflight); i++) {
+		assert_true(kvt_engine_poll(e, 0) >= 0);
+		usleep(1000);
+	}
+	read_fate = KVT_NVME_FATE_NORMAL;
+	kvt_nvme_get_stats(e->nvme, &st);
+	assert_int_equal(st.zc_reads, zc + 1); /* straight into the HOST slot */
+	assert_int_equal(e->nvme_inflight, 0);
+	assert_int_equal(e->st.io_errors, errs + 1); /* the timeout */
+	assert_int_equal(kvt_owner(e, KVT_TIER_HOST, h), KVT_SLOT_QUARANTINED);
+	assert_int_equal(e->quarantined[KVT_TIER_HOST], 1);
+	assert_int_equal(e->slots[KVT_TIER_HOST].n_free, 3);
+	tsup_check_engine(e);
+	return h;
+}
+
+/* Park a 4-block sequence with pattern @tag to HOST (3 usable slots while one is quarantined:
+ * HOST fills, a block goes on to NVMe) and check every byte of it. */
+static void
+fill_host_and_verify(struct kvt_engine *e, uint32_t tag)
+{
+	kvt_seq_id b = tsup_session_written(e, 0, tag, 4 * TSUP_TPB);
+
+	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_verify(e, b, tag), 0);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_seq_close(e, b), 0);
+}
+
+/* A zero-copy read that timed out while the kernel may still write its HOST slot: the slot is
+ * quarantined, not freed, so no other block's copy is placed where the abandoned read can land.
+ * Its CQE never comes (LOSE): the slot stays out of use; when the read's bytes do land after
+ * HOST was filled (the test writes them), every other block still reads back intact. */
+static void
+test_engine_timed_out_read_quarantines_host_slot(void **state)
+{
+	struct kvt_engine *e;
+	char *dir = NULL;
+	kvt_seq_id a;
+	uint32_t h;
+
+	(void)state;
+	e = late_engine(&dir, &a);
+	h = late_read(e, a, KVT_NVME_FATE_LOSE);
+	{
+		kvt_seq_id b = tsup_session_written(e, 0, 2, 4 * TSUP_TPB);
+
+		assert_int_equal(kvt_seq_park(e, b, KVT_TIER_HOST), 0);
+		assert_int_equal(kvt_engine_drain(e), 0);
+		/* HOST is full, but not with the quarantined slot */
+		assert_int_equal(e->slots[KVT_TIER_HOST].n_free, 0);
+		assert_int_equal(kvt_owner(e, KVT_TIER_HOST, h), KVT_SLOT_QUARANTINED);
+		/* the abandoned read lands now */
+		memset(kvt_slot_addr(e, KVT_TIER_HOST, h), 0xa5, tsup_block_bytes());
+		assert_int_equal(tsup_verify(e, b, 2), 0);
+		assert_int_equal(kvt_seq_close(e, b), 0);
+	}
+	assert_int_equal(e->quarantined[KVT_TIER_HOST], 1); /* no CQE: kept for good */
+	tsup_check_engine(e);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* The same read's CQE comes after the timeout (LATE): the slot stays quarantined until then, and
+ * is free again once it came; the engine is whole and usable. */
+static void
+test_engine_late_read_releases_host_slot(void **state)
+{
+	struct kvt_engine *e;
+	char *dir = NULL;
+	kvt_seq_id a;
+	uint32_t h;
+
+	(void)state;
+	e = late_engine(&dir, &a);
+	h = late_read(e, a, KVT_NVME_FATE_LATE);
+	for (int i = 0; i < 20000 && e->quarantined[KVT_TIER_HOST]; i++) {
+		assert_true(kvt_engine_poll(e, 0) >= 0);
+		usleep(1000);
+	}
+	assert_int_equal(e->quarantined[KVT_TIER_HOST], 0);
+	assert_int_equal(e->host_late, 0);
+	assert_int_equal(kvt_owner(e, KVT_TIER_HOST, h), KVT_NIL);
+	assert_int_equal(e->slots[KVT_TIER_HOST].n_free, 4);
+	tsup_check_engine(e);
+	fill_host_and_verify(e, 3);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* An append (kvt_block_bump_ver) to a block whose HOST copy a zero-copy HOST->NVMe write still
+ * reads in place: the HOST slot is not freed under the write (another block's copy could be put
+ * there while the kernel or a worker reads it), only once the write completed; the stale NVMe
+ * copy is dropped then, and everything is consistent. seq_ready_last already waits for such a
+ * write before it appends: the test calls the state change directly. */
+static void
+test_engine_append_keeps_host_source_of_write(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 4, .nvme_blocks = 16,
+			      .no_watermarks = true };
+	struct kvt_nvme_stats st;
+	struct kvt_engine *e;
+	struct kvt_block *b;
+	char *dir = NULL;
+	uint32_t id = KVT_NIL, h = KVT_NIL, ns;
+	kvt_seq_id a;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	assert_true(kvt_nvme_zero_copy(e->nvme));
+	a = tsup_session_written(e, 0, 1, TSUP_TPB - 1); /* one partial block */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_resume(e, a), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	for (uint32_t s = 0; s < e->slots[KVT_TIER_HOST].n_slots; s++)
+		if (KVT_OWNER_IS_BLOCK(kvt_owner(e, KVT_TIER_HOST, s)))
+			id = kvt_owner(e, KVT_TIER_HOST, s), h = s;
+	assert_true(id != KVT_NIL);
+	b = kvt_blk(e, id);
+	assert_true(kvt_copy_valid(b, KVT_TIER_HBM) && kvt_copy_valid(b, KVT_TIER_HOST));
+	/* a write of the clean HOST copy to NVMe, in flight (nothing polls until the drain) */
+	assert_int_equal(kvt_slot_alloc(e, KVT_TIER_NVME, id, &ns), 0);
+	assert_int_equal(kvt_xfer_h2n(e, id, ns, false, true), 0);
+	assert_int_equal(b->busy, 1);
+	kvt_block_bump_ver(e, id); /* what an append to the block does */
+	assert_int_equal(kvt_owner(e, KVT_TIER_HOST, h), id); /* not freed under the write */
+	assert_int_equal(b->slot[KVT_TIER_HOST], h);
+	assert_false(kvt_copy_valid(b, KVT_TIER_HOST)); /* but no longer valid */
+	assert_true(kvt_copy_stale(b, KVT_TIER_HOST));
+	assert_true(kvt_copy_stale(b, KVT_TIER_NVME));
+	assert_int_equal(e->slots[KVT_TIER_HOST].n_free, 3);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_engine_drain(e), 0); /* the write completes: both copies go */
+	kvt_nvme_get_stats(e->nvme, &st);
+	assert_int_equal(st.zc_writes, 1);
+	assert_int_equal(kvt_copy_state(b, KVT_TIER_HOST), KVT_COPY_ABSENT);
+	assert_int_equal(kvt_copy_state(b, KVT_TIER_NVME), KVT_COPY_ABSENT);
+	assert_int_equal(kvt_owner(e, KVT_TIER_HOST, h), KVT_NIL);
+	assert_int_equal(e->slots[KVT_TIER_HOST].n_free, 4);
+	assert_int_equal(e->slots[KVT_TIER_NVME].n_free, e->slots[KVT_TIER_NVME].n_slots);
+	tsup_check_engine(e);
+	/* the HBM copy is the block, and the sequence goes on as usual */
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -322,6 +532,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_zero_copy_faults, zfx_setup, zfx_teardown),
 		cmocka_unit_test_setup_teardown(test_slot_table_set, zfx_setup, zfx_teardown),
 		cmocka_unit_test(test_engine_park_resume_zero_copy),
+		cmocka_unit_test(test_engine_timed_out_read_quarantines_host_slot),
+		cmocka_unit_test(test_engine_late_read_releases_host_slot),
+		cmocka_unit_test(test_engine_append_keeps_host_source_of_write),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

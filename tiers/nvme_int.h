@@ -137,6 +137,9 @@ struct kvt_nvme {
 	uint32_t n_late_due;               /* ABANDONED requests with late_due set */
 	uint32_t *late_slots;              /* [qd] slots of abandoned writes whose CQE came */
 	uint32_t n_late_slots;             /* entries in late_slots */
+	void **late_bufs;                  /* [qd] HOST buffers of abandoned zero-copy reads whose
+	                                      CQE came (kvt_nvme_late_reads) */
+	uint32_t n_late_bufs;              /* entries in late_bufs */
 	uint64_t reap_gen;                 /* kvt_nvme_reap calls so far */
 	/* The worker pool (opts.workers threads): writes are queued at submit (staged ones copied
 	 * to staging first), sealed by a worker (checksum, encoding, header), which then queues and

@@ -636,6 +636,7 @@ kvt_nvme_finish(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nv
 	c->sum = req->is_write ? req->sum : 0;
 	c->res = res;
 	c->is_write = req->is_write;
+	c->buf_late = false;
 	c->slot = req->slot;
 	nvme_req_put(n, req);
 }
@@ -662,9 +663,12 @@ nvme_cqe(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe 
 
 	if (req->parked == NVME_ABANDONED) {
 		/* its timeout was reported long ago: the buffer is the kernel's no more, nor (a
-		 * write) the slot: the caller may use it again (kvt_nvme_late_writes) */
+		 * write) the slot, nor (a zero-copy read) the caller's HOST buffer: the caller may
+		 * use them again (kvt_nvme_late_writes, kvt_nvme_late_reads) */
 		if (req->is_write && n->n_late_slots < n->qd)
 			n->late_slots[n->n_late_slots++] = req->slot; /* else: stays quarantined */
+		else if (!req->is_write && req->data && n->n_late_bufs < n->qd)
+			n->late_bufs[n->n_late_bufs++] = req->dst; /* else: stays quarantined */
 		n->n_abandoned--;
 		req->parked = NVME_ACTIVE;
 		nvme_req_put(n, req);
@@ -749,7 +753,9 @@ nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
 		kvt_err(-ETIMEDOUT, "nvme %s of slot %u: no completion within %llu ms",
 			req->is_write ? "write" : "read", req->slot,
 			(unsigned long long)(n->timeout_ns / 1000000));
-		nvme_fill(req, -ETIMEDOUT, &out[got++]);
+		nvme_fill(req, -ETIMEDOUT, &out[got]);
+		/* a zero-copy read: the kernel may still write the caller's buffer */
+		out[got++].buf_late = !req->is_write && req->data != NULL;
 		if (req->parked == NVME_LOST) {
 			n->n_lost--;
 			n->n_retired++;
@@ -889,6 +895,18 @@ kvt_nvme_late_writes(struct kvt_nvme *n, uint32_t *slots, uint32_t max)
 	pthread_mutex_lock(&n->mu);
 	while (k < max && n->n_late_slots)
 		slots[k++] = n->late_slots[--n->n_late_slots];
+	pthread_mutex_unlock(&n->mu);
+	return k;
+}
+
+uint32_t
+kvt_nvme_late_reads(struct kvt_nvme *n, void **bufs, uint32_t max)
+{
+	uint32_t k = 0;
+
+	pthread_mutex_lock(&n->mu);
+	while (k < max && n->n_late_bufs)
+		bufs[k++] = n->late_bufs[--n->n_late_bufs];
 	pthread_mutex_unlock(&n->mu);
 	return k;
 }

@@ -124,7 +124,8 @@ enum { KVT_NVME_FATE_NORMAL = 0, KVT_NVME_FATE_LOSE = 1, KVT_NVME_FATE_DELAY = 2
  * recycled silently); one that never arrives is leaked at close rather than freed under the
  * kernel. The slot of a timed-out write must not be written again before the kernel is done with
  * the late write (it could land over the new one): the caller keeps it out of use until
- * kvt_nvme_late_writes() returns it.
+ * kvt_nvme_late_writes() returns it. Likewise the caller's buffer of a timed-out zero-copy read
+ * (cqe.buf_late: the kernel may still write it) until kvt_nvme_late_reads() returns it.
  */
 #define KVT_NVME_IO_TIMEOUT_MS 30000u
 
@@ -189,6 +190,9 @@ struct kvt_nvme_cqe {
 	uint32_t stored;    /* writes: payload bytes stored (raw_len when raw) */
 	uint32_t codec;     /* writes: codec of the payload */
 	uint64_t sum;       /* writes: XXH3-64 of the raw block */
+	bool buf_late;      /* reads that timed out (-ETIMEDOUT) zero-copy: the kernel may
+	                       still write the caller's buffer; keep it out of use until
+	                       kvt_nvme_late_reads() returns it (never, if its CQE never comes) */
 };
 
 /** What a write records in the block header besides the data. */
@@ -329,6 +333,13 @@ void kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot);
  * be written again. Writes up to @max of them to @slots; returns how many. Thread: the reaper's.
  */
 uint32_t kvt_nvme_late_writes(struct kvt_nvme *n, uint32_t *slots, uint32_t max);
+/**
+ * Buffers of zero-copy reads (kvt_nvme_get into the HOST memory) that timed out (-ETIMEDOUT with
+ * buf_late set) and whose late completion has come since: the kernel writes them no more, they
+ * may be used again. Writes up to @max of them (the dst given to kvt_nvme_get) to @bufs; returns
+ * how many. Thread: the reaper's.
+ */
+uint32_t kvt_nvme_late_reads(struct kvt_nvme *n, void **bufs, uint32_t max);
 /** Whether IOs that timed out are still in the kernel (a reap may bring their late CQEs). */
 bool kvt_nvme_abandoned(const struct kvt_nvme *n);
 

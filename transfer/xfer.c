@@ -302,6 +302,22 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 	}
 }
 
+/*
+ * @x, which read @x's block's HOST copy, completed: a HOST copy appended to while transfers
+ * read it was left INFLIGHT and stale (kvt_block_bump_ver); once no transfer reads it any more
+ * (no HOST->NVMe write, no HOST->HBM copy in flight) its slot is released.
+ */
+static void
+xfer_release_src(struct kvt_engine *e, struct kvt_xfer *x)
+{
+	struct kvt_block *b = kvt_blk(e, x->block);
+
+	if (kvt_copy_stale(b, KVT_TIER_HOST) && b->slot[KVT_TIER_HOST] == x->src_slot &&
+	    kvt_copy_state(b, KVT_TIER_NVME) != KVT_COPY_INFLIGHT &&
+	    kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_INFLIGHT)
+		kvt_copy_fail(e, x->block, KVT_TIER_HOST);
+}
+
 static void
 xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 {
@@ -355,6 +371,8 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 		}
 		break;
 	}
+	if (x->kind == KVT_X_H2N || x->kind == KVT_X_H2D)
+		xfer_release_src(e, x);
 	xfer_put(e, x);
 	kvt_block_try_free(e, id);
 }
@@ -565,10 +583,29 @@ xfer_note_write(struct kvt_engine *e, struct kvt_xfer *x, const struct kvt_nvme_
 		e->pub_check = true;
 }
 
-/* Slots quarantined by timed-out writes whose late completion came: back to the allocator. */
+/*
+ * A zero-copy read into @x's HOST slot timed out while the kernel may still write the slot: it
+ * stays out of use (quarantined) until the late completion comes (xfer_nvme_late), so that no
+ * other block's copy placed there can be overwritten by the abandoned read.
+ */
+static void
+xfer_host_late(struct kvt_engine *e, struct kvt_xfer *x)
+{
+	struct kvt_block *b = kvt_blk(e, x->block);
+
+	if (kvt_copy_state(b, KVT_TIER_HOST) != KVT_COPY_INFLIGHT ||
+	    b->slot[KVT_TIER_HOST] != x->dst_slot)
+		return;
+	kvt_slot_quarantine(e, KVT_TIER_HOST, x->dst_slot, x->block);
+	e->host_late++;
+}
+
+/* Slots quarantined by timed-out writes (NVMe) and zero-copy reads (HOST) whose late completion
+ * came: back to the allocator. */
 static void
 xfer_nvme_late(struct kvt_engine *e)
 {
+	void *bufs[32];
 	uint32_t sl[32], k;
 
 	while ((k = kvt_nvme_late_writes(e->nvme, sl, 32)) > 0)
@@ -580,6 +617,19 @@ xfer_nvme_late(struct kvt_engine *e)
 			e->quarantined[KVT_TIER_NVME]--;
 			e->nvme_late--;
 		}
+	while ((k = kvt_nvme_late_reads(e->nvme, bufs, 32)) > 0)
+		for (uint32_t i = 0; i < k; i++) {
+			uint32_t s = (uint32_t)(((char *)bufs[i] - (char *)e->host_base -
+						 e->host_data_off) / e->host_stride);
+
+			if (s >= e->slots[KVT_TIER_HOST].n_slots ||
+			    kvt_owner(e, KVT_TIER_HOST, s) != KVT_SLOT_QUARANTINED || !e->host_late)
+				continue;
+			kvt_owner_set(e, KVT_TIER_HOST, s, KVT_NIL);
+			kvt_slots_free(&e->slots[KVT_TIER_HOST], s);
+			e->quarantined[KVT_TIER_HOST]--;
+			e->host_late--;
+		}
 }
 
 static int
@@ -589,10 +639,10 @@ xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 	uint32_t want;
 	int n, i;
 
-	if (!e->nvme || (!e->nvme_inflight && !e->nvme_late))
+	if (!e->nvme || (!e->nvme_inflight && !e->nvme_late && !e->host_late))
 		return 0;
 	if (!e->nvme_inflight)
-		wait = false; /* only late completions of timed-out writes to pick up */
+		wait = false; /* only late completions of timed-out IO to pick up */
 	do {
 		want = 32;
 		if (max && max - (uint32_t)*done < want)
@@ -607,11 +657,13 @@ xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 			e->nvme_inflight--;
 			if (cqe[i].is_write && cqe[i].res == 0)
 				xfer_note_write(e, x, &cqe[i]);
+			if (!cqe[i].is_write && cqe[i].buf_late)
+				xfer_host_late(e, x);
 			xfer_complete(e, x, cqe[i].res);
 			(*done)++;
 		}
 	} while (n == (int)want && (!max || (uint32_t)*done < max));
-	if (e->nvme_late)
+	if (e->nvme_late || e->host_late)
 		xfer_nvme_late(e);
 	return 0;
 }
