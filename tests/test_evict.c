@@ -587,6 +587,35 @@ test_meta_bytes(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Open @ns sessions of two full @tpb-token blocks each (distinct prompts: nothing shared;
+ * tokens given, so every block is hashed and indexed), run each once and park it to @tier. */
+static void
+meta_park_sessions(struct kvt_engine *e, int ns, int tpb, int tier)
+{
+	int32_t *tok = malloc(2 * (size_t)tpb * sizeof *tok);
+	int64_t *map = malloc(2 * (size_t)tpb * sizeof *map);
+	kvt_seq_id s;
+
+	assert_non_null(tok);
+	assert_non_null(map);
+	for (int i = 0; i < ns; i++) {
+		struct kvt_batch *b;
+
+		for (int j = 0; j < 2 * tpb; j++)
+			tok[j] = i * 64 + j;
+		assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+		assert_int_equal(kvt_seq_append(e, s, tok, 2 * (size_t)tpb, map), 0);
+		assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), 0);
+		assert_int_equal(kvt_batch_release(b, NULL), 0);
+		assert_int_equal(kvt_seq_park(e, s, tier), 0);
+		if (i % 16 == 0)
+			assert_true(kvt_engine_poll(e, 0) >= 0);
+	}
+	assert_int_equal(kvt_engine_drain(e), 0);
+	free(tok);
+	free(map);
+}
+
 /* 10,000 parked two-block sessions (16-token blocks, tokens given so blocks are hashed and
  * indexed): what host metadata they cost, per block and per session. Printed for docs/PERF.md;
  * asserts issue 5's target (at most 64 bytes per block, block ids and token ids aside) and the
@@ -598,11 +627,8 @@ test_meta_10k_sessions(void **state)
 	struct kvt_engine_opts o;
 	struct kvt_stats st = { .size = sizeof st };
 	struct kvt_engine *e;
-	static int32_t tok[2 * TPB];
-	int64_t map[2 * TPB];
 	uint64_t bb, blocks, sess, rec, idx, evl = 0, slm = 0, perblk;
-	kvt_seq_id s;
-	int i, j, t;
+	int j, t;
 
 	(void)state;
 	kvt_engine_opts_init(&o, sizeof o);
@@ -611,20 +637,7 @@ test_meta_10k_sessions(void **state)
 	o.hbm_bytes = 64 * bb;
 	o.host_bytes = (uint64_t)(2 * NS + 64) * bb;
 	assert_int_equal(kvt_engine_create(&o, &e), 0);
-	for (i = 0; i < NS; i++) {
-		struct kvt_batch *b;
-
-		for (j = 0; j < 2 * TPB; j++)
-			tok[j] = i * 64 + j; /* distinct prompts: nothing shared */
-		assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
-		assert_int_equal(kvt_seq_append(e, s, tok, 2 * TPB, map), 0);
-		assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), 0);
-		assert_int_equal(kvt_batch_release(b, NULL), 0);
-		assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
-		if (i % 16 == 0)
-			assert_true(kvt_engine_poll(e, 0) >= 0);
-	}
-	assert_int_equal(kvt_engine_drain(e), 0);
+	meta_park_sessions(e, NS, TPB, KVT_TIER_HOST);
 	assert_int_equal(kvt_engine_stats(e, &st), 0);
 	blocks = 2ull * NS;
 	/* the sessions' share: their records and block-id arrays; the rest is per block */
@@ -688,12 +701,9 @@ test_meta_10k_nvme(void **state)
 	struct kvt_engine_opts o;
 	struct kvt_stats st = { .size = sizeof st };
 	struct kvt_engine *e;
-	static int32_t tok[2 * TPB];
-	int64_t map[2 * TPB];
 	uint64_t bb, blocks, sess, perblk, evl[KVT_TIER_COUNT], slm = 0, nvm;
 	char *dir = tsup_mkdtemp();
-	kvt_seq_id s;
-	int i, j, t;
+	int j, t;
 
 	(void)state;
 	kvt_engine_opts_init(&o, sizeof o);
@@ -704,20 +714,7 @@ test_meta_10k_nvme(void **state)
 	o.nvme_dir = dir;
 	o.nvme_bytes = (uint64_t)(2 * NS + 512) * (4096 + 4096); /* header page + data page */
 	assert_int_equal(kvt_engine_create(&o, &e), 0);
-	for (i = 0; i < NS; i++) {
-		struct kvt_batch *b;
-
-		for (j = 0; j < 2 * TPB; j++)
-			tok[j] = i * 64 + j;
-		assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
-		assert_int_equal(kvt_seq_append(e, s, tok, 2 * TPB, map), 0);
-		assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), 0);
-		assert_int_equal(kvt_batch_release(b, NULL), 0);
-		assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
-		if (i % 16 == 0)
-			assert_true(kvt_engine_poll(e, 0) >= 0);
-	}
-	assert_int_equal(kvt_engine_drain(e), 0);
+	meta_park_sessions(e, NS, TPB, KVT_TIER_NVME);
 	assert_int_equal(kvt_engine_stats(e, &st), 0);
 	blocks = 2ull * NS;
 	/* all on NVMe but what HOST (256 slots) still holds */

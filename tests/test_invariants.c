@@ -33,14 +33,6 @@ seq_with(struct kvt_engine *e, uint32_t tag, size_t n)
 	return s;
 }
 
-static struct kvt_stats
-stats(struct kvt_engine *e)
-{
-	struct kvt_stats st = { .size = sizeof st };
-
-	assert_int_equal(kvt_engine_stats(e, &st), 0);
-	return st;
-}
 
 /* Invariant 1: a slot is never reused while a transfer reading or writing it is in flight.
  * A is parked (slow D2H copies read its HBM slots); B needs those HBM slots at once and writes
@@ -58,7 +50,7 @@ test_inv1_no_slot_reuse_in_flight(void **state)
 	e = tsup_engine(&c, &dir);
 	a = seq_with(e, 1, 8);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
-	assert_true(stats(e).transfers_in_flight > 0);
+	assert_true(tsup_stats(e).transfers_in_flight > 0);
 	b = seq_with(e, 2, 8); /* needs both HBM slots now */
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_HOST), 0);
@@ -179,11 +171,11 @@ test_inv4_dirty_demoted_first(void **state)
 		assert_int_equal(tsup_verify(e, s[i], i + 1), 0);
 	}
 	/* 10 blocks were written into 2 HBM + 2 HOST slots: most went down to NVMe */
-	assert_true(stats(e).blocks_moved[KVT_MOVE_HOST_TO_NVME] >= 6);
+	assert_true(tsup_stats(e).blocks_moved[KVT_MOVE_HOST_TO_NVME] >= 6);
 	for (i = 0; i < 5; i++)
 		assert_int_equal(tsup_verify(e, s[i], i + 1), 0);
-	assert_int_equal(stats(e).checksum_failed, 0);
-	assert_true(stats(e).checksum_verified > 0);
+	assert_int_equal(tsup_stats(e).checksum_failed, 0);
+	assert_true(tsup_stats(e).checksum_verified > 0);
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
@@ -239,8 +231,8 @@ test_inv5_nvme_reads_verified(void **state)
 	corrupt_nvme_file(dir);
 	assert_int_equal(kvt_batch_prepare(e, &a, 1, &bat), KVT_ELOST);
 	assert_null(bat);
-	assert_int_equal(stats(e).checksum_failed, 2);
-	assert_int_equal(stats(e).blocks_lost, 2);
+	assert_int_equal(tsup_stats(e).checksum_failed, 2);
+	assert_int_equal(tsup_stats(e).blocks_lost, 2);
 	assert_int_equal(kvt_seq_info(e, a, &info), 0);
 	assert_int_equal(info.n_tokens, 0); /* the caller recomputes from here */
 	tsup_check_engine(e);
@@ -272,7 +264,7 @@ test_inv6_sealed_blocks_immutable(void **state)
 	a = seq_with(e, 1, 10); /* 2 sealed blocks + 1 partial */
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	before = stats(e).blocks_moved[KVT_MOVE_HBM_TO_HOST];
+	before = tsup_stats(e).blocks_moved[KVT_MOVE_HBM_TO_HOST];
 	assert_int_equal(tsup_append_write(e, a, 1, 10, 1), 0);
 	assert_int_equal(kvt_seq_info(e, a, &info), 0);
 	assert_int_equal(info.blocks_in[KVT_TIER_HOST], 2); /* sealed copies still valid */
@@ -280,7 +272,7 @@ test_inv6_sealed_blocks_immutable(void **state)
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	/* only the block that changed was copied down again */
-	assert_int_equal(stats(e).blocks_moved[KVT_MOVE_HBM_TO_HOST], before + 1);
+	assert_int_equal(tsup_stats(e).blocks_moved[KVT_MOVE_HBM_TO_HOST], before + 1);
 	for (i = 0; i < 6; i++) { /* churn */
 		x = seq_with(e, 50 + i, 16);
 		assert_int_equal(tsup_verify(e, x, 50 + i), 0);
@@ -564,7 +556,7 @@ test_scenario_d_failed_nvme_write(void **state)
 		fault_write_res = errs[i];
 		assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
 		assert_int_equal(kvt_engine_drain(e), 0);
-		st = stats(e);
+		st = tsup_stats(e);
 		assert_int_equal(st.io_errors, 2);
 		assert_int_equal(st.blocks_moved[KVT_MOVE_HOST_TO_NVME], 0);
 		assert_int_equal(st.tier[KVT_TIER_NVME].used_slots, 0);
@@ -601,7 +593,7 @@ test_close_with_transfers_in_flight(void **state)
 	e = tsup_engine(&c, &dir);
 	a = seq_with(e, 1, 8);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
-	assert_true(stats(e).transfers_in_flight > 0);
+	assert_true(tsup_stats(e).transfers_in_flight > 0);
 	assert_int_equal(kvt_seq_close(e, a), 0);
 	tsup_check_engine(e);
 	b = seq_with(e, 2, 8);
@@ -612,9 +604,9 @@ test_close_with_transfers_in_flight(void **state)
 
 		/* whatever HOST holds now is B's (demoted under the watermark), nothing of A */
 		assert_int_equal(kvt_seq_info(e, b, &info), 0);
-		assert_int_equal(stats(e).tier[KVT_TIER_HOST].used_slots,
+		assert_int_equal(tsup_stats(e).tier[KVT_TIER_HOST].used_slots,
 				 info.blocks_in[KVT_TIER_HOST]);
-		assert_int_equal(stats(e).tier[KVT_TIER_NVME].used_slots, 0);
+		assert_int_equal(tsup_stats(e).tier[KVT_TIER_NVME].used_slots, 0);
 	}
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);

@@ -27,16 +27,6 @@
 #include "tools/kvtier-run/tokenizer.h"
 #include "tools/kvtier-run/util.h"
 
-static struct kvt_stats
-stats(struct kvt_engine *e)
-{
-	struct kvt_stats st;
-
-	memset(&st, 0, sizeof st);
-	st.size = sizeof st;
-	assert_int_equal(kvt_engine_stats(e, &st), 0);
-	return st;
-}
 
 /* 0 when layer @l of every token of entry 0 holds the pattern @tag, else 1. */
 static int
@@ -109,10 +99,10 @@ test_hint_bad_input(void **state)
 	two[1] = tsup_seq_written(e, 2, 8);
 	assert_int_equal(kvt_engine_hint(e, two, 2, 0), KVT_ETOOBIG);
 	assert_non_null(strstr(kvt_last_error_message(), "HBM has 2 slots"));
-	assert_int_equal(stats(e).hints, 0);
+	assert_int_equal(tsup_stats(e).hints, 0);
 	/* ... but staging them in HOST (steps ahead >= 2) is fine */
 	assert_int_equal(kvt_engine_hint(e, two, 2, 2), 0);
-	assert_int_equal(stats(e).hints, 1);
+	assert_int_equal(tsup_stats(e).hints, 1);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
 	assert_int_equal(tsup_verify(e, two[1], 2), 0);
 	tsup_check_engine(e);
@@ -137,19 +127,19 @@ test_hint_prefetches(void **state)
 	a = tsup_seq_written(e, 1, 12); /* 3 blocks */
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	s0 = stats(e); /* the appends' batches counted accesses too */
+	s0 = tsup_stats(e); /* the appends' batches counted accesses too */
 	g0 = e->h2d.submitted;
 	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HBM), 0);
 	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HBM), 3);
-	st = stats(e);
+	st = tsup_stats(e);
 	assert_int_equal(st.hints, 1);
 	assert_int_equal(st.tier[KVT_TIER_HBM].bytes_prefetched, 3 * bb);
 	assert_int_equal(st.tier[KVT_TIER_HBM].bytes_on_demand, 0);
 	assert_int_equal(e->h2d.submitted, g0 + 1); /* one group for the three blocks */
 	verify_layerwise(e, a, 1);
-	st = stats(e);
+	st = tsup_stats(e);
 	assert_int_equal(st.blocks_moved[KVT_MOVE_HOST_TO_HBM], 3); /* none promoted twice */
 	assert_int_equal(st.accesses - s0.accesses, 3);
 	assert_int_equal(st.accesses_ready - s0.accesses_ready, 3);
@@ -164,7 +154,7 @@ test_hint_prefetches(void **state)
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	verify_layerwise(e, a, 1);
-	st = stats(e);
+	st = tsup_stats(e);
 	assert_int_equal(st.accesses - s0.accesses, 6);
 	assert_int_equal(st.accesses_ready - s0.accesses_ready, 3);
 	assert_int_equal(st.tier[KVT_TIER_HBM].misses - s0.tier[KVT_TIER_HBM].misses, 3);
@@ -197,7 +187,7 @@ test_hint_stages_nvme(void **state)
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HOST), 2);
 	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_HBM), 0);
-	st = stats(e);
+	st = tsup_stats(e);
 	assert_int_equal(st.tier[KVT_TIER_HOST].promote_count, 2);
 	assert_int_equal(st.tier[KVT_TIER_HOST].bytes_prefetched, 2 * tsup_block_bytes());
 	assert_int_equal(st.tier[KVT_TIER_HBM].promote_count, 0);
@@ -240,7 +230,7 @@ test_prefetch_delayed_reordered(void **state)
 			assert_int_equal(kvt_batch_release(b, NULL), 0);
 		}
 	}
-	assert_true(stats(e).tier[KVT_TIER_HBM].bytes_prefetched > 0);
+	assert_true(tsup_stats(e).tier[KVT_TIER_HBM].bytes_prefetched > 0);
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
@@ -263,16 +253,16 @@ test_close_while_prefetching(void **state)
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_device_emu_stream_hold(e->dev, e->h2d.s, true), 0);
 	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
-	assert_int_equal(stats(e).tier[KVT_TIER_HBM].used_slots, 3);
+	assert_int_equal(tsup_stats(e).tier[KVT_TIER_HBM].used_slots, 3);
 	assert_int_equal(kvt_seq_close(e, a), 0);
 	assert_int_equal(kvt_engine_poll(e, 0), 0);
-	assert_int_equal(stats(e).tier[KVT_TIER_HBM].used_slots, 3); /* copies still writing */
-	assert_true(stats(e).transfers_in_flight > 0);
+	assert_int_equal(tsup_stats(e).tier[KVT_TIER_HBM].used_slots, 3); /* copies still writing */
+	assert_true(tsup_stats(e).transfers_in_flight > 0);
 	tsup_check_engine(e);
 	assert_int_equal(kvt_device_emu_stream_hold(e->dev, e->h2d.s, false), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(stats(e).tier[KVT_TIER_HBM].used_slots, 0);
-	assert_int_equal(stats(e).tier[KVT_TIER_HOST].used_slots, 0);
+	assert_int_equal(tsup_stats(e).tier[KVT_TIER_HBM].used_slots, 0);
+	assert_int_equal(tsup_stats(e).tier[KVT_TIER_HOST].used_slots, 0);
 	b = tsup_seq_written(e, 2, 16); /* all four slots are usable again */
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	tsup_check_engine(e);
@@ -423,7 +413,7 @@ test_wait_layer_waits_only_its_layer(void **state)
 	assert_false(w.fired); /* the wait did not need layer 1 */
 	assert_int_equal(layer_ok(&bt, 0, 7), 0);
 	assert_int_equal(layer_ok(&bt, 1, 7), 1); /* still on its way */
-	assert_true(stats(e).stalls == 0); /* layer 0 had landed: no stall */
+	assert_true(tsup_stats(e).stalls == 0); /* layer 0 had landed: no stall */
 	/* a device-side wait on layer 1 does not block the host */
 	assert_int_equal(kvt_engine_stream_create(e, &stream), 0);
 	assert_int_equal(kvt_batch_wait_layer(b, 1, stream), 0);

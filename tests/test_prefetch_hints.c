@@ -22,16 +22,6 @@
 #include "engine/engine_impl.h"
 #include "support/kvt_test.h"
 
-static struct kvt_stats
-hints_stats(struct kvt_engine *e)
-{
-	struct kvt_stats st;
-
-	memset(&st, 0, sizeof st);
-	st.size = sizeof st;
-	assert_int_equal(kvt_engine_stats(e, &st), 0);
-	return st;
-}
 
 /* B attached A's prompt (2 blocks A created), A closed: a hint for B spares those blocks; once B
  * is closed, a hint for D (which reuses A's index) does not protect the cached blocks. */
@@ -195,7 +185,7 @@ test_stream_wait_stall_not_ready(void **state)
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_device_emu_stream_hold(e->dev, e->h2d.s, true), 0);
 	g0 = e->h2d.submitted;
-	s0 = hints_stats(e);
+	s0 = tsup_stats(e);
 	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
 	assert_int_equal(e->h2d.submitted, g0 + 1); /* one group, queued on the copy stream */
 	assert_true(kvt_xfer_inflight(e));
@@ -214,7 +204,7 @@ test_stream_wait_stall_not_ready(void **state)
 	assert_int_equal(tsup_check_entry(&bt, 0, 5), 0);
 	assert_int_equal(kvt_batch_release(b, stream), 0);
 	kvt_engine_stream_destroy(e, stream);
-	st = hints_stats(e);
+	st = tsup_stats(e);
 	assert_int_equal(st.accesses - s0.accesses, 3);
 	assert_int_equal(st.accesses_ready - s0.accesses_ready, 0);
 	assert_true(st.stalls > s0.stalls);
@@ -223,9 +213,9 @@ test_stream_wait_stall_not_ready(void **state)
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	s0 = hints_stats(e);
+	s0 = tsup_stats(e);
 	assert_int_equal(tsup_verify(e, a, 5), 0);
-	st = hints_stats(e);
+	st = tsup_stats(e);
 	assert_int_equal(st.accesses_ready - s0.accesses_ready, 3);
 	assert_int_equal(st.stalls, s0.stalls);
 	tsup_check_engine(e);
@@ -289,10 +279,10 @@ test_repromotions_counted(void **state)
 	a = tsup_seq_written(e, 6, 3 * TSUP_TPB);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	s0 = hints_stats(e);
+	s0 = tsup_stats(e);
 	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
 	assert_int_equal(tsup_verify(e, a, 6), 0);
-	st = hints_stats(e);
+	st = tsup_stats(e);
 	assert_int_equal(st.repromotions, s0.repromotions);
 	assert_int_equal(st.h2d_groups - s0.h2d_groups, 1);
 	assert_int_equal(st.batches - s0.batches, 1);
@@ -301,13 +291,13 @@ test_repromotions_counted(void **state)
 	/* announced, promoted, taken back down before its batch: the batch promotes it again */
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	s0 = hints_stats(e);
+	s0 = tsup_stats(e);
 	assert_int_equal(kvt_engine_hint(e, &a, 1, 1), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(tsup_verify(e, a, 6), 0);
-	st = hints_stats(e);
+	st = tsup_stats(e);
 	assert_int_equal(st.repromotions - s0.repromotions, 3);
 	assert_int_equal(st.h2d_groups - s0.h2d_groups, 2);
 	tsup_check_engine(e);

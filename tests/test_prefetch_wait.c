@@ -93,16 +93,6 @@ watchdog_main(void *arg)
 	return NULL;
 }
 
-static struct kvt_stats
-stats(struct kvt_engine *e)
-{
-	struct kvt_stats st;
-
-	memset(&st, 0, sizeof st);
-	st.size = sizeof st;
-	assert_int_equal(kvt_engine_stats(e, &st), 0);
-	return st;
-}
 
 static void
 test_wait_layer_releases_lock(void **state)
@@ -135,7 +125,7 @@ test_wait_layer_releases_lock(void **state)
 	nanosleep(&nap, NULL); /* let it block in the wait (no assertion depends on how long) */
 
 	/* other engine calls complete while the copies are still held */
-	(void)stats(e);
+	(void)tsup_stats(e);
 	assert_int_equal(tsup_append_write(e, other, 2, 5, 1), 0);
 	assert_int_equal(kvt_engine_hint(e, &other, 1, 1), 0);
 	assert_int_equal(kvt_engine_poll(e, 0), 0);
@@ -151,8 +141,8 @@ test_wait_layer_releases_lock(void **state)
 	assert_int_equal(kvt_engine_drain(e), 0);
 	pthread_join(waiter, NULL);
 	assert_int_equal(w.rc, 0);
-	assert_true(stats(e).stalls >= 1); /* layer 0 was not there when asked for */
-	assert_true(stats(e).stall_ns > 0);
+	assert_true(tsup_stats(e).stalls >= 1); /* layer 0 was not there when asked for */
+	assert_true(tsup_stats(e).stall_ns > 0);
 	assert_int_equal(kvt_batch_release(w.b, NULL), 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
 	assert_int_equal(tsup_verify(e, other, 2), 0);

@@ -61,14 +61,6 @@ prompt(int32_t *tok, int32_t base, size_t n)
 		tok[i] = base + (int32_t)i;
 }
 
-static struct kvt_stats
-stats(struct kvt_engine *e)
-{
-	struct kvt_stats st = { .size = sizeof st };
-
-	assert_int_equal(kvt_engine_stats(e, &st), 0);
-	return st;
-}
 
 /* A writes 3 full blocks + 2 tokens; returns A. */
 static kvt_seq_id
@@ -105,10 +97,10 @@ test_share_and_refcounts(void **state)
 	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 5 * T, &m), 0);
 	assert_int_equal(m, 3 * T);
 	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 5 * T, &m), -EINVAL); /* not empty */
-	assert_int_equal(stats(e).shared_blocks, 3);
-	assert_int_equal(stats(e).prefix_hit_blocks, 3);
-	assert_int_equal(stats(e).prefix_hit_tokens, 3 * T);
-	assert_int_equal(stats(e).tier[KVT_TIER_HBM].prefix_hit_blocks, 3);
+	assert_int_equal(tsup_stats(e).shared_blocks, 3);
+	assert_int_equal(tsup_stats(e).prefix_hit_blocks, 3);
+	assert_int_equal(tsup_stats(e).prefix_hit_tokens, 3 * T);
+	assert_int_equal(tsup_stats(e).tier[KVT_TIER_HBM].prefix_hit_blocks, 3);
 	/* B prefills only the rest, and reads A's K/V for the shared blocks */
 	assert_int_equal(pfx_append(e, b, 1, 1000, 3 * T, 2 * T), 0);
 	assert_int_equal(tsup_verify(e, b, 1), 0);
@@ -121,15 +113,15 @@ test_share_and_refcounts(void **state)
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
 	assert_int_equal(kvt_seq_close(e, a), 0);
-	assert_int_equal(stats(e).shared_blocks, 0);
+	assert_int_equal(tsup_stats(e).shared_blocks, 0);
 	tsup_check_engine(e);
 	assert_int_equal(tsup_verify(e, b, 1), 0);
 	assert_int_equal(kvt_seq_close(e, b), 0);
 	tsup_check_engine(e);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	/* back to zero: nothing referenced, nothing held (prefix_cache off) */
-	assert_int_equal(stats(e).tier[KVT_TIER_HBM].used_slots, 0);
-	assert_int_equal(stats(e).tier[KVT_TIER_HOST].used_slots, 0);
+	assert_int_equal(tsup_stats(e).tier[KVT_TIER_HBM].used_slots, 0);
+	assert_int_equal(tsup_stats(e).tier[KVT_TIER_HOST].used_slots, 0);
 	assert_int_equal(e->n_live_blocks, 0);
 	assert_int_equal(e->prefix.n, 0); /* freed blocks left the index */
 	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 5 * T, &m, &tier), 0);
@@ -242,7 +234,7 @@ test_divergence(void **state)
 	assert_int_equal(kvt_seq_open(e, NULL, &h), 0);
 	assert_int_equal(kvt_seq_attach_prefix(e, h, tok, 4 * T, &m), 0);
 	assert_int_equal(m, T);
-	assert_int_equal(stats(e).shared_blocks, 1);
+	assert_int_equal(tsup_stats(e).shared_blocks, 1);
 	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, T - 1, &m, NULL), 0);
 	assert_int_equal(m, 0);
 	assert_int_equal(kvt_seq_open(e, NULL, &v), 0);
@@ -394,7 +386,7 @@ test_cache_and_free(void **state)
 	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
 	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 4 * T, &m), 0);
 	assert_int_equal(m, 3 * T);
-	assert_int_equal(stats(e).tier[KVT_TIER_HOST].prefix_hit_blocks, 3);
+	assert_int_equal(tsup_stats(e).tier[KVT_TIER_HOST].prefix_hit_blocks, 3);
 	assert_int_equal(pfx_append(e, b, 1, 1000, 3 * T, T), 0);
 	assert_int_equal(tsup_verify(e, b, 1), 0); /* brought up from HOST, same K/V */
 	assert_int_equal(kvt_seq_close(e, b), 0);
@@ -513,7 +505,7 @@ test_threads_share_prompt(void **state)
 	assert_true(attached >= 4 * 20 * 3 * T); /* every sequence found the owner's blocks */
 	assert_int_equal(kvt_engine_drain(e), 0);
 	tsup_check_engine(e);
-	assert_int_equal(stats(e).shared_blocks, 0);
+	assert_int_equal(tsup_stats(e).shared_blocks, 0);
 	assert_int_equal(tsup_verify(e, a, 1), 0);
 	assert_int_equal(kvt_seq_close(e, a), 0);
 	tsup_check_engine(e);

@@ -248,3 +248,14 @@ tsup_verify(struct kvt_engine *e, kvt_seq_id s, uint32_t tag)
 	assert_int_equal(kvt_batch_release(b, NULL), 0);
 	return rc;
 }
+
+struct kvt_stats
+tsup_stats(struct kvt_engine *e)
+{
+	struct kvt_stats st;
+
+	memset(&st, 0, sizeof st);
+	st.size = sizeof st;
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	return st;
+}

@@ -60,6 +60,9 @@ kvt_seq_id tsup_session_written(struct kvt_engine *e, uint64_t key, uint32_t tag
 /* Assert kvt_seq_info() succeeds; the blocks of @s whose copy in @tier is valid. */
 uint32_t tsup_blocks_in(struct kvt_engine *e, kvt_seq_id s, int tier);
 
+/* Assert kvt_engine_stats() succeeds; its figures. */
+struct kvt_stats tsup_stats(struct kvt_engine *e);
+
 /* Assert kvt_engine_check(e) passes (prints its message when it does not). */
 void tsup_check_engine(struct kvt_engine *e);
 
