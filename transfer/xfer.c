@@ -500,6 +500,18 @@ fail:
 	return rc;
 }
 
+/* Submit the NVMe IO collected so far: 0 or a negative code. */
+static int
+xfer_nvme_flush(struct kvt_engine *e)
+{
+	int rc = e->nvme && e->nvme_inflight ? kvt_nvme_flush(e->nvme) : 0;
+
+	/* a transient refusal of the submission is retried at the next flush or reap */
+	if (rc == -EAGAIN || rc == -EBUSY || rc == -EINTR)
+		return 0;
+	return rc < 0 ? kvt_err(rc, "submitting NVMe IO") : 0;
+}
+
 /* Submit collected demotions (device-to-host copies, NVMe IO), leaving host-to-device copies
  * collected: making room for one block of a batch must not cut the batch's promotions into
  * one copy group per block. */
@@ -507,13 +519,9 @@ int
 kvt_xfer_flush_down(struct kvt_engine *e)
 {
 	int rc1 = xstream_flush(e, &e->d2h);
-	int rc3 = e->nvme && e->nvme_inflight ? kvt_nvme_flush(e->nvme) : 0;
+	int rc3 = xfer_nvme_flush(e);
 
-	if (rc3 == -EAGAIN || rc3 == -EBUSY || rc3 == -EINTR)
-		rc3 = 0;
-	if (rc3 < 0)
-		rc3 = kvt_err(rc3, "submitting NVMe IO");
-	return rc1 ? rc1 : rc3 < 0 ? rc3 : 0;
+	return rc1 ? rc1 : rc3;
 }
 
 int
@@ -521,14 +529,9 @@ kvt_xfer_flush(struct kvt_engine *e)
 {
 	int rc1 = xstream_flush(e, &e->d2h);
 	int rc2 = xstream_flush(e, &e->h2d);
-	int rc3 = e->nvme && e->nvme_inflight ? kvt_nvme_flush(e->nvme) : 0;
+	int rc3 = xfer_nvme_flush(e);
 
-	/* a transient refusal of the submission is retried at the next flush or reap */
-	if (rc3 == -EAGAIN || rc3 == -EBUSY || rc3 == -EINTR)
-		rc3 = 0;
-	if (rc3 < 0)
-		rc3 = kvt_err(rc3, "submitting NVMe IO");
-	return rc1 ? rc1 : rc2 ? rc2 : rc3 < 0 ? rc3 : 0;
+	return rc1 ? rc1 : rc2 ? rc2 : rc3;
 }
 
 static void
