@@ -128,10 +128,11 @@ xfer_start(struct kvt_engine *e, int kind, uint32_t id, uint32_t dst_slot)
 		kvt_copy_mark_stale(b, dst);
 	b->busy++;
 	e->st.transfers_in_flight++;
-	x->t_issue = kvt_now_ns();
 	x->prefetch = e->prefetching;
-	if (kind == KVT_X_H2D || kind == KVT_X_N2H)
+	if (kind == KVT_X_H2D || kind == KVT_X_N2H) { /* a promotion: its latency is recorded */
+		x->t_issue = kvt_now_ns();
 		kvt_stats_record_issue(e, dst, e->block_bytes);
+	}
 	return x;
 }
 
@@ -170,7 +171,7 @@ kvt_xfer_h2d(struct kvt_engine *e, uint32_t id, uint32_t hbm_slot)
 	return 0;
 }
 
-static void xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res);
+static void xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now);
 
 static int
 xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
@@ -200,7 +201,7 @@ xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 			break;
 	}
 	if (rc < 0) {
-		xfer_complete(e, x, rc);
+		xfer_complete(e, x, rc, 0);
 		return kvt_err(rc, "submitting NVMe %s", x->kind == KVT_X_H2N ? "write" : "read");
 	}
 	e->nvme_inflight++;
@@ -318,8 +319,10 @@ xfer_release_src(struct kvt_engine *e, struct kvt_xfer *x)
 		kvt_copy_fail(e, x->block, KVT_TIER_HOST);
 }
 
+/* @x ended with @res (0 or a negative code), seen at clock @now (kvt_now_ns(), read once per
+ * retired group or reaped batch; unused when @res < 0). */
 static void
-xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
+xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now)
 {
 	struct kvt_block *b = kvt_blk(e, x->block);
 	bool current = !b->dead && !kvt_copy_stale(b, xfer_dst_tier[x->kind]);
@@ -338,7 +341,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 		if (res == 0 && current) {
 			kvt_copy_set_present(e, id, KVT_TIER_HBM);
 			xfer_count_move(e, x->kind);
-			kvt_stats_record_promote(e, KVT_TIER_HBM, kvt_now_ns() - x->t_issue);
+			kvt_stats_record_promote(e, KVT_TIER_HBM, now - x->t_issue);
 		} else {
 			kvt_copy_fail(e, id, KVT_TIER_HBM);
 		}
@@ -353,7 +356,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res)
 		if (res == 0 && current) {
 			kvt_copy_set_present(e, id, KVT_TIER_HOST);
 			xfer_count_move(e, x->kind);
-			kvt_stats_record_promote(e, KVT_TIER_HOST, kvt_now_ns() - x->t_issue);
+			kvt_stats_record_promote(e, KVT_TIER_HOST, now - x->t_issue);
 			if (x->then_hbm) {
 				bool was = e->prefetching;
 
@@ -495,7 +498,7 @@ fail:
 	while (list) {
 		x = list;
 		list = x->next;
-		xfer_complete(e, x, rc);
+		xfer_complete(e, x, rc, 0);
 	}
 	return rc;
 }
@@ -539,6 +542,7 @@ xstream_retire_head(struct kvt_engine *e, struct kvt_xstream *xs)
 {
 	struct kvt_xgroup *g = xs->head;
 	struct kvt_xfer *x;
+	uint64_t now = kvt_now_ns(); /* one clock read for the whole group */
 
 	xs->head = g->next;
 	if (!xs->head)
@@ -546,7 +550,7 @@ xstream_retire_head(struct kvt_engine *e, struct kvt_xstream *xs)
 	xs->retired = g->seqno;
 	while ((x = g->xfers)) {
 		g->xfers = x->next;
-		xfer_complete(e, x, 0);
+		xfer_complete(e, x, 0, now);
 	}
 	for (uint32_t i = 0; i < g->n_ev; i++)
 		xfer_event_put(e, g->ev[i]);
@@ -639,6 +643,7 @@ static int
 xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 {
 	struct kvt_nvme_cqe cqe[32];
+	uint64_t now;
 	uint32_t want;
 	int n, i;
 
@@ -654,6 +659,7 @@ xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 		if (n < 0)
 			return kvt_err(n, "reaping NVMe completions");
 		wait = false;
+		now = n ? kvt_now_ns() : 0; /* one clock read per reaped batch */
 		for (i = 0; i < n; i++) {
 			struct kvt_xfer *x = (struct kvt_xfer *)(uintptr_t)cqe[i].user_data;
 
@@ -662,7 +668,7 @@ xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 				xfer_note_write(e, x, &cqe[i]);
 			if (!cqe[i].is_write && cqe[i].buf_late)
 				xfer_host_late(e, x);
-			xfer_complete(e, x, cqe[i].res);
+			xfer_complete(e, x, cqe[i].res, now);
 			(*done)++;
 		}
 	} while (n == (int)want && (!max || (uint32_t)*done < max));
