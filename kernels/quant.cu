@@ -18,6 +18,7 @@ extern "C" {
 #include "error.h"
 }
 #include "kernels/kernels_cuda.h"
+#include "kernels/quant.h"
 
 #define QUANT_THREADS 256u
 #define QUANT_MAX_GRID 65535u
@@ -125,20 +126,6 @@ dequant_kernel(const uint8_t *q, const float *scales, uint64_t n_groups, uint32_
 }
 
 static int
-quant_args(const char *what, enum kvt_dtype qt, enum kvt_dtype ft, const void *a,
-	   const void *b, const void *c, uint32_t group)
-{
-	if (!a || !b || !c || !group)
-		return kvt_err(-EINVAL, "%s: NULL buffer or group of 0 elements", what);
-	if (qt != KVT_DTYPE_INT8 && qt != KVT_DTYPE_FP8_E4M3)
-		return kvt_err(-EINVAL, "%s: quantized type %d is not INT8 or FP8_E4M3", what,
-			       (int)qt);
-	if (ft != KVT_DTYPE_F32 && ft != KVT_DTYPE_F16 && ft != KVT_DTYPE_BF16)
-		return kvt_err(-EINVAL, "%s: type %d is not F32, F16 or BF16", what, (int)ft);
-	return 0;
-}
-
-static int
 quant_launched(const char *what)
 {
 	cudaError_t e = cudaGetLastError();
@@ -153,7 +140,7 @@ extern "C" int
 kvt_quant_cuda(enum kvt_dtype qt, enum kvt_dtype src_t, const void *src, uint64_t n_groups,
 	       uint32_t group, void *q, float *scales, cudaStream_t stream)
 {
-	int rc = quant_args("kvt_quant_cuda", qt, src_t, src, q, scales, group);
+	int rc = kvt_quant_check("kvt_quant_cuda", qt, src_t, src, q, scales, group);
 	const bool int8 = qt == KVT_DTYPE_INT8;
 	unsigned grid;
 
@@ -176,7 +163,7 @@ extern "C" int
 kvt_dequant_cuda(enum kvt_dtype qt, const void *q, const float *scales, uint64_t n_groups,
 		 uint32_t group, enum kvt_dtype dst_t, void *dst, cudaStream_t stream)
 {
-	int rc = quant_args("kvt_dequant_cuda", qt, dst_t, q, scales, dst, group);
+	int rc = kvt_quant_check("kvt_dequant_cuda", qt, dst_t, q, scales, dst, group);
 	const bool int8 = qt == KVT_DTYPE_INT8;
 	const uint64_t n = n_groups * group;
 	unsigned grid;

@@ -29,6 +29,15 @@ uint8_t kvt_f32_to_e4m3(float f);
 float kvt_e4m3_to_f32(uint8_t v);
 
 /**
+ * kvt_quant_check() - the argument checks of every quantize / dequantize entry point (C
+ * reference and CUDA launchers): @a, @b, @c (the buffers) not NULL, @group > 0, @qt INT8 or
+ * FP8_E4M3, @ft (the unquantized side) F32, F16 or BF16. @what names the caller in the
+ * message. Returns 0 or -EINVAL with a message. Pure (thread-safe).
+ */
+int kvt_quant_check(const char *what, enum kvt_dtype qt, enum kvt_dtype ft, const void *a,
+		    const void *b, const void *c, uint32_t group);
+
+/**
  * kvt_quant_ref() - quantize @n_groups groups of @group elements.
  * @qt:     KVT_DTYPE_INT8 or KVT_DTYPE_FP8_E4M3.
  * @src_t:  KVT_DTYPE_F32, F16 or BF16: the type of @src [n_groups][group].

@@ -47,10 +47,9 @@ kvt_e4m3_to_f32(uint8_t v)
 	return v & 0x80 ? -a : a;
 }
 
-/* The type checks of both directions. */
-static int
-quant_check(const char *what, enum kvt_dtype qt, enum kvt_dtype ft, const void *a,
-	    const void *b, const void *c, uint32_t group)
+int
+kvt_quant_check(const char *what, enum kvt_dtype qt, enum kvt_dtype ft, const void *a,
+		const void *b, const void *c, uint32_t group)
 {
 	if (!a || !b || !c || !group)
 		return kvt_err(-EINVAL, "%s: NULL buffer or group of 0 elements", what);
@@ -68,7 +67,7 @@ kvt_quant_ref(enum kvt_dtype qt, enum kvt_dtype src_t, const void *src, uint64_t
 {
 	const size_t es = kvt_dtype_size(src_t);
 	float x[256];
-	int rc = quant_check("kvt_quant_ref", qt, src_t, src, q, scales, group);
+	int rc = kvt_quant_check("kvt_quant_ref", qt, src_t, src, q, scales, group);
 
 	if (rc)
 		return rc;
@@ -107,7 +106,7 @@ kvt_dequant_ref(enum kvt_dtype qt, const void *q, const float *scales, uint64_t 
 		uint32_t group, enum kvt_dtype dst_t, void *dst)
 {
 	const size_t es = kvt_dtype_size(dst_t);
-	int rc = quant_check("kvt_dequant_ref", qt, dst_t, q, scales, dst, group);
+	int rc = kvt_quant_check("kvt_dequant_ref", qt, dst_t, q, scales, dst, group);
 
 	if (rc)
 		return rc;
