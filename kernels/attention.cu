@@ -25,6 +25,7 @@ extern "C" {
 #include "error.h"
 }
 #include "kernels/kernels_cuda.h"
+#include "kernels/launch_cuda.h"
 
 #define ATTN_MAX_HEAD_DIM 4096u
 
@@ -506,11 +507,7 @@ attn_cuda_launch_split(enum kvt_dtype dtype, const attn_params &p, uint32_t n_wi
 			attn_vec_launch<__half>(p, n_windows, stream);
 		else
 			attn_vec_launch<__nv_bfloat16>(p, n_windows, stream);
-		cudaError_t e = cudaGetLastError();
-		if (e != cudaSuccess)
-			return kvt_err(KVT_EDEVICE, "attention kernel launch: %s (%s)",
-				       cudaGetErrorString(e), cudaGetErrorName(e));
-		return 0;
+		return kvt_cuda_launched("attention");
 	}
 	return attn_cuda_launch_generic(dtype, p, n_windows, stream);
 }
@@ -531,11 +528,7 @@ attn_cuda_launch_generic(enum kvt_dtype dtype, const attn_params &p, uint32_t n_
 		attn_split_kernel<__half><<<grid, block, smem, stream>>>(p);
 	else
 		attn_split_kernel<__nv_bfloat16><<<grid, block, smem, stream>>>(p);
-	cudaError_t e = cudaGetLastError();
-	if (e != cudaSuccess)
-		return kvt_err(KVT_EDEVICE, "attention split kernel launch: %s (%s)",
-			       cudaGetErrorString(e), cudaGetErrorName(e));
-	return 0;
+	return kvt_cuda_launched("attention split");
 }
 
 extern "C" void
@@ -605,11 +598,7 @@ kvt_attn_decode_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_h
 		return rc;
 	attn_merge_kernel<<<n_heads, 128, 0, stream>>>(p.o, p.m, p.l, (uint32_t)n_win, n_heads,
 						       kv->head_dim, out);
-	cudaError_t e = cudaGetLastError();
-	if (e != cudaSuccess)
-		return kvt_err(KVT_EDEVICE, "attention merge kernel launch: %s (%s)",
-			       cudaGetErrorString(e), cudaGetErrorName(e));
-	return 0;
+	return kvt_cuda_launched("attention merge");
 }
 
 extern "C" int

@@ -13,6 +13,7 @@ extern "C" {
 #include "error.h"
 }
 #include "kernels/kernels_cuda.h"
+#include "kernels/launch_cuda.h"
 
 #define DELAY_THREADS 256u
 #define DELAY_BLOCKS 64u
@@ -48,11 +49,7 @@ delay_launch(void *dst, const void *src, uint64_t len, unsigned char byte, uint6
 		return kvt_err(-EINVAL, "delay kernel: NULL dst or len 0");
 	delay_kernel<<<DELAY_BLOCKS, DELAY_THREADS, 0, stream>>>(
 		(unsigned char *)dst, (const unsigned char *)src, len, byte, ns);
-	cudaError_t e = cudaGetLastError();
-	if (e != cudaSuccess)
-		return kvt_err(KVT_EDEVICE, "delay kernel launch: %s (%s)", cudaGetErrorString(e),
-			       cudaGetErrorName(e));
-	return 0;
+	return kvt_cuda_launched("delay");
 }
 
 extern "C" int
@@ -100,9 +97,5 @@ kvt_cuda_read_bytes(const void *src, uint64_t len, uint32_t *sink, int n_sm,
 	if (!words)
 		return 0;
 	read_kernel<<<blocks, 256, 0, stream>>>((const uint4 *)src, words, sink);
-	cudaError_t e = cudaGetLastError();
-	if (e != cudaSuccess)
-		return kvt_err(KVT_EDEVICE, "read kernel launch: %s (%s)", cudaGetErrorString(e),
-			       cudaGetErrorName(e));
-	return 0;
+	return kvt_cuda_launched("read");
 }

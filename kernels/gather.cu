@@ -24,6 +24,7 @@ extern "C" {
 #include "error.h"
 }
 #include "kernels/kernels_cuda.h"
+#include "kernels/launch_cuda.h"
 
 #define GATHER_THREADS 256u
 #define GATHER_MAX_X 1024u   /* blocks along a piece; more pieces in flight beat longer rows */
@@ -57,16 +58,16 @@ static int
 gather_launch(void *packed, void *base, uint64_t slot_stride, uint64_t offset, uint64_t len,
 	      const uint32_t *slots, uint32_t n, bool to_packed, cudaStream_t stream)
 {
-	const char *what = to_packed ? "gather" : "scatter";
+	const char *what = to_packed ? "gather blocks" : "scatter blocks";
 	uint64_t wsize, words, xblocks;
 
 	if (!n)
 		return 0;
 	if (!packed || !base || !slots)
-		return kvt_err(-EINVAL, "%s blocks (cuda): NULL buffer or slot list", what);
+		return kvt_err(-EINVAL, "%s (cuda): NULL buffer or slot list", what);
 	if (!len || offset + len < offset || offset + len > slot_stride)
 		return kvt_err(-EINVAL,
-			       "%s blocks (cuda): range offset %llu len %llu outside slot of %llu",
+			       "%s (cuda): range offset %llu len %llu outside slot of %llu",
 			       what, (unsigned long long)offset, (unsigned long long)len,
 			       (unsigned long long)slot_stride);
 	wsize = (((uintptr_t)packed | (uintptr_t)base | slot_stride | offset | len) % 16) ? 1 : 16;
@@ -83,11 +84,7 @@ gather_launch(void *packed, void *base, uint64_t slot_stride, uint64_t offset, u
 		gather_kernel<unsigned char><<<grid, GATHER_THREADS, 0, stream>>>(
 			(unsigned char *)packed, (unsigned char *)base, slot_stride, offset, words,
 			slots, n, to_packed);
-	cudaError_t e = cudaGetLastError();
-	if (e != cudaSuccess)
-		return kvt_err(KVT_EDEVICE, "%s blocks kernel launch: %s", what,
-			       cudaGetErrorString(e));
-	return 0;
+	return kvt_cuda_launched(what);
 }
 
 extern "C" int

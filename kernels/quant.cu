@@ -18,6 +18,7 @@ extern "C" {
 #include "error.h"
 }
 #include "kernels/kernels_cuda.h"
+#include "kernels/launch_cuda.h"
 #include "kernels/quant.h"
 
 #define QUANT_THREADS 256u
@@ -125,17 +126,6 @@ dequant_kernel(const uint8_t *q, const float *scales, uint64_t n_groups, uint32_
 	}
 }
 
-static int
-quant_launched(const char *what)
-{
-	cudaError_t e = cudaGetLastError();
-
-	if (e != cudaSuccess)
-		return kvt_err(KVT_EDEVICE, "%s kernel launch: %s (%s)", what,
-			       cudaGetErrorString(e), cudaGetErrorName(e));
-	return 0;
-}
-
 extern "C" int
 kvt_quant_cuda(enum kvt_dtype qt, enum kvt_dtype src_t, const void *src, uint64_t n_groups,
 	       uint32_t group, void *q, float *scales, cudaStream_t stream)
@@ -156,7 +146,7 @@ kvt_quant_cuda(enum kvt_dtype qt, enum kvt_dtype src_t, const void *src, uint64_
 	else
 		quant_kernel<__nv_bfloat16><<<grid, QUANT_THREADS, 0, stream>>>(
 			(const __nv_bfloat16 *)src, n_groups, group, int8, (uint8_t *)q, scales);
-	return quant_launched("quantize");
+	return kvt_cuda_launched("quantize");
 }
 
 extern "C" int
@@ -181,5 +171,5 @@ kvt_dequant_cuda(enum kvt_dtype qt, const void *q, const float *scales, uint64_t
 	else
 		dequant_kernel<__nv_bfloat16><<<grid, QUANT_THREADS, 0, stream>>>(
 			(const uint8_t *)q, scales, n_groups, group, int8, (__nv_bfloat16 *)dst);
-	return quant_launched("dequantize");
+	return kvt_cuda_launched("dequantize");
 }
