@@ -4,12 +4,12 @@
  *
  * The CUDA backend's fallback for a copy batch, where cudaMemcpyBatchAsync is absent (CUDA <
  * 12.8), refused by the driver, or not allowed (the legacy default stream), is one copy kernel
- * launch per KVT_COPY_KERNEL_CHUNK (128) copies (kernels/gather.cu, kvt_copy_batch_cuda()). A kernel can only
- * touch memory that the GPU can address: the backend's own cudaMalloc arenas and its
- * cudaHostAlloc regions (mapped into the device address space under UVA). This module keeps
- * those ranges and splits a batch into the copies whose source and destination both lie in them
- * (the kernel's) and the rest (one cudaMemcpyAsync each, which handles pageable memory too).
- * Pure C with no CUDA in it, so the split is tested on machines without a GPU
+ * launch per KVT_COPY_KERNEL_CHUNK (128) copies (kernels/gather.cu, kvt_copy_batch_cuda()). A
+ * kernel can only touch memory that the GPU can address: the backend's own cudaMalloc arenas
+ * and its cudaHostAlloc regions (mapped into the device address space under UVA). This module
+ * keeps those ranges and splits a batch into the copies whose source and destination both lie
+ * in them (the kernel's) and the rest (one cudaMemcpyAsync each, which handles pageable memory
+ * too). Pure C with no CUDA in it, so the split is tested on machines without a GPU
  * (tests/test_device.c).
  */
 #ifndef KVT_TRANSFER_COPY_PLAN_H

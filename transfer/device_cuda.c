@@ -267,9 +267,10 @@ cuda_copy_kernel(struct cuda_dev *c, cudaStream_t s, const struct kvt_copy *v, u
 					 &cerr);
 		if (cur != c->ordinal)
 			(void)cudaSetDevice(cur);
+		if (rc != 0 && cerr)
+			return cuda_fail(c, (cudaError_t)cerr, "cudaLaunchKernel (copy batch)");
 		if (rc != 0)
-			return cerr ? cuda_fail(c, (cudaError_t)cerr, "cudaLaunchKernel (copy batch)")
-				    : rc;
+			return rc;
 		atomic_fetch_add(&c->copies[KVT_CUDA_COPY_KERNEL], nk);
 	}
 	return nr ? cuda_copy_loop(c, s, tmp + n, nr) : 0;

@@ -617,7 +617,8 @@ xfer_nvme_late(struct kvt_engine *e)
 
 	while ((k = kvt_nvme_late_writes(e->nvme, sl, 32)) > 0)
 		for (uint32_t i = 0; i < k; i++) {
-			if (kvt_owner(e, KVT_TIER_NVME, sl[i]) != KVT_SLOT_QUARANTINED || !e->nvme_late)
+			if (kvt_owner(e, KVT_TIER_NVME, sl[i]) != KVT_SLOT_QUARANTINED ||
+			    !e->nvme_late)
 				continue;
 			kvt_owner_set(e, KVT_TIER_NVME, sl[i], KVT_NIL);
 			kvt_slots_free(&e->slots[KVT_TIER_NVME], sl[i]);
