@@ -23,6 +23,7 @@
 extern "C" {
 #include "error.h"
 }
+#include "kernels/gather.h"
 #include "kernels/kernels_cuda.h"
 #include "kernels/launch_cuda.h"
 
@@ -60,16 +61,14 @@ gather_launch(void *packed, void *base, uint64_t slot_stride, uint64_t offset, u
 {
 	const char *what = to_packed ? "gather blocks" : "scatter blocks";
 	uint64_t wsize, words, xblocks;
+	int rc;
 
 	if (!n)
 		return 0;
-	if (!packed || !base || !slots)
-		return kvt_err(-EINVAL, "%s (cuda): NULL buffer or slot list", what);
-	if (!len || offset + len < offset || offset + len > slot_stride)
-		return kvt_err(-EINVAL,
-			       "%s (cuda): range offset %llu len %llu outside slot of %llu",
-			       what, (unsigned long long)offset, (unsigned long long)len,
-			       (unsigned long long)slot_stride);
+	rc = kvt_gather_check(to_packed ? "gather blocks (cuda)" : "scatter blocks (cuda)", packed,
+			      base, slot_stride, offset, len, slots);
+	if (rc)
+		return rc;
 	wsize = (((uintptr_t)packed | (uintptr_t)base | slot_stride | offset | len) % 16) ? 1 : 16;
 	words = len / wsize;
 	xblocks = (words + GATHER_THREADS - 1) / GATHER_THREADS;

@@ -14,6 +14,15 @@ extern "C" {
 #endif
 
 /**
+ * kvt_gather_check() - the argument checks of every gather/scatter entry point (C reference
+ * and CUDA launchers): buffers @a, @b and @slots not NULL, [offset, offset + len) a non-empty
+ * range within @slot_stride. @what names the caller in the message. Returns 0 or -EINVAL with
+ * a message. Pure (thread-safe).
+ */
+int kvt_gather_check(const char *what, const void *a, const void *b, uint64_t slot_stride,
+		     uint64_t offset, uint64_t len, const uint32_t *slots);
+
+/**
  * kvt_gather_blocks_ref() - for i in 0..n-1:
  *   dst[i * len .. (i + 1) * len) = base[slots[i] * slot_stride + offset .. + len).
  * @dst: [n][len] bytes, not overlapping the source ranges.  @base: slot 0.

@@ -8,17 +8,15 @@
 #include "error.h"
 #include "kernels/gather.h"
 
-/* The checks shared by both directions. */
-static int
-gather_ref_check(const char *what, const void *a, const void *b, uint64_t slot_stride,
+int
+kvt_gather_check(const char *what, const void *a, const void *b, uint64_t slot_stride,
 		 uint64_t offset, uint64_t len, const uint32_t *slots)
 {
 	if (!a || !b || !slots)
-		return kvt_err(-EINVAL, "%s blocks: NULL buffer or slot list", what);
+		return kvt_err(-EINVAL, "%s: NULL buffer or slot list", what);
 	if (!len || offset + len < offset || offset + len > slot_stride)
-		return kvt_err(-EINVAL,
-			       "%s blocks: range offset %llu len %llu outside slot of %llu", what,
-			       (unsigned long long)offset, (unsigned long long)len,
+		return kvt_err(-EINVAL, "%s: range offset %llu len %llu outside slot of %llu",
+			       what, (unsigned long long)offset, (unsigned long long)len,
 			       (unsigned long long)slot_stride);
 	return 0;
 }
@@ -31,7 +29,7 @@ kvt_gather_blocks_ref(void *dst, const void *base, uint64_t slot_stride, uint64_
 
 	if (!n)
 		return 0;
-	rc = gather_ref_check("gather", dst, base, slot_stride, offset, len, slots);
+	rc = kvt_gather_check("gather blocks", dst, base, slot_stride, offset, len, slots);
 	if (rc)
 		return rc;
 	for (uint32_t i = 0; i < n; i++)
@@ -48,7 +46,7 @@ kvt_scatter_blocks_ref(void *base, uint64_t slot_stride, uint64_t offset, uint64
 
 	if (!n)
 		return 0;
-	rc = gather_ref_check("scatter", base, src, slot_stride, offset, len, slots);
+	rc = kvt_gather_check("scatter blocks", base, src, slot_stride, offset, len, slots);
 	if (rc)
 		return rc;
 	for (uint32_t i = 0; i < n; i++)
