@@ -774,20 +774,16 @@ int
 kvt_nvme_sync(struct kvt_nvme *n)
 {
 	char eb[128];
-	int e;
+	int r;
 
 	if (n->sync_failed)
 		return kvt_err(-EIO, "nvme: fdatasync %s failed earlier: its data may be lost",
 			       n->path);
-	e = kvt_sync_inject(KVT_SYNC_DATA);
-	if (!e && fdatasync(n->fd) == 0) {
-		kvt_sync_note(KVT_SYNC_DATA, 0, NULL, 0);
+	r = kvt_sync_fd(n->fd, KVT_SYNC_DATA);
+	if (r == 0)
 		return 0;
-	}
-	if (!e)
-		e = errno;
 	n->sync_failed = true; /* the dirty pages may be gone: never report success again */
-	return kvt_err(-e, "nvme: fdatasync %s: %s", n->path, nvme_strerror(e, eb, sizeof eb));
+	return kvt_err(r, "nvme: fdatasync %s: %s", n->path, nvme_strerror(-r, eb, sizeof eb));
 }
 
 bool
