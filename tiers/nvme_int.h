@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tiers/nvme_int.h - the NVME tier's internal state, shared by tier_nvme.c (open, files,
- * superblock, close), nvme_io.c (submission, completion) and nvme_work.c (the worker pool).
+ * superblock, close), nvme_info.c (accessors, sync, the slot table), nvme_io.c (submission,
+ * completion) and nvme_work.c (the worker pool).
  * Not installed.
  */
 #ifndef KVT_TIERS_NVME_INT_H
