@@ -2,7 +2,7 @@
 /*
  * tiers/nvme_int.h - the NVME tier's internal state, shared by tier_nvme.c (open, files,
  * superblock, close), nvme_info.c (accessors, sync, the slot table), nvme_io.c (submission,
- * completion) and nvme_work.c (the worker pool).
+ * completion), nvme_seal.c (sealing writes, verifying reads) and nvme_work.c (the worker pool).
  * Not installed.
  */
 #ifndef KVT_TIERS_NVME_INT_H
@@ -189,6 +189,16 @@ nvme_strerror(int e, char *buf, size_t len)
 	return strerror_r(e, buf, len);
 }
 
+/* Bytes an IO of a slot moves when @stored payload bytes follow the header page: rounded up to
+ * 4 KiB, at most the slot. */
+static inline uint32_t
+nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
+{
+	size_t l = NVME_HPAGE + (((size_t)stored + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1));
+
+	return (uint32_t)(l < n->slot_bytes ? l : n->slot_bytes);
+}
+
 /* nvme_work.c: start the pool of @count workers (0 or a failure: inline), stop and join it (all
  * IO must have completed), and hand out verified reads (mu held; returns those written). */
 int kvt_nvme_workers_start(struct kvt_nvme *n, uint32_t count);
@@ -197,9 +207,9 @@ uint32_t kvt_nvme_deliver_verified(struct kvt_nvme *n, struct kvt_nvme_cqe *out,
 /* A verified read of @req goes out: queue it on done_q (worker, mu held). */
 void kvt_nvme_queue_verify(struct kvt_nvme *n, struct nvme_req *req);
 
-/* nvme_io.c, for the workers (mu held unless said otherwise): seal a write (no mu), verify a
- * read into its destination (no mu; @scratch: codec scratch), queue the rest of an IO, submit,
- * wake a waiting reaper, and finish a request into a completion. */
+/* nvme_seal.c, inline or on a worker (no mu): seal a write, verify a read into its destination
+ * (@scratch: codec scratch). nvme_io.c, for the workers (mu held): queue the rest of an IO,
+ * submit, wake a waiting reaper, and finish a request into a completion. */
 void kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
 		   const struct kvt_nvme_wmeta *m, uint8_t *scratch, uint8_t *encbuf);
 int kvt_nvme_verify(struct kvt_nvme *n, const struct nvme_req *req, uint8_t *scratch);
