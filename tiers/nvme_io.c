@@ -21,9 +21,6 @@
 #include "engine/error.h"
 #include "tiers/nvme_int.h"
 
-static int nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
-				   uint32_t stored, uint64_t user_data);
-
 /* ---- submission ---------------------------------------------------------------------------- */
 
 /* io_uring_submit the queued SQEs. Returns the number taken by the kernel or -errno. */
@@ -279,32 +276,34 @@ nvme_submit_write_locked(struct kvt_nvme *n, uint32_t slot, const void *src,
 	return r;
 }
 
-int
-kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
-			   const struct kvt_nvme_wmeta *m, uint64_t user_data)
+/* kvt_nvme_submit_write_meta (@tabled false) and kvt_nvme_put (true): take mu around the
+ * submit. */
+static int
+nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src,
+		  const struct kvt_nvme_wmeta *m, uint64_t user_data, bool tabled)
 {
 	int r;
 
 	if (!n)
-		return kvt_err(-EINVAL, "nvme write: tier is NULL");
+		return kvt_err(-EINVAL, "nvme %s: tier is NULL", tabled ? "put" : "write");
 	pthread_mutex_lock(&n->mu);
-	r = nvme_submit_write_locked(n, slot, src, m, user_data, false);
+	r = nvme_submit_write_locked(n, slot, src, m, user_data, tabled);
 	pthread_mutex_unlock(&n->mu);
 	return r;
+}
+
+int
+kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
+			   const struct kvt_nvme_wmeta *m, uint64_t user_data)
+{
+	return nvme_submit_write(n, slot, src, m, user_data, false);
 }
 
 int
 kvt_nvme_put(struct kvt_nvme *n, uint32_t slot, const void *src, const struct kvt_nvme_wmeta *m,
 	     uint64_t user_data)
 {
-	int r;
-
-	if (!n)
-		return kvt_err(-EINVAL, "nvme put: tier is NULL");
-	pthread_mutex_lock(&n->mu);
-	r = nvme_submit_write_locked(n, slot, src, m, user_data, true);
-	pthread_mutex_unlock(&n->mu);
-	return r;
+	return nvme_submit_write(n, slot, src, m, user_data, true);
 }
 
 int
@@ -349,20 +348,6 @@ kvt_nvme_get(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t user_data)
 }
 
 int
-kvt_nvme_submit_read_len(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
-			 uint32_t stored, uint64_t user_data)
-{
-	int r;
-
-	if (!n)
-		return kvt_err(-EINVAL, "nvme read: tier is NULL");
-	pthread_mutex_lock(&n->mu);
-	r = nvme_submit_read_locked(n, slot, dst, key, stored, user_data);
-	pthread_mutex_unlock(&n->mu);
-	return r;
-}
-
-int
 kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64_t key,
 		      uint64_t user_data)
 {
@@ -371,15 +356,21 @@ kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64
 	return kvt_nvme_submit_write_meta(n, slot, src, &m, user_data);
 }
 
-static int
-nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
-			uint32_t stored, uint64_t user_data)
+int
+kvt_nvme_submit_read_len(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+			 uint32_t stored, uint64_t user_data)
 {
 	struct nvme_req *req;
-	int r = nvme_req_get(n, slot, dst, "read", &req);
+	int r;
 
-	if (r != 0)
+	if (!n)
+		return kvt_err(-EINVAL, "nvme read: tier is NULL");
+	pthread_mutex_lock(&n->mu);
+	r = nvme_req_get(n, slot, dst, "read", &req);
+	if (r != 0) {
+		pthread_mutex_unlock(&n->mu);
 		return r;
+	}
 	req->is_write = false;
 	req->key = key;
 	req->user_data = user_data;
@@ -390,6 +381,7 @@ nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t k
 	r = kvt_nvme_queue_rest(n, req);
 	if (r != 0)
 		nvme_req_put(n, req);
+	pthread_mutex_unlock(&n->mu);
 	return r;
 }
 
