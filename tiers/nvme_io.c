@@ -606,6 +606,15 @@ nvme_deliver_late(struct kvt_nvme *n)
 	}
 }
 
+/* Whether @req's deadline counts: its piece is queued or in the kernel, or its CQE was lost or
+ * held back by the fate hook. */
+static bool
+nvme_can_expire(const struct nvme_req *req)
+{
+	return req->busy && (req->parked == NVME_ACTIVE || req->parked == NVME_LOST ||
+			     req->parked == NVME_HELD);
+}
+
 /* Time out IO pieces past their deadline (only while nothing waits in the SQ). */
 static uint32_t
 nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
@@ -616,9 +625,7 @@ nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
 	for (uint32_t i = 0; i < n->qd && n->queued == 0 && got < max; i++) {
 		struct nvme_req *req = &n->reqs[i];
 
-		if (!req->busy || req->deadline > now ||
-		    (req->parked != NVME_ACTIVE && req->parked != NVME_LOST &&
-		     req->parked != NVME_HELD))
+		if (!nvme_can_expire(req) || req->deadline > now)
 			continue;
 		kvt_err(-ETIMEDOUT, "nvme %s of slot %u: no completion within %llu ms",
 			req->is_write ? "write" : "read", req->slot,
@@ -655,9 +662,7 @@ nvme_wait_span(const struct kvt_nvme *n, struct __kernel_timespec *ts)
 	for (uint32_t i = 0; i < n->qd; i++) {
 		const struct nvme_req *req = &n->reqs[i];
 
-		if (req->busy && (req->parked == NVME_ACTIVE || req->parked == NVME_LOST ||
-				  req->parked == NVME_HELD) &&
-		    req->deadline < first)
+		if (nvme_can_expire(req) && req->deadline < first)
 			first = req->deadline;
 	}
 	d = first == UINT64_MAX ? n->timeout_ns : first > now ? first - now : 0;
