@@ -119,8 +119,10 @@ struct kvt_nvme {
 	int codec;                         /* enum kvt_codec of writes */
 	double min_saving;                 /* encode kept only when it saves this fraction */
 	struct kvt_codec_geom geom;        /* tile geometry of the layout, for the codec */
-	uint8_t *scratch;                  /* codec scratch: block_bytes (engine lock held) */
-	uint8_t *enc;                      /* codec output: block_bytes */
+	uint8_t *scratch;                  /* codec scratch (kvt_codec_scratch_bytes) of inline
+	                                      seals and verifies (no workers; mu held):
+	                                      allocated at open when the tier encodes, else at
+	                                      the first decode */
 	struct kvt_fmt_super sb;           /* the superblock as written/read at open */
 	size_t block_bytes;                /* bytes of one block */
 	size_t slot_bytes;                 /* bytes of one slot in the file */
@@ -163,7 +165,6 @@ struct kvt_nvme {
 	uint32_t n_verifying;              /* busy requests NVME_VERIFYING or NVME_VERIFIED */
 	bool reaper_waiting;               /* a reap sleeps in the CQ wait: a worker that puts a
 	                                      read on done_q wakes it (a NOP) */
-	uint8_t *dscratch;                 /* decode scratch (reaping thread, no workers) */
 	uint64_t timeout_ns;               /* IO piece deadline */
 	uint32_t *free_stack;              /* [qd] indices of free requests */
 	struct nvme_req *reqs;             /* [qd] request contexts */

@@ -113,11 +113,11 @@ kvt_nvme_verify(struct kvt_nvme *n, const struct nvme_req *req, uint8_t *scratch
 		memcpy(req->dst, payload, n->block_bytes);
 		return 0;
 	}
-	if (!scratch && !n->dscratch &&
-	    !(n->dscratch = malloc(kvt_codec_scratch_bytes(n->block_bytes))))
+	if (!scratch && !n->scratch &&
+	    !(n->scratch = malloc(kvt_codec_scratch_bytes(n->block_bytes))))
 		return kvt_err(-ENOMEM, "nvme slot %u: codec scratch", slot);
 	rc = kvt_codec_decode_geom((int)h.codec, &n->geom, payload, h.stored_len,
-				   req->dst, n->block_bytes, scratch ? scratch : n->dscratch);
+				   req->dst, n->block_bytes, scratch ? scratch : n->scratch);
 	if (rc != 0)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
 	if (XXH3_64bits(req->dst, n->block_bytes) != h.sum)

@@ -416,8 +416,7 @@ nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
 	n->arena = arena;
 	if (n->codec != KVT_CODEC_NONE) {
 		n->scratch = malloc(kvt_codec_scratch_bytes(n->block_bytes));
-		n->enc = malloc(n->block_bytes);
-		if (!n->scratch || !n->enc)
+		if (!n->scratch)
 			return nvme_open_fail(-ENOMEM, err, errlen, "nvme: codec buffers");
 	}
 	n->work_q = malloc((size_t)n->qd * sizeof *n->work_q);
@@ -560,8 +559,6 @@ nvme_free(struct kvt_nvme *n, bool free_arena)
 	if (free_arena)
 		free(n->arena);
 	free(n->scratch);
-	free(n->enc);
-	free(n->dscratch);
 	free(n->work_q);
 	free(n->done_q);
 	if (n->mu_ok) {
