@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tiers/nvme_int.h - the NVME tier's internal state, shared by tier_nvme.c (open, files,
- * superblock, close), nvme_io.c (submission, completion) and nvme_work.c (the worker pool).
+ * superblock, close), nvme_info.c (accessors, sync, the slot table), nvme_io.c (submission,
+ * completion), nvme_seal.c (sealing writes, verifying reads) and nvme_work.c (the worker pool).
  * Not installed.
  */
 #ifndef KVT_TIERS_NVME_INT_H
@@ -118,8 +119,10 @@ struct kvt_nvme {
 	int codec;                         /* enum kvt_codec of writes */
 	double min_saving;                 /* encode kept only when it saves this fraction */
 	struct kvt_codec_geom geom;        /* tile geometry of the layout, for the codec */
-	uint8_t *scratch;                  /* codec scratch: block_bytes (engine lock held) */
-	uint8_t *enc;                      /* codec output: block_bytes */
+	uint8_t *scratch;                  /* codec scratch (kvt_codec_scratch_bytes) of inline
+	                                      seals and verifies (no workers; mu held):
+	                                      allocated at open when the tier encodes, else at
+	                                      the first decode */
 	struct kvt_fmt_super sb;           /* the superblock as written/read at open */
 	size_t block_bytes;                /* bytes of one block */
 	size_t slot_bytes;                 /* bytes of one slot in the file */
@@ -162,7 +165,6 @@ struct kvt_nvme {
 	uint32_t n_verifying;              /* busy requests NVME_VERIFYING or NVME_VERIFIED */
 	bool reaper_waiting;               /* a reap sleeps in the CQ wait: a worker that puts a
 	                                      read on done_q wakes it (a NOP) */
-	uint8_t *dscratch;                 /* decode scratch (reaping thread, no workers) */
 	uint64_t timeout_ns;               /* IO piece deadline */
 	uint32_t *free_stack;              /* [qd] indices of free requests */
 	struct nvme_req *reqs;             /* [qd] request contexts */
@@ -188,6 +190,16 @@ nvme_strerror(int e, char *buf, size_t len)
 	return strerror_r(e, buf, len);
 }
 
+/* Bytes an IO of a slot moves when @stored payload bytes follow the header page: rounded up to
+ * 4 KiB, at most the slot. */
+static inline uint32_t
+nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
+{
+	size_t l = NVME_HPAGE + (((size_t)stored + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1));
+
+	return (uint32_t)(l < n->slot_bytes ? l : n->slot_bytes);
+}
+
 /* nvme_work.c: start the pool of @count workers (0 or a failure: inline), stop and join it (all
  * IO must have completed), and hand out verified reads (mu held; returns those written). */
 int kvt_nvme_workers_start(struct kvt_nvme *n, uint32_t count);
@@ -196,9 +208,9 @@ uint32_t kvt_nvme_deliver_verified(struct kvt_nvme *n, struct kvt_nvme_cqe *out,
 /* A verified read of @req goes out: queue it on done_q (worker, mu held). */
 void kvt_nvme_queue_verify(struct kvt_nvme *n, struct nvme_req *req);
 
-/* nvme_io.c, for the workers (mu held unless said otherwise): seal a write (no mu), verify a
- * read into its destination (no mu; @scratch: codec scratch), queue the rest of an IO, submit,
- * wake a waiting reaper, and finish a request into a completion. */
+/* nvme_seal.c, inline or on a worker (no mu): seal a write, verify a read into its destination
+ * (@scratch: codec scratch). nvme_io.c, for the workers (mu held): queue the rest of an IO,
+ * submit, wake a waiting reaper, and finish a request into a completion. */
 void kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
 		   const struct kvt_nvme_wmeta *m, uint8_t *scratch, uint8_t *encbuf);
 int kvt_nvme_verify(struct kvt_nvme *n, const struct nvme_req *req, uint8_t *scratch);

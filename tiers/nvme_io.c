@@ -2,7 +2,7 @@
 /*
  * tiers/nvme_io.c - the NVME tier's IO: submission (batched SQEs over registered staging buffers
  * and the registered file), handing work to the worker pool (nvme_work.c), completion (short IO
- * continued, verification and decoding, late/lost completions and deadlines) and reaping. The
+ * continued, verification (nvme_seal.c), late/lost completions and deadlines) and reaping. The
  * contract is in tier_nvme.h, the state in nvme_int.h.
  *
  * Life of an IO: submit_* takes a request context (with its staging buffer) off a free stack,
@@ -13,19 +13,13 @@
  * in-kernel IO at any time, so at most queue_depth CQEs are ever pending in a CQ of twice that.
  */
 #include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include <liburing.h>
-#include <xxhash.h>
 
 #include "engine/error.h"
-#include "tiers/codec.h"
 #include "tiers/nvme_int.h"
-
-static int nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
-				   uint32_t stored, uint64_t user_data);
 
 /* ---- submission ---------------------------------------------------------------------------- */
 
@@ -171,65 +165,6 @@ nvme_req_put(struct kvt_nvme *n, struct nvme_req *req)
 	n->free_stack[n->n_free++] = req->index;
 }
 
-static uint32_t
-nvme_io_len(const struct kvt_nvme *n, uint32_t stored)
-{
-	size_t l = NVME_HPAGE + (((size_t)stored + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1));
-
-	return (uint32_t)(l < n->slot_bytes ? l : n->slot_bytes);
-}
-
-/*
- * Fill @req's header page (the header, zeros: in its staging buffer, or for a one-IO put in the
- * HOST slot's header room in front of req->data), and unless the payload goes zero-copy
- * (req->data), its staging buffer's payload: the block @raw (encoded when that pays) at
- * NVME_HPAGE with zero padding to the IO length. @raw may be the staging buffer's payload area
- * itself (a worker); then @encbuf (block_bytes) receives the encoding first. A put's key is
- * derived from the checksum. Sets req->len, key, stored, codec, sum.
- */
-void
-kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
-	      const struct kvt_nvme_wmeta *m, uint8_t *scratch, uint8_t *encbuf)
-{
-	uint8_t *payload = req->buf + NVME_HPAGE;
-	uint8_t *eout = raw == payload ? encbuf : payload;
-	uint8_t *hpage = req->whole ? req->data - NVME_HPAGE : req->buf;
-	struct kvt_fmt_blkhdr h;
-	int64_t enc = 0;
-
-	memset(&h, 0, sizeof h);
-	h.sum = XXH3_64bits(raw, n->block_bytes);
-	if (n->codec != KVT_CODEC_NONE && !req->data)
-		enc = kvt_codec_encode_geom(n->codec, &n->geom, raw, n->block_bytes, eout,
-					    n->block_bytes, scratch, n->min_saving);
-	if (enc > 0) {
-		if (eout != payload)
-			memcpy(payload, eout, (size_t)enc);
-		h.codec = (uint32_t)n->codec;
-		h.stored_len = (uint32_t)enc;
-	} else {
-		if (raw != payload && !req->data)
-			memcpy(payload, raw, n->block_bytes);
-		h.codec = KVT_CODEC_NONE;
-		h.stored_len = (uint32_t)n->block_bytes;
-	}
-	req->len = nvme_io_len(n, h.stored_len);
-	if (!req->data)
-		memset(payload + h.stored_len, 0, req->len - NVME_HPAGE - h.stored_len);
-	memset(hpage + NVME_HDR, 0, NVME_HPAGE - NVME_HDR);
-	h.slot = req->slot;
-	h.key = req->tabled ? kvt_fmt_write_key(n->sb.epoch, req->slot, h.sum) : m->key;
-	req->key = h.key;
-	h.session = m->session;
-	h.index = m->index;
-	h.raw_len = (uint32_t)n->block_bytes;
-	memcpy(h.hash, m->hash, sizeof h.hash);
-	kvt_fmt_blkhdr_encode(&h, hpage);
-	req->stored = h.stored_len;
-	req->codec = h.codec;
-	req->sum = h.sum;
-}
-
 /* Wake a reaper blocked in the CQ wait (a NOP completes at once; its CQE carries no request). */
 void
 kvt_nvme_poke(struct kvt_nvme *n)
@@ -341,32 +276,34 @@ nvme_submit_write_locked(struct kvt_nvme *n, uint32_t slot, const void *src,
 	return r;
 }
 
-int
-kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
-			   const struct kvt_nvme_wmeta *m, uint64_t user_data)
+/* kvt_nvme_submit_write_meta (@tabled false) and kvt_nvme_put (true): take mu around the
+ * submit. */
+static int
+nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src,
+		  const struct kvt_nvme_wmeta *m, uint64_t user_data, bool tabled)
 {
 	int r;
 
 	if (!n)
-		return kvt_err(-EINVAL, "nvme write: tier is NULL");
+		return kvt_err(-EINVAL, "nvme %s: tier is NULL", tabled ? "put" : "write");
 	pthread_mutex_lock(&n->mu);
-	r = nvme_submit_write_locked(n, slot, src, m, user_data, false);
+	r = nvme_submit_write_locked(n, slot, src, m, user_data, tabled);
 	pthread_mutex_unlock(&n->mu);
 	return r;
+}
+
+int
+kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
+			   const struct kvt_nvme_wmeta *m, uint64_t user_data)
+{
+	return nvme_submit_write(n, slot, src, m, user_data, false);
 }
 
 int
 kvt_nvme_put(struct kvt_nvme *n, uint32_t slot, const void *src, const struct kvt_nvme_wmeta *m,
 	     uint64_t user_data)
 {
-	int r;
-
-	if (!n)
-		return kvt_err(-EINVAL, "nvme put: tier is NULL");
-	pthread_mutex_lock(&n->mu);
-	r = nvme_submit_write_locked(n, slot, src, m, user_data, true);
-	pthread_mutex_unlock(&n->mu);
-	return r;
+	return nvme_submit_write(n, slot, src, m, user_data, true);
 }
 
 int
@@ -411,20 +348,6 @@ kvt_nvme_get(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t user_data)
 }
 
 int
-kvt_nvme_submit_read_len(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
-			 uint32_t stored, uint64_t user_data)
-{
-	int r;
-
-	if (!n)
-		return kvt_err(-EINVAL, "nvme read: tier is NULL");
-	pthread_mutex_lock(&n->mu);
-	r = nvme_submit_read_locked(n, slot, dst, key, stored, user_data);
-	pthread_mutex_unlock(&n->mu);
-	return r;
-}
-
-int
 kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64_t key,
 		      uint64_t user_data)
 {
@@ -433,15 +356,21 @@ kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, uint64
 	return kvt_nvme_submit_write_meta(n, slot, src, &m, user_data);
 }
 
-static int
-nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
-			uint32_t stored, uint64_t user_data)
+int
+kvt_nvme_submit_read_len(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
+			 uint32_t stored, uint64_t user_data)
 {
 	struct nvme_req *req;
-	int r = nvme_req_get(n, slot, dst, "read", &req);
+	int r;
 
-	if (r != 0)
+	if (!n)
+		return kvt_err(-EINVAL, "nvme read: tier is NULL");
+	pthread_mutex_lock(&n->mu);
+	r = nvme_req_get(n, slot, dst, "read", &req);
+	if (r != 0) {
+		pthread_mutex_unlock(&n->mu);
 		return r;
+	}
 	req->is_write = false;
 	req->key = key;
 	req->user_data = user_data;
@@ -452,6 +381,7 @@ nvme_submit_read_locked(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t k
 	r = kvt_nvme_queue_rest(n, req);
 	if (r != 0)
 		nvme_req_put(n, req);
+	pthread_mutex_unlock(&n->mu);
 	return r;
 }
 
@@ -479,66 +409,6 @@ kvt_nvme_flush(struct kvt_nvme *n)
 }
 
 /* ---- completion ---------------------------------------------------------------------------- */
-
-/*
- * Check a fully read staging buffer: its header, then the payload decoded into the caller's
- * buffer (raw payloads are checked in the staging buffer first); a zero-copy read: the HOST slot
- * against the slot table. @scratch: codec scratch (kvt_codec_scratch_bytes), NULL = the tier's
- * own (reaping thread). Needs no lock (reads only @req and the tier's fixed fields). Returns 0,
- * KVT_ECORRUPT or -ENOMEM.
- */
-int
-kvt_nvme_verify(struct kvt_nvme *n, const struct nvme_req *req, uint8_t *scratch)
-{
-	struct kvt_fmt_blkhdr h;
-	uint32_t slot = req->slot;
-	const uint8_t *payload = req->buf + NVME_HPAGE;
-	int rc;
-
-	if (req->data) {
-		/* zero-copy: no header read; the slot table's checksum decides */
-		if (XXH3_64bits(req->data, n->block_bytes) != req->want_sum)
-			return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch "
-				       "(zero-copy read)", slot);
-		return 0;
-	}
-	rc = kvt_fmt_blkhdr_decode(req->buf, req->len, &h);
-	if (rc != 0)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
-	if (h.slot != slot)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: holds a block written to slot %u",
-			       slot, h.slot);
-	if (h.raw_len != n->block_bytes)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: block_bytes %u, expected %zu", slot,
-			       h.raw_len, n->block_bytes);
-	if (h.key != req->key)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: key %#llx, expected %#llx", slot,
-			       (unsigned long long)h.key, (unsigned long long)req->key);
-	if (req->tabled && h.sum != req->want_sum)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: checksum %#llx, expected %#llx", slot,
-			       (unsigned long long)h.sum, (unsigned long long)req->want_sum);
-	if ((req->stored && h.stored_len != req->stored) ||
-	    NVME_HPAGE + (size_t)h.stored_len > req->len)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %u bytes stored, %u expected", slot,
-			       h.stored_len, req->stored);
-	if (h.codec == KVT_CODEC_NONE) {
-		if (XXH3_64bits(payload, n->block_bytes) != h.sum)
-			return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch", slot);
-		memcpy(req->dst, payload, n->block_bytes);
-		return 0;
-	}
-	if (!scratch && !n->dscratch &&
-	    !(n->dscratch = malloc(kvt_codec_scratch_bytes(n->block_bytes))))
-		return kvt_err(-ENOMEM, "nvme slot %u: codec scratch", slot);
-	rc = kvt_codec_decode_geom((int)h.codec, &n->geom, payload, h.stored_len,
-				   req->dst, n->block_bytes, scratch ? scratch : n->dscratch);
-	if (rc != 0)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
-	if (XXH3_64bits(req->dst, n->block_bytes) != h.sum)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch after decoding",
-			       slot);
-	return 0;
-}
 
 /*
  * A piece of @req's IO moved @got bytes, fewer than asked. Continue from the last 4 KiB
@@ -736,6 +606,15 @@ nvme_deliver_late(struct kvt_nvme *n)
 	}
 }
 
+/* Whether @req's deadline counts: its piece is queued or in the kernel, or its CQE was lost or
+ * held back by the fate hook. */
+static bool
+nvme_can_expire(const struct nvme_req *req)
+{
+	return req->busy && (req->parked == NVME_ACTIVE || req->parked == NVME_LOST ||
+			     req->parked == NVME_HELD);
+}
+
 /* Time out IO pieces past their deadline (only while nothing waits in the SQ). */
 static uint32_t
 nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
@@ -746,9 +625,7 @@ nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
 	for (uint32_t i = 0; i < n->qd && n->queued == 0 && got < max; i++) {
 		struct nvme_req *req = &n->reqs[i];
 
-		if (!req->busy || req->deadline > now ||
-		    (req->parked != NVME_ACTIVE && req->parked != NVME_LOST &&
-		     req->parked != NVME_HELD))
+		if (!nvme_can_expire(req) || req->deadline > now)
 			continue;
 		kvt_err(-ETIMEDOUT, "nvme %s of slot %u: no completion within %llu ms",
 			req->is_write ? "write" : "read", req->slot,
@@ -785,9 +662,7 @@ nvme_wait_span(const struct kvt_nvme *n, struct __kernel_timespec *ts)
 	for (uint32_t i = 0; i < n->qd; i++) {
 		const struct nvme_req *req = &n->reqs[i];
 
-		if (req->busy && (req->parked == NVME_ACTIVE || req->parked == NVME_LOST ||
-				  req->parked == NVME_HELD) &&
-		    req->deadline < first)
+		if (nvme_can_expire(req) && req->deadline < first)
 			first = req->deadline;
 	}
 	d = first == UINT64_MAX ? n->timeout_ns : first > now ? first - now : 0;

@@ -43,18 +43,10 @@ kvt_sync_note(int ev, uint64_t key, const struct kvt_fmt_blkref *blocks, uint32_
 }
 
 int
-kvt_sync_inject(int ev)
+kvt_sync_fd(int fd, int ev)
 {
 	const struct kvt_sync_hook *h = kvt_test_sync_hook;
-
-	return h && h->fail ? h->fail(h->arg, ev) : 0;
-}
-
-/* fdatasync @fd and report @ev to the test hook. 0 or -errno. */
-static int
-store_sync(int fd, int ev)
-{
-	int inj = kvt_sync_inject(ev);
+	int inj = h && h->fail ? h->fail(h->arg, ev) : 0;
 
 	if (inj)
 		return -inj;
@@ -364,7 +356,7 @@ store_compact(struct kvt_store *st)
 	if (rc == 0 && fchmod(fd, 0600) != 0)
 		rc = -errno;
 	if (rc == 0)
-		rc = store_sync(fd, KVT_SYNC_COMPACT);
+		rc = kvt_sync_fd(fd, KVT_SYNC_COMPACT);
 	if (rc == 0 && rename(tmp, st->path) != 0)
 		rc = -errno;
 	if (rc != 0) {
@@ -542,7 +534,7 @@ kvt_store_commit(struct kvt_store *st)
 	if (st->failed)
 		return kvt_err(-EIO, "store: %s failed to sync earlier (%s): no more commits",
 			       st->path, strerror(-st->failed));
-	rc = store_sync(st->fd, KVT_SYNC_JOURNAL);
+	rc = kvt_sync_fd(st->fd, KVT_SYNC_JOURNAL);
 	if (rc) {
 		st->failed = rc; /* the dirty pages may be gone: never report success again */
 		return kvt_err(rc, "store: fdatasync %s", st->path);

@@ -68,8 +68,11 @@ extern const struct kvt_sync_hook *kvt_test_sync_hook;
 
 /** Report @ev to the test hook (no-op when none is set). */
 void kvt_sync_note(int ev, uint64_t key, const struct kvt_fmt_blkref *blocks, uint32_t n);
-/** The errno the test hook injects into the fdatasync of @ev (0: none, the usual case). */
-int kvt_sync_inject(int ev);
+/**
+ * kvt_sync_fd() - fdatasync @fd as event @ev (DATA, JOURNAL or COMPACT): the test hook may inject
+ * a failure instead; a success is reported to it (kvt_sync_note). Returns 0 or -errno.
+ */
+int kvt_sync_fd(int fd, int ev);
 
 /**
  * kvt_store_open() - open (or create) "<dir>/kvtier.journal" for the store @store_id with

@@ -2,8 +2,9 @@
 /*
  * tiers/tier_nvme.c - the NVME tier: one file of fixed-size slots, O_DIRECT, io_uring. This file
  * opens it (options, directory, the slot file or the persistent store with its superblock and
- * lock, fallocate, staging buffers, the ring, the worker pool), closes it, and answers the
- * accessors; the IO itself is in nvme_io.c. The slot layout and the contract are in tier_nvme.h.
+ * lock, fallocate, staging buffers, the ring, the worker pool) and closes it; the accessors and
+ * the slot table are in nvme_info.c, the IO in nvme_io.c. The slot layout and the contract are
+ * in tier_nvme.h.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +24,6 @@
 #include <unistd.h>
 
 #include <liburing.h>
-#include <xxhash.h>
 
 #include "engine/error.h"
 #include "tiers/codec.h"
@@ -416,8 +416,7 @@ nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
 	n->arena = arena;
 	if (n->codec != KVT_CODEC_NONE) {
 		n->scratch = malloc(kvt_codec_scratch_bytes(n->block_bytes));
-		n->enc = malloc(n->block_bytes);
-		if (!n->scratch || !n->enc)
+		if (!n->scratch)
 			return nvme_open_fail(-ENOMEM, err, errlen, "nvme: codec buffers");
 	}
 	n->work_q = malloc((size_t)n->qd * sizeof *n->work_q);
@@ -560,8 +559,6 @@ nvme_free(struct kvt_nvme *n, bool free_arena)
 	if (free_arena)
 		free(n->arena);
 	free(n->scratch);
-	free(n->enc);
-	free(n->dscratch);
 	free(n->work_q);
 	free(n->done_q);
 	if (n->mu_ok) {
@@ -712,194 +709,4 @@ kvt_nvme_close(struct kvt_nvme *n)
 	}
 	kvt_nvme_workers_stop(n);
 	nvme_free(n, drained);
-}
-
-/* ---- accessors ----------------------------------------------------------------------------- */
-
-uint32_t
-kvt_nvme_n_slots(const struct kvt_nvme *n)
-{
-	return n->n_slots;
-}
-
-size_t
-kvt_nvme_slot_bytes(const struct kvt_nvme *n)
-{
-	return n->slot_bytes;
-}
-
-uint32_t
-kvt_nvme_inflight(const struct kvt_nvme *n)
-{
-	return n->qd - n->n_free - n->n_retired - n->n_abandoned;
-}
-
-uint32_t
-kvt_nvme_free_qd(const struct kvt_nvme *n)
-{
-	return n->n_free;
-}
-
-const char *
-kvt_nvme_path(const struct kvt_nvme *n)
-{
-	return n->path;
-}
-
-uint64_t
-kvt_nvme_epoch(const struct kvt_nvme *n)
-{
-	return n->sb.epoch;
-}
-
-uint64_t
-kvt_nvme_store_id(const struct kvt_nvme *n)
-{
-	return n->sb.store_id;
-}
-
-bool
-kvt_nvme_buffered(const struct kvt_nvme *n)
-{
-	return n->buffered;
-}
-
-bool
-kvt_nvme_persistent(const struct kvt_nvme *n)
-{
-	return n->persist;
-}
-
-int
-kvt_nvme_sync(struct kvt_nvme *n)
-{
-	char eb[128];
-	int e;
-
-	if (n->sync_failed)
-		return kvt_err(-EIO, "nvme: fdatasync %s failed earlier: its data may be lost",
-			       n->path);
-	e = kvt_sync_inject(KVT_SYNC_DATA);
-	if (!e && fdatasync(n->fd) == 0) {
-		kvt_sync_note(KVT_SYNC_DATA, 0, NULL, 0);
-		return 0;
-	}
-	if (!e)
-		e = errno;
-	n->sync_failed = true; /* the dirty pages may be gone: never report success again */
-	return kvt_err(-e, "nvme: fdatasync %s: %s", n->path, nvme_strerror(e, eb, sizeof eb));
-}
-
-bool
-kvt_nvme_sync_failed(const struct kvt_nvme *n)
-{
-	return n && n->sync_failed;
-}
-
-int
-kvt_nvme_read_header(struct kvt_nvme *n, uint32_t slot, struct kvt_fmt_blkhdr *h)
-{
-	uint64_t off = KVT_FMT_SUPER_BYTES + (uint64_t)slot * n->slot_bytes;
-	void *buf = NULL;
-	char eb[128];
-	ssize_t r;
-	int e, rc;
-
-	if (slot >= n->n_slots)
-		return kvt_err(KVT_ECORRUPT, "nvme: slot %u out of range (%u slots)", slot,
-			       n->n_slots);
-	if (posix_memalign(&buf, NVME_ALIGN, NVME_ALIGN) != 0)
-		return kvt_err(-ENOMEM, "nvme: header buffer");
-	r = pread(n->fd, buf, NVME_ALIGN, (off_t)off);
-	e = errno;
-	if (r < (ssize_t)NVME_HDR) {
-		free(buf);
-		if (r < 0)
-			return kvt_err(-e, "nvme: reading the header of slot %u: %s", slot,
-				       nvme_strerror(e, eb, sizeof eb));
-		return kvt_err(-EIO, "nvme: short read of the header of slot %u", slot);
-	}
-	rc = kvt_fmt_blkhdr_decode(buf, (size_t)r, h);
-	free(buf);
-	if (rc == 0 && h->slot != slot)
-		rc = kvt_err(KVT_ECORRUPT, "slot %u holds a header of slot %u", slot, h->slot);
-	return rc;
-}
-
-void
-kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot)
-{
-	if (slot < n->n_slots)
-		(void)fallocate(n->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-				(off_t)(KVT_FMT_SUPER_BYTES + (uint64_t)slot * n->slot_bytes),
-				(off_t)n->slot_bytes);
-}
-
-/* ---- the slot table and counters ----------------------------------------------------------- */
-
-bool
-kvt_nvme_slot_info(struct kvt_nvme *n, uint32_t slot, struct kvt_nvme_slotinfo *out)
-{
-	const struct nvme_slotmeta *e;
-	bool ok;
-
-	if (!n || slot >= n->n_slots)
-		return false;
-	pthread_mutex_lock(&n->mu);
-	e = &n->meta[slot];
-	ok = e->stored != 0;
-	if (ok) {
-		out->sum = e->sum;
-		out->stored = e->stored;
-		out->codec = e->epoch_codec & 0xffu;
-		out->key = kvt_fmt_write_key(e->epoch_codec >> 8, slot, e->sum);
-	}
-	pthread_mutex_unlock(&n->mu);
-	return ok;
-}
-
-int
-kvt_nvme_slot_set(struct kvt_nvme *n, uint32_t slot, const struct kvt_nvme_slotinfo *in)
-{
-	uint64_t epoch;
-
-	if (!n || !in || slot >= n->n_slots || !in->stored || in->stored > n->block_bytes ||
-	    (in->codec != KVT_CODEC_NONE && in->codec != (uint32_t)n->codec))
-		return kvt_err(-EINVAL, "nvme slot %u: no such slot or stored block", slot);
-	epoch = (in->key >> 40) & 0xffffffu;
-	if (kvt_fmt_write_key(epoch, slot, in->sum) != in->key)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: key %#llx does not belong to it", slot,
-			       (unsigned long long)in->key);
-	pthread_mutex_lock(&n->mu);
-	n->meta[slot].sum = in->sum;
-	n->meta[slot].stored = in->stored;
-	n->meta[slot].epoch_codec = (uint32_t)(epoch << 8) | in->codec;
-	pthread_mutex_unlock(&n->mu);
-	return 0;
-}
-
-uint64_t
-kvt_nvme_meta_bytes(const struct kvt_nvme *n)
-{
-	return n ? (uint64_t)n->n_slots * sizeof *n->meta : 0;
-}
-
-void
-kvt_nvme_get_stats(struct kvt_nvme *n, struct kvt_nvme_stats *out)
-{
-	pthread_mutex_lock(&n->mu);
-	*out = n->st;
-	pthread_mutex_unlock(&n->mu);
-}
-
-bool
-kvt_nvme_zero_copy(const struct kvt_nvme *n)
-{
-	return n && n->host_base != NULL;
-}
-
-const char *
-kvt_nvme_zc_reason(const struct kvt_nvme *n)
-{
-	return n->zc_reason;
 }

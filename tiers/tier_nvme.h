@@ -252,10 +252,11 @@ int kvt_nvme_submit_write(struct kvt_nvme *n, uint32_t slot, const void *src, ui
 			  uint64_t user_data);
 
 /**
- * Queue a read of @slot into @dst (block_bytes). @dst is written during the kvt_nvme_reap() that
- * returns this completion (so it must stay valid until then): with the verified bytes, or, when
- * the completion fails, with nothing (raw blocks) or undefined bytes (encoded blocks are decoded
- * into it before the checksum can be compared). Never while closing.
+ * Queue a read of @slot into @dst (block_bytes). @dst is written before the kvt_nvme_reap() that
+ * returns this completion returns (by that reap, or by a worker after the IO; so it must stay
+ * valid until then): with the verified bytes, or, when the completion fails, with nothing (raw
+ * blocks) or undefined bytes (encoded blocks are decoded into it before the checksum can be
+ * compared). Never while closing.
  * Returns 0 (exactly one completion will come from reap), -EAGAIN, -EINVAL (slot, dst NULL).
  */
 int kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t key,
@@ -270,7 +271,7 @@ int kvt_nvme_flush(struct kvt_nvme *n);
 
 /**
  * Like kvt_nvme_submit_write, with the header's session, index and content hash. The block is
- * encoded with the tier's codec here (on the calling thread) when that pays.
+ * encoded with the tier's codec when that pays (on a worker, or here without workers).
  */
 int kvt_nvme_submit_write_meta(struct kvt_nvme *n, uint32_t slot, const void *src,
 			       const struct kvt_nvme_wmeta *m, uint64_t user_data);
