@@ -123,13 +123,7 @@ batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pendin
 	if (kvt_copy_state(k, KVT_TIER_HOST) == KVT_COPY_INFLIGHT)
 		return -EAGAIN; /* a read (or demotion) into HOST is under way */
 	if (kvt_copy_valid(k, KVT_TIER_HOST)) {
-		rc = kvt_reclaim_hbm_for(e, id, wait);
-		if (rc == 0)
-			rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
-		if (rc == 0)
-			rc = kvt_xfer_h2d(e, id, slot);
-		if (rc == 0)
-			kvt_promo_note(e, id);
+		rc = kvt_promote_from_host(e, id, wait);
 	} else if (kvt_copy_valid(k, KVT_TIER_NVME)) {
 		/* a round that may wait may also take announced blocks' HOST copies (hints are
 		 * a forecast; this batch runs now), never another batch block's (protected) */

@@ -40,7 +40,7 @@ kvt_copy_evictable(const struct kvt_block *b, int tier)
 	 * that a copy below is a clean duplicate and may go. Its HOST copy may also go when NVMe
 	 * holds a valid copy (it is read again from there): otherwise a batch whose blocks fill
 	 * HOST can never make room in HBM, whose dirty blocks need HOST slots to leave. Callers
-	 * about to read a HOST copy protect it (kvt_reclaim_hbm_for). */
+	 * about to read a HOST copy protect it (kvt_promote_from_host). */
 	return b->pins == 0 || (tier != KVT_TIER_HBM && kvt_copy_valid(b, KVT_TIER_HBM)) ||
 	       (tier == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME));
 }

@@ -456,12 +456,14 @@ void kvt_tenant_enforce(struct kvt_engine *e); /* demote over-budget tenants' bl
 
 /* ---- engine/residency.c: making room, demotion and promotion */
 int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
-/* kvt_reclaim(HBM, 1) while block @id's HOST copy (to be copied up next) is protected. */
-int kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait);
 /* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
 int kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait);
 int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);
 int kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait);
+/* Block @id's valid HOST copy goes up: room in HBM (its HOST copy protected meanwhile), a slot,
+ * the host-to-device copy queued for the next kvt_xfer_flush() (counted by kvt_promo_note).
+ * 0, or <0 as kvt_reclaim (nothing queued then). Requires e->lock. */
+int kvt_promote_from_host(struct kvt_engine *e, uint32_t id, bool may_wait);
 void kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n);
 void kvt_watermarks(struct kvt_engine *e);
 #define KVT_ENOSPC_DROP 16u                  /* clean NVMe copies dropped per ENOSPC write */

@@ -381,9 +381,10 @@ kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n)
 }
 
 int
-kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait)
+kvt_promote_from_host(struct kvt_engine *e, uint32_t id, bool may_wait)
 {
 	uint8_t was = kvt_blk(e, id)->protect;
+	uint32_t slot;
 	int rc;
 
 	/* its HOST copy is about to be read: the cascade must not drop it, even where a valid
@@ -391,6 +392,12 @@ kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait)
 	kvt_blk(e, id)->protect = 1;
 	rc = kvt_reclaim(e, KVT_TIER_HBM, 1, may_wait);
 	kvt_blk(e, id)->protect = was;
+	if (rc == 0)
+		rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
+	if (rc == 0)
+		rc = kvt_xfer_h2d(e, id, slot);
+	if (rc == 0)
+		kvt_promo_note(e, id);
 	return rc;
 }
 
@@ -413,13 +420,7 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 		    kvt_copy_state(b, KVT_TIER_HBM) == KVT_COPY_INFLIGHT)
 			break;
 		if (kvt_copy_valid(b, KVT_TIER_HOST)) {
-			rc = kvt_reclaim_hbm_for(e, id, may_wait);
-			if (rc == 0)
-				rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
-			if (rc == 0)
-				rc = kvt_xfer_h2d(e, id, slot);
-			if (rc == 0)
-				kvt_promo_note(e, id);
+			rc = kvt_promote_from_host(e, id, may_wait);
 			break;
 		}
 		if (kvt_copy_state(b, KVT_TIER_HOST) == KVT_COPY_INFLIGHT) {
