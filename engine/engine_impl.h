@@ -370,7 +370,8 @@ struct kvt_engine {
 	uint32_t quarantined[KVT_TIER_COUNT]; /* slots kept out of use after device failures */
 	uint32_t demoting[KVT_TIER_COUNT];  /* demotions in flight whose source slot in that
 	                                       tier is freed on completion */
-	struct kvt_stats st;                /* counters (size unused internally) */
+	struct kvt_stats st;                /* counters (size unused internally; evictions
+	                                       is derived by kvt_engine_stats) */
 	struct kvt_store *store;            /* journal of published sessions (nvme_persist) */
 	bool pub_check;                     /* a publish may be due (see engine/persist.c) */
 	uint8_t *nvme_named;                /* [NVMe slots] (store only): 1 while a journal

@@ -43,14 +43,12 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	if (valid_elsewhere(kvt_blk(e, id), tier)) {
 		kvt_copy_drop(e, id, tier);
 		e->st.tier[tier].evictions++;
-		e->st.evictions++;
 		return 1;
 	}
 	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots) {
 		if (kvt_blk(e, id)->refs == 0) { /* a cached prefix block nobody holds: drop it */
 			kvt_block_uncache(e, id);
 			e->st.tier[tier].evictions++;
-			e->st.evictions++;
 			return 1;
 		}
 		return -ENOSPC;
@@ -75,7 +73,6 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	    !kvt_blk(e, id)->pins) {
 		kvt_block_uncache(e, id); /* a cached block with no room below: forget it */
 		e->st.tier[tier].evictions++;
-		e->st.evictions++;
 		return 1;
 	}
 	return rc;
@@ -294,7 +291,6 @@ kvt_nvme_enospc(struct kvt_engine *e)
 		if (!kvt_persist_named(e, KVT_TIER_NVME, slot))
 			kvt_nvme_punch(e->nvme, slot);
 		e->st.tier[KVT_TIER_NVME].evictions++;
-		e->st.evictions++;
 	}
 	if (!quiet || n)
 		kvt_engine_log(e, KVT_LOG_WARN, "NVMe write refused for lack of space: %u clean "
