@@ -259,16 +259,9 @@ void
 kvt_block_check_lost(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_block *b = kvt_blk(e, id);
-	int t;
 
-	if (!b->live || b->dead || b->lost)
-		return;
-	for (t = 0; t < KVT_TIER_COUNT; t++)
-		if (kvt_copy_valid(b, t) ||
-		    (kvt_copy_state(b, t) == KVT_COPY_INFLIGHT && !kvt_copy_stale(b, t)))
-			return;
 	/* an empty block (no token written yet) has nothing to lose */
-	if (!b->written)
+	if (!b->live || b->dead || b->lost || kvt_block_current(b) || !b->written)
 		return;
 	b->lost = 1;
 	e->st.blocks_lost++;

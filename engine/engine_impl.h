@@ -125,6 +125,19 @@ kvt_copy_stale(const struct kvt_block *b, int tier)
 	return (b->copies >> (2 * tier) & 3u) == KVT_COPY_RAW_STALE;
 }
 
+/* Does a copy of @b hold its current bytes, or will one once its transfer lands (PRESENT, or
+ * INFLIGHT and not stale, in some tier)? */
+static inline bool
+kvt_block_current(const struct kvt_block *b)
+{
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		if (kvt_copy_state(b, t) != KVT_COPY_ABSENT && !kvt_copy_stale(b, t))
+			return true;
+	return false;
+}
+
 /* Set the state of @b's copy in @tier (not stale). */
 static inline void
 kvt_copy_state_set(struct kvt_block *b, int tier, enum kvt_copy_state s)
