@@ -189,8 +189,8 @@ batch_protect(struct kvt_engine *e, struct kvt_batch *b, bool on)
 	for (i = 0; i < b->n_pinned; i++) {
 		struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
-		k->protect = on && !k->lost && !kvt_copy_valid(k, KVT_TIER_HBM) &&
-			     kvt_copy_state(k, KVT_TIER_HBM) != KVT_COPY_INFLIGHT;
+		k->protect = on && !k->lost &&
+			     kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_ABSENT;
 	}
 }
 
@@ -248,8 +248,7 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 		for (i = 0; i < b->n_pinned; i++) {
 			struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
-			if (kvt_copy_valid(k, KVT_TIER_HBM) ||
-			    kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_INFLIGHT || k->lost)
+			if (kvt_copy_state(k, KVT_TIER_HBM) != KVT_COPY_ABSENT || k->lost)
 				continue;
 			rc = batch_promote_one(e, b->pinned[i], wait, &one);
 			pending += one;
@@ -375,8 +374,7 @@ batch_classify(struct kvt_engine *e, struct kvt_batch *b, uint32_t id)
 		return;
 	}
 	/* must be promoted now: found in HOST, or read from NVMe first */
-	if (kvt_copy_valid(k, KVT_TIER_HOST) ||
-	    kvt_copy_state(k, KVT_TIER_HOST) == KVT_COPY_INFLIGHT)
+	if (kvt_copy_state(k, KVT_TIER_HOST) != KVT_COPY_ABSENT)
 		e->st.tier[KVT_TIER_HOST].hits++;
 	else
 		e->st.tier[KVT_TIER_HOST].misses++;

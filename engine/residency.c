@@ -366,8 +366,8 @@ kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n)
 
 		/* only blocks that can go up now: one still below @tier + 1 would hold its slot
 		 * idle, and making room for it early can take the room its own read needs */
-		if (!b->lost && !kvt_copy_valid(b, tier) &&
-		    kvt_copy_state(b, tier) != KVT_COPY_INFLIGHT && kvt_copy_valid(b, tier + 1))
+		if (!b->lost && kvt_copy_state(b, tier) == KVT_COPY_ABSENT &&
+		    kvt_copy_valid(b, tier + 1))
 			want++;
 	}
 	if (want > e->slots[tier].n_slots)
@@ -412,8 +412,7 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 			rc = KVT_ELOST;
 			break;
 		}
-		if (kvt_copy_valid(b, KVT_TIER_HBM) ||
-		    kvt_copy_state(b, KVT_TIER_HBM) == KVT_COPY_INFLIGHT)
+		if (kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_ABSENT)
 			break;
 		if (kvt_copy_valid(b, KVT_TIER_HOST)) {
 			rc = kvt_promote_from_host(e, id, may_wait);
