@@ -170,7 +170,8 @@ hint_stage(struct kvt_engine *e, uint32_t id)
 	int rc;
 
 	if (b->lost || kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_ABSENT ||
-	    kvt_copy_state(b, KVT_TIER_HOST) != KVT_COPY_ABSENT || !kvt_copy_valid(b, KVT_TIER_NVME))
+	    kvt_copy_state(b, KVT_TIER_HOST) != KVT_COPY_ABSENT ||
+	    !kvt_copy_valid(b, KVT_TIER_NVME))
 		return 0;
 	kvt_block_pin(e, id); /* making room below must not pick it */
 	rc = kvt_reclaim(e, KVT_TIER_HOST, 1, false);

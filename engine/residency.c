@@ -465,7 +465,8 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 	if (b->pins)
 		return KVT_EBUSY;
 	b->wanted = 0; /* parked: its demotion goes all the way */
-	if (kvt_copy_valid(b, target) || (target == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME))) {
+	if (kvt_copy_valid(b, target) ||
+	    (target == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME))) {
 		/* already safe at or below the target: drop what is above it */
 		for (t = 0; t < target; t++)
 			kvt_copy_drop(e, id, t);
