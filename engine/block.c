@@ -131,8 +131,8 @@ kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot)
 	return 0;
 }
 
-static void
-slot_release(struct kvt_engine *e, int tier, uint32_t slot)
+void
+kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot)
 {
 	if (KVT_OWNER_IS_BLOCK(kvt_owner(e, tier, slot)))
 		kvt_tenant_account(e, kvt_owner(e, tier, slot), tier, -1);
@@ -143,12 +143,6 @@ slot_release(struct kvt_engine *e, int tier, uint32_t slot)
 	}
 	kvt_owner_set(e, tier, slot, KVT_NIL);
 	kvt_slots_free(&e->slots[tier], slot);
-}
-
-void
-kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot)
-{
-	slot_release(e, tier, slot);
 }
 
 void
@@ -173,7 +167,7 @@ kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier)
 	if (kvt_copy_state(b, tier) != KVT_COPY_PRESENT)
 		return;
 	e->evict[tier].ops->remove(&e->evict[tier], id);
-	slot_release(e, tier, b->slot[tier]);
+	kvt_slot_free(e, tier, b->slot[tier]);
 	b->slot[tier] = KVT_NIL;
 	kvt_copy_state_set(b, tier, KVT_COPY_ABSENT);
 }
@@ -194,7 +188,7 @@ kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier)
 
 	if (kvt_copy_state(b, tier) != KVT_COPY_INFLIGHT)
 		return;
-	slot_release(e, tier, b->slot[tier]);
+	kvt_slot_free(e, tier, b->slot[tier]);
 	b->slot[tier] = KVT_NIL;
 	kvt_copy_state_set(b, tier, KVT_COPY_ABSENT);
 }

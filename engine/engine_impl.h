@@ -427,7 +427,9 @@ void kvt_block_try_free(struct kvt_engine *e, uint32_t id); /* frees a dead, idl
 bool kvt_copy_valid(const struct kvt_block *b, int tier);
 bool kvt_copy_evictable(const struct kvt_block *b, int tier); /* may reclaim pick this copy */
 int kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot);
-void kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot); /* an unused allocation */
+/* Give @slot of @tier back (an NVMe slot a journal record may still name waits as
+ * KVT_SLOT_PENDING), undoing kvt_slot_alloc's tenant accounting. */
+void kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot);
 /* A slot a failed device copy may still be writing: never handed out again (leaked on purpose);
  * the block's copy there is forgotten. */
 void kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t block);

@@ -442,7 +442,7 @@ persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_f
 	b->written = 1;
 	b->slot[KVT_TIER_NVME] = r->slot;
 	kvt_owner_set(e, KVT_TIER_NVME, r->slot, id);
-	kvt_tenant_account(e, id, KVT_TIER_NVME, 1); /* as kvt_slot_alloc: slot_release undoes it */
+	kvt_tenant_account(e, id, KVT_TIER_NVME, 1); /* as kvt_slot_alloc does */
 	kvt_copy_set_present(e, id, KVT_TIER_NVME);
 	*out = id;
 	return 0;
