@@ -259,6 +259,8 @@ struct kvt_seqrec {
 	unsigned in_batch : 1; /* 1 while an unreleased batch holds it */
 	unsigned pub_pending : 1; /* parked to NVMe, to be published once all blocks are there */
 	unsigned rot_part : 1; /* 1: its latest batch held only a window of it (no MRU order) */
+	unsigned seen : 1;     /* already named by an earlier entry of the batch being checked
+	                          (engine/batch.c; 0 outside batch_check) */
 };
 
 enum kvt_xfer_kind { KVT_X_D2H = 0, KVT_X_H2N = 1, KVT_X_N2H = 2, KVT_X_H2D = 3 };
