@@ -20,13 +20,6 @@ kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot)
 }
 
 bool
-kvt_copy_valid(const struct kvt_block *b, int tier)
-{
-	return kvt_copy_state(b, tier) == KVT_COPY_PRESENT; /* PRESENT copies are current: see
-	                                              engine_impl.h */
-}
-
-bool
 kvt_copy_evictable(const struct kvt_block *b, int tier)
 {
 	if (!b->live || b->dead || b->busy || kvt_copy_state(b, tier) != KVT_COPY_PRESENT)

@@ -125,6 +125,14 @@ kvt_copy_stale(const struct kvt_block *b, int tier)
 	return (b->copies >> (2 * tier) & 3u) == KVT_COPY_RAW_STALE;
 }
 
+/* Is @b's copy in @tier valid (PRESENT: PRESENT copies are current, see above)? Inline: the
+ * decode path (prepare, reclaim walks) asks it per block and tier. */
+static inline bool
+kvt_copy_valid(const struct kvt_block *b, int tier)
+{
+	return kvt_copy_state(b, tier) == KVT_COPY_PRESENT;
+}
+
 /* Does a copy of @b hold its current bytes, or will one once its transfer lands (PRESENT, or
  * INFLIGHT and not stale, in some tier)? */
 static inline bool
@@ -426,7 +434,6 @@ void kvt_block_kill(struct kvt_engine *e, uint32_t id);  /* a referencing sequen
 void kvt_block_ref(struct kvt_engine *e, uint32_t id);   /* one more sequence references it */
 void kvt_block_uncache(struct kvt_engine *e, uint32_t id); /* free a cached (refs 0) block */
 void kvt_block_try_free(struct kvt_engine *e, uint32_t id); /* frees a dead, idle block */
-bool kvt_copy_valid(const struct kvt_block *b, int tier);
 bool kvt_copy_evictable(const struct kvt_block *b, int tier); /* may reclaim pick this copy */
 int kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot);
 /* Give @slot of @tier back (an NVMe slot a journal record may still name waits as
