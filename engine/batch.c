@@ -64,40 +64,61 @@ batch_alloc(uint32_t n, uint32_t n_blocks)
 	return b;
 }
 
+/* Check entry @i of the ranges and resolve it to the window [first, first + count). Only
+ * entries of one sequence can overlap, so an entry is compared with the earlier ones only when
+ * an earlier entry named its sequence (s->seen): one entry per sequence costs O(n), not O(n^2)
+ * (prepare runs every decode step). */
+static int
+batch_check_one(struct kvt_engine *e, const struct kvt_seq_range *r, size_t i, uint32_t *seqidx,
+		uint32_t *first, uint32_t *count)
+{
+	struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, &seqidx[i]);
+	size_t j;
+
+	if (!s)
+		return kvt_err(KVT_ECLOSED, "batch entry %zu: sequence %#llx is not open", i,
+			       (unsigned long long)r[i].seq);
+	if (s->in_batch)
+		return kvt_err(KVT_EBUSY, "batch entry %zu: sequence %#llx is in another "
+			       "unreleased batch", i, (unsigned long long)r[i].seq);
+	if (s->n_blocks == 0)
+		return kvt_err(-EINVAL, "batch entry %zu: sequence %#llx holds no tokens; "
+			       "append before preparing", i, (unsigned long long)r[i].seq);
+	if (r[i].first_block >= s->n_blocks ||
+	    (uint64_t)r[i].first_block + r[i].n_blocks > s->n_blocks)
+		return kvt_err(-EINVAL, "batch entry %zu: blocks [%u, +%u) past the end of the "
+			       "sequence (%u blocks)", i, r[i].first_block, r[i].n_blocks,
+			       s->n_blocks);
+	first[i] = r[i].first_block;
+	count[i] = r[i].n_blocks ? r[i].n_blocks : s->n_blocks - r[i].first_block;
+	for (j = 0; s->seen && j < i; j++)
+		if (seqidx[j] == seqidx[i] && first[i] < first[j] + count[j] &&
+		    first[j] < first[i] + count[i])
+			return kvt_err(-EINVAL, "batch entries %zu and %zu overlap in sequence "
+				       "%#llx", j, i, (unsigned long long)r[i].seq);
+	s->seen = 1;
+	return 0;
+}
+
 /* Check the ranges and resolve them to [first, first + count) block windows. */
 static int
 batch_check(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32_t *seqidx,
 	    uint32_t *first, uint32_t *count, uint32_t *total)
 {
-	size_t i, j;
+	size_t i, done;
 	uint64_t sum = 0;
+	int rc = 0;
 
-	for (i = 0; i < n; i++) {
-		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, &seqidx[i]);
-
-		if (!s)
-			return kvt_err(KVT_ECLOSED, "batch entry %zu: sequence %#llx is not open", i,
-				       (unsigned long long)r[i].seq);
-		if (s->in_batch)
-			return kvt_err(KVT_EBUSY, "batch entry %zu: sequence %#llx is in another "
-				       "unreleased batch", i, (unsigned long long)r[i].seq);
-		if (s->n_blocks == 0)
-			return kvt_err(-EINVAL, "batch entry %zu: sequence %#llx holds no tokens; "
-				       "append before preparing", i, (unsigned long long)r[i].seq);
-		if (r[i].first_block >= s->n_blocks ||
-		    (uint64_t)r[i].first_block + r[i].n_blocks > s->n_blocks)
-			return kvt_err(-EINVAL, "batch entry %zu: blocks [%u, +%u) past the end of the "
-				       "sequence (%u blocks)", i, r[i].first_block, r[i].n_blocks,
-				       s->n_blocks);
-		first[i] = r[i].first_block;
-		count[i] = r[i].n_blocks ? r[i].n_blocks : s->n_blocks - r[i].first_block;
-		for (j = 0; j < i; j++)
-			if (seqidx[j] == seqidx[i] && first[i] < first[j] + count[j] &&
-			    first[j] < first[i] + count[i])
-				return kvt_err(-EINVAL, "batch entries %zu and %zu overlap in sequence "
-					       "%#llx", j, i, (unsigned long long)r[i].seq);
-		sum += count[i];
+	for (done = 0; done < n; done++) {
+		rc = batch_check_one(e, r, done, seqidx, first, count);
+		if (rc)
+			break;
+		sum += count[done];
 	}
+	for (i = 0; i < done; i++) /* the entries that set s->seen */
+		e->seqs[seqidx[i]].seen = 0;
+	if (rc)
+		return rc;
 	if (sum > e->slots[KVT_TIER_HBM].n_slots - e->quarantined[KVT_TIER_HBM])
 		return kvt_err(KVT_ETOOBIG, "the batch needs %llu blocks in HBM at once; HBM has "
 			       "%u slots (prepare fewer sequences, or windows of them)",
@@ -123,13 +144,7 @@ batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pendin
 	if (kvt_copy_state(k, KVT_TIER_HOST) == KVT_COPY_INFLIGHT)
 		return -EAGAIN; /* a read (or demotion) into HOST is under way */
 	if (kvt_copy_valid(k, KVT_TIER_HOST)) {
-		rc = kvt_reclaim_hbm_for(e, id, wait);
-		if (rc == 0)
-			rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
-		if (rc == 0)
-			rc = kvt_xfer_h2d(e, id, slot);
-		if (rc == 0)
-			kvt_promo_note(e, id);
+		rc = kvt_promote_from_host(e, id, wait);
 	} else if (kvt_copy_valid(k, KVT_TIER_NVME)) {
 		/* a round that may wait may also take announced blocks' HOST copies (hints are
 		 * a forecast; this batch runs now), never another batch block's (protected) */
@@ -195,8 +210,8 @@ batch_protect(struct kvt_engine *e, struct kvt_batch *b, bool on)
 	for (i = 0; i < b->n_pinned; i++) {
 		struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
-		k->protect = on && !k->lost && !kvt_copy_valid(k, KVT_TIER_HBM) &&
-			     kvt_copy_state(k, KVT_TIER_HBM) != KVT_COPY_INFLIGHT;
+		k->protect = on && !k->lost &&
+			     kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_ABSENT;
 	}
 }
 
@@ -254,8 +269,7 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 		for (i = 0; i < b->n_pinned; i++) {
 			struct kvt_block *k = kvt_blk(e, b->pinned[i]);
 
-			if (kvt_copy_valid(k, KVT_TIER_HBM) ||
-			    kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_INFLIGHT || k->lost)
+			if (kvt_copy_state(k, KVT_TIER_HBM) != KVT_COPY_ABSENT || k->lost)
 				continue;
 			rc = batch_promote_one(e, b->pinned[i], wait, &one);
 			pending += one;
@@ -381,8 +395,7 @@ batch_classify(struct kvt_engine *e, struct kvt_batch *b, uint32_t id)
 		return;
 	}
 	/* must be promoted now: found in HOST, or read from NVMe first */
-	if (kvt_copy_valid(k, KVT_TIER_HOST) ||
-	    kvt_copy_state(k, KVT_TIER_HOST) == KVT_COPY_INFLIGHT)
+	if (kvt_copy_state(k, KVT_TIER_HOST) != KVT_COPY_ABSENT)
 		e->st.tier[KVT_TIER_HOST].hits++;
 	else
 		e->st.tier[KVT_TIER_HOST].misses++;

@@ -20,13 +20,6 @@ kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot)
 }
 
 bool
-kvt_copy_valid(const struct kvt_block *b, int tier)
-{
-	return kvt_copy_state(b, tier) == KVT_COPY_PRESENT; /* PRESENT copies are current: see
-	                                              engine_impl.h */
-}
-
-bool
 kvt_copy_evictable(const struct kvt_block *b, int tier)
 {
 	if (!b->live || b->dead || b->busy || kvt_copy_state(b, tier) != KVT_COPY_PRESENT)
@@ -40,7 +33,7 @@ kvt_copy_evictable(const struct kvt_block *b, int tier)
 	 * that a copy below is a clean duplicate and may go. Its HOST copy may also go when NVMe
 	 * holds a valid copy (it is read again from there): otherwise a batch whose blocks fill
 	 * HOST can never make room in HBM, whose dirty blocks need HOST slots to leave. Callers
-	 * about to read a HOST copy protect it (kvt_reclaim_hbm_for). */
+	 * about to read a HOST copy protect it (kvt_promote_from_host). */
 	return b->pins == 0 || (tier != KVT_TIER_HBM && kvt_copy_valid(b, KVT_TIER_HBM)) ||
 	       (tier == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME));
 }
@@ -131,8 +124,8 @@ kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot)
 	return 0;
 }
 
-static void
-slot_release(struct kvt_engine *e, int tier, uint32_t slot)
+void
+kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot)
 {
 	if (KVT_OWNER_IS_BLOCK(kvt_owner(e, tier, slot)))
 		kvt_tenant_account(e, kvt_owner(e, tier, slot), tier, -1);
@@ -143,12 +136,6 @@ slot_release(struct kvt_engine *e, int tier, uint32_t slot)
 	}
 	kvt_owner_set(e, tier, slot, KVT_NIL);
 	kvt_slots_free(&e->slots[tier], slot);
-}
-
-void
-kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot)
-{
-	slot_release(e, tier, slot);
 }
 
 void
@@ -173,7 +160,7 @@ kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier)
 	if (kvt_copy_state(b, tier) != KVT_COPY_PRESENT)
 		return;
 	e->evict[tier].ops->remove(&e->evict[tier], id);
-	slot_release(e, tier, b->slot[tier]);
+	kvt_slot_free(e, tier, b->slot[tier]);
 	b->slot[tier] = KVT_NIL;
 	kvt_copy_state_set(b, tier, KVT_COPY_ABSENT);
 }
@@ -194,7 +181,7 @@ kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier)
 
 	if (kvt_copy_state(b, tier) != KVT_COPY_INFLIGHT)
 		return;
-	slot_release(e, tier, b->slot[tier]);
+	kvt_slot_free(e, tier, b->slot[tier]);
 	b->slot[tier] = KVT_NIL;
 	kvt_copy_state_set(b, tier, KVT_COPY_ABSENT);
 }
@@ -259,16 +246,9 @@ void
 kvt_block_check_lost(struct kvt_engine *e, uint32_t id)
 {
 	struct kvt_block *b = kvt_blk(e, id);
-	int t;
 
-	if (!b->live || b->dead || b->lost)
-		return;
-	for (t = 0; t < KVT_TIER_COUNT; t++)
-		if (kvt_copy_valid(b, t) ||
-		    (kvt_copy_state(b, t) == KVT_COPY_INFLIGHT && !kvt_copy_stale(b, t)))
-			return;
 	/* an empty block (no token written yet) has nothing to lose */
-	if (!b->written)
+	if (!b->live || b->dead || b->lost || kvt_block_current(b) || !b->written)
 		return;
 	b->lost = 1;
 	e->st.blocks_lost++;

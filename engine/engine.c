@@ -518,6 +518,7 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 	kvt_lock(e);
 	(void)kvt_xfer_poll(e, 0);
 	s = e->st;
+	s.evictions = 0; /* the sum over tiers, derived here */
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		uint64_t sb = t == KVT_TIER_NVME && e->nvme ? kvt_nvme_slot_bytes(e->nvme) :
 			      e->block_bytes;
@@ -526,6 +527,7 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 		s.tier[t].used_slots = e->slots[t].n_slots - e->slots[t].n_free;
 		s.tier[t].capacity_bytes = (uint64_t)s.tier[t].slots * sb;
 		s.tier[t].used_bytes = (uint64_t)s.tier[t].used_slots * sb;
+		s.evictions += s.tier[t].evictions;
 	}
 	s.seqs_open = e->n_open_seqs;
 	s.meta_bytes = kvt_meta_bytes(e);

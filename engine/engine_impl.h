@@ -125,6 +125,27 @@ kvt_copy_stale(const struct kvt_block *b, int tier)
 	return (b->copies >> (2 * tier) & 3u) == KVT_COPY_RAW_STALE;
 }
 
+/* Is @b's copy in @tier valid (PRESENT: PRESENT copies are current, see above)? Inline: the
+ * decode path (prepare, reclaim walks) asks it per block and tier. */
+static inline bool
+kvt_copy_valid(const struct kvt_block *b, int tier)
+{
+	return kvt_copy_state(b, tier) == KVT_COPY_PRESENT;
+}
+
+/* Does a copy of @b hold its current bytes, or will one once its transfer lands (PRESENT, or
+ * INFLIGHT and not stale, in some tier)? */
+static inline bool
+kvt_block_current(const struct kvt_block *b)
+{
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		if (kvt_copy_state(b, t) != KVT_COPY_ABSENT && !kvt_copy_stale(b, t))
+			return true;
+	return false;
+}
+
 /* Set the state of @b's copy in @tier (not stale). */
 static inline void
 kvt_copy_state_set(struct kvt_block *b, int tier, enum kvt_copy_state s)
@@ -246,6 +267,8 @@ struct kvt_seqrec {
 	unsigned in_batch : 1; /* 1 while an unreleased batch holds it */
 	unsigned pub_pending : 1; /* parked to NVMe, to be published once all blocks are there */
 	unsigned rot_part : 1; /* 1: its latest batch held only a window of it (no MRU order) */
+	unsigned seen : 1;     /* already named by an earlier entry of the batch being checked
+	                          (engine/batch.c; 0 outside batch_check) */
 };
 
 enum kvt_xfer_kind { KVT_X_D2H = 0, KVT_X_H2N = 1, KVT_X_N2H = 2, KVT_X_H2D = 3 };
@@ -370,7 +393,8 @@ struct kvt_engine {
 	uint32_t quarantined[KVT_TIER_COUNT]; /* slots kept out of use after device failures */
 	uint32_t demoting[KVT_TIER_COUNT];  /* demotions in flight whose source slot in that
 	                                       tier is freed on completion */
-	struct kvt_stats st;                /* counters (size unused internally) */
+	struct kvt_stats st;                /* counters (size unused internally; evictions
+	                                       is derived by kvt_engine_stats) */
 	struct kvt_store *store;            /* journal of published sessions (nvme_persist) */
 	bool pub_check;                     /* a publish may be due (see engine/persist.c) */
 	uint8_t *nvme_named;                /* [NVMe slots] (store only): 1 while a journal
@@ -410,10 +434,11 @@ void kvt_block_kill(struct kvt_engine *e, uint32_t id);  /* a referencing sequen
 void kvt_block_ref(struct kvt_engine *e, uint32_t id);   /* one more sequence references it */
 void kvt_block_uncache(struct kvt_engine *e, uint32_t id); /* free a cached (refs 0) block */
 void kvt_block_try_free(struct kvt_engine *e, uint32_t id); /* frees a dead, idle block */
-bool kvt_copy_valid(const struct kvt_block *b, int tier);
 bool kvt_copy_evictable(const struct kvt_block *b, int tier); /* may reclaim pick this copy */
 int kvt_slot_alloc(struct kvt_engine *e, int tier, uint32_t block, uint32_t *slot);
-void kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot); /* an unused allocation */
+/* Give @slot of @tier back (an NVMe slot a journal record may still name waits as
+ * KVT_SLOT_PENDING), undoing kvt_slot_alloc's tenant accounting. */
+void kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot);
 /* A slot a failed device copy may still be writing: never handed out again (leaked on purpose);
  * the block's copy there is forgotten. */
 void kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t block);
@@ -456,12 +481,14 @@ void kvt_tenant_enforce(struct kvt_engine *e); /* demote over-budget tenants' bl
 
 /* ---- engine/residency.c: making room, demotion and promotion */
 int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
-/* kvt_reclaim(HBM, 1) while block @id's HOST copy (to be copied up next) is protected. */
-int kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait);
 /* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
 int kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait);
 int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);
 int kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait);
+/* Block @id's valid HOST copy goes up: room in HBM (its HOST copy protected meanwhile), a slot,
+ * the host-to-device copy queued for the next kvt_xfer_flush() (counted by kvt_promo_note).
+ * 0, or <0 as kvt_reclaim (nothing queued then). Requires e->lock. */
+int kvt_promote_from_host(struct kvt_engine *e, uint32_t id, bool may_wait);
 void kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n);
 void kvt_watermarks(struct kvt_engine *e);
 #define KVT_ENOSPC_DROP 16u                  /* clean NVMe copies dropped per ENOSPC write */

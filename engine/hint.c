@@ -169,9 +169,8 @@ hint_stage(struct kvt_engine *e, uint32_t id)
 	uint32_t slot;
 	int rc;
 
-	if (b->lost || kvt_copy_valid(b, KVT_TIER_HBM) || kvt_copy_valid(b, KVT_TIER_HOST) ||
-	    kvt_copy_state(b, KVT_TIER_HBM) == KVT_COPY_INFLIGHT ||
-	    kvt_copy_state(b, KVT_TIER_HOST) == KVT_COPY_INFLIGHT ||
+	if (b->lost || kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_ABSENT ||
+	    kvt_copy_state(b, KVT_TIER_HOST) != KVT_COPY_ABSENT ||
 	    !kvt_copy_valid(b, KVT_TIER_NVME))
 		return 0;
 	kvt_block_pin(e, id); /* making room below must not pick it */

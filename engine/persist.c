@@ -442,6 +442,7 @@ persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_f
 	b->written = 1;
 	b->slot[KVT_TIER_NVME] = r->slot;
 	kvt_owner_set(e, KVT_TIER_NVME, r->slot, id);
+	kvt_tenant_account(e, id, KVT_TIER_NVME, 1); /* as kvt_slot_alloc does */
 	kvt_copy_set_present(e, id, KVT_TIER_NVME);
 	*out = id;
 	return 0;
@@ -462,6 +463,7 @@ persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 			continue;
 		}
 		e->evict[KVT_TIER_NVME].ops->remove(&e->evict[KVT_TIER_NVME], id);
+		kvt_tenant_account(e, id, KVT_TIER_NVME, -1);
 		kvt_owner_set(e, KVT_TIER_NVME, sl, KVT_SLOT_STORED);
 		b->slot[KVT_TIER_NVME] = KVT_NIL;
 		kvt_copy_state_set(b, KVT_TIER_NVME, KVT_COPY_ABSENT);

@@ -310,15 +310,7 @@ kvt_prefix_token_bytes(const struct kvt_engine *e)
 static bool
 pfx_usable(const struct kvt_block *b)
 {
-	int t;
-
-	if (!b->live || b->dead || b->lost)
-		return false;
-	for (t = 0; t < KVT_TIER_COUNT; t++)
-		if (kvt_copy_valid(b, t) ||
-		    (kvt_copy_state(b, t) == KVT_COPY_INFLIGHT && !kvt_copy_stale(b, t)))
-			return true;
-	return false;
+	return b->live && !b->dead && !b->lost && kvt_block_current(b);
 }
 
 uint32_t

@@ -43,14 +43,12 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	if (valid_elsewhere(kvt_blk(e, id), tier)) {
 		kvt_copy_drop(e, id, tier);
 		e->st.tier[tier].evictions++;
-		e->st.evictions++;
 		return 1;
 	}
 	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots) {
 		if (kvt_blk(e, id)->refs == 0) { /* a cached prefix block nobody holds: drop it */
 			kvt_block_uncache(e, id);
 			e->st.tier[tier].evictions++;
-			e->st.evictions++;
 			return 1;
 		}
 		return -ENOSPC;
@@ -75,7 +73,6 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	    !kvt_blk(e, id)->pins) {
 		kvt_block_uncache(e, id); /* a cached block with no room below: forget it */
 		e->st.tier[tier].evictions++;
-		e->st.evictions++;
 		return 1;
 	}
 	return rc;
@@ -294,7 +291,6 @@ kvt_nvme_enospc(struct kvt_engine *e)
 		if (!kvt_persist_named(e, KVT_TIER_NVME, slot))
 			kvt_nvme_punch(e->nvme, slot);
 		e->st.tier[KVT_TIER_NVME].evictions++;
-		e->st.evictions++;
 	}
 	if (!quiet || n)
 		kvt_engine_log(e, KVT_LOG_WARN, "NVMe write refused for lack of space: %u clean "
@@ -370,8 +366,8 @@ kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n)
 
 		/* only blocks that can go up now: one still below @tier + 1 would hold its slot
 		 * idle, and making room for it early can take the room its own read needs */
-		if (!b->lost && !kvt_copy_valid(b, tier) &&
-		    kvt_copy_state(b, tier) != KVT_COPY_INFLIGHT && kvt_copy_valid(b, tier + 1))
+		if (!b->lost && kvt_copy_state(b, tier) == KVT_COPY_ABSENT &&
+		    kvt_copy_valid(b, tier + 1))
 			want++;
 	}
 	if (want > e->slots[tier].n_slots)
@@ -381,9 +377,10 @@ kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n)
 }
 
 int
-kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait)
+kvt_promote_from_host(struct kvt_engine *e, uint32_t id, bool may_wait)
 {
 	uint8_t was = kvt_blk(e, id)->protect;
+	uint32_t slot;
 	int rc;
 
 	/* its HOST copy is about to be read: the cascade must not drop it, even where a valid
@@ -391,6 +388,12 @@ kvt_reclaim_hbm_for(struct kvt_engine *e, uint32_t id, bool may_wait)
 	kvt_blk(e, id)->protect = 1;
 	rc = kvt_reclaim(e, KVT_TIER_HBM, 1, may_wait);
 	kvt_blk(e, id)->protect = was;
+	if (rc == 0)
+		rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
+	if (rc == 0)
+		rc = kvt_xfer_h2d(e, id, slot);
+	if (rc == 0)
+		kvt_promo_note(e, id);
 	return rc;
 }
 
@@ -409,17 +412,10 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 			rc = KVT_ELOST;
 			break;
 		}
-		if (kvt_copy_valid(b, KVT_TIER_HBM) ||
-		    kvt_copy_state(b, KVT_TIER_HBM) == KVT_COPY_INFLIGHT)
+		if (kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_ABSENT)
 			break;
 		if (kvt_copy_valid(b, KVT_TIER_HOST)) {
-			rc = kvt_reclaim_hbm_for(e, id, may_wait);
-			if (rc == 0)
-				rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
-			if (rc == 0)
-				rc = kvt_xfer_h2d(e, id, slot);
-			if (rc == 0)
-				kvt_promo_note(e, id);
+			rc = kvt_promote_from_host(e, id, may_wait);
 			break;
 		}
 		if (kvt_copy_state(b, KVT_TIER_HOST) == KVT_COPY_INFLIGHT) {
@@ -469,7 +465,8 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 	if (b->pins)
 		return KVT_EBUSY;
 	b->wanted = 0; /* parked: its demotion goes all the way */
-	if (kvt_copy_valid(b, target) || (target == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME))) {
+	if (kvt_copy_valid(b, target) ||
+	    (target == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME))) {
 		/* already safe at or below the target: drop what is above it */
 		for (t = 0; t < target; t++)
 			kvt_copy_drop(e, id, t);

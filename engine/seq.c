@@ -348,8 +348,7 @@ seq_ready_last(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t *block)
 
 		if (kvt_copy_valid(b, KVT_TIER_HBM) && !b->busy)
 			break;
-		if (kvt_copy_valid(b, KVT_TIER_HBM) ||
-		    kvt_copy_state(b, KVT_TIER_HBM) == KVT_COPY_INFLIGHT) {
+		if (kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_ABSENT) {
 			/* a copy in or out of HBM is in flight: a stall of the append */
 			uint64_t t0 = kvt_now_ns();
 
