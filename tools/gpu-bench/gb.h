@@ -36,9 +36,6 @@ void gb_result(const char *name, double value, const char *unit, double ratio, d
 /** Parse "--key value" options of integers: returns 1 when argv[*i] was @key (value in *out). */
 int gb_opt_u64(int argc, char **argv, int *i, const char *key, uint64_t *out);
 
-/** Wall clock in seconds (CLOCK_MONOTONIC). */
-double gb_now(void);
-
 /** Print "gpu-bench: <what>: <cuda message>" to stderr; returns 1 (the exit status). */
 int gb_fail(const char *what, int cuda_err);
 

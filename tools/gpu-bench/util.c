@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gb.h"
 
@@ -58,15 +57,6 @@ gb_opt_u64(int argc, char **argv, int *i, const char *key, uint64_t *out)
 	}
 	(*i)++;
 	return 1;
-}
-
-double
-gb_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int

@@ -9,7 +9,6 @@
  */
 #include <errno.h>
 #include <string.h>
-#include <time.h>
 
 #include "kernels/attention.h"
 #include "run_int.h"
@@ -446,15 +445,6 @@ batch_plan_next(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i
 	}
 }
 
-static uint64_t
-batch_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Host time the engine has spent waiting for copies so far (stats.stall_ns). */
 static uint64_t
 batch_stall_ns(struct run_ctx *c)
@@ -512,7 +502,7 @@ int
 run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 {
 	uint32_t i = 0, maxg = n, slots = c->geo.hbm_slots, half = batch_window(c, n);
-	uint64_t t0 = c->o->prefetch ? batch_now_ns() : 0;
+	uint64_t t0 = c->o->prefetch ? kvtr_now_ns() : 0;
 	uint64_t w0 = c->o->prefetch ? batch_stall_ns(c) : 0;
 	int rc;
 
@@ -556,6 +546,6 @@ run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 		i += cnt;
 	}
 	if (c->o->prefetch)
-		batch_measure(c, batch_now_ns() - t0, batch_stall_ns(c) - w0);
+		batch_measure(c, kvtr_now_ns() - t0, batch_stall_ns(c) - w0);
 	return 0;
 }
