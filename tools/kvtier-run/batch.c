@@ -263,9 +263,7 @@ batch_run_group(struct run_ctx *c, struct run_sess **g, uint32_t n)
 	c->r->batches++;
 	rc = run_hint(c, NULL); /* the next group's copies overlap this group's compute */
 	memset(&bt, 0, sizeof(bt));
-	if (rc == 0)
-		rc = kvt_batch_block_table(b, &bt);
-	if (rc)
+	if (rc == 0 && (rc = kvt_batch_block_table(b, &bt)) != 0)
 		rc = kvtr_err_kvt(rc, "kvt_batch_block_table");
 	for (uint32_t i = 0; rc == 0 && i < n; i++)
 		rc = batch_check_row(c, g[i], &bt, i);
