@@ -315,7 +315,7 @@ run_step(struct run_ctx *c, uint32_t n_act)
 static int
 run_loop(struct run_ctx *c)
 {
-	double t0 = kvtr_now(), t1 = 0.0;
+	double t0 = kvtr_now(), t1 = 0.0, t2;
 	uint64_t pos1 = 0;
 	int rc = 0;
 
@@ -347,9 +347,10 @@ again:
 			goto again;
 		}
 	}
-	c->r->elapsed_s = kvtr_now() - t0;
-	if (t1 > 0.0 && kvtr_now() > t1)
-		c->r->tok_per_s = (double)(c->r->positions - pos1) / (kvtr_now() - t1);
+	t2 = kvtr_now();
+	c->r->elapsed_s = t2 - t0;
+	if (t1 > 0.0 && t2 > t1)
+		c->r->tok_per_s = (double)(c->r->positions - pos1) / (t2 - t1);
 	return rc;
 }
 
