@@ -197,7 +197,7 @@ batch_forward_group(struct run_ctx *c, struct run_sess **g, uint32_t n, struct k
 			run_kv_view(c, bt, i, l, &kv);
 			if (c->dev) /* HBM is GPU memory: the CUDA kernel */
 				rc = run_dev_attn(c, &kv, s->st.q, (uint64_t)s->n_kv + 1,
-						  s->st.xb, NULL, NULL);
+						  s->st.xb, NULL);
 			else if ((rc = kvt_attn_decode_ref(&kv, s->st.q, (uint32_t)m->cfg.n_heads,
 							   (uint64_t)s->n_kv + 1, s->st.att,
 							   s->st.xb)) != 0)
