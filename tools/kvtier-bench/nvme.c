@@ -374,8 +374,8 @@ nb_park_resume(const struct nb_opts *o)
 			kvt_batch_release(b, NULL);
 	}
 	if (rc) {
-		fprintf(stderr, "nvme bench: park/resume: %s (%s)\n", kvt_strerror(rc),
-			kvt_last_error_message());
+		kvtr_err_kvt(rc, "park/resume");
+		fprintf(stderr, "nvme bench: %s\n", kvtr_last_error());
 		goto out;
 	}
 	if (o->fio) {
