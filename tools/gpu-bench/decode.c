@@ -27,6 +27,7 @@
 
 #include "engine/kvtier.h"
 #include "kernels/kernels_cuda.h"
+#include "util.h"
 
 #define GBD_H 32u
 #define GBD_HKV 8u
@@ -206,7 +207,7 @@ gbd_steps(struct gbd *d, double *ms, double *promoted)
 	if (kvt_batch_prepare(d->e, d->ids, per, &cur))
 		return gbd_kvt("kvt_batch_prepare (first)");
 	for (st = 0; st <= c->steps; st++) {
-		double t0 = gb_now();
+		double t0 = kvtr_now();
 
 		if (st == 1 && kvt_engine_stats(d->e, &s0))
 			return gbd_kvt("stats");
@@ -222,7 +223,7 @@ gbd_steps(struct gbd *d, double *ms, double *promoted)
 		if (kvt_engine_stream_sync(d->e, d->cs))
 			return gbd_kvt("stream sync");
 		if (st)
-			t[st - 1] = (gb_now() - t0) * 1e3;
+			t[st - 1] = (kvtr_now() - t0) * 1e3;
 	}
 	if (kvt_engine_stats(d->e, &s1) || kvt_batch_release(cur, d->cs) ||
 	    kvt_engine_drain(d->e))

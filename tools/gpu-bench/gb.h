@@ -33,11 +33,9 @@ double gb_median(double *v, size_t n);
 void gb_result(const char *name, double value, const char *unit, double ratio, double target,
 	       int higher_is_better);
 
-/** Parse "--key value" options of integers: returns 1 when argv[*i] was @key (value in *out). */
+/** Parse "--key value" options of decimal integers (kvtr_parse_u64): returns 1 when argv[*i]
+ * was @key (value in *out); a missing or malformed value exits with status 2. */
 int gb_opt_u64(int argc, char **argv, int *i, const char *key, uint64_t *out);
-
-/** Wall clock in seconds (CLOCK_MONOTONIC). */
-double gb_now(void);
 
 /** Print "gpu-bench: <what>: <cuda message>" to stderr; returns 1 (the exit status). */
 int gb_fail(const char *what, int cuda_err);

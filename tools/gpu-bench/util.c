@@ -3,9 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gb.h"
+#include "util.h"
 
 #ifdef KVT_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -43,30 +43,18 @@ gb_result(const char *name, double value, const char *unit, double ratio, double
 int
 gb_opt_u64(int argc, char **argv, int *i, const char *key, uint64_t *out)
 {
-	char *end;
-
 	if (strcmp(argv[*i], key))
 		return 0;
 	if (*i + 1 >= argc) {
 		fprintf(stderr, "gpu-bench: %s needs a value\n", key);
 		exit(2);
 	}
-	*out = strtoull(argv[*i + 1], &end, 0);
-	if (*end || !*argv[*i + 1]) {
-		fprintf(stderr, "gpu-bench: %s: '%s' is not a number\n", key, argv[*i + 1]);
+	if (kvtr_parse_u64(key, argv[*i + 1], 0, UINT64_MAX, out)) {
+		fprintf(stderr, "gpu-bench: %s\n", kvtr_last_error());
 		exit(2);
 	}
 	(*i)++;
 	return 1;
-}
-
-double
-gb_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int

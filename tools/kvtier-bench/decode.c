@@ -29,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench.h"
 #include "runner.h"
@@ -65,15 +64,6 @@ struct dec_run {
 	struct dec_probe p;          /* measured steps */
 };
 
-static double
-dec_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Best of 5 copies of 64 MiB, bytes/s. */
 static double
 dec_memcpy_bw(void)
@@ -90,10 +80,10 @@ dec_memcpy_bw(void)
 	memset(a, 1, len);
 	memset(b, 2, len);
 	for (int i = 0; i < 5; i++) {
-		double t0 = dec_now(), dt;
+		double t0 = kvtr_now(), dt;
 
 		memcpy(i % 2 ? a : b, i % 2 ? b : a, len);
-		dt = dec_now() - t0;
+		dt = kvtr_now() - t0;
 		if (dt > 0 && (double)len / dt > best)
 			best = (double)len / dt;
 	}
@@ -114,9 +104,9 @@ dec_hook(void *arg, struct kvt_engine *e, uint64_t step)
 	if (kvt_engine_stats(e, s) != 0)
 		memset(s, 0, sizeof(*s));
 	if (step + 1 == p->from) {
-		p->t_from = dec_now();
+		p->t_from = kvtr_now();
 	} else {
-		p->t_last = dec_now();
+		p->t_last = kvtr_now();
 		p->last_step = step;
 	}
 }

@@ -140,7 +140,7 @@ nb_tier_pass(struct kvt_nvme *n, uint32_t qd, const struct nb_host *h, uint8_t *
 	struct kvt_nvme_wmeta m = { .index = 0 };
 	struct kvt_nvme_cqe c[64];
 	uint32_t slots = kvt_nvme_n_slots(n), next = 0, done = 0;
-	double t0 = kvtb_now();
+	double t0 = kvtr_now();
 	int r;
 
 	while (done < slots) {
@@ -164,7 +164,7 @@ nb_tier_pass(struct kvt_nvme *n, uint32_t qd, const struct nb_host *h, uint8_t *
 			}
 		done += (uint32_t)r;
 	}
-	return (double)slots * (double)kvt_nvme_slot_bytes(n) / (kvtb_now() - t0);
+	return (double)slots * (double)kvt_nvme_slot_bytes(n) / (kvtr_now() - t0);
 }
 
 /* HOST memory for @slots slots of @bs-byte IOs (block_bytes = bs - 4096), laid out as the
@@ -353,29 +353,29 @@ nb_park_resume(const struct nb_opts *o)
 		for (uint32_t t = 0; rc == 0 && t < o->tokens; t += 16)
 			nb_fill((uint8_t *)g.hbm_base + (uint64_t)(map[t] / 16) * g.block_bytes,
 				g.block_bytes, s * 100003u + t);
-		t0 = kvtb_now();
+		t0 = kvtr_now();
 		if (rc == 0)
 			rc = kvt_seq_park(e, ids[s], KVT_TIER_NVME);
 		if (rc == 0)
 			rc = kvt_engine_drain(e);
-		tp += kvtb_now() - t0;
+		tp += kvtr_now() - t0;
 	}
 	for (uint32_t s = 0; rc == 0 && s < o->sessions; s++) {
 		struct kvt_batch *b = NULL;
-		double t0 = kvtb_now();
+		double t0 = kvtr_now();
 
 		rc = kvt_seq_resume(e, ids[s]);
 		if (rc == 0)
 			rc = kvt_batch_prepare(e, &ids[s], 1, &b);
 		if (rc == 0)
 			rc = kvt_batch_wait_layer(b, 31, NULL);
-		tr += kvtb_now() - t0;
+		tr += kvtr_now() - t0;
 		if (b)
 			kvt_batch_release(b, NULL);
 	}
 	if (rc) {
-		fprintf(stderr, "nvme bench: park/resume: %s (%s)\n", kvt_strerror(rc),
-			kvt_last_error_message());
+		kvtr_err_kvt(rc, "park/resume");
+		fprintf(stderr, "nvme bench: %s\n", kvtr_last_error());
 		goto out;
 	}
 	if (o->fio) {

@@ -8,7 +8,6 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <lz4.h>
 #ifdef KVTB_WITH_ZSTD
@@ -23,6 +22,7 @@
 #define NB_CODEC_SEED 1
 #include "tiers/codec.h"
 #include "tokenizer.h"
+#include "util.h"
 
 #define CODEC_MIN_TIME 0.2 /* seconds each measurement runs at least */
 
@@ -31,15 +31,6 @@ struct codec_dump {
 	size_t snap_bytes; /* its size */
 	size_t block;      /* bytes per block */
 };
-
-double
-kvtb_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void
 codec_hook(void *arg, struct kvt_engine *e, uint64_t step)
@@ -182,17 +173,17 @@ codec_row(FILE *f, const char *dt, int c, const uint8_t *blocks, size_t n, size_
 	if (!out || !scr || !back || !len)
 		goto done;
 	/* the best of repeated passes: the machine may be shared, the codec's speed is its best */
-	t0 = kvtb_now();
-	while (kvtb_now() - t0 < CODEC_MIN_TIME || reps < 3) {
-		double a = kvtb_now(), b2, c2;
+	t0 = kvtr_now();
+	while (kvtr_now() - t0 < CODEC_MIN_TIME || reps < 3) {
+		double a = kvtr_now(), b2, c2;
 
 		codec_enc(c, blocks, n, bb, g, out, cap, scr, len);
-		b2 = kvtb_now();
+		b2 = kvtr_now();
 		if (codec_dec(c, blocks, n, bb, g, out, cap, scr, len, back, reps == 0)) {
 			fprintf(f, "| %-5s | %-16s | round trip FAILED |\n", dt, codec_names[c]);
 			goto done;
 		}
-		c2 = kvtb_now();
+		c2 = kvtr_now();
 		tc = b2 - a < tc ? b2 - a : tc;
 		td = c2 - b2 < td ? c2 - b2 : td;
 		reps++;

@@ -5,9 +5,6 @@
 
 #include <stdio.h>
 
-/** Wall clock, seconds (CLOCK_MONOTONIC). */
-double kvtb_now(void);
-
 /**
  * kvtb_codec_table() - dump the K/V blocks that stories260K produces (kvtier-run's decode loop,
  * fp32, fp16 and bf16 K/V) and print, per element type, the ratio and single-core speed of

@@ -18,6 +18,7 @@
 
 #include "replay.h"
 #include "replay_data.h"
+#include "util.h"
 
 /* The token j of block id (equal for every request holding that block). */
 static int32_t
@@ -165,9 +166,10 @@ rp_data_run(const struct rp_trace *tr, const struct rp_data_opts *o, rp_progress
 		if (pf && (i % 16 == 0 || i + 1 == tr->n_req))
 			pf(i + 1, tr->n_req);
 	}
-	if (rc)
-		fprintf(stderr, "kvtier-replay: data mode: %s (%s)\n", kvt_strerror(rc),
-			kvt_last_error_message());
+	if (rc) {
+		kvtr_err_kvt(rc, "data mode");
+		fprintf(stderr, "kvtier-replay: %s\n", kvtr_last_error());
+	}
 	if (e) {
 		(void)kvt_engine_drain(e);
 		(void)kvt_engine_stats(e, &out->st);

@@ -9,7 +9,6 @@
  */
 #include <errno.h>
 #include <string.h>
-#include <time.h>
 
 #include "kernels/attention.h"
 #include "run_int.h"
@@ -198,7 +197,7 @@ batch_forward_group(struct run_ctx *c, struct run_sess **g, uint32_t n, struct k
 			run_kv_view(c, bt, i, l, &kv);
 			if (c->dev) /* HBM is GPU memory: the CUDA kernel */
 				rc = run_dev_attn(c, &kv, s->st.q, (uint64_t)s->n_kv + 1,
-						  s->st.xb, NULL, NULL);
+						  s->st.xb, NULL);
 			else if ((rc = kvt_attn_decode_ref(&kv, s->st.q, (uint32_t)m->cfg.n_heads,
 							   (uint64_t)s->n_kv + 1, s->st.att,
 							   s->st.xb)) != 0)
@@ -264,9 +263,7 @@ batch_run_group(struct run_ctx *c, struct run_sess **g, uint32_t n)
 	c->r->batches++;
 	rc = run_hint(c, NULL); /* the next group's copies overlap this group's compute */
 	memset(&bt, 0, sizeof(bt));
-	if (rc == 0)
-		rc = kvt_batch_block_table(b, &bt);
-	if (rc)
+	if (rc == 0 && (rc = kvt_batch_block_table(b, &bt)) != 0)
 		rc = kvtr_err_kvt(rc, "kvt_batch_block_table");
 	for (uint32_t i = 0; rc == 0 && i < n; i++)
 		rc = batch_check_row(c, g[i], &bt, i);
@@ -446,15 +443,6 @@ batch_plan_next(struct run_ctx *c, struct run_sess **act, uint32_t n, uint32_t i
 	}
 }
 
-static uint64_t
-batch_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Host time the engine has spent waiting for copies so far (stats.stall_ns). */
 static uint64_t
 batch_stall_ns(struct run_ctx *c)
@@ -512,7 +500,7 @@ int
 run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 {
 	uint32_t i = 0, maxg = n, slots = c->geo.hbm_slots, half = batch_window(c, n);
-	uint64_t t0 = c->o->prefetch ? batch_now_ns() : 0;
+	uint64_t t0 = c->o->prefetch ? kvtr_now_ns() : 0;
 	uint64_t w0 = c->o->prefetch ? batch_stall_ns(c) : 0;
 	int rc;
 
@@ -556,6 +544,6 @@ run_step_kvt(struct run_ctx *c, struct run_sess **act, uint32_t n)
 		i += cnt;
 	}
 	if (c->o->prefetch)
-		batch_measure(c, batch_now_ns() - t0, batch_stall_ns(c) - w0);
+		batch_measure(c, kvtr_now_ns() - t0, batch_stall_ns(c) - w0);
 	return 0;
 }

@@ -111,7 +111,7 @@ run_dev_store(struct run_ctx *c, void *k, void *v, const float *kf, const float 
 
 int
 run_dev_attn(struct run_ctx *c, const struct kvt_paged_kv *kv, const float *q, uint64_t len,
-	     float *out, float *m, float *l)
+	     float *out, float *ml)
 {
 	struct run_dev *d = c->dev;
 	const uint32_t nh = (uint32_t)c->m->cfg.n_heads, nb =
@@ -129,15 +129,14 @@ run_dev_attn(struct run_ctx *c, const struct kvt_paged_kv *kv, const float *q, u
 	    (e = cudaMemcpy(d->q, q, dim * sizeof(float), cudaMemcpyHostToDevice)) != cudaSuccess)
 		return dev_cuda_err(e, "cudaMemcpy of a block table and query");
 	dkv.table = d->table;
-	if (m)
+	if (ml)
 		rc = kvt_attn_partial_cuda(&dkv, d->q, nh, 0, len, d->out, d->ml, d->ml + nh, NULL);
 	else
 		rc = kvt_attn_decode_cuda(&dkv, d->q, nh, len, 1, NULL, d->out, NULL);
 	if (rc)
 		return kvtr_err_kvt(rc, "CUDA attention");
 	if ((e = cudaMemcpy(out, d->out, dim * sizeof(float), cudaMemcpyDeviceToHost)) ||
-	    (m && (e = cudaMemcpy(m, d->ml, nh * sizeof(float), cudaMemcpyDeviceToHost))) ||
-	    (m && (e = cudaMemcpy(l, d->ml + nh, nh * sizeof(float), cudaMemcpyDeviceToHost))))
+	    (ml && (e = cudaMemcpy(ml, d->ml, 2 * nh * sizeof(float), cudaMemcpyDeviceToHost))))
 		return dev_cuda_err(e, "cudaMemcpy of the attention result");
 	return 0;
 }
@@ -173,9 +172,9 @@ run_dev_store(struct run_ctx *c, void *k, void *v, const float *kf, const float 
 
 int
 run_dev_attn(struct run_ctx *c, const struct kvt_paged_kv *kv, const float *q, uint64_t len,
-	     float *out, float *m, float *l)
+	     float *out, float *ml)
 {
-	(void)c, (void)kv, (void)q, (void)len, (void)out, (void)m, (void)l;
+	(void)c, (void)kv, (void)q, (void)len, (void)out, (void)ml;
 	return kvtr_err(KVT_ENOTSUP, "--device cuda: this build has no CUDA");
 }
 #endif

@@ -308,14 +308,14 @@ main_metrics_write(const struct main_args *a, const struct kvtr_run_result *r)
 	st.size = sizeof st; /* zero after a reference run */
 	rc = kvt_stats_metrics_text(&st, NULL, 0, &need);
 	if (rc != -ENOSPC)
-		return kvtr_err(rc, "--metrics: %s", kvt_last_error_message());
+		return kvtr_err_kvt(rc, "--metrics");
 	buf = malloc(need);
 	if (!buf)
 		return kvtr_err(-ENOMEM, "--metrics: out of memory");
 	rc = kvt_stats_metrics_text(&st, buf, need, &len);
 	if (rc) {
 		free(buf);
-		return kvtr_err(rc, "--metrics: %s", kvt_last_error_message());
+		return kvtr_err_kvt(rc, "--metrics");
 	}
 	f = strcmp(a->metrics, "-") == 0 ? stdout : fopen(a->metrics, "w");
 	if (!f) {

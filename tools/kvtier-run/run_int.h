@@ -53,8 +53,9 @@ struct run_ctx {
 	struct run_sess *ss;            /* [sessions] */
 	struct run_sess **act;          /* [sessions] scratch: active sessions of a step */
 	kvt_seq_id *ids;                /* [sessions] scratch: ids of a group */
-	float *wo, *wm, *wl;            /* merged window partial: [dim], [n_heads], [n_heads] */
-	float *po, *pm, *pl;            /* one window's partial, same shapes */
+	float *wo, *wm, *wl;            /* merged window partial: [dim], [n_heads], [n_heads];
+	                                   wl == wm + n_heads (run_dev_attn's [2][n_heads]) */
+	float *po, *pm, *pl;            /* one window's partial, same shapes and layout */
 	float *side;                    /* [n_layers][2][kv_dim] K/V of the windowed position */
 	void *tokblk;                   /* [2][token_bytes]: that position's K/V as stored */
 	uint32_t cut_warned;            /* turn + 1 of the last "prompt cut" warning, 0 = none */
@@ -143,11 +144,12 @@ int run_dev_owns(const struct run_ctx *c, const void *p);
 int run_dev_store(struct run_ctx *c, void *k, void *v, const float *kf, const float *vf);
 /**
  * run_dev_attn() - attention of host query @q [n_heads][head_dim] over positions [0, len) of
- * @kv (device K/V, host table) with the CUDA kernel; host @out [n_heads][head_dim]. With @m
- * and @l (host [n_heads]) the split-KV partial (kvt_attn_partial_ref's outputs), else the
- * normalised result (kvt_attn_decode_ref's). Synchronous.
+ * @kv (device K/V, host table) with the CUDA kernel; host @out [n_heads][head_dim]. With @ml
+ * (host [2][n_heads]: the max, then the sum; c->wm/c->wl and c->pm/c->pl are laid out so) the
+ * split-KV partial (kvt_attn_partial_ref's outputs), copied back in one cudaMemcpy; with NULL
+ * the normalised result (kvt_attn_decode_ref's). Synchronous.
  */
 int run_dev_attn(struct run_ctx *c, const struct kvt_paged_kv *kv, const float *q, uint64_t len,
-		 float *out, float *m, float *l);
+		 float *out, float *ml);
 
 #endif /* KVTR_RUN_INT_H */

@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "run_int.h"
@@ -42,15 +41,6 @@ kvtr_run_opts_init(struct kvtr_run_opts *o)
 	o->turns = 1;
 	o->tokens_per_block = 16;
 	o->kv_dtype = KVT_DTYPE_F32;
-}
-
-static double
-run_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int
@@ -325,7 +315,7 @@ run_step(struct run_ctx *c, uint32_t n_act)
 static int
 run_loop(struct run_ctx *c)
 {
-	double t0 = run_now(), t1 = 0.0;
+	double t0 = kvtr_now(), t1 = 0.0, t2;
 	uint64_t pos1 = 0;
 	int rc = 0;
 
@@ -346,7 +336,7 @@ again:
 				break;
 			rc = run_step(c, n_act);
 			if (t1 == 0.0) { /* llama2.c starts its clock after the first step */
-				t1 = run_now();
+				t1 = kvtr_now();
 				pos1 = c->r->positions;
 			}
 		}
@@ -357,9 +347,10 @@ again:
 			goto again;
 		}
 	}
-	c->r->elapsed_s = run_now() - t0;
-	if (t1 > 0.0 && run_now() > t1)
-		c->r->tok_per_s = (double)(c->r->positions - pos1) / (run_now() - t1);
+	t2 = kvtr_now();
+	c->r->elapsed_s = t2 - t0;
+	if (t1 > 0.0 && t2 > t1)
+		c->r->tok_per_s = (double)(c->r->positions - pos1) / (t2 - t1);
 	return rc;
 }
 

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* tools/kvtier-run/util.c - last-error message, command-line value parsers, growable string. */
+/* tools/kvtier-run/util.c - last-error message, command-line value parsers, clock, growable
+ * string. */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -7,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "util.h"
 
@@ -65,6 +67,21 @@ const char *
 kvtr_last_error(void)
 {
 	return util_errbuf;
+}
+
+uint64_t
+kvtr_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double
+kvtr_now(void)
+{
+	return (double)kvtr_now_ns() * 1e-9;
 }
 
 /* Parse the leading decimal digits of s into *v; returns the first unparsed char, or NULL when

@@ -2,7 +2,7 @@
 /*
  * tools/kvtier-run/util.h - small helpers shared by kvtier-run's modules: the tool's own
  * last-error message (kvtr_err, like the library's kvt_err), parsers for the command-line
- * values (sizes with K/M/G suffixes, bounded integers, floats) and a growable string.
+ * values (sizes with K/M/G suffixes, bounded integers, floats), a clock and a growable string.
  *
  * Error convention of the whole tool library (kvtrun): functions return 0 or a negative code
  * (-errno or a KVT_E* code from kvtier.h) and leave a one-line explanation in
@@ -43,6 +43,12 @@ int kvtr_err_kvt(int code, const char *what);
 
 /** kvtr_last_error() - the calling thread's last message ("" if none). Thread-local. */
 const char *kvtr_last_error(void);
+
+/** kvtr_now_ns() - CLOCK_MONOTONIC in nanoseconds: the one clock of the tools' timings. */
+uint64_t kvtr_now_ns(void);
+
+/** kvtr_now() - kvtr_now_ns() in seconds. */
+double kvtr_now(void);
 
 /**
  * kvtr_parse_bytes() - parse a byte count, the one size syntax of the tools: decimal digits, an

@@ -62,7 +62,7 @@ win_partial(struct run_ctx *c, struct run_sess *s, const struct kvt_paged_kv *kv
 
 	if (run_dev_owns(c, kv->k_base)) { /* blocks in GPU memory: the CUDA kernel */
 		rc = run_dev_attn(c, kv, s->st.q, len, first ? c->wo : c->po,
-				  first ? c->wm : c->pm, first ? c->wl : c->pl);
+				  first ? c->wm : c->pm);
 		if (rc)
 			return rc;
 	} else {
