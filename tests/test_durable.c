@@ -166,29 +166,9 @@ static struct kvt_engine *
 dur_engine(const char *dir, uint32_t nvme_blocks)
 {
 	struct kvt_engine_opts o;
-	struct kvt_engine *e = NULL;
-	uint64_t bb = tsup_block_bytes();
-	int rc;
 
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = TSUP_TPB;
-	o.hbm_bytes = 16 * bb;
-	o.host_bytes = 8 * bb;
-	o.nvme_dir = dir;
-	o.nvme_bytes = (uint64_t)nvme_blocks * SLOT_BYTES;
-	o.nvme_persist = 1;
-	o.high_watermark = o.low_watermark = 1.0f;
-	kvt_test_nvme_hooks = dur_hooks ? dur_hooks : &io_hooks;
-	rc = kvt_engine_create(&o, &e);
-	kvt_test_nvme_hooks = NULL;
-	if (rc)
-		print_error("create: %s\n", kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	return e;
+	tsup_store_opts(&o, dir, (uint64_t)nvme_blocks * SLOT_BYTES);
+	return tsup_create(&o, dur_hooks ? dur_hooks : &io_hooks);
 }
 
 /* Park @s to NVMe, let everything complete; no record may be left unsynced. */
@@ -542,20 +522,9 @@ test_timed_out_write_quarantines_slot(void **state)
 	kvt_seq_id a;
 
 	(void)state;
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = TSUP_TPB;
-	o.hbm_bytes = 16 * tsup_block_bytes();
-	o.host_bytes = 8 * tsup_block_bytes();
-	o.nvme_dir = dir;
-	o.nvme_bytes = 8 * SLOT_BYTES;
-	o.high_watermark = o.low_watermark = 1.0f;
-	kvt_test_nvme_hooks = &hooks;
-	assert_int_equal(kvt_engine_create(&o, &e), 0);
-	kvt_test_nvme_hooks = NULL;
+	tsup_store_opts(&o, dir, 8 * SLOT_BYTES);
+	o.nvme_persist = 0;
+	e = tsup_create(&o, &hooks);
 	a = tsup_session_written(e, 0, 1, 4); /* one block: one write, whose timeout one poll sees */
 	late_writes = 1;
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);

@@ -36,22 +36,12 @@ static int
 store_engine(const char *dir, const struct scfg *c, struct kvt_engine **e)
 {
 	struct kvt_engine_opts o;
-	uint64_t bb = tsup_block_bytes();
 
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = c->tpb ? c->tpb : TSUP_TPB;
-	o.hbm_bytes = 16 * bb;
-	o.host_bytes = 8 * bb;
-	o.nvme_dir = dir;
-	o.nvme_bytes = (uint64_t)(c->nvme_blocks ? c->nvme_blocks : 64) * SLOT_BYTES;
-	o.nvme_persist = 1;
+	tsup_store_opts(&o, dir, (uint64_t)(c->nvme_blocks ? c->nvme_blocks : 64) * SLOT_BYTES);
+	if (c->tpb)
+		o.layout.tokens_per_block = c->tpb;
 	o.nvme_codec = c->codec;
 	o.nvme_codec_min_saving = 0.05f;
-	o.high_watermark = o.low_watermark = 1.0f;
 	*e = NULL;
 	return kvt_engine_create(&o, e);
 }

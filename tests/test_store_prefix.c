@@ -27,31 +27,11 @@ static struct kvt_engine *
 dur_engine(const char *dir, uint32_t nvme_blocks)
 {
 	struct kvt_engine_opts o;
-	struct kvt_engine *e = NULL;
-	uint64_t bb = tsup_block_bytes();
-	int rc;
 
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = TSUP_TPB;
-	o.hbm_bytes = 16 * bb;
-	o.host_bytes = 8 * bb;
-	o.nvme_dir = dir;
-	o.nvme_bytes = (uint64_t)nvme_blocks * SLOT_BYTES;
-	o.nvme_persist = 1;
+	tsup_store_opts(&o, dir, (uint64_t)nvme_blocks * SLOT_BYTES);
 	o.nvme_codec = dur_codec;
 	o.nvme_codec_min_saving = 0.05f;
-	o.high_watermark = o.low_watermark = 1.0f;
-	kvt_test_nvme_hooks = dur_hooks;
-	rc = kvt_engine_create(&o, &e);
-	kvt_test_nvme_hooks = NULL;
-	if (rc)
-		print_error("create: %s\n", kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	return e;
+	return tsup_create(&o, dur_hooks);
 }
 
 static void

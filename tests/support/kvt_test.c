@@ -127,20 +127,60 @@ tsup_block_bytes(void)
 	return 2ull * TSUP_TPB * TSUP_HEADS * TSUP_DIM * sizeof(float) * TSUP_LAYERS;
 }
 
+void
+tsup_opts_init(struct kvt_engine_opts *o)
+{
+	kvt_engine_opts_init(o, sizeof *o);
+	o->layout.n_layers = TSUP_LAYERS;
+	o->layout.n_kv_heads = TSUP_HEADS;
+	o->layout.head_dim = TSUP_DIM;
+	o->layout.dtype = KVT_DTYPE_F32;
+	o->layout.tokens_per_block = TSUP_TPB;
+}
+
+void
+tsup_store_opts(struct kvt_engine_opts *o, const char *dir, uint64_t nvme_bytes)
+{
+	tsup_opts_init(o);
+	o->hbm_bytes = 16 * tsup_block_bytes();
+	o->host_bytes = 8 * tsup_block_bytes();
+	o->nvme_dir = dir;
+	o->nvme_bytes = nvme_bytes;
+	o->nvme_persist = 1;
+	o->high_watermark = o->low_watermark = 1.0f;
+}
+
+/* Create an engine from @o with whatever kvt_test_nvme_hooks are in place; asserts success. */
+static struct kvt_engine *
+tsup_create_ok(const struct kvt_engine_opts *o)
+{
+	struct kvt_engine *e = NULL;
+	int rc = kvt_engine_create(o, &e);
+
+	if (rc)
+		print_error("kvt_engine_create: %s\n", kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	return e;
+}
+
+struct kvt_engine *
+tsup_create(const struct kvt_engine_opts *o, const struct kvt_nvme_fault_hooks *hooks)
+{
+	struct kvt_engine *e;
+
+	kvt_test_nvme_hooks = hooks;
+	e = tsup_create_ok(o);
+	kvt_test_nvme_hooks = NULL;
+	return e;
+}
+
 struct kvt_engine *
 tsup_engine(const struct tsup_cfg *c, char **dir)
 {
 	struct kvt_engine_opts o;
-	struct kvt_engine *e = NULL;
 	uint64_t bb = tsup_block_bytes();
-	int rc;
 
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = TSUP_TPB;
+	tsup_opts_init(&o);
 	o.hbm_bytes = c->hbm_blocks * bb;
 	o.host_bytes = c->host_blocks * bb;
 	o.emu_max_delay_us = c->delay_us;
@@ -156,11 +196,7 @@ tsup_engine(const struct tsup_cfg *c, char **dir)
 		/* NVMe slots are a 128-byte header plus the block, rounded up to 4 KiB */
 		o.nvme_bytes = (uint64_t)c->nvme_blocks * ((bb + 128 + 4095) / 4096 * 4096);
 	}
-	rc = kvt_engine_create(&o, &e);
-	if (rc)
-		print_error("kvt_engine_create: %s\n", kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	return e;
+	return tsup_create_ok(&o);
 }
 
 float

@@ -33,6 +33,21 @@ struct tsup_cfg {
 char *tsup_mkdtemp(void);
 void tsup_rmdir(char *dir);
 
+struct kvt_nvme_fault_hooks;
+
+/* kvt_engine_opts_init(o) with the test layout: TSUP_LAYERS layers, TSUP_HEADS KV heads of
+ * TSUP_DIM f32 elements, TSUP_TPB tokens per block. */
+void tsup_opts_init(struct kvt_engine_opts *o);
+
+/* tsup_opts_init(o) for a persistent NVMe store: 16 HBM blocks, 8 HOST blocks, NVMe in @dir
+ * (@nvme_bytes), nvme_persist on, watermarks 1.0 (no background demotion). */
+void tsup_store_opts(struct kvt_engine_opts *o, const char *dir, uint64_t nvme_bytes);
+
+/* Create an engine from @o with the NVMe fault hooks @hooks (NULL = none) in place for the
+ * create (kvt_test_nvme_hooks); asserts success, printing the error when it fails. */
+struct kvt_engine *tsup_create(const struct kvt_engine_opts *o,
+			       const struct kvt_nvme_fault_hooks *hooks);
+
 /* Create an engine (asserts success). *dir receives the NVMe dir to remove, or NULL. */
 struct kvt_engine *tsup_engine(const struct tsup_cfg *c, char **dir);
 uint64_t tsup_block_bytes(void);
