@@ -453,40 +453,28 @@ test_data_fsync_failure_is_final(void **state)
 	fsync_failure_is_final(KVT_SYNC_DATA);
 }
 
-static int enospc_writes; /* 1: NVMe writes complete with -ENOSPC */
-
-static void
-enospc_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off,
-	    int *res)
-{
-	(void)arg, (void)slot, (void)buf, (void)len, (void)off;
-	if (is_write && enospc_writes)
-		*res = -ENOSPC;
-}
-
 /* ENOSPC gives up clean NVMe copies and punches their space out, but never that of a slot a
  * published record names: that session is still restorable after a crash. */
 static void
 test_enospc_keeps_published_slots(void **state)
 {
-	static const struct kvt_nvme_fault_hooks hooks = { .on_complete = enospc_hook };
 	struct kvt_stats st = { .size = sizeof st };
 	char *dir = tsup_mkdtemp();
 	struct kvt_engine *e;
 	kvt_seq_id a, b;
 
 	(void)state;
-	dur_hooks = &hooks;
+	dur_hooks = &tsup_enospc_hooks;
 	e = dur_engine(dir, 16);
 	dur_hooks = NULL;
 	a = tsup_session_written(e, 1, 1, 8);
 	dur_park(e, a);                            /* published */
 	assert_int_equal(tsup_verify(e, a, 1), 0); /* back in HBM: its NVMe copies are clean */
-	enospc_writes = 1;
+	tsup_enospc_writes = 1;
 	b = tsup_session_written(e, 2, 2, 8);
 	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	enospc_writes = 0;
+	tsup_enospc_writes = 0;
 	assert_int_equal(kvt_engine_stats(e, &st), 0);
 	assert_true(st.tier[KVT_TIER_NVME].evictions >= 2); /* a's clean copies given up */
 	tsup_check_engine(e);
@@ -562,24 +550,8 @@ test_timed_out_write_quarantines_slot(void **state)
 	tsup_rmdir(dir);
 }
 
-/* The HOST header room on for the small test blocks: zero-copy writes are one IO each. */
-static int
-room_on(void **state)
-{
-	(void)state;
-	kvt_test_host_room_min_block = 1;
-	return 0;
-}
-
-static int
-room_off(void **state)
-{
-	(void)state;
-	kvt_test_host_room_min_block = KVT_HOST_ROOM_MIN_BLOCK;
-	return 0;
-}
-
-#define DUR_BOTH(t) cmocka_unit_test(t), cmocka_unit_test_setup_teardown(t, room_on, room_off)
+#define DUR_BOTH(t) cmocka_unit_test(t), \
+	cmocka_unit_test_setup_teardown(t, tsup_room_on, tsup_room_off)
 
 int
 main(void)

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* tests/support/kvt_test.c - see kvt_test.h. */
 #include <dirent.h>
+#include <errno.h>
 #include <linux/capability.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -161,6 +162,35 @@ tsup_create_ok(const struct kvt_engine_opts *o)
 		print_error("kvt_engine_create: %s\n", kvt_last_error_message());
 	assert_int_equal(rc, 0);
 	return e;
+}
+
+int tsup_enospc_writes;
+
+static void
+tsup_enospc_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off,
+		 int *res)
+{
+	(void)arg, (void)slot, (void)buf, (void)len, (void)off;
+	if (is_write && tsup_enospc_writes)
+		*res = -ENOSPC;
+}
+
+const struct kvt_nvme_fault_hooks tsup_enospc_hooks = { .on_complete = tsup_enospc_hook };
+
+int
+tsup_room_on(void **state)
+{
+	(void)state;
+	kvt_test_host_room_min_block = 1;
+	return 0;
+}
+
+int
+tsup_room_off(void **state)
+{
+	(void)state;
+	kvt_test_host_room_min_block = KVT_HOST_ROOM_MIN_BLOCK;
+	return 0;
 }
 
 struct kvt_engine *

@@ -48,6 +48,16 @@ void tsup_store_opts(struct kvt_engine_opts *o, const char *dir, uint64_t nvme_b
 struct kvt_engine *tsup_create(const struct kvt_engine_opts *o,
 			       const struct kvt_nvme_fault_hooks *hooks);
 
+/* While tsup_enospc_writes is set, tsup_enospc_hooks complete every NVMe write with -ENOSPC
+ * (a volume out of space); reads and writes are untouched otherwise. */
+extern int tsup_enospc_writes;
+extern const struct kvt_nvme_fault_hooks tsup_enospc_hooks;
+
+/* cmocka setup/teardown: the HOST header room on for the small test blocks (one IO per
+ * zero-copy NVMe write), then back to the production minimum block size. Return 0. */
+int tsup_room_on(void **state);
+int tsup_room_off(void **state);
+
 /* Create an engine (asserts success). *dir receives the NVMe dir to remove, or NULL. */
 struct kvt_engine *tsup_engine(const struct tsup_cfg *c, char **dir);
 uint64_t tsup_block_bytes(void);
