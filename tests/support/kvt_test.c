@@ -164,6 +164,33 @@ tsup_create_ok(const struct kvt_engine_opts *o)
 	return e;
 }
 
+int
+tsup_nvme_fx_setup(void **state, size_t host_bytes, const char *name)
+{
+	struct tsup_nvme_fx *f = calloc(1, sizeof *f);
+	void *p = NULL;
+
+	if (!f || posix_memalign(&p, 4096, host_bytes) != 0)
+		return -1;
+	f->host = p;
+	snprintf(f->dir, sizeof f->dir, "/tmp/%s-XXXXXX", name);
+	if (!mkdtemp(f->dir))
+		return -1;
+	*state = f;
+	return 0;
+}
+
+int
+tsup_nvme_fx_teardown(void **state)
+{
+	struct tsup_nvme_fx *f = *state;
+	int r = rmdir(f->dir); /* every tier removed its file */
+
+	free(f->host);
+	free(f);
+	return r;
+}
+
 int tsup_enospc_writes;
 
 static void

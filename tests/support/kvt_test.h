@@ -7,6 +7,7 @@
 #ifndef KVT_TEST_H
 #define KVT_TEST_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -57,6 +58,20 @@ extern const struct kvt_nvme_fault_hooks tsup_enospc_hooks;
  * zero-copy NVMe write), then back to the production minimum block size. Return 0. */
 int tsup_room_on(void **state);
 int tsup_room_off(void **state);
+
+/* The fixture of the NVMe tier tests: a directory and 4 KiB-aligned "HOST tier" memory. */
+struct tsup_nvme_fx {
+	char dir[PATH_MAX]; /* fresh temporary directory /tmp/<name>-XXXXXX */
+	uint8_t *host;      /* host_bytes of memory, 4 KiB aligned, not initialised */
+};
+
+/* cmocka setup: *state = a new tsup_nvme_fx with @host_bytes of HOST memory and a fresh
+ * directory named after @name. Returns 0, or -1 when memory or the directory is refused. */
+int tsup_nvme_fx_setup(void **state, size_t host_bytes, const char *name);
+
+/* cmocka teardown of tsup_nvme_fx_setup: removes the directory (which fails, and so does the
+ * teardown, when a tier left its file there) and frees the fixture. Returns rmdir's result. */
+int tsup_nvme_fx_teardown(void **state);
 
 /* Create an engine (asserts success). *dir receives the NVMe dir to remove, or NULL. */
 struct kvt_engine *tsup_engine(const struct tsup_cfg *c, char **dir);
