@@ -194,19 +194,6 @@ rec_check(void)
 	assert_int_equal(rec.unsynced_puts, 0);
 }
 
-static void
-dur_restore(struct kvt_engine *e, uint64_t key, uint32_t tag, kvt_seq_id *s)
-{
-	int rc = kvt_seq_restore(e, key, NULL, s);
-
-	if (rc)
-		print_error("restore %#llx: %s\n", (unsigned long long)key,
-			    kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	assert_int_equal(kvt_seq_resume(e, *s), 0);
-	assert_int_equal(tsup_verify(e, *s, tag), 0);
-}
-
 /* Closed, reclaimed and changed sessions: their slots are reused only after a durable record
  * supersedes theirs; publishing syncs data before records and records before going idle. */
 static void
@@ -245,7 +232,7 @@ test_slots_reused_only_after_durable_supersede(void **state)
 	assert_int_equal(kvt_seq_restore(e, 2, NULL, &b), -ENOENT);
 	/* a restored session changed: its changed block's old slot stays named by the committed
 	 * PUT until the new PUT is durable (the LIFO allocator would hand it out first) */
-	dur_restore(e, 3, 3, &c);
+	tsup_restore(e, 3, 3, &c);
 	assert_int_equal(tsup_append_write(e, c, 3, 6, 1), 0);
 	tsup_check_engine(e);
 	dur_park(e, c);
@@ -253,8 +240,8 @@ test_slots_reused_only_after_durable_supersede(void **state)
 	kvt_engine_destroy(e);
 
 	e = dur_engine(dir, 6);
-	dur_restore(e, 3, 3, &c);
-	dur_restore(e, 4, 4, &a);
+	tsup_restore(e, 3, 3, &c);
+	tsup_restore(e, 4, 4, &a);
 	rec_check();
 	kvt_engine_destroy(e);
 	kvt_test_sync_hook = NULL;
@@ -298,8 +285,8 @@ test_publish_failure_commits_what_was_put(void **state)
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	e = dur_engine(dir, 16);
-	dur_restore(e, 1, 1, &a);
-	dur_restore(e, 2, 2, &b);
+	tsup_restore(e, 1, 1, &a);
+	tsup_restore(e, 2, 2, &b);
 	kvt_engine_destroy(e);
 	kvt_test_sync_hook = NULL;
 	tsup_rmdir(dir);
@@ -374,7 +361,7 @@ test_session_key_unique(void **state)
 	kvt_engine_destroy(e);
 	e = dur_engine(dir, 16);
 	assert_int_equal(kvt_seq_open(e, &so, &b), -EEXIST);
-	dur_restore(e, 42, 1, &a);
+	tsup_restore(e, 42, 1, &a);
 	assert_int_equal(kvt_seq_open(e, &so, &b), KVT_EBUSY);
 	assert_int_equal(kvt_seq_close(e, a), 0);
 	assert_int_equal(kvt_seq_open(e, &so, &b), 0); /* closed: the key is free again */
@@ -480,7 +467,7 @@ test_enospc_keeps_published_slots(void **state)
 	tsup_check_engine(e);
 	kvt_engine_destroy(e); /* a crash as far as a is concerned: its record stays */
 	e = dur_engine(dir, 16);
-	dur_restore(e, 1, 1, &a);
+	tsup_restore(e, 1, 1, &a);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }

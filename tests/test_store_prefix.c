@@ -42,19 +42,6 @@ dur_park(struct kvt_engine *e, kvt_seq_id s)
 	tsup_check_engine(e);
 }
 
-static void
-dur_restore(struct kvt_engine *e, uint64_t key, uint32_t tag, kvt_seq_id *s)
-{
-	int rc = kvt_seq_restore(e, key, NULL, s);
-
-	if (rc)
-		print_error("restore %#llx: %s\n", (unsigned long long)key,
-			    kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	assert_int_equal(kvt_seq_resume(e, *s), 0);
-	assert_int_equal(tsup_verify(e, *s, tag), 0);
-}
-
 /* Bit flips that the codec does not notice: one in a mantissa byte of a raw block, one in a
  * literal of the first LZ4 sequence of an encoded block (it still decodes, to other bytes). */
 static struct {
@@ -224,7 +211,7 @@ test_prefix_found_after_restart(void **state)
 	assert_int_equal(got, 8);
 	assert_int_equal(tsup_verify(e, d, 9), 0);
 	/* the stored session itself still restores whole, sharing those blocks */
-	dur_restore(e, 9, 9, &a);
+	tsup_restore(e, 9, 9, &a);
 	assert_int_equal(tsup_append_write(e, c, 9, 8, 2), 0); /* c grows past the prefix */
 	assert_int_equal(tsup_verify(e, c, 9), 0);
 	assert_int_equal(kvt_seq_close(e, d), 0);

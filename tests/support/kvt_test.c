@@ -48,6 +48,19 @@ tsup_session_written(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t 
 	return s;
 }
 
+void
+tsup_restore(struct kvt_engine *e, uint64_t key, uint32_t tag, kvt_seq_id *s)
+{
+	int rc = kvt_seq_restore(e, key, NULL, s);
+
+	if (rc)
+		print_error("restore %#llx: %s\n", (unsigned long long)key,
+			    kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	assert_int_equal(kvt_seq_resume(e, *s), 0);
+	assert_int_equal(tsup_verify(e, *s, tag), 0);
+}
+
 uint32_t
 tsup_blocks_in(struct kvt_engine *e, kvt_seq_id s, int tier)
 {

@@ -97,6 +97,10 @@ kvt_seq_id tsup_seq_written(struct kvt_engine *e, uint32_t tag, uint32_t tokens)
  * appended at once. */
 kvt_seq_id tsup_session_written(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n);
 
+/* Assert: kvt_seq_restore(e, @key) succeeds (its error printed when not) into *s, which then
+ * resumes and holds pattern @tag (tsup_verify). */
+void tsup_restore(struct kvt_engine *e, uint64_t key, uint32_t tag, kvt_seq_id *s);
+
 /* Assert kvt_seq_info() succeeds; the blocks of @s whose copy in @tier is valid. */
 uint32_t tsup_blocks_in(struct kvt_engine *e, kvt_seq_id s, int tier);
 
