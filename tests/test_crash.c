@@ -50,12 +50,7 @@ crash_engine(const char *dir, struct kvt_engine **e)
 	struct kvt_engine_opts o;
 	uint64_t bb = tsup_block_bytes();
 
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = TSUP_TPB;
+	tsup_opts_init(&o);
 	o.hbm_bytes = 32 * bb;
 	o.host_bytes = 16 * bb;
 	o.nvme_dir = dir;

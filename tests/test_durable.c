@@ -166,29 +166,9 @@ static struct kvt_engine *
 dur_engine(const char *dir, uint32_t nvme_blocks)
 {
 	struct kvt_engine_opts o;
-	struct kvt_engine *e = NULL;
-	uint64_t bb = tsup_block_bytes();
-	int rc;
 
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = TSUP_TPB;
-	o.hbm_bytes = 16 * bb;
-	o.host_bytes = 8 * bb;
-	o.nvme_dir = dir;
-	o.nvme_bytes = (uint64_t)nvme_blocks * SLOT_BYTES;
-	o.nvme_persist = 1;
-	o.high_watermark = o.low_watermark = 1.0f;
-	kvt_test_nvme_hooks = dur_hooks ? dur_hooks : &io_hooks;
-	rc = kvt_engine_create(&o, &e);
-	kvt_test_nvme_hooks = NULL;
-	if (rc)
-		print_error("create: %s\n", kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	return e;
+	tsup_store_opts(&o, dir, (uint64_t)nvme_blocks * SLOT_BYTES);
+	return tsup_create(&o, dur_hooks ? dur_hooks : &io_hooks);
 }
 
 /* Park @s to NVMe, let everything complete; no record may be left unsynced. */
@@ -212,19 +192,6 @@ rec_check(void)
 {
 	assert_int_equal(rec.overwrites, 0);
 	assert_int_equal(rec.unsynced_puts, 0);
-}
-
-static void
-dur_restore(struct kvt_engine *e, uint64_t key, uint32_t tag, kvt_seq_id *s)
-{
-	int rc = kvt_seq_restore(e, key, NULL, s);
-
-	if (rc)
-		print_error("restore %#llx: %s\n", (unsigned long long)key,
-			    kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	assert_int_equal(kvt_seq_resume(e, *s), 0);
-	assert_int_equal(tsup_verify(e, *s, tag), 0);
 }
 
 /* Closed, reclaimed and changed sessions: their slots are reused only after a durable record
@@ -265,7 +232,7 @@ test_slots_reused_only_after_durable_supersede(void **state)
 	assert_int_equal(kvt_seq_restore(e, 2, NULL, &b), -ENOENT);
 	/* a restored session changed: its changed block's old slot stays named by the committed
 	 * PUT until the new PUT is durable (the LIFO allocator would hand it out first) */
-	dur_restore(e, 3, 3, &c);
+	tsup_restore(e, 3, 3, &c);
 	assert_int_equal(tsup_append_write(e, c, 3, 6, 1), 0);
 	tsup_check_engine(e);
 	dur_park(e, c);
@@ -273,8 +240,8 @@ test_slots_reused_only_after_durable_supersede(void **state)
 	kvt_engine_destroy(e);
 
 	e = dur_engine(dir, 6);
-	dur_restore(e, 3, 3, &c);
-	dur_restore(e, 4, 4, &a);
+	tsup_restore(e, 3, 3, &c);
+	tsup_restore(e, 4, 4, &a);
 	rec_check();
 	kvt_engine_destroy(e);
 	kvt_test_sync_hook = NULL;
@@ -318,8 +285,8 @@ test_publish_failure_commits_what_was_put(void **state)
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	e = dur_engine(dir, 16);
-	dur_restore(e, 1, 1, &a);
-	dur_restore(e, 2, 2, &b);
+	tsup_restore(e, 1, 1, &a);
+	tsup_restore(e, 2, 2, &b);
 	kvt_engine_destroy(e);
 	kvt_test_sync_hook = NULL;
 	tsup_rmdir(dir);
@@ -394,7 +361,7 @@ test_session_key_unique(void **state)
 	kvt_engine_destroy(e);
 	e = dur_engine(dir, 16);
 	assert_int_equal(kvt_seq_open(e, &so, &b), -EEXIST);
-	dur_restore(e, 42, 1, &a);
+	tsup_restore(e, 42, 1, &a);
 	assert_int_equal(kvt_seq_open(e, &so, &b), KVT_EBUSY);
 	assert_int_equal(kvt_seq_close(e, a), 0);
 	assert_int_equal(kvt_seq_open(e, &so, &b), 0); /* closed: the key is free again */
@@ -473,46 +440,34 @@ test_data_fsync_failure_is_final(void **state)
 	fsync_failure_is_final(KVT_SYNC_DATA);
 }
 
-static int enospc_writes; /* 1: NVMe writes complete with -ENOSPC */
-
-static void
-enospc_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off,
-	    int *res)
-{
-	(void)arg, (void)slot, (void)buf, (void)len, (void)off;
-	if (is_write && enospc_writes)
-		*res = -ENOSPC;
-}
-
 /* ENOSPC gives up clean NVMe copies and punches their space out, but never that of a slot a
  * published record names: that session is still restorable after a crash. */
 static void
 test_enospc_keeps_published_slots(void **state)
 {
-	static const struct kvt_nvme_fault_hooks hooks = { .on_complete = enospc_hook };
 	struct kvt_stats st = { .size = sizeof st };
 	char *dir = tsup_mkdtemp();
 	struct kvt_engine *e;
 	kvt_seq_id a, b;
 
 	(void)state;
-	dur_hooks = &hooks;
+	dur_hooks = &tsup_enospc_hooks;
 	e = dur_engine(dir, 16);
 	dur_hooks = NULL;
 	a = tsup_session_written(e, 1, 1, 8);
 	dur_park(e, a);                            /* published */
 	assert_int_equal(tsup_verify(e, a, 1), 0); /* back in HBM: its NVMe copies are clean */
-	enospc_writes = 1;
+	tsup_enospc_writes = 1;
 	b = tsup_session_written(e, 2, 2, 8);
 	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	enospc_writes = 0;
+	tsup_enospc_writes = 0;
 	assert_int_equal(kvt_engine_stats(e, &st), 0);
 	assert_true(st.tier[KVT_TIER_NVME].evictions >= 2); /* a's clean copies given up */
 	tsup_check_engine(e);
 	kvt_engine_destroy(e); /* a crash as far as a is concerned: its record stays */
 	e = dur_engine(dir, 16);
-	dur_restore(e, 1, 1, &a);
+	tsup_restore(e, 1, 1, &a);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
@@ -542,20 +497,9 @@ test_timed_out_write_quarantines_slot(void **state)
 	kvt_seq_id a;
 
 	(void)state;
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = TSUP_TPB;
-	o.hbm_bytes = 16 * tsup_block_bytes();
-	o.host_bytes = 8 * tsup_block_bytes();
-	o.nvme_dir = dir;
-	o.nvme_bytes = 8 * SLOT_BYTES;
-	o.high_watermark = o.low_watermark = 1.0f;
-	kvt_test_nvme_hooks = &hooks;
-	assert_int_equal(kvt_engine_create(&o, &e), 0);
-	kvt_test_nvme_hooks = NULL;
+	tsup_store_opts(&o, dir, 8 * SLOT_BYTES);
+	o.nvme_persist = 0;
+	e = tsup_create(&o, &hooks);
 	a = tsup_session_written(e, 0, 1, 4); /* one block: one write, whose timeout one poll sees */
 	late_writes = 1;
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
@@ -593,24 +537,8 @@ test_timed_out_write_quarantines_slot(void **state)
 	tsup_rmdir(dir);
 }
 
-/* The HOST header room on for the small test blocks: zero-copy writes are one IO each. */
-static int
-room_on(void **state)
-{
-	(void)state;
-	kvt_test_host_room_min_block = 1;
-	return 0;
-}
-
-static int
-room_off(void **state)
-{
-	(void)state;
-	kvt_test_host_room_min_block = KVT_HOST_ROOM_MIN_BLOCK;
-	return 0;
-}
-
-#define DUR_BOTH(t) cmocka_unit_test(t), cmocka_unit_test_setup_teardown(t, room_on, room_off)
+#define DUR_BOTH(t) cmocka_unit_test(t), \
+	cmocka_unit_test_setup_teardown(t, tsup_room_on, tsup_room_off)
 
 int
 main(void)

@@ -285,30 +285,13 @@ test_destroy_after_sticky_error(void **state)
 	sticky = 0;
 }
 
-/* The HOST header room on for the small test blocks (one IO per zero-copy NVMe write). */
-static int
-room_on(void **state)
-{
-	(void)state;
-	kvt_test_host_room_min_block = 1;
-	return 0;
-}
-
-static int
-room_off(void **state)
-{
-	(void)state;
-	kvt_test_host_room_min_block = KVT_HOST_ROOM_MIN_BLOCK;
-	return 0;
-}
-
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_allocation_fails_in_turn),
-		cmocka_unit_test_setup_teardown(test_every_allocation_fails_in_turn, room_on,
-						room_off),
+		cmocka_unit_test_setup_teardown(test_every_allocation_fails_in_turn, tsup_room_on,
+						tsup_room_off),
 		cmocka_unit_test(test_copy_event_failure_keeps_slot),
 		cmocka_unit_test(test_release_ordering_failure),
 		cmocka_unit_test(test_destroy_after_sticky_error),

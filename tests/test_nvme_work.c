@@ -156,41 +156,22 @@ fill(uint8_t *p, size_t len, uint32_t seed)
 		p[i] = (i & 1) ? (uint8_t)(0x3c + (i >> 12) % 3) : (uint8_t)(i * 131u + seed * 7u);
 }
 
-struct wfx {
-	char dir[PATH_MAX]; /* fresh temporary directory */
-	uint8_t *host;      /* NSLOTS * BLOCK, 4 KiB aligned: a registered "HOST tier" */
-};
-
+/* The fixture's HOST memory (f->host) is NSLOTS * BLOCK bytes: a registered "HOST tier". */
 static int
 wfx_setup(void **state)
 {
-	struct wfx *f = calloc(1, sizeof *f);
-	void *p = NULL;
-
-	if (!f || posix_memalign(&p, 4096, (size_t)NSLOTS * BLOCK) != 0)
-		return -1;
-	f->host = p;
-	snprintf(f->dir, sizeof f->dir, "/tmp/nvmework-XXXXXX");
-	if (!mkdtemp(f->dir))
-		return -1;
-	*state = f;
-	return 0;
+	return tsup_nvme_fx_setup(state, (size_t)NSLOTS * BLOCK, "nvmework");
 }
 
 static int
 wfx_teardown(void **state)
 {
-	struct wfx *f = *state;
-	int r = rmdir(f->dir); /* every tier removed its file */
-
 	gate_set(false, 0);
-	free(f->host);
-	free(f);
-	return r;
+	return tsup_nvme_fx_teardown(state);
 }
 
 static struct kvt_nvme *
-wopen(struct wfx *f, int codec, uint32_t workers, bool zero_copy)
+wopen(struct tsup_nvme_fx *f, int codec, uint32_t workers, bool zero_copy)
 {
 	struct kvt_nvme_opts o = {
 		.dir = f->dir,
@@ -229,7 +210,7 @@ wreap(struct kvt_nvme *n, struct kvt_nvme_cqe *c, unsigned k)
 
 /* Put blocks 0..k-1 from HOST slots 0..k-1 into NVMe slots 0..k-1, all in flight at once. */
 static void
-wput_all(struct kvt_nvme *n, struct wfx *f, unsigned k)
+wput_all(struct kvt_nvme *n, struct tsup_nvme_fx *f, unsigned k)
 {
 	struct kvt_nvme_cqe c[QD];
 
@@ -247,7 +228,7 @@ wput_all(struct kvt_nvme *n, struct wfx *f, unsigned k)
 static void
 test_no_completion_before_verify(void **state)
 {
-	struct wfx *f = *state;
+	struct tsup_nvme_fx *f = *state;
 	struct kvt_nvme *n = wopen(f, KVT_CODEC_NONE, 2, true);
 	uint8_t *dst = f->host + (size_t)8 * BLOCK;
 	struct kvt_nvme_cqe c[QD];
@@ -277,7 +258,7 @@ test_no_completion_before_verify(void **state)
 /* Bit flips in reads are detected by the workers, for every block of a full queue, and the
  * reason reaches the reaping thread's kvt_last_error_message(); clean reads verify. */
 static void
-check_flips(struct wfx *f, int codec, bool zero_copy)
+check_flips(struct tsup_nvme_fx *f, int codec, bool zero_copy)
 {
 	struct kvt_nvme *n = wopen(f, codec, 3, zero_copy);
 	struct kvt_nvme_cqe c[QD];
@@ -319,7 +300,7 @@ test_flips_detected_staged_codec(void **state)
 static void
 test_close_while_verifying(void **state)
 {
-	struct wfx *f = *state;
+	struct tsup_nvme_fx *f = *state;
 	struct kvt_nvme *n = wopen(f, KVT_CODEC_SHUF_LZ4, 2, false);
 
 	wput_all(n, f, 4);

@@ -37,37 +37,17 @@
 #define QD 4u
 #define ROOM_FILL 0xa5 /* what the header room holds before the tier writes it */
 
-struct rfx {
-	char dir[PATH_MAX]; /* fresh temporary directory */
-	uint8_t *host;      /* HSLOTS * HSTRIDE, 4 KiB aligned: the "HOST tier" */
-};
-
+/* The fixture's HOST memory (f->host) is HSLOTS * HSTRIDE bytes: the "HOST tier". */
 static int
 rfx_setup(void **state)
 {
-	struct rfx *f = calloc(1, sizeof *f);
-	void *p = NULL;
+	struct tsup_nvme_fx *f;
 
-	if (!f || posix_memalign(&p, 4096, (size_t)HSLOTS * HSTRIDE) != 0)
+	if (tsup_nvme_fx_setup(state, (size_t)HSLOTS * HSTRIDE, "nvmeroom") != 0)
 		return -1;
-	f->host = p;
+	f = *state;
 	memset(f->host, ROOM_FILL, (size_t)HSLOTS * HSTRIDE);
-	snprintf(f->dir, sizeof f->dir, "/tmp/nvmeroom-XXXXXX");
-	if (!mkdtemp(f->dir))
-		return -1;
-	*state = f;
 	return 0;
-}
-
-static int
-rfx_teardown(void **state)
-{
-	struct rfx *f = *state;
-	int r = rmdir(f->dir); /* every tier removed its file */
-
-	free(f->host);
-	free(f);
-	return r;
 }
 
 /* The fault hook: counts pieces (writes), cuts the first write piece short when asked. */
@@ -95,13 +75,13 @@ rf_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t
 
 /* The HOST slot @i's data (its header room is the 4 KiB before). */
 static uint8_t *
-hdata(struct rfx *f, uint32_t i)
+hdata(struct tsup_nvme_fx *f, uint32_t i)
 {
 	return f->host + (size_t)i * HSTRIDE + KVT_FMT_HDR_PAGE;
 }
 
 static struct kvt_nvme *
-ropen(struct rfx *f, size_t data_off, bool refuse, uint32_t workers)
+ropen(struct tsup_nvme_fx *f, size_t data_off, bool refuse, uint32_t workers)
 {
 	static struct kvt_nvme_fault_hooks hooks;
 	struct kvt_nvme_opts o = {
@@ -178,7 +158,7 @@ file_bytes(struct kvt_nvme *n, uint64_t off, void *out, size_t len)
 /* One put from HOST slot 0 with header room: one IO of the whole disk slot; the room holds the
  * header page that is on disk, byte for byte; the block reads back zero-copy. */
 static void
-room_one_io(struct rfx *f, uint32_t workers)
+room_one_io(struct tsup_nvme_fx *f, uint32_t workers)
 {
 	struct kvt_nvme *n = ropen(f, KVT_FMT_HDR_PAGE, false, workers);
 	uint8_t disk[SLOT], *room = hdata(f, 0) - KVT_FMT_HDR_PAGE;
@@ -236,7 +216,7 @@ test_one_io_workers(void **state)
 static void
 test_one_io_short_write(void **state)
 {
-	struct rfx *f = *state;
+	struct tsup_nvme_fx *f = *state;
 	struct kvt_nvme *n = ropen(f, KVT_FMT_HDR_PAGE, false, 0);
 	struct kvt_nvme_stats st;
 
@@ -257,7 +237,7 @@ test_one_io_short_write(void **state)
 static void
 test_one_io_eio(void **state)
 {
-	struct rfx *f = *state;
+	struct tsup_nvme_fx *f = *state;
 	struct kvt_nvme *n = ropen(f, KVT_FMT_HDR_PAGE, false, 2);
 	struct kvt_nvme_wmeta m = { .session = 2 };
 	struct kvt_nvme_cqe c;
@@ -280,7 +260,7 @@ test_one_io_eio(void **state)
 static void
 test_same_slot_twice(void **state)
 {
-	struct rfx *f = *state;
+	struct tsup_nvme_fx *f = *state;
 	struct kvt_nvme *n = ropen(f, KVT_FMT_HDR_PAGE, false, 0);
 	struct kvt_nvme_wmeta m = { .session = 1 };
 	struct kvt_nvme_stats st;
@@ -304,7 +284,7 @@ test_same_slot_twice(void **state)
 static void
 test_room_refused_registration(void **state)
 {
-	struct rfx *f = *state;
+	struct tsup_nvme_fx *f = *state;
 	struct kvt_nvme *n = ropen(f, KVT_FMT_HDR_PAGE, true, 0);
 	uint8_t room[KVT_FMT_HDR_PAGE];
 	struct kvt_nvme_stats st;
@@ -327,7 +307,7 @@ test_room_refused_registration(void **state)
 static void
 test_no_room_two_ios(void **state)
 {
-	struct rfx *f = *state;
+	struct tsup_nvme_fx *f = *state;
 	struct kvt_nvme *n = ropen(f, 0, false, 0);
 	struct kvt_nvme_stats st;
 
@@ -453,18 +433,19 @@ test_engine_park_one_io_restore(void **state)
 	tsup_rmdir(dir);
 }
 
+#define RFX_TEST(t) cmocka_unit_test_setup_teardown(t, rfx_setup, tsup_nvme_fx_teardown)
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_one_io_inline, rfx_setup, rfx_teardown),
-		cmocka_unit_test_setup_teardown(test_one_io_workers, rfx_setup, rfx_teardown),
-		cmocka_unit_test_setup_teardown(test_one_io_short_write, rfx_setup, rfx_teardown),
-		cmocka_unit_test_setup_teardown(test_one_io_eio, rfx_setup, rfx_teardown),
-		cmocka_unit_test_setup_teardown(test_same_slot_twice, rfx_setup, rfx_teardown),
-		cmocka_unit_test_setup_teardown(test_room_refused_registration, rfx_setup,
-						rfx_teardown),
-		cmocka_unit_test_setup_teardown(test_no_room_two_ios, rfx_setup, rfx_teardown),
+		RFX_TEST(test_one_io_inline),
+		RFX_TEST(test_one_io_workers),
+		RFX_TEST(test_one_io_short_write),
+		RFX_TEST(test_one_io_eio),
+		RFX_TEST(test_same_slot_twice),
+		RFX_TEST(test_room_refused_registration),
+		RFX_TEST(test_no_room_two_ios),
 		cmocka_unit_test(test_engine_small_blocks_no_room),
 		cmocka_unit_test(test_engine_park_one_io_restore),
 	};

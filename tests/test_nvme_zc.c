@@ -32,36 +32,11 @@
 #define HSLOTS 4u     /* HOST slots */
 #define QD 4u
 
-struct zfx {
-	char dir[PATH_MAX]; /* fresh temporary directory */
-	uint8_t *host;      /* HSLOTS * STRIDE, 4 KiB aligned: the "HOST tier" */
-};
-
+/* The fixture's HOST memory (f->host) is HSLOTS * STRIDE bytes: the "HOST tier". */
 static int
 zfx_setup(void **state)
 {
-	struct zfx *f = calloc(1, sizeof *f);
-	void *p = NULL;
-
-	if (!f || posix_memalign(&p, 4096, (size_t)HSLOTS * STRIDE) != 0)
-		return -1;
-	f->host = p;
-	snprintf(f->dir, sizeof f->dir, "/tmp/nvmezc-XXXXXX");
-	if (!mkdtemp(f->dir))
-		return -1;
-	*state = f;
-	return 0;
-}
-
-static int
-zfx_teardown(void **state)
-{
-	struct zfx *f = *state;
-	int r = rmdir(f->dir); /* every tier removed its file */
-
-	free(f->host);
-	free(f);
-	return r;
+	return tsup_nvme_fx_setup(state, (size_t)HSLOTS * STRIDE, "nvmezc");
 }
 
 /* A fault hook: on the chosen kind of IO, flip a byte or cut the piece short. */
@@ -93,7 +68,7 @@ zf_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t
 }
 
 static struct kvt_nvme *
-zopen(struct zfx *f, bool refuse, int codec)
+zopen(struct tsup_nvme_fx *f, bool refuse, int codec)
 {
 	static struct kvt_nvme_fault_hooks hooks;
 	struct kvt_nvme_opts o = {
@@ -153,7 +128,7 @@ fill(uint8_t *p, size_t len, uint32_t seed)
 static void
 test_zero_copy_round_trip(void **state)
 {
-	struct zfx *f = *state;
+	struct tsup_nvme_fx *f = *state;
 	struct kvt_nvme *n = zopen(f, false, KVT_CODEC_NONE);
 	uint8_t *h0 = f->host, *h1 = f->host + STRIDE;
 	struct kvt_nvme_stats st;
@@ -199,7 +174,7 @@ test_zero_copy_round_trip(void **state)
 static void
 test_refused_registration_falls_back(void **state)
 {
-	struct zfx *f = *state;
+	struct tsup_nvme_fx *f = *state;
 	struct kvt_nvme *n = zopen(f, true, KVT_CODEC_NONE);
 	uint8_t *h0 = f->host, *h1 = f->host + STRIDE;
 	struct kvt_nvme_stats st;
@@ -221,7 +196,7 @@ test_refused_registration_falls_back(void **state)
 static void
 test_zero_copy_faults(void **state)
 {
-	struct zfx *f = *state;
+	struct tsup_nvme_fx *f = *state;
 	struct kvt_nvme *n = zopen(f, false, KVT_CODEC_NONE);
 	uint8_t *h0 = f->host, *h1 = f->host + STRIDE;
 	struct kvt_nvme_stats st;
@@ -258,7 +233,7 @@ test_zero_copy_faults(void **state)
 static void
 test_slot_table_set(void **state)
 {
-	struct zfx *f = *state;
+	struct tsup_nvme_fx *f = *state;
 	struct kvt_nvme *n = zopen(f, false, KVT_CODEC_NONE);
 	struct kvt_nvme_slotinfo si, bad;
 
@@ -522,15 +497,16 @@ test_engine_append_keeps_host_source_of_write(void **state)
 	tsup_rmdir(dir);
 }
 
+#define ZFX_TEST(t) cmocka_unit_test_setup_teardown(t, zfx_setup, tsup_nvme_fx_teardown)
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_zero_copy_round_trip, zfx_setup, zfx_teardown),
-		cmocka_unit_test_setup_teardown(test_refused_registration_falls_back, zfx_setup,
-						zfx_teardown),
-		cmocka_unit_test_setup_teardown(test_zero_copy_faults, zfx_setup, zfx_teardown),
-		cmocka_unit_test_setup_teardown(test_slot_table_set, zfx_setup, zfx_teardown),
+		ZFX_TEST(test_zero_copy_round_trip),
+		ZFX_TEST(test_refused_registration_falls_back),
+		ZFX_TEST(test_zero_copy_faults),
+		ZFX_TEST(test_slot_table_set),
 		cmocka_unit_test(test_engine_park_resume_zero_copy),
 		cmocka_unit_test(test_engine_timed_out_read_quarantines_host_slot),
 		cmocka_unit_test(test_engine_late_read_releases_host_slot),

@@ -199,12 +199,25 @@ test_cli_bad_arguments(void **state)
 	free(p);
 }
 
+/* The Mooncake conversation trace ($KVT_SHARED_DATA, else ../shared/data) into @path; skips
+ * the calling test when it is not there. */
+static void
+rp_mooncake_path(char *path, size_t size)
+{
+	const char *d = getenv("KVT_SHARED_DATA");
+
+	snprintf(path, size, "%s/traces/mooncake_fast25_conversation_first30min.jsonl",
+		 d ? d : "../shared/data");
+	if (access(path, R_OK) != 0)
+		skip();
+}
+
 /* Data mode: real bytes through an engine with small tiers; every shared block read back
  * equals what its first writer wrote, and hits are found below HBM too. */
 static void
 test_data_mode(void **state)
 {
-	const char *d = getenv("KVT_SHARED_DATA"), *tmp = getenv("KVT_TEST_TMP");
+	const char *tmp = getenv("KVT_TEST_TMP");
 	struct rp_data_opts o = { .cap = { 32, 64, 2048 }, .nvme_dir = tmp ? tmp : "/tmp",
 				  .policy = KVT_EVICT_ARC };
 	struct rp_data_result r;
@@ -212,10 +225,7 @@ test_data_mode(void **state)
 	struct rp_trace t;
 
 	(void)state;
-	snprintf(path, sizeof path, "%s/traces/mooncake_fast25_conversation_first30min.jsonl",
-		 d ? d : "../shared/data");
-	if (access(path, R_OK) != 0)
-		skip();
+	rp_mooncake_path(path, sizeof path);
 	assert_int_equal(rp_trace_load(path, 512, 800, &t), 0);
 	assert_int_equal(rp_data_run(&t, &o, NULL, &r), 0);
 	print_message("data mode, 800 requests: %llu hit blocks (HBM %llu HOST %llu NVMe %llu), "
@@ -237,17 +247,13 @@ test_data_mode(void **state)
 static void
 test_mooncake_prefix(void **state)
 {
-	const char *d = getenv("KVT_SHARED_DATA");
 	char path[1024];
 	uint64_t cap[RP_TIERS] = { 4000, 0, 0 };
 	struct rp_result lru, arc, prio, min;
 	struct rp_trace t;
 
 	(void)state;
-	snprintf(path, sizeof path, "%s/traces/mooncake_fast25_conversation_first30min.jsonl",
-		 d ? d : "../shared/data");
-	if (access(path, R_OK) != 0)
-		skip();
+	rp_mooncake_path(path, sizeof path);
 	assert_int_equal(rp_trace_load(path, 512, 0, &t), 0);
 	assert_int_equal(rp_sim_run(&t, &kvt_evict_lru_ops, cap, NULL, &lru), 0);
 	assert_int_equal(rp_sim_run(&t, &kvt_evict_arc_ops, cap, NULL, &arc), 0);

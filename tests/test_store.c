@@ -36,22 +36,12 @@ static int
 store_engine(const char *dir, const struct scfg *c, struct kvt_engine **e)
 {
 	struct kvt_engine_opts o;
-	uint64_t bb = tsup_block_bytes();
 
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = c->tpb ? c->tpb : TSUP_TPB;
-	o.hbm_bytes = 16 * bb;
-	o.host_bytes = 8 * bb;
-	o.nvme_dir = dir;
-	o.nvme_bytes = (uint64_t)(c->nvme_blocks ? c->nvme_blocks : 64) * SLOT_BYTES;
-	o.nvme_persist = 1;
+	tsup_store_opts(&o, dir, (uint64_t)(c->nvme_blocks ? c->nvme_blocks : 64) * SLOT_BYTES);
+	if (c->tpb)
+		o.layout.tokens_per_block = c->tpb;
 	o.nvme_codec = c->codec;
 	o.nvme_codec_min_saving = 0.05f;
-	o.high_watermark = o.low_watermark = 1.0f;
 	*e = NULL;
 	return kvt_engine_create(&o, e);
 }
@@ -424,23 +414,11 @@ test_lost_and_late_completions(void **state)
 	tsup_rmdir(dir);
 }
 
-static int enospc_writes; /* 1: every NVMe write completes with -ENOSPC */
-
-static void
-enospc_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off,
-	    int *res)
-{
-	(void)arg, (void)slot, (void)buf, (void)len, (void)off;
-	if (is_write && enospc_writes)
-		*res = -ENOSPC;
-}
-
 /* A volume that runs out of space (thin/CoW): clean NVMe copies are given up, the blocks that
  * could not be written stay above, nothing is lost, and writes work again afterwards. */
 static void
 test_enospc_gives_back_clean_copies(void **state)
 {
-	static const struct kvt_nvme_fault_hooks hooks = { .on_complete = enospc_hook };
 	struct scfg c = { 0 };
 	struct kvt_stats st = { .size = sizeof st };
 	struct kvt_seq_info info;
@@ -449,12 +427,12 @@ test_enospc_gives_back_clean_copies(void **state)
 	kvt_seq_id a, b;
 
 	(void)state;
-	kvt_test_nvme_hooks = &hooks;
+	kvt_test_nvme_hooks = &tsup_enospc_hooks;
 	e = store_engine_ok(dir, &c);
 	kvt_test_nvme_hooks = NULL;
 	a = park_session(e, 1, 1, 16);           /* 4 blocks on NVMe */
 	assert_int_equal(tsup_verify(e, a, 1), 0); /* back in HBM: NVMe copies are clean now */
-	enospc_writes = 1;
+	tsup_enospc_writes = 1;
 	b = park_session(e, 2, 2, 8);
 	assert_int_equal(kvt_engine_stats(e, &st), 0);
 	assert_true(st.io_errors >= 1);
@@ -464,7 +442,7 @@ test_enospc_gives_back_clean_copies(void **state)
 	assert_int_equal(tsup_verify(e, a, 1), 0);
 	assert_int_equal(tsup_verify(e, b, 2), 0);
 	tsup_check_engine(e);
-	enospc_writes = 0;
+	tsup_enospc_writes = 0;
 	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_seq_info(e, b, &info), 0);

@@ -27,31 +27,11 @@ static struct kvt_engine *
 dur_engine(const char *dir, uint32_t nvme_blocks)
 {
 	struct kvt_engine_opts o;
-	struct kvt_engine *e = NULL;
-	uint64_t bb = tsup_block_bytes();
-	int rc;
 
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = TSUP_TPB;
-	o.hbm_bytes = 16 * bb;
-	o.host_bytes = 8 * bb;
-	o.nvme_dir = dir;
-	o.nvme_bytes = (uint64_t)nvme_blocks * SLOT_BYTES;
-	o.nvme_persist = 1;
+	tsup_store_opts(&o, dir, (uint64_t)nvme_blocks * SLOT_BYTES);
 	o.nvme_codec = dur_codec;
 	o.nvme_codec_min_saving = 0.05f;
-	o.high_watermark = o.low_watermark = 1.0f;
-	kvt_test_nvme_hooks = dur_hooks;
-	rc = kvt_engine_create(&o, &e);
-	kvt_test_nvme_hooks = NULL;
-	if (rc)
-		print_error("create: %s\n", kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	return e;
+	return tsup_create(&o, dur_hooks);
 }
 
 static void
@@ -60,19 +40,6 @@ dur_park(struct kvt_engine *e, kvt_seq_id s)
 	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	tsup_check_engine(e);
-}
-
-static void
-dur_restore(struct kvt_engine *e, uint64_t key, uint32_t tag, kvt_seq_id *s)
-{
-	int rc = kvt_seq_restore(e, key, NULL, s);
-
-	if (rc)
-		print_error("restore %#llx: %s\n", (unsigned long long)key,
-			    kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	assert_int_equal(kvt_seq_resume(e, *s), 0);
-	assert_int_equal(tsup_verify(e, *s, tag), 0);
 }
 
 /* Bit flips that the codec does not notice: one in a mantissa byte of a raw block, one in a
@@ -244,7 +211,7 @@ test_prefix_found_after_restart(void **state)
 	assert_int_equal(got, 8);
 	assert_int_equal(tsup_verify(e, d, 9), 0);
 	/* the stored session itself still restores whole, sharing those blocks */
-	dur_restore(e, 9, 9, &a);
+	tsup_restore(e, 9, 9, &a);
 	assert_int_equal(tsup_append_write(e, c, 9, 8, 2), 0); /* c grows past the prefix */
 	assert_int_equal(tsup_verify(e, c, 9), 0);
 	assert_int_equal(kvt_seq_close(e, d), 0);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* tests/support/kvt_test.c - see kvt_test.h. */
 #include <dirent.h>
+#include <errno.h>
 #include <linux/capability.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -45,6 +46,19 @@ tsup_session_written(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t 
 	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
 	assert_int_equal(tsup_append_write(e, s, tag, 0, n), 0);
 	return s;
+}
+
+void
+tsup_restore(struct kvt_engine *e, uint64_t key, uint32_t tag, kvt_seq_id *s)
+{
+	int rc = kvt_seq_restore(e, key, NULL, s);
+
+	if (rc)
+		print_error("restore %#llx: %s\n", (unsigned long long)key,
+			    kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	assert_int_equal(kvt_seq_resume(e, *s), 0);
+	assert_int_equal(tsup_verify(e, *s, tag), 0);
 }
 
 uint32_t
@@ -127,20 +141,116 @@ tsup_block_bytes(void)
 	return 2ull * TSUP_TPB * TSUP_HEADS * TSUP_DIM * sizeof(float) * TSUP_LAYERS;
 }
 
+void
+tsup_opts_init(struct kvt_engine_opts *o)
+{
+	kvt_engine_opts_init(o, sizeof *o);
+	o->layout.n_layers = TSUP_LAYERS;
+	o->layout.n_kv_heads = TSUP_HEADS;
+	o->layout.head_dim = TSUP_DIM;
+	o->layout.dtype = KVT_DTYPE_F32;
+	o->layout.tokens_per_block = TSUP_TPB;
+}
+
+void
+tsup_store_opts(struct kvt_engine_opts *o, const char *dir, uint64_t nvme_bytes)
+{
+	tsup_opts_init(o);
+	o->hbm_bytes = 16 * tsup_block_bytes();
+	o->host_bytes = 8 * tsup_block_bytes();
+	o->nvme_dir = dir;
+	o->nvme_bytes = nvme_bytes;
+	o->nvme_persist = 1;
+	o->high_watermark = o->low_watermark = 1.0f;
+}
+
+/* Create an engine from @o with whatever kvt_test_nvme_hooks are in place; asserts success. */
+static struct kvt_engine *
+tsup_create_ok(const struct kvt_engine_opts *o)
+{
+	struct kvt_engine *e = NULL;
+	int rc = kvt_engine_create(o, &e);
+
+	if (rc)
+		print_error("kvt_engine_create: %s\n", kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	return e;
+}
+
+int
+tsup_nvme_fx_setup(void **state, size_t host_bytes, const char *name)
+{
+	struct tsup_nvme_fx *f = calloc(1, sizeof *f);
+	void *p = NULL;
+
+	if (!f || posix_memalign(&p, 4096, host_bytes) != 0)
+		return -1;
+	f->host = p;
+	snprintf(f->dir, sizeof f->dir, "/tmp/%s-XXXXXX", name);
+	if (!mkdtemp(f->dir))
+		return -1;
+	*state = f;
+	return 0;
+}
+
+int
+tsup_nvme_fx_teardown(void **state)
+{
+	struct tsup_nvme_fx *f = *state;
+	int r = rmdir(f->dir); /* every tier removed its file */
+
+	free(f->host);
+	free(f);
+	return r;
+}
+
+int tsup_enospc_writes;
+
+static void
+tsup_enospc_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off,
+		 int *res)
+{
+	(void)arg, (void)slot, (void)buf, (void)len, (void)off;
+	if (is_write && tsup_enospc_writes)
+		*res = -ENOSPC;
+}
+
+const struct kvt_nvme_fault_hooks tsup_enospc_hooks = { .on_complete = tsup_enospc_hook };
+
+int
+tsup_room_on(void **state)
+{
+	(void)state;
+	kvt_test_host_room_min_block = 1;
+	return 0;
+}
+
+int
+tsup_room_off(void **state)
+{
+	(void)state;
+	kvt_test_host_room_min_block = KVT_HOST_ROOM_MIN_BLOCK;
+	return 0;
+}
+
+struct kvt_engine *
+tsup_create(const struct kvt_engine_opts *o, const struct kvt_nvme_fault_hooks *hooks)
+{
+	struct kvt_engine *e;
+
+	kvt_test_nvme_hooks = hooks;
+	e = tsup_create_ok(o);
+	kvt_test_nvme_hooks = NULL;
+	return e;
+}
+
 struct kvt_engine *
 tsup_engine(const struct tsup_cfg *c, char **dir)
 {
 	struct kvt_engine_opts o;
-	struct kvt_engine *e = NULL;
 	uint64_t bb = tsup_block_bytes();
-	int rc;
 
-	kvt_engine_opts_init(&o, sizeof o);
-	o.layout.n_layers = TSUP_LAYERS;
-	o.layout.n_kv_heads = TSUP_HEADS;
-	o.layout.head_dim = TSUP_DIM;
-	o.layout.dtype = KVT_DTYPE_F32;
-	o.layout.tokens_per_block = TSUP_TPB;
+	tsup_opts_init(&o);
 	o.hbm_bytes = c->hbm_blocks * bb;
 	o.host_bytes = c->host_blocks * bb;
 	o.emu_max_delay_us = c->delay_us;
@@ -156,11 +266,7 @@ tsup_engine(const struct tsup_cfg *c, char **dir)
 		/* NVMe slots are a 128-byte header plus the block, rounded up to 4 KiB */
 		o.nvme_bytes = (uint64_t)c->nvme_blocks * ((bb + 128 + 4095) / 4096 * 4096);
 	}
-	rc = kvt_engine_create(&o, &e);
-	if (rc)
-		print_error("kvt_engine_create: %s\n", kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	return e;
+	return tsup_create_ok(&o);
 }
 
 float

@@ -7,6 +7,7 @@
 #ifndef KVT_TEST_H
 #define KVT_TEST_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -33,6 +34,45 @@ struct tsup_cfg {
 char *tsup_mkdtemp(void);
 void tsup_rmdir(char *dir);
 
+struct kvt_nvme_fault_hooks;
+
+/* kvt_engine_opts_init(o) with the test layout: TSUP_LAYERS layers, TSUP_HEADS KV heads of
+ * TSUP_DIM f32 elements, TSUP_TPB tokens per block. */
+void tsup_opts_init(struct kvt_engine_opts *o);
+
+/* tsup_opts_init(o) for a persistent NVMe store: 16 HBM blocks, 8 HOST blocks, NVMe in @dir
+ * (@nvme_bytes), nvme_persist on, watermarks 1.0 (no background demotion). */
+void tsup_store_opts(struct kvt_engine_opts *o, const char *dir, uint64_t nvme_bytes);
+
+/* Create an engine from @o with the NVMe fault hooks @hooks (NULL = none) in place for the
+ * create (kvt_test_nvme_hooks); asserts success, printing the error when it fails. */
+struct kvt_engine *tsup_create(const struct kvt_engine_opts *o,
+			       const struct kvt_nvme_fault_hooks *hooks);
+
+/* While tsup_enospc_writes is set, tsup_enospc_hooks complete every NVMe write with -ENOSPC
+ * (a volume out of space); reads and writes are untouched otherwise. */
+extern int tsup_enospc_writes;
+extern const struct kvt_nvme_fault_hooks tsup_enospc_hooks;
+
+/* cmocka setup/teardown: the HOST header room on for the small test blocks (one IO per
+ * zero-copy NVMe write), then back to the production minimum block size. Return 0. */
+int tsup_room_on(void **state);
+int tsup_room_off(void **state);
+
+/* The fixture of the NVMe tier tests: a directory and 4 KiB-aligned "HOST tier" memory. */
+struct tsup_nvme_fx {
+	char dir[PATH_MAX]; /* fresh temporary directory /tmp/<name>-XXXXXX */
+	uint8_t *host;      /* host_bytes of memory, 4 KiB aligned, not initialised */
+};
+
+/* cmocka setup: *state = a new tsup_nvme_fx with @host_bytes of HOST memory and a fresh
+ * directory named after @name. Returns 0, or -1 when memory or the directory is refused. */
+int tsup_nvme_fx_setup(void **state, size_t host_bytes, const char *name);
+
+/* cmocka teardown of tsup_nvme_fx_setup: removes the directory (which fails, and so does the
+ * teardown, when a tier left its file there) and frees the fixture. Returns rmdir's result. */
+int tsup_nvme_fx_teardown(void **state);
+
 /* Create an engine (asserts success). *dir receives the NVMe dir to remove, or NULL. */
 struct kvt_engine *tsup_engine(const struct tsup_cfg *c, char **dir);
 uint64_t tsup_block_bytes(void);
@@ -56,6 +96,10 @@ kvt_seq_id tsup_seq_written(struct kvt_engine *e, uint32_t tag, uint32_t tokens)
 /* Assert: an open sequence with session key @key (0 = none) and @n tokens of pattern @tag,
  * appended at once. */
 kvt_seq_id tsup_session_written(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n);
+
+/* Assert: kvt_seq_restore(e, @key) succeeds (its error printed when not) into *s, which then
+ * resumes and holds pattern @tag (tsup_verify). */
+void tsup_restore(struct kvt_engine *e, uint64_t key, uint32_t tag, kvt_seq_id *s);
 
 /* Assert kvt_seq_info() succeeds; the blocks of @s whose copy in @tier is valid. */
 uint32_t tsup_blocks_in(struct kvt_engine *e, kvt_seq_id s, int tier);
