@@ -292,7 +292,6 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 	    kvt_copy_state(b, src) == KVT_COPY_PRESENT) {
 		kvt_copy_drop(e, x->block, src);
 		e->st.tier[src].evictions++;
-		e->st.evictions++;
 	}
 	if (x->then_nvme && e->nvme && b->pins == 0 && !b->wanted) {
 		uint32_t slot;
