@@ -239,10 +239,8 @@ persist_put(struct kvt_engine *e, uint32_t idx)
 		/* persist_ready found every entry: the NVMe copy's metadata is the tier's */
 		(void)kvt_nvme_slot_info(e->nvme, b->slot[KVT_TIER_NVME], &si);
 		refs[i].slot = b->slot[KVT_TIER_NVME];
-		refs[i].stored_len = si.stored;
-		refs[i].key = si.key;
-		refs[i].sum = si.sum;
-		refs[i].codec = si.codec;
+		refs[i].tag = si.tag;
+		refs[i].lenc = si.lenc;
 		if (b->hashed)
 			memcpy(refs[i].hash, b->hash, sizeof refs[i].hash); /* prefix key */
 	}
@@ -379,7 +377,7 @@ persist_holder(struct kvt_engine *e, const struct kvt_fmt_blkref *r)
 		return KVT_NIL;
 	b = kvt_blk(e, id);
 	if (!b->live || b->dead || b->slot[KVT_TIER_NVME] != r->slot ||
-	    !kvt_nvme_slot_info(e->nvme, r->slot, &si) || si.key != r->key ||
+	    !kvt_nvme_slot_info(e->nvme, r->slot, &si) || si.tag != r->tag || si.lenc != r->lenc ||
 	    !kvt_copy_valid(b, KVT_TIER_NVME))
 		return KVT_NIL;
 	return id;
@@ -403,11 +401,10 @@ persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32
 		return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
 	if (rc)
 		return kvt_err(-EIO, "block %u: %s", i, kvt_last_error_message());
-	if (h.key != r->key || h.session != rec->key || h.index != i ||
-	    h.stored_len != r->stored_len || h.sum != r->sum || h.codec != r->codec)
-		return kvt_err(-ENOENT, "block %u: slot %u holds another write (key %#llx, "
-			       "expected %#llx)", i, r->slot, (unsigned long long)h.key,
-			       (unsigned long long)r->key);
+	if (kvt_fmt_write_tag(h.key) != r->tag || h.session != rec->key || h.index != i ||
+	    kvt_fmt_lenc(h.codec, h.stored_len, e->block_bytes) != r->lenc)
+		return kvt_err(-ENOENT, "block %u: slot %u holds another write (tag %#x, "
+			       "expected %#x)", i, r->slot, kvt_fmt_write_tag(h.key), r->tag);
 	return 0;
 }
 
@@ -427,8 +424,7 @@ static int
 persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_fmt_blkref *r,
 	      uint32_t *out)
 {
-	struct kvt_nvme_slotinfo si = { .key = r->key, .sum = r->sum, .stored = r->stored_len,
-					.codec = r->codec };
+	struct kvt_nvme_slotinfo si = { .tag = r->tag, .lenc = r->lenc };
 	struct kvt_block *b;
 	uint32_t id;
 	int rc = kvt_nvme_slot_set(e->nvme, r->slot, &si);

@@ -41,7 +41,7 @@ struct dop {
 	uint64_t sess;        /* session key */
 	uint32_t n;           /* blocks */
 	uint32_t slot[DBLK];  /* their slots */
-	uint64_t key[DBLK];   /* their write keys */
+	uint64_t key[DBLK];   /* their write tags */
 };
 
 /* What the disk would hold after a power cut now, as far as the journal is concerned. */
@@ -49,7 +49,7 @@ struct drec {
 	uint64_t ev;            /* events so far */
 	uint64_t last_data;     /* event number of the last KVT_SYNC_DATA */
 	uint64_t written[DN];   /* event number of the last write completed per slot */
-	uint64_t dkey[DN];      /* write key a durable record names per slot (0 = none) */
+	uint64_t dkey[DN];      /* write tag a durable record names per slot (0 = none) */
 	uint64_t dsess[DN];     /* and its session */
 	struct dop op[DOPS];    /* records appended since the last journal sync */
 	uint32_t n_op;          /* entries in op */
@@ -95,7 +95,7 @@ rec_sync(void *arg, int ev, uint64_t key, const struct kvt_fmt_blkref *blocks, u
 		for (uint32_t i = 0; i < n; i++) {
 			assert_true(blocks[i].slot < DN);
 			o->slot[i] = blocks[i].slot;
-			o->key[i] = blocks[i].key;
+			o->key[i] = blocks[i].tag;
 			if (rec.written[blocks[i].slot] > rec.last_data)
 				rec.unsynced_puts++;
 		}
@@ -148,9 +148,9 @@ rec_write(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64
 	rec.ev++;
 	rec.written[slot] = rec.ev;
 	assert_int_equal(kvt_fmt_blkhdr_decode(buf, len, &h), 0);
-	if (rec.dkey[slot] && rec.dkey[slot] != h.key) {
-		print_error("write of key %#llx over slot %u, which a durable record of session "
-			    "%#llx names (key %#llx)\n", (unsigned long long)h.key, slot,
+	if (rec.dkey[slot] && rec.dkey[slot] != kvt_fmt_write_tag(h.key)) {
+		print_error("write of tag %#x over slot %u, which a durable record of session "
+			    "%#llx names (tag %#llx)\n", kvt_fmt_write_tag(h.key), slot,
 			    (unsigned long long)rec.dsess[slot],
 			    (unsigned long long)rec.dkey[slot]);
 		rec.overwrites++;

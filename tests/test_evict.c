@@ -738,7 +738,7 @@ test_meta_10k_nvme(void **state)
 		      (double)evl[0] / (double)blocks, (double)evl[1] / (double)blocks,
 		      (double)evl[2] / (double)blocks, (double)slm / (double)blocks,
 		      (double)nvm / (double)blocks, (double)sess / NS);
-	assert_true(nvm <= 16 * (uint64_t)e->slots[KVT_TIER_NVME].n_slots + 4096);
+	assert_true(nvm <= 6 * (uint64_t)e->slots[KVT_TIER_NVME].n_slots + 4096);
 	assert_true(perblk <= 96 * blocks);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);

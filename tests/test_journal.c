@@ -34,8 +34,8 @@ j_put(struct kvt_store *st, uint64_t key, const uint32_t *slots, uint32_t n)
 	memset(b, 0, sizeof b);
 	for (uint32_t i = 0; i < n; i++) {
 		b[i].slot = slots[i];
-		b[i].key = key * 100 + i;
-		b[i].stored_len = 1024;
+		b[i].tag = (uint32_t)(key * 100 + i);
+		b[i].lenc = kvt_fmt_lenc(KVT_CODEC_NONE, 1024, 1024);
 	}
 	assert_int_equal(kvt_store_put(st, key, 0, 50, j_tokens, 8, b, n, UINT32_MAX), 0);
 }

@@ -20,6 +20,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "engine/engine_impl.h"
 #include "support/kvt_test.h"
 #include "tiers/format.h"
@@ -32,11 +34,12 @@
 #define HSLOTS 4u     /* HOST slots */
 #define QD 4u
 
-/* The fixture's HOST memory (f->host) is HSLOTS * STRIDE bytes: the "HOST tier". */
+/* The fixture's HOST memory (f->host) is HSLOTS * SLOT bytes: the "HOST tier", slots of STRIDE
+ * bytes without header room (zopen) or of SLOT bytes with it (zopen_room). */
 static int
 zfx_setup(void **state)
 {
-	return tsup_nvme_fx_setup(state, (size_t)HSLOTS * STRIDE, "nvmezc");
+	return tsup_nvme_fx_setup(state, (size_t)HSLOTS * SLOT, "nvmezc");
 }
 
 /* A fault hook: on the chosen kind of IO, flip a byte or cut the piece short. */
@@ -67,8 +70,12 @@ zf_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t
 	}
 }
 
+/* Open the tier over the fixture's HOST memory: HOST slots of STRIDE bytes, no header room
+ * (@room false: a get reads through staging), or of SLOT bytes whose data start 4 KiB in (true:
+ * a get of a raw block is one zero-copy IO into the room and the slot; the data of HOST slot i
+ * are at zdata(f, i, true)). */
 static struct kvt_nvme *
-zopen(struct tsup_nvme_fx *f, bool refuse, int codec)
+zopen_room(struct tsup_nvme_fx *f, bool refuse, int codec, bool room)
 {
 	static struct kvt_nvme_fault_hooks hooks;
 	struct kvt_nvme_opts o = {
@@ -79,8 +86,9 @@ zopen(struct tsup_nvme_fx *f, bool refuse, int codec)
 		.codec = codec,
 		.hooks = &hooks,
 		.host_base = f->host,
-		.host_len = (size_t)HSLOTS * STRIDE,
-		.host_stride = STRIDE,
+		.host_len = (size_t)HSLOTS * (room ? SLOT : STRIDE),
+		.host_stride = room ? SLOT : STRIDE,
+		.host_data_off = room ? KVT_FMT_HDR_PAGE : 0,
 	};
 	struct kvt_nvme *n = NULL;
 
@@ -89,6 +97,19 @@ zopen(struct tsup_nvme_fx *f, bool refuse, int codec)
 	assert_int_equal(kvt_nvme_open(&o, &n, NULL, 0), 0);
 	assert_int_equal(kvt_nvme_slot_bytes(n), SLOT);
 	return n;
+}
+
+static struct kvt_nvme *
+zopen(struct tsup_nvme_fx *f, bool refuse, int codec)
+{
+	return zopen_room(f, refuse, codec, false);
+}
+
+/* The data of HOST slot @i. */
+static uint8_t *
+zdata(struct tsup_nvme_fx *f, uint32_t i, bool room)
+{
+	return room ? f->host + (size_t)i * SLOT + KVT_FMT_HDR_PAGE : f->host + (size_t)i * STRIDE;
 }
 
 static int
@@ -124,7 +145,8 @@ fill(uint8_t *p, size_t len, uint32_t seed)
 		p[i] = (uint8_t)((i * 131u + seed * 7u) ^ (i >> 9));
 }
 
-/* A raw put from HOST slot 0 and a get into HOST slot 1 move no byte through staging. */
+/* A raw put from HOST slot 0 goes zero-copy; a get into HOST slot 1 reads through staging, since
+ * every read checks the header page and the slot has no room for it. */
 static void
 test_zero_copy_round_trip(void **state)
 {
@@ -145,18 +167,18 @@ test_zero_copy_round_trip(void **state)
 	assert_memory_equal(h1, h0, BLOCK);
 	kvt_nvme_get_stats(n, &st);
 	assert_int_equal(st.zc_writes, 1);
-	assert_int_equal(st.zc_reads, 1);
-	assert_int_equal(st.staged_writes + st.staged_reads, 0);
-	/* the slot table and the on-disk header agree on the derived key */
+	assert_int_equal(st.zc_reads, 0);
+	assert_int_equal(st.staged_writes, 0);
+	assert_int_equal(st.staged_reads, 1);
+	/* the slot table and the on-disk header agree on the write's tag and length code */
 	assert_true(kvt_nvme_slot_info(n, 3, &si));
-	assert_int_equal(si.stored, BLOCK);
-	assert_int_equal(si.codec, KVT_CODEC_NONE);
-	assert_int_equal(si.key, kvt_fmt_write_key(kvt_nvme_epoch(n), 3, si.sum));
+	assert_int_equal(si.lenc, kvt_fmt_lenc(KVT_CODEC_NONE, BLOCK, BLOCK));
+	assert_int_equal(kvt_fmt_lenc_bytes(si.lenc, BLOCK), STRIDE);
 	assert_int_equal(kvt_nvme_read_header(n, 3, &h), 0);
-	assert_int_equal(h.key, si.key);
-	assert_int_equal(h.sum, si.sum);
-	assert_int_equal(kvt_nvme_meta_bytes(n), (uint64_t)NSLOTS * 16);
-	/* a buffer outside the HOST memory still works, through staging */
+	assert_int_equal(h.key, kvt_fmt_write_key(kvt_nvme_epoch(n), 3, h.sum));
+	assert_int_equal(si.tag, kvt_fmt_write_tag(h.key));
+	assert_int_equal(kvt_nvme_meta_bytes(n), (uint64_t)NSLOTS * 6);
+	/* a buffer outside the HOST memory works the same way */
 	{
 		uint8_t *out = malloc(BLOCK);
 
@@ -166,7 +188,35 @@ test_zero_copy_round_trip(void **state)
 		free(out);
 	}
 	kvt_nvme_get_stats(n, &st);
-	assert_int_equal(st.staged_reads, 1);
+	assert_int_equal(st.staged_reads, 2);
+	kvt_nvme_close(n);
+}
+
+/* With header room a get of a raw block is ONE zero-copy IO: [header page | payload] straight
+ * into the HOST slot's room and data, the header checked there. */
+static void
+test_zero_copy_get_with_room(void **state)
+{
+	struct tsup_nvme_fx *f = *state;
+	struct kvt_nvme *n = zopen_room(f, false, KVT_CODEC_NONE, true);
+	uint8_t *h0 = zdata(f, 0, true), *h1 = zdata(f, 1, true);
+	struct kvt_nvme_stats st;
+	struct kvt_fmt_blkhdr h;
+
+	fill(h0, BLOCK, 7);
+	assert_int_equal(zput(n, 2, h0), 0);
+	assert_int_equal(zf.pieces, 1); /* one IO from the room */
+	memset(h1 - KVT_FMT_HDR_PAGE, 0xee, SLOT);
+	assert_int_equal(zget(n, 2, h1), 0);
+	assert_int_equal(zf.pieces, 2); /* one IO into the room */
+	assert_memory_equal(h1, h0, BLOCK);
+	assert_int_equal(kvt_fmt_blkhdr_decode(h1 - KVT_FMT_HDR_PAGE, KVT_FMT_HDR_PAGE, &h), 0);
+	assert_int_equal(h.slot, 2);
+	kvt_nvme_get_stats(n, &st);
+	assert_int_equal(st.zc_writes, 1);
+	assert_int_equal(st.zc_reads, 1);
+	assert_int_equal(st.staged_writes + st.staged_reads, 0);
+	assert_int_equal(st.sqes, 2);
 	kvt_nvme_close(n);
 }
 
@@ -192,29 +242,30 @@ test_refused_registration_falls_back(void **state)
 	kvt_nvme_close(n);
 }
 
-/* Bit flips and short IO on the zero-copy path: detected or continued, never served. */
+/* Bit flips and short IO on the zero-copy path (writes from the HOST slot; gets through staging
+ * without header room, straight into the room and the slot with it): detected or continued,
+ * never served. */
 static void
-test_zero_copy_faults(void **state)
+zero_copy_faults(struct tsup_nvme_fx *f, bool room)
 {
-	struct tsup_nvme_fx *f = *state;
-	struct kvt_nvme *n = zopen(f, false, KVT_CODEC_NONE);
-	uint8_t *h0 = f->host, *h1 = f->host + STRIDE;
+	struct kvt_nvme *n = zopen_room(f, false, KVT_CODEC_NONE, room);
+	uint8_t *h0 = zdata(f, 0, room), *h1 = zdata(f, 1, room);
 	struct kvt_nvme_stats st;
 
 	fill(h0, BLOCK, 3);
 	zf.mode = 4; /* the payload piece of the write comes back half done: continued */
 	assert_int_equal(zput(n, 1, h0), 0);
-	assert_int_equal(zf.hits, 1);
+	assert_int_equal(zf.hits, room ? 0 : 1); /* with room the write is one piece */
 	zf.mode = 0;
 	assert_int_equal(zget(n, 1, h1), 0);
 	assert_memory_equal(h1, h0, BLOCK);
-	zf.mode = 1; /* a flipped bit in the HOST slot after the read */
+	zf.mode = 1; /* a flipped bit in what the read brought in */
 	zf.hits = 0;
 	assert_int_equal(zget(n, 1, h1), KVT_ECORRUPT);
 	assert_int_equal(zf.hits, 1);
 	zf.mode = 2; /* a short read: continued to the end, then verified */
 	zf.hits = 0;
-	memset(h1, 0, STRIDE);
+	memset(h1, 0, BLOCK);
 	assert_int_equal(zget(n, 1, h1), 0);
 	assert_int_equal(zf.hits, 1);
 	assert_memory_equal(h1, h0, BLOCK);
@@ -224,12 +275,64 @@ test_zero_copy_faults(void **state)
 	/* a slot the table knows no write of is refused before any IO */
 	assert_int_equal(kvt_nvme_get(n, 2, h1, 1), KVT_ECORRUPT);
 	kvt_nvme_get_stats(n, &st);
-	assert_int_equal(st.zc_reads, 4);
-	assert_int_equal(st.staged_reads, 0);
+	assert_int_equal(st.zc_writes, 1);
+	assert_int_equal(st.zc_reads, room ? 4 : 0);
+	assert_int_equal(st.staged_reads, room ? 0 : 4);
 	kvt_nvme_close(n);
 }
 
-/* The slot table forgets a slot being rewritten, restores only keys that belong to the slot. */
+static void
+test_zero_copy_faults(void **state)
+{
+	zero_copy_faults(*state, false);
+}
+
+static void
+test_zero_copy_faults_room(void **state)
+{
+	zero_copy_faults(*state, true);
+}
+
+/* A lost write: the slot table names the latest write, the disk still holds the one before it
+ * (same slot, other contents). The header's tag gives it away, with and without room. */
+static void
+lost_write_caught(struct tsup_nvme_fx *f, bool room)
+{
+	struct kvt_nvme *n = zopen_room(f, false, KVT_CODEC_NONE, room);
+	uint8_t *h0 = zdata(f, 0, room), *h1 = zdata(f, 1, room);
+	struct kvt_nvme_slotinfo first, second;
+
+	fill(h0, BLOCK, 11);
+	assert_int_equal(zput(n, 6, h0), 0);
+	assert_true(kvt_nvme_slot_info(n, 6, &first));
+	fill(h0, BLOCK, 12);
+	assert_int_equal(zput(n, 5, h0), 0); /* the same bytes written to slot 5 */
+	assert_true(kvt_nvme_slot_info(n, 5, &second));
+	assert_int_not_equal(first.tag, second.tag);
+	/* slot 6 as if its second write (these contents) had been lost */
+	assert_int_equal(kvt_nvme_slot_set(n, 6, &(struct kvt_nvme_slotinfo){
+		.tag = kvt_fmt_write_tag(kvt_fmt_write_key(kvt_nvme_epoch(n), 6,
+							   XXH3_64bits(h0, BLOCK))),
+		.lenc = second.lenc }), 0);
+	memset(h1, 0, BLOCK);
+	assert_int_equal(zget(n, 6, h1), KVT_ECORRUPT);
+	assert_non_null(strstr(kvt_last_error_message(), "holds another write"));
+	/* the table entry of the write that is there reads fine */
+	assert_int_equal(kvt_nvme_slot_set(n, 6, &first), 0);
+	assert_int_equal(zget(n, 6, h1), 0);
+	fill(h0, BLOCK, 11);
+	assert_memory_equal(h1, h0, BLOCK);
+	kvt_nvme_close(n);
+}
+
+static void
+test_lost_write_caught(void **state)
+{
+	lost_write_caught(*state, false);
+	lost_write_caught(*state, true);
+}
+
+/* The slot table forgets a slot being rewritten; restoring takes only valid length codes. */
 static void
 test_slot_table_set(void **state)
 {
@@ -240,24 +343,31 @@ test_slot_table_set(void **state)
 	fill(f->host, BLOCK, 4);
 	assert_int_equal(zput(n, 4, f->host), 0);
 	assert_true(kvt_nvme_slot_info(n, 4, &si));
+	assert_false(kvt_nvme_slot_info(n, 5, &bad)); /* never written */
 	bad = si;
-	bad.key ^= 1;
-	assert_int_equal(kvt_nvme_slot_set(n, 5, &bad), KVT_ECORRUPT);
-	assert_int_equal(kvt_nvme_slot_set(n, 5, &si), KVT_ECORRUPT); /* key names slot 4 */
-	bad = si;
-	bad.stored = 0;
+	bad.lenc = 0; /* unknown */
 	assert_int_equal(kvt_nvme_slot_set(n, 4, &bad), -EINVAL);
+	bad.lenc = kvt_fmt_lenc(KVT_CODEC_NONE, BLOCK, BLOCK) - 1; /* raw, not all pages */
+	assert_int_equal(kvt_nvme_slot_set(n, 4, &bad), -EINVAL);
+	bad.lenc = kvt_fmt_lenc(KVT_CODEC_LZ4, 100, BLOCK); /* a codec this tier does not use */
+	assert_int_equal(kvt_nvme_slot_set(n, 4, &bad), -EINVAL);
+	assert_int_equal(kvt_nvme_slot_set(n, NSLOTS, &si), -EINVAL);
+	assert_int_equal(kvt_nvme_slot_set(n, 4, NULL), -EINVAL);
+	/* the entry for slot 4 set on slot 5: the header there says slot 4 is not it */
+	assert_int_equal(kvt_nvme_slot_set(n, 5, &si), 0);
+	assert_int_equal(zget(n, 5, f->host + STRIDE), KVT_ECORRUPT);
 	assert_int_equal(kvt_nvme_slot_set(n, 4, &si), 0);
 	assert_int_equal(zget(n, 4, f->host + STRIDE), 0);
 	assert_memory_equal(f->host + STRIDE, f->host, BLOCK);
 	kvt_nvme_close(n);
 }
 
-/* Through the engine: park to NVMe and resume go zero-copy (the test layout's block is not a
- * 4 KiB multiple: the HOST stride is rounded up), the data verifies, the slot table is counted in
- * the metadata. */
+/* Through the engine: park to NVMe and resume, the data verify, the slot table is counted in the
+ * metadata. Puts go zero-copy either way; gets go zero-copy with the HOST header room (forced on
+ * here for the test layout's small blocks: kvt_test_host_room_min_block), through staging
+ * without it. The layout's block is not a 4 KiB multiple: the HOST stride is rounded up. */
 static void
-test_engine_park_resume_zero_copy(void **state)
+engine_park_resume(bool room)
 {
 	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 8, .nvme_blocks = 16 };
 	struct kvt_stats es = { .size = sizeof es };
@@ -267,9 +377,9 @@ test_engine_park_resume_zero_copy(void **state)
 	kvt_seq_id s;
 	uint32_t nb;
 
-	(void)state;
 	e = tsup_engine(&c, &dir);
 	assert_true(kvt_nvme_zero_copy(e->nvme));
+	assert_int_equal(e->host_data_off, room ? KVT_FMT_HDR_PAGE : 0);
 	s = tsup_session_written(e, 0, 3, 6 * TSUP_TPB);
 	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
@@ -279,14 +389,29 @@ test_engine_park_resume_zero_copy(void **state)
 	assert_int_equal(tsup_verify(e, s, 3), 0);
 	kvt_nvme_get_stats(e->nvme, &st);
 	assert_int_equal(st.zc_writes, nb);
-	assert_true(st.zc_reads >= nb);
-	assert_int_equal(st.staged_writes + st.staged_reads, 0);
+	assert_int_equal(st.staged_writes, 0);
+	assert_true((room ? st.zc_reads : st.staged_reads) >= nb);
+	assert_int_equal(room ? st.staged_reads : st.zc_reads, 0);
 	assert_int_equal(kvt_engine_stats(e, &es), 0);
-	assert_int_equal(kvt_nvme_meta_bytes(e->nvme), (uint64_t)kvt_nvme_n_slots(e->nvme) * 16);
+	assert_int_equal(kvt_nvme_meta_bytes(e->nvme), (uint64_t)kvt_nvme_n_slots(e->nvme) * 6);
 	assert_true(es.meta_bytes > kvt_nvme_meta_bytes(e->nvme));
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
+}
+
+static void
+test_engine_park_resume_staged_get(void **state)
+{
+	(void)state;
+	engine_park_resume(false);
+}
+
+static void
+test_engine_park_resume_zero_copy(void **state)
+{
+	(void)state;
+	engine_park_resume(true);
 }
 
 /* The engine tests' NVMe read fate: 0 normal, KVT_NVME_FATE_LATE (the CQE comes only after
@@ -498,19 +623,25 @@ test_engine_append_keeps_host_source_of_write(void **state)
 }
 
 #define ZFX_TEST(t) cmocka_unit_test_setup_teardown(t, zfx_setup, tsup_nvme_fx_teardown)
+/* engine tests with the HOST header room forced on: NVMe gets go zero-copy */
+#define ROOM_TEST(t) cmocka_unit_test_setup_teardown(t, tsup_room_on, tsup_room_off)
 
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		ZFX_TEST(test_zero_copy_round_trip),
+		ZFX_TEST(test_zero_copy_get_with_room),
 		ZFX_TEST(test_refused_registration_falls_back),
 		ZFX_TEST(test_zero_copy_faults),
+		ZFX_TEST(test_zero_copy_faults_room),
+		ZFX_TEST(test_lost_write_caught),
 		ZFX_TEST(test_slot_table_set),
-		cmocka_unit_test(test_engine_park_resume_zero_copy),
-		cmocka_unit_test(test_engine_timed_out_read_quarantines_host_slot),
-		cmocka_unit_test(test_engine_late_read_releases_host_slot),
-		cmocka_unit_test(test_engine_append_keeps_host_source_of_write),
+		cmocka_unit_test(test_engine_park_resume_staged_get),
+		ROOM_TEST(test_engine_park_resume_zero_copy),
+		ROOM_TEST(test_engine_timed_out_read_quarantines_host_slot),
+		ROOM_TEST(test_engine_late_read_releases_host_slot),
+		ROOM_TEST(test_engine_append_keeps_host_source_of_write),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

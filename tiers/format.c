@@ -171,6 +171,32 @@ kvt_fmt_write_key(uint64_t epoch, uint32_t slot, uint64_t sum)
 	return (epoch << 40) | (XXH3_64bits(b, sizeof b) & ((1ull << 40) - 1));
 }
 
+uint32_t
+kvt_fmt_lenc(uint32_t codec, uint32_t stored, uint64_t block_bytes)
+{
+	uint64_t d = (block_bytes + KVT_FMT_ALIGN - 1) / KVT_FMT_ALIGN;
+	uint64_t p = ((uint64_t)stored + KVT_FMT_ALIGN - 1) / KVT_FMT_ALIGN;
+	uint64_t q = d ? (p * KVT_FMT_LENC_QMAX + d - 1) / d : KVT_FMT_LENC_QMAX;
+
+	if (q < 1)
+		q = 1;
+	if (q > KVT_FMT_LENC_QMAX || codec == KVT_CODEC_NONE)
+		q = KVT_FMT_LENC_QMAX;
+	return KVT_FMT_LENC_KNOWN | (codec & 7u) << 12 | (uint32_t)q;
+}
+
+uint64_t
+kvt_fmt_lenc_bytes(uint32_t lenc, uint64_t block_bytes)
+{
+	uint64_t d = (block_bytes + KVT_FMT_ALIGN - 1) / KVT_FMT_ALIGN;
+	uint32_t q = lenc & KVT_FMT_LENC_QMAX, codec = kvt_fmt_lenc_codec(lenc);
+
+	if (!(lenc & KVT_FMT_LENC_KNOWN) || lenc >> 16 || codec > KVT_CODEC_CSHUF_LZ4 || q == 0 ||
+	    (codec == KVT_CODEC_NONE && q != KVT_FMT_LENC_QMAX))
+		return 0;
+	return (q * d + KVT_FMT_LENC_QMAX - 1) / KVT_FMT_LENC_QMAX * KVT_FMT_ALIGN;
+}
+
 uint64_t
 kvt_fmt_slot_bytes(uint64_t block_bytes)
 {
@@ -310,11 +336,9 @@ kvt_fmt_put_encode(uint8_t *out, uint64_t seqno, uint64_t session, uint32_t tena
 	for (uint32_t i = 0; i < n_blocks; i++) {
 		q = p + KVT_FMT_PUT_FIXED + (size_t)i * KVT_FMT_PUT_BLOCK;
 		kvt_put_le32(q, blocks[i].slot);
-		kvt_put_le32(q + 4, blocks[i].stored_len);
-		kvt_put_le64(q + 8, blocks[i].key);
-		kvt_put_le64(q + 16, blocks[i].sum);
-		memcpy(q + 24, blocks[i].hash, 16);
-		kvt_put_le32(q + 40, blocks[i].codec);
+		kvt_put_le32(q + 4, blocks[i].tag);
+		kvt_put_le32(q + 8, blocks[i].lenc);
+		memcpy(q + 16, blocks[i].hash, 16); /* bytes 12-15 stay zero */
 	}
 	q = p + KVT_FMT_PUT_FIXED + (size_t)n_blocks * KVT_FMT_PUT_BLOCK;
 	for (uint64_t i = 0; i < n_tokens; i++)
@@ -381,11 +405,9 @@ kvt_fmt_rec_block(const struct kvt_fmt_rec *r, uint32_t i, struct kvt_fmt_blkref
 	const uint8_t *q = r->blocks + (size_t)i * KVT_FMT_PUT_BLOCK;
 
 	o->slot = kvt_get_le32(q);
-	o->stored_len = kvt_get_le32(q + 4);
-	o->key = kvt_get_le64(q + 8);
-	o->sum = kvt_get_le64(q + 16);
-	memcpy(o->hash, q + 24, 16);
-	o->codec = kvt_get_le32(q + 40);
+	o->tag = kvt_get_le32(q + 4);
+	o->lenc = kvt_get_le32(q + 8);
+	memcpy(o->hash, q + 16, 16);
 }
 
 int32_t
@@ -417,7 +439,7 @@ kvt_fmt_fuzz_one(const uint8_t *data, size_t len)
 	while (off < len && kvt_fmt_rec_decode(data + off, len - off, &r, &used) == 0) {
 		for (uint32_t i = 0; i < r.n_blocks; i++) {
 			kvt_fmt_rec_block(&r, i, &br);
-			acc += br.slot + br.key;
+			acc += br.slot + br.tag + br.lenc;
 		}
 		for (uint64_t i = 0; i < r.n_tokens; i++)
 			acc += (uint32_t)kvt_fmt_rec_token(&r, i);

@@ -25,8 +25,10 @@
 
 #include "kvtier.h"
 
-#define KVT_FMT_VERSION 3u        /* format version of superblock, headers and journal
-				     (3: payload in its own 4 KiB pages, derived write keys) */
+#define KVT_FMT_VERSION 4u        /* format version of superblock, headers and journal
+				     (3: payload in its own 4 KiB pages, derived write keys;
+				     4: journal entries name a write by its 32-bit tag and
+				     length code, kvt_fmt_lenc) */
 #define KVT_FMT_ALIGN 4096u       /* O_DIRECT alignment of offsets, lengths and buffers */
 #define KVT_FMT_SUPER_BYTES 4096u /* superblock area at the start of the store */
 #define KVT_FMT_BLKHDR_BYTES 128u /* block header at the start of every slot */
@@ -34,7 +36,7 @@
 #define KVT_FMT_JHDR_BYTES 64u    /* journal file header */
 #define KVT_FMT_RECHDR_BYTES 32u  /* journal record header */
 #define KVT_FMT_PUT_FIXED 32u     /* fixed part of a PUT payload */
-#define KVT_FMT_PUT_BLOCK 48u     /* one block entry of a PUT payload */
+#define KVT_FMT_PUT_BLOCK 32u     /* one block entry of a PUT payload */
 #define KVT_FMT_MAX_REC (64u << 20) /* largest journal record accepted */
 
 /** The superblock: the store's identity and the layout it was made for. */
@@ -70,11 +72,10 @@ struct kvt_fmt_blkhdr {
 /** One block of a published session (a PUT record entry). */
 struct kvt_fmt_blkref {
 	uint32_t slot;       /* slot holding it */
-	uint32_t stored_len; /* payload bytes */
-	uint64_t key;        /* write key, must match the slot's header */
-	uint64_t sum;        /* XXH3-64 of the raw block, must match too */
+	uint32_t tag;        /* the write's tag: kvt_fmt_write_tag() of the slot's header key */
+	uint32_t lenc;       /* the write's length code: kvt_fmt_lenc() of the header's codec and
+	                        stored length */
 	uint8_t hash[16];    /* content hash (zero when unknown) */
-	uint32_t codec;      /* payload codec */
 };
 
 enum kvt_fmt_rec_type { KVT_FMT_REC_PUT = 1, KVT_FMT_REC_DEL = 2 };
@@ -99,6 +100,40 @@ struct kvt_fmt_rec {
  * purpose); a key names its epoch, so keys of different opens never collide. Pure.
  */
 uint64_t kvt_fmt_write_key(uint64_t epoch, uint32_t slot, uint64_t sum);
+
+/** The tag of a write whose header key is @key: its low 32 bits (of the slot-and-checksum hash,
+ * so two writes to one slot share a tag only when their contents hash alike or with odds of
+ * 2^-32). What the NVMe tier's slot table and the journal keep of a write. Pure. */
+static inline uint32_t
+kvt_fmt_write_tag(uint64_t key)
+{
+	return (uint32_t)key;
+}
+
+/* A length code (kvt_fmt_lenc): bit 15 set (0 = unknown), the codec in bits 12-14, and in bits
+ * 0-11 q = 1..4095: the payload fits in ceil(q * D / 4095) pages of 4 KiB, D the data pages of a
+ * slot (round_up(block_bytes, 4096) / 4096); a raw payload has q = 4095 (all D pages). */
+#define KVT_FMT_LENC_KNOWN 0x8000u
+#define KVT_FMT_LENC_QMAX 4095u
+
+/**
+ * kvt_fmt_lenc() - the length code of a payload of @stored bytes in codec @codec for blocks of
+ * @block_bytes (1 <= stored <= block_bytes, codec 0..KVT_CODEC_CSHUF_LZ4): 16 bits that say how
+ * many bytes a read must move (kvt_fmt_lenc_bytes), at most D / 4095 + 1 pages more than the
+ * payload's own. A function of (codec, stored, block_bytes): the same write always gets the
+ * same code, so a code read from disk can be compared with a kept one. Pure.
+ */
+uint32_t kvt_fmt_lenc(uint32_t codec, uint32_t stored, uint64_t block_bytes);
+/** Payload bytes a read of a slot with length code @lenc moves after the header page (a
+ * multiple of 4096, at most round_up(block_bytes, 4096)); 0 when @lenc is not valid for
+ * @block_bytes (unknown, codec out of range, q 0, or a raw code with q != 4095). Pure. */
+uint64_t kvt_fmt_lenc_bytes(uint32_t lenc, uint64_t block_bytes);
+/** The codec a valid length code names. Pure. */
+static inline uint32_t
+kvt_fmt_lenc_codec(uint32_t lenc)
+{
+	return lenc >> 12 & 7u;
+}
 
 /** Bytes of one slot for @block_bytes: KVT_FMT_HDR_PAGE + round_up(block_bytes, 4096). */
 uint64_t kvt_fmt_slot_bytes(uint64_t block_bytes);

@@ -136,19 +136,15 @@ kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot)
 bool
 kvt_nvme_slot_info(struct kvt_nvme *n, uint32_t slot, struct kvt_nvme_slotinfo *out)
 {
-	const struct nvme_slotmeta *e;
 	bool ok;
 
 	if (!n || slot >= n->n_slots)
 		return false;
 	pthread_mutex_lock(&n->mu);
-	e = &n->meta[slot];
-	ok = e->stored != 0;
+	ok = n->lenc[slot] != 0;
 	if (ok) {
-		out->sum = e->sum;
-		out->stored = e->stored;
-		out->codec = e->epoch_codec & 0xffu;
-		out->key = kvt_fmt_write_key(e->epoch_codec >> 8, slot, e->sum);
+		out->tag = n->tag[slot];
+		out->lenc = n->lenc[slot];
 	}
 	pthread_mutex_unlock(&n->mu);
 	return ok;
@@ -157,19 +153,19 @@ kvt_nvme_slot_info(struct kvt_nvme *n, uint32_t slot, struct kvt_nvme_slotinfo *
 int
 kvt_nvme_slot_set(struct kvt_nvme *n, uint32_t slot, const struct kvt_nvme_slotinfo *in)
 {
-	uint64_t epoch;
+	uint32_t codec;
 
-	if (!n || !in || slot >= n->n_slots || !in->stored || in->stored > n->block_bytes ||
-	    (in->codec != KVT_CODEC_NONE && in->codec != (uint32_t)n->codec))
-		return kvt_err(-EINVAL, "nvme slot %u: no such slot or stored block", slot);
-	epoch = (in->key >> 40) & 0xffffffu;
-	if (kvt_fmt_write_key(epoch, slot, in->sum) != in->key)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: key %#llx does not belong to it", slot,
-			       (unsigned long long)in->key);
+	if (!n || !in || slot >= n->n_slots)
+		return kvt_err(-EINVAL, "nvme slot set: %s", !n || !in ? "tier or entry is NULL" :
+			       "slot out of range");
+	codec = kvt_fmt_lenc_codec(in->lenc);
+	if (!kvt_fmt_lenc_bytes(in->lenc, n->block_bytes) ||
+	    (codec != KVT_CODEC_NONE && codec != (uint32_t)n->codec))
+		return kvt_err(-EINVAL, "nvme slot %u: length code %#x names no stored block of "
+			       "this tier", slot, in->lenc);
 	pthread_mutex_lock(&n->mu);
-	n->meta[slot].sum = in->sum;
-	n->meta[slot].stored = in->stored;
-	n->meta[slot].epoch_codec = (uint32_t)(epoch << 8) | in->codec;
+	n->tag[slot] = in->tag;
+	n->lenc[slot] = (uint16_t)in->lenc;
 	pthread_mutex_unlock(&n->mu);
 	return 0;
 }
@@ -177,7 +173,7 @@ kvt_nvme_slot_set(struct kvt_nvme *n, uint32_t slot, const struct kvt_nvme_sloti
 uint64_t
 kvt_nvme_meta_bytes(const struct kvt_nvme *n)
 {
-	return n ? (uint64_t)n->n_slots * sizeof *n->meta : 0;
+	return n ? (uint64_t)n->n_slots * (sizeof *n->tag + sizeof *n->lenc) : 0;
 }
 
 void

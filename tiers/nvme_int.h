@@ -34,11 +34,12 @@
 struct nvme_req {
 	uint8_t *buf;       /* staging buffer: slot_bytes, 4 KiB aligned, part of the arena */
 	uint8_t *data;      /* zero-copy: the HOST slot the payload moves from/to directly
-	                       (slot bytes [NVME_HPAGE, len)); NULL = all through buf */
+	                       (slot bytes [NVME_HPAGE, len)); NULL = all through buf. A get
+	                       is zero-copy only with header room (whole) */
 	uint32_t data_index; /* zero-copy: registered buffer index of data's HOST chunk */
-	bool whole;         /* zero-copy put, one IO: the header page is sealed into the HOST
-	                       slot's header room (data - NVME_HPAGE) and all len bytes move
-	                       from there */
+	bool whole;         /* zero-copy, one IO through the HOST slot's header room (data -
+	                       NVME_HPAGE): a put seals the header page there, a get reads it
+	                       there; all len bytes move from/to there */
 	uint32_t piece;     /* bytes the SQE in flight moves (from done on) */
 	bool tabled;        /* kvt_nvme_put/get: the slot table is the write's record (put:
 	                       set at completion) and the read's expectation (get) */
@@ -49,8 +50,9 @@ struct nvme_req {
 	uint32_t slot;      /* slot in the file */
 	uint32_t len;       /* bytes this IO moves: header + payload rounded up to 4 KiB */
 	uint32_t done;      /* bytes known transferred, a multiple of NVME_ALIGN */
-	uint32_t stored;    /* writes: payload bytes written; reads: expected (0 = unknown) */
-	uint64_t want_sum;  /* get: XXH3-64 the slot table expects of the raw block */
+	uint32_t stored;    /* writes: payload bytes written */
+	uint32_t want_tag;  /* get: the write tag the slot table expects in the header */
+	uint32_t want_lenc; /* get: the length code it expects (0 = not a get: no table) */
 	uint32_t codec;     /* writes: codec of the payload */
 	uint64_t sum;       /* writes: XXH3-64 of the raw block */
 	uint32_t stalls;    /* consecutive pieces that did not reach the next 4 KiB boundary */
@@ -77,16 +79,12 @@ struct nvme_worker {
 	uint8_t *enc;        /* codec output: block_bytes */
 };
 
-/* The NVMe copy's metadata of one slot: how its latest completed kvt_nvme_put was stored (16
- * bytes; the write key is derived: kvt_fmt_write_key(epoch, slot, sum)). stored 0 = unknown (never
- * written through kvt_nvme_put, being rewritten, or the write failed). */
-struct nvme_slotmeta {
-	uint64_t sum;         /* XXH3-64 of the raw block */
-	uint32_t stored;      /* payload bytes (block_bytes when raw); 0 = unknown */
-	uint32_t epoch_codec; /* epoch of the write (low 24 bits) << 8 | its enum kvt_codec */
-};
-
-_Static_assert(sizeof(struct nvme_slotmeta) == 16, "the slot table's entry is 16 bytes");
+/* The slot table: what the latest completed kvt_nvme_put of each slot stored, 6 bytes a slot in
+ * two arrays (kvt_nvme.tag, kvt_nvme.lenc): the write's tag (kvt_fmt_write_tag of its header key)
+ * and its length code (kvt_fmt_lenc: codec and how many pages a read moves; 0 = unknown: never
+ * written through kvt_nvme_put, being rewritten, or the write failed). Every read moves the
+ * header page too and checks the header against both, and the data against the header's
+ * checksum, so the table needs no checksum of its own. */
 
 /* A busy request is in the SQ, in the kernel, or parked in one of these states. */
 enum nvme_parked {
@@ -169,7 +167,9 @@ struct kvt_nvme {
 	uint32_t *free_stack;              /* [qd] indices of free requests */
 	struct nvme_req *reqs;             /* [qd] request contexts */
 	uint8_t *arena;                    /* [qd][slot_bytes] staging, 4 KiB aligned */
-	struct nvme_slotmeta *meta;        /* [n_slots] the slot table (guarded by mu) */
+	uint32_t *tag;                     /* [n_slots] the slot table's write tags (guarded by
+	                                      mu; see above) */
+	uint16_t *lenc;                    /* [n_slots] its length codes (0 = unknown) */
 	/* Zero-copy: the HOST tier's memory, registered with io_uring after the staging buffers
 	 * (buffer index qd + c for chunk c of host_chunk bytes, each <= 1 GiB, whole slots). */
 	uint8_t *host_base;                /* HOST tier memory; NULL = no zero-copy */

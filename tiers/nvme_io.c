@@ -154,6 +154,7 @@ nvme_req_get(struct kvt_nvme *n, uint32_t slot, const void *buf, const char *wha
 	req->data = NULL;
 	req->whole = false;
 	req->tabled = false;
+	req->want_lenc = 0;
 	*reqp = req;
 	return 0;
 }
@@ -246,7 +247,7 @@ nvme_submit_write_locked(struct kvt_nvme *n, uint32_t slot, const void *src,
 	req->user_data = user_data;
 	req->tabled = tabled;
 	if (tabled)
-		n->meta[slot].stored = 0; /* being rewritten: unknown until it completes */
+		n->lenc[slot] = 0; /* being rewritten: unknown until it completes */
 	if (tabled && n->codec == KVT_CODEC_NONE && nvme_zc_span(n, src, &idx)) {
 		req->data = (uint8_t *)(uintptr_t)src;
 		req->data_index = idx;
@@ -309,33 +310,36 @@ kvt_nvme_put(struct kvt_nvme *n, uint32_t slot, const void *src, const struct kv
 int
 kvt_nvme_get(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t user_data)
 {
-	const struct nvme_slotmeta *e;
 	struct nvme_req *req;
-	uint32_t idx;
+	uint64_t pay;
+	uint32_t idx, lenc;
 	int r;
 
 	if (!n || slot >= n->n_slots)
 		return kvt_err(-EINVAL, "nvme get: %s", n ? "slot out of range" : "tier is NULL");
 	pthread_mutex_lock(&n->mu);
-	e = &n->meta[slot];
-	r = e->stored ? nvme_req_get(n, slot, dst, "read", &req)
-		      : kvt_err(KVT_ECORRUPT, "nvme slot %u: no completed write recorded", slot);
+	lenc = n->lenc[slot];
+	pay = kvt_fmt_lenc_bytes(lenc, n->block_bytes);
+	r = pay ? nvme_req_get(n, slot, dst, "read", &req)
+		: kvt_err(KVT_ECORRUPT, "nvme slot %u: no completed write recorded", slot);
 	if (r != 0) {
 		pthread_mutex_unlock(&n->mu);
 		return r;
 	}
 	req->is_write = false;
 	req->tabled = true;
-	req->key = kvt_fmt_write_key(e->epoch_codec >> 8, slot, e->sum);
-	req->want_sum = e->sum;
+	req->want_tag = n->tag[slot];
+	req->want_lenc = lenc;
 	req->user_data = user_data;
 	req->dst = dst;
-	req->stored = e->stored;
-	req->len = nvme_io_len(n, e->stored);
-	if ((e->epoch_codec & 0xffu) == KVT_CODEC_NONE && nvme_zc_span(n, dst, &idx)) {
-		req->data = dst; /* the payload only, straight into the HOST slot */
+	req->stored = 0;
+	req->len = (uint32_t)(NVME_HPAGE + pay < n->slot_bytes ? NVME_HPAGE + pay : n->slot_bytes);
+	if (kvt_fmt_lenc_codec(lenc) == KVT_CODEC_NONE && nvme_zc_span(n, dst, &idx) &&
+	    nvme_zc_room(n, dst)) {
+		/* [header page | payload] in one IO, straight into the HOST slot and its room */
+		req->data = dst;
 		req->data_index = idx;
-		req->done = NVME_HPAGE;
+		req->whole = true;
 		n->st.zc_reads++;
 	} else {
 		n->st.staged_reads++;
@@ -494,11 +498,8 @@ void
 kvt_nvme_finish(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
 {
 	if (req->is_write && req->tabled && res == 0) {
-		struct nvme_slotmeta *e = &n->meta[req->slot];
-
-		e->sum = req->sum;
-		e->stored = req->stored;
-		e->epoch_codec = (uint32_t)((n->sb.epoch & 0xffffffu) << 8) | (req->codec & 0xffu);
+		n->tag[req->slot] = kvt_fmt_write_tag(req->key);
+		n->lenc[req->slot] = (uint16_t)kvt_fmt_lenc(req->codec, req->stored, n->block_bytes);
 	}
 	c->user_data = req->user_data;
 	c->stored = req->is_write ? req->stored : 0;

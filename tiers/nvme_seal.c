@@ -67,28 +67,24 @@ kvt_nvme_seal(struct kvt_nvme *n, struct nvme_req *req, const void *raw,
 }
 
 /*
- * Check a fully read staging buffer: its header, then the payload decoded into the caller's
- * buffer (raw payloads are checked in the staging buffer first); a zero-copy read: the HOST slot
- * against the slot table. @scratch: codec scratch (kvt_codec_scratch_bytes), NULL = the tier's
- * own (reaping thread). Needs no lock (reads only @req and the tier's fixed fields). Returns 0,
- * KVT_ECORRUPT or -ENOMEM.
+ * Check a fully read slot: its header (in the staging buffer, or for a zero-copy get in the HOST
+ * slot's header room), then the payload: a raw one by its checksum (in the staging buffer, then
+ * copied to the caller's; in place when zero-copy), an encoded one decoded into the caller's
+ * buffer, then verified. A get (want_lenc set) checks the header against the slot table's tag and
+ * length code; a kvt_nvme_submit_read against the key (and stored length) given. @scratch: codec
+ * scratch (kvt_codec_scratch_bytes), NULL = the tier's own (reaping thread). Needs no lock (reads
+ * only @req and the tier's fixed fields). Returns 0, KVT_ECORRUPT or -ENOMEM.
  */
 int
 kvt_nvme_verify(struct kvt_nvme *n, const struct nvme_req *req, uint8_t *scratch)
 {
 	struct kvt_fmt_blkhdr h;
 	uint32_t slot = req->slot;
-	const uint8_t *payload = req->buf + NVME_HPAGE;
+	const uint8_t *hpage = req->whole ? req->data - NVME_HPAGE : req->buf;
+	const uint8_t *payload = hpage + NVME_HPAGE;
 	int rc;
 
-	if (req->data) {
-		/* zero-copy: no header read; the slot table's checksum decides */
-		if (XXH3_64bits(req->data, n->block_bytes) != req->want_sum)
-			return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch "
-				       "(zero-copy read)", slot);
-		return 0;
-	}
-	rc = kvt_fmt_blkhdr_decode(req->buf, req->len, &h);
+	rc = kvt_fmt_blkhdr_decode(hpage, req->len, &h);
 	if (rc != 0)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %s", slot, kvt_last_error_message());
 	if (h.slot != slot)
@@ -97,20 +93,29 @@ kvt_nvme_verify(struct kvt_nvme *n, const struct nvme_req *req, uint8_t *scratch
 	if (h.raw_len != n->block_bytes)
 		return kvt_err(KVT_ECORRUPT, "nvme slot %u: block_bytes %u, expected %zu", slot,
 			       h.raw_len, n->block_bytes);
-	if (h.key != req->key)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: key %#llx, expected %#llx", slot,
-			       (unsigned long long)h.key, (unsigned long long)req->key);
-	if (req->tabled && h.sum != req->want_sum)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: checksum %#llx, expected %#llx", slot,
-			       (unsigned long long)h.sum, (unsigned long long)req->want_sum);
-	if ((req->stored && h.stored_len != req->stored) ||
-	    NVME_HPAGE + (size_t)h.stored_len > req->len)
-		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %u bytes stored, %u expected", slot,
-			       h.stored_len, req->stored);
+	if (req->want_lenc) {
+		/* a lost or misdirected write leaves another write's header here */
+		if (kvt_fmt_write_tag(h.key) != req->want_tag ||
+		    kvt_fmt_lenc(h.codec, h.stored_len, n->block_bytes) != req->want_lenc)
+			return kvt_err(KVT_ECORRUPT, "nvme slot %u: holds another write (tag %#x, "
+				       "length code %#x; expected %#x, %#x)", slot,
+				       kvt_fmt_write_tag(h.key),
+				       kvt_fmt_lenc(h.codec, h.stored_len, n->block_bytes),
+				       req->want_tag, req->want_lenc);
+	} else if (h.key != req->key || (req->stored && h.stored_len != req->stored)) {
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: key %#llx with %u bytes stored, "
+			       "expected %#llx with %u", slot, (unsigned long long)h.key,
+			       h.stored_len, (unsigned long long)req->key, req->stored);
+	}
+	if (NVME_HPAGE + (size_t)h.stored_len > req->len)
+		return kvt_err(KVT_ECORRUPT, "nvme slot %u: %u bytes stored, %u read", slot,
+			       h.stored_len, req->len - NVME_HPAGE);
 	if (h.codec == KVT_CODEC_NONE) {
 		if (XXH3_64bits(payload, n->block_bytes) != h.sum)
-			return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch", slot);
-		memcpy(req->dst, payload, n->block_bytes);
+			return kvt_err(KVT_ECORRUPT, "nvme slot %u: data checksum mismatch%s", slot,
+				       req->whole ? " (zero-copy read)" : "");
+		if (!req->whole)
+			memcpy(req->dst, payload, n->block_bytes);
 		return 0;
 	}
 	if (!scratch && !n->scratch &&

@@ -427,8 +427,9 @@ nvme_alloc_staging(struct kvt_nvme *n, char *err, size_t errlen)
 	n->free_stack = malloc((size_t)n->qd * sizeof *n->free_stack);
 	n->late_slots = malloc((size_t)n->qd * sizeof *n->late_slots);
 	n->late_bufs = malloc((size_t)n->qd * sizeof *n->late_bufs);
-	n->meta = calloc(n->n_slots, sizeof *n->meta);
-	if (!n->reqs || !n->free_stack || !n->late_slots || !n->late_bufs || !n->meta)
+	n->tag = calloc(n->n_slots, sizeof *n->tag);
+	n->lenc = calloc(n->n_slots, sizeof *n->lenc);
+	if (!n->reqs || !n->free_stack || !n->late_slots || !n->late_bufs || !n->tag || !n->lenc)
 		return nvme_open_fail(-ENOMEM, err, errlen, "nvme: %u request contexts", n->qd);
 	for (uint32_t i = 0; i < n->qd; i++) {
 		n->reqs[i].buf = n->arena + (size_t)i * n->slot_bytes;
@@ -569,7 +570,8 @@ nvme_free(struct kvt_nvme *n, bool free_arena)
 	free(n->free_stack);
 	free(n->late_slots);
 	free(n->late_bufs);
-	free(n->meta);
+	free(n->tag);
+	free(n->lenc);
 	free(n->path);
 	free(n->final_path);
 	free(n);

@@ -9,16 +9,18 @@
  * version, slot, write key, session key, block index, raw and stored length, codec, content
  * hash, XXH3-64 of the raw block, XXH3-64 of the header), then the payload at slot offset 4096
  * (raw, or encoded by tiers/codec.c when that saves at least min_saving), zero padding to the
- * next 4 KiB. A write moves 4096 + round_up(stored, 4096) bytes. Every read verifies: one that
- * reads the header checks it (checksum, magic, version, slot, raw length, key), decodes, and
- * checks the raw checksum; any mismatch completes with KVT_ECORRUPT. A slot never written reads
- * as zeros and so fails too.
+ * next 4 KiB. A write moves 4096 + round_up(stored, 4096) bytes. Every read reads the header page
+ * and verifies: the header (checksum, magic, version, slot, raw length, key or the table's tag
+ * and length code), then the payload (decoded when encoded) against the header's raw checksum;
+ * any mismatch completes with KVT_ECORRUPT. A slot never written reads as zeros and so fails too.
  *
- * The slot table: for each slot, how its latest completed kvt_nvme_put() stored the block (16
- * bytes: XXH3-64 of the raw block, stored length, codec, epoch; the write key is derived from
- * them, kvt_fmt_write_key). It is the NVMe copy's metadata: kvt_nvme_get() reads against it, the
- * engine's store records are made from it (kvt_nvme_slot_info) and restored into it
- * (kvt_nvme_slot_set).
+ * The slot table: for each slot, which write its latest completed kvt_nvme_put() was (6 bytes:
+ * the 32-bit write tag, kvt_fmt_write_tag, and the 16-bit length code, kvt_fmt_lenc: codec and
+ * the pages a read moves). It is the NVMe copy's metadata: kvt_nvme_get() reads against it (a
+ * header with another tag is a lost or misdirected write: two writes of different contents to
+ * one slot share a tag with odds of 2^-32), the engine's store records are made from it
+ * (kvt_nvme_slot_info) and restored into it (kvt_nvme_slot_set). The checksum that verifies the
+ * data is the header's (XXH3-64), read with the data.
  *
  * Zero-copy (raw blocks between the HOST tier and the disk): when the options name the HOST
  * tier's memory (4 KiB aligned, a 4 KiB-multiple slot stride), open registers it with io_uring
@@ -28,11 +30,12 @@
  * payload] goes to the disk slot with ONE WRITE_FIXED straight from the HOST slot (the on-disk
  * slot is the same); without it (or while another put from the same HOST slot is in flight) the
  * header page goes from a staging buffer and the payload with WRITE_FIXED from the HOST slot (two
- * pieces of one IO, in order). kvt_nvme_get() of a slot stored raw reads only the payload with
- * READ_FIXED straight into the HOST slot and verifies it against the slot table's checksum (the
- * header is needed only to rebuild the index after a restart; the header room is not read
- * into). The HOST slot must not change while a put is in flight (the engine keeps the block
- * busy), nor its header room be touched by anyone but the tier. When registration fails
+ * pieces of one IO, in order). kvt_nvme_get() of a slot stored raw into a HOST slot with header
+ * room reads [header page | payload] with one READ_FIXED straight into the room and the slot;
+ * without room it reads through staging (blocks below 64 KiB, where the engine gives no room: a
+ * memcpy of at most 64 KiB), because every read checks the header. The HOST slot must not change
+ * while a put is in flight (the engine keeps the block busy), nor its header room be touched by
+ * anyone but the tier. When registration fails
  * (RLIMIT_MEMLOCK, ...) everything goes through staging and kvt_nvme_zc_reason() says why.
 
  * The file is either private (kvtier-<pid>-<n>.slots, unlinked on close) or the persistent store
@@ -175,10 +178,8 @@ struct kvt_nvme_stats {
 
 /** The NVMe copy's metadata of one slot (kvt_nvme_slot_info / kvt_nvme_slot_set). */
 struct kvt_nvme_slotinfo {
-	uint64_t key;    /* write key: kvt_fmt_write_key(epoch of the write, slot, sum) */
-	uint64_t sum;    /* XXH3-64 of the raw block */
-	uint32_t stored; /* payload bytes */
-	uint32_t codec;  /* enum kvt_codec of the payload */
+	uint32_t tag;    /* the write's tag: kvt_fmt_write_tag() of its header's write key */
+	uint32_t lenc;   /* its length code: kvt_fmt_lenc(codec, stored length, block_bytes) */
 };
 
 /** One finished IO. */
@@ -294,23 +295,27 @@ int kvt_nvme_put(struct kvt_nvme *n, uint32_t slot, const void *src,
 		 const struct kvt_nvme_wmeta *m, uint64_t user_data);
 
 /**
- * Read @slot into @dst (block_bytes) against the slot table: a slot stored raw whose @dst is in
- * the registered HOST memory is read zero-copy and verified by the table's checksum (after a
- * failure @dst holds garbage); others through staging, the header checked against the table
- * too. Returns 0 (one completion will come), -EAGAIN, -EINVAL (slot, dst), KVT_ECORRUPT (the
- * table knows no completed write of @slot; nothing queued).
+ * Read @slot into @dst (block_bytes) against the slot table: the header page and the payload
+ * pages its length code names, one IO; the header must carry the table's write tag and length
+ * code (else the slot holds another write: a lost or misdirected one), the raw block the
+ * header's XXH3-64. A slot stored raw whose @dst is a HOST slot's data with header room
+ * (host_data_off 4096) is read zero-copy, [header page | payload] straight into the room and the
+ * slot (after a failure @dst holds garbage); others through staging. Returns 0 (one completion
+ * will come), -EAGAIN, -EINVAL (slot, dst), KVT_ECORRUPT (the table knows no completed write of
+ * @slot; nothing queued).
  */
 int kvt_nvme_get(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t user_data);
 
 /** The slot table's entry of @slot into *@out: true, or false when it knows none. Locks. */
 bool kvt_nvme_slot_info(struct kvt_nvme *n, uint32_t slot, struct kvt_nvme_slotinfo *out);
 /**
- * Set @slot's table entry (restoring a stored block after a restart). Returns 0, -EINVAL (slot
- * out of range, stored 0 or above block_bytes, codec not NONE nor the tier's) or KVT_ECORRUPT
- * (the key is not the one this sum and slot derive). Locks.
+ * Set @slot's table entry (restoring a stored block after a restart). Returns 0 or -EINVAL (slot
+ * out of range; a length code that is not valid for this tier's block_bytes, or names a codec
+ * other than NONE and the tier's). Whether the entry is the slot's write shows at the first read
+ * (a header with another tag or length code fails it with KVT_ECORRUPT). Locks.
  */
 int kvt_nvme_slot_set(struct kvt_nvme *n, uint32_t slot, const struct kvt_nvme_slotinfo *in);
-/** Host bytes of the slot table (16 per slot), for the engine's metadata accounting. */
+/** Host bytes of the slot table (6 per slot), for the engine's metadata accounting. */
 uint64_t kvt_nvme_meta_bytes(const struct kvt_nvme *n);
 /** Copy the IO counters into *@out. Locks. */
 void kvt_nvme_get_stats(struct kvt_nvme *n, struct kvt_nvme_stats *out);
