@@ -551,7 +551,7 @@ kvt_meta_bytes(const struct kvt_engine *e)
 	int t;
 
 	m += kvt_prefix_meta_bytes(e);
-	m += kvt_nvme_meta_bytes(e->nvme); /* the NVMe copies' metadata, 16 bytes per slot */
+	m += kvt_nvme_meta_bytes(e->nvme); /* the NVMe copies' metadata, 6 bytes per slot */
 	/* per HBM slot: the h2d group of the copy into it */
 	m += (uint64_t)e->slots[KVT_TIER_HBM].n_slots * sizeof *e->hbm_h2d_seqno;
 	/* the persistent store's per-NVMe-slot naming flags and its pending-slot list */
