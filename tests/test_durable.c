@@ -143,7 +143,7 @@ rec_write(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64
 
 	(void)arg;
 	/* a zero-copy write's payload piece follows its header page: count the write once */
-	if (!is_write || *res < 0 || slot >= DN || (off - 4096) % SLOT_BYTES != 0)
+	if (!is_write || *res < 0 || slot >= DN || (off - KVT_FMT_DATA_OFF) % SLOT_BYTES != 0)
 		return;
 	rec.ev++;
 	rec.written[slot] = rec.ev;

@@ -31,7 +31,7 @@
 
 #define BLOCK 10000u /* slot = 16384: the header page, then the block and padding (3 pages) */
 #define SLOT 16384u
-#define SUPER 4096u  /* the superblock before slot 0 */
+#define SUPER KVT_FMT_DATA_OFF /* the superblock (and room to 1 MiB) before slot 0 */
 #define HDR 4096u    /* payload offset in a slot: after the header page */
 #define NSLOTS 48u
 #define QD 4u

@@ -74,7 +74,7 @@ gate_on_complete(void *arg, bool is_write, uint32_t slot, void *buf, size_t len,
 		 int *res)
 {
 	/* a staged read's piece starts with the header page, a zero-copy one is the payload */
-	size_t at = (off - KVT_FMT_SUPER_BYTES) % (BLOCK + 4096) == 0 ? 4096 + 8 : 8;
+	size_t at = (off - KVT_FMT_DATA_OFF) % (BLOCK + 4096) == 0 ? 4096 + 8 : 8;
 
 	(void)arg, (void)slot;
 	pthread_mutex_lock(&gate.mu);

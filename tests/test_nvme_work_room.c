@@ -176,7 +176,7 @@ room_one_io(struct tsup_nvme_fx *f, uint32_t workers)
 	assert_int_equal(rf.wpieces, 1);
 	assert_int_equal(rf.first_len, SLOT);
 	/* the room is the header page on disk, and the data follow it */
-	file_bytes(n, KVT_FMT_SUPER_BYTES + 5ull * SLOT, disk, SLOT);
+	file_bytes(n, KVT_FMT_DATA_OFF + 5ull * SLOT, disk, SLOT);
 	assert_memory_equal(disk, room, KVT_FMT_HDR_PAGE);
 	assert_memory_equal(disk + KVT_FMT_HDR_PAGE, hdata(f, 0), BLOCK);
 	assert_int_equal(kvt_fmt_blkhdr_decode(room, KVT_FMT_HDR_PAGE, &hr), 0);

@@ -61,7 +61,7 @@ zf_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t
 		((uint8_t *)buf)[len / 2] ^= 0x04;
 		zf.hits++;
 	} else if ((zf.mode == 2 && !is_write && !zf.hits) ||
-		   (zf.mode == 4 && is_write && (off - 4096) % SLOT != 0 && !zf.hits)) {
+		   (zf.mode == 4 && is_write && (off - KVT_FMT_DATA_OFF) % SLOT != 0 && !zf.hits)) {
 		*res = (int)(len / 2); /* continued from the last 4 KiB boundary */
 		zf.hits++;
 	} else if (zf.mode == 3 && !is_write) {

@@ -246,7 +246,7 @@ damage_first_block(const char *dir, struct kvt_engine *e, uint64_t key)
 	fd = open(path, O_RDWR);
 	assert_true(fd >= 0);
 	assert_int_equal(pwrite(fd, junk, sizeof junk,
-				(off_t)(4096 + (uint64_t)rec->blocks[0].slot * SLOT_BYTES + 16)),
+				(off_t)(KVT_FMT_DATA_OFF + (uint64_t)rec->blocks[0].slot * SLOT_BYTES + 16)),
 			 (ssize_t)sizeof junk);
 	close(fd);
 }

@@ -61,7 +61,7 @@ bf_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t
 	(void)arg, (void)slot;
 	if (is_write || !bf.mode || *res < 0)
 		return;
-	if ((off - 4096) % (4096 + ((tsup_block_bytes() + 4095) & ~(size_t)4095)) != 0) {
+	if ((off - KVT_FMT_DATA_OFF) % (4096 + ((tsup_block_bytes() + 4095) & ~(size_t)4095)) != 0) {
 		/* a zero-copy read: the raw payload only, straight into the HOST slot */
 		assert_int_equal(bf.mode, 1);
 		((uint8_t *)buf)[0] ^= 0x01;

@@ -130,7 +130,7 @@ kvt_fmt_super_decode(const uint8_t *b, size_t len, struct kvt_fmt_super *s)
 	if (s->slot_bytes == 0 || s->slot_bytes % KVT_FMT_ALIGN ||
 	    s->block_bytes > UINT32_MAX || s->slot_bytes != kvt_fmt_slot_bytes(s->block_bytes) ||
 	    s->n_slots == 0 ||
-	    s->n_slots > UINT32_MAX || s->data_off != KVT_FMT_SUPER_BYTES)
+	    s->n_slots > UINT32_MAX || s->data_off != KVT_FMT_DATA_OFF)
 		return kvt_err(KVT_EFORMAT, "superblock geometry is inconsistent");
 	return 0;
 }

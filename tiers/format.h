@@ -6,7 +6,8 @@
  *
  * Store file ("kvtier.store", or a private "kvtier-<pid>-<n>.slots"):
  *   [0, 4096)                       superblock (kvt_fmt_super)
- *   [4096 + s * slot_bytes, +slot_bytes)  slot s: a 4 KiB header page (a 128-byte block
+ *   [4096, 1 MiB)                   zeros (slot 0 starts 1 MiB-aligned)
+ *   [1 MiB + s * slot_bytes, +slot_bytes)  slot s: a 4 KiB header page (a 128-byte block
  *                                   header, zeros), then the payload at slot offset 4096
  *                                   (stored_len bytes: raw or encoded), zero padding to 4 KiB;
  *                                   slot_bytes = 4096 + round_up(block_bytes, 4096). The raw
@@ -31,6 +32,8 @@
 				     length code, kvt_fmt_lenc) */
 #define KVT_FMT_ALIGN 4096u       /* O_DIRECT alignment of offsets, lengths and buffers */
 #define KVT_FMT_SUPER_BYTES 4096u /* superblock area at the start of the store */
+#define KVT_FMT_DATA_OFF (1u << 20) /* file offset of slot 0: IOs of 1 MiB-multiple slots are
+				       aligned to their size on the device */
 #define KVT_FMT_BLKHDR_BYTES 128u /* block header at the start of every slot */
 #define KVT_FMT_HDR_PAGE 4096u    /* the header page: the payload starts at this slot offset */
 #define KVT_FMT_JHDR_BYTES 64u    /* journal file header */
@@ -51,7 +54,7 @@ struct kvt_fmt_super {
 	uint64_t block_bytes;      /* raw bytes of one block */
 	uint64_t slot_bytes;       /* bytes of one slot, a multiple of 4096 */
 	uint64_t n_slots;          /* slots in the file */
-	uint64_t data_off;         /* file offset of slot 0 (4096) */
+	uint64_t data_off;         /* file offset of slot 0 (KVT_FMT_DATA_OFF) */
 	uint64_t epoch;            /* bumped at every open; the high bits of write keys */
 	uint64_t store_id;         /* random at creation; the journal carries it too */
 };

@@ -98,7 +98,7 @@ kvt_nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
 	unsigned len;
 	int bi;
 	uint8_t *buf = nvme_piece(req, &bi, &len);
-	uint64_t off = KVT_FMT_SUPER_BYTES + (uint64_t)req->slot * n->slot_bytes + req->done;
+	uint64_t off = KVT_FMT_DATA_OFF + (uint64_t)req->slot * n->slot_bytes + req->done;
 	int fd = n->fixed_file ? 0 : n->fd;
 
 	if (!sqe) {
@@ -450,7 +450,7 @@ nvme_continue(struct kvt_nvme *n, struct nvme_req *req, size_t got)
 static int
 nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
 {
-	uint64_t off = KVT_FMT_SUPER_BYTES + (uint64_t)req->slot * n->slot_bytes + req->done;
+	uint64_t off = KVT_FMT_DATA_OFF + (uint64_t)req->slot * n->slot_bytes + req->done;
 	unsigned plen;
 	int bi;
 	uint8_t *pbuf = nvme_piece(req, &bi, &plen);

@@ -269,7 +269,7 @@ nvme_super_want(const struct kvt_nvme *n, const struct kvt_nvme_opts *o, struct 
 	s->block_bytes = n->block_bytes;
 	s->slot_bytes = n->slot_bytes;
 	s->n_slots = n->n_slots;
-	s->data_off = KVT_FMT_SUPER_BYTES;
+	s->data_off = KVT_FMT_DATA_OFF;
 }
 
 /* Write n->sb at offset 0; with @durable, fdatasync it (and the directory entry). */
@@ -380,7 +380,7 @@ nvme_check_dio(struct kvt_nvme *n, const char *dir, char *err, size_t errlen)
 static int
 nvme_reserve(struct kvt_nvme *n, char *err, size_t errlen)
 {
-	uint64_t size = KVT_FMT_SUPER_BYTES + (uint64_t)n->n_slots * n->slot_bytes;
+	uint64_t size = KVT_FMT_DATA_OFF + (uint64_t)n->n_slots * n->slot_bytes;
 	char eb[128];
 	int e;
 

@@ -4,7 +4,7 @@
  * opened O_DIRECT and driven by io_uring.
  *
  * On-disk layout (docs/FORMAT.md, tiers/format.h): a 4 KiB superblock (layout fingerprint,
- * format version, epoch), then slot s at 4096 + s * slot_bytes, slot_bytes = 4096 +
+ * format version, epoch), then slot s at 1 MiB + s * slot_bytes, slot_bytes = 4096 +
  * round_up(block_bytes, 4096): a 4 KiB header page holding the 128-byte block header (magic,
  * version, slot, write key, session key, block index, raw and stored length, codec, content
  * hash, XXH3-64 of the raw block, XXH3-64 of the header), then the payload at slot offset 4096

@@ -89,7 +89,7 @@ main(int argc, char **argv)
 		.version = KVT_FMT_VERSION, .n_layers = 2, .n_kv_heads = 2, .head_dim = 64,
 		.dtype = KVT_DTYPE_F16, .tokens_per_block = 16, .codec = KVT_CODEC_NONE,
 		.block_bytes = SEED_BLOCK, .slot_bytes = 0, .n_slots = 64,
-		.data_off = KVT_FMT_SUPER_BYTES, .epoch = 3, .store_id = SEED_STORE_ID,
+		.data_off = KVT_FMT_DATA_OFF, .epoch = 3, .store_id = SEED_STORE_ID,
 	};
 	struct kvt_fmt_blkhdr h = {
 		.slot = 3, .index = 1, .session = 5, .raw_len = SEED_BLOCK,
