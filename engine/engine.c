@@ -160,14 +160,19 @@ engine_check_opts(const struct kvt_engine_opts *o, uint64_t bb)
 	return 0;
 }
 
+/* The policy of @tier's instance under opts.evict_policy @p: the chosen one, except that the
+ * NVMe tier (the last one: its evictions drop the copy, so ARC's ghosts are of little use there)
+ * runs GCLOCK, 2 bits per slot, under LRU and ARC; PRIO stays PRIO there (priorities must
+ * survive parking). */
 static const struct kvt_evict_ops *
-engine_policy(uint32_t p)
+engine_policy(uint32_t p, int tier)
 {
-	switch (p) {
-	case KVT_EVICT_LRU: return &kvt_evict_lru_ops;
-	case KVT_EVICT_PRIO: return &kvt_evict_prio_ops;
-	default: return &kvt_evict_arc_ops; /* KVT_EVICT_DEFAULT, KVT_EVICT_ARC */
-	}
+	if (p == KVT_EVICT_PRIO)
+		return &kvt_evict_prio_ops;
+	if (tier == KVT_TIER_NVME)
+		return &kvt_evict_clock_ops;
+	return p == KVT_EVICT_LRU ? &kvt_evict_lru_ops
+				  : &kvt_evict_arc_ops; /* KVT_EVICT_DEFAULT, KVT_EVICT_ARC */
 }
 
 /* Slot keys of the eviction policies: a block's copy in tier @arg sits in slot b->slot[arg]. */
@@ -197,7 +202,8 @@ engine_tier_init(struct kvt_engine *e, int tier, uint32_t n)
 		if (!e->hbm_h2d_seqno)
 			return kvt_err(-ENOMEM, "h2d group map of %u HBM slots", n);
 	}
-	rc = kvt_evict_init(&e->evict[tier], engine_policy(e->opts.evict_policy), 256, n);
+	rc = kvt_evict_init(&e->evict[tier], engine_policy(e->opts.evict_policy, tier), 256,
+			    n);
 	if (rc == 0) {
 		e->evkeys[tier] = (struct kvt_evict_keys){ engine_evict_key, engine_evict_id, e,
 							   (uint32_t)tier };

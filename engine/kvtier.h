@@ -199,7 +199,9 @@ struct kvt_engine_opts {
 	int nvme_buffered_fallback; /* 1: when the filesystem refuses O_DIRECT, use buffered IO
 	                              (page cache) with a warning instead of failing. Default 0 */
 	/* ---- 0.2: eviction and idle sessions */
-	uint32_t evict_policy;     /* enum kvt_evict_policy; default KVT_EVICT_DEFAULT (arc) */
+	uint32_t evict_policy;     /* enum kvt_evict_policy; default KVT_EVICT_DEFAULT (arc). The
+	                              NVMe tier runs GCLOCK under LRU, ARC and the default (see
+	                              the enum) */
 	uint32_t idle_timeout_ms;  /* a sequence not used (append, prepare, resume) for this long
 	                              is parked by kvt_engine_poll(); 0 = never (default) */
 	uint32_t idle_target;      /* enum kvt_tier it is parked to; default KVT_TIER_HOST */
@@ -217,7 +219,11 @@ struct kvt_engine_opts {
 };
 
 /**
- * Eviction policies, one instance per tier (docs/ARCHITECTURE.md, "Eviction policies").
+ * Eviction policies, one instance per tier (docs/ARCHITECTURE.md, "Eviction policies"). The
+ * chosen policy ranks the HBM and HOST tiers; the NVMe tier (the last one: its evictions drop
+ * the copy) runs GCLOCK under LRU, ARC and the default - a 2-bit use counter per NVMe slot and
+ * a sweeping hand (a quarter byte per slot, where ARC took 8.25: its ghosts are of little use in
+ * the last tier) - and PRIO under PRIO (priorities survive parking).
  *   KVT_EVICT_LRU   least recently used.
  *   KVT_EVICT_PRIO  priority LRU with retention (TensorRT-LLM's KvCacheRetentionConfig): lower
  *                   priority goes first, LRU within a priority; a priority given with a duration

@@ -12,12 +12,14 @@
  * Block ids are dense indices into the engine's block array (in tools/kvtier-replay: the trace's
  * block hash ids); the policy grows its per-id metadata on demand through reserve().
  *
- * Slot keys (kvt_evict_use_slots): the engine tells lru and arc how to map a listed id to the
- * tier slot its copy occupies and back. They then keep their per-copy state in arrays indexed
- * by slot (capacity entries, whatever the number of blocks: a small HBM tier costs almost
- * nothing) and ignore reserve(); arc keeps its ghosts (ids that left the tier) in a pool with an
- * id hash of their own. The ids in and out of the ops are block ids either way, and the order of
- * victims is the same. prio keeps per-id state (its priorities are set before a copy exists).
+ * Slot keys (kvt_evict_use_slots): the engine tells lru, arc and clock how to map a listed id to
+ * the tier slot its copy occupies and back. They then keep their per-copy state in arrays
+ * indexed by slot (capacity entries, whatever the number of blocks: a small HBM tier costs
+ * almost nothing) and ignore reserve(); arc keeps its ghosts (ids that left the tier) in a pool
+ * with an id hash of their own. The ids in and out of the ops are block ids either way, and the
+ * order of victims of lru and arc is the same (clock's hand sweeps keys in key order, so its
+ * victims follow the slots). prio keeps per-id state (its priorities are set before a copy
+ * exists).
  * Not thread-safe: called under the engine mutex.
  *
  * Policies (enum kvt_evict_policy in kvtier.h):
@@ -30,6 +32,11 @@
  *                       used once deserve against blocks used again; LRU order until its ghosts
  *                       hold twice the tier's capacity (no evidence yet, or a cache that holds
  *                       its working set).
+ *   clock evict/clock.c generalized CLOCK (GCLOCK): a 2-bit use counter per copy (0..2), a hand
+ *                       sweeping the keys; victims by (counter, distance from the hand). The
+ *                       engine's NVMe tier under lru, arc and the default (a quarter byte per
+ *                       slot; ghosts are of little use in the last tier); prio keeps prio on
+ *                       NVMe (priorities must survive parking). HBM and HOST use the chosen one.
  * The offline Belady MIN oracle lives in tools/kvtier-replay (it needs the future).
  */
 #ifndef KVT_EVICT_EVICT_H
@@ -51,7 +58,7 @@ struct kvt_evict;
 
 struct kvt_evict_ops {
 	uint32_t abi_version;                                   /* KVT_EVICT_OPS_V2; first */
-	const char *name;                                       /* "lru", "prio", "arc" */
+	const char *name;                                       /* "lru", "prio", "arc", "clock" */
 	int (*reserve)(struct kvt_evict *ev, uint32_t n_ids);   /* ids < n_ids usable; 0/-ENOMEM */
 	void (*fini)(struct kvt_evict *ev);                     /* free metadata */
 	void (*insert)(struct kvt_evict *ev, uint32_t id);      /* copy appeared */
@@ -93,12 +100,12 @@ struct kvt_evict_keys {
 
 struct kvt_evict {
 	const struct kvt_evict_ops *ops; /* policy vtable */
-	const struct kvt_evict_keys *keys; /* slot keys (lru, arc) or NULL: per-id arrays */
+	const struct kvt_evict_keys *keys; /* slot keys (lru, arc, clock) or NULL: per-id arrays */
 	struct kvt_lru_link *link;       /* lru: [cap + 1]; link[cap] is the sentinel */
 	uint32_t cap;                    /* ids (keys with slot keys) < cap are valid */
 	uint32_t n;                      /* ids currently listed (copies present) */
 	uint32_t capacity;               /* slots of the tier (arc sizes its ghosts by it) */
-	void *priv;                      /* prio/arc: policy-private state */
+	void *priv;                      /* prio/arc/clock: policy-private state */
 	uint64_t (*now_ns)(void);        /* clock of retention times (tests inject one) */
 };
 
@@ -108,6 +115,8 @@ extern const struct kvt_evict_ops kvt_evict_lru_ops;
 extern const struct kvt_evict_ops kvt_evict_prio_ops;
 /** Adaptive replacement with ghost lists (evict/arc.c). */
 extern const struct kvt_evict_ops kvt_evict_arc_ops;
+/** Generalized CLOCK, 2 bits per key (evict/clock.c): the engine's NVMe tier under lru/arc. */
+extern const struct kvt_evict_ops kvt_evict_clock_ops;
 
 /**
  * kvt_evict_init() - initialise @ev with @ops and room for @n_ids ids.
@@ -120,8 +129,8 @@ int kvt_evict_init(struct kvt_evict *ev, const struct kvt_evict_ops *ops, uint32
 
 /**
  * kvt_evict_use_slots() - key @ev's per-copy state by slot through @keys (kept by the caller,
- * alive as long as @ev) instead of by id, for lru and arc (others keep per-id arrays and ignore
- * it). Call right after kvt_evict_init, before any insert. Returns 0 or -ENOMEM.
+ * alive as long as @ev) instead of by id, for lru, arc and clock (prio keeps per-id arrays and
+ * ignores it). Call right after kvt_evict_init, before any insert. Returns 0 or -ENOMEM.
  */
 int kvt_evict_use_slots(struct kvt_evict *ev, const struct kvt_evict_keys *keys);
 
@@ -144,7 +153,7 @@ kvt_evict_id(const struct kvt_evict *ev, uint32_t k)
 	return ev->keys->id_of(ev->keys->ctx, ev->keys->arg, k);
 }
 
-/** kvt_evict_by_name() - the ops named @name ("lru", "prio", "arc") or NULL. */
+/** kvt_evict_by_name() - the ops named @name ("lru", "prio", "arc", "clock") or NULL. */
 const struct kvt_evict_ops *kvt_evict_by_name(const char *name);
 
 /** CLOCK_MONOTONIC in nanoseconds: the default clock of retention times. */

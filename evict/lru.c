@@ -172,7 +172,7 @@ const struct kvt_evict_ops *
 kvt_evict_by_name(const char *name)
 {
 	static const struct kvt_evict_ops *const all[] = {
-		&kvt_evict_lru_ops, &kvt_evict_prio_ops, &kvt_evict_arc_ops,
+		&kvt_evict_lru_ops, &kvt_evict_prio_ops, &kvt_evict_arc_ops, &kvt_evict_clock_ops,
 	};
 	size_t i;
 
@@ -196,7 +196,8 @@ kvt_evict_init(struct kvt_evict *ev, const struct kvt_evict_ops *ops, uint32_t n
 int
 kvt_evict_use_slots(struct kvt_evict *ev, const struct kvt_evict_keys *keys)
 {
-	if (ev->ops != &kvt_evict_lru_ops && ev->ops != &kvt_evict_arc_ops)
+	if (ev->ops != &kvt_evict_lru_ops && ev->ops != &kvt_evict_arc_ops &&
+	    ev->ops != &kvt_evict_clock_ops)
 		return 0; /* per-id state (prio): keys unused */
 	/* nothing is listed yet: start over with arrays of capacity entries, indexed by slot */
 	ev->ops->fini(ev);

@@ -101,6 +101,11 @@ test_mooncake_small(void **state)
 	assert_int_equal(rp_hits(&r), 8);
 	assert_true(r.hit_blocks[1] > 0);
 	assert_true(r.moved_blocks[0] > 0 && r.moved_blocks[3] > 0);
+	/* clock (--policies clock: id keys, grown by reserve) through the same tiers */
+	assert_int_equal(rp_sim_run(&t, kvt_evict_by_name("clock"), cap, NULL, &r), 0);
+	assert_string_equal(r.policy, "clock");
+	assert_int_equal(rp_hits(&r), 8);
+	assert_true(r.evictions[0] > 0);
 	rp_trace_free(&t);
 	unlink(p);
 	free(p);

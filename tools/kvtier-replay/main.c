@@ -21,7 +21,7 @@
 #include "util.h"
 
 #define RP_MAX_CAPS 32
-#define RP_MAX_POLS 4
+#define RP_MAX_POLS 5 /* policies and MIN */
 
 struct rp_opts {
 	const char *trace;            /* trace file */
@@ -52,7 +52,9 @@ rp_usage(FILE *f)
 		"  --hbm N --host N --nvme N   tiered run capacities: blocks (4k = 4000 blocks)\n"
 		"                        or bytes ending in B (512MiB, 1.5GiB, 2TB: binary)\n"
 		"                        (default 2k, 8k, 32k blocks)\n"
-		"  --policies LIST       kvtier policies to compare (default lru,arc; also prio)\n"
+		"  --policies LIST       kvtier policies to compare (default lru,arc; also prio,\n"
+		"                        clock: GCLOCK, the engine's NVMe policy under lru/arc;\n"
+		"                        not an engine option, so data mode skips it)\n"
 		"  --bytes-per-token N   KV bytes per token, all layers (default 131072 = 128 KiB:\n"
 		"                        Llama-3-8B, 32 layers x 8 KV heads x 128 x K+V x fp16);\n"
 		"                        a block is --block-tokens (Mooncake: 512) x this = 64 MiB\n"
@@ -211,7 +213,7 @@ rp_parse_pols(struct rp_opts *o)
 	for (tok = strtok_r(o->pol_buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		if (o->n_pols == RP_MAX_POLS - 1 || !kvt_evict_by_name(tok)) {
 			fprintf(stderr, "kvtier-replay: --policies: unknown or too many: '%s' "
-				"(lru, prio, arc)\n", tok);
+				"(lru, prio, arc, clock; at most %d)\n", tok, RP_MAX_POLS - 1);
 			return -1;
 		}
 		o->pols[o->n_pols++] = tok;
@@ -268,6 +270,11 @@ rp_data_mode(const struct rp_opts *o, const struct rp_trace *tr, const uint64_t 
 	       (unsigned long long)tiers[0], (unsigned long long)tiers[1],
 	       (unsigned long long)tiers[2]);
 	for (p = 0; p < o->n_pols && rc == 0; p++) {
+		if (!strcmp(o->pols[p], "clock")) { /* no engine option: its NVMe tier's policy */
+			printf("clock not an engine policy (the engine runs it on NVMe under lru and "
+			       "arc): skipped\n");
+			continue;
+		}
 		d.policy = rp_policy_enum(o->pols[p]);
 		rc = rp_data_run(tr, &d, rp_progress, &r);
 		if (rc)

@@ -45,7 +45,7 @@ uint32_t rp_block_tokens(const struct rp_trace *t, const struct rp_req *r, uint3
 #define RP_TIERS 3
 
 struct rp_result {
-	char policy[16];                  /* "lru", "arc", "prio", "min" */
+	char policy[16];                  /* "lru", "arc", "prio", "clock", "min" */
 	int tiered;                       /* 1: part of the tiered run (MIN: at the sum) */
 	uint64_t cap[RP_TIERS];           /* capacity per tier, blocks (0 = absent) */
 	uint64_t refs;                    /* block references */
