@@ -425,12 +425,13 @@ read_fate_hook(void *arg, bool is_write, uint32_t slot)
 	return is_write ? KVT_NVME_FATE_NORMAL : read_fate;
 }
 
-/* An engine whose NVMe IO times out after 30 ms, and a parked one-block sequence *a on NVMe. */
+/* An engine whose NVMe IO times out after 250 ms (room for a loaded machine: only the reads
+ * the fate hook holds back should time out), and a parked one-block sequence *a on NVMe. */
 static struct kvt_engine *
 late_engine(char **dir, kvt_seq_id *a)
 {
 	static const struct kvt_nvme_fault_hooks hooks = { .fate = read_fate_hook,
-							   .io_timeout_ms = 30 };
+							   .io_timeout_ms = 250 };
 	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 4, .nvme_blocks = 16,
 			      .no_watermarks = true };
 	struct kvt_engine *e;
