@@ -211,10 +211,10 @@ nvme_zc_span(const struct kvt_nvme *n, const void *p, uint32_t *idx)
 }
 
 /*
- * Whether a zero-copy put of the block at @p (in the registered HOST memory) can be one IO from
- * its slot's header room: the HOST memory has header room, @p is a slot's data, and no other
- * put in flight uses that room (a caller putting one HOST slot to two disk slots at once; the
- * engine never does). mu held.
+ * Whether a zero-copy put (get) of the block at @p (in the registered HOST memory) can be one IO
+ * from (into) its slot's header room: the HOST memory has header room, @p is a slot's data, and
+ * no other put or get in flight (or timed out, still the kernel's) uses that room (a caller
+ * putting one HOST slot to two disk slots at once; the engine never does). mu held.
  */
 static bool
 nvme_zc_room(const struct kvt_nvme *n, const void *p)

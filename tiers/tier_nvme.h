@@ -41,8 +41,10 @@
  * The file is either private (kvtier-<pid>-<n>.slots, unlinked on close) or the persistent store
  * (kvtier.store, kept; opened again if present and its superblock matches, refused with
  * KVT_EFORMAT otherwise; flock'ed so that one process uses it at a time). Each open of the
- * persistent store bumps the superblock's epoch durably, so write keys made of
- * (epoch << 40) | counter never repeat across restarts.
+ * persistent store bumps the superblock's epoch durably: a write key is (epoch << 40) | 40 bits
+ * of XXH3(slot, checksum), so keys of different opens never collide (the slot table and the
+ * journal keep only its low 32 bits, the write tag, which does not name the epoch: two writes of
+ * one slot share a tag only when their contents hash alike, or with odds of 2^-32).
  *
  * CPU work runs on the tier's worker threads (kvt_nvme_opts.workers, when the kernel supports
  * waiting with a timeout without the SQ, IORING_FEAT_EXT_ARG; otherwise inline, on the caller):
@@ -153,8 +155,8 @@ struct kvt_nvme_opts {
 	                               KVT_FMT_HDR_PAGE (4096): header room, the 4 KiB in front
 	                               of the data are the tier's (a zero-copy put seals the
 	                               header page there and writes [header page | data] as one
-	                               IO); the data pointers given to put/get are slot start +
-	                               host_data_off */
+	                               IO, a zero-copy get reads them there in one IO); the data
+	                               pointers given to put/get are slot start + host_data_off */
 	uint32_t workers;           /* threads that checksum and encode writes and verify and
 	                               decode reads, in parallel and outside the tier's lock
 	                               (KVT_NVME_MAX_WORKERS at most); 0 = all of it inline, on
