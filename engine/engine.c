@@ -20,15 +20,6 @@
 const struct kvt_nvme_fault_hooks *kvt_test_nvme_hooks;
 uint64_t kvt_test_host_room_min_block = KVT_HOST_ROOM_MIN_BLOCK;
 
-uint64_t
-kvt_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 void
 kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...)
 {

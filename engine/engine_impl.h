@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "engine/alloc.h"
+#include "engine/clock.h"
 #include "engine/error.h"
 #include "evict/evict.h"
 #include "kvtier.h"
@@ -426,7 +427,6 @@ struct kvt_engine {
 
 /* ---- engine.c */
 void kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...) KVT_PRINTF(3, 4);
-uint64_t kvt_now_ns(void);
 
 /* ---- engine/block.c: blocks, copies, slots */
 int kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out);

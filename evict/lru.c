@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "engine/alloc.h"
+#include "engine/clock.h"
 #include "evict.h"
 
 static inline uint32_t
@@ -162,10 +163,7 @@ const struct kvt_evict_ops kvt_evict_lru_ops = {
 uint64_t
 kvt_evict_clock_ns(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return kvt_now_ns();
 }
 
 const struct kvt_evict_ops *

@@ -18,6 +18,7 @@
 
 #include <liburing.h>
 
+#include "engine/clock.h"
 #include "engine/error.h"
 #include "tiers/nvme_int.h"
 
@@ -57,15 +58,6 @@ static uint32_t
 nvme_in_kernel(const struct kvt_nvme *n)
 {
 	return n->qd - n->n_free - n->queued - n->n_parked - n->n_encoding - n->n_verifying;
-}
-
-static uint64_t
-nvme_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* The buffer of @req's current piece (from done on): staging, or the HOST slot (zero-copy
@@ -121,7 +113,7 @@ kvt_nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
 	if (n->fixed_file)
 		io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
 	io_uring_sqe_set_data(sqe, req);
-	req->deadline = nvme_now_ns() + n->timeout_ns;
+	req->deadline = kvt_now_ns() + n->timeout_ns;
 	n->queued++;
 	return 0;
 }
@@ -620,7 +612,7 @@ nvme_can_expire(const struct nvme_req *req)
 static uint32_t
 nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
 {
-	uint64_t now = nvme_now_ns();
+	uint64_t now = kvt_now_ns();
 	uint32_t got = 0;
 
 	for (uint32_t i = 0; i < n->qd && n->queued == 0 && got < max; i++) {
@@ -658,7 +650,7 @@ nvme_expire(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
 static void
 nvme_wait_span(const struct kvt_nvme *n, struct __kernel_timespec *ts)
 {
-	uint64_t now = nvme_now_ns(), first = UINT64_MAX, d;
+	uint64_t now = kvt_now_ns(), first = UINT64_MAX, d;
 
 	for (uint32_t i = 0; i < n->qd; i++) {
 		const struct nvme_req *req = &n->reqs[i];

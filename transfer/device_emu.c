@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/clock.h"
 #include "error.h"
 #include "transfer/device.h"
 
@@ -175,15 +176,6 @@ emu_rng_next(uint64_t *state)
 {
 	*state += 0x9e3779b97f4a7c15ull;
 	return emu_mix64(*state);
-}
-
-static uint64_t
-emu_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* Sleep until CLOCK_MONOTONIC reaches @t ns (at once when it has). */
@@ -407,7 +399,7 @@ emu_op_run(struct emu_stream *s, struct emu_op *op)
 			pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
 		emu_rec_put_locked(op->rec);
 		pthread_mutex_unlock(&emu->ev_lock);
-		t = waited ? emu_now_ns() : 0; /* the link was idle until the event came */
+		t = waited ? kvt_now_ns() : 0; /* the link was idle until the event came */
 		if (t > s->link_end)
 			s->link_end = t;
 		break;
@@ -435,7 +427,7 @@ emu_stream_main(void *arg)
 			pthread_cond_wait(&s->cond, &s->lock);
 		}
 		if (held) /* the link stood still while held: it starts now */
-			s->link_end = emu_now_ns();
+			s->link_end = kvt_now_ns();
 		op = s->head;
 		if (op == NULL) { /* stopped and drained */
 			pthread_mutex_unlock(&s->lock);
@@ -448,7 +440,7 @@ emu_stream_main(void *arg)
 
 		if (max_delay != 0) {
 			emu_sleep_ns(emu_rng_next(&s->rng) % ((uint64_t)max_delay + 1) * 1000u);
-			s->link_end = emu_now_ns(); /* the test knob's delay is link time */
+			s->link_end = kvt_now_ns(); /* the test knob's delay is link time */
 		}
 		emu_op_run(s, op);
 		free(op);
@@ -465,7 +457,7 @@ static void
 emu_stream_push(struct emu_stream *s, struct emu_op *op)
 {
 	op->next = NULL;
-	op->t_queued = emu_now_ns();
+	op->t_queued = kvt_now_ns();
 	pthread_mutex_lock(&s->lock);
 	if (s->tail != NULL)
 		s->tail->next = op;
