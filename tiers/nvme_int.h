@@ -177,7 +177,10 @@ struct kvt_nvme {
 	size_t host_chunk;                 /* bytes per registered chunk (a multiple of stride) */
 	size_t host_stride;                /* bytes between HOST slots */
 	size_t host_off;                   /* a block's data offset in its HOST slot: 0, or
-	                                      NVME_HPAGE (header room: one-IO puts) */
+	                                      NVME_HPAGE (header room: one-IO puts and gets) */
+	uint64_t *room_busy;               /* header room: a bit per HOST slot whose room a whole
+	                                      request uses (busy, or timed out while the kernel
+	                                      still has it); guarded by mu */
 	char zc_reason[160];               /* why zero-copy is off ("" when on) */
 	struct kvt_nvme_stats st;          /* IO counters (guarded by mu) */
 };

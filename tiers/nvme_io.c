@@ -151,9 +151,14 @@ nvme_req_get(struct kvt_nvme *n, uint32_t slot, const void *buf, const char *wha
 	return 0;
 }
 
+static void nvme_room_mark(struct kvt_nvme *n, const void *p, bool on);
+
 static void
 nvme_req_put(struct kvt_nvme *n, struct nvme_req *req)
 {
+	if (req->whole)
+		nvme_room_mark(n, req->data, false);
+	req->whole = false;
 	req->busy = false;
 	n->free_stack[n->n_free++] = req->index;
 }
@@ -211,14 +216,24 @@ nvme_zc_span(const struct kvt_nvme *n, const void *p, uint32_t *idx)
 static bool
 nvme_zc_room(const struct kvt_nvme *n, const void *p)
 {
-	size_t off = (size_t)((uintptr_t)p - (uintptr_t)n->host_base);
+	size_t off = (size_t)((uintptr_t)p - (uintptr_t)n->host_base), hs;
 
 	if (n->host_off != NVME_HPAGE || off < NVME_HPAGE || (off - NVME_HPAGE) % n->host_stride)
 		return false;
-	for (uint32_t i = 0; i < n->qd; i++)
-		if (n->reqs[i].busy && n->reqs[i].whole && n->reqs[i].data == p)
-			return false;
-	return true;
+	hs = (off - NVME_HPAGE) / n->host_stride;
+	return !(n->room_busy[hs / 64] >> (hs % 64) & 1u);
+}
+
+/* Mark (@on) or clear the header room of the HOST slot whose data is at @p (a whole request's
+ * data, so nvme_zc_room held). mu held. */
+static void
+nvme_room_mark(struct kvt_nvme *n, const void *p, bool on)
+{
+	size_t hs = ((size_t)((uintptr_t)p - (uintptr_t)n->host_base) - NVME_HPAGE) /
+		    n->host_stride;
+	uint64_t bit = 1ull << (hs % 64);
+
+	n->room_busy[hs / 64] = on ? n->room_busy[hs / 64] | bit : n->room_busy[hs / 64] & ~bit;
 }
 
 static int
@@ -244,6 +259,8 @@ nvme_submit_write_locked(struct kvt_nvme *n, uint32_t slot, const void *src,
 		req->data = (uint8_t *)(uintptr_t)src;
 		req->data_index = idx;
 		req->whole = nvme_zc_room(n, src);
+		if (req->whole)
+			nvme_room_mark(n, src, true);
 		n->st.zc_writes++;
 		n->st.zc_one_io += req->whole;
 	} else {
@@ -332,6 +349,7 @@ kvt_nvme_get(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t user_data)
 		req->data = dst;
 		req->data_index = idx;
 		req->whole = true;
+		nvme_room_mark(n, dst, true);
 		n->st.zc_reads++;
 	} else {
 		n->st.staged_reads++;

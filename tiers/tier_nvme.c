@@ -514,6 +514,11 @@ nvme_register(struct kvt_nvme *n, const struct kvt_nvme_opts *o)
 		n->host_stride = o->host_stride;
 		n->host_off = o->host_data_off;
 		n->zc_reason[0] = '\0';
+		if (n->host_off) {
+			n->room_busy = calloc((o->host_len / o->host_stride + 63) / 64, 8);
+			if (!n->room_busy)
+				n->host_off = 0; /* no room bookkeeping: two-piece puts, staged gets */
+		}
 	} else if (nc) {
 		getrlimit(RLIMIT_MEMLOCK, &rl);
 		snprintf(n->zc_reason, sizeof n->zc_reason,
@@ -570,6 +575,7 @@ nvme_free(struct kvt_nvme *n, bool free_arena)
 	free(n->free_stack);
 	free(n->late_slots);
 	free(n->late_bufs);
+	free(n->room_busy);
 	free(n->tag);
 	free(n->lenc);
 	free(n->path);
