@@ -37,10 +37,17 @@
  * a ghost), forget = the block was freed (its id now names other content: no ghost).
  *
  * Memory: the resident lists live in arrays indexed by key (the copy's slot with slot keys,
- * else the id: links 8 B and a 2-bit tag per key, 8.25 B); the ghosts B1 and B2, which have no
- * slot, live in a pool of entries (links, id, list: 13 B) found by id through an open-addressing
- * hash (linear probing, deletion by backward shift, at most half full), grown on demand and
- * bounded by the ghost lists' room (ARC_GHOST_MULT x capacity each).
+ * else the id: links 8 B and a 2-bit tag per key, 8.25 B). The ghosts B1 and B2, which have no
+ * slot, are never used in place: each list is a FIFO of ids with removals in the middle (hits,
+ * forgets). Each lives in a queue of 4-byte ids (struct arc_fifo: a removed ghost leaves a
+ * tombstone; when the queue reaches its end the live ids move down, O(n) once per eighth of it),
+ * of at most 9/8 of the list's room (ARC_GHOST_MULT x capacity) + 16; one hash of 4-byte buckets
+ * (the list and the position in its queue; the id is read from the queue) finds them by id
+ * (linear probing, deletion by backward shift, a table of any size up to the one that holds both
+ * full lists at most 3/4 loaded). Both grow on demand, so a tier that never evicts has none. With
+ * both lists full a ghost costs 4.5 B of queue and 5.33 B of hash: 9.83 B (10.9 B at 16 slots,
+ * where the 16 spare ids weigh; tests/test_evict_arc.c), where the earlier pool of 13-byte
+ * entries with a hash at most half full took 21 B at best and up to 42 B.
  */
 #include <errno.h>
 #include <string.h>
@@ -53,23 +60,38 @@ enum { ARC_T1 = 0, ARC_T2 = 1, ARC_B1 = 2, ARC_B2 = 3, ARC_NONE = 0xff };
 #define ARC_GHOST_MULT 4u
 #define ARC_LEARN_HITS 4096.0 /* p can cross a whole tier within this many ghost hits */
 #define ARC_EVIDENCE_DIV 2u   /* ARC order once the ghosts hold >= 1/this of their room */
+#define ARC_POS_MASK 0x7fffffffu /* a hash bucket: the ghost's position; above it its list */
+#define ARC_FIFO_MIN 64u      /* first size of a ghost queue */
+#define ARC_HASH_MIN 128u     /* first size of the ghost hash */
+
+/* One ghost list, oldest first: ids in the order they left the tier, in a queue of 4-byte
+ * slots that grows at hi and loses its oldest at lo. A ghost removed in the middle leaves a
+ * tombstone (KVT_NIL) that lo and hi skip; when hi reaches the end the live ids move down to
+ * the start (the hash learns their new positions), or the queue grows when that would free
+ * less than an eighth of it. */
+struct arc_fifo {
+	uint32_t *id;            /* [cap] ghost ids at [lo, hi); KVT_NIL = a tombstone */
+	uint32_t cap;            /* slots (grows by doubling up to arc_state.fmax) */
+	uint32_t lo;             /* the oldest ghost's slot (a live one while n > 0) */
+	uint32_t hi;             /* one past the newest's slot (a live one below it) */
+	uint32_t n;              /* ghosts on the list */
+};
 
 struct arc_state {
 	uint8_t *tag;            /* [(cap + 3) / 4] 2 bits per key: ARC_T1, ARC_T2 or
 	                            ARC_TAG_NONE (arc_tag()) */
-	struct kvt_elist l[4];   /* T1, T2 (resident, over keys; empty until evidence), B1, B2
-	                            (ghosts, over entries) */
+	struct kvt_elist l[2];   /* T1, T2 (resident, over keys; empty until evidence) */
 	struct kvt_elist lru;    /* before evidence: all residents, in recency order */
 	bool evidence;           /* the ghosts once held 1/ARC_EVIDENCE_DIV of their room: T1
 	                            and T2 are apart (and lru empty) for good */
 	double p;                /* target size of T1, 0..capacity */
-	struct kvt_lru_link *glink; /* [gcap] ghost entries' list links */
-	uint32_t *gid;           /* [gcap] the ghost's id; a free entry: the next free one */
-	uint8_t *gtag;           /* [gcap] ARC_B1, ARC_B2, or ARC_NONE (free) */
-	uint32_t gcap;           /* ghost entries */
-	uint32_t gfree;          /* first free entry or KVT_NIL */
-	uint32_t *ghash;         /* [hcap] entry of a ghost, by id; KVT_NIL = empty */
-	uint32_t hcap;           /* power of two (0 before the first ghost) */
+	struct arc_fifo g[2];    /* the ghost lists B1 (g[0]) and B2 (g[1]) */
+	uint64_t gmax;           /* room of each ghost list: ARC_GHOST_MULT x capacity */
+	uint32_t fmax;           /* most slots of a ghost queue: gmax + gmax / 8 + 16 */
+	uint32_t *ghash;         /* [hcap] ghosts by id: list << 31 | position; KVT_NIL = empty
+	                            (the id is read from the queue) */
+	uint32_t hcap;           /* buckets (0 before the first ghost; up to hmax) */
+	uint32_t hmax;           /* buckets that keep both lists full at most 3/4 loaded */
 };
 
 static struct arc_state *
@@ -115,17 +137,22 @@ arc_reserve(struct kvt_evict *ev, uint32_t n_ids)
 {
 	struct arc_state *st = ev->priv;
 	uint32_t old = ev->cap, i;
+	uint64_t room;
 	void *p;
 
 	if (!st) {
 		st = kvt_calloc(1, sizeof *st);
 		if (!st)
 			return -ENOMEM;
-		for (i = 0; i < 4; i++)
+		for (i = 0; i < 2; i++)
 			kvt_elist_init(&st->l[i]);
 		kvt_elist_init(&st->lru);
 		st->p = ev->capacity / 5.0; /* no evidence yet: T1 may keep a fifth */
-		st->gfree = KVT_NIL;
+		st->gmax = (uint64_t)ev->capacity * ARC_GHOST_MULT;
+		room = st->gmax + st->gmax / 8 + 16;
+		st->fmax = room < ARC_POS_MASK ? (uint32_t)room : ARC_POS_MASK;
+		room = ((2 * st->gmax + 1) * 4 + 2) / 3; /* both lists full, one more: 3/4 */
+		st->hmax = room < UINT32_MAX ? (uint32_t)room : UINT32_MAX;
 		ev->priv = st;
 	}
 	if (ev->keys)
@@ -151,9 +178,8 @@ arc_fini(struct kvt_evict *ev)
 
 	if (st) {
 		kvt_free(st->tag);
-		kvt_free(st->glink);
-		kvt_free(st->gid);
-		kvt_free(st->gtag);
+		kvt_free(st->g[0].id);
+		kvt_free(st->g[1].id);
 		kvt_free(st->ghash);
 		kvt_free(st);
 	}
@@ -168,85 +194,103 @@ arc_meta_bytes(const struct kvt_evict *ev)
 	if (!st)
 		return 0;
 	return sizeof *st + (uint64_t)ev->cap * sizeof *ev->link + ((uint64_t)ev->cap + 3) / 4 +
-	       (uint64_t)st->gcap * (sizeof *st->glink + sizeof *st->gid + 1) +
+	       ((uint64_t)st->g[0].cap + st->g[1].cap) * sizeof *st->g[0].id +
 	       (uint64_t)st->hcap * sizeof *st->ghash;
 }
 
-/* ---- ghosts: entries of B1/B2 found by id */
+/* ---- ghosts: B1/B2 as queues of ids, found by id through one hash */
+
+/* The id of the ghost hash bucket value @v names. */
+static uint32_t
+arc_hid(const struct arc_state *st, uint32_t v)
+{
+	return st->g[v >> 31].id[v & ARC_POS_MASK];
+}
 
 static uint32_t
 arc_home(const struct arc_state *st, uint32_t id)
 {
-	return (uint32_t)(((uint64_t)id * 0x9E3779B97F4A7C15ull) >> 32) & (st->hcap - 1);
+	uint32_t h = (uint32_t)(((uint64_t)id * 0x9E3779B97F4A7C15ull) >> 32);
+
+	return (uint32_t)(((uint64_t)h * st->hcap) >> 32);
 }
 
-/* Position in ghash of @id's entry, or of the empty bucket where it would go. */
+/* Position in ghash of @id's bucket, or of the empty bucket where it would go. */
 static uint32_t
 arc_hpos(const struct arc_state *st, uint32_t id)
 {
 	uint32_t i = arc_home(st, id);
 
-	while (st->ghash[i] != KVT_NIL && st->gid[st->ghash[i]] != id)
-		i = (i + 1) & (st->hcap - 1);
+	while (st->ghash[i] != KVT_NIL && arc_hid(st, st->ghash[i]) != id)
+		i = i + 1 == st->hcap ? 0 : i + 1;
 	return i;
 }
 
+/* The bucket of ghost @id, or KVT_NIL when @id is no ghost. */
 static uint32_t
 arc_ghost_find(const struct arc_state *st, uint32_t id)
 {
-	return st->hcap ? st->ghash[arc_hpos(st, id)] : KVT_NIL;
+	uint32_t i;
+
+	if (!st->hcap)
+		return KVT_NIL;
+	i = arc_hpos(st, id);
+	return st->ghash[i] != KVT_NIL ? i : KVT_NIL;
 }
 
-/* Rehash into a table of @ncap buckets. 0 or -ENOMEM (table unchanged). */
+/* Rehash into a larger table (doubled, at most hmax buckets). 0 or -ENOMEM (unchanged). */
 static int
-arc_hash_grow(struct arc_state *st, uint32_t ncap)
+arc_hash_grow(struct arc_state *st)
 {
 	uint32_t *old = st->ghash, ocap = st->hcap, i;
-	uint32_t *nh = kvt_malloc((size_t)ncap * sizeof *nh);
+	uint32_t ncap = ocap ? (ocap > st->hmax / 2 ? st->hmax : ocap * 2) : ARC_HASH_MIN;
+	uint32_t *nh;
 
-	if (!nh)
+	if (ncap > st->hmax)
+		ncap = st->hmax;
+	if (ncap <= ocap || !(nh = kvt_malloc((size_t)ncap * sizeof *nh)))
 		return -ENOMEM;
 	memset(nh, 0xff, (size_t)ncap * sizeof *nh);
 	st->ghash = nh;
 	st->hcap = ncap;
 	for (i = 0; i < ocap; i++)
 		if (old[i] != KVT_NIL)
-			nh[arc_hpos(st, st->gid[old[i]])] = old[i];
+			nh[arc_hpos(st, arc_hid(st, old[i]))] = old[i];
 	kvt_free(old);
 	return 0;
 }
 
-/* A free ghost entry (the pool doubled when none is left), or KVT_NIL when out of memory. */
-static uint32_t
-arc_ghost_entry(struct arc_state *st)
+/* Queue @b is at its end: move its live ids down to the start (rewriting their buckets), or
+ * grow it when that would free less than an eighth. 0, or -ENOMEM when it has no room. */
+static int
+arc_fifo_room(struct arc_state *st, uint32_t b)
 {
-	uint32_t g, ncap, i;
+	struct arc_fifo *f = &st->g[b];
+	uint32_t ncap, i, j = 0, id;
 	void *p;
 
-	if (st->gfree == KVT_NIL) {
-		ncap = st->gcap ? st->gcap * 2 : 64;
-		if (ncap <= st->gcap)
-			return KVT_NIL;
-		if (!(p = kvt_realloc(st->glink, (size_t)ncap * sizeof *st->glink)))
-			return KVT_NIL;
-		st->glink = p;
-		if (!(p = kvt_realloc(st->gid, (size_t)ncap * sizeof *st->gid)))
-			return KVT_NIL;
-		st->gid = p;
-		if (!(p = kvt_realloc(st->gtag, ncap)))
-			return KVT_NIL;
-		st->gtag = p;
-		for (i = ncap; i-- > st->gcap;) {
-			st->gtag[i] = ARC_NONE;
-			st->glink[i].prev = st->glink[i].next = KVT_NIL;
-			st->gid[i] = st->gfree;
-			st->gfree = i;
+	if (f->cap - f->n < f->cap / 8 + 1 && f->cap < st->fmax) {
+		ncap = f->cap ? (f->cap > st->fmax / 2 ? st->fmax : f->cap * 2) : ARC_FIFO_MIN;
+		if (ncap > st->fmax)
+			ncap = st->fmax;
+		if ((p = kvt_realloc(f->id, (size_t)ncap * sizeof *f->id))) {
+			f->id = p;
+			f->cap = ncap;
+			return 0;
 		}
-		st->gcap = ncap;
 	}
-	g = st->gfree;
-	st->gfree = st->gid[g];
-	return g;
+	if (f->n == f->cap)
+		return -ENOMEM;
+	for (i = f->lo; i < f->hi; i++) {
+		if ((id = f->id[i]) == KVT_NIL)
+			continue;
+		/* the buckets of ids moved so far name their new slots, the others their old */
+		st->ghash[arc_hpos(st, id)] = b << 31 | j;
+		f->id[j++] = id;
+	}
+	f->lo = 0;
+	f->hi = j;
+	return 0;
 }
 
 /* Remember @id as a ghost at the hot end of list @to (ARC_B1 or ARC_B2). Out of memory: the id
@@ -254,43 +298,48 @@ arc_ghost_entry(struct arc_state *st)
 static void
 arc_ghost_add(struct arc_state *st, uint32_t id, uint8_t to)
 {
-	uint32_t used = st->l[ARC_B1].n + st->l[ARC_B2].n, g;
+	uint32_t used = st->g[0].n + st->g[1].n, b = to - ARC_B1;
+	struct arc_fifo *f = &st->g[b];
 
-	if ((uint64_t)(used + 1) * 2 > st->hcap &&
-	    arc_hash_grow(st, st->hcap ? st->hcap * 2 : 128))
+	if ((uint64_t)(used + 1) * 4 > (uint64_t)st->hcap * 3 && arc_hash_grow(st))
 		return;
-	g = arc_ghost_entry(st);
-	if (g == KVT_NIL)
+	if (f->hi == f->cap && arc_fifo_room(st, b))
 		return;
-	st->gid[g] = id;
-	st->gtag[g] = to;
-	st->ghash[arc_hpos(st, id)] = g;
-	kvt_elist_push_head(&st->l[to], st->glink, g);
+	f->id[f->hi] = id;
+	st->ghash[arc_hpos(st, id)] = b << 31 | f->hi;
+	f->hi++;
+	f->n++;
 }
 
-/* Drop ghost entry @g (off its list and the hash, back to the pool). */
+/* Drop the ghost of bucket @i (off the hash, a tombstone in its queue). */
 static void
-arc_ghost_del(struct arc_state *st, uint32_t g)
+arc_ghost_del(struct arc_state *st, uint32_t i)
 {
-	uint32_t m = st->hcap - 1, i = arc_hpos(st, st->gid[g]), j = i, k;
+	uint32_t v = st->ghash[i], j = i, k;
+	struct arc_fifo *f = &st->g[v >> 31];
 
-	kvt_elist_unlink(&st->l[st->gtag[g]], st->glink, g);
-	st->gtag[g] = ARC_NONE;
 	st->ghash[i] = KVT_NIL;
-	/* backward shift: close the gap for the entries probed past it */
+	/* backward shift: close the gap for the buckets probed past it */
 	for (;;) {
-		j = (j + 1) & m;
+		j = j + 1 == st->hcap ? 0 : j + 1;
 		if (st->ghash[j] == KVT_NIL)
 			break;
-		k = arc_home(st, st->gid[st->ghash[j]]);
+		k = arc_home(st, arc_hid(st, st->ghash[j]));
 		if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
 			continue;
 		st->ghash[i] = st->ghash[j];
 		st->ghash[j] = KVT_NIL;
 		i = j;
 	}
-	st->gid[g] = st->gfree;
-	st->gfree = g;
+	f->id[v & ARC_POS_MASK] = KVT_NIL;
+	if (!--f->n) {
+		f->lo = f->hi = 0;
+		return;
+	}
+	while (f->id[f->lo] == KVT_NIL)
+		f->lo++;
+	while (f->id[f->hi - 1] == KVT_NIL)
+		f->hi--;
 }
 
 /* ---- residents: T1/T2 over keys */
@@ -327,7 +376,7 @@ static void
 arc_check_evidence(struct kvt_evict *ev)
 {
 	struct arc_state *st = arc_st(ev);
-	uint64_t ghosts = (uint64_t)st->l[ARC_B1].n + st->l[ARC_B2].n;
+	uint64_t ghosts = (uint64_t)st->g[0].n + st->g[1].n;
 	uint32_t k;
 
 	if (st->evidence ||
@@ -345,10 +394,10 @@ static void
 arc_trim_ghost(struct kvt_evict *ev, uint8_t g)
 {
 	struct arc_state *st = arc_st(ev);
-	uint64_t max = (uint64_t)ev->capacity * ARC_GHOST_MULT;
+	struct arc_fifo *f = &st->g[g - ARC_B1];
 
-	while (st->l[g].n > max)
-		arc_ghost_del(st, st->l[g].tail);
+	while (f->n > st->gmax)
+		arc_ghost_del(st, arc_hpos(st, f->id[f->lo]));
 }
 
 static void
@@ -360,8 +409,8 @@ arc_insert(struct kvt_evict *ev, uint32_t id)
 
 	if (k >= ev->cap)
 		return;
-	b1 = st->l[ARC_B1].n ? st->l[ARC_B1].n : 1;
-	b2 = st->l[ARC_B2].n ? st->l[ARC_B2].n : 1;
+	b1 = st->g[0].n ? st->g[0].n : 1;
+	b2 = st->g[1].n ? st->g[1].n : 1;
 	if (arc_tag(st, k) <= ARC_T2) {
 		arc_res_put(ev, k, ARC_T2);
 		return;
@@ -371,7 +420,7 @@ arc_insert(struct kvt_evict *ev, uint32_t id)
 		arc_res_put(ev, k, ARC_T1);
 		return;
 	}
-	if (st->gtag[g] == ARC_B1) { /* evicted from T1 too early: T1 deserves more room */
+	if (st->ghash[g] >> 31 == 0) { /* evicted from T1 too early: T1 deserves more room */
 		st->p += scale * (b2 / b1 > 1.0 ? b2 / b1 : 1.0);
 		if (st->p > c)
 			st->p = c;

@@ -681,9 +681,9 @@ test_meta_10k_sessions(void **state)
 	/* HOST: links 8 bytes + 2 bits per slot, no ghosts yet (nothing evicted) */
 	assert_true(kvt_evict_meta_bytes(&e->evict[KVT_TIER_HOST]) <=
 		    (uint64_t)e->slots[KVT_TIER_HOST].n_slots * 33 / 4 + 256);
-	/* HBM: 8.25 bytes per slot, ghosts of 4x its 64 slots per list (13 bytes + hash) */
+	/* HBM: 8.25 bytes per slot, ghosts of 4x its 64 slots per list (under 11 bytes each) */
 	assert_true(kvt_evict_meta_bytes(&e->evict[KVT_TIER_HBM]) <
-		    64 * 9 + 2 * 4 * 64 * (13 + 8) + 1024);
+		    64 * 9 + 2 * 4 * 64 * 11 + 1024);
 	assert_true(slm <= (blocks + 2 * TPB * 64) * 5);
 	assert_true(perblk <= 64 * blocks);
 	assert_true(sess <= 148 * (uint64_t)NS);
