@@ -60,15 +60,19 @@ kvt_last_error_message(void)
 int
 kvt_err(int code, const char *fmt, ...)
 {
+	char msg[sizeof kvt_errbuf];
 	va_list ap;
 	int n;
 
-	n = snprintf(kvt_errbuf, sizeof kvt_errbuf, "%s: ", kvt_strerror(code));
-	if (n < 0 || (size_t)n >= sizeof kvt_errbuf)
+	/* formatted aside first: an argument may be kvt_last_error_message() itself (a message
+	 * that wraps the one before it), which writing kvt_errbuf in place would clobber */
+	n = snprintf(msg, sizeof msg, "%s: ", kvt_strerror(code));
+	if (n < 0 || (size_t)n >= sizeof msg)
 		return code;
 	va_start(ap, fmt);
-	vsnprintf(kvt_errbuf + n, sizeof kvt_errbuf - (size_t)n, fmt, ap);
+	vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
 	va_end(ap);
+	memcpy(kvt_errbuf, msg, sizeof msg);
 	return code;
 }
 

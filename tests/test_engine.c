@@ -34,6 +34,26 @@ test_version_and_strerror(void **state)
 	assert_int_equal(kvt_dtype_size((enum kvt_dtype)99), 0);
 }
 
+/* A message that wraps the one before it (kvt_last_error_message() as an argument of kvt_err)
+ * keeps it whole: the buffer is not formatted into itself. */
+static void
+test_error_message_wraps_previous(void **state)
+{
+	char want[256];
+
+	(void)state;
+	assert_int_equal(kvt_err(KVT_ECORRUPT, "block header checksum mismatch"), KVT_ECORRUPT);
+	snprintf(want, sizeof want, "%s: block 3: %s", kvt_strerror(-ENOENT),
+		 kvt_last_error_message());
+	assert_int_equal(kvt_err(-ENOENT, "block 3: %s", kvt_last_error_message()), -ENOENT);
+	assert_string_equal(kvt_last_error_message(), want);
+	snprintf(want, sizeof want, "%s: session 0x16 dropped: %s", kvt_strerror(-EIO),
+		 kvt_last_error_message());
+	assert_int_equal(kvt_err(-EIO, "session 0x16 dropped: %s", kvt_last_error_message()),
+			 -EIO);
+	assert_string_equal(kvt_last_error_message(), want);
+}
+
 static void
 test_append_prepare_release(void **state)
 {
@@ -535,6 +555,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_version_and_strerror),
+		cmocka_unit_test(test_error_message_wraps_previous),
 		cmocka_unit_test(test_append_prepare_release),
 		cmocka_unit_test(test_offload_roundtrip),
 		cmocka_unit_test(test_park_resume),
