@@ -126,14 +126,31 @@ persist_drop(struct kvt_engine *e, struct kvt_store_sess *rec)
 int
 kvt_persist_open(struct kvt_engine *e)
 {
-	uint32_t n = 0, cap = 0, *slots = NULL, i, b;
+	uint32_t n = 0, cap = 0, *slots = NULL, i, b, dropped;
 	struct kvt_store_sess *rec;
+	uint64_t at, orphan;
 	int rc;
 
 	rc = kvt_store_open(e->nvme_dir, kvt_nvme_store_id(e->nvme), kvt_nvme_n_slots(e->nvme),
 			    kvt_nvme_epoch(e->nvme) == 1, &e->store);
 	if (rc)
 		return rc;
+	at = kvt_store_damaged(e->store, &dropped, &orphan);
+	if (at) {
+		char where[40] = "in its header";
+
+		if (at > 1)
+			snprintf(where, sizeof where, "at byte %llu", (unsigned long long)at);
+		kvt_engine_log(e, KVT_LOG_ERROR, "store %s/kvtier.journal is damaged %s (not a torn "
+			       "tail: %u valid records follow, not replayed); %u sessions restored "
+			       "from before it; the journal as it was is kept as "
+			       "kvtier.journal.damaged", e->nvme_dir, where, dropped,
+			       kvt_store_count(e->store));
+	}
+	if (orphan)
+		kvt_engine_log(e, KVT_LOG_WARN, "store %s: its journal belonged to another store "
+			       "(id %#llx), left by a crash while this one was created: replaced",
+			       e->nvme_dir, (unsigned long long)orphan);
 	for (i = 0; i < kvt_store_count(e->store); i++)
 		cap += kvt_store_at(e->store, i)->n_blocks;
 	slots = kvt_malloc((cap ? cap : 1) * sizeof *slots);

@@ -16,8 +16,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "engine/error.h"
 #include "support/kvt_test.h"
+#include "tiers/format.h"
 #include "tiers/store.h"
 
 #define J_ID 0x1234u  /* store id */
@@ -124,6 +127,7 @@ test_truncated_put(void **state)
 	assert_non_null(kvt_store_find(st, 1));
 	assert_non_null(kvt_store_find(st, 2));
 	assert_null(kvt_store_find(st, 3));
+	assert_int_equal(kvt_store_damaged(st, NULL, NULL), 0); /* a torn tail is no damage */
 	/* the torn tail is gone: what is appended now replays */
 	j_put(st, 4, s4, 1);
 	assert_int_equal(kvt_store_commit(st), 0);
@@ -158,11 +162,101 @@ test_corrupt_record_mid_journal(void **state)
 	assert_int_equal(pwrite(fd, &byte, 1, at), 1);
 	close(fd);
 	st = j_open(dir);
-	/* the log ends at the first record that does not verify */
+	/* the log ends at the first record that does not verify; a valid one after it says it
+	 * is damage, not a torn tail: reported, and the journal as it was is kept aside */
 	assert_non_null(kvt_store_find(st, 1));
 	assert_null(kvt_store_find(st, 2));
 	assert_null(kvt_store_find(st, 3));
 	assert_int_equal(kvt_store_count(st), 1);
+	{
+		uint32_t dropped = 0;
+		uint64_t orphan = 1;
+		char kept[640];
+		struct stat sb;
+
+		assert_int_equal(kvt_store_damaged(st, &dropped, &orphan), j_rec_off(1));
+		assert_int_equal(dropped, 1); /* session 3's record */
+		assert_int_equal(orphan, 0);
+		snprintf(kept, sizeof kept, "%s.damaged", path);
+		assert_int_equal(stat(kept, &sb), 0);
+		assert_int_equal(sb.st_size, (off_t)j_rec_off(3)); /* all three records */
+	}
+	kvt_store_close(st);
+	tsup_rmdir(dir);
+}
+
+/* Rewrite the journal header of @path with format version @ver and store id @id, sealed. */
+static void
+j_rewrite_header(const char *path, uint32_t ver, uint64_t id)
+{
+	uint8_t h[KVT_FMT_JHDR_BYTES];
+	int fd = open(path, O_RDWR);
+
+	assert_true(fd >= 0);
+	kvt_fmt_jhdr_encode(id, h);
+	kvt_put_le32(h + 8, ver);
+	kvt_put_le64(h + 56, XXH3_64bits(h, 56));
+	assert_int_equal(pwrite(fd, h, sizeof h, 0), (ssize_t)sizeof h);
+	close(fd);
+}
+
+/* A journal of another format version is refused, and left as it was. */
+static void
+test_other_version_refused(void **state)
+{
+	char *dir = j_three(), path[600];
+	struct kvt_store *st = NULL;
+	struct stat before, after;
+
+	(void)state;
+	j_path(dir, path, sizeof path);
+	j_rewrite_header(path, KVT_FMT_VERSION - 1, J_ID);
+	assert_int_equal(stat(path, &before), 0);
+	assert_int_equal(kvt_store_open(dir, J_ID, J_SLOTS, false, &st), KVT_EFORMAT);
+	assert_null(st);
+	assert_non_null(strstr(kvt_last_error_message(), "format version"));
+	assert_int_equal(stat(path, &after), 0);
+	assert_int_equal(after.st_size, before.st_size);
+	assert_int_equal(after.st_ino, before.st_ino);
+	tsup_rmdir(dir);
+}
+
+/* A damaged header: nothing replays, the journal is kept aside and reported; another store's
+ * journal (its id) is replaced and named. */
+static void
+test_damaged_header_and_foreign_journal(void **state)
+{
+	char *dir = j_three(), path[600], kept[640];
+	struct kvt_store *st;
+	uint32_t dropped = 0;
+	uint64_t orphan = 0;
+	struct stat sb;
+	uint8_t byte = 0x5a;
+	int fd;
+
+	(void)state;
+	j_path(dir, path, sizeof path);
+	fd = open(path, O_RDWR);
+	assert_true(fd >= 0);
+	assert_int_equal(pwrite(fd, &byte, 1, 20), 1); /* inside the store id: checksum fails */
+	close(fd);
+	st = j_open(dir);
+	assert_int_equal(kvt_store_count(st), 0);
+	assert_int_equal(kvt_store_damaged(st, &dropped, &orphan), 1);
+	assert_int_equal(dropped, 3);
+	assert_int_equal(orphan, 0);
+	snprintf(kept, sizeof kept, "%s.damaged", path);
+	assert_int_equal(stat(kept, &sb), 0);
+	kvt_store_close(st);
+	tsup_rmdir(dir);
+
+	dir = j_three();
+	j_path(dir, path, sizeof path);
+	j_rewrite_header(path, KVT_FMT_VERSION, J_ID + 1);
+	st = j_open(dir);
+	assert_int_equal(kvt_store_count(st), 0);
+	assert_int_equal(kvt_store_damaged(st, &dropped, &orphan), 0);
+	assert_int_equal(orphan, J_ID + 1);
 	kvt_store_close(st);
 	tsup_rmdir(dir);
 }
@@ -174,6 +268,8 @@ main(void)
 		cmocka_unit_test(test_two_records_claim_one_slot),
 		cmocka_unit_test(test_truncated_put),
 		cmocka_unit_test(test_corrupt_record_mid_journal),
+		cmocka_unit_test(test_other_version_refused),
+		cmocka_unit_test(test_damaged_header_and_foreign_journal),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -266,6 +266,15 @@ kvt_fmt_jhdr_encode(uint64_t store_id, uint8_t *out)
 	kvt_put_le64(out + 56, XXH3_64bits(out, 56));
 }
 
+uint32_t
+kvt_fmt_jhdr_version(const uint8_t *b, size_t len)
+{
+	if (!b || len < KVT_FMT_JHDR_BYTES || memcmp(b, fmt_j_magic, 8) != 0 ||
+	    FMT_SUM_BAD(XXH3_64bits(b, 56), kvt_get_le64(b + 56)))
+		return 0;
+	return kvt_get_le32(b + 8);
+}
+
 int
 kvt_fmt_jhdr_decode(const uint8_t *b, size_t len, uint64_t *store_id)
 {

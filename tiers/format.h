@@ -156,6 +156,9 @@ void kvt_fmt_blkhdr_encode(const struct kvt_fmt_blkhdr *h, uint8_t *out);
 /** Parse a block header. Returns 0 or KVT_ECORRUPT with a message naming @slot_hint. */
 int kvt_fmt_blkhdr_decode(const uint8_t *buf, size_t len, struct kvt_fmt_blkhdr *h);
 
+/** The format version a journal header names, when its magic and checksum verify (a journal of
+ * another version, not a damaged one); 0 otherwise. Pure. */
+uint32_t kvt_fmt_jhdr_version(const uint8_t *buf, size_t len);
 /** Journal file header for @store_id into @out (KVT_FMT_JHDR_BYTES). */
 void kvt_fmt_jhdr_encode(uint64_t store_id, uint8_t *out);
 /** Parse a journal header; 0 with *store_id, or KVT_EFORMAT. */

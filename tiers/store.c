@@ -28,6 +28,12 @@ struct kvt_store {
 	uint32_t n_slots;              /* slots of the store (references beyond are dropped) */
 	uint32_t n, cap;               /* sessions in use / capacity */
 	int failed;                    /* -errno of a failed fdatasync (final), else 0 */
+	uint64_t damaged_at;           /* open: the journal did not verify from this offset on,
+	                                  though it was no torn tail (0 = it verified, or was
+	                                  torn at its end); the original is kept (.damaged) */
+	uint32_t dropped;              /* open: valid records after the damage, not replayed */
+	uint64_t orphan_id;            /* open: the journal found was another store's (0 =
+	                                  none): replaced */
 	struct kvt_store_sess **sess;  /* [cap] */
 };
 
@@ -214,8 +220,24 @@ store_resolve(struct kvt_store *st)
 	return 0;
 }
 
+/* Valid records in @buf from @off on (8-byte steps: records are padded to 8 bytes). Any means
+ * the record at @off is damage, not a torn tail: a torn append leaves nothing valid after it. */
+static uint32_t
+store_valid_after(const uint8_t *buf, size_t len, size_t off)
+{
+	struct kvt_fmt_rec r;
+	uint32_t n = 0;
+	size_t used;
+
+	for (off += 8; off + KVT_FMT_RECHDR_BYTES <= len; off += 8)
+		if (kvt_fmt_rec_decode(buf + off, len - off, &r, &used) == 0)
+			n++;
+	return n;
+}
+
 /* Apply the records of the journal image @buf (@len bytes, header first) up to the first one
- * that does not verify, then resolve slot conflicts. */
+ * that does not verify, then resolve slot conflicts. A record that does not verify with valid
+ * ones after it is damage, not a torn tail: recorded in st->damaged_at and st->dropped. */
 static int
 store_replay_buf(struct kvt_store *st, const uint8_t *buf, size_t len)
 {
@@ -227,22 +249,44 @@ store_replay_buf(struct kvt_store *st, const uint8_t *buf, size_t len)
 		rc = store_apply(st, &r);
 		off += used;
 	}
+	if (rc == 0 && off < len && (st->dropped = store_valid_after(buf, len, off)) > 0)
+		st->damaged_at = off;
 	return rc ? rc : store_resolve(st);
 }
 
-/* Read the whole journal into memory and replay it; cut a torn tail. */
+/* Keep the journal as it was (a hard link "<journal>.damaged", replacing an older one) before
+ * compaction replaces it: what did not replay can still be looked at. */
+static void
+store_keep_damaged(struct kvt_store *st)
+{
+	size_t plen = strlen(st->path) + sizeof ".damaged";
+	char *p = kvt_malloc(plen);
+
+	if (!p)
+		return;
+	snprintf(p, plen, "%s.damaged", st->path);
+	(void)unlink(p);
+	(void)link(st->path, p);
+	kvt_free(p);
+}
+
+/* Read the whole journal into memory and replay it; cut a torn tail. A journal of another format
+ * version is refused (KVT_EFORMAT, the file untouched); one of another store (a crash between
+ * creating the store and its journal) is replaced; a damaged one (header or a record in the
+ * middle) replays what verifies, and the original is kept (store_keep_damaged). */
 static int
 store_replay(struct kvt_store *st, bool fresh)
 {
 	struct stat sb;
 	uint8_t *buf = NULL;
 	uint64_t id = 0;
+	uint32_t ver;
 	ssize_t got;
 	int rc;
 
 	if (fstat(st->fd, &sb) != 0)
 		return kvt_err(-errno, "store: fstat %s", st->path);
-	if (fresh || sb.st_size < (off_t)KVT_FMT_JHDR_BYTES)
+	if (fresh || sb.st_size == 0)
 		return 0;
 	buf = kvt_malloc((size_t)sb.st_size);
 	if (!buf)
@@ -252,12 +296,29 @@ store_replay(struct kvt_store *st, bool fresh)
 		kvt_free(buf);
 		return kvt_err(-EIO, "store: reading %s", st->path);
 	}
-	if (kvt_fmt_jhdr_decode(buf, (size_t)got, &id) != 0 || id != st->store_id) {
-		kvt_free(buf); /* another store's journal (or none): start empty */
+	ver = kvt_fmt_jhdr_version(buf, (size_t)got);
+	if (ver && ver != KVT_FMT_VERSION) {
+		kvt_free(buf);
+		return kvt_err(KVT_EFORMAT, "store: journal %s is of format version %u, this kvtier "
+			       "reads %u (not used, not changed; move the store directory's files "
+			       "away to start an empty store)", st->path, ver, KVT_FMT_VERSION);
+	}
+	if (kvt_fmt_jhdr_decode(buf, (size_t)got, &id) != 0) {
+		st->damaged_at = 1; /* the header itself */
+		st->dropped = store_valid_after(buf, (size_t)got, 0);
+		kvt_free(buf);
+		store_keep_damaged(st);
+		return 0;
+	}
+	if (id != st->store_id) {
+		st->orphan_id = id; /* another store's journal: its sessions were not this store's */
+		kvt_free(buf);
 		return 0;
 	}
 	rc = store_replay_buf(st, buf, (size_t)got);
 	kvt_free(buf);
+	if (rc == 0 && st->damaged_at)
+		store_keep_damaged(st);
 	return rc;
 }
 
@@ -427,6 +488,16 @@ kvt_store_close(struct kvt_store *st)
 	kvt_free(st->path);
 	kvt_free(st->dir);
 	kvt_free(st);
+}
+
+uint64_t
+kvt_store_damaged(const struct kvt_store *st, uint32_t *dropped, uint64_t *orphan_id)
+{
+	if (dropped)
+		*dropped = st->dropped;
+	if (orphan_id)
+		*orphan_id = st->orphan_id;
+	return st->damaged_at;
 }
 
 uint32_t

@@ -77,13 +77,26 @@ int kvt_sync_fd(int fd, int ev);
 /**
  * kvt_store_open() - open (or create) "<dir>/kvtier.journal" for the store @store_id with
  * @n_slots slots, replay and compact it. @fresh: the store file was just created, so any journal
- * left there belongs to an older store and is discarded (as is one whose store id differs).
- * Returns 0, -ENOMEM, -errno of the file operations (with a message).
+ * left there belongs to an older store and is discarded (as is one whose store id differs:
+ * kvt_store_damaged() names it). Replay stops at the first record that does not verify: a torn
+ * tail (nothing valid after it) is cut silently; damage (valid records after it, or a header
+ * that does not verify) replays what came before, keeps the journal as it was in
+ * "<dir>/kvtier.journal.damaged" and is reported by kvt_store_damaged(). Returns 0, KVT_EFORMAT
+ * (a journal of another format version: refused, the file untouched), -ENOMEM, -errno of the
+ * file operations (with a message).
  */
 int kvt_store_open(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
 		   struct kvt_store **out);
 /** Close the journal and free the index. NULL accepted. */
 void kvt_store_close(struct kvt_store *st);
+
+/**
+ * kvt_store_damaged() - what kvt_store_open() found wrong with the journal: returns the offset
+ * from which it did not verify though it was no torn tail (1 = its header; 0 = none), with
+ * *@dropped the valid records found after it that were not replayed, and *@orphan_id the store
+ * id of a journal of another store that was replaced (0 = none). Either pointer may be NULL.
+ */
+uint64_t kvt_store_damaged(const struct kvt_store *st, uint32_t *dropped, uint64_t *orphan_id);
 
 /** Number of sessions in the index, and the i-th (0 <= i < count; order changes on del). */
 uint32_t kvt_store_count(const struct kvt_store *st);
