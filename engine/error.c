@@ -57,6 +57,22 @@ kvt_last_error_message(void)
 	return kvt_errbuf;
 }
 
+/* A message that wraps the one before it of the same code repeats its "<strerror>: " prefix
+ * ("file is not in the expected format: engine: file is not in the expected format: ..."): drop
+ * the copies after the first @plen bytes (the prefix itself). */
+static void
+err_drop_repeats(char *msg, size_t plen)
+{
+	char pre[128], *p;
+
+	if (plen <= 2 || plen >= sizeof pre)
+		return;
+	memcpy(pre, msg, plen);
+	pre[plen] = '\0';
+	while ((p = strstr(msg + plen, pre)) != NULL)
+		memmove(p, p + plen, strlen(p + plen) + 1);
+}
+
 int
 kvt_err(int code, const char *fmt, ...)
 {
@@ -72,6 +88,7 @@ kvt_err(int code, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
 	va_end(ap);
+	err_drop_repeats(msg, (size_t)n);
 	memcpy(kvt_errbuf, msg, sizeof msg);
 	return code;
 }

@@ -52,6 +52,13 @@ test_error_message_wraps_previous(void **state)
 	assert_int_equal(kvt_err(-EIO, "session 0x16 dropped: %s", kvt_last_error_message()),
 			 -EIO);
 	assert_string_equal(kvt_last_error_message(), want);
+	/* a wrap of the same code does not repeat its prefix */
+	kvt_err(KVT_EFORMAT, "store x was made for dtype f16, this engine has bf16");
+	kvt_err(KVT_EFORMAT, "nvme open: %s", kvt_last_error_message());
+	kvt_err(KVT_EFORMAT, "engine: %s", kvt_last_error_message());
+	snprintf(want, sizeof want, "%s: engine: nvme open: store x was made for dtype f16, this "
+		 "engine has bf16", kvt_strerror(KVT_EFORMAT));
+	assert_string_equal(kvt_last_error_message(), want);
 }
 
 static void

@@ -5,6 +5,7 @@
  * checksum before trusting any other field.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
@@ -135,6 +136,19 @@ kvt_fmt_super_decode(const uint8_t *b, size_t len, struct kvt_fmt_super *s)
 	return 0;
 }
 
+/* The name of an enum kvt_dtype value as stored ("dtype 7" style for an unknown one). */
+static const char *
+fmt_dtype_name(uint32_t d)
+{
+	static const char *const names[] = { "f32", "f16", "bf16", "fp8_e4m3", "int8" };
+	static _Thread_local char other[24];
+
+	if (d < sizeof names / sizeof names[0])
+		return names[d];
+	snprintf(other, sizeof other, "#%u", d);
+	return other;
+}
+
 #define FMT_MATCH(field, what)                                                                  \
 	do {                                                                                    \
 		if (have->field != want->field)                                                 \
@@ -152,9 +166,15 @@ kvt_fmt_super_match(const struct kvt_fmt_super *have, const struct kvt_fmt_super
 	FMT_MATCH(n_layers, "n_layers");
 	FMT_MATCH(n_kv_heads, "n_kv_heads");
 	FMT_MATCH(head_dim, "head_dim");
-	FMT_MATCH(dtype, "dtype");
+	if (have->dtype != want->dtype)
+		return kvt_err(KVT_EFORMAT, "store %s was made for dtype %s, this engine has %s; not "
+			       "used (choose another nvme_dir or remove it)", path,
+			       fmt_dtype_name(have->dtype), fmt_dtype_name(want->dtype));
 	FMT_MATCH(tokens_per_block, "tokens_per_block");
-	FMT_MATCH(codec, "codec");
+	if (have->codec != want->codec)
+		return kvt_err(KVT_EFORMAT, "store %s was made for codec %s, this engine has %s; not "
+			       "used (choose another nvme_dir or remove it)", path,
+			       kvt_codec_name((int)have->codec), kvt_codec_name((int)want->codec));
 	FMT_MATCH(block_bytes, "block_bytes");
 	FMT_MATCH(slot_bytes, "slot_bytes");
 	FMT_MATCH(n_slots, "slots (capacity)");
