@@ -67,18 +67,33 @@ test_unknown_option(void **state)
 	bn_expect(bn_run(1, "stray"), "unexpected argument 'stray'");
 }
 
-/* kvtier-bench decode names an unknown option as such (not "missing value"), exit 1 */
+/* kvtier-bench decode names an unknown option as such (not "missing value"); usage errors
+ * exit 2 as nvme's do, a run that fails (a model file that is not there) 1 */
 static void
 test_decode_unknown_option(void **state)
 {
 	char *argv[] = { (char *)"decode", (char *)"--bogus", NULL };
 	char *argv2[] = { (char *)"decode", (char *)"--steps", NULL };
+	char *argv3[] = { (char *)"decode", (char *)"--model", (char *)"/nonexistent", NULL };
 
 	(void)state;
-	assert_int_equal(kvtb_decode_main(2, argv), 1);
+	assert_int_equal(kvtb_decode_main(2, argv), 2);
 	assert_non_null(strstr(kvtr_last_error(), "unknown option --bogus"));
-	assert_int_equal(kvtb_decode_main(2, argv2), 1);
+	assert_int_equal(kvtb_decode_main(2, argv2), 2);
 	assert_non_null(strstr(kvtr_last_error(), "--steps: missing value"));
+	assert_int_equal(kvtb_decode_main(3, argv3), 1);
+	assert_non_null(strstr(kvtr_last_error(), "/nonexistent"));
+}
+
+/* --mib must hold one IO of the largest --bs: refused before the table starts */
+static void
+test_mib_below_block(void **state)
+{
+	(void)state;
+	bn_expect(bn_run(6, "--only", "tier", "--bs", "64m", "--mib", "16"),
+		  "--mib 16 is below one block of --bs 65536 KiB: give --mib 64 or more");
+	bn_expect(bn_run(6, "--only", "tier", "--bs", "256k,3m", "--mib", "2"),
+		  "--mib 2 is below one block of --bs 3072 KiB: give --mib 3 or more");
 }
 
 static void
@@ -99,6 +114,7 @@ main(void)
 		cmocka_unit_test(test_unknown_option),
 		cmocka_unit_test(test_missing_paths),
 		cmocka_unit_test(test_decode_unknown_option),
+		cmocka_unit_test(test_mib_below_block),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

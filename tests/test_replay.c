@@ -196,10 +196,84 @@ test_cli_bad_arguments(void **state)
 		assert_non_null(strstr(msg, "--limit"));
 	}
 	snprintf(args, sizeof args, "%s --hbm 2X", p);
-	assert_int_equal(replay_cli(args, msg, sizeof msg), 1);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 2); /* usage errors: 2 */
 	assert_non_null(strstr(msg, "--hbm: bad capacity '2X'"));
+	/* an empty element of a list is refused, not skipped */
+	snprintf(args, sizeof args, "%s --sweep 1k,,2k", p);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
+	assert_non_null(strstr(msg, "--sweep: empty element in '1k,,2k'"));
+	snprintf(args, sizeof args, "%s --policies lru,", p);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
+	assert_non_null(strstr(msg, "--policies: empty element"));
 	snprintf(args, sizeof args, "%s --limit 1 --hbm 1.5GiB --sweep 1k --bytes-per-token 1K", p);
 	assert_int_equal(replay_cli(args, msg, sizeof msg), 0);
+	unlink(p);
+	free(p);
+}
+
+/* Every output path is checked before the run: exit 2, the option and path named, nothing
+ * run (no temp file named). */
+static void
+test_cli_unwritable_outputs(void **state)
+{
+	static const char *const opts[] = { "--plot", "--csv", "--json" };
+	char *p = write_tmp("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+			    "2023-11-16 18:15:46.6805900,374,44\n");
+	char args[1024], msg[1024], want[256];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+		int rc;
+
+		snprintf(args, sizeof args, "%s --sweep 1k %s /nonexist/x.out", p, opts[i]);
+		rc = replay_cli(args, msg, sizeof msg);
+		if (rc == -1) {
+			unlink(p);
+			free(p);
+			skip();
+		}
+		assert_int_equal(rc, 2);
+		snprintf(want, sizeof want, "kvtier-replay: cannot write %s /nonexist/x.out: "
+			 "No such file or directory\n", opts[i]);
+		assert_string_equal(msg, want);
+	}
+	snprintf(args, sizeof args, "%s --sweep 1k --csv /tmp", p);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
+	assert_string_equal(msg, "kvtier-replay: cannot write --csv /tmp: Is a directory\n");
+	unlink(p);
+	free(p);
+}
+
+/* A Mooncake request with fewer hash_ids than ceil(input_length / 512) loads as given, is
+ * counted, and the load prints one warning line naming how many. */
+static void
+test_short_hash_ids(void **state)
+{
+	char *p = write_tmp(
+		"{\"timestamp\": 0, \"input_length\": 1300, \"output_length\": 5, "
+		"\"hash_ids\": [0, 1]}\n"
+		"{\"timestamp\": 1, \"input_length\": 1024, \"output_length\": 5, "
+		"\"hash_ids\": [0, 1]}\n"
+		"{\"timestamp\": 2, \"input_length\": 513, \"output_length\": 5, "
+		"\"hash_ids\": [7]}\n");
+	char args[1024], msg[1024];
+	struct rp_trace t;
+	int rc;
+
+	(void)state;
+	assert_int_equal(rp_trace_load(p, 512, 0, &t), 0);
+	assert_int_equal(t.n_req, 3);
+	assert_int_equal(t.short_ids, 2);
+	assert_int_equal(t.req[0].n, 2);
+	rp_trace_free(&t);
+	snprintf(args, sizeof args, "%s --sweep 1k", p);
+	rc = replay_cli(args, msg, sizeof msg);
+	if (rc != -1) {
+		assert_int_equal(rc, 0);
+		assert_non_null(strstr(msg, "kvtier-replay: warning: "));
+		assert_non_null(strstr(msg, ": 2 requests have fewer hash_ids than "
+					"ceil(input_length / 512)"));
+	}
 	unlink(p);
 	free(p);
 }
@@ -282,6 +356,8 @@ main(void)
 		cmocka_unit_test(test_orphan_count),
 		cmocka_unit_test(test_azure_and_bad_input),
 		cmocka_unit_test(test_cli_bad_arguments),
+		cmocka_unit_test(test_cli_unwritable_outputs),
+		cmocka_unit_test(test_short_hash_ids),
 		cmocka_unit_test(test_mooncake_prefix),
 		cmocka_unit_test(test_data_mode),
 	};

@@ -1043,6 +1043,8 @@ test_help_and_builtin_seed_cli(void **state)
 		"(default: the clock with --model, 1 without; 0 = clock)",
 		"concurrent chat sessions (default 1)",
 		"                        (default 1)\n  --hbm", "seed is then 1, not the clock",
+		"written\n                        only when it succeeds",
+		"Exit status: 0 done; 2 usage error",
 	};
 	char args[1200], *out, *out1, *out2, *err;
 
@@ -1101,6 +1103,59 @@ test_stats_json_unwritable_cli(void **state)
 	assert_int_equal(access(tmp_path("stats.json"), F_OK), -1);
 	free(out);
 	free(err);
+}
+
+/* After a failed run the --stats-json and --metrics files that existed are left as they were
+ * (not emptied); an unwritable --metrics fails before decoding (exit 2), as --stats-json does. */
+static void
+test_outputs_written_on_success_cli(void **state)
+{
+	char args[1200], *out, *err, *got;
+	size_t len;
+
+	(void)state;
+	if (!rutil_run_binary()) {
+		print_message("SKIPPED: kvtier-run binary not found\n");
+		skip();
+	}
+	rutil_write_file(tmp_path("old.json"), "old\n", 4);
+	rutil_write_file(tmp_path("old.prom"), "old\n", 4);
+	snprintf(args, sizeof args, "--steps 40 --hbm 20K --nvme-dir '%s' --stats-json '%s' "
+		 "--metrics '%s'", tmp_dir, tmp_path("old.json"), tmp_path("old.prom"));
+	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 1);
+	free(out);
+	free(err);
+	got = rutil_read_file(tmp_path("old.json"), &len);
+	assert_int_equal(len, 4);
+	assert_memory_equal(got, "old\n", 4);
+	free(got);
+	got = rutil_read_file(tmp_path("old.prom"), &len);
+	assert_int_equal(len, 4);
+	free(got);
+	snprintf(args, sizeof args, "--steps 40 --nvme-dir '%s' --stats-json '%s' --metrics '%s'",
+		 tmp_dir, tmp_path("old.json"), tmp_path("no-such-dir/m.prom"));
+	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 2);
+	assert_string_equal(out, "");
+	assert_non_null(strstr(err, "kvtier-run: --metrics: cannot write "));
+	assert_non_null(strstr(err, "no-such-dir/m.prom: No such file or directory"));
+	assert_null(strstr(err, "achieved tok/s"));
+	free(out);
+	free(err);
+	got = rutil_read_file(tmp_path("old.json"), &len);
+	assert_int_equal(len, 4);
+	free(got);
+	/* a run that succeeds replaces both files */
+	snprintf(args, sizeof args, "--steps 40 --nvme-dir '%s' --stats-json '%s' --metrics '%s'",
+		 tmp_dir, tmp_path("old.json"), tmp_path("old.prom"));
+	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 0);
+	free(out);
+	free(err);
+	got = rutil_read_file(tmp_path("old.json"), &len);
+	assert_true(len > 4 && got[0] == '{' && got[len - 1] == '\n');
+	free(got);
+	got = rutil_read_file(tmp_path("old.prom"), &len);
+	assert_true(len > 4 && strncmp(got, "# HELP kvtier_", 14) == 0);
+	free(got);
 }
 
 /* Text that cannot be written to stdout fails the run, streamed or printed per turn. */
@@ -1168,6 +1223,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_model_needs_tokenizer_cli, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_help_and_builtin_seed_cli, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stats_json_unwritable_cli, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_outputs_written_on_success_cli, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_stdout_full_cli, setup, teardown),
 	};
 

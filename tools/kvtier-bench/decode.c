@@ -317,7 +317,8 @@ dec_usage(FILE *f)
 	      "  --repeat N            rounds of the three runs; the fastest of each counts\n"
 	      "                        (default 3)\n"
 	      "  --bandwidth B         emulated copy bytes/s, K/M/G/T suffixes (default: measured\n"
-	      "                        memcpy bandwidth / 4, a PCIe-to-DRAM-like ratio)\n",
+	      "                        memcpy bandwidth / 4, a PCIe-to-DRAM-like ratio)\n"
+	      "Exit status: 0 done; 2 usage error (bad option or value); 1 the run failed.\n",
 	      f);
 }
 
@@ -388,7 +389,7 @@ kvtb_decode_main(int argc, char **argv)
 			      .steps = 256, .tpb = 16, .ratio = 4, .repeat = 3 };
 	struct kvtr_model m;
 	struct kvtr_tokenizer t;
-	int rc;
+	int rc, usage = 0;
 
 	memset(&m, 0, sizeof(m));
 	memset(&t, 0, sizeof(t));
@@ -397,18 +398,21 @@ kvtb_decode_main(int argc, char **argv)
 		dec_usage(stdout);
 		return 0;
 	}
+	usage = rc != 0;
 	if (rc == 0)
 		rc = kvtr_model_load(a.model, &m);
 	if (rc == 0)
 		rc = kvtr_tokenizer_load(a.tokenizer, m.cfg.vocab_size, &t);
-	if (rc == 0 && a.steps > (uint32_t)m.cfg.seq_len)
+	if (rc == 0 && a.steps > (uint32_t)m.cfg.seq_len) {
 		rc = kvtr_err(-EINVAL, "--steps %u exceeds the model's seq_len %d", a.steps,
 			      m.cfg.seq_len);
+		usage = 1;
+	}
 	if (rc == 0)
 		rc = dec_bench(&a, &m, &t);
 	if (rc)
 		fprintf(stderr, "kvtier-bench decode: %s\n", kvtr_last_error());
 	kvtr_tokenizer_free(&t);
 	kvtr_model_free(&m);
-	return rc ? 1 : 0;
+	return usage ? 2 : rc ? 1 : 0; /* as every kvtier-bench mode: usage 2, failure 1 */
 }

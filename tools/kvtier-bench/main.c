@@ -23,6 +23,8 @@ kvtb_usage(FILE *f)
 	fprintf(f, "usage: kvtier-bench <mode> [options]\nmodes:\n");
 	for (const struct kvtb_mode *m = kvtb_modes; m->name; m++)
 		fprintf(f, "  %-8s %s\n", m->name, m->summary);
+	fprintf(f, "Exit status of every mode: 0 done; 2 usage error (bad option or value),\n"
+		   "before anything runs; 1 the run failed.\n");
 }
 
 int

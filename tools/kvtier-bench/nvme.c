@@ -459,7 +459,10 @@ nb_usage(FILE *f)
 		   "--staged: the tier table and park/resume through the staging buffers instead\n"
 		   "(for comparison). The header names the THP mode: fio's buffers get huge pages\n"
 		   "only with \"always\". --host-blocks: the HOST tier of park/resume, in 2 MiB\n"
-		   "blocks (16..65536; at least 2x the queue depth of 64 keeps every read slot busy).\n");
+		   "blocks (16..65536; at least 2x the queue depth of 64 keeps every read slot busy).\n"
+		   "--mib: bytes per tier-table point; at least the largest --bs.\n"
+		   "Exit status: 0 done; 2 usage error (bad option or value, --dir, --model),\n"
+		   "before anything runs; 1 the run failed.\n");
 }
 
 /* One option with a value; returns 0, or -EINVAL with kvtr_last_error() naming it. */
@@ -563,6 +566,24 @@ nb_parse(int argc, char **argv, struct nb_opts *o)
 	return 0;
 }
 
+/* The tier table opens a tier of --mib bytes per point: it must hold one IO of each --bs
+ * (the tier's slot of a bs-byte IO is bs bytes: a 4 KiB header page + bs - 4 KiB of data).
+ * Returns 0 or -EINVAL with kvtr_last_error() naming both options. */
+static int
+nb_check_sizes(const struct nb_opts *o)
+{
+	size_t max = 0;
+
+	for (uint32_t b = 0; b < o->n_bs; b++)
+		max = o->bs[b] > max ? o->bs[b] : max;
+	if (o->bytes < max)
+		return kvtr_err(-EINVAL, "--mib %llu is below one block of --bs %zu KiB: give "
+				"--mib %zu or more, or smaller --bs",
+				(unsigned long long)(o->bytes >> 20), max >> 10,
+				(max + (1u << 20) - 1) >> 20);
+	return 0;
+}
+
 /* The directory must exist and be writable; on tmpfs (or ramfs) the figures are not a
  * disk's: a warning says so. Returns 0 or -errno with kvtr_last_error() set. */
 static int
@@ -599,6 +620,8 @@ kvtb_nvme_main(int argc, char **argv)
 		nb_usage(stdout);
 		return 0;
 	}
+	if (rc == 0 && o.tier)
+		rc = nb_check_sizes(&o);
 	if (rc == 0 && (o.tier || o.park))
 		rc = nb_check_dir(o.dir);
 	if (rc == 0 && o.codec && (access(o.model, R_OK) || access(o.tok, R_OK)))

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "out.h"
 #include "replay.h"
@@ -67,7 +69,9 @@ rp_usage(FILE *f)
 		"                        device, HOST memory, NVMe file), prefix sharing on, real\n"
 		"                        bytes checked on every hit; use --limit for short runs\n"
 		"  --nvme-dir D          NVMe file directory of data mode (default /tmp)\n"
-		"Default: metadata-only, kvtier's own eviction policies, no KV bytes moved.\n");
+		"Default: metadata-only, kvtier's own eviction policies, no KV bytes moved.\n"
+		"Exit status: 0 done; 2 usage error (bad option or value, output path that cannot\n"
+		"be written), before any run; 1 the run failed (trace unreadable or malformed).\n");
 }
 
 /* "4096", "4k" (blocks, k = 1000) or bytes in the tools' size syntax ending in B: "2GiB",
@@ -183,13 +187,28 @@ rp_parse_args(int argc, char **argv, struct rp_opts *o)
 	return 0;
 }
 
+/* Is the comma list @spec of option @opt free of empty elements ("1k,,2k", ",1k", "1k,")?
+ * 0, or -1 with a message. */
+static int
+rp_list_ok(const char *opt, const char *spec)
+{
+	size_t len = strlen(spec);
+
+	if (len == 0 || spec[0] == ',' || spec[len - 1] == ',' || strstr(spec, ",,")) {
+		fprintf(stderr, "kvtier-replay: %s: empty element in '%s' (give a comma-separated "
+			"list without empty entries)\n", opt, spec);
+		return -1;
+	}
+	return 0;
+}
+
 /* Cut @spec at commas into @o->caps (blocks). */
 static int
 rp_parse_sweep(struct rp_opts *o, const char *spec, uint64_t block_bytes)
 {
 	char buf[512], *tok, *save = NULL;
 
-	snprintf(buf, sizeof buf, "%s", spec);
+	snprintf(buf, sizeof buf, "%s", spec); /* main() refused empty elements */
 	o->n_caps = 0;
 	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		if (o->n_caps == RP_MAX_CAPS || rp_parse_cap(tok, block_bytes, &o->caps[o->n_caps]) ||
@@ -208,6 +227,8 @@ rp_parse_pols(struct rp_opts *o)
 {
 	char *tok, *save = NULL;
 
+	if (o->pol_spec && rp_list_ok("--policies", o->pol_spec))
+		return -1;
 	snprintf(o->pol_buf, sizeof o->pol_buf, "%s", o->pol_spec ? o->pol_spec : "lru,arc");
 	o->n_pols = 0;
 	for (tok = strtok_r(o->pol_buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -345,6 +366,55 @@ rp_outputs(const struct rp_opts *o, const struct rp_result *all, size_t n_all, u
 	return rc;
 }
 
+/* Can @path (output of option @opt) be written: it is not a directory, and its directory
+ * exists and is writable (--plot writes PATH.dat and PATH.gp beside it), and an existing
+ * @path is writable? 0, or -1 with "kvtier-replay: cannot write OPT PATH: reason". */
+static int
+rp_check_output(const char *opt, const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	char dir[4096];
+	struct stat st;
+	int err = 0;
+
+	if (slash == path)
+		snprintf(dir, sizeof dir, "/");
+	else
+		snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1,
+			 slash ? path : ".");
+	if (!*path)
+		err = ENOENT;
+	else if (stat(dir, &st))
+		err = errno;
+	else if (!S_ISDIR(st.st_mode))
+		err = ENOTDIR;
+	else if (access(dir, W_OK | X_OK))
+		err = errno;
+	else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+		err = EISDIR;
+	else if (stat(path, &st) == 0 && access(path, W_OK))
+		err = errno;
+	if (err) {
+		fprintf(stderr, "kvtier-replay: cannot write %s %s: %s\n", opt, path,
+			strerror(err));
+		return -1;
+	}
+	return 0;
+}
+
+/* Every output path of the options can be written (before the run). 0 or -1. */
+static int
+rp_check_outputs(const struct rp_opts *o)
+{
+	if (o->csv && rp_check_output("--csv", o->csv))
+		return -1;
+	if (o->json && rp_check_output("--json", o->json))
+		return -1;
+	if (o->plot && rp_check_output("--plot", o->plot))
+		return -1;
+	return 0;
+}
+
 /* Capacities of the sweep and of the tiers, from the options. 0 or -1 (message printed). */
 static int
 rp_capacities(struct rp_opts *o, uint64_t bb, uint64_t tiers[RP_TIERS])
@@ -384,13 +454,17 @@ main(int argc, char **argv)
 	double *ratio = NULL;
 	int rc = 1;
 
-	if (rp_parse_args(argc, argv, &o) || rp_parse_pols(&o))
+	if (rp_parse_args(argc, argv, &o) || rp_parse_pols(&o) || rp_check_outputs(&o))
+		return 2;
+	if (o.sweep_spec && rp_list_ok("--sweep", o.sweep_spec))
 		return 2;
 	if (rp_trace_load(o.trace, o.block_tokens, o.limit, &tr))
 		return 1;
 	bb = (uint64_t)tr.block_tokens * o.bytes_per_token;
-	if (rp_capacities(&o, bb, tiers))
+	if (rp_capacities(&o, bb, tiers)) {
+		rc = 2; /* a bad --sweep/--hbm/--host/--nvme: a usage error */
 		goto out;
+	}
 	per = o.n_pols + 1;
 	all = calloc((o.n_caps + 1) * per, sizeof *all);
 	ratio = calloc(o.n_caps * per, sizeof *ratio);

@@ -3,6 +3,7 @@
  * tools/kvtier-replay/out.c - results as a table, CSV, JSON (cJSON) and a gnuplot PNG.
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +56,8 @@ rp_write_csv(const char *path, const struct rp_result *r, size_t n, uint64_t blo
 	int t;
 
 	if (!f) {
-		perror(path);
+		fprintf(stderr, "kvtier-replay: cannot write --csv %s: %s\n", path,
+			strerror(errno));
 		return -1;
 	}
 	fprintf(f, "mode,policy,cap_hbm,cap_host,cap_nvme,refs,tokens,hit_blocks,hit_ratio,"
@@ -132,11 +134,21 @@ rp_write_json(const char *path, const struct rp_result *r, size_t n, uint64_t bl
 		fputc('\n', f);
 		rc = fclose(f) ? -1 : 0;
 	} else if (txt) {
-		perror(path);
+		fprintf(stderr, "kvtier-replay: cannot write --json %s: %s\n", path,
+			strerror(errno));
 	}
 	free(txt);
 	cJSON_Delete(arr);
 	return rc;
+}
+
+/* --plot @png could not be written: its helper file @file names why; returns -1. */
+static int
+rp_plot_fail(const char *png, const char *file)
+{
+	fprintf(stderr, "kvtier-replay: cannot write --plot %s (its data file %s): %s\n", png,
+		file, strerror(errno));
+	return -1;
 }
 
 int
@@ -157,7 +169,7 @@ rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_caps,
 	snprintf(dat, sizeof dat, "%s.dat", png);
 	snprintf(gp, sizeof gp, "%s.gp", png);
 	if (!(f = fopen(dat, "w")))
-		return perror(dat), -1;
+		return rp_plot_fail(png, dat);
 	fprintf(f, "# capacity_blocks");
 	for (p = 0; p < n_pols; p++)
 		fprintf(f, " %s", pols[p]);
@@ -170,7 +182,7 @@ rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_caps,
 	}
 	fclose(f);
 	if (!(f = fopen(gp, "w")))
-		return perror(gp), -1;
+		return rp_plot_fail(png, gp);
 	base = strrchr(trace, '/');
 	fprintf(f, "set terminal pngcairo noenhanced size 900,600\nset output '%s'\n", png);
 	fprintf(f, "set title 'prefix-hit ratio vs capacity: %s'\n", base ? base + 1 : trace);

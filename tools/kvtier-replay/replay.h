@@ -31,11 +31,15 @@ struct rp_trace {
 	uint32_t max_id;      /* largest id + 1 */
 	uint32_t block_tokens; /* tokens per block (512 for Mooncake) */
 	int has_ids;          /* 1: block ids from the trace (Mooncake); 0: made up (CSV) */
+	uint32_t short_ids;   /* Mooncake requests with fewer hash_ids than
+	                         ceil(input_length / 512) (warned about once at load) */
 };
 
 /* Load a Mooncake JSONL (cJSON) or Azure CSV trace (by content: '{' first). @block_tokens is
  * used for CSV traces (each request gets fresh ids: no reuse is known). @limit: 0 = all
- * requests. Returns 0 or -1 with a message on stderr. */
+ * requests. Mooncake requests with fewer hash_ids than ceil(input_length / 512) are loaded
+ * as they are (their blocks are the ids given), counted in t->short_ids and named by one
+ * warning line on stderr at the end. Returns 0 or -1 with a message on stderr. */
 int rp_trace_load(const char *path, uint32_t block_tokens, uint32_t limit, struct rp_trace *t);
 void rp_trace_free(struct rp_trace *t);
 

@@ -107,6 +107,8 @@ tr_mooncake_line(struct rp_trace *t, const char *line, uint64_t *idcap, uint32_t
 		}
 		r->n++;
 	}
+	if ((uint64_t)r->n * 512 < r->in_tokens) /* fewer ids than its 512-token blocks */
+		t->short_ids++;
 	cJSON_Delete(o);
 	t->n_req++;
 	return 0;
@@ -209,6 +211,9 @@ rp_trace_load(const char *path, uint32_t block_tokens, uint32_t limit, struct rp
 		fprintf(stderr, "kvtier-replay: %s: no requests (expected " TR_FORMATS ")\n", path);
 		rc = -1;
 	}
+	if (rc == 0 && t->short_ids)
+		fprintf(stderr, "kvtier-replay: warning: %s: %u requests have fewer hash_ids than "
+			"ceil(input_length / 512)\n", path, t->short_ids);
 	if (rc)
 		rp_trace_free(t);
 	return rc;

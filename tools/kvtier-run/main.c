@@ -5,6 +5,7 @@
  * runner.h) and prints the text as llama2.c does. Only argument handling lives here.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,8 +29,10 @@ struct main_args {
 	const char *metrics;    /* --metrics: file for the Prometheus text, "-" = stdout */
 	uint64_t seed;          /* --seed, 0 = default (see main_seed) */
 	int seed_given;         /* 1 when --seed was on the command line */
-	FILE *stats;            /* --stats-json opened before the run, or NULL */
+	FILE *stats;            /* --stats-json opened before the run (not truncated), or NULL */
 	int stats_created;      /* 1: the stats file did not exist before (removed on failure) */
+	FILE *metrics_f;        /* --metrics file opened before the run, or NULL (none, "-") */
+	int metrics_created;    /* 1: the metrics file did not exist before (removed on failure) */
 };
 
 static void
@@ -75,11 +78,16 @@ main_usage(FILE *f)
 	      "  --stats-json F        write tier/transfer statistics as JSON to F\n"
 	      "  --metrics F           write the engine's counters at the end in the Prometheus\n"
 	      "                        text format to F (- = stdout, after the text)\n"
+	      "                        Both files are checked (opened) before the run and written\n"
+	      "                        only when it succeeds: after a failed run an earlier file\n"
+	      "                        is left as it was, a new one is removed.\n"
 	      "  -h, --help            this text\n"
 	      "SIZE: bytes with an optional fraction and binary K, M, G, T or P suffix (64M,\n"
 	      "1.5G, 4T), at most 1 PiB. With one session and one turn stdout is only the\n"
 	      "generated text, as llama2.c prints it; otherwise each turn's text is printed\n"
-	      "as \"[session S turn T] text\".\n",
+	      "as \"[session S turn T] text\".\n"
+	      "Exit status: 0 done; 2 usage error (bad option or value, --stats-json or\n"
+	      "--metrics file that cannot be written), before anything runs; 1 the run failed.\n",
 	      f);
 }
 
@@ -255,45 +263,82 @@ main_seed(const struct main_args *a)
 	return (uint64_t)(unsigned int)time(NULL) | 1; /* llama2.c: 0 = the clock; never 0 */
 }
 
-/* Opens --stats-json before the run, so that an unwritable path fails before decoding. */
+/* Opens output file @path of option @opt before the run, so that an unwritable path fails
+ * before decoding; an existing file is not truncated yet (main_out_begin does, on success).
+ * *@created: 1 when the file did not exist. Returns 0 or -errno with kvtr_last_error(). */
 static int
-main_stats_open(struct main_args *a)
+main_out_open(const char *opt, const char *path, FILE **f, int *created)
 {
 	struct stat st;
-	int err;
+	int fd, err;
 
-	if (!a->stats_json)
-		return 0;
-	a->stats_created = stat(a->stats_json, &st) != 0;
-	a->stats = fopen(a->stats_json, "w");
-	if (!a->stats) {
+	*created = stat(path, &st) != 0;
+	fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+	*f = fd >= 0 ? fdopen(fd, "w") : NULL;
+	if (!*f) {
 		err = errno;
-		return kvtr_err(-err, "--stats-json: cannot write %s: %s", a->stats_json,
-				strerror(err));
+		if (fd >= 0)
+			close(fd);
+		return kvtr_err(-err, "%s: cannot write %s: %s", opt, path, strerror(err));
 	}
 	return 0;
 }
 
-/* Writes and closes the stats file; after a failed run (@rc != 0) only closes it, and removes
- * it if this run created it. Returns @rc or the write's error. */
+/* The run succeeded: empty the output file opened by main_out_open before writing it. */
 static int
-main_stats_close(struct main_args *a, const struct kvtr_run_opts *o,
-		 const struct kvtr_run_result *r, int rc)
+main_out_begin(FILE *f, const char *path)
 {
-	if (!a->stats)
+	if (ftruncate(fileno(f), 0) != 0)
+		return kvtr_err(-errno, "cannot write %s: %s", path, strerror(errno));
+	return 0;
+}
+
+/* Closes an output file; after a failed run (@rc != 0) removes it if this run created it (an
+ * earlier file keeps its content). Returns @rc or the close's error. */
+static int
+main_out_close(FILE **f, const char *path, int created, int rc)
+{
+	if (!*f)
 		return rc;
-	if (rc == 0)
-		rc = kvtr_stats_json_write(a->stats, a->stats_json, o, r);
-	if (fclose(a->stats) != 0 && rc == 0)
-		rc = kvtr_err(-EIO, "cannot write stats to %s: %s", a->stats_json,
-			      strerror(errno));
-	a->stats = NULL;
-	if (rc && a->stats_created)
-		unlink(a->stats_json);
+	if (fclose(*f) != 0 && rc == 0)
+		rc = kvtr_err(-EIO, "cannot write %s: %s", path, strerror(errno));
+	*f = NULL;
+	if (rc && created)
+		unlink(path);
 	return rc;
 }
 
-/* --metrics: the run's final counters in the Prometheus text format, to the file or stdout. */
+/* Opens --stats-json and --metrics (unless "-") before the run. 0 or a negative code. */
+static int
+main_outs_open(struct main_args *a)
+{
+	int rc = 0;
+
+	if (a->stats_json)
+		rc = main_out_open("--stats-json", a->stats_json, &a->stats, &a->stats_created);
+	if (rc == 0 && a->metrics && strcmp(a->metrics, "-") != 0)
+		rc = main_out_open("--metrics", a->metrics, &a->metrics_f, &a->metrics_created);
+	if (rc)
+		main_out_close(&a->stats, a->stats_json, a->stats_created, rc);
+	return rc;
+}
+
+/* Writes the stats file after a successful run (@rc == 0) and closes both output files.
+ * Returns @rc or the write's error. */
+static int
+main_outs_close(struct main_args *a, const struct kvtr_run_opts *o,
+		const struct kvtr_run_result *r, int rc)
+{
+	if (a->stats && rc == 0)
+		rc = main_out_begin(a->stats, a->stats_json);
+	if (a->stats && rc == 0)
+		rc = kvtr_stats_json_write(a->stats, a->stats_json, o, r);
+	rc = main_out_close(&a->stats, a->stats_json, a->stats_created, rc);
+	return main_out_close(&a->metrics_f, a->metrics, a->metrics_created, rc);
+}
+
+/* --metrics: the run's final counters in the Prometheus text format, to stdout or the file
+ * main_outs_open opened (closed by main_outs_close). */
 static int
 main_metrics_write(const struct main_args *a, const struct kvtr_run_result *r)
 {
@@ -317,15 +362,10 @@ main_metrics_write(const struct main_args *a, const struct kvtr_run_result *r)
 		free(buf);
 		return kvtr_err_kvt(rc, "--metrics");
 	}
-	f = strcmp(a->metrics, "-") == 0 ? stdout : fopen(a->metrics, "w");
-	if (!f) {
-		rc = errno;
-		free(buf);
-		return kvtr_err(-rc, "--metrics: cannot write %s: %s", a->metrics, strerror(rc));
-	}
-	rc = fwrite(buf, 1, len, f) == len ? 0 : -EIO;
-	if (f != stdout && fclose(f) != 0)
-		rc = -EIO;
+	f = a->metrics_f ? a->metrics_f : stdout;
+	rc = f != stdout ? main_out_begin(f, a->metrics) : 0;
+	if (rc == 0)
+		rc = fwrite(buf, 1, len, f) == len && fflush(f) == 0 ? 0 : -EIO;
 	free(buf);
 	if (rc)
 		return kvtr_err(rc, "--metrics: cannot write %s", a->metrics);
@@ -384,7 +424,7 @@ main_run(struct main_args *a, struct kvtr_run_opts *o, struct kvtr_run_result *r
 		if (rc == 0 && r->positions > 1)
 			fprintf(stderr, "achieved tok/s: %f\n", r->tok_per_s);
 	}
-	rc = main_stats_close(a, o, r, rc);
+	rc = main_outs_close(a, o, r, rc);
 	kvtr_tokenizer_free(&t);
 	kvtr_model_free(&m);
 	return rc;
@@ -410,7 +450,7 @@ main(int argc, char **argv)
 		return rc ? 1 : 0;
 	}
 	if (rc == 0)
-		rc = main_stats_open(&a);
+		rc = main_outs_open(&a);
 	if (rc) {
 		fprintf(stderr, "kvtier-run: %s\n", kvtr_last_error());
 		return 2;

@@ -51,6 +51,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import kvtier  # noqa: E402
 
 BOS = 1
+# kvtier-run's built-in prompts (tools/kvtier-run/runner.c): without --prompt, turn t of
+# session s (0-based) uses BUILTIN_PROMPTS[(s * turns + t) % 8], as kvtier-run does
+BUILTIN_PROMPTS = ("", "Once upon a time", "Lily had a little dog", "Tom went to the park",
+                   "One day, a big red ball", "The sun was happy", "She saw a bird in the tree",
+                   "They wanted to play")
 
 
 # ---- the model: llama2.c checkpoint and tokenizer, numpy forward -------------------------------
@@ -288,7 +293,10 @@ def forward_batch(model, conn, sessions, tokens, positions, next_sessions):
 def schedule(args, tok, conn, s, turn):
     """Session @s's turn: ask the connector what is cached, skip those positions. Returns the
     turn's state (not yet admitted into the running batch)."""
-    prompt = tok.encode(args.prompt)
+    text = args.prompt
+    if text is None:
+        text = BUILTIN_PROMPTS[(s * args.turns + turn) % len(BUILTIN_PROMPTS)]
+    prompt = tok.encode(text)
     cached, tier, how = conn.get_num_new_matched_tokens(s, prompt, args.steps)
     st = {"prompt": prompt, "local": 0, "token": prompt[0], "pos": cached, "text": b""}
     if how == "prefix":  # the attached prompt positions are not computed: emit their pieces
@@ -398,7 +406,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=os.path.join(data, "models", "stories260K.bin"))
     ap.add_argument("--tokenizer", default=os.path.join(data, "models", "tok512.bin"))
-    ap.add_argument("--prompt", default="")
+    ap.add_argument("--prompt", help="prompt of every turn (default: kvtier-run's built-in "
+                    "prompts, one per session and turn; the first turn of session 1 is empty)")
     ap.add_argument("--steps", type=positive, default=64, help="positions per turn")
     ap.add_argument("--sessions", type=positive, default=1)
     ap.add_argument("--turns", type=positive, default=1)

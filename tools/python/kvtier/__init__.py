@@ -153,23 +153,32 @@ def _closed(what):
     return ClosedError(ECLOSED, f"{what} is closed", what)
 
 
-def _tier(t):
-    """A tier given as TIER_* or its name ("hbm", "host", "nvme")."""
-    return TIER_NAMES.index(t) if isinstance(t, str) else int(t)
+def _tier(t, what="tier"):
+    """A tier given as TIER_* or its name ("hbm", "host", "nvme"); @what names the argument
+    in the error of an unknown name."""
+    if not isinstance(t, str):
+        return int(t)
+    if t not in TIER_NAMES:
+        raise InvalidArgumentError(-errno.EINVAL, f"{what} {t!r}: one of {list(TIER_NAMES)}",
+                                   what)
+    return TIER_NAMES.index(t)
 
 
 def _enum(table, v, what):
+    """A name of @table (a "-" may stand for each "_": "shuf-lz4" as kvtier-bench spells it
+    is "shuf_lz4") or the enum value."""
     if not isinstance(v, str):
         return int(v)
-    if v not in table:
+    if v.replace("-", "_") not in table:
         raise InvalidArgumentError(-errno.EINVAL, f"{what} {v!r}: one of {sorted(table)}", what)
-    return table[v]
+    return table[v.replace("-", "_")]
 
 
 # Engine keyword arguments given by name or as Python values, converted to the C field's value
 _ENGINE_CONV = {"nvme_codec": lambda v: _enum(CODECS, v, "nvme_codec"),
                 "evict_policy": lambda v: _enum(EVICT_POLICIES, v, "evict_policy"),
-                "idle_target": _tier, "nvme_persist": int, "nvme_buffered_fallback": int,
+                "idle_target": lambda v: _tier(v, "idle_target"), "nvme_persist": int,
+                "nvme_buffered_fallback": int,
                 "prefix_cache": int}
 _SEQ_OPTS = ("tenant", "priority", "session_key", "retention_ms", "salt", "extra_key")
 
@@ -227,7 +236,8 @@ class Engine:
     "int8" or the enum value), tokens_per_block, hbm_bytes, host_bytes, nvme_dir, nvme_bytes,
     device ("emulated" or "cuda"), cuda_device, high_watermark, low_watermark,
     nvme_queue_depth, emu_max_delay_us, emu_seed, emu_copy_bytes_per_s;
-    nvme_codec ("none", "lz4", "shuf_lz4", "byte_lz4" or CODEC_*), nvme_codec_min_saving,
+    nvme_codec ("none", "lz4", "shuf_lz4", "byte_lz4", "cshuf_lz4" or CODEC_*; "shuf-lz4" and
+    the other hyphen spellings of kvtier-bench are accepted too), nvme_codec_min_saving,
     nvme_persist (True: the persistent store <nvme_dir>/kvtier.store whose published sessions
     survive a restart), nvme_buffered_fallback; evict_policy ("arc", "lru", "prio", "default"
     or EVICT_*), idle_timeout_ms, idle_target (a tier), prefix_cache (True: sealed blocks stay

@@ -45,7 +45,9 @@ def kvtier_run(root, flags):
 
 @pytest.mark.parametrize("flags", [["--steps", "64"],
                                    ["--sessions", "2", "--turns", "2", "--steps", "40",
-                                    "--prompt", "Lily had a"]])
+                                    "--prompt", "Lily had a"],
+                                   # kvtier-run's built-in prompt per session and turn
+                                   ["--sessions", "3", "--turns", "2", "--steps", "24"]])
 def test_example_matches_kvtier_run(root, flags):
     model_files(root)
     ex = example(root, flags)

@@ -64,6 +64,27 @@ def test_options_as_keywords(tmp_path):
             eng.open_sequence(priority=101)
 
 
+def test_option_names_errors_and_spellings(tmp_path):
+    """An unknown tier name lists the valid ones (not tuple.index's ValueError); codec names
+    take kvtier-bench's hyphen spelling too."""
+    with pytest.raises(kvtier.InvalidArgumentError,
+                       match=r"idle_target 'disk': one of \['hbm', 'host', 'nvme'\]"):
+        engine(idle_target="disk")
+    with engine() as eng, eng.open_sequence() as seq:
+        with pytest.raises(kvtier.InvalidArgumentError, match=r"tier 'disk': one of"):
+            seq.park("disk")
+    for name in ("shuf-lz4", "cshuf-lz4"):
+        with engine(tmp_path, nvme_codec=name, nvme_codec_min_saving=0.0) as eng:
+            seq = eng.open_sequence()
+            fill(eng, seq, 1, list(range(8)))
+            seq.park(kvtier.TIER_NVME)
+            eng.drain()
+            assert eng.stats()["codec_raw_bytes"] == 2 * BLOCK  # the codec is on
+            seq.close()
+    with pytest.raises(kvtier.InvalidArgumentError, match=r"nvme_codec 'shuf--lz4': one of"):
+        engine(nvme_codec="shuf--lz4")
+
+
 def test_prefix_sharing():
     with engine() as eng:
         prompt = list(range(100, 112))  # 3 blocks
