@@ -412,6 +412,11 @@ rp_check_outputs(const struct rp_opts *o)
 		return -1;
 	if (o->plot && rp_check_output("--plot", o->plot))
 		return -1;
+	if (o->plot && system("command -v gnuplot >/dev/null 2>&1") != 0) {
+		fprintf(stderr, "kvtier-replay: --plot needs gnuplot, which is not installed "
+			"(apt-get install -y gnuplot-nox)\n");
+		return -1;
+	}
 	return 0;
 }
 
