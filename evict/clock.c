@@ -33,8 +33,8 @@
  * (pinned, busy, dirty ones while clean ones go first): the sweep passes them as GCLOCK passes a
  * frame it may not evict, their counters decremented to no less than 0; they come again later
  * in the order (a walk that evicts as it goes, as engine/tenant.c's, may meet them again before
- * it ends: its scan budget bounds it). The sweep is applied by remove() when the key was offered by the
- * current walk: its pos is at most the furthest pos the walk has offered since victim_first
+ * it ends: its scan budget bounds it). The sweep is applied by remove() when the key was offered
+ * by the current walk: its pos is at most the furthest pos the walk has offered since victim_first
  * (that mark moves down with each sweep; an insert, a use or a growth of the key space clears
  * it: the engine evicts right after its walk, before any copy comes or is used).
  * Other removals (a block freed or rewritten) just clear the key: a frame emptied outside the

@@ -16,7 +16,8 @@
  * the tier slot its copy occupies and back. They then keep their per-copy state in arrays
  * indexed by slot (capacity entries, whatever the number of blocks: a small HBM tier costs
  * almost nothing) and ignore reserve(); arc keeps its ghosts (ids that left the tier) in queues
- * of ids with an id hash of their own (under 11 bytes a ghost with the lists full). The ids in and out of the ops are block ids either way, and the
+ * of ids with an id hash of their own (under 11 bytes a ghost with the lists full). The ids in
+ * and out of the ops are block ids either way, and the
  * order of victims of lru and arc is the same (clock's hand sweeps keys in key order, so its
  * victims follow the slots). prio keeps per-id state (its priorities are set before a copy
  * exists).
