@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tests/test_bench_nvme.c - `kvtier-bench nvme` (and decode's parser) refuses bad arguments
- * before measuring anything: exit status 2 and a message naming the argument (kvtr_last_error(), also printed).
+ * before measuring anything: exit status 2 and a message naming the argument
+ * (kvtr_last_error(), also printed).
  */
 #include <stdarg.h>
 #include <stddef.h>
