@@ -59,24 +59,27 @@ kvt_last_error_message(void)
 
 /* A message that wraps the one before it of the same code repeats its "<strerror>: " prefix
  * ("file is not in the expected format: engine: file is not in the expected format: ..."): drop
- * the copies after the first @plen bytes (the prefix itself). */
+ * the copies that start a wrapped part (right after a ": ") past the first @plen bytes (the
+ * prefix itself); the same words elsewhere (inside a path) stay. */
 static void
 err_drop_repeats(char *msg, size_t plen)
 {
-	char pre[128], *p;
+	char pre[132], *p = msg + plen;
 
-	if (plen <= 2 || plen >= sizeof pre)
+	if (plen <= 2 || plen + 2 >= sizeof pre)
 		return;
-	memcpy(pre, msg, plen);
-	pre[plen] = '\0';
-	while ((p = strstr(msg + plen, pre)) != NULL)
-		memmove(p, p + plen, strlen(p + plen) + 1);
+	pre[0] = ':';
+	pre[1] = ' ';
+	memcpy(pre + 2, msg, plen);
+	pre[plen + 2] = '\0';
+	while ((p = strstr(p, pre)) != NULL)
+		memmove(p + 2, p + 2 + plen, strlen(p + 2 + plen) + 1);
 }
 
 int
 kvt_err(int code, const char *fmt, ...)
 {
-	char msg[sizeof kvt_errbuf];
+	char msg[2 * sizeof kvt_errbuf]; /* room to drop repeats before cutting to size */
 	va_list ap;
 	int n;
 
@@ -89,7 +92,8 @@ kvt_err(int code, const char *fmt, ...)
 	vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
 	va_end(ap);
 	err_drop_repeats(msg, (size_t)n);
-	memcpy(kvt_errbuf, msg, sizeof msg);
+	memcpy(kvt_errbuf, msg, sizeof kvt_errbuf - 1);
+	kvt_errbuf[sizeof kvt_errbuf - 1] = '\0';
 	return code;
 }
 

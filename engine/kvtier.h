@@ -194,8 +194,11 @@ struct kvt_engine_opts {
 	                              journal "kvtier.journal") is opened, or created when absent;
 	                              parked sessions published in it survive a restart or a crash
 	                              (kvt_session_list, kvt_seq_restore). A store made for another
-	                              layout, block size, codec, capacity or format version is not
-	                              used: create fails with KVT_EFORMAT and says what differs. */
+	                              layout, block size, codec, capacity or format version (or
+	                              whose journal is of another format version) is not used:
+	                              create fails with KVT_EFORMAT and says what differs. A
+	                              journal damaged past a torn tail replays what verifies, is
+	                              kept as "kvtier.journal.damaged" and logged (warning). */
 	int nvme_buffered_fallback; /* 1: when the filesystem refuses O_DIRECT, use buffered IO
 	                              (page cache) with a warning instead of failing. Default 0 */
 	/* ---- 0.2: eviction and idle sessions */

@@ -141,11 +141,11 @@ kvt_persist_open(struct kvt_engine *e)
 
 		if (at > 1)
 			snprintf(where, sizeof where, "at byte %llu", (unsigned long long)at);
-		kvt_engine_log(e, KVT_LOG_ERROR, "store %s/kvtier.journal is damaged %s (not a torn "
-			       "tail: %u valid records follow, not replayed); %u sessions restored "
-			       "from before it; the journal as it was is kept as "
-			       "kvtier.journal.damaged", e->nvme_dir, where, dropped,
-			       kvt_store_count(e->store));
+		kvt_engine_log(e, KVT_LOG_WARN, "store %s/kvtier.journal does not verify %s, with %u "
+			       "valid records after it, not replayed (damage, or appends that a power "
+			       "loss cut out of order before their sync); %u sessions restored from "
+			       "before it; the journal as it was is kept as kvtier.journal.damaged",
+			       e->nvme_dir, where, dropped, kvt_store_count(e->store));
 	}
 	if (orphan)
 		kvt_engine_log(e, KVT_LOG_WARN, "store %s: its journal belonged to another store "

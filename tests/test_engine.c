@@ -59,6 +59,11 @@ test_error_message_wraps_previous(void **state)
 	snprintf(want, sizeof want, "%s: engine: nvme open: store x was made for dtype f16, this "
 		 "engine has bf16", kvt_strerror(KVT_EFORMAT));
 	assert_string_equal(kvt_last_error_message(), want);
+	/* the same words inside a part (a path) are not a wrap: kept */
+	kvt_err(-EINVAL, "path /x/invalid argument: y/z");
+	snprintf(want, sizeof want, "%s: path /x/%s: y/z", kvt_strerror(-EINVAL),
+		 kvt_strerror(-EINVAL));
+	assert_string_equal(kvt_last_error_message(), want);
 }
 
 static void

@@ -12,6 +12,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -185,6 +186,51 @@ test_corrupt_record_mid_journal(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Without hard links (vfat, some FUSE mounts) the damaged journal is copied, whole, before
+ * compaction replaces it. */
+static void
+test_damaged_journal_copied_without_links(void **state)
+{
+	char *dir = j_three(), path[600], kept[640];
+	uint8_t byte, *orig, *copy;
+	struct kvt_store *st;
+	struct stat sb;
+	size_t n;
+	int fd;
+
+	(void)state;
+	j_path(dir, path, sizeof path);
+	fd = open(path, O_RDWR);
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, &byte, 1, (off_t)j_rec_off(1) + 40), 1);
+	byte ^= 0x10;
+	assert_int_equal(pwrite(fd, &byte, 1, (off_t)j_rec_off(1) + 40), 1);
+	n = j_rec_off(3);
+	orig = malloc(n);
+	copy = malloc(n);
+	assert_true(orig && copy);
+	assert_int_equal(pread(fd, orig, n, 0), (ssize_t)n);
+	close(fd);
+	kvt_test_store_no_link = true;
+	st = j_open(dir);
+	kvt_test_store_no_link = false;
+	assert_int_equal(kvt_store_count(st), 1);
+	assert_int_equal(kvt_store_damaged(st, NULL, NULL), j_rec_off(1));
+	snprintf(kept, sizeof kept, "%s.damaged", path);
+	assert_int_equal(stat(kept, &sb), 0);
+	assert_int_equal(sb.st_size, (off_t)n);
+	assert_int_equal(sb.st_nlink, 1); /* a copy, not a link */
+	fd = open(kept, O_RDONLY);
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, copy, n, 0), (ssize_t)n);
+	close(fd);
+	assert_memory_equal(copy, orig, n);
+	free(orig);
+	free(copy);
+	kvt_store_close(st);
+	tsup_rmdir(dir);
+}
+
 /* Rewrite the journal header of @path with format version @ver and store id @id, sealed. */
 static void
 j_rewrite_header(const char *path, uint32_t ver, uint64_t id)
@@ -268,6 +314,7 @@ main(void)
 		cmocka_unit_test(test_two_records_claim_one_slot),
 		cmocka_unit_test(test_truncated_put),
 		cmocka_unit_test(test_corrupt_record_mid_journal),
+		cmocka_unit_test(test_damaged_journal_copied_without_links),
 		cmocka_unit_test(test_other_version_refused),
 		cmocka_unit_test(test_damaged_header_and_foreign_journal),
 	};

@@ -136,18 +136,20 @@ kvt_fmt_super_decode(const uint8_t *b, size_t len, struct kvt_fmt_super *s)
 	return 0;
 }
 
-/* The name of an enum kvt_dtype value as stored ("dtype 7" style for an unknown one). */
+/* The name of a value of a stored enum: @names[@v], or "#v" in @buf for an unknown one. (Own
+ * tables: the parsers link alone into the fuzz targets, without the codec.) */
 static const char *
-fmt_dtype_name(uint32_t d)
+fmt_enum_name(const char *const *names, uint32_t n, uint32_t v, char *buf, size_t len)
 {
-	static const char *const names[] = { "f32", "f16", "bf16", "fp8_e4m3", "int8" };
-	static _Thread_local char other[24];
-
-	if (d < sizeof names / sizeof names[0])
-		return names[d];
-	snprintf(other, sizeof other, "#%u", d);
-	return other;
+	if (v < n)
+		return names[v];
+	snprintf(buf, len, "#%u", v);
+	return buf;
 }
+
+static const char *const fmt_dtypes[] = { "f32", "f16", "bf16", "fp8_e4m3", "int8" };
+static const char *const fmt_codecs[] = { "none", "lz4", "shuf-lz4", "byte-lz4", "cshuf-lz4" };
+#define FMT_N(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 
 #define FMT_MATCH(field, what)                                                                  \
 	do {                                                                                    \
@@ -163,18 +165,22 @@ int
 kvt_fmt_super_match(const struct kvt_fmt_super *have, const struct kvt_fmt_super *want,
 		    const char *path)
 {
+	char b1[16], b2[16];
+
 	FMT_MATCH(n_layers, "n_layers");
 	FMT_MATCH(n_kv_heads, "n_kv_heads");
 	FMT_MATCH(head_dim, "head_dim");
 	if (have->dtype != want->dtype)
 		return kvt_err(KVT_EFORMAT, "store %s was made for dtype %s, this engine has %s; not "
 			       "used (choose another nvme_dir or remove it)", path,
-			       fmt_dtype_name(have->dtype), fmt_dtype_name(want->dtype));
+			       fmt_enum_name(fmt_dtypes, FMT_N(fmt_dtypes), have->dtype, b1, sizeof b1),
+			       fmt_enum_name(fmt_dtypes, FMT_N(fmt_dtypes), want->dtype, b2, sizeof b2));
 	FMT_MATCH(tokens_per_block, "tokens_per_block");
 	if (have->codec != want->codec)
 		return kvt_err(KVT_EFORMAT, "store %s was made for codec %s, this engine has %s; not "
 			       "used (choose another nvme_dir or remove it)", path,
-			       kvt_codec_name((int)have->codec), kvt_codec_name((int)want->codec));
+			       fmt_enum_name(fmt_codecs, FMT_N(fmt_codecs), have->codec, b1, sizeof b1),
+			       fmt_enum_name(fmt_codecs, FMT_N(fmt_codecs), want->codec, b2, sizeof b2));
 	FMT_MATCH(block_bytes, "block_bytes");
 	FMT_MATCH(slot_bytes, "slot_bytes");
 	FMT_MATCH(n_slots, "slots (capacity)");

@@ -254,20 +254,54 @@ store_replay_buf(struct kvt_store *st, const uint8_t *buf, size_t len)
 	return rc ? rc : store_resolve(st);
 }
 
-/* Keep the journal as it was (a hard link "<journal>.damaged", replacing an older one) before
- * compaction replaces it: what did not replay can still be looked at. */
-static void
-store_keep_damaged(struct kvt_store *st)
-{
-	size_t plen = strlen(st->path) + sizeof ".damaged";
-	char *p = kvt_malloc(plen);
+static int store_write_all(int fd, const uint8_t *p, size_t n, uint64_t off);
 
-	if (!p)
-		return;
-	snprintf(p, plen, "%s.damaged", st->path);
-	(void)unlink(p);
-	(void)link(st->path, p);
-	kvt_free(p);
+bool kvt_test_store_no_link;
+
+/* Keep the journal as it was, @buf (@len bytes), as "<journal>.damaged" (replacing an older one)
+ * before compaction replaces it, so that what did not replay can still be looked at: a hard
+ * link, or where the filesystem has none a copy, made durable (fsync, rename, directory fsync).
+ * 0, or the error (then the journal must not be compacted: kvt_store_open fails). */
+static int
+store_keep_damaged(struct kvt_store *st, const uint8_t *buf, size_t len)
+{
+	size_t plen = strlen(st->path) + sizeof ".damaged.tmp";
+	char *kept = kvt_malloc(plen), *tmp = kvt_malloc(plen);
+	int fd = -1, rc = 0, dfd;
+
+	if (!kept || !tmp) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	snprintf(kept, plen, "%s.damaged", st->path);
+	snprintf(tmp, plen, "%s.damaged.tmp", st->path);
+	(void)unlink(tmp);
+	if (kvt_test_store_no_link || link(st->path, tmp) != 0) {
+		fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		rc = fd < 0 ? -errno : store_write_all(fd, buf, len, 0);
+		if (rc == 0 && fsync(fd) != 0)
+			rc = -errno;
+		if (fd >= 0)
+			close(fd);
+	}
+	if (rc == 0 && rename(tmp, kept) != 0)
+		rc = -errno;
+	if (rc != 0) {
+		(void)unlink(tmp);
+		goto out;
+	}
+	dfd = open(st->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		(void)fsync(dfd);
+		close(dfd);
+	}
+out:
+	if (rc != 0)
+		rc = kvt_err(rc, "store: keeping the damaged journal %s as %s.damaged failed; it is "
+			     "not used nor changed", st->path, st->path);
+	kvt_free(kept);
+	kvt_free(tmp);
+	return rc;
 }
 
 /* Read the whole journal into memory and replay it; cut a torn tail. A journal of another format
@@ -306,9 +340,9 @@ store_replay(struct kvt_store *st, bool fresh)
 	if (kvt_fmt_jhdr_decode(buf, (size_t)got, &id) != 0) {
 		st->damaged_at = 1; /* the header itself */
 		st->dropped = store_valid_after(buf, (size_t)got, 0);
+		rc = store_keep_damaged(st, buf, (size_t)got);
 		kvt_free(buf);
-		store_keep_damaged(st);
-		return 0;
+		return rc;
 	}
 	if (id != st->store_id) {
 		st->orphan_id = id; /* another store's journal: its sessions were not this store's */
@@ -316,9 +350,9 @@ store_replay(struct kvt_store *st, bool fresh)
 		return 0;
 	}
 	rc = store_replay_buf(st, buf, (size_t)got);
-	kvt_free(buf);
 	if (rc == 0 && st->damaged_at)
-		store_keep_damaged(st);
+		rc = store_keep_damaged(st, buf, (size_t)got);
+	kvt_free(buf);
 	return rc;
 }
 

@@ -98,6 +98,10 @@ void kvt_store_close(struct kvt_store *st);
  */
 uint64_t kvt_store_damaged(const struct kvt_store *st, uint32_t *dropped, uint64_t *orphan_id);
 
+/** Test hook: when set, keeping a damaged journal copies it as on a filesystem without hard
+ * links. */
+extern bool kvt_test_store_no_link;
+
 /** Number of sessions in the index, and the i-th (0 <= i < count; order changes on del). */
 uint32_t kvt_store_count(const struct kvt_store *st);
 struct kvt_store_sess *kvt_store_at(struct kvt_store *st, uint32_t i);

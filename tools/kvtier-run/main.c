@@ -284,10 +284,15 @@ main_out_open(const char *opt, const char *path, FILE **f, int *created)
 	return 0;
 }
 
-/* The run succeeded: empty the output file opened by main_out_open before writing it. */
+/* The run succeeded: empty the output file opened by main_out_open before writing it (a regular
+ * file only: /dev/stdout, a pipe or a tty are written as they are). */
 static int
 main_out_begin(FILE *f, const char *path)
 {
+	struct stat st;
+
+	if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode))
+		return 0;
 	if (ftruncate(fileno(f), 0) != 0)
 		return kvtr_err(-errno, "cannot write %s: %s", path, strerror(errno));
 	return 0;
