@@ -253,8 +253,13 @@ persist_put(struct kvt_engine *e, uint32_t idx)
 		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
 		struct kvt_nvme_slotinfo si = { 0 };
 
-		/* persist_ready found every entry: the NVMe copy's metadata is the tier's */
-		(void)kvt_nvme_slot_info(e->nvme, b->slot[KVT_TIER_NVME], &si);
+		/* persist_ready found every entry (mu is the engine's: nothing changed since) */
+		if (!kvt_nvme_slot_info(e->nvme, b->slot[KVT_TIER_NVME], &si)) {
+			kvt_free(refs);
+			e->n_pend = from;
+			return kvt_err(-ENOENT, "publishing session %#llx: block %u has no completed "
+				       "NVMe write", (unsigned long long)s->session_key, i);
+		}
 		refs[i].slot = b->slot[KVT_TIER_NVME];
 		refs[i].tag = si.tag;
 		refs[i].lenc = si.lenc;
@@ -418,8 +423,8 @@ persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32
 		return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
 	if (rc)
 		return kvt_err(-EIO, "block %u: %s", i, kvt_last_error_message());
-	if (kvt_fmt_write_tag(h.key) != r->tag || h.session != rec->key || h.index != i ||
-	    kvt_fmt_lenc(h.codec, h.stored_len, e->block_bytes) != r->lenc)
+	if (!kvt_fmt_blkhdr_is(&h, r->tag, r->lenc, e->block_bytes) || h.session != rec->key ||
+	    h.index != i)
 		return kvt_err(-ENOENT, "block %u: slot %u holds another write (tag %#x, "
 			       "expected %#x)", i, r->slot, kvt_fmt_write_tag(h.key), r->tag);
 	return 0;

@@ -304,13 +304,15 @@ kvt_fmt_jhdr_version(const uint8_t *b, size_t len)
 int
 kvt_fmt_jhdr_decode(const uint8_t *b, size_t len, uint64_t *store_id)
 {
-	if (!b || len < KVT_FMT_JHDR_BYTES || memcmp(b, fmt_j_magic, 8) != 0)
-		return kvt_err(KVT_EFORMAT, "not a kvtier journal (bad magic)");
-	if (FMT_SUM_BAD(XXH3_64bits(b, 56), kvt_get_le64(b + 56)))
-		return kvt_err(KVT_EFORMAT, "journal header checksum mismatch");
-	if (kvt_get_le32(b + 8) != KVT_FMT_VERSION)
-		return kvt_err(KVT_EFORMAT, "journal format version %u, this kvtier reads %u",
-			       kvt_get_le32(b + 8), KVT_FMT_VERSION);
+	uint32_t ver = kvt_fmt_jhdr_version(b, len);
+
+	if (ver == 0)
+		return kvt_err(KVT_EFORMAT, "not a kvtier journal (%s)",
+			       b && len >= KVT_FMT_JHDR_BYTES && !memcmp(b, fmt_j_magic, 8) ?
+			       "header checksum mismatch" : "bad magic");
+	if (ver != KVT_FMT_VERSION)
+		return kvt_err(KVT_EFORMAT, "journal format version %u, this kvtier reads %u", ver,
+			       KVT_FMT_VERSION);
 	*store_id = kvt_get_le64(b + 16);
 	return 0;
 }

@@ -21,6 +21,7 @@
 #ifndef KVT_TIERS_FORMAT_H
 #define KVT_TIERS_FORMAT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -127,6 +128,16 @@ kvt_fmt_write_tag(uint64_t key)
  * same code, so a code read from disk can be compared with a kept one. Pure.
  */
 uint32_t kvt_fmt_lenc(uint32_t codec, uint32_t stored, uint64_t block_bytes);
+/** Whether block header @h is the write a slot table or journal names by @tag and @lenc (for
+ * blocks of @block_bytes): another write's header there is a lost or misdirected write. Pure. */
+static inline bool
+kvt_fmt_blkhdr_is(const struct kvt_fmt_blkhdr *h, uint32_t tag, uint32_t lenc,
+		  uint64_t block_bytes)
+{
+	return kvt_fmt_write_tag(h->key) == tag &&
+	       kvt_fmt_lenc(h->codec, h->stored_len, block_bytes) == lenc;
+}
+
 /** Payload bytes a read of a slot with length code @lenc moves after the header page (a
  * multiple of 4096, at most round_up(block_bytes, 4096)); 0 when @lenc is not valid for
  * @block_bytes (unknown, codec out of range, q 0, or a raw code with q != 4095). Pure. */

@@ -95,7 +95,7 @@ kvt_nvme_sync_failed(const struct kvt_nvme *n)
 int
 kvt_nvme_read_header(struct kvt_nvme *n, uint32_t slot, struct kvt_fmt_blkhdr *h)
 {
-	uint64_t off = KVT_FMT_DATA_OFF + (uint64_t)slot * n->slot_bytes;
+	uint64_t off = nvme_slot_off(n, slot);
 	void *buf = NULL;
 	char eb[128];
 	ssize_t r;
@@ -127,7 +127,7 @@ kvt_nvme_punch(struct kvt_nvme *n, uint32_t slot)
 {
 	if (slot < n->n_slots)
 		(void)fallocate(n->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-				(off_t)(KVT_FMT_DATA_OFF + (uint64_t)slot * n->slot_bytes),
+				(off_t)nvme_slot_off(n, slot),
 				(off_t)n->slot_bytes);
 }
 

@@ -193,6 +193,13 @@ nvme_strerror(int e, char *buf, size_t len)
 	return strerror_r(e, buf, len);
 }
 
+/* File offset of byte 0 of @slot. */
+static inline uint64_t
+nvme_slot_off(const struct kvt_nvme *n, uint32_t slot)
+{
+	return KVT_FMT_DATA_OFF + (uint64_t)slot * n->slot_bytes;
+}
+
 /* Bytes an IO of a slot moves when @stored payload bytes follow the header page: rounded up to
  * 4 KiB, at most the slot. */
 static inline uint32_t

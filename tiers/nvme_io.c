@@ -90,7 +90,7 @@ kvt_nvme_queue_rest(struct kvt_nvme *n, struct nvme_req *req)
 	unsigned len;
 	int bi;
 	uint8_t *buf = nvme_piece(req, &bi, &len);
-	uint64_t off = KVT_FMT_DATA_OFF + (uint64_t)req->slot * n->slot_bytes + req->done;
+	uint64_t off = nvme_slot_off(n, req->slot) + req->done;
 	int fd = n->fixed_file ? 0 : n->fd;
 
 	if (!sqe) {
@@ -193,7 +193,7 @@ static bool
 nvme_zc_span(const struct kvt_nvme *n, const void *p, uint32_t *idx)
 {
 	uintptr_t a = (uintptr_t)p, base = (uintptr_t)n->host_base;
-	size_t need = (n->block_bytes + NVME_ALIGN - 1) & ~(size_t)(NVME_ALIGN - 1);
+	size_t need = n->slot_bytes - NVME_HPAGE; /* round_up(block_bytes, 4 KiB) */
 	size_t off, c, end;
 
 	if (!n->host_base || a < base || a - base >= n->host_len || a % NVME_ALIGN)
@@ -342,7 +342,7 @@ kvt_nvme_get(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t user_data)
 	req->user_data = user_data;
 	req->dst = dst;
 	req->stored = 0;
-	req->len = (uint32_t)(NVME_HPAGE + pay < n->slot_bytes ? NVME_HPAGE + pay : n->slot_bytes);
+	req->len = nvme_io_len(n, (uint32_t)pay);
 	if (kvt_fmt_lenc_codec(lenc) == KVT_CODEC_NONE && nvme_zc_span(n, dst, &idx) &&
 	    nvme_zc_room(n, dst)) {
 		/* [header page | payload] in one IO, straight into the HOST slot and its room */
@@ -460,15 +460,17 @@ nvme_continue(struct kvt_nvme *n, struct nvme_req *req, size_t got)
 static int
 nvme_complete(struct kvt_nvme *n, struct nvme_req *req, int res, struct kvt_nvme_cqe *c)
 {
-	uint64_t off = KVT_FMT_DATA_OFF + (uint64_t)req->slot * n->slot_bytes + req->done;
-	unsigned plen;
-	int bi;
-	uint8_t *pbuf = nvme_piece(req, &bi, &plen);
 	size_t left = req->piece;
 	char eb[128];
 
-	if (n->hooks.on_complete)
-		n->hooks.on_complete(n->hooks.arg, req->is_write, req->slot, pbuf, left, off, &res);
+	if (n->hooks.on_complete) {
+		unsigned plen;
+		int bi;
+		uint8_t *pbuf = nvme_piece(req, &bi, &plen);
+
+		n->hooks.on_complete(n->hooks.arg, req->is_write, req->slot, pbuf, left,
+				     nvme_slot_off(n, req->slot) + req->done, &res);
+	}
 	if (res >= 0 && (size_t)res == left && req->done + left < req->len && !n->closing) {
 		/* this piece is done (a zero-copy put's header page): on to the payload */
 		req->done += (uint32_t)left;

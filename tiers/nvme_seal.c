@@ -95,8 +95,7 @@ kvt_nvme_verify(struct kvt_nvme *n, const struct nvme_req *req, uint8_t *scratch
 			       h.raw_len, n->block_bytes);
 	if (req->want_lenc) {
 		/* a lost or misdirected write leaves another write's header here */
-		if (kvt_fmt_write_tag(h.key) != req->want_tag ||
-		    kvt_fmt_lenc(h.codec, h.stored_len, n->block_bytes) != req->want_lenc)
+		if (!kvt_fmt_blkhdr_is(&h, req->want_tag, req->want_lenc, n->block_bytes))
 			return kvt_err(KVT_ECORRUPT, "nvme slot %u: holds another write (tag %#x, "
 				       "length code %#x; expected %#x, %#x)", slot,
 				       kvt_fmt_write_tag(h.key),

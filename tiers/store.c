@@ -62,6 +62,17 @@ kvt_sync_fd(int fd, int ev)
 	return 0;
 }
 
+void
+kvt_fsync_dir(const char *dir)
+{
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (dfd >= 0) {
+		(void)fsync(dfd);
+		close(dfd);
+	}
+}
+
 static void
 store_sess_free(struct kvt_store_sess *s)
 {
@@ -267,7 +278,7 @@ store_keep_damaged(struct kvt_store *st, const uint8_t *buf, size_t len)
 {
 	size_t plen = strlen(st->path) + sizeof ".damaged.tmp";
 	char *kept = kvt_malloc(plen), *tmp = kvt_malloc(plen);
-	int fd = -1, rc = 0, dfd;
+	int fd = -1, rc = 0;
 
 	if (!kept || !tmp) {
 		rc = -ENOMEM;
@@ -290,11 +301,7 @@ store_keep_damaged(struct kvt_store *st, const uint8_t *buf, size_t len)
 		(void)unlink(tmp);
 		goto out;
 	}
-	dfd = open(st->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		(void)fsync(dfd);
-		close(dfd);
-	}
+	kvt_fsync_dir(st->dir);
 out:
 	if (rc != 0)
 		rc = kvt_err(rc, "store: keeping the damaged journal %s as %s.damaged failed; it is "
@@ -427,7 +434,7 @@ store_compact(struct kvt_store *st)
 	char *tmp = kvt_malloc(plen);
 	uint8_t hdr[KVT_FMT_JHDR_BYTES], *rec;
 	uint64_t off = KVT_FMT_JHDR_BYTES;
-	int fd, rc = 0, dfd;
+	int fd, rc = 0;
 
 	if (!tmp)
 		return kvt_err(-ENOMEM, "store: path");
@@ -461,11 +468,7 @@ store_compact(struct kvt_store *st)
 		return kvt_err(rc, "store: compacting %s", st->path);
 	}
 	kvt_free(tmp);
-	dfd = open(st->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		(void)fsync(dfd);
-		close(dfd);
-	}
+	kvt_fsync_dir(st->dir);
 	if (st->fd >= 0)
 		close(st->fd);
 	st->fd = fd;

@@ -73,6 +73,9 @@ void kvt_sync_note(int ev, uint64_t key, const struct kvt_fmt_blkref *blocks, ui
  * a failure instead; a success is reported to it (kvt_sync_note). Returns 0 or -errno.
  */
 int kvt_sync_fd(int fd, int ev);
+/** kvt_fsync_dir() - fsync directory @dir, so that entries just created or renamed in it are
+ * durable. Best effort: a directory that cannot be opened is left as it is. */
+void kvt_fsync_dir(const char *dir);
 
 /**
  * kvt_store_open() - open (or create) "<dir>/kvtier.journal" for the store @store_id with

@@ -621,15 +621,8 @@ nvme_setup_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, si
 		n->path = n->final_path;
 		n->final_path = NULL;
 	}
-	if (r == 0 && n->persist) {
-		/* the new file's directory entry must be durable before anything refers to it */
-		int dfd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-
-		if (dfd >= 0) {
-			(void)fsync(dfd);
-			close(dfd);
-		}
-	}
+	if (r == 0 && n->persist)
+		kvt_fsync_dir(o->dir); /* the new file's entry durable before anything refers to it */
 	return r;
 }
 
