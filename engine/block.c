@@ -193,8 +193,7 @@ static bool
 host_copy_read(const struct kvt_block *b)
 {
 	return b->busy && kvt_copy_state(b, KVT_TIER_HOST) == KVT_COPY_PRESENT &&
-	       (kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_INFLIGHT ||
-		kvt_copy_state(b, KVT_TIER_HBM) == KVT_COPY_INFLIGHT);
+	       kvt_host_has_reader(b);
 }
 
 void

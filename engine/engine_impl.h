@@ -126,6 +126,15 @@ kvt_copy_stale(const struct kvt_block *b, int tier)
 	return (b->copies >> (2 * tier) & 3u) == KVT_COPY_RAW_STALE;
 }
 
+/* Whether a transfer in flight reads @b's HOST copy: only a HOST->NVMe write or a HOST->HBM copy
+ * does, and their destinations are INFLIGHT while they run. */
+static inline bool
+kvt_host_has_reader(const struct kvt_block *b)
+{
+	return kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_INFLIGHT ||
+	       kvt_copy_state(b, KVT_TIER_HBM) == KVT_COPY_INFLIGHT;
+}
+
 /* Is @b's copy in @tier valid (PRESENT: PRESENT copies are current, see above)? Inline: the
  * decode path (prepare, reclaim walks) asks it per block and tier. */
 static inline bool

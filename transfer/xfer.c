@@ -313,8 +313,7 @@ xfer_release_src(struct kvt_engine *e, struct kvt_xfer *x)
 	struct kvt_block *b = kvt_blk(e, x->block);
 
 	if (kvt_copy_stale(b, KVT_TIER_HOST) && b->slot[KVT_TIER_HOST] == x->src_slot &&
-	    kvt_copy_state(b, KVT_TIER_NVME) != KVT_COPY_INFLIGHT &&
-	    kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_INFLIGHT)
+	    !kvt_host_has_reader(b))
 		kvt_copy_fail(e, x->block, KVT_TIER_HOST);
 }
 
@@ -606,8 +605,23 @@ xfer_host_late(struct kvt_engine *e, struct kvt_xfer *x)
 	e->host_late++;
 }
 
-/* Slots quarantined by timed-out writes (NVMe) and zero-copy reads (HOST) whose late completion
- * came: back to the allocator. */
+/* @slot of @tier, quarantined by a timed-out IO whose late completion came (*@late of them
+ * outstanding): back to the allocator. Anything else (a slot out of range, not quarantined) is
+ * left alone. */
+static void
+xfer_unquarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t *late)
+{
+	if (slot >= e->slots[tier].n_slots || !*late ||
+	    kvt_owner(e, tier, slot) != KVT_SLOT_QUARANTINED)
+		return;
+	kvt_owner_set(e, tier, slot, KVT_NIL);
+	kvt_slots_free(&e->slots[tier], slot);
+	e->quarantined[tier]--;
+	(*late)--;
+}
+
+/* Slots quarantined by timed-out writes (NVMe) and zero-copy reads (HOST; the tier names the
+ * slot's data address) whose late completion came: back to the allocator. */
 static void
 xfer_nvme_late(struct kvt_engine *e)
 {
@@ -615,28 +629,14 @@ xfer_nvme_late(struct kvt_engine *e)
 	uint32_t sl[32], k;
 
 	while ((k = kvt_nvme_late_writes(e->nvme, sl, 32)) > 0)
-		for (uint32_t i = 0; i < k; i++) {
-			if (kvt_owner(e, KVT_TIER_NVME, sl[i]) != KVT_SLOT_QUARANTINED ||
-			    !e->nvme_late)
-				continue;
-			kvt_owner_set(e, KVT_TIER_NVME, sl[i], KVT_NIL);
-			kvt_slots_free(&e->slots[KVT_TIER_NVME], sl[i]);
-			e->quarantined[KVT_TIER_NVME]--;
-			e->nvme_late--;
-		}
+		for (uint32_t i = 0; i < k; i++)
+			xfer_unquarantine(e, KVT_TIER_NVME, sl[i], &e->nvme_late);
 	while ((k = kvt_nvme_late_reads(e->nvme, bufs, 32)) > 0)
-		for (uint32_t i = 0; i < k; i++) {
-			uint32_t s = (uint32_t)(((char *)bufs[i] - (char *)e->host_base -
-						 e->host_data_off) / e->host_stride);
-
-			if (s >= e->slots[KVT_TIER_HOST].n_slots ||
-			    kvt_owner(e, KVT_TIER_HOST, s) != KVT_SLOT_QUARANTINED || !e->host_late)
-				continue;
-			kvt_owner_set(e, KVT_TIER_HOST, s, KVT_NIL);
-			kvt_slots_free(&e->slots[KVT_TIER_HOST], s);
-			e->quarantined[KVT_TIER_HOST]--;
-			e->host_late--;
-		}
+		for (uint32_t i = 0; i < k; i++)
+			xfer_unquarantine(e, KVT_TIER_HOST,
+					  (uint32_t)(((char *)bufs[i] - (char *)e->host_base -
+						      e->host_data_off) / e->host_stride),
+					  &e->host_late);
 }
 
 static int

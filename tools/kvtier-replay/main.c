@@ -390,10 +390,8 @@ rp_check_output(const char *opt, const char *path)
 		err = ENOTDIR;
 	else if (access(dir, W_OK | X_OK))
 		err = errno;
-	else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-		err = EISDIR;
-	else if (stat(path, &st) == 0 && access(path, W_OK))
-		err = errno;
+	else if (stat(path, &st) == 0)
+		err = S_ISDIR(st.st_mode) ? EISDIR : access(path, W_OK) ? errno : 0;
 	if (err) {
 		fprintf(stderr, "kvtier-replay: cannot write %s %s: %s\n", opt, path,
 			strerror(err));

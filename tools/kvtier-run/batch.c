@@ -226,10 +226,10 @@ run_hint(struct run_ctx *c, const struct kvt_seq_range *r)
 		 * spared: an append never waits behind the rest of a batch or for a demotion */
 		rc = c->n_hint_last ? kvt_engine_hint_ranges(c->e, c->hint_last, c->n_hint_last, 1)
 				    : 0;
-		if ((rc == 0 || rc == KVT_ETOOBIG) && c->n_hint_part)
-			rc = kvt_engine_hint_ranges(c->e, c->hint_part, c->n_hint_part, 1);
-		else if (rc == 0 || rc == KVT_ETOOBIG)
-			rc = kvt_engine_hint(c->e, c->hint_ids, c->n_hint, 1);
+		if (rc == 0 || rc == KVT_ETOOBIG)
+			rc = c->n_hint_part ? kvt_engine_hint_ranges(c->e, c->hint_part,
+								     c->n_hint_part, 1)
+					    : kvt_engine_hint(c->e, c->hint_ids, c->n_hint, 1);
 	} else {
 		return 0;
 	}
@@ -393,10 +393,8 @@ batch_plan_part(struct run_ctx *c, struct run_sess **g, uint32_t n)
 		uint32_t nb = info[k].n_blocks, in = info[k].blocks_in[KVT_TIER_HBM];
 		uint32_t first = in ? in - 1 : 0, len = nb - in;
 
-		if (!len || first >= nb)
+		if (in >= nb) /* else first + len <= nb */
 			continue;
-		if (first + len > nb)
-			len = nb - first;
 		if (len > budget)
 			len = budget;
 		budget -= len;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/clock.h"
 #include "util.h"
 
 static _Thread_local char util_errbuf[1024];
@@ -72,10 +73,7 @@ kvtr_last_error(void)
 uint64_t
 kvtr_now_ns(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return kvt_now_ns(); /* the library's one clock */
 }
 
 double
