@@ -383,14 +383,14 @@ static void
 batch_classify(struct kvt_engine *e, struct kvt_batch *b, uint32_t id)
 {
 	struct kvt_block *k = kvt_blk(e, id);
+	enum kvt_copy_state hbm = kvt_copy_state(k, KVT_TIER_HBM); /* read once: per block */
 
-	if (kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_PRESENT)
+	if (hbm == KVT_COPY_PRESENT) {
 		e->evict[KVT_TIER_HBM].ops->access(&e->evict[KVT_TIER_HBM], id);
-	if (kvt_copy_valid(k, KVT_TIER_HBM)) {
 		b->n_ready++;
 		return;
 	}
-	if (kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_INFLIGHT) {
+	if (hbm == KVT_COPY_INFLIGHT) {
 		b->n_early++; /* prefetched: ready if the waits find it landed */
 		return;
 	}

@@ -133,8 +133,6 @@ check_blocks(struct kvt_engine *e)
 	return 0;
 }
 
-/* Every block's refcount equals the sequences referencing it; unreferenced live blocks are
- * cached prefix blocks (in the index); shared_blocks counts blocks with refs > 1. */
 /* The block the prefix index finds by @b's key (no token check). */
 static uint32_t
 check_key_block(struct kvt_engine *e, const struct kvt_block *b)
@@ -145,6 +143,8 @@ check_key_block(struct kvt_engine *e, const struct kvt_block *b)
 	return kvt_prefix_key_block(e, h);
 }
 
+/* Every block's refcount equals the sequences referencing it; unreferenced live blocks are
+ * cached prefix blocks (in the index); shared_blocks counts blocks with refs > 1. */
 static int
 check_refs(struct kvt_engine *e)
 {

@@ -238,16 +238,23 @@ arc_ghost_find(const struct arc_state *st, uint32_t id)
 	return st->ghash[i] != KVT_NIL ? i : KVT_NIL;
 }
 
+/* The next size of a table of @cur entries: @min at first, then doubled, never above @max. */
+static uint32_t
+arc_grow_cap(uint32_t cur, uint32_t min, uint32_t max)
+{
+	uint32_t n = cur ? (cur > max / 2 ? max : cur * 2) : min;
+
+	return n > max ? max : n;
+}
+
 /* Rehash into a larger table (doubled, at most hmax buckets). 0 or -ENOMEM (unchanged). */
 static int
 arc_hash_grow(struct arc_state *st)
 {
 	uint32_t *old = st->ghash, ocap = st->hcap, i;
-	uint32_t ncap = ocap ? (ocap > st->hmax / 2 ? st->hmax : ocap * 2) : ARC_HASH_MIN;
+	uint32_t ncap = arc_grow_cap(ocap, ARC_HASH_MIN, st->hmax);
 	uint32_t *nh;
 
-	if (ncap > st->hmax)
-		ncap = st->hmax;
 	if (ncap <= ocap || !(nh = kvt_malloc((size_t)ncap * sizeof *nh)))
 		return -ENOMEM;
 	memset(nh, 0xff, (size_t)ncap * sizeof *nh);
@@ -270,9 +277,7 @@ arc_fifo_room(struct arc_state *st, uint32_t b)
 	void *p;
 
 	if (f->cap - f->n < f->cap / 8 + 1 && f->cap < st->fmax) {
-		ncap = f->cap ? (f->cap > st->fmax / 2 ? st->fmax : f->cap * 2) : ARC_FIFO_MIN;
-		if (ncap > st->fmax)
-			ncap = st->fmax;
+		ncap = arc_grow_cap(f->cap, ARC_FIFO_MIN, st->fmax);
 		if ((p = kvt_realloc(f->id, (size_t)ncap * sizeof *f->id))) {
 			f->id = p;
 			f->cap = ncap;
