@@ -132,7 +132,7 @@ template <typename T>
 __global__ void
 attn_split_kernel(attn_params p)
 {
-	extern __shared__ float attn_smem[];
+	KVT_EXTERN_SHARED(float, attn_smem);
 	const uint32_t h = blockIdx.x, s = blockIdx.y, d = p.head_dim;
 	const uint32_t nwarps = blockDim.x / 32u, warp = threadIdx.x / 32u;
 	float *qs = attn_smem, *acc = qs + d, *wm = acc + (size_t)nwarps * d, *wl = wm + nwarps;
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(256)
 attn_vec_kernel(attn_params p, uint32_t gp)
 {
 	constexpr int VEC = 16 / sizeof(T);
-	extern __shared__ float attn_vsmem[];
+	KVT_EXTERN_SHARED(float, attn_vsmem);
 	const uint32_t d = p.head_dim, nwarps = blockDim.x / 32u, warp = threadIdx.x / 32u;
 	const uint32_t lane = threadIdx.x & 31u, sub = lane / gp, gl = lane % gp;
 	const uint32_t npos = 32u / gp, h0 = blockIdx.x * HG, s = blockIdx.y;
@@ -486,11 +486,11 @@ attn_vec_launch(const attn_params &p, uint32_t n_windows, cudaStream_t stream)
 	dim3 grid(p.n_heads / hg, n_windows), block(32u * nwarps);
 
 	if (hg == 4)
-		attn_vec_kernel<T, 4><<<grid, block, smem, stream>>>(p, gp);
+		KVT_CUDA_LAUNCH(grid, block, smem, stream, attn_vec_kernel<T, 4>)(p, gp);
 	else if (hg == 2)
-		attn_vec_kernel<T, 2><<<grid, block, smem, stream>>>(p, gp);
+		KVT_CUDA_LAUNCH(grid, block, smem, stream, attn_vec_kernel<T, 2>)(p, gp);
 	else
-		attn_vec_kernel<T, 1><<<grid, block, smem, stream>>>(p, gp);
+		KVT_CUDA_LAUNCH(grid, block, smem, stream, attn_vec_kernel<T, 1>)(p, gp);
 }
 
 /* Launch the partials of n_windows windows for the dtype; returns 0 or KVT_EDEVICE. */
@@ -523,11 +523,11 @@ attn_cuda_launch_generic(enum kvt_dtype dtype, const attn_params &p, uint32_t n_
 	dim3 grid(p.n_heads, n_windows), block(32 * nwarps);
 
 	if (dtype == KVT_DTYPE_F32)
-		attn_split_kernel<float><<<grid, block, smem, stream>>>(p);
+		KVT_CUDA_LAUNCH(grid, block, smem, stream, attn_split_kernel<float>)(p);
 	else if (dtype == KVT_DTYPE_F16)
-		attn_split_kernel<__half><<<grid, block, smem, stream>>>(p);
+		KVT_CUDA_LAUNCH(grid, block, smem, stream, attn_split_kernel<__half>)(p);
 	else
-		attn_split_kernel<__nv_bfloat16><<<grid, block, smem, stream>>>(p);
+		KVT_CUDA_LAUNCH(grid, block, smem, stream, attn_split_kernel<__nv_bfloat16>)(p);
 	return kvt_cuda_launched("attention split");
 }
 
@@ -596,8 +596,8 @@ kvt_attn_decode_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_h
 	rc = attn_cuda_launch_split(kv->dtype, p, (uint32_t)n_win, stream);
 	if (rc)
 		return rc;
-	attn_merge_kernel<<<n_heads, 128, 0, stream>>>(p.o, p.m, p.l, (uint32_t)n_win, n_heads,
-						       kv->head_dim, out);
+	KVT_CUDA_LAUNCH(n_heads, 128, 0, stream, attn_merge_kernel)(
+		p.o, p.m, p.l, (uint32_t)n_win, n_heads, kv->head_dim, out);
 	return kvt_cuda_launched("attention merge");
 }
 

@@ -24,9 +24,9 @@ delay_spin(uint64_t ns)
 {
 	uint64_t t0, t;
 
-	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+	KVT_GLOBALTIMER(t0);
 	do {
-		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+		KVT_GLOBALTIMER(t);
 	} while (t - t0 < ns);
 }
 
@@ -47,7 +47,7 @@ delay_launch(void *dst, const void *src, uint64_t len, unsigned char byte, uint6
 {
 	if (!dst || !len)
 		return kvt_err(-EINVAL, "delay kernel: NULL dst or len 0");
-	delay_kernel<<<DELAY_BLOCKS, DELAY_THREADS, 0, stream>>>(
+	KVT_CUDA_LAUNCH(DELAY_BLOCKS, DELAY_THREADS, 0, stream, delay_kernel)(
 		(unsigned char *)dst, (const unsigned char *)src, len, byte, ns);
 	return kvt_cuda_launched("delay");
 }
@@ -96,6 +96,6 @@ kvt_cuda_read_bytes(const void *src, uint64_t len, uint32_t *sink, int n_sm,
 			       "aligned");
 	if (!words)
 		return 0;
-	read_kernel<<<blocks, 256, 0, stream>>>((const uint4 *)src, words, sink);
+	KVT_CUDA_LAUNCH(blocks, 256, 0, stream, read_kernel)((const uint4 *)src, words, sink);
 	return kvt_cuda_launched("read");
 }

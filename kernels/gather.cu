@@ -76,11 +76,11 @@ gather_launch(void *packed, void *base, uint64_t slot_stride, uint64_t offset, u
 		xblocks = GATHER_MAX_X;
 	dim3 grid((unsigned)xblocks, n < GATHER_MAX_Y ? n : GATHER_MAX_Y);
 	if (wsize == 16)
-		gather_kernel<uint4><<<grid, GATHER_THREADS, 0, stream>>>(
+		KVT_CUDA_LAUNCH(grid, GATHER_THREADS, 0, stream, gather_kernel<uint4>)(
 			(uint4 *)packed, (uint4 *)base, slot_stride / 16, offset / 16, words, slots,
 			n, to_packed);
 	else
-		gather_kernel<unsigned char><<<grid, GATHER_THREADS, 0, stream>>>(
+		KVT_CUDA_LAUNCH(grid, GATHER_THREADS, 0, stream, gather_kernel<unsigned char>)(
 			(unsigned char *)packed, (unsigned char *)base, slot_stride, offset, words,
 			slots, n, to_packed);
 	return kvt_cuda_launched(what);
@@ -165,9 +165,9 @@ kvt_copy_batch_cuda(const struct kvt_cuda_copy *v, uint32_t n, cudaStream_t stre
 		/* cudaLaunchKernel, not <<<>>>: the stub's one-time kernel lookup is a function
 		 * static, and the library's host code may be called from many threads at once */
 		void *args[] = { &ch, &m };
-		cudaError_t e = cudaLaunchKernel((const void *)copy_batch_kernel,
-						 dim3((unsigned)xblocks, m), dim3(GATHER_THREADS),
-						 args, 0, stream);
+		cudaError_t e = KVT_CUDA_LAUNCH_KERNEL(copy_batch_kernel,
+						       dim3((unsigned)xblocks, m),
+						       dim3(GATHER_THREADS), args, 0, stream);
 		if (e != cudaSuccess) {
 			(void)cudaGetLastError(); /* clear the non-sticky launch error */
 			if (cuda_error)

@@ -138,13 +138,13 @@ kvt_quant_cuda(enum kvt_dtype qt, enum kvt_dtype src_t, const void *src, uint64_
 		return rc;
 	grid = (unsigned)(n_groups < QUANT_MAX_GRID ? n_groups : QUANT_MAX_GRID);
 	if (src_t == KVT_DTYPE_F32)
-		quant_kernel<float><<<grid, QUANT_THREADS, 0, stream>>>(
+		KVT_CUDA_LAUNCH(grid, QUANT_THREADS, 0, stream, quant_kernel<float>)(
 			(const float *)src, n_groups, group, int8, (uint8_t *)q, scales);
 	else if (src_t == KVT_DTYPE_F16)
-		quant_kernel<__half><<<grid, QUANT_THREADS, 0, stream>>>(
+		KVT_CUDA_LAUNCH(grid, QUANT_THREADS, 0, stream, quant_kernel<__half>)(
 			(const __half *)src, n_groups, group, int8, (uint8_t *)q, scales);
 	else
-		quant_kernel<__nv_bfloat16><<<grid, QUANT_THREADS, 0, stream>>>(
+		KVT_CUDA_LAUNCH(grid, QUANT_THREADS, 0, stream, quant_kernel<__nv_bfloat16>)(
 			(const __nv_bfloat16 *)src, n_groups, group, int8, (uint8_t *)q, scales);
 	return kvt_cuda_launched("quantize");
 }
@@ -163,13 +163,13 @@ kvt_dequant_cuda(enum kvt_dtype qt, const void *q, const float *scales, uint64_t
 	grid = (unsigned)((n + QUANT_THREADS - 1) / QUANT_THREADS < QUANT_MAX_GRID
 				  ? (n + QUANT_THREADS - 1) / QUANT_THREADS : QUANT_MAX_GRID);
 	if (dst_t == KVT_DTYPE_F32)
-		dequant_kernel<float><<<grid, QUANT_THREADS, 0, stream>>>(
+		KVT_CUDA_LAUNCH(grid, QUANT_THREADS, 0, stream, dequant_kernel<float>)(
 			(const uint8_t *)q, scales, n_groups, group, int8, (float *)dst);
 	else if (dst_t == KVT_DTYPE_F16)
-		dequant_kernel<__half><<<grid, QUANT_THREADS, 0, stream>>>(
+		KVT_CUDA_LAUNCH(grid, QUANT_THREADS, 0, stream, dequant_kernel<__half>)(
 			(const uint8_t *)q, scales, n_groups, group, int8, (__half *)dst);
 	else
-		dequant_kernel<__nv_bfloat16><<<grid, QUANT_THREADS, 0, stream>>>(
+		KVT_CUDA_LAUNCH(grid, QUANT_THREADS, 0, stream, dequant_kernel<__nv_bfloat16>)(
 			(const uint8_t *)q, scales, n_groups, group, int8, (__nv_bfloat16 *)dst);
 	return kvt_cuda_launched("dequantize");
 }
