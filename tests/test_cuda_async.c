@@ -178,7 +178,7 @@ test_copy_waits_for_write(void **state)
 	TCA_OK(cudaMemset(g.hbm_base, 0xee, (size_t)g.hbm_slots * g.block_bytes));
 	TCA_OK(cudaDeviceSynchronize());
 	b = tca_prepare(e, a, &slot);
-	assert_int_equal(kvt_batch_wait_layer(b, 0, NULL), 0);
+	assert_int_equal(kvt_batch_wait_layer(b, g.n_layers - 1, NULL), 0);
 	tca_expect(tca_block(&g, slot), g.block_bytes, 0x5a, "block copied down and back");
 	assert_int_equal(kvt_batch_release(b, NULL), 0);
 	assert_true(tca_stats(e).blocks_moved[KVT_MOVE_HBM_TO_HOST] >= 1);
@@ -225,14 +225,14 @@ test_slot_not_reused_while_read(void **state)
 	/* B needs the only HBM slot: A is demoted, B promoted into it */
 	b = tca_prepare(e, bs, &slot_b);
 	assert_int_equal(slot_b, slot_a);
-	assert_int_equal(kvt_batch_wait_layer(b, 0, NULL), 0);
+	assert_int_equal(kvt_batch_wait_layer(b, g.n_layers - 1, NULL), 0);
 	assert_int_equal(kvt_engine_stream_sync(e, st), 0);
 	tca_expect(out, g.block_bytes, 0xa0, "what the kernel read from A's slot");
 	tca_expect(tca_block(&g, slot_b), g.block_bytes, 0xb0, "B promoted into the slot");
 	assert_int_equal(kvt_batch_release(b, NULL), 0);
 	/* and A's demoted copy is intact */
 	b = tca_prepare(e, a, &slot_a);
-	assert_int_equal(kvt_batch_wait_layer(b, 0, NULL), 0);
+	assert_int_equal(kvt_batch_wait_layer(b, g.n_layers - 1, NULL), 0);
 	tca_expect(tca_block(&g, slot_a), g.block_bytes, 0xa0, "A back from HOST");
 	assert_int_equal(kvt_batch_release(b, NULL), 0);
 	TCA_OK(cudaFree(out));
@@ -280,7 +280,7 @@ test_stream_waits_for_promotion(void **state)
 	assert_int_equal(bt.indptr[1], NB);
 	TCA_OK(cudaMemcpy(dslots, bt.indices, NB * sizeof(uint32_t), cudaMemcpyHostToDevice));
 	/* no host wait: the gather is queued behind the stream's wait for the promotion */
-	assert_int_equal(kvt_batch_wait_layer(b, 0, st), 0);
+	assert_int_equal(kvt_batch_wait_layer(b, g.n_layers - 1, st), 0);
 	assert_int_equal(kvt_gather_blocks_cuda(contig, g.hbm_base, g.block_bytes, 0,
 						g.block_bytes, dslots, NB, st), 0);
 	assert_int_equal(kvt_batch_release(b, st), 0);
