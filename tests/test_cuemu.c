@@ -50,12 +50,25 @@ struct tcu_gate {
 	int dropped;        /* its drop callback ran */
 };
 
-static void
-tcu_gate_init(struct tcu_gate *g)
+#define TCU_GATES 4
+
+/*
+ * Gates live in a pool, not on a test's stack: when a test fails while holding a stream, the
+ * teardown opens its gates (the blocked worker still uses them) and the next test runs.
+ */
+static struct tcu_gate tcu_gates[TCU_GATES];
+static int tcu_ngates;
+
+static struct tcu_gate *
+tcu_gate_new(void)
 {
+	struct tcu_gate *g = &tcu_gates[tcu_ngates++];
+
+	assert_true(tcu_ngates <= TCU_GATES);
 	memset(g, 0, sizeof *g);
 	pthread_mutex_init(&g->mu, NULL);
 	pthread_cond_init(&g->cv, NULL);
+	return g;
 }
 
 static void
@@ -108,13 +121,6 @@ tcu_gate_get(struct tcu_gate *g, int *dropped)
 	return ran;
 }
 
-static void
-tcu_gate_fini(struct tcu_gate *g)
-{
-	pthread_mutex_destroy(&g->mu);
-	pthread_cond_destroy(&g->cv);
-}
-
 /* a closure appending its number to a log (stream order) */
 struct tcu_log {
 	int n;        /* entries */
@@ -157,6 +163,14 @@ tcu_teardown(void **state)
 {
 	(void)state;
 	kvt_cuemu_reset();
+	for (int i = 0; i < tcu_ngates; i++)
+		tcu_gate_open(&tcu_gates[i]);
+	(void)cudaDeviceSynchronize();
+	for (int i = 0; i < tcu_ngates; i++) {
+		pthread_mutex_destroy(&tcu_gates[i].mu);
+		pthread_cond_destroy(&tcu_gates[i].cv);
+	}
+	tcu_ngates = 0;
 	(void)cudaGetLastError();
 	return 0;
 }
@@ -197,19 +211,18 @@ test_async_is_late(void **state)
 {
 	cudaStream_t s = tcu_stream(0);
 	unsigned char *pin, *dev, page[256];
-	struct tcu_gate g;
+	struct tcu_gate *g = tcu_gate_new();
 	cudaEvent_t ev;
 	int dropped;
 
 	(void)state;
-	tcu_gate_init(&g);
 	TCU_OK(cudaHostAlloc((void **)&pin, 256, cudaHostAllocPortable));
 	TCU_OK(cudaMalloc((void **)&dev, 256));
 	TCU_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
 	memset(pin, 1, 256);
 	memset(page, 2, sizeof page);
 	TCU_OK(cudaMemcpy(dev, pin, 256, cudaMemcpyHostToDevice)); /* synchronous */
-	tcu_gate_hold(&g, s);
+	tcu_gate_hold(g, s);
 	memset(pin, 9, 256);
 	TCU_OK(cudaMemcpyAsync(pin, dev, 128, cudaMemcpyDeviceToHost, s));
 	/* pageable source: staged at the call, so changing it afterwards does not matter */
@@ -220,7 +233,7 @@ test_async_is_late(void **state)
 	TCU_ERR(cudaEventQuery(ev), cudaErrorNotReady);
 	TCU_ERR(cudaStreamQuery(s), cudaErrorNotReady);
 	TCU_OK(cudaGetLastError()); /* not-ready is not an error */
-	tcu_gate_open(&g);
+	tcu_gate_open(g);
 	TCU_OK(cudaEventSynchronize(ev));
 	TCU_OK(cudaEventQuery(ev));
 	TCU_OK(cudaStreamQuery(s));
@@ -229,13 +242,12 @@ test_async_is_late(void **state)
 	assert_int_equal(pin[128], 9);
 	TCU_OK(cudaMemcpy(pin, dev + 128, 128, cudaMemcpyDeviceToHost));
 	assert_int_equal(pin[0], 2);
-	assert_int_equal(tcu_gate_get(&g, &dropped), 1);
+	assert_int_equal(tcu_gate_get(g, &dropped), 1);
 	assert_int_equal(dropped, 1); /* drop runs after run, once */
 	TCU_OK(cudaEventDestroy(ev));
 	TCU_OK(cudaStreamDestroy(s));
 	TCU_OK(cudaFree(dev));
 	TCU_OK(cudaFreeHost(pin));
-	tcu_gate_fini(&g);
 }
 
 /* B waits for A's record: B's copy sees A's writes; a later re-record does not move the wait. */
@@ -245,16 +257,15 @@ test_event_wait(void **state)
 	cudaStream_t a = tcu_stream(cudaStreamNonBlocking), b = tcu_stream(cudaStreamNonBlocking);
 	cudaStream_t c = tcu_stream(cudaStreamNonBlocking);
 	unsigned char *dev, *pin;
-	struct tcu_gate g;
+	struct tcu_gate *g = tcu_gate_new();
 	cudaEvent_t ev, never;
 
 	(void)state;
-	tcu_gate_init(&g);
 	TCU_OK(cudaMalloc((void **)&dev, 64));
 	TCU_OK(cudaMallocHost((void **)&pin, 64));
 	TCU_OK(cudaEventCreate(&ev));
 	TCU_OK(cudaEventCreate(&never));
-	tcu_gate_hold(&g, a);
+	tcu_gate_hold(g, a);
 	TCU_OK(cudaMemsetAsync(dev, 7, 64, a));
 	TCU_OK(cudaEventRecord(ev, a));
 	TCU_OK(cudaStreamWaitEvent(b, ev, 0));
@@ -264,7 +275,7 @@ test_event_wait(void **state)
 	TCU_OK(cudaEventSynchronize(ev)); /* the new record is complete ... */
 	TCU_ERR(cudaStreamQuery(b), cudaErrorNotReady); /* ... b still waits for a's */
 	TCU_ERR(cudaStreamQuery(a), cudaErrorNotReady);
-	tcu_gate_open(&g);
+	tcu_gate_open(g);
 	TCU_OK(cudaStreamSynchronize(b));
 	for (int i = 0; i < 64; i++)
 		assert_int_equal(pin[i], 7);
@@ -276,7 +287,6 @@ test_event_wait(void **state)
 	TCU_OK(cudaStreamDestroy(c));
 	TCU_OK(cudaFree(dev));
 	TCU_OK(cudaFreeHost(pin));
-	tcu_gate_fini(&g);
 }
 
 /* The legacy stream waits for blocking streams and they for it; non-blocking ones do not. */
@@ -286,15 +296,14 @@ test_legacy_stream(void **state)
 	cudaStream_t blk = tcu_stream(0), blk2 = tcu_stream(0);
 	cudaStream_t nb = tcu_stream(cudaStreamNonBlocking);
 	unsigned char *dev, *pin;
-	struct tcu_gate g;
+	struct tcu_gate *g = tcu_gate_new();
 
 	(void)state;
-	tcu_gate_init(&g);
 	TCU_OK(cudaMalloc((void **)&dev, 64));
 	TCU_OK(cudaMallocHost((void **)&pin, 64));
 	TCU_OK(cudaMemset(dev, 0, 64));
 	TCU_OK(cudaDeviceSynchronize()); /* cudaMemset of device memory returns at once */
-	tcu_gate_hold(&g, blk);
+	tcu_gate_hold(g, blk);
 	TCU_OK(cudaMemsetAsync(dev, 5, 32, NULL)); /* legacy: after blk's gate */
 	TCU_OK(cudaMemsetAsync(dev + 32, 6, 32, blk2)); /* blocking: after the legacy memset */
 	TCU_OK(cudaMemcpyAsync(pin, dev, 64, cudaMemcpyDeviceToHost, nb)); /* no waiting */
@@ -303,7 +312,7 @@ test_legacy_stream(void **state)
 	TCU_ERR(cudaStreamQuery(blk2), cudaErrorNotReady);
 	for (int i = 0; i < 64; i++)
 		assert_int_equal(pin[i], 0);
-	tcu_gate_open(&g);
+	tcu_gate_open(g);
 	TCU_OK(cudaStreamSynchronize(blk2));
 	TCU_OK(cudaMemcpy(pin, dev, 64, cudaMemcpyDeviceToHost));
 	assert_int_equal(pin[0], 5);
@@ -313,7 +322,6 @@ test_legacy_stream(void **state)
 	TCU_OK(cudaStreamDestroy(nb));
 	TCU_OK(cudaFree(dev));
 	TCU_OK(cudaFreeHost(pin));
-	tcu_gate_fini(&g);
 }
 
 /* A destroyed stream still finishes its queued work; its handle is then invalid. */
@@ -323,28 +331,26 @@ test_stream_destroy_pending(void **state)
 	cudaStream_t s = tcu_stream(cudaStreamNonBlocking);
 	struct tcu_log log = { 0 };
 	struct tcu_entry e = { &log, 42 };
-	struct tcu_gate g;
+	struct tcu_gate *g = tcu_gate_new();
 	int dropped;
 
 	(void)state;
-	tcu_gate_init(&g);
-	tcu_gate_hold(&g, s);
+	tcu_gate_hold(g, s);
 	TCU_OK(kvt_cuemu_enqueue(s, tcu_log_run, NULL, &e));
 	TCU_OK(cudaStreamDestroy(s)); /* returns at once */
 	TCU_ERR(cudaStreamSynchronize(s), cudaErrorInvalidResourceHandle);
 	TCU_ERR(cudaGetLastError(), cudaErrorInvalidResourceHandle);
 	TCU_OK(cudaGetLastError()); /* cleared */
 	TCU_ERR(cudaStreamDestroy(s), cudaErrorInvalidResourceHandle);
-	TCU_ERR(kvt_cuemu_enqueue(s, tcu_log_run, tcu_gate_drop, &g), cudaErrorInvalidResourceHandle);
-	(void)tcu_gate_get(&g, &dropped);
+	TCU_ERR(kvt_cuemu_enqueue(s, tcu_log_run, tcu_gate_drop, g), cudaErrorInvalidResourceHandle);
+	(void)tcu_gate_get(g, &dropped);
 	assert_int_equal(dropped, 1); /* the refused closure's drop, at once */
-	tcu_gate_open(&g);
+	tcu_gate_open(g);
 	TCU_OK(cudaDeviceSynchronize());
 	assert_int_equal(log.n, 1);
 	assert_int_equal(log.v[0], 42);
-	tcu_gate_get(&g, &dropped);
+	tcu_gate_get(g, &dropped);
 	assert_int_equal(dropped, 2);
-	tcu_gate_fini(&g);
 }
 
 /* Copies and memsets are checked against the allocations at the call. */
@@ -445,10 +451,9 @@ test_batch(void **state)
 	size_t idx[2] = { 0, 2 }, sz[3] = { 16, 16, 16 }, sz0[3] = { 16, 0, 16 };
 	void *dst[3];
 	const void *src[3];
-	struct tcu_gate g;
+	struct tcu_gate *g = tcu_gate_new();
 
 	(void)state;
-	tcu_gate_init(&g);
 	TCU_OK(cudaMalloc((void **)&dev, 64));
 	TCU_OK(cudaMallocHost((void **)&pin, 128));
 	memset(at, 0, sizeof at);
@@ -486,12 +491,12 @@ test_batch(void **state)
 	dst[2] = dev + 32;
 	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 2, (cudaStream_t)(uintptr_t)0x40),
 		cudaErrorInvalidResourceHandle);
-	tcu_gate_hold(&g, s);
+	tcu_gate_hold(g, s);
 	TCU_OK(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 2, s));
 	memset(page, 4, sizeof page); /* DuringApiCall: already read */
 	memset(pin + 16, 5, 16);      /* Stream order: read when the batch runs */
 	TCU_ERR(cudaStreamQuery(s), cudaErrorNotReady);
-	tcu_gate_open(&g);
+	tcu_gate_open(g);
 	TCU_OK(cudaStreamSynchronize(s));
 	TCU_OK(cudaMemcpy(pin + 32, dev, 48, cudaMemcpyDeviceToHost));
 	assert_int_equal(pin[32], 1);
@@ -500,7 +505,6 @@ test_batch(void **state)
 	TCU_OK(cudaStreamDestroy(s));
 	TCU_OK(cudaFree(dev));
 	TCU_OK(cudaFreeHost(pin));
-	tcu_gate_fini(&g);
 }
 
 /* Event timing: refused without timing or records, not ready while pending. */
@@ -509,11 +513,10 @@ test_event_timing(void **state)
 {
 	cudaStream_t s = tcu_stream(cudaStreamNonBlocking);
 	cudaEvent_t a, b, nt;
-	struct tcu_gate g;
+	struct tcu_gate *g = tcu_gate_new();
 	float ms = -1;
 
 	(void)state;
-	tcu_gate_init(&g);
 	TCU_OK(cudaEventCreate(&a));
 	TCU_OK(cudaEventCreate(&b));
 	TCU_OK(cudaEventCreateWithFlags(&nt, cudaEventDisableTiming));
@@ -521,11 +524,11 @@ test_event_timing(void **state)
 	TCU_OK(cudaEventQuery(a)); /* never recorded */
 	TCU_ERR(cudaEventElapsedTime(&ms, a, b), cudaErrorInvalidResourceHandle);
 	TCU_OK(cudaEventRecord(a, s));
-	tcu_gate_hold(&g, s);
+	tcu_gate_hold(g, s);
 	TCU_OK(cudaEventRecord(b, s));
 	TCU_OK(cudaEventRecord(nt, s));
 	TCU_ERR(cudaEventElapsedTime(&ms, a, b), cudaErrorNotReady);
-	tcu_gate_open(&g);
+	tcu_gate_open(g);
 	TCU_OK(cudaEventSynchronize(b));
 	TCU_OK(cudaEventElapsedTime(&ms, a, b));
 	assert_true(ms >= 0);
@@ -536,7 +539,6 @@ test_event_timing(void **state)
 	TCU_ERR(cudaEventDestroy(nt), cudaErrorInvalidResourceHandle);
 	TCU_ERR(cudaEventRecord(nt, s), cudaErrorInvalidResourceHandle);
 	TCU_OK(cudaStreamDestroy(s));
-	tcu_gate_fini(&g);
 }
 
 static void *
@@ -587,17 +589,15 @@ static void
 test_sticky_fault(void **state)
 {
 	cudaStream_t s = tcu_stream(cudaStreamNonBlocking);
-	struct tcu_gate g, g2;
+	struct tcu_gate *g = tcu_gate_new(), *g2 = tcu_gate_new();
 	void *p = NULL;
 	int dropped;
 
 	(void)state;
-	tcu_gate_init(&g);
-	tcu_gate_init(&g2);
-	tcu_gate_hold(&g, s);
-	TCU_OK(kvt_cuemu_enqueue(s, tcu_gate_run, tcu_gate_drop, &g2));
+	tcu_gate_hold(g, s);
+	TCU_OK(kvt_cuemu_enqueue(s, tcu_gate_run, tcu_gate_drop, g2));
 	kvt_cuemu_kernel_fault("test_cuemu: a deliberate fault");
-	tcu_gate_open(&g);
+	tcu_gate_open(g);
 	TCU_ERR(cudaStreamSynchronize(s), cudaErrorLaunchFailure);
 	TCU_ERR(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
 	TCU_ERR(cudaMalloc(&p, 64), cudaErrorLaunchFailure);
@@ -605,7 +605,7 @@ test_sticky_fault(void **state)
 	TCU_ERR(kvt_cuemu_fail_check("launch"), cudaErrorLaunchFailure);
 	TCU_ERR(cudaGetLastError(), cudaErrorLaunchFailure);
 	TCU_ERR(cudaGetLastError(), cudaErrorLaunchFailure); /* sticky: not cleared */
-	assert_int_equal(tcu_gate_get(&g2, &dropped), 0); /* queued after the fault: dropped */
+	assert_int_equal(tcu_gate_get(g2, &dropped), 0); /* queued after the fault: dropped */
 	assert_int_equal(dropped, 1);
 	kvt_cuemu_reset();
 	TCU_OK(cudaGetLastError());
@@ -614,8 +614,6 @@ test_sticky_fault(void **state)
 	TCU_OK(cudaMalloc(&p, 64));
 	TCU_OK(cudaFree(p));
 	TCU_OK(cudaStreamDestroy(s));
-	tcu_gate_fini(&g);
-	tcu_gate_fini(&g2);
 }
 
 /* kvt_cuemu_fail: calls after+1 .. after+count fail with the error, the others run. */

@@ -22,10 +22,12 @@
 #define CUEMU_STREAM_BASE 0x5c0000000000ull /* stream handles: base + 16 * id (opaque) */
 #define CUEMU_EVENT_BASE 0x5e0000000000ull  /* event handles: base + 16 * id (opaque) */
 #define CUEMU_VERSION 13000                 /* driver and runtime version reported */
+#define CUEMU_EXIT_WAIT 5                   /* s: how long exit waits for busy workers */
 
 static cuemu_state *cuemu_g;                   /* the runtime state, once created */
 static thread_local cudaError_t cuemu_last;    /* the thread's last error */
 static thread_local int cuemu_cur_dev;         /* the thread's current device */
+static thread_local bool cuemu_on_worker;      /* this thread is a stream's worker */
 
 /* ------------------------------------------------------------------------------------------ */
 /* fault injection                                                                              */
@@ -176,6 +178,8 @@ cuemu_enter(const char *api, int need)
 
 	if (e != cudaSuccess || need == CUEMU_NONE)
 		return e;
+	if (cuemu_on_worker)
+		return cudaErrorNotPermitted; /* from stream work, as from a CUDA host callback */
 	if (cuemu_ndev() == 0)
 		return cudaErrorNoDevice;
 	if (cuemu_get()->down)
@@ -307,6 +311,7 @@ cuemu_worker(std::shared_ptr<cuemu_stream> s)
 	cuemu_state *g = cuemu_g;
 	std::unique_lock<std::mutex> lk(g->mu);
 
+	cuemu_on_worker = true;
 	for (;;) {
 		g->cv.wait(lk, [&] {
 			if (s->q.empty())
@@ -360,31 +365,43 @@ cuemu_reap(cuemu_state *g)
 		t.join();
 }
 
-/* atexit: drop what is still queued, stop and join every worker, release streams and events. */
+/*
+ * atexit: drop what is still queued, stop and join every worker, release streams and events.
+ * A worker still inside an operation after CUEMU_EXIT_WAIT (a test that failed while holding a
+ * stream, a kernel that never ends) is left behind with a line on stderr, not waited for.
+ */
 static void
 cuemu_shutdown(void)
 {
 	cuemu_state *g = cuemu_g;
 	std::vector<std::thread> th;
-
-	{
-		std::lock_guard<std::mutex> lk(g->mu);
-		g->down = true;
+	std::unique_lock<std::mutex> lk(g->mu);
+	auto all_exited = [g] {
 		for (auto &w : g->workers)
+			if (!w->exited)
+				return false;
+		return true;
+	};
+
+	g->down = true;
+	g->cv.notify_all();
+	if (!cuemu_on_worker)
+		g->cv.wait_for(lk, std::chrono::seconds(CUEMU_EXIT_WAIT), all_exited);
+	for (auto &w : g->workers) {
+		if (w->exited) {
 			th.push_back(std::move(w->th));
-		g->cv.notify_all();
+			continue;
+		}
+		fprintf(stderr, "cuemu: at exit, a stream worker is still busy: left running\n");
+		w->th.detach();
 	}
-	for (std::thread &t : th) {
-		if (t.get_id() == std::this_thread::get_id())
-			t.detach(); /* exit() called on a worker: it cannot join itself */
-		else
-			t.join();
-	}
-	std::lock_guard<std::mutex> lk(g->mu);
 	g->workers.clear();
 	g->streams.clear();
 	g->events.clear();
 	g->legacy.reset();
+	lk.unlock();
+	for (std::thread &t : th)
+		t.join();
 }
 
 /* Start a worker for @s (lock held); false if the thread cannot be created. */

@@ -112,15 +112,23 @@ cudaMalloc(void **devPtr, size_t size)
 		*devPtr = nullptr;
 		return cudaSuccess;
 	}
-	std::lock_guard<std::mutex> lk(m->mu);
-	if (charged < size || charged > cuemu_hbm_bytes() - m->used)
-		return cuemu_ret(cudaErrorMemoryAllocation);
+	{
+		std::lock_guard<std::mutex> lk(m->mu); /* reserve first, poison unlocked */
+		size_t limit = cuemu_hbm_bytes();
+
+		if (charged < size || m->used > limit || charged > limit - m->used)
+			return cuemu_ret(cudaErrorMemoryAllocation);
+		m->used += charged;
+	}
 	p = aligned_alloc(CUEMU_DEV_ALIGN, charged);
-	if (p == nullptr)
+	if (p != nullptr)
+		memset(p, CUEMU_POISON_DEV, charged);
+	std::lock_guard<std::mutex> lk(m->mu);
+	if (p == nullptr) {
+		m->used -= charged;
 		return cuemu_ret(cudaErrorMemoryAllocation);
-	memset(p, CUEMU_POISON_DEV, charged);
+	}
 	m->allocs[(uintptr_t)p] = cuemu_alloc{ size, charged, CUEMU_KDEV };
-	m->used += charged;
 	*devPtr = p;
 	return cudaSuccess;
 }
