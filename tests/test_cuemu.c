@@ -342,7 +342,8 @@ test_stream_destroy_pending(void **state)
 	TCU_ERR(cudaGetLastError(), cudaErrorInvalidResourceHandle);
 	TCU_OK(cudaGetLastError()); /* cleared */
 	TCU_ERR(cudaStreamDestroy(s), cudaErrorInvalidResourceHandle);
-	TCU_ERR(kvt_cuemu_enqueue(s, tcu_log_run, tcu_gate_drop, g), cudaErrorInvalidResourceHandle);
+	TCU_ERR(kvt_cuemu_enqueue(s, tcu_log_run, tcu_gate_drop, g),
+		cudaErrorInvalidResourceHandle);
 	(void)tcu_gate_get(g, &dropped);
 	assert_int_equal(dropped, 1); /* the refused closure's drop, at once */
 	tcu_gate_open(g);

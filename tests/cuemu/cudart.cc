@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tests/cuemu/cudart.cc - the emulated CUDA runtime (KVT_CUDA_EMU builds): state, streams,
- * events, synchronisation, errors, fault injection and the device's description. Memory and
- * copies are in cudart_mem.cc. The contract with the kernel half is cuemu.h; the model is
- * described in cudart_int.h.
+ * events, synchronisation, the last and the sticky error. Memory and copies are in
+ * cudart_mem.cc; fault injection, error names and the device in cudart_dev.cc. The contract
+ * with the kernel half is cuemu.h; the model is described in cudart_int.h.
  *
  * Semantics kept from CUDA: streams are in-order queues that really run later (on one worker
  * thread each); the legacy default stream (NULL) waits for earlier work of every blocking
@@ -21,95 +21,23 @@
 
 #define CUEMU_STREAM_BASE 0x5c0000000000ull /* stream handles: base + 16 * id (opaque) */
 #define CUEMU_EVENT_BASE 0x5e0000000000ull  /* event handles: base + 16 * id (opaque) */
-#define CUEMU_VERSION 13000                 /* driver and runtime version reported */
 #define CUEMU_EXIT_WAIT 5                   /* s: how long exit waits for busy workers */
 
-static cuemu_state *cuemu_g;                   /* the runtime state, once created */
+static std::atomic<cuemu_state *> cuemu_g{ nullptr }; /* the runtime state, once created */
 static thread_local cudaError_t cuemu_last;    /* the thread's last error */
-static thread_local int cuemu_cur_dev;         /* the thread's current device */
 static thread_local bool cuemu_on_worker;      /* this thread is a stream's worker */
 
 /* ------------------------------------------------------------------------------------------ */
-/* fault injection                                                                              */
-
-/* every name kvt_cuemu_fail() accepts; "launch" is the kernel half's */
-static const char *const cuemu_api_names[] = {
-	"cudaDeviceGetAttribute", "cudaDeviceSynchronize", "cudaDriverGetVersion",
-	"cudaEventCreate", "cudaEventCreateWithFlags", "cudaEventDestroy", "cudaEventElapsedTime",
-	"cudaEventQuery", "cudaEventRecord", "cudaEventSynchronize", "cudaFree", "cudaFreeHost",
-	"cudaGetDevice", "cudaGetDeviceCount", "cudaGetDeviceProperties", "cudaHostAlloc",
-	"cudaHostRegister", "cudaHostUnregister", "cudaLaunchKernel", "cudaMalloc",
-	"cudaMallocHost", "cudaMemGetInfo", "cudaMemcpy", "cudaMemcpyAsync",
-	"cudaMemcpyBatchAsync", "cudaMemset", "cudaMemsetAsync", "cudaPointerGetAttributes",
-	"cudaRuntimeGetVersion", "cudaSetDevice", "cudaStreamCreate", "cudaStreamCreateWithFlags",
-	"cudaStreamDestroy", "cudaStreamQuery", "cudaStreamSynchronize", "cudaStreamWaitEvent",
-	"launch",
-};
-#define CUEMU_NAPI (sizeof cuemu_api_names / sizeof cuemu_api_names[0])
-
-/* one kvt_cuemu_fail() rule */
-struct cuemu_rule {
-	cudaError_t err; /* what the failing calls return */
-	unsigned after;  /* calls that still succeed */
-	unsigned count;  /* calls that fail after those; 0: no rule */
-	unsigned calls;  /* calls counted since the rule was set */
-};
-
-static std::mutex cuemu_rule_mu;                 /* guards cuemu_rules */
-static cuemu_rule cuemu_rules[CUEMU_NAPI];       /* by index in cuemu_api_names */
-static std::atomic<int> cuemu_nrules{ 0 };       /* rules set (fast path: none) */
-
-static int
-cuemu_api_index(const char *api)
-{
-	for (size_t i = 0; api != nullptr && i < CUEMU_NAPI; i++)
-		if (strcmp(api, cuemu_api_names[i]) == 0)
-			return (int)i;
-	return -1;
-}
-
-/* The injected error for this call of @api, or cudaSuccess; counts the call. */
-static cudaError_t
-cuemu_injected(const char *api)
-{
-	if (cuemu_nrules.load() == 0)
-		return cudaSuccess;
-	int i = cuemu_api_index(api);
-	std::lock_guard<std::mutex> lk(cuemu_rule_mu);
-	if (i < 0 || cuemu_rules[i].count == 0)
-		return cudaSuccess;
-	cuemu_rule &r = cuemu_rules[i];
-	unsigned n = ++r.calls;
-	return n > r.after && n - r.after <= r.count ? r.err : cudaSuccess;
-}
-
-int
-kvt_cuemu_fail(const char *api, cudaError_t err, unsigned after, unsigned count)
-{
-	int i = cuemu_api_index(api);
-
-	if (i < 0)
-		return -1;
-	std::lock_guard<std::mutex> lk(cuemu_rule_mu);
-	if (cuemu_rules[i].count != 0)
-		cuemu_nrules--;
-	cuemu_rules[i] = cuemu_rule{ err, after, count, 0 };
-	if (count != 0)
-		cuemu_nrules++;
-	return 0;
-}
+/* errors                                                                                       */
 
 void
 kvt_cuemu_reset(void)
 {
-	{
-		std::lock_guard<std::mutex> lk(cuemu_rule_mu);
-		for (cuemu_rule &r : cuemu_rules)
-			r = cuemu_rule{ cudaSuccess, 0, 0, 0 };
-		cuemu_nrules = 0;
-	}
-	if (cuemu_g != nullptr)
-		cuemu_g->sticky = cudaSuccess;
+	cuemu_state *g = cuemu_g;
+
+	cuemu_rules_clear();
+	if (g != nullptr)
+		g->sticky = cudaSuccess;
 	cuemu_last = cudaSuccess;
 }
 
@@ -120,9 +48,6 @@ kvt_cuemu_fail_check(const char *api)
 
 	return cuemu_ret(e);
 }
-
-/* ------------------------------------------------------------------------------------------ */
-/* errors                                                                                       */
 
 void
 kvt_cuemu_set_error(cudaError_t e)
@@ -148,27 +73,9 @@ cuemu_ret(cudaError_t e)
 cudaError_t
 cuemu_sticky(void)
 {
-	return cuemu_g != nullptr ? (cudaError_t)cuemu_g->sticky.load() : cudaSuccess;
-}
+	cuemu_state *g = cuemu_g;
 
-int
-cuemu_ndev(void)
-{
-	const char *v = getenv("KVT_CUEMU_DEVICES");
-
-	return v != nullptr && strcmp(v, "0") == 0 ? 0 : 1;
-}
-
-size_t
-cuemu_hbm_bytes(void)
-{
-	const char *v = getenv("KVT_CUEMU_HBM_MIB");
-	char *end = nullptr;
-	unsigned long long mib = v != nullptr ? strtoull(v, &end, 10) : 0;
-
-	if (v == nullptr || end == v || *end != '\0' || mib == 0 || mib > (1ull << 30))
-		mib = 8192;
-	return (size_t)mib << 20;
+	return g != nullptr ? (cudaError_t)g->sticky.load() : cudaSuccess;
 }
 
 cudaError_t
@@ -187,89 +94,6 @@ cuemu_enter(const char *api, int need)
 	if (need == CUEMU_STICKY)
 		return cuemu_sticky();
 	return cudaSuccess;
-}
-
-/* a cudaError_t's name and message as libcudart has them */
-struct cuemu_errname {
-	cudaError_t e;   /* the code */
-	const char *nm;  /* cudaGetErrorName */
-	const char *msg; /* cudaGetErrorString */
-};
-
-#define CUEMU_E(code, msg) { code, #code, msg }
-static const cuemu_errname cuemu_errnames[] = {
-	CUEMU_E(cudaSuccess, "no error"),
-	CUEMU_E(cudaErrorInvalidValue, "invalid argument"),
-	CUEMU_E(cudaErrorMemoryAllocation, "out of memory"),
-	CUEMU_E(cudaErrorInitializationError, "initialization error"),
-	CUEMU_E(cudaErrorCudartUnloading, "driver shutting down"),
-	CUEMU_E(cudaErrorInvalidConfiguration, "invalid configuration argument"),
-	CUEMU_E(cudaErrorInvalidPitchValue, "invalid pitch argument"),
-	CUEMU_E(cudaErrorInvalidSymbol, "invalid device symbol"),
-	CUEMU_E(cudaErrorInvalidHostPointer, "invalid host pointer"),
-	CUEMU_E(cudaErrorInvalidDevicePointer, "invalid device pointer"),
-	CUEMU_E(cudaErrorInvalidMemcpyDirection, "invalid copy direction for memcpy"),
-	CUEMU_E(cudaErrorInsufficientDriver,
-		"CUDA driver version is insufficient for CUDA runtime version"),
-	CUEMU_E(cudaErrorMissingConfiguration, "__global__ function call is not configured"),
-	CUEMU_E(cudaErrorInvalidDeviceFunction, "invalid device function"),
-	CUEMU_E(cudaErrorNoDevice, "no CUDA-capable device is detected"),
-	CUEMU_E(cudaErrorInvalidDevice, "invalid device ordinal"),
-	CUEMU_E(cudaErrorInvalidKernelImage, "device kernel image is invalid"),
-	CUEMU_E(cudaErrorNoKernelImageForDevice,
-		"no kernel image is available for execution on the device"),
-	CUEMU_E(cudaErrorInvalidResourceHandle, "invalid resource handle"),
-	CUEMU_E(cudaErrorIllegalState, "the operation cannot be performed in the present state"),
-	CUEMU_E(cudaErrorSymbolNotFound, "named symbol not found"),
-	CUEMU_E(cudaErrorNotReady, "device not ready"),
-	CUEMU_E(cudaErrorIllegalAddress, "an illegal memory access was encountered"),
-	CUEMU_E(cudaErrorLaunchOutOfResources, "too many resources requested for launch"),
-	CUEMU_E(cudaErrorLaunchTimeout, "the launch timed out and was terminated"),
-	CUEMU_E(cudaErrorAssert, "device-side assert triggered"),
-	CUEMU_E(cudaErrorHostMemoryAlreadyRegistered,
-		"part or all of the requested memory range is already mapped"),
-	CUEMU_E(cudaErrorHostMemoryNotRegistered,
-		"pointer does not correspond to a registered memory region"),
-	CUEMU_E(cudaErrorHardwareStackError, "hardware stack error"),
-	CUEMU_E(cudaErrorIllegalInstruction, "an illegal instruction was encountered"),
-	CUEMU_E(cudaErrorMisalignedAddress, "misaligned address"),
-	CUEMU_E(cudaErrorInvalidAddressSpace,
-		"operation not supported on global/shared address space"),
-	CUEMU_E(cudaErrorInvalidPc, "invalid program counter"),
-	CUEMU_E(cudaErrorLaunchFailure, "unspecified launch failure"),
-	CUEMU_E(cudaErrorCooperativeLaunchTooLarge, "too many blocks in cooperative launch"),
-	CUEMU_E(cudaErrorNotPermitted, "operation not permitted"),
-	CUEMU_E(cudaErrorNotSupported, "operation not supported"),
-	CUEMU_E(cudaErrorTimeout, "wait operation timed out"),
-	CUEMU_E(cudaErrorUnknown, "unknown error"),
-};
-#undef CUEMU_E
-
-static const cuemu_errname *
-cuemu_errname_of(cudaError_t e)
-{
-	for (const cuemu_errname &n : cuemu_errnames)
-		if (n.e == e)
-			return &n;
-	return nullptr;
-}
-
-/** cudaGetErrorName() - the enum name of @error, or "unrecognized error code". */
-const char *
-cudaGetErrorName(cudaError_t error)
-{
-	const cuemu_errname *n = cuemu_errname_of(error);
-
-	return n != nullptr ? n->nm : "unrecognized error code";
-}
-
-/** cudaGetErrorString() - libcudart's message for @error, or "unrecognized error code". */
-const char *
-cudaGetErrorString(cudaError_t error)
-{
-	const cuemu_errname *n = cuemu_errname_of(error);
-
-	return n != nullptr ? n->msg : "unrecognized error code";
 }
 
 /** cudaGetLastError() - the thread's last error (or the sticky one), cleared. */
@@ -523,7 +347,7 @@ cuemu_drain(void)
 	g->cv.wait(lk, [&] {
 		for (const cuemu_dep &d : all)
 			if (d.s->done < d.seq)
-				return g->down;
+				return g->down.load();
 		return true;
 	});
 }
@@ -849,91 +673,4 @@ cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 		return cudaErrorNotReady;
 	*ms = std::chrono::duration<float, std::milli>(b->rec->t - a->rec->t).count();
 	return cudaSuccess;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* device                                                                                       */
-
-/** cudaLaunchKernel() - refused: kernels launch through the kernel half's shim (device.h). */
-cudaError_t
-cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
-		 cudaStream_t stream)
-{
-	cudaError_t e = cuemu_enter("cudaLaunchKernel", CUEMU_STICKY);
-
-	(void)func, (void)gridDim, (void)blockDim, (void)args, (void)sharedMem, (void)stream;
-	return cuemu_ret(e != cudaSuccess ? e : cudaErrorNotSupported);
-}
-
-/** cudaGetDeviceCount() - 1 (0 and cudaErrorNoDevice under KVT_CUEMU_DEVICES=0). */
-cudaError_t
-cudaGetDeviceCount(int *count)
-{
-	cudaError_t e = cuemu_enter("cudaGetDeviceCount", CUEMU_NONE);
-
-	if (e == cudaSuccess && count == nullptr)
-		e = cudaErrorInvalidValue;
-	if (e != cudaSuccess)
-		return cuemu_ret(e);
-	*count = cuemu_ndev();
-	return cuemu_ret(*count == 0 ? cudaErrorNoDevice : cudaSuccess);
-}
-
-/* cudaErrorInvalidDevice unless @device is 0. */
-static cudaError_t
-cuemu_check_dev(int device)
-{
-	return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
-}
-
-/** cudaSetDevice() - make @device (0 only) current on this thread. */
-cudaError_t
-cudaSetDevice(int device)
-{
-	cudaError_t e = cuemu_enter("cudaSetDevice", CUEMU_DEV);
-
-	if (e == cudaSuccess)
-		e = cuemu_check_dev(device);
-	if (e == cudaSuccess)
-		cuemu_cur_dev = device;
-	return cuemu_ret(e);
-}
-
-/** cudaGetDevice() - the thread's current device. */
-cudaError_t
-cudaGetDevice(int *device)
-{
-	cudaError_t e = cuemu_enter("cudaGetDevice", CUEMU_DEV);
-
-	if (e == cudaSuccess && device == nullptr)
-		e = cudaErrorInvalidValue;
-	if (e == cudaSuccess)
-		*device = cuemu_cur_dev;
-	return cuemu_ret(e);
-}
-
-/** cudaDriverGetVersion() - 13000. */
-cudaError_t
-cudaDriverGetVersion(int *driverVersion)
-{
-	cudaError_t e = cuemu_enter("cudaDriverGetVersion", CUEMU_NONE);
-
-	if (e == cudaSuccess && driverVersion == nullptr)
-		e = cudaErrorInvalidValue;
-	if (e == cudaSuccess)
-		*driverVersion = CUEMU_VERSION;
-	return cuemu_ret(e);
-}
-
-/** cudaRuntimeGetVersion() - 13000. */
-cudaError_t
-cudaRuntimeGetVersion(int *runtimeVersion)
-{
-	cudaError_t e = cuemu_enter("cudaRuntimeGetVersion", CUEMU_NONE);
-
-	if (e == cudaSuccess && runtimeVersion == nullptr)
-		e = cudaErrorInvalidValue;
-	if (e == cudaSuccess)
-		*runtimeVersion = CUEMU_VERSION;
-	return cuemu_ret(e);
 }

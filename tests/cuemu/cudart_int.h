@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/cuemu/cudart_int.h - what the two files of the emulated CUDA runtime share
- * (cudart.cc: state, streams, events, errors, device; cudart_mem.cc: memory and copies).
+ * tests/cuemu/cudart_int.h - what the files of the emulated CUDA runtime share (cudart.cc:
+ * state, streams, events, last error; cudart_mem.cc: memory and copies; cudart_dev.cc: fault
+ * injection, error names, the device).
  * C++ only; not part of the contract with the kernel half (that is cuemu.h).
  *
  * Model: one global lock (cuemu_g->mu) and one condition variable guard every stream queue,
@@ -77,7 +78,7 @@ struct cuemu_state {
 	std::vector<std::shared_ptr<cuemu_stream>> workers; /* threads not yet joined */
 	std::map<uintptr_t, std::shared_ptr<cuemu_event>> events;   /* live handles */
 	uint64_t next_id = 0;                          /* handle numbers */
-	bool down = false;                             /* process exit: workers stopped */
+	std::atomic<bool> down{ false };               /* process exit: workers stopped */
 	std::atomic<int> sticky{ 0 };                  /* cudaError_t of a kernel fault, or 0 */
 };
 
@@ -116,6 +117,12 @@ cudaError_t cuemu_wait(const cuemu_record &r);
 
 /* Block until every operation queued so far on every stream completed (no error checks). */
 void cuemu_drain(void);
+
+/* The injected error for this call of @api (kvt_cuemu_fail), or cudaSuccess; counts the call. */
+cudaError_t cuemu_injected(const char *api);
+
+/* Clear every kvt_cuemu_fail() rule. */
+void cuemu_rules_clear(void);
 
 /* 1 unless KVT_CUEMU_DEVICES=0 (read on every call, so tests can change it). */
 int cuemu_ndev(void);

@@ -461,8 +461,10 @@ cudaMemcpyBatchAsync(void *const *dsts, const void *const *srcs, const size_t *s
 	size_t k = 0;
 
 	if (e == cudaSuccess && (count == 0 || dsts == nullptr || srcs == nullptr ||
-				 sizes == nullptr || stream == nullptr || stream == cudaStreamLegacy))
+				 sizes == nullptr))
 		e = cudaErrorInvalidValue;
+	if (e == cudaSuccess && (stream == nullptr || stream == cudaStreamLegacy))
+		e = cudaErrorInvalidValue; /* "must not be legacy NULL stream" */
 	if (e == cudaSuccess)
 		e = cuemu_check_attrs(count, attrs, attrsIdxs, numAttrs);
 	if (e != cudaSuccess)
@@ -473,8 +475,10 @@ cudaMemcpyBatchAsync(void *const *dsts, const void *const *srcs, const size_t *s
 
 		while (k + 1 < numAttrs && attrsIdxs[k + 1] <= i)
 			k++;
-		e = sizes[i] == 0 ? cudaErrorInvalidValue :
-				    cuemu_check_copy(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, &c);
+		if (sizes[i] == 0)
+			e = cudaErrorInvalidValue; /* an empty copy is refused in a batch */
+		else
+			e = cuemu_check_copy(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, &c);
 		if (e != cudaSuccess)
 			break;
 		v->push_back(cuemu_bcopy{ dsts[i], srcs[i], sizes[i], nullptr });
