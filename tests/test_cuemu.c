@@ -6,7 +6,7 @@
  * blocking and non-blocking streams; a destroyed stream finishing its work; the range checks of
  * copies and memsets; cudaFree errors; the HBM limit; cudaMemcpyBatchAsync's validation and its
  * one-operation execution; error names; the sticky error of a kernel fault; fault injection;
- * KVT_CUEMU_DEVICES=0; the device's description.
+ * runtime calls from stream work refused; KVT_CUEMU_DEVICES=0; the device's description.
  *
  * Streams are held with a "gate": a closure queued by kvt_cuemu_enqueue that blocks its worker
  * until the test opens it, so what is late is late by construction, never by timing.
@@ -646,6 +646,30 @@ test_fault_injection(void **state)
 	TCU_OK(cudaDeviceSynchronize());
 }
 
+static void
+tcu_call_runtime(void *ctx)
+{
+	int *out = ctx;
+
+	out[0] = (int)cudaDeviceSynchronize(); /* would wait for itself */
+	out[1] = (int)cudaGetErrorString(cudaSuccess)[0]; /* no context needed: fine */
+}
+
+/* Stream work must not call the runtime (as CUDA host callbacks must not): refused. */
+static void
+test_runtime_from_stream_work(void **state)
+{
+	cudaStream_t s = tcu_stream(cudaStreamNonBlocking);
+	int out[2] = { -1, -1 };
+
+	(void)state;
+	TCU_OK(kvt_cuemu_enqueue(s, tcu_call_runtime, NULL, out));
+	TCU_OK(cudaStreamSynchronize(s));
+	assert_int_equal(out[0], cudaErrorNotPermitted);
+	assert_int_equal(out[1], 'n');
+	TCU_OK(cudaStreamDestroy(s));
+}
+
 /* KVT_CUEMU_DEVICES=0: no device, as on a machine without a GPU. */
 static void
 test_no_device(void **state)
@@ -709,6 +733,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_errors, tcu_setup, tcu_teardown),
 		cmocka_unit_test_setup_teardown(test_sticky_fault, tcu_setup, tcu_teardown),
 		cmocka_unit_test_setup_teardown(test_fault_injection, tcu_setup, tcu_teardown),
+		cmocka_unit_test_setup_teardown(test_runtime_from_stream_work, tcu_setup,
+						tcu_teardown),
 		cmocka_unit_test_setup_teardown(test_no_device, tcu_setup, tcu_teardown),
 		cmocka_unit_test_setup_teardown(test_device_props, tcu_setup, tcu_teardown),
 	};
