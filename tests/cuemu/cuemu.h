@@ -37,7 +37,9 @@ typedef void (*kvt_cuemu_fn)(void *ctx);
  * is called once after @run returned, or instead of it if the work is discarded (stream
  * destroyed with work pending is an error of the caller; the emulation runs it first).
  * Returns cudaSuccess or cudaErrorInvalidResourceHandle (unknown stream; @drop is then called
- * at once). Thread-safe. Provided by cudart.cc.
+ * at once; likewise cudaErrorInvalidValue for @run NULL and cudaErrorCudartUnloading once the
+ * process is exiting). Work queued while the context has a sticky error is dropped, not run.
+ * Thread-safe. Provided by cudart.cc.
  */
 cudaError_t kvt_cuemu_enqueue(cudaStream_t s, kvt_cuemu_fn run, kvt_cuemu_fn drop, void *ctx);
 
@@ -66,6 +68,25 @@ int kvt_cuemu_fail(const char *api, cudaError_t err, unsigned after, unsigned co
 
 /** kvt_cuemu_reset() - clear every fault rule and the sticky error (tests, between cases). */
 void kvt_cuemu_reset(void);
+
+/**
+ * kvt_cuemu_fail_check() - the start of a runtime call named @api that cudart.cc does not
+ * implement itself ("launch": a kernel launch by the kernel half's shim). Counts the call for
+ * kvt_cuemu_fail() and returns the error it must fail with: an injected one, else
+ * cudaErrorNoDevice (KVT_CUEMU_DEVICES=0), cudaErrorCudartUnloading (process exit) or the
+ * sticky cudaErrorLaunchFailure; cudaSuccess if it may run. A failure is also recorded as the
+ * thread's last error. Thread-safe. Provided by cudart.cc.
+ */
+cudaError_t kvt_cuemu_fail_check(const char *api);
+
+/**
+ * kvt_cuemu_addressable() - 1 if [@p, @p + @len) (@len 0: the byte at @p) lies inside one live
+ * allocation a kernel may touch: cudaMalloc memory, or pinned (cudaHostAlloc/cudaMallocHost)
+ * or registered (cudaHostRegister) host memory, which under UVA is a device pointer too; 0
+ * otherwise (pageable host memory, freed memory, past an allocation's end). Thread-safe.
+ * Provided by cudart_mem.cc.
+ */
+int kvt_cuemu_addressable(const void *p, size_t len);
 
 #ifdef __cplusplus
 }
