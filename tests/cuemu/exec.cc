@@ -9,7 +9,9 @@
  *   - __syncthreads: released when every thread of the block has arrived;
  *   - a warp operation (shuffle, ballot, __syncwarp): released when every lane of its mask has
  *     arrived with the same operation and mask; the last lane computes every lane's result
- *     (per PTX shfl.sync) into the warp's result slots before anyone reads them.
+ *     (per PTX shfl.sync) into the warp's result slots before anyone reads them. Lanes of
+ *     disjoint groups may wait in different operations at once (lanes 0-15 in a shuffle of mask
+ *     0xffff while 16-31 already wait in the next full-warp one).
  * A thread that returns while others wait, a mask that differs between lanes, names a lane
  * that does not exist or leaves out the caller, a shuffle from a lane outside the mask, and a
  * pass in which no fiber can run (a deadlock) are kernel faults: the message names the kernel,
@@ -24,6 +26,7 @@
  * ThreadSanitizer does not know about fibers: KVT_CUDA_EMU builds refuse it.
  */
 #include "device.h"
+#include "exec_selftest.h"
 
 #include <cerrno>
 #include <cstdarg>
@@ -31,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 #include <new>
 
 #include <pthread.h>
@@ -80,11 +84,18 @@ struct exec_fiber {
 	void *asan_fake;             /* ASan's fake stack while suspended */
 };
 
-/* the rendezvous state of one warp */
-struct exec_warp {
-	unsigned arrived;   /* lanes arrived at the pending operation (0: none pending) */
+/* one pending warp operation */
+struct exec_group {
 	unsigned mask;      /* its mask */
 	int op;             /* its kvt_cuemu_warp_op */
+	unsigned arrived;   /* lanes arrived */
+};
+
+/* the rendezvous state of one warp */
+struct exec_warp {
+	unsigned n_groups;  /* pending operations */
+	exec_group g[32];   /* them (each holds at least one waiting lane) */
+	unsigned waiting;   /* lanes waiting in any of them */
 	unsigned exited;    /* lanes that returned */
 	uint64_t val[32];   /* each arrived lane's value */
 	int b[32];          /* each arrived lane's lane / delta / xor operand */
@@ -115,6 +126,9 @@ struct exec_worker {
 };
 
 thread_local exec_worker *exec_w;
+
+std::mutex exec_fault_mu;      /* guards exec_fault_msg */
+char exec_fault_msg[1024];     /* the latest fault's message (kvt_cuemu_exec_last_fault) */
 
 /* a queued launch: the grid (its ctx owns the arguments) */
 struct exec_launch {
@@ -303,6 +317,11 @@ exec_fault(exec_worker *w, int who, const char *fmt, ...)
 	snprintf(full, sizeof full, "%s<<<(%u,%u,%u), (%u,%u,%u)>>>: %s%s", w->g->name,
 		 w->g->grid.x, w->g->grid.y, w->g->grid.z, w->g->block.x, w->g->block.y,
 		 w->g->block.z, thr, msg);
+	{
+		std::lock_guard<std::mutex> lk(exec_fault_mu);
+
+		snprintf(exec_fault_msg, sizeof exec_fault_msg, "%s", full);
+	}
 	kvt_cuemu_kernel_fault(full);
 	w->fault = true;
 	if (w->cur)
@@ -329,9 +348,11 @@ exec_thread_exit(exec_worker *w)
 	if (w->waiting_bar)
 		exec_fault(w, (int)i, "returned while %u thread(s) wait at __syncthreads",
 			   w->waiting_bar);
-	if (wp->arrived && (wp->mask >> lane & 1u))
-		exec_fault(w, (int)i, "returned while lanes 0x%08x of its warp wait for it in %s "
-			   "with mask 0x%08x", wp->arrived, exec_op_name(wp->op), wp->mask);
+	for (unsigned k = 0; k < wp->n_groups; k++)
+		if (wp->g[k].mask >> lane & 1u)
+			exec_fault(w, (int)i, "returned while lanes 0x%08x of its warp wait for it "
+				   "in %s with mask 0x%08x", wp->g[k].arrived,
+				   exec_op_name(wp->g[k].op), wp->g[k].mask);
 	exec_yield(w, true);
 }
 
@@ -420,10 +441,12 @@ exec_deadlock(exec_worker *w)
 	size_t len = 0;
 
 	for (unsigned k = 0; k < (w->n + 31) / 32 && len < sizeof warps - 64; k++)
-		if (w->warps[k].arrived)
+		for (unsigned j = 0; j < w->warps[k].n_groups && len < sizeof warps - 64; j++)
 			len += (size_t)snprintf(warps + len, sizeof warps - len,
-						" warp %u: lanes 0x%08x of mask 0x%08x;", k,
-						w->warps[k].arrived, w->warps[k].mask);
+						" warp %u: lanes 0x%08x in %s of mask 0x%08x;",
+						k, w->warps[k].g[j].arrived,
+						exec_op_name(w->warps[k].g[j].op),
+						w->warps[k].g[j].mask);
 	exec_fault(w, -1, "deadlock in block (%u,%u,%u): %u thread(s) wait at __syncthreads, %u "
 		   "returned, warp operations pending:%s", w->bid.x, w->bid.y, w->bid.z,
 		   w->waiting_bar, w->exited, warps[0] ? warps : " none");
@@ -441,7 +464,8 @@ exec_block(exec_worker *w, uint3 bid)
 	w->waiting_bar = 0;
 	w->exited = 0;
 	for (unsigned k = 0; k < (n + 31) / 32; k++) {
-		w->warps[k].arrived = 0;
+		w->warps[k].n_groups = 0;
+		w->warps[k].waiting = 0;
 		w->warps[k].exited = 0;
 	}
 	for (unsigned i = 0; i < n; i++) {
@@ -539,17 +563,17 @@ exec_grid_drop(void *ctx)
 
 /* The result for lane @i of a completed shuffle of warp @wp (PTX shfl.sync); -1: bad lane. */
 int
-exec_shfl_src(const exec_warp *wp, unsigned i)
+exec_shfl_src(const exec_warp *wp, int op, unsigned i)
 {
 	const int width = wp->width[i];
 	const unsigned seg = (unsigned)(32 - width) & 31u; /* segmask: lanes of other segments */
-	const unsigned cval = wp->op == KVT_CUEMU_SHFL_UP ? 0u : 31u;
+	const unsigned cval = op == KVT_CUEMU_SHFL_UP ? 0u : 31u;
 	const unsigned b = (unsigned)wp->b[i] & 31u;
 	const unsigned max_lane = (i & seg) | (cval & ~seg), min_lane = i & seg;
 	int j;
 	bool ok;
 
-	switch (wp->op) {
+	switch (op) {
 	case KVT_CUEMU_SHFL_UP:
 		j = (int)i - (int)b;
 		ok = j >= (int)max_lane;
@@ -570,36 +594,32 @@ exec_shfl_src(const exec_warp *wp, unsigned i)
 	return ok ? j : (int)i;
 }
 
-/* The last lane of @wp arrived: compute every lane's result; false on a bad source lane. */
-bool
-exec_warp_complete(exec_worker *w, exec_warp *wp, unsigned warp)
+/* The last lane of group @g of @wp arrived: compute every lane's result (or fault). */
+void
+exec_warp_complete(exec_worker *w, exec_warp *wp, const exec_group *g, unsigned warp)
 {
 	unsigned ballot = 0;
 
 	for (unsigned i = 0; i < 32; i++)
-		if ((wp->mask >> i & 1u) && wp->val[i])
+		if ((g->mask >> i & 1u) && wp->val[i])
 			ballot |= 1u << i;
 	for (unsigned i = 0; i < 32; i++) {
-		if (!(wp->mask >> i & 1u))
+		if (!(g->mask >> i & 1u))
 			continue;
-		if (wp->op == KVT_CUEMU_BALLOT) {
+		if (g->op == KVT_CUEMU_BALLOT) {
 			wp->res[i] = ballot;
-		} else if (wp->op == KVT_CUEMU_SYNCWARP) {
+		} else if (g->op == KVT_CUEMU_SYNCWARP) {
 			wp->res[i] = 0;
 		} else {
-			int j = exec_shfl_src(wp, i);
+			int j = exec_shfl_src(wp, g->op, i);
 
-			if (!(wp->mask >> j & 1u)) {
+			if (!(g->mask >> j & 1u))
 				exec_fault(w, (int)(warp * 32u + i), "shuffles from lane %d, "
-					   "outside the mask 0x%08x (undefined value)", j, wp->mask);
-				return false;
-			}
+					   "outside the mask 0x%08x (undefined value)", j, g->mask);
 			wp->res[i] = wp->val[j];
 		}
 	}
-	return true;
 }
-
 
 } /* namespace */
 
@@ -625,28 +645,46 @@ kvt_cuemu_warp(unsigned mask, int op, uint64_t val, int b, int width)
 	if (op != KVT_CUEMU_BALLOT && op != KVT_CUEMU_SYNCWARP &&
 	    (width < 1 || width > 32 || (width & (width - 1))))
 		exec_fault(w, (int)i, "%s with width %d (a power of two 1..32)", name, width);
-	if (wp->arrived && (wp->mask != mask || wp->op != op))
-		exec_fault(w, (int)i, "%s with mask 0x%08x while lanes 0x%08x of its warp wait "
-			   "in %s with mask 0x%08x", name, mask, wp->arrived,
-			   exec_op_name(wp->op), wp->mask);
-	wp->mask = mask;
-	wp->op = op;
+	exec_group *g = NULL;
+	for (unsigned k = 0; k < wp->n_groups; k++)
+		if (wp->g[k].mask == mask && wp->g[k].op == op) {
+			g = &wp->g[k];
+			break;
+		}
+	/* lanes of the mask that wait in another operation would never come */
+	const unsigned other = mask & wp->waiting & ~(g ? g->arrived : 0u);
+	if (other) {
+		const exec_group *h = wp->g;
+
+		while (!(h->arrived & other))
+			h++;
+		exec_fault(w, (int)i, "%s with mask 0x%08x while lanes 0x%08x of its warp wait in "
+			   "%s with mask 0x%08x", name, mask, h->arrived, exec_op_name(h->op),
+			   h->mask);
+	}
+	if (!g) {
+		g = &wp->g[wp->n_groups++];
+		g->mask = mask;
+		g->op = op;
+		g->arrived = 0;
+	}
 	wp->val[lane] = val;
 	wp->b[lane] = b;
 	wp->width[lane] = width;
-	wp->arrived |= 1u << lane;
-	if (wp->arrived != mask) {
+	g->arrived |= 1u << lane;
+	if (g->arrived != mask) {
+		wp->waiting |= 1u << lane;
 		w->cur->state = EXEC_WARP;
 		exec_yield(w, false);
 		return wp->res[lane];
 	}
-	/* the last lane: results for all, release the others */
-	if (!exec_warp_complete(w, wp, warp))
-		exec_yield(w, true);
-	wp->arrived = 0;
+	/* the last lane: results for all, release the others, drop the group */
+	exec_warp_complete(w, wp, g, warp);
+	wp->waiting &= ~mask;
 	for (unsigned k = 0; k < 32; k++)
 		if ((mask >> k & 1u) && k != lane)
 			w->fibers[warp * 32u + k].state = EXEC_READY;
+	*g = wp->g[--wp->n_groups];
 	return wp->res[lane];
 }
 
@@ -726,4 +764,13 @@ kvt_cuemu_launch(const struct kvt_cuemu_grid *g, cudaStream_t s)
 	if (e != cudaSuccess)
 		kvt_cuemu_set_error(e);
 	return e;
+}
+
+extern "C" void
+kvt_cuemu_exec_last_fault(char *buf, size_t len)
+{
+	std::lock_guard<std::mutex> lk(exec_fault_mu);
+
+	if (len)
+		snprintf(buf, len, "%s", exec_fault_msg);
 }
