@@ -127,6 +127,12 @@ struct exec_worker {
 
 thread_local exec_worker *exec_w;
 
+/* frees the thread's exec_w when a stream worker exits */
+struct exec_worker_owner {
+	~exec_worker_owner();
+};
+thread_local exec_worker_owner exec_owner;
+
 std::mutex exec_fault_mu;      /* guards exec_fault_msg */
 char exec_fault_msg[1024];     /* the latest fault's message (kvt_cuemu_exec_last_fault) */
 
@@ -402,8 +408,23 @@ exec_worker_get(void)
 		}
 #endif
 		exec_w = w;
+		(void)&exec_owner; /* constructed now: its destructor frees w at thread exit */
 	}
 	return exec_w;
+}
+
+exec_worker_owner::~exec_worker_owner()
+{
+	exec_worker *w = exec_w;
+
+	if (!w)
+		return;
+	if (w->stacks)
+		munmap(w->stacks, w->n_stacks * (EXEC_STACK + (size_t)sysconf(_SC_PAGESIZE)));
+	free(w->smem);
+	delete[] w->fibers;
+	delete w;
+	exec_w = NULL;
 }
 
 /* Map stacks for @n fibers (guard page below each); false if mmap failed. */
