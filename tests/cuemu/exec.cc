@@ -152,6 +152,7 @@ exec_now_ns(void)
 
 } /* namespace */
 
+/* the running fiber's built-ins (device.h); set by every switch */
 __thread const struct kvt_cuemu_thread *kvt_cuemu_self;
 
 /* ---- the context switch ---- */
@@ -644,6 +645,7 @@ exec_warp_complete(exec_worker *w, exec_warp *wp, const exec_group *g, unsigned 
 
 } /* namespace */
 
+/** kvt_cuemu_warp() - see device.h. */
 extern "C" uint64_t
 kvt_cuemu_warp(unsigned mask, int op, uint64_t val, int b, int width)
 {
@@ -709,6 +711,7 @@ kvt_cuemu_warp(unsigned mask, int op, uint64_t val, int b, int width)
 	return wp->res[lane];
 }
 
+/** kvt_cuemu_syncthreads() - see device.h. */
 extern "C" void
 kvt_cuemu_syncthreads(void)
 {
@@ -734,12 +737,14 @@ kvt_cuemu_syncthreads(void)
 	std::atomic_signal_fence(std::memory_order_seq_cst);
 }
 
+/** kvt_cuemu_dynamic_smem() - see device.h. */
 extern "C" void *
 kvt_cuemu_dynamic_smem(void)
 {
 	return exec_w->smem;
 }
 
+/** kvt_cuemu_globaltimer() - see device.h. */
 extern "C" uint64_t
 kvt_cuemu_globaltimer(void)
 {
@@ -752,6 +757,7 @@ kvt_cuemu_globaltimer(void)
 	return exec_now_ns();
 }
 
+/** kvt_cuemu_launch() - see device.h. */
 extern "C" cudaError_t
 kvt_cuemu_launch(const struct kvt_cuemu_grid *g, cudaStream_t s)
 {
@@ -787,6 +793,7 @@ kvt_cuemu_launch(const struct kvt_cuemu_grid *g, cudaStream_t s)
 	return e;
 }
 
+/** kvt_cuemu_exec_last_fault() - see exec_selftest.h. */
 extern "C" void
 kvt_cuemu_exec_last_fault(char *buf, size_t len)
 {

@@ -72,6 +72,7 @@ st_touch_kernel(int *p)
 	p[threadIdx.x] = 1;
 }
 
+/** kvt_cuemu_selftest() - see exec_selftest.h. */
 extern "C" cudaError_t
 kvt_cuemu_selftest(int which, unsigned grid, unsigned block, size_t smem, void *a, void *b,
 		   cudaStream_t s)
