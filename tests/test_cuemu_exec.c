@@ -3,7 +3,8 @@
  * tests/test_cuemu_exec.c - the kernel half of the CUDA-on-CPU emulation (tests/cuemu/exec.cc,
  * device.h) with the self-test kernels of tests/cuemu/exec_selftest.cu: every shuffle flavour
  * (segment widths, partial masks, 8-byte values), ballot/any/all, static and dynamic shared
- * memory across barriers (also with KVT_CUEMU_ORDER=reverse); the faults - a thread returning
+ * memory across barriers (also with KVT_CUEMU_ORDER=reverse), no dynamic shared memory (NULL)
+ * for a launch that asked for none; the faults - a thread returning
  * while its block waits at __syncthreads, a shuffle mask that differs between lanes, a deadlock
  * of a barrier against a shuffle, a pointer argument into pageable memory - each reported with
  * its kind, made the sticky error, the rest of the grid dropped; and the launch-time checks
@@ -107,6 +108,34 @@ test_barrier_shared(void **state)
 	tce_reverse("reverse");
 }
 
+/* st_smem_kernel on 32 threads with @smem bytes: every thread's answer is @want */
+static void
+tce_smem(int *d, size_t smem, int want)
+{
+	int got[32];
+
+	TCE_OK(cudaMemset(d, 0, sizeof got));
+	TCE_OK(kvt_cuemu_selftest(KVT_CUEMU_ST_SMEM, 1, 32, smem, d, NULL, NULL));
+	TCE_OK(cudaMemcpy(got, d, sizeof got, cudaMemcpyDeviceToHost));
+	for (int i = 0; i < 32; i++)
+		assert_int_equal(got[i], want);
+}
+
+/* a launch without dynamic shared memory sees NULL, also after one with some on its worker */
+static void
+test_dynamic_smem_none(void **state)
+{
+	int *d = NULL;
+
+	(void)state;
+	TCE_OK(cudaMalloc((void **)&d, 32 * sizeof(int)));
+	tce_smem(d, 0, 1);
+	tce_smem(d, 4096, 2);
+	tce_smem(d, 0, 1);
+	tce_smem(d, 4, 2);
+	TCE_OK(cudaFree(d));
+}
+
 /* Launch a faulting kernel: the launch succeeds, the sync reports the fault, all is reset. */
 static void
 tce_fault(int which, unsigned block, void *arg, const char *kind)
@@ -190,6 +219,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_warp_ops),
 		cmocka_unit_test(test_barrier_shared),
+		cmocka_unit_test(test_dynamic_smem_none),
 		cmocka_unit_test(test_faults),
 		cmocka_unit_test(test_launch_checks),
 	};

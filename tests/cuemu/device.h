@@ -9,7 +9,8 @@
  *   their stream's worker thread, the threads of a block as fibers of that one OS thread, so a
  *   thread_local is exactly "per running block" (two streams' kernels run on two workers).
  *   Dynamic shared memory (KVT_EXTERN_SHARED of kernels/launch_cuda.h) is a per-worker buffer,
- *   filled with 0xff bytes (NaN floats) before each block runs.
+ *   filled with 0xff bytes (NaN floats) before each block runs; NULL when the launch asked for
+ *   none, and under ASan its bytes past the launch's size are poisoned.
  * - threadIdx, blockIdx, blockDim, gridDim are the running fiber's; warpSize is 32.
  * - __syncthreads and the warp intrinsics (__shfl*_sync, __ballot_sync, __any_sync,
  *   __all_sync, __syncwarp) are rendezvous points: a fiber waits there until every thread of
@@ -96,7 +97,10 @@ uint64_t kvt_cuemu_warp(unsigned mask, int op, uint64_t val, int b, int width);
 /** kvt_cuemu_syncthreads() - __syncthreads: waits until every thread of the block arrived. */
 void kvt_cuemu_syncthreads(void);
 
-/** kvt_cuemu_dynamic_smem() - the running block's dynamic shared memory (16-byte aligned). */
+/**
+ * kvt_cuemu_dynamic_smem() - the running block's dynamic shared memory (64-byte aligned), NULL
+ * when the launch asked for none. Under ASan the bytes past the launch's size are poisoned.
+ */
 void *kvt_cuemu_dynamic_smem(void);
 
 /**

@@ -119,8 +119,8 @@ struct exec_worker {
 	unsigned pos;                   /* the running fiber's place in this pass */
 	bool reverse;                   /* passes (and blocks) run last to first */
 	bool fault;                     /* the grid faulted: drop the rest */
-	void *smem;                     /* dynamic shared memory */
-	size_t smem_cap;                /* its size */
+	void *smem;                     /* dynamic shared memory (only grows) */
+	size_t smem_cap;                /* its size; under ASan the running grid's part is usable */
 	uint64_t grid_start;            /* %globaltimer at the grid's start */
 	uint3 bid;                      /* the running block */
 };
@@ -535,15 +535,23 @@ exec_grid_run(void *ctx)
 		return;
 	}
 	if (g->smem > w->smem_cap) {
+		const size_t cap = (g->smem + 63) & ~(size_t)63;
+
 		free(w->smem);
-		w->smem = aligned_alloc(64, (g->smem + 63) & ~(size_t)63);
-		w->smem_cap = w->smem ? g->smem : 0;
+		w->smem = aligned_alloc(64, cap);
+		w->smem_cap = w->smem ? cap : 0;
 		if (!w->smem) {
 			snprintf(msg, sizeof msg, "%s: no memory for shared memory", g->name);
 			kvt_cuemu_kernel_fault(msg);
 			return;
 		}
 	}
+#ifdef EXEC_ASAN
+	if (w->smem) { /* past this grid's dynamic shared memory: an over-read is reported */
+		ASAN_UNPOISON_MEMORY_REGION(w->smem, g->smem);
+		ASAN_POISON_MEMORY_REGION((char *)w->smem + g->smem, w->smem_cap - g->smem);
+	}
+#endif
 	w->g = g;
 	w->reverse = order && !strcmp(order, "reverse");
 	w->fault = false;
@@ -741,7 +749,9 @@ kvt_cuemu_syncthreads(void)
 extern "C" void *
 kvt_cuemu_dynamic_smem(void)
 {
-	return exec_w->smem;
+	exec_worker *w = exec_w;
+
+	return w->g->smem ? w->smem : NULL;
 }
 
 /** kvt_cuemu_globaltimer() - see device.h. */

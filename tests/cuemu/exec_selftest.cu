@@ -72,6 +72,12 @@ st_touch_kernel(int *p)
 	p[threadIdx.x] = 1;
 }
 
+__global__ void
+st_smem_kernel(int *out)
+{
+	out[threadIdx.x] = kvt_cuemu_dynamic_smem() ? 2 : 1;
+}
+
 /** kvt_cuemu_selftest() - see exec_selftest.h. */
 extern "C" cudaError_t
 kvt_cuemu_selftest(int which, unsigned grid, unsigned block, size_t smem, void *a, void *b,
@@ -93,6 +99,8 @@ kvt_cuemu_selftest(int which, unsigned grid, unsigned block, size_t smem, void *
 	case KVT_CUEMU_ST_DEADLOCK:
 		return kvt_cuemu::launch("st_deadlock_kernel", grid, block, smem, s,
 					 st_deadlock_kernel)(ia);
+	case KVT_CUEMU_ST_SMEM:
+		return kvt_cuemu::launch("st_smem_kernel", grid, block, smem, s, st_smem_kernel)(ia);
 	default:
 		return kvt_cuemu::launch("st_touch_kernel", grid, block, smem, s, st_touch_kernel)(ia);
 	}

@@ -23,6 +23,7 @@ enum kvt_cuemu_st {
 	KVT_CUEMU_ST_MASK,       /* lane 3 shuffles with another mask than lanes 0-2: a fault */
 	KVT_CUEMU_ST_DEADLOCK,   /* odd threads at __syncthreads, even ones at a shuffle */
 	KVT_CUEMU_ST_TOUCH,      /* writes @a[thread]: a fault unless @a is device memory */
+	KVT_CUEMU_ST_SMEM,       /* @a[thread] = 1 if the dynamic shared memory is NULL, else 2 */
 };
 
 /**
