@@ -145,7 +145,7 @@ tce_fault(int which, unsigned block, void *arg, const char *kind)
 	TCE_OK(kvt_cuemu_selftest(which, 2, block, 0, arg, NULL, NULL));
 	assert_int_equal((int)cudaDeviceSynchronize(), (int)cudaErrorLaunchFailure);
 	assert_int_equal((int)cudaGetLastError(), (int)cudaErrorLaunchFailure);
-	kvt_cuemu_exec_last_fault(msg, sizeof msg);
+	kvt_cuemu_last_fault(msg, sizeof msg);
 	if (!strstr(msg, kind))
 		fail_msg("fault '%s' does not say '%s'", msg, kind);
 	print_message("(as expected: %s)\n", msg);

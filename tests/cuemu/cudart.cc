@@ -55,10 +55,19 @@ kvt_cuemu_set_error(cudaError_t e)
 	cuemu_last = e;
 }
 
+static std::mutex cuemu_fault_mu;  /* guards cuemu_fault_msg */
+static char cuemu_fault_msg[1024]; /* the latest kernel fault's message (kvt_cuemu_last_fault) */
+
 void
 kvt_cuemu_kernel_fault(const char *msg)
 {
 	fprintf(stderr, "cuemu: kernel fault: %s\n", msg != nullptr ? msg : "(no message)");
+	{
+		std::lock_guard<std::mutex> lk(cuemu_fault_mu);
+
+		snprintf(cuemu_fault_msg, sizeof cuemu_fault_msg, "%s",
+			 msg != nullptr ? msg : "(no message)");
+	}
 	cuemu_get()->sticky = cudaErrorLaunchFailure;
 }
 
@@ -673,4 +682,14 @@ cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 		return cudaErrorNotReady;
 	*ms = std::chrono::duration<float, std::milli>(b->rec->t - a->rec->t).count();
 	return cudaSuccess;
+}
+
+/** kvt_cuemu_last_fault() - see cuemu.h. */
+void
+kvt_cuemu_last_fault(char *buf, size_t len)
+{
+	std::lock_guard<std::mutex> lk(cuemu_fault_mu);
+
+	if (buf != nullptr && len > 0)
+		snprintf(buf, len, "%s", cuemu_fault_msg);
 }

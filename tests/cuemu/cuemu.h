@@ -88,6 +88,13 @@ cudaError_t kvt_cuemu_fail_check(const char *api);
  */
 int kvt_cuemu_addressable(const void *p, size_t len);
 
+/**
+ * kvt_cuemu_last_fault() - copy the message of the latest kvt_cuemu_kernel_fault() (empty if
+ * none yet; kvt_cuemu_reset() keeps it) into @buf of @len bytes, truncated to fit. For tests.
+ * Thread-safe. Provided by cudart.cc.
+ */
+void kvt_cuemu_last_fault(char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

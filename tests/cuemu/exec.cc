@@ -34,7 +34,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <mutex>
 #include <new>
 
 #include <pthread.h>
@@ -132,9 +131,6 @@ struct exec_worker_owner {
 	~exec_worker_owner();
 };
 thread_local exec_worker_owner exec_owner;
-
-std::mutex exec_fault_mu;      /* guards exec_fault_msg */
-char exec_fault_msg[1024];     /* the latest fault's message (kvt_cuemu_exec_last_fault) */
 
 /* a queued launch: the grid (its ctx owns the arguments) */
 struct exec_launch {
@@ -324,11 +320,6 @@ exec_fault(exec_worker *w, int who, const char *fmt, ...)
 	snprintf(full, sizeof full, "%s<<<(%u,%u,%u), (%u,%u,%u)>>>: %s%s", w->g->name,
 		 w->g->grid.x, w->g->grid.y, w->g->grid.z, w->g->block.x, w->g->block.y,
 		 w->g->block.z, thr, msg);
-	{
-		std::lock_guard<std::mutex> lk(exec_fault_mu);
-
-		snprintf(exec_fault_msg, sizeof exec_fault_msg, "%s", full);
-	}
 	kvt_cuemu_kernel_fault(full);
 	w->fault = true;
 	if (w->cur)
@@ -801,14 +792,4 @@ kvt_cuemu_launch(const struct kvt_cuemu_grid *g, cudaStream_t s)
 	if (e != cudaSuccess)
 		kvt_cuemu_set_error(e);
 	return e;
-}
-
-/** kvt_cuemu_exec_last_fault() - see exec_selftest.h. */
-extern "C" void
-kvt_cuemu_exec_last_fault(char *buf, size_t len)
-{
-	std::lock_guard<std::mutex> lk(exec_fault_mu);
-
-	if (len)
-		snprintf(buf, len, "%s", exec_fault_msg);
 }

@@ -34,12 +34,6 @@ enum kvt_cuemu_st {
 cudaError_t kvt_cuemu_selftest(int which, unsigned grid, unsigned block, size_t smem, void *a,
 			       void *b, cudaStream_t s);
 
-/**
- * kvt_cuemu_exec_last_fault() - copy the message of the latest kernel fault exec.cc reported
- * (empty if none) into @buf of @len bytes. Thread-safe.
- */
-void kvt_cuemu_exec_last_fault(char *buf, size_t len);
-
 #ifdef __cplusplus
 }
 #endif
