@@ -17,7 +17,9 @@
  *   its block (every lane of its mask) has arrived. A thread that leaves while others wait, a
  *   mask that differs between lanes or names a lane that does not exist is a kernel fault
  *   (kvt_cuemu_kernel_fault), and the rest of the grid is abandoned.
- * - Loads (__ldg, __ldcs...) are plain loads; %globaltimer is kvt_cuemu_globaltimer().
+ * - Loads (__ldg, __ldcs) are plain loads; %globaltimer is kvt_cuemu_globaltimer(). Only the
+ *   intrinsics the kernels use exist (no atomics, fences, __constant__, other casts or cache
+ *   hints): a kernel that needs another adds it here.
  * - A launch (KVT_CUDA_LAUNCH, KVT_CUDA_LAUNCH_KERNEL of kernels/launch_cuda.h) checks the
  *   configuration as the device does, copies the arguments by value and queues the grid on
  *   the stream (exec.cc).
@@ -37,7 +39,6 @@
 
 #include <math.h> /* nvcc makes the math functions visible in every .cu file */
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
@@ -54,13 +55,11 @@
 #undef __device__
 #undef __host__
 #undef __shared__
-#undef __constant__
 #undef __launch_bounds__
 #define __global__
 #define __device__
 #define __host__
 #define __shared__ static thread_local
-#define __constant__ static
 #define __launch_bounds__(...)
 
 extern "C" {
@@ -153,18 +152,6 @@ __syncwarp(unsigned mask = 0xffffffffu)
 	(void)kvt_cuemu_warp(mask, KVT_CUEMU_SYNCWARP, 0, 0, warpSize);
 }
 
-static inline void
-__threadfence(void)
-{
-	std::atomic_thread_fence(std::memory_order_seq_cst);
-}
-
-static inline void
-__threadfence_block(void)
-{
-	std::atomic_signal_fence(std::memory_order_seq_cst);
-}
-
 namespace kvt_cuemu {
 
 template <typename T>
@@ -241,128 +228,22 @@ __all_sync(unsigned mask, int pred)
 	return __ballot_sync(mask, pred) == mask;
 }
 
-/* ---- loads with cache hints: plain loads here ---- */
-template <typename T>
-static inline T
-__ldg(const T *p)
-{
-	return *p;
-}
-
-template <typename T>
-static inline T
-__ldcs(const T *p)
-{
-	return *p;
-}
-
-template <typename T>
-static inline T
-__ldcg(const T *p)
-{
-	return *p;
-}
-
-template <typename T>
-static inline T
-__ldca(const T *p)
-{
-	return *p;
-}
-
-template <typename T>
-static inline T
-__ldlu(const T *p)
-{
-	return *p;
-}
-
-template <typename T>
-static inline void
-__stcs(T *p, T v)
-{
-	*p = v;
-}
-
-template <typename T>
-static inline void
-__stcg(T *p, T v)
-{
-	*p = v;
-}
+/* ---- loads with cache hints (those the kernels use): plain loads here ---- */
+#define KVT_CUEMU_LOAD(name)                                                                   \
+	template <typename T>                                                                  \
+	static inline T name(const T *p)                                                       \
+	{                                                                                      \
+		return *p;                                                                     \
+	}
+KVT_CUEMU_LOAD(__ldg)
+KVT_CUEMU_LOAD(__ldcs)
+#undef KVT_CUEMU_LOAD
 
 /* ---- bit casts ---- */
 static inline float
 __uint_as_float(unsigned x)
 {
 	return kvt_cuemu::from_bits<float>(x);
-}
-
-static inline float
-__int_as_float(int x)
-{
-	return kvt_cuemu::from_bits<float>((uint32_t)x);
-}
-
-static inline unsigned
-__float_as_uint(float x)
-{
-	return (unsigned)kvt_cuemu::to_bits(x);
-}
-
-static inline int
-__float_as_int(float x)
-{
-	return (int)(uint32_t)kvt_cuemu::to_bits(x);
-}
-
-/* ---- atomics on global or shared memory (other streams' kernels run on other threads) ---- */
-template <typename T>
-static inline T
-atomicAdd(T *p, T v)
-{
-	return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
-}
-
-static inline float
-atomicAdd(float *p, float v)
-{
-	float old, sum;
-
-	__atomic_load(p, &old, __ATOMIC_RELAXED);
-
-	do
-		sum = old + v;
-	while (!__atomic_compare_exchange(p, &old, &sum, false, __ATOMIC_RELAXED,
-					  __ATOMIC_RELAXED));
-	return old;
-}
-
-template <typename T>
-static inline T
-atomicMax(T *p, T v)
-{
-	T old = __atomic_load_n(p, __ATOMIC_RELAXED);
-
-	while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED,
-						       __ATOMIC_RELAXED))
-		;
-	return old;
-}
-
-template <typename T>
-static inline T
-atomicExch(T *p, T v)
-{
-	return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);
-}
-
-template <typename T>
-static inline T
-atomicCAS(T *p, T expect, T v)
-{
-	__atomic_compare_exchange_n(p, &expect, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-	return expect;
 }
 
 /* ---- launches ---- */

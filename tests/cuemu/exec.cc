@@ -28,6 +28,7 @@
 #include "device.h"
 #include "exec_selftest.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
