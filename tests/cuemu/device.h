@@ -6,8 +6,11 @@
  *
  * - __global__, __device__, __host__, __forceinline__, __launch_bounds__ are plain C++.
  * - __shared__ is `static thread_local`: the blocks of one launch run one after another on
- *   their stream's worker thread, the threads of a block as fibers of that one OS thread, so a
- *   thread_local is exactly "per running block" (two streams' kernels run on two workers).
+ *   their stream's worker thread, the threads of a block as fibers of that one OS thread, so
+ *   the threads of a running block share it and two streams' kernels (two workers) do not.
+ *   It is not fresh per block, though: zeroed once per worker thread, it keeps what the
+ *   previous block (or an earlier launch on that worker) wrote, so a read before the block's
+ *   own write goes unnoticed (a GPU gives undefined values there).
  *   Dynamic shared memory (KVT_EXTERN_SHARED of kernels/launch_cuda.h) is a per-worker buffer,
  *   filled with 0xff bytes (NaN floats) before each block runs; NULL when the launch asked for
  *   none, and under ASan its bytes past the launch's size are poisoned.
@@ -16,13 +19,16 @@
  *   __all_sync, __syncwarp) are rendezvous points: a fiber waits there until every thread of
  *   its block (every lane of its mask) has arrived. A thread that leaves while others wait, a
  *   mask that differs between lanes or names a lane that does not exist is a kernel fault
- *   (kvt_cuemu_kernel_fault), and the rest of the grid is abandoned.
+ *   (kvt_cuemu_kernel_fault), and the rest of the grid is abandoned. Threads meet on the
+ *   operation and mask, not the call site: two different __syncthreads() (or two shuffles of
+ *   the same mask) in divergent branches release each other.
  * - Loads (__ldg, __ldcs) are plain loads; %globaltimer is kvt_cuemu_globaltimer(). Only the
  *   intrinsics the kernels use exist (no atomics, fences, __constant__, other casts or cache
  *   hints): a kernel that needs another adds it here.
  * - A launch (KVT_CUDA_LAUNCH, KVT_CUDA_LAUNCH_KERNEL of kernels/launch_cuda.h) checks the
  *   configuration as the device does, copies the arguments by value and queues the grid on
- *   the stream (exec.cc).
+ *   the stream (exec.cc); the worker checks that each pointer argument is device-addressable,
+ *   the top-level ones only (not pointers inside a struct argument such as attn_params).
  * C++17, host compiler only.
  */
 #ifndef KVT_TESTS_CUEMU_DEVICE_H
