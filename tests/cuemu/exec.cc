@@ -20,8 +20,9 @@
  * pass's threads last to first, which shakes out code that depends on an order the hardware
  * does not promise.
  *
- * The switch is a few instructions of assembly on x86-64 (callee-saved registers, the stack
- * pointer, MXCSR and the x87 control word); elsewhere ucontext. Under AddressSanitizer every
+ * The switch is a few instructions of assembly on x86-64 (callee-saved registers and the stack
+ * pointer; MXCSR and the x87 control word are left alone, no kernel changes them); elsewhere
+ * ucontext. Under AddressSanitizer every
  * switch is announced (__sanitizer_start/finish_switch_fiber), so ASan knows which stack runs.
  * ThreadSanitizer does not know about fibers: KVT_CUDA_EMU builds refuse it.
  */
