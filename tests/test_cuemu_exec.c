@@ -3,12 +3,14 @@
  * tests/test_cuemu_exec.c - the kernel half of the CUDA-on-CPU emulation (tests/cuemu/exec.cc,
  * device.h) with the self-test kernels of tests/cuemu/exec_selftest.cu: every shuffle flavour
  * (segment widths, partial masks, 8-byte values), ballot/any/all, static and dynamic shared
- * memory across barriers (also with KVT_CUEMU_ORDER=reverse), no dynamic shared memory (NULL)
- * for a launch that asked for none; the faults - a thread returning
- * while its block waits at __syncthreads, a shuffle mask that differs between lanes, a deadlock
- * of a barrier against a shuffle, a pointer argument into pageable memory - each reported with
- * its kind, made the sticky error, the rest of the grid dropped; and the launch-time checks
- * (block size, shared memory, injected launch failures) that queue nothing.
+ * memory across barriers (also with KVT_CUEMU_ORDER=reverse), NULL dynamic shared memory for a
+ * launch that asked for none; every kernel fault - a thread returning while its block waits at
+ * __syncthreads or its warp waits for it in a shuffle, __syncthreads after a thread returned,
+ * a shuffle mask that differs between lanes, leaves out the caller, names lanes that do not
+ * exist or that returned, a bad width, a shuffle from a lane outside the mask, a deadlock of a
+ * barrier against a shuffle, a pointer argument into pageable memory - each reported with its
+ * kind, made the sticky error, the rest of the grid dropped (nothing written); and the
+ * launch-time checks (block size, shared memory, injected launch failures) that queue nothing.
  *
  * Exits 77 (skip) in builds without the emulation (KVT_CUDA_EMU).
  */
@@ -136,12 +138,22 @@ test_dynamic_smem_none(void **state)
 	TCE_OK(cudaFree(d));
 }
 
-/* Launch a faulting kernel: the launch succeeds, the sync reports the fault, all is reset. */
+/*
+ * Launch a faulting kernel on 2 blocks of @block threads: the launch succeeds, the sync
+ * reports the fault (its message says @kind), all is reset. When @arg is device memory (room
+ * for 2 * @block ints) it is poisoned first and must stay so: every fault kernel faults before
+ * a thread of block 0 writes, and block 1 is dropped.
+ */
 static void
 tce_fault(int which, unsigned block, void *arg, const char *kind)
 {
+	const int dev = kvt_cuemu_addressable(arg, 2 * block * sizeof(int));
+	int got[2 * 64];
 	char msg[1024];
 
+	assert_true(block <= 64);
+	if (dev)
+		TCE_OK(cudaMemset(arg, 0xa5, 2 * block * sizeof(int)));
 	TCE_OK(kvt_cuemu_selftest(which, 2, block, 0, arg, NULL, NULL));
 	assert_int_equal((int)cudaDeviceSynchronize(), (int)cudaErrorLaunchFailure);
 	assert_int_equal((int)cudaGetLastError(), (int)cudaErrorLaunchFailure);
@@ -151,6 +163,13 @@ tce_fault(int which, unsigned block, void *arg, const char *kind)
 	print_message("(as expected: %s)\n", msg);
 	kvt_cuemu_reset();
 	TCE_OK(cudaDeviceSynchronize());
+	if (!dev)
+		return;
+	TCE_OK(cudaMemcpy(got, arg, 2 * block * sizeof(int), cudaMemcpyDeviceToHost));
+	for (unsigned i = 0; i < 2 * block; i++)
+		if (got[i] != (int)0xa5a5a5a5)
+			fail_msg("thread %u of block %u wrote %d after the fault", i % block,
+				 i / block, got[i]);
 }
 
 static void
@@ -160,11 +179,29 @@ test_faults(void **state)
 
 	(void)state;
 	assert_non_null(pageable);
-	TCE_OK(cudaMalloc((void **)&d, 64 * sizeof(int)));
-	tce_fault(KVT_CUEMU_ST_EXIT_EARLY, 64, d, "thread (5,0,0) of block (0,0,0): returned while");
+	TCE_OK(cudaMalloc((void **)&d, 2 * 64 * sizeof(int)));
+	tce_fault(KVT_CUEMU_ST_EXIT_EARLY, 64, d, "thread (5,0,0) of block (0,0,0): returned while "
+		  "5 thread(s) wait at __syncthreads");
 	tce_fault(KVT_CUEMU_ST_MASK, 32, d, "thread (3,0,0) of block (0,0,0): __shfl_xor_sync "
 		  "with mask 0x7fffffff while lanes 0x00000007");
 	tce_fault(KVT_CUEMU_ST_DEADLOCK, 64, d, "deadlock in block (0,0,0): 32 thread(s) wait");
+	tce_fault(KVT_CUEMU_ST_OWN_LANE, 32, d, "thread (2,0,0) of block (0,0,0): __shfl_sync "
+		  "with mask 0xfffffffb, which leaves out its own lane 2");
+	tce_fault(KVT_CUEMU_ST_NO_LANE, 16, d, "thread (0,0,0) of block (0,0,0): __shfl_xor_sync "
+		  "with mask 0xffffffff naming lanes that do not exist (the warp has lanes "
+		  "0x0000ffff)");
+	tce_fault(KVT_CUEMU_ST_RETURNED, 64, d, "thread (1,0,0) of block (0,0,0): __shfl_sync "
+		  "with mask 0xffffffff, but lanes 0x00000001 of it returned");
+	tce_fault(KVT_CUEMU_ST_LEAVE_WARP, 32, d, "thread (1,0,0) of block (0,0,0): returned "
+		  "while lanes 0x00000001 of its warp wait for it in __shfl_sync with mask "
+		  "0xffffffff");
+	tce_fault(KVT_CUEMU_ST_WIDTH, 32, d, "thread (0,0,0) of block (0,0,0): __shfl_sync with "
+		  "width 3");
+	tce_fault(KVT_CUEMU_ST_OUTSIDE, 32, d, "thread (0,0,0) of block (0,0,0): shuffles from "
+		  "lane 20, outside the mask 0x0000ffff");
+	tce_fault(KVT_CUEMU_ST_SYNC_EXITED, 64, d, "thread (1,0,0) of block (0,0,0): reaches "
+		  "__syncthreads, but 1 thread(s) of its block returned before it (the latest: "
+		  "thread (0,0,0))");
 	tce_fault(KVT_CUEMU_ST_TOUCH, 64, pageable, "is not device-addressable");
 	for (int i = 0; i < 64; i++)
 		assert_int_equal(pageable[i], 0); /* the grid was dropped before it ran */

@@ -551,8 +551,8 @@ exec_grid_run(void *ctx)
 	w->cur = NULL;
 	for (unsigned i = 0; i < g->n_ptrs; i++)
 		if (g->ptrs[i] && !kvt_cuemu_addressable(g->ptrs[i], 0)) {
-			exec_fault(w, -1, "pointer argument %u (%p) is not device-addressable memory "
-				   "(pageable host memory, freed, or never allocated)", i,
+			exec_fault(w, -1, "pointer argument %u (%p) is not device-addressable "
+				   "memory (pageable host memory, freed, or never allocated)", i,
 				   g->ptrs[i]);
 			return;
 		}

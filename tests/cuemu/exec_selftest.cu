@@ -46,7 +46,7 @@ st_exit_early_kernel(int *out)
 	if (threadIdx.x == 5)
 		return;
 	__syncthreads();
-	out[threadIdx.x] = 1;
+	out[blockIdx.x * blockDim.x + threadIdx.x] = 1;
 }
 
 __global__ void
@@ -54,7 +54,7 @@ st_mask_kernel(int *out)
 {
 	const unsigned m = threadIdx.x == 3 ? 0x7fffffffu : 0xffffffffu;
 
-	out[threadIdx.x] = __shfl_xor_sync(m, (int)threadIdx.x, 1);
+	out[blockIdx.x * blockDim.x + threadIdx.x] = __shfl_xor_sync(m, (int)threadIdx.x, 1);
 }
 
 __global__ void
@@ -63,7 +63,48 @@ st_deadlock_kernel(int *out)
 	if (threadIdx.x & 1)
 		__syncthreads();
 	else
-		out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+		out[blockIdx.x * blockDim.x + threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+}
+
+/* breaks the warp or barrier rule @rule (KVT_CUEMU_ST_OWN_LANE...), then writes its result */
+__global__ void
+st_rule_kernel(int *out, int rule)
+{
+	const unsigned t = threadIdx.x, lane = t & 31u;
+	int v = (int)t;
+
+	switch (rule) {
+	case KVT_CUEMU_ST_OWN_LANE:
+		v = __shfl_sync(~(1u << 2), v, 0);
+		break;
+	case KVT_CUEMU_ST_NO_LANE:
+		v = __shfl_xor_sync(0xffffffffu, v, 1);
+		break;
+	case KVT_CUEMU_ST_RETURNED:
+		if (lane == 0)
+			return;
+		v = __shfl_sync(0xffffffffu, v, 1);
+		break;
+	case KVT_CUEMU_ST_LEAVE_WARP:
+		if (lane == 1)
+			return;
+		v = __shfl_sync(0xffffffffu, v, 1);
+		break;
+	case KVT_CUEMU_ST_WIDTH:
+		v = __shfl_sync(0xffffffffu, v, 0, 3);
+		break;
+	case KVT_CUEMU_ST_OUTSIDE:
+		if (lane >= 16)
+			return;
+		v = __shfl_sync(0x0000ffffu, v, 20);
+		break;
+	default: /* KVT_CUEMU_ST_SYNC_EXITED */
+		if (t == 0)
+			return;
+		__syncthreads();
+		break;
+	}
+	out[blockIdx.x * blockDim.x + t] = v;
 }
 
 __global__ void
@@ -85,23 +126,30 @@ kvt_cuemu_selftest(int which, unsigned grid, unsigned block, size_t smem, void *
 {
 	int *ia = static_cast<int *>(a), *ib = static_cast<int *>(b);
 
+#define ST_LAUNCH(kernel, ...) kvt_cuemu::launch(#kernel, grid, block, smem, s, kernel)(__VA_ARGS__)
 	switch (which) {
 	case KVT_CUEMU_ST_WARP:
-		return kvt_cuemu::launch("st_warp_kernel", grid, block, smem, s, st_warp_kernel)(ia);
+		return ST_LAUNCH(st_warp_kernel, ia);
 	case KVT_CUEMU_ST_REVERSE:
-		return kvt_cuemu::launch("st_reverse_kernel", grid, block, smem, s,
-					 st_reverse_kernel)(ia, ib);
+		return ST_LAUNCH(st_reverse_kernel, ia, ib);
 	case KVT_CUEMU_ST_EXIT_EARLY:
-		return kvt_cuemu::launch("st_exit_early_kernel", grid, block, smem, s,
-					 st_exit_early_kernel)(ia);
+		return ST_LAUNCH(st_exit_early_kernel, ia);
 	case KVT_CUEMU_ST_MASK:
-		return kvt_cuemu::launch("st_mask_kernel", grid, block, smem, s, st_mask_kernel)(ia);
+		return ST_LAUNCH(st_mask_kernel, ia);
 	case KVT_CUEMU_ST_DEADLOCK:
-		return kvt_cuemu::launch("st_deadlock_kernel", grid, block, smem, s,
-					 st_deadlock_kernel)(ia);
+		return ST_LAUNCH(st_deadlock_kernel, ia);
 	case KVT_CUEMU_ST_SMEM:
-		return kvt_cuemu::launch("st_smem_kernel", grid, block, smem, s, st_smem_kernel)(ia);
+		return ST_LAUNCH(st_smem_kernel, ia);
+	case KVT_CUEMU_ST_OWN_LANE:
+	case KVT_CUEMU_ST_NO_LANE:
+	case KVT_CUEMU_ST_RETURNED:
+	case KVT_CUEMU_ST_LEAVE_WARP:
+	case KVT_CUEMU_ST_WIDTH:
+	case KVT_CUEMU_ST_OUTSIDE:
+	case KVT_CUEMU_ST_SYNC_EXITED:
+		return ST_LAUNCH(st_rule_kernel, ia, which);
 	default:
-		return kvt_cuemu::launch("st_touch_kernel", grid, block, smem, s, st_touch_kernel)(ia);
+		return ST_LAUNCH(st_touch_kernel, ia);
 	}
+#undef ST_LAUNCH
 }

@@ -24,6 +24,14 @@ enum kvt_cuemu_st {
 	KVT_CUEMU_ST_DEADLOCK,   /* odd threads at __syncthreads, even ones at a shuffle */
 	KVT_CUEMU_ST_TOUCH,      /* writes @a[thread]: a fault unless @a is device memory */
 	KVT_CUEMU_ST_SMEM,       /* @a[thread] = 1 if the dynamic shared memory is NULL, else 2 */
+	/* faults of the warp and barrier rules; each would write @a[global thread] after it */
+	KVT_CUEMU_ST_OWN_LANE,   /* lane 2 shuffles with a mask that leaves it out */
+	KVT_CUEMU_ST_NO_LANE,    /* a full-warp shuffle in a block of fewer than 32 threads */
+	KVT_CUEMU_ST_RETURNED,   /* lane 0 returns, then the others shuffle with the full mask */
+	KVT_CUEMU_ST_LEAVE_WARP, /* lane 1 returns while lane 0 waits for it in a shuffle */
+	KVT_CUEMU_ST_WIDTH,      /* a shuffle of width 3 */
+	KVT_CUEMU_ST_OUTSIDE,    /* lanes 0-15 (mask 0xffff) shuffle from lane 20 */
+	KVT_CUEMU_ST_SYNC_EXITED, /* thread 0 returns, then the others __syncthreads */
 };
 
 /**
