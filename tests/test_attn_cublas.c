@@ -31,6 +31,7 @@
 #include "kernels/attention.h"
 #include "kernels/kernels_cuda.h"
 #include "support/kv_fixture.h"
+#include "support/kvt_test.h"
 
 #define TAC_OK(call) assert_int_equal((int)(call), (int)cudaSuccess)
 
@@ -220,8 +221,7 @@ test_attn_vs_cublas(void **state)
 					      KVT_DTYPE_F32, KVT_DTYPE_BF16 };
 	const char *e = getenv("KVT_TEST_SEED");
 	uint64_t rng = e && *e ? strtoull(e, NULL, 0) : (uint64_t)time(NULL);
-	const char *quick = getenv("KVT_TEST_QUICK");
-	size_t i, ns = quick && *quick && *quick != '0' ? 2 : sizeof shapes / sizeof shapes[0];
+	size_t i, ns = kvt_test_quick() ? 2 : sizeof shapes / sizeof shapes[0];
 	int n_sm = 0;
 
 	(void)state;

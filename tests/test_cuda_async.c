@@ -36,6 +36,7 @@
 
 #include "engine/engine_impl.h"
 #include "kernels/kernels_cuda.h"
+#include "support/kvt_test.h"
 #include "transfer/device.h"
 
 #define TCA_OK(call) assert_int_equal((int)(call), (int)cudaSuccess)
@@ -314,7 +315,7 @@ test_cuda_error_reported(void **state)
 	int rc;
 
 	(void)state;
-	if (getenv("KVT_TEST_QUICK") && *getenv("KVT_TEST_QUICK") != '0') {
+	if (kvt_test_quick()) {
 		/* compute-sanitizer runs set it: the failing cudaMalloc would count as an error */
 		print_message("(skipped under KVT_TEST_QUICK)\n");
 		return;

@@ -29,6 +29,7 @@
 #include "kernels/gather.h"
 #include "kernels/quant.h"
 #include "support/kv_fixture.h"
+#include "support/kvt_test.h"
 
 #ifdef KVT_WITH_CUDA
 #include <cuda_runtime.h>
@@ -58,15 +59,6 @@ static const struct kvt_test_kv_shape tkc_shapes[] = {
 	{ 2, 1, 4096, 16, 40, 0 },  { 8, 1, 32, 7, 1, 0 },     { 12, 4, 64, 16, 777, 0 },
 	{ 16, 16, 96, 5, 300, 0 },  { 40, 5, 80, 16, 513, 0 }, { 16, 2, 256, 16, 2100, 0 },
 };
-
-/* KVT_TEST_QUICK=1 (compute-sanitizer runs): the first few shapes and two split counts only */
-static int
-tkc_quick(void)
-{
-	const char *q = getenv("KVT_TEST_QUICK");
-
-	return q && *q && *q != '0';
-}
 
 /* Fresh inputs every run unless KVT_TEST_SEED is set; the seed is printed to reproduce. */
 static uint64_t
@@ -124,7 +116,7 @@ static void
 tkc_decode_case(const struct kvt_test_kv_shape *s, enum kvt_dtype dt, uint64_t *rng, size_t si)
 {
 	static const uint32_t splits[] = { 1, 3, 64, 5000 };
-	const size_t n_splits = tkc_quick() ? 2 : sizeof splits / sizeof splits[0];
+	const size_t n_splits = kvt_test_quick() ? 2 : sizeof splits / sizeof splits[0];
 	size_t n = (size_t)s->n_heads * s->head_dim, pi;
 	float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
 	float *scratch = malloc(s->seq_len * sizeof(float)), *dout;
@@ -172,7 +164,7 @@ static void
 test_decode_vs_ref(void **state)
 {
 	static const enum kvt_dtype dts[] = { KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16 };
-	const size_t n_shapes = tkc_quick() ? 4 : sizeof tkc_shapes / sizeof tkc_shapes[0];
+	const size_t n_shapes = kvt_test_quick() ? 4 : sizeof tkc_shapes / sizeof tkc_shapes[0];
 	uint64_t rng = tkc_seed();
 	size_t si, di;
 
@@ -361,7 +353,7 @@ test_quant_vs_ref(void **state)
 	static const enum kvt_dtype qts[] = { KVT_DTYPE_INT8, KVT_DTYPE_FP8_E4M3 };
 	static const enum kvt_dtype fts[] = { KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16 };
 	static const uint32_t shapes[][2] = { { 1, 1 }, { 7, 300 }, { 300, 2048 }, { 3, 5000 } };
-	const size_t ns = tkc_quick() ? 2 : 4;
+	const size_t ns = kvt_test_quick() ? 2 : 4;
 	uint64_t rng = tkc_seed() + 77;
 
 	(void)state;

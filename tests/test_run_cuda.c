@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/kvt_test.h"
 #include "support/run_util.h"
 #include "tools/kvtier-run/model.h"
 #include "tools/kvtier-run/tokenizer.h"
@@ -37,9 +38,7 @@ static struct kvtr_tokenizer trc_t;
 static uint32_t
 trc_steps(void)
 {
-	const char *q = getenv("KVT_TEST_QUICK");
-
-	return q && *q && *q != '0' ? 128 : 256;
+	return kvt_test_quick() ? 128 : 256;
 }
 
 static void

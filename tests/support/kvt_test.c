@@ -365,3 +365,11 @@ tsup_stats(struct kvt_engine *e)
 	assert_int_equal(kvt_engine_stats(e, &st), 0);
 	return st;
 }
+
+bool
+kvt_test_quick(void)
+{
+	const char *q = getenv("KVT_TEST_QUICK");
+
+	return q && *q && *q != '0';
+}

@@ -117,4 +117,8 @@ int tsup_refuse_mlock(void);
 /* Compare the K/V of a prepared batch entry with the pattern (after waiting). 0 or 1. */
 int tsup_check_entry(const struct kvt_block_table *bt, uint32_t i, uint32_t tag);
 
+/* true when KVT_TEST_QUICK is set to something other than "" or "0..." (compute-sanitizer
+ * runs, the CUDA emulation): the GPU tests then run a smaller subset. */
+bool kvt_test_quick(void);
+
 #endif
