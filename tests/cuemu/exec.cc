@@ -22,8 +22,8 @@
  *
  * The switch is a few instructions of assembly on x86-64 (callee-saved registers and the stack
  * pointer; MXCSR and the x87 control word are left alone, no kernel changes them); elsewhere
- * ucontext. Under AddressSanitizer every
- * switch is announced (__sanitizer_start/finish_switch_fiber), so ASan knows which stack runs.
+ * ucontext. Under AddressSanitizer every switch is announced (__sanitizer_start/
+ * finish_switch_fiber), so ASan knows which stack runs.
  * ThreadSanitizer does not know about fibers: KVT_CUDA_EMU builds refuse it.
  */
 #include "device.h"
