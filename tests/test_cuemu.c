@@ -62,9 +62,10 @@ static int tcu_ngates;
 static struct tcu_gate *
 tcu_gate_new(void)
 {
-	struct tcu_gate *g = &tcu_gates[tcu_ngates++];
+	struct tcu_gate *g;
 
-	assert_true(tcu_ngates <= TCU_GATES);
+	assert_true(tcu_ngates < TCU_GATES); /* before counting: teardown destroys tcu_ngates */
+	g = &tcu_gates[tcu_ngates++];
 	memset(g, 0, sizeof *g);
 	pthread_mutex_init(&g->mu, NULL);
 	pthread_cond_init(&g->cv, NULL);
