@@ -574,6 +574,8 @@ test_errors(void **state)
 	assert_string_equal(cudaGetErrorString((cudaError_t)12345), "unrecognized error code");
 	TCU_ERR(cudaSetDevice(1), cudaErrorInvalidDevice);
 	TCU_ERR(cudaPeekAtLastError(), cudaErrorInvalidDevice);
+	kvt_cuemu_set_error(cudaSuccess); /* not an error: the pending one stays */
+	TCU_ERR(cudaPeekAtLastError(), cudaErrorInvalidDevice);
 	assert_int_equal(pthread_create(&t, NULL, tcu_other_thread, out), 0);
 	assert_int_equal(pthread_join(t, NULL), 0);
 	assert_int_equal(out[0], cudaSuccess);

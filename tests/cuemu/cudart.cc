@@ -52,7 +52,7 @@ kvt_cuemu_fail_check(const char *api)
 void
 kvt_cuemu_set_error(cudaError_t e)
 {
-	cuemu_last = e;
+	(void)cuemu_ret(e); /* cudaSuccess / cudaErrorNotReady leave a pending error in place */
 }
 
 void

@@ -45,7 +45,9 @@ cudaError_t kvt_cuemu_enqueue(cudaStream_t s, kvt_cuemu_fn run, kvt_cuemu_fn dro
 
 /**
  * kvt_cuemu_set_error() - record @e as the calling thread's last CUDA error (what the next
- * cudaGetLastError()/cudaPeekAtLastError() returns), as a failed launch does. Thread-safe.
+ * cudaGetLastError()/cudaPeekAtLastError() returns), as a failed launch does. cudaSuccess and
+ * cudaErrorNotReady are not errors: they are ignored and leave a pending error in place, as
+ * every runtime call of the emulation does. Thread-safe.
  */
 void kvt_cuemu_set_error(cudaError_t e);
 
