@@ -588,7 +588,10 @@ test_errors(void **state)
 	TCU_ERR(cudaGetLastError(), cudaErrorNotSupported);
 }
 
-/* A kernel fault is sticky: work after it is dropped, every sync fails, until the reset. */
+/*
+ * A kernel fault is sticky: every operation not started yet is dropped (also those queued before
+ * the fault), every sync fails, until the reset.
+ */
 static void
 test_sticky_fault(void **state)
 {
@@ -609,7 +612,7 @@ test_sticky_fault(void **state)
 	TCU_ERR(kvt_cuemu_fail_check("launch"), cudaErrorLaunchFailure);
 	TCU_ERR(cudaGetLastError(), cudaErrorLaunchFailure);
 	TCU_ERR(cudaGetLastError(), cudaErrorLaunchFailure); /* sticky: not cleared */
-	assert_int_equal(tcu_gate_get(g2, &dropped), 0); /* queued after the fault: dropped */
+	assert_int_equal(tcu_gate_get(g2, &dropped), 0); /* not started at the fault: dropped */
 	assert_int_equal(dropped, 1);
 	kvt_cuemu_reset();
 	TCU_OK(cudaGetLastError());

@@ -9,8 +9,8 @@
  * thread each); the legacy default stream (NULL) waits for earlier work of every blocking
  * stream and blocking streams wait for earlier legacy work; non-blocking streams never
  * synchronise with it; cudaStreamWaitEvent waits for the record the event had at the time of
- * the call; a kernel fault makes cudaErrorLaunchFailure sticky (work queued after it is
- * dropped, not run). Deviations: one device; cudaStreamPerThread is the legacy stream;
+ * the call; a kernel fault makes cudaErrorLaunchFailure sticky (every operation not started
+ * yet is dropped, not run). Deviations: one device; cudaStreamPerThread is the legacy stream;
  * stream priorities, graphs and capture do not exist.
  */
 #include <cstdio>
@@ -306,13 +306,14 @@ cuemu_submit(cudaStream_t s, cuemu_op op, std::shared_ptr<cuemu_record> *mark)
 {
 	cuemu_state *g = cuemu_get();
 	std::unique_lock<std::mutex> lk(g->mu);
-	std::shared_ptr<cuemu_stream> st = cuemu_stream_of(g, s);
+	bool down = g->down; /* first: shutdown forgot every stream */
+	std::shared_ptr<cuemu_stream> st = down ? nullptr : cuemu_stream_of(g, s);
 
-	if (!st || g->down) {
+	if (!st) {
 		lk.unlock();
 		if (op.fin)
 			op.fin();
-		return st ? cudaErrorCudartUnloading : cudaErrorInvalidResourceHandle;
+		return down ? cudaErrorCudartUnloading : cudaErrorInvalidResourceHandle;
 	}
 	std::shared_ptr<cuemu_record> r = op.rec;
 	uint64_t seq = cuemu_push(g, st, std::move(op));

@@ -107,8 +107,9 @@ cudaError_t cuemu_sticky(void);
 /*
  * Queue @op on @s (NULL, cudaStreamLegacy or cudaStreamPerThread: the legacy stream), with the
  * legacy stream's implicit dependencies. *@mark (if not NULL) gets a record of the operation's
- * position, for cuemu_wait(). Returns cudaSuccess or cudaErrorInvalidResourceHandle (@op is
- * then dropped: its fin runs).
+ * position, for cuemu_wait(). Returns cudaSuccess, cudaErrorCudartUnloading (after the
+ * shutdown at process exit) or cudaErrorInvalidResourceHandle (unknown stream); on error @op
+ * is dropped: its fin runs.
  */
 cudaError_t cuemu_submit(cudaStream_t s, cuemu_op op, std::shared_ptr<cuemu_record> *mark);
 
