@@ -285,10 +285,15 @@ cuemu_event_of(cuemu_state *g, cudaEvent_t e)
 	return it != g->events.end() ? it->second : nullptr;
 }
 
-/* Queue @op on @st with the legacy stream's implicit dependencies (lock held). */
+/*
+ * Queue @op on @st with the legacy stream's implicit dependencies (lock held); op.rec, if set,
+ * is filled with the operation's position. Returns its operation number.
+ */
 static uint64_t
 cuemu_push(cuemu_state *g, const std::shared_ptr<cuemu_stream> &st, cuemu_op &&op)
 {
+	uint64_t seq = ++st->queued;
+
 	if (st == g->legacy) {
 		for (auto &w : g->workers)
 			if (w != st && w->blocking && w->queued > w->done)
@@ -296,13 +301,17 @@ cuemu_push(cuemu_state *g, const std::shared_ptr<cuemu_stream> &st, cuemu_op &&o
 	} else if (st->blocking && g->legacy->queued > g->legacy->done) {
 		op.deps.push_back(cuemu_dep{ g->legacy, g->legacy->queued });
 	}
+	if (op.rec) {
+		op.rec->s = st;
+		op.rec->seq = seq;
+	}
 	st->q.push_back(std::move(op));
 	g->cv.notify_all();
-	return ++st->queued;
+	return seq;
 }
 
 cudaError_t
-cuemu_submit(cudaStream_t s, cuemu_op op, std::shared_ptr<cuemu_record> *mark)
+cuemu_submit(cudaStream_t s, cuemu_op op, cuemu_record *mark)
 {
 	cuemu_state *g = cuemu_get();
 	std::unique_lock<std::mutex> lk(g->mu);
@@ -315,14 +324,9 @@ cuemu_submit(cudaStream_t s, cuemu_op op, std::shared_ptr<cuemu_record> *mark)
 			op.fin();
 		return down ? cudaErrorCudartUnloading : cudaErrorInvalidResourceHandle;
 	}
-	std::shared_ptr<cuemu_record> r = op.rec;
 	uint64_t seq = cuemu_push(g, st, std::move(op));
-	if (r) {
-		r->s = st;
-		r->seq = seq;
-	}
 	if (mark != nullptr)
-		*mark = r ? r : std::make_shared<cuemu_record>(cuemu_record{ st, seq, {} });
+		*mark = cuemu_record{ st, seq, {} };
 	return cudaSuccess;
 }
 
@@ -357,10 +361,10 @@ cuemu_drain(void)
 static cudaError_t
 cuemu_sync_marker(cudaStream_t s)
 {
-	std::shared_ptr<cuemu_record> mark;
+	cuemu_record mark;
 	cudaError_t e = cuemu_submit(s, cuemu_op{}, &mark);
 
-	return e != cudaSuccess ? e : cuemu_wait(*mark);
+	return e != cudaSuccess ? e : cuemu_wait(mark);
 }
 
 /** kvt_cuemu_enqueue() - see cuemu.h; also cudaErrorInvalidValue (@run NULL). */
@@ -598,9 +602,8 @@ cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 	if (!s || !ev)
 		return cuemu_ret(cudaErrorInvalidResourceHandle);
 	op.rec = std::make_shared<cuemu_record>();
-	op.rec->s = s;
 	ev->rec = op.rec;
-	ev->rec->seq = cuemu_push(g, s, std::move(op));
+	cuemu_push(g, s, std::move(op));
 	return cudaSuccess;
 }
 

@@ -48,7 +48,7 @@ struct cuemu_op {
 	std::function<void()> run;         /* the work, on the worker; empty: a marker */
 	std::function<void()> fin;         /* after run, or instead of it when dropped */
 	std::vector<cuemu_dep> deps;       /* all complete before run starts */
-	std::shared_ptr<cuemu_record> rec; /* set: stamp rec->t at completion */
+	std::shared_ptr<cuemu_record> rec; /* set: filled when queued, rec->t at completion */
 };
 
 /* a stream: an in-order queue and its worker thread */
@@ -111,7 +111,7 @@ cudaError_t cuemu_sticky(void);
  * shutdown at process exit) or cudaErrorInvalidResourceHandle (unknown stream); on error @op
  * is dropped: its fin runs.
  */
-cudaError_t cuemu_submit(cudaStream_t s, cuemu_op op, std::shared_ptr<cuemu_record> *mark);
+cudaError_t cuemu_submit(cudaStream_t s, cuemu_op op, cuemu_record *mark);
 
 /* Block until @r's operation completed; returns cuemu_sticky(). */
 cudaError_t cuemu_wait(const cuemu_record &r);

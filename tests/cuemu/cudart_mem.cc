@@ -380,7 +380,7 @@ cudaError_t
 cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
 	cudaError_t e = cuemu_enter("cudaMemcpy", CUEMU_STICKY);
-	std::shared_ptr<cuemu_record> mark;
+	cuemu_record mark;
 	cuemu_copy c;
 
 	if (e == cudaSuccess && count == 0)
@@ -391,7 +391,7 @@ cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 	if (e == cudaSuccess)
 		e = cuemu_submit(nullptr, cuemu_copy_op(c, false), &mark);
 	if (e == cudaSuccess && !(c.dst_dev && c.src_dev))
-		e = cuemu_wait(*mark);
+		e = cuemu_wait(mark);
 	return cuemu_ret(e);
 }
 
@@ -526,7 +526,7 @@ cudaError_t
 cudaMemset(void *devPtr, int value, size_t count)
 {
 	cudaError_t e = cuemu_enter("cudaMemset", CUEMU_STICKY);
-	std::shared_ptr<cuemu_record> mark;
+	cuemu_record mark;
 	bool dev = false;
 
 	if (e != cudaSuccess || count == 0)
@@ -535,7 +535,7 @@ cudaMemset(void *devPtr, int value, size_t count)
 	if (e == cudaSuccess)
 		e = cuemu_submit(nullptr, cuemu_set_op(devPtr, value, count), &mark);
 	if (e == cudaSuccess && !dev)
-		e = cuemu_wait(*mark); /* pinned host target: synchronous */
+		e = cuemu_wait(mark); /* pinned host target: synchronous */
 	return cuemu_ret(e);
 }
 
