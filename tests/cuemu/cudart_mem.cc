@@ -308,7 +308,7 @@ cudaMemGetInfo(size_t *free_b, size_t *total)
 struct cuemu_copy {
 	void *dst;       /* destination */
 	const void *src; /* source */
-	size_t n;        /* bytes (> 0) */
+	size_t n;        /* bytes (0: nothing to do) */
 	bool dst_dev;    /* dst is in a device allocation */
 	bool src_dev;    /* src is in a device allocation */
 	bool src_pageable; /* src is in no allocation: staged at call time */
@@ -335,7 +335,7 @@ cuemu_check_side(cuemu_mem *m, const void *p, size_t n, int dev_side, bool *is_d
 	return cudaSuccess;
 }
 
-/* Check a copy of @n (> 0) bytes of @kind; fills *c. */
+/* Check a copy of @n bytes of @kind (@n 0: the kind only, as CUDA does); fills *c. */
 static cudaError_t
 cuemu_check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuemu_copy *c)
 {
@@ -348,6 +348,8 @@ cuemu_check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuem
 	if ((unsigned)kind > (unsigned)cudaMemcpyDefault)
 		return cudaErrorInvalidMemcpyDirection;
 	*c = cuemu_copy{ dst, src, n, false, false, false };
+	if (n == 0)
+		return cudaSuccess;
 	std::lock_guard<std::mutex> lk(m->mu);
 	e = cuemu_check_side(m, dst, n, dst_dev[kind], &c->dst_dev, &pg);
 	if (e == cudaSuccess)
@@ -355,19 +357,21 @@ cuemu_check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuem
 	return e;
 }
 
-/* The operation that performs @c: pageable sources are staged now, as the driver does. */
+/*
+ * The operation that performs @c: pageable sources are staged now, as the driver does (for a
+ * synchronous copy, which waits for it, the same as reading them later).
+ */
 static cuemu_op
-cuemu_copy_op(const cuemu_copy &c, bool stage)
+cuemu_copy_op(const cuemu_copy &c)
 {
 	cuemu_op op;
+	void *dst = c.dst;
 
-	if (stage && c.src_pageable) {
+	if (c.src_pageable) {
 		auto buf = std::make_shared<std::vector<unsigned char>>(
 			(const unsigned char *)c.src, (const unsigned char *)c.src + c.n);
-		void *dst = c.dst;
 		op.run = [dst, buf] { memcpy(dst, buf->data(), buf->size()); };
 	} else {
-		void *dst = c.dst;
 		const void *src = c.src;
 		size_t n = c.n;
 		op.run = [dst, src, n] { memcpy(dst, src, n); };
@@ -375,24 +379,33 @@ cuemu_copy_op(const cuemu_copy &c, bool stage)
 	return op;
 }
 
+/*
+ * cudaMemcpy (@sync: on the legacy stream, waits unless device to device) and cudaMemcpyAsync:
+ * check, then queue the copy on @stream.
+ */
+static cudaError_t
+cuemu_memcpy(const char *api, void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+	     cudaStream_t stream, bool sync)
+{
+	cudaError_t e = cuemu_enter(api, CUEMU_STICKY);
+	cuemu_record mark;
+	cuemu_copy c;
+
+	if (e == cudaSuccess)
+		e = cuemu_check_copy(dst, src, n, kind, &c);
+	if (e != cudaSuccess || n == 0)
+		return cuemu_ret(e);
+	e = cuemu_submit(stream, cuemu_copy_op(c), &mark);
+	if (e == cudaSuccess && sync && !(c.dst_dev && c.src_dev))
+		e = cuemu_wait(mark);
+	return cuemu_ret(e);
+}
+
 /** cudaMemcpy() - copy on the legacy stream; returns when done, except device to device. */
 cudaError_t
 cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
-	cudaError_t e = cuemu_enter("cudaMemcpy", CUEMU_STICKY);
-	cuemu_record mark;
-	cuemu_copy c;
-
-	if (e == cudaSuccess && count == 0)
-		return (unsigned)kind > (unsigned)cudaMemcpyDefault ?
-			       cuemu_ret(cudaErrorInvalidMemcpyDirection) : cudaSuccess;
-	if (e == cudaSuccess)
-		e = cuemu_check_copy(dst, src, count, kind, &c);
-	if (e == cudaSuccess)
-		e = cuemu_submit(nullptr, cuemu_copy_op(c, false), &mark);
-	if (e == cudaSuccess && !(c.dst_dev && c.src_dev))
-		e = cuemu_wait(mark);
-	return cuemu_ret(e);
+	return cuemu_memcpy("cudaMemcpy", dst, src, count, kind, nullptr, true);
 }
 
 /** cudaMemcpyAsync() - copy in @stream's order (pageable sources are staged at the call). */
@@ -400,17 +413,7 @@ cudaError_t
 cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
 		cudaStream_t stream)
 {
-	cudaError_t e = cuemu_enter("cudaMemcpyAsync", CUEMU_STICKY);
-	cuemu_copy c;
-
-	if (e == cudaSuccess && count == 0)
-		return (unsigned)kind > (unsigned)cudaMemcpyDefault ?
-			       cuemu_ret(cudaErrorInvalidMemcpyDirection) : cudaSuccess;
-	if (e == cudaSuccess)
-		e = cuemu_check_copy(dst, src, count, kind, &c);
-	if (e == cudaSuccess)
-		e = cuemu_submit(stream, cuemu_copy_op(c, true), nullptr);
-	return cuemu_ret(e);
+	return cuemu_memcpy("cudaMemcpyAsync", dst, src, count, kind, stream, false);
 }
 
 /* Check the batch's attributes per the CUDA 13 documentation. */
@@ -512,44 +515,40 @@ cuemu_check_set(void *p, size_t n, bool *dev)
 	return cudaSuccess;
 }
 
-static cuemu_op
-cuemu_set_op(void *p, int value, size_t n)
+/*
+ * cudaMemset (@sync: on the legacy stream, waits unless the target is device memory) and
+ * cudaMemsetAsync: check, then queue the fill on @stream.
+ */
+static cudaError_t
+cuemu_memset(const char *api, void *p, int value, size_t n, cudaStream_t stream, bool sync)
 {
+	cudaError_t e = cuemu_enter(api, CUEMU_STICKY);
+	cuemu_record mark;
 	cuemu_op op;
+	bool dev = false;
 
+	if (e != cudaSuccess || n == 0)
+		return cuemu_ret(e);
+	e = cuemu_check_set(p, n, &dev);
+	if (e != cudaSuccess)
+		return cuemu_ret(e);
 	op.run = [p, value, n] { memset(p, value, n); };
-	return op;
+	e = cuemu_submit(stream, std::move(op), &mark);
+	if (e == cudaSuccess && sync && !dev)
+		e = cuemu_wait(mark); /* pinned host target: synchronous */
+	return cuemu_ret(e);
 }
 
 /** cudaMemset() - fill on the legacy stream; returns at once for device memory (as CUDA). */
 cudaError_t
 cudaMemset(void *devPtr, int value, size_t count)
 {
-	cudaError_t e = cuemu_enter("cudaMemset", CUEMU_STICKY);
-	cuemu_record mark;
-	bool dev = false;
-
-	if (e != cudaSuccess || count == 0)
-		return cuemu_ret(e);
-	e = cuemu_check_set(devPtr, count, &dev);
-	if (e == cudaSuccess)
-		e = cuemu_submit(nullptr, cuemu_set_op(devPtr, value, count), &mark);
-	if (e == cudaSuccess && !dev)
-		e = cuemu_wait(mark); /* pinned host target: synchronous */
-	return cuemu_ret(e);
+	return cuemu_memset("cudaMemset", devPtr, value, count, nullptr, true);
 }
 
 /** cudaMemsetAsync() - fill in @stream's order. */
 cudaError_t
 cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
 {
-	cudaError_t e = cuemu_enter("cudaMemsetAsync", CUEMU_STICKY);
-	bool dev = false;
-
-	if (e != cudaSuccess || count == 0)
-		return cuemu_ret(e);
-	e = cuemu_check_set(devPtr, count, &dev);
-	if (e == cudaSuccess)
-		e = cuemu_submit(stream, cuemu_set_op(devPtr, value, count), nullptr);
-	return cuemu_ret(e);
+	return cuemu_memset("cudaMemsetAsync", devPtr, value, count, stream, false);
 }
