@@ -443,7 +443,10 @@ test_memory(void **state)
 	assert_null(p);
 }
 
-/* cudaMemcpyBatchAsync: validated as documented, then one stream operation. */
+/*
+ * cudaMemcpyBatchAsync: validated as documented, then one stream operation; the source access
+ * orders (Stream: read in stream order; DuringApiCall and Any: at the call).
+ */
 static void
 test_batch(void **state)
 {
@@ -453,7 +456,7 @@ test_batch(void **state)
 	size_t idx[2] = { 0, 2 }, sz[3] = { 16, 16, 16 }, sz0[3] = { 16, 0, 16 };
 	void *dst[3];
 	const void *src[3];
-	struct tcu_gate *g = tcu_gate_new();
+	struct tcu_gate *g = tcu_gate_new(), *g2 = tcu_gate_new();
 
 	(void)state;
 	TCU_OK(cudaMalloc((void **)&dev, 64));
@@ -504,6 +507,20 @@ test_batch(void **state)
 	assert_int_equal(pin[32], 1);
 	assert_int_equal(pin[48], 5);
 	assert_int_equal(pin[64 + 15], 3);
+	/* Any: CUDA may read the source at the call; the emulation does, so reliance shows up */
+	at[0].srcAccessOrder = cudaMemcpySrcAccessOrderAny;
+	memset(pin + 96, 6, 16);
+	dst[0] = dev + 48;
+	src[0] = pin + 96;
+	idx[0] = 0;
+	tcu_gate_hold(g2, s);
+	TCU_OK(cudaMemcpyBatchAsync(dst, src, sz, 1, at, idx, 1, s));
+	memset(pin + 96, 7, 16); /* after the call: not seen */
+	tcu_gate_open(g2);
+	TCU_OK(cudaStreamSynchronize(s));
+	TCU_OK(cudaMemcpy(pin + 32, dev + 48, 16, cudaMemcpyDeviceToHost));
+	assert_int_equal(pin[32], 6);
+	assert_int_equal(pin[47], 6);
 	TCU_OK(cudaStreamDestroy(s));
 	TCU_OK(cudaFree(dev));
 	TCU_OK(cudaFreeHost(pin));

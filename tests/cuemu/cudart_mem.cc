@@ -450,8 +450,10 @@ struct cuemu_bcopy {
  * cudaMemcpyBatchAsync() - @count copies as one operation of @stream (not the legacy stream).
  * Every copy is checked like cudaMemcpyAsync(cudaMemcpyDefault) and must be non-empty; the
  * attributes as documented (attrsIdxs[0] 0, increasing, < count; a valid srcAccessOrder).
- * Sources with cudaMemcpySrcAccessOrderDuringApiCall are read during the call. The copies of a
- * batch run in reverse order (CUDA promises none), so dependent copies in one batch show up.
+ * Sources with cudaMemcpySrcAccessOrderDuringApiCall, and with cudaMemcpySrcAccessOrderAny
+ * (which lets CUDA read them at any time, the call's included), are read during the call. The
+ * copies of a batch run in reverse order (CUDA promises none), so dependent copies in one batch
+ * show up.
  */
 cudaError_t
 cudaMemcpyBatchAsync(void *const *dsts, const void *const *srcs, const size_t *sizes,
@@ -485,7 +487,7 @@ cudaMemcpyBatchAsync(void *const *dsts, const void *const *srcs, const size_t *s
 		if (e != cudaSuccess)
 			break;
 		v->push_back(cuemu_bcopy{ dsts[i], srcs[i], sizes[i], nullptr });
-		if (attrs[k].srcAccessOrder == cudaMemcpySrcAccessOrderDuringApiCall)
+		if (attrs[k].srcAccessOrder != cudaMemcpySrcAccessOrderStream)
 			v->back().buf = std::make_shared<std::vector<unsigned char>>(
 				(const unsigned char *)srcs[i],
 				(const unsigned char *)srcs[i] + sizes[i]);
