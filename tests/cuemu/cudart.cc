@@ -79,7 +79,7 @@ cuemu_sticky(void)
 }
 
 cudaError_t
-cuemu_enter(const char *api, int need)
+cuemu_enter(const char *api, cuemu_need need)
 {
 	cudaError_t e = cuemu_injected(api);
 
@@ -490,8 +490,10 @@ cudaStreamQuery(cudaStream_t stream)
 		return cuemu_ret(cudaErrorInvalidResourceHandle);
 	if (s->done < s->queued)
 		return cudaErrorNotReady;
-	for (auto &w : g->workers)
-		if (s == g->legacy && w->blocking && w->done < w->queued)
+	if (s != g->legacy)
+		return cudaSuccess;
+	for (auto &w : g->workers) /* legacy: also the blocking streams' earlier work */
+		if (w->blocking && w->done < w->queued)
 			return cudaErrorNotReady;
 	return cudaSuccess;
 }
@@ -607,15 +609,27 @@ cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 	return cudaSuccess;
 }
 
-/* @ev's record, or an error: resolve under the lock. */
+/* what the event functions need of an event, copied under the lock */
+struct cuemu_event_view {
+	std::shared_ptr<cuemu_record> rec; /* its latest record; NULL: never recorded */
+	unsigned flags;                    /* its creation flags */
+	bool done;                         /* rec completed (rec->t is final) or NULL */
+};
+
+/* Look @event up: *@v gets its view; cudaErrorInvalidResourceHandle if unknown. */
 static cudaError_t
-cuemu_event_rec(cudaEvent_t event, std::shared_ptr<cuemu_event> *out)
+cuemu_event_look(cudaEvent_t event, cuemu_event_view *v)
 {
 	cuemu_state *g = cuemu_get();
 	std::lock_guard<std::mutex> lk(g->mu);
+	std::shared_ptr<cuemu_event> ev = cuemu_event_of(g, event);
 
-	*out = cuemu_event_of(g, event);
-	return *out ? cudaSuccess : cudaErrorInvalidResourceHandle;
+	if (!ev)
+		return cudaErrorInvalidResourceHandle;
+	v->rec = ev->rec;
+	v->flags = ev->flags;
+	v->done = !ev->rec || ev->rec->s->done >= ev->rec->seq;
+	return cudaSuccess;
 }
 
 /** cudaEventQuery() - cudaSuccess once @event's record completed (or it has none). */
@@ -623,17 +637,13 @@ cudaError_t
 cudaEventQuery(cudaEvent_t event)
 {
 	cudaError_t e = cuemu_enter("cudaEventQuery", CUEMU_STICKY);
-	std::shared_ptr<cuemu_event> ev;
+	cuemu_event_view v;
 
 	if (e == cudaSuccess)
-		e = cuemu_event_rec(event, &ev);
+		e = cuemu_event_look(event, &v);
 	if (e != cudaSuccess)
 		return cuemu_ret(e);
-	cuemu_state *g = cuemu_get();
-	std::lock_guard<std::mutex> lk(g->mu);
-	if (ev->rec && ev->rec->s->done < ev->rec->seq)
-		return cudaErrorNotReady;
-	return cudaSuccess;
+	return v.done ? cudaSuccess : cudaErrorNotReady;
 }
 
 /** cudaEventSynchronize() - block until @event's record completed. */
@@ -641,18 +651,13 @@ cudaError_t
 cudaEventSynchronize(cudaEvent_t event)
 {
 	cudaError_t e = cuemu_enter("cudaEventSynchronize", CUEMU_DEV);
-	std::shared_ptr<cuemu_event> ev;
-	std::shared_ptr<cuemu_record> rec;
+	cuemu_event_view v;
 
 	if (e == cudaSuccess)
-		e = cuemu_event_rec(event, &ev);
+		e = cuemu_event_look(event, &v);
 	if (e != cudaSuccess)
 		return cuemu_ret(e);
-	{
-		std::lock_guard<std::mutex> lk(cuemu_get()->mu);
-		rec = ev->rec;
-	}
-	return cuemu_ret(rec ? cuemu_wait(*rec) : cuemu_sticky());
+	return cuemu_ret(v.rec ? cuemu_wait(*v.rec) : cuemu_sticky());
 }
 
 /** cudaEventElapsedTime() - ms between the completions of @start's and @end's records. */
@@ -660,21 +665,21 @@ cudaError_t
 cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
 	cudaError_t e = cuemu_enter("cudaEventElapsedTime", CUEMU_STICKY);
-	std::shared_ptr<cuemu_event> a, b;
+	cuemu_event_view a, b;
 
 	if (e == cudaSuccess)
-		e = cuemu_event_rec(start, &a);
+		e = cuemu_event_look(start, &a);
 	if (e == cudaSuccess)
-		e = cuemu_event_rec(end, &b);
+		e = cuemu_event_look(end, &b);
 	if (e == cudaSuccess && ms == nullptr)
 		e = cudaErrorInvalidValue;
+	if (e == cudaSuccess &&
+	    (((a.flags | b.flags) & cudaEventDisableTiming) || !a.rec || !b.rec))
+		e = cudaErrorInvalidResourceHandle;
 	if (e != cudaSuccess)
 		return cuemu_ret(e);
-	std::lock_guard<std::mutex> lk(cuemu_get()->mu);
-	if (((a->flags | b->flags) & cudaEventDisableTiming) || !a->rec || !b->rec)
-		return cuemu_ret(cudaErrorInvalidResourceHandle);
-	if (a->rec->s->done < a->rec->seq || b->rec->s->done < b->rec->seq)
+	if (!a.done || !b.done)
 		return cudaErrorNotReady;
-	*ms = std::chrono::duration<float, std::milli>(b->rec->t - a->rec->t).count();
+	*ms = std::chrono::duration<float, std::milli>(b.rec->t - a.rec->t).count();
 	return cudaSuccess;
 }

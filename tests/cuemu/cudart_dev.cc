@@ -256,7 +256,7 @@ cudaSetDevice(int device)
 
 /* The body of the int queries: *@out = @v after cuemu_enter(@api, @need), NULL refused. */
 static cudaError_t
-cuemu_put_int(const char *api, int need, int *out, int v)
+cuemu_put_int(const char *api, cuemu_need need, int *out, int v)
 {
 	cudaError_t e = cuemu_enter(api, need);
 

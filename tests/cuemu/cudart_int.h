@@ -82,11 +82,11 @@ struct cuemu_state {
 	std::atomic<int> sticky{ 0 };                  /* cudaError_t of a kernel fault, or 0 */
 };
 
-/* what cuemu_enter checks besides fault injection */
-enum {
-	CUEMU_NONE = 0,   /* nothing: version queries */
-	CUEMU_DEV = 1,    /* a device exists (KVT_CUEMU_DEVICES), the runtime is not down */
-	CUEMU_STICKY = 3, /* CUEMU_DEV, and no sticky error */
+/* what cuemu_enter checks besides fault injection: levels, each one includes those above it */
+enum cuemu_need {
+	CUEMU_NONE,   /* nothing: version queries */
+	CUEMU_DEV,    /* a device exists (KVT_CUEMU_DEVICES), the runtime is not down */
+	CUEMU_STICKY, /* what CUEMU_DEV checks, and no sticky error */
 };
 
 /* The runtime state, created (with the legacy stream's worker) on first use. */
@@ -96,7 +96,7 @@ cuemu_state *cuemu_get(void);
  * Start of every API function @api: fault injection, then the checks of @need. Returns the
  * error the call must fail with, or cudaSuccess; the caller returns cuemu_ret() of it.
  */
-cudaError_t cuemu_enter(const char *api, int need);
+cudaError_t cuemu_enter(const char *api, cuemu_need need);
 
 /* Record @e as the thread's last error (unless cudaSuccess or cudaErrorNotReady); return it. */
 cudaError_t cuemu_ret(cudaError_t e);
