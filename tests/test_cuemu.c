@@ -38,6 +38,17 @@ main(void)
 
 #include "cuemu/cuemu.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define TCU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TCU_ASAN 1
+#endif
+#endif
+#ifdef TCU_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 #define TCU_OK(call) assert_int_equal((int)(call), (int)cudaSuccess)
 #define TCU_ERR(call, err) assert_int_equal((int)(call), (int)(err))
 
@@ -392,7 +403,7 @@ test_range_checks(void **state)
 	TCU_OK(cudaFree(dev2));
 }
 
-/* cudaFree errors, poisoned fresh memory, the HBM limit, pointer attributes. */
+/* cudaFree errors, poisoned fresh memory (and slack), the HBM limit, pointer attributes. */
 static void
 test_memory(void **state)
 {
@@ -407,6 +418,12 @@ test_memory(void **state)
 	TCU_OK(cudaMemcpy(host, dev, 64, cudaMemcpyDeviceToHost));
 	for (int i = 0; i < 64; i++)
 		assert_int_not_equal(host[i], 0); /* poisoned, like uninitialised memory */
+#ifdef TCU_ASAN
+	/* the rounding slack up to 256 bytes is out of bounds for AddressSanitizer */
+	assert_int_equal(__asan_address_is_poisoned(dev + 63), 0);
+	assert_int_equal(__asan_address_is_poisoned(dev + 64), 1);
+	assert_int_equal(__asan_address_is_poisoned(dev + 255), 1);
+#endif
 	TCU_OK(cudaPointerGetAttributes(&pa, dev + 8));
 	assert_int_equal(pa.type, cudaMemoryTypeDevice);
 	TCU_OK(cudaPointerGetAttributes(&pa, host));

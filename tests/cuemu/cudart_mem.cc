@@ -5,7 +5,9 @@
  * against it at call time and run in stream order on the stream's worker.
  *
  * Device memory is host memory (256-byte aligned, poisoned with CUEMU_POISON_DEV like real
- * uninitialised memory) counted against the emulated HBM size. Under UVA a pinned or
+ * uninitialised memory) counted against the emulated HBM size; under AddressSanitizer the
+ * slack up to the next 256 bytes is poisoned for it too, so a kernel reading past the end of
+ * an allocation is reported even where the rounding would hide it. Under UVA a pinned or
  * registered host range is also a valid device pointer, as on a real system. A copy whose
  * kind says a side is device must lie inside one live device, pinned or registered allocation;
  * a side said to be host must not be (part of) a device allocation; no side may run past the
@@ -17,6 +19,16 @@
 #include <cstring>
 
 #include "cudart_int.h"
+
+#if defined(__has_include)
+#if __has_include(<sanitizer/asan_interface.h>)
+#include <sanitizer/asan_interface.h> /* no-op macros unless built with AddressSanitizer */
+#endif
+#endif
+#ifndef ASAN_POISON_MEMORY_REGION
+#define ASAN_POISON_MEMORY_REGION(p, n) ((void)(p), (void)(n))
+#define ASAN_UNPOISON_MEMORY_REGION(p, n) ((void)(p), (void)(n))
+#endif
 
 #define CUEMU_DEV_ALIGN 256u     /* cudaMalloc alignment (real: at least 256) */
 #define CUEMU_HOST_ALIGN 4096u   /* cudaHostAlloc alignment: pages */
@@ -121,8 +133,10 @@ cudaMalloc(void **devPtr, size_t size)
 		m->used += charged;
 	}
 	p = aligned_alloc(CUEMU_DEV_ALIGN, charged);
-	if (p != nullptr)
+	if (p != nullptr) {
 		memset(p, CUEMU_POISON_DEV, charged);
+		ASAN_POISON_MEMORY_REGION((char *)p + size, charged - size); /* the slack */
+	}
 	std::lock_guard<std::mutex> lk(m->mu);
 	if (p == nullptr) {
 		m->used -= charged;
@@ -160,6 +174,9 @@ cuemu_free(const char *api, void *p, cuemu_kind kind)
 		if (it == m->allocs.end() || it->second.kind != kind)
 			return cuemu_ret(cudaErrorInvalidValue);
 		m->used -= it->second.charged;
+		if (kind == CUEMU_KDEV) /* cudaMalloc's slack, poisoned for AddressSanitizer */
+			ASAN_UNPOISON_MEMORY_REGION((char *)p + it->second.len,
+						    it->second.charged - it->second.len);
 		m->allocs.erase(it);
 	}
 	free(p);
