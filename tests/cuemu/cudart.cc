@@ -12,6 +12,11 @@
  * the call; a kernel fault makes cudaErrorLaunchFailure sticky (every operation not started
  * yet is dropped, not run). Deviations: one device; cudaStreamPerThread is the legacy stream;
  * stream priorities, graphs and capture do not exist.
+ *
+ * KVT_CUEMU_DELAY_US=n (read when a stream is created; default 0): before each operation a
+ * stream's worker sleeps a pseudo-random 0..n microseconds (its own xorshift, seeded from the
+ * stream's handle), as transfer/device_emu.c does, so that work of different streams finishes
+ * late and in varying order: a missing wait shows up as a wrong result, not as luck.
  */
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +27,7 @@
 #define CUEMU_STREAM_BASE 0x5c0000000000ull /* stream handles: base + 16 * id (opaque) */
 #define CUEMU_EVENT_BASE 0x5e0000000000ull  /* event handles: base + 16 * id (opaque) */
 #define CUEMU_EXIT_WAIT 5                   /* s: how long exit waits for busy workers */
+#define CUEMU_DELAY_MAX 1000000u            /* us: largest KVT_CUEMU_DELAY_US accepted */
 
 static std::atomic<cuemu_state *> cuemu_g{ nullptr }; /* the runtime state, once created */
 static thread_local cudaError_t cuemu_last;    /* the thread's last error */
@@ -128,11 +134,43 @@ cuemu_ready(const cuemu_op &op)
 	return true;
 }
 
+/* KVT_CUEMU_DELAY_US: max delay before a stream op in us (0: none; bad values: 0, warned). */
+static unsigned
+cuemu_delay_env(void)
+{
+	static std::atomic<bool> warned{ false }; /* the bad value was reported */
+	const char *v = getenv("KVT_CUEMU_DELAY_US");
+	char *end = nullptr;
+	unsigned long n;
+
+	if (v == nullptr || *v == '\0')
+		return 0;
+	n = strtoul(v, &end, 10);
+	if (*end != '\0' || *v == '-' || n > CUEMU_DELAY_MAX) {
+		if (!warned.exchange(true))
+			fprintf(stderr, "cuemu: KVT_CUEMU_DELAY_US=%s: not 0..%u: no delays\n",
+				v, CUEMU_DELAY_MAX);
+		return 0;
+	}
+	return (unsigned)n;
+}
+
+/* xorshift64: next pseudo-random value of *x (never 0 once seeded non-zero). */
+static uint64_t
+cuemu_rng_next(uint64_t *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	return *x;
+}
+
 /* A stream's worker: run its queue in order; exit once closing (or down) and empty. */
 static void
 cuemu_worker(std::shared_ptr<cuemu_stream> s)
 {
 	cuemu_state *g = cuemu_g;
+	uint64_t rng = (s->handle + 1) * 0x9e3779b97f4a7c15ull; /* odd * non-zero: non-zero */
 	std::unique_lock<std::mutex> lk(g->mu);
 
 	cuemu_on_worker = true;
@@ -146,11 +184,14 @@ cuemu_worker(std::shared_ptr<cuemu_stream> s)
 			break;
 		{
 			cuemu_op op = std::move(s->q.front());
-			bool run = !g->down && g->sticky.load() == cudaSuccess;
+			auto live = [g] { return !g->down && g->sticky.load() == cudaSuccess; };
 
 			s->q.pop_front();
 			lk.unlock();
-			if (run && op.run)
+			if (s->delay_us != 0 && live())
+				std::this_thread::sleep_for(std::chrono::microseconds(
+					cuemu_rng_next(&rng) % (s->delay_us + 1ull)));
+			if (live() && op.run) /* a fault during the delay drops it too */
 				op.run();
 			if (op.fin)
 				op.fin();
@@ -248,6 +289,7 @@ cuemu_init(void)
 
 	cuemu_g = g;
 	g->legacy = std::make_shared<cuemu_stream>();
+	g->legacy->delay_us = cuemu_delay_env();
 	if (!cuemu_start(g, g->legacy)) {
 		fprintf(stderr, "cuemu: cannot start the legacy stream's worker\n");
 		abort(); /* test infrastructure: nothing can run without it */
@@ -400,6 +442,7 @@ cuemu_stream_create(const char *api, cudaStream_t *ps, unsigned flags)
 	cuemu_reap(g);
 	auto s = std::make_shared<cuemu_stream>();
 	s->blocking = (flags & cudaStreamNonBlocking) == 0;
+	s->delay_us = cuemu_delay_env();
 	std::lock_guard<std::mutex> lk(g->mu);
 	s->handle = CUEMU_STREAM_BASE + 16 * ++g->next_id;
 	if (!cuemu_start(g, s))

@@ -55,6 +55,7 @@ struct cuemu_op {
 struct cuemu_stream {
 	uintptr_t handle = 0;    /* the cudaStream_t value; 0 for the legacy stream */
 	bool blocking = true;    /* synchronises with the legacy stream */
+	unsigned delay_us = 0;   /* max random delay before each op (KVT_CUEMU_DELAY_US) */
 	std::deque<cuemu_op> q;  /* queued operations, not yet started */
 	uint64_t queued = 0;     /* operations ever queued */
 	uint64_t done = 0;       /* operations completed (in order) */
