@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tests/test_cuemu.c - the CUDA-on-CPU emulation's runtime half (tests/cuemu/cudart*.cc) on
- * its own: stream order; async work really runs later; cross-stream waits through events (and
- * that a re-record does not move a wait already queued); the legacy default stream against
+ * its own: stream order (also under KVT_CUEMU_DELAY_US's random delays); async work really
+ * runs later; cross-stream waits through events (and that a re-record does not move a wait
+ * already queued); the legacy default stream against
  * blocking and non-blocking streams; a destroyed stream finishing its work; the range checks of
  * copies and memsets; cudaFree errors; the HBM limit; cudaMemcpyBatchAsync's validation and its
  * one-operation execution; error names; the sticky error of a kernel fault; fault injection;
@@ -38,6 +39,10 @@ main(void)
 
 #include "cuemu/cuemu.h"
 
+#ifdef __SANITIZE_ADDRESS__ /* GCC's and Clang's -fsanitize=address */
+#include <sanitizer/asan_interface.h>
+#endif
+
 #define TCU_OK(call) assert_int_equal((int)(call), (int)cudaSuccess)
 #define TCU_ERR(call, err) assert_int_equal((int)(call), (int)(err))
 
@@ -62,9 +67,10 @@ static int tcu_ngates;
 static struct tcu_gate *
 tcu_gate_new(void)
 {
-	struct tcu_gate *g = &tcu_gates[tcu_ngates++];
+	struct tcu_gate *g;
 
-	assert_true(tcu_ngates <= TCU_GATES);
+	assert_true(tcu_ngates < TCU_GATES); /* before counting: teardown destroys tcu_ngates */
+	g = &tcu_gates[tcu_ngates++];
 	memset(g, 0, sizeof *g);
 	pthread_mutex_init(&g->mu, NULL);
 	pthread_cond_init(&g->cv, NULL);
@@ -175,34 +181,82 @@ tcu_teardown(void **state)
 	return 0;
 }
 
-/* Work on one stream runs in the order it was queued, closures and copies alike. */
-static void
-test_stream_order(void **state)
+/* A non-blocking stream created under KVT_CUEMU_DELAY_US=@us (NULL: as the environment is). */
+static cudaStream_t
+tcu_stream_delayed(const char *us)
 {
-	cudaStream_t s = tcu_stream(cudaStreamNonBlocking);
+	const char *was = getenv("KVT_CUEMU_DELAY_US");
+	char saved[32];
+	cudaStream_t s;
+
+	if (us == NULL)
+		return tcu_stream(cudaStreamNonBlocking);
+	assert_true(was == NULL || strlen(was) < sizeof saved);
+	snprintf(saved, sizeof saved, "%s", was != NULL ? was : "");
+	assert_int_equal(setenv("KVT_CUEMU_DELAY_US", us, 1), 0);
+	s = tcu_stream(cudaStreamNonBlocking);
+	assert_int_equal(was != NULL ? setenv("KVT_CUEMU_DELAY_US", saved, 1) :
+					unsetenv("KVT_CUEMU_DELAY_US"), 0);
+	return s;
+}
+
+/*
+ * Work on one stream runs in the order it was queued, closures and copies alike, also when
+ * each operation starts after a random delay (@delay_us: KVT_CUEMU_DELAY_US for the streams);
+ * a stream waiting on its event sees all of it.
+ */
+static void
+tcu_stream_order(const char *delay_us)
+{
+	cudaStream_t a = tcu_stream_delayed(delay_us), b = tcu_stream_delayed(delay_us);
 	struct tcu_log log = { 0 };
 	struct tcu_entry e[48];
-	unsigned char *h, *d;
+	unsigned char *h, *h2, *d;
+	cudaEvent_t ev;
 
-	(void)state;
 	TCU_OK(cudaMallocHost((void **)&h, 64));
+	TCU_OK(cudaMallocHost((void **)&h2, 64));
 	TCU_OK(cudaMalloc((void **)&d, 64));
+	TCU_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+	memset(h2, 0, 64);
 	for (int i = 0; i < 48; i++) {
 		e[i] = (struct tcu_entry){ &log, i };
-		TCU_OK(kvt_cuemu_enqueue(s, tcu_log_run, NULL, &e[i]));
+		TCU_OK(kvt_cuemu_enqueue(a, tcu_log_run, NULL, &e[i]));
 		/* each copy sees the memset queued just before it, not a later one */
-		TCU_OK(cudaMemsetAsync(d, i, 64, s));
-		TCU_OK(cudaMemcpyAsync(h + i, d + i, 1, cudaMemcpyDeviceToHost, s));
+		TCU_OK(cudaMemsetAsync(d, i, 64, a));
+		TCU_OK(cudaMemcpyAsync(h + i, d + i, 1, cudaMemcpyDeviceToHost, a));
 	}
-	TCU_OK(cudaStreamSynchronize(s));
+	TCU_OK(cudaEventRecord(ev, a));
+	TCU_OK(cudaStreamWaitEvent(b, ev, 0));
+	TCU_OK(cudaMemcpyAsync(h2, d, 64, cudaMemcpyDeviceToHost, b));
+	TCU_OK(cudaStreamSynchronize(b)); /* only b: its wait covers all of a's work */
 	assert_int_equal(log.n, 48);
 	for (int i = 0; i < 48; i++) {
 		assert_int_equal(log.v[i], i);
 		assert_int_equal(h[i], i);
 	}
-	TCU_OK(cudaStreamDestroy(s));
+	for (int i = 0; i < 64; i++)
+		assert_int_equal(h2[i], 47);
+	TCU_OK(cudaEventDestroy(ev));
+	TCU_OK(cudaStreamDestroy(a));
+	TCU_OK(cudaStreamDestroy(b));
 	TCU_OK(cudaFree(d));
 	TCU_OK(cudaFreeHost(h));
+	TCU_OK(cudaFreeHost(h2));
+}
+
+static void
+test_stream_order(void **state)
+{
+	(void)state;
+	tcu_stream_order(NULL);
+}
+
+static void
+test_delayed_order(void **state)
+{
+	(void)state;
+	tcu_stream_order("300");
 }
 
 /* An async copy runs on the worker later: right after the call the destination is stale. */
@@ -391,7 +445,7 @@ test_range_checks(void **state)
 	TCU_OK(cudaFree(dev2));
 }
 
-/* cudaFree errors, poisoned fresh memory, the HBM limit, pointer attributes. */
+/* cudaFree errors, poisoned fresh memory (and slack), the HBM limit, pointer attributes. */
 static void
 test_memory(void **state)
 {
@@ -406,6 +460,12 @@ test_memory(void **state)
 	TCU_OK(cudaMemcpy(host, dev, 64, cudaMemcpyDeviceToHost));
 	for (int i = 0; i < 64; i++)
 		assert_int_not_equal(host[i], 0); /* poisoned, like uninitialised memory */
+#ifdef __SANITIZE_ADDRESS__
+	/* the rounding slack up to 256 bytes is out of bounds for AddressSanitizer */
+	assert_int_equal(__asan_address_is_poisoned(dev + 63), 0);
+	assert_int_equal(__asan_address_is_poisoned(dev + 64), 1);
+	assert_int_equal(__asan_address_is_poisoned(dev + 255), 1);
+#endif
 	TCU_OK(cudaPointerGetAttributes(&pa, dev + 8));
 	assert_int_equal(pa.type, cudaMemoryTypeDevice);
 	TCU_OK(cudaPointerGetAttributes(&pa, host));
@@ -442,14 +502,17 @@ test_memory(void **state)
 	assert_null(p);
 }
 
-/* cudaMemcpyBatchAsync: validated as documented, then one stream operation. */
+/*
+ * cudaMemcpyBatchAsync: validated as documented, then one stream operation; the source access
+ * orders (Stream: read in stream order; DuringApiCall and Any: at the call).
+ */
 static void
 test_batch(void **state)
 {
 	cudaStream_t s = tcu_stream(cudaStreamNonBlocking);
 	unsigned char *dev, *pin, page[16];
-	struct cudaMemcpyAttributes at[2];
-	size_t idx[2] = { 0, 2 }, sz[3] = { 16, 16, 16 }, sz0[3] = { 16, 0, 16 };
+	struct cudaMemcpyAttributes at[3];
+	size_t idx[3] = { 0, 1, 2 }, sz[3] = { 16, 16, 16 }, sz0[3] = { 16, 0, 16 };
 	void *dst[3];
 	const void *src[3];
 	struct tcu_gate *g = tcu_gate_new();
@@ -458,8 +521,9 @@ test_batch(void **state)
 	TCU_OK(cudaMalloc((void **)&dev, 64));
 	TCU_OK(cudaMallocHost((void **)&pin, 128));
 	memset(at, 0, sizeof at);
-	at[0].srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-	at[1].srcAccessOrder = cudaMemcpySrcAccessOrderDuringApiCall;
+	at[0].srcAccessOrder = cudaMemcpySrcAccessOrderAny; /* CUDA may read at the call: we do */
+	at[1].srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+	at[2].srcAccessOrder = cudaMemcpySrcAccessOrderDuringApiCall;
 	memset(pin, 1, 16);
 	memset(pin + 16, 2, 16);
 	memset(page, 3, sizeof page);
@@ -471,29 +535,31 @@ test_batch(void **state)
 	src[2] = page;
 	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 0, at, idx, 1, s), cudaErrorInvalidValue);
 	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 0, s), cudaErrorInvalidValue);
-	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 2, NULL), cudaErrorInvalidValue);
-	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 2, cudaStreamLegacy),
+	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 3, NULL), cudaErrorInvalidValue);
+	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 3, cudaStreamLegacy),
 		cudaErrorInvalidValue);
-	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz0, 3, at, idx, 2, s), cudaErrorInvalidValue);
+	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz0, 3, at, idx, 3, s), cudaErrorInvalidValue);
 	idx[0] = 1;
-	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 2, s), cudaErrorInvalidValue);
+	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 3, s), cudaErrorInvalidValue);
 	idx[0] = 0;
 	idx[1] = 0;
-	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 2, s), cudaErrorInvalidValue);
-	idx[1] = 3;
-	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 2, s), cudaErrorInvalidValue);
-	idx[1] = 2;
+	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 3, s), cudaErrorInvalidValue);
+	idx[1] = 1;
+	idx[2] = 3;
+	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 3, s), cudaErrorInvalidValue);
+	idx[2] = 2;
 	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 2, at, idx, 3, s), cudaErrorInvalidValue);
-	at[1].srcAccessOrder = cudaMemcpySrcAccessOrderInvalid;
-	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 2, s), cudaErrorInvalidValue);
-	at[1].srcAccessOrder = cudaMemcpySrcAccessOrderDuringApiCall;
+	at[2].srcAccessOrder = cudaMemcpySrcAccessOrderInvalid;
+	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 3, s), cudaErrorInvalidValue);
+	at[2].srcAccessOrder = cudaMemcpySrcAccessOrderDuringApiCall;
 	dst[2] = dev + 56; /* runs past the allocation's end */
-	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 2, s), cudaErrorInvalidValue);
+	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 3, s), cudaErrorInvalidValue);
 	dst[2] = dev + 32;
-	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 2, (cudaStream_t)(uintptr_t)0x40),
+	TCU_ERR(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 3, (cudaStream_t)(uintptr_t)0x40),
 		cudaErrorInvalidResourceHandle);
 	tcu_gate_hold(g, s);
-	TCU_OK(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 2, s));
+	TCU_OK(cudaMemcpyBatchAsync(dst, src, sz, 3, at, idx, 3, s));
+	memset(pin, 6, 16);           /* Any: read at the call here */
 	memset(page, 4, sizeof page); /* DuringApiCall: already read */
 	memset(pin + 16, 5, 16);      /* Stream order: read when the batch runs */
 	TCU_ERR(cudaStreamQuery(s), cudaErrorNotReady);
@@ -573,6 +639,8 @@ test_errors(void **state)
 	assert_string_equal(cudaGetErrorString((cudaError_t)12345), "unrecognized error code");
 	TCU_ERR(cudaSetDevice(1), cudaErrorInvalidDevice);
 	TCU_ERR(cudaPeekAtLastError(), cudaErrorInvalidDevice);
+	kvt_cuemu_set_error(cudaSuccess); /* not an error: the pending one stays */
+	TCU_ERR(cudaPeekAtLastError(), cudaErrorInvalidDevice);
 	assert_int_equal(pthread_create(&t, NULL, tcu_other_thread, out), 0);
 	assert_int_equal(pthread_join(t, NULL), 0);
 	assert_int_equal(out[0], cudaSuccess);
@@ -585,7 +653,10 @@ test_errors(void **state)
 	TCU_ERR(cudaGetLastError(), cudaErrorNotSupported);
 }
 
-/* A kernel fault is sticky: work after it is dropped, every sync fails, until the reset. */
+/*
+ * A kernel fault is sticky: every operation not started yet is dropped (also those queued before
+ * the fault), every sync fails, until the reset.
+ */
 static void
 test_sticky_fault(void **state)
 {
@@ -606,7 +677,7 @@ test_sticky_fault(void **state)
 	TCU_ERR(kvt_cuemu_fail_check("launch"), cudaErrorLaunchFailure);
 	TCU_ERR(cudaGetLastError(), cudaErrorLaunchFailure);
 	TCU_ERR(cudaGetLastError(), cudaErrorLaunchFailure); /* sticky: not cleared */
-	assert_int_equal(tcu_gate_get(g2, &dropped), 0); /* queued after the fault: dropped */
+	assert_int_equal(tcu_gate_get(g2, &dropped), 0); /* not started at the fault: dropped */
 	assert_int_equal(dropped, 1);
 	kvt_cuemu_reset();
 	TCU_OK(cudaGetLastError());
@@ -721,6 +792,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_stream_order, tcu_setup, tcu_teardown),
+		cmocka_unit_test_setup_teardown(test_delayed_order, tcu_setup, tcu_teardown),
 		cmocka_unit_test_setup_teardown(test_async_is_late, tcu_setup, tcu_teardown),
 		cmocka_unit_test_setup_teardown(test_event_wait, tcu_setup, tcu_teardown),
 		cmocka_unit_test_setup_teardown(test_legacy_stream, tcu_setup, tcu_teardown),

@@ -9,9 +9,14 @@
  * thread each); the legacy default stream (NULL) waits for earlier work of every blocking
  * stream and blocking streams wait for earlier legacy work; non-blocking streams never
  * synchronise with it; cudaStreamWaitEvent waits for the record the event had at the time of
- * the call; a kernel fault makes cudaErrorLaunchFailure sticky (work queued after it is
- * dropped, not run). Deviations: one device; cudaStreamPerThread is the legacy stream;
+ * the call; a kernel fault makes cudaErrorLaunchFailure sticky (every operation not started
+ * yet is dropped, not run). Deviations: one device; cudaStreamPerThread is the legacy stream;
  * stream priorities, graphs and capture do not exist.
+ *
+ * KVT_CUEMU_DELAY_US=n (read when a stream is created; default 0): before each operation a
+ * stream's worker sleeps a pseudo-random 0..n microseconds (its own xorshift, seeded from the
+ * stream's handle), as transfer/device_emu.c does, so that work of different streams finishes
+ * late and in varying order: a missing wait shows up as a wrong result, not as luck.
  */
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +27,7 @@
 #define CUEMU_STREAM_BASE 0x5c0000000000ull /* stream handles: base + 16 * id (opaque) */
 #define CUEMU_EVENT_BASE 0x5e0000000000ull  /* event handles: base + 16 * id (opaque) */
 #define CUEMU_EXIT_WAIT 5                   /* s: how long exit waits for busy workers */
+#define CUEMU_DELAY_MAX 1000000u            /* us: largest KVT_CUEMU_DELAY_US accepted */
 
 static std::atomic<cuemu_state *> cuemu_g{ nullptr }; /* the runtime state, once created */
 static thread_local cudaError_t cuemu_last;    /* the thread's last error */
@@ -52,7 +58,7 @@ kvt_cuemu_fail_check(const char *api)
 void
 kvt_cuemu_set_error(cudaError_t e)
 {
-	cuemu_last = e;
+	(void)cuemu_ret(e); /* cudaSuccess / cudaErrorNotReady leave a pending error in place */
 }
 
 static std::mutex cuemu_fault_mu;  /* guards cuemu_fault_msg */
@@ -88,7 +94,7 @@ cuemu_sticky(void)
 }
 
 cudaError_t
-cuemu_enter(const char *api, int need)
+cuemu_enter(const char *api, cuemu_need need)
 {
 	cudaError_t e = cuemu_injected(api);
 
@@ -137,11 +143,43 @@ cuemu_ready(const cuemu_op &op)
 	return true;
 }
 
+/* KVT_CUEMU_DELAY_US: max delay before a stream op in us (0: none; bad values: 0, warned). */
+static unsigned
+cuemu_delay_env(void)
+{
+	static std::atomic<bool> warned{ false }; /* the bad value was reported */
+	const char *v = getenv("KVT_CUEMU_DELAY_US");
+	char *end = nullptr;
+	unsigned long n;
+
+	if (v == nullptr || *v == '\0')
+		return 0;
+	n = strtoul(v, &end, 10);
+	if (*end != '\0' || *v == '-' || n > CUEMU_DELAY_MAX) {
+		if (!warned.exchange(true))
+			fprintf(stderr, "cuemu: KVT_CUEMU_DELAY_US=%s: not 0..%u: no delays\n",
+				v, CUEMU_DELAY_MAX);
+		return 0;
+	}
+	return (unsigned)n;
+}
+
+/* xorshift64: next pseudo-random value of *x (never 0 once seeded non-zero). */
+static uint64_t
+cuemu_rng_next(uint64_t *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	return *x;
+}
+
 /* A stream's worker: run its queue in order; exit once closing (or down) and empty. */
 static void
 cuemu_worker(std::shared_ptr<cuemu_stream> s)
 {
 	cuemu_state *g = cuemu_g;
+	uint64_t rng = (s->handle + 1) * 0x9e3779b97f4a7c15ull; /* odd * non-zero: non-zero */
 	std::unique_lock<std::mutex> lk(g->mu);
 
 	cuemu_on_worker = true;
@@ -155,11 +193,14 @@ cuemu_worker(std::shared_ptr<cuemu_stream> s)
 			break;
 		{
 			cuemu_op op = std::move(s->q.front());
-			bool run = !g->down && g->sticky.load() == cudaSuccess;
+			auto live = [g] { return !g->down && g->sticky.load() == cudaSuccess; };
 
 			s->q.pop_front();
 			lk.unlock();
-			if (run && op.run)
+			if (s->delay_us != 0 && live())
+				std::this_thread::sleep_for(std::chrono::microseconds(
+					cuemu_rng_next(&rng) % (s->delay_us + 1ull)));
+			if (live() && op.run) /* a fault during the delay drops it too */
 				op.run();
 			if (op.fin)
 				op.fin();
@@ -257,6 +298,7 @@ cuemu_init(void)
 
 	cuemu_g = g;
 	g->legacy = std::make_shared<cuemu_stream>();
+	g->legacy->delay_us = cuemu_delay_env();
 	if (!cuemu_start(g, g->legacy)) {
 		fprintf(stderr, "cuemu: cannot start the legacy stream's worker\n");
 		abort(); /* test infrastructure: nothing can run without it */
@@ -294,10 +336,15 @@ cuemu_event_of(cuemu_state *g, cudaEvent_t e)
 	return it != g->events.end() ? it->second : nullptr;
 }
 
-/* Queue @op on @st with the legacy stream's implicit dependencies (lock held). */
+/*
+ * Queue @op on @st with the legacy stream's implicit dependencies (lock held); op.rec, if set,
+ * is filled with the operation's position. Returns its operation number.
+ */
 static uint64_t
 cuemu_push(cuemu_state *g, const std::shared_ptr<cuemu_stream> &st, cuemu_op &&op)
 {
+	uint64_t seq = ++st->queued;
+
 	if (st == g->legacy) {
 		for (auto &w : g->workers)
 			if (w != st && w->blocking && w->queued > w->done)
@@ -305,32 +352,32 @@ cuemu_push(cuemu_state *g, const std::shared_ptr<cuemu_stream> &st, cuemu_op &&o
 	} else if (st->blocking && g->legacy->queued > g->legacy->done) {
 		op.deps.push_back(cuemu_dep{ g->legacy, g->legacy->queued });
 	}
+	if (op.rec) {
+		op.rec->s = st;
+		op.rec->seq = seq;
+	}
 	st->q.push_back(std::move(op));
 	g->cv.notify_all();
-	return ++st->queued;
+	return seq;
 }
 
 cudaError_t
-cuemu_submit(cudaStream_t s, cuemu_op op, std::shared_ptr<cuemu_record> *mark)
+cuemu_submit(cudaStream_t s, cuemu_op op, cuemu_record *mark)
 {
 	cuemu_state *g = cuemu_get();
 	std::unique_lock<std::mutex> lk(g->mu);
-	std::shared_ptr<cuemu_stream> st = cuemu_stream_of(g, s);
+	bool down = g->down; /* first: shutdown forgot every stream */
+	std::shared_ptr<cuemu_stream> st = down ? nullptr : cuemu_stream_of(g, s);
 
-	if (!st || g->down) {
+	if (!st) {
 		lk.unlock();
 		if (op.fin)
 			op.fin();
-		return st ? cudaErrorCudartUnloading : cudaErrorInvalidResourceHandle;
+		return down ? cudaErrorCudartUnloading : cudaErrorInvalidResourceHandle;
 	}
-	std::shared_ptr<cuemu_record> r = op.rec;
 	uint64_t seq = cuemu_push(g, st, std::move(op));
-	if (r) {
-		r->s = st;
-		r->seq = seq;
-	}
 	if (mark != nullptr)
-		*mark = r ? r : std::make_shared<cuemu_record>(cuemu_record{ st, seq, {} });
+		*mark = cuemu_record{ st, seq, {} };
 	return cudaSuccess;
 }
 
@@ -365,10 +412,10 @@ cuemu_drain(void)
 static cudaError_t
 cuemu_sync_marker(cudaStream_t s)
 {
-	std::shared_ptr<cuemu_record> mark;
+	cuemu_record mark;
 	cudaError_t e = cuemu_submit(s, cuemu_op{}, &mark);
 
-	return e != cudaSuccess ? e : cuemu_wait(*mark);
+	return e != cudaSuccess ? e : cuemu_wait(mark);
 }
 
 /** kvt_cuemu_enqueue() - see cuemu.h; also cudaErrorInvalidValue (@run NULL). */
@@ -404,6 +451,7 @@ cuemu_stream_create(const char *api, cudaStream_t *ps, unsigned flags)
 	cuemu_reap(g);
 	auto s = std::make_shared<cuemu_stream>();
 	s->blocking = (flags & cudaStreamNonBlocking) == 0;
+	s->delay_us = cuemu_delay_env();
 	std::lock_guard<std::mutex> lk(g->mu);
 	s->handle = CUEMU_STREAM_BASE + 16 * ++g->next_id;
 	if (!cuemu_start(g, s))
@@ -494,8 +542,10 @@ cudaStreamQuery(cudaStream_t stream)
 		return cuemu_ret(cudaErrorInvalidResourceHandle);
 	if (s->done < s->queued)
 		return cudaErrorNotReady;
-	for (auto &w : g->workers)
-		if (s == g->legacy && w->blocking && w->done < w->queued)
+	if (s != g->legacy)
+		return cudaSuccess;
+	for (auto &w : g->workers) /* legacy: also the blocking streams' earlier work */
+		if (w->blocking && w->done < w->queued)
 			return cudaErrorNotReady;
 	return cudaSuccess;
 }
@@ -606,21 +656,32 @@ cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 	if (!s || !ev)
 		return cuemu_ret(cudaErrorInvalidResourceHandle);
 	op.rec = std::make_shared<cuemu_record>();
-	op.rec->s = s;
 	ev->rec = op.rec;
-	ev->rec->seq = cuemu_push(g, s, std::move(op));
+	cuemu_push(g, s, std::move(op));
 	return cudaSuccess;
 }
 
-/* @ev's record, or an error: resolve under the lock. */
+/* what the event functions need of an event, copied under the lock */
+struct cuemu_event_view {
+	std::shared_ptr<cuemu_record> rec; /* its latest record; NULL: never recorded */
+	unsigned flags;                    /* its creation flags */
+	bool done;                         /* rec completed (rec->t is final) or NULL */
+};
+
+/* Look @event up: *@v gets its view; cudaErrorInvalidResourceHandle if unknown. */
 static cudaError_t
-cuemu_event_rec(cudaEvent_t event, std::shared_ptr<cuemu_event> *out)
+cuemu_event_look(cudaEvent_t event, cuemu_event_view *v)
 {
 	cuemu_state *g = cuemu_get();
 	std::lock_guard<std::mutex> lk(g->mu);
+	std::shared_ptr<cuemu_event> ev = cuemu_event_of(g, event);
 
-	*out = cuemu_event_of(g, event);
-	return *out ? cudaSuccess : cudaErrorInvalidResourceHandle;
+	if (!ev)
+		return cudaErrorInvalidResourceHandle;
+	v->rec = ev->rec;
+	v->flags = ev->flags;
+	v->done = !ev->rec || ev->rec->s->done >= ev->rec->seq;
+	return cudaSuccess;
 }
 
 /** cudaEventQuery() - cudaSuccess once @event's record completed (or it has none). */
@@ -628,17 +689,13 @@ cudaError_t
 cudaEventQuery(cudaEvent_t event)
 {
 	cudaError_t e = cuemu_enter("cudaEventQuery", CUEMU_STICKY);
-	std::shared_ptr<cuemu_event> ev;
+	cuemu_event_view v;
 
 	if (e == cudaSuccess)
-		e = cuemu_event_rec(event, &ev);
+		e = cuemu_event_look(event, &v);
 	if (e != cudaSuccess)
 		return cuemu_ret(e);
-	cuemu_state *g = cuemu_get();
-	std::lock_guard<std::mutex> lk(g->mu);
-	if (ev->rec && ev->rec->s->done < ev->rec->seq)
-		return cudaErrorNotReady;
-	return cudaSuccess;
+	return v.done ? cudaSuccess : cudaErrorNotReady;
 }
 
 /** cudaEventSynchronize() - block until @event's record completed. */
@@ -646,18 +703,13 @@ cudaError_t
 cudaEventSynchronize(cudaEvent_t event)
 {
 	cudaError_t e = cuemu_enter("cudaEventSynchronize", CUEMU_DEV);
-	std::shared_ptr<cuemu_event> ev;
-	std::shared_ptr<cuemu_record> rec;
+	cuemu_event_view v;
 
 	if (e == cudaSuccess)
-		e = cuemu_event_rec(event, &ev);
+		e = cuemu_event_look(event, &v);
 	if (e != cudaSuccess)
 		return cuemu_ret(e);
-	{
-		std::lock_guard<std::mutex> lk(cuemu_get()->mu);
-		rec = ev->rec;
-	}
-	return cuemu_ret(rec ? cuemu_wait(*rec) : cuemu_sticky());
+	return cuemu_ret(v.rec ? cuemu_wait(*v.rec) : cuemu_sticky());
 }
 
 /** cudaEventElapsedTime() - ms between the completions of @start's and @end's records. */
@@ -665,22 +717,22 @@ cudaError_t
 cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
 	cudaError_t e = cuemu_enter("cudaEventElapsedTime", CUEMU_STICKY);
-	std::shared_ptr<cuemu_event> a, b;
+	cuemu_event_view a, b;
 
 	if (e == cudaSuccess)
-		e = cuemu_event_rec(start, &a);
+		e = cuemu_event_look(start, &a);
 	if (e == cudaSuccess)
-		e = cuemu_event_rec(end, &b);
+		e = cuemu_event_look(end, &b);
 	if (e == cudaSuccess && ms == nullptr)
 		e = cudaErrorInvalidValue;
+	if (e == cudaSuccess &&
+	    (((a.flags | b.flags) & cudaEventDisableTiming) || !a.rec || !b.rec))
+		e = cudaErrorInvalidResourceHandle;
 	if (e != cudaSuccess)
 		return cuemu_ret(e);
-	std::lock_guard<std::mutex> lk(cuemu_get()->mu);
-	if (((a->flags | b->flags) & cudaEventDisableTiming) || !a->rec || !b->rec)
-		return cuemu_ret(cudaErrorInvalidResourceHandle);
-	if (a->rec->s->done < a->rec->seq || b->rec->s->done < b->rec->seq)
+	if (!a.done || !b.done)
 		return cudaErrorNotReady;
-	*ms = std::chrono::duration<float, std::milli>(b->rec->t - a->rec->t).count();
+	*ms = std::chrono::duration<float, std::milli>(b.rec->t - a.rec->t).count();
 	return cudaSuccess;
 }
 

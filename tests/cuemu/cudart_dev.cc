@@ -254,43 +254,38 @@ cudaSetDevice(int device)
 	return cuemu_ret(e);
 }
 
+/* The body of the int queries: *@out = @v after cuemu_enter(@api, @need), NULL refused. */
+static cudaError_t
+cuemu_put_int(const char *api, cuemu_need need, int *out, int v)
+{
+	cudaError_t e = cuemu_enter(api, need);
+
+	if (e == cudaSuccess && out == nullptr)
+		e = cudaErrorInvalidValue;
+	if (e == cudaSuccess)
+		*out = v;
+	return cuemu_ret(e);
+}
+
 /** cudaGetDevice() - the thread's current device. */
 cudaError_t
 cudaGetDevice(int *device)
 {
-	cudaError_t e = cuemu_enter("cudaGetDevice", CUEMU_DEV);
-
-	if (e == cudaSuccess && device == nullptr)
-		e = cudaErrorInvalidValue;
-	if (e == cudaSuccess)
-		*device = cuemu_cur_dev;
-	return cuemu_ret(e);
+	return cuemu_put_int("cudaGetDevice", CUEMU_DEV, device, cuemu_cur_dev);
 }
 
 /** cudaDriverGetVersion() - 13000. */
 cudaError_t
 cudaDriverGetVersion(int *driverVersion)
 {
-	cudaError_t e = cuemu_enter("cudaDriverGetVersion", CUEMU_NONE);
-
-	if (e == cudaSuccess && driverVersion == nullptr)
-		e = cudaErrorInvalidValue;
-	if (e == cudaSuccess)
-		*driverVersion = CUEMU_VERSION;
-	return cuemu_ret(e);
+	return cuemu_put_int("cudaDriverGetVersion", CUEMU_NONE, driverVersion, CUEMU_VERSION);
 }
 
 /** cudaRuntimeGetVersion() - 13000. */
 cudaError_t
 cudaRuntimeGetVersion(int *runtimeVersion)
 {
-	cudaError_t e = cuemu_enter("cudaRuntimeGetVersion", CUEMU_NONE);
-
-	if (e == cudaSuccess && runtimeVersion == nullptr)
-		e = cudaErrorInvalidValue;
-	if (e == cudaSuccess)
-		*runtimeVersion = CUEMU_VERSION;
-	return cuemu_ret(e);
+	return cuemu_put_int("cudaRuntimeGetVersion", CUEMU_NONE, runtimeVersion, CUEMU_VERSION);
 }
 
 /* one attribute's value */
@@ -368,8 +363,8 @@ cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
 {
 	cudaError_t e = cuemu_enter("cudaDeviceGetAttribute", CUEMU_DEV);
 
-	if (e == cudaSuccess && device != 0)
-		e = cudaErrorInvalidDevice;
+	if (e == cudaSuccess)
+		e = cuemu_check_dev(device);
 	if (e == cudaSuccess && value == nullptr)
 		e = cudaErrorInvalidValue;
 	if (e != cudaSuccess)
@@ -391,8 +386,8 @@ cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 {
 	cudaError_t e = cuemu_enter("cudaGetDeviceProperties", CUEMU_DEV);
 
-	if (e == cudaSuccess && device != 0)
-		e = cudaErrorInvalidDevice;
+	if (e == cudaSuccess)
+		e = cuemu_check_dev(device);
 	if (e == cudaSuccess && prop == nullptr)
 		e = cudaErrorInvalidValue;
 	if (e != cudaSuccess)

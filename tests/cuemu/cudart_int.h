@@ -48,13 +48,14 @@ struct cuemu_op {
 	std::function<void()> run;         /* the work, on the worker; empty: a marker */
 	std::function<void()> fin;         /* after run, or instead of it when dropped */
 	std::vector<cuemu_dep> deps;       /* all complete before run starts */
-	std::shared_ptr<cuemu_record> rec; /* set: stamp rec->t at completion */
+	std::shared_ptr<cuemu_record> rec; /* set: filled when queued, rec->t at completion */
 };
 
 /* a stream: an in-order queue and its worker thread */
 struct cuemu_stream {
 	uintptr_t handle = 0;    /* the cudaStream_t value; 0 for the legacy stream */
 	bool blocking = true;    /* synchronises with the legacy stream */
+	unsigned delay_us = 0;   /* max random delay before each op (KVT_CUEMU_DELAY_US) */
 	std::deque<cuemu_op> q;  /* queued operations, not yet started */
 	uint64_t queued = 0;     /* operations ever queued */
 	uint64_t done = 0;       /* operations completed (in order) */
@@ -82,11 +83,11 @@ struct cuemu_state {
 	std::atomic<int> sticky{ 0 };                  /* cudaError_t of a kernel fault, or 0 */
 };
 
-/* what cuemu_enter checks besides fault injection */
-enum {
-	CUEMU_NONE = 0,   /* nothing: version queries */
-	CUEMU_DEV = 1,    /* a device exists (KVT_CUEMU_DEVICES), the runtime is not down */
-	CUEMU_STICKY = 3, /* CUEMU_DEV, and no sticky error */
+/* what cuemu_enter checks besides fault injection: levels, each one includes those above it */
+enum cuemu_need {
+	CUEMU_NONE,   /* nothing: version queries */
+	CUEMU_DEV,    /* a device exists (KVT_CUEMU_DEVICES), the runtime is not down */
+	CUEMU_STICKY, /* what CUEMU_DEV checks, and no sticky error */
 };
 
 /* The runtime state, created (with the legacy stream's worker) on first use. */
@@ -96,7 +97,7 @@ cuemu_state *cuemu_get(void);
  * Start of every API function @api: fault injection, then the checks of @need. Returns the
  * error the call must fail with, or cudaSuccess; the caller returns cuemu_ret() of it.
  */
-cudaError_t cuemu_enter(const char *api, int need);
+cudaError_t cuemu_enter(const char *api, cuemu_need need);
 
 /* Record @e as the thread's last error (unless cudaSuccess or cudaErrorNotReady); return it. */
 cudaError_t cuemu_ret(cudaError_t e);
@@ -107,10 +108,11 @@ cudaError_t cuemu_sticky(void);
 /*
  * Queue @op on @s (NULL, cudaStreamLegacy or cudaStreamPerThread: the legacy stream), with the
  * legacy stream's implicit dependencies. *@mark (if not NULL) gets a record of the operation's
- * position, for cuemu_wait(). Returns cudaSuccess or cudaErrorInvalidResourceHandle (@op is
- * then dropped: its fin runs).
+ * position, for cuemu_wait(). Returns cudaSuccess, cudaErrorCudartUnloading (after the
+ * shutdown at process exit) or cudaErrorInvalidResourceHandle (unknown stream); on error @op
+ * is dropped: its fin runs.
  */
-cudaError_t cuemu_submit(cudaStream_t s, cuemu_op op, std::shared_ptr<cuemu_record> *mark);
+cudaError_t cuemu_submit(cudaStream_t s, cuemu_op op, cuemu_record *mark);
 
 /* Block until @r's operation completed; returns cuemu_sticky(). */
 cudaError_t cuemu_wait(const cuemu_record &r);

@@ -5,7 +5,9 @@
  * against it at call time and run in stream order on the stream's worker.
  *
  * Device memory is host memory (256-byte aligned, poisoned with CUEMU_POISON_DEV like real
- * uninitialised memory) counted against the emulated HBM size. Under UVA a pinned or
+ * uninitialised memory) counted against the emulated HBM size; under AddressSanitizer the
+ * slack up to the next 256 bytes is poisoned for it too, so a kernel reading past the end of
+ * an allocation is reported even where the rounding would hide it. Under UVA a pinned or
  * registered host range is also a valid device pointer, as on a real system. A copy whose
  * kind says a side is device must lie inside one live device, pinned or registered allocation;
  * a side said to be host must not be (part of) a device allocation; no side may run past the
@@ -17,6 +19,16 @@
 #include <cstring>
 
 #include "cudart_int.h"
+
+#if defined(__has_include)
+#if __has_include(<sanitizer/asan_interface.h>)
+#include <sanitizer/asan_interface.h> /* no-op macros unless built with AddressSanitizer */
+#endif
+#endif
+#ifndef ASAN_POISON_MEMORY_REGION
+#define ASAN_POISON_MEMORY_REGION(p, n) ((void)(p), (void)(n))
+#define ASAN_UNPOISON_MEMORY_REGION(p, n) ((void)(p), (void)(n))
+#endif
 
 #define CUEMU_DEV_ALIGN 256u     /* cudaMalloc alignment (real: at least 256) */
 #define CUEMU_HOST_ALIGN 4096u   /* cudaHostAlloc alignment: pages */
@@ -121,8 +133,10 @@ cudaMalloc(void **devPtr, size_t size)
 		m->used += charged;
 	}
 	p = aligned_alloc(CUEMU_DEV_ALIGN, charged);
-	if (p != nullptr)
+	if (p != nullptr) {
 		memset(p, CUEMU_POISON_DEV, charged);
+		ASAN_POISON_MEMORY_REGION((char *)p + size, charged - size); /* the slack */
+	}
 	std::lock_guard<std::mutex> lk(m->mu);
 	if (p == nullptr) {
 		m->used -= charged;
@@ -160,6 +174,9 @@ cuemu_free(const char *api, void *p, cuemu_kind kind)
 		if (it == m->allocs.end() || it->second.kind != kind)
 			return cuemu_ret(cudaErrorInvalidValue);
 		m->used -= it->second.charged;
+		if (kind == CUEMU_KDEV) /* cudaMalloc's slack, poisoned for AddressSanitizer */
+			ASAN_UNPOISON_MEMORY_REGION((char *)p + it->second.len,
+						    it->second.charged - it->second.len);
 		m->allocs.erase(it);
 	}
 	free(p);
@@ -308,7 +325,7 @@ cudaMemGetInfo(size_t *free_b, size_t *total)
 struct cuemu_copy {
 	void *dst;       /* destination */
 	const void *src; /* source */
-	size_t n;        /* bytes (> 0) */
+	size_t n;        /* bytes (0: nothing to do) */
 	bool dst_dev;    /* dst is in a device allocation */
 	bool src_dev;    /* src is in a device allocation */
 	bool src_pageable; /* src is in no allocation: staged at call time */
@@ -335,7 +352,7 @@ cuemu_check_side(cuemu_mem *m, const void *p, size_t n, int dev_side, bool *is_d
 	return cudaSuccess;
 }
 
-/* Check a copy of @n (> 0) bytes of @kind; fills *c. */
+/* Check a copy of @n bytes of @kind (@n 0: the kind only, as CUDA does); fills *c. */
 static cudaError_t
 cuemu_check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuemu_copy *c)
 {
@@ -348,6 +365,8 @@ cuemu_check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuem
 	if ((unsigned)kind > (unsigned)cudaMemcpyDefault)
 		return cudaErrorInvalidMemcpyDirection;
 	*c = cuemu_copy{ dst, src, n, false, false, false };
+	if (n == 0)
+		return cudaSuccess;
 	std::lock_guard<std::mutex> lk(m->mu);
 	e = cuemu_check_side(m, dst, n, dst_dev[kind], &c->dst_dev, &pg);
 	if (e == cudaSuccess)
@@ -355,19 +374,21 @@ cuemu_check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuem
 	return e;
 }
 
-/* The operation that performs @c: pageable sources are staged now, as the driver does. */
+/*
+ * The operation that performs @c: pageable sources are staged now, as the driver does (for a
+ * synchronous copy, which waits for it, the same as reading them later).
+ */
 static cuemu_op
-cuemu_copy_op(const cuemu_copy &c, bool stage)
+cuemu_copy_op(const cuemu_copy &c)
 {
 	cuemu_op op;
+	void *dst = c.dst;
 
-	if (stage && c.src_pageable) {
+	if (c.src_pageable) {
 		auto buf = std::make_shared<std::vector<unsigned char>>(
 			(const unsigned char *)c.src, (const unsigned char *)c.src + c.n);
-		void *dst = c.dst;
 		op.run = [dst, buf] { memcpy(dst, buf->data(), buf->size()); };
 	} else {
-		void *dst = c.dst;
 		const void *src = c.src;
 		size_t n = c.n;
 		op.run = [dst, src, n] { memcpy(dst, src, n); };
@@ -375,24 +396,33 @@ cuemu_copy_op(const cuemu_copy &c, bool stage)
 	return op;
 }
 
+/*
+ * cudaMemcpy (@sync: on the legacy stream, waits unless device to device) and cudaMemcpyAsync:
+ * check, then queue the copy on @stream.
+ */
+static cudaError_t
+cuemu_memcpy(const char *api, void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+	     cudaStream_t stream, bool sync)
+{
+	cudaError_t e = cuemu_enter(api, CUEMU_STICKY);
+	cuemu_record mark;
+	cuemu_copy c;
+
+	if (e == cudaSuccess)
+		e = cuemu_check_copy(dst, src, n, kind, &c);
+	if (e != cudaSuccess || n == 0)
+		return cuemu_ret(e);
+	e = cuemu_submit(stream, cuemu_copy_op(c), &mark);
+	if (e == cudaSuccess && sync && !(c.dst_dev && c.src_dev))
+		e = cuemu_wait(mark);
+	return cuemu_ret(e);
+}
+
 /** cudaMemcpy() - copy on the legacy stream; returns when done, except device to device. */
 cudaError_t
 cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
-	cudaError_t e = cuemu_enter("cudaMemcpy", CUEMU_STICKY);
-	std::shared_ptr<cuemu_record> mark;
-	cuemu_copy c;
-
-	if (e == cudaSuccess && count == 0)
-		return (unsigned)kind > (unsigned)cudaMemcpyDefault ?
-			       cuemu_ret(cudaErrorInvalidMemcpyDirection) : cudaSuccess;
-	if (e == cudaSuccess)
-		e = cuemu_check_copy(dst, src, count, kind, &c);
-	if (e == cudaSuccess)
-		e = cuemu_submit(nullptr, cuemu_copy_op(c, false), &mark);
-	if (e == cudaSuccess && !(c.dst_dev && c.src_dev))
-		e = cuemu_wait(*mark);
-	return cuemu_ret(e);
+	return cuemu_memcpy("cudaMemcpy", dst, src, count, kind, nullptr, true);
 }
 
 /** cudaMemcpyAsync() - copy in @stream's order (pageable sources are staged at the call). */
@@ -400,17 +430,7 @@ cudaError_t
 cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
 		cudaStream_t stream)
 {
-	cudaError_t e = cuemu_enter("cudaMemcpyAsync", CUEMU_STICKY);
-	cuemu_copy c;
-
-	if (e == cudaSuccess && count == 0)
-		return (unsigned)kind > (unsigned)cudaMemcpyDefault ?
-			       cuemu_ret(cudaErrorInvalidMemcpyDirection) : cudaSuccess;
-	if (e == cudaSuccess)
-		e = cuemu_check_copy(dst, src, count, kind, &c);
-	if (e == cudaSuccess)
-		e = cuemu_submit(stream, cuemu_copy_op(c, true), nullptr);
-	return cuemu_ret(e);
+	return cuemu_memcpy("cudaMemcpyAsync", dst, src, count, kind, stream, false);
 }
 
 /* Check the batch's attributes per the CUDA 13 documentation. */
@@ -447,8 +467,10 @@ struct cuemu_bcopy {
  * cudaMemcpyBatchAsync() - @count copies as one operation of @stream (not the legacy stream).
  * Every copy is checked like cudaMemcpyAsync(cudaMemcpyDefault) and must be non-empty; the
  * attributes as documented (attrsIdxs[0] 0, increasing, < count; a valid srcAccessOrder).
- * Sources with cudaMemcpySrcAccessOrderDuringApiCall are read during the call. The copies of a
- * batch run in reverse order (CUDA promises none), so dependent copies in one batch show up.
+ * Sources with cudaMemcpySrcAccessOrderDuringApiCall, and with cudaMemcpySrcAccessOrderAny
+ * (which lets CUDA read them at any time, the call's included), are read during the call. The
+ * copies of a batch run in reverse order (CUDA promises none), so dependent copies in one batch
+ * show up.
  */
 cudaError_t
 cudaMemcpyBatchAsync(void *const *dsts, const void *const *srcs, const size_t *sizes,
@@ -482,7 +504,7 @@ cudaMemcpyBatchAsync(void *const *dsts, const void *const *srcs, const size_t *s
 		if (e != cudaSuccess)
 			break;
 		v->push_back(cuemu_bcopy{ dsts[i], srcs[i], sizes[i], nullptr });
-		if (attrs[k].srcAccessOrder == cudaMemcpySrcAccessOrderDuringApiCall)
+		if (attrs[k].srcAccessOrder != cudaMemcpySrcAccessOrderStream)
 			v->back().buf = std::make_shared<std::vector<unsigned char>>(
 				(const unsigned char *)srcs[i],
 				(const unsigned char *)srcs[i] + sizes[i]);
@@ -512,44 +534,40 @@ cuemu_check_set(void *p, size_t n, bool *dev)
 	return cudaSuccess;
 }
 
-static cuemu_op
-cuemu_set_op(void *p, int value, size_t n)
+/*
+ * cudaMemset (@sync: on the legacy stream, waits unless the target is device memory) and
+ * cudaMemsetAsync: check, then queue the fill on @stream.
+ */
+static cudaError_t
+cuemu_memset(const char *api, void *p, int value, size_t n, cudaStream_t stream, bool sync)
 {
+	cudaError_t e = cuemu_enter(api, CUEMU_STICKY);
+	cuemu_record mark;
 	cuemu_op op;
+	bool dev = false;
 
+	if (e != cudaSuccess || n == 0)
+		return cuemu_ret(e);
+	e = cuemu_check_set(p, n, &dev);
+	if (e != cudaSuccess)
+		return cuemu_ret(e);
 	op.run = [p, value, n] { memset(p, value, n); };
-	return op;
+	e = cuemu_submit(stream, std::move(op), &mark);
+	if (e == cudaSuccess && sync && !dev)
+		e = cuemu_wait(mark); /* pinned host target: synchronous */
+	return cuemu_ret(e);
 }
 
 /** cudaMemset() - fill on the legacy stream; returns at once for device memory (as CUDA). */
 cudaError_t
 cudaMemset(void *devPtr, int value, size_t count)
 {
-	cudaError_t e = cuemu_enter("cudaMemset", CUEMU_STICKY);
-	std::shared_ptr<cuemu_record> mark;
-	bool dev = false;
-
-	if (e != cudaSuccess || count == 0)
-		return cuemu_ret(e);
-	e = cuemu_check_set(devPtr, count, &dev);
-	if (e == cudaSuccess)
-		e = cuemu_submit(nullptr, cuemu_set_op(devPtr, value, count), &mark);
-	if (e == cudaSuccess && !dev)
-		e = cuemu_wait(*mark); /* pinned host target: synchronous */
-	return cuemu_ret(e);
+	return cuemu_memset("cudaMemset", devPtr, value, count, nullptr, true);
 }
 
 /** cudaMemsetAsync() - fill in @stream's order. */
 cudaError_t
 cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
 {
-	cudaError_t e = cuemu_enter("cudaMemsetAsync", CUEMU_STICKY);
-	bool dev = false;
-
-	if (e != cudaSuccess || count == 0)
-		return cuemu_ret(e);
-	e = cuemu_check_set(devPtr, count, &dev);
-	if (e == cudaSuccess)
-		e = cuemu_submit(stream, cuemu_set_op(devPtr, value, count), nullptr);
-	return cuemu_ret(e);
+	return cuemu_memset("cudaMemsetAsync", devPtr, value, count, stream, false);
 }

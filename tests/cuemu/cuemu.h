@@ -34,18 +34,21 @@ typedef void (*kvt_cuemu_fn)(void *ctx);
 /**
  * kvt_cuemu_enqueue() - queue @run(@ctx) on stream @s (NULL: the legacy default stream), in
  * order with the copies, memsets and event records queued there. @drop(@ctx), when not NULL,
- * is called once after @run returned, or instead of it if the work is discarded (stream
- * destroyed with work pending is an error of the caller; the emulation runs it first).
- * Returns cudaSuccess or cudaErrorInvalidResourceHandle (unknown stream; @drop is then called
- * at once; likewise cudaErrorInvalidValue for @run NULL and cudaErrorCudartUnloading once the
- * process is exiting). Work queued while the context has a sticky error is dropped, not run.
- * Thread-safe. Provided by cudart.cc.
+ * is called once after @run returned, or instead of it if the work is discarded. Destroying
+ * the stream with the work pending is legal, as in CUDA: it still runs. Discarded are: every
+ * operation not yet started when a kernel fault makes an error sticky (whenever it was
+ * queued), and what is still queued at process exit.
+ * Returns cudaSuccess; cudaErrorInvalidValue (@run NULL), cudaErrorCudartUnloading (the
+ * runtime was shut down at process exit, whatever @s) or cudaErrorInvalidResourceHandle
+ * (unknown stream), @drop then being called at once. Thread-safe. Provided by cudart.cc.
  */
 cudaError_t kvt_cuemu_enqueue(cudaStream_t s, kvt_cuemu_fn run, kvt_cuemu_fn drop, void *ctx);
 
 /**
  * kvt_cuemu_set_error() - record @e as the calling thread's last CUDA error (what the next
- * cudaGetLastError()/cudaPeekAtLastError() returns), as a failed launch does. Thread-safe.
+ * cudaGetLastError()/cudaPeekAtLastError() returns), as a failed launch does. cudaSuccess and
+ * cudaErrorNotReady are not errors: they are ignored and leave a pending error in place, as
+ * every runtime call of the emulation does. Thread-safe.
  */
 void kvt_cuemu_set_error(cudaError_t e);
 
