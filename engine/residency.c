@@ -138,11 +138,10 @@ reclaim_ranked(struct kvt_engine *e, int tier, const uint32_t *cand, uint32_t n,
 
 /*
  * Evictable copies of @tier that hints do not spare, from the cold end of its eviction list, at
- * most @max: all of them (@which 0), those outside the rotation (1) or those in it (2; see
- * engine/hint.c). Returns how many were put in @out.
+ * most @max. Returns how many were put in @out.
  */
 static uint32_t
-reclaim_collect(struct kvt_engine *e, int tier, uint32_t *out, uint32_t max, int which)
+reclaim_collect(struct kvt_engine *e, int tier, uint32_t *out, uint32_t max)
 {
 	struct kvt_evict *ev = &e->evict[tier];
 	uint32_t id, n = 0;
@@ -153,11 +152,58 @@ reclaim_collect(struct kvt_engine *e, int tier, uint32_t *out, uint32_t max, int
 
 		if (!kvt_copy_evictable(b, tier) || kvt_hint_spares(e, b, tier))
 			continue;
-		if (which && kvt_rot_member(e, b) != (which == 2))
-			continue;
 		out[n++] = id;
 	}
 	return n;
+}
+
+/*
+ * One walk of HBM's eviction list from the cold end, for the rotation's order: evictable copies
+ * that hints do not spare, those outside the rotation into @out (at most @max) and those in it
+ * into @in (at most 2 * @max: the rotation's own victims may take up to @max of them before they
+ * are used, see rot_live()). Blocks outside the rotation are a preference, not a need: once @in
+ * is full, the walk looks for them only until @scan entries have been looked at, so a reclaim
+ * costs O(window), not O(HBM), when HBM holds nothing but the rotation (the decode steady state).
+ * Until @in is full it goes on (victims are needed; the walk ends with the list).
+ */
+static void
+rot_collect(struct kvt_engine *e, uint32_t *out, uint32_t *n_out, uint32_t *in, uint32_t *n_in,
+	    uint32_t max, uint32_t scan)
+{
+	struct kvt_evict *ev = &e->evict[KVT_TIER_HBM];
+	uint32_t id, looked = 0, no = 0, ni = 0;
+
+	for (id = ev->ops->victim_first(ev); id != KVT_NIL;
+	     id = ev->ops->victim_next(ev, id)) {
+		const struct kvt_block *b = kvt_blk(e, id);
+
+		if (ni == 2 * max && (no == max || looked >= scan))
+			break;
+		looked++;
+		if (!kvt_copy_evictable(b, KVT_TIER_HBM) || kvt_hint_spares(e, b, KVT_TIER_HBM))
+			continue;
+		if (kvt_rot_member(e, b)) {
+			if (ni < 2 * max)
+				in[ni++] = id;
+		} else if (no < max) {
+			out[no++] = id;
+		}
+	}
+	*n_out = no;
+	*n_in = ni;
+}
+
+/* The first @max of @c[0..n) still evictable (earlier evictions took some), in order, in place:
+ * what a walk made now would collect. */
+static uint32_t
+rot_live(struct kvt_engine *e, uint32_t *c, uint32_t n, uint32_t max)
+{
+	uint32_t i, k = 0;
+
+	for (i = 0; i < n && k < max; i++)
+		if (kvt_copy_evictable(kvt_blk(e, c[i]), KVT_TIER_HBM))
+			c[k++] = c[i];
+	return k;
 }
 
 /*
@@ -167,17 +213,17 @@ reclaim_collect(struct kvt_engine *e, int tier, uint32_t *out, uint32_t max, int
  * Within the rotation clean copies go first. A dirty one's slot is free only once its demotion
  * has landed, so a caller that cannot wait (a hint) takes a clean copy of the rest before it;
  * one that can (prepare, append) takes the dirty one first (Belady's choice).
- * @cand holds 3 * @limit entries.
+ * @cand holds 4 * @limit entries; one walk of the list collects both groups (rot_collect).
  */
 static void
 reclaim_rot(struct kvt_engine *e, uint32_t *cand, uint32_t limit, uint32_t need, bool may_wait,
 	    bool full, bool *below_full, int *progress)
 {
 	struct kvt_slots *sl = &e->slots[KVT_TIER_HBM];
-	uint32_t n, *rot = cand + limit, *rest = cand + 2 * limit, n_rot, n_rest = 0;
+	uint32_t n, *rot = cand + limit, *rest = cand + 2 * limit, n_rot, n_rest;
 
 #define ROT_DONE() (sl->n_free + e->demoting[KVT_TIER_HBM] >= need)
-	n = reclaim_collect(e, KVT_TIER_HBM, cand, limit, 1);
+	rot_collect(e, cand, &n, rest, &n_rest, limit, limit + RECLAIM_SCAN_MAX);
 	reclaim_evict(e, KVT_TIER_HBM, cand, n, need, may_wait, true, below_full, progress);
 	reclaim_evict(e, KVT_TIER_HBM, cand, n, need, may_wait, false, below_full, progress);
 	if (ROT_DONE())
@@ -187,7 +233,7 @@ reclaim_rot(struct kvt_engine *e, uint32_t *cand, uint32_t limit, uint32_t need,
 	if (ROT_DONE())
 		return;
 	if (!may_wait) {
-		n_rest = reclaim_collect(e, KVT_TIER_HBM, rest, limit, 2);
+		n_rest = rot_live(e, rest, n_rest, limit);
 		reclaim_evict(e, KVT_TIER_HBM, rest, n_rest, need, may_wait, true, below_full,
 			      progress);
 		if (ROT_DONE())
@@ -196,8 +242,7 @@ reclaim_rot(struct kvt_engine *e, uint32_t *cand, uint32_t limit, uint32_t need,
 	reclaim_evict(e, KVT_TIER_HBM, rot, n_rot, need, may_wait, false, below_full, progress);
 	if (ROT_DONE())
 		return;
-	if (may_wait)
-		n_rest = reclaim_collect(e, KVT_TIER_HBM, rest, limit, 2);
+	n_rest = rot_live(e, rest, n_rest, limit);
 	reclaim_ranked(e, KVT_TIER_HBM, rest, n_rest, need, may_wait, full, below_full, progress);
 #undef ROT_DONE
 }
@@ -215,8 +260,8 @@ reclaim_rot(struct kvt_engine *e, uint32_t *cand, uint32_t limit, uint32_t need,
  * below) is skipped rather than a reason to give up; after the first such refusal only clean
  * copies are tried (the tier below is full: asking again for every dirty victim would cost
  * O(this tier x tier below)). The first window looks only a little past the deficit; when that
- * is not enough, at most RECLAIM_SCAN_MAX more entries are looked at, so one call is bounded
- * whatever the tier's size.
+ * is not enough, at most RECLAIM_SCAN_MAX more candidates are collected, so one call is bounded
+ * whatever the tier's size (entries that cannot go, pinned or spared by a hint, aside).
  */
 static int
 reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *progress)
@@ -238,14 +283,14 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 			full = true;
 		}
 		/* the common case (one slot wanted) needs no allocation on the decode path */
-		cap = rot ? 3 * limit : limit;
+		cap = rot ? 4 * limit : limit;
 		cand = cap <= 32 ? stackc : kvt_malloc((size_t)cap * sizeof *cand);
 		if (!cand)
 			return kvt_err(-ENOMEM, "eviction candidates");
 		if (rot) {
 			reclaim_rot(e, cand, limit, need, may_wait, full, &below_full, progress);
 		} else {
-			n = reclaim_collect(e, tier, cand, limit, 0);
+			n = reclaim_collect(e, tier, cand, limit);
 			reclaim_ranked(e, tier, cand, n, need, may_wait, full, &below_full,
 				       progress);
 		}

@@ -305,6 +305,72 @@ test_repromotions_counted(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Counts the HBM victim walk's steps (the engine's LRU underneath). */
+static const struct kvt_evict_ops *walk_base;
+static uint64_t walk_steps;
+
+static uint32_t
+walk_next(struct kvt_evict *ev, uint32_t id)
+{
+	walk_steps++;
+	return walk_base->victim_next(ev, id);
+}
+
+/* Under the rotation, making room for one block looks at a bounded part of the HBM list, not
+ * all of it, when every HBM block belongs to the rotation (the decode steady state: the search
+ * for blocks outside the rotation used to walk the whole list on every reclaim). The victim is
+ * the rotation's furthest next use: the last block of the sequence released last. */
+static void
+test_rotation_walk_bounded(void **state)
+{
+	enum { SEQS = 48, BLOCKS = 64, HBM = SEQS * BLOCKS };
+	struct tsup_cfg c = { .hbm_blocks = HBM, .host_blocks = 2 * HBM, .no_watermarks = true };
+	struct kvt_evict_ops counting;
+	struct kvt_engine *e;
+	struct kvt_batch *bt;
+	kvt_seq_id s[SEQS], x;
+	struct kvt_seq_info info;
+	uint32_t last, i;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	for (i = 0; i < SEQS; i++) {
+		assert_int_equal(kvt_seq_open(e, NULL, &s[i]), 0);
+		for (uint32_t pos = 0; pos < BLOCKS * TSUP_TPB; pos += 16 * TSUP_TPB)
+			assert_int_equal(tsup_append_write(e, s[i], i + 1, pos, 16 * TSUP_TPB), 0);
+	}
+	assert_int_equal(kvt_engine_hint(e, &s[0], 1, 1), 0); /* hints in use: the rotation */
+	for (i = 0; i < SEQS; i++) { /* one step: each runs whole and is released */
+		assert_int_equal(kvt_batch_prepare(e, &s[i], 1, &bt), 0);
+		assert_int_equal(kvt_batch_release(bt, NULL), 0);
+	}
+	assert_int_equal(e->slots[KVT_TIER_HBM].n_free, 0);
+	last = e->seqs[(uint32_t)s[SEQS - 1]].blocks[BLOCKS - 1];
+	assert_true(kvt_rot_member(e, kvt_blk(e, last)));
+	counting = *e->evict[KVT_TIER_HBM].ops;
+	walk_base = e->evict[KVT_TIER_HBM].ops;
+	counting.victim_next = walk_next;
+	e->evict[KVT_TIER_HBM].ops = &counting;
+	walk_steps = 0;
+	/* a new sequence's first block needs one HBM slot */
+	assert_int_equal(kvt_seq_open(e, NULL, &x), 0);
+	assert_int_equal(tsup_append_write(e, x, 99, 0, TSUP_TPB), 0);
+	assert_true(walk_steps > 0);
+	print_message("walk steps: %llu\n", (unsigned long long)walk_steps);
+	assert_true(walk_steps < HBM / 2); /* the window (about 1024 + the deficit), not 3072 */
+	e->evict[KVT_TIER_HBM].ops = walk_base;
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_copy_state(kvt_blk(e, last), KVT_TIER_HBM), KVT_COPY_ABSENT);
+	assert_int_equal(kvt_seq_info(e, s[SEQS - 1], &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HBM], BLOCKS - 1);
+	assert_int_equal(tsup_verify(e, s[SEQS - 1], SEQS), 0); /* demoted, not lost */
+	assert_int_equal(tsup_verify(e, x, 99), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -315,6 +381,7 @@ main(void)
 		cmocka_unit_test(test_stream_wait_stall_not_ready),
 		cmocka_unit_test(test_budget_spares_announced),
 		cmocka_unit_test(test_repromotions_counted),
+		cmocka_unit_test(test_rotation_walk_bounded),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
