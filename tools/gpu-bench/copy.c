@@ -182,8 +182,8 @@ gbc_run(struct gbc *c)
 	if (gbc_verify(c))
 		return 1;
 	if (kvt_device_cuda_batched(c->d) != 1)
-		printf("NOTE: the driver refused cudaMemcpyBatchAsync: batches are loops of "
-		       "cudaMemcpyAsync\n");
+		printf("NOTE: the driver refused cudaMemcpyBatchAsync: the batched rows below "
+		       "measure the copy kernel (the fallback), not the batch API\n");
 	for (int dir = 0; dir < 2; dir++) {
 		if (gbc_measure(c, dir, 0, &peak[dir]))
 			return 1;
