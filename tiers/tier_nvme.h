@@ -273,8 +273,9 @@ int kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t 
 
 /**
  * Hand every queued IO to the kernel (io_uring_submit). kvt_nvme_reap() does this itself; call
- * it to start IO early when no reap follows soon. Returns the number submitted (>= 0) or the
- * ring's negative error (-EAGAIN/-EBUSY: try again after reaping); unsubmitted IO stays queued.
+ * it to start IO early when no reap follows soon. Returns the number of IOs submitted (>= 0;
+ * an internal wake-up NOP handed over with them is not one) or the ring's negative error
+ * (-EAGAIN/-EBUSY: try again after reaping); unsubmitted IO stays queued.
  */
 int kvt_nvme_flush(struct kvt_nvme *n);
 
