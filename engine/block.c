@@ -152,17 +152,33 @@ kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t bloc
 	e->quarantined[tier]++;
 }
 
-void
-kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier)
+/* Free @id's PRESENT copy in @tier; its policy hears an eviction (@evicted) or a removal. */
+static void
+copy_drop(struct kvt_engine *e, uint32_t id, int tier, bool evicted)
 {
 	struct kvt_block *b = kvt_blk(e, id);
 
 	if (kvt_copy_state(b, tier) != KVT_COPY_PRESENT)
 		return;
-	e->evict[tier].ops->remove(&e->evict[tier], id);
+	if (evicted)
+		kvt_evict_evicted(&e->evict[tier], id);
+	else
+		e->evict[tier].ops->remove(&e->evict[tier], id);
 	kvt_slot_free(e, tier, b->slot[tier]);
 	b->slot[tier] = KVT_NIL;
 	kvt_copy_state_set(b, tier, KVT_COPY_ABSENT);
+}
+
+void
+kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier)
+{
+	copy_drop(e, id, tier, false);
+}
+
+void
+kvt_copy_evict(struct kvt_engine *e, uint32_t id, int tier)
+{
+	copy_drop(e, id, tier, true);
 }
 
 void
@@ -322,4 +338,16 @@ kvt_block_uncache(struct kvt_engine *e, uint32_t id)
 		return;
 	b->dead = 1;
 	kvt_block_try_free(e, id);
+}
+
+void
+kvt_block_uncache_evicted(struct kvt_engine *e, uint32_t id, int tier)
+{
+	struct kvt_block *b = kvt_blk(e, id);
+
+	/* freed right below (kvt_block_try_free's conditions): its copy in @tier goes first, as
+	 * the eviction it is; a block that stays keeps its copies */
+	if (!b->refs && b->live && !b->dead && !b->busy && !b->pins)
+		kvt_copy_evict(e, id, tier);
+	kvt_block_uncache(e, id);
 }

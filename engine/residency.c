@@ -41,13 +41,13 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	int rc;
 
 	if (valid_elsewhere(kvt_blk(e, id), tier)) {
-		kvt_copy_drop(e, id, tier);
+		kvt_copy_evict(e, id, tier);
 		e->st.tier[tier].evictions++;
 		return 1;
 	}
 	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots) {
 		if (kvt_blk(e, id)->refs == 0) { /* a cached prefix block nobody holds: drop it */
-			kvt_block_uncache(e, id);
+			kvt_block_uncache_evicted(e, id, tier);
 			e->st.tier[tier].evictions++;
 			return 1;
 		}
@@ -71,7 +71,7 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	kvt_block_unpin(e, id);
 	if (rc == -ENOSPC && kvt_blk(e, id)->refs == 0 && !kvt_blk(e, id)->busy &&
 	    !kvt_blk(e, id)->pins) {
-		kvt_block_uncache(e, id); /* a cached block with no room below: forget it */
+		kvt_block_uncache_evicted(e, id, tier); /* a cached block, no room below */
 		e->st.tier[tier].evictions++;
 		return 1;
 	}
@@ -330,7 +330,7 @@ kvt_nvme_enospc(struct kvt_engine *e)
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t slot = kvt_blk(e, cand[i])->slot[KVT_TIER_NVME];
 
-		kvt_copy_drop(e, cand[i], KVT_TIER_NVME);
+		kvt_copy_evict(e, cand[i], KVT_TIER_NVME);
 		/* a slot a published record still names keeps its data (restorable after a
 		 * crash); it is punched never, the others now */
 		if (!kvt_persist_named(e, KVT_TIER_NVME, slot))

@@ -27,21 +27,20 @@
  * otherwise) no counter goes below 0, and pos(k) drops by exactly pos(v) + 1 either way:
  *   d(k) > d(v): (c(k) - c(v)) * cap + d(k) - d(v) - 1
  *   d(k) < d(v): (c(k) - c(v) - 1) * cap + d(k) + cap - d(v) - 1
- * So applying that sweep when v is removed keeps the order of the keys after v: evicting the
+ * So applying that sweep when v is evicted keeps the order of the keys after v: evicting the
  * first victim is exactly a GCLOCK step, and a walk in progress (engine/tenant.c evicts while it
  * walks) continues correctly. The keys before v in the walk are those the caller skipped
  * (pinned, busy, dirty ones while clean ones go first): the sweep passes them as GCLOCK passes a
  * frame it may not evict, their counters decremented to no less than 0; they come again later
  * in the order (a walk that evicts as it goes, as engine/tenant.c's, may meet them again before
- * it ends: its scan budget bounds it). The sweep is applied by remove() when the key was offered
- * by the current walk: its pos is at most the furthest pos the walk has offered since victim_first
- * (that mark moves down with each sweep; an insert, a use or a growth of the key space clears
- * it: the engine evicts right after its walk, before any copy comes or is used).
- * Other removals (a block freed or rewritten) just clear the key: a frame emptied outside the
- * sweep does not move GCLOCK's hand. The mark is a heuristic, never needed for the walk to be
- * right: a removal the mark covers by mistake (say, after kvt_engine_check's full walk, before
- * the next insert or use) only moves the hand as an eviction would, the order of the keys after
- * it unchanged.
+ * it ends: its scan budget bounds it). The sweep is applied by evict() (ops V5: the engine says
+ * which removals are evictions) when the key was offered by the current walk: its pos is at most
+ * the furthest pos the walk has offered since victim_first (that mark moves down with each
+ * sweep; an insert, a use or a growth of the key space clears it: the engine evicts right after
+ * its walk, before any copy comes or is used; a demotion's source, evicted when the copy below
+ * has landed, is mostly past it and then just cleared). remove() (a block freed or rewritten,
+ * a copy lost) only clears the key, whatever the walk offered (kvt_engine_check's full walk
+ * offers every key): a frame emptied outside the sweep does not move GCLOCK's hand.
  *
  * Cost: the walk scans the words from the hand, 32 keys at a time, skipping counter classes
  * that are empty (a count per class). A sweep with c(v) = 0 rewrites the words between the hand
@@ -322,8 +321,10 @@ clock_insert(struct kvt_evict *ev, uint32_t id)
 	st->mark = CLK_NONE; /* the new key may sit inside the walked part */
 }
 
+/* Unlist @id; an eviction (@evicted) of a key the current walk offered sweeps the hand to it
+ * first (see the header). */
 static void
-clock_remove(struct kvt_evict *ev, uint32_t id)
+clk_unlist(struct kvt_evict *ev, uint32_t id, bool evicted)
 {
 	struct clock_state *st = clk_st(ev);
 	uint32_t k = kvt_evict_key(ev, id);
@@ -331,11 +332,23 @@ clock_remove(struct kvt_evict *ev, uint32_t id)
 
 	if (k >= ev->cap || !(v = clk_get(st, k)))
 		return;
-	if (st->mark != CLK_NONE && clk_pos(ev, k) <= st->mark)
-		clk_sweep_to(ev, k); /* offered by the walk: an eviction (@k left as it is) */
+	if (evicted && st->mark != CLK_NONE && clk_pos(ev, k) <= st->mark)
+		clk_sweep_to(ev, k); /* GCLOCK's step that takes it (@k left as it is) */
 	clk_set(st, k, 0);
 	st->nc[v - 1]--;
 	ev->n--;
+}
+
+static void
+clock_remove(struct kvt_evict *ev, uint32_t id)
+{
+	clk_unlist(ev, id, false);
+}
+
+static void
+clock_evict(struct kvt_evict *ev, uint32_t id)
+{
+	clk_unlist(ev, id, true);
 }
 
 static uint32_t
@@ -375,7 +388,7 @@ clock_victim_next(struct kvt_evict *ev, uint32_t id)
 }
 
 const struct kvt_evict_ops kvt_evict_clock_ops = {
-	.abi_version = KVT_EVICT_OPS_V4,
+	.abi_version = KVT_EVICT_OPS_V5,
 	.name = "clock",
 	.reserve = clock_reserve,
 	.fini = clock_fini,
@@ -389,4 +402,5 @@ const struct kvt_evict_ops kvt_evict_clock_ops = {
 	.forget = NULL, /* no history: a freed block's copy was removed already */
 	.rank = NULL,
 	.meta_bytes = clock_meta_bytes,
+	.evict = clock_evict,
 };

@@ -3,11 +3,12 @@
  * evict/evict.h - the eviction policy interface (internal).
  *
  * One policy instance per tier ranks the blocks that have a copy in that tier. The engine tells
- * it when a copy appears (insert), is used (access) or goes away (remove), and asks for victims
- * from the cold end (victim_first / victim_next). The policy does not know about pins or
- * transfers in flight: the engine skips those while walking (DESIGN.md invariant 3), so a block
- * that becomes unpinned keeps its rank. Blocks the engine protects (pinned by a batch or an
- * append, or named by a schedule hint) are skipped the same way: see kvt_copy_evictable().
+ * it when a copy appears (insert), is used (access) or goes away (remove; evict when it was
+ * evicted, V5), and asks for victims from the cold end (victim_first / victim_next). The
+ * policy does not know about pins or transfers in flight: the engine skips those while walking
+ * (DESIGN.md invariant 3), so a block that becomes unpinned keeps its rank. Blocks the engine
+ * protects (pinned by a batch or an append, or named by a schedule hint) are skipped the same
+ * way: see kvt_copy_evictable().
  *
  * Block ids are dense indices into the engine's block array (in tools/kvtier-replay: the trace's
  * block hash ids); the policy grows its per-id metadata on demand through reserve().
@@ -51,6 +52,7 @@
 #define KVT_EVICT_OPS_V2 2u /* adds set_prio and forget */
 #define KVT_EVICT_OPS_V3 3u /* adds rank */
 #define KVT_EVICT_OPS_V4 4u /* adds meta_bytes */
+#define KVT_EVICT_OPS_V5 5u /* adds evict */
 
 #define KVT_EVICT_PRIO_DEFAULT 50u /* priority of a block nobody gave one */
 #define KVT_EVICT_PRIO_MAX 100u
@@ -58,7 +60,7 @@
 struct kvt_evict;
 
 struct kvt_evict_ops {
-	uint32_t abi_version;                                   /* KVT_EVICT_OPS_V2; first */
+	uint32_t abi_version;                                   /* KVT_EVICT_OPS_V*; first */
 	const char *name;                                       /* "lru", "prio", "arc", "clock" */
 	int (*reserve)(struct kvt_evict *ev, uint32_t n_ids);   /* ids < n_ids usable; 0/-ENOMEM */
 	void (*fini)(struct kvt_evict *ev);                     /* free metadata */
@@ -81,6 +83,12 @@ struct kvt_evict_ops {
 	uint32_t (*rank)(const struct kvt_evict *ev, uint32_t id);
 	/* V4. meta_bytes: host bytes the instance holds (NULL: links only). */
 	uint64_t (*meta_bytes)(const struct kvt_evict *ev);
+	/* V5. evict: like remove, for a copy the engine evicted (dropped to make room, or the
+	 * source of a demotion once the copy below landed: what its stats count as evictions);
+	 * remove is then every other way a copy goes (a block freed or rewritten, a copy above one
+	 * already safe below dropped by a park, a copy lost). NULL: remove stands for both (the
+	 * engine calls it through kvt_evict_evicted). */
+	void (*evict)(struct kvt_evict *ev, uint32_t id);
 };
 
 /** LRU state: a circular doubly linked list through per-id links, sentinel at index n_ids. */
@@ -152,6 +160,16 @@ kvt_evict_id(const struct kvt_evict *ev, uint32_t k)
 	if (k == KVT_NIL || !ev->keys)
 		return k;
 	return ev->keys->id_of(ev->keys->ctx, ev->keys->arg, k);
+}
+
+/* @id's copy went as an eviction: ops->evict where the policy has one (V5), else ops->remove. */
+static inline void
+kvt_evict_evicted(struct kvt_evict *ev, uint32_t id)
+{
+	if (ev->ops->abi_version >= KVT_EVICT_OPS_V5 && ev->ops->evict)
+		ev->ops->evict(ev, id);
+	else
+		ev->ops->remove(ev, id);
 }
 
 /** kvt_evict_by_name() - the ops named @name ("lru", "prio", "arc", "clock") or NULL. */

@@ -2,11 +2,11 @@
 /*
  * tests/test_evict_clock.c - the GCLOCK policy (evict/clock.c): its victim order on scripted
  * sequences (a frequently used copy outlives cold ones, a copy used once survives one sweep,
- * a skipped victim comes back at the end of the hand's next round, a removal the walk did not
- * offer leaves the hand alone), its full walk against a literal GCLOCK model (a hand stepping
- * key by key) after every step of random inserts, uses, removals and evictions with skips, keyed
- * by id and by slot; its memory (a quarter byte per key); and the engine's choice of it for the
- * NVMe tier.
+ * a skipped victim comes back at the end of the hand's next round, a removal that is no
+ * eviction leaves the hand alone, even right after a full walk, while an eviction (ops V5)
+ * sweeps), its full walk against a literal GCLOCK model (a hand stepping key by key) after
+ * every step of random inserts, uses, removals and evictions with skips, keyed by id and by
+ * slot; its memory (a quarter byte per key); and the engine's choice of it for the NVMe tier.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -49,14 +49,14 @@ expect_walk(struct kvt_evict *ev, const uint32_t *want, uint32_t n)
 		assert_int_equal(got[i], want[i]);
 }
 
-/* Evict the first victim (the engine's drop: remove right after the walk offered it). */
+/* Evict the first victim (the engine's drop: an eviction right after the walk offered it). */
 static uint32_t
 evict_first(struct kvt_evict *ev)
 {
 	uint32_t v = ev->ops->victim_first(ev);
 
 	assert_int_not_equal(v, KVT_NIL);
-	ev->ops->remove(ev, v);
+	kvt_evict_evicted(ev, v);
 	return v;
 }
 
@@ -103,10 +103,10 @@ test_clock_scripted(void **state)
 	assert_int_equal(v, 6);
 	v = ev.ops->victim_next(&ev, v);
 	assert_int_equal(v, 7);
-	ev.ops->remove(&ev, 7);
+	kvt_evict_evicted(&ev, 7);
 	EXPECT(&ev, 0, 4, 6, 2);
-	/* a removal the walk did not offer (an insert came since) leaves the hand at 0: 2 keeps
-	 * its counter 1 (a sweep to 4 would have dropped it to 0) */
+	/* a removal that is no eviction leaves the hand at 0: 2 keeps its counter 1 (a sweep to
+	 * 4 would have dropped it to 0) */
 	ev.ops->insert(&ev, 1);
 	ev.ops->remove(&ev, 4);
 	EXPECT(&ev, 0, 1, 6, 2);
@@ -120,6 +120,42 @@ test_clock_scripted(void **state)
 	assert_true(ev.ops->contains(&ev, 6));
 	assert_null(ev.ops->forget);
 	assert_null(ev.ops->rank);
+	ev.ops->fini(&ev);
+}
+
+/* A removal that is no eviction (a block freed, rewritten, demoted by its owner) right after a
+ * full walk (kvt_engine_check's) leaves the hand and the other counters alone: the walk's order
+ * stays, less the removed copies. */
+static void
+test_clock_remove_after_walk(void **state)
+{
+	struct kvt_evict ev;
+	uint32_t i;
+
+	(void)state;
+	assert_int_equal(kvt_evict_init(&ev, &kvt_evict_clock_ops, 8, 8), 0);
+	for (i = 0; i < 6; i++)
+		ev.ops->insert(&ev, i);
+	ev.ops->access(&ev, 1);
+	ev.ops->access(&ev, 4);
+	ev.ops->access(&ev, 4);
+	EXPECT(&ev, 0, 2, 3, 5, 1, 4); /* a full walk: every copy offered */
+	/* 3 is freed: a sweep to it would take the hand past 0, 1, 2 (1 down to 0) to 4, and
+	 * the order would be 5, 0, 1, 2, 4 */
+	ev.ops->remove(&ev, 3);
+	EXPECT(&ev, 0, 2, 5, 1, 4);
+	ev.ops->remove(&ev, 0);
+	EXPECT(&ev, 2, 5, 1, 4);
+	/* an eviction of the walk's first victim still sweeps: the hand passes 1 (down to 0) on
+	 * its way to 2 and stops at 3 */
+	assert_int_equal(evict_first(&ev), 2);
+	EXPECT(&ev, 5, 1, 4);
+	/* so does one after the full walk (the engine's clean-first reclaim collects the walk's
+	 * candidates, then evicts): 1 is taken, the hand passes 4 (down to 1) and 5 */
+	EXPECT(&ev, 5, 1, 4);
+	kvt_evict_evicted(&ev, 1);
+	EXPECT(&ev, 5, 4);
+	assert_int_equal(ev.ops->abi_version, KVT_EVICT_OPS_V5);
 	ev.ops->fini(&ev);
 }
 
@@ -183,7 +219,7 @@ test_clock_hot_outlives_cold(void **state)
 			assert_int_not_equal(v, 0); /* never the hot one */
 			assert_int_equal(v, next_cold++); /* the oldest cold one */
 			s = m.slot_of[v];
-			ev.ops->remove(&ev, v);
+			kvt_evict_evicted(&ev, v);
 			m.slot_of[v] = KVT_NIL;
 			m.id_of[s] = KVT_NIL;
 			m.free[m.n_free++] = s;
@@ -257,16 +293,17 @@ ref_insert(struct ref *r, uint32_t k)
 	r->mark = REF_NONE;
 }
 
-/* Remove @k; when the walk offered it, GCLOCK's hand sweeps to it first, one key at a time. */
+/* Remove @k; an eviction (@evicted) the walk offered has GCLOCK's hand sweep to it first, one
+ * key at a time. */
 static void
-ref_remove(struct ref *r, uint32_t k)
+ref_remove(struct ref *r, uint32_t k, bool evicted)
 {
 	uint64_t steps = 0;
 	uint32_t h;
 
 	if (!r->in[k])
 		return;
-	if (r->mark != REF_NONE && ref_pos(r, k) <= r->mark) {
+	if (evicted && r->mark != REF_NONE && ref_pos(r, k) <= r->mark) {
 		for (h = r->hand; !(h == k && r->cnt[k] == 0); h = (h + 1) % r->cap, steps++)
 			if (r->in[h] && r->cnt[h]) /* a counter of 0 it cannot take: passed */
 				r->cnt[h]--;
@@ -337,14 +374,18 @@ rig_insert(struct rig *g, uint32_t id)
 	ref_insert(&g->r, k);
 }
 
-/* Remove listed id listed[@i] (its slot given back after the policy saw the removal). */
+/* Remove listed id listed[@i], evicted or not (its slot given back after the policy saw the
+ * removal). */
 static void
-rig_remove_at(struct rig *g, uint32_t i)
+rig_remove_at(struct rig *g, uint32_t i, bool evicted)
 {
 	uint32_t id = g->listed[i], k = rig_key(g, id);
 
-	g->ev.ops->remove(&g->ev, id);
-	ref_remove(&g->r, k);
+	if (evicted)
+		kvt_evict_evicted(&g->ev, id);
+	else
+		g->ev.ops->remove(&g->ev, id);
+	ref_remove(&g->r, k, evicted);
 	g->listed[i] = g->listed[--g->n];
 	if (g->m) {
 		g->m->slot_of[id] = KVT_NIL;
@@ -354,13 +395,13 @@ rig_remove_at(struct rig *g, uint32_t i)
 }
 
 static void
-rig_remove_id(struct rig *g, uint32_t id)
+rig_evict_id(struct rig *g, uint32_t id)
 {
 	uint32_t i;
 
 	for (i = 0; i < g->n; i++)
 		if (g->listed[i] == id) {
-			rig_remove_at(g, i);
+			rig_remove_at(g, i, true);
 			return;
 		}
 	fail();
@@ -385,7 +426,7 @@ rig_evict(struct rig *g, uint32_t skip)
 		g->r.mark = ref_pos(&g->r, want[i + 1]);
 	}
 	assert_int_equal(id, rig_id(g, want[skip]));
-	rig_remove_id(g, id);
+	rig_evict_id(g, id);
 }
 
 /* Thousands of random steps (1-3 operations each), the full walk checked after every step. */
@@ -429,7 +470,7 @@ random_rig(struct tmap *m)
 				g.ev.ops->access(&g.ev, id);
 				ref_use(&g.r, rig_key(&g, id));
 			} else if (op == 5) { /* a copy freed or rewritten: no eviction */
-				rig_remove_at(&g, (uint32_t)rand_r(&seed) % g.n);
+				rig_remove_at(&g, (uint32_t)rand_r(&seed) % g.n, false);
 			} else {
 				/* evictions: mostly the first victim, some after skips */
 				rig_evict(&g, rand_r(&seed) % 3 ? 0 : (uint32_t)rand_r(&seed) % 5);
@@ -516,16 +557,110 @@ test_clock_engine_nvme_tier(void **state)
 	}
 }
 
+/* ---- the engine's calls: each tier's policy wrapped, counting evictions and removals */
+
+static const struct kvt_evict_ops *wrap_orig[KVT_TIER_COUNT]; /* the tier's own ops */
+static struct kvt_evict_ops wrap_ops[KVT_TIER_COUNT];        /* theirs, V5, counted */
+static uint64_t wrap_evicts[KVT_TIER_COUNT], wrap_removes[KVT_TIER_COUNT];
+
+static int
+wrap_tier(const struct kvt_evict *ev)
+{
+	for (int t = 0; t < KVT_TIER_COUNT; t++)
+		if (ev->ops == &wrap_ops[t])
+			return t;
+	fail();
+	return 0;
+}
+
+static void
+wrap_remove(struct kvt_evict *ev, uint32_t id)
+{
+	int t = wrap_tier(ev);
+
+	wrap_removes[t] += ev->ops->contains(ev, id);
+	wrap_orig[t]->remove(ev, id);
+}
+
+static void
+wrap_evict(struct kvt_evict *ev, uint32_t id)
+{
+	int t = wrap_tier(ev);
+
+	wrap_evicts[t] += ev->ops->contains(ev, id);
+	if (wrap_orig[t]->abi_version >= KVT_EVICT_OPS_V5 && wrap_orig[t]->evict)
+		wrap_orig[t]->evict(ev, id);
+	else
+		wrap_orig[t]->remove(ev, id);
+}
+
+/* The engine tells each tier's policy every eviction it counts as one (ops->evict) and every
+ * other removal (freed blocks) as a remove: sessions pushed down through small tiers and read
+ * back, then closed. */
+static void
+test_clock_engine_says_evict(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 4, .host_blocks = 4, .nvme_blocks = 12 };
+	struct kvt_engine *e;
+	struct kvt_stats st;
+	kvt_seq_id s[6];
+	uint64_t removes = 0, evicts = 0;
+	char *dir;
+	int t;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		wrap_orig[t] = e->evict[t].ops;
+		wrap_ops[t] = *wrap_orig[t];
+		wrap_ops[t].abi_version = KVT_EVICT_OPS_V5;
+		wrap_ops[t].remove = wrap_remove;
+		wrap_ops[t].evict = wrap_evict;
+		e->evict[t].ops = &wrap_ops[t];
+		wrap_evicts[t] = wrap_removes[t] = 0;
+	}
+	for (uint32_t i = 0; i < 6; i++)
+		s[i] = tsup_seq_written(e, 10 + i, 2 * TSUP_TPB);
+	for (uint32_t i = 0; i < 6; i++)
+		assert_int_equal(tsup_verify(e, s[i], 10 + i), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	tsup_check_engine(e); /* full walks of every tier: no removal follows one as an eviction */
+	st = tsup_stats(e);
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		assert_int_equal(wrap_evicts[t], st.tier[t].evictions);
+		evicts += wrap_evicts[t];
+	}
+	for (t = 0; t < KVT_TIER_COUNT; t++)
+		assert_true(wrap_evicts[t] > 0); /* every tier made room */
+	for (uint32_t i = 0; i < 6; i++)
+		assert_int_equal(kvt_seq_close(e, s[i]), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	st = tsup_stats(e);
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		assert_int_equal(wrap_evicts[t], st.tier[t].evictions); /* closing evicts nothing */
+		assert_int_equal(e->evict[t].n, 0);
+		removes += wrap_removes[t];
+	}
+	print_message("evictions %llu (nvme %llu), removals %llu\n", (unsigned long long)evicts,
+		      (unsigned long long)wrap_evicts[KVT_TIER_NVME],
+		      (unsigned long long)removes);
+	assert_true(removes > 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_clock_scripted),
+		cmocka_unit_test(test_clock_remove_after_walk),
 		cmocka_unit_test(test_clock_hot_outlives_cold),
 		cmocka_unit_test(test_clock_random_ids),
 		cmocka_unit_test(test_clock_random_slots),
 		cmocka_unit_test(test_clock_meta_bytes),
 		cmocka_unit_test(test_clock_engine_nvme_tier),
+		cmocka_unit_test(test_clock_engine_says_evict),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -127,7 +127,10 @@ struct kvt_nvme {
 	uint32_t n_slots;                  /* slots in the file */
 	uint32_t qd;                       /* queue depth: requests and staging buffers */
 	uint32_t n_free;                   /* entries of free_stack in use */
-	uint32_t queued;                   /* SQEs prepared but not yet taken by the kernel */
+	uint32_t queued;                   /* requests' SQEs prepared but not yet taken by the
+	                                      kernel (a wake-up NOP's is not counted here) */
+	bool nop_queued;                   /* a wake-up NOP (kvt_nvme_poke) waits in the SQ */
+	uint32_t nop_ahead;                /* ... behind this many of the queued SQEs */
 	uint32_t n_parked;                 /* busy requests not in the kernel: DELAYED, LOST,
 	                                      RETIRED, HELD */
 	uint32_t n_delayed;                /* of those, DELAYED */

@@ -24,19 +24,59 @@
 
 /* ---- submission ---------------------------------------------------------------------------- */
 
-/* io_uring_submit the queued SQEs. Returns the number taken by the kernel or -errno. */
+/*
+ * io_uring_submit the @sqes SQEs in the SQ, or what the test hook submit_cap makes of it: a
+ * refusal, or a partial submit (the SQ tail published as io_uring_submit does, liburing 2.x,
+ * and only the first k entered; the others go with the next submit). Returns the SQEs taken or
+ * -errno.
+ */
+static int
+nvme_submit(struct kvt_nvme *n, uint32_t sqes)
+{
+	struct io_uring_sq *sq = &n->ring.sq;
+	int cap;
+
+	if (!n->hooks.submit_cap)
+		return io_uring_submit(&n->ring);
+	cap = n->hooks.submit_cap(n->hooks.arg, sqes);
+	if (cap < 0)
+		return cap;
+	if ((uint32_t)cap >= sqes)
+		return io_uring_submit(&n->ring);
+	if (cap == 0)
+		return 0;
+	if (sq->sqe_head != sq->sqe_tail) {
+		sq->sqe_head = sq->sqe_tail;
+		io_uring_smp_store_release(sq->ktail, sq->sqe_tail);
+	}
+	return io_uring_enter((unsigned)n->ring.ring_fd, (unsigned)cap, 0, 0, NULL);
+}
+
+/*
+ * io_uring_submit the queued SQEs: the requests' (queued) and a wake-up NOP's (nop_queued). The
+ * kernel takes them in order, so the NOP is among the r taken when more than the nop_ahead
+ * request SQEs in front of it were. Returns the requests' SQEs taken or -errno (nothing taken).
+ */
 static int
 nvme_flush(struct kvt_nvme *n)
 {
+	uint32_t sqes = n->queued + (n->nop_queued ? 1u : 0u), took;
 	int r;
 
-	if (n->queued == 0)
+	if (sqes == 0)
 		return 0;
-	r = io_uring_submit(&n->ring);
+	r = nvme_submit(n, sqes);
 	if (r < 0)
 		return r;
-	n->queued -= (uint32_t)r < n->queued ? (uint32_t)r : n->queued;
-	return r;
+	took = (uint32_t)r < sqes ? (uint32_t)r : sqes;
+	if (n->nop_queued && took > n->nop_ahead) {
+		n->nop_queued = false;
+		took--;
+	} else if (n->nop_queued) {
+		n->nop_ahead -= took;
+	}
+	n->queued -= took;
+	return (int)took;
 }
 
 /* Like nvme_flush, but a transient refusal (retried at the next flush) is not an error. */
@@ -163,17 +203,26 @@ nvme_req_put(struct kvt_nvme *n, struct nvme_req *req)
 	n->free_stack[n->n_free++] = req->index;
 }
 
-/* Wake a reaper blocked in the CQ wait (a NOP completes at once; its CQE carries no request). */
+/*
+ * Wake a reaper blocked in the CQ wait (a NOP completes at once; its CQE carries no request and
+ * is skipped). The NOP is no request's SQE: it is kept apart from queued, so a refused or partial
+ * submit leaves no phantom IO in the counts; a NOP still in the SQ goes with the next flush, and
+ * one is enough (no second is queued behind it).
+ */
 void
 kvt_nvme_poke(struct kvt_nvme *n)
 {
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&n->ring);
+	struct io_uring_sqe *sqe;
 
-	if (!sqe)
-		return;
-	io_uring_prep_nop(sqe);
-	io_uring_sqe_set_data(sqe, NULL);
-	n->queued++;
+	if (!n->nop_queued) {
+		sqe = io_uring_get_sqe(&n->ring);
+		if (!sqe)
+			return;
+		io_uring_prep_nop(sqe);
+		io_uring_sqe_set_data(sqe, NULL);
+		n->nop_queued = true;
+		n->nop_ahead = n->queued;
+	}
 	(void)nvme_flush(n);
 }
 

@@ -116,6 +116,12 @@ struct kvt_nvme_fault_hooks {
 	 * reaper without workers), before it verifies: a test delays verification with it to
 	 * check that nothing is handed out (nor, in the engine, made valid) before. */
 	void (*before_verify)(void *arg, uint32_t slot);
+	/* Called before each io_uring_submit of the tier's SQ (mu held) with the SQEs waiting in
+	 * it (NULL: always all). Returns how many of them the kernel takes, in order: all (>=
+	 * @sqes), only the first k (0 <= k < @sqes: a partial submit, the rest wait for the next
+	 * one), or a negative errno refusing the submit as the kernel may (-EAGAIN, -EBUSY:
+	 * nothing taken). */
+	int (*submit_cap)(void *arg, uint32_t sqes);
 };
 
 /* KVT_NVME_FATE_LATE keeps the CQE until its IO has timed out and hands it in at the reap after
@@ -267,8 +273,9 @@ int kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t 
 
 /**
  * Hand every queued IO to the kernel (io_uring_submit). kvt_nvme_reap() does this itself; call
- * it to start IO early when no reap follows soon. Returns the number submitted (>= 0) or the
- * ring's negative error (-EAGAIN/-EBUSY: try again after reaping); unsubmitted IO stays queued.
+ * it to start IO early when no reap follows soon. Returns the number of IOs submitted (>= 0;
+ * an internal wake-up NOP handed over with them is not one) or the ring's negative error
+ * (-EAGAIN/-EBUSY: try again after reaping); unsubmitted IO stays queued.
  */
 int kvt_nvme_flush(struct kvt_nvme *n);
 

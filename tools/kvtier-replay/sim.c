@@ -38,10 +38,14 @@ sim_put(struct sim *s, int t, uint32_t id)
 	s->used[t]++;
 }
 
+/* @id leaves tier @t: evicted (@evicted), or promoted out of it. */
 static void
-sim_take(struct sim *s, int t, uint32_t id)
+sim_take(struct sim *s, int t, uint32_t id, bool evicted)
 {
-	s->ev[t].ops->remove(&s->ev[t], id);
+	if (evicted)
+		kvt_evict_evicted(&s->ev[t], id);
+	else
+		s->ev[t].ops->remove(&s->ev[t], id);
 	s->where[id] = 0;
 	s->used[t]--;
 }
@@ -54,7 +58,7 @@ sim_make_room(struct sim *s, int t)
 
 		if (v == KVT_NIL)
 			return;
-		sim_take(s, t, v);
+		sim_take(s, t, v, true);
 		s->r->evictions[t]++;
 		if (t + 1 < RP_TIERS && s->cap[t + 1]) {
 			sim_put(s, t + 1, v);
@@ -93,7 +97,7 @@ sim_request(struct sim *s, const struct rp_trace *tr, const struct rp_req *q)
 			continue;
 		}
 		if (t > 0) {
-			sim_take(s, t, id);
+			sim_take(s, t, id, false);
 			if (t == 2)
 				s->r->moved_blocks[2]++; /* NVME->HOST */
 			s->r->moved_blocks[3]++;         /* HOST->HBM */
