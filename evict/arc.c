@@ -206,9 +206,7 @@ arc_hid(const struct arc_state *st, uint32_t v)
 static uint32_t
 arc_home(const struct arc_state *st, uint32_t id)
 {
-	uint32_t h = (uint32_t)(((uint64_t)id * 0x9E3779B97F4A7C15ull) >> 32);
-
-	return (uint32_t)(((uint64_t)h * st->hcap) >> 32);
+	return kvt_hash_home(id, st->hcap);
 }
 
 /* Position in ghash of @id's bucket, or of the empty bucket where it would go. */

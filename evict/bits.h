@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * evict/bits.h - small bit helpers shared by the eviction policies (internal):
- * arrays of 2-bit fields packed into 64-bit words (arc's list tags, clock's counters). All
- * static inline: they sit on the policies' hot paths.
+ * evict/bits.h - small bit helpers shared by the eviction policies and the engine (internal):
+ * arrays of 2-bit fields packed into 64-bit words (arc's list tags, clock's counters) and the
+ * home bucket of a key in an open-addressed table of any size (arc's ghost hash, the prefix
+ * index). All static inline: they sit on the policies' and the lookup's hot paths.
  * No state, no locking: the caller owns the arrays and serialises access to them.
  */
 #ifndef KVT_EVICT_BITS_H
@@ -59,6 +60,17 @@ kvt_bits2_grow(uint64_t **w, uint64_t old, uint64_t n, int fill)
 	memset(p + ow, fill, (nw - ow) * sizeof *p);
 	*w = p;
 	return 0;
+}
+
+/* Home of key @x in a table of @cap buckets (1..UINT32_MAX): 32 well-mixed bits of @x
+ * (Fibonacci hashing: the high half of x times 2^64 / golden ratio) scaled to [0, cap) by a
+ * multiply-shift, so the table can have any size, not only a power of two. */
+static inline uint32_t
+kvt_hash_home(uint64_t x, uint32_t cap)
+{
+	uint64_t h = (x * 0x9E3779B97F4A7C15ull) >> 32;
+
+	return (uint32_t)((h * cap) >> 32);
 }
 
 #endif /* KVT_EVICT_BITS_H */
