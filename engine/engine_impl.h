@@ -597,6 +597,10 @@ kvt_persist_named(const struct kvt_engine *e, int tier, uint32_t slot)
 }
 
 /* ---- engine/seq.c (internal) */
+/* The caller's options @o (NULL: the defaults) as a full struct in @dst: fields @o's opts_size
+ * leaves out keep kvt_seq_opts_init()'s defaults. 0, or -EINVAL (kvt_err) when opts_size does
+ * not reach priority or is over 4096, or priority is over 100. */
+int kvt_seq_opts_copy(struct kvt_seq_opts *dst, const struct kvt_seq_opts *o);
 int kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *o, uint32_t *idx);
 /* grow a sequence's arrays to hold n_tokens, n_blocks and n_wpins; 0 or -ENOMEM */
 int kvt_seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, uint32_t n_wpins);

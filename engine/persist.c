@@ -590,16 +590,9 @@ kvt_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opts *o
 	if (!e || !out)
 		return kvt_err(-EINVAL, "kvt_seq_restore: engine and out must not be NULL");
 	*out = 0;
-	kvt_seq_opts_init(&opts, sizeof opts);
-	if (o) {
-		if (o->opts_size < offsetof(struct kvt_seq_opts, priority) + 1 ||
-		    o->opts_size > 4096)
-			return kvt_err(-EINVAL, "kvt_seq_opts.opts_size %zu is not a valid size",
-				       o->opts_size);
-		memcpy(&opts, o, o->opts_size < sizeof opts ? o->opts_size : sizeof opts);
-	}
-	if (opts.priority > 100)
-		return kvt_err(-EINVAL, "priority %u is out of range 0..100", opts.priority);
+	rc = kvt_seq_opts_copy(&opts, o);
+	if (rc)
+		return rc;
 	opts.session_key = key;
 	kvt_lock(e);
 	rec = e->store ? kvt_store_find(e->store, key) : NULL;

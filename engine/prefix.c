@@ -37,6 +37,7 @@
 #include <xxhash.h>
 
 #include "engine_impl.h"
+#include "evict/bits.h"
 
 #define PFX_EMPTY KVT_PFX_EMPTY
 #define PFX_TOMB KVT_PFX_TOMB
@@ -68,11 +69,12 @@ kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
 #define PFX_LOAD_NEW 7 /* tenths: a rehashed table is this full */
 #define PFX_MIN_CAP 1024u
 
-/* Home of key @h in a table of @cap entries: 32 well-mixed bits of its hash scaled to cap. */
+/* Home of key @h in a table of @cap (<= UINT32_MAX) entries: 32 well-mixed bits of its hash
+ * scaled to cap. */
 static uint64_t
 pfx_home(const uint64_t h[2], uint64_t cap)
 {
-	return ((((h[0] ^ (h[1] >> 7)) * 0x9E3779B97F4A7C15ull) >> 32) * cap) >> 32;
+	return kvt_hash_home(h[0] ^ (h[1] >> 7), (uint32_t)cap);
 }
 
 /* The entry after @i in a table of @cap entries (wrapping). */

@@ -41,6 +41,22 @@ kvt_seq_opts_init(struct kvt_seq_opts *o, size_t size)
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
 }
 
+int
+kvt_seq_opts_copy(struct kvt_seq_opts *dst, const struct kvt_seq_opts *o)
+{
+	kvt_seq_opts_init(dst, sizeof *dst);
+	if (o) {
+		if (o->opts_size < offsetof(struct kvt_seq_opts, priority) + 1 ||
+		    o->opts_size > 4096)
+			return kvt_err(-EINVAL, "kvt_seq_opts.opts_size %zu is not a valid size",
+				       o->opts_size);
+		memcpy(dst, o, o->opts_size < sizeof *dst ? o->opts_size : sizeof *dst);
+	}
+	if (dst->priority > 100)
+		return kvt_err(-EINVAL, "priority %u is out of range 0..100", dst->priority);
+	return 0;
+}
+
 /* Prefix key material: the salt given, else one derived from the tenant (so tenants never
  * share unless given the same salt), and the extra key (adapter id, model revision). */
 static void
@@ -136,16 +152,9 @@ kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out
 	if (!e || !out)
 		return kvt_err(-EINVAL, "kvt_seq_open: engine and out must not be NULL");
 	*out = 0;
-	kvt_seq_opts_init(&opts, sizeof opts);
-	if (o) {
-		if (o->opts_size < offsetof(struct kvt_seq_opts, priority) + 1 ||
-		    o->opts_size > 4096)
-			return kvt_err(-EINVAL, "kvt_seq_opts.opts_size %zu is not a valid size",
-				       o->opts_size);
-		memcpy(&opts, o, o->opts_size < sizeof opts ? o->opts_size : sizeof opts);
-	}
-	if (opts.priority > 100)
-		return kvt_err(-EINVAL, "priority %u is out of range 0..100", opts.priority);
+	rc = kvt_seq_opts_copy(&opts, o);
+	if (rc)
+		return rc;
 	kvt_lock(e);
 	rc = seq_key_free(e, opts.session_key);
 	if (rc == 0)

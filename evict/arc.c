@@ -53,6 +53,7 @@
 #include <string.h>
 
 #include "engine/alloc.h"
+#include "bits.h"
 #include "elist.h"
 
 enum { ARC_T1 = 0, ARC_T2 = 1, ARC_B1 = 2, ARC_B2 = 3, ARC_NONE = 0xff };
@@ -78,7 +79,7 @@ struct arc_fifo {
 };
 
 struct arc_state {
-	uint8_t *tag;            /* [(cap + 3) / 4] 2 bits per key: ARC_T1, ARC_T2 or
+	uint64_t *tag;           /* [kvt_bits2_words(cap)] 2 bits per key: ARC_T1, ARC_T2 or
 	                            ARC_TAG_NONE (arc_tag()) */
 	struct kvt_elist l[2];   /* T1, T2 (resident, over keys; empty until evidence) */
 	struct kvt_elist lru;    /* before evidence: all residents, in recency order */
@@ -104,7 +105,7 @@ arc_st(const struct kvt_evict *ev)
 static uint8_t
 arc_tag(const struct arc_state *st, uint32_t k)
 {
-	unsigned v = st->tag[k / 4] >> (2 * (k % 4)) & 3u;
+	unsigned v = kvt_bits2_get(st->tag, k);
 
 	return v == ARC_TAG_NONE ? ARC_NONE : (uint8_t)v;
 }
@@ -112,9 +113,7 @@ arc_tag(const struct arc_state *st, uint32_t k)
 static void
 arc_tag_set(struct arc_state *st, uint32_t k, uint8_t to)
 {
-	unsigned v = to == ARC_NONE ? ARC_TAG_NONE : to, sh = 2 * (k % 4);
-
-	st->tag[k / 4] = (uint8_t)((st->tag[k / 4] & ~(3u << sh)) | v << sh);
+	kvt_bits2_set(st->tag, k, to == ARC_NONE ? ARC_TAG_NONE : to);
 }
 
 /* The list a resident tagged @tag is on: its own once there is evidence, else the LRU list. */
@@ -138,7 +137,6 @@ arc_reserve(struct kvt_evict *ev, uint32_t n_ids)
 	struct arc_state *st = ev->priv;
 	uint32_t old = ev->cap, i;
 	uint64_t room;
-	void *p;
 
 	if (!st) {
 		st = kvt_calloc(1, sizeof *st);
@@ -161,12 +159,9 @@ arc_reserve(struct kvt_evict *ev, uint32_t n_ids)
 		return 0;
 	if (kvt_elist_links_grow(ev, n_ids))
 		return -ENOMEM;
-	if (!(p = kvt_realloc(st->tag, ((size_t)n_ids + 3) / 4)))
+	/* new words: every key untagged (the keys past cap in the old last word already are) */
+	if (kvt_bits2_grow(&st->tag, old, n_ids, 0xff))
 		return -ENOMEM;
-	st->tag = p;
-	/* new bytes: every key untagged (the keys past cap in the old last byte already are) */
-	memset(st->tag + ((size_t)old + 3) / 4, 0xff,
-	       ((size_t)n_ids + 3) / 4 - ((size_t)old + 3) / 4);
 	ev->cap = n_ids;
 	return 0;
 }
@@ -193,7 +188,8 @@ arc_meta_bytes(const struct kvt_evict *ev)
 
 	if (!st)
 		return 0;
-	return sizeof *st + (uint64_t)ev->cap * sizeof *ev->link + ((uint64_t)ev->cap + 3) / 4 +
+	return sizeof *st + (uint64_t)ev->cap * sizeof *ev->link +
+	       (uint64_t)kvt_bits2_words(ev->cap) * sizeof *st->tag +
 	       ((uint64_t)st->g[0].cap + st->g[1].cap) * sizeof *st->g[0].id +
 	       (uint64_t)st->hcap * sizeof *st->ghash;
 }
@@ -210,9 +206,7 @@ arc_hid(const struct arc_state *st, uint32_t v)
 static uint32_t
 arc_home(const struct arc_state *st, uint32_t id)
 {
-	uint32_t h = (uint32_t)(((uint64_t)id * 0x9E3779B97F4A7C15ull) >> 32);
-
-	return (uint32_t)(((uint64_t)h * st->hcap) >> 32);
+	return kvt_hash_home(id, st->hcap);
 }
 
 /* Position in ghash of @id's bucket, or of the empty bucket where it would go. */

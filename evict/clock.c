@@ -62,9 +62,9 @@
  * under the engine mutex.
  */
 #include <errno.h>
-#include <string.h>
 
 #include "engine/alloc.h"
+#include "bits.h"
 #include "evict.h"
 
 #define CLK_MAX_COUNT 2u                 /* counters are 0..2 */
@@ -73,10 +73,9 @@
 #define CLK_NONE UINT64_MAX              /* no walk mark */
 
 struct clock_state {
-	uint64_t *w;          /* [nw] 2 bits per key, key k in w[k / 32] bits 2 (k % 32): 0 not
-	                         listed, else 1 + its counter */
+	uint64_t *w;          /* [kvt_bits2_words(cap)] 2 bits per key (evict/bits.h: key k in
+	                         w[k / 32] bits 2 (k % 32)): 0 not listed, else 1 + its counter */
 	uint64_t mark;        /* furthest pos offered by the walk since victim_first, or CLK_NONE */
-	uint32_t nw;          /* words of w */
 	uint32_t hand;        /* key the sweep reaches next (< ev->cap) */
 	uint32_t nc[CLK_VALS]; /* listed keys per counter */
 };
@@ -92,15 +91,13 @@ clk_st(const struct kvt_evict *ev)
 static unsigned
 clk_get(const struct clock_state *st, uint32_t k)
 {
-	return (unsigned)(st->w[k / 32] >> (2 * (k % 32))) & 3u;
+	return kvt_bits2_get(st->w, k);
 }
 
 static void
 clk_set(struct clock_state *st, uint32_t k, unsigned v)
 {
-	unsigned sh = 2 * (k % 32);
-
-	st->w[k / 32] = (st->w[k / 32] & ~(3ull << sh)) | (uint64_t)v << sh;
+	kvt_bits2_set(st->w, k, v);
 }
 
 /* Low bits of the fields of @x equal to @v (0..3). */
@@ -237,8 +234,6 @@ static int
 clock_reserve(struct kvt_evict *ev, uint32_t n_ids)
 {
 	struct clock_state *st = ev->priv;
-	uint32_t nw;
-	uint64_t *p;
 
 	if (!st) {
 		st = kvt_calloc(1, sizeof *st);
@@ -251,15 +246,8 @@ clock_reserve(struct kvt_evict *ev, uint32_t n_ids)
 		n_ids = ev->capacity; /* keys are slots: as many as the tier has */
 	if (n_ids <= ev->cap)
 		return 0;
-	nw = (uint32_t)(((uint64_t)n_ids + 31) / 32);
-	if (nw > st->nw) {
-		p = kvt_realloc(st->w, (size_t)nw * sizeof *p);
-		if (!p)
-			return -ENOMEM;
-		memset(p + st->nw, 0, (size_t)(nw - st->nw) * sizeof *p);
-		st->w = p;
-		st->nw = nw;
-	}
+	if (kvt_bits2_grow(&st->w, ev->cap, n_ids, 0))
+		return -ENOMEM;
 	ev->cap = n_ids; /* the new keys sit between the old last key and key 0 */
 	st->mark = CLK_NONE; /* distances changed */
 	return 0;
@@ -283,7 +271,7 @@ clock_meta_bytes(const struct kvt_evict *ev)
 {
 	const struct clock_state *st = clk_st(ev);
 
-	return st ? sizeof *st + (uint64_t)st->nw * sizeof *st->w : 0;
+	return st ? sizeof *st + (uint64_t)kvt_bits2_words(ev->cap) * sizeof *st->w : 0;
 }
 
 static void

@@ -9,7 +9,11 @@
  * The GPU sums in another order and uses its own expf, so equality is expected, not
  * guaranteed: a mismatch prints both texts and the first differing position.
  * KVT_TEST_QUICK=1 (compute-sanitizer, the CPU emulation of KVT_CUDA_EMU builds) decodes 128
- * tokens per turn instead of 256 (still more than the 6-block HBM holds).
+ * tokens per turn instead of 256 in the single-session runs, and 88 in the windowed one: its
+ * cost is the emulated attention launches (one per layer, or per window and layer, ~5 ms each
+ * under ASan: about 7,900 at 128 tokens a turn, 4,100 at 88), and 88 still takes each session
+ * past two full windows (176 positions: 11 blocks, windows of 5, 5 and 1 of the 6-block HBM).
+ * The test asserts that the run really windowed, parked, evicted from HBM and promoted back.
  * Skips (77) without CUDA in the build, without a GPU, or without the shared data.
  */
 #include <stdarg.h>
@@ -34,16 +38,20 @@
 static struct kvtr_model trc_m;
 static struct kvtr_tokenizer trc_t;
 
-/* Tokens per turn: 256, or 128 under KVT_TEST_QUICK=1. */
+#define TRC_HBM_BLOCKS 6u       /* HBM of the windowed run: windows of 5 blocks */
+#define TRC_QUICK_STEPS 128u     /* tokens per turn under KVT_TEST_QUICK=1 */
+#define TRC_QUICK_WIN_STEPS 88u  /* ... in the windowed run (3 windows at the end) */
+
+/* Tokens per turn: 256, or under KVT_TEST_QUICK=1 @quick. */
 static uint32_t
-trc_steps(void)
+trc_steps(uint32_t quick)
 {
-	return kvt_test_quick() ? 128 : 256;
+	return kvt_test_quick() ? quick : 256;
 }
 
 static void
 trc_run(struct kvtr_run_result *r, int cuda, enum kvt_dtype dt, uint32_t sessions,
-	uint32_t turns, uint64_t hbm_blocks)
+	uint32_t turns, uint64_t hbm_blocks, uint32_t steps)
 {
 	struct kvtr_run_opts o;
 	uint64_t block = 16ull * trc_m.cfg.n_layers * 2 * trc_m.kv_dim * kvt_dtype_size(dt);
@@ -51,7 +59,7 @@ trc_run(struct kvtr_run_result *r, int cuda, enum kvt_dtype dt, uint32_t session
 	kvtr_run_opts_init(&o);
 	o.model = &trc_m;
 	o.tok = &trc_t;
-	o.steps = trc_steps();
+	o.steps = steps;
 	o.temperature = 0.0f;
 	o.sessions = sessions;
 	o.turns = turns;
@@ -92,8 +100,8 @@ test_model_cuda_vs_cpu(void **state)
 	for (size_t i = 0; i < 3; i++) {
 		struct kvtr_run_result ref, gpu;
 
-		trc_run(&ref, 0, dts[i], 1, 1, 0);
-		trc_run(&gpu, 1, dts[i], 1, 1, 0);
+		trc_run(&ref, 0, dts[i], 1, 1, 0, trc_steps(TRC_QUICK_STEPS));
+		trc_run(&gpu, 1, dts[i], 1, 1, 0, trc_steps(TRC_QUICK_STEPS));
 		trc_compare(&ref, &gpu, names[i]);
 		kvtr_run_result_free(&ref);
 		kvtr_run_result_free(&gpu);
@@ -103,13 +111,20 @@ test_model_cuda_vs_cpu(void **state)
 static void
 test_model_cuda_windows_and_parking(void **state)
 {
+	const uint32_t steps = trc_steps(TRC_QUICK_WIN_STEPS);
 	struct kvtr_run_result ref, gpu;
 
 	(void)state;
-	trc_run(&ref, 0, KVT_DTYPE_F16, 3, 2, 0);
-	trc_run(&gpu, 1, KVT_DTYPE_F16, 3, 2, 6);
+	trc_run(&ref, 0, KVT_DTYPE_F16, 3, 2, 0, steps);
+	trc_run(&gpu, 1, KVT_DTYPE_F16, 3, 2, TRC_HBM_BLOCKS, steps);
 	assert_true(gpu.windows > 0); /* the GPU path really decoded by windows */
 	assert_true(gpu.parks > 0);
+	/* the sessions' blocks crossed the HBM/HOST boundary both ways */
+	assert_true(gpu.stats.tier[KVT_TIER_HBM].evictions > 0);
+	assert_true(gpu.stats.blocks_moved[KVT_MOVE_HBM_TO_HOST] > 0);
+	assert_true(gpu.stats.blocks_moved[KVT_MOVE_HOST_TO_HBM] > 0);
+	/* some session outgrew two full windows (hbm - 1 blocks each): a middle window too */
+	assert_true(gpu.kv_blocks > 3 * 2 * (uint64_t)(TRC_HBM_BLOCKS - 1));
 	trc_compare(&ref, &gpu, "3 sessions x 2 turns, HBM of 6 blocks");
 	kvtr_run_result_free(&ref);
 	kvtr_run_result_free(&gpu);
