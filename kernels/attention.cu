@@ -377,10 +377,11 @@ attn_vec_kernel(attn_params p, uint32_t gp)
 	}
 }
 
-/* grid n_heads, block 128: out[h] = merge of the n_windows partials of head h. */
+/* grid n_heads, block 128: out[h] = merge of the n_windows partials of head h; with m_out and
+ * l_out (a split partial), also the merged window's max score and denominator. */
 __global__ void
 attn_merge_kernel(const float *o, const float *m, const float *l, uint32_t n_windows,
-		  uint32_t n_heads, uint32_t d, float *out)
+		  uint32_t n_heads, uint32_t d, float *out, float *m_out, float *l_out)
 {
 	const uint32_t h = blockIdx.x;
 	float mx = -INFINITY, lsum = 0.0f;
@@ -396,6 +397,10 @@ attn_merge_kernel(const float *o, const float *m, const float *l, uint32_t n_win
 			x += o[sh * d + i] * (l[sh] * attn_scale(m[sh], mx));
 		}
 		out[(size_t)h * d + i] = x / lsum;
+	}
+	if (m_out && threadIdx.x == 0) {
+		m_out[h] = mx;
+		l_out[h] = lsum;
 	}
 }
 
@@ -597,7 +602,8 @@ kvt_attn_decode_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_h
 	if (rc)
 		return rc;
 	KVT_CUDA_LAUNCH(n_heads, 128, 0, stream, attn_merge_kernel)(
-		p.o, p.m, p.l, (uint32_t)n_win, n_heads, kv->head_dim, out);
+		p.o, p.m, p.l, (uint32_t)n_win, n_heads, kv->head_dim, out, (float *)NULL,
+		(float *)NULL);
 	return kvt_cuda_launched("attention merge");
 }
 
@@ -619,4 +625,43 @@ kvt_attn_partial_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_
 	p.m = m;
 	p.l = l;
 	return attn_cuda_launch_split(kv->dtype, p, 1, stream);
+}
+
+extern "C" int
+kvt_attn_partial_split_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads,
+			    uint64_t t0, uint64_t t1, uint32_t n_splits, float *work, float *out,
+			    float *m, float *l, cudaStream_t stream)
+{
+	attn_params p;
+	uint64_t n_win;
+	int rc;
+
+	rc = attn_cuda_check(kv, q, n_heads, t0, t1, out, &p);
+	if (rc)
+		return rc;
+	if (!m || !l)
+		return kvt_err(-EINVAL, "attention (cuda): NULL m or l");
+	if (!n_splits || n_splits > KVT_ATTN_CUDA_MAX_SPLITS)
+		return kvt_err(-EINVAL, "attention (cuda): n_splits %u not in 1..%u", n_splits,
+			       KVT_ATTN_CUDA_MAX_SPLITS);
+	if (n_splits > 1 && !work)
+		return kvt_err(-EINVAL, "attention (cuda): NULL work with %u splits", n_splits);
+	p.chunk = (t1 - t0 + n_splits - 1) / n_splits;
+	n_win = (t1 - t0 + p.chunk - 1) / p.chunk; /* <= n_splits, no empty window */
+	if (n_win == 1) {
+		p.o = out;
+		p.m = m;
+		p.l = l;
+		return attn_cuda_launch_split(kv->dtype, p, 1, stream);
+	}
+	/* work as in kvt_attn_decode_cuda(); the merge also writes the window's m and l */
+	p.o = work;
+	p.m = work + n_win * n_heads * kv->head_dim;
+	p.l = p.m + n_win * n_heads;
+	rc = attn_cuda_launch_split(kv->dtype, p, (uint32_t)n_win, stream);
+	if (rc)
+		return rc;
+	KVT_CUDA_LAUNCH(n_heads, 128, 0, stream, attn_merge_kernel)(
+		p.o, p.m, p.l, (uint32_t)n_win, n_heads, kv->head_dim, out, m, l);
+	return kvt_cuda_launched("attention merge (partial)");
 }

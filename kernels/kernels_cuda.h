@@ -98,6 +98,24 @@ int kvt_attn_partial_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_
 			  kvt_cuda_stream_t stream);
 
 /**
+ * kvt_attn_partial_split_cuda() - kvt_attn_partial_cuda() over the whole GPU: the window
+ * [t0, t1) is cut into @n_splits sub-windows of ceil((t1 - t0) / n_splits) positions, one thread
+ * block per (head, sub-window), whose partials are merged by the log-sum-exp rule (FlashDecoding,
+ * Dao et al. 2023) into the same out [n_heads][head_dim], m [n_heads] and l [n_heads] as
+ * kvt_attn_partial_ref() gives; so a long streamed window keeps every SM busy where one split
+ * would launch only n_heads thread blocks. Pick @n_splits with kvt_attn_cuda_splits(t1 - t0).
+ * @n_splits: 1..KVT_ATTN_CUDA_MAX_SPLITS.
+ * @work:     device scratch of kvt_attn_cuda_work_floats(n_heads, kv->head_dim, n_splits)
+ *            floats; may be NULL when n_splits == 1; not shared by launches that may overlap.
+ * Asynchronous on @stream (NULL: the legacy default stream); caller owns every buffer.
+ * Returns 0, -EINVAL (bad argument, as kvt_attn_partial_cuda(); n_splits out of range; NULL
+ * @work with n_splits > 1), or KVT_EDEVICE (launch failed, the CUDA message kept).
+ */
+int kvt_attn_partial_split_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads,
+				uint64_t t0, uint64_t t1, uint32_t n_splits, float *work,
+				float *out, float *m, float *l, kvt_cuda_stream_t stream);
+
+/**
  * kvt_gather_blocks_cuda() - copy a byte range of each of n slots into a packed buffer in one
  * launch: for i in 0..n-1,
  *   dst[i * len .. (i + 1) * len) = base[slots[i] * slot_stride + offset .. + len).

@@ -665,6 +665,17 @@ test_cuda_launcher_args(void **state)
 	assert_int_equal(kvt_attn_decode_cuda(&bad, f, 1, 1, 1, NULL, f, NULL), -EINVAL);
 	assert_int_equal(kvt_attn_partial_cuda(&kv, f, 1, 1, 1, f, f, f, NULL), -EINVAL);
 	assert_int_equal(kvt_attn_partial_cuda(&kv, f, 1, 0, 1, f, NULL, f, NULL), -EINVAL);
+	/* split partial: the partial's checks, then n_splits and work */
+	assert_int_equal(kvt_attn_partial_split_cuda(&kv, f, 1, 1, 1, 1, NULL, f, f, f, NULL),
+			 -EINVAL);
+	assert_int_equal(kvt_attn_partial_split_cuda(&kv, f, 1, 0, 1, 1, NULL, f, f, NULL, NULL),
+			 -EINVAL);
+	assert_int_equal(kvt_attn_partial_split_cuda(&kv, f, 2, 0, 8, 0, f, f, f, f, NULL),
+			 -EINVAL);
+	assert_int_equal(kvt_attn_partial_split_cuda(&kv, f, 2, 0, 8, KVT_ATTN_CUDA_MAX_SPLITS + 1,
+						     f, f, f, f, NULL), -EINVAL);
+	assert_int_equal(kvt_attn_partial_split_cuda(&kv, f, 2, 0, 8, 4, NULL, f, f, f, NULL),
+			 -EINVAL);
 	assert_int_equal(kvt_gather_blocks_cuda(f, f, 64, 0, 64, table, 0, NULL), 0);
 	assert_int_equal(kvt_gather_blocks_cuda(NULL, f, 64, 0, 64, table, 1, NULL), -EINVAL);
 	assert_int_equal(kvt_gather_blocks_cuda(f, f, 64, 32, 64, table, 1, NULL), -EINVAL);

@@ -215,6 +215,66 @@ test_partial_vs_ref(void **state)
 	free(go);
 }
 
+/* The split partial of a window that does not start at 0 nor end on a block boundary, at split
+ * counts that give 1, 3 and 64 sub-windows (and more than the window has positions), both
+ * kernels: out, m and l against kvt_attn_partial_ref(). Work and outputs are poisoned (NaN). */
+static void
+test_partial_split_vs_ref(void **state)
+{
+	static const struct kvt_test_kv_shape s = { 32, 8, 128, 16, 700, 0 };
+	static const uint32_t splits[] = { 1, 3, 64, 1000 };
+	const size_t n_splits = kvt_test_quick() ? 3 : sizeof splits / sizeof splits[0];
+	const size_t n = 32 * 128;
+	float *o = malloc(n * sizeof(float)), *go = malloc(n * sizeof(float));
+	float m[32], l[32], gm[32], gl[32], scratch[700], *dbuf;
+	struct kvt_test_kv b;
+	struct tkc_dev d;
+	uint64_t rng = tkc_seed() + 9;
+	size_t pi;
+	int i, generic;
+
+	(void)state;
+	assert_true(o && go);
+	kvt_test_kv_build(&b, &s, KVT_DTYPE_F16, &rng);
+	tkc_dev_upload(&d, &b, &s);
+	dbuf = tkc_upload(NULL, (n + 64) * sizeof(float));
+	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 32, 33, 650, scratch, o, m, l), 0);
+	for (generic = 0; generic < 2; generic++) {
+		kvt_attn_cuda_force_generic(generic);
+		for (pi = 0; pi < n_splits; pi++) {
+			size_t wf = kvt_attn_cuda_work_floats(32, 128, splits[pi]);
+			float *work = wf ? tkc_upload(NULL, wf * sizeof(float)) : NULL;
+
+			if (work)
+				TKC_OK(cudaMemset(work, 0xff, wf * sizeof(float)));
+			TKC_OK(cudaMemset(dbuf, 0xff, (n + 64) * sizeof(float)));
+			assert_int_equal(kvt_attn_partial_split_cuda(&d.dkv, d.q, 32, 33, 650,
+								     splits[pi], work, dbuf,
+								     dbuf + n, dbuf + n + 32,
+								     NULL), 0);
+			TKC_OK(cudaDeviceSynchronize());
+			tkc_download(go, dbuf, n * sizeof(float));
+			tkc_download(gm, dbuf + n, sizeof gm);
+			tkc_download(gl, dbuf + n + 32, sizeof gl);
+			if (!(kvt_test_kv_relerr(go, o, n) <= 1e-4))
+				fail_msg("splits %u %s: relerr %g", splits[pi],
+					 generic ? "generic" : "default",
+					 kvt_test_kv_relerr(go, o, n));
+			for (i = 0; i < 32; i++) {
+				assert_float_equal(gm[i], m[i], 1e-5f * (1.0f + fabsf(m[i])));
+				assert_float_equal(gl[i], l[i], 1e-4f * l[i]);
+			}
+			cudaFree(work);
+		}
+	}
+	kvt_attn_cuda_force_generic(0);
+	cudaFree(dbuf);
+	tkc_dev_free(&d);
+	kvt_test_kv_free(&b);
+	free(o);
+	free(go);
+}
+
 /* One gather + scatter round of n slots at [offset, offset + len) of each, staging in dst. */
 static void
 tkc_gather_case(uint64_t offset, uint64_t len, int mapped_host)
@@ -371,6 +431,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_decode_vs_ref),
 		cmocka_unit_test(test_partial_vs_ref),
+		cmocka_unit_test(test_partial_split_vs_ref),
 		cmocka_unit_test(test_gather_scatter),
 		cmocka_unit_test(test_quant_vs_ref),
 	};
