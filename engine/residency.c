@@ -159,38 +159,43 @@ reclaim_collect(struct kvt_engine *e, int tier, uint32_t *out, uint32_t max)
 
 /*
  * One walk of HBM's eviction list from the cold end, for the rotation's order: evictable copies
- * that hints do not spare, those outside the rotation into @out (at most @max) and those in it
- * into @in (at most 2 * @max: the rotation's own victims may take up to @max of them before they
- * are used, see rot_live()). Blocks outside the rotation are a preference, not a need: once @in
- * is full, the walk looks for them only until @scan entries have been looked at, so a reclaim
- * costs O(window), not O(HBM), when HBM holds nothing but the rotation (the decode steady state).
- * Until @in is full it goes on (victims are needed; the walk ends with the list).
+ * that hints do not spare, those outside the rotation into @out (at most @max_out) and those in
+ * it into @in (at most @max_in). Once either group is full the walk looks only until @scan
+ * entries have been looked at, so a reclaim costs O(window), not O(HBM), whether HBM holds
+ * nothing but the rotation (the decode steady state) or mostly idle blocks outside it. Returns
+ * whether @in may be short for that reason (the list went on): the caller walks again for it
+ * if it needs it.
  */
-static void
-rot_collect(struct kvt_engine *e, uint32_t *out, uint32_t *n_out, uint32_t *in, uint32_t *n_in,
-	    uint32_t max, uint32_t scan)
+static bool
+rot_collect(struct kvt_engine *e, uint32_t *out, uint32_t max_out, uint32_t *n_out,
+	    uint32_t *in, uint32_t max_in, uint32_t *n_in, uint32_t scan)
 {
 	struct kvt_evict *ev = &e->evict[KVT_TIER_HBM];
 	uint32_t id, looked = 0, no = 0, ni = 0;
+	bool cut = false;
 
 	for (id = ev->ops->victim_first(ev); id != KVT_NIL;
 	     id = ev->ops->victim_next(ev, id)) {
 		const struct kvt_block *b = kvt_blk(e, id);
 
-		if (ni == 2 * max && (no == max || looked >= scan))
+		if ((no == max_out && ni == max_in) ||
+		    (looked >= scan && (no == max_out || ni == max_in))) {
+			cut = ni < max_in;
 			break;
+		}
 		looked++;
 		if (!kvt_copy_evictable(b, KVT_TIER_HBM) || kvt_hint_spares(e, b, KVT_TIER_HBM))
 			continue;
 		if (kvt_rot_member(e, b)) {
-			if (ni < 2 * max)
+			if (ni < max_in)
 				in[ni++] = id;
-		} else if (no < max) {
+		} else if (no < max_out) {
 			out[no++] = id;
 		}
 	}
 	*n_out = no;
 	*n_in = ni;
+	return cut;
 }
 
 /* The first @max of @c[0..n) still evictable (earlier evictions took some), in order, in place:
@@ -220,10 +225,12 @@ reclaim_rot(struct kvt_engine *e, uint32_t *cand, uint32_t limit, uint32_t need,
 	    bool full, bool *below_full, int *progress)
 {
 	struct kvt_slots *sl = &e->slots[KVT_TIER_HBM];
-	uint32_t n, *rot = cand + limit, *rest = cand + 2 * limit, n_rot, n_rest;
+	uint32_t n, *rot = cand + limit, *rest = cand + 2 * limit, n_rot, n_rest, unused;
+	bool cut;
 
 #define ROT_DONE() (sl->n_free + e->demoting[KVT_TIER_HBM] >= need)
-	rot_collect(e, cand, &n, rest, &n_rest, limit, limit + RECLAIM_SCAN_MAX);
+	/* the rest: up to 2 * limit, as the rotation's own victims may take some first */
+	cut = rot_collect(e, cand, limit, &n, rest, 2 * limit, &n_rest, limit + RECLAIM_SCAN_MAX);
 	reclaim_evict(e, KVT_TIER_HBM, cand, n, need, may_wait, true, below_full, progress);
 	reclaim_evict(e, KVT_TIER_HBM, cand, n, need, may_wait, false, below_full, progress);
 	if (ROT_DONE())
@@ -232,6 +239,8 @@ reclaim_rot(struct kvt_engine *e, uint32_t *cand, uint32_t limit, uint32_t need,
 	reclaim_evict(e, KVT_TIER_HBM, rot, n_rot, need, may_wait, true, below_full, progress);
 	if (ROT_DONE())
 		return;
+	if (cut) /* rare: the blocks outside the rotation did not do; the rest, all of it */
+		(void)rot_collect(e, NULL, 0, &unused, rest, 2 * limit, &n_rest, UINT32_MAX);
 	if (!may_wait) {
 		n_rest = rot_live(e, rest, n_rest, limit);
 		reclaim_evict(e, KVT_TIER_HBM, rest, n_rest, need, may_wait, true, below_full,
@@ -268,7 +277,7 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 {
 	struct kvt_slots *sl = &e->slots[tier];
 	struct kvt_evict *ev = &e->evict[tier];
-	uint32_t stackc[32], *cand, n, cap, limit, deficit = need - sl->n_free - e->demoting[tier];
+	uint32_t stackc[40], *cand, n, cap, limit, deficit = need - sl->n_free - e->demoting[tier];
 	bool full = false, below_full = false, rot;
 	int rc;
 
@@ -284,7 +293,7 @@ reclaim_pass(struct kvt_engine *e, int tier, uint32_t need, bool may_wait, int *
 		}
 		/* the common case (one slot wanted) needs no allocation on the decode path */
 		cap = rot ? 4 * limit : limit;
-		cand = cap <= 32 ? stackc : kvt_malloc((size_t)cap * sizeof *cand);
+		cand = cap <= 40 ? stackc : kvt_malloc((size_t)cap * sizeof *cand);
 		if (!cand)
 			return kvt_err(-ENOMEM, "eviction candidates");
 		if (rot) {

@@ -371,6 +371,60 @@ test_rotation_walk_bounded(void **state)
 	tsup_rmdir(dir);
 }
 
+/* The other case: HBM mostly idle blocks outside the rotation (sequences written, never run
+ * whole), the rotation one sequence that ran last (the hot end of the list). Making room for
+ * one block still looks at a window: blocks outside the rotation are found at the cold end, and
+ * the walk does not go on to the rotation's blocks behind all of them. */
+static void
+test_rotation_walk_bounded_idle(void **state)
+{
+	enum { SEQS = 48, BLOCKS = 64, HBM = SEQS * BLOCKS };
+	struct tsup_cfg c = { .hbm_blocks = HBM, .host_blocks = 2 * HBM, .no_watermarks = true };
+	struct kvt_evict_ops counting;
+	struct kvt_engine *e;
+	struct kvt_batch *bt;
+	kvt_seq_id s[SEQS], x;
+	uint32_t first, i;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	for (i = 0; i < SEQS; i++) {
+		assert_int_equal(kvt_seq_open(e, NULL, &s[i]), 0);
+		for (uint32_t pos = 0; pos < BLOCKS * TSUP_TPB; pos += 16 * TSUP_TPB)
+			assert_int_equal(tsup_append_write(e, s[i], i + 1, pos, 16 * TSUP_TPB), 0);
+		/* run once before any hint: no rotation yet, so these stay outside it */
+		assert_int_equal(kvt_batch_prepare(e, &s[i], 1, &bt), 0);
+		assert_int_equal(kvt_batch_release(bt, NULL), 0);
+	}
+	assert_int_equal(kvt_engine_hint(e, &s[SEQS - 1], 1, 1), 0);
+	assert_int_equal(kvt_batch_prepare(e, &s[SEQS - 1], 1, &bt), 0);
+	assert_int_equal(kvt_batch_release(bt, NULL), 0);
+	assert_int_equal(e->slots[KVT_TIER_HBM].n_free, 0);
+	first = e->seqs[(uint32_t)s[0]].blocks[0];
+	assert_false(kvt_rot_member(e, kvt_blk(e, first)));
+	assert_true(kvt_rot_member(e, kvt_blk(e, e->seqs[(uint32_t)s[SEQS - 1]].blocks[0])));
+	counting = *e->evict[KVT_TIER_HBM].ops;
+	walk_base = e->evict[KVT_TIER_HBM].ops;
+	counting.victim_next = walk_next;
+	e->evict[KVT_TIER_HBM].ops = &counting;
+	walk_steps = 0;
+	assert_int_equal(kvt_seq_open(e, NULL, &x), 0);
+	assert_int_equal(tsup_append_write(e, x, 99, 0, TSUP_TPB), 0);
+	print_message("walk steps: %llu\n", (unsigned long long)walk_steps);
+	assert_true(walk_steps > 0);
+	assert_true(walk_steps < HBM / 2); /* the window (about 1024 + the deficit), not 3072 */
+	e->evict[KVT_TIER_HBM].ops = walk_base;
+	assert_int_equal(kvt_engine_drain(e), 0);
+	/* the coldest block outside the rotation went (demoted: its only copy), not the rotation's */
+	assert_int_equal(kvt_copy_state(kvt_blk(e, first), KVT_TIER_HBM), KVT_COPY_ABSENT);
+	assert_int_equal(tsup_verify(e, s[0], 1), 0);
+	assert_int_equal(tsup_verify(e, x, 99), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -382,6 +436,7 @@ main(void)
 		cmocka_unit_test(test_budget_spares_announced),
 		cmocka_unit_test(test_repromotions_counted),
 		cmocka_unit_test(test_rotation_walk_bounded),
+		cmocka_unit_test(test_rotation_walk_bounded_idle),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
