@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tools/gpu-bench/attn.c - paged decode attention (kvt_attn_decode_cuda, split-KV) of one
- * sequence over a scrambled block table in the block-first layout (4 layers, layer 1 read, so
+ * tools/gpu-bench/attn.c - paged decode attention (kvt_attn_decode_cuda, split-KV; and the
+ * split partial of a streamed window, kvt_attn_partial_split_cuda) of one sequence over a scrambled block table in the block-first layout (4 layers, layer 1 read, so
  * every block piece sits at a stride), against a device-to-device cudaMemcpyAsync of the same
  * number of bytes. Bandwidths: attention = K/V bytes read / time; copy = 2 x bytes / time (it
  * reads and writes each byte). GPU-side time (cudaEvent), warm-up, median of --reps.
@@ -31,13 +31,15 @@ struct gba {
 	void *dst;            /* D2D copy destination */
 	uint32_t *table;      /* device block table */
 	float *q, *out, *work; /* device query, result, split scratch */
+	float *ml;            /* device [2][GBA_H]: a partial's m and l */
 	cudaEvent_t e0, e1;   /* timing */
 	cudaStream_t s;       /* stream */
 	int n_sm;             /* SMs */
 	uint32_t reps;        /* repetitions */
 };
 
-/* Median GPU time (ms) of: the attention (copy == 0) or the D2D copy of @bytes (copy == 1). */
+/* Median GPU time (ms) of: the attention (copy == 0), the D2D copy of @bytes (copy == 1), or
+ * the split partial of the window [seq / 4, seq) (copy == 2; m and l in a->ml). */
 static int
 gba_time(struct gba *a, const struct kvt_paged_kv *kv, uint64_t seq, uint32_t splits, int copy,
 	 uint64_t bytes, double *ms)
@@ -51,7 +53,14 @@ gba_time(struct gba *a, const struct kvt_paged_kv *kv, uint64_t seq, uint32_t sp
 
 		if ((e = cudaEventRecord(a->e0, a->s)) != cudaSuccess)
 			return gb_fail("cudaEventRecord", e);
-		if (copy) {
+		if (copy == 2) {
+			if (kvt_attn_partial_split_cuda(kv, a->q, GBA_H, seq / 4, seq, splits,
+							a->work, a->out, a->ml, a->ml + GBA_H,
+							a->s)) {
+				fprintf(stderr, "gpu-bench attn: %s\n", kvt_last_error_message());
+				return 1;
+			}
+		} else if (copy) {
 			e = cudaMemcpyAsync(a->dst, a->hbm, bytes, cudaMemcpyDeviceToDevice, a->s);
 			if (e != cudaSuccess)
 				return gb_fail("cudaMemcpyAsync D2D", e);
@@ -106,6 +115,36 @@ gba_case(struct gba *a, uint64_t seq, enum kvt_dtype dt, int generic, double tar
 	return 0;
 }
 
+/* The split partial of a streamed window, [seq / 4, seq) (a sequence larger than HBM brought
+ * in windows), against a D2D copy of the window's bytes: reported, no target. */
+static int
+gba_case_partial(struct gba *a, uint64_t seq)
+{
+	const uint64_t tok = (uint64_t)GBA_HKV * GBA_D * 2, lbb = 2 * GBA_TPB * tok;
+	const uint64_t win = seq - seq / 4, kv_bytes = 2 * win * tok;
+	uint32_t splits = kvt_attn_cuda_splits(GBA_H, GBA_HKV, win, a->n_sm);
+	struct kvt_paged_kv kv = { .k_base = (char *)a->hbm + lbb, .v_offset = GBA_TPB * tok,
+				   .block_stride = GBA_LAYERS * lbb, .token_stride = tok,
+				   .table = a->table, .tokens_per_block = GBA_TPB,
+				   .n_kv_heads = GBA_HKV, .head_dim = GBA_D,
+				   .dtype = KVT_DTYPE_F16 };
+	double t_attn, t_copy, bw_attn, bw_copy;
+	char name[96];
+
+	if (gba_time(a, &kv, seq, splits, 2, 0, &t_attn) ||
+	    gba_time(a, &kv, seq, splits, 1, kv_bytes, &t_copy))
+		return 1;
+	bw_attn = (double)kv_bytes / (t_attn * 1e-3) / 1e9;
+	bw_copy = 2.0 * (double)kv_bytes / (t_copy * 1e-3) / 1e9;
+	printf("attn partial window [%llu, %llu) fp16: %u splits, %.3f ms, %.0f GB/s; D2D copy: "
+	       "%.3f ms, %.0f GB/s (read+write)\n", (unsigned long long)(seq / 4),
+	       (unsigned long long)seq, splits, t_attn, bw_attn, t_copy, bw_copy);
+	snprintf(name, sizeof name, "attn_fp16_partial_win%lluk_vs_d2d",
+		 (unsigned long long)(win >> 10));
+	gb_result(name, bw_attn, "GB/s", bw_attn / bw_copy, 0, 1);
+	return 0;
+}
+
 static int
 gba_run(struct gba *a, uint64_t max_seq)
 {
@@ -119,6 +158,8 @@ gba_run(struct gba *a, uint64_t max_seq)
 		rc = gba_case(a, max_seq, KVT_DTYPE_BF16, 0, 0.8);
 	if (!rc)
 		rc = gba_case(a, max_seq, KVT_DTYPE_F16, 1, 0);
+	if (!rc)
+		rc = gba_case_partial(a, max_seq);
 	return rc;
 }
 
@@ -155,6 +196,7 @@ gba_setup_run(struct gba *a, uint64_t max_seq)
 	    (e = cudaMalloc((void **)&a->q, GBA_H * GBA_D * sizeof(float))) != cudaSuccess ||
 	    (e = cudaMalloc((void **)&a->out, GBA_H * GBA_D * sizeof(float))) != cudaSuccess ||
 	    (e = cudaMalloc((void **)&a->work, wf * sizeof(float))) != cudaSuccess ||
+	    (e = cudaMalloc((void **)&a->ml, 2 * GBA_H * sizeof(float))) != cudaSuccess ||
 	    (e = cudaMemset(a->hbm, 0x3c, (size_t)ns * bb)) != cudaSuccess || /* fp16 ~1.06 */
 	    (e = cudaMemcpy(a->table, perm, nb * sizeof(uint32_t), cudaMemcpyHostToDevice)) ||
 	    (e = cudaMemcpy(a->q, q, GBA_H * GBA_D * sizeof(float), cudaMemcpyHostToDevice)) ||
@@ -173,6 +215,7 @@ out:
 	cudaFree(a->q);
 	cudaFree(a->out);
 	cudaFree(a->work);
+	cudaFree(a->ml);
 	free(perm);
 	free(q);
 	return rc;
