@@ -179,6 +179,7 @@ void
 kvt_copy_evict(struct kvt_engine *e, uint32_t id, int tier)
 {
 	copy_drop(e, id, tier, true);
+	e->st.tier[tier].evictions++;
 }
 
 void
@@ -271,18 +272,18 @@ kvt_block_check_lost(struct kvt_engine *e, uint32_t id)
 		kvt_block_uncache(e, id); /* a cached prefix block nobody needs any more */
 }
 
-void
-kvt_block_try_free(struct kvt_engine *e, uint32_t id)
+/* Free a dead, idle block now: every copy goes (the one in @evicted_tier, if >= 0, as an
+ * eviction its policy hears of; the others as removals). */
+static void
+block_free(struct kvt_engine *e, uint32_t id, int evicted_tier)
 {
 	struct kvt_block *b = kvt_blk(e, id);
 	int t;
 
-	if (!b->live || !b->dead || b->busy || b->pins)
-		return;
 	/* out of the prefix index before any slot can be reused */
 	kvt_prefix_remove(e, id);
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
-		kvt_copy_drop(e, id, t);
+		copy_drop(e, id, t, t == evicted_tier);
 		if (e->evict[t].ops->forget) /* the id will name other content: no history */
 			e->evict[t].ops->forget(&e->evict[t], id);
 	}
@@ -291,6 +292,15 @@ kvt_block_try_free(struct kvt_engine *e, uint32_t id)
 	b->next_free = e->block_free;
 	e->block_free = id;
 	e->n_live_blocks--;
+}
+
+void
+kvt_block_try_free(struct kvt_engine *e, uint32_t id)
+{
+	const struct kvt_block *b = kvt_blk(e, id);
+
+	if (b->live && b->dead && !b->busy && !b->pins)
+		block_free(e, id, -1);
 }
 
 void
@@ -329,25 +339,29 @@ kvt_block_ref(struct kvt_engine *e, uint32_t id)
 		e->st.shared_blocks++;
 }
 
-void
-kvt_block_uncache(struct kvt_engine *e, uint32_t id)
+/* A cached (refs 0) block is forgotten: freed now when idle, else when its last pin or
+ * transfer ends (kvt_block_try_free). */
+static void
+block_uncache(struct kvt_engine *e, uint32_t id, int evicted_tier)
 {
 	struct kvt_block *b = kvt_blk(e, id);
 
 	if (b->refs || !b->live || b->dead)
 		return;
 	b->dead = 1;
-	kvt_block_try_free(e, id);
+	if (!b->busy && !b->pins)
+		block_free(e, id, evicted_tier);
+}
+
+void
+kvt_block_uncache(struct kvt_engine *e, uint32_t id)
+{
+	block_uncache(e, id, -1);
 }
 
 void
 kvt_block_uncache_evicted(struct kvt_engine *e, uint32_t id, int tier)
 {
-	struct kvt_block *b = kvt_blk(e, id);
-
-	/* freed right below (kvt_block_try_free's conditions): its copy in @tier goes first, as
-	 * the eviction it is; a block that stays keeps its copies */
-	if (!b->refs && b->live && !b->dead && !b->busy && !b->pins)
-		kvt_copy_evict(e, id, tier);
-	kvt_block_uncache(e, id);
+	block_uncache(e, id, tier);
+	e->st.tier[tier].evictions++;
 }

@@ -442,8 +442,8 @@ int kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *
 void kvt_block_kill(struct kvt_engine *e, uint32_t id);  /* a referencing sequence drops it */
 void kvt_block_ref(struct kvt_engine *e, uint32_t id);   /* one more sequence references it */
 void kvt_block_uncache(struct kvt_engine *e, uint32_t id); /* free a cached (refs 0) block */
-/* kvt_block_uncache of a block whose copy in @tier was evicted: the policy of @tier is told
- * (kvt_evict_evicted) when the block is freed now. */
+/* kvt_block_uncache of a block whose copy in @tier was evicted: counted in the tier's
+ * evictions; the policy of @tier is told (kvt_evict_evicted) when the block is freed now. */
 void kvt_block_uncache_evicted(struct kvt_engine *e, uint32_t id, int tier);
 void kvt_block_try_free(struct kvt_engine *e, uint32_t id); /* frees a dead, idle block */
 bool kvt_copy_evictable(const struct kvt_block *b, int tier); /* may reclaim pick this copy */
@@ -455,8 +455,8 @@ void kvt_slot_free(struct kvt_engine *e, int tier, uint32_t slot);
  * the block's copy there is forgotten. */
 void kvt_slot_quarantine(struct kvt_engine *e, int tier, uint32_t slot, uint32_t block);
 void kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier); /* free a PRESENT copy */
-/* kvt_copy_drop of an eviction (making room: counted in the tier's evictions); the policy
- * hears it through kvt_evict_evicted, every other drop through ops->remove. */
+/* kvt_copy_drop of an eviction (making room), counted in the tier's evictions here; the
+ * policy hears it through kvt_evict_evicted, every other drop through ops->remove. */
 void kvt_copy_evict(struct kvt_engine *e, uint32_t id, int tier);
 void kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier); /* current bytes */
 void kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier); /* an INFLIGHT copy failed */

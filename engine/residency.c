@@ -42,13 +42,11 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 
 	if (valid_elsewhere(kvt_blk(e, id), tier)) {
 		kvt_copy_evict(e, id, tier);
-		e->st.tier[tier].evictions++;
 		return 1;
 	}
 	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots) {
 		if (kvt_blk(e, id)->refs == 0) { /* a cached prefix block nobody holds: drop it */
 			kvt_block_uncache_evicted(e, id, tier);
-			e->st.tier[tier].evictions++;
 			return 1;
 		}
 		return -ENOSPC;
@@ -72,7 +70,6 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	if (rc == -ENOSPC && kvt_blk(e, id)->refs == 0 && !kvt_blk(e, id)->busy &&
 	    !kvt_blk(e, id)->pins) {
 		kvt_block_uncache_evicted(e, id, tier); /* a cached block, no room below */
-		e->st.tier[tier].evictions++;
 		return 1;
 	}
 	return rc;
@@ -344,7 +341,6 @@ kvt_nvme_enospc(struct kvt_engine *e)
 		 * crash); it is punched never, the others now */
 		if (!kvt_persist_named(e, KVT_TIER_NVME, slot))
 			kvt_nvme_punch(e->nvme, slot);
-		e->st.tier[KVT_TIER_NVME].evictions++;
 	}
 	if (!quiet || n)
 		kvt_engine_log(e, KVT_LOG_WARN, "NVMe write refused for lack of space: %u clean "

@@ -291,7 +291,6 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 	if (x->evict_src && !b->wanted && b->pins == 0 && b->busy == 0 &&
 	    kvt_copy_state(b, src) == KVT_COPY_PRESENT) {
 		kvt_copy_evict(e, x->block, src);
-		e->st.tier[src].evictions++;
 	}
 	if (x->then_nvme && e->nvme && b->pins == 0 && !b->wanted) {
 		uint32_t slot;
