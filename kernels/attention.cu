@@ -569,42 +569,56 @@ kvt_attn_cuda_work_floats(uint32_t n_heads, uint32_t head_dim, uint32_t n_splits
 	return (size_t)n_splits * n_heads * ((size_t)head_dim + 2);
 }
 
+/*
+ * After attn_cuda_check: [p.t_begin, p.t_end) in n_splits windows (fewer when short, never an
+ * empty one), each reduced by attn_split_kernel; one window writes out (and m, l) directly, more
+ * are merged from @work by attn_merge_kernel, which also writes m and l when given (a partial).
+ */
+static int
+attn_cuda_run(enum kvt_dtype dtype, attn_params p, uint32_t n_splits, float *work, float *out,
+	      float *m, float *l, cudaStream_t stream)
+{
+	const uint64_t len = p.t_end - p.t_begin;
+	uint64_t n_win;
+	int rc;
+
+	if (!n_splits || n_splits > KVT_ATTN_CUDA_MAX_SPLITS)
+		return kvt_err(-EINVAL, "attention (cuda): n_splits %u not in 1..%u", n_splits,
+			       KVT_ATTN_CUDA_MAX_SPLITS);
+	if (n_splits > 1 && !work)
+		return kvt_err(-EINVAL, "attention (cuda): NULL work with %u splits", n_splits);
+	p.chunk = (len + n_splits - 1) / n_splits;
+	n_win = (len + p.chunk - 1) / p.chunk; /* <= n_splits, no empty window */
+	if (n_win == 1) {
+		p.o = out;
+		p.m = m;
+		p.l = l;
+		return attn_cuda_launch_split(dtype, p, 1, stream);
+	}
+	/* work layout (within the n_splits-sized buffer): o [n_win][H][d], m [n_win][H], l */
+	p.o = work;
+	p.m = work + n_win * p.n_heads * p.head_dim;
+	p.l = p.m + n_win * p.n_heads;
+	rc = attn_cuda_launch_split(dtype, p, (uint32_t)n_win, stream);
+	if (rc)
+		return rc;
+	KVT_CUDA_LAUNCH(p.n_heads, 128, 0, stream, attn_merge_kernel)(
+		p.o, p.m, p.l, (uint32_t)n_win, p.n_heads, p.head_dim, out, m, l);
+	return kvt_cuda_launched("attention merge");
+}
+
 extern "C" int
 kvt_attn_decode_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads,
 		     uint64_t seq_len, uint32_t n_splits, float *work, float *out,
 		     cudaStream_t stream)
 {
 	attn_params p;
-	uint64_t n_win;
 	int rc;
 
 	rc = attn_cuda_check(kv, q, n_heads, 0, seq_len, out, &p);
 	if (rc)
 		return rc;
-	if (!n_splits || n_splits > KVT_ATTN_CUDA_MAX_SPLITS)
-		return kvt_err(-EINVAL, "attention (cuda): n_splits %u not in 1..%u", n_splits,
-			       KVT_ATTN_CUDA_MAX_SPLITS);
-	if (n_splits > 1 && !work)
-		return kvt_err(-EINVAL, "attention (cuda): NULL work with %u splits", n_splits);
-	p.chunk = (seq_len + n_splits - 1) / n_splits;
-	n_win = (seq_len + p.chunk - 1) / p.chunk; /* <= n_splits, no empty window */
-	if (n_win == 1) {
-		p.o = out;
-		p.m = NULL;
-		p.l = NULL;
-		return attn_cuda_launch_split(kv->dtype, p, 1, stream);
-	}
-	/* work layout (within the n_splits-sized buffer): o [n_win][H][d], m [n_win][H], l */
-	p.o = work;
-	p.m = work + n_win * n_heads * kv->head_dim;
-	p.l = p.m + n_win * n_heads;
-	rc = attn_cuda_launch_split(kv->dtype, p, (uint32_t)n_win, stream);
-	if (rc)
-		return rc;
-	KVT_CUDA_LAUNCH(n_heads, 128, 0, stream, attn_merge_kernel)(
-		p.o, p.m, p.l, (uint32_t)n_win, n_heads, kv->head_dim, out, (float *)NULL,
-		(float *)NULL);
-	return kvt_cuda_launched("attention merge");
+	return attn_cuda_run(kv->dtype, p, n_splits, work, out, NULL, NULL, stream);
 }
 
 extern "C" int
@@ -612,19 +626,7 @@ kvt_attn_partial_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_
 		      uint64_t t0, uint64_t t1, float *out, float *m, float *l,
 		      cudaStream_t stream)
 {
-	attn_params p;
-	int rc;
-
-	rc = attn_cuda_check(kv, q, n_heads, t0, t1, out, &p);
-	if (rc)
-		return rc;
-	if (!m || !l)
-		return kvt_err(-EINVAL, "attention (cuda): NULL m or l");
-	p.chunk = t1 - t0;
-	p.o = out;
-	p.m = m;
-	p.l = l;
-	return attn_cuda_launch_split(kv->dtype, p, 1, stream);
+	return kvt_attn_partial_split_cuda(kv, q, n_heads, t0, t1, 1, NULL, out, m, l, stream);
 }
 
 extern "C" int
@@ -633,7 +635,6 @@ kvt_attn_partial_split_cuda(const struct kvt_paged_kv *kv, const float *q, uint3
 			    float *m, float *l, cudaStream_t stream)
 {
 	attn_params p;
-	uint64_t n_win;
 	int rc;
 
 	rc = attn_cuda_check(kv, q, n_heads, t0, t1, out, &p);
@@ -641,27 +642,5 @@ kvt_attn_partial_split_cuda(const struct kvt_paged_kv *kv, const float *q, uint3
 		return rc;
 	if (!m || !l)
 		return kvt_err(-EINVAL, "attention (cuda): NULL m or l");
-	if (!n_splits || n_splits > KVT_ATTN_CUDA_MAX_SPLITS)
-		return kvt_err(-EINVAL, "attention (cuda): n_splits %u not in 1..%u", n_splits,
-			       KVT_ATTN_CUDA_MAX_SPLITS);
-	if (n_splits > 1 && !work)
-		return kvt_err(-EINVAL, "attention (cuda): NULL work with %u splits", n_splits);
-	p.chunk = (t1 - t0 + n_splits - 1) / n_splits;
-	n_win = (t1 - t0 + p.chunk - 1) / p.chunk; /* <= n_splits, no empty window */
-	if (n_win == 1) {
-		p.o = out;
-		p.m = m;
-		p.l = l;
-		return attn_cuda_launch_split(kv->dtype, p, 1, stream);
-	}
-	/* work as in kvt_attn_decode_cuda(); the merge also writes the window's m and l */
-	p.o = work;
-	p.m = work + n_win * n_heads * kv->head_dim;
-	p.l = p.m + n_win * n_heads;
-	rc = attn_cuda_launch_split(kv->dtype, p, (uint32_t)n_win, stream);
-	if (rc)
-		return rc;
-	KVT_CUDA_LAUNCH(n_heads, 128, 0, stream, attn_merge_kernel)(
-		p.o, p.m, p.l, (uint32_t)n_win, n_heads, kv->head_dim, out, m, l);
-	return kvt_cuda_launched("attention merge (partial)");
+	return attn_cuda_run(kv->dtype, p, n_splits, work, out, m, l, stream);
 }
