@@ -174,71 +174,31 @@ test_decode_vs_ref(void **state)
 			tkc_decode_case(&tkc_shapes[si], dts[di], &rng, si);
 }
 
+/*
+ * One window [t0, t1) of a 32-head, Hkv 8, d 128 sequence of @seq_len positions: out, m and l of
+ * both kernels against kvt_attn_partial_ref(), at each of @splits (0: kvt_attn_partial_cuda(),
+ * else kvt_attn_partial_split_cuda() with that many splits). Work and outputs are poisoned (NaN).
+ */
 static void
-test_partial_vs_ref(void **state)
+tkc_partial_case(uint32_t seq_len, enum kvt_dtype dt, uint64_t t0, uint64_t t1,
+		 const uint32_t *splits, size_t n_splits, uint64_t seed)
 {
-	static const struct kvt_test_kv_shape s = { 32, 8, 128, 16, 200, 0 };
+	const struct kvt_test_kv_shape s = { 32, 8, 128, 16, seq_len, 0 };
 	const size_t n = 32 * 128;
 	float *o = malloc(n * sizeof(float)), *go = malloc(n * sizeof(float));
-	float m[32], l[32], gm[32], gl[32], scratch[200], *dbuf;
+	float *scratch = malloc(seq_len * sizeof(float));
+	float m[32], l[32], gm[32], gl[32], *dbuf;
 	struct kvt_test_kv b;
 	struct tkc_dev d;
-	uint64_t rng = tkc_seed() + 5;
-	int i, generic;
-
-	(void)state;
-	assert_true(o && go);
-	kvt_test_kv_build(&b, &s, KVT_DTYPE_BF16, &rng);
-	tkc_dev_upload(&d, &b, &s);
-	dbuf = tkc_upload(NULL, (n + 64) * sizeof(float));
-	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 32, 17, 150, scratch, o, m, l), 0);
-	for (generic = 0; generic < 2; generic++) {
-		kvt_attn_cuda_force_generic(generic);
-		TKC_OK(cudaMemset(dbuf, 0xff, (n + 64) * sizeof(float)));
-		assert_int_equal(kvt_attn_partial_cuda(&d.dkv, d.q, 32, 17, 150, dbuf, dbuf + n,
-						       dbuf + n + 32, NULL), 0);
-		TKC_OK(cudaDeviceSynchronize());
-		tkc_download(go, dbuf, n * sizeof(float));
-		tkc_download(gm, dbuf + n, sizeof gm);
-		tkc_download(gl, dbuf + n + 32, sizeof gl);
-		assert_true(kvt_test_kv_relerr(go, o, n) <= 1e-4);
-		for (i = 0; i < 32; i++) {
-			assert_float_equal(gm[i], m[i], 1e-5f * (1.0f + fabsf(m[i])));
-			assert_float_equal(gl[i], l[i], 1e-4f * l[i]);
-		}
-	}
-	kvt_attn_cuda_force_generic(0);
-	cudaFree(dbuf);
-	tkc_dev_free(&d);
-	kvt_test_kv_free(&b);
-	free(o);
-	free(go);
-}
-
-/* The split partial of a window that does not start at 0 nor end on a block boundary, at split
- * counts that give 1, 3 and 64 sub-windows (and more than the window has positions), both
- * kernels: out, m and l against kvt_attn_partial_ref(). Work and outputs are poisoned (NaN). */
-static void
-test_partial_split_vs_ref(void **state)
-{
-	static const struct kvt_test_kv_shape s = { 32, 8, 128, 16, 700, 0 };
-	static const uint32_t splits[] = { 1, 3, 64, 1000 };
-	const size_t n_splits = kvt_test_quick() ? 3 : sizeof splits / sizeof splits[0];
-	const size_t n = 32 * 128;
-	float *o = malloc(n * sizeof(float)), *go = malloc(n * sizeof(float));
-	float m[32], l[32], gm[32], gl[32], scratch[700], *dbuf;
-	struct kvt_test_kv b;
-	struct tkc_dev d;
-	uint64_t rng = tkc_seed() + 9;
+	uint64_t rng = seed;
 	size_t pi;
 	int i, generic;
 
-	(void)state;
-	assert_true(o && go);
-	kvt_test_kv_build(&b, &s, KVT_DTYPE_F16, &rng);
+	assert_true(o && go && scratch);
+	kvt_test_kv_build(&b, &s, dt, &rng);
 	tkc_dev_upload(&d, &b, &s);
 	dbuf = tkc_upload(NULL, (n + 64) * sizeof(float));
-	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 32, 33, 650, scratch, o, m, l), 0);
+	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 32, t0, t1, scratch, o, m, l), 0);
 	for (generic = 0; generic < 2; generic++) {
 		kvt_attn_cuda_force_generic(generic);
 		for (pi = 0; pi < n_splits; pi++) {
@@ -248,10 +208,16 @@ test_partial_split_vs_ref(void **state)
 			if (work)
 				TKC_OK(cudaMemset(work, 0xff, wf * sizeof(float)));
 			TKC_OK(cudaMemset(dbuf, 0xff, (n + 64) * sizeof(float)));
-			assert_int_equal(kvt_attn_partial_split_cuda(&d.dkv, d.q, 32, 33, 650,
-								     splits[pi], work, dbuf,
-								     dbuf + n, dbuf + n + 32,
-								     NULL), 0);
+			if (splits[pi] == 0)
+				assert_int_equal(kvt_attn_partial_cuda(&d.dkv, d.q, 32, t0, t1, dbuf,
+								       dbuf + n, dbuf + n + 32,
+								       NULL), 0);
+			else
+				assert_int_equal(kvt_attn_partial_split_cuda(&d.dkv, d.q, 32, t0, t1,
+									     splits[pi], work,
+									     dbuf, dbuf + n,
+									     dbuf + n + 32,
+									     NULL), 0);
 			TKC_OK(cudaDeviceSynchronize());
 			tkc_download(go, dbuf, n * sizeof(float));
 			tkc_download(gm, dbuf + n, sizeof gm);
@@ -273,6 +239,29 @@ test_partial_split_vs_ref(void **state)
 	kvt_test_kv_free(&b);
 	free(o);
 	free(go);
+	free(scratch);
+}
+
+/* kvt_attn_partial_cuda: a bf16 window that does not start at 0 nor end on a block boundary. */
+static void
+test_partial_vs_ref(void **state)
+{
+	static const uint32_t one[] = { 0 };
+
+	(void)state;
+	tkc_partial_case(200, KVT_DTYPE_BF16, 17, 150, one, 1, tkc_seed() + 5);
+}
+
+/* The split partial of an fp16 window, at split counts that give 1, 3 and 64 sub-windows (and
+ * more than the window has positions). */
+static void
+test_partial_split_vs_ref(void **state)
+{
+	static const uint32_t splits[] = { 1, 3, 64, 1000 };
+
+	(void)state;
+	tkc_partial_case(700, KVT_DTYPE_F16, 33, 650, splits, kvt_test_quick() ? 3 : 4,
+			 tkc_seed() + 9);
 }
 
 /* One gather + scatter round of n slots at [offset, offset + len) of each, staging in dst. */
