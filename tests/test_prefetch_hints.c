@@ -309,11 +309,59 @@ test_repromotions_counted(void **state)
 static const struct kvt_evict_ops *walk_base;
 static uint64_t walk_steps;
 
+enum { WALK_SEQS = 48, WALK_BLOCKS = 64, WALK_HBM = WALK_SEQS * WALK_BLOCKS };
+
 static uint32_t
 walk_next(struct kvt_evict *ev, uint32_t id)
 {
 	walk_steps++;
 	return walk_base->victim_next(ev, id);
+}
+
+/* An engine with HBM for WALK_SEQS sequences of WALK_BLOCKS blocks, and those sequences written
+ * (pattern i + 1); with @run_now each also runs once now (before any hint: outside the
+ * rotation). */
+static struct kvt_engine *
+walk_engine(kvt_seq_id *s, bool run_now, char **dir)
+{
+	struct tsup_cfg c = { .hbm_blocks = WALK_HBM, .host_blocks = 2 * WALK_HBM,
+			      .no_watermarks = true };
+	struct kvt_engine *e = tsup_engine(&c, dir);
+	struct kvt_batch *bt;
+
+	for (uint32_t i = 0; i < WALK_SEQS; i++) {
+		assert_int_equal(kvt_seq_open(e, NULL, &s[i]), 0);
+		for (uint32_t pos = 0; pos < WALK_BLOCKS * TSUP_TPB; pos += 16 * TSUP_TPB)
+			assert_int_equal(tsup_append_write(e, s[i], i + 1, pos, 16 * TSUP_TPB), 0);
+		if (run_now) {
+			assert_int_equal(kvt_batch_prepare(e, &s[i], 1, &bt), 0);
+			assert_int_equal(kvt_batch_release(bt, NULL), 0);
+		}
+	}
+	return e;
+}
+
+/* HBM full: a new sequence's first block (pattern 99) needs one HBM slot; the victim walk of
+ * that reclaim looks at a window (about 1024 + the deficit), not at all WALK_HBM blocks. */
+static kvt_seq_id
+walk_one_block(struct kvt_engine *e)
+{
+	struct kvt_evict_ops counting = *e->evict[KVT_TIER_HBM].ops;
+	kvt_seq_id x;
+
+	assert_int_equal(e->slots[KVT_TIER_HBM].n_free, 0);
+	walk_base = e->evict[KVT_TIER_HBM].ops;
+	counting.victim_next = walk_next;
+	e->evict[KVT_TIER_HBM].ops = &counting;
+	walk_steps = 0;
+	assert_int_equal(kvt_seq_open(e, NULL, &x), 0);
+	assert_int_equal(tsup_append_write(e, x, 99, 0, TSUP_TPB), 0);
+	e->evict[KVT_TIER_HBM].ops = walk_base;
+	print_message("walk steps: %llu\n", (unsigned long long)walk_steps);
+	assert_true(walk_steps > 0);
+	assert_true(walk_steps < WALK_HBM / 2);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	return x;
 }
 
 /* Under the rotation, making room for one block looks at a bounded part of the HBM list, not
@@ -323,99 +371,55 @@ walk_next(struct kvt_evict *ev, uint32_t id)
 static void
 test_rotation_walk_bounded(void **state)
 {
-	enum { SEQS = 48, BLOCKS = 64, HBM = SEQS * BLOCKS };
-	struct tsup_cfg c = { .hbm_blocks = HBM, .host_blocks = 2 * HBM, .no_watermarks = true };
-	struct kvt_evict_ops counting;
 	struct kvt_engine *e;
 	struct kvt_batch *bt;
-	kvt_seq_id s[SEQS], x;
+	kvt_seq_id s[WALK_SEQS], x;
 	struct kvt_seq_info info;
 	uint32_t last, i;
 	char *dir;
 
 	(void)state;
-	e = tsup_engine(&c, &dir);
-	for (i = 0; i < SEQS; i++) {
-		assert_int_equal(kvt_seq_open(e, NULL, &s[i]), 0);
-		for (uint32_t pos = 0; pos < BLOCKS * TSUP_TPB; pos += 16 * TSUP_TPB)
-			assert_int_equal(tsup_append_write(e, s[i], i + 1, pos, 16 * TSUP_TPB), 0);
-	}
+	e = walk_engine(s, false, &dir);
 	assert_int_equal(kvt_engine_hint(e, &s[0], 1, 1), 0); /* hints in use: the rotation */
-	for (i = 0; i < SEQS; i++) { /* one step: each runs whole and is released */
+	for (i = 0; i < WALK_SEQS; i++) { /* one step: each runs whole and is released */
 		assert_int_equal(kvt_batch_prepare(e, &s[i], 1, &bt), 0);
 		assert_int_equal(kvt_batch_release(bt, NULL), 0);
 	}
-	assert_int_equal(e->slots[KVT_TIER_HBM].n_free, 0);
-	last = e->seqs[(uint32_t)s[SEQS - 1]].blocks[BLOCKS - 1];
+	last = e->seqs[(uint32_t)s[WALK_SEQS - 1]].blocks[WALK_BLOCKS - 1];
 	assert_true(kvt_rot_member(e, kvt_blk(e, last)));
-	counting = *e->evict[KVT_TIER_HBM].ops;
-	walk_base = e->evict[KVT_TIER_HBM].ops;
-	counting.victim_next = walk_next;
-	e->evict[KVT_TIER_HBM].ops = &counting;
-	walk_steps = 0;
-	/* a new sequence's first block needs one HBM slot */
-	assert_int_equal(kvt_seq_open(e, NULL, &x), 0);
-	assert_int_equal(tsup_append_write(e, x, 99, 0, TSUP_TPB), 0);
-	assert_true(walk_steps > 0);
-	print_message("walk steps: %llu\n", (unsigned long long)walk_steps);
-	assert_true(walk_steps < HBM / 2); /* the window (about 1024 + the deficit), not 3072 */
-	e->evict[KVT_TIER_HBM].ops = walk_base;
-	assert_int_equal(kvt_engine_drain(e), 0);
+	x = walk_one_block(e);
 	assert_int_equal(kvt_copy_state(kvt_blk(e, last), KVT_TIER_HBM), KVT_COPY_ABSENT);
-	assert_int_equal(kvt_seq_info(e, s[SEQS - 1], &info), 0);
-	assert_int_equal(info.blocks_in[KVT_TIER_HBM], BLOCKS - 1);
-	assert_int_equal(tsup_verify(e, s[SEQS - 1], SEQS), 0); /* demoted, not lost */
+	assert_int_equal(kvt_seq_info(e, s[WALK_SEQS - 1], &info), 0);
+	assert_int_equal(info.blocks_in[KVT_TIER_HBM], WALK_BLOCKS - 1);
+	assert_int_equal(tsup_verify(e, s[WALK_SEQS - 1], WALK_SEQS), 0); /* demoted, not lost */
 	assert_int_equal(tsup_verify(e, x, 99), 0);
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
 }
 
-/* The other case: HBM mostly idle blocks outside the rotation (sequences written, never run
- * whole), the rotation one sequence that ran last (the hot end of the list). Making room for
- * one block still looks at a window: blocks outside the rotation are found at the cold end, and
- * the walk does not go on to the rotation's blocks behind all of them. */
+/* The other case: HBM mostly idle blocks outside the rotation (sequences run before any hint),
+ * the rotation one sequence that ran last (the hot end of the list). Making room for one block
+ * still looks at a window: blocks outside the rotation are found at the cold end, and the walk
+ * does not go on to the rotation's blocks behind all of them. */
 static void
 test_rotation_walk_bounded_idle(void **state)
 {
-	enum { SEQS = 48, BLOCKS = 64, HBM = SEQS * BLOCKS };
-	struct tsup_cfg c = { .hbm_blocks = HBM, .host_blocks = 2 * HBM, .no_watermarks = true };
-	struct kvt_evict_ops counting;
 	struct kvt_engine *e;
 	struct kvt_batch *bt;
-	kvt_seq_id s[SEQS], x;
-	uint32_t first, i;
+	kvt_seq_id s[WALK_SEQS], x;
+	uint32_t first;
 	char *dir;
 
 	(void)state;
-	e = tsup_engine(&c, &dir);
-	for (i = 0; i < SEQS; i++) {
-		assert_int_equal(kvt_seq_open(e, NULL, &s[i]), 0);
-		for (uint32_t pos = 0; pos < BLOCKS * TSUP_TPB; pos += 16 * TSUP_TPB)
-			assert_int_equal(tsup_append_write(e, s[i], i + 1, pos, 16 * TSUP_TPB), 0);
-		/* run once before any hint: no rotation yet, so these stay outside it */
-		assert_int_equal(kvt_batch_prepare(e, &s[i], 1, &bt), 0);
-		assert_int_equal(kvt_batch_release(bt, NULL), 0);
-	}
-	assert_int_equal(kvt_engine_hint(e, &s[SEQS - 1], 1, 1), 0);
-	assert_int_equal(kvt_batch_prepare(e, &s[SEQS - 1], 1, &bt), 0);
+	e = walk_engine(s, true, &dir);
+	assert_int_equal(kvt_engine_hint(e, &s[WALK_SEQS - 1], 1, 1), 0);
+	assert_int_equal(kvt_batch_prepare(e, &s[WALK_SEQS - 1], 1, &bt), 0);
 	assert_int_equal(kvt_batch_release(bt, NULL), 0);
-	assert_int_equal(e->slots[KVT_TIER_HBM].n_free, 0);
 	first = e->seqs[(uint32_t)s[0]].blocks[0];
 	assert_false(kvt_rot_member(e, kvt_blk(e, first)));
-	assert_true(kvt_rot_member(e, kvt_blk(e, e->seqs[(uint32_t)s[SEQS - 1]].blocks[0])));
-	counting = *e->evict[KVT_TIER_HBM].ops;
-	walk_base = e->evict[KVT_TIER_HBM].ops;
-	counting.victim_next = walk_next;
-	e->evict[KVT_TIER_HBM].ops = &counting;
-	walk_steps = 0;
-	assert_int_equal(kvt_seq_open(e, NULL, &x), 0);
-	assert_int_equal(tsup_append_write(e, x, 99, 0, TSUP_TPB), 0);
-	print_message("walk steps: %llu\n", (unsigned long long)walk_steps);
-	assert_true(walk_steps > 0);
-	assert_true(walk_steps < HBM / 2); /* the window (about 1024 + the deficit), not 3072 */
-	e->evict[KVT_TIER_HBM].ops = walk_base;
-	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_true(kvt_rot_member(e, kvt_blk(e, e->seqs[(uint32_t)s[WALK_SEQS - 1]].blocks[0])));
+	x = walk_one_block(e);
 	/* the coldest block outside the rotation went (demoted: its only copy), not the rotation's */
 	assert_int_equal(kvt_copy_state(kvt_blk(e, first), KVT_TIER_HBM), KVT_COPY_ABSENT);
 	assert_int_equal(tsup_verify(e, s[0], 1), 0);
