@@ -91,23 +91,6 @@ poke(struct kvt_nvme *n)
 	pthread_mutex_unlock(&n->mu);
 }
 
-/* Reap until @count completions came, each with result @res. */
-static void
-reap_all(struct kvt_nvme *n, uint32_t count, int res)
-{
-	struct kvt_nvme_cqe c[QD];
-	uint32_t got = 0;
-
-	while (got < count) {
-		int r = kvt_nvme_reap(n, c, QD, true);
-
-		assert_true(r > 0);
-		for (int i = 0; i < r; i++)
-			assert_int_equal(c[i].res, res);
-		got += (uint32_t)r;
-	}
-}
-
 /* SQ [write 0, NOP, write 1], taken one SQE at a time: the flush that takes the NOP submits no
  * IO, the others one each; both writes complete, nothing is left in flight. */
 static void
@@ -134,7 +117,7 @@ test_nop_partial_submits(void **state)
 	hk.submits = 0;
 	assert_int_equal(kvt_nvme_flush(n), 0);
 	assert_int_equal(hk.submits, 0); /* nothing left in the SQ to submit */
-	reap_all(n, 2, 0);
+	tsup_nvme_reap_all(n, 2, 0);
 	assert_int_equal(kvt_nvme_inflight(n), 0);
 	assert_int_equal(kvt_nvme_free_qd(n), QD);
 	kvt_nvme_close(n);

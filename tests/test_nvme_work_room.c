@@ -106,35 +106,19 @@ ropen(struct tsup_nvme_fx *f, size_t data_off, bool refuse, uint32_t workers)
 }
 
 static void
-rwait(struct kvt_nvme *n, uint32_t count)
-{
-	struct kvt_nvme_cqe c[QD];
-	uint32_t got = 0;
-
-	while (got < count) {
-		int r = kvt_nvme_reap(n, c, QD, true);
-
-		assert_true(r > 0);
-		for (int i = 0; i < r; i++)
-			assert_int_equal(c[i].res, 0);
-		got += (uint32_t)r;
-	}
-}
-
-static void
 rput(struct kvt_nvme *n, uint32_t slot, const void *src)
 {
 	struct kvt_nvme_wmeta m = { .session = 9, .index = slot };
 
 	assert_int_equal(kvt_nvme_put(n, slot, src, &m, slot), 0);
-	rwait(n, 1);
+	tsup_nvme_reap_all(n, 1, 0);
 }
 
 static void
 rget(struct kvt_nvme *n, uint32_t slot, void *dst)
 {
 	assert_int_equal(kvt_nvme_get(n, slot, dst, slot), 0);
-	rwait(n, 1);
+	tsup_nvme_reap_all(n, 1, 0);
 }
 
 static void
@@ -268,7 +252,7 @@ test_same_slot_twice(void **state)
 	fill(hdata(f, 0), BLOCK, 4);
 	assert_int_equal(kvt_nvme_put(n, 2, hdata(f, 0), &m, 2), 0);
 	assert_int_equal(kvt_nvme_put(n, 3, hdata(f, 0), &m, 3), 0);
-	rwait(n, 2);
+	tsup_nvme_reap_all(n, 2, 0);
 	kvt_nvme_get_stats(n, &st);
 	assert_int_equal(st.zc_writes, 2);
 	assert_int_equal(st.zc_one_io, 1);

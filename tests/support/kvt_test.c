@@ -373,3 +373,19 @@ kvt_test_quick(void)
 
 	return q && *q && *q != '0';
 }
+
+void
+tsup_nvme_reap_all(struct kvt_nvme *n, uint32_t count, int res)
+{
+	struct kvt_nvme_cqe c[64];
+	uint32_t got = 0;
+
+	while (got < count) {
+		int r = kvt_nvme_reap(n, c, 64, true);
+
+		assert_true(r > 0);
+		for (int i = 0; i < r; i++)
+			assert_int_equal(c[i].res, res);
+		got += (uint32_t)r;
+	}
+}

@@ -73,6 +73,11 @@ int tsup_nvme_fx_setup(void **state, size_t host_bytes, const char *name);
  * teardown, when a tier left its file there) and frees the fixture. Returns rmdir's result. */
 int tsup_nvme_fx_teardown(void **state);
 
+struct kvt_nvme;
+
+/* Reap @n (waiting) until @count completions came; asserts each one's result is @res. */
+void tsup_nvme_reap_all(struct kvt_nvme *n, uint32_t count, int res);
+
 /* Create an engine (asserts success). *dir receives the NVMe dir to remove, or NULL. */
 struct kvt_engine *tsup_engine(const struct tsup_cfg *c, char **dir);
 uint64_t tsup_block_bytes(void);
