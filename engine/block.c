@@ -224,7 +224,7 @@ kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
 		/* a transfer still reads the HOST slot: it must not be freed (and reused) under
 		 * it. The copy is invalid from now on: INFLIGHT and stale, off the eviction list,
 		 * its slot released when the last transfer reading it completes
-		 * (xfer_release_src, transfer/xfer.c) */
+		 * (xfer_release_src, engine/xfer.c) */
 		e->evict[KVT_TIER_HOST].ops->remove(&e->evict[KVT_TIER_HOST], id);
 		kvt_copy_state_set(b, KVT_TIER_HOST, KVT_COPY_INFLIGHT);
 	}

@@ -582,3 +582,12 @@ kvt_meta_token_bytes(const struct kvt_engine *e)
 		m += e->seqs[i].cap_tokens * sizeof *e->seqs[i].tokens;
 	return m;
 }
+
+const char *
+kvt_version(void)
+{
+#define KVT_STR2(x) #x
+#define KVT_STR(x) KVT_STR2(x)
+	return KVT_STR(KVT_VERSION_MAJOR) "." KVT_STR(KVT_VERSION_MINOR) "." KVT_STR(
+		KVT_VERSION_PATCH);
+}

@@ -40,9 +40,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine/alloc.h"
-#include "engine/clock.h"
-#include "engine/error.h"
+#include "tiers/base/alloc.h"
+#include "tiers/base/clock.h"
+#include "tiers/base/error.h"
 #include "evict/evict.h"
 #include "kvtier.h"
 #include "tiers/slots.h"
@@ -510,7 +510,7 @@ void kvt_watermarks(struct kvt_engine *e);
 #define KVT_ENOSPC_BACKOFF_NS 200000000ull   /* background NVMe demotion paused this long */
 void kvt_nvme_enospc(struct kvt_engine *e);  /* an NVMe write failed with -ENOSPC */
 
-/* ---- transfer/xfer.c: submission and completion */
+/* ---- engine/xfer.c: submission and completion */
 int kvt_xfer_init(struct kvt_engine *e);
 void kvt_xfer_fini(struct kvt_engine *e);
 int kvt_xfer_d2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool evict_src,

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "error.h"
+#include "tiers/base/error.h"
 #include "kvtier.h"
 
 static const char *const metrics_tier_name[KVT_TIER_COUNT] = { "hbm", "host", "nvme" };

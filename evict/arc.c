@@ -52,7 +52,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "engine/alloc.h"
+#include "tiers/base/alloc.h"
 #include "bits.h"
 #include "elist.h"
 

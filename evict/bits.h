@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine/alloc.h"
+#include "tiers/base/alloc.h"
 
 #define KVT_BITS2_PER_WORD 32u /* 2-bit fields in a uint64_t word */
 

@@ -63,7 +63,7 @@
  */
 #include <errno.h>
 
-#include "engine/alloc.h"
+#include "tiers/base/alloc.h"
 #include "bits.h"
 #include "evict.h"
 

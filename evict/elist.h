@@ -11,7 +11,7 @@
 #include <errno.h>
 #include <stdint.h>
 
-#include "engine/alloc.h"
+#include "tiers/base/alloc.h"
 #include "evict.h"
 
 struct kvt_elist {

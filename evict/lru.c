@@ -14,8 +14,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/alloc.h"
-#include "engine/clock.h"
+#include "tiers/base/alloc.h"
+#include "tiers/base/clock.h"
 #include "evict.h"
 
 static inline uint32_t

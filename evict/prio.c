@@ -16,7 +16,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "engine/alloc.h"
+#include "tiers/base/alloc.h"
 #include "elist.h"
 
 #define PRIO_NONE 0xffu /* list tag: not listed */

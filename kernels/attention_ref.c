@@ -17,7 +17,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "error.h"
+#include "tiers/base/error.h"
 #include "kernels/attention.h"
 
 /* ---- element conversions ------------------------------------------------------------------ */

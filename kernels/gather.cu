@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "error.h"
+#include "tiers/base/error.h"
 }
 #include "kernels/gather.h"
 #include "kernels/kernels_cuda.h"

@@ -5,7 +5,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "error.h"
+#include "tiers/base/error.h"
 #include "kernels/gather.h"
 
 int

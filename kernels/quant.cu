@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "error.h"
+#include "tiers/base/error.h"
 }
 #include "kernels/kernels_cuda.h"
 #include "kernels/launch_cuda.h"

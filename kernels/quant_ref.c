@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "error.h"
+#include "tiers/base/error.h"
 #include "kernels/attention.h"
 #include "kernels/quant.h"
 

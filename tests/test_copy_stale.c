@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/test_copy_stale.c - copies that an append overtakes (engine/block.c, transfer/xfer.c):
+ * tests/test_copy_stale.c - copies that an append overtakes (engine/block.c, engine/xfer.c):
  * blocks keep no version numbers, only a stale bit per tier for an in-flight copy appended to
  * since it started. A copy of a partial block on its way down when more tokens are appended
  * must never become a valid copy: after the append the block has no valid HOST copy, the stale

@@ -19,7 +19,7 @@
 
 #include <xxhash.h>
 
-#include "engine/error.h"
+#include "tiers/base/error.h"
 #include "support/kvt_test.h"
 #include "tiers/format.h"
 #include "tiers/store.h"

@@ -17,7 +17,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "engine/error.h"
+#include "tiers/base/error.h"
 #include "tiers/codec.h"
 
 #define CODEC_MAX_RAW ((size_t)1 << 31) /* LZ4 takes int sizes */

@@ -19,7 +19,7 @@
 #endif
 #include <xxhash.h>
 
-#include "engine/error.h"
+#include "tiers/base/error.h"
 #include "tiers/codec.h"
 #include "tiers/format.h"
 

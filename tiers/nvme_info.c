@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "engine/error.h"
+#include "tiers/base/error.h"
 #include "tiers/nvme_int.h"
 #include "tiers/store.h"
 

@@ -18,8 +18,8 @@
 
 #include <liburing.h>
 
-#include "engine/clock.h"
-#include "engine/error.h"
+#include "tiers/base/clock.h"
+#include "tiers/base/error.h"
 #include "tiers/nvme_int.h"
 
 /* ---- submission ---------------------------------------------------------------------------- */

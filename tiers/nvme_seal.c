@@ -11,7 +11,7 @@
 
 #include <xxhash.h>
 
-#include "engine/error.h"
+#include "tiers/base/error.h"
 #include "tiers/codec.h"
 #include "tiers/nvme_int.h"
 

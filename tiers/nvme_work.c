@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "engine/error.h"
+#include "tiers/base/error.h"
 #include "tiers/codec.h"
 #include "tiers/nvme_int.h"
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/error.h"
+#include "tiers/base/error.h"
 #include "tiers/slots.h"
 
 int

@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/alloc.h"
-#include "engine/error.h"
+#include "tiers/base/alloc.h"
+#include "tiers/base/error.h"
 #include "tiers/store.h"
 
 #define STORE_JOURNAL "kvtier.journal"

@@ -25,7 +25,7 @@
 
 #include <liburing.h>
 
-#include "engine/error.h"
+#include "tiers/base/error.h"
 #include "tiers/codec.h"
 #include "tiers/nvme_int.h"
 #include "tiers/store.h"

@@ -5,7 +5,7 @@
  */
 #include <errno.h>
 
-#include "error.h"
+#include "tiers/base/error.h"
 #include "transfer/copy_plan.h"
 
 int

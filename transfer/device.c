@@ -5,7 +5,7 @@
  * builds without CUDA, so that callers (the engine, tests, tools) link the same way in every
  * build and learn at run time that CUDA is absent.
  */
-#include "error.h"
+#include "tiers/base/error.h"
 #include "transfer/device.h"
 
 #ifndef KVT_WITH_CUDA

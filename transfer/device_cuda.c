@@ -26,7 +26,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "error.h"
+#include "tiers/base/error.h"
 #include "kernels/kernels_cuda.h"
 #include "transfer/copy_plan.h"
 #include "transfer/device.h"

@@ -35,8 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/clock.h"
-#include "error.h"
+#include "tiers/base/clock.h"
+#include "tiers/base/error.h"
 #include "transfer/device.h"
 
 #define EMU_ALIGN 4096u /* alignment of mem_alloc blocks (and the size of their header) */

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/clock.h"
+#include "tiers/base/clock.h"
 #include "util.h"
 
 static _Thread_local char util_errbuf[1024];

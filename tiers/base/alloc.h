@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/alloc.h - kvtier's own host allocations (block metadata, sequences, batches).
+ * tiers/base/alloc.h - kvtier's own host allocations (block metadata, sequences, batches).
  *
  * With KVT_WITH_JEMALLOC (CMake KVT_WITH_JEMALLOC_LIB=ON) they come from a dedicated jemalloc
  * arena through its explicit API (mallocx/rallocx/dallocx with MALLOCX_ARENA), so kvtier's
  * metadata is accounted on its own and the host process's malloc is never replaced; otherwise
  * from libc. Thread-safe.
  */
-#ifndef KVT_ENGINE_ALLOC_H
-#define KVT_ENGINE_ALLOC_H
+#ifndef KVT_BASE_ALLOC_H
+#define KVT_BASE_ALLOC_H
 
 #include <stddef.h>
 
@@ -26,4 +26,4 @@ void *kvt_calloc(size_t n, size_t size);
 void *kvt_realloc(void *p, size_t n);
 void kvt_free(void *p);
 
-#endif /* KVT_ENGINE_ALLOC_H */
+#endif /* KVT_BASE_ALLOC_H */

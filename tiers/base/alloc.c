@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* engine/alloc.c - see alloc.h. */
+/* tiers/base/alloc.c - see alloc.h. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
+#include "tiers/base/alloc.h"
 
 _Atomic int kvt_test_alloc_countdown;
 _Atomic int kvt_test_alloc_persist;

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/clock.h - the library's one clock (internal): CLOCK_MONOTONIC in nanoseconds, for
+ * tiers/base/clock.h - the library's one clock (internal): CLOCK_MONOTONIC in nanoseconds, for
  * deadlines, latencies, retention times and the emulated device's link. Not installed.
  */
-#ifndef KVT_ENGINE_CLOCK_H
-#define KVT_ENGINE_CLOCK_H
+#ifndef KVT_BASE_CLOCK_H
+#define KVT_BASE_CLOCK_H
 
 #include <stdint.h>
 #include <time.h>
@@ -19,4 +19,4 @@ kvt_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-#endif /* KVT_ENGINE_CLOCK_H */
+#endif /* KVT_BASE_CLOCK_H */

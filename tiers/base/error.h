@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/error.h - internal error reporting: every failing path calls kvt_err() once, which
+ * tiers/base/error.h - internal error reporting: every failing path calls kvt_err() once, which
  * records a formatted message for kvt_last_error_message() (thread-local) and returns the code,
  * so a failure reads `return kvt_err(-EINVAL, "tokens_per_block %u out of range", tpb);`.
  */
-#ifndef KVT_ENGINE_ERROR_H
-#define KVT_ENGINE_ERROR_H
+#ifndef KVT_BASE_ERROR_H
+#define KVT_BASE_ERROR_H
 
 #include "kvtier.h"
 
@@ -21,4 +21,4 @@ int kvt_err(int code, const char *fmt, ...) KVT_PRINTF(2, 3);
 /** Clear the calling thread's last error message. */
 void kvt_err_clear(void);
 
-#endif /* KVT_ENGINE_ERROR_H */
+#endif /* KVT_BASE_ERROR_H */

@@ -1,22 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* engine/error.c - error codes, kvt_strerror() and the thread-local last-error message. */
+/* tiers/base/error.c - error codes, kvt_strerror() and the thread-local last-error message. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "error.h"
+#include "tiers/base/error.h"
 
 static _Thread_local char kvt_errbuf[512];
-
-const char *
-kvt_version(void)
-{
-#define KVT_STR2(x) #x
-#define KVT_STR(x) KVT_STR2(x)
-	return KVT_STR(KVT_VERSION_MAJOR) "." KVT_STR(KVT_VERSION_MINOR) "." KVT_STR(
-		KVT_VERSION_PATCH);
-}
 
 const char *
 kvt_strerror(int err)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * transfer/xfer.c - the asynchronous transfer engine: block copies between tiers and their
+ * engine/xfer.c - the engine's transfer bookkeeping: block copies between tiers and their
  * completions.
  *
  * Device copies (HBM <-> HOST) are collected per direction and submitted as ONE batched copy
