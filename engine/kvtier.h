@@ -410,6 +410,13 @@ KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *to
  * Returns 0, KVT_ECLOSED, KVT_EBUSY, -EINVAL (bad target), -ENOSPC (no room below: the blocks
  * not yet demoted stay where they are; those already on their way down stay demoted, which
  * loses nothing).
+ * To KVT_TIER_NVME: before anything moves, NVMe room for every block not already there is made
+ * (cached blocks nobody references are dropped, then restorable stored sessions, oldest
+ * first); when the tier cannot hold them (it is full of live sequences' blocks) the call fails
+ * with -ENOSPC and a message, and nothing moved. Otherwise the slots stay kept for the blocks
+ * still on their way down (HBM -> HOST -> NVMe): a park to NVMe that returns 0 has all its
+ * blocks on NVMe once kvt_engine_drain() returns 0 (unless resumed or used meanwhile, or an
+ * NVMe write failed), and a keyed session (nvme_persist) is published then.
  */
 KVT_API int kvt_seq_park(struct kvt_engine *e, kvt_seq_id s, enum kvt_tier target);
 
