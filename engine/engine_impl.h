@@ -440,6 +440,9 @@ struct kvt_engine {
 
 /* ---- engine.c */
 void kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...) KVT_PRINTF(3, 4);
+/* The most blocks one sequence may hold: all tiers' usable slots less one per tier below HBM
+ * (the reserve; kvtier.h kvt_seq_append). */
+uint32_t kvt_seq_max_blocks(const struct kvt_engine *e);
 
 /* ---- engine/block.c: blocks, copies, slots */
 int kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out);

@@ -396,6 +396,11 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence longer "
 			       "than %u blocks (the most a block record can place)", n,
 			       KVT_SEQ_MAX_BLOCKS);
+	if (need_blocks > kvt_seq_max_blocks(e))
+		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence %u blocks long; "
+			       "it may hold at most %u (all tiers' slots less the reserve of one per "
+			       "tier below HBM): it could never be read back", n, need_blocks,
+			       kvt_seq_max_blocks(e));
 	if (touched > slots)
 		return kvt_err(KVT_ETOOBIG,
 			       "appending %zu tokens needs %u HBM blocks at once; HBM has %u slots "

@@ -58,6 +58,13 @@ shape_engine(const struct shape *sh, const char *dir)
 	return e;
 }
 
+/* The blocks a sequence may hold in @sh: the tiers' slots less one per tier below HBM. */
+static uint32_t
+shape_limit(const struct shape *sh)
+{
+	return sh->hbm + sh->host + sh->nvme - (sh->host != 0) - (sh->nvme != 0);
+}
+
 /* Prepare blocks [first, first + n) of @s, wait, compare with pattern @tag, release. 0, 1 on a
  * data mismatch, or prepare's error (printed). */
 static int
@@ -71,8 +78,12 @@ verify_window(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint32_t first, 
 
 	rc = kvt_batch_prepare_ranges(e, &r, 1, &b);
 	if (rc) {
-		print_error("prepare blocks [%u, +%u): %d %s\n", first, n, rc,
-			    kvt_last_error_message());
+		struct kvt_stats st = tsup_stats(e);
+
+		print_error("prepare blocks [%u, +%u): %d %s (seq: HBM %u HOST %u NVMe %u; used "
+			    "%u/%u/%u)\n", first, n, rc, kvt_last_error_message(),
+			    tsup_blocks_in(e, s, 0), tsup_blocks_in(e, s, 1), tsup_blocks_in(e, s, 2),
+			    st.tier[0].used_slots, st.tier[1].used_slots, st.tier[2].used_slots);
 		return rc;
 	}
 	for (l = 0; l < TSUP_LAYERS && rc == 0; l++)
@@ -128,6 +139,188 @@ write_blocks(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint32_t from, ui
 		assert_int_equal(kvt_batch_release(b, NULL), 0);
 	}
 	return 0;
+}
+
+/* Append @n tokens from token @pos to @s (pattern @tag), then release their write pin with a
+ * one-block batch of its last block. */
+static int
+append_released(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint64_t pos, uint32_t n)
+{
+	struct kvt_seq_range r = { .seq = s, .first_block = (uint32_t)((pos + n - 1) / TSUP_TPB),
+				   .n_blocks = 1 };
+	struct kvt_batch *b;
+	int rc = tsup_append_write(e, s, tag, pos, n);
+
+	if (rc)
+		return rc;
+	rc = kvt_batch_prepare_ranges(e, &r, 1, &b);
+	if (rc) {
+		print_error("prepare after append at %llu: %d %s\n", (unsigned long long)pos, rc,
+			    kvt_last_error_message());
+		return rc;
+	}
+	return kvt_batch_release(b, NULL);
+}
+
+/* ---- item 3 */
+
+/* HBM 32, HOST 32, NVMe 64 slots and one 124-block session: every window size reads it back. */
+static void
+test_deadlock_124_windows(void **state)
+{
+	static const uint32_t wins[] = { 1, 2, 8, 16 };
+	struct shape sh = { .hbm = 32, .host = 32, .nvme = 64 };
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e;
+	kvt_seq_id s;
+	uint32_t w;
+
+	(void)state;
+	e = shape_engine(&sh, dir);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	assert_int_equal(write_blocks(e, s, 7, 0, 124), 0);
+	tsup_check_engine(e);
+	for (w = 0; w < sizeof wins / sizeof *wins; w++) {
+		assert_int_equal(verify_windows(e, s, 7, 124, wins[w]), 0);
+		tsup_check_engine(e);
+	}
+	/* and backwards, one block at a time (every block comes from the far end) */
+	for (w = 124; w-- > 0;)
+		assert_int_equal(verify_window(e, s, 7, w, 1), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* A sequence that can never fit: the append that would exceed the limit is KVT_ETOOBIG at once
+ * and leaves the sequence as it was (readable, same length). */
+static void
+test_never_fits_etoobig(void **state)
+{
+	struct shape sh = { .hbm = 32, .host = 32, .nvme = 64 };
+	uint32_t limit = shape_limit(&sh);
+	char *dir = tsup_mkdtemp();
+	struct kvt_seq_info info;
+	struct kvt_engine *e;
+	int64_t map[2 * TSUP_TPB];
+	int32_t tok[2 * TSUP_TPB];
+	kvt_seq_id s;
+	int rc;
+
+	(void)state;
+	for (uint32_t i = 0; i < 2 * TSUP_TPB; i++)
+		tok[i] = (int32_t)i;
+	e = shape_engine(&sh, dir);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	/* up to one token short of the limit, then a partial last block */
+	assert_int_equal(write_blocks(e, s, 3, 0, limit - 1), 0);
+	assert_int_equal(append_released(e, s, 3, (uint64_t)(limit - 1) * TSUP_TPB,
+					 TSUP_TPB - 1), 0);
+	/* one more token fills the limit's last block; the next token would need one more */
+	assert_int_equal(append_released(e, s, 3, (uint64_t)limit * TSUP_TPB - 1, 1), 0);
+	rc = kvt_seq_append(e, s, tok, 1, map);
+	if (rc != KVT_ETOOBIG)
+		print_error("append past the limit: %d %s\n", rc, kvt_last_error_message());
+	assert_int_equal(rc, KVT_ETOOBIG);
+	/* twice: never "not now" */
+	assert_int_equal(kvt_seq_append(e, s, tok, 2 * TSUP_TPB, map), KVT_ETOOBIG);
+	assert_int_equal(kvt_seq_info(e, s, &info), 0);
+	assert_int_equal(info.n_blocks, limit);
+	assert_int_equal(info.n_tokens, (uint64_t)limit * TSUP_TPB);
+	assert_int_equal(verify_windows(e, s, 3, limit, 8), 0);
+	assert_int_equal(verify_windows(e, s, 3, limit, 1), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* An HBM-only engine: a sequence longer than HBM is KVT_ETOOBIG, not -ENOSPC for ever. */
+static void
+test_never_fits_hbm_only(void **state)
+{
+	struct shape sh = { .hbm = 4 };
+	struct kvt_engine *e;
+	int64_t map[TSUP_TPB];
+	int32_t tok[TSUP_TPB] = { 0 };
+	kvt_seq_id s;
+
+	(void)state;
+	e = shape_engine(&sh, NULL);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	assert_int_equal(write_blocks(e, s, 5, 0, 4), 0);
+	assert_int_equal(kvt_seq_append(e, s, tok, 1, map), KVT_ETOOBIG);
+	assert_int_equal(verify_windows(e, s, 5, 4, 4), 0);
+	kvt_engine_destroy(e);
+}
+
+static uint64_t
+rnd(uint64_t *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	return *x;
+}
+
+/* Random small shapes: a sequence of up to the limit's blocks (the last block sometimes
+ * partial) reads back exactly through random windows; one block more is KVT_ETOOBIG. */
+static void
+test_random_small_shapes(void **state)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ull;
+	uint32_t rounds = kvt_test_quick() ? 40 : 300, r;
+
+	(void)state;
+	for (r = 0; r < rounds; r++) {
+		struct shape sh = { .hbm = 1 + (uint32_t)(rnd(&x) % 5),
+				    .host = (uint32_t)(rnd(&x) % 5),
+				    .nvme = (uint32_t)(rnd(&x) % 7),
+				    .no_watermarks = rnd(&x) % 2 };
+		char *dir;
+
+		if (!sh.host)
+			sh.nvme = 0; /* an NVME tier stages through HOST */
+		dir = sh.nvme ? tsup_mkdtemp() : NULL;
+		uint32_t limit, n, i, tail, wins;
+		struct kvt_engine *e;
+		int64_t map[TSUP_TPB];
+		int32_t tok[TSUP_TPB] = { 0 };
+		kvt_seq_id s;
+
+		e = shape_engine(&sh, dir);
+		limit = shape_limit(&sh);
+		n = 1 + (uint32_t)(rnd(&x) % limit);
+		if (rnd(&x) % 3 == 0)
+			n = limit;
+		tail = 1 + (uint32_t)(rnd(&x) % TSUP_TPB); /* tokens of the last block */
+		print_message("shape %u: HBM %u HOST %u NVMe %u, %u blocks (limit %u)\n", r,
+			      sh.hbm, sh.host, sh.nvme, n, limit);
+		assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+		assert_int_equal(write_blocks(e, s, 11 + r, 0, n - 1), 0);
+		assert_int_equal(append_released(e, s, 11 + r, (uint64_t)(n - 1) * TSUP_TPB,
+						 tail), 0);
+		for (wins = 0; wins < 4; wins++) {
+			uint32_t w = 1 + (uint32_t)(rnd(&x) % sh.hbm);
+
+			assert_int_equal(verify_windows(e, s, 11 + r, n, w), 0);
+			tsup_check_engine(e);
+		}
+		if (n == limit) {
+			if (tail < TSUP_TPB) /* fill the last block: still within the limit */
+				assert_int_equal(append_released(e, s, 11 + r,
+								 (uint64_t)(n - 1) * TSUP_TPB +
+									 tail,
+								 TSUP_TPB - tail), 0);
+			assert_int_equal(kvt_seq_append(e, s, tok, 1, map), KVT_ETOOBIG);
+			tail = TSUP_TPB;
+		}
+		for (i = n; i-- > 0;)
+			assert_int_equal(verify_window(e, s, 11 + r, i, 1), 0);
+		tsup_check_engine(e);
+		kvt_engine_destroy(e);
+		if (dir)
+			tsup_rmdir(dir);
+	}
 }
 
 /* ---- item 2 */
@@ -248,6 +441,10 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_full_nvme_drops_cached),
 		cmocka_unit_test(test_full_nvme_park_fails_clearly),
+		cmocka_unit_test(test_deadlock_124_windows),
+		cmocka_unit_test(test_never_fits_etoobig),
+		cmocka_unit_test(test_never_fits_hbm_only),
+		cmocka_unit_test(test_random_small_shapes),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
