@@ -435,12 +435,59 @@ test_full_nvme_park_fails_clearly(void **state)
 	tsup_rmdir(dir);
 }
 
+/*
+ * Two parks to NVMe back to back while the first one's blocks are still on their way down
+ * (HBM -> HOST, slow copies): the NVMe slots the first one found free stay kept for it, so the
+ * second one cannot take them. Each park that returns 0 has all its blocks on NVMe after drain;
+ * one that cannot fit says -ENOSPC.
+ */
+static void
+test_park_keeps_nvme_room(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	kvt_seq_id a, b;
+	int ra, rb;
+
+	(void)state;
+	tsup_opts_init(&o);
+	o.hbm_bytes = 8 * tsup_block_bytes();
+	o.host_bytes = 8 * tsup_block_bytes();
+	o.nvme_dir = dir;
+	o.nvme_bytes = 6 * NVME_SLOT_BYTES;
+	o.emu_copy_bytes_per_s = 1u << 20; /* 1 ms a block: the copies are in flight for a while */
+	o.high_watermark = o.low_watermark = 1.0f;
+	e = tsup_create(&o, NULL);
+	a = salted_seq(e, 1, 0);
+	b = salted_seq(e, 2, 0);
+	assert_int_equal(write_blocks(e, a, 1, 0, 4), 0);
+	assert_int_equal(write_blocks(e, b, 2, 0, 3), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	ra = kvt_seq_park(e, a, KVT_TIER_NVME);
+	rb = kvt_seq_park(e, b, KVT_TIER_NVME);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	print_message("park A %d, park B %d; A on NVMe %u, B on NVMe %u\n", ra, rb,
+		      tsup_blocks_in(e, a, KVT_TIER_NVME), tsup_blocks_in(e, b, KVT_TIER_NVME));
+	assert_int_equal(ra, 0);
+	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_NVME), 4);
+	if (rb == 0)
+		assert_int_equal(tsup_blocks_in(e, b, KVT_TIER_NVME), 3);
+	assert_int_equal(rb, -ENOSPC);
+	tsup_check_engine(e);
+	assert_int_equal(verify_windows(e, a, 1, 4, 4), 0);
+	assert_int_equal(verify_windows(e, b, 2, 3, 3), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_full_nvme_drops_cached),
 		cmocka_unit_test(test_full_nvme_park_fails_clearly),
+		cmocka_unit_test(test_park_keeps_nvme_room),
 		cmocka_unit_test(test_deadlock_124_windows),
 		cmocka_unit_test(test_never_fits_etoobig),
 		cmocka_unit_test(test_never_fits_hbm_only),
