@@ -575,6 +575,10 @@ seq_park_nvme_room(struct kvt_engine *e, struct kvt_seqrec *s)
 	if ((uint64_t)need + e->nvme_promised <= sl->n_free ||
 	    kvt_reclaim(e, KVT_TIER_NVME, need, true) == 0)
 		return 0;
+	if (need > sl->n_slots)
+		return kvt_err(-ENOSPC, "sequence %u cannot be parked to NVMe: %u of its blocks need "
+			       "NVMe slots, the tier has %u (park it to HOST); nothing moved",
+			       (unsigned)(s - e->seqs), need, sl->n_slots);
 	return kvt_err(-ENOSPC, "no room on NVMe to park sequence %u: %u blocks need NVMe slots, "
 		       "%u of %u are free (%u kept for other parks on their way down) and the rest "
 		       "hold live blocks; nothing moved", (unsigned)(s - e->seqs), need, sl->n_free,
