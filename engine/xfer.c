@@ -296,7 +296,6 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 		uint32_t slot;
 
 		/* the slot the park kept free for it (its promise ended in xfer_complete) */
-
 		if (kvt_reclaim(e, KVT_TIER_NVME, 1, false) == 0 &&
 		    kvt_slot_alloc(e, KVT_TIER_NVME, x->block, &slot) == 0)
 			(void)kvt_xfer_h2n(e, x->block, slot, true, false);
