@@ -420,6 +420,10 @@ struct kvt_engine {
 	uint64_t nvme_backoff_until;        /* ns: no background demotion to NVMe before this
 	                                       (set by an ENOSPC write) */
 	uint64_t idle_next_ns;              /* next idle scan (kvt_engine_poll) */
+	uint32_t nvme_promised;             /* NVMe slots kept free for parks' blocks on their
+	                                       way down (a HBM->HOST copy whose write to NVMe
+	                                       starts when it lands): other NVMe allocations
+	                                       leave them (engine/residency.c, seq.c) */
 	struct kvt_prefix prefix;           /* index of sealed blocks (engine/prefix.c) */
 	struct kvt_budget budget[KVT_MAX_BUDGETS]; /* per-tenant tier budgets (engine/tenant.c) */
 	uint32_t n_budgets;                 /* entries in budget */
@@ -436,6 +440,9 @@ struct kvt_engine {
 
 /* ---- engine.c */
 void kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...) KVT_PRINTF(3, 4);
+/* The most blocks one sequence may hold: all tiers' usable slots less one per tier below HBM
+ * (the reserve; kvtier.h kvt_seq_append). */
+uint32_t kvt_seq_max_blocks(const struct kvt_engine *e);
 
 /* ---- engine/block.c: blocks, copies, slots */
 int kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out);

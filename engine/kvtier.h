@@ -57,6 +57,10 @@ KVT_API const char *kvt_version(void);
 /*
  * Library-specific error codes live in -20000..-20099, below every errno value (the LMDB and
  * libuv convention), so a caller can tell them apart from -errno.
+ * KVT_ETOOBIG means "never": the request exceeds what the tiers can hold whatever else is
+ * freed (a batch beyond HBM's slots; an append past the most blocks one sequence may hold, the
+ * tiers' slots less the reserve of one per tier below HBM, see kvt_seq_append); a server must
+ * not retry it. -ENOSPC means "not now": other sequences or batches hold the room.
  */
 #define KVT_ERRNO_MAP(XX)                                                                          \
 	XX(EDEVICE, -20000, "device (GPU) error")                     \
@@ -393,9 +397,18 @@ KVT_API int kvt_seq_close(struct kvt_engine *e, kvt_seq_id s);
  * does so naturally; a host write must wait for them).
  * Returns 0, KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch), -EINVAL (n out of
  * range, slot_mapping NULL), KVT_ETOOBIG (the n tokens span more blocks than HBM has slots: append
- * fewer at a time), -ENOSPC (not now: HBM is pinned by batches or by this sequence's earlier
- * appends not yet released, or no tier has room to make space), KVT_ELOST. On failure the
- * sequence is unchanged.
+ * fewer at a time; or the sequence would exceed the most blocks one sequence may hold, below:
+ * it could never be read back, retrying cannot help), -ENOSPC (not now: HBM is pinned by
+ * batches or by this sequence's earlier appends not yet released, or no tier has room to make
+ * space: other sequences hold it), KVT_ELOST. On failure the sequence is unchanged.
+ * The reserve: one sequence holds at most
+ *     max_blocks = (hbm_slots + host_slots + nvme_slots - slots quarantined for good) - R,
+ *     R = one slot per tier below HBM (2 with HOST and NVMe, 1 with HOST only, 0 with HBM alone),
+ * the room that moving one block down the cascade and one back up needs at each tier boundary
+ * while their copies are in flight when everything else sits below. A sequence within it is
+ * always readable through kvt_batch_prepare_ranges() windows that fit HBM, whatever tier its
+ * blocks are in, when no other sequence holds room (otherwise -ENOSPC, "not now"). E.g. HBM 32,
+ * HOST 32 and NVMe 64 slots: 126 blocks.
  */
 KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens, size_t n,
 			   int64_t *slot_mapping);
@@ -410,6 +423,13 @@ KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *to
  * Returns 0, KVT_ECLOSED, KVT_EBUSY, -EINVAL (bad target), -ENOSPC (no room below: the blocks
  * not yet demoted stay where they are; those already on their way down stay demoted, which
  * loses nothing).
+ * To KVT_TIER_NVME: before anything moves, NVMe room for every block not already there is made
+ * (cached blocks nobody references are dropped, then restorable stored sessions, oldest
+ * first); when the tier cannot hold them (it is full of live sequences' blocks) the call fails
+ * with -ENOSPC and a message, and nothing moved. Otherwise the slots stay kept for the blocks
+ * still on their way down (HBM -> HOST -> NVMe): a park to NVMe that returns 0 has all its
+ * blocks on NVMe once kvt_engine_drain() returns 0 (unless resumed or used meanwhile, or an
+ * NVMe write failed), and a keyed session (nvme_persist) is published then.
  */
 KVT_API int kvt_seq_park(struct kvt_engine *e, kvt_seq_id s, enum kvt_tier target);
 
@@ -596,7 +616,11 @@ struct kvt_seq_range {
  * split-KV partial attention per window and merges them with log-sum-exp (kernels/attention.h,
  * FlashDecoding), releasing each window's batch before preparing the next. A sequence may appear
  * in several ranges only if they do not overlap. Errors as kvt_batch_prepare(), plus -EINVAL for
- * a range past the end of its sequence.
+ * a range past the end of its sequence. A window of a sequence within kvt_seq_append()'s limit
+ * (the tiers' slots less the reserve) always makes progress when its blocks fit HBM: when an
+ * NVMe-only block needs a HOST slot and HOST and NVMe hold only blocks without another copy,
+ * a HOST block outside the batch is moved up into free HBM (or a batch block's HOST copy
+ * written to NVMe and traded for an HBM victim's demotion), never -ENOSPC for ever.
  */
 KVT_API int kvt_batch_prepare_ranges(struct kvt_engine *e, const struct kvt_seq_range *ranges,
 				     size_t n, struct kvt_batch **out);

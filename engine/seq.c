@@ -396,6 +396,11 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence longer "
 			       "than %u blocks (the most a block record can place)", n,
 			       KVT_SEQ_MAX_BLOCKS);
+	if (need_blocks > kvt_seq_max_blocks(e))
+		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence %u blocks long; "
+			       "it may hold at most %u (all tiers' slots less the reserve of one per "
+			       "tier below HBM): it could never be read back", n, need_blocks,
+			       kvt_seq_max_blocks(e));
 	if (touched > slots)
 		return kvt_err(KVT_ETOOBIG,
 			       "appending %zu tokens needs %u HBM blocks at once; HBM has %u slots "
@@ -537,6 +542,49 @@ seq_shrink(struct kvt_seqrec *s)
 	}
 }
 
+/* Whether block @id of a sequence parked to NVMe still needs an NVMe slot: it has contents and
+ * no NVMe copy that is, or will be, current; a block pinned by another sequence's batch (shared)
+ * stays where it is. */
+static bool
+seq_needs_nvme(struct kvt_engine *e, uint32_t id)
+{
+	const struct kvt_block *b = kvt_blk(e, id);
+
+	if (b->lost || b->pins || !kvt_block_current(b))
+		return false;
+	return kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_ABSENT ||
+	       kvt_copy_stale(b, KVT_TIER_NVME);
+}
+
+/*
+ * Before a park to NVMe moves anything: the NVMe slots its blocks need, made free now (cached
+ * blocks nobody references, clean duplicates and restorable stored sessions go); -ENOSPC with a
+ * message when the tier cannot hold them (nothing moved then). The blocks that go from HBM
+ * reach NVMe in two steps (HBM -> HOST, then HOST -> NVMe when that copy lands): each keeps its
+ * NVMe slot free meanwhile (e->nvme_promised, which every other NVMe allocation leaves), so a
+ * park that returns 0 has every block on NVMe, or on its way there, once its copies complete.
+ */
+static int
+seq_park_nvme_room(struct kvt_engine *e, struct kvt_seqrec *s)
+{
+	struct kvt_slots *sl = &e->slots[KVT_TIER_NVME];
+	uint32_t i, need = 0;
+
+	for (i = 0; i < s->n_blocks; i++)
+		need += seq_needs_nvme(e, s->blocks[i]);
+	if ((uint64_t)need + e->nvme_promised <= sl->n_free ||
+	    kvt_reclaim(e, KVT_TIER_NVME, need, true) == 0)
+		return 0;
+	if (need > sl->n_slots)
+		return kvt_err(-ENOSPC, "sequence %u cannot be parked to NVMe: %u of its blocks need "
+			       "NVMe slots, the tier has %u (park it to HOST); nothing moved",
+			       (unsigned)(s - e->seqs), need, sl->n_slots);
+	return kvt_err(-ENOSPC, "no room on NVMe to park sequence %u: %u blocks need NVMe slots, "
+		       "%u of %u are free (%u kept for other parks on their way down) and the rest "
+		       "hold live blocks; nothing moved", (unsigned)(s - e->seqs), need, sl->n_free,
+		       sl->n_slots, e->nvme_promised);
+}
+
 int
 kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 {
@@ -553,6 +601,8 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 			       (unsigned)(s - e->seqs));
 	kvt_seq_unpin_writes(e, s);
 	kvt_hint_drop(e, s); /* parked: whatever was announced for it no longer holds */
+	if (t == KVT_TIER_NVME)
+		rc = seq_park_nvme_room(e, s);
 	for (i = 0; i < s->n_blocks && rc == 0; i++) {
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
 		if (rc == KVT_EBUSY && kvt_blk(e, s->blocks[i])->refs > 1)
