@@ -249,7 +249,7 @@ kvt_pentry_block(const struct kvt_prefix *p, uint32_t v)
 
 /* Laid out for size (128 bytes): 64-bit fields and pointers first. */
 struct kvt_seqrec {
-	uint64_t salt[2];   /* prefix key material: tenant salt, extra key (adapter, model) */
+	uint64_t salt[2];   /* prefix key material: kvt_prefix_salt(tenant, salt, extra key) */
 	uint64_t last_use_ns; /* last append/prepare/resume (idle parking) */
 	uint64_t n_tokens;  /* tokens held */
 	uint64_t cap_tokens; /* capacity of tokens[] (exact while parked) */
@@ -471,6 +471,9 @@ void *kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot);
 /* ---- engine/prefix.c: the content-addressed index of sealed blocks */
 void kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
 		     const uint64_t salt[2], uint64_t out[2]);
+/* The key material of a sequence (struct kvt_seqrec.salt): XXH3-128 of (tenant, salt, extra
+ * key), so the tenant is part of every prefix key whatever salt the caller gives. */
+void kvt_prefix_salt(uint32_t tenant, uint64_t salt, uint64_t extra_key, uint64_t out[2]);
 uint32_t kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens);
 uint32_t kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2]); /* no token check */
 /* Index sealed block @id; its tokens are borrowed from its creator sequence (b->seq). */
@@ -585,10 +588,12 @@ int kvt_persist_reclaim(struct kvt_engine *e, uint32_t need); /* free stored ses
  * header checked. Returns how many blocks from @k on match. With @seq (a sequence index, not
  * UINT32_MAX) they become new blocks of it in ids[k..], refs 1, their NVMe copy the stored slot
  * (which the record keeps naming: restoring that session later shares them), in the prefix
- * index. Needs tokens up to block max.
+ * index. Needs tokens up to block max. Only sessions stored for @tenant are used (the record's
+ * tenant, compared as well as the key).
  */
-uint32_t kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t salt[2],
-			    uint32_t k, uint32_t max, uint32_t seq, uint32_t *ids);
+uint32_t kvt_persist_prefix(struct kvt_engine *e, uint32_t tenant, const int32_t *tokens,
+			    const uint64_t salt[2], uint32_t k, uint32_t max, uint32_t seq,
+			    uint32_t *ids);
 /* An NVMe slot named by a journal record that may be durable: kept out of the allocator. */
 static inline bool
 kvt_persist_named(const struct kvt_engine *e, int tier, uint32_t slot)

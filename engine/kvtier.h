@@ -335,7 +335,7 @@ typedef uint64_t kvt_seq_id;
 
 struct kvt_seq_opts {
 	size_t opts_size;  /* sizeof(struct kvt_seq_opts) as the caller compiled it */
-	uint32_t tenant;   /* tenant id (also the default salt of prefix sharing, below) */
+	uint32_t tenant;   /* tenant id: part of every prefix key (tenants never share blocks) */
 	uint8_t priority;  /* 0..100, higher is kept longer; default 50 (KVT_EVICT_PRIO only) */
 	uint64_t session_key; /* caller-chosen id of the conversation (0 = none). With a
 	                         persistent NVMe store (nvme_persist), parking the sequence to NVMe
@@ -344,9 +344,13 @@ struct kvt_seq_opts {
 	/* ---- 0.2 */
 	uint32_t retention_ms; /* priority falls back to 50 this long after a block is created;
 	                          0 = keeps it (default) */
-	uint64_t salt;     /* prefix-sharing salt: sequences share blocks only when their salts
-	                      (and extra keys) are equal. 0 = derived from tenant, so different
-	                      tenants never share; give tenants one salt to let them share */
+	uint64_t salt;     /* prefix-sharing salt: sequences share blocks only when their
+	                      tenants, salts and extra keys are all equal (the three are hashed
+	                      together into each block's key, so no salt value reaches another
+	                      tenant's blocks; sequences of one tenant that must not share use
+	                      different salts). Default 0. (Earlier builds put the salt in the
+	                      tenant's place, and one salt let tenants share: sequences that are
+	                      to share now belong to one tenant) */
 	uint64_t extra_key; /* anything else the KV depends on (adapter id, model revision):
 	                       mixed into every block's key; default 0 */
 };
@@ -432,11 +436,20 @@ KVT_API int kvt_seq_resume(struct kvt_engine *e, kvt_seq_id s);
 
 /**
  * kvt_session_list() - keys of the sessions published in the store that are not open in this
- * engine (restorable), in no particular order.
+ * engine (restorable), of EVERY tenant, in no particular order: the operator's view (a store
+ * shared by tenants). A server acting for one tenant lists with kvt_session_list_tenant().
  * @keys: receives up to @cap keys (may be NULL when @cap is 0).
  * Returns the total number of such sessions (may exceed @cap), or -EINVAL; 0 without a store.
  */
 KVT_API int kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap);
+
+/**
+ * kvt_session_list_tenant() - as kvt_session_list(), only the sessions stored for @tenant (the
+ * kvt_seq_opts.tenant of the sequence that published them, kept in the journal record).
+ * Returns the total number of them (may exceed @cap), or -EINVAL; 0 without a store.
+ */
+KVT_API int kvt_session_list_tenant(struct kvt_engine *e, uint32_t tenant, uint64_t *keys,
+				    size_t cap);
 
 /**
  * kvt_seq_restore() - reopen the published session @session_key as a new sequence whose blocks
@@ -444,19 +457,30 @@ KVT_API int kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap);
  * first (its slot was not reused, the write is the one published); if any does not match, the
  * session is dropped from the store and -ENOENT is returned, so a session is either restored
  * whole or absent. The data themselves are verified by checksum when read (resume/prepare).
- * @o:   options of the new sequence (tenant, priority; session_key is taken from the store).
+ * @o:   options of the new sequence (priority, salt, extra_key; session_key is taken from the
+ *       store). Its tenant (0 when @o is NULL) must be the tenant the session was stored for
+ *       (the record's): the sequence gets that tenant, and another tenant is refused.
  * @out: receives the id.
- * Returns 0, -ENOENT (no such session, or it did not survive), KVT_EBUSY (it is open in this
- * engine), -EINVAL, -ENOMEM, -EIO (reading the headers failed).
+ * Returns 0, -ENOENT (no such session, or it did not survive), -EPERM (the session was stored
+ * for another tenant than o->tenant; nothing changes, the session stays in the store),
+ * KVT_EBUSY (it is open in this engine), -EINVAL, -ENOMEM, -EIO (reading the headers failed).
  */
 KVT_API int kvt_seq_restore(struct kvt_engine *e, uint64_t session_key,
 			    const struct kvt_seq_opts *o, kvt_seq_id *out);
 
 /**
- * kvt_session_drop() - forget the published session @session_key (journal record removed, its
- * NVMe slots freed unless an open sequence uses them). Returns 0, -ENOENT, KVT_EBUSY (open).
+ * kvt_session_drop() - forget the published session @session_key of any tenant (journal
+ * record removed, its NVMe slots freed unless an open sequence uses them): the operator's call,
+ * as kvt_session_list(). Returns 0, -ENOENT, KVT_EBUSY (open).
  */
 KVT_API int kvt_session_drop(struct kvt_engine *e, uint64_t session_key);
+
+/**
+ * kvt_session_drop_tenant() - as kvt_session_drop(), for a server acting for @tenant: a session
+ * stored for another tenant is refused with -EPERM (and stays). Returns 0, -ENOENT, -EPERM,
+ * KVT_EBUSY (open).
+ */
+KVT_API int kvt_session_drop_tenant(struct kvt_engine *e, uint32_t tenant, uint64_t session_key);
 /**
  * kvt_seq_set_priority() - retention priority of a token range (TensorRT-LLM's
  * KvCacheRetentionConfig::TokenRangeRetentionConfig): the blocks holding tokens
@@ -472,9 +496,10 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
 
 /*
  * Prefix sharing. When tokens are passed to kvt_seq_append(), every full ("sealed") block gets
- * a key: XXH3-128 over (the previous block's key, its tokens, salt, extra key); at the next
+ * a key: XXH3-128 over (the previous block's key, its tokens, XXH3-128(tenant, salt, extra
+ * key)): only sequences of one tenant with equal salts and extra keys ever share; at the next
  * kvt_batch_release() of the sequence (its K/V are written then) the block becomes shareable.
- * A new sequence whose prompt starts with the same tokens (and has the same salt and extra key)
+ * A new sequence whose prompt starts with the same tokens (same tenant, salt and extra key)
  * attaches those blocks instead of computing them: the server prefills only the rest. Shared
  * blocks are immutable and refcounted; they are freed in no tier while a sequence references
  * them. After the last sequence closes, a sealed block stays cached (evictable) for the next
@@ -482,7 +507,8 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
  * served. Only full blocks are shared: a sequence that diverges inside a block computes that
  * block itself. Without tokens (NULL) nothing is shared: the v0 behaviour. With a persistent
  * store (nvme_persist), the full blocks of sessions stored before a restart are found too (by
- * the prefix key stored with each block, confirmed by the tokens of the session's record): an
+ * the prefix key stored with each block, confirmed by the tokens and the tenant of the
+ * session's record): an
  * attach makes them blocks whose copy is the stored NVMe slot, shared with later attaches and
  * with the stored session when it is restored.
  */
@@ -518,7 +544,7 @@ KVT_API int kvt_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id s, const int3
  * unlimited). Soft: after every kvt_batch_release() and in kvt_engine_poll(), a tenant above its
  * budget has its least valuable unpinned blocks demoted out of that tier (HBM -> HOST -> NVMe;
  * on NVMe only cached prefix blocks can go). Blocks count for the tenant of the sequence that
- * created them (a block shared under a common salt counts once, for its creator). Up to 64
+ * created them (blocks are shared only within a tenant). Up to 64
  * tenants have budgets. Returns 0, -EINVAL (bad tier), -ENOSPC (64 tenants already).
  */
 KVT_API int kvt_tenant_set_budget(struct kvt_engine *e, uint32_t tenant, enum kvt_tier tier,

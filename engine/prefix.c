@@ -3,10 +3,13 @@
  * engine/prefix.c - prefix sharing: the content-addressed index of sealed blocks.
  *
  * A sealed block is a full block whose tokens are all known. Its key is a hash chain:
- *     h(block i) = XXH3-128(h(block i-1) || tokens of block i || salt || extra key)
- * with h(block -1) = 0, so a key names the whole prefix up to and including the block, and
- * sequences of different tenants (different salts) or different adapters / model revisions
- * (different extra keys) never meet. The key lives in the block record (struct kvt_block.hash,
+ *     h(block i) = XXH3-128(h(block i-1) || tokens of block i || m)
+ *     m = XXH3-128(u32 tenant || u32 0 || u64 salt || u64 extra key)   (kvt_prefix_salt)
+ * with h(block -1) = 0, so a key names the whole prefix up to and including the block. The
+ * tenant is hashed WITH the salt (a fixed-width input, so distinct (tenant, salt, extra key)
+ * triples are distinct inputs): no salt value a caller picks makes two tenants' keys equal
+ * (the salt used to stand in for the tenant, and tenant 8 with salt (1 << 63) | 1 met tenant
+ * 1). Different adapters / model revisions (different extra keys) never meet either. The key lives in the block record (struct kvt_block.hash,
  * 16 bytes, also what the NVMe store can use to find a block by content after a restart).
  *
  * The index maps key -> block id (open addressing, linear probing, tombstones; the key itself
@@ -61,6 +64,20 @@ kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
 	XXH3_128bits_update(&st, tokens, (size_t)n * sizeof *tokens);
 	XXH3_128bits_update(&st, salt, 16);
 	h = XXH3_128bits_digest(&st);
+	out[0] = h.low64;
+	out[1] = h.high64;
+}
+
+void
+kvt_prefix_salt(uint32_t tenant, uint64_t salt, uint64_t extra_key, uint64_t out[2])
+{
+	uint8_t in[24] = { 0 }; /* u32 tenant, u32 zero, u64 salt, u64 extra key */
+	XXH128_hash_t h;
+
+	memcpy(in, &tenant, sizeof tenant);
+	memcpy(in + 8, &salt, sizeof salt);
+	memcpy(in + 16, &extra_key, sizeof extra_key);
+	h = XXH3_128bits(in, sizeof in);
 	out[0] = h.low64;
 	out[1] = h.high64;
 }

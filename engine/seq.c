@@ -57,13 +57,13 @@ kvt_seq_opts_copy(struct kvt_seq_opts *dst, const struct kvt_seq_opts *o)
 	return 0;
 }
 
-/* Prefix key material: the salt given, else one derived from the tenant (so tenants never
- * share unless given the same salt), and the extra key (adapter id, model revision). */
+/* Prefix key material: the tenant, the salt and the extra key (adapter id, model revision)
+ * hashed together (kvt_prefix_salt), so sequences share only within one tenant, with equal
+ * salts and extra keys; no salt value reaches another tenant's blocks. */
 static void
 seq_salt(const struct kvt_seq_opts *o, uint64_t salt[2])
 {
-	salt[0] = o->salt ? o->salt : (1ull << 63) | o->tenant;
-	salt[1] = o->extra_key;
+	kvt_prefix_salt(o->tenant, o->salt, o->extra_key, salt);
 }
 
 static int
@@ -735,7 +735,8 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 		worst = t > worst ? t : worst;
 	}
 	/* the rest may be in a session stored before a restart: on NVMe */
-	i = kvt_persist_prefix(e, tokens, salt, k, (uint32_t)(n / tpb), UINT32_MAX, NULL);
+	i = kvt_persist_prefix(e, opts.tenant, tokens, salt, k, (uint32_t)(n / tpb), UINT32_MAX,
+			       NULL);
 	if (i)
 		worst = KVT_TIER_NVME;
 	k += i;
@@ -766,7 +767,8 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 	k = kvt_prefix_walk(e, tokens, n, s->salt, ids, max);
 	/* after it, blocks of a session stored before a restart: made for s (already its own) */
 	mem = k;
-	k += kvt_persist_prefix(e, tokens, s->salt, k, max, (uint32_t)(s - e->seqs), ids);
+	k += kvt_persist_prefix(e, s->tenant, tokens, s->salt, k, max, (uint32_t)(s - e->seqs),
+				ids);
 	for (i = 0; i < k; i++) {
 		struct kvt_block *b = kvt_blk(e, ids[i]);
 		int t = seq_best_tier(b);

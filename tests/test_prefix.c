@@ -2,7 +2,8 @@
 /*
  * tests/test_prefix.c - prefix sharing: sequences with the same prompt share sealed blocks
  * (refcounted, immutable) and read the same K/V; a forced hash collision is caught by the
- * token comparison; tenants never share unless given one salt, extra keys separate adapters;
+ * token comparison; tenants never share, whatever salt they are given (the tenant is part of the
+ * key), extra keys separate adapters;
  * a freed block leaves the index before its slots are reused; refcounts return to zero after
  * every sequence closes; divergence inside a block gets its own copy; cached prefixes survive
  * their sequence with prefix_cache and are found in the tier they were parked to.
@@ -199,14 +200,67 @@ test_tenants_and_keys(void **state)
 	assert_int_equal(m, 0); /* other tenant: never */
 	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
 	assert_int_equal(m, 0); /* tenant 0 either */
-	/* two tenants given one salt share */
+	/* two tenants given one salt do not share either: the tenant is part of the key */
 	o1.salt = o2.salt = 77;
 	(void)seq_a(e, &o1, 1, 1000);
+	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 3 * T); /* the tenant itself does, under that salt */
+	o2.tenant = 1; /* and so does a sequence of tenant 1 with salt 77 */
 	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
 	assert_int_equal(m, 3 * T);
 	/* another adapter / model revision does not */
 	o2.extra_key = 5;
 	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Hardening 6: no salt value reaches another tenant's blocks. The salt used to stand in for the
+ * tenant (0 meant (1 << 63) | tenant), so tenant 8 given salt 0x8000000000000001 matched and
+ * attached tenant 1's KV; and a salt of tenant 1 chosen as another tenant's default did too. */
+static void
+test_salt_cannot_reach_other_tenant(void **state)
+{
+	static const uint64_t salts[] = { 0, 1, 8, 0x8000000000000001ull, 0x8000000000000008ull,
+					  UINT64_MAX };
+	struct tsup_cfg c = { .hbm_blocks = 16, .host_blocks = 16 };
+	struct kvt_seq_opts o1, o8;
+	struct kvt_engine *e;
+	int32_t tok[4 * T];
+	uint64_t m = 0;
+	kvt_seq_id x;
+	char *dir;
+	size_t i;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	kvt_seq_opts_init(&o1, sizeof o1);
+	kvt_seq_opts_init(&o8, sizeof o8);
+	o1.tenant = 1;
+	o8.tenant = 8;
+	(void)seq_a(e, &o1, 1, 1000); /* tenant 1, default salt: 3 sealed blocks */
+	prompt(tok, 1000, 4 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 3 * T); /* the owner finds them */
+	for (i = 0; i < sizeof salts / sizeof *salts; i++) {
+		o8.salt = salts[i];
+		m = 1;
+		assert_int_equal(kvt_seq_match_prefix(e, &o8, tok, 4 * T, &m, NULL), 0);
+		assert_int_equal(m, 0);
+		assert_int_equal(kvt_seq_open(e, &o8, &x), 0);
+		m = 1;
+		assert_int_equal(kvt_seq_attach_prefix(e, x, tok, 4 * T, &m), 0);
+		assert_int_equal(m, 0); /* nothing of tenant 1's KV attached */
+		assert_int_equal(tsup_stats(e).shared_blocks, 0);
+		assert_int_equal(kvt_seq_close(e, x), 0);
+	}
+	/* tenant 1 itself with a salt: another key space than its default salt */
+	o1.salt = 0x8000000000000001ull;
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
 	assert_int_equal(m, 0);
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
@@ -521,6 +575,7 @@ main(void)
 		cmocka_unit_test(test_share_and_refcounts),
 		cmocka_unit_test(test_forced_collision),
 		cmocka_unit_test(test_tenants_and_keys),
+		cmocka_unit_test(test_salt_cannot_reach_other_tenant),
 		cmocka_unit_test(test_divergence),
 		cmocka_unit_test(test_index_churn),
 		cmocka_unit_test(test_cache_and_free),

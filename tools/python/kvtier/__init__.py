@@ -330,7 +330,7 @@ class Engine:
         """kvt_seq_open: a new empty Sequence. Keyword arguments are the fields of
         struct kvt_seq_opts: tenant, priority (0..100), session_key (publish it under this key
         when parked to NVMe with nvme_persist), retention_ms, salt and extra_key (prefix
-        sharing happens only between equal salts and extra keys; salt 0 = per tenant)."""
+        sharing happens only within one tenant, between equal salts and extra keys)."""
         o = _seq_opts(tenant=tenant, priority=priority, **opts)
         sid = ctypes.c_uint64()
         _check(lib.kvt_seq_open(self._handle(), ctypes.byref(o), ctypes.byref(sid)),
