@@ -6,7 +6,8 @@
  * key), extra keys separate adapters;
  * a freed block leaves the index before its slots are reused; refcounts return to zero after
  * every sequence closes; divergence inside a block gets its own copy; cached prefixes survive
- * their sequence with prefix_cache and are found in the tier they were parked to.
+ * their sequence with prefix_cache and are found in the tier they were parked to; a tenant
+ * budget set after a sequence record was reused counts no other tenant's blocks.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -265,6 +266,61 @@ test_salt_cannot_reach_other_tenant(void **state)
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
+}
+
+/* Hardening 7: a budget set for a tenant whose sequence reuses the record of a closed sequence
+ * of another tenant (whose blocks stay cached) charged those blocks to the new tenant, and the
+ * old tenant's budget kept counting them: kvt_engine_check() found "tenant 0 tier 0: 0 slots
+ * held, budget counts 2". */
+static void
+test_budget_after_record_reuse(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_seq_opts so;
+	uint64_t used[KVT_TIER_COUNT];
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+
+	(void)state;
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout = (struct kvt_layout){ TSUP_LAYERS, TSUP_HEADS, TSUP_DIM, KVT_DTYPE_F32, T };
+	o.hbm_bytes = 8 * tsup_block_bytes();
+	o.host_bytes = 8 * tsup_block_bytes();
+	o.prefix_cache = 1;
+	assert_int_equal(kvt_engine_create(&o, &e), 0);
+	assert_int_equal(kvt_tenant_set_budget(e, 0, KVT_TIER_HBM, 100), 0);
+	assert_int_equal(kvt_seq_open(e, NULL, &a), 0); /* tenant 0 */
+	assert_int_equal(pfx_append(e, a, 1, 1000, 0, 2 * T), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0); /* sealed: they stay cached after close */
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	assert_int_equal(kvt_tenant_usage(e, 0, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 2);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = 5;
+	assert_int_equal(kvt_seq_open(e, &so, &b), 0);
+	assert_int_equal((uint32_t)b, (uint32_t)a); /* the same sequence record */
+	assert_int_equal(kvt_tenant_set_budget(e, 5, KVT_TIER_HBM, 100), 0);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_tenant_usage(e, 0, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 2); /* still tenant 0's cached blocks */
+	assert_int_equal(kvt_tenant_usage(e, 5, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 0);
+	/* tenant 5's own blocks count for it */
+	assert_int_equal(pfx_append(e, b, 2, 7000, 0, T), 0);
+	assert_int_equal(kvt_tenant_usage(e, 5, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 1);
+	/* and a budget set once a tenant's sequence holds blocks counts them */
+	so.tenant = 6;
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	assert_int_equal(kvt_seq_open(e, &so, &b), 0);
+	assert_int_equal(pfx_append(e, b, 3, 9000, 0, 2 * T), 0);
+	assert_int_equal(kvt_tenant_set_budget(e, 6, KVT_TIER_HBM, 100), 0);
+	assert_int_equal(kvt_tenant_usage(e, 6, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 2);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
 }
 
 /* Divergence inside a block: only the full blocks before it are shared; a prompt shorter than
@@ -576,6 +632,7 @@ main(void)
 		cmocka_unit_test(test_forced_collision),
 		cmocka_unit_test(test_tenants_and_keys),
 		cmocka_unit_test(test_salt_cannot_reach_other_tenant),
+		cmocka_unit_test(test_budget_after_record_reuse),
 		cmocka_unit_test(test_divergence),
 		cmocka_unit_test(test_index_churn),
 		cmocka_unit_test(test_cache_and_free),
