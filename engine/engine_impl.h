@@ -558,6 +558,9 @@ uint32_t kvt_rot_victims(struct kvt_engine *e, uint32_t *out, uint32_t max);
 /* ---- engine/seq.c */
 struct kvt_seqrec *kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx);
 void kvt_seq_unpin_writes(struct kvt_engine *e, struct kvt_seqrec *s);
+/* HBM blocks write-pinned by appends of open sequences (no release or park since): what an
+ * -ENOSPC message names besides batches. O(sequences); for error paths. */
+uint32_t kvt_seq_wpinned(const struct kvt_engine *e);
 /* At release: put the sequence's write-pinned hashed blocks (K/V now written) in the index. */
 void kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s);
 void kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost);

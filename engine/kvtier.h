@@ -66,7 +66,7 @@ KVT_API const char *kvt_version(void);
 	XX(ELOST, -20004, "KV blocks were lost (I/O error or corruption); sequence truncated, recompute") \
 	XX(EFORMAT, -20005, "file is not in the expected format")                                  \
 	XX(ETOOBIG, -20006, "request can never fit in the configured tier capacities")             \
-	XX(EBUSY, -20007, "sequence is busy (pinned by a batch that is not released)")             \
+	XX(EBUSY, -20007, "sequence or session is busy (in an unreleased batch, or open)")          \
 	XX(ENOTSUP, -20008, "not supported by this build or device")
 
 enum kvt_error {
@@ -395,11 +395,28 @@ KVT_API int kvt_seq_close(struct kvt_engine *e, kvt_seq_id s);
  * Slots come from blocks nobody holds, but a kernel released with a stream may still be reading
  * one: order the writes after the streams of earlier releases (a server with one compute stream
  * does so naturally; a host write must wait for them).
- * Returns 0, KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch), -EINVAL (n out of
- * range, slot_mapping NULL), KVT_ETOOBIG (the n tokens span more blocks than HBM has slots: append
- * fewer at a time), -ENOSPC (not now: HBM is pinned by batches or by this sequence's earlier
- * appends not yet released, or no tier has room to make space), KVT_ELOST. On failure the
- * sequence is unchanged.
+ * Prefix sharing (with @tokens): a block this append fills gets its key now but becomes
+ * shareable only once its K/V are written, which the engine takes to be the case at the first
+ * of: the next kvt_batch_release() of a batch holding the sequence, kvt_seq_park() (or the idle
+ * park), or the NEXT kvt_seq_append() to this sequence. So write (or queue on the stream that
+ * later batches are released with) the K/V of one append before appending again to the same
+ * sequence; a server that prefills and parks without ever preparing a batch shares its prompt
+ * from the park on.
+ * Returns 0, or one of these, with the sequence in the state given:
+ *   KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch), -EINVAL (n out of range,
+ *   slot_mapping NULL), KVT_ETOOBIG (the n tokens span more blocks than HBM has slots: append
+ *   fewer at a time; or the sequence would exceed 16,777,215 blocks), -ENOSPC (not now: HBM is
+ *   pinned; the message says how many blocks are held by appends not yet unpinned by a release
+ *   or park, this sequence's own included, and how many by batches), -ENOMEM: nothing appended
+ *   and the sequence unchanged (tokens, blocks, length). The partially filled last block may
+ *   have been brought into HBM for the append: it stays there, write-pinned until the next
+ *   release or park, with its copies below HBM dropped.
+ *   KVT_ELOST: the partially filled last block had no valid copy left (its NVMe read failed its
+ *   checksum or could not be done, and no other tier held it): the sequence is TRUNCATED to its
+ *   full blocks, n_tokens = floor(n_tokens / tokens_per_block) * tokens_per_block (see
+ *   kvt_seq_info), the write pins of its earlier appends are dropped (their full blocks were
+ *   made shareable first), and none of the @n tokens is appended. The caller recomputes the lost
+ *   tokens [new n_tokens, old n_tokens): append them again and write their K/V, then append @n.
  */
 KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens, size_t n,
 			   int64_t *slot_mapping);
@@ -410,7 +427,8 @@ KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *to
  * next one down). Blocks shared with another sequence that is in an unreleased batch stay
  * where they are (that batch uses them). Asynchronous: copies are queued; HBM slots are freed
  * as they complete (kvt_engine_poll/drain). The id stays valid; kvt_seq_resume() or a batch
- * brings it back.
+ * brings it back. The full blocks its appends filled become shareable here (prefix sharing: the
+ * K/V of every append must be written before the park, which copies them), as at a release.
  * Returns 0, KVT_ECLOSED, KVT_EBUSY, -EINVAL (bad target), -ENOSPC (no room below: the blocks
  * not yet demoted stay where they are; those already on their way down stay demoted, which
  * loses nothing).
@@ -498,7 +516,8 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
  * Prefix sharing. When tokens are passed to kvt_seq_append(), every full ("sealed") block gets
  * a key: XXH3-128 over (the previous block's key, its tokens, XXH3-128(tenant, salt, extra
  * key)): only sequences of one tenant with equal salts and extra keys ever share; at the next
- * kvt_batch_release() of the sequence (its K/V are written then) the block becomes shareable.
+ * kvt_batch_release() of the sequence, kvt_seq_park() of it or kvt_seq_append() to it (its K/V
+ * are written then: see kvt_seq_append) the block becomes shareable.
  * A new sequence whose prompt starts with the same tokens (same tenant, salt and extra key)
  * attaches those blocks instead of computing them: the server prefills only the rest. Shared
  * blocks are immutable and refcounted; they are freed in no tier while a sequence references
@@ -696,6 +715,8 @@ KVT_API int kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stre
  *          never reads K/V before it is written and a promotion never overwrites a slot a kernel
  *          still reads.
  * Afterwards, tiers above their high watermark start demoting in the background.
+ * The full blocks the sequences' appends filled become shareable (prefix sharing; also at a park
+ * or at the sequence's next append, see kvt_seq_append), and their write pins are dropped.
  * Returns 0 or a negative code (the batch is freed in every case). If the device cannot order
  * the copies after @stream, the host waits for @stream instead; if even that fails (a sticky
  * device error), the batch's blocks stay pinned and are never copied again.

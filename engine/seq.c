@@ -210,6 +210,17 @@ kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s)
 	}
 }
 
+uint32_t
+kvt_seq_wpinned(const struct kvt_engine *e)
+{
+	uint32_t i, n = 0;
+
+	for (i = 0; i < e->cap_seqs; i++)
+		if (e->seqs[i].open)
+			n += e->seqs[i].n_wpins;
+	return n;
+}
+
 void
 kvt_seq_unpin_writes(struct kvt_engine *e, struct kvt_seqrec *s)
 {
@@ -387,6 +398,9 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 	uint32_t slots = e->slots[KVT_TIER_HBM].n_slots, pinned_after;
 	int rc;
 
+	/* blocks that earlier appends filled have their K/V written by now (the caller writes
+	 * them before appending again): they become shareable */
+	kvt_seq_publish(e, s);
 	/* the blocks this append pins: the touched ones (the partial last block may already be
 	 * write-pinned by an earlier append) plus those earlier write pins */
 	pinned_after = s->n_wpins + touched;
@@ -428,8 +442,10 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 		if (rc) {
 			kvt_block_unpin(e, id);
 			kvt_block_kill(e, id);
-			rc = kvt_err(rc, "no HBM slot for a new block (%u of %u HBM slots pinned)",
-				     e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots);
+			rc = kvt_err(rc, "no HBM slot for a new block (%u of %u HBM slots pinned, "
+				     "%u of them by appends no batch release or park has unpinned "
+				     "yet, the others by unreleased batches)", e->hbm_pinned,
+				     e->slots[KVT_TIER_HBM].n_slots, kvt_seq_wpinned(e));
 			goto undo;
 		}
 		kvt_blk(e, id)->slot[KVT_TIER_HBM] = slot;
@@ -551,6 +567,7 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 	if (!e->slots[t].n_slots)
 		return kvt_err(-ENOSPC, "no HOST or NVME tier to park sequence %u in",
 			       (unsigned)(s - e->seqs));
+	kvt_seq_publish(e, s); /* K/V written by now (the park copies them): shareable */
 	kvt_seq_unpin_writes(e, s);
 	kvt_hint_drop(e, s); /* parked: whatever was announced for it no longer holds */
 	for (i = 0; i < s->n_blocks && rc == 0; i++) {

@@ -6,8 +6,9 @@
  * key), extra keys separate adapters;
  * a freed block leaves the index before its slots are reused; refcounts return to zero after
  * every sequence closes; divergence inside a block gets its own copy; cached prefixes survive
- * their sequence with prefix_cache and are found in the tier they were parked to; a tenant
- * budget set after a sequence record was reused counts no other tenant's blocks.
+ * their sequence with prefix_cache and are found in the tier they were parked to; blocks are
+ * sealed at park and at the next append too, not only at a batch release; a tenant budget set
+ * after a sequence record was reused counts no other tenant's blocks.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -263,6 +264,54 @@ test_salt_cannot_reach_other_tenant(void **state)
 	o1.salt = 0x8000000000000001ull;
 	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
 	assert_int_equal(m, 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Hardening 10: a server that prefills and parks without ever preparing a batch gets prefix
+ * sharing: blocks are sealed at park (their K/V are written by then), and a block filled by an
+ * earlier append is sealed at the next append; the block the latest append filled is not (its
+ * K/V may not be written yet) until a release or a park. */
+static void
+test_sealed_without_batch(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 16, .host_blocks = 16 };
+	struct kvt_engine *e;
+	int32_t tok[4 * T];
+	uint64_t m = 0;
+	kvt_seq_id a, b, d;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	/* prefill, park: no batch */
+	assert_int_equal(kvt_seq_open(e, NULL, &a), 0);
+	assert_int_equal(pfx_append(e, a, 1, 1000, 0, 3 * T + 2), 0);
+	prompt(tok, 1000, 4 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0); /* just appended: the K/V may not be written yet */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 3 * T);
+	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 4 * T, &m), 0);
+	assert_int_equal(m, 3 * T);
+	assert_int_equal(pfx_append(e, b, 1, 1000, 3 * T, T), 0);
+	assert_int_equal(tsup_verify(e, b, 1), 0); /* A's K/V, then its own */
+	tsup_check_engine(e);
+	/* prefill two blocks, then one more block (a decode step without a batch): the first
+	 * two are sealed by the second append, the third only by the release */
+	assert_int_equal(kvt_seq_open(e, NULL, &d), 0);
+	assert_int_equal(pfx_append(e, d, 2, 5000, 0, 2 * T), 0);
+	assert_int_equal(pfx_append(e, d, 2, 5000, 2 * T, T), 0);
+	prompt(tok, 5000, 4 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 2 * T);
+	assert_int_equal(tsup_verify(e, d, 2), 0); /* the release seals the third */
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 3 * T);
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
@@ -632,6 +681,7 @@ main(void)
 		cmocka_unit_test(test_forced_collision),
 		cmocka_unit_test(test_tenants_and_keys),
 		cmocka_unit_test(test_salt_cannot_reach_other_tenant),
+		cmocka_unit_test(test_sealed_without_batch),
 		cmocka_unit_test(test_budget_after_record_reuse),
 		cmocka_unit_test(test_divergence),
 		cmocka_unit_test(test_index_churn),
