@@ -238,6 +238,8 @@ struct kvt_prefix {
 	uint32_t pool_free;     /* first free pool entry, KVT_NIL = none */
 	uint32_t pool_cap;      /* pool entries */
 	uint32_t n_pool_free;   /* free pool entries */
+	uint32_t *pool_tenant;  /* [pool_cap] tenant of the block of a pool entry in use (its
+	                           creator's, kept when the creator dropped it) */
 };
 
 /* The block an index entry @v (neither empty nor deleted) names. */
@@ -474,7 +476,13 @@ void kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n
 /* The key material of a sequence (struct kvt_seqrec.salt): XXH3-128 of (tenant, salt, extra
  * key), so the tenant is part of every prefix key whatever salt the caller gives. */
 void kvt_prefix_salt(uint32_t tenant, uint64_t salt, uint64_t extra_key, uint64_t out[2]);
-uint32_t kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens);
+/* The indexed block with key @h, tokens @tokens and tenant @tenant, or KVT_NIL (a key found with
+ * other tokens or of another tenant counts as a collision: never shared). */
+uint32_t kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens,
+			 uint32_t tenant);
+/* Whether indexed block @id's tenant is known to the index (always, for an indexed block):
+ * into *tenant. */
+bool kvt_prefix_tenant(struct kvt_engine *e, uint32_t id, uint32_t *tenant);
 uint32_t kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2]); /* no token check */
 /* Index sealed block @id; its tokens are borrowed from its creator sequence (b->seq). */
 int kvt_prefix_insert(struct kvt_engine *e, uint32_t id);
@@ -487,7 +495,7 @@ uint64_t kvt_prefix_meta_bytes(const struct kvt_engine *e);  /* table, without t
 uint64_t kvt_prefix_token_bytes(const struct kvt_engine *e); /* the entries' own tokens */
 /* Match the full blocks of @tokens against the index: fills ids[0..k) and returns k. */
 uint32_t kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
-			 const uint64_t salt[2], uint32_t *ids, uint32_t max);
+			 const uint64_t salt[2], uint32_t tenant, uint32_t *ids, uint32_t max);
 /* Test hook: when set, replaces XXH3-128 (tests force collisions through it). */
 extern void (*kvt_test_prefix_hash)(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
 				    const uint64_t salt[2], uint64_t out[2]);

@@ -564,9 +564,8 @@ KVT_API int kvt_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id s, const int3
  * budget has its least valuable unpinned blocks demoted out of that tier (HBM -> HOST -> NVMe;
  * on NVMe only cached prefix blocks can go). Blocks count for the tenant of the sequence that
  * created them (blocks are shared only within a tenant); when the first budget of a tenant
- * is set, the blocks its open sequences hold are counted from then on, cached prefix blocks
- * that no sequence holds are not (they count for nobody until freed). Up to 64
- * tenants have budgets. Returns 0, -EINVAL (bad tier), -ENOSPC (64 tenants already).
+ * is set, the blocks its open sequences hold and its cached prefix blocks are counted from
+ * then on. Up to 64 tenants have budgets. Returns 0, -EINVAL (bad tier), -ENOSPC (64 tenants already).
  */
 KVT_API int kvt_tenant_set_budget(struct kvt_engine *e, uint32_t tenant, enum kvt_tier tier,
 				  uint64_t max_blocks);

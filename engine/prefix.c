@@ -9,8 +9,11 @@
  * tenant is hashed WITH the salt (a fixed-width input, so distinct (tenant, salt, extra key)
  * triples are distinct inputs): no salt value a caller picks makes two tenants' keys equal
  * (the salt used to stand in for the tenant, and tenant 8 with salt (1 << 63) | 1 met tenant
- * 1). Different adapters / model revisions (different extra keys) never meet either. The key lives in the block record (struct kvt_block.hash,
- * 16 bytes, also what the NVMe store can use to find a block by content after a restart).
+ * 1). Different adapters / model revisions (different extra keys) never meet either. And
+ * every hit compares the entry's tenant (its creator's, kept in the pool with the tokens once
+ * the creator dropped it) with the caller's: isolation never rests on the hash alone. The key
+ * lives in the block record (struct kvt_block.hash, 16 bytes, also what the NVMe store can use
+ * to find a block by content after a restart).
  *
  * The index maps key -> block id (open addressing, linear probing, tombstones; the key itself
  * is read from the block record, not stored twice) over a table of any size (a key's home is
@@ -108,6 +111,15 @@ pfx_block(const struct kvt_engine *e, uint32_t v)
 	return kvt_pentry_block(&e->prefix, v);
 }
 
+/* The tenant of the block entry @v names: kept with its own copy, or its creator sequence's. */
+static uint32_t
+pfx_tenant(const struct kvt_engine *e, uint32_t v)
+{
+	if (v & KVT_PFX_OWNED)
+		return e->prefix.pool_tenant[v & ~KVT_PFX_OWNED];
+	return e->seqs[kvt_blk(e, v)->seq].tenant;
+}
+
 /* The tokens of the block entry @v names: its own copy, or its creator sequence's. */
 static const int32_t *
 pfx_tokens(const struct kvt_engine *e, uint32_t v)
@@ -186,18 +198,39 @@ kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2])
 }
 
 uint32_t
-kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens)
+kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens,
+		uint32_t tenant)
 {
 	uint32_t *pe = pfx_find_key(e, h);
 	uint32_t tpb = e->layout.tokens_per_block;
 
 	if (!pe)
 		return KVT_NIL;
-	if (memcmp(pfx_tokens(e, *pe), tokens, (size_t)tpb * sizeof *tokens) != 0) {
-		e->prefix.collisions++; /* same key, other tokens: never share it */
+	/* same key, other tokens or another tenant: never share it. The tenant is in the key
+	 * too (kvt_prefix_salt), but XXH3 is no cryptographic hash: isolation must not rest
+	 * on it alone. */
+	if (pfx_tenant(e, *pe) != tenant ||
+	    memcmp(pfx_tokens(e, *pe), tokens, (size_t)tpb * sizeof *tokens) != 0) {
+		e->prefix.collisions++;
 		return KVT_NIL;
 	}
 	return pfx_block(e, *pe);
+}
+
+bool
+kvt_prefix_tenant(struct kvt_engine *e, uint32_t id, uint32_t *tenant)
+{
+	uint32_t *pe;
+	uint64_t h[2];
+
+	if (!kvt_blk(e, id)->indexed)
+		return false;
+	kvt_blk_key(kvt_blk(e, id), h);
+	pe = pfx_find_key(e, h);
+	if (!pe || pfx_block(e, *pe) != id)
+		return false;
+	*tenant = pfx_tenant(e, *pe);
+	return true;
 }
 
 int
@@ -265,6 +298,9 @@ pfx_pool_grow(struct kvt_engine *e)
 	if (!(np = kvt_realloc(p->pool, (size_t)ncap * tpb * sizeof *p->pool)))
 		return -ENOMEM;
 	p->pool = np;
+	if (!(np = kvt_realloc(p->pool_tenant, (size_t)ncap * sizeof *p->pool_tenant)))
+		return -ENOMEM;
+	p->pool_tenant = np;
 	for (i = ncap; i-- > p->pool_cap;) { /* lowest new entry first */
 		p->pool_block[i] = p->pool_free;
 		p->pool_free = i;
@@ -296,6 +332,7 @@ kvt_prefix_detach(struct kvt_engine *e, uint32_t id)
 	p->pool_free = p->pool_block[k];
 	p->n_pool_free--;
 	memcpy(p->pool + (uint64_t)k * tpb, pfx_tokens(e, *pe), (size_t)tpb * sizeof *p->pool);
+	p->pool_tenant[k] = pfx_tenant(e, *pe); /* the creator's, while it still holds it */
 	p->pool_block[k] = id;
 	*pe = KVT_PFX_OWNED | k;
 	p->owned++;
@@ -307,6 +344,7 @@ kvt_prefix_fini(struct kvt_engine *e)
 {
 	kvt_free(e->prefix.pool);
 	kvt_free(e->prefix.pool_block);
+	kvt_free(e->prefix.pool_tenant);
 	kvt_free(e->prefix.tab);
 	memset(&e->prefix, 0, sizeof e->prefix);
 	e->prefix.pool_free = KVT_NIL;
@@ -316,7 +354,8 @@ uint64_t
 kvt_prefix_meta_bytes(const struct kvt_engine *e)
 {
 	return e->prefix.cap * sizeof *e->prefix.tab +
-	       (uint64_t)e->prefix.pool_cap * sizeof *e->prefix.pool_block;
+	       (uint64_t)e->prefix.pool_cap *
+		       (sizeof *e->prefix.pool_block + sizeof *e->prefix.pool_tenant);
 }
 
 uint64_t
@@ -334,7 +373,7 @@ pfx_usable(const struct kvt_block *b)
 
 uint32_t
 kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const uint64_t salt[2],
-		uint32_t *ids, uint32_t max)
+		uint32_t tenant, uint32_t *ids, uint32_t max)
 {
 	uint32_t tpb = e->layout.tokens_per_block, k, id;
 	uint64_t h[2] = { 0, 0 };
@@ -342,7 +381,7 @@ kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const u
 	for (k = 0; k < max && (uint64_t)(k + 1) * tpb <= n; k++) {
 		e->st.prefix_lookups++;
 		kvt_prefix_hash(h, tokens + (uint64_t)k * tpb, tpb, salt, h);
-		id = kvt_prefix_find(e, h, tokens + (uint64_t)k * tpb);
+		id = kvt_prefix_find(e, h, tokens + (uint64_t)k * tpb, tenant);
 		if (id == KVT_NIL || !pfx_usable(kvt_blk(e, id)))
 			break;
 		if (ids)

@@ -745,7 +745,7 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 	if (!ids)
 		return kvt_err(-ENOMEM, "prefix match of %zu tokens", n);
 	kvt_lock(e);
-	k = kvt_prefix_walk(e, tokens, n, salt, ids, (uint32_t)(n / tpb));
+	k = kvt_prefix_walk(e, tokens, n, salt, opts.tenant, ids, (uint32_t)(n / tpb));
 	for (i = 0; i < k; i++) {
 		int t = seq_best_tier(kvt_blk(e, ids[i]));
 
@@ -781,7 +781,7 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 		kvt_free(ids);
 		return kvt_err(-ENOMEM, "attaching a prefix of %u blocks", max);
 	}
-	k = kvt_prefix_walk(e, tokens, n, s->salt, ids, max);
+	k = kvt_prefix_walk(e, tokens, n, s->salt, s->tenant, ids, max);
 	/* after it, blocks of a session stored before a restart: made for s (already its own) */
 	mem = k;
 	k += kvt_persist_prefix(e, s->tenant, tokens, s->salt, k, max, (uint32_t)(s - e->seqs),

@@ -87,15 +87,15 @@ kvt_tenant_enforce(struct kvt_engine *e)
  * their slots. Not by the blocks' creator index (b->seq): once the creator closed, its record
  * may be reused by another tenant's sequence, and a block already counted in another entry
  * would then be counted twice (kvt_engine_check: "0 slots held, budget counts 2"). Blocks are
- * shared only within a tenant (the tenant is part of the prefix key), so whoever holds one is
- * of its tenant; a block already tagged keeps its entry. Cached blocks no sequence holds are
- * not counted (their creator is gone: nothing says whose they were).
+ * shared only within a tenant (the index compares tenants), so whoever holds one is of its
+ * tenant; cached blocks no sequence holds are the tenant's when the prefix index says so (it
+ * keeps the creator's tenant with their tokens). A block already tagged keeps its entry.
  */
 static void
 tenant_tag(struct kvt_engine *e, uint32_t tenant, uint8_t ts)
 {
 	struct kvt_budget *bu = &e->budget[ts - 1];
-	uint32_t i, j;
+	uint32_t i, j, owner;
 	int t;
 
 	for (i = 0; i < e->cap_seqs; i++) {
@@ -112,6 +112,16 @@ tenant_tag(struct kvt_engine *e, uint32_t tenant, uint8_t ts)
 			for (t = 0; t < KVT_TIER_COUNT; t++)
 				bu->used[t] += kvt_copy_state(b, t) != KVT_COPY_ABSENT;
 		}
+	}
+	for (i = 0; i < e->cap_blocks; i++) { /* cached blocks (refs 0) */
+		struct kvt_block *b = kvt_blk(e, i);
+
+		if (!b->live || b->dead || b->refs || b->tslot || !kvt_prefix_tenant(e, i, &owner) ||
+		    owner != tenant)
+			continue;
+		b->tslot = ts;
+		for (t = 0; t < KVT_TIER_COUNT; t++)
+			bu->used[t] += kvt_copy_state(b, t) != KVT_COPY_ABSENT;
 	}
 }
 

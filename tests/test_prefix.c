@@ -369,7 +369,73 @@ test_budget_after_record_reuse(void **state)
 	tsup_check_engine(e);
 	assert_int_equal(kvt_seq_close(e, b), 0);
 	tsup_check_engine(e);
+	/* cached blocks of a closed sequence count for its tenant when its budget comes later */
+	so.tenant = 9;
+	assert_int_equal(kvt_seq_open(e, &so, &b), 0);
+	assert_int_equal(pfx_append(e, b, 4, 11000, 0, T), 0);
+	assert_int_equal(tsup_verify(e, b, 4), 0);
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	assert_int_equal(kvt_tenant_set_budget(e, 9, KVT_TIER_HBM, 100), 0);
+	assert_int_equal(kvt_tenant_usage(e, 9, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 1);
+	tsup_check_engine(e);
 	kvt_engine_destroy(e);
+}
+
+/* Hardening 6: the index compares tenants on every hit, so isolation does not rest on the hash
+ * (XXH3 is not cryptographic): with every key forced equal, tenant 2 never gets tenant 1's
+ * block, neither while its creator holds it (tenant read from the creator) nor once the creator
+ * closed and another sequence of tenant 1 keeps it (tenant kept with the pool's tokens). */
+static void
+test_index_compares_tenant(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 16, .host_blocks = 16 };
+	struct kvt_seq_opts o1, o2;
+	struct kvt_engine *e;
+	int32_t tok[4 * T];
+	uint64_t m;
+	kvt_seq_id a, b, x;
+	char *dir;
+
+	(void)state;
+	kvt_test_prefix_hash = const_hash; /* every key 42, whatever tenant and salt */
+	e = tsup_engine(&c, &dir);
+	kvt_seq_opts_init(&o1, sizeof o1);
+	kvt_seq_opts_init(&o2, sizeof o2);
+	o1.tenant = 1;
+	o2.tenant = 2;
+	a = seq_a(e, &o1, 1, 1000); /* block 0 indexed (the others share its key: not) */
+	prompt(tok, 1000, 4 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, T);
+	m = 1;
+	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(kvt_seq_open(e, &o2, &x), 0);
+	m = 1;
+	assert_int_equal(kvt_seq_attach_prefix(e, x, tok, 4 * T, &m), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(kvt_seq_close(e, x), 0);
+	/* tenant 1's b keeps block 0; its creator a closes: the entry owns its tokens now */
+	assert_int_equal(kvt_seq_open(e, &o1, &b), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 4 * T, &m), 0);
+	assert_int_equal(m, T);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	assert_int_equal(e->prefix.owned, 1);
+	m = 1;
+	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(kvt_seq_open(e, &o2, &x), 0); /* may reuse a's record */
+	m = 1;
+	assert_int_equal(kvt_seq_attach_prefix(e, x, tok, 4 * T, &m), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, T);
+	assert_int_equal(tsup_verify(e, b, 1), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	kvt_test_prefix_hash = NULL;
+	tsup_rmdir(dir);
 }
 
 /* Divergence inside a block: only the full blocks before it are shared; a prompt shorter than
@@ -683,6 +749,7 @@ main(void)
 		cmocka_unit_test(test_salt_cannot_reach_other_tenant),
 		cmocka_unit_test(test_sealed_without_batch),
 		cmocka_unit_test(test_budget_after_record_reuse),
+		cmocka_unit_test(test_index_compares_tenant),
 		cmocka_unit_test(test_divergence),
 		cmocka_unit_test(test_index_churn),
 		cmocka_unit_test(test_cache_and_free),
