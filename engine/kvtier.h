@@ -407,8 +407,9 @@ KVT_API int kvt_seq_close(struct kvt_engine *e, kvt_seq_id s);
  *   slot_mapping NULL), KVT_ETOOBIG (the n tokens span more blocks than HBM has slots: append
  *   fewer at a time; or the sequence would exceed 16,777,215 blocks), -ENOSPC (not now: HBM is
  *   pinned; the message says how many blocks are held by appends not yet unpinned by a release
- *   or park, this sequence's own included, and how many by batches), -ENOMEM: nothing appended
- *   and the sequence unchanged (tokens, blocks, length). The partially filled last block may
+ *   or park, this sequence's own included, and how many by batches), -ENOMEM, KVT_EDEVICE (the
+ *   copy bringing the last block back failed): nothing appended and the sequence unchanged
+ *   (tokens, blocks, length). The partially filled last block may
  *   have been brought into HBM for the append: it stays there, write-pinned until the next
  *   release or park, with its copies below HBM dropped.
  *   KVT_ELOST: the partially filled last block had no valid copy left (its NVMe read failed its
