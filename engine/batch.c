@@ -526,8 +526,17 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 		}
 	}
 	if (e->hbm_pinned > e->slots[KVT_TIER_HBM].n_slots) {
-		rc = kvt_err(-ENOSPC, "HBM is pinned by other batches: %u blocks pinned, %u slots",
-			     e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots);
+		uint32_t wp = kvt_seq_wpinned(e);
+
+		/* name the cause: appends' write pins (released by a batch of their sequence or a
+		 * park) are not batches */
+		rc = wp ? kvt_err(-ENOSPC, "HBM is pinned: %u blocks pinned with this batch's %u, "
+				  "%u slots; %u of them are pinned by appends that no batch release "
+				  "or park of their sequence has unpinned yet", e->hbm_pinned,
+				  b->n_pinned, e->slots[KVT_TIER_HBM].n_slots, wp) :
+			  kvt_err(-ENOSPC, "HBM is pinned by other batches: %u blocks pinned with "
+				  "this batch's %u, %u slots", e->hbm_pinned, b->n_pinned,
+				  e->slots[KVT_TIER_HBM].n_slots);
 		goto fail;
 	}
 	rc = batch_make_resident(e, b);
