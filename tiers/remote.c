@@ -556,6 +556,14 @@ rmt_node_recv(struct kvt_remote *r, struct rmt_batch *b, struct rmt_node *nd)
 		b->res[i] = rmt_answer(r, b, nd, i, rep);
 		freeReplyObject(rep);
 	}
+	if (rc == 0 && nd->slots_sent) {
+		rc = rmt_read(r, nd, &rep);
+		if (rc == 0) {
+			(void)rmt_slots_apply(r, nd, rep);
+			freeReplyObject(rep);
+		}
+	}
+	nd->slots_sent = false;
 	return rc;
 }
 
@@ -575,6 +583,7 @@ rmt_node_abort(struct rmt_batch *b, struct rmt_node *nd, int code)
 static int
 rmt_round(struct kvt_remote *r, struct rmt_batch *b)
 {
+	bool slots_sent = false;
 	uint32_t active = 0;
 	int last = 0, rc;
 
@@ -618,6 +627,12 @@ rmt_round(struct kvt_remote *r, struct rmt_batch *b)
 			last = rc;
 			continue;
 		}
+		if (b && r->map_stale && !slots_sent) { /* the refresh rides on this round */
+			struct rmt_arg a[2] = { { { "CLUSTER" }, { 7 } }, { { "SLOTS" }, { 5 } } };
+
+			if (rmt_send(r, nd, 2, a) == 0)
+				nd->slots_sent = slots_sent = true;
+		}
 		active++;
 		r->st.node_rounds++;
 	}
@@ -632,6 +647,7 @@ rmt_round(struct kvt_remote *r, struct rmt_batch *b)
 		if (rc) {
 			rmt_node_fail(r, nd);
 			rmt_node_abort(b, nd, rc);
+			nd->slots_sent = false;
 			last = rc;
 		} else {
 			nd->fails = 0;
@@ -669,8 +685,7 @@ rmt_batch_run(struct kvt_remote *r, struct rmt_batch *b)
 			more = b->again[i];
 		if (!more)
 			break;
-		if (r->map_stale)
-			(void)rmt_slots_refresh(r);
+		/* a stale map (MOVED) is reloaded by a CLUSTER SLOTS riding on the next round */
 	}
 	for (uint32_t i = 0; i < b->n; i++)
 		if (b->res[i] == RMT_PENDING)

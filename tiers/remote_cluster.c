@@ -111,44 +111,32 @@ rmt_slots_entry(struct kvt_remote *r, const struct rmt_node *asked, const redisR
 			    (uint16_t)m->element[1]->integer);
 }
 
+/* Install the map of a CLUSTER SLOTS reply @rep from @nd (frees nothing). Returns 0 or a
+ * negative code (the map is then partly updated; MOVED replies correct what is wrong). */
 int
-rmt_slots_load(struct kvt_remote *r, struct rmt_node *nd)
+rmt_slots_apply(struct kvt_remote *r, const struct rmt_node *nd, redisReply *rep)
 {
-	const char *argv[2] = { "CLUSTER", "SLOTS" };
-	const size_t lens[2] = { 7, 5 };
-	char asked[RMT_HOST_MAX];
-	redisReply *rep;
-	uint16_t asked_port = nd->port;
-	int rc;
+	struct rmt_node asked = { .port = nd->port };
+	int rc = 0;
 
-	memcpy(asked, nd->host, sizeof asked); /* nd may move when nodes grow */
-	rc = rmt_command(r, nd, 2, argv, lens, &rep);
-	if (rc)
-		return rc;
-	if (rep->type != REDIS_REPLY_ARRAY) {
-		rc = kvt_err(-EPROTO, "remote %s:%u: CLUSTER SLOTS: unexpected reply type %d",
-			     asked, asked_port, rep->type);
-		freeReplyObject(rep);
-		return rc;
-	}
+	memcpy(asked.host, nd->host, sizeof asked.host); /* nodes may grow below */
+	if (rep->type != REDIS_REPLY_ARRAY)
+		return kvt_err(-EPROTO, "remote %s:%u: CLUSTER SLOTS: unexpected reply type %d",
+			       asked.host, asked.port, rep->type);
 	for (uint32_t s = 0; s < KVT_REMOTE_SLOTS; s++)
 		r->slot_node[s] = RMT_NO_NODE;
 	for (size_t k = 0; k < rep->elements; k++) {
-		struct rmt_node tmp = { .port = asked_port };
 		long long a, b;
-		int idx;
+		int idx = rmt_slots_entry(r, &asked, rep->element[k], &a, &b);
 
-		memcpy(tmp.host, asked, sizeof tmp.host);
-		idx = rmt_slots_entry(r, &tmp, rep->element[k], &a, &b);
 		if (idx < 0) {
-			rc = kvt_err(idx, "remote %s:%u: CLUSTER SLOTS: bad entry %zu", asked,
-				     asked_port, k);
+			rc = kvt_err(idx, "remote %s:%u: CLUSTER SLOTS: bad entry %zu", asked.host,
+				     asked.port, k);
 			break;
 		}
 		for (long long s = a; s <= b; s++)
 			r->slot_node[s] = (uint16_t)idx;
 	}
-	freeReplyObject(rep);
 	if (rc == 0) {
 		r->map_stale = false;
 		r->st.slot_refreshes++;
@@ -156,14 +144,17 @@ rmt_slots_load(struct kvt_remote *r, struct rmt_node *nd)
 	return rc;
 }
 
-/* Reload the map from the first server that answers (the seed first). */
 int
-rmt_slots_refresh(struct kvt_remote *r)
+rmt_slots_load(struct kvt_remote *r, struct rmt_node *nd)
 {
-	int rc = -EAGAIN;
+	const char *argv[2] = { "CLUSTER", "SLOTS" };
+	const size_t lens[2] = { 7, 5 };
+	redisReply *rep;
+	int rc = rmt_command(r, nd, 2, argv, lens, &rep);
 
-	for (uint32_t s = 0; s < r->n_nodes && rc; s++)
-		if (r->nodes[s]->c || !r->nodes[s]->open_until)
-			rc = rmt_slots_load(r, r->nodes[s]);
+	if (rc)
+		return rc;
+	rc = rmt_slots_apply(r, nd, rep);
+	freeReplyObject(rep);
 	return rc;
 }

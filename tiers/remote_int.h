@@ -29,6 +29,7 @@ struct rmt_node {
 	uint32_t *q;              /* this round's key indices, in send order */
 	uint32_t nq, capq;        /* entries, allocated */
 	uint32_t ndel_sent;       /* pending deletes sent at the head of this round */
+	bool slots_sent;          /* CLUSTER SLOTS sent at the tail of this round */
 	char **del;               /* pending best-effort deletes: keys (malloc'ed) */
 	size_t *del_len;          /* their lengths */
 	uint32_t ndel, capdel;    /* entries, allocated */
@@ -54,7 +55,7 @@ void rmt_node_fail(struct kvt_remote *r, struct rmt_node *nd);
 
 /* remote_cluster.c */
 int rmt_slots_load(struct kvt_remote *r, struct rmt_node *nd);
-int rmt_slots_refresh(struct kvt_remote *r);
+int rmt_slots_apply(struct kvt_remote *r, const struct rmt_node *nd, redisReply *rep);
 int rmt_parse_redirect(const char *s, size_t len, bool *ask, uint16_t *slot, const char **host,
 		       size_t *host_len, uint16_t *port);
 
