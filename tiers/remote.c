@@ -530,7 +530,7 @@ rmt_node_recv(struct kvt_remote *r, struct rmt_batch *b, struct rmt_node *nd)
 		if (rc == 0)
 			freeReplyObject(rep);
 	}
-	if (rc == 0) { /* sent and answered (whatever the answer: best effort) */
+	if (rc == 0 && nd->ndel_sent) { /* sent and answered (whatever the answer: best effort) */
 		for (d = 0; d < nd->ndel_sent; d++)
 			free(nd->del[d]);
 		memmove(nd->del, nd->del + nd->ndel_sent,
