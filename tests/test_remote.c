@@ -416,15 +416,22 @@ test_bad_values(void **state)
 	blocks_free(&b);
 }
 
-/* A connection that sends DEBUG SLEEP @secs and does not wait for it. */
+/* A connection that sends DEBUG SLEEP @secs and does not wait for its reply. */
 static redisContext *
 sleep_server(uint16_t port, const char *secs)
 {
 	redisContext *c = redisConnect("127.0.0.1", port);
 	int done = 0;
 
+	redisReply *rep;
+
 	assert_non_null(c);
 	assert_int_equal(c->err, 0);
+	/* a round trip first: the server has accepted this connection and reads it, so the
+	 * sleep is read before any command written after it on an older connection */
+	rep = redisCommand(c, "PING");
+	assert_non_null(rep);
+	freeReplyObject(rep);
 	assert_int_equal(redisAppendCommand(c, "DEBUG SLEEP %s", secs), REDIS_OK);
 	while (!done)
 		assert_int_equal(redisBufferWrite(c, &done), REDIS_OK);

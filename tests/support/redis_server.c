@@ -19,11 +19,14 @@
 
 #define TSRV_MAX 16
 static pid_t tsrv_pids[TSRV_MAX];
+static char tsrv_dirs[TSRV_MAX][256]; /* temp dirs made, removed at exit */
 static bool tsrv_hooked;
 
 static void
 tsrv_atexit(void)
 {
+	char cmd[320];
+
 	for (int i = 0; i < TSRV_MAX; i++)
 		if (tsrv_pids[i] > 0) {
 			kill(tsrv_pids[i], SIGCONT);
@@ -31,15 +34,17 @@ tsrv_atexit(void)
 			waitpid(tsrv_pids[i], NULL, 0);
 			tsrv_pids[i] = 0;
 		}
+	for (int i = 0; i < TSRV_MAX; i++)
+		if (tsrv_dirs[i][0] && !getenv("KVT_TEST_KEEP")) {
+			snprintf(cmd, sizeof cmd, "rm -rf '%.255s'", tsrv_dirs[i]);
+			if (system(cmd) != 0)
+				fprintf(stderr, "tsrv: could not remove %s\n", tsrv_dirs[i]);
+		}
 }
 
 static void
 tsrv_track(pid_t pid, bool add)
 {
-	if (!tsrv_hooked) {
-		atexit(tsrv_atexit);
-		tsrv_hooked = true;
-	}
 	for (int i = 0; i < TSRV_MAX; i++)
 		if (add ? tsrv_pids[i] == 0 : tsrv_pids[i] == pid) {
 			tsrv_pids[i] = add ? pid : 0;
@@ -141,6 +146,10 @@ tsrv_start(struct tsrv *s, uint16_t port, const char *extra)
 	const char *base = getenv("KVT_TEST_TMP");
 	char cmd[1024];
 
+	if (!tsrv_hooked) {
+		atexit(tsrv_atexit);
+		tsrv_hooked = true;
+	}
 	if (extra && extra != s->extra)
 		snprintf(s->extra, sizeof s->extra, "%s", extra);
 	else if (!extra)
@@ -151,6 +160,11 @@ tsrv_start(struct tsrv *s, uint16_t port, const char *extra)
 			fprintf(stderr, "tsrv: mkdtemp %s: %s\n", s->dir, strerror(errno));
 			return -1;
 		}
+		for (int i = 0; i < TSRV_MAX; i++)
+			if (!tsrv_dirs[i][0]) {
+				snprintf(tsrv_dirs[i], sizeof tsrv_dirs[i], "%.255s", s->dir);
+				break;
+			}
 	}
 	s->port = port ? port : tsrv_free_port();
 	if (!s->port)

@@ -3,7 +3,8 @@
  * tests/support/redis_server.h - redis-server instances the REMOTE tests start themselves on
  * loopback ports, in a temp dir: one server, or a cluster of masters made with
  * `redis-cli --cluster create`. Every instance started is SIGKILLed at exit too (atexit), so a
- * failing test leaves no server behind.
+ * failing test leaves no server behind, and the temp dirs are removed then (KVT_TEST_KEEP=1
+ * keeps them, with each server's log).
  */
 #ifndef KVT_TESTS_SUPPORT_REDIS_SERVER_H
 #define KVT_TESTS_SUPPORT_REDIS_SERVER_H
