@@ -641,6 +641,52 @@ test_partition(void **state)
 	blocks_free(&b);
 }
 
+static void
+test_auth_ttl(void **state)
+{
+	struct tsrv s = { 0 };
+	struct kvt_remote_opts o = { .host = "127.0.0.1", .op_timeout_ms = 10000,
+				     .connect_timeout_ms = 10000, .ttl_ms = 600000 };
+	struct kvt_remote *r = NULL;
+	struct kvt_rv_ns ns;
+	struct blocks b;
+	char key[KVT_RV_KEY_MAX], out[64];
+
+	assert_int_equal(tsrv_start(&s, 0, "--requirepass pw-default "
+				   "--user kvt on '>pw-kvt' '~kvt1:*' '&*' '+@all'"), 0);
+	o.port = s.port;
+	/* no password, a wrong one, a wrong user: refused with -EACCES */
+	assert_int_equal(kvt_remote_open(&o, &r), -EACCES);
+	assert_null(r);
+	o.password = "wrong";
+	assert_int_equal(kvt_remote_open(&o, &r), -EACCES);
+	o.user = "nobody";
+	assert_int_equal(kvt_remote_open(&o, &r), -EACCES);
+	/* the ACL user, whose keys are kvt1:* */
+	o.user = "kvt";
+	o.password = "pw-kvt";
+	assert_int_equal(kvt_remote_open(&o, &r), 0);
+	ns_make(&ns, &L256, KVT_CODEC_NONE, "auth");
+	blocks_make(&b, 4, ns.block_bytes, false);
+	assert_int_equal(kvt_remote_put_blocks(r, &ns, 1, (const uint8_t(*)[16])b.hash,
+					       (const void *const *)b.src, 4, b.res), 4);
+	assert_int_equal(kvt_remote_get_blocks(r, &ns, 1, (const uint8_t(*)[16])b.hash,
+					       (void *const *)b.dst, 4, b.res), 4);
+	assert_int_equal(check_hits(&b), 4);
+	kvt_remote_close(r);
+	/* the default user's password; the puts carried PX 600000 */
+	o.user = NULL;
+	o.password = "pw-default";
+	assert_int_equal(kvt_remote_open(&o, &r), 0);
+	kvt_rv_key(&ns, 1, b.hash[0], key);
+	assert_int_equal(tsrv_cli(&s, out, sizeof out, "-a pw-default --no-auth-warning PTTL %s",
+				  key), 0);
+	assert_true(atoi(out) > 0 && atoi(out) <= 600000);
+	kvt_remote_close(r);
+	tsrv_kill(&s);
+	blocks_free(&b);
+}
+
 /* ---- a cluster ----------------------------------------------------------------------------- */
 
 static int
@@ -788,6 +834,7 @@ main(void)
 		cmocka_unit_test(test_killed_mid_batch),
 		cmocka_unit_test(test_full_evicting),
 		cmocka_unit_test(test_partition),
+		cmocka_unit_test(test_auth_ttl),
 		cmocka_unit_test(test_cluster),
 	};
 

@@ -132,7 +132,8 @@ tsrv_wait_ping(struct tsrv *s)
 			s->pid = 0;
 			return -1;
 		}
-		if (tsrv_cli(s, out, sizeof out, "PING") == 0 && !strcmp(out, "PONG"))
+		if (tsrv_cli(s, out, sizeof out, "PING") == 0 &&
+		    (!strcmp(out, "PONG") || !strncmp(out, "NOAUTH", 6))) /* up (with a password) */
 			return 0;
 		usleep(50000);
 	}
