@@ -20,12 +20,15 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
@@ -687,6 +690,137 @@ test_auth_ttl(void **state)
 	blocks_free(&b);
 }
 
+/* ---- a fake server: replies no Redis sends ------------------------------------------------ */
+
+struct fake {
+	int lfd;                 /* listening socket */
+	uint16_t port;           /* its port */
+	pthread_mutex_t mu;      /* guards script */
+	const char *script;      /* the reply to the first command after PING */
+	bool close_after;        /* close the connection after it */
+	bool stop;               /* the thread ends at the next accept */
+};
+
+static void *
+fake_main(void *arg)
+{
+	struct fake *f = arg;
+
+	for (;;) {
+		int fd = accept(f->lfd, NULL, NULL);
+		char buf[65536];
+		int n_read = 0;
+		ssize_t n;
+
+		if (fd < 0)
+			return NULL;
+		pthread_mutex_lock(&f->mu);
+		if (f->stop) {
+			pthread_mutex_unlock(&f->mu);
+			close(fd);
+			return NULL;
+		}
+		pthread_mutex_unlock(&f->mu);
+		while ((n = read(fd, buf, sizeof buf)) > 0) {
+			const char *rep = ":0\r\n";
+			bool cl = false;
+
+			if (n_read == 0) {
+				rep = "+PONG\r\n";
+			} else if (n_read == 1) {
+				pthread_mutex_lock(&f->mu);
+				rep = f->script;
+				cl = f->close_after;
+				pthread_mutex_unlock(&f->mu);
+			}
+			n_read++;
+			if (write(fd, rep, strlen(rep)) < 0 || cl)
+				break;
+		}
+		close(fd);
+	}
+}
+
+static void
+fake_start(struct fake *f, pthread_t *t)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	socklen_t al = sizeof a;
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_true(f->lfd >= 0);
+	assert_int_equal(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
+	assert_int_equal(listen(f->lfd, 8), 0);
+	assert_int_equal(getsockname(f->lfd, (struct sockaddr *)&a, &al), 0);
+	f->port = ntohs(a.sin_port);
+	pthread_mutex_init(&f->mu, NULL);
+	assert_int_equal(pthread_create(t, NULL, fake_main, f), 0);
+}
+
+static void
+test_bad_replies(void **state)
+{
+	static const struct {
+		const char *script; /* the reply to a GET */
+		bool close_after;   /* then EOF */
+		int res;            /* the key's result */
+	} cases[] = {
+		{ "*2\r\n:1\r\n:2\r\n", false, -EPROTO },     /* an array */
+		{ ":7\r\n", false, -EPROTO },                     /* an integer */
+		{ "+OK\r\n", false, -EPROTO },                    /* a status */
+		{ "!!! not RESP\r\n", false, -EPROTO },           /* protocol garbage */
+		{ "$100\r\nabc", true, -ECONNRESET },             /* a value cut short */
+		{ "$99999999999999999999\r\n", true, -EPROTO },   /* a length out of range */
+		{ "-MOVED 1 127.0.0.1:1\r\n", false, -EPROTO },   /* a redirect, not a cluster */
+		{ "-OOM command not allowed\r\n", false, -ENOSPC },
+		{ "$5\r\nhello\r\n", false, 0 },                 /* a bad value: a miss */
+		{ "$-1\r\n", false, 0 },                           /* nil */
+	};
+	struct fake f = { 0 };
+	struct kvt_rv_ns ns;
+	struct blocks b;
+	pthread_t t;
+
+	fake_start(&f, &t);
+	ns_make(&ns, &L256, KVT_CODEC_NONE, "fake");
+	blocks_make(&b, 1, ns.block_bytes, false);
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		struct kvt_remote_opts o = { .host = "127.0.0.1", .port = f.port, .cluster = -1,
+					     .op_timeout_ms = 10000, .connect_timeout_ms = 10000 };
+		struct kvt_remote *r = NULL;
+		int got;
+
+		pthread_mutex_lock(&f.mu);
+		f.script = cases[c].script;
+		f.close_after = cases[c].close_after;
+		pthread_mutex_unlock(&f.mu);
+		assert_int_equal(kvt_remote_open(&o, &r), 0);
+		got = kvt_remote_get_blocks(r, &ns, 1, (const uint8_t(*)[16])b.hash,
+					    (void *const *)b.dst, 1, b.res);
+		if (b.res[0] != cases[c].res)
+			fprintf(stderr, "case %zu: res %d (%s)\n", c, b.res[0],
+				kvt_last_error_message());
+		assert_int_equal(got, 0);
+		assert_int_equal(b.res[0], cases[c].res);
+		kvt_remote_close(r);
+	}
+	pthread_mutex_lock(&f.mu);
+	f.stop = true;
+	pthread_mutex_unlock(&f.mu);
+	{ /* wake the accept */
+		struct kvt_remote_opts o = { .port = f.port, .cluster = -1 };
+		struct kvt_remote *r = NULL;
+
+		(void)kvt_remote_open(&o, &r);
+		kvt_remote_close(r);
+	}
+	pthread_join(t, NULL);
+	close(f.lfd);
+	pthread_mutex_destroy(&f.mu);
+	blocks_free(&b);
+}
+
 /* ---- a cluster ----------------------------------------------------------------------------- */
 
 static int
@@ -835,6 +969,7 @@ main(void)
 		cmocka_unit_test(test_full_evicting),
 		cmocka_unit_test(test_partition),
 		cmocka_unit_test(test_auth_ttl),
+		cmocka_unit_test(test_bad_replies),
 		cmocka_unit_test(test_cluster),
 	};
 
