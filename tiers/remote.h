@@ -18,9 +18,10 @@
  *
  * Round trips. A batch is sent as pipelines, one per server it touches (all written before any
  * reply is read), and its replies read back: one round trip, counted once however many
- * servers take part. Keys answered with MOVED or ASK go out again in a second round (after a
- * slot map refresh for MOVED); keys still redirected after that fail with -EAGAIN. So a get or
- * put of N values is at most two round trips for any N.
+ * servers take part. Keys answered with MOVED or ASK go out again in a second round (a MOVED
+ * updates its slot at once, and a CLUSTER SLOTS riding on that round reloads the whole map);
+ * keys still redirected after that fail with -EAGAIN. So a get or put of N values is at most
+ * two round trips for any N.
  *
  * Failures. Every reply is read within op_timeout_ms (each read and write of the socket is
  * bounded by it) and every connect within connect_timeout_ms; a connection that failed in any
@@ -70,7 +71,9 @@ struct kvt_remote_opts {
 /** Counters of a client since open (never reset). */
 struct kvt_remote_stats {
 	uint64_t round_trips;    /* rounds: pipelines sent to every server a batch touches, and
-	                            their replies read (one per round, not per server) */
+	                            their replies read (one per round, not per server); plus
+	                            the CLUSTER SLOTS of open (the connect's AUTH and PING are
+	                            not counted) */
 	uint64_t node_rounds;    /* per-server pipelines of those rounds */
 	uint64_t commands;       /* commands sent */
 	uint64_t bytes_out;      /* bytes written to sockets (RESP included) */

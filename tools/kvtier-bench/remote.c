@@ -87,15 +87,15 @@ rb_median(double *v, uint32_t n)
 /* redis-benchmark's requests/s of SET and GET (--csv). Returns 0 or -1. */
 static int
 rb_redis_benchmark(const struct rb_opts *o, const char *host, uint16_t port, uint64_t size,
-		   double *set_rps, double *get_rps)
+		   bool cluster, double *set_rps, double *get_rps)
 {
 	char cmd[512], line[512];
 	FILE *p;
 
 	*set_rps = *get_rps = 0;
 	snprintf(cmd, sizeof cmd, "redis-benchmark -h %s -p %u -t set,get -d %llu -P %u -c 1 "
-		 "-n %u --csv 2>/dev/null", host, port, (unsigned long long)size, o->blocks,
-		 o->blocks * 10);
+		 "-n %u --csv%s 2>/dev/null", host, port, (unsigned long long)size, o->blocks,
+		 o->blocks * 10, cluster ? " --cluster" : "");
 	p = popen(cmd, "r");
 	if (!p)
 		return -1;
@@ -206,7 +206,8 @@ rb_size(const struct rb_opts *o, struct kvt_remote *r, const char *host, uint16_
 
 		rc = rb_run(o, r, &ns, src, dst, hash, res, &pt, run);
 		if (rc == 0 && o->redis_benchmark) {
-			if (rb_redis_benchmark(o, host, port, size, &srps, &grps))
+			if (rb_redis_benchmark(o, host, port, size, kvt_remote_is_cluster(r), &srps,
+					       &grps))
 				rc = kvtr_err(-EIO, "redis-benchmark failed (is it installed?)");
 			pt.rset[run] = srps * (double)size / 1e9;
 			pt.rget[run] = grps * (double)size / 1e9;
