@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tiers/remote_int.h - what tiers/remote.c (connections, rounds, breaker) and
- * tiers/remote_cluster.c (slot map, redirects) share. Not for other modules: use remote.h.
+ * tiers/remote_int.h - what tiers/remote.c (connections, rounds, breaker), tiers/remote_open.c
+ * (options, open, close) and tiers/remote_cluster.c (slot map, redirects) share. Not for other
+ * modules: use remote.h.
  */
 #ifndef KVT_TIERS_REMOTE_INT_H
 #define KVT_TIERS_REMOTE_INT_H
