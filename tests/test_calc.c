@@ -237,7 +237,7 @@ test_mistral_sliding(void **state)
 }
 
 /* Gemma-2-9B: 42 layers alternating local (even, window 4096) / global; 8 KV heads x 256;
- * published torch_dtype float32 (4 B), served as bf16 (--kv-dtype bf16): 8192 B per
+ * published torch_dtype float32 (4 B), counted as bf16 as servers run it: 8192 B per
  * layer-token, 344064 B per token. At 8192 tokens: 21 global x 8192 x 8192 = 1344 MiB plus 21
  * local x 4096 x 8192 = 672 MiB = 2016 MiB. */
 static void
@@ -248,8 +248,11 @@ test_gemma2_alternating(void **state)
 
 	(void)state;
 	calc_load("gemma-2-9b.json", &m);
-	assert_true(m.kv_dtype_bytes == 4);
-	m.kv_dtype_bytes = kvc_dtype_bytes("bf16");
+	assert_true(m.kv_dtype_bytes == 2);
+	assert_true(m.weight_dtype_bytes == 2);
+	assert_string_equal(m.kv_dtype, "bf16");
+	assert_string_equal(m.kv_dtype_why, "torch_dtype float32 in config.json; servers run "
+			    "bf16: --kv-dtype to override");
 	calc_run(&m, 8192, 1, &r);
 	assert_int_equal(r.sliding_layers, 21);
 	assert_int_equal(m.layer_sliding[0], 1);
@@ -391,6 +394,33 @@ test_cli(void **state)
 	assert_non_null(strstr(t, "KV per token     64 KiB (65536 bytes)"));
 	assert_non_null(strstr(t, "per sequence     512 MiB at 8192 tokens"));
 	assert_non_null(strstr(t, "host             256 GiB: 512 sessions"));
+	assert_non_null(strstr(t, "KV dtype         fp8 (1 bytes): --kv-dtype\n"));
+	free(t);
+	/* the dtype used and why: a float32 config is counted as bf16, --kv-dtype overrides */
+	assert_int_equal(calc_cli(&t, 2, "--config", calc_cfg_path("gemma-2-9b.json")), 0);
+	assert_non_null(strstr(t, "KV dtype         bf16 (2 bytes): torch_dtype float32 in "
+			       "config.json; servers run bf16: --kv-dtype to override\n"));
+	assert_non_null(strstr(t, "KV per token     336 KiB (344064 bytes)"));
+	free(t);
+	assert_int_equal(calc_cli(&t, 3, "--config", calc_cfg_path("llama-3-8b.json"), "--json"),
+			 0);
+	o = cJSON_Parse(t);
+	assert_non_null(o);
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(o, "kv_dtype")->valuestring,
+			    "bfloat16");
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(o, "kv_dtype_reason")->valuestring,
+			    "torch_dtype bfloat16 in config.json");
+	cJSON_Delete(o);
+	free(t);
+	assert_int_equal(calc_cli(&t, 5, "--config", calc_cfg_path("gemma-2-9b.json"),
+				  "--kv-dtype", "fp32", "--json"), 0);
+	o = cJSON_Parse(t);
+	assert_non_null(o);
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(o, "kv_dtype")->valuestring, "fp32");
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(o, "kv_dtype_reason")->valuestring,
+			    "--kv-dtype");
+	assert_true(calc_json_num(o, "kv_bytes_per_token") == 2 * 344064);
+	cJSON_Delete(o);
 	free(t);
 	assert_int_equal(calc_cli(&t, 1, "--help"), 0);
 	assert_non_null(strstr(t, "--kv-lora-rank"));

@@ -19,6 +19,8 @@ kvc_model_init(struct kvc_model *m)
 	memset(m, 0, sizeof(*m));
 	strcpy(m->name, "custom");
 	m->kv_dtype_bytes = 2.0;
+	strcpy(m->kv_dtype, "bf16");
+	strcpy(m->kv_dtype_why, "default");
 }
 
 void
