@@ -70,8 +70,8 @@ def test_engine_metrics_parse(engine):
     assert cap == {"hbm": 8192, "host": 16384, "nvme": 0}
     assert fams["kvtier_tier_capacity_bytes"].type == "gauge"
     moved = {s.labels["direction"]: s.value for s in fams["kvtier_blocks_moved"].samples}
-    assert moved["hbm_to_host"] == st["blocks_moved"][0] >= 3
-    assert moved["host_to_hbm"] == st["blocks_moved"][3] >= 3
+    assert moved["hbm_to_host"] == st["blocks_moved"]["hbm_to_host"] >= 3
+    assert moved["host_to_hbm"] == st["blocks_moved"]["host_to_hbm"] >= 3
     for name in ("kvtier_tier_evictions", "kvtier_tier_hits", "kvtier_tier_misses",
                  "kvtier_stalls", "kvtier_stall_seconds", "kvtier_checksum_failures",
                  "kvtier_io_errors", "kvtier_prefix_hit_blocks", "kvtier_codec_raw_bytes",
