@@ -169,7 +169,13 @@ struct kvt_engine_opts {
 	const char *nvme_dir;      /* directory for the NVME tier's slot file; NULL = no NVME tier.
 	                              Copied; the file is created mode 0600 and removed on destroy
 	                              (kept when nvme_persist) */
-	uint64_t nvme_bytes;       /* NVME tier capacity in bytes (0 with nvme_dir = error) */
+	uint64_t nvme_bytes;       /* NVME tier capacity in bytes (0 with nvme_dir = error): the
+	                              slots' bytes, not the file's size. Slots of S = 4096 +
+	                              round_up(block_bytes, 4096) bytes (a header page, then the
+	                              block); n = floor(nvme_bytes / S) of them; the file is
+	                              1 MiB (superblock area, KVT_FMT_DATA_OFF) + n x S bytes,
+	                              so up to 1 MiB larger than nvme_bytes (docs/FORMAT.md);
+	                              nvme_persist adds the journal file */
 	enum kvt_device_kind device; /* default KVT_DEVICE_EMULATED */
 	int cuda_device;           /* CUDA device ordinal (KVT_DEVICE_CUDA only); default 0 */
 	float high_watermark;      /* fraction of a tier's slots above which background demotion

@@ -1046,6 +1046,9 @@ test_help_and_builtin_seed_cli(void **state)
 		"                        (default 1)\n  --hbm", "seed is then 1, not the clock",
 		"written\n                        only when it succeeds",
 		"Exit status: 0 done; 2 usage error",
+		"--nvme-dir is 1 MiB (superblock area) + the slots, so\n"
+		"                        up to 1 MiB more than SIZE",
+		"random weights: the\ntext is gibberish",
 	};
 	char args[1200], *out, *out1, *out2, *err;
 

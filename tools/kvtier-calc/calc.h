@@ -80,7 +80,8 @@ struct kvc_result {
 	double seq_full_bytes;      /* one sequence without windows and sharing (what a cache
 	                               that ignores them would take) */
 	uint64_t seq_blocks;        /* kvtier blocks of one sequence: ceil(context / tpb) */
-	uint64_t nvme_slot_bytes;   /* kvtier NVMe slot: round_up(block_bytes + 64, 4096) */
+	uint64_t nvme_slot_bytes;   /* kvtier NVMe slot: 4096 + round_up(block_bytes, 4096) (the
+	                               header page, then the block: kvt_fmt_slot_bytes) */
 	double seq_kvtier_bytes;    /* kvtier footprint in HBM or host: seq_blocks x block */
 	double seq_nvme_bytes;      /* kvtier footprint on NVMe: seq_blocks x NVMe slot */
 	double batch_bytes;         /* seq_bytes x batch */
