@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <cjson/cJSON.h>
 
 #include "support/kvt_test.h"
 #include "support/run_util.h"
@@ -1119,6 +1120,50 @@ test_summary_line(void **state)
 	free(buf);
 }
 
+/* --stats-json carries the engine's codec counters, idle parks, batches and repromotions. */
+static void
+test_stats_json_engine_counters(void **state)
+{
+	struct kvtr_run_result r;
+	struct kvtr_run_opts o;
+	const cJSON *codec;
+	char *buf = NULL;
+	size_t len = 0;
+	cJSON *root;
+	FILE *f;
+
+	(void)state;
+	memset(&r, 0, sizeof r);
+	kvtr_run_opts_init(&o);
+	r.stats.codec_blocks = 3;
+	r.stats.codec_raw_bytes = 30000;
+	r.stats.codec_stored_bytes = 12000;
+	r.stats.idle_parked = 4;
+	r.stats.batches = 5;
+	r.stats.repromotions = 6;
+	f = open_memstream(&buf, &len);
+	assert_non_null(f);
+	assert_int_equal(kvtr_stats_json_write(f, "mem", &o, &r), 0);
+	assert_int_equal(fclose(f), 0);
+	root = cJSON_Parse(buf);
+	assert_non_null(root);
+	codec = cJSON_GetObjectItemCaseSensitive(root, "codec");
+	assert_true(cJSON_IsObject(codec));
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(codec, "blocks")) == 3);
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(codec, "raw_bytes")) ==
+		    30000);
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(codec,
+									  "stored_bytes")) == 12000);
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(root, "idle_parked")) ==
+		    4);
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(root,
+									  "engine_batches")) == 5);
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(root,
+									  "repromotions")) == 6);
+	cJSON_Delete(root);
+	free(buf);
+}
+
 /* The CLI prints the summary on stderr (stdout stays the text): with the built-in model the
  * note about its random weights; the blocks it moved through NVMe and their checksums. */
 static void
@@ -1314,6 +1359,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_model_needs_tokenizer_cli, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_help_and_builtin_seed_cli, setup, teardown),
 		cmocka_unit_test(test_summary_line),
+		cmocka_unit_test(test_stats_json_engine_counters),
 		cmocka_unit_test_setup_teardown(test_summary_cli, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stats_json_unwritable_cli, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_outputs_written_on_success_cli, setup,
