@@ -549,6 +549,7 @@ struct kvt_event *kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno, uint3
 
 /* ---- engine/stats.c */
 void kvt_stats_record_promote(struct kvt_engine *e, int tier, uint64_t ns);
+void kvt_stats_record_lat(struct kvt_lat_hist *h, uint64_t ns);
 void kvt_stats_record_issue(struct kvt_engine *e, int tier, uint64_t bytes);
 
 /* ---- engine/hint.c */

@@ -173,7 +173,13 @@ struct kvt_engine_opts {
 	const char *nvme_dir;      /* directory for the NVME tier's slot file; NULL = no NVME tier.
 	                              Copied; the file is created mode 0600 and removed on destroy
 	                              (kept when nvme_persist) */
-	uint64_t nvme_bytes;       /* NVME tier capacity in bytes (0 with nvme_dir = error) */
+	uint64_t nvme_bytes;       /* NVME tier capacity in bytes (0 with nvme_dir = error): the
+	                              slots' bytes, not the file's size. Slots of S = 4096 +
+	                              round_up(block_bytes, 4096) bytes (a header page, then the
+	                              block); n = floor(nvme_bytes / S) of them; the file is
+	                              1 MiB (superblock area, KVT_FMT_DATA_OFF) + n x S bytes,
+	                              so up to 1 MiB larger than nvme_bytes (docs/FORMAT.md);
+	                              nvme_persist adds the journal file */
 	enum kvt_device_kind device; /* default KVT_DEVICE_EMULATED */
 	int cuda_device;           /* CUDA device ordinal (KVT_DEVICE_CUDA only); default 0 */
 	float high_watermark;      /* fraction of a tier's slots above which background demotion
@@ -792,6 +798,14 @@ struct kvt_tier_stats {
 						* the last bucket everything above */
 };
 
+/* A latency histogram of struct kvt_stats (0.4): the buckets of kvt_tier_stats.promote_lat. */
+struct kvt_lat_hist {
+	uint64_t count;                /* events recorded */
+	uint64_t ns_sum;               /* their total duration, ns */
+	uint64_t lat[KVT_LAT_BUCKETS]; /* bucket i counts durations <= KVT_LAT_BUCKET_BOUNDS_NS[i]
+					  (not cumulative), the last everything above */
+};
+
 struct kvt_stats {
 	size_t size;                                /* sizeof(struct kvt_stats) as compiled */
 	struct kvt_tier_stats tier[KVT_TIER_COUNT]; /* per tier */
@@ -838,6 +852,16 @@ struct kvt_stats {
 	uint64_t repromotions;        /* host-to-device promotions of a block already promoted
 					 since its last access by a batch: a block promoted twice
 					 for one use (wasted copy bandwidth) */
+	/* ---- 0.4 */
+	struct kvt_lat_hist nvme_write; /* HOST-to-NVMe block writes that succeeded: from issue
+					   to the poll or wait that saw the completion */
+	struct kvt_lat_hist park;     /* parks that succeeded (kvt_seq_park, the idle timeout):
+					 host time in the call, which issues the demotions and
+					 submits them; the copies land later (their latency is in
+					 nvme_write and blocks_moved; kvt_engine_drain waits) */
+	struct kvt_lat_hist resume;   /* kvt_seq_resume calls that succeeded: host time in the
+					 call, which issues the promotions (the next prepare
+					 waits for what has not landed) */
 };
 
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */
@@ -850,9 +874,14 @@ KVT_API int kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out);
  * per-tier series carry tier="hbm|host|nvme" (capacity, used, slots, evictions, hits, misses,
  * prefetched and on-demand bytes, prefix hits), copies carry direction="hbm_to_host|
  * host_to_nvme|nvme_to_host|host_to_hbm"; kvtier_promotion_duration_seconds is a histogram per
- * tier. Engine-wide: accesses and prefetch coverage, stalls and stall seconds, checksum
- * failures, IO errors, lost blocks, hints, prefix lookups and hits, codec bytes, open
- * sequences and batches, transfers in flight, metadata bytes. See engine/metrics.c.
+ * tier the block is promoted FROM (tier="host": host-to-HBM copies, promote_* of the HBM
+ * tier's stats; tier="nvme": NVMe reads, promote_* of HOST's; no tier="hbm" series);
+ * kvtier_nvme_write_duration_seconds, kvtier_park_duration_seconds and
+ * kvtier_resume_duration_seconds are histograms of stats.nvme_write, park and resume;
+ * kvtier_build_info{version="<kvt_version()>",cuda="yes|no|emulated"} is 1. Engine-wide:
+ * accesses and prefetch coverage, stalls and stall seconds, checksum failures, IO errors, lost
+ * blocks, hints, prefix lookups and hits, codec bytes, open sequences and batches, transfers in
+ * flight, metadata bytes, idle_parked, batches, repromotions. See engine/metrics.c.
  * @buf: receives the NUL-terminated text; may be NULL when @cap is 0 (a size query).
  * @cap: size of @buf in bytes.
  * @len: on success the text's length (without the NUL); on -ENOSPC the buffer size needed

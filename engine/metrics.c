@@ -5,9 +5,11 @@
  * Every metric is named kvtier_<what>[_<unit>][_total]: counters end in _total, units are base
  * units (bytes, seconds), per-tier series carry tier="hbm|host|nvme", copies carry
  * direction="hbm_to_host|host_to_nvme|nvme_to_host|host_to_hbm". Promotion latency is a
- * histogram per tier (cumulative le buckets in seconds from KVT_LAT_BUCKET_BOUNDS_NS, +Inf,
- * _sum, _count). The text is built with snprintf into the caller's buffer; its length is
- * counted even when it does not fit, so a too-small buffer is answered with the size needed.
+ * histogram per tier the block comes from (tier="host": host-to-HBM copies, tier="nvme": NVMe
+ * reads); NVMe writes, parks and resumes have one each (cumulative le buckets in seconds from
+ * KVT_LAT_BUCKET_BOUNDS_NS, +Inf, _sum, _count). kvtier_build_info{version,cuda} is 1.
+ * The text is built with snprintf into the caller's buffer; its length is counted even when it
+ * does not fit, so a too-small buffer is answered with the size needed.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -109,34 +111,92 @@ metrics_moves(struct metrics_out *o, const struct kvt_stats *st)
 			    metrics_move_name[m], (unsigned long long)st->bytes_moved[m]);
 }
 
-/* Promotion latency histograms, one per tier; the engine's buckets are not cumulative. */
+/* The samples of one histogram series: @lat are the engine's (not cumulative) buckets,
+ * @label is "" or a label pair such as tier="nvme" (the le label follows it). */
+static void
+metrics_hist(struct metrics_out *o, const char *name, const char *label, const uint64_t *lat,
+	     uint64_t ns_sum, uint64_t count)
+{
+	static const uint64_t bounds[KVT_LAT_BUCKETS] = KVT_LAT_BUCKET_BOUNDS_NS;
+	const char *sep = label[0] ? "," : "";
+	uint64_t cum = 0;
+
+	for (int b = 0; b < KVT_LAT_BUCKETS; b++) {
+		cum += lat[b];
+		if (bounds[b] == UINT64_MAX)
+			metrics_put(o, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, label, sep,
+				    (unsigned long long)cum);
+		else
+			metrics_put(o, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, label, sep,
+				    (double)bounds[b] / 1e9, (unsigned long long)cum);
+	}
+	if (label[0]) {
+		metrics_put(o, "%s_sum{%s} %.9f\n", name, label, (double)ns_sum / 1e9);
+		metrics_put(o, "%s_count{%s} %llu\n", name, label, (unsigned long long)count);
+	} else {
+		metrics_put(o, "%s_sum %.9f\n", name, (double)ns_sum / 1e9);
+		metrics_put(o, "%s_count %llu\n", name, (unsigned long long)count);
+	}
+}
+
+/* One unlabelled histogram family from a struct kvt_lat_hist. */
+static void
+metrics_lat_hist(struct metrics_out *o, const char *name, const char *help,
+		 const struct kvt_lat_hist *h)
+{
+	metrics_head(o, name, "histogram", help);
+	metrics_hist(o, name, "", h->lat, h->ns_sum, h->count);
+}
+
+/*
+ * Promotion latency histograms, labelled by the tier the block comes FROM: tier="host" are the
+ * host-to-HBM copies (kvt_tier_stats of HBM), tier="nvme" the NVMe reads into host memory
+ * (kvt_tier_stats of HOST). Nothing is promoted from HBM, so there is no tier="hbm" series.
+ */
 static void
 metrics_histograms(struct metrics_out *o, const struct kvt_stats *st)
 {
-	static const uint64_t bounds[KVT_LAT_BUCKETS] = KVT_LAT_BUCKET_BOUNDS_NS;
+	static const int from[] = { KVT_TIER_HOST, KVT_TIER_NVME };
 	const char *name = "kvtier_promotion_duration_seconds";
 
 	metrics_head(o, name, "histogram",
-		     "Latency of promotions into the tier, from issue to completion.");
-	for (int t = 0; t < KVT_TIER_COUNT; t++) {
-		const struct kvt_tier_stats *ts = &st->tier[t];
-		uint64_t cum = 0;
+		     "Latency of promotions out of the tier (host: host-to-HBM copies, nvme: "
+		     "NVMe reads), from issue to completion.");
+	for (size_t i = 0; i < sizeof from / sizeof from[0]; i++) {
+		const struct kvt_tier_stats *ts = &st->tier[from[i] - 1]; /* counted at the dst */
+		char label[32];
 
-		for (int b = 0; b < KVT_LAT_BUCKETS; b++) {
-			cum += ts->promote_lat[b];
-			if (bounds[b] == UINT64_MAX)
-				metrics_put(o, "%s_bucket{tier=\"%s\",le=\"+Inf\"} %llu\n", name,
-					    metrics_tier_name[t], (unsigned long long)cum);
-			else
-				metrics_put(o, "%s_bucket{tier=\"%s\",le=\"%g\"} %llu\n", name,
-					    metrics_tier_name[t], (double)bounds[b] / 1e9,
-					    (unsigned long long)cum);
-		}
-		metrics_put(o, "%s_sum{tier=\"%s\"} %.9f\n", name, metrics_tier_name[t],
-			    (double)ts->promote_ns_sum / 1e9);
-		metrics_put(o, "%s_count{tier=\"%s\"} %llu\n", name, metrics_tier_name[t],
-			    (unsigned long long)ts->promote_count);
+		snprintf(label, sizeof label, "tier=\"%s\"", metrics_tier_name[from[i]]);
+		metrics_hist(o, name, label, ts->promote_lat, ts->promote_ns_sum,
+			     ts->promote_count);
 	}
+	metrics_lat_hist(o, "kvtier_nvme_write_duration_seconds",
+			 "Latency of block writes to NVMe, from issue to completion.",
+			 &st->nvme_write);
+	metrics_lat_hist(o, "kvtier_park_duration_seconds",
+			 "Time spent in a park (kvt_seq_park or the idle timeout) issuing the "
+			 "sequence's demotions; the copies land later.", &st->park);
+	metrics_lat_hist(o, "kvtier_resume_duration_seconds",
+			 "Time spent in kvt_seq_resume issuing the sequence's promotions; the next "
+			 "prepare waits for those not landed.", &st->resume);
+}
+
+/* kvtier_build_info: the formatting library's version and whether it has the CUDA backend. */
+static void
+metrics_build_info(struct metrics_out *o)
+{
+#if defined(KVT_CUDA_EMU)
+	const char *cuda = "emulated";
+#elif defined(KVT_WITH_CUDA)
+	const char *cuda = "yes";
+#else
+	const char *cuda = "no";
+#endif
+
+	metrics_head(o, "kvtier_build_info", "gauge",
+		     "Always 1; the labels say which kvtier build produced the text (version: "
+		     "kvt_version(), cuda: yes, no or emulated).");
+	metrics_put(o, "kvtier_build_info{version=\"%s\",cuda=\"%s\"} 1\n", kvt_version(), cuda);
 }
 
 static void
@@ -171,6 +231,7 @@ metrics_write(struct metrics_out *o, const struct kvt_stats *st)
 {
 	double cov = st->accesses ? (double)st->accesses_ready / (double)st->accesses : 0.0;
 
+	metrics_build_info(o);
 	metrics_tier_families(o, st);
 	metrics_histograms(o, st);
 	metrics_moves(o, st);
@@ -220,6 +281,13 @@ metrics_write(struct metrics_out *o, const struct kvt_stats *st)
 	metrics_one(o, "kvtier_token_bytes", "gauge",
 		    "Host memory holding token ids (4 bytes per token, kept once).",
 		    st->meta_token_bytes);
+	metrics_one(o, "kvtier_idle_parked_total", "counter",
+		    "Sequences parked by the idle timeout.", st->idle_parked);
+	metrics_one(o, "kvtier_batches_total", "counter",
+		    "Batches prepared (kvt_batch_prepare* calls that succeeded).", st->batches);
+	metrics_one(o, "kvtier_repromotions_total", "counter",
+		    "Host-to-HBM promotions of a block already promoted since a batch last used "
+		    "it (wasted copy bandwidth).", st->repromotions);
 }
 
 int

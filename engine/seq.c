@@ -604,6 +604,7 @@ seq_park_nvme_room(struct kvt_engine *e, struct kvt_seqrec *s)
 int
 kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 {
+	uint64_t t0 = kvt_now_ns();
 	uint32_t i;
 	int rc = 0;
 
@@ -635,6 +636,7 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 		seq_shrink(s);
 		if (t == KVT_TIER_NVME)
 			kvt_persist_parked(e, s);
+		kvt_stats_record_lat(&e->st.park, kvt_now_ns() - t0);
 	}
 	return rc;
 }
@@ -644,12 +646,14 @@ int
 kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
 {
 	struct kvt_seqrec *s;
+	uint64_t t0;
 	uint32_t idx, i;
 	int rc = 0;
 
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_seq_resume: engine is NULL");
 	kvt_lock(e);
+	t0 = kvt_now_ns();
 	s = kvt_seq_lookup(e, id, &idx);
 	if (!s) {
 		rc = kvt_err(KVT_ECLOSED, "sequence %#llx is not open", (unsigned long long)id);
@@ -665,6 +669,8 @@ kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
 			break; /* reported by the next prepare, which truncates */
 	e->prefetching = false;
 	rc = kvt_xfer_flush(e);
+	if (rc == 0)
+		kvt_stats_record_lat(&e->st.resume, kvt_now_ns() - t0);
 out:
 	kvt_unlock(e);
 	return rc;

@@ -28,6 +28,22 @@ kvt_stats_record_promote(struct kvt_engine *e, int tier, uint64_t ns)
 }
 
 /**
+ * kvt_stats_record_lat() - one event of @ns nanoseconds into histogram @h (count, ns_sum and
+ * the bucket of the first bound >= ns): NVMe writes, parks, resumes.
+ */
+void
+kvt_stats_record_lat(struct kvt_lat_hist *h, uint64_t ns)
+{
+	uint32_t i = 0;
+
+	h->count++;
+	h->ns_sum += ns;
+	while (i + 1 < KVT_LAT_BUCKETS && ns > stats_lat_bounds[i])
+		i++;
+	h->lat[i]++;
+}
+
+/**
  * kvt_stats_record_issue() - @bytes start moving up into @tier: counted as bytes_prefetched
  * while e->prefetching (a hint or a resume issues them ahead of need), else bytes_on_demand
  * (a batch or an append needs them now).

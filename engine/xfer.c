@@ -261,7 +261,8 @@ xfer_count_move(struct kvt_engine *e, int kind)
 }
 
 static void
-xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool current)
+xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool current,
+		   uint64_t now)
 {
 	struct kvt_block *b = kvt_blk(e, x->block);
 	int dst = xfer_dst_tier[x->kind], src = xfer_src_tier[x->kind];
@@ -286,6 +287,8 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 	}
 	kvt_copy_set_present(e, x->block, dst);
 	xfer_count_move(e, x->kind);
+	if (x->kind == KVT_X_H2N)
+		kvt_stats_record_lat(&e->st.nvme_write, now - x->t_issue);
 	/* a demotion frees the source once the copy below is safe, unless it got pinned or
 	 * another transfer uses it meanwhile */
 	if (x->evict_src && !b->wanted && b->pins == 0 && b->busy == 0 &&
@@ -335,7 +338,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now)
 	switch (x->kind) {
 	case KVT_X_D2H:
 	case KVT_X_H2N:
-		xfer_complete_down(e, x, res, current);
+		xfer_complete_down(e, x, res, current, now);
 		break;
 	case KVT_X_H2D:
 		if (res == 0 && current) {

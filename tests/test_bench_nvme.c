@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <stdlib.h>
+#include <unistd.h>
+#include "support/run_util.h"
 #include "tools/kvtier-bench/bench.h"
 #include "tools/kvtier-run/util.h"
 
@@ -86,6 +89,57 @@ test_decode_unknown_option(void **state)
 	assert_non_null(strstr(kvtr_last_error(), "/nonexistent"));
 }
 
+/* kvtier-bench decode says where it is on stderr: the first step of every run of every round
+ * ("round R/N, RUN: step 1/STEPS"; further lines every few seconds are not asserted). */
+static void
+test_decode_progress(void **state)
+{
+	const char *model = rutil_model_file("stories260K.bin");
+	const char *tok = rutil_model_file("tok512.bin");
+	static const char *const want[] = {
+		"kvtier-bench decode: round 1/2, (a) resident: step 1/16\n",
+		"kvtier-bench decode: round 1/2, (b) offloaded: step 1/16\n",
+		"kvtier-bench decode: round 1/2, (c) prefetch: step 1/16\n",
+		"kvtier-bench decode: round 2/2, (c) prefetch: step 1/16\n",
+	};
+	char path[] = "/tmp/kvt-bench-progress-XXXXXX", buf[8192];
+	int fd, saved, rc;
+	ssize_t n;
+
+	(void)state;
+	if (!model || !tok) {
+		print_message("SKIPPED: no stories260K model in the shared data\n");
+		skip();
+	}
+	{
+		char *argv[] = { (char *)"decode", (char *)"--model", (char *)model,
+				 (char *)"--tokenizer", (char *)tok, (char *)"--sessions",
+				 (char *)"2", (char *)"--steps", (char *)"16",
+				 (char *)"--tokens-per-block", (char *)"4", (char *)"--ratio",
+				 (char *)"2", (char *)"--repeat", (char *)"2", NULL };
+
+		fd = mkstemp(path);
+		assert_true(fd >= 0);
+		fflush(stderr);
+		saved = dup(STDERR_FILENO);
+		assert_true(saved >= 0);
+		assert_int_equal(dup2(fd, STDERR_FILENO), STDERR_FILENO);
+		rc = kvtb_decode_main(15, argv);
+		fflush(stderr);
+		assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
+		close(saved);
+	}
+	assert_int_equal(rc, 0);
+	n = pread(fd, buf, sizeof buf - 1, 0);
+	assert_true(n > 0);
+	buf[n] = '\0';
+	close(fd);
+	unlink(path);
+	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+		if (!strstr(buf, want[i]))
+			fail_msg("stderr lacks \"%s\":\n%s", want[i], buf);
+}
+
 /* --mib must hold one IO of the largest --bs: refused before the table starts */
 static void
 test_mib_below_block(void **state)
@@ -115,6 +169,7 @@ main(void)
 		cmocka_unit_test(test_unknown_option),
 		cmocka_unit_test(test_missing_paths),
 		cmocka_unit_test(test_decode_unknown_option),
+		cmocka_unit_test(test_decode_progress),
 		cmocka_unit_test(test_mib_below_block),
 	};
 

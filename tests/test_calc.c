@@ -16,6 +16,10 @@
 #include <cmocka.h>
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "kvtier.h"
 
 #include "calc.h"
 #include "util.h"
@@ -147,8 +151,8 @@ test_worked_70b(void **state)
 /* Llama-3-8B: 32 layers, 8 KV heads x 128, bf16 -> 128 KiB per token; 8192 tokens = 1 GiB
  * (512 blocks of 2 MiB). Budgets: 80 GiB HBM with 8.03e9 bf16 params (16.06e9 B = 14.957 GiB
  * of weights) leaves 85899345920 - 16060000000 = 69839345920 B -> floor(/ 1 GiB) = 65
- * sessions; 256 GiB host -> 256; 2 TiB NVMe in slots of 2 MiB + 4 KiB (block + 64-byte
- * trailer rounded to 4 KiB): 2^41 / (512 x 2101248 = 1075838976) = 2044.0x -> 2044; 2365 in
+ * sessions; 256 GiB host -> 256; 2 TiB NVMe in slots of 2 MiB + 4 KiB (a 4 KiB header page,
+ * then the block): 2^41 / (512 x 2101248 = 1075838976) = 2044.0x -> 2044; 2365 in
  * all. */
 static void
 test_llama3_8b(void **state)
@@ -237,7 +241,7 @@ test_mistral_sliding(void **state)
 }
 
 /* Gemma-2-9B: 42 layers alternating local (even, window 4096) / global; 8 KV heads x 256;
- * published torch_dtype float32 (4 B), served as bf16 (--kv-dtype bf16): 8192 B per
+ * published torch_dtype float32 (4 B), counted as bf16 as servers run it: 8192 B per
  * layer-token, 344064 B per token. At 8192 tokens: 21 global x 8192 x 8192 = 1344 MiB plus 21
  * local x 4096 x 8192 = 672 MiB = 2016 MiB. */
 static void
@@ -248,8 +252,11 @@ test_gemma2_alternating(void **state)
 
 	(void)state;
 	calc_load("gemma-2-9b.json", &m);
-	assert_true(m.kv_dtype_bytes == 4);
-	m.kv_dtype_bytes = kvc_dtype_bytes("bf16");
+	assert_true(m.kv_dtype_bytes == 2);
+	assert_true(m.weight_dtype_bytes == 2);
+	assert_string_equal(m.kv_dtype, "bf16");
+	assert_string_equal(m.kv_dtype_why, "torch_dtype float32 in config.json; servers run "
+			    "bf16: --kv-dtype to override");
 	calc_run(&m, 8192, 1, &r);
 	assert_int_equal(r.sliding_layers, 21);
 	assert_int_equal(m.layer_sliding[0], 1);
@@ -391,6 +398,33 @@ test_cli(void **state)
 	assert_non_null(strstr(t, "KV per token     64 KiB (65536 bytes)"));
 	assert_non_null(strstr(t, "per sequence     512 MiB at 8192 tokens"));
 	assert_non_null(strstr(t, "host             256 GiB: 512 sessions"));
+	assert_non_null(strstr(t, "KV dtype         fp8 (1 bytes): --kv-dtype\n"));
+	free(t);
+	/* the dtype used and why: a float32 config is counted as bf16, --kv-dtype overrides */
+	assert_int_equal(calc_cli(&t, 2, "--config", calc_cfg_path("gemma-2-9b.json")), 0);
+	assert_non_null(strstr(t, "KV dtype         bf16 (2 bytes): torch_dtype float32 in "
+			       "config.json; servers run bf16: --kv-dtype to override\n"));
+	assert_non_null(strstr(t, "KV per token     336 KiB (344064 bytes)"));
+	free(t);
+	assert_int_equal(calc_cli(&t, 3, "--config", calc_cfg_path("llama-3-8b.json"), "--json"),
+			 0);
+	o = cJSON_Parse(t);
+	assert_non_null(o);
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(o, "kv_dtype")->valuestring,
+			    "bfloat16");
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(o, "kv_dtype_reason")->valuestring,
+			    "torch_dtype bfloat16 in config.json");
+	cJSON_Delete(o);
+	free(t);
+	assert_int_equal(calc_cli(&t, 5, "--config", calc_cfg_path("gemma-2-9b.json"),
+				  "--kv-dtype", "fp32", "--json"), 0);
+	o = cJSON_Parse(t);
+	assert_non_null(o);
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(o, "kv_dtype")->valuestring, "fp32");
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(o, "kv_dtype_reason")->valuestring,
+			    "--kv-dtype");
+	assert_true(calc_json_num(o, "kv_bytes_per_token") == 2 * 344064);
+	cJSON_Delete(o);
 	free(t);
 	assert_int_equal(calc_cli(&t, 1, "--help"), 0);
 	assert_non_null(strstr(t, "--kv-lora-rank"));
@@ -478,6 +512,62 @@ test_bad_input(void **state)
 	assert_true(kvc_dtype_bytes("nope") == 0);
 }
 
+/* The NVMe slot kvtier-calc counts is the engine's: a small block (2 KiB) still takes a 4 KiB
+ * header page and a 4 KiB payload (8 KiB), so an engine given room for 10 such slots has 10. */
+static void
+test_nvme_slot_matches_engine(void **state)
+{
+	struct kvc_model m;
+	struct kvc_result r;
+	struct kvt_engine_opts o;
+	struct kvt_engine *e;
+	struct kvt_stats st;
+	char dir[] = "/tmp/kvt-calc-XXXXXX", path[320];
+	struct dirent *de;
+	struct stat fst;
+	int files = 0;
+	DIR *d;
+
+	(void)state;
+	kvc_model_init(&m);
+	m.n_layers = 1;
+	m.n_heads = 1;
+	m.n_kv_heads = 1;
+	m.head_dim = 32;
+	assert_int_equal(kvc_model_finish(&m), 0);
+	calc_run(&m, 64, 1, &r);
+	assert_true(r.block_bytes == 2048);
+	assert_int_equal(r.nvme_slot_bytes, 8192);
+	assert_non_null(mkdtemp(dir));
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout = (struct kvt_layout){ .n_layers = 1, .n_kv_heads = 1, .head_dim = 32,
+					.dtype = KVT_DTYPE_BF16, .tokens_per_block = 16 };
+	o.hbm_bytes = 4 * 2048;
+	o.host_bytes = 4 * 2048;
+	o.nvme_dir = dir;
+	o.nvme_bytes = 10 * r.nvme_slot_bytes;
+	assert_int_equal(kvt_engine_create(&o, &e), 0);
+	memset(&st, 0, sizeof st);
+	st.size = sizeof st;
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	assert_int_equal(st.tier[KVT_TIER_NVME].slots, 10);
+	assert_int_equal(st.tier[KVT_TIER_NVME].capacity_bytes, 10 * r.nvme_slot_bytes);
+	/* the file is what kvtier.h's nvme_bytes says: 1 MiB + the slots */
+	d = opendir(dir);
+	assert_non_null(d);
+	while ((de = readdir(d)))
+		if (de->d_name[0] != '.') {
+			snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+			assert_int_equal(stat(path, &fst), 0);
+			assert_int_equal(fst.st_size, (1 << 20) + 10 * r.nvme_slot_bytes);
+			files++;
+		}
+	closedir(d);
+	assert_int_equal(files, 1);
+	kvt_engine_destroy(e);
+	assert_int_equal(rmdir(dir), 0);
+}
+
 int
 main(void)
 {
@@ -486,6 +576,7 @@ main(void)
 		cmocka_unit_test(test_worked_7b_mha),
 		cmocka_unit_test(test_worked_70b),
 		cmocka_unit_test(test_llama3_8b),
+		cmocka_unit_test(test_nvme_slot_matches_engine),
 		cmocka_unit_test(test_deepseek_mla),
 		cmocka_unit_test(test_mistral_sliding),
 		cmocka_unit_test(test_gemma2_alternating),

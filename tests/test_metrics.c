@@ -100,7 +100,7 @@ test_stats_content(void **state)
 {
 	struct kvt_stats st;
 	size_t len, cap;
-	char *buf;
+	char *buf, info[96];
 
 	(void)state;
 	memset(&st, 0, sizeof st);
@@ -110,6 +110,18 @@ test_stats_content(void **state)
 	st.tier[KVT_TIER_HOST].promote_lat[10] = 1; /* above 500ms */
 	st.tier[KVT_TIER_HOST].promote_count = 6;
 	st.tier[KVT_TIER_HOST].promote_ns_sum = 1500000000ull;
+	st.tier[KVT_TIER_HBM].promote_lat[1] = 4; /* <= 50us */
+	st.tier[KVT_TIER_HBM].promote_count = 4;
+	st.nvme_write.lat[5] = 5;                 /* <= 5ms */
+	st.nvme_write.count = 5;
+	st.nvme_write.ns_sum = 10000000;
+	st.park.lat[0] = 1;
+	st.park.count = 1;
+	st.resume.lat[10] = 3;
+	st.resume.count = 3;
+	st.idle_parked = 13;
+	st.batches = 14;
+	st.repromotions = 15;
 	st.tier[KVT_TIER_NVME].capacity_bytes = 1ull << 40;
 	st.blocks_moved[KVT_MOVE_NVME_TO_HOST] = 42;
 	st.bytes_moved[KVT_MOVE_HOST_TO_HBM] = 12345;
@@ -123,21 +135,49 @@ test_stats_content(void **state)
 	assert_non_null(buf);
 	assert_int_equal(kvt_stats_metrics_text(&st, buf, cap, &len), 0);
 	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_bucket"
-				  "{tier=\"host\",le=\"1e-05\"}") == 2);
+				  "{tier=\"nvme\",le=\"1e-05\"}") == 2);
 	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_bucket"
-				  "{tier=\"host\",le=\"0.0005\"}") == 2);
+				  "{tier=\"nvme\",le=\"0.0005\"}") == 2);
 	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_bucket"
-				  "{tier=\"host\",le=\"0.001\"}") == 5);
+				  "{tier=\"nvme\",le=\"0.001\"}") == 5);
 	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_bucket"
-				  "{tier=\"host\",le=\"0.5\"}") == 5);
+				  "{tier=\"nvme\",le=\"0.5\"}") == 5);
 	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_bucket"
-				  "{tier=\"host\",le=\"+Inf\"}") == 6);
+				  "{tier=\"nvme\",le=\"+Inf\"}") == 6);
 	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_count"
-				  "{tier=\"host\"}") == 6);
+				  "{tier=\"nvme\"}") == 6);
 	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_sum"
-				  "{tier=\"host\"}") == 1.5);
+				  "{tier=\"nvme\"}") == 1.5);
+	/* NVMe reads (counted in the HOST tier's stats) are promotions from tier="nvme", the
+	 * host-to-HBM copies promotions from tier="host"; nothing is promoted from HBM */
+	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_count"
+				  "{tier=\"host\"}") == 4);
 	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_bucket"
-				  "{tier=\"hbm\",le=\"+Inf\"}") == 0);
+				  "{tier=\"host\",le=\"5e-05\"}") == 4);
+	assert_null(strstr(buf, "kvtier_promotion_duration_seconds_bucket{tier=\"hbm\""));
+	assert_null(strstr(buf, "kvtier_promotion_duration_seconds_count{tier=\"hbm\""));
+	/* NVMe writes, parks, resumes: unlabelled histograms */
+	assert_true(metrics_value(buf, "kvtier_nvme_write_duration_seconds_bucket"
+				  "{le=\"0.001\"}") == 0);
+	assert_true(metrics_value(buf, "kvtier_nvme_write_duration_seconds_bucket"
+				  "{le=\"0.005\"}") == 5);
+	assert_true(metrics_value(buf, "kvtier_nvme_write_duration_seconds_bucket"
+				  "{le=\"+Inf\"}") == 5);
+	assert_true(metrics_value(buf, "kvtier_nvme_write_duration_seconds_count") == 5);
+	assert_true(metrics_value(buf, "kvtier_nvme_write_duration_seconds_sum") == 0.01);
+	assert_true(metrics_value(buf, "kvtier_park_duration_seconds_bucket{le=\"1e-05\"}") ==
+		    1);
+	assert_true(metrics_value(buf, "kvtier_park_duration_seconds_count") == 1);
+	assert_true(metrics_value(buf, "kvtier_resume_duration_seconds_bucket{le=\"+Inf\"}") ==
+		    3);
+	assert_true(metrics_value(buf, "kvtier_resume_duration_seconds_bucket{le=\"0.5\"}") ==
+		    0);
+	assert_true(metrics_value(buf, "kvtier_resume_duration_seconds_count") == 3);
+	assert_true(metrics_value(buf, "kvtier_idle_parked_total") == 13);
+	assert_true(metrics_value(buf, "kvtier_batches_total") == 14);
+	assert_true(metrics_value(buf, "kvtier_repromotions_total") == 15);
+	snprintf(info, sizeof info, "kvtier_build_info{version=\"%s\",cuda=\"", kvt_version());
+	assert_non_null(strstr(buf, info));
 	assert_true(metrics_value(buf, "kvtier_tier_capacity_bytes{tier=\"nvme\"}") ==
 		    (double)(1ull << 40));
 	assert_true(metrics_value(buf, "kvtier_blocks_moved_total"
@@ -250,6 +290,56 @@ test_engine_values(void **state)
 	kvt_engine_destroy(e);
 }
 
+/* Real NVMe traffic: the NVMe reads are the tier="nvme" promotions, the host-to-HBM copies the
+ * tier="host" ones; each NVMe write, park and resume is counted in its histogram. */
+static void
+test_engine_nvme_series(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 4, .nvme_blocks = 32,
+			      .no_watermarks = true };
+	char *dir = NULL;
+	struct kvt_engine *e = tsup_engine(&c, &dir);
+	struct kvt_stats st;
+	kvt_seq_id s;
+	char *buf;
+	size_t len;
+
+	(void)state;
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	assert_int_equal(tsup_append_write(e, s, 5, 0, 3 * TSUP_TPB), 0);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_resume(e, s), 0);
+	assert_int_equal(tsup_verify(e, s, 5), 0); /* a prepare: everything back in HBM */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	memset(&st, 0, sizeof st);
+	st.size = sizeof st;
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	assert_int_equal(st.blocks_moved[KVT_MOVE_NVME_TO_HOST], 3);
+	assert_true(st.blocks_moved[KVT_MOVE_HOST_TO_NVME] >= 3);
+	assert_int_equal(st.nvme_write.count, st.blocks_moved[KVT_MOVE_HOST_TO_NVME]);
+	assert_int_equal(st.park.count, 1);
+	assert_int_equal(st.resume.count, 1);
+	buf = metrics_get(e, &len);
+	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_count"
+				  "{tier=\"nvme\"}") == 3);
+	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_bucket"
+				  "{tier=\"nvme\",le=\"+Inf\"}") == 3);
+	assert_true(metrics_value(buf, "kvtier_promotion_duration_seconds_count"
+				  "{tier=\"host\"}") ==
+		    (double)st.blocks_moved[KVT_MOVE_HOST_TO_HBM]);
+	assert_true(metrics_value(buf, "kvtier_nvme_write_duration_seconds_count") ==
+		    (double)st.blocks_moved[KVT_MOVE_HOST_TO_NVME]);
+	assert_true(metrics_value(buf, "kvtier_park_duration_seconds_count") == 1);
+	assert_true(metrics_value(buf, "kvtier_resume_duration_seconds_count") == 1);
+	assert_true(metrics_value(buf, "kvtier_batches_total") == (double)st.batches);
+	assert_true(st.batches >= 1);
+	free(buf);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -259,6 +349,7 @@ main(void)
 		cmocka_unit_test(test_stats_content),
 		cmocka_unit_test(test_format_shape),
 		cmocka_unit_test(test_engine_values),
+		cmocka_unit_test(test_engine_nvme_series),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -244,6 +244,80 @@ test_cli_unwritable_outputs(void **state)
 	free(p);
 }
 
+/* Reads all of @path into a malloc'd string (NULL when it cannot be read). */
+static char *
+slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *buf;
+	size_t n;
+
+	if (!f)
+		return NULL;
+	buf = calloc(1, 1 << 16);
+	assert_non_null(buf);
+	n = fread(buf, 1, (1 << 16) - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	return buf;
+}
+
+/* --plot: x ticks at the sweep's capacities (not gnuplot's powers of two), the tiered run
+ * plotted at the tiers' total, and stdout says where the PNG went. */
+static void
+test_cli_plot(void **state)
+{
+	char *p = write_tmp(
+		"{\"timestamp\": 0, \"input_length\": 1300, \"output_length\": 5, "
+		"\"hash_ids\": [0, 1, 2]}\n"
+		"{\"timestamp\": 5, \"input_length\": 1600, \"output_length\": 5, "
+		"\"hash_ids\": [0, 1, 2, 3]}\n");
+	const char *run = getenv("KVT_RUN"), *slash = run ? strrchr(run, '/') : NULL;
+	char cmd[2048], png[600], path[700], want[700], *out, *gp, *dat, *img;
+	FILE *f;
+
+	(void)state;
+	if (!slash || system("command -v gnuplot >/dev/null 2>&1") != 0) {
+		unlink(p);
+		free(p);
+		skip();
+	}
+	snprintf(png, sizeof png, "%s.png", p);
+	snprintf(cmd, sizeof cmd, "%.*s/kvtier-replay %s --sweep 2,5 --hbm 1 --host 1 --nvme 1 "
+		 "--plot %s 2>/dev/null", (int)(slash - run), run, p, png);
+	f = popen(cmd, "r");
+	assert_non_null(f);
+	out = calloc(1, 1 << 16);
+	assert_non_null(out);
+	assert_true(fread(out, 1, (1 << 16) - 1, f) > 0);
+	assert_int_equal(pclose(f), 0);
+	snprintf(want, sizeof want, "plot written to %s\n", png);
+	assert_non_null(strstr(out, want));
+	snprintf(path, sizeof path, "%s.gp", png);
+	gp = slurp(path);
+	assert_non_null(gp);
+	assert_non_null(strstr(gp, "set xtics ('2' 2, '5' 5, '3' 3)"));
+	assert_non_null(strstr(gp, "index 1 using 1:2 with points"));
+	assert_non_null(strstr(gp, "title 'lru tiered: HBM 1 + HOST 1 + NVME 1'"));
+	snprintf(path, sizeof path, "%s.dat", png);
+	dat = slurp(path);
+	assert_non_null(dat);
+	assert_non_null(strstr(dat, "\n\n\n# tiered: HBM 1 + HOST 1 + NVME 1 blocks\n3 "));
+	img = slurp(png);
+	assert_non_null(img);
+	assert_memory_equal(img, "\x89PNG", 4);
+	free(img);
+	free(dat);
+	free(gp);
+	free(out);
+	unlink(png);
+	unlink(path);
+	snprintf(path, sizeof path, "%s.gp", png);
+	unlink(path);
+	unlink(p);
+	free(p);
+}
+
 /* A Mooncake request with fewer hash_ids than ceil(input_length / 512) loads as given, is
  * counted, and the load prints one warning line naming how many. */
 static void
@@ -357,6 +431,7 @@ main(void)
 		cmocka_unit_test(test_azure_and_bad_input),
 		cmocka_unit_test(test_cli_bad_arguments),
 		cmocka_unit_test(test_cli_unwritable_outputs),
+		cmocka_unit_test(test_cli_plot),
 		cmocka_unit_test(test_short_hash_ids),
 		cmocka_unit_test(test_mooncake_prefix),
 		cmocka_unit_test(test_data_mode),

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <cjson/cJSON.h>
 
 #include "support/kvt_test.h"
 #include "support/run_util.h"
@@ -315,7 +316,8 @@ test_bad_model_foreign_gguf(void **state)
 		rutil_write_file(p, hdr, sizeof hdr);
 	}
 	assert_int_equal(kvtr_model_load(p, &m), KVT_EFORMAT);
-	assert_msg_contains("is not a llama2.c checkpoint: header field dim");
+	assert_msg_contains("is not a llama2.c checkpoint: it is a GGUF file (llama.cpp's "
+			    "format); --model expects a llama2.c checkpoint");
 }
 
 static void
@@ -988,7 +990,7 @@ test_bad_model_cli(void **state)
 		 tmp_path("tok.bin"));
 	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 1);
 	assert_non_null(strstr(err, "kvtier-run: "));
-	assert_non_null(strstr(err, "is not a llama2.c checkpoint"));
+	assert_non_null(strstr(err, "is not a llama2.c checkpoint: it is a GGUF file"));
 	free(out);
 	free(err);
 	snprintf(args, sizeof args, "--steps 30 --hbm 20K --tokens-per-block 16 --nvme-dir '%s'",
@@ -1045,6 +1047,9 @@ test_help_and_builtin_seed_cli(void **state)
 		"                        (default 1)\n  --hbm", "seed is then 1, not the clock",
 		"written\n                        only when it succeeds",
 		"Exit status: 0 done; 2 usage error",
+		"--nvme-dir is 1 MiB (superblock area) + the slots, so\n"
+		"                        up to 1 MiB more than SIZE",
+		"random weights: the\ntext is gibberish",
 	};
 	char args[1200], *out, *out1, *out2, *err;
 
@@ -1074,6 +1079,130 @@ test_help_and_builtin_seed_cli(void **state)
 	free(out);
 	free(out1);
 	free(out2);
+}
+
+/* kvtr_summary_write: the exact line from the stats, the built-in model's note, --reference. */
+static void
+test_summary_line(void **state)
+{
+	struct kvtr_run_result r;
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f;
+
+	(void)state;
+	memset(&r, 0, sizeof r);
+	r.stats.tier[KVT_TIER_HBM].used_slots = 3;
+	r.stats.tier[KVT_TIER_HBM].slots = 4;
+	r.stats.tier[KVT_TIER_HBM].used_bytes = 3 * 10240;
+	r.stats.tier[KVT_TIER_HOST].slots = 2;
+	r.stats.tier[KVT_TIER_NVME].used_slots = 5;
+	r.stats.tier[KVT_TIER_NVME].slots = 100;
+	r.stats.tier[KVT_TIER_NVME].used_bytes = 5ull << 20;
+	r.stats.blocks_moved[KVT_MOVE_HBM_TO_HOST] = 7;
+	r.stats.blocks_moved[KVT_MOVE_HOST_TO_NVME] = 6;
+	r.stats.blocks_moved[KVT_MOVE_NVME_TO_HOST] = 2;
+	r.stats.blocks_moved[KVT_MOVE_HOST_TO_HBM] = 9;
+	r.stats.checksum_verified = 2;
+	f = open_memstream(&buf, &len);
+	assert_non_null(f);
+	assert_int_equal(kvtr_summary_write(f, &r, 1), 0);
+	r.reference = 1;
+	assert_int_equal(kvtr_summary_write(f, &r, 0), 0);
+	assert_int_equal(fclose(f), 0);
+	assert_string_equal(buf,
+		"kvtier: tiers used hbm 3/4 blocks (30.0 KiB), host 0/2 blocks (0 B), "
+		"nvme 5/100 blocks (5.0 MiB); blocks moved hbm_to_host 7, host_to_nvme 6, "
+		"nvme_to_host 2, host_to_hbm 9; NVMe checksums verified 2, failed 0\n"
+		"(built-in model: random weights, the text is meaningless; --model for a real "
+		"one)\n"
+		"kvtier: reference run (contiguous KV cache, no kvtier)\n");
+	free(buf);
+}
+
+/* --stats-json carries the engine's codec counters, idle parks, batches and repromotions. */
+static void
+test_stats_json_engine_counters(void **state)
+{
+	struct kvtr_run_result r;
+	struct kvtr_run_opts o;
+	const cJSON *codec;
+	char *buf = NULL;
+	size_t len = 0;
+	cJSON *root;
+	FILE *f;
+
+	(void)state;
+	memset(&r, 0, sizeof r);
+	kvtr_run_opts_init(&o);
+	r.stats.codec_blocks = 3;
+	r.stats.codec_raw_bytes = 30000;
+	r.stats.codec_stored_bytes = 12000;
+	r.stats.idle_parked = 4;
+	r.stats.batches = 5;
+	r.stats.repromotions = 6;
+	f = open_memstream(&buf, &len);
+	assert_non_null(f);
+	assert_int_equal(kvtr_stats_json_write(f, "mem", &o, &r), 0);
+	assert_int_equal(fclose(f), 0);
+	root = cJSON_Parse(buf);
+	assert_non_null(root);
+	codec = cJSON_GetObjectItemCaseSensitive(root, "codec");
+	assert_true(cJSON_IsObject(codec));
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(codec, "blocks")) == 3);
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(codec, "raw_bytes")) ==
+		    30000);
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(codec,
+									  "stored_bytes")) == 12000);
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(root, "idle_parked")) ==
+		    4);
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(root,
+									  "engine_batches")) == 5);
+	assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(root,
+									  "repromotions")) == 6);
+	cJSON_Delete(root);
+	free(buf);
+}
+
+/* The CLI prints the summary on stderr (stdout stays the text): with the built-in model the
+ * note about its random weights; the blocks it moved through NVMe and their checksums. */
+static void
+test_summary_cli(void **state)
+{
+	char args[1200], *out, *err;
+	const char *model = rutil_model_file("stories260K.bin");
+	const char *tok = rutil_model_file("tok512.bin");
+
+	(void)state;
+	if (!rutil_run_binary()) {
+		print_message("SKIPPED: kvtier-run binary not found\n");
+		skip();
+	}
+	snprintf(args, sizeof args, "--steps 40 --tokens-per-block 8 --hbm 40K --host 20K "
+		 "--nvme-dir '%s'", tmp_dir);
+	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 0);
+	assert_null(strstr(out, "kvtier:"));
+	assert_null(strstr(out, "built-in model"));
+	assert_non_null(strstr(err, "kvtier: tiers used hbm "));
+	assert_non_null(strstr(err, "/4 blocks ("));
+	assert_non_null(strstr(err, "; blocks moved hbm_to_host "));
+	assert_null(strstr(err, "host_to_nvme 0,"));
+	assert_null(strstr(err, "nvme_to_host 0,"));
+	assert_non_null(strstr(err, "; NVMe checksums verified "));
+	assert_null(strstr(err, "verified 0,"));
+	assert_non_null(strstr(err, "failed 0\n(built-in model: random weights, the text is "
+			       "meaningless; --model for a real one)\n"));
+	free(out);
+	free(err);
+	if (!model || !tok)
+		return;
+	snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --steps 20 --nvme-dir '%s'",
+		 model, tok, tmp_dir);
+	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 0);
+	assert_non_null(strstr(err, "kvtier: tiers used hbm "));
+	assert_null(strstr(err, "built-in model"));
+	free(out);
+	free(err);
 }
 
 /* --stats-json to a path that cannot be written fails before decoding anything. */
@@ -1229,6 +1358,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_prompt_cut_warning, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_model_needs_tokenizer_cli, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_help_and_builtin_seed_cli, setup, teardown),
+		cmocka_unit_test(test_summary_line),
+		cmocka_unit_test(test_stats_json_engine_counters),
+		cmocka_unit_test_setup_teardown(test_summary_cli, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stats_json_unwritable_cli, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_outputs_written_on_success_cli, setup,
 						teardown),

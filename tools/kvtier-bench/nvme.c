@@ -461,6 +461,9 @@ nb_usage(FILE *f)
 		   "only with \"always\". --host-blocks: the HOST tier of park/resume, in 2 MiB\n"
 		   "blocks (16..65536; at least 2x the queue depth of 64 keeps every read slot busy).\n"
 		   "--mib: bytes per tier-table point; at least the largest --bs.\n"
+		   "The NVMe tier's file in DIR is 1 MiB (superblock area) + its slots, each a\n"
+		   "4 KiB header page + the block rounded up to 4 KiB: larger than the tier's\n"
+		   "capacity (kvt_engine_opts.nvme_bytes) by up to 1 MiB.\n"
 		   "Exit status: 0 done; 2 usage error (bad option or value, --dir, --model),\n"
 		   "before anything runs; 1 the run failed.\n");
 }

@@ -19,6 +19,8 @@ kvc_model_init(struct kvc_model *m)
 	memset(m, 0, sizeof(*m));
 	strcpy(m->name, "custom");
 	m->kv_dtype_bytes = 2.0;
+	strcpy(m->kv_dtype, "bf16");
+	strcpy(m->kv_dtype_why, "default");
 }
 
 void
@@ -198,7 +200,9 @@ kvc_compute(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 	if (r->hbm_kv_bytes < 0)
 		r->hbm_kv_bytes = 0;
 	r->seq_blocks = (q->context + q->tokens_per_block - 1) / q->tokens_per_block;
-	r->nvme_slot_bytes = ((uint64_t)ceil(r->block_bytes) + 64 + 4095) / 4096 * 4096;
+	/* the NVMe format's slot (kvt_fmt_slot_bytes): a 4 KiB header page, then the block
+	 * rounded up to 4 KiB */
+	r->nvme_slot_bytes = 4096 + ((uint64_t)ceil(r->block_bytes) + 4095) / 4096 * 4096;
 	r->seq_kvtier_bytes = (double)r->seq_blocks * ceil(r->block_bytes);
 	r->seq_nvme_bytes = (double)r->seq_blocks * (double)r->nvme_slot_bytes;
 	r->fit_hbm = calc_fit(r->hbm_kv_bytes, r->seq_kvtier_bytes);

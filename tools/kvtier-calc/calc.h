@@ -45,6 +45,11 @@ struct kvc_model {
 	uint32_t kv_shared_layers; /* the last this many layers reuse earlier layers' KV */
 	double kv_dtype_bytes;    /* bytes per stored K/V element (2 for bf16/fp16) */
 	double weight_dtype_bytes; /* bytes per weight (torch_dtype; 0 = kv_dtype_bytes) */
+	char kv_dtype[16];        /* name of the KV dtype used: "bf16" (default), the config's,
+	                             or --kv-dtype's */
+	char kv_dtype_why[112];   /* why that one (printed with it): "default", "torch_dtype
+	                             bfloat16 in config.json", "--kv-dtype", or the float32
+	                             rule of kvc_model_from_json */
 	uint8_t layer_sliding[KVC_MAX_LAYERS]; /* 1: layer i uses the sliding window */
 	int layer_types_given;    /* 1: layer_sliding was set from the config or flags */
 };
@@ -75,7 +80,8 @@ struct kvc_result {
 	double seq_full_bytes;      /* one sequence without windows and sharing (what a cache
 	                               that ignores them would take) */
 	uint64_t seq_blocks;        /* kvtier blocks of one sequence: ceil(context / tpb) */
-	uint64_t nvme_slot_bytes;   /* kvtier NVMe slot: round_up(block_bytes + 64, 4096) */
+	uint64_t nvme_slot_bytes;   /* kvtier NVMe slot: 4096 + round_up(block_bytes, 4096) (the
+	                               header page, then the block: kvt_fmt_slot_bytes) */
 	double seq_kvtier_bytes;    /* kvtier footprint in HBM or host: seq_blocks x block */
 	double seq_nvme_bytes;      /* kvtier footprint on NVMe: seq_blocks x NVMe slot */
 	double batch_bytes;         /* seq_bytes x batch */
@@ -88,7 +94,8 @@ struct kvc_result {
 	uint64_t fit_total;         /* sum */
 };
 
-/** kvc_model_init() - zero @m (no layer sliding, no sharing, fp16 KV). */
+/** kvc_model_init() - zero @m (no layer sliding, no sharing, 2-byte KV named "bf16", why
+ * "default"). */
 void kvc_model_init(struct kvc_model *m);
 
 /**
@@ -97,7 +104,10 @@ void kvc_model_init(struct kvc_model *m);
  * usual aliases (n_layer, n_head, num_kv_heads, multi_query, n_embd), kv_lora_rank and
  * qk_rope_head_dim (MLA), sliding_window with use_sliding_window, layer_types,
  * sliding_window_pattern (Gemma 3) or model_type gemma2 (alternating), num_kv_shared_layers,
- * torch_dtype / dtype.
+ * torch_dtype / dtype. A torch_dtype of float32 (or fp32, float) is not what a server runs
+ * (vLLM, SGLang and TGI load such checkpoints in bf16): the KV and the weights are then
+ * counted as bf16, and kv_dtype_why says so ("torch_dtype float32 in config.json; servers run
+ * bf16: --kv-dtype to override"); --kv-dtype fp32 asks for 4 bytes.
  * Returns 0 or -EINVAL (not JSON, not an object, a field of the wrong type or out of range),
  * with a message in kvtr_last_error().
  */

@@ -30,7 +30,9 @@ cli_usage(FILE *f)
 	      "  --full-every N        with a window: every Nth layer is full attention\n"
 	      "                        (Gemma 2: 2, Gemma 3: 6; default: all layers slide)\n"
 	      "  --kv-shared-layers N  the last N layers reuse earlier layers' KV\n"
-	      "  --kv-dtype T          fp32, fp16, bf16, fp8, int8, int4 (default: the model's)\n"
+	      "  --kv-dtype T          fp32, fp16, bf16, fp8, int8, int4 (default: the config's\n"
+	      "                        torch_dtype, but bf16 for a float32 one, as servers\n"
+	      "                        run it; bf16 without a config)\n"
 	      "Query:\n"
 	      "  --context N           tokens per sequence (default 4096)\n"
 	      "  --batch N             sequences (default 1)\n"
@@ -42,7 +44,8 @@ cli_usage(FILE *f)
 	      "  --nvme SIZE           NVMe space for KV\n"
 	      "  --weights SIZE        weight bytes in HBM, or:\n"
 	      "  --params N            parameter count (8.03e9, 8B, 560M) x --weights-dtype\n"
-	      "  --weights-dtype T     default: the config's torch_dtype, else the KV dtype\n"
+	      "  --weights-dtype T     default: the config's torch_dtype (bf16 for float32),\n"
+	      "                        else the KV dtype\n"
 	      "Output:\n"
 	      "  --json                one JSON object instead of text\n"
 	      "  -h, --help            this text\n"
@@ -120,7 +123,10 @@ cli_model_opt(int opt, const char *a, struct kvc_model *m)
 		return kvtr_parse_u32("--full-every", a, 0, KVC_MAX_LAYERS, &m->full_every);
 	case CLI_SHARED: return kvtr_parse_u32("--kv-shared-layers", a, 0, KVC_MAX_LAYERS,
 					       &m->kv_shared_layers);
-	case CLI_KV_DTYPE: return cli_dtype("--kv-dtype", a, &m->kv_dtype_bytes);
+	case CLI_KV_DTYPE:
+		snprintf(m->kv_dtype, sizeof(m->kv_dtype), "%s", a);
+		strcpy(m->kv_dtype_why, "--kv-dtype");
+		return cli_dtype("--kv-dtype", a, &m->kv_dtype_bytes);
 	case CLI_WDTYPE: return cli_dtype("--weights-dtype", a, &m->weight_dtype_bytes);
 	default: return 1; /* not a model option */
 	}

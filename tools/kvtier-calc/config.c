@@ -155,8 +155,19 @@ cfg_dtype(const cJSON *root, const cJSON *text, struct kvc_model *m)
 	if (!dt)
 		dt = cfg_str(root, text, "dtype");
 	b = kvc_dtype_bytes(dt);
-	if (b > 0)
-		m->kv_dtype_bytes = m->weight_dtype_bytes = b;
+	if (!(b > 0))
+		return;
+	if (b == 4) { /* a float32 checkpoint: served in bf16 */
+		m->kv_dtype_bytes = m->weight_dtype_bytes = 2;
+		strcpy(m->kv_dtype, "bf16");
+		snprintf(m->kv_dtype_why, sizeof(m->kv_dtype_why), "torch_dtype %.16s in "
+			 "config.json; servers run bf16: --kv-dtype to override", dt);
+		return;
+	}
+	m->kv_dtype_bytes = m->weight_dtype_bytes = b;
+	snprintf(m->kv_dtype, sizeof(m->kv_dtype), "%s", dt);
+	snprintf(m->kv_dtype_why, sizeof(m->kv_dtype_why), "torch_dtype %.16s in config.json",
+		 dt);
 }
 
 int

@@ -38,6 +38,8 @@ print_geometry(FILE *f, const struct kvc_model *m, const struct kvc_result *r)
 		fprintf(f, ", %u with a %u-token sliding window", r->sliding_layers,
 			m->sliding_window);
 	fprintf(f, ")\n");
+	fprintf(f, "KV dtype         %s (%g bytes): %s\n", m->kv_dtype, m->kv_dtype_bytes,
+		m->kv_dtype_why);
 	if (r->attn == KVC_ATTN_MLA)
 		fprintf(f, "per layer        latent %u + rope key %u elements x %g bytes\n",
 			m->kv_lora_rank, m->rope_dim, m->kv_dtype_bytes);
@@ -97,7 +99,8 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 
 /*
  * Keys: model, attention, layers, kv_layers, sliding_layers, sliding_window, kv_heads,
- * head_dim, v_head_dim, kv_lora_rank, rope_dim, kv_dtype_bytes, tokens_per_block, context,
+ * head_dim, v_head_dim, kv_lora_rank, rope_dim, kv_dtype (its name), kv_dtype_reason (why that
+ * one), kv_dtype_bytes, tokens_per_block, context,
  * batch, kv_bytes_per_token, kv_bytes_per_layer_token, kv_bytes_per_block, seq_bytes,
  * seq_paged_bytes, seq_full_bytes, seq_blocks, seq_kvtier_bytes, seq_nvme_bytes,
  * nvme_slot_bytes, batch_bytes, batch_paged_bytes, weight_bytes,
@@ -140,6 +143,8 @@ kvc_print_json(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 	ok = o && cJSON_AddBoolToObject(o, "weights_fit_hbm", !q->hbm_bytes ||
 					r->weight_bytes <= (double)q->hbm_bytes * q->hbm_util) &&
 	     cJSON_AddStringToObject(o, "model", m->name) &&
+	     cJSON_AddStringToObject(o, "kv_dtype", m->kv_dtype) &&
+	     cJSON_AddStringToObject(o, "kv_dtype_reason", m->kv_dtype_why) &&
 	     cJSON_AddStringToObject(o, "attention", print_attn_name[r->attn]);
 	for (size_t i = 0; ok && i < sizeof(n) / sizeof(n[0]); i++)
 		ok = cJSON_AddNumberToObject(o, n[i].key, n[i].v) != NULL;

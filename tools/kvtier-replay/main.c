@@ -346,9 +346,11 @@ rp_run_set(const struct rp_opts *o, const struct rp_trace *tr, const uint64_t ca
 /* CSV, JSON and the plot, as asked. 0 or 1 when one of them failed. */
 static int
 rp_outputs(const struct rp_opts *o, const struct rp_result *all, size_t n_all, uint64_t bb,
-	   const double *ratio)
+	   const double *ratio, const uint64_t tiers[RP_TIERS])
 {
+	const struct rp_result *tr = &all[o->n_caps * (o->n_pols + 1)]; /* the tiered run */
 	const char *names[RP_MAX_POLS];
+	double tiered[RP_MAX_POLS];
 	size_t p;
 	int rc = 0;
 
@@ -357,10 +359,12 @@ rp_outputs(const struct rp_opts *o, const struct rp_result *all, size_t n_all, u
 	if (o->json && rp_write_json(o->json, all, n_all, bb))
 		rc = 1;
 	if (o->plot) {
-		for (p = 0; p < o->n_pols; p++)
-			names[p] = o->pols[p];
-		names[o->n_pols] = "min";
-		if (rp_plot(o->plot, o->trace, o->caps, o->n_caps, names, o->n_pols + 1, ratio))
+		for (p = 0; p <= o->n_pols; p++) {
+			names[p] = p < o->n_pols ? o->pols[p] : "min";
+			tiered[p] = tr[p].refs ? (double)rp_hits(&tr[p]) / (double)tr[p].refs : 0;
+		}
+		if (rp_plot(o->plot, o->trace, o->caps, o->n_caps, names, o->n_pols + 1, ratio,
+			    tiers, tiered))
 			rc = 1;
 	}
 	return rc;
@@ -498,7 +502,7 @@ main(int argc, char **argv)
 	       (unsigned long long)tiers[2]);
 	if (rp_run_set(&o, &tr, tiers, 1, bb, &all[o.n_caps * per]))
 		goto out;
-	rc = rp_outputs(&o, all, (o.n_caps + 1) * per, bb, ratio);
+	rc = rp_outputs(&o, all, (o.n_caps + 1) * per, bb, ratio, tiers);
 out:
 	free(all);
 	free(ratio);

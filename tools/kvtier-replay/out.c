@@ -153,9 +153,11 @@ rp_plot_fail(const char *png, const char *file)
 
 int
 rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_caps,
-	const char *const *pols, size_t n_pols, const double *ratio)
+	const char *const *pols, size_t n_pols, const double *ratio,
+	const uint64_t tiers[RP_TIERS], const double *tiered)
 {
 	char dat[4096], gp[4096], cmd[8400];
+	uint64_t total = tiers[0] + tiers[1] + tiers[2];
 	const char *base;
 	FILE *f;
 	size_t c, p;
@@ -180,6 +182,14 @@ rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_caps,
 			fprintf(f, " %.6f", 100 * ratio[c * n_pols + p]);
 		fprintf(f, "\n");
 	}
+	if (tiered) { /* gnuplot's index 1: the tiered run, at the tiers' total */
+		fprintf(f, "\n\n# tiered: HBM %llu + HOST %llu + NVME %llu blocks\n%llu",
+			(unsigned long long)tiers[0], (unsigned long long)tiers[1],
+			(unsigned long long)tiers[2], (unsigned long long)total);
+		for (p = 0; p < n_pols; p++)
+			fprintf(f, " %.6f", 100 * tiered[p]);
+		fprintf(f, "\n");
+	}
 	fclose(f);
 	if (!(f = fopen(gp, "w")))
 		return rp_plot_fail(png, gp);
@@ -187,11 +197,24 @@ rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_caps,
 	fprintf(f, "set terminal pngcairo noenhanced size 900,600\nset output '%s'\n", png);
 	fprintf(f, "set title 'prefix-hit ratio vs capacity: %s'\n", base ? base + 1 : trace);
 	fprintf(f, "set logscale x 2\nset xlabel 'cache capacity (blocks)'\n"
-		"set ylabel 'prefix-hit ratio (%% of block references)'\nset key left top\n"
-		"set grid\nplot ");
+		"set ylabel 'prefix-hit ratio (%% of block references)'\nset key right bottom\n"
+		"set grid\nset xtics (");
+	/* ticks where the points are: the sweep's capacities (and the tiered run's total) */
+	for (c = 0; c < n_caps; c++)
+		fprintf(f, "%s'%llu' %llu", c ? ", " : "", (unsigned long long)caps[c],
+			(unsigned long long)caps[c]);
+	if (tiered)
+		fprintf(f, "%s'%llu' %llu", n_caps ? ", " : "", (unsigned long long)total,
+			(unsigned long long)total);
+	fprintf(f, ") rotate by -30\nset offsets graph 0.03, graph 0.03, 0, 0\nplot ");
 	for (p = 0; p < n_pols; p++)
-		fprintf(f, "%s'%s' using 1:%zu with linespoints title '%s'", p ? ", " : "", dat,
-			p + 2, pols[p]);
+		fprintf(f, "%s'%s' index 0 using 1:%zu with linespoints lc %zu pt 7 title '%s'",
+			p ? ", " : "", dat, p + 2, p + 1, pols[p]);
+	for (p = 0; tiered && p < n_pols; p++)
+		fprintf(f, ", '%s' index 1 using 1:%zu with points lc %zu pt 5 ps 2 "
+			"title '%s tiered: HBM %llu + HOST %llu + NVME %llu'", dat, p + 2, p + 1,
+			pols[p], (unsigned long long)tiers[0], (unsigned long long)tiers[1],
+			(unsigned long long)tiers[2]);
 	fprintf(f, "\n");
 	fclose(f);
 	snprintf(cmd, sizeof cmd, "gnuplot '%s'", gp);
@@ -200,6 +223,7 @@ rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_caps,
 		fprintf(stderr, "kvtier-replay: gnuplot failed (%d); script %s kept\n", rc, gp);
 		return -1;
 	}
+	printf("plot written to %s\n", png);
 	return 0;
 }
 

@@ -14,9 +14,13 @@ void rp_print_table(FILE *f, const struct rp_result *r, size_t n, uint64_t block
 int rp_write_csv(const char *path, const struct rp_result *r, size_t n, uint64_t block_bytes);
 int rp_write_json(const char *path, const struct rp_result *r, size_t n, uint64_t block_bytes);
 /* PNG of hit ratio vs capacity, one line per policy, through a generated gnuplot script
- * (@ratio is [n_caps][n_pols]). -1 with a clear message when gnuplot is absent or fails. */
+ * (@ratio is [n_caps][n_pols]); x ticks at the sweep's capacities @caps. With @tiered (the
+ * tiered run's ratio per policy, at @tiers[0] + [1] + [2] blocks; NULL = none) one point per
+ * policy at that total. Writes PNG.dat and PNG.gp beside @png; on success prints "plot written
+ * to PNG" on stdout. -1 with a clear message when gnuplot is absent or fails. */
 int rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_caps,
-	    const char *const *pols, size_t n_pols, const double *ratio);
+	    const char *const *pols, size_t n_pols, const double *ratio,
+	    const uint64_t tiers[RP_TIERS], const double *tiered);
 /* Progress bar on stderr, only when it is a terminal. */
 void rp_progress(uint64_t done, uint64_t total);
 

@@ -40,10 +40,13 @@ main_usage(FILE *f)
 {
 	fputs("usage: kvtier-run [options]\n"
 	      "Decode a llama2.c model on the CPU with its KV cache in kvtier (HBM/host/NVMe).\n"
-	      "Without --model it runs a built-in model and tokenizer (gibberish); its default\n"
-	      "seed is then 1, not the clock, so its text is the same on every run.\n"
-	      "  --model F             llama2.c checkpoint (e.g. stories260K.bin); needs\n"
-	      "                        --tokenizer\n"
+	      "Without --model it runs a built-in model and tokenizer (random weights: the\n"
+	      "text is gibberish); its default seed is then 1, not the clock, so its text is\n"
+	      "the same on every run. After the run stderr has a summary of what kvtier did\n"
+	      "(blocks per tier at the end, blocks moved per direction, NVMe checksums\n"
+	      "verified) and the tok/s figure.\n"
+	      "  --model F             llama2.c checkpoint (e.g. stories260K.bin; not GGUF);\n"
+	      "                        needs --tokenizer\n"
 	      "  --tokenizer F         llama2.c tokenizer.bin (e.g. tok512.bin); default:\n"
 	      "                        built-in, which fits only the built-in model\n"
 	      "  --prompt S            prompt of every turn (default: built-in prompts; the first\n"
@@ -61,7 +64,10 @@ main_usage(FILE *f)
 	      "                        at least 2 blocks when a session outgrows one block)\n"
 	      "  --host SIZE           pinned host tier bytes (default: room for all)\n"
 	      "  --nvme-dir D          directory of the NVMe tier (default: a temp dir)\n"
-	      "  --nvme SIZE           NVMe tier bytes (default: room for all)\n"
+	      "  --nvme SIZE           NVMe tier bytes (default: room for all): its slots of\n"
+	      "                        4 KiB + the block rounded up to 4 KiB; the file in\n"
+	      "                        --nvme-dir is 1 MiB (superblock area) + the slots, so\n"
+	      "                        up to 1 MiB more than SIZE\n"
 	      "  --tokens-per-block B  tokens per KV block (default 16)\n"
 	      "  --kv-dtype T          f32 (default), f16 or bf16 (--reference too)\n"
 	      "  --reference           contiguous KV cache, no kvtier (the comparison baseline)\n"
@@ -426,6 +432,8 @@ main_run(struct main_args *a, struct kvtr_run_opts *o, struct kvtr_run_result *r
 		if (rc == 0)
 			rc = main_metrics_write(a, r);
 		rc = main_check_stdout(rc);
+		if (rc == 0)
+			kvtr_summary_write(stderr, r, !a->model);
 		if (rc == 0 && r->positions > 1)
 			fprintf(stderr, "achieved tok/s: %f\n", r->tok_per_s);
 	}

@@ -177,6 +177,10 @@ model_read_header(int fd, const char *path, uint64_t size, struct kvtr_config *c
 		return kvtr_err(got < 0 ? -errno : -EIO,
 				"model file %s: cannot read the header: %s", path,
 				got < 0 ? strerror(errno) : "short read");
+	if (memcmp(c, "GGUF", 4) == 0)
+		return kvtr_err(KVT_EFORMAT, "%s is not a llama2.c checkpoint: it is a GGUF file "
+				"(llama.cpp's format); --model expects a llama2.c checkpoint (e.g. "
+				"stories260K.bin, as llama2.c's export.py writes it)", path);
 	rc = kvtr_model_check_config(c, path, &want);
 	if (rc)
 		return rc;

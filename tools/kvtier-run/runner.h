@@ -162,4 +162,14 @@ const char *kvtr_builtin_prompt(uint32_t s, uint32_t t, uint32_t turns);
 int kvtr_stats_json_write(FILE *f, const char *path, const struct kvtr_run_opts *o,
 			  const struct kvtr_run_result *r);
 
+/**
+ * kvtr_summary_write() - the one-line summary of what kvtier did in the run, for stderr:
+ * "kvtier: tiers used hbm U/S blocks (B), host ..., nvme ...; blocks moved hbm_to_host N,
+ * host_to_nvme N, nvme_to_host N, host_to_hbm N; NVMe checksums verified N, failed N" from
+ * @r->stats after the run (used = slots holding blocks at the end, before the sequences are
+ * closed), "kvtier: reference run (contiguous KV cache, no kvtier)" for --reference. When
+ * @builtin, a second line says the built-in model has random weights. Returns 0 or -EIO.
+ */
+int kvtr_summary_write(FILE *f, const struct kvtr_run_result *r, int builtin);
+
 #endif /* KVTR_RUNNER_H */

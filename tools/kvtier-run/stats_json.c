@@ -11,7 +11,11 @@
  *   promote_ns_sum}, blocks_moved.{hbm_to_host, host_to_nvme, nvme_to_host, host_to_hbm},
  *   bytes_moved.{...same...}, checksum.{verified, failed}, evictions, stalls, stall_ns,
  *   accesses, accesses_ready, hints,
- *   io_errors, blocks_lost, seqs_open, batches_open, transfers_in_flight.
+ *   io_errors, blocks_lost, seqs_open, batches_open, transfers_in_flight, prefix_lookups,
+ *   prefix_hit_blocks, prefix_hit_tokens, shared_blocks, meta_bytes, meta_token_bytes,
+ *   idle_parked, engine_batches (the engine's stats.batches; run.batches is the runner's
+ *   count), repromotions, codec.{blocks, raw_bytes, stored_bytes}.
+ * kvtr_summary_write() prints the one-line summary of the run for stderr.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -93,9 +97,10 @@ json_engine(cJSON *root, const struct kvtr_run_result *r)
 	cJSON *moved = cJSON_AddObjectToObject(root, "blocks_moved");
 	cJSON *bytes = cJSON_AddObjectToObject(root, "bytes_moved");
 	cJSON *ck = cJSON_AddObjectToObject(root, "checksum");
+	cJSON *codec = cJSON_AddObjectToObject(root, "codec");
 	int rc = 0;
 
-	if (!geo || !tiers || !moved || !bytes || !ck)
+	if (!geo || !tiers || !moved || !bytes || !ck || !codec)
 		return -ENOMEM;
 	rc |= json_num(geo, "block_bytes", (double)r->geo.block_bytes);
 	rc |= json_num(geo, "hbm_slots", r->geo.hbm_slots);
@@ -142,7 +147,64 @@ json_engine(cJSON *root, const struct kvtr_run_result *r)
 	rc |= json_num(root, "shared_blocks", (double)st->shared_blocks);
 	rc |= json_num(root, "meta_bytes", (double)st->meta_bytes);
 	rc |= json_num(root, "meta_token_bytes", (double)st->meta_token_bytes);
+	rc |= json_num(root, "idle_parked", (double)st->idle_parked);
+	rc |= json_num(root, "engine_batches", (double)st->batches);
+	rc |= json_num(root, "repromotions", (double)st->repromotions);
+	rc |= json_num(codec, "blocks", (double)st->codec_blocks);
+	rc |= json_num(codec, "raw_bytes", (double)st->codec_raw_bytes);
+	rc |= json_num(codec, "stored_bytes", (double)st->codec_stored_bytes);
 	return rc ? -ENOMEM : 0;
+}
+
+/* @b bytes as "123 B", "4.0 KiB", "1.5 MiB", ... */
+static void
+summary_bytes(char *buf, size_t cap, uint64_t b)
+{
+	static const char *const unit[] = { "KiB", "MiB", "GiB", "TiB", "PiB" };
+	double v = (double)b;
+	int u = -1;
+
+	if (b < 1024) {
+		snprintf(buf, cap, "%llu B", (unsigned long long)b);
+		return;
+	}
+	while (v >= 1024.0 && u < 4) {
+		v /= 1024.0;
+		u++;
+	}
+	snprintf(buf, cap, "%.1f %s", v, unit[u]);
+}
+
+int
+kvtr_summary_write(FILE *f, const struct kvtr_run_result *r, int builtin)
+{
+	const struct kvt_stats *st = &r->stats;
+	char b[32];
+	int rc = 0;
+
+	if (r->reference) {
+		rc |= fputs("kvtier: reference run (contiguous KV cache, no kvtier)", f) < 0;
+	} else {
+		rc |= fputs("kvtier: tiers used", f) < 0;
+		for (int t = 0; t < KVT_TIER_COUNT; t++) {
+			summary_bytes(b, sizeof b, st->tier[t].used_bytes);
+			rc |= fprintf(f, "%s %s %u/%u blocks (%s)", t ? "," : "",
+				      json_tier_names[t], st->tier[t].used_slots,
+				      st->tier[t].slots, b) < 0;
+		}
+		rc |= fputs("; blocks moved", f) < 0;
+		for (int m = 0; m < KVT_MOVE_COUNT; m++)
+			rc |= fprintf(f, "%s %s %llu", m ? "," : "", json_move_names[m],
+				      (unsigned long long)st->blocks_moved[m]) < 0;
+		rc |= fprintf(f, "; NVMe checksums verified %llu, failed %llu",
+			      (unsigned long long)st->checksum_verified,
+			      (unsigned long long)st->checksum_failed) < 0;
+	}
+	rc |= fputc('\n', f) == EOF;
+	if (builtin)
+		rc |= fputs("(built-in model: random weights, the text is meaningless; --model for "
+			    "a real one)\n", f) < 0;
+	return rc ? -EIO : 0;
 }
 
 int

@@ -454,7 +454,7 @@ def main():
         if args.metrics:
             sys.stdout.write(eng.metrics_text())
         st = eng.stats()
-        print(f"kv_connector: blocks moved {dict(zip(kvtier.MOVE_NAMES, st['blocks_moved']))}"
+        print(f"kv_connector: blocks moved {st['blocks_moved']}"
               f", prefix hit tokens {st['prefix_hit_tokens']}, hints {st['hints']}",
               file=sys.stderr)
     return 0

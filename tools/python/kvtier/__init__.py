@@ -196,8 +196,20 @@ def _seq_opts(**kw):
     return o
 
 
+def _token(i, t):
+    """Token @t (the @i-th) as an int: an integer (int, numpy integer), else TypeError (a
+    float such as 1.5 is not truncated); outside int32, ValueError."""
+    try:
+        v = operator.index(t)
+    except TypeError:
+        raise TypeError(f"token {i} is {t!r} ({type(t).__name__}), not an integer") from None
+    if not -(1 << 31) <= v < (1 << 31):
+        raise ValueError(f"token {i} is {v}, outside int32 [-2147483648, 2147483647]")
+    return v
+
+
 def _tokens(tokens):
-    tokens = [int(t) for t in tokens]
+    tokens = [_token(i, t) for i, t in enumerate(tokens)]
     return (ctypes.c_int32 * len(tokens))(*tokens), len(tokens)
 
 
@@ -454,12 +466,16 @@ class Engine:
         return _struct_dict(g)
 
     def stats(self):
-        """kvt_engine_stats as nested dicts and lists (tier: a list of three dicts)."""
+        """kvt_engine_stats as nested dicts and lists: tier is a list of three dicts (by
+        TIER_HBM, TIER_HOST, TIER_NVME); blocks_moved and bytes_moved are dicts keyed by
+        direction (MOVE_NAMES: "hbm_to_host", "host_to_nvme", "nvme_to_host", "host_to_hbm")."""
         s = _ffi.Stats()
         s.size = ctypes.sizeof(s)
         _check(lib.kvt_engine_stats(self._handle(), ctypes.byref(s)), "kvt_engine_stats")
         d = _struct_dict(s)
         del d["size"]
+        for name, keys in _NAMED_ARRAYS.items():
+            d[name] = dict(zip(keys, d[name]))
         return d
 
     def metrics_text(self):
@@ -505,12 +521,18 @@ def _seq_id(s):
     return s.id if isinstance(s, Sequence) else int(s)
 
 
+# Array fields of kvt_stats that Engine.stats() returns as dicts keyed by these names.
+_NAMED_ARRAYS = {"blocks_moved": MOVE_NAMES, "bytes_moved": MOVE_NAMES}
+
+
 def _dict_struct(st, d):
     """Fill ctypes struct @st from a dict shaped as _struct_dict() makes them."""
     for name, _ in st._fields_:
         if name not in d:
             continue
         v, cur = d[name], getattr(st, name)
+        if isinstance(v, dict) and name in _NAMED_ARRAYS:  # Engine.stats()'s named entries
+            v = [v.get(k, 0) for k in _NAMED_ARRAYS[name]]
         if isinstance(cur, ctypes.Array):
             for i, x in enumerate(v):
                 if isinstance(cur[i], ctypes.Structure):
@@ -586,7 +608,8 @@ class Sequence:
 
     def append(self, tokens):
         """kvt_seq_append: reserve room for the tokens (ints; a numpy int32 array works
-        too). Returns the slot mapping, one int per token: slot * tokens_per_block + offset,
+        too; a non-integer such as 1.5 raises TypeError, a value outside int32 ValueError,
+        before anything is appended). Returns the slot mapping, one int per token: slot * tokens_per_block + offset,
         where that token's K/V must be written (kv_addr/Batch.kv help)."""
         tok, n = _tokens(tokens)
         out = (ctypes.c_int64 * n)()

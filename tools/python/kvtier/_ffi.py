@@ -107,6 +107,10 @@ class TierStats(ctypes.Structure):
                 ("promote_ns_sum", c_u64), ("promote_lat", c_u64 * LAT_BUCKETS)]
 
 
+class LatHist(ctypes.Structure):
+    _fields_ = [("count", c_u64), ("ns_sum", c_u64), ("lat", c_u64 * LAT_BUCKETS)]
+
+
 class Stats(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("tier", TierStats * TIER_COUNT),
                 ("blocks_moved", c_u64 * MOVE_COUNT), ("bytes_moved", c_u64 * MOVE_COUNT),
@@ -121,12 +125,15 @@ class Stats(ctypes.Structure):
                 # 0.2
                 ("idle_parked", c_u64), ("meta_block_records", c_u64),
                 ("meta_token_bytes", c_u64),
-                ("batches", c_u64), ("h2d_groups", c_u64), ("repromotions", c_u64)]
+                ("batches", c_u64), ("h2d_groups", c_u64), ("repromotions", c_u64),
+                # 0.4
+                ("nvme_write", LatHist), ("park", LatHist), ("resume", LatHist)]
 
 
 STRUCTS = {"kvt_layout": Layout, "kvt_geometry": Geometry, "kvt_engine_opts": EngineOpts,
            "kvt_seq_opts": SeqOpts, "kvt_seq_info": SeqInfo, "kvt_block_table": BlockTable,
-           "kvt_seq_range": SeqRange, "kvt_tier_stats": TierStats, "kvt_stats": Stats}
+           "kvt_seq_range": SeqRange, "kvt_tier_stats": TierStats, "kvt_stats": Stats,
+           "kvt_lat_hist": LatHist}
 
 _P = ctypes.POINTER
 _vp = ctypes.c_void_p

@@ -79,7 +79,7 @@ def test_lifecycle(engine):
     b.release()
     b.release()  # idempotent
     st = engine.stats()
-    assert st["blocks_moved"][0] >= 3 and st["blocks_moved"][3] >= 3
+    assert st["blocks_moved"]["hbm_to_host"] >= 3 and st["blocks_moved"]["host_to_hbm"] >= 3
     assert st["tier"][0]["capacity_bytes"] == 8 * 1024
     assert st["seqs_open"] == 1
     seq.close()
@@ -255,3 +255,39 @@ def test_hint_then_prepare_more_nvme_blocks_than_host_slots(tmp_path):
         eng.drain()
         eng.hint(seqs, steps_ahead=1)
         eng.prepare(seqs).release()
+
+
+def test_append_rejects_non_integers(engine):
+    """A float token is not truncated into an int: TypeError; out of int32: ValueError; in
+    both cases nothing is appended. Python ints and numpy integer arrays are accepted."""
+    seq = engine.open_sequence()
+    for bad in ([1.5], [1, 2.0], ["3"], np.array([1.5, 2.5]), [None]):
+        with pytest.raises(TypeError, match="not an integer"):
+            seq.append(bad)
+    for bad in ([1 << 31], [-(1 << 31) - 1], np.array([1 << 40], dtype=np.int64)):
+        with pytest.raises(ValueError, match="outside int32"):
+            seq.append(bad)
+    assert seq.info()["n_tokens"] == 0
+    assert len(seq.append(np.arange(3, dtype=np.int32))) == 3
+    assert len(seq.append([(1 << 31) - 1, -(1 << 31), np.int64(7)])) == 3
+    assert seq.info()["n_tokens"] == 6
+    seq.close()
+
+
+def test_stats_blocks_moved_named(engine):
+    """stats()["blocks_moved"] and ["bytes_moved"] are dicts keyed by direction, and such a
+    snapshot still converts back (stats_metrics_text)."""
+    seq = engine.open_sequence()
+    write_tokens(engine, seq, 1, 0, 8)
+    seq.park(kvtier.TIER_HOST)
+    engine.drain()
+    st = engine.stats()
+    for key in ("blocks_moved", "bytes_moved"):
+        assert isinstance(st[key], dict)
+        assert tuple(st[key]) == kvtier.MOVE_NAMES
+    assert st["blocks_moved"]["hbm_to_host"] == 2
+    assert st["bytes_moved"]["hbm_to_host"] == 2 * 1024
+    text = kvtier.stats_metrics_text(st)
+    assert 'kvtier_blocks_moved_total{direction="hbm_to_host"} 2\n' in text
+    assert 'kvtier_moved_bytes_total{direction="hbm_to_host"} 2048\n' in text
+    seq.close()

@@ -37,11 +37,13 @@ def check_conventions(fams):
             assert name.endswith("_seconds"), name
 
 
-def check_histogram(f):
+def check_histogram(f, tiers=("host", "nvme")):
+    """Cumulative buckets, +Inf == _count; one series per tier the block comes from (@tiers),
+    or a single unlabelled series when @tiers is None."""
     by_tier = {}
     for s in f.samples:
-        by_tier.setdefault(s.labels["tier"], []).append(s)
-    assert sorted(by_tier) == ["hbm", "host", "nvme"]
+        by_tier.setdefault(s.labels.get("tier"), []).append(s)
+    assert sorted(by_tier, key=str) == (sorted(tiers) if tiers else [None])
     for samples in by_tier.values():
         buckets = [s for s in samples if s.name.endswith("_bucket")]
         les = [float(s.labels["le"]) for s in buckets]
@@ -70,8 +72,8 @@ def test_engine_metrics_parse(engine):
     assert cap == {"hbm": 8192, "host": 16384, "nvme": 0}
     assert fams["kvtier_tier_capacity_bytes"].type == "gauge"
     moved = {s.labels["direction"]: s.value for s in fams["kvtier_blocks_moved"].samples}
-    assert moved["hbm_to_host"] == st["blocks_moved"][0] >= 3
-    assert moved["host_to_hbm"] == st["blocks_moved"][3] >= 3
+    assert moved["hbm_to_host"] == st["blocks_moved"]["hbm_to_host"] >= 3
+    assert moved["host_to_hbm"] == st["blocks_moved"]["host_to_hbm"] >= 3
     for name in ("kvtier_tier_evictions", "kvtier_tier_hits", "kvtier_tier_misses",
                  "kvtier_stalls", "kvtier_stall_seconds", "kvtier_checksum_failures",
                  "kvtier_io_errors", "kvtier_prefix_hit_blocks", "kvtier_codec_raw_bytes",
@@ -94,3 +96,61 @@ def test_kvtier_run_metrics(root, tmp_path):
     check_histogram(fams["kvtier_promotion_duration_seconds"])
     moved = {s.labels["direction"]: s.value for s in fams["kvtier_blocks_moved"].samples}
     assert moved["hbm_to_host"] > 0  # parked between turns
+    assert sample(fams, "kvtier_park_duration_seconds_count") > 0
+
+
+def sample(fams, name, **labels):
+    """The value of the one sample called @name (with @labels) in any family."""
+    got = [s.value for f in fams.values() for s in f.samples
+           if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(got) == 1, (name, labels, got)
+    return got[0]
+
+
+def test_nvme_histograms_and_counters(tmp_path):
+    """NVMe traffic lands in the right series: promotions read from NVMe under tier="nvme"
+    (host-to-HBM copies under tier="host"), NVMe writes, parks and resumes in their own
+    histograms; idle_parked, batches and repromotions exported; kvtier_build_info."""
+    with kvtier.Engine(n_layers=2, n_kv_heads=2, head_dim=8, dtype="f32", tokens_per_block=4,
+                       hbm_bytes=8 * 1024, host_bytes=4 * 1024, nvme_dir=str(tmp_path),
+                       nvme_bytes=1 << 20) as eng:
+        seq = eng.open_sequence()
+        seq.append(range(12))
+        eng.prepare([seq]).release()
+        seq.park(kvtier.TIER_NVME)
+        eng.drain()
+        seq.resume()
+        eng.prepare([seq]).release()
+        eng.drain()
+        st = eng.stats()
+        fams = families(eng.metrics_text())
+    check_conventions(fams)
+    prom = fams["kvtier_promotion_duration_seconds"]
+    check_histogram(prom)
+    for name in ("kvtier_nvme_write_duration_seconds", "kvtier_park_duration_seconds",
+                 "kvtier_resume_duration_seconds"):
+        assert fams[name].type == "histogram", name
+        check_histogram(fams[name], None)
+    assert st["blocks_moved"]["nvme_to_host"] == 3 and st["blocks_moved"]["host_to_nvme"] >= 3
+    assert sample(fams, "kvtier_promotion_duration_seconds_count", tier="nvme") == \
+        st["blocks_moved"]["nvme_to_host"] == st["tier"][kvtier.TIER_HOST]["promote_count"]
+    assert sample(fams, "kvtier_promotion_duration_seconds_count", tier="host") == \
+        st["blocks_moved"]["host_to_hbm"] == st["tier"][kvtier.TIER_HBM]["promote_count"]
+    assert sample(fams, "kvtier_nvme_write_duration_seconds_count") == \
+        st["blocks_moved"]["host_to_nvme"] == st["nvme_write"]["count"]
+    assert sample(fams, "kvtier_nvme_write_duration_seconds_bucket", le="+Inf") == \
+        st["nvme_write"]["count"]
+    assert sample(fams, "kvtier_park_duration_seconds_count") == st["park"]["count"] == 1
+    assert sample(fams, "kvtier_resume_duration_seconds_count") == st["resume"]["count"] == 1
+    assert sample(fams, "kvtier_park_duration_seconds_sum") > 0
+    for name, key in (("kvtier_idle_parked", "idle_parked"), ("kvtier_batches", "batches"),
+                      ("kvtier_repromotions", "repromotions")):
+        assert fams[name].type == "counter", name
+        assert sample(fams, name + "_total") == st[key], name
+    assert st["batches"] == 2
+    info = fams["kvtier_build_info"]
+    assert info.type == "gauge" and len(info.samples) == 1
+    assert info.samples[0].value == 1
+    assert info.samples[0].labels == {"version": kvtier.version(),
+                                      "cuda": info.samples[0].labels["cuda"]}
+    assert info.samples[0].labels["cuda"] in ("yes", "no", "emulated")
