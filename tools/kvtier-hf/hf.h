@@ -133,6 +133,7 @@ struct kvhf_result {
 	int stopped;                 /* persist + stop_after */
 	uint64_t positions;          /* forward passes */
 	uint64_t windows;            /* window batches prepared */
+	uint64_t parks;              /* park + resume cycles between turns */
 	uint64_t prefix_tokens;      /* prefix_share: tokens the second sequence attached */
 	uint64_t restored_tokens;    /* persist: tokens of the restored session */
 	struct kvt_stats stats;      /* engine counters at the end */

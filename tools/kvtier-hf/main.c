@@ -211,6 +211,13 @@ main(int argc, char **argv)
 			goto out;
 		}
 	}
+	printf("engine: %llu NVMe reads verified, %llu blocks moved HBM->HOST, %llu HOST->NVMe; "
+	       "%llu parks; prefix attached %llu tokens; restored %llu tokens\n",
+	       (unsigned long long)r.stats.checksum_verified,
+	       (unsigned long long)r.stats.blocks_moved[KVT_MOVE_HBM_TO_HOST],
+	       (unsigned long long)r.stats.blocks_moved[KVT_MOVE_HOST_TO_NVME],
+	       (unsigned long long)r.parks, (unsigned long long)r.prefix_tokens,
+	       (unsigned long long)r.restored_tokens);
 	printf("generated:");
 	for (uint32_t i = o.n_prompt; i < r.n_tokens; i++)
 		printf(" %d", r.tokens[i]);

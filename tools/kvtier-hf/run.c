@@ -77,9 +77,9 @@ hf_engine_create(struct hf_run *c, int persist)
 	eo.layout.tokens_per_block = tpb;
 	eo.hbm_bytes = o->hbm_bytes ? o->hbm_bytes : (nblocks + 1) * block;
 	eo.host_bytes = o->no_host ? 0 : o->host_bytes ? o->host_bytes : (nblocks + 1) * block;
-	/* NVMe slots: a 128-byte header, 4 KiB aligned (tiers/tier_nvme.h) */
+	/* NVMe slots: a 4 KiB header page + the block rounded up to 4 KiB (tiers/tier_nvme.h) */
 	eo.nvme_bytes = o->nvme_bytes ? o->nvme_bytes
-				      : (nblocks + 1) * ((block + 128 + 4095) / 4096 * 4096);
+				      : (nblocks + 1) * (4096 + (block + 4095) / 4096 * 4096);
 	if (o->nvme_dir) {
 		eo.nvme_dir = o->nvme_dir;
 	} else {
@@ -294,6 +294,7 @@ hf_park_resume(struct hf_run *c, kvt_seq_id seq)
 	rc = kvt_seq_resume(c->e, seq);
 	if (rc)
 		return kvtr_err_kvt(rc, "kvt_seq_resume");
+	c->r->parks++;
 	return 0;
 }
 
