@@ -102,8 +102,9 @@ struct kvhf_opts {
 	uint32_t n_prompt;
 	uint32_t gen;                /* greedy tokens to generate after the prompt */
 	uint32_t tokens_per_block;   /* default 16 */
-	uint64_t hbm_bytes, host_bytes, nvme_bytes; /* 0 = room for the whole sequence (host:
-	                                 the same; nvme: the same) */
+	uint64_t hbm_bytes, host_bytes, nvme_bytes; /* 0 = HBM: twice the sequence's blocks (all
+	                                 of it stays in HBM, below the demotion watermark); HOST
+	                                 and NVMe: room for all of it */
 	int no_host;                 /* 1: no HOST tier */
 	const char *nvme_dir;        /* NULL = a temp dir */
 	uint32_t park_every;         /* park (to NVMe) and resume the sequence after every this

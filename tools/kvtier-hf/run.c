@@ -75,7 +75,8 @@ hf_engine_create(struct hf_run *c, int persist)
 	eo.layout.head_dim = m->kv_head_dim_stored;
 	eo.layout.dtype = KVT_DTYPE_F32;
 	eo.layout.tokens_per_block = tpb;
-	eo.hbm_bytes = o->hbm_bytes ? o->hbm_bytes : (nblocks + 1) * block;
+	/* all in HBM by default: twice the blocks, below the high watermark (no demotion) */
+	eo.hbm_bytes = o->hbm_bytes ? o->hbm_bytes : (2 * nblocks + 2) * block;
 	eo.host_bytes = o->no_host ? 0 : o->host_bytes ? o->host_bytes : (nblocks + 1) * block;
 	/* NVMe slots: a 4 KiB header page + the block rounded up to 4 KiB (tiers/tier_nvme.h) */
 	eo.nvme_bytes = o->nvme_bytes ? o->nvme_bytes
