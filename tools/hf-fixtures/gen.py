@@ -17,7 +17,8 @@ Command (a fresh machine, CPU only; torch from PyPI is large):
 Options: --only NAME (one model), --seed N and --tag T (other seeds: held-back models are made
 this way, e.g. --seed 7 --tag s7 writes <name>-s7/), --list.
 
-Deterministic: seeded, CPU, float32, torch.use_deterministic_algorithms(True), one thread, eager
+Deterministic: seeded, CPU, float32, torch.use_deterministic_algorithms(True), one thread, the
+CPU-independent kernels (ATEN_CPU_CAPABILITY=default, MKL_CBWR=COMPATIBLE, below), eager
 attention (the implementation that applies the sliding window with an explicit mask). The greedy
 path is computed by full forward passes without a cache (position t's logits are those of
 tokens[0..t]), so no cache implementation is involved in the reference.
@@ -30,7 +31,15 @@ import os
 import shutil
 import sys
 
-import torch
+# The same bits on any x86-64 CPU: ATen's scalar kernels instead of the AVX2/AVX-512 ones it
+# picks at run time, MKL's conditional numerical reproducibility (its SSE2 code paths), oneDNN
+# held to SSE4.1, one thread. Set before torch is imported; the models are tiny.
+for _k, _v in (("ATEN_CPU_CAPABILITY", "default"), ("MKL_CBWR", "COMPATIBLE"),
+               ("ONEDNN_MAX_CPU_ISA", "SSE41"), ("OMP_NUM_THREADS", "1"),
+               ("MKL_NUM_THREADS", "1")):
+    os.environ[_k] = _v
+
+import torch  # noqa: E402
 
 torch.use_deterministic_algorithms(True)
 torch.set_num_threads(1)
@@ -162,8 +171,9 @@ def make(name, out_root, seed, tag):
         "seed": seed,
         "generator": "tools/hf-fixtures/gen.py",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "safetensors": safetensors.__version__,
-                     "python": sys.version.split()[0]},
+                     "safetensors": safetensors.__version__},
+        "cpu_env": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR",
+                                               "ONEDNN_MAX_CPU_ISA")},
         "attn_implementation": "eager",
         "prompt_ids": prompt,
         "generated_ids": gen,

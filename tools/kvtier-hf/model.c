@@ -376,7 +376,8 @@ hf_layer_types(struct kvhf_model *m, const cJSON *c)
 						x->valuestring);
 		}
 	} else if (m->family == KVHF_GEMMA3) {
-		int rc = hf_int(c, "sliding_window_pattern", 6, 1, 1 << 20, &pattern);
+		int rc = hf_int(c, hf_item(c, "sliding_window_pattern") ? "sliding_window_pattern"
+				   : "_sliding_window_pattern", 6, 1, 1 << 20, &pattern);
 
 		if (rc)
 			return rc;
@@ -466,6 +467,10 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 			return rc;
 		m->final_softcap = (float)sc;
 		const cJSON *act = hf_item(c, "hidden_activation");
+
+		if (hf_bool(c, "use_bidirectional_attention", 0))
+			return kvtr_err(KVT_ENOTSUP, "config.json: use_bidirectional_attention (an "
+					"encoder) is not supported");
 
 		if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_pytorch_tanh") &&
 						     strcmp(act->valuestring, "gelu_tanh"))))
