@@ -254,10 +254,7 @@ kvhf_attn_add(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, cons
 
 		for (int i = 0; i < hd; i++)
 			sc += q[i] * kk[i];
-		sc *= m->attn_scale;
-		if (m->attn_softcap > 0.0f)
-			sc = tanhf(sc / m->attn_softcap) * m->attn_softcap;
-		fwd_attn_acc(s, h, sc, v + (size_t)kvh * (size_t)hd);
+		fwd_attn_acc(s, h, sc * m->attn_scale, v + (size_t)kvh * (size_t)hd);
 	}
 }
 

@@ -68,7 +68,7 @@ struct kvhf_model {
 	float eps;
 	int sliding_window;          /* 0 = none */
 	float attn_scale;            /* multiplier of q.k */
-	float attn_softcap, final_softcap; /* 0 = off */
+	float final_softcap;         /* Gemma's final_logit_softcapping; 0 = off */
 	int q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim; /* deepseek */
 	int rope_interleave;         /* deepseek */
 	int max_pos;                 /* max_position_embeddings */
@@ -112,15 +112,16 @@ struct kvhf_opts {
 	int prefix_share;            /* 1: a second sequence with the same prompt attaches the
 	                                first's blocks (kvt_seq_attach_prefix) and is run too: both
 	                                must give the same tokens */
-	int persist;                 /* 1: persistent store in nvme_dir (must be given): the
-	                                sequence is parked to NVMe (published) after the prompt,
-	                                the engine destroyed, a new one opened on the store, the
-	                                session restored (kvt_seq_restore) and decoding goes on */
-	uint32_t stop_after;         /* persist: with > 0, stop (return 0, r->stopped = 1) after
-	                                the park of position stop_after, without destroying the
-	                                engine cleanly when @crash is set */
-	int crash;                   /* with stop_after: _exit(0) right after the store is
-	                                published (the kill -9 test runs this in a child) */
+	int persist;                 /* 1: persistent store in nvme_dir (must be given): a child
+	                                process (fork) decodes positions [0, stop_after) with the
+	                                sequence opened under session_key, parks it to NVMe, drains
+	                                (the park is published) and raises SIGKILL (kill -9: no
+	                                destroy); this process then opens a new engine on the store,
+	                                finds the session (kvt_session_list), restores it
+	                                (kvt_seq_restore), decodes the rest, closes and drops it.
+	                                A session left under the key by an earlier run is dropped
+	                                first */
+	uint32_t stop_after;         /* persist: positions before the kill; 0 = n_prompt + gen / 2 */
 	uint64_t session_key;        /* persist: default 0x4b56484600000001 */
 	FILE *log;                   /* notes; NULL = stderr */
 };
@@ -131,7 +132,6 @@ struct kvhf_result {
 	uint32_t n_tokens;
 	float *logits;               /* [n_tokens - 1][vocab]: logits after each position */
 	uint32_t n_logits;
-	int stopped;                 /* persist + stop_after */
 	uint64_t positions;          /* forward passes */
 	uint64_t windows;            /* window batches prepared */
 	uint64_t parks;              /* park + resume cycles between turns */
@@ -163,9 +163,9 @@ void kvhf_ref_free(struct kvhf_ref *ref);
 
 /**
  * kvhf_check() - compare @r with @ref: every token identical (prompt and generated), every
- * logit within @tol (absolute). *max_diff receives the largest absolute difference, *first_bad
- * the first generated step that differs (or -1). Returns 0, or KVT_EFORMAT with the message
- * saying what differs (step, tokens, logit).
+ * logit within @tol (absolute). *max_diff receives the largest absolute difference (0 when a
+ * token differs: tokens are compared first). Returns 0, or KVT_EFORMAT with the message saying
+ * what differs (the position and both tokens, or the logit and both values).
  */
 int kvhf_check(const struct kvhf_ref *ref, const struct kvhf_result *r, double tol,
 	       double *max_diff);

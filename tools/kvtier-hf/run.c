@@ -443,6 +443,13 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 		float *cl = (float *)(shm + (size_t)P * sizeof(int32_t));
 
 		rc = hf_engine_create(c, 1);
+		if (rc == 0) { /* a session of an earlier run under the key: start afresh */
+			rc = kvt_session_drop(c->e, o->session_key);
+			if (rc == -ENOENT)
+				rc = 0;
+			else if (rc)
+				rc = kvtr_err_kvt(rc, "kvt_session_drop");
+		}
 		if (rc == 0)
 			rc = hf_open(c, o->session_key, &seq);
 		if (rc == 0)
