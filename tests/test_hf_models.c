@@ -32,6 +32,7 @@
 
 #include <cmocka.h>
 #include <errno.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "hf.h"
@@ -247,6 +248,59 @@ test_bad_input(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Runs the kvtier-hf binary beside kvtier-run (KVT_RUN) with @args; returns its exit status
+ * and the last line of its output (stdout and stderr) in @line; -1 when it is not there. */
+static int
+hf_cli(const char *args, char *line, size_t cap)
+{
+	const char *run = getenv("KVT_RUN");
+	char cmd[12288], buf[4096];
+	const char *slash;
+	FILE *p;
+	int st;
+
+	if (!run || !(slash = strrchr(run, '/')))
+		return -1;
+	snprintf(cmd, sizeof cmd, "%.*s/kvtier-hf", (int)(slash - run), run);
+	if (access(cmd, X_OK) != 0)
+		return -1;
+	snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " %s 2>&1", args);
+	p = popen(cmd, "r");
+	assert_non_null(p);
+	line[0] = '\0';
+	while (fgets(buf, sizeof buf, p))
+		snprintf(line, cap, "%s", buf);
+	st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* The command line: --check passes with the tiers of (ii) and parking, exits 1 on a mismatch
+ * (a tolerance of 0: the sides differ by ~1e-6) and 2 on a bad flag. */
+static void
+test_cli(void **state)
+{
+	char args[10240], line[4096], dir[4096];
+	int rc;
+
+	(void)state;
+	snprintf(dir, sizeof dir, "%s", hf_dir("deepseek-v3"));
+	snprintf(args, sizeof args, "--model-dir %s --check %s/reference.json --tokens-per-block 4 "
+		 "--hbm-frac 0.1 --host-frac 0.25 --park-every 16", dir, dir);
+	rc = hf_cli(args, line, sizeof line);
+	if (rc == -1)
+		skip();
+	assert_int_equal(rc, 0);
+	assert_non_null(strstr(line, "check: max abs logit diff"));
+	assert_non_null(strstr(line, ": ok"));
+	snprintf(args, sizeof args, "--model-dir %s --check %s --tol 0", dir, dir);
+	rc = hf_cli(args, line, sizeof line);
+	assert_int_equal(rc, 1);
+	assert_non_null(strstr(line, "differs by")); /* the message comes last, after the table */
+	snprintf(args, sizeof args, "--model-dir %s --hbm-frac 2", dir);
+	assert_int_equal(hf_cli(args, line, sizeof line), 2);
+	assert_non_null(strstr(line, "--hbm-frac"));
+}
+
 int
 main(void)
 {
@@ -258,6 +312,7 @@ main(void)
 		cmocka_unit_test(test_persist_kill9),
 		cmocka_unit_test(test_check_detects_a_changed_weight),
 		cmocka_unit_test(test_bad_input),
+		cmocka_unit_test(test_cli),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -233,6 +233,7 @@ main(int argc, char **argv)
 		printf("check: max abs logit diff %.3g (tolerance %g): %s\n", diff, tol,
 		       rc ? "MISMATCH" : "ok");
 		if (rc) {
+			fflush(stdout);
 			fprintf(stderr, "kvtier-hf: %s\n", kvtr_last_error());
 			rc = 1;
 		}
