@@ -6,7 +6,8 @@ Issue 16 item 6: small models with seeded random weights whose reference outputs
 transformers' implementations (not from code written here), for kvtier-hf (tools/kvtier-hf) to
 match. Per model it writes tests/data/hf/<name>/:
   config.json, model.safetensors  exactly as save_pretrained() writes them (float32)
-  reference.json                  prompt ids, greedy ids, argmax margins, versions, checksums
+  reference.json                  prompt ids, greedy ids, the smallest greedy margin (top-1
+                                  minus top-2 logit), versions, sha256 of the other files
   logits.safetensors              "logits" [n_positions - 1, vocab] float32: the logits after
                                   every position of the reference path (prompt + generated)
 
@@ -31,9 +32,11 @@ import os
 import shutil
 import sys
 
-# The same bits on any x86-64 CPU: ATen's scalar kernels instead of the AVX2/AVX-512 ones it
-# picks at run time, MKL's conditional numerical reproducibility (its SSE2 code paths), oneDNN
-# held to SSE4.1, one thread. Set before torch is imported; the models are tiny.
+# Aiming at the same bits on any x86-64 CPU: ATen's scalar kernels instead of the AVX2/AVX-512
+# ones it picks at run time (on an AVX-512 machine torch.randn itself gives other values than
+# the scalar path), MKL's conditional numerical reproducibility (its SSE2 code paths), oneDNN
+# held to SSE4.1, one thread. Set before torch is imported; the models are tiny. Checked on one
+# CPU model only (AMD EPYC, AVX-512): two runs, and a fresh venv, wrote identical files.
 for _k, _v in (("ATEN_CPU_CAPABILITY", "default"), ("MKL_CBWR", "COMPATIBLE"),
                ("ONEDNN_MAX_CPU_ISA", "SSE41"), ("OMP_NUM_THREADS", "1"),
                ("MKL_NUM_THREADS", "1")):
