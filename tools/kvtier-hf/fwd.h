@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvtier-hf/fwd.h - the forward passes of hf.h's families, one position at a time, in
+ * float32 as transformers computes them (the same operations in the same order as far as a
+ * sequential C loop allows; torch sums its matmuls in another order: see the tolerance in
+ * tests/test_hf_models.c). Attention is left to the caller, which feeds every attended
+ * position's stored K (and V) to kvhf_attn_add in position order.
+ */
+#ifndef KVHF_FWD_H
+#define KVHF_FWD_H
+
+#include "hf.h"
+
+struct kvhf_state {
+	float *x;      /* [hidden] residual */
+	float *xn;     /* [hidden] normalised */
+	float *t1;     /* [max(hidden, inter, heads * v)] scratch */
+	float *h1, *h2; /* [inter] */
+	float *q;      /* [n_heads][qk dim] query of this position (after rope) */
+	float *k, *v;  /* [kv_width] this position's K and V as stored (MLA: latent + k_rope;
+	                  v unused) */
+	float *acc;    /* [n_heads][v dim] attention accumulator, then output */
+	float *mx, *sum; /* [n_heads] online softmax */
+	float *kh, *vh; /* MLA: one head's k_nope and v of one position */
+	float *logits; /* [vocab] */
+	int vdim, qkdim;
+};
+
+int kvhf_state_init(struct kvhf_state *s, const struct kvhf_model *m);
+void kvhf_state_fini(struct kvhf_state *s);
+
+/** kvhf_fwd_embed() - x = embedding of @token (Gemma: times sqrt(hidden)). */
+void kvhf_fwd_embed(const struct kvhf_model *m, struct kvhf_state *s, int32_t token);
+/** kvhf_fwd_qkv() - layer @l up to q, k, v of position @pos; resets the attention. */
+void kvhf_fwd_qkv(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, uint32_t pos);
+/** kvhf_attn_add() - one attended position's stored @k / @v (kv_width floats each). */
+void kvhf_attn_add(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, const float *k,
+		   const float *v);
+/** kvhf_fwd_rest() - normalise the attention, o_proj, norms, MLP, residuals of layer @l. */
+void kvhf_fwd_rest(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l);
+/** kvhf_fwd_logits() - final norm, lm_head, final softcapping into s->logits. */
+void kvhf_fwd_logits(const struct kvhf_model *m, struct kvhf_state *s);
+
+#endif /* KVHF_FWD_H */

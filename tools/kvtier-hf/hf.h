@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvtier-hf/hf.h - kvtier-hf: Hugging Face transformers models (what save_pretrained
+ * writes: config.json + model.safetensors) run in C float32 with their KV only in kvtier
+ * (issue 16 item 6, the independent oracle's runner).
+ *
+ * Families (config.json "model_type"):
+ *   gemma3_text   Gemma 3 text: (1 + w) RMSNorms, embedding x sqrt(hidden), q/k norms,
+ *                 query_pre_attn_scalar, final logit softcapping (attn_logit_softcapping is
+ *                 ignored, as transformers' Gemma 3 attention ignores it), sliding and full
+ *                 layers (layer_types, or sliding_window_pattern), local/global rope theta,
+ *                 GeGLU (gelu tanh) MLP with pre/post feed-forward norms.
+ *   mistral       Llama-style with sliding_window applied in every layer (null = full).
+ *   qwen2         the same with q/k/v biases; sliding layers from layer_types (or
+ *                 use_sliding_window and max_window_layers).
+ *   llama         Llama (full attention), for completeness.
+ *   deepseek_v3   MLA (q_lora_rank or a plain q_proj, kv_lora_rank, qk_nope/qk_rope/v head
+ *                 dims, interleaved rope when rope_interleave), dense SwiGLU MLP in every layer
+ *                 (first_k_dense_replace >= num_hidden_layers; MoE layers are refused).
+ * Weights f32, f16 or bf16 (converted to f32 at load); rope_scaling must be null (refused
+ * otherwise: none of the yarn/llama3 variants is implemented).
+ *
+ * KV in kvtier: one engine layout for all layers (today's API): n_kv_heads x head_dim, f32.
+ * For MLA the "K" of a 1-head geometry holds the normalised latent c_kv (kv_lora_rank) and the
+ * roped k_rope (qk_rope_head_dim); V is allocated by the engine and unused (the waste that
+ * layer groups will remove: half of every block). Sliding-window layers store every position
+ * and the window is applied in attention: only the blocks that hold the window are prepared.
+ *
+ * One position at a time (prompt tokens too), as window.c of kvtier-run does it: per layer,
+ * attention over the sequence's stored positions walks windows of at most hbm_slots - 1 blocks
+ * (kvt_batch_prepare_ranges, kvt_batch_wait_layer, the block table), an online softmax reading
+ * K/V straight from the blocks, then the position's own K/V (kept aside); after the last layer
+ * the position is appended (kvt_seq_append) and its K/V of every layer stored in one batch
+ * holding the last block. Errors: 0 or a negative code with kvtr_last_error() set (util.h).
+ */
+#ifndef KVHF_H
+#define KVHF_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvtier.h"
+
+enum kvhf_family {
+	KVHF_LLAMA = 0, /* llama, mistral, qwen2 */
+	KVHF_GEMMA3 = 1,
+	KVHF_DEEPSEEK = 2,
+};
+
+/** One layer's weights (f32, row-major [out][in] as torch's Linear). NULL = absent. */
+struct kvhf_layer {
+	const float *in_norm, *post_attn_norm, *pre_ffn_norm, *post_ffn_norm;
+	const float *wq, *wk, *wv, *wo, *bq, *bk, *bv;
+	const float *q_norm, *k_norm;              /* gemma3: [head_dim] */
+	const float *q_a, *q_a_norm, *q_b;         /* deepseek: q_lora_rank path */
+	const float *kv_a, *kv_a_norm, *kv_b;      /* deepseek: MLA */
+	const float *gate, *up, *down;
+	int sliding;                               /* 1: attends to the last sliding_window
+	                                              positions only */
+	float rope_theta;                          /* this layer's rope base */
+};
+
+/** A loaded model. */
+struct kvhf_model {
+	enum kvhf_family family;
+	char model_type[32];
+	int vocab, hidden, inter, n_layers, n_heads, n_kv_heads, head_dim;
+	float eps;
+	int sliding_window;          /* 0 = none */
+	float attn_scale;            /* multiplier of q.k */
+	float final_softcap;         /* Gemma's final_logit_softcapping; 0 = off */
+	int q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim; /* deepseek */
+	int rope_interleave;         /* deepseek */
+	int max_pos;                 /* max_position_embeddings */
+	const float *embed, *norm, *lm_head;
+	struct kvhf_layer *layers;   /* [n_layers] */
+	uint32_t kv_heads_stored, kv_head_dim_stored; /* engine layout (MLA: 1, rank + rope) */
+	uint32_t kv_width;           /* floats of one token's K in one layer */
+	/* private */
+	float *f32;                  /* all tensors converted to f32 */
+	void *tensors;               /* name index */
+	uint32_t n_tensors;
+};
+
+/** kvhf_model_load() - read DIR/config.json and DIR/model.safetensors. */
+int kvhf_model_load(const char *dir, struct kvhf_model **out);
+/** kvhf_model_free() - NULL ok. */
+void kvhf_model_free(struct kvhf_model *m);
+
+/**
+ * kvhf_safetensors_f32() - read the tensor @name of the safetensors file @path into a new f32
+ * array (*out, free()); *n receives its element count; shape (up to 4 dims) into @shape/@ndim
+ * when not NULL. Returns 0, -ENOENT (no such tensor), KVT_EFORMAT (bad file), -ENOMEM, -EIO.
+ */
+int kvhf_safetensors_f32(const char *path, const char *name, float **out, uint64_t *n,
+			 uint64_t *shape, int *ndim);
+
+/** What to run. kvhf_opts_init() gives the defaults. */
+struct kvhf_opts {
+	const struct kvhf_model *model;
+	const int32_t *prompt;       /* prompt ids, n_prompt >= 1 */
+	uint32_t n_prompt;
+	uint32_t gen;                /* greedy tokens to generate after the prompt */
+	uint32_t tokens_per_block;   /* default 16 */
+	uint64_t hbm_bytes, host_bytes, nvme_bytes; /* 0 = HBM: twice the sequence's blocks (all
+	                                 of it stays in HBM, below the demotion watermark); HOST
+	                                 and NVMe: room for all of it */
+	int no_host;                 /* 1: no HOST tier */
+	const char *nvme_dir;        /* NULL = a temp dir */
+	uint32_t park_every;         /* park (to NVMe) and resume the sequence after every this
+	                                many positions (a "turn"); 0 = never */
+	int prefix_share;            /* 1: a second sequence with the same prompt attaches the
+	                                first's blocks (kvt_seq_attach_prefix) and is run too: both
+	                                must give the same tokens */
+	int persist;                 /* 1: persistent store in nvme_dir (must be given): a child
+	                                process (fork) decodes positions [0, stop_after) with the
+	                                sequence opened under session_key, parks it to NVMe, drains
+	                                (the park is published) and raises SIGKILL (kill -9: no
+	                                destroy); this process then opens a new engine on the store,
+	                                finds the session (kvt_session_list), restores it
+	                                (kvt_seq_restore), decodes the rest, closes and drops it.
+	                                A session left under the key by an earlier run is dropped
+	                                first */
+	uint32_t stop_after;         /* persist: positions before the kill; 0 = n_prompt + gen / 2 */
+	uint64_t session_key;        /* persist: default 0x4b56484600000001 */
+	FILE *log;                   /* notes; NULL = stderr */
+};
+
+/** Results. Free with kvhf_result_free(). */
+struct kvhf_result {
+	int32_t *tokens;             /* [n_tokens]: prompt then generated */
+	uint32_t n_tokens;
+	float *logits;               /* [n_tokens - 1][vocab]: logits after each position */
+	uint32_t n_logits;
+	uint64_t positions;          /* forward passes */
+	uint64_t windows;            /* window batches prepared */
+	uint64_t parks;              /* park + resume cycles between turns */
+	uint64_t prefix_tokens;      /* prefix_share: tokens the second sequence attached */
+	uint64_t restored_tokens;    /* persist: tokens of the restored session */
+	struct kvt_stats stats;      /* engine counters at the end */
+	struct kvt_geometry geo;
+};
+
+void kvhf_opts_init(struct kvhf_opts *o);
+/** kvhf_run() - run; @r zeroed first; free it in every case. */
+int kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r);
+void kvhf_result_free(struct kvhf_result *r);
+
+/** The reference written by tools/hf-fixtures/gen.py. */
+struct kvhf_ref {
+	int32_t *prompt;
+	uint32_t n_prompt;
+	int32_t *gen;
+	uint32_t n_gen;
+	float *logits;               /* [n_logits][vocab] */
+	uint32_t n_logits, vocab;
+	double min_margin;
+};
+
+/** kvhf_ref_load() - DIR/reference.json and its logits file. */
+int kvhf_ref_load(const char *dir, struct kvhf_ref *ref);
+void kvhf_ref_free(struct kvhf_ref *ref);
+
+/**
+ * kvhf_check() - compare @r with @ref: every token identical (prompt and generated), every
+ * logit within @tol (absolute). *max_diff receives the largest absolute difference (0 when a
+ * token differs: tokens are compared first). Returns 0, or KVT_EFORMAT with the message saying
+ * what differs (the position and both tokens, or the logit and both values).
+ */
+int kvhf_check(const struct kvhf_ref *ref, const struct kvhf_result *r, double tol,
+	       double *max_diff);
+
+/** Logit tolerance of the check (see tests/test_hf_models.c for the measured differences). */
+#define KVHF_TOL 1e-4
+
+/**
+ * kvhf_kv_bytes() - bytes of K/V the engine needs for @positions tokens of @m with
+ * @tokens_per_block (whole blocks, all layers): what the tier fractions are taken of.
+ */
+uint64_t kvhf_kv_bytes(const struct kvhf_model *m, uint32_t tokens_per_block,
+		       uint32_t positions);
+
+#endif /* KVHF_H */

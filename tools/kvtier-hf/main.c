@@ -1,0 +1,247 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvtier-hf/main.c - kvtier-hf: run a Hugging Face model (config.json + model.safetensors
+ * from save_pretrained) in C float32 with its KV in kvtier, greedy, and check it against the
+ * reference of tools/hf-fixtures/gen.py. See hf.h for the families and the method.
+ *
+ *   kvtier-hf --model-dir tests/data/hf/gemma3 --check tests/data/hf/gemma3
+ *   kvtier-hf --model-dir DIR --prompt-ids 5,17,9 --steps 20
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "hf.h"
+#include "util.h"
+
+static void
+usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvtier-hf --model-dir DIR [options]\n"
+		"  --model-dir DIR        config.json + model.safetensors (save_pretrained)\n"
+		"  --check REF            REF/reference.json (or the file itself): the prompt, the\n"
+		"                         greedy tokens and the logits to match; exit 1 on mismatch\n"
+		"  --tol X                logit tolerance (absolute; default %g)\n"
+		"  --prompt-ids A,B,...   prompt token ids (default: the reference's)\n"
+		"  --steps N              greedy tokens to generate (default: the reference's, or 16)\n"
+		"  --tokens-per-block N   kvtier block size (default 16)\n"
+		"  --hbm SIZE | --hbm-frac F    HBM tier: bytes, or a fraction of the run's KV\n"
+		"  --host SIZE | --host-frac F  HOST tier, likewise (default: all of it)\n"
+		"  --no-host              no HOST tier\n"
+		"  --nvme SIZE            NVMe tier bytes (default: all of it)\n"
+		"  --nvme-dir DIR         NVMe directory (default: a temporary one)\n"
+		"  --park-every N         park to NVMe and resume after every N positions\n"
+		"  --prefix-share         run a second sequence that attaches the prompt's blocks\n"
+		"  --persist              persistent store in --nvme-dir: kill -9 midway (a child),\n"
+		"                         restore the session, finish\n"
+		"  --dump-logits FILE     write the logits as raw f32 [positions - 1][vocab]\n",
+		KVHF_TOL);
+}
+
+static int
+parse_ids(const char *s, int32_t **out, uint32_t *n)
+{
+	size_t cap = strlen(s) / 2 + 2;
+	const char *p = s;
+
+	*out = calloc(cap, sizeof(int32_t));
+	*n = 0;
+	if (!*out)
+		return kvtr_err(-ENOMEM, "out of memory");
+	while (*p) {
+		char *end;
+		long v = strtol(p, &end, 10);
+
+		if (end == p || v < 0 || v > 1 << 24 || (*end && *end != ','))
+			return kvtr_err(-EINVAL, "--prompt-ids: bad list at \"%s\"", p);
+		(*out)[(*n)++] = (int32_t)v;
+		p = *end ? end + 1 : end;
+	}
+	if (*n == 0)
+		return kvtr_err(-EINVAL, "--prompt-ids: empty");
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	struct kvhf_opts o;
+	struct kvhf_ref ref;
+	struct kvhf_result r;
+	struct kvhf_model *m = NULL;
+	const char *dir = NULL, *check = NULL, *ids = NULL, *dump = NULL;
+	char refdir[4096];
+	float hbm_frac = 0.0f, host_frac = 0.0f, tol = (float)KVHF_TOL;
+	uint32_t steps = 0;
+	int32_t *prompt = NULL;
+	uint32_t n_prompt = 0;
+	int rc = 0, have_steps = 0;
+	double diff = 0.0;
+
+	kvhf_opts_init(&o);
+	memset(&ref, 0, sizeof(ref));
+	memset(&r, 0, sizeof(r));
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		int val = 1;
+
+		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(a, "--no-host")) {
+			o.no_host = 1, val = 0;
+		} else if (!strcmp(a, "--prefix-share")) {
+			o.prefix_share = 1, val = 0;
+		} else if (!strcmp(a, "--persist")) {
+			o.persist = 1, val = 0;
+		} else if (!v) {
+			fprintf(stderr, "kvtier-hf: %s needs a value (or is unknown)\n", a);
+			usage(stderr);
+			return 2;
+		} else if (!strcmp(a, "--model-dir")) {
+			dir = v;
+		} else if (!strcmp(a, "--check")) {
+			check = v;
+		} else if (!strcmp(a, "--prompt-ids")) {
+			ids = v;
+		} else if (!strcmp(a, "--steps")) {
+			rc = kvtr_parse_u32(a, v, 0, 1 << 20, &steps);
+			have_steps = 1;
+		} else if (!strcmp(a, "--tol")) {
+			rc = kvtr_parse_float(a, v, 0.0f, 1e6f, &tol);
+		} else if (!strcmp(a, "--tokens-per-block")) {
+			rc = kvtr_parse_u32(a, v, 1, 65536, &o.tokens_per_block);
+		} else if (!strcmp(a, "--hbm")) {
+			rc = kvtr_parse_size(a, v, &o.hbm_bytes);
+		} else if (!strcmp(a, "--hbm-frac")) {
+			rc = kvtr_parse_float(a, v, 1e-6f, 1.0f, &hbm_frac);
+		} else if (!strcmp(a, "--host")) {
+			rc = kvtr_parse_size(a, v, &o.host_bytes);
+		} else if (!strcmp(a, "--host-frac")) {
+			rc = kvtr_parse_float(a, v, 1e-6f, 1.0f, &host_frac);
+		} else if (!strcmp(a, "--nvme")) {
+			rc = kvtr_parse_size(a, v, &o.nvme_bytes);
+		} else if (!strcmp(a, "--nvme-dir")) {
+			o.nvme_dir = v;
+		} else if (!strcmp(a, "--dump-logits")) {
+			dump = v;
+		} else if (!strcmp(a, "--park-every")) {
+			rc = kvtr_parse_u32(a, v, 0, 1 << 20, &o.park_every);
+		} else {
+			fprintf(stderr, "kvtier-hf: unknown option %s\n", a);
+			usage(stderr);
+			return 2;
+		}
+		if (rc) {
+			fprintf(stderr, "kvtier-hf: %s\n", kvtr_last_error());
+			return 2;
+		}
+		i += val;
+	}
+	if (!dir) {
+		usage(stderr);
+		return 2;
+	}
+	rc = kvhf_model_load(dir, &m);
+	if (rc == 0 && check) {
+		struct stat sb;
+
+		snprintf(refdir, sizeof(refdir), "%s", check);
+		if (stat(check, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+			char *slash = strrchr(refdir, '/');
+
+			if (slash)
+				*slash = '\0';
+			else
+				snprintf(refdir, sizeof(refdir), ".");
+		}
+		rc = kvhf_ref_load(refdir, &ref);
+		if (rc == 0 && ref.vocab != (uint32_t)m->vocab)
+			rc = kvtr_err(KVT_EFORMAT, "the reference has %u logits per row, the model "
+				      "a vocabulary of %d", ref.vocab, m->vocab);
+	}
+	if (rc == 0 && ids)
+		rc = parse_ids(ids, &prompt, &n_prompt);
+	if (rc) {
+		fprintf(stderr, "kvtier-hf: %s\n", kvtr_last_error());
+		rc = 1;
+		goto out;
+	}
+	o.model = m;
+	o.prompt = prompt ? prompt : ref.prompt;
+	o.n_prompt = prompt ? n_prompt : ref.n_prompt;
+	o.gen = have_steps ? steps : check ? ref.n_gen : 16;
+	if (!o.prompt) {
+		fprintf(stderr, "kvtier-hf: no prompt: give --prompt-ids or --check\n");
+		rc = 2;
+		goto out;
+	}
+	if (hbm_frac > 0.0f || host_frac > 0.0f) {
+		uint64_t kv = kvhf_kv_bytes(m, o.tokens_per_block, o.n_prompt + o.gen);
+		uint64_t block = kvhf_kv_bytes(m, o.tokens_per_block, 1);
+
+		/* whole blocks, at least 2 in HBM (windows) and 1 in HOST */
+		if (hbm_frac > 0.0f)
+			o.hbm_bytes = ((uint64_t)((double)kv * hbm_frac) / block > 2
+				       ? (uint64_t)((double)kv * hbm_frac) / block : 2) * block;
+		if (host_frac > 0.0f)
+			o.host_bytes = ((uint64_t)((double)kv * host_frac) / block > 1
+					? (uint64_t)((double)kv * host_frac) / block : 1) * block;
+	}
+	rc = kvhf_run(&o, &r);
+	if (rc) {
+		fprintf(stderr, "kvtier-hf: %s\n", kvtr_last_error());
+		rc = 1;
+		goto out;
+	}
+	printf("model %s (%s): %u prompt + %u generated tokens; HBM %u, HOST %u, NVMe %u slots "
+	       "of %llu bytes; %llu windows\n", dir, m->model_type, o.n_prompt, o.gen,
+	       r.geo.hbm_slots, r.geo.host_slots, r.geo.nvme_slots,
+	       (unsigned long long)r.geo.block_bytes, (unsigned long long)r.windows);
+	if (dump) {
+		FILE *f = fopen(dump, "wb");
+
+		if (!f || fwrite(r.logits, sizeof(float) * (size_t)m->vocab, r.n_logits, f) !=
+			      r.n_logits || fclose(f) != 0) {
+			fprintf(stderr, "kvtier-hf: cannot write %s\n", dump);
+			rc = 1;
+			goto out;
+		}
+	}
+	printf("engine: %llu NVMe reads verified, %llu blocks moved HBM->HOST, %llu HOST->NVMe; "
+	       "%llu parks; prefix attached %llu tokens; restored %llu tokens\n",
+	       (unsigned long long)r.stats.checksum_verified,
+	       (unsigned long long)r.stats.blocks_moved[KVT_MOVE_HBM_TO_HOST],
+	       (unsigned long long)r.stats.blocks_moved[KVT_MOVE_HOST_TO_NVME],
+	       (unsigned long long)r.parks, (unsigned long long)r.prefix_tokens,
+	       (unsigned long long)r.restored_tokens);
+	printf("generated:");
+	for (uint32_t i = o.n_prompt; i < r.n_tokens; i++)
+		printf(" %d", r.tokens[i]);
+	printf("\n");
+	if (check) {
+		if (o.prompt != ref.prompt || o.gen != ref.n_gen) {
+			fprintf(stderr, "kvtier-hf: --check compares the reference's own prompt and "
+				"length; drop --prompt-ids/--steps\n");
+			rc = 2;
+			goto out;
+		}
+		rc = kvhf_check(&ref, &r, tol, &diff);
+		printf("check: max abs logit diff %.3g (tolerance %g): %s\n", diff, tol,
+		       rc ? "MISMATCH" : "ok");
+		if (rc) {
+			fflush(stdout);
+			fprintf(stderr, "kvtier-hf: %s\n", kvtr_last_error());
+			rc = 1;
+		}
+	}
+out:
+	kvhf_result_free(&r);
+	kvhf_ref_free(&ref);
+	kvhf_model_free(m);
+	free(prompt);
+	return rc;
+}
