@@ -1205,6 +1205,30 @@ test_summary_cli(void **state)
 	free(err);
 }
 
+/*
+ * Without --nvme the NVMe tier has room for every block of every session at the model's full
+ * length: 2 sessions x 512 / 8 = 128 slots of 4 KiB + 12 KiB (a header page, then the 10 KiB
+ * block rounded up), read off the summary line. The default once forgot the header page and
+ * gave 96 slots, so full-length sessions could not all be parked.
+ */
+static void
+test_default_nvme_room_cli(void **state)
+{
+	char args[1200], *out, *err;
+
+	(void)state;
+	if (!rutil_run_binary()) {
+		print_message("SKIPPED: kvtier-run binary not found\n");
+		skip();
+	}
+	snprintf(args, sizeof args, "--sessions 2 --steps 8 --tokens-per-block 8 --hbm 40K "
+		 "--host 20K --nvme-dir '%s'", tmp_dir);
+	assert_int_equal(rutil_run(tmp_dir, args, &out, &err), 0);
+	assert_non_null(strstr(err, "/128 blocks ("));
+	free(out);
+	free(err);
+}
+
 /* --stats-json to a path that cannot be written fails before decoding anything. */
 static void
 test_stats_json_unwritable_cli(void **state)
@@ -1361,6 +1385,7 @@ main(void)
 		cmocka_unit_test(test_summary_line),
 		cmocka_unit_test(test_stats_json_engine_counters),
 		cmocka_unit_test_setup_teardown(test_summary_cli, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_default_nvme_room_cli, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stats_json_unwritable_cli, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_outputs_written_on_success_cli, setup,
 						teardown),

@@ -403,9 +403,10 @@ run_engine_create(struct run_ctx *c)
 	eo.layout.tokens_per_block = o->tokens_per_block;
 	eo.hbm_bytes = o->hbm_bytes ? o->hbm_bytes : nblocks * block;
 	eo.host_bytes = o->host_bytes ? o->host_bytes : nblocks * block;
-	/* NVMe slots carry a 128-byte header and are 4 KiB aligned (tiers/tier_nvme.h) */
+	/* an NVMe slot is a 4 KiB header page, then the block rounded up to 4 KiB (kvtier.h's
+	 * nvme_bytes): room for every block of every session */
 	eo.nvme_bytes = o->nvme_bytes ? o->nvme_bytes
-				      : nblocks * ((block + 128 + 4095) / 4096 * 4096);
+				      : nblocks * (4096 + (block + 4095) / 4096 * 4096);
 	eo.nvme_codec = o->nvme_codec;
 	if (o->nvme_dir) {
 		eo.nvme_dir = o->nvme_dir;
