@@ -217,6 +217,22 @@ kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s)
 			       (unsigned long long)s->session_key, kvt_last_error_message());
 }
 
+void
+kvt_persist_keep(struct kvt_engine *e, struct kvt_seqrec *s)
+{
+	struct kvt_store_sess *rec;
+
+	s->pub_pending = 0;
+	if (!e->store || !s->session_key)
+		return;
+	rec = kvt_store_find(e->store, s->session_key);
+	/* the record (its last published park) becomes restorable; the slots it names stay out
+	 * of use: those of blocks freed now become pending (kvt_slot_free), the others stay
+	 * with the blocks that still use them (shared), where a restore finds them */
+	if (rec && rec->open_seq == (uint32_t)(s - e->seqs))
+		rec->open_seq = PERSIST_NO_SEQ;
+}
+
 /* Whether every block of @s has a completed, valid NVMe copy. */
 static bool
 persist_ready(struct kvt_engine *e, const struct kvt_seqrec *s)
