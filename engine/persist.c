@@ -159,18 +159,20 @@ kvt_persist_open(struct kvt_engine *e)
 		kvt_free(slots);
 		return kvt_err(-ENOMEM, "store: %u slots", cap);
 	}
+	/* the journal's replay guarantees in-range slots, each named by one session or by
+	 * several with the same write (a shared prefix block): taken once, while any names it */
 	for (i = 0; i < kvt_store_count(e->store); i++) {
 		rec = kvt_store_at(e->store, i);
 		rec->open_seq = PERSIST_NO_SEQ;
 		for (b = 0; b < rec->n_blocks; b++)
-			slots[n++] = rec->blocks[b].slot;
+			if (!e->nvme_named[rec->blocks[b].slot]) {
+				e->nvme_named[rec->blocks[b].slot] = 1;
+				slots[n++] = rec->blocks[b].slot;
+			}
 	}
-	/* the journal's replay guarantees distinct, in-range slots */
 	rc = kvt_slots_take(&e->slots[KVT_TIER_NVME], slots, n);
 	for (i = 0; rc == 0 && i < n; i++)
 		kvt_owner_set(e, KVT_TIER_NVME, slots[i], KVT_SLOT_STORED);
-	for (i = 0; rc == 0 && i < kvt_store_count(e->store); i++)
-		persist_name(e, kvt_store_at(e->store, i));
 	kvt_free(slots);
 	if (rc)
 		return kvt_err(rc, "store: the journal's sessions claim slots twice");
@@ -421,6 +423,23 @@ persist_holder(struct kvt_engine *e, const struct kvt_fmt_blkref *r)
 	return id;
 }
 
+/*
+ * Whether the header @h (whose write, tag and length code, is the one block @i of @rec names) is
+ * that block: written for this session at this index, or a block the session shares with the one
+ * that wrote it (a prefix attach: the header carries its creator's session key and index), which
+ * is then identified by its content hash, the prefix key both records and the header carry.
+ */
+static bool
+persist_same_block(const struct kvt_store_sess *rec, uint32_t i, const struct kvt_fmt_blkhdr *h)
+{
+	static const uint8_t zero[16];
+	const uint8_t *hash = rec->blocks[i].hash;
+
+	if (h->session == rec->key)
+		return h->index == i;
+	return memcmp(hash, zero, sizeof zero) != 0 && memcmp(h->hash, hash, sizeof zero) == 0;
+}
+
 /* Check block @i of @rec: its slot untouched since (stored, or pending: kept out of use) with a
  * header that matches, or held by a live block made from it. 0, -ENOENT or -EIO. */
 static int
@@ -439,10 +458,13 @@ persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32
 		return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
 	if (rc)
 		return kvt_err(-EIO, "block %u: %s", i, kvt_last_error_message());
-	if (!kvt_fmt_blkhdr_is(&h, r->tag, r->lenc, e->block_bytes) || h.session != rec->key ||
-	    h.index != i)
+	if (!kvt_fmt_blkhdr_is(&h, r->tag, r->lenc, e->block_bytes))
 		return kvt_err(-ENOENT, "block %u: slot %u holds another write (tag %#x, "
 			       "expected %#x)", i, r->slot, kvt_fmt_write_tag(h.key), r->tag);
+	if (!persist_same_block(rec, i, &h))
+		return kvt_err(-ENOENT, "block %u: slot %u holds block %u of session %#llx, not "
+			       "this one nor a prefix block it shares", i, r->slot, h.index,
+			       (unsigned long long)h.session);
 	return 0;
 }
 
@@ -511,7 +533,7 @@ static int
 persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 {
 	struct kvt_seqrec *s = &e->seqs[idx];
-	uint32_t id;
+	uint32_t tpb = e->layout.tokens_per_block, id;
 	int rc;
 
 	if (kvt_seq_reserve(s, rec->n_tokens, rec->n_blocks, 0))
@@ -530,6 +552,19 @@ persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 	if (rec->n_tokens)
 		memcpy(s->tokens, rec->tokens, rec->n_tokens * sizeof *s->tokens);
 	s->n_tokens = rec->n_tokens;
+	/* blocks made here that carry a prefix key can be shared again (kvt_seq_attach_prefix):
+	 * into the prefix index, tokens borrowed from s */
+	for (uint32_t i = 0; i < rec->n_blocks; i++) {
+		static const uint8_t zero[16];
+		struct kvt_block *b = kvt_blk(e, s->blocks[i]);
+
+		if (b->seq != idx || b->hashed || (uint64_t)(i + 1) * tpb > rec->n_tokens ||
+		    !memcmp(rec->blocks[i].hash, zero, sizeof zero))
+			continue;
+		memcpy(b->hash, rec->blocks[i].hash, sizeof b->hash);
+		b->hashed = 1;
+		(void)kvt_prefix_insert(e, s->blocks[i]); /* -ENOMEM only costs sharing */
+	}
 	s->parked = 1;
 	rec->open_seq = idx;
 	return 0;

@@ -184,20 +184,33 @@ store_by_seqno_desc(const void *a, const void *b)
 	return x->seqno < y->seqno ? 1 : x->seqno > y->seqno ? -1 : 0;
 }
 
+/* One slot's write as a record names it: tag and length code. */
+static uint64_t
+store_write_id(const struct kvt_fmt_blkref *r)
+{
+	return (uint64_t)r->tag | (uint64_t)r->lenc << 32;
+}
+
 /*
  * Drop sessions that refer to slots out of range, to one slot twice, or to a slot that a later
- * session claims (its data were overwritten when the later one was written): newest first, a
- * session is kept only when none of its slots is taken by one kept before it.
+ * session names with another write (its data were overwritten when the later one was written):
+ * newest first, a session is kept only when each of its slots is unclaimed by the sessions kept
+ * before it or claimed by them with the same write (tag and length code). Several sessions
+ * naming one write are sessions sharing a prefix block (kvt_seq_attach_prefix, the prefix cache,
+ * or an attach from a stored session): they are all kept.
  */
 static int
 store_resolve(struct kvt_store *st)
 {
-	uint32_t *mark = kvt_calloc(st->n_slots ? st->n_slots : 1, sizeof *mark);
+	size_t ns = st->n_slots ? st->n_slots : 1;
+	uint32_t *seen = kvt_calloc(ns, sizeof *seen);
+	uint64_t *claim = kvt_calloc(ns, sizeof *claim); /* write id + 1 of the kept claim */
 	struct kvt_store_sess **ord = kvt_malloc((st->n ? st->n : 1) * sizeof *ord);
 	uint32_t n = st->n, i, b, k;
 
-	if (!mark || !ord) {
-		kvt_free(mark);
+	if (!seen || !claim || !ord) {
+		kvt_free(seen);
+		kvt_free(claim);
 		kvt_free(ord);
 		return kvt_err(-ENOMEM, "store: slot claims for %u slots", st->n_slots);
 	}
@@ -210,13 +223,15 @@ store_resolve(struct kvt_store *st)
 
 		for (b = 0; b < s->n_blocks && keep; b++) {
 			uint32_t sl = s->blocks[b].slot;
+			uint64_t w = store_write_id(&s->blocks[b]) + 1;
 
-			keep = sl < st->n_slots && mark[sl] != UINT32_MAX && mark[sl] != i + 1;
+			keep = sl < st->n_slots && seen[sl] != i + 1 &&
+			       (!claim[sl] || claim[sl] == w);
 			if (keep)
-				mark[sl] = i + 1;
+				seen[sl] = i + 1;
 		}
 		for (b = 0; b < s->n_blocks && keep; b++)
-			mark[s->blocks[b].slot] = UINT32_MAX;
+			claim[s->blocks[b].slot] = store_write_id(&s->blocks[b]) + 1;
 		if (keep)
 			ord[i] = NULL;
 	}
@@ -226,7 +241,8 @@ store_resolve(struct kvt_store *st)
 				store_remove_at(st, k);
 				break;
 			}
-	kvt_free(mark);
+	kvt_free(seen);
+	kvt_free(claim);
 	kvt_free(ord);
 	return 0;
 }
@@ -367,7 +383,8 @@ int
 kvt_store_fuzz_one(const uint8_t *data, size_t len)
 {
 	struct kvt_store st = { .fd = -1, .n_slots = 64, .next_seqno = 1 };
-	uint8_t claimed[64] = { 0 };
+	uint64_t claimed[64] = { 0 }; /* write id + 1 of the first session naming the slot */
+	uint32_t seen[64] = { 0 };
 	int n;
 
 	if (kvt_fmt_jhdr_decode(data, len, &st.store_id) != 0)
@@ -375,15 +392,22 @@ kvt_store_fuzz_one(const uint8_t *data, size_t len)
 	(void)store_replay_buf(&st, data, len);
 	n = (int)st.n;
 	/* what replay guarantees the engine: one session per key, slots in range, no slot
-	 * claimed twice */
+	 * named twice by one session, and sessions naming one slot name the same write */
 	for (uint32_t i = 0; i < st.n; i++) {
 		const struct kvt_store_sess *s = st.sess[i];
 
 		if (kvt_store_find(&st, s->key) != s)
 			n = -1;
 		for (uint32_t b = 0; b < s->n_blocks; b++) {
-			if (s->blocks[b].slot >= st.n_slots || claimed[s->blocks[b].slot]++)
+			uint32_t sl = s->blocks[b].slot;
+			uint64_t w = store_write_id(&s->blocks[b]) + 1;
+
+			if (sl >= st.n_slots || seen[sl] == i + 1 || (claimed[sl] && claimed[sl] != w)) {
 				n = -1;
+				continue;
+			}
+			seen[sl] = i + 1;
+			claimed[sl] = w;
 		}
 	}
 	for (uint32_t i = 0; i < st.n; i++)
@@ -565,14 +589,19 @@ kvt_store_find_hash(struct kvt_store *st, const uint8_t *hash, struct kvt_store_
 
 	if (!memcmp(hash, zero, 16))
 		return false;
+	*sess = NULL;
+	/* several sessions may share the block: one not open in the engine first */
 	for (uint32_t i = 0; i < st->n; i++)
 		for (uint32_t b = 0; b < st->sess[i]->n_blocks; b++)
-			if (!memcmp(st->sess[i]->blocks[b].hash, hash, 16)) {
+			if (!memcmp(st->sess[i]->blocks[b].hash, hash, 16) &&
+			    (!*sess || (*sess)->open_seq != STORE_NIL)) {
 				*sess = st->sess[i];
 				*index = b;
-				return true;
+				if ((*sess)->open_seq == STORE_NIL)
+					return true;
+				break;
 			}
-	return false;
+	return *sess != NULL;
 }
 
 int

@@ -8,8 +8,9 @@
  *
  * Replay rules: a record that does not verify ends the log (a torn tail from a crash) and the
  * file is cut there; a later PUT of a key replaces the earlier one, a DEL removes it; when two
- * live sessions claim the same slot, the later PUT wins and the earlier session is dropped whole
- * (its data were overwritten when the later one was written). Whether a session's slots still
+ * live sessions name the same slot with different writes (tag, length code), the later PUT wins
+ * and the earlier session is dropped whole (its data were overwritten when the later one was
+ * written); sessions naming the same write of a slot share that block and are all kept. Whether a session's slots still
  * hold what its record says is checked by the caller against the block headers (restore).
  *
  * Durability: kvt_store_put/del only write; kvt_store_commit makes them durable (fdatasync). The
@@ -112,7 +113,8 @@ struct kvt_store_sess *kvt_store_at(struct kvt_store *st, uint32_t i);
 struct kvt_store_sess *kvt_store_find(struct kvt_store *st, uint64_t key);
 /**
  * kvt_store_find_hash() - a published block whose content hash is @hash (16 bytes, not all
- * zero): its session and block index. Returns true when found. Linear in the blocks indexed.
+ * zero): its session and block index, a session not open in the engine (open_seq UINT32_MAX)
+ * preferred when several share the block. Returns true when found. Linear in the blocks indexed.
  */
 bool kvt_store_find_hash(struct kvt_store *st, const uint8_t *hash,
 			 struct kvt_store_sess **sess, uint32_t *index);
