@@ -281,6 +281,7 @@ seq_close_or_detach(struct kvt_engine *e, kvt_seq_id id, bool keep)
 {
 	const char *fn = keep ? "kvt_seq_detach" : "kvt_seq_close";
 	struct kvt_seqrec *s;
+	bool publish;
 	uint32_t idx;
 	int rc = 0;
 
@@ -298,12 +299,13 @@ seq_close_or_detach(struct kvt_engine *e, kvt_seq_id id, bool keep)
 			       (unsigned long long)id);
 	}
 	/* detach: a park still in flight is finished and published first */
-	while (keep && rc >= 0 && s->pub_pending && s->parked &&
+	publish = keep && s->pub_pending && s->parked;
+	while (publish && rc >= 0 && s->pub_pending &&
 	       (kvt_xfer_inflight(e) || e->d2h.n_pending || e->h2d.n_pending))
 		rc = kvt_xfer_wait_any(e);
-	if (keep && rc >= 0 && s->pub_pending && s->parked)
+	if (publish && rc >= 0 && s->pub_pending)
 		kvt_persist_publish(e);
-	if (keep && s->pub_pending && s->parked) {
+	if (publish && (s->pub_pending || kvt_store_failed(e->store))) {
 		rc = kvt_err(rc < 0 ? rc : -EIO, "kvt_seq_detach: the park of sequence %#llx "
 			     "(session %#llx) could not be published; it stays open",
 			     (unsigned long long)id, (unsigned long long)s->session_key);
