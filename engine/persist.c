@@ -74,6 +74,20 @@ persist_unstore(struct kvt_engine *e, uint32_t from)
 	}
 }
 
+/* Record in the superblock how much of the journal is durable (hardening 11): made durable with
+ * the store's next fdatasync; at open a journal shorter than that is reported as damage. */
+static void
+persist_note_journal(struct kvt_engine *e)
+{
+	uint64_t gen, len;
+
+	kvt_store_durable(e->store, &gen, &len);
+	if (kvt_nvme_note_journal(e->nvme, gen, len) != 0)
+		kvt_engine_log(e, KVT_LOG_WARN, "store %s: recording the journal's durable length: "
+			       "%s (a later truncation of the journal may go unnoticed)", e->nvme_dir,
+			       kvt_last_error_message());
+}
+
 /*
  * Make the journal durable (kvt_store_commit), then release what the committed records
  * superseded: queued slots no live record names any more leave the named set, and those no
@@ -88,6 +102,7 @@ persist_commit(struct kvt_engine *e)
 
 	if (rc)
 		return rc;
+	persist_note_journal(e);
 	for (i = 0; i < e->n_pend; i++)
 		if (e->pend[i] < n_slots)
 			e->nvme_named[e->pend[i]] = 0;
@@ -128,13 +143,29 @@ kvt_persist_open(struct kvt_engine *e)
 {
 	uint32_t n = 0, cap = 0, *slots = NULL, i, b, dropped;
 	struct kvt_store_sess *rec;
-	uint64_t at, orphan;
+	uint64_t at, orphan, ack_gen, ack_len, found;
 	int rc;
 
-	rc = kvt_store_open(e->nvme_dir, kvt_nvme_store_id(e->nvme), kvt_nvme_n_slots(e->nvme),
-			    kvt_nvme_epoch(e->nvme) == 1, &e->store);
+	kvt_nvme_journal_known(e->nvme, &ack_gen, &ack_len);
+	rc = kvt_store_open_acked(e->nvme_dir, kvt_nvme_store_id(e->nvme),
+				  kvt_nvme_n_slots(e->nvme), kvt_nvme_epoch(e->nvme) == 1, ack_gen,
+				  ack_len, &e->store);
 	if (rc)
 		return rc;
+	if (kvt_store_short(e->store, &found, &ack_len)) {
+		char what[64] = "the journal is missing or empty";
+
+		if (found)
+			snprintf(what, sizeof what, "only %llu verify", (unsigned long long)found);
+		kvt_engine_log(e, KVT_LOG_WARN, "store %s/kvtier.journal: %llu bytes of it were "
+			       "acknowledged durable, %s (truncated, zeroed or replaced after its "
+			       "fdatasync: damage, not a torn tail); sessions published in the lost "
+			       "part are gone, %u restored from what verifies%s", e->nvme_dir,
+			       (unsigned long long)ack_len, what, kvt_store_count(e->store),
+			       found ? "; the journal as it was is kept as kvtier.journal.damaged" :
+			       "");
+	}
+	persist_note_journal(e);
 	at = kvt_store_damaged(e->store, &dropped, &orphan);
 	if (at) {
 		char where[40] = "in its header";
@@ -185,6 +216,10 @@ kvt_persist_close(struct kvt_engine *e)
 	if (!e->store)
 		return;
 	kvt_persist_publish(e);
+	/* a clean close leaves the journal's exact durable length in the superblock */
+	persist_note_journal(e);
+	if (!kvt_nvme_sync_failed(e->nvme))
+		(void)kvt_nvme_sync(e->nvme);
 	kvt_store_close(e->store);
 	e->store = NULL;
 	kvt_free(e->nvme_named);

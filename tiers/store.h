@@ -91,6 +91,22 @@ void kvt_fsync_dir(const char *dir);
  */
 int kvt_store_open(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
 		   struct kvt_store **out);
+/**
+ * kvt_store_open_acked() - kvt_store_open() for a store whose superblock knew journal generation
+ * @ack_gen durable up to @ack_len bytes (kvt_nvme_journal_known; 0, 0 = unknown). A journal of
+ * that generation that verifies less than @ack_len (cut or zeroed after its fdatasync), or one of
+ * an older generation, or none at all, lost records that were acknowledged: replays what
+ * verifies, keeps the journal as it was as "<dir>/kvtier.journal.damaged" and reports it
+ * (kvt_store_short). A newer generation (compacted after the superblock was last written) is
+ * not checked. Every compaction writes the next generation.
+ */
+int kvt_store_open_acked(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
+			 uint64_t ack_gen, uint64_t ack_len, struct kvt_store **out);
+/** Whether kvt_store_open_acked() found acknowledged records missing: *@found, the bytes that
+ * verify (0 = no journal), *@acked, the length known durable. Either pointer may be NULL. */
+bool kvt_store_short(const struct kvt_store *st, uint64_t *found, uint64_t *acked);
+/** The journal's generation and the bytes of it known durable (last commit or compaction). */
+void kvt_store_durable(const struct kvt_store *st, uint64_t *gen, uint64_t *len);
 /** Close the journal and free the index. NULL accepted. */
 void kvt_store_close(struct kvt_store *st);
 
