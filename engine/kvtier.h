@@ -198,7 +198,9 @@ struct kvt_engine_opts {
 	                              whose journal is of another format version) is not used:
 	                              create fails with KVT_EFORMAT and says what differs. A
 	                              journal damaged past a torn tail replays what verifies, is
-	                              kept as "kvtier.journal.damaged" and logged (warning). */
+	                              kept as "kvtier.journal.damaged" and logged (warning); so
+	                              is one shorter than the length the store's superblock
+	                              recorded as durable (records acknowledged, then lost). */
 	int nvme_buffered_fallback; /* 1: when the filesystem refuses O_DIRECT, use buffered IO
 	                              (page cache) with a warning instead of failing. Default 0 */
 	/* ---- 0.2: eviction and idle sessions */
@@ -474,7 +476,8 @@ KVT_API int kvt_seq_restore(struct kvt_engine *e, uint64_t session_key,
 
 /**
  * kvt_session_drop() - forget the published session @session_key (journal record removed, its
- * NVMe slots freed unless an open sequence uses them). Returns 0, -ENOENT, KVT_EBUSY (open).
+ * NVMe slots freed unless an open sequence uses them or another stored session shares them: a
+ * prefix attached from it). Returns 0, -ENOENT, KVT_EBUSY (open).
  */
 KVT_API int kvt_session_drop(struct kvt_engine *e, uint64_t session_key);
 /**
