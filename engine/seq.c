@@ -248,7 +248,7 @@ kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost
 		s->n_tokens = (uint64_t)first_lost * tpb;
 }
 
-/* Close the open sequence @s (index @idx), unlocked by the caller: @keep (detach) leaves its
+/* Close the open sequence @s (index @idx), engine lock held: @keep (detach) leaves its
  * published record restorable instead of deleting it. */
 static void
 seq_close_locked(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t idx, bool keep)
