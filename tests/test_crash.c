@@ -493,7 +493,10 @@ crash_trials(char *dir, int trials)
 		}
 		close(p[1]);
 		ts.tv_sec = 0;
-		ts.tv_nsec = (long)(2 + rand_r(&seed) % (crash_max_ms - 2)) * 1000000L;
+		/* until a session came back once, let the child run longer (a loaded machine
+		 * starts it slowly): the trials must reach the parks */
+		ts.tv_nsec = (long)(2 + rand_r(&seed) % ((cnt.recovered ? 1 : 4) * crash_max_ms -
+							 2)) * 1000000L;
 		nanosleep(&ts, NULL);
 		kill(pid, SIGKILL);
 		assert_int_equal(waitpid(pid, &status, 0), pid);
