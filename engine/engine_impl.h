@@ -598,6 +598,7 @@ int kvt_persist_open(struct kvt_engine *e);   /* after the NVME tier opened: jou
 void kvt_persist_close(struct kvt_engine *e); /* publish what is due, close the journal */
 void kvt_persist_publish(struct kvt_engine *e); /* publish sessions whose park completed */
 void kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s); /* seq closed: DEL */
+void kvt_persist_keep(struct kvt_engine *e, struct kvt_seqrec *s); /* seq detached: restorable */
 void kvt_persist_parked(struct kvt_engine *e, struct kvt_seqrec *s); /* parked to NVMe */
 int kvt_persist_reclaim(struct kvt_engine *e, uint32_t need); /* free stored sessions' slots */
 /*

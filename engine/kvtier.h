@@ -208,7 +208,9 @@ struct kvt_engine_opts {
 	                              whose journal is of another format version) is not used:
 	                              create fails with KVT_EFORMAT and says what differs. A
 	                              journal damaged past a torn tail replays what verifies, is
-	                              kept as "kvtier.journal.damaged" and logged (warning). */
+	                              kept as "kvtier.journal.damaged" and logged (warning); so
+	                              is one shorter than the length the store's superblock
+	                              recorded as durable (records acknowledged, then lost). */
 	int nvme_buffered_fallback; /* 1: when the filesystem refuses O_DIRECT, use buffered IO
 	                              (page cache) with a warning instead of failing. Default 0 */
 	/* ---- 0.2: eviction and idle sessions */
@@ -383,8 +385,28 @@ KVT_API int kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt
  * are freed when those complete (never before). The id becomes invalid at once: any later use
  * returns KVT_ECLOSED. Returns 0, KVT_ECLOSED, or KVT_EBUSY when a batch still pins it (release
  * the batch first).
+ * Persistent store: closing a sequence opened with a session_key also REMOVES its published
+ * session from the store (a DEL record; after a restart it is gone), and a park not yet
+ * published is abandoned. To free the sequence but keep its stored session restorable (a server's
+ * "request finished"), use kvt_seq_detach(). Without a session_key, or without a store, close and
+ * detach are the same.
  */
 KVT_API int kvt_seq_close(struct kvt_engine *e, kvt_seq_id s);
+
+/**
+ * kvt_seq_detach() - free the sequence and its in-memory blocks like kvt_seq_close(), but keep
+ * its published session in the persistent store: it stays restorable (kvt_session_list,
+ * kvt_seq_restore) in this engine and after a restart, as of its last published park. A park of
+ * @s still in flight is waited for and published first (this call may block on NVMe writes and
+ * two fdatasyncs). Blocks the session shares with other sequences stay with them; the NVMe
+ * slots its record names stay out of use until the session is restored or dropped (or given up,
+ * oldest first, when the NVMe tier is full). A sequence that was never published (no
+ * session_key, no store, never parked to NVMe) is simply closed; changes made after its last
+ * park are not kept. Threading: as kvt_seq_close (takes the engine lock).
+ * Returns 0, KVT_ECLOSED, KVT_EBUSY (a batch still pins it), or the error of the pending
+ * publish (-EIO, -ENOSPC, ...: the sequence then stays open, its previous record unchanged).
+ */
+KVT_API int kvt_seq_detach(struct kvt_engine *e, kvt_seq_id s);
 
 /**
  * kvt_seq_append() - reserve room for @n new tokens at the end of the sequence and say where
@@ -515,8 +537,9 @@ KVT_API int kvt_seq_restore(struct kvt_engine *e, uint64_t session_key,
 
 /**
  * kvt_session_drop() - forget the published session @session_key of any tenant (journal
- * record removed, its NVMe slots freed unless an open sequence uses them): the operator's call,
- * as kvt_session_list(). Returns 0, -ENOENT, KVT_EBUSY (open).
+ * record removed, its NVMe slots freed unless an open sequence uses them or another stored
+ * session shares them: a prefix attached from it): the operator's call, as
+ * kvt_session_list(). Returns 0, -ENOENT, KVT_EBUSY (open).
  */
 KVT_API int kvt_session_drop(struct kvt_engine *e, uint64_t session_key);
 

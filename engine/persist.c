@@ -74,6 +74,20 @@ persist_unstore(struct kvt_engine *e, uint32_t from)
 	}
 }
 
+/* Record in the superblock how much of the journal is durable (hardening 11): made durable with
+ * the store's next fdatasync; at open a journal shorter than that is reported as damage. */
+static void
+persist_note_journal(struct kvt_engine *e)
+{
+	uint64_t gen, len;
+
+	kvt_store_durable(e->store, &gen, &len);
+	if (kvt_nvme_note_journal(e->nvme, gen, len) != 0)
+		kvt_engine_log(e, KVT_LOG_WARN, "store %s: recording the journal's durable length: "
+			       "%s (a later truncation of the journal may go unnoticed)", e->nvme_dir,
+			       kvt_last_error_message());
+}
+
 /*
  * Make the journal durable (kvt_store_commit), then release what the committed records
  * superseded: queued slots no live record names any more leave the named set, and those no
@@ -88,6 +102,7 @@ persist_commit(struct kvt_engine *e)
 
 	if (rc)
 		return rc;
+	persist_note_journal(e);
 	for (i = 0; i < e->n_pend; i++)
 		if (e->pend[i] < n_slots)
 			e->nvme_named[e->pend[i]] = 0;
@@ -128,13 +143,29 @@ kvt_persist_open(struct kvt_engine *e)
 {
 	uint32_t n = 0, cap = 0, *slots = NULL, i, b, dropped;
 	struct kvt_store_sess *rec;
-	uint64_t at, orphan;
+	uint64_t at, orphan, ack_gen, ack_len, found;
 	int rc;
 
-	rc = kvt_store_open(e->nvme_dir, kvt_nvme_store_id(e->nvme), kvt_nvme_n_slots(e->nvme),
-			    kvt_nvme_epoch(e->nvme) == 1, &e->store);
+	kvt_nvme_journal_known(e->nvme, &ack_gen, &ack_len);
+	rc = kvt_store_open_acked(e->nvme_dir, kvt_nvme_store_id(e->nvme),
+				  kvt_nvme_n_slots(e->nvme), kvt_nvme_epoch(e->nvme) == 1, ack_gen,
+				  ack_len, &e->store);
 	if (rc)
 		return rc;
+	if (kvt_store_short(e->store, &found, &ack_len)) {
+		char what[64] = "the journal is missing or empty";
+
+		if (found)
+			snprintf(what, sizeof what, "only %llu verify", (unsigned long long)found);
+		kvt_engine_log(e, KVT_LOG_WARN, "store %s/kvtier.journal: %llu bytes of it were "
+			       "acknowledged durable, %s (truncated, zeroed or replaced after its "
+			       "fdatasync: damage, not a torn tail); sessions published in the lost "
+			       "part are gone, %u restored from what verifies%s", e->nvme_dir,
+			       (unsigned long long)ack_len, what, kvt_store_count(e->store),
+			       found ? "; the journal as it was is kept as kvtier.journal.damaged" :
+			       "");
+	}
+	persist_note_journal(e);
 	at = kvt_store_damaged(e->store, &dropped, &orphan);
 	if (at) {
 		char where[40] = "in its header";
@@ -159,18 +190,20 @@ kvt_persist_open(struct kvt_engine *e)
 		kvt_free(slots);
 		return kvt_err(-ENOMEM, "store: %u slots", cap);
 	}
+	/* the journal's replay guarantees in-range slots, each named by one session or by
+	 * several with the same write (a shared prefix block): taken once, while any names it */
 	for (i = 0; i < kvt_store_count(e->store); i++) {
 		rec = kvt_store_at(e->store, i);
 		rec->open_seq = PERSIST_NO_SEQ;
 		for (b = 0; b < rec->n_blocks; b++)
-			slots[n++] = rec->blocks[b].slot;
+			if (!e->nvme_named[rec->blocks[b].slot]) {
+				e->nvme_named[rec->blocks[b].slot] = 1;
+				slots[n++] = rec->blocks[b].slot;
+			}
 	}
-	/* the journal's replay guarantees distinct, in-range slots */
 	rc = kvt_slots_take(&e->slots[KVT_TIER_NVME], slots, n);
 	for (i = 0; rc == 0 && i < n; i++)
 		kvt_owner_set(e, KVT_TIER_NVME, slots[i], KVT_SLOT_STORED);
-	for (i = 0; rc == 0 && i < kvt_store_count(e->store); i++)
-		persist_name(e, kvt_store_at(e->store, i));
 	kvt_free(slots);
 	if (rc)
 		return kvt_err(rc, "store: the journal's sessions claim slots twice");
@@ -183,6 +216,10 @@ kvt_persist_close(struct kvt_engine *e)
 	if (!e->store)
 		return;
 	kvt_persist_publish(e);
+	/* a clean close leaves the journal's exact durable length in the superblock */
+	persist_note_journal(e);
+	if (!kvt_nvme_sync_failed(e->nvme))
+		(void)kvt_nvme_sync(e->nvme);
 	kvt_store_close(e->store);
 	e->store = NULL;
 	kvt_free(e->nvme_named);
@@ -215,6 +252,22 @@ kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s)
 	if (rec && rec->open_seq == (uint32_t)(s - e->seqs) && persist_drop(e, rec) != 0)
 		kvt_engine_log(e, KVT_LOG_ERROR, "forgetting session %#llx: %s",
 			       (unsigned long long)s->session_key, kvt_last_error_message());
+}
+
+void
+kvt_persist_keep(struct kvt_engine *e, struct kvt_seqrec *s)
+{
+	struct kvt_store_sess *rec;
+
+	s->pub_pending = 0;
+	if (!e->store || !s->session_key)
+		return;
+	rec = kvt_store_find(e->store, s->session_key);
+	/* the record (its last published park) becomes restorable; the slots it names stay out
+	 * of use: those of blocks freed now become pending (kvt_slot_free), the others stay
+	 * with the blocks that still use them (shared), where a restore finds them */
+	if (rec && rec->open_seq == (uint32_t)(s - e->seqs))
+		rec->open_seq = PERSIST_NO_SEQ;
 }
 
 /* Whether every block of @s has a completed, valid NVMe copy. */
@@ -423,6 +476,23 @@ persist_holder(struct kvt_engine *e, const struct kvt_fmt_blkref *r)
 	return id;
 }
 
+/*
+ * Whether the header @h (whose write, tag and length code, is the one block @i of @rec names) is
+ * that block: written for this session at this index, or a block the session shares with the one
+ * that wrote it (a prefix attach: the header carries its creator's session key and index), which
+ * is then identified by its content hash, the prefix key both records and the header carry.
+ */
+static bool
+persist_same_block(const struct kvt_store_sess *rec, uint32_t i, const struct kvt_fmt_blkhdr *h)
+{
+	static const uint8_t zero[16];
+	const uint8_t *hash = rec->blocks[i].hash;
+
+	if (h->session == rec->key)
+		return h->index == i;
+	return memcmp(hash, zero, sizeof zero) != 0 && memcmp(h->hash, hash, sizeof zero) == 0;
+}
+
 /* Check block @i of @rec: its slot untouched since (stored, or pending: kept out of use) with a
  * header that matches, or held by a live block made from it. 0, -ENOENT or -EIO. */
 static int
@@ -441,10 +511,13 @@ persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32
 		return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
 	if (rc)
 		return kvt_err(-EIO, "block %u: %s", i, kvt_last_error_message());
-	if (!kvt_fmt_blkhdr_is(&h, r->tag, r->lenc, e->block_bytes) || h.session != rec->key ||
-	    h.index != i)
+	if (!kvt_fmt_blkhdr_is(&h, r->tag, r->lenc, e->block_bytes))
 		return kvt_err(-ENOENT, "block %u: slot %u holds another write (tag %#x, "
 			       "expected %#x)", i, r->slot, kvt_fmt_write_tag(h.key), r->tag);
+	if (!persist_same_block(rec, i, &h))
+		return kvt_err(-ENOENT, "block %u: slot %u holds block %u of session %#llx, not "
+			       "this one nor a prefix block it shares", i, r->slot, h.index,
+			       (unsigned long long)h.session);
 	return 0;
 }
 
@@ -513,7 +586,7 @@ static int
 persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 {
 	struct kvt_seqrec *s = &e->seqs[idx];
-	uint32_t id;
+	uint32_t tpb = e->layout.tokens_per_block, id;
 	int rc;
 
 	if (kvt_seq_reserve(s, rec->n_tokens, rec->n_blocks, 0))
@@ -532,6 +605,19 @@ persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 	if (rec->n_tokens)
 		memcpy(s->tokens, rec->tokens, rec->n_tokens * sizeof *s->tokens);
 	s->n_tokens = rec->n_tokens;
+	/* blocks made here that carry a prefix key can be shared again (kvt_seq_attach_prefix):
+	 * into the prefix index, tokens borrowed from s */
+	for (uint32_t i = 0; i < rec->n_blocks; i++) {
+		static const uint8_t zero[16];
+		struct kvt_block *b = kvt_blk(e, s->blocks[i]);
+
+		if (b->seq != idx || b->hashed || (uint64_t)(i + 1) * tpb > rec->n_tokens ||
+		    !memcmp(rec->blocks[i].hash, zero, sizeof zero))
+			continue;
+		memcpy(b->hash, rec->blocks[i].hash, sizeof b->hash);
+		b->hashed = 1;
+		(void)kvt_prefix_insert(e, s->blocks[i]); /* -ENOMEM only costs sharing */
+	}
 	s->parked = 1;
 	rec->open_seq = idx;
 	return 0;

@@ -259,27 +259,18 @@ kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost
 		s->n_tokens = (uint64_t)first_lost * tpb;
 }
 
-int
-kvt_seq_close(struct kvt_engine *e, kvt_seq_id id)
+/* Close the open sequence @s (index @idx), engine lock held: @keep (detach) leaves its
+ * published record restorable instead of deleting it. */
+static void
+seq_close_locked(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t idx, bool keep)
 {
-	struct kvt_seqrec *s;
-	uint32_t idx, i;
+	uint32_t i;
 
-	if (!e)
-		return kvt_err(-EINVAL, "kvt_seq_close: engine is NULL");
-	kvt_lock(e);
-	s = kvt_seq_lookup(e, id, &idx);
-	if (!s) {
-		kvt_unlock(e);
-		return kvt_err(KVT_ECLOSED, "sequence %#llx is not open", (unsigned long long)id);
-	}
-	if (s->in_batch) {
-		kvt_unlock(e);
-		return kvt_err(KVT_EBUSY, "sequence %#llx is in an unreleased batch",
-			       (unsigned long long)id);
-	}
 	kvt_seq_unpin_writes(e, s);
-	kvt_persist_forget(e, s);
+	if (keep)
+		kvt_persist_keep(e, s);
+	else
+		kvt_persist_forget(e, s);
 	kvt_hint_drop(e, s);
 	/* blocks with transfers in flight are freed by those completions, never before */
 	for (i = 0; i < s->n_blocks; i++)
@@ -294,8 +285,59 @@ kvt_seq_close(struct kvt_engine *e, kvt_seq_id id)
 	s->next_free = e->seq_free;
 	e->seq_free = idx;
 	e->n_open_seqs--;
+}
+
+static int
+seq_close_or_detach(struct kvt_engine *e, kvt_seq_id id, bool keep)
+{
+	const char *fn = keep ? "kvt_seq_detach" : "kvt_seq_close";
+	struct kvt_seqrec *s;
+	bool publish;
+	uint32_t idx;
+	int rc = 0;
+
+	if (!e)
+		return kvt_err(-EINVAL, "%s: engine is NULL", fn);
+	kvt_lock(e);
+	s = kvt_seq_lookup(e, id, &idx);
+	if (!s) {
+		kvt_unlock(e);
+		return kvt_err(KVT_ECLOSED, "sequence %#llx is not open", (unsigned long long)id);
+	}
+	if (s->in_batch) {
+		kvt_unlock(e);
+		return kvt_err(KVT_EBUSY, "sequence %#llx is in an unreleased batch",
+			       (unsigned long long)id);
+	}
+	/* detach: a park still in flight is finished and published first */
+	publish = keep && s->pub_pending && s->parked;
+	while (publish && rc >= 0 && s->pub_pending &&
+	       (kvt_xfer_inflight(e) || e->d2h.n_pending || e->h2d.n_pending))
+		rc = kvt_xfer_wait_any(e);
+	if (publish && rc >= 0 && s->pub_pending)
+		kvt_persist_publish(e);
+	if (publish && (s->pub_pending || kvt_store_failed(e->store))) {
+		rc = kvt_err(rc < 0 ? rc : -EIO, "kvt_seq_detach: the park of sequence %#llx "
+			     "(session %#llx) could not be published; it stays open",
+			     (unsigned long long)id, (unsigned long long)s->session_key);
+		kvt_unlock(e);
+		return rc;
+	}
+	seq_close_locked(e, s, idx, keep);
 	kvt_unlock(e);
 	return 0;
+}
+
+int
+kvt_seq_close(struct kvt_engine *e, kvt_seq_id id)
+{
+	return seq_close_or_detach(e, id, false);
+}
+
+int
+kvt_seq_detach(struct kvt_engine *e, kvt_seq_id id)
+{
+	return seq_close_or_detach(e, id, true);
 }
 
 int

@@ -589,7 +589,10 @@ xfer_note_write(struct kvt_engine *e, struct kvt_xfer *x, const struct kvt_nvme_
 	e->st.codec_blocks += c->codec != KVT_CODEC_NONE;
 	if (kvt_copy_stale(b, KVT_TIER_NVME)) /* appended to meanwhile: dropped on completion */
 		return;
-	if (!b->dead && b->seq < e->cap_seqs && e->seqs[b->seq].pub_pending)
+	/* the write may be the last one a parked session waits for: its creator's (b->seq), or
+	 * any other sequence sharing the block, whether its creator is still open or not; the
+	 * check is one scan of the sequences per poll */
+	if (e->store)
 		e->pub_check = true;
 }
 

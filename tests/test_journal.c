@@ -113,6 +113,56 @@ test_two_records_claim_one_slot(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Put session @key with the block references @b (n of them) and 8 tokens. */
+static void
+j_put_refs(struct kvt_store *st, uint64_t key, const struct kvt_fmt_blkref *b, uint32_t n)
+{
+	assert_int_equal(kvt_store_put(st, key, 0, 50, j_tokens, 8, b, n, UINT32_MAX), 0);
+}
+
+/* Sessions naming the same write of a slot share a prefix block (hardening 1): all kept. A
+ * later session naming another write there supersedes every earlier one that names it. */
+static void
+test_shared_slot_same_write(void **state)
+{
+	struct kvt_fmt_blkref a[2], b[2], c[1];
+	char *dir = tsup_mkdtemp();
+	struct kvt_store *st = j_open(dir);
+	uint32_t lenc = kvt_fmt_lenc(KVT_CODEC_NONE, 1024, 1024);
+
+	(void)state;
+	memset(a, 0, sizeof a);
+	a[0] = (struct kvt_fmt_blkref){ .slot = 3, .tag = 0x33, .lenc = lenc };
+	a[1] = (struct kvt_fmt_blkref){ .slot = 4, .tag = 0x44, .lenc = lenc };
+	b[0] = a[0]; /* shares block 0 of session 1 */
+	b[1] = (struct kvt_fmt_blkref){ .slot = 5, .tag = 0x55, .lenc = lenc };
+	j_put_refs(st, 1, a, 2);
+	j_put_refs(st, 2, b, 2);
+	j_put_refs(st, 3, b, 2); /* a third sharer, also of slot 5 */
+	assert_int_equal(kvt_store_commit(st), 0);
+	kvt_store_close(st);
+	st = j_open(dir);
+	assert_int_equal(kvt_store_count(st), 3);
+	assert_non_null(kvt_store_find(st, 1));
+	assert_non_null(kvt_store_find(st, 2));
+	assert_non_null(kvt_store_find(st, 3));
+	/* slot 3 rewritten by session 4 (another tag): 1, 2 and 3 lost their block 0 */
+	c[0] = (struct kvt_fmt_blkref){ .slot = 3, .tag = 0x99, .lenc = lenc };
+	j_put_refs(st, 4, c, 1);
+	/* the same tag with another length code is another write too */
+	c[0] = (struct kvt_fmt_blkref){ .slot = 4, .tag = 0x44,
+					.lenc = kvt_fmt_lenc(KVT_CODEC_LZ4, 512, 1024) };
+	j_put_refs(st, 5, c, 1);
+	assert_int_equal(kvt_store_commit(st), 0);
+	kvt_store_close(st);
+	st = j_open(dir);
+	assert_int_equal(kvt_store_count(st), 2);
+	assert_non_null(kvt_store_find(st, 4));
+	assert_non_null(kvt_store_find(st, 5));
+	kvt_store_close(st);
+	tsup_rmdir(dir);
+}
+
 static void
 test_truncated_put(void **state)
 {
@@ -312,6 +362,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_two_records_claim_one_slot),
+		cmocka_unit_test(test_shared_slot_same_write),
 		cmocka_unit_test(test_truncated_put),
 		cmocka_unit_test(test_corrupt_record_mid_journal),
 		cmocka_unit_test(test_damaged_journal_copied_without_links),

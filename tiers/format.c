@@ -32,7 +32,7 @@ static const uint8_t fmt_j_magic[8] = { 'K', 'V', 'T', 'J', 'R', 'N', 'L', '2' }
 enum {
 	SB_MAGIC = 0, SB_VERSION = 8, SB_LAYERS = 12, SB_HEADS = 16, SB_DIM = 20, SB_DTYPE = 24,
 	SB_TPB = 28, SB_CODEC = 32, SB_BLOCK = 40, SB_SLOT = 48, SB_NSLOTS = 56, SB_DATA = 64,
-	SB_EPOCH = 72, SB_ID = 80, SB_SUM = 248, SB_END = 256,
+	SB_EPOCH = 72, SB_ID = 80, SB_JGEN = 88, SB_JLEN = 96, SB_SUM = 248, SB_END = 256,
 };
 
 /* block header field offsets */
@@ -98,6 +98,8 @@ kvt_fmt_super_encode(const struct kvt_fmt_super *s, uint8_t *out)
 	kvt_put_le64(out + SB_DATA, s->data_off);
 	kvt_put_le64(out + SB_EPOCH, s->epoch);
 	kvt_put_le64(out + SB_ID, s->store_id);
+	kvt_put_le64(out + SB_JGEN, s->journal_gen);
+	kvt_put_le64(out + SB_JLEN, s->journal_len);
 	kvt_put_le64(out + SB_SUM, XXH3_64bits(out, SB_SUM));
 }
 
@@ -125,6 +127,8 @@ kvt_fmt_super_decode(const uint8_t *b, size_t len, struct kvt_fmt_super *s)
 	s->data_off = kvt_get_le64(b + SB_DATA);
 	s->epoch = kvt_get_le64(b + SB_EPOCH);
 	s->store_id = kvt_get_le64(b + SB_ID);
+	s->journal_gen = kvt_get_le64(b + SB_JGEN); /* 0 in stores of older builds: unknown */
+	s->journal_len = kvt_get_le64(b + SB_JLEN);
 	if (s->version != KVT_FMT_VERSION)
 		return kvt_err(KVT_EFORMAT, "store format version %u, this kvtier reads %u",
 			       s->version, KVT_FMT_VERSION);
@@ -285,11 +289,24 @@ kvt_fmt_blkhdr_decode(const uint8_t *b, size_t len, struct kvt_fmt_blkhdr *h)
 void
 kvt_fmt_jhdr_encode(uint64_t store_id, uint8_t *out)
 {
+	kvt_fmt_jhdr_encode_gen(store_id, 0, out);
+}
+
+void
+kvt_fmt_jhdr_encode_gen(uint64_t store_id, uint64_t gen, uint8_t *out)
+{
 	memset(out, 0, KVT_FMT_JHDR_BYTES);
 	memcpy(out, fmt_j_magic, 8);
 	kvt_put_le32(out + 8, KVT_FMT_VERSION);
 	kvt_put_le64(out + 16, store_id);
+	kvt_put_le64(out + 24, gen);
 	kvt_put_le64(out + 56, XXH3_64bits(out, 56));
+}
+
+uint64_t
+kvt_fmt_jhdr_gen(const uint8_t *b)
+{
+	return kvt_get_le64(b + 24);
 }
 
 uint32_t

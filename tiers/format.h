@@ -58,6 +58,8 @@ struct kvt_fmt_super {
 	uint64_t data_off;         /* file offset of slot 0 (KVT_FMT_DATA_OFF) */
 	uint64_t epoch;            /* bumped at every open; the high bits of write keys */
 	uint64_t store_id;         /* random at creation; the journal carries it too */
+	uint64_t journal_gen;      /* generation of the journal (its header) whose length ... */
+	uint64_t journal_len;      /* ... was last known durable (0 = unknown: older builds) */
 };
 
 /** A block header, at the start of its slot. */
@@ -172,6 +174,10 @@ int kvt_fmt_blkhdr_decode(const uint8_t *buf, size_t len, struct kvt_fmt_blkhdr 
 uint32_t kvt_fmt_jhdr_version(const uint8_t *buf, size_t len);
 /** Journal file header for @store_id into @out (KVT_FMT_JHDR_BYTES). */
 void kvt_fmt_jhdr_encode(uint64_t store_id, uint8_t *out);
+/** The same with the journal's generation @gen (bumped at every compaction; 0 = none). */
+void kvt_fmt_jhdr_encode_gen(uint64_t store_id, uint64_t gen, uint8_t *out);
+/** The generation of a journal header that kvt_fmt_jhdr_decode() accepted (0 in older ones). */
+uint64_t kvt_fmt_jhdr_gen(const uint8_t *buf);
 /** Parse a journal header; 0 with *store_id, or KVT_EFORMAT. */
 int kvt_fmt_jhdr_decode(const uint8_t *buf, size_t len, uint64_t *store_id);
 

@@ -34,6 +34,11 @@ struct kvt_store {
 	uint32_t dropped;              /* open: valid records after the damage, not replayed */
 	uint64_t orphan_id;            /* open: the journal found was another store's (0 =
 	                                  none): replaced */
+	uint64_t gen;                  /* generation of the journal file (its header) */
+	uint64_t durable;              /* journal bytes known durable (last commit) */
+	uint64_t ack_gen, ack_len;     /* open: what the superblock knew durable */
+	bool short_found;              /* open: the journal ends (verifies) before ack_len */
+	uint64_t short_at;             /* ... at this offset (0: no journal at all) */
 	struct kvt_store_sess **sess;  /* [cap] */
 };
 
@@ -184,20 +189,33 @@ store_by_seqno_desc(const void *a, const void *b)
 	return x->seqno < y->seqno ? 1 : x->seqno > y->seqno ? -1 : 0;
 }
 
+/* One slot's write as a record names it: tag and length code. */
+static uint64_t
+store_write_id(const struct kvt_fmt_blkref *r)
+{
+	return (uint64_t)r->tag | (uint64_t)r->lenc << 32;
+}
+
 /*
  * Drop sessions that refer to slots out of range, to one slot twice, or to a slot that a later
- * session claims (its data were overwritten when the later one was written): newest first, a
- * session is kept only when none of its slots is taken by one kept before it.
+ * session names with another write (its data were overwritten when the later one was written):
+ * newest first, a session is kept only when each of its slots is unclaimed by the sessions kept
+ * before it or claimed by them with the same write (tag and length code). Several sessions
+ * naming one write are sessions sharing a prefix block (kvt_seq_attach_prefix, the prefix cache,
+ * or an attach from a stored session): they are all kept.
  */
 static int
 store_resolve(struct kvt_store *st)
 {
-	uint32_t *mark = kvt_calloc(st->n_slots ? st->n_slots : 1, sizeof *mark);
+	size_t ns = st->n_slots ? st->n_slots : 1;
+	uint32_t *seen = kvt_calloc(ns, sizeof *seen);
+	uint64_t *claim = kvt_calloc(ns, sizeof *claim); /* write id + 1 of the kept claim */
 	struct kvt_store_sess **ord = kvt_malloc((st->n ? st->n : 1) * sizeof *ord);
 	uint32_t n = st->n, i, b, k;
 
-	if (!mark || !ord) {
-		kvt_free(mark);
+	if (!seen || !claim || !ord) {
+		kvt_free(seen);
+		kvt_free(claim);
 		kvt_free(ord);
 		return kvt_err(-ENOMEM, "store: slot claims for %u slots", st->n_slots);
 	}
@@ -210,13 +228,15 @@ store_resolve(struct kvt_store *st)
 
 		for (b = 0; b < s->n_blocks && keep; b++) {
 			uint32_t sl = s->blocks[b].slot;
+			uint64_t w = store_write_id(&s->blocks[b]) + 1;
 
-			keep = sl < st->n_slots && mark[sl] != UINT32_MAX && mark[sl] != i + 1;
+			keep = sl < st->n_slots && seen[sl] != i + 1 &&
+			       (!claim[sl] || claim[sl] == w);
 			if (keep)
-				mark[sl] = i + 1;
+				seen[sl] = i + 1;
 		}
 		for (b = 0; b < s->n_blocks && keep; b++)
-			mark[s->blocks[b].slot] = UINT32_MAX;
+			claim[s->blocks[b].slot] = store_write_id(&s->blocks[b]) + 1;
 		if (keep)
 			ord[i] = NULL;
 	}
@@ -226,7 +246,8 @@ store_resolve(struct kvt_store *st)
 				store_remove_at(st, k);
 				break;
 			}
-	kvt_free(mark);
+	kvt_free(seen);
+	kvt_free(claim);
 	kvt_free(ord);
 	return 0;
 }
@@ -250,7 +271,7 @@ store_valid_after(const uint8_t *buf, size_t len, size_t off)
  * that does not verify, then resolve slot conflicts. A record that does not verify with valid
  * ones after it is damage, not a torn tail: recorded in st->damaged_at and st->dropped. */
 static int
-store_replay_buf(struct kvt_store *st, const uint8_t *buf, size_t len)
+store_replay_buf(struct kvt_store *st, const uint8_t *buf, size_t len, size_t *stop)
 {
 	size_t off = KVT_FMT_JHDR_BYTES, used;
 	struct kvt_fmt_rec r;
@@ -262,6 +283,7 @@ store_replay_buf(struct kvt_store *st, const uint8_t *buf, size_t len)
 	}
 	if (rc == 0 && off < len && (st->dropped = store_valid_after(buf, len, off)) > 0)
 		st->damaged_at = off;
+	*stop = off;
 	return rc ? rc : store_resolve(st);
 }
 
@@ -318,17 +340,24 @@ out:
 static int
 store_replay(struct kvt_store *st, bool fresh)
 {
-	struct stat sb;
+	uint64_t id = 0, found_gen;
 	uint8_t *buf = NULL;
-	uint64_t id = 0;
+	struct stat sb;
+	size_t stop;
 	uint32_t ver;
 	ssize_t got;
 	int rc;
 
 	if (fstat(st->fd, &sb) != 0)
 		return kvt_err(-errno, "store: fstat %s", st->path);
-	if (fresh || sb.st_size == 0)
+	if (fresh)
 		return 0;
+	if (sb.st_size == 0) {
+		/* gone (or never written): a loss only if the superblock knew records in it */
+		st->short_found = st->ack_len > KVT_FMT_JHDR_BYTES;
+		st->short_at = 0;
+		return 0;
+	}
 	buf = kvt_malloc((size_t)sb.st_size);
 	if (!buf)
 		return kvt_err(-ENOMEM, "store: journal of %lld bytes", (long long)sb.st_size);
@@ -356,8 +385,18 @@ store_replay(struct kvt_store *st, bool fresh)
 		kvt_free(buf);
 		return 0;
 	}
-	rc = store_replay_buf(st, buf, (size_t)got);
-	if (rc == 0 && st->damaged_at)
+	rc = store_replay_buf(st, buf, (size_t)got, &stop);
+	found_gen = kvt_fmt_jhdr_gen(buf);
+	/* the superblock knew this generation durable up to ack_len: a journal that verifies
+	 * less of it (cut, zeroed), or an older generation, lost acknowledged records */
+	if (st->ack_len && (found_gen < st->ack_gen ||
+			    (found_gen == st->ack_gen && stop < st->ack_len))) {
+		st->short_found = true;
+		st->short_at = stop;
+	}
+	if (found_gen > st->gen)
+		st->gen = found_gen;
+	if (rc == 0 && (st->damaged_at || st->short_found))
 		rc = store_keep_damaged(st, buf, (size_t)got);
 	kvt_free(buf);
 	return rc;
@@ -367,23 +406,32 @@ int
 kvt_store_fuzz_one(const uint8_t *data, size_t len)
 {
 	struct kvt_store st = { .fd = -1, .n_slots = 64, .next_seqno = 1 };
-	uint8_t claimed[64] = { 0 };
+	uint64_t claimed[64] = { 0 }; /* write id + 1 of the first session naming the slot */
+	uint32_t seen[64] = { 0 };
+	size_t stop;
 	int n;
 
 	if (kvt_fmt_jhdr_decode(data, len, &st.store_id) != 0)
 		return 0;
-	(void)store_replay_buf(&st, data, len);
+	(void)store_replay_buf(&st, data, len, &stop);
 	n = (int)st.n;
 	/* what replay guarantees the engine: one session per key, slots in range, no slot
-	 * claimed twice */
+	 * named twice by one session, and sessions naming one slot name the same write */
 	for (uint32_t i = 0; i < st.n; i++) {
 		const struct kvt_store_sess *s = st.sess[i];
 
 		if (kvt_store_find(&st, s->key) != s)
 			n = -1;
 		for (uint32_t b = 0; b < s->n_blocks; b++) {
-			if (s->blocks[b].slot >= st.n_slots || claimed[s->blocks[b].slot]++)
+			uint32_t sl = s->blocks[b].slot;
+			uint64_t w = store_write_id(&s->blocks[b]) + 1;
+
+			if (sl >= st.n_slots || seen[sl] == i + 1 || (claimed[sl] && claimed[sl] != w)) {
 				n = -1;
+				continue;
+			}
+			seen[sl] = i + 1;
+			claimed[sl] = w;
 		}
 	}
 	for (uint32_t i = 0; i < st.n; i++)
@@ -445,7 +493,7 @@ store_compact(struct kvt_store *st)
 		kvt_free(tmp);
 		return rc;
 	}
-	kvt_fmt_jhdr_encode(st->store_id, hdr);
+	kvt_fmt_jhdr_encode_gen(st->store_id, st->gen + 1, hdr);
 	rc = store_write_all(fd, hdr, sizeof hdr, 0);
 	for (uint32_t i = 0; rc == 0 && i < st->n; i++) {
 		rc = store_encode_put(st->sess[i], &rec, &len);
@@ -472,13 +520,21 @@ store_compact(struct kvt_store *st)
 	if (st->fd >= 0)
 		close(st->fd);
 	st->fd = fd;
-	st->end = off;
+	st->end = st->durable = off;
+	st->gen++;
 	return 0;
 }
 
 int
 kvt_store_open(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
 	       struct kvt_store **out)
+{
+	return kvt_store_open_acked(dir, store_id, n_slots, fresh, 0, 0, out);
+}
+
+int
+kvt_store_open_acked(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
+		     uint64_t ack_gen, uint64_t ack_len, struct kvt_store **out)
 {
 	struct kvt_store *st;
 	size_t plen = strlen(dir) + sizeof STORE_JOURNAL + 2;
@@ -495,6 +551,8 @@ kvt_store_open(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
 	st->store_id = store_id;
 	st->n_slots = n_slots;
 	st->next_seqno = 1;
+	st->ack_gen = st->gen = fresh ? 0 : ack_gen;
+	st->ack_len = fresh ? 0 : ack_len;
 	st->fd = open(st->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (st->fd < 0) {
 		rc = kvt_err(-errno, "store: opening %s", st->path);
@@ -537,6 +595,23 @@ kvt_store_damaged(const struct kvt_store *st, uint32_t *dropped, uint64_t *orpha
 	return st->damaged_at;
 }
 
+bool
+kvt_store_short(const struct kvt_store *st, uint64_t *found, uint64_t *acked)
+{
+	if (found)
+		*found = st->short_at;
+	if (acked)
+		*acked = st->ack_len;
+	return st->short_found;
+}
+
+void
+kvt_store_durable(const struct kvt_store *st, uint64_t *gen, uint64_t *len)
+{
+	*gen = st->gen;
+	*len = st->durable;
+}
+
 uint32_t
 kvt_store_count(const struct kvt_store *st)
 {
@@ -565,14 +640,19 @@ kvt_store_find_hash(struct kvt_store *st, const uint8_t *hash, struct kvt_store_
 
 	if (!memcmp(hash, zero, 16))
 		return false;
+	*sess = NULL;
+	/* several sessions may share the block: one not open in the engine first */
 	for (uint32_t i = 0; i < st->n; i++)
 		for (uint32_t b = 0; b < st->sess[i]->n_blocks; b++)
-			if (!memcmp(st->sess[i]->blocks[b].hash, hash, 16)) {
+			if (!memcmp(st->sess[i]->blocks[b].hash, hash, 16) &&
+			    (!*sess || (*sess)->open_seq != STORE_NIL)) {
 				*sess = st->sess[i];
 				*index = b;
-				return true;
+				if ((*sess)->open_seq == STORE_NIL)
+					return true;
+				break;
 			}
-	return false;
+	return *sess != NULL;
 }
 
 int
@@ -647,6 +727,7 @@ kvt_store_commit(struct kvt_store *st)
 		st->failed = rc; /* the dirty pages may be gone: never report success again */
 		return kvt_err(rc, "store: fdatasync %s", st->path);
 	}
+	st->durable = st->end;
 	/* the log only grows between opens: rewrite it when mostly dead records */
 	if (st->end > ((uint64_t)1 << 20) && st->end > 4 * st->live_bytes)
 		return store_compact(st);

@@ -8,8 +8,9 @@
  *
  * Replay rules: a record that does not verify ends the log (a torn tail from a crash) and the
  * file is cut there; a later PUT of a key replaces the earlier one, a DEL removes it; when two
- * live sessions claim the same slot, the later PUT wins and the earlier session is dropped whole
- * (its data were overwritten when the later one was written). Whether a session's slots still
+ * live sessions name the same slot with different writes (tag, length code), the later PUT wins
+ * and the earlier session is dropped whole (its data were overwritten when the later one was
+ * written); sessions naming the same write of a slot share that block and are all kept. Whether a session's slots still
  * hold what its record says is checked by the caller against the block headers (restore).
  *
  * Durability: kvt_store_put/del only write; kvt_store_commit makes them durable (fdatasync). The
@@ -90,6 +91,22 @@ void kvt_fsync_dir(const char *dir);
  */
 int kvt_store_open(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
 		   struct kvt_store **out);
+/**
+ * kvt_store_open_acked() - kvt_store_open() for a store whose superblock knew journal generation
+ * @ack_gen durable up to @ack_len bytes (kvt_nvme_journal_known; 0, 0 = unknown). A journal of
+ * that generation that verifies less than @ack_len (cut or zeroed after its fdatasync), or one of
+ * an older generation, or none at all, lost records that were acknowledged: replays what
+ * verifies, keeps the journal as it was as "<dir>/kvtier.journal.damaged" and reports it
+ * (kvt_store_short). A newer generation (compacted after the superblock was last written) is
+ * not checked. Every compaction writes the next generation.
+ */
+int kvt_store_open_acked(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
+			 uint64_t ack_gen, uint64_t ack_len, struct kvt_store **out);
+/** Whether kvt_store_open_acked() found acknowledged records missing: *@found, the bytes that
+ * verify (0 = no journal), *@acked, the length known durable. Either pointer may be NULL. */
+bool kvt_store_short(const struct kvt_store *st, uint64_t *found, uint64_t *acked);
+/** The journal's generation and the bytes of it known durable (last commit or compaction). */
+void kvt_store_durable(const struct kvt_store *st, uint64_t *gen, uint64_t *len);
 /** Close the journal and free the index. NULL accepted. */
 void kvt_store_close(struct kvt_store *st);
 
@@ -112,7 +129,8 @@ struct kvt_store_sess *kvt_store_at(struct kvt_store *st, uint32_t i);
 struct kvt_store_sess *kvt_store_find(struct kvt_store *st, uint64_t key);
 /**
  * kvt_store_find_hash() - a published block whose content hash is @hash (16 bytes, not all
- * zero): its session and block index. Returns true when found. Linear in the blocks indexed.
+ * zero): its session and block index, a session not open in the engine (open_seq UINT32_MAX)
+ * preferred when several share the block. Returns true when found. Linear in the blocks indexed.
  */
 bool kvt_store_find_hash(struct kvt_store *st, const uint8_t *hash,
 			 struct kvt_store_sess **sess, uint32_t *index);

@@ -300,6 +300,27 @@ nvme_super_write(struct kvt_nvme *n, bool durable, char *err, size_t errlen)
 	return 0;
 }
 
+void
+kvt_nvme_journal_known(const struct kvt_nvme *n, uint64_t *gen, uint64_t *len)
+{
+	*gen = n->sb.journal_gen;
+	*len = n->sb.journal_len;
+}
+
+int
+kvt_nvme_note_journal(struct kvt_nvme *n, uint64_t gen, uint64_t len)
+{
+	char err[256];
+	int rc;
+
+	if (!n->persist || (n->sb.journal_gen == gen && n->sb.journal_len == len))
+		return 0;
+	n->sb.journal_gen = gen;
+	n->sb.journal_len = len;
+	rc = nvme_super_write(n, false, err, sizeof err);
+	return rc ? kvt_err(rc, "%s", err) : 0;
+}
+
 /* An existing store: read its superblock, refuse it if it does not match, bump its epoch. */
 static int
 nvme_super_load(struct kvt_nvme *n, const struct kvt_fmt_super *want, char *err, size_t errlen)

@@ -366,6 +366,16 @@ bool kvt_nvme_sync_failed(const struct kvt_nvme *n);
 
 /** The superblock's epoch of this open (persistent store: bumped at every open; else 1). */
 uint64_t kvt_nvme_epoch(const struct kvt_nvme *n);
+/** What the superblock said at open about the journal: the generation and length last known
+ * durable (kvt_nvme_note_journal; 0, 0 = unknown, as in stores of older builds). */
+void kvt_nvme_journal_known(const struct kvt_nvme *n, uint64_t *gen, uint64_t *len);
+/**
+ * kvt_nvme_note_journal() - record in the store's superblock that journal generation @gen is
+ * durable up to @len bytes. Written, not synced: it becomes durable with the next kvt_nvme_sync()
+ * (so it never claims more than was durable; after a power loss it may lag by one commit).
+ * No-op for a private slot file. 0 or -errno (with a message).
+ */
+int kvt_nvme_note_journal(struct kvt_nvme *n, uint64_t gen, uint64_t len);
 /** The superblock's store id (random at creation). */
 uint64_t kvt_nvme_store_id(const struct kvt_nvme *n);
 /** Whether the file was opened without O_DIRECT (buffered fallback). */

@@ -3,7 +3,7 @@
  * tests/fuzz/fuzz_journal.c - libFuzzer target of the persistent store's journal replay
  * (store_apply, store_resolve through kvt_store_fuzz_one in tiers/store.c): any journal image
  * must replay without a crash and leave an index that keeps replay's promises (one session per
- * key, every slot in range and claimed once); a broken promise aborts.
+ * key, every slot in range, named once per session and by one write); a broken promise aborts.
  *
  *   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang && cmake --build build-fuzz -t fuzz_journal
  *   build-fuzz/fuzz_journal -max_total_time=60 tests/fuzz/corpus_journal

@@ -652,11 +652,24 @@ class Sequence:
         return _struct_dict(i)
 
     def close(self):
-        """kvt_seq_close (idempotent on this object; BusyError while a batch holds it)."""
+        """kvt_seq_close (idempotent on this object; BusyError while a batch holds it). With
+        a persistent store this also removes the sequence's published session (it will not be
+        restorable, not even after a restart): use detach() to keep it."""
         if not self._id or self._engine.closed:
             self._id = 0
             return
         _check(self._call(lib.kvt_seq_close), "kvt_seq_close")
+        self._id = 0
+
+    def detach(self):
+        """kvt_seq_detach: free the sequence (as close) but keep its published session in the
+        persistent store, restorable (Engine.restore) as of its last park to NVMe; a park still
+        in flight is published first. A sequence never published is simply closed.
+        Idempotent on this object; BusyError while a batch holds it."""
+        if not self._id or self._engine.closed:
+            self._id = 0
+            return
+        _check(self._call(lib.kvt_seq_detach), "kvt_seq_detach")
         self._id = 0
 
     def __enter__(self):

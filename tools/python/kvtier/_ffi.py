@@ -155,6 +155,7 @@ _PROTOS = {
     "kvt_seq_opts_init": (None, [_P(SeqOpts), ctypes.c_size_t]),
     "kvt_seq_open": (_int, [_vp, _P(SeqOpts), _P(c_u64)]),
     "kvt_seq_close": (_int, [_vp, c_u64]),
+    "kvt_seq_detach": (_int, [_vp, c_u64]),
     "kvt_seq_append": (_int, [_vp, c_u64, _P(c_i32), ctypes.c_size_t, _P(c_i64)]),
     "kvt_seq_park": (_int, [_vp, c_u64, c_enum]),
     "kvt_seq_resume": (_int, [_vp, c_u64]),

@@ -243,6 +243,39 @@ def test_persistent_sessions(tmp_path):
     assert ei.value.code == kvtier.EFORMAT and ei.value.message
 
 
+def test_detach_keeps_stored_session(tmp_path):
+    """Sequence.detach() frees the sequence but keeps its stored session (hardening 9);
+    close() removes it."""
+    opts = dict(nvme_persist=True)
+    with engine(tmp_path, **opts) as eng:
+        for key, tag in ((42, 7), (43, 8)):
+            seq = eng.open_sequence(session_key=key)
+            fill(eng, seq, tag, list(range(key, key + 10)))
+            seq.park(kvtier.TIER_NVME)  # detach publishes it if still in flight
+            if key == 42:
+                seq.detach()
+            else:
+                seq.close()
+            with pytest.raises(kvtier.ClosedError):
+                seq.info()
+        assert eng.session_list() == [42]  # detached: restorable in this engine already
+        seq = eng.restore(42)
+        with eng.prepare([seq]) as b:
+            check_tokens(b, 0, 7, 10)
+        seq.detach()
+        seq.detach()  # idempotent
+        assert eng.session_list() == [42]
+    with engine(tmp_path, **opts) as eng:  # after a restart
+        assert eng.session_list() == [42]
+        seq = eng.restore(42)
+        with eng.prepare([seq]) as b:
+            check_tokens(b, 0, 7, 10)
+        seq.close()  # close removes the stored session
+        assert eng.session_list() == []
+    with engine(tmp_path, **opts) as eng:
+        assert eng.session_list() == []
+
+
 def test_stats_snapshot_metrics():
     with engine() as eng:
         seq = eng.open_sequence()
