@@ -126,15 +126,27 @@ persist_drop(struct kvt_engine *e, struct kvt_store_sess *rec)
 int
 kvt_persist_open(struct kvt_engine *e)
 {
-	uint32_t n = 0, cap = 0, *slots = NULL, i, b, dropped;
+	uint32_t n = 0, cap = 0, *slots = NULL, i, b, dropped, invalid;
+	struct kvt_fmt_limits lim = {
+		.n_slots = kvt_nvme_n_slots(e->nvme),
+		.tokens_per_block = e->layout.tokens_per_block,
+		.block_bytes = e->block_bytes,
+		.codec = (uint32_t)e->opts.nvme_codec,
+	};
 	struct kvt_store_sess *rec;
+	const char *why;
 	uint64_t at, orphan;
 	int rc;
 
-	rc = kvt_store_open(e->nvme_dir, kvt_nvme_store_id(e->nvme), kvt_nvme_n_slots(e->nvme),
+	rc = kvt_store_open(e->nvme_dir, kvt_nvme_store_id(e->nvme), &lim,
 			    kvt_nvme_epoch(e->nvme) == 1, &e->store);
 	if (rc)
 		return rc;
+	invalid = kvt_store_invalid(e->store, &why);
+	if (invalid)
+		kvt_engine_log(e, KVT_LOG_WARN, "store %s/kvtier.journal: %u records verify but hold "
+			       "fields out of range; their sessions were dropped (first: %s)",
+			       e->nvme_dir, invalid, why);
 	at = kvt_store_damaged(e->store, &dropped, &orphan);
 	if (at) {
 		char where[40] = "in its header";
@@ -424,7 +436,7 @@ persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32
 	if (rc)
 		return kvt_err(-EIO, "block %u: %s", i, kvt_last_error_message());
 	if (!kvt_fmt_blkhdr_is(&h, r->tag, r->lenc, e->block_bytes) || h.session != rec->key ||
-	    h.index != i)
+	    h.index != i || h.raw_len != e->block_bytes || h.stored_len > e->block_bytes)
 		return kvt_err(-ENOENT, "block %u: slot %u holds another write (tag %#x, "
 			       "expected %#x)", i, r->slot, kvt_fmt_write_tag(h.key), r->tag);
 	return 0;
