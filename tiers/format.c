@@ -449,7 +449,7 @@ fmt_rec_bad(const struct kvt_fmt_rec *r, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof why, fmt, ap);
 	va_end(ap);
-	return kvt_err(KVT_ECORRUPT, "journal record seqno %llu (session %#llx): %s",
+	return kvt_err(KVT_EFORMAT, "journal record seqno %llu (session %#llx): %s",
 		       (unsigned long long)r->seqno, (unsigned long long)r->session, why);
 }
 
@@ -517,6 +517,8 @@ kvt_fmt_fuzz_one(const uint8_t *data, size_t len)
 	struct kvt_fmt_blkhdr h;
 	struct kvt_fmt_blkref br;
 	struct kvt_fmt_rec r;
+	/* as tests/fuzz/mkseeds.c writes */
+	const struct kvt_fmt_limits lim = { 64, 16, 8192, KVT_CODEC_NONE };
 	uint64_t id = 0, acc = 0;
 	size_t off = 0, used;
 	int n = 0;
@@ -531,6 +533,7 @@ kvt_fmt_fuzz_one(const uint8_t *data, size_t len)
 	if (kvt_fmt_jhdr_decode(data, len, &id) == 0)
 		off = KVT_FMT_JHDR_BYTES;
 	while (off < len && kvt_fmt_rec_decode(data + off, len - off, &r, &used) == 0) {
+		acc += kvt_fmt_rec_check(&r, &lim) == 0;
 		for (uint32_t i = 0; i < r.n_blocks; i++) {
 			kvt_fmt_rec_block(&r, i, &br);
 			acc += br.slot + br.tag + br.lenc;

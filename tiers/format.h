@@ -217,7 +217,7 @@ struct kvt_fmt_limits {
  * whose codec is KVT_CODEC_NONE or @lim->codec, and its reserved bytes zero. Not checked: the
  * tenant (any 32-bit id is one the API accepts), the tags and content hashes (compared with the
  * block headers at restore), the token ids (opaque: any int32, -1 for unknown; only compared),
- * and slots named twice (store_resolve drops those sessions). Returns 0, or KVT_ECORRUPT with a
+ * and slots named twice (store_resolve drops those sessions). Returns 0, or KVT_EFORMAT with a
  * message naming the record (seqno, session) and the field. Pure but for the message.
  */
 int kvt_fmt_rec_check(const struct kvt_fmt_rec *r, const struct kvt_fmt_limits *lim);
@@ -228,7 +228,9 @@ int32_t kvt_fmt_rec_token(const struct kvt_fmt_rec *r, uint64_t i);
 
 /**
  * kvt_fmt_fuzz_one() - the fuzz entry point: runs every parser over @data (superblock, block
- * header, journal header, then a journal replay of the rest) and touches every decoded field.
+ * header, journal header, then a journal replay of the rest, each record through
+ * kvt_fmt_rec_check for 64 slots of raw 8192-byte blocks of 16 tokens) and touches every decoded
+ * field.
  * Returns the number of records parsed. Never crashes on any input (the property fuzzed).
  */
 int kvt_fmt_fuzz_one(const uint8_t *data, size_t len);
