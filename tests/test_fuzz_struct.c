@@ -77,6 +77,7 @@ fs_journal(uint8_t *out, const struct fs_op *ops, int n)
 }
 
 static const char *fs_out; /* KVT_FUZZ_STRUCT_OUT: where to write the mutated images */
+static int fs_seed_left;   /* sessions the unmutated seed keeps */
 
 static void
 fs_dump(const uint8_t *img, size_t len, unsigned long id)
@@ -92,6 +93,37 @@ fs_dump(const uint8_t *img, size_t len, unsigned long id)
 	}
 }
 
+/*
+ * The test's own oracle of what replay must refuse (written from docs/FORMAT.md, not from
+ * kvt_fmt_rec_check): whether the PUT at @at of image @img (the mutated record; it was the
+ * session @orig) breaks a rule of the format for kvt_store_fuzz_one's store (64 slots, 16 tokens
+ * per block, raw 8192-byte blocks) and yet, with no later record of its key, @left sessions,
+ * as many as the unmutated seed keeps, survived: then the bad one is among them.
+ */
+static bool
+fs_bad_survives(const uint8_t *img, size_t len, size_t at, uint64_t orig, int left)
+{
+	size_t off = at, used;
+	struct kvt_fmt_blkref b;
+	struct kvt_fmt_rec r, later;
+	bool bad;
+
+	if (kvt_fmt_rec_decode(img + at, len - at, &r, &used) != 0 || r.type != KVT_FMT_REC_PUT)
+		return false;
+	bad = r.session == 0 || r.seqno == 0 || r.seqno > (1ull << 62) || r.priority > 100 ||
+	      r.n_blocks != (r.n_tokens + 15) / 16;
+	for (uint32_t i = 0; i < r.n_blocks && i < 64; i++) {
+		kvt_fmt_rec_block(&r, i, &b);
+		bad |= b.slot >= 64 || b.lenc != (KVT_FMT_LENC_KNOWN | KVT_FMT_LENC_QMAX) ||
+		       kvt_get_le32(r.blocks + (size_t)i * KVT_FMT_PUT_BLOCK + 12) != 0;
+	}
+	for (off += used; bad && off < len &&
+	     kvt_fmt_rec_decode(img + off, len - off, &later, &used) == 0; off += used)
+		if (later.session == r.session || later.session == orig)
+			return false; /* replaced or deleted anyway */
+	return bad && left >= fs_seed_left;
+}
+
 static void
 test_parsers_and_index(void **state)
 {
@@ -100,7 +132,8 @@ test_parsers_and_index(void **state)
 		{ { 1, 2, 0, 17 }, { 2, 2, 2, 0 }, { 1, 0, 0, 0 }, { 3, 1, 63, 1 } },
 	};
 	const struct sg_ctx c = { .n_slots = 64, .tokens_per_block = 16 };
-	uint8_t img[4096], *mut;
+	static uint8_t img[4096], buf[1 << 20];
+	uint8_t *mut;
 	size_t off[FS_MAX_RECS], size[FS_MAX_RECS], len;
 	unsigned long runs = 0, refused = 0;
 	uint32_t n;
@@ -111,33 +144,41 @@ test_parsers_and_index(void **state)
 		len = fs_journal(img, seeds[sd], 4);
 		n = sg_records(img, len, off, size, FS_MAX_RECS);
 		assert_int_equal(n, 4);
-		assert_int_equal(kvt_store_fuzz_one(img, len), sd == 0 ? 3 : 2);
-		mut = malloc(len); /* exactly the image: ASan sees any read past it */
-		assert_non_null(mut);
+		fs_seed_left = sd == 0 ? 3 : 2;
+		assert_int_equal(kvt_store_fuzz_one(img, len), fs_seed_left);
 		for (uint32_t r = 0; r < n; r++)
 			for (int f = 0; f < SG_N_FIELDS; f++)
 				for (uint32_t v = 0; v < SG_N_VALUES; v++)
 					for (uint32_t el = 0; el < 2; el++) {
+						size_t ml = sg_mutate(&c, img, len, off[r], size[r],
+								      (enum sg_field)f, v, el, buf,
+								      sizeof buf);
+						bool bad;
 						int left;
 
-						memcpy(mut, img, len);
-						if (!sg_mutate(&c, mut, len, off[r], size[r],
-							       (enum sg_field)f, v, el))
+						if (!ml)
 							continue;
-						(void)kvt_fmt_fuzz_one(mut, len);
-						left = kvt_store_fuzz_one(mut, len);
-						if (left < 0)
+						/* exactly the image: ASan sees a read past it */
+						mut = malloc(ml);
+						assert_non_null(mut);
+						memcpy(mut, buf, ml);
+						(void)kvt_fmt_fuzz_one(mut, ml);
+						left = kvt_store_fuzz_one(mut, ml);
+						bad = fs_bad_survives(mut, ml, off[r],
+								      seeds[sd][r].session, left);
+						if (left < 0 || bad)
 							print_error("seed %zu record %u: %s = value "
-								    "%u (entry %u) broke the index\n",
+								    "%u (entry %u): %d sessions\n",
 								    sd, r, sg_field_names[f], v,
-								    el);
+								    el, left);
 						assert_true(left >= 0);
+						assert_false(bad);
 						refused += left < (sd == 0 ? 3 : 2);
 						if (fs_out)
-							fs_dump(mut, len, runs);
+							fs_dump(mut, ml, runs);
+						free(mut);
 						runs++;
 					}
-		free(mut);
 	}
 	print_message("%lu mutated journals, %lu lost a session\n", runs, refused);
 	assert_true(runs > 500 && refused > 0);
@@ -277,7 +318,7 @@ test_engine_restore_append(void **state)
 	const char *ev = getenv("KVT_FUZZ_ENGINE_CASES"), *sv = getenv("KVT_FUZZ_SEED");
 	uint32_t want = ev ? (uint32_t)strtoul(ev, NULL, 0) : 64, n, done = 0, lost = 0;
 	uint64_t x = sv ? strtoull(sv, NULL, 0) : 1, total;
-	size_t off[FS_MAX_RECS], size[FS_MAX_RECS];
+	size_t off[FS_MAX_RECS], size[FS_MAX_RECS], ml, mcap;
 	struct fs_file jr, sf;
 	char *dir = tsup_mkdtemp();
 	struct kvt_engine *e;
@@ -297,7 +338,8 @@ test_engine_restore_append(void **state)
 	fs_read(dir, "kvtier.store", &sf);
 	n = sg_records(jr.data, jr.len, off, size, FS_MAX_RECS);
 	assert_int_equal(n, 5);
-	mut = malloc(jr.len);
+	mcap = jr.len + (1u << 20);
+	mut = malloc(mcap);
 	assert_non_null(mut);
 	/* the unmutated journal restores all three */
 	e = fs_engine(dir);
@@ -312,11 +354,12 @@ test_engine_restore_append(void **state)
 
 		if (want == 0 && i >= total)
 			break;
-		memcpy(mut, jr.data, jr.len);
-		if (!sg_mutate(&c, mut, jr.len, off[r], size[r], (enum sg_field)f, v, el))
+		ml = sg_mutate(&c, jr.data, jr.len, off[r], size[r], (enum sg_field)f, v, el, mut,
+			       mcap);
+		if (!ml)
 			continue;
 		fs_write(dir, "kvtier.store", sf.data, sf.len);
-		fs_write(dir, "kvtier.journal", mut, jr.len);
+		fs_write(dir, "kvtier.journal", mut, ml);
 		e = fs_engine(dir);
 		lost += 3 - fs_restore_all(e);
 		kvt_engine_destroy(e);

@@ -373,8 +373,13 @@ bool kvt_nvme_buffered(const struct kvt_nvme *n);
 /** Whether this is the persistent store (kept on close). */
 bool kvt_nvme_persistent(const struct kvt_nvme *n);
 
-/** Path of the slot file (owned by @n, valid until kvt_nvme_close). */
+/** Path of the slot file (owned by @n, valid until kvt_nvme_close). The private slot file has
+ * no name in its directory (O_TMPFILE, or unlinked right after it was created, so that a crash
+ * leaves nothing behind): its path is "/proc/self/fd/<fd>", valid while the tier is open. */
 const char *kvt_nvme_path(const struct kvt_nvme *n);
+/** Slot files ("kvtier-<pid>-<n>.slots") of dead processes that the open of this private tier
+ * removed from its directory, with *@first (may be NULL) the name of the first ("" if none). */
+uint32_t kvt_nvme_stale_removed(const struct kvt_nvme *n, const char **first);
 
 /**
  * Reap up to @max completions into @out. With @wait, blocks until at least one completion

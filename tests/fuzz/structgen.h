@@ -23,7 +23,9 @@
 #ifndef KVT_TESTS_FUZZ_STRUCTGEN_H
 #define KVT_TESTS_FUZZ_STRUCTGEN_H
 
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <xxhash.h>
@@ -57,6 +59,7 @@ struct sg_ctx {
 };
 
 #define SG_N_VALUES 12u
+#define SG_MAX_COUNT 4096u /* counts re-encoded up to this many entries; beyond, patched */
 
 /* Boundary value @v (0..SG_N_VALUES-1) of field @f (@width bytes) of a record with @n_blocks
  * blocks; several of them are the field's limits in this store. */
@@ -137,22 +140,61 @@ sg_records(const uint8_t *img, size_t len, size_t *off, size_t *size, uint32_t m
 	return n;
 }
 
-/*
- * sg_mutate() - in the journal image @img (@len bytes, a copy the caller owns), set field @f
- * of the record at @off (of @size bytes) to boundary value @v; @elem picks the block entry (slot,
- * tag, length code, reserved, hash) or the token: 0 = the first, 1 = the last. The record's
- * checksum is recomputed. Returns false when the field does not exist in that record (a DEL's
- * PUT fields, a PUT without blocks or tokens): nothing changed.
- */
-static inline bool
-sg_mutate(const struct sg_ctx *c, uint8_t *img, size_t len, size_t off, size_t size,
-	  enum sg_field f, uint32_t v, uint32_t elem)
+/* Re-encode the PUT at @rec (decoded as @r) into @out with @nb blocks and @nt tokens (the first
+ * ones as they were, new block entries continuing the last one's slots, new tokens counting on),
+ * the checksum computed by the encoder. Returns its bytes, 0 if it does not fit @cap. */
+static inline size_t
+sg_reencode(const struct kvt_fmt_rec *r, uint32_t nb, uint64_t nt, uint8_t *out, size_t cap)
 {
-	uint8_t *rec = img + off;
+	size_t bytes = kvt_fmt_put_bytes(nb, nt);
+	struct kvt_fmt_blkref *b;
+	int32_t *t;
+
+	if (bytes == 0 || bytes > cap || nb > SG_MAX_COUNT || nt > SG_MAX_COUNT)
+		return 0;
+	b = calloc(nb ? nb : 1, sizeof *b);
+	t = calloc(nt ? nt : 1, sizeof *t);
+	if (!b || !t) {
+		free(b);
+		free(t);
+		return 0;
+	}
+	for (uint32_t i = 0; i < nb; i++) {
+		if (i < r->n_blocks) {
+			kvt_fmt_rec_block(r, i, &b[i]);
+		} else if (i > 0) {
+			b[i] = b[i - 1];
+			b[i].slot++;
+		}
+	}
+	for (uint64_t i = 0; i < nt; i++)
+		t[i] = i < r->n_tokens ? kvt_fmt_rec_token(r, i) : (int32_t)i;
+	kvt_fmt_put_encode(out, r->seqno, r->session, r->tenant, r->priority, b, nb, t, nt);
+	free(b);
+	free(t);
+	return bytes;
+}
+
+/*
+ * sg_mutate() - the journal image @in (@len bytes) with field @f of the record at @off (of @size
+ * bytes) set to boundary value @v, into @out (@cap bytes); @elem picks the block entry (slot,
+ * tag, length code, reserved, hash) or the token: 0 = the first, 1 = the last. The record's
+ * checksum is recomputed: a fixed-size field is patched and the record resealed; a PUT's counts
+ * (n_tokens, n_blocks) are re-encoded with that many tokens or block entries (so the record
+ * stays structurally valid) when they fit, else patched (a record whose length no longer
+ * matches). Returns the new image's bytes, or 0 when the field does not exist in that record (a
+ * DEL's PUT fields, a PUT without blocks or tokens) or the image does not fit @cap.
+ */
+static inline size_t
+sg_mutate(const struct sg_ctx *c, const uint8_t *in, size_t len, size_t off, size_t size,
+	  enum sg_field f, uint32_t v, uint32_t elem, uint8_t *out, size_t cap)
+{
+	const uint8_t *rec = in + off;
 	bool put = kvt_get_le32(rec + SG_RH_TYPE) == KVT_FMT_REC_PUT;
 	uint32_t nb = put ? kvt_get_le32(rec + SG_P_NBLK) : 0;
-	uint64_t nt = put ? kvt_get_le64(rec + SG_P_NTOK) : 0;
-	size_t at;
+	uint64_t nt = put ? kvt_get_le64(rec + SG_P_NTOK) : 0, val;
+	struct kvt_fmt_rec r;
+	size_t at, used, bytes;
 	unsigned width = 4;
 
 	switch (f) {
@@ -163,7 +205,7 @@ sg_mutate(const struct sg_ctx *c, uint8_t *img, size_t len, size_t off, size_t s
 	case SG_SESSION: at = SG_P_SESSION; width = 8; break;
 	default:
 		if (!put)
-			return false;
+			return 0;
 		switch (f) {
 		case SG_NTOKENS: at = SG_P_NTOK; width = 8; break;
 		case SG_NBLOCKS: at = SG_P_NBLK; break;
@@ -172,13 +214,13 @@ sg_mutate(const struct sg_ctx *c, uint8_t *img, size_t len, size_t off, size_t s
 		case SG_PAD: at = SG_P_PAD; break;
 		case SG_TOKEN:
 			if (nt == 0)
-				return false;
+				return 0;
 			at = SG_P_BLOCKS + (size_t)nb * KVT_FMT_PUT_BLOCK +
 			     4 * (size_t)(elem ? nt - 1 : 0);
 			break;
 		default: /* a block entry's field */
 			if (nb == 0)
-				return false;
+				return 0;
 			at = SG_P_BLOCKS + (size_t)(elem ? nb - 1 : 0) * KVT_FMT_PUT_BLOCK;
 			at += f == SG_SLOT ? 0 : f == SG_TAG ? 4 : f == SG_LENC ? 8 :
 			      f == SG_BRSV ? 12 : 16;
@@ -186,11 +228,30 @@ sg_mutate(const struct sg_ctx *c, uint8_t *img, size_t len, size_t off, size_t s
 			break;
 		}
 	}
-	if (at + width > size)
-		return false;
-	sg_put_le(rec + at, sg_value(c, f, width, nb, v), width);
-	sg_reseal(rec, len - off);
-	return true;
+	if (at + width > size || (elem && f != SG_TOKEN && f < SG_SLOT))
+		return 0; /* (one entry of the fixed fields: elem 1 would repeat elem 0) */
+	val = sg_value(c, f, width, nb, v);
+	if ((f == SG_NTOKENS || f == SG_NBLOCKS) &&
+	    kvt_fmt_rec_decode(rec, len - off, &r, &used) == 0) {
+		if (f == SG_NTOKENS)
+			nt = val;
+		else
+			nb = (uint32_t)val;
+		bytes = kvt_fmt_put_bytes(nb, nt);
+		if (bytes && len - size + bytes <= cap && nb <= SG_MAX_COUNT && nt <= SG_MAX_COUNT) {
+			memcpy(out, in, off);
+			if (sg_reencode(&r, nb, nt, out + off, bytes) != bytes)
+				return 0;
+			memcpy(out + off + bytes, rec + size, len - off - size);
+			return len - size + bytes;
+		}
+	}
+	if (len > cap)
+		return 0;
+	memcpy(out, in, len);
+	sg_put_le(out + off + at, val, width);
+	sg_reseal(out + off, len - off);
+	return len;
 }
 
 #endif /* KVT_TESTS_FUZZ_STRUCTGEN_H */
