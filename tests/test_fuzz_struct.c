@@ -7,7 +7,8 @@
  *     which fails when a session that breaks replay's promises survives): every mutation;
  *   - a real engine (kvt_engine_create on the store, kvt_session_list, kvt_seq_restore of every
  *     listed session, an append after it, the engine's invariants, the data of what restored):
- *     a deterministic sample of them (KVT_FUZZ_ENGINE_CASES, KVT_FUZZ_SEED).
+ *     every mutation of a count (n_tokens, n_blocks) and a deterministic sample of the others
+ *     (KVT_FUZZ_ENGINE_CASES, KVT_FUZZ_SEED).
  * Deterministic and bounded (a few seconds); the ASan build runs it like any test. See
  * structgen.h for running the libFuzzer targets longer from its images (KVT_FUZZ_STRUCT_OUT).
  */
@@ -316,7 +317,7 @@ test_engine_restore_append(void **state)
 {
 	const struct sg_ctx c = { .n_slots = FS_SLOTS, .tokens_per_block = TSUP_TPB };
 	const char *ev = getenv("KVT_FUZZ_ENGINE_CASES"), *sv = getenv("KVT_FUZZ_SEED");
-	uint32_t want = ev ? (uint32_t)strtoul(ev, NULL, 0) : 64, n, done = 0, lost = 0;
+	uint32_t want = ev ? (uint32_t)strtoul(ev, NULL, 0) : 16, n, done = 0, lost = 0, n_counts;
 	uint64_t x = sv ? strtoull(sv, NULL, 0) : 1, total;
 	size_t off[FS_MAX_RECS], size[FS_MAX_RECS], ml, mcap;
 	struct fs_file jr, sf;
@@ -345,19 +346,32 @@ test_engine_restore_append(void **state)
 	e = fs_engine(dir);
 	assert_int_equal(fs_restore_all(e), 3);
 	kvt_engine_destroy(e);
+	/* every count mutation (n_tokens, n_blocks: what reached seq.c), then a sample of all,
+	 * or all of them (KVT_FUZZ_ENGINE_CASES=0) */
+	n_counts = n * 2 * SG_N_VALUES;
 	total = (uint64_t)n * SG_N_FIELDS * SG_N_VALUES * 2;
-	for (uint64_t i = 0; want == 0 ? i < total : done < want; i++) {
-		uint64_t id = want == 0 ? i : fs_rand(&x) % total;
-		uint32_t r = (uint32_t)(id % n), f = (uint32_t)(id / n % SG_N_FIELDS);
-		uint32_t v = (uint32_t)(id / n / SG_N_FIELDS % SG_N_VALUES);
-		uint32_t el = (uint32_t)(id / n / SG_N_FIELDS / SG_N_VALUES);
+	for (uint64_t i = 0; want == 0 ? i < total : i < n_counts || done < n_counts + want; i++) {
+		uint64_t id = want == 0 ? i : i < n_counts ? 0 : fs_rand(&x) % total;
+		uint32_t r, f, v, el;
 
-		if (want == 0 && i >= total)
-			break;
+		if (want && i < n_counts) {
+			r = (uint32_t)(i % n);
+			f = i / n % 2 ? SG_NBLOCKS : SG_NTOKENS;
+			v = (uint32_t)(i / n / 2);
+			el = 0;
+		} else {
+			r = (uint32_t)(id % n);
+			f = (uint32_t)(id / n % SG_N_FIELDS);
+			v = (uint32_t)(id / n / SG_N_FIELDS % SG_N_VALUES);
+			el = (uint32_t)(id / n / SG_N_FIELDS / SG_N_VALUES);
+		}
 		ml = sg_mutate(&c, jr.data, jr.len, off[r], size[r], (enum sg_field)f, v, el, mut,
 			       mcap);
-		if (!ml)
+		if (!ml) {
+			if (want && i < n_counts)
+				done++; /* (a DEL has no counts) */
 			continue;
+		}
 		fs_write(dir, "kvtier.store", sf.data, sf.len);
 		fs_write(dir, "kvtier.journal", mut, ml);
 		e = fs_engine(dir);

@@ -8,8 +8,9 @@
  * record layout of docs/FORMAT.md (tiers/format.c's offsets).
  *
  * Running it longer, with libFuzzer (clang): the ctest run (test_fuzz_struct) covers every
- * single-field mutation of its seeds through the parsers and the index, and a deterministic
- * sample of them through a real engine (restore, then append). To fuzz beyond that:
+ * single-field mutation of its seeds through the parsers and the index, and through a real
+ * engine (restore, then append) every mutation of a count plus a deterministic sample of the
+ * others. To fuzz beyond that:
  *
  *   KVT_FUZZ_STRUCT_OUT=/tmp/kvt-seeds build/test_fuzz_struct   # writes its mutated journals
  *   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKVT_WITH_CUDA=OFF
@@ -17,7 +18,7 @@
  *   build-fuzz/fuzz_journal -max_total_time=600 /tmp/kvt-seeds tests/fuzz/corpus_journal
  *   build-fuzz/fuzz_format -max_total_time=600 /tmp/kvt-seeds tests/fuzz/corpus
  *
- * and for more engine cases KVT_FUZZ_ENGINE_CASES=N (default 64; 0 = all) with
+ * and for more engine cases KVT_FUZZ_ENGINE_CASES=N (default 16; 0 = all, about a minute) with
  * KVT_FUZZ_SEED=S (default 1) picks another deterministic sample.
  */
 #ifndef KVT_TESTS_FUZZ_STRUCTGEN_H
