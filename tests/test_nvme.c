@@ -43,6 +43,7 @@
 
 static int fake_odirect_einval; /* open(O_DIRECT) creates the file, then fails EINVAL (tmpfs) */
 static int fake_fallocate_errno; /* fallocate fails with this errno when non-zero */
+static int fake_no_tmpfile;      /* open(O_TMPFILE) fails EOPNOTSUPP (a filesystem without) */
 static int fake_dio_align;       /* statx reports this O_DIRECT offset alignment when >= 0 */
 
 int
@@ -56,6 +57,10 @@ open(const char *path, int flags, ...)
 		va_start(ap, flags);
 		mode = va_arg(ap, unsigned);
 		va_end(ap);
+	}
+	if (fake_no_tmpfile && (flags & O_TMPFILE) == O_TMPFILE) {
+		errno = EOPNOTSUPP;
+		return -1;
 	}
 	if (fake_odirect_einval && (flags & O_DIRECT)) {
 		fd = syscall(SYS_openat, AT_FDCWD, path, flags & ~O_DIRECT, mode);
@@ -112,6 +117,7 @@ fx_setup(void **state)
 		return -1;
 	}
 	fake_odirect_einval = 0;
+	fake_no_tmpfile = 0;
 	fake_fallocate_errno = 0;
 	fake_dio_align = -1;
 	*state = f;
@@ -348,6 +354,15 @@ test_file_mode_size_and_removal(void **state)
 	assert_true((uint64_t)st.st_blocks * 512 >= (uint64_t)NSLOTS * SLOT); /* reserved */
 	kvt_nvme_close(n);
 	kvt_nvme_close(n2);
+	assert_int_equal(dir_slot_files(f->dir), 0);
+	/* without O_TMPFILE: a named file, unlinked as soon as it is created */
+	fake_no_tmpfile = 1;
+	n = fx_open(f, NULL);
+	assert_int_equal(dir_slot_files(f->dir), 0);
+	assert_int_equal(stat(kvt_nvme_path(n), &st), 0);
+	assert_int_equal(st.st_nlink, 0);
+	assert_int_equal(st.st_mode & 07777, 0600);
+	kvt_nvme_close(n);
 	assert_int_equal(dir_slot_files(f->dir), 0);
 }
 
