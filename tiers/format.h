@@ -4,7 +4,7 @@
  * that every byte read from disk goes through (also the fuzz target's entry point). The format
  * is documented in docs/FORMAT.md; all integers are little-endian, fixed width.
  *
- * Store file ("kvtier.store", or a private "kvtier-<pid>-<n>.slots"):
+ * Store file ("kvtier.store", or a private one without a name, see tier_nvme.h):
  *   [0, 4096)                       superblock (kvt_fmt_super)
  *   [4096, 1 MiB)                   zeros (slot 0 starts 1 MiB-aligned)
  *   [1 MiB + s * slot_bytes, +slot_bytes)  slot s: a 4 KiB header page (a 128-byte block
