@@ -474,38 +474,6 @@ test_torn_journal_tail(void **state)
 	tsup_rmdir(dir);
 }
 
-/* A session restored for a tenant with an NVMe budget counts its NVMe slots in that budget
- * (6 blocks parked: 6 slots), and gives them back when closed. */
-static void
-test_restore_counts_in_budget(void **state)
-{
-	struct scfg c = { .codec = 0 };
-	char *dir = tsup_mkdtemp();
-	struct kvt_engine *e = store_engine_ok(dir, &c);
-	struct kvt_seq_opts so;
-	uint64_t used[KVT_TIER_COUNT];
-	kvt_seq_id s = 0;
-
-	(void)state;
-	park_session(e, 0x1111, 3, 21);
-	kvt_engine_destroy(e);
-	e = store_engine_ok(dir, &c);
-	assert_int_equal(kvt_tenant_set_budget(e, 7, KVT_TIER_NVME, 1000), 0);
-	kvt_seq_opts_init(&so, sizeof so);
-	so.tenant = 7;
-	assert_int_equal(kvt_seq_restore(e, 0x1111, &so, &s), 0);
-	assert_int_equal(kvt_tenant_usage(e, 7, used), 0);
-	assert_int_equal(used[KVT_TIER_NVME], 6);
-	tsup_check_engine(e);
-	assert_int_equal(kvt_seq_close(e, s), 0);
-	assert_int_equal(kvt_engine_drain(e), 0);
-	assert_int_equal(kvt_tenant_usage(e, 7, used), 0);
-	assert_int_equal(used[KVT_TIER_NVME], 0);
-	tsup_check_engine(e);
-	kvt_engine_destroy(e);
-	tsup_rmdir(dir);
-}
-
 /* ---- hardening 5: journal records whose checksum verifies but whose fields do not --------- */
 
 enum jm_field { JM_NTOKENS, JM_SLOT, JM_LENC, JM_KEY, JM_SEQNO, JM_PRIORITY };
@@ -667,6 +635,38 @@ test_bad_record_fields(void **state)
 	}
 }
 
+/* A session restored for a tenant with an NVMe budget counts its NVMe slots in that budget
+ * (6 blocks parked: 6 slots), and gives them back when closed. */
+static void
+test_restore_counts_in_budget(void **state)
+{
+	struct scfg c = { .codec = 0 };
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e = store_engine_ok(dir, &c);
+	struct kvt_seq_opts so;
+	uint64_t used[KVT_TIER_COUNT];
+	kvt_seq_id s = 0;
+
+	(void)state;
+	park_session(e, 0x1111, 3, 21);
+	kvt_engine_destroy(e);
+	e = store_engine_ok(dir, &c);
+	assert_int_equal(kvt_tenant_set_budget(e, 7, KVT_TIER_NVME, 1000), 0);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = 7;
+	assert_int_equal(kvt_seq_restore(e, 0x1111, &so, &s), 0);
+	assert_int_equal(kvt_tenant_usage(e, 7, used), 0);
+	assert_int_equal(used[KVT_TIER_NVME], 6);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_tenant_usage(e, 7, used), 0);
+	assert_int_equal(used[KVT_TIER_NVME], 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -678,10 +678,10 @@ main(void)
 		cmocka_unit_test(test_close_drop_and_full),
 		cmocka_unit_test(test_bitflip_codec),
 		cmocka_unit_test(test_torn_journal_tail),
+		cmocka_unit_test(test_bad_record_fields),
 		cmocka_unit_test(test_lost_and_late_completions),
 		cmocka_unit_test(test_enospc_gives_back_clean_copies),
 		cmocka_unit_test(test_restore_counts_in_budget),
-		cmocka_unit_test(test_bad_record_fields),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
