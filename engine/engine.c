@@ -267,12 +267,17 @@ engine_open_nvme(struct kvt_engine *e)
 		.host_stride = e->host_stride,
 		.host_data_off = e->host_data_off,
 	};
+	const char *stale;
 	char msg[256] = "";
 	int rc;
 
 	rc = kvt_nvme_open(&no, &e->nvme, msg, sizeof msg);
 	if (rc)
 		return rc; /* kvt_nvme_open's message names the directory and the cause */
+	if (kvt_nvme_stale_removed(e->nvme, &stale))
+		kvt_engine_log(e, KVT_LOG_WARN, "removed %u slot files of dead processes from %s "
+			       "(%s, ...), left by a crash", kvt_nvme_stale_removed(e->nvme, NULL),
+			       e->nvme_dir, stale);
 	if (kvt_nvme_buffered(e->nvme))
 		kvt_engine_log(e, KVT_LOG_WARN, "the filesystem at %s refuses O_DIRECT: the NVME "
 			       "tier uses buffered IO (page cache) as nvme_buffered_fallback asks",

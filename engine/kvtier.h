@@ -200,6 +200,10 @@ struct kvt_engine_opts {
 	float nvme_codec_min_saving; /* keep an encoding only if it saves at least this fraction of
 	                              the block; default 0.1 */
 	int nvme_persist;          /* 0 (default): a private slot file, removed on destroy.
+	                              It has no name in nvme_dir (O_TMPFILE, or unlinked right
+	                              after creation), so a crash leaves nothing; slot files
+	                              "kvtier-<pid>-<n>.slots" of dead processes found there are
+	                              removed at create (a warning through log).
 	                              1: the persistent store "<nvme_dir>/kvtier.store" (+ its
 	                              journal "kvtier.journal") is opened, or created when absent;
 	                              parked sessions published in it survive a restart or a crash

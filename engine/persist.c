@@ -141,17 +141,28 @@ persist_drop(struct kvt_engine *e, struct kvt_store_sess *rec)
 int
 kvt_persist_open(struct kvt_engine *e)
 {
-	uint32_t n = 0, cap = 0, *slots = NULL, i, b, dropped;
+	uint32_t n = 0, cap = 0, *slots = NULL, i, b, dropped, invalid;
+	struct kvt_fmt_limits lim = {
+		.n_slots = kvt_nvme_n_slots(e->nvme),
+		.tokens_per_block = e->layout.tokens_per_block,
+		.block_bytes = e->block_bytes,
+		.codec = (uint32_t)e->opts.nvme_codec,
+	};
 	struct kvt_store_sess *rec;
+	const char *why;
 	uint64_t at, orphan, ack_gen, ack_len, found;
 	int rc;
 
 	kvt_nvme_journal_known(e->nvme, &ack_gen, &ack_len);
-	rc = kvt_store_open_acked(e->nvme_dir, kvt_nvme_store_id(e->nvme),
-				  kvt_nvme_n_slots(e->nvme), kvt_nvme_epoch(e->nvme) == 1, ack_gen,
-				  ack_len, &e->store);
+	rc = kvt_store_open_acked(e->nvme_dir, kvt_nvme_store_id(e->nvme), &lim,
+				  kvt_nvme_epoch(e->nvme) == 1, ack_gen, ack_len, &e->store);
 	if (rc)
 		return rc;
+	invalid = kvt_store_invalid(e->store, &why);
+	if (invalid)
+		kvt_engine_log(e, KVT_LOG_WARN, "store %s/kvtier.journal: %u records verify but hold "
+			       "fields out of range; their sessions were dropped (first: %s)",
+			       e->nvme_dir, invalid, why);
 	if (kvt_store_short(e->store, &found, &ack_len)) {
 		char what[64] = "the journal is missing or empty";
 
@@ -511,7 +522,8 @@ persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32
 		return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
 	if (rc)
 		return kvt_err(-EIO, "block %u: %s", i, kvt_last_error_message());
-	if (!kvt_fmt_blkhdr_is(&h, r->tag, r->lenc, e->block_bytes))
+	if (!kvt_fmt_blkhdr_is(&h, r->tag, r->lenc, e->block_bytes) ||
+	    h.raw_len != e->block_bytes || h.stored_len > e->block_bytes)
 		return kvt_err(-ENOENT, "block %u: slot %u holds another write (tag %#x, "
 			       "expected %#x)", i, r->slot, kvt_fmt_write_tag(h.key), r->tag);
 	if (!persist_same_block(rec, i, &h))

@@ -27,9 +27,15 @@
 #define J_ID 0x1234u  /* store id */
 #define J_SLOTS 16u   /* slots of the store */
 
+/* what the records must fit: 16 slots, 4 tokens per block (j_put's sessions fill theirs), raw
+ * or LZ4 payloads (a store of codec LZ4 also holds raw blocks: those the codec did not shrink) */
+static const struct kvt_fmt_limits j_lim = {
+	.n_slots = J_SLOTS, .tokens_per_block = 4, .block_bytes = 1024, .codec = KVT_CODEC_LZ4,
+};
+
 static const int32_t j_tokens[8] = { 11, 12, 13, 14, 15, 16, 17, 18 };
 
-/* Put session @key with blocks in @slots (n of them) and 8 tokens. */
+/* Put session @key with blocks in @slots (n <= 2 of them) and 4 tokens per block. */
 static void
 j_put(struct kvt_store *st, uint64_t key, const uint32_t *slots, uint32_t n)
 {
@@ -41,14 +47,14 @@ j_put(struct kvt_store *st, uint64_t key, const uint32_t *slots, uint32_t n)
 		b[i].tag = (uint32_t)(key * 100 + i);
 		b[i].lenc = kvt_fmt_lenc(KVT_CODEC_NONE, 1024, 1024);
 	}
-	assert_int_equal(kvt_store_put(st, key, 0, 50, j_tokens, 8, b, n, UINT32_MAX), 0);
+	assert_int_equal(kvt_store_put(st, key, 0, 50, j_tokens, 4ull * n, b, n, UINT32_MAX), 0);
 }
 
 static struct kvt_store *
 j_open(const char *dir)
 {
 	struct kvt_store *st = NULL;
-	int rc = kvt_store_open(dir, J_ID, J_SLOTS, false, &st);
+	int rc = kvt_store_open(dir, J_ID, &j_lim, false, &st);
 
 	if (rc)
 		print_error("store open: %s\n", kvt_last_error_message());
@@ -113,11 +119,11 @@ test_two_records_claim_one_slot(void **state)
 	tsup_rmdir(dir);
 }
 
-/* Put session @key with the block references @b (n of them) and 8 tokens. */
+/* Put session @key with the block references @b (n of them) and 4 tokens per block. */
 static void
 j_put_refs(struct kvt_store *st, uint64_t key, const struct kvt_fmt_blkref *b, uint32_t n)
 {
-	assert_int_equal(kvt_store_put(st, key, 0, 50, j_tokens, 8, b, n, UINT32_MAX), 0);
+	assert_int_equal(kvt_store_put(st, key, 0, 50, j_tokens, 4 * n, b, n, UINT32_MAX), 0);
 }
 
 /* Sessions naming the same write of a slot share a prefix block (hardening 1): all kept. A
@@ -308,7 +314,7 @@ test_other_version_refused(void **state)
 	j_path(dir, path, sizeof path);
 	j_rewrite_header(path, KVT_FMT_VERSION - 1, J_ID);
 	assert_int_equal(stat(path, &before), 0);
-	assert_int_equal(kvt_store_open(dir, J_ID, J_SLOTS, false, &st), KVT_EFORMAT);
+	assert_int_equal(kvt_store_open(dir, J_ID, &j_lim, false, &st), KVT_EFORMAT);
 	assert_null(st);
 	assert_non_null(strstr(kvt_last_error_message(), "format version"));
 	assert_int_equal(stat(path, &after), 0);

@@ -15,12 +15,14 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -28,6 +30,7 @@
 
 #include "engine/kvtier.h"
 #include "tiers/tier_nvme.h"
+#include "support/kvt_test.h"
 
 #define BLOCK 10000u /* slot = 16384: the header page, then the block and padding (3 pages) */
 #define SLOT 16384u
@@ -40,6 +43,7 @@
 
 static int fake_odirect_einval; /* open(O_DIRECT) creates the file, then fails EINVAL (tmpfs) */
 static int fake_fallocate_errno; /* fallocate fails with this errno when non-zero */
+static int fake_no_tmpfile;      /* open(O_TMPFILE) fails EOPNOTSUPP (a filesystem without) */
 static int fake_dio_align;       /* statx reports this O_DIRECT offset alignment when >= 0 */
 
 int
@@ -53,6 +57,10 @@ open(const char *path, int flags, ...)
 		va_start(ap, flags);
 		mode = va_arg(ap, unsigned);
 		va_end(ap);
+	}
+	if (fake_no_tmpfile && (flags & O_TMPFILE) == O_TMPFILE) {
+		errno = EOPNOTSUPP;
+		return -1;
 	}
 	if (fake_odirect_einval && (flags & O_DIRECT)) {
 		fd = syscall(SYS_openat, AT_FDCWD, path, flags & ~O_DIRECT, mode);
@@ -109,6 +117,7 @@ fx_setup(void **state)
 		return -1;
 	}
 	fake_odirect_einval = 0;
+	fake_no_tmpfile = 0;
 	fake_fallocate_errno = 0;
 	fake_dio_align = -1;
 	*state = f;
@@ -308,29 +317,154 @@ test_round_trip(void **state)
 	free(dst);
 }
 
+/* Entries of @dir whose name starts with "kvtier-". */
+static int
+dir_slot_files(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	int n = 0;
+
+	assert_non_null(d);
+	while ((de = readdir(d)))
+		n += strncmp(de->d_name, "kvtier-", 7) == 0;
+	closedir(d);
+	return n;
+}
+
 static void
 test_file_mode_size_and_removal(void **state)
 {
 	struct fx *f = *state;
 	struct kvt_nvme *n = fx_open(f, NULL);
 	struct kvt_nvme *n2 = fx_open(f, NULL);
-	char path[PATH_MAX];
-	struct stat st;
+	struct stat st, st2;
 
-	snprintf(path, sizeof path, "%s", kvt_nvme_path(n));
-	assert_true(strncmp(path, f->dir, strlen(f->dir)) == 0);
-	assert_true(strstr(path, "/kvtier-") != NULL);
-	assert_string_not_equal(path, kvt_nvme_path(n2)); /* two tiers, two files */
-	assert_int_equal(stat(path, &st), 0);
+	/* the private file has no name from its creation on (hardening 8): reached through
+	 * /proc/self/fd while the tier is open */
+	assert_int_equal(dir_slot_files(f->dir), 0);
+	assert_non_null(strstr(kvt_nvme_path(n), "/proc/self/fd/"));
+	assert_int_equal(stat(kvt_nvme_path(n), &st), 0);
+	assert_int_equal(stat(kvt_nvme_path(n2), &st2), 0);
+	assert_true(st.st_ino != st2.st_ino); /* two tiers, two files */
 	assert_true(S_ISREG(st.st_mode));
+	assert_int_equal(st.st_nlink, 0);
 	assert_int_equal(st.st_mode & 07777, 0600);
 	assert_int_equal(st.st_size, (off_t)(SUPER + NSLOTS * SLOT));
 	assert_true((uint64_t)st.st_blocks * 512 >= (uint64_t)NSLOTS * SLOT); /* reserved */
 	kvt_nvme_close(n);
-	assert_int_equal(stat(path, &st), -1);
-	assert_int_equal(errno, ENOENT);
 	kvt_nvme_close(n2);
-	kvt_nvme_close(NULL);
+	assert_int_equal(dir_slot_files(f->dir), 0);
+	/* without O_TMPFILE: a named file, unlinked as soon as it is created */
+	fake_no_tmpfile = 1;
+	n = fx_open(f, NULL);
+	assert_int_equal(dir_slot_files(f->dir), 0);
+	assert_int_equal(stat(kvt_nvme_path(n), &st), 0);
+	assert_int_equal(st.st_nlink, 0);
+	assert_int_equal(st.st_mode & 07777, 0600);
+	kvt_nvme_close(n);
+	assert_int_equal(dir_slot_files(f->dir), 0);
+}
+
+/* Remove the "kvtier-" entries of @dir. */
+static void
+rm_slot_files(const char *dir)
+{
+	char path[PATH_MAX + 300];
+	DIR *d = opendir(dir);
+	struct dirent *de;
+
+	while (d && (de = readdir(d)))
+		if (strncmp(de->d_name, "kvtier-", 7) == 0) {
+			snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+			unlink(path);
+		}
+	if (d)
+		closedir(d);
+}
+
+static int kill_log_n;
+static char kill_log[512];
+
+static void
+kill_log_fn(void *arg, int level, const char *msg)
+{
+	(void)arg;
+	if (level == KVT_LOG_WARN && strstr(msg, "slot files of dead processes")) {
+		kill_log_n++;
+		snprintf(kill_log, sizeof kill_log, "%s", msg);
+	}
+}
+
+/*
+ * Hardening 8: an engine's private slot file does not outlive a SIGKILL of its process (it has
+ * no name), and a stale "kvtier-<pid>-<n>.slots" of a dead process (an older kvtier's, or a
+ * crash inside the create) is removed at the next create, with a warning; files of live
+ * processes and other names stay.
+ */
+static void
+test_slot_file_gone_after_sigkill(void **state)
+{
+	struct fx *f = *state;
+	struct kvt_engine_opts o;
+	struct kvt_engine *e = NULL;
+	char path[PATH_MAX + 64], live[PATH_MAX + 64], other[PATH_MAX + 64], c;
+	int pfd[2], fd, named, left;
+	ssize_t got;
+	pid_t pid;
+
+	tsup_opts_init(&o);
+	o.hbm_bytes = 4 * tsup_block_bytes();
+	o.host_bytes = 4 * tsup_block_bytes();
+	o.nvme_dir = f->dir;
+	o.nvme_bytes = 64ull << 20;
+	assert_int_equal(pipe(pfd), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(pfd[0]);
+		if (kvt_engine_create(&o, &e) != 0) {
+			fprintf(stderr, "child: %s\n", kvt_last_error_message());
+			_exit(1);
+		}
+		(void)!write(pfd[1], "r", 1);
+		for (;;)
+			pause();
+	}
+	close(pfd[1]);
+	got = read(pfd[0], &c, 1); /* its engine (and slot file) exists */
+	close(pfd[0]);
+	named = dir_slot_files(f->dir);
+	assert_int_equal(kill(pid, SIGKILL), 0); /* before any assertion can skip it */
+	assert_int_equal(waitpid(pid, NULL, 0), pid);
+	left = dir_slot_files(f->dir);
+	if (left) /* (what the old code left: cleaned, so the teardown does not fail too) */
+		rm_slot_files(f->dir);
+	assert_int_equal(got, 1);
+	assert_int_equal(named, 0);
+	assert_int_equal(left, 0);
+
+	/* what an older kvtier left: the dead child's pid, a live process's, another name */
+	snprintf(path, sizeof path, "%s/kvtier-%ld-3.slots", f->dir, (long)pid);
+	snprintf(live, sizeof live, "%s/kvtier-%ld-0.slots", f->dir, (long)getppid());
+	snprintf(other, sizeof other, "%s/kvtier-%ld-0.slots.keep", f->dir, (long)pid);
+	const char *const planted[] = { path, live, other };
+	for (int i = 0; i < 3; i++) {
+		fd = open(planted[i], O_WRONLY | O_CREAT | O_EXCL, 0600);
+		assert_true(fd >= 0);
+		close(fd);
+	}
+	o.log = kill_log_fn;
+	assert_int_equal(kvt_engine_create(&o, &e), 0);
+	assert_int_equal(access(path, F_OK), -1);
+	assert_int_equal(access(live, F_OK), 0);
+	assert_int_equal(access(other, F_OK), 0);
+	assert_int_equal(kill_log_n, 1);
+	assert_non_null(strstr(kill_log, "removed 1 slot files"));
+	assert_non_null(strstr(kill_log, strrchr(path, '/') + 1));
+	kvt_engine_destroy(e);
+	assert_int_equal(unlink(live), 0);
+	assert_int_equal(unlink(other), 0);
 }
 
 static void
@@ -1118,6 +1252,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		T(test_round_trip),
 		T(test_file_mode_size_and_removal),
+		T(test_slot_file_gone_after_sigkill),
 		T(test_submit_args_and_queue_full),
 		T(test_many_ready_reaped_one_by_one),
 		T(test_wrong_key_and_unwritten_slot),

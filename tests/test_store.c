@@ -483,6 +483,167 @@ test_torn_journal_tail(void **state)
 	tsup_rmdir(dir);
 }
 
+/* ---- hardening 5: journal records whose checksum verifies but whose fields do not --------- */
+
+enum jm_field { JM_NTOKENS, JM_SLOT, JM_LENC, JM_KEY, JM_SEQNO, JM_PRIORITY };
+
+struct jm_case {
+	const char *what;
+	enum jm_field field;
+	uint64_t value;
+};
+
+/* Rewrite the journal in @dir through the format's own encoder (every checksum recomputed), with
+ * field @m of the PUT of @key (block 1 for slot and length code) set to m->value. */
+static void
+journal_mutate(const char *dir, uint64_t key, const struct jm_case *m)
+{
+	char path[600];
+	uint8_t *in, *out;
+	size_t off = KVT_FMT_JHDR_BYTES, o = KVT_FMT_JHDR_BYTES, used, cap;
+	struct kvt_fmt_rec r;
+	struct stat sb;
+	int fd, hits = 0;
+
+	snprintf(path, sizeof path, "%s/kvtier.journal", dir);
+	fd = open(path, O_RDWR);
+	assert_true(fd >= 0);
+	assert_int_equal(fstat(fd, &sb), 0);
+	cap = (size_t)sb.st_size + 4096;
+	in = malloc((size_t)sb.st_size);
+	out = calloc(1, cap);
+	assert_non_null(in);
+	assert_non_null(out);
+	assert_int_equal(pread(fd, in, (size_t)sb.st_size, 0), sb.st_size);
+	memcpy(out, in, KVT_FMT_JHDR_BYTES);
+	while (kvt_fmt_rec_decode(in + off, (size_t)sb.st_size - off, &r, &used) == 0) {
+		struct kvt_fmt_blkref b[16];
+		int32_t tok[256];
+		uint64_t nt = r.n_tokens, seqno = r.seqno, sess = r.session;
+		uint32_t prio = r.priority;
+
+		off += used;
+		if (r.type == KVT_FMT_REC_DEL) {
+			kvt_fmt_del_encode(out + o, r.seqno, r.session);
+			o += kvt_fmt_del_bytes();
+			continue;
+		}
+		assert_true(r.n_blocks <= 16 && r.n_tokens <= 64);
+		for (uint32_t i = 0; i < r.n_blocks; i++)
+			kvt_fmt_rec_block(&r, i, &b[i]);
+		for (uint64_t i = 0; i < 256; i++)
+			tok[i] = i < r.n_tokens ? kvt_fmt_rec_token(&r, i) : (int32_t)i;
+		if (r.session == key) {
+			hits++;
+			switch (m->field) {
+			case JM_NTOKENS: nt = m->value; break;
+			case JM_SLOT: b[1].slot = (uint32_t)m->value; break;
+			case JM_LENC: b[1].lenc = (uint32_t)m->value; break;
+			case JM_KEY: sess = m->value; break;
+			case JM_SEQNO: seqno = m->value; break;
+			case JM_PRIORITY: prio = (uint32_t)m->value; break;
+			}
+		}
+		assert_true(nt <= 256);
+		assert_true(o + kvt_fmt_put_bytes(r.n_blocks, nt) <= cap);
+		kvt_fmt_put_encode(out + o, seqno, sess, r.tenant, prio, b, r.n_blocks, tok, nt);
+		o += kvt_fmt_put_bytes(r.n_blocks, nt);
+	}
+	assert_int_equal(off, (size_t)sb.st_size);
+	assert_int_equal(hits, 1);
+	assert_int_equal(ftruncate(fd, 0), 0);
+	assert_int_equal(pwrite(fd, out, o, 0), (ssize_t)o);
+	close(fd);
+	free(in);
+	free(out);
+}
+
+static char jm_log[4096];
+
+static void
+jm_log_fn(void *arg, int level, const char *msg)
+{
+	(void)arg;
+	if (level <= KVT_LOG_WARN && strlen(jm_log) + strlen(msg) + 2 < sizeof jm_log) {
+		strcat(jm_log, msg);
+		strcat(jm_log, "\n");
+	}
+}
+
+/*
+ * One bad field per case, in a record whose checksum verifies (rewritten by the encoder): the
+ * session is dropped at open with a warning naming the field, reads as absent (not listed,
+ * restore -ENOENT), and the other session of the journal restores and grows as before. Before
+ * the checks, a session with more tokens than its blocks hold restored and its next append
+ * wrote past the sequence's block array (ASan: heap-buffer-overflow), one with too few tokens
+ * broke the engine's invariants, the others were listed though they could never restore, and a
+ * priority out of range ended the replay there (losing every later session).
+ */
+static void
+test_bad_record_fields(void **state)
+{
+	static const struct jm_case cases[] = {
+		{ "more tokens than its blocks hold", JM_NTOKENS, 3 * TSUP_TPB * 5 + 1 },
+		{ "one token more than its blocks hold", JM_NTOKENS, 3 * TSUP_TPB + 1 },
+		{ "a last block without tokens", JM_NTOKENS, 2 * TSUP_TPB },
+		{ "no tokens, three blocks", JM_NTOKENS, 0 },
+		{ "slot == the tier's slots", JM_SLOT, 64 },
+		{ "slot 0xffffffff", JM_SLOT, 0xffffffffu },
+		{ "length code 0 (unknown)", JM_LENC, 0 },
+		{ "length code of a codec the store does not write", JM_LENC,
+		  KVT_FMT_LENC_KNOWN | KVT_CODEC_LZ4 << 12 | 7 },
+		{ "length code with bits above 16", JM_LENC, 0x18000u | KVT_FMT_LENC_QMAX },
+		{ "session key 0", JM_KEY, 0 },
+		{ "seqno 0", JM_SEQNO, 0 },
+		{ "seqno 2^64-1", JM_SEQNO, UINT64_MAX },
+		{ "priority 101", JM_PRIORITY, 101 },
+		{ "priority 2^32-1", JM_PRIORITY, UINT32_MAX },
+	};
+	struct scfg c = { 0 };
+
+	(void)state;
+	for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+		const struct jm_case *m = &cases[k];
+		uint64_t victim = m->field == JM_KEY ? m->value : 0xa1;
+		char *dir = tsup_mkdtemp();
+		struct kvt_engine_opts o;
+		struct kvt_engine *e = store_engine_ok(dir, &c);
+		struct kvt_seq_info info;
+		bool was_listed;
+		kvt_seq_id s = 0;
+		int rc;
+
+		print_message("case: %s\n", m->what);
+		park_session(e, 0xa1, 2, 12); /* 3 blocks of TSUP_TPB tokens; its PUT comes first */
+		park_session(e, 0xb2, 6, 9);
+		kvt_engine_destroy(e);
+		journal_mutate(dir, 0xa1, m);
+		tsup_store_opts(&o, dir, 64ull * SLOT_BYTES);
+		o.log = jm_log_fn;
+		jm_log[0] = '\0';
+		e = NULL;
+		assert_int_equal(kvt_engine_create(&o, &e), 0);
+		was_listed = listed(e, victim);
+		rc = kvt_seq_restore(e, victim, NULL, &s);
+		if (rc == 0) {
+			/* what a caller would do next (the overflow happened here) */
+			assert_int_equal(kvt_seq_info(e, s, &info), 0);
+			(void)kvt_seq_resume(e, s);
+			(void)tsup_append_write(e, s, 2, info.n_tokens, 5);
+			tsup_check_engine(e);
+		}
+		assert_false(was_listed);
+		assert_int_equal(rc, -ENOENT);
+		assert_non_null(strstr(jm_log, "dropped"));
+		s = restore_ok(e, 0xb2, 6, 9);
+		assert_int_equal(tsup_append_write(e, s, 6, 9, 5), 0);
+		assert_int_equal(tsup_verify(e, s, 6), 0);
+		tsup_check_engine(e);
+		kvt_engine_destroy(e);
+		tsup_rmdir(dir);
+	}
+}
+
 /* A session restored for a tenant with an NVMe budget counts its NVMe slots in that budget
  * (6 blocks parked: 6 slots), and gives them back when closed. */
 static void
@@ -603,6 +764,7 @@ main(void)
 		cmocka_unit_test(test_close_drop_and_full),
 		cmocka_unit_test(test_bitflip_codec),
 		cmocka_unit_test(test_torn_journal_tail),
+		cmocka_unit_test(test_bad_record_fields),
 		cmocka_unit_test(test_lost_and_late_completions),
 		cmocka_unit_test(test_enospc_gives_back_clean_copies),
 		cmocka_unit_test(test_restore_counts_in_budget),

@@ -5,6 +5,7 @@
  * checksum before trusting any other field.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -442,7 +443,9 @@ kvt_fmt_rec_decode(const uint8_t *b, size_t len, struct kvt_fmt_rec *r, size_t *
 	r->n_blocks = kvt_get_le32(p + 16);
 	r->tenant = kvt_get_le32(p + 20);
 	r->priority = kvt_get_le32(p + 24);
-	if (r->n_tokens > KVT_FMT_MAX_REC || r->n_blocks > KVT_FMT_MAX_REC || r->priority > 100)
+	/* only what the record's length depends on: the other fields are kvt_fmt_rec_check's, so
+	 * that a bad one drops its session instead of ending the replay */
+	if (r->n_tokens > KVT_FMT_MAX_REC || r->n_blocks > KVT_FMT_MAX_REC)
 		return 1;
 	need = KVT_FMT_PUT_FIXED + (uint64_t)r->n_blocks * KVT_FMT_PUT_BLOCK + r->n_tokens * 4;
 	if (fmt_pad8((size_t)need) != plen)
@@ -450,6 +453,60 @@ kvt_fmt_rec_decode(const uint8_t *b, size_t len, struct kvt_fmt_rec *r, size_t *
 	r->blocks = p + KVT_FMT_PUT_FIXED;
 	r->tokens = r->blocks + (size_t)r->n_blocks * KVT_FMT_PUT_BLOCK;
 	*used = KVT_FMT_RECHDR_BYTES + plen;
+	return 0;
+}
+
+/* KVT_ECORRUPT with a message naming record @r and what is wrong with it. */
+static int KVT_PRINTF(2, 3)
+fmt_rec_bad(const struct kvt_fmt_rec *r, const char *fmt, ...)
+{
+	char why[200];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof why, fmt, ap);
+	va_end(ap);
+	return kvt_err(KVT_EFORMAT, "journal record seqno %llu (session %#llx): %s",
+		       (unsigned long long)r->seqno, (unsigned long long)r->session, why);
+}
+
+int
+kvt_fmt_rec_check(const struct kvt_fmt_rec *r, const struct kvt_fmt_limits *lim)
+{
+	uint32_t tpb = lim->tokens_per_block;
+	struct kvt_fmt_blkref b;
+
+	if (r->seqno == 0 || r->seqno > KVT_FMT_MAX_SEQNO)
+		return fmt_rec_bad(r, "seqno out of range 1..2^62");
+	if (r->type != KVT_FMT_REC_PUT)
+		return 0;
+	if (r->session == 0)
+		return fmt_rec_bad(r, "a PUT of session key 0 (no session)");
+	if (r->priority > 100)
+		return fmt_rec_bad(r, "priority %u out of range 0..100", r->priority);
+	if (tpb && (uint64_t)r->n_blocks != (r->n_tokens + tpb - 1) / tpb)
+		return fmt_rec_bad(r, "%llu tokens in %u blocks of %u tokens (must be %llu blocks)",
+				   (unsigned long long)r->n_tokens, r->n_blocks, tpb,
+				   (unsigned long long)((r->n_tokens + tpb - 1) / tpb));
+	if (r->n_blocks > lim->n_slots)
+		return fmt_rec_bad(r, "%u blocks, the store has %u slots", r->n_blocks,
+				   lim->n_slots);
+	for (uint32_t i = 0; i < r->n_blocks; i++) {
+		const uint8_t *q = r->blocks + (size_t)i * KVT_FMT_PUT_BLOCK;
+
+		kvt_fmt_rec_block(r, i, &b);
+		if (b.slot >= lim->n_slots)
+			return fmt_rec_bad(r, "block %u in slot %u, the store has %u slots", i,
+					   b.slot, lim->n_slots);
+		if (!kvt_fmt_lenc_bytes(b.lenc, lim->block_bytes) ||
+		    (kvt_fmt_lenc_codec(b.lenc) != KVT_CODEC_NONE &&
+		     kvt_fmt_lenc_codec(b.lenc) != lim->codec))
+			return fmt_rec_bad(r, "block %u: length code %#x is no write of this store "
+					   "(blocks of %llu bytes, codec %u)", i, b.lenc,
+					   (unsigned long long)lim->block_bytes, lim->codec);
+		if (kvt_get_le32(q + 12) != 0)
+			return fmt_rec_bad(r, "block %u: reserved bytes not zero", i);
+	}
 	return 0;
 }
 
@@ -477,6 +534,8 @@ kvt_fmt_fuzz_one(const uint8_t *data, size_t len)
 	struct kvt_fmt_blkhdr h;
 	struct kvt_fmt_blkref br;
 	struct kvt_fmt_rec r;
+	/* as tests/fuzz/mkseeds.c writes */
+	const struct kvt_fmt_limits lim = { 64, 16, 8192, KVT_CODEC_NONE };
 	uint64_t id = 0, acc = 0;
 	size_t off = 0, used;
 	int n = 0;
@@ -491,6 +550,7 @@ kvt_fmt_fuzz_one(const uint8_t *data, size_t len)
 	if (kvt_fmt_jhdr_decode(data, len, &id) == 0)
 		off = KVT_FMT_JHDR_BYTES;
 	while (off < len && kvt_fmt_rec_decode(data + off, len - off, &r, &used) == 0) {
+		acc += kvt_fmt_rec_check(&r, &lim) == 0;
 		for (uint32_t i = 0; i < r.n_blocks; i++) {
 			kvt_fmt_rec_block(&r, i, &br);
 			acc += br.slot + br.tag + br.lenc;

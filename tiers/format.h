@@ -4,7 +4,7 @@
  * that every byte read from disk goes through (also the fuzz target's entry point). The format
  * is documented in docs/FORMAT.md; all integers are little-endian, fixed width.
  *
- * Store file ("kvtier.store", or a private "kvtier-<pid>-<n>.slots"):
+ * Store file ("kvtier.store", or a private one without a name, see tier_nvme.h):
  *   [0, 4096)                       superblock (kvt_fmt_super)
  *   [4096, 1 MiB)                   zeros (slot 0 starts 1 MiB-aligned)
  *   [1 MiB + s * slot_bytes, +slot_bytes)  slot s: a 4 KiB header page (a 128-byte block
@@ -198,6 +198,35 @@ void kvt_fmt_del_encode(uint8_t *out, uint64_t seqno, uint64_t session);
  * record (end of journal, or a torn or corrupt tail: replay stops there); never reads past @len.
  */
 int kvt_fmt_rec_decode(const uint8_t *buf, size_t len, struct kvt_fmt_rec *r, size_t *used);
+/** What a store's records must fit (kvt_fmt_rec_check): the store's geometry and layout. */
+struct kvt_fmt_limits {
+	uint32_t n_slots;          /* slots of the store: every block's slot is below */
+	uint32_t tokens_per_block; /* of the layout: a PUT of n tokens has ceil(n / tpb) blocks
+	                              (0 = not checked: a caller without a layout) */
+	uint64_t block_bytes;      /* raw bytes of one block: length codes are valid for it */
+	uint32_t codec;            /* enum kvt_codec the store writes: a length code names it or
+	                              KVT_CODEC_NONE (a block the codec did not shrink) */
+};
+
+/** Highest seqno a record may carry: far beyond any journal's, low enough that seqno + 1 and
+ * comparisons never wrap. */
+#define KVT_FMT_MAX_SEQNO (1ull << 62)
+
+/**
+ * kvt_fmt_rec_check() - the field checks of a record that kvt_fmt_rec_decode() parsed (its
+ * checksum verified, its lengths fit the buffer): the store directory is a trust boundary, so
+ * every decoded field is range- and consistency-checked before the index or the engine uses it.
+ * A record (PUT or DEL) needs 1 <= seqno <= KVT_FMT_MAX_SEQNO. A PUT needs: session key != 0,
+ * priority 0..100, n_blocks == ceil(n_tokens / tokens_per_block) (every block holds
+ * tokens_per_block tokens, the last one 1..tokens_per_block), n_blocks <= n_slots, and every
+ * block entry a slot < n_slots, a length code valid for block_bytes (kvt_fmt_lenc_bytes != 0)
+ * whose codec is KVT_CODEC_NONE or @lim->codec, and its reserved bytes zero. Not checked: the
+ * tenant (any 32-bit id is one the API accepts), the tags and content hashes (compared with the
+ * block headers at restore), the token ids (opaque: any int32, -1 for unknown; only compared),
+ * and slots named twice (store_resolve drops those sessions). Returns 0, or KVT_EFORMAT with a
+ * message naming the record (seqno, session) and the field. Pure but for the message.
+ */
+int kvt_fmt_rec_check(const struct kvt_fmt_rec *r, const struct kvt_fmt_limits *lim);
 /** Entry @i of a decoded PUT (i < r->n_blocks). */
 void kvt_fmt_rec_block(const struct kvt_fmt_rec *r, uint32_t i, struct kvt_fmt_blkref *out);
 /** Token @i of a decoded PUT. */
@@ -205,7 +234,9 @@ int32_t kvt_fmt_rec_token(const struct kvt_fmt_rec *r, uint64_t i);
 
 /**
  * kvt_fmt_fuzz_one() - the fuzz entry point: runs every parser over @data (superblock, block
- * header, journal header, then a journal replay of the rest) and touches every decoded field.
+ * header, journal header, then a journal replay of the rest, each record through
+ * kvt_fmt_rec_check for 64 slots of raw 8192-byte blocks of 16 tokens) and touches every decoded
+ * field.
  * Returns the number of records parsed. Never crashes on any input (the property fuzzed).
  */
 int kvt_fmt_fuzz_one(const uint8_t *data, size_t len);

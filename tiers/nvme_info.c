@@ -43,7 +43,15 @@ kvt_nvme_free_qd(const struct kvt_nvme *n)
 const char *
 kvt_nvme_path(const struct kvt_nvme *n)
 {
-	return n->path;
+	return n->fd_path[0] ? n->fd_path : n->path;
+}
+
+uint32_t
+kvt_nvme_stale_removed(const struct kvt_nvme *n, const char **first)
+{
+	if (first)
+		*first = n->stale_name;
+	return n->stale_removed;
 }
 
 uint64_t

@@ -112,6 +112,10 @@ struct kvt_nvme {
 	bool closing;                      /* kvt_nvme_close is draining: discard, never copy */
 	bool persist;                      /* the file is the persistent store: kept at close */
 	bool unlink_on_free;               /* created by this open: removed if the open fails */
+	char fd_path[40];                  /* private slot file: "/proc/self/fd/<fd>", the only
+	                                      name it has once created (kvt_nvme_path) */
+	uint32_t stale_removed;            /* open: slot files of dead processes removed */
+	char stale_name[64];               /* open: the first of them */
 	bool buffered;                     /* O_DIRECT refused, buffered IO asked for instead */
 	bool sync_failed;                  /* an fdatasync failed: kvt_nvme_sync fails for good */
 	int codec;                         /* enum kvt_codec of writes */

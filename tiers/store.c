@@ -26,6 +26,10 @@ struct kvt_store {
 	uint64_t next_seqno;           /* seqno of the next record */
 	uint64_t store_id;             /* id of the store this journal belongs to */
 	uint32_t n_slots;              /* slots of the store (references beyond are dropped) */
+	struct kvt_fmt_limits lim;     /* what records must fit (kvt_fmt_rec_check) */
+	uint32_t invalid;              /* open: records that verified but failed the field
+	                                  checks; their sessions were dropped */
+	char invalid_msg[256];         /* open: why the first of them failed */
 	uint32_t n, cap;               /* sessions in use / capacity */
 	int failed;                    /* -errno of a failed fdatasync (final), else 0 */
 	uint64_t damaged_at;           /* open: the journal did not verify from this offset on,
@@ -153,13 +157,23 @@ store_sess_new(uint64_t key, uint64_t seqno, uint32_t tenant, uint32_t priority,
 	return s;
 }
 
-/* Apply one decoded record to the index. */
+/* Apply one decoded record to the index. A record that fails the field checks drops its session
+ * (an earlier PUT of it included: this one was to replace it) and is counted in st->invalid. */
 static int
 store_apply(struct kvt_store *st, const struct kvt_fmt_rec *r)
 {
 	struct kvt_store_sess *s;
 	int i;
 
+	if (kvt_fmt_rec_check(r, &st->lim) != 0) {
+		if (st->invalid++ == 0)
+			snprintf(st->invalid_msg, sizeof st->invalid_msg, "%s",
+				 kvt_last_error_message());
+		i = store_index_of(st, r->session);
+		if (i >= 0)
+			store_remove_at(st, (uint32_t)i);
+		return 0;
+	}
 	if (r->seqno >= st->next_seqno)
 		st->next_seqno = r->seqno + 1;
 	if (r->type == KVT_FMT_REC_DEL) {
@@ -405,7 +419,11 @@ store_replay(struct kvt_store *st, bool fresh)
 int
 kvt_store_fuzz_one(const uint8_t *data, size_t len)
 {
-	struct kvt_store st = { .fd = -1, .n_slots = 64, .next_seqno = 1 };
+	struct kvt_store st = {
+		.fd = -1, .n_slots = 64, .next_seqno = 1,
+		.lim = { .n_slots = 64, .tokens_per_block = 16, .block_bytes = 8192,
+			 .codec = KVT_CODEC_NONE }, /* as tests/fuzz/mkseeds.c writes */
+	};
 	uint64_t claimed[64] = { 0 }; /* write id + 1 of the first session naming the slot */
 	uint32_t seen[64] = { 0 };
 	size_t stop;
@@ -415,18 +433,22 @@ kvt_store_fuzz_one(const uint8_t *data, size_t len)
 		return 0;
 	(void)store_replay_buf(&st, data, len, &stop);
 	n = (int)st.n;
-	/* what replay guarantees the engine: one session per key, slots in range, no slot
+	/* what replay guarantees the engine: one session per key, fields that pass
+	 * kvt_fmt_rec_check (n_blocks == ceil(n_tokens / 16), ...), slots in range, no slot
 	 * named twice by one session, and sessions naming one slot name the same write */
 	for (uint32_t i = 0; i < st.n; i++) {
 		const struct kvt_store_sess *s = st.sess[i];
 
-		if (kvt_store_find(&st, s->key) != s)
+		if (kvt_store_find(&st, s->key) != s || s->key == 0 || s->priority > 100 ||
+		    s->n_blocks != (s->n_tokens + 15) / 16 || s->seqno == 0 ||
+		    s->seqno > KVT_FMT_MAX_SEQNO)
 			n = -1;
 		for (uint32_t b = 0; b < s->n_blocks; b++) {
 			uint32_t sl = s->blocks[b].slot;
 			uint64_t w = store_write_id(&s->blocks[b]) + 1;
 
-			if (sl >= st.n_slots || seen[sl] == i + 1 || (claimed[sl] && claimed[sl] != w)) {
+			if (sl >= st.n_slots || seen[sl] == i + 1 || (claimed[sl] && claimed[sl] != w) ||
+			    !kvt_fmt_lenc_bytes(s->blocks[b].lenc, st.lim.block_bytes)) {
 				n = -1;
 				continue;
 			}
@@ -526,15 +548,15 @@ store_compact(struct kvt_store *st)
 }
 
 int
-kvt_store_open(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
+kvt_store_open(const char *dir, uint64_t store_id, const struct kvt_fmt_limits *lim, bool fresh,
 	       struct kvt_store **out)
 {
-	return kvt_store_open_acked(dir, store_id, n_slots, fresh, 0, 0, out);
+	return kvt_store_open_acked(dir, store_id, lim, fresh, 0, 0, out);
 }
 
 int
-kvt_store_open_acked(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
-		     uint64_t ack_gen, uint64_t ack_len, struct kvt_store **out)
+kvt_store_open_acked(const char *dir, uint64_t store_id, const struct kvt_fmt_limits *lim,
+		     bool fresh, uint64_t ack_gen, uint64_t ack_len, struct kvt_store **out)
 {
 	struct kvt_store *st;
 	size_t plen = strlen(dir) + sizeof STORE_JOURNAL + 2;
@@ -549,7 +571,8 @@ kvt_store_open_acked(const char *dir, uint64_t store_id, uint32_t n_slots, bool 
 	memcpy(st->dir, dir, strlen(dir) + 1);
 	snprintf(st->path, plen, "%s/%s", dir, STORE_JOURNAL);
 	st->store_id = store_id;
-	st->n_slots = n_slots;
+	st->n_slots = lim->n_slots;
+	st->lim = *lim;
 	st->next_seqno = 1;
 	st->ack_gen = st->gen = fresh ? 0 : ack_gen;
 	st->ack_len = fresh ? 0 : ack_len;
@@ -610,6 +633,14 @@ kvt_store_durable(const struct kvt_store *st, uint64_t *gen, uint64_t *len)
 {
 	*gen = st->gen;
 	*len = st->durable;
+}
+
+uint32_t
+kvt_store_invalid(const struct kvt_store *st, const char **first)
+{
+	if (first)
+		*first = st->invalid_msg;
+	return st->invalid;
 }
 
 uint32_t

@@ -10,7 +10,10 @@
  * file is cut there; a later PUT of a key replaces the earlier one, a DEL removes it; when two
  * live sessions name the same slot with different writes (tag, length code), the later PUT wins
  * and the earlier session is dropped whole (its data were overwritten when the later one was
- * written); sessions naming the same write of a slot share that block and are all kept. Whether a session's slots still
+ * written); sessions naming the same write of a slot share that block and are all kept. A record
+ * that verifies but whose fields fail kvt_fmt_rec_check (counts, slots, length codes, key, seqno,
+ * priority) drops its session, an earlier PUT of it included, and replay goes on
+ * (kvt_store_invalid() counts them). Whether a session's slots still
  * hold what its record says is checked by the caller against the block headers (restore).
  *
  * Durability: kvt_store_put/del only write; kvt_store_commit makes them durable (fdatasync). The
@@ -79,8 +82,9 @@ int kvt_sync_fd(int fd, int ev);
 void kvt_fsync_dir(const char *dir);
 
 /**
- * kvt_store_open() - open (or create) "<dir>/kvtier.journal" for the store @store_id with
- * @n_slots slots, replay and compact it. @fresh: the store file was just created, so any journal
+ * kvt_store_open() - open (or create) "<dir>/kvtier.journal" for the store @store_id whose
+ * records must fit @lim (its slots, tokens per block, block bytes, codec; copied), replay and
+ * compact it. @fresh: the store file was just created, so any journal
  * left there belongs to an older store and is discarded (as is one whose store id differs:
  * kvt_store_damaged() names it). Replay stops at the first record that does not verify: a torn
  * tail (nothing valid after it) is cut silently; damage (valid records after it, or a header
@@ -89,8 +93,8 @@ void kvt_fsync_dir(const char *dir);
  * (a journal of another format version: refused, the file untouched), -ENOMEM, -errno of the
  * file operations (with a message).
  */
-int kvt_store_open(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
-		   struct kvt_store **out);
+int kvt_store_open(const char *dir, uint64_t store_id, const struct kvt_fmt_limits *lim,
+		   bool fresh, struct kvt_store **out);
 /**
  * kvt_store_open_acked() - kvt_store_open() for a store whose superblock knew journal generation
  * @ack_gen durable up to @ack_len bytes (kvt_nvme_journal_known; 0, 0 = unknown). A journal of
@@ -100,8 +104,8 @@ int kvt_store_open(const char *dir, uint64_t store_id, uint32_t n_slots, bool fr
  * (kvt_store_short). A newer generation (compacted after the superblock was last written) is
  * not checked. Every compaction writes the next generation.
  */
-int kvt_store_open_acked(const char *dir, uint64_t store_id, uint32_t n_slots, bool fresh,
-			 uint64_t ack_gen, uint64_t ack_len, struct kvt_store **out);
+int kvt_store_open_acked(const char *dir, uint64_t store_id, const struct kvt_fmt_limits *lim,
+			 bool fresh, uint64_t ack_gen, uint64_t ack_len, struct kvt_store **out);
 /** Whether kvt_store_open_acked() found acknowledged records missing: *@found, the bytes that
  * verify (0 = no journal), *@acked, the length known durable. Either pointer may be NULL. */
 bool kvt_store_short(const struct kvt_store *st, uint64_t *found, uint64_t *acked);
@@ -117,6 +121,11 @@ void kvt_store_close(struct kvt_store *st);
  * id of a journal of another store that was replaced (0 = none). Either pointer may be NULL.
  */
 uint64_t kvt_store_damaged(const struct kvt_store *st, uint32_t *dropped, uint64_t *orphan_id);
+
+/** kvt_store_invalid() - records kvt_store_open() found that verified (checksum) but failed the
+ * field checks (kvt_fmt_rec_check); their sessions were dropped. *@first (may be NULL): why the
+ * first of them failed ("" when none). */
+uint32_t kvt_store_invalid(const struct kvt_store *st, const char **first);
 
 /** Test hook: when set, keeping a damaged journal copies it as on a filesystem without hard
  * links. */
@@ -157,7 +166,9 @@ bool kvt_store_failed(const struct kvt_store *st);
 /**
  * kvt_store_fuzz_one() - fuzz entry of journal replay (store_apply, store_resolve): replays the
  * journal image @data (@len bytes, journal header first, any store id) into a throw-away index of
- * 64 slots. Returns the sessions left, or -1 if the index broke an invariant. No files touched.
+ * 64 slots, 16 tokens per block, raw blocks of 8192 bytes (as tests/fuzz/mkseeds.c writes).
+ * Returns the sessions left, or -1 if the index broke an invariant (a session twice, a slot out
+ * of range or claimed twice, a field kvt_fmt_rec_check refuses). No files touched.
  */
 int kvt_store_fuzz_one(const uint8_t *data, size_t len);
 

@@ -6,9 +6,11 @@
  * the slot table are in nvme_info.c, the IO in nvme_io.c. The slot layout and the contract are
  * in tier_nvme.h.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -196,6 +198,78 @@ nvme_drop_stale_tmp(const char *tmp)
 	return 0;
 }
 
+/*
+ * Remove the private slot files that dead processes left in @dir: "kvtier-<pid>-<n>.slots" whose
+ * pid is no process (kill(pid, 0) fails with ESRCH). Files of this kvtier never have a name for
+ * longer than the open that creates them (nvme_create_private); these are an older version's, or
+ * of a crash inside that open. Best effort; counted in n->stale_removed for the engine's log.
+ */
+static void
+nvme_reclaim_stale(struct kvt_nvme *n, const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	char path[4096];
+
+	if (!d)
+		return;
+	while ((de = readdir(d))) {
+		unsigned long pid = 0;
+		unsigned int k = 0;
+		int end = 0;
+
+		if (sscanf(de->d_name, "kvtier-%lu-%u.slots%n", &pid, &k, &end) != 2 ||
+		    de->d_name[end] != '\0' || pid == 0 || pid > INT32_MAX ||
+		    (pid_t)pid == getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+			continue;
+		if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path ||
+		    unlink(path) != 0)
+			continue;
+		if (n->stale_removed++ == 0)
+			snprintf(n->stale_name, sizeof n->stale_name, "%.60s", de->d_name);
+	}
+	closedir(d);
+}
+
+/*
+ * The private slot file: an O_TMPFILE in @dir where the filesystem has them, else a
+ * "kvtier-<pid>-<n>.slots" unlinked right after it is created; either way it has no name from
+ * then on, so that a crash (kill -9) frees its space with the last descriptor instead of leaving
+ * a file of the tier's full size behind. Nothing opens it by name later (io_uring registers the
+ * descriptor). Returns the descriptor, or -1 with errno and n->path naming what failed.
+ */
+static int
+nvme_create_private(struct kvt_nvme *n, const char *dir, size_t len, bool fallback)
+{
+	int fd, e = EEXIST;
+
+	nvme_reclaim_stale(n, dir);
+#ifdef O_TMPFILE
+	snprintf(n->path, len, "%s/(unnamed slot file)", dir);
+	fd = open(dir, O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+	if (fd < 0 && errno == EINVAL && fallback) {
+		fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+		n->buffered = fd >= 0;
+	}
+	if (fd >= 0)
+		return fd;
+	/* no O_TMPFILE there (or O_DIRECT refused: the named file reports it) */
+#endif
+	/* EEXIST only when a crashed process with our pid left its file behind: take the next. */
+	for (int attempt = 0; attempt < 16 && e == EEXIST; attempt++) {
+		snprintf(n->path, len, "%s/kvtier-%ld-%u.slots", dir, (long)getpid(),
+			 atomic_fetch_add(&nvme_file_counter, 1u));
+		fd = nvme_open_path(n, O_CREAT | O_EXCL, fallback);
+		e = fd < 0 ? errno : 0;
+	}
+	if (fd < 0) {
+		errno = e;
+		return -1;
+	}
+	(void)unlink(n->path);
+	return fd;
+}
+
 static int
 nvme_create_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, size_t errlen)
 {
@@ -230,16 +304,15 @@ nvme_create_file(struct kvt_nvme *n, const struct kvt_nvme_opts *o, char *err, s
 						      "created by another process", n->final_path);
 		}
 	}
-	/* EEXIST only when a crashed process with our pid left its file behind: take the next. */
-	for (int attempt = 0; !n->persist && attempt < 16 && e == EEXIST; attempt++) {
-		snprintf(n->path, len, "%s/kvtier-%ld-%u.slots", dir, (long)getpid(),
-			 atomic_fetch_add(&nvme_file_counter, 1u));
-		fd = nvme_open_path(n, O_CREAT | O_EXCL, o->buffered_fallback);
+	if (!n->persist) {
+		fd = nvme_create_private(n, dir, len, o->buffered_fallback);
 		e = fd < 0 ? errno : 0;
 	}
 	if (fd < 0)
 		return nvme_create_fail(n, e, dir, err, errlen);
 	n->fd = fd;
+	if (!n->persist)
+		snprintf(n->fd_path, sizeof n->fd_path, "/proc/self/fd/%d", fd);
 	if (n->persist && nvme_lock(fd) != 0) {
 		e = errno;
 		return nvme_open_fail(e == EWOULDBLOCK ? -EBUSY : -e, err, errlen,
@@ -579,7 +652,7 @@ nvme_free(struct kvt_nvme *n, bool free_arena)
 	if (n->ring_ok)
 		io_uring_queue_exit(&n->ring);
 	if (n->fd >= 0) {
-		if (!n->persist || n->unlink_on_free)
+		if (n->unlink_on_free) /* a store being created (a private file has no name) */
 			unlink(n->path);
 		close(n->fd); /* drops the flock too */
 	}

@@ -38,7 +38,9 @@
  * anyone but the tier. When registration fails
  * (RLIMIT_MEMLOCK, ...) everything goes through staging and kvt_nvme_zc_reason() says why.
 
- * The file is either private (kvtier-<pid>-<n>.slots, unlinked on close) or the persistent store
+ * The file is either private (no name: an O_TMPFILE, or a kvtier-<pid>-<n>.slots unlinked right
+ * after it is created, so a crash leaves nothing; stale ones of dead processes are removed at
+ * open, kvt_nvme_stale_removed) or the persistent store
  * (kvtier.store, kept; opened again if present and its superblock matches, refused with
  * KVT_EFORMAT otherwise; flock'ed so that one process uses it at a time). Each open of the
  * persistent store bumps the superblock's epoch durably: a write key is (epoch << 40) | 40 bits
@@ -213,7 +215,9 @@ struct kvt_nvme_wmeta {
 };
 
 /**
- * Open the tier: creates "<dir>/kvtier-<pid>-<counter>.slots" (or opens/creates the persistent
+ * Open the tier: creates the private slot file in <dir> (an O_TMPFILE, else
+ * "<dir>/kvtier-<pid>-<counter>.slots" unlinked at once; first removing such files of dead
+ * processes) (or opens/creates the persistent
  * "<dir>/kvtier.store") mode 0600, O_DIRECT, reserves its size with fallocate (ftruncate where
  * fallocate is not supported), writes (or reads and checks) the superblock, sets up io_uring.
  * A new store is built as "kvtier.store.tmp" and renamed once its superblock is durable (a stale
@@ -383,8 +387,13 @@ bool kvt_nvme_buffered(const struct kvt_nvme *n);
 /** Whether this is the persistent store (kept on close). */
 bool kvt_nvme_persistent(const struct kvt_nvme *n);
 
-/** Path of the slot file (owned by @n, valid until kvt_nvme_close). */
+/** Path of the slot file (owned by @n, valid until kvt_nvme_close). The private slot file has
+ * no name in its directory (O_TMPFILE, or unlinked right after it was created, so that a crash
+ * leaves nothing behind): its path is "/proc/self/fd/<fd>", valid while the tier is open. */
 const char *kvt_nvme_path(const struct kvt_nvme *n);
+/** Slot files ("kvtier-<pid>-<n>.slots") of dead processes that the open of this private tier
+ * removed from its directory, with *@first (may be NULL) the name of the first ("" if none). */
+uint32_t kvt_nvme_stale_removed(const struct kvt_nvme *n, const char **first);
 
 /**
  * Reap up to @max completions into @out. With @wait, blocks until at least one completion

@@ -427,6 +427,10 @@ run_engine_create(struct run_ctx *c)
 	rc = kvt_engine_create(&eo, &c->e);
 	if (rc)
 		return kvtr_err_kvt(rc, "kvt_engine_create");
+	/* the engine's slot file has no name (kvt_nvme_path): its temporary directory is empty and
+	 * goes now, so that a SIGTERM or a crash leaves nothing under TMPDIR */
+	if (c->tmpdir[0] && rmdir(c->tmpdir) == 0)
+		c->tmpdir[0] = '\0';
 	c->park_tier = KVT_TIER_NVME;
 	rc = kvt_engine_geometry(c->e, &c->geo);
 	if (rc)
