@@ -81,6 +81,10 @@ batch_check_one(struct kvt_engine *e, const struct kvt_seq_range *r, size_t i, u
 	if (s->in_batch)
 		return kvt_err(KVT_EBUSY, "batch entry %zu: sequence %#llx is in another "
 			       "unreleased batch", i, (unsigned long long)r[i].seq);
+	if (s->in_call)
+		return kvt_err(KVT_EBUSY, "batch entry %zu: sequence %#llx is in use by another "
+			       "thread's call (an append, park or prepare of it waiting for a "
+			       "transfer)", i, (unsigned long long)r[i].seq);
 	if (s->n_blocks == 0)
 		return kvt_err(-EINVAL, "batch entry %zu: sequence %#llx holds no tokens; "
 			       "append before preparing", i, (unsigned long long)r[i].seq);
@@ -427,8 +431,9 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	first = tmp; /* (no arithmetic on a NULL tmp: UBSan) */
 	count = tmp + n;
 	seqidx = tmp + 2 * n;
-	/* retire the copies that landed (their blocks count as ready, their sources as clean) */
-	rc = kvt_xfer_poll(e, 0);
+	/* retire the copies that landed (their blocks count as ready, their sources as clean);
+	 * bounded, so a prepare of resident blocks does not process others' IO at length */
+	rc = kvt_xfer_poll(e, KVT_XFER_POLL_BOUND);
 	if (rc >= 0)
 		rc = batch_check(e, r, n, seqidx, first, count, &total);
 	if (rc) {
@@ -448,6 +453,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 		struct kvt_seqrec *s = &e->seqs[seqidx[i]];
 
 		kvt_rot_prepared(e, s, first[i] == 0 && count[i] == s->n_blocks);
+		s->in_call = 1; /* waits release the lock: no other call changes it meanwhile */
 		for (j = first[i]; j < first[i] + count[i]; j++) {
 			uint32_t id = s->blocks[j];
 
@@ -474,6 +480,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	for (i = 0; i < b->n_pinned; i++)
 		kvt_promo_access(e, b->pinned[i]); /* this use consumes its promotion */
 	for (i = 0; i < n; i++) {
+		e->seqs[seqidx[i]].in_call = 0;
 		e->seqs[seqidx[i]].in_batch = 1;
 		e->seqs[seqidx[i]].parked = 0;
 		e->seqs[seqidx[i]].last_use_ns = kvt_now_ns();
@@ -484,6 +491,8 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	kvt_free(tmp);
 	return 0;
 fail:
+	for (i = 0; i < n; i++)
+		e->seqs[seqidx[i]].in_call = 0;
 	batch_unpin(e, b);
 	batch_free(b);
 	kvt_free(tmp);
