@@ -36,6 +36,7 @@
 #define KVT_ENGINE_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -356,6 +357,11 @@ struct kvt_engine {
 	uint64_t xfer_gen;                  /* bumped with each such broadcast */
 	bool nvme_reaping;                  /* a thread sleeps in the NVMe reap (lock released):
 	                                       the CQ is its alone until it is back */
+	bool nvme_defer;                    /* NVMe IO queued: kvt_unlock submits it, after the
+	                                       lock is released (io_uring_submit may do the
+	                                       block-layer work inline: never under the lock) */
+	atomic_uint nvme_submitting;        /* threads in that submission now (polls that must
+	                                       not wait leave the tier alone meanwhile) */
 	struct kvt_engine_opts opts;        /* copy of the options (nvme_dir points to nvme_dir) */
 	char *nvme_dir;                     /* owned copy */
 	struct kvt_layout layout;           /* model layout */
@@ -650,10 +656,20 @@ kvt_lock(struct kvt_engine *e)
 	pthread_mutex_lock(&e->lock);
 }
 
+/* Release the lock; NVMe IO queued under it (e->nvme_defer) is handed to the kernel after. */
 static inline void
 kvt_unlock(struct kvt_engine *e)
 {
+	bool submit = e->nvme_defer;
+
+	e->nvme_defer = false;
+	if (submit)
+		atomic_fetch_add(&e->nvme_submitting, 1u);
 	pthread_mutex_unlock(&e->lock);
+	if (submit) {
+		(void)kvt_nvme_flush_quiet(e->nvme); /* a failure: the next reap reports it */
+		atomic_fetch_sub(&e->nvme_submitting, 1u);
+	}
 }
 
 #endif /* KVT_ENGINE_IMPL_H */

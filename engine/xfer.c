@@ -522,16 +522,14 @@ fail:
 	return rc;
 }
 
-/* Submit the NVMe IO collected so far: 0 or a negative code. */
+/* The NVMe IO collected so far is submitted when the lock is released (kvt_unlock), or by the
+ * next reap, whichever comes first: io_uring_submit is never run under the engine lock. */
 static int
 xfer_nvme_flush(struct kvt_engine *e)
 {
-	int rc = e->nvme && e->nvme_inflight ? kvt_nvme_flush(e->nvme) : 0;
-
-	/* a transient refusal of the submission is retried at the next flush or reap */
-	if (rc == -EAGAIN || rc == -EBUSY || rc == -EINTR)
-		return 0;
-	return rc < 0 ? kvt_err(rc, "submitting NVMe IO") : 0;
+	if (e->nvme && e->nvme_inflight)
+		e->nvme_defer = true;
+	return 0;
 }
 
 /* Submit collected demotions (device-to-host copies, NVMe IO), leaving host-to-device copies
@@ -708,11 +706,16 @@ xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 		return 0;
 	if (!e->nvme_inflight)
 		wait = false; /* only late completions of timed-out IO to pick up */
+	if (!wait && atomic_load(&e->nvme_submitting))
+		return 0; /* another thread is in io_uring_submit: not worth waiting for */
 	do {
 		want = 32;
 		if (max && max - (uint32_t)*done < want)
 			want = max - (uint32_t)*done;
-		n = kvt_nvme_reap(e->nvme, cqe, want, wait);
+		n = wait ? kvt_nvme_reap(e->nvme, cqe, want, true) :
+			   kvt_nvme_reap_try(e->nvme, cqe, want);
+		if (n == -EBUSY && !wait)
+			return 0; /* the tier is busy submitting: the next poll reaps */
 		if (n < 0)
 			return kvt_err(n, "reaping NVMe completions");
 		wait = false;

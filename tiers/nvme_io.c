@@ -471,6 +471,19 @@ kvt_nvme_flush(struct kvt_nvme *n)
 	return r;
 }
 
+int
+kvt_nvme_flush_quiet(struct kvt_nvme *n)
+{
+	int r;
+
+	if (!n)
+		return -EINVAL;
+	pthread_mutex_lock(&n->mu);
+	r = nvme_flush(n);
+	pthread_mutex_unlock(&n->mu);
+	return r;
+}
+
 /* ---- completion ---------------------------------------------------------------------------- */
 
 /*
@@ -820,6 +833,20 @@ kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool w
 		return kvt_err(-EINVAL, "nvme reap: %s is NULL", n ? "out" : "tier");
 	pthread_mutex_lock(&n->mu);
 	r = nvme_reap_locked(n, out, max, wait);
+	pthread_mutex_unlock(&n->mu);
+	return r;
+}
+
+int
+kvt_nvme_reap_try(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
+{
+	int r;
+
+	if (!n || (!out && max > 0))
+		return kvt_err(-EINVAL, "nvme reap: %s is NULL", n ? "out" : "tier");
+	if (pthread_mutex_trylock(&n->mu) != 0)
+		return -EBUSY; /* a submitter or worker holds it: a state, no message */
+	r = nvme_reap_locked(n, out, max, false);
 	pthread_mutex_unlock(&n->mu);
 	return r;
 }
