@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -290,12 +291,167 @@ test_resident_prepare_while_device_copy_held(void **state)
 	tsup_rmdir(dir);
 }
 
+#define ST_THREADS 3
+#define ST_STEPS 16
+
+struct st_arg {
+	struct kvt_engine *e;
+	uint32_t id;
+	int rc;      /* first failure (1: wrong bytes) */
+	char what[160];
+};
+
+static void
+st_fail(struct st_arg *a, const char *what, int rc)
+{
+	if (!a->rc) {
+		a->rc = rc ? rc : 1;
+		snprintf(a->what, sizeof a->what, "%s: %d %s", what, rc, kvt_last_error_message());
+	}
+}
+
+/* Retry while other threads hold the small tiers pinned or the sequence is busy. */
+static bool
+st_retry(int rc, int *tries)
+{
+	if ((rc != -ENOSPC && rc != -EAGAIN) || ++*tries > 20000)
+		return false;
+	usleep(200);
+	return true;
+}
+
+/* Each thread: two sequences grown, verified, parked to NVMe or HOST, verified again (loaded
+ * back: waits for reads and copies, with the lock released, while the others do the same). */
+static void *
+st_main(void *p)
+{
+	struct st_arg *a = p;
+	kvt_seq_id s[2];
+	uint64_t len[2] = { 0, 0 };
+	int rc, tries;
+
+	for (int i = 0; i < 2; i++)
+		if ((rc = kvt_seq_open(a->e, NULL, &s[i])))
+			st_fail(a, "open", rc);
+	for (int step = 0; step < ST_STEPS && !a->rc; step++) {
+		for (int i = 0; i < 2 && !a->rc; i++) {
+			uint32_t tag = a->id * 10 + (uint32_t)i + 1;
+			size_t n = TSUP_TPB + (size_t)(step + i) % 5;
+
+			if (len[i] > 8 * TSUP_TPB) { /* keep the tiers from filling up: start over */
+				if ((rc = kvt_seq_close(a->e, s[i])) ||
+				    (rc = kvt_seq_open(a->e, NULL, &s[i]))) {
+					st_fail(a, "close and open", rc);
+					break;
+				}
+				len[i] = 0;
+			}
+
+			tries = 0;
+			while (st_retry(rc = tsup_append_write(a->e, s[i], tag, len[i], n), &tries))
+				;
+			if (rc) {
+				st_fail(a, "append", rc);
+				break;
+			}
+			len[i] += n;
+			tries = 0;
+			while (st_retry(rc = tsup_verify(a->e, s[i], tag), &tries))
+				;
+			if (rc) {
+				st_fail(a, "verify", rc);
+				break;
+			}
+			tries = 0;
+			while (st_retry(rc = kvt_seq_park(a->e, s[i], (step + i) % 2 ?
+							  KVT_TIER_HOST : KVT_TIER_NVME),
+					&tries))
+				;
+			if (rc) {
+				st_fail(a, "park", rc);
+				break;
+			}
+			tries = 0;
+			while (st_retry(rc = tsup_verify(a->e, s[i], tag), &tries))
+				;
+			if (rc)
+				st_fail(a, "verify after park", rc);
+		}
+	}
+	for (int i = 0; i < 2; i++)
+		(void)kvt_seq_close(a->e, s[i]);
+	return NULL;
+}
+
+static atomic_int st_stop;
+
+/* Stats, metrics, polls and drains meanwhile. */
+static void *
+st_observer(void *p)
+{
+	struct st_arg *a = p;
+	struct kvt_stats st = { .size = sizeof st };
+	char buf[16384];
+	size_t len;
+	int rc;
+
+	while (!atomic_load(&st_stop) && !a->rc) {
+		if ((rc = kvt_engine_stats(a->e, &st)))
+			st_fail(a, "stats", rc);
+		if ((rc = kvt_engine_metrics_text(a->e, buf, sizeof buf, &len)))
+			st_fail(a, "metrics", rc);
+		if ((rc = kvt_engine_poll(a->e, 0)) < 0)
+			st_fail(a, "poll", rc);
+		if ((rc = kvt_engine_drain(a->e)))
+			st_fail(a, "drain", rc);
+		usleep(300);
+	}
+	return NULL;
+}
+
+/* Several threads park to NVMe/HOST and load back with small tiers (every call waits now and
+ * then, with the lock released) while another reads stats and drains: every byte right, and
+ * the engine consistent after. Meant for ThreadSanitizer. */
+static void
+test_waits_release_lock_stress(void **state)
+{
+	struct tsup_cfg cfg = { .hbm_blocks = 24, .host_blocks = 16, .nvme_blocks = 64,
+				.delay_us = 50 };
+	struct st_arg a[ST_THREADS + 1];
+	pthread_t t[ST_THREADS + 1];
+	struct kvt_engine *e;
+	char *dir = NULL;
+
+	(void)state;
+	e = tsup_engine(&cfg, &dir);
+	atomic_store(&st_stop, 0);
+	for (uint32_t i = 0; i <= ST_THREADS; i++) {
+		a[i] = (struct st_arg){ .e = e, .id = i + 1 };
+		assert_int_equal(pthread_create(&t[i], NULL, i < ST_THREADS ? st_main : st_observer,
+						&a[i]), 0);
+	}
+	for (uint32_t i = 0; i < ST_THREADS; i++)
+		assert_int_equal(pthread_join(t[i], NULL), 0);
+	atomic_store(&st_stop, 1);
+	assert_int_equal(pthread_join(t[ST_THREADS], NULL), 0);
+	for (uint32_t i = 0; i <= ST_THREADS; i++) {
+		if (a[i].rc)
+			print_error("thread %u: %s\n", i, a[i].what);
+		assert_int_equal(a[i].rc, 0);
+	}
+	assert_int_equal(kvt_engine_drain(e), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_resident_prepare_while_nvme_read_held),
 		cmocka_unit_test(test_resident_prepare_while_device_copy_held),
+		cmocka_unit_test(test_waits_release_lock_stress),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
