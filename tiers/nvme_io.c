@@ -878,5 +878,11 @@ kvt_nvme_late_reads(struct kvt_nvme *n, void **bufs, uint32_t max)
 bool
 kvt_nvme_abandoned(const struct kvt_nvme *n)
 {
-	return n->n_abandoned > 0;
+	struct kvt_nvme *m = (struct kvt_nvme *)n;
+	bool a;
+
+	pthread_mutex_lock(&m->mu);
+	a = n->n_abandoned > 0;
+	pthread_mutex_unlock(&m->mu);
+	return a;
 }
