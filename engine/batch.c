@@ -590,10 +590,10 @@ batch_layer_event(struct kvt_engine *e, struct kvt_batch *b, uint32_t layer,
  * (@stream) is queued under the lock (the host does not block). A host wait blocks with the
  * lock released, so that other threads' engine calls (stats, hints, other sequences' appends
  * and batches, completions) go on meanwhile; once it returns, the lock is taken again and the
- * state looked at afresh: the group may have retired meanwhile (another thread's poll), or its
- * event been recorded again for a younger group, in which case waiting again waits for more
- * than needed, never for less (copies are in stream order). A wait that found the layer not
- * landed is one stall, however many rounds it takes.
+ * state looked at afresh: the group may have retired meanwhile (another thread's poll). The
+ * sleeper holds the group (kvt_xfer_sleep_h2d), so its event is neither freed nor recorded
+ * again under it. A wait that found the layer not landed is one stall, however many rounds it
+ * takes.
  */
 static int
 batch_wait_locked(struct kvt_engine *e, struct kvt_batch *b, uint32_t layer, void *stream)
@@ -620,12 +620,9 @@ batch_wait_locked(struct kvt_engine *e, struct kvt_batch *b, uint32_t layer, voi
 		if (stream) /* the caller's stream waits, the host does not (the stall's
 			     * length is the device's to know) */
 			return e->dev->ops->stream_wait_event(e->dev, stream, ev);
-		kvt_unlock(e);
 		t0 = kvt_now_ns();
-		rc = e->dev->ops->event_sync(e->dev, ev);
-		t0 = kvt_now_ns() - t0;
-		kvt_lock(e);
-		e->st.stall_ns += t0;
+		rc = kvt_xfer_sleep_h2d(e, b->need_h2d, layer);
+		e->st.stall_ns += kvt_now_ns() - t0;
 		if (rc)
 			return rc;
 	}

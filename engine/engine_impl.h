@@ -544,6 +544,10 @@ int kvt_xfer_poll(struct kvt_engine *e, uint32_t max); /* process ready completi
 /* Block for >= 1 completion, the lock released while asleep (state may change meanwhile). */
 int kvt_xfer_wait_any(struct kvt_engine *e);
 int kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id); /* ... for the copy into @id */
+/* Sleep, the lock released, until layer @layer of the youngest host-to-device group from
+ * @seqno on has landed (that group held meanwhile: its event is never freed or reused under
+ * the sleeper). 0 or the device's code. */
+int kvt_xfer_sleep_h2d(struct kvt_engine *e, uint64_t seqno, uint32_t layer);
 uint64_t kvt_xfer_inflight(const struct kvt_engine *e);
 /* Event after layer @layer's copies of h2d group @seqno (NULL when that group has retired). */
 struct kvt_event *kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno, uint32_t layer);

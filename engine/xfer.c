@@ -878,6 +878,27 @@ kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno, uint32_t layer)
 	return NULL;
 }
 
+int
+kvt_xfer_sleep_h2d(struct kvt_engine *e, uint64_t seqno, uint32_t layer)
+{
+	struct kvt_xgroup *g;
+	struct kvt_event *ev;
+	int rc;
+
+	for (g = e->h2d.head; g && g->seqno < seqno; g = g->next)
+		;
+	if (!g)
+		return 0; /* retired: landed */
+	ev = g->ev[layer / e->layers_per_group];
+	g->waiters++; /* neither the group nor its events go while the lock is released */
+	kvt_unlock(e);
+	rc = e->dev->ops->event_sync(e->dev, ev);
+	kvt_lock(e);
+	if (--g->waiters == 0 && g->retired)
+		xgroup_release(e, g);
+	return rc;
+}
+
 uint64_t
 kvt_xfer_inflight(const struct kvt_engine *e)
 {
