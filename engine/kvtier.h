@@ -28,7 +28,10 @@
  *     new fields are only ever added at the end.
  *   - Threading: every function taking a struct kvt_engine * may be called from any thread; the
  *     engine serialises them with one internal mutex. A struct kvt_batch is used by one thread at
- *     a time (the one that runs the step).
+ *     a time (the one that runs the step). No call holds that mutex while it waits for IO or a
+ *     device copy: a call whose blocks are resident does not wait for other sequences'
+ *     transfers. While an append, park or prepare of a sequence waits, other threads' close,
+ *     append, park and prepare of that same sequence return KVT_EBUSY.
  */
 #ifndef KVTIER_H
 #define KVTIER_H
@@ -391,7 +394,8 @@ KVT_API int kvt_seq_close(struct kvt_engine *e, kvt_seq_id s);
  * Slots come from blocks nobody holds, but a kernel released with a stream may still be reading
  * one: order the writes after the streams of earlier releases (a server with one compute stream
  * does so naturally; a host write must wait for them).
- * Returns 0, KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch), -EINVAL (n out of
+ * Returns 0, KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch, or another thread's
+ * append, park or prepare of it is waiting), -EINVAL (n out of
  * range, slot_mapping NULL), KVT_ETOOBIG (the n tokens span more blocks than HBM has slots: append
  * fewer at a time), -ENOSPC (not now: HBM is pinned by batches or by this sequence's earlier
  * appends not yet released, or no tier has room to make space), KVT_ELOST. On failure the
@@ -572,7 +576,7 @@ struct kvt_block_table {
  * unpinned blocks. Copies are asynchronous: wait with kvt_batch_wait_layer() before reading.
  * @seqs: n distinct open sequence ids.  @n: 1..65536.  @out: receives the batch.
  * Returns 0; KVT_ECLOSED; -EINVAL (duplicates, n out of range); KVT_EBUSY (a sequence is in
- * another unreleased batch); KVT_ETOOBIG (the batch can never fit in HBM: a clear message says
+ * another unreleased batch, or another thread's append, park or prepare of it is waiting); KVT_ETOOBIG (the batch can never fit in HBM: a clear message says
  * how many blocks it needs and how many HBM has); -ENOSPC (not now: HBM is pinned by other
  * batches); KVT_ELOST (a block failed its checksum or could not be read: each such sequence is
  * truncated before the lost block, see kvt_seq_info, and must be recomputed from there; nothing
