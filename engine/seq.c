@@ -11,6 +11,7 @@
 #include "engine_impl.h"
 
 #define SEQ_MAX_APPEND (1u << 20)
+#define SEQ_PARK_PIN_WAITS 1000u /* waits for a block pinned for a moment by another thread */
 
 static kvt_seq_id
 seq_make_id(uint32_t idx, uint32_t gen)
@@ -562,7 +563,7 @@ seq_shrink(struct kvt_seqrec *s)
 int
 kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 {
-	uint32_t i, sidx = (uint32_t)(s - e->seqs);
+	uint32_t i, tries, sidx = (uint32_t)(s - e->seqs);
 	int rc = 0;
 
 	/* a tier the engine lacks: the next one down, or up when there is none below */
@@ -578,11 +579,21 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 	/* a demotion's wait releases the lock: no other call changes the sequence meanwhile,
 	 * and its record is looked up again after each (the table may have moved) */
 	s->in_call = 1;
-	for (i = 0; i < s->n_blocks && rc == 0; i++) {
+	for (i = 0, tries = 0; i < s->n_blocks && rc == 0; i++) {
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
 		s = &e->seqs[sidx];
 		if (rc == KVT_EBUSY && kvt_blk(e, s->blocks[i])->refs > 1)
 			rc = 0; /* shared, and in another sequence's batch: it stays for that one */
+		if (rc == KVT_EBUSY && tries++ < SEQ_PARK_PIN_WAITS) {
+			/* pinned for a moment by another thread's eviction or promotion that
+			 * sleeps (lock released) on a transfer: once that moves, look again */
+			rc = kvt_xfer_wait_any(e);
+			s = &e->seqs[sidx];
+			if (rc >= 0) {
+				rc = 0;
+				i--;
+			}
+		}
 		if (rc == -ENOSPC)
 			rc = kvt_err(-ENOSPC, "no room below HBM to park block %u of sequence %u",
 				     i, (unsigned)(s - e->seqs));

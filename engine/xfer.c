@@ -741,6 +741,13 @@ xfer_await_other(struct kvt_engine *e)
 {
 	uint64_t gen = e->xfer_gen;
 
+	if (e->nvme_defer) {
+		/* IO queued under the lock goes to the kernel first (kvt_unlock submits it): the
+		 * reaper may sleep until an IO timeout, and this caller's read may be what it
+		 * waits for */
+		kvt_unlock(e);
+		kvt_lock(e);
+	}
 	while (gen == e->xfer_gen)
 		pthread_cond_wait(&e->xfer_cv, &e->lock);
 	return 1;

@@ -38,7 +38,10 @@ static struct {
 	unsigned timeouts;   /* held ones that went on after HOLD_MS: B was not done in time */
 	bool b_done;         /* thread B finished its rounds */
 	bool a_done;         /* thread A's waiting call returned */
-} g = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, 0, false, false };
+	bool hold_one;       /* hold only the first verification's slot (held_slot) */
+	int64_t held_slot;   /* that slot; -1 until one entered */
+} g = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, 0, false, false, false,
+	-1 };
 
 static void
 ts_after_ms(struct timespec *ts, long ms)
@@ -58,12 +61,14 @@ gate_before_verify(void *arg, uint32_t slot)
 	struct timespec ts;
 	int r = 0;
 
-	(void)arg, (void)slot;
+	(void)arg;
 	ts_after_ms(&ts, HOLD_MS);
 	pthread_mutex_lock(&g.mu);
 	g.entered++;
+	if (g.hold_one && g.held_slot < 0)
+		g.held_slot = slot;
 	pthread_cond_broadcast(&g.cv);
-	while (g.hold && r != ETIMEDOUT)
+	while (g.hold && (!g.hold_one || g.held_slot == (int64_t)slot) && r != ETIMEDOUT)
 		r = pthread_cond_timedwait(&g.cv, &g.mu, &ts);
 	g.timeouts += r == ETIMEDOUT;
 	pthread_mutex_unlock(&g.mu);
@@ -80,6 +85,8 @@ gate_reset(bool hold)
 	g.hold = hold;
 	g.entered = g.timeouts = 0;
 	g.a_done = g.b_done = false;
+	g.hold_one = false;
+	g.held_slot = -1;
 	pthread_cond_broadcast(&g.cv);
 	pthread_mutex_unlock(&g.mu);
 }
@@ -291,6 +298,75 @@ test_resident_prepare_while_device_copy_held(void **state)
 	tsup_rmdir(dir);
 }
 
+struct c_arg {
+	struct kvt_engine *e;
+	kvt_seq_id s;
+	int rc;
+};
+
+/* Thread C: a sequence of its own loaded from NVMe (reads that do complete). */
+static void *
+c_main(void *p)
+{
+	struct c_arg *c = p;
+
+	c->rc = tsup_verify(c->e, c->s, 6);
+	flag_set(&g.b_done);
+	return NULL;
+}
+
+/* A lost completion delays only the calls that need its block: A's read of one block is held
+ * back (its verification does not finish: as a completion that never comes until the IO
+ * timeout), C loads another session from NVMe meanwhile, and must be done before A's read is
+ * let go (C's reads complete through whichever thread reaps the CQ). */
+static void
+test_other_nvme_load_while_one_read_held(void **state)
+{
+	struct tsup_cfg cfg = { .hbm_blocks = 16, .host_blocks = 16, .nvme_blocks = 32,
+				.no_watermarks = true };
+	struct a_arg a = { 0 };
+	struct c_arg c = { 0 };
+	pthread_t ta, tc;
+	struct kvt_engine *e;
+	char *dir = NULL;
+	bool c_first;
+
+	(void)state;
+	kvt_test_nvme_hooks = &gate_hooks;
+	e = tsup_engine(&cfg, &dir);
+	kvt_test_nvme_hooks = NULL;
+	gate_reset(false);
+	a.e = c.e = e;
+	a.tag = 5;
+	a.s = tsup_session_written(e, 0, 5, 4 * TSUP_TPB);
+	c.s = tsup_session_written(e, 0, 6, 4 * TSUP_TPB);
+	assert_int_equal(kvt_seq_park(e, a.s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_seq_park(e, c.s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_blocks_in(e, a.s, KVT_TIER_HOST), 0);
+	assert_int_equal(tsup_blocks_in(e, c.s, KVT_TIER_HOST), 0);
+	gate_reset(true);
+	pthread_mutex_lock(&g.mu);
+	g.hold_one = true; /* only the first read to verify (one of A's) is held */
+	pthread_mutex_unlock(&g.mu);
+	assert_int_equal(pthread_create(&ta, NULL, a_main, &a), 0);
+	assert_true(gate_wait_entered(HOLD_MS));
+	assert_int_equal(pthread_create(&tc, NULL, c_main, &c), 0);
+	c_first = flag_wait(&g.b_done, HOLD_MS);
+	pthread_mutex_lock(&g.mu);
+	c_first = c_first && !g.a_done;
+	pthread_mutex_unlock(&g.mu);
+	gate_release();
+	assert_int_equal(pthread_join(tc, NULL), 0);
+	assert_int_equal(pthread_join(ta, NULL), 0);
+	assert_true(c_first);
+	assert_int_equal(c.rc, 0);
+	assert_int_equal(a.rc, 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 #define ST_THREADS 3
 #define ST_STEPS 16
 
@@ -451,6 +527,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_resident_prepare_while_nvme_read_held),
 		cmocka_unit_test(test_resident_prepare_while_device_copy_held),
+		cmocka_unit_test(test_other_nvme_load_while_one_read_held),
 		cmocka_unit_test(test_waits_release_lock_stress),
 	};
 
