@@ -306,6 +306,8 @@ kvt_kv_addr(const struct kvt_geometry *g, uint32_t layer, int64_t slot_mapping, 
  * kvt_engine_poll() - process completed transfers (device copies, NVMe IO) without blocking:
  * block states are updated, slots whose copies finished are freed or published.
  * @max: process at most this many completions (0 = all that are ready).
+ * NVMe completions are left to another thread that is reaping them at the moment (a waiting
+ * call, which processes them) or submitting IO; the next poll or wait gets them.
  * Returns the number processed (>= 0) or a negative error code.
  */
 KVT_API int kvt_engine_poll(struct kvt_engine *e, uint32_t max);
