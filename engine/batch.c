@@ -203,6 +203,73 @@ batch_break_cycle(struct kvt_engine *e, struct kvt_batch *b)
 }
 
 /*
+ * The other cycle (issue 15, item 3): a batch block lives only on NVMe and needs a HOST slot,
+ * HOST is full of blocks whose only copy is there (their demotion finds NVMe full of blocks
+ * that are theirs alone), and HBM has a free slot. Nothing else moves a block up that no batch
+ * asked for, so the coldest HOST-only block outside the batch is copied into the free HBM
+ * slot: once it lands its HOST copy is a clean duplicate that reclaim drops, and the NVMe read
+ * gets its slot (its NVMe copy then becomes droppable room for the cascade, kvt_copy_evictable).
+ * Returns 1 when a copy started, else 0.
+ */
+static int
+batch_hoist(struct kvt_engine *e, struct kvt_batch *b)
+{
+	struct kvt_evict *ev = &e->evict[KVT_TIER_HOST];
+	uint32_t i, id;
+	bool want = false;
+
+	if (!e->slots[KVT_TIER_HBM].n_free || !e->slots[KVT_TIER_HOST].n_slots)
+		return 0;
+	for (i = 0; i < b->n_pinned && !want; i++) {
+		const struct kvt_block *k = kvt_blk(e, b->pinned[i]);
+
+		want = !k->lost && kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_ABSENT &&
+		       kvt_copy_state(k, KVT_TIER_HOST) == KVT_COPY_ABSENT &&
+		       kvt_copy_valid(k, KVT_TIER_NVME);
+	}
+	if (!want)
+		return 0;
+	for (id = ev->ops->victim_first(ev); id != KVT_NIL; id = ev->ops->victim_next(ev, id)) {
+		const struct kvt_block *k = kvt_blk(e, id);
+
+		if (!k->pins && kvt_copy_evictable(k, KVT_TIER_HOST) &&
+		    kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_ABSENT)
+			break;
+	}
+	if (id == KVT_NIL || kvt_promote_from_host(e, id, false) != 0)
+		return 0;
+	return kvt_xfer_flush(e) == 0;
+}
+
+/*
+ * The cycle's third shape: HBM full of blocks whose only copy is there, HOST full of this
+ * batch's blocks whose only copy is in HOST (protected: reclaim keeps them), NVMe with room.
+ * One such batch block's HOST copy is written to NVMe, kept in HOST: once it lands,
+ * batch_break_cycle() can trade its HOST slot for the HBM victim's demotion. Returns 1 when the
+ * write started, else 0.
+ */
+static int
+batch_stage_down(struct kvt_engine *e, struct kvt_batch *b)
+{
+	uint32_t i, x = KVT_NIL, slot;
+
+	if (!e->slots[KVT_TIER_NVME].n_slots)
+		return 0;
+	for (i = 0; i < b->n_pinned && x == KVT_NIL; i++) {
+		const struct kvt_block *k = kvt_blk(e, b->pinned[i]);
+
+		if (!k->busy && kvt_copy_state(k, KVT_TIER_HBM) == KVT_COPY_ABSENT &&
+		    kvt_copy_valid(k, KVT_TIER_HOST) &&
+		    kvt_copy_state(k, KVT_TIER_NVME) == KVT_COPY_ABSENT)
+			x = b->pinned[i];
+	}
+	if (x == KVT_NIL || kvt_reclaim(e, KVT_TIER_NVME, 1, false) != 0 ||
+	    kvt_slot_alloc(e, KVT_TIER_NVME, x, &slot) != 0)
+		return 0;
+	return kvt_xfer_h2n(e, x, slot, false, true) == 0;
+}
+
+/*
  * While prepare runs, the HOST copy of every batch block not yet in HBM is protected: making
  * room for one of them (an NVMe read into HOST, a demotion from HBM) must not drop a sibling's
  * staged copy, or two blocks can take each other's HOST slot in turn for ever, each read
@@ -299,7 +366,8 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 		wait = false;
 		if (!progress && !kvt_xfer_inflight(e)) {
 			batch_protect(e, b, true);
-			if (!batch_break_cycle(e, b))
+			if (!batch_hoist(e, b) && !batch_break_cycle(e, b) &&
+			    !batch_stage_down(e, b))
 				return kvt_err(-ENOSPC, "no room to bring the batch into HBM: %u "
 					       "blocks pinned, %u HBM slots, %u HOST slots",
 					       e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots,
@@ -468,8 +536,17 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 		}
 	}
 	if (e->hbm_pinned > e->slots[KVT_TIER_HBM].n_slots) {
-		rc = kvt_err(-ENOSPC, "HBM is pinned by other batches: %u blocks pinned, %u slots",
-			     e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots);
+		uint32_t wp = kvt_seq_wpinned(e);
+
+		/* name the cause: appends' write pins (released by a batch of their sequence or a
+		 * park) are not batches */
+		rc = wp ? kvt_err(-ENOSPC, "HBM is pinned: %u blocks pinned with this batch's %u, "
+				  "%u slots; %u of them are pinned by appends that no batch release "
+				  "or park of their sequence has unpinned yet", e->hbm_pinned,
+				  b->n_pinned, e->slots[KVT_TIER_HBM].n_slots, wp) :
+			  kvt_err(-ENOSPC, "HBM is pinned by other batches: %u blocks pinned with "
+				  "this batch's %u, %u slots", e->hbm_pinned, b->n_pinned,
+				  e->slots[KVT_TIER_HBM].n_slots);
 		goto fail;
 	}
 	rc = batch_make_resident(e, b);

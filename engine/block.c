@@ -27,15 +27,19 @@ kvt_copy_evictable(const struct kvt_block *b, int tier)
 	/* protect guards a copy that is to be read up into HBM; once HBM holds the block, a
 	 * copy below is a clean duplicate whatever the flag (it is recomputed per prepare round,
 	 * and a copy that landed within the round must not keep its staging slot) */
-	if (b->protect && !(tier != KVT_TIER_HBM && kvt_copy_valid(b, KVT_TIER_HBM)))
+	if (b->protect && !(tier != KVT_TIER_HBM && kvt_copy_valid(b, KVT_TIER_HBM)) &&
+	    !(tier == KVT_TIER_NVME && kvt_copy_valid(b, KVT_TIER_HOST)))
 		return false;
 	/* a pinned block keeps its HBM copy, and its lower copies too until HBM holds it: after
 	 * that a copy below is a clean duplicate and may go. Its HOST copy may also go when NVMe
 	 * holds a valid copy (it is read again from there): otherwise a batch whose blocks fill
 	 * HOST can never make room in HBM, whose dirty blocks need HOST slots to leave. Callers
-	 * about to read a HOST copy protect it (kvt_promote_from_host). */
+	 * about to read a HOST copy protect it (kvt_promote_from_host). Its NVMe copy may go
+	 * once HOST holds it (protected there until it is in HBM): with everything else below,
+	 * that NVMe slot is the room the cascade needs to bring it up (issue 15, item 3). */
 	return b->pins == 0 || (tier != KVT_TIER_HBM && kvt_copy_valid(b, KVT_TIER_HBM)) ||
-	       (tier == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME));
+	       (tier == KVT_TIER_HOST && kvt_copy_valid(b, KVT_TIER_NVME)) ||
+	       (tier == KVT_TIER_NVME && kvt_copy_valid(b, KVT_TIER_HOST));
 }
 
 /* One more chunk of KVT_BCHUNK records: fewer than KVT_BCHUNK records ever idle. */

@@ -443,6 +443,30 @@ kvt_engine_poll(struct kvt_engine *e, uint32_t max)
 	return rc;
 }
 
+/*
+ * The most blocks one sequence may hold (issue 15, item 3): every tier's usable slots (less
+ * those quarantined for good) less the reserve R, one slot per tier below HBM (R = 2 with HOST
+ * and NVMe, 1 with HOST only, 0 with HBM alone). A window of W blocks (W <= HBM) of a sequence
+ * within it is always readable: with everything else below, R free slots are the room that
+ * moving a block down the cascade and one back up needs at each tier boundary while its copy
+ * is in flight. Appends past it are KVT_ETOOBIG (kvtier.h, kvt_seq_append).
+ */
+uint32_t
+kvt_seq_max_blocks(const struct kvt_engine *e)
+{
+	uint64_t total = 0, reserve = 0;
+	int t;
+
+	for (t = 0; t < KVT_TIER_COUNT; t++) {
+		if (!e->slots[t].n_slots)
+			continue;
+		total += e->slots[t].n_slots - e->quarantined[t];
+		reserve += t != KVT_TIER_HBM;
+	}
+	total = total > reserve ? total - reserve : 0;
+	return total < KVT_SEQ_MAX_BLOCKS ? (uint32_t)total : KVT_SEQ_MAX_BLOCKS;
+}
+
 int
 kvt_engine_drain(struct kvt_engine *e)
 {

@@ -239,6 +239,8 @@ struct kvt_prefix {
 	uint32_t pool_free;     /* first free pool entry, KVT_NIL = none */
 	uint32_t pool_cap;      /* pool entries */
 	uint32_t n_pool_free;   /* free pool entries */
+	uint32_t *pool_tenant;  /* [pool_cap] tenant of the block of a pool entry in use (its
+	                           creator's, kept when the creator dropped it) */
 };
 
 /* The block an index entry @v (neither empty nor deleted) names. */
@@ -250,7 +252,7 @@ kvt_pentry_block(const struct kvt_prefix *p, uint32_t v)
 
 /* Laid out for size (128 bytes): 64-bit fields and pointers first. */
 struct kvt_seqrec {
-	uint64_t salt[2];   /* prefix key material: tenant salt, extra key (adapter, model) */
+	uint64_t salt[2];   /* prefix key material: kvt_prefix_salt(tenant, salt, extra key) */
 	uint64_t last_use_ns; /* last append/prepare/resume (idle parking) */
 	uint64_t n_tokens;  /* tokens held */
 	uint64_t cap_tokens; /* capacity of tokens[] (exact while parked) */
@@ -436,6 +438,10 @@ struct kvt_engine {
 	uint64_t nvme_backoff_until;        /* ns: no background demotion to NVMe before this
 	                                       (set by an ENOSPC write) */
 	uint64_t idle_next_ns;              /* next idle scan (kvt_engine_poll) */
+	uint32_t nvme_promised;             /* NVMe slots kept free for parks' blocks on their
+	                                       way down (a HBM->HOST copy whose write to NVMe
+	                                       starts when it lands): other NVMe allocations
+	                                       leave them (engine/residency.c, seq.c) */
 	struct kvt_prefix prefix;           /* index of sealed blocks (engine/prefix.c) */
 	struct kvt_budget budget[KVT_MAX_BUDGETS]; /* per-tenant tier budgets (engine/tenant.c) */
 	uint32_t n_budgets;                 /* entries in budget */
@@ -452,6 +458,9 @@ struct kvt_engine {
 
 /* ---- engine.c */
 void kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...) KVT_PRINTF(3, 4);
+/* The most blocks one sequence may hold: all tiers' usable slots less one per tier below HBM
+ * (the reserve; kvtier.h kvt_seq_append). */
+uint32_t kvt_seq_max_blocks(const struct kvt_engine *e);
 
 /* ---- engine/block.c: blocks, copies, slots */
 int kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out);
@@ -487,7 +496,16 @@ void *kvt_slot_addr(struct kvt_engine *e, int tier, uint32_t slot);
 /* ---- engine/prefix.c: the content-addressed index of sealed blocks */
 void kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
 		     const uint64_t salt[2], uint64_t out[2]);
-uint32_t kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens);
+/* The key material of a sequence (struct kvt_seqrec.salt): XXH3-128 of (tenant, salt, extra
+ * key), so the tenant is part of every prefix key whatever salt the caller gives. */
+void kvt_prefix_salt(uint32_t tenant, uint64_t salt, uint64_t extra_key, uint64_t out[2]);
+/* The indexed block with key @h, tokens @tokens and tenant @tenant, or KVT_NIL (a key found with
+ * other tokens or of another tenant counts as a collision: never shared). */
+uint32_t kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens,
+			 uint32_t tenant);
+/* Whether indexed block @id's tenant is known to the index (always, for an indexed block):
+ * into *tenant. */
+bool kvt_prefix_tenant(struct kvt_engine *e, uint32_t id, uint32_t *tenant);
 uint32_t kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2]); /* no token check */
 /* Index sealed block @id; its tokens are borrowed from its creator sequence (b->seq). */
 int kvt_prefix_insert(struct kvt_engine *e, uint32_t id);
@@ -500,7 +518,7 @@ uint64_t kvt_prefix_meta_bytes(const struct kvt_engine *e);  /* table, without t
 uint64_t kvt_prefix_token_bytes(const struct kvt_engine *e); /* the entries' own tokens */
 /* Match the full blocks of @tokens against the index: fills ids[0..k) and returns k. */
 uint32_t kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
-			 const uint64_t salt[2], uint32_t *ids, uint32_t max);
+			 const uint64_t salt[2], uint32_t tenant, uint32_t *ids, uint32_t max);
 /* Test hook: when set, replaces XXH3-128 (tests force collisions through it). */
 extern void (*kvt_test_prefix_hash)(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
 				    const uint64_t salt[2], uint64_t out[2]);
@@ -578,6 +596,9 @@ uint32_t kvt_rot_victims(struct kvt_engine *e, uint32_t *out, uint32_t max);
 /* ---- engine/seq.c */
 struct kvt_seqrec *kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx);
 void kvt_seq_unpin_writes(struct kvt_engine *e, struct kvt_seqrec *s);
+/* HBM blocks write-pinned by appends of open sequences (no release or park since): what an
+ * -ENOSPC message names besides batches. O(sequences); for error paths. */
+uint32_t kvt_seq_wpinned(const struct kvt_engine *e);
 /* At release: put the sequence's write-pinned hashed blocks (K/V now written) in the index. */
 void kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s);
 void kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost);
@@ -608,10 +629,12 @@ int kvt_persist_reclaim(struct kvt_engine *e, uint32_t need); /* free stored ses
  * header checked. Returns how many blocks from @k on match. With @seq (a sequence index, not
  * UINT32_MAX) they become new blocks of it in ids[k..], refs 1, their NVMe copy the stored slot
  * (which the record keeps naming: restoring that session later shares them), in the prefix
- * index. Needs tokens up to block max.
+ * index. Needs tokens up to block max. Only sessions stored for @tenant are used (the record's
+ * tenant, compared as well as the key).
  */
-uint32_t kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t salt[2],
-			    uint32_t k, uint32_t max, uint32_t seq, uint32_t *ids);
+uint32_t kvt_persist_prefix(struct kvt_engine *e, uint32_t tenant, const int32_t *tokens,
+			    const uint64_t salt[2], uint32_t k, uint32_t max, uint32_t seq,
+			    uint32_t *ids);
 /* An NVMe slot named by a journal record that may be durable: kept out of the allocator. */
 static inline bool
 kvt_persist_named(const struct kvt_engine *e, int tier, uint32_t slot)

@@ -60,6 +60,10 @@ KVT_API const char *kvt_version(void);
 /*
  * Library-specific error codes live in -20000..-20099, below every errno value (the LMDB and
  * libuv convention), so a caller can tell them apart from -errno.
+ * KVT_ETOOBIG means "never": the request exceeds what the tiers can hold whatever else is
+ * freed (a batch beyond HBM's slots; an append past the most blocks one sequence may hold, the
+ * tiers' slots less the reserve of one per tier below HBM, see kvt_seq_append); a server must
+ * not retry it. -ENOSPC means "not now": other sequences or batches hold the room.
  */
 #define KVT_ERRNO_MAP(XX)                                                                          \
 	XX(EDEVICE, -20000, "device (GPU) error")                     \
@@ -69,7 +73,7 @@ KVT_API const char *kvt_version(void);
 	XX(ELOST, -20004, "KV blocks were lost (I/O error or corruption); sequence truncated, recompute") \
 	XX(EFORMAT, -20005, "file is not in the expected format")                                  \
 	XX(ETOOBIG, -20006, "request can never fit in the configured tier capacities")             \
-	XX(EBUSY, -20007, "sequence is busy (pinned by a batch that is not released)")             \
+	XX(EBUSY, -20007, "sequence or session is busy (in an unreleased batch, or open)")          \
 	XX(ENOTSUP, -20008, "not supported by this build or device")
 
 enum kvt_error {
@@ -340,7 +344,7 @@ typedef uint64_t kvt_seq_id;
 
 struct kvt_seq_opts {
 	size_t opts_size;  /* sizeof(struct kvt_seq_opts) as the caller compiled it */
-	uint32_t tenant;   /* tenant id (also the default salt of prefix sharing, below) */
+	uint32_t tenant;   /* tenant id: part of every prefix key (tenants never share blocks) */
 	uint8_t priority;  /* 0..100, higher is kept longer; default 50 (KVT_EVICT_PRIO only) */
 	uint64_t session_key; /* caller-chosen id of the conversation (0 = none). With a
 	                         persistent NVMe store (nvme_persist), parking the sequence to NVMe
@@ -349,9 +353,13 @@ struct kvt_seq_opts {
 	/* ---- 0.2 */
 	uint32_t retention_ms; /* priority falls back to 50 this long after a block is created;
 	                          0 = keeps it (default) */
-	uint64_t salt;     /* prefix-sharing salt: sequences share blocks only when their salts
-	                      (and extra keys) are equal. 0 = derived from tenant, so different
-	                      tenants never share; give tenants one salt to let them share */
+	uint64_t salt;     /* prefix-sharing salt: sequences share blocks only when their
+	                      tenants, salts and extra keys are all equal (the three are hashed
+	                      together into each block's key, so no salt value reaches another
+	                      tenant's blocks; sequences of one tenant that must not share use
+	                      different salts). Default 0. (Earlier builds put the salt in the
+	                      tenant's place, and one salt let tenants share: sequences that are
+	                      to share now belong to one tenant) */
 	uint64_t extra_key; /* anything else the KV depends on (adapter id, model revision):
 	                       mixed into every block's key; default 0 */
 };
@@ -396,12 +404,39 @@ KVT_API int kvt_seq_close(struct kvt_engine *e, kvt_seq_id s);
  * Slots come from blocks nobody holds, but a kernel released with a stream may still be reading
  * one: order the writes after the streams of earlier releases (a server with one compute stream
  * does so naturally; a host write must wait for them).
- * Returns 0, KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch, or another thread's
- * append, park or prepare of it is waiting), -EINVAL (n out of
- * range, slot_mapping NULL), KVT_ETOOBIG (the n tokens span more blocks than HBM has slots: append
- * fewer at a time), -ENOSPC (not now: HBM is pinned by batches or by this sequence's earlier
- * appends not yet released, or no tier has room to make space), KVT_ELOST. On failure the
- * sequence is unchanged.
+ * Prefix sharing (with @tokens): a block this append fills gets its key now but becomes
+ * shareable only once its K/V are written, which the engine takes to be the case at the first
+ * of: the next kvt_batch_release() of a batch holding the sequence, kvt_seq_park() (or the idle
+ * park), or the NEXT kvt_seq_append() to this sequence. So write (or queue on the stream that
+ * later batches are released with) the K/V of one append before appending again to the same
+ * sequence; a server that prefills and parks without ever preparing a batch shares its prompt
+ * from the park on.
+ * Returns 0, or one of these, with the sequence in the state given:
+ *   KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch, or another thread's
+ *   append, park or prepare of it is waiting), -EINVAL (n out of range,
+ *   slot_mapping NULL), KVT_ETOOBIG (the n tokens span more blocks than HBM has slots: append
+ *   fewer at a time; or the sequence would exceed 16,777,215 blocks or the most blocks one
+ *   sequence may hold, below: it could never be read back, retrying cannot help), -ENOSPC (not
+ *   now: HBM is pinned, or no tier has room to make space: other sequences hold it; the
+ *   message says how many blocks are held by appends not yet unpinned by a release or park,
+ *   this sequence's own included, and how many by batches), -ENOMEM, KVT_EDEVICE (the copy
+ *   bringing the last block back failed): nothing appended and the sequence unchanged (tokens,
+ *   blocks, length). The partially filled last block may have been brought into HBM for the append: it stays there, write-pinned until the next
+ *   release or park, with its copies below HBM dropped.
+ *   KVT_ELOST: the partially filled last block had no valid copy left (its NVMe read failed its
+ *   checksum or could not be done, and no other tier held it): the sequence is TRUNCATED to its
+ *   full blocks, n_tokens = floor(n_tokens / tokens_per_block) * tokens_per_block (see
+ *   kvt_seq_info), the write pins of its earlier appends are dropped (their full blocks were
+ *   made shareable first), and none of the @n tokens is appended. The caller recomputes the lost
+ *   tokens [new n_tokens, old n_tokens): append them again and write their K/V, then append @n.
+ * The reserve: one sequence holds at most
+ *     max_blocks = (hbm_slots + host_slots + nvme_slots - slots quarantined for good) - R,
+ *     R = one slot per tier below HBM (2 with HOST and NVMe, 1 with HOST only, 0 with HBM alone),
+ * the room that moving one block down the cascade and one back up needs at each tier boundary
+ * while their copies are in flight when everything else sits below. A sequence within it is
+ * always readable through kvt_batch_prepare_ranges() windows that fit HBM, whatever tier its
+ * blocks are in, when no other sequence holds room (otherwise -ENOSPC, "not now"). E.g. HBM 32,
+ * HOST 32 and NVMe 64 slots: 126 blocks.
  */
 KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens, size_t n,
 			   int64_t *slot_mapping);
@@ -412,10 +447,18 @@ KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *to
  * next one down). Blocks shared with another sequence that is in an unreleased batch stay
  * where they are (that batch uses them). Asynchronous: copies are queued; HBM slots are freed
  * as they complete (kvt_engine_poll/drain). The id stays valid; kvt_seq_resume() or a batch
- * brings it back.
+ * brings it back. The full blocks its appends filled become shareable here (prefix sharing: the
+ * K/V of every append must be written before the park, which copies them), as at a release.
  * Returns 0, KVT_ECLOSED, KVT_EBUSY, -EINVAL (bad target), -ENOSPC (no room below: the blocks
  * not yet demoted stay where they are; those already on their way down stay demoted, which
  * loses nothing).
+ * To KVT_TIER_NVME: before anything moves, NVMe room for every block not already there is made
+ * (cached blocks nobody references are dropped, then restorable stored sessions, oldest
+ * first); when the tier cannot hold them (it is full of live sequences' blocks) the call fails
+ * with -ENOSPC and a message, and nothing moved. Otherwise the slots stay kept for the blocks
+ * still on their way down (HBM -> HOST -> NVMe): a park to NVMe that returns 0 has all its
+ * blocks on NVMe once kvt_engine_drain() returns 0 (unless resumed or used meanwhile, or an
+ * NVMe write failed), and a keyed session (nvme_persist) is published then.
  */
 KVT_API int kvt_seq_park(struct kvt_engine *e, kvt_seq_id s, enum kvt_tier target);
 
@@ -438,11 +481,20 @@ KVT_API int kvt_seq_resume(struct kvt_engine *e, kvt_seq_id s);
 
 /**
  * kvt_session_list() - keys of the sessions published in the store that are not open in this
- * engine (restorable), in no particular order.
+ * engine (restorable), of EVERY tenant, in no particular order: the operator's view (a store
+ * shared by tenants). A server acting for one tenant lists with kvt_session_list_tenant().
  * @keys: receives up to @cap keys (may be NULL when @cap is 0).
  * Returns the total number of such sessions (may exceed @cap), or -EINVAL; 0 without a store.
  */
 KVT_API int kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap);
+
+/**
+ * kvt_session_list_tenant() - as kvt_session_list(), only the sessions stored for @tenant (the
+ * kvt_seq_opts.tenant of the sequence that published them, kept in the journal record).
+ * Returns the total number of them (may exceed @cap), or -EINVAL; 0 without a store.
+ */
+KVT_API int kvt_session_list_tenant(struct kvt_engine *e, uint32_t tenant, uint64_t *keys,
+				    size_t cap);
 
 /**
  * kvt_seq_restore() - reopen the published session @session_key as a new sequence whose blocks
@@ -450,19 +502,30 @@ KVT_API int kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap);
  * first (its slot was not reused, the write is the one published); if any does not match, the
  * session is dropped from the store and -ENOENT is returned, so a session is either restored
  * whole or absent. The data themselves are verified by checksum when read (resume/prepare).
- * @o:   options of the new sequence (tenant, priority; session_key is taken from the store).
+ * @o:   options of the new sequence (priority, salt, extra_key; session_key is taken from the
+ *       store). Its tenant (0 when @o is NULL) must be the tenant the session was stored for
+ *       (the record's): the sequence gets that tenant, and another tenant is refused.
  * @out: receives the id.
- * Returns 0, -ENOENT (no such session, or it did not survive), KVT_EBUSY (it is open in this
- * engine), -EINVAL, -ENOMEM, -EIO (reading the headers failed).
+ * Returns 0, -ENOENT (no such session, or it did not survive), -EPERM (the session was stored
+ * for another tenant than o->tenant; nothing changes, the session stays in the store),
+ * KVT_EBUSY (it is open in this engine), -EINVAL, -ENOMEM, -EIO (reading the headers failed).
  */
 KVT_API int kvt_seq_restore(struct kvt_engine *e, uint64_t session_key,
 			    const struct kvt_seq_opts *o, kvt_seq_id *out);
 
 /**
- * kvt_session_drop() - forget the published session @session_key (journal record removed, its
- * NVMe slots freed unless an open sequence uses them). Returns 0, -ENOENT, KVT_EBUSY (open).
+ * kvt_session_drop() - forget the published session @session_key of any tenant (journal
+ * record removed, its NVMe slots freed unless an open sequence uses them): the operator's call,
+ * as kvt_session_list(). Returns 0, -ENOENT, KVT_EBUSY (open).
  */
 KVT_API int kvt_session_drop(struct kvt_engine *e, uint64_t session_key);
+
+/**
+ * kvt_session_drop_tenant() - as kvt_session_drop(), for a server acting for @tenant: a session
+ * stored for another tenant is refused with -EPERM (and stays). Returns 0, -ENOENT, -EPERM,
+ * KVT_EBUSY (open).
+ */
+KVT_API int kvt_session_drop_tenant(struct kvt_engine *e, uint32_t tenant, uint64_t session_key);
 /**
  * kvt_seq_set_priority() - retention priority of a token range (TensorRT-LLM's
  * KvCacheRetentionConfig::TokenRangeRetentionConfig): the blocks holding tokens
@@ -478,9 +541,11 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
 
 /*
  * Prefix sharing. When tokens are passed to kvt_seq_append(), every full ("sealed") block gets
- * a key: XXH3-128 over (the previous block's key, its tokens, salt, extra key); at the next
- * kvt_batch_release() of the sequence (its K/V are written then) the block becomes shareable.
- * A new sequence whose prompt starts with the same tokens (and has the same salt and extra key)
+ * a key: XXH3-128 over (the previous block's key, its tokens, XXH3-128(tenant, salt, extra
+ * key)): only sequences of one tenant with equal salts and extra keys ever share; at the next
+ * kvt_batch_release() of the sequence, kvt_seq_park() of it or kvt_seq_append() to it (its K/V
+ * are written then: see kvt_seq_append) the block becomes shareable.
+ * A new sequence whose prompt starts with the same tokens (same tenant, salt and extra key)
  * attaches those blocks instead of computing them: the server prefills only the rest. Shared
  * blocks are immutable and refcounted; they are freed in no tier while a sequence references
  * them. After the last sequence closes, a sealed block stays cached (evictable) for the next
@@ -488,7 +553,8 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
  * served. Only full blocks are shared: a sequence that diverges inside a block computes that
  * block itself. Without tokens (NULL) nothing is shared: the v0 behaviour. With a persistent
  * store (nvme_persist), the full blocks of sessions stored before a restart are found too (by
- * the prefix key stored with each block, confirmed by the tokens of the session's record): an
+ * the prefix key stored with each block, confirmed by the tokens and the tenant of the
+ * session's record): an
  * attach makes them blocks whose copy is the stored NVMe slot, shared with later attaches and
  * with the stored session when it is restored.
  */
@@ -524,8 +590,9 @@ KVT_API int kvt_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id s, const int3
  * unlimited). Soft: after every kvt_batch_release() and in kvt_engine_poll(), a tenant above its
  * budget has its least valuable unpinned blocks demoted out of that tier (HBM -> HOST -> NVMe;
  * on NVMe only cached prefix blocks can go). Blocks count for the tenant of the sequence that
- * created them (a block shared under a common salt counts once, for its creator). Up to 64
- * tenants have budgets. Returns 0, -EINVAL (bad tier), -ENOSPC (64 tenants already).
+ * created them (blocks are shared only within a tenant); when the first budget of a tenant
+ * is set, the blocks its open sequences hold and its cached prefix blocks are counted from
+ * then on. Up to 64 tenants have budgets. Returns 0, -EINVAL (bad tier), -ENOSPC (64 tenants already).
  */
 KVT_API int kvt_tenant_set_budget(struct kvt_engine *e, uint32_t tenant, enum kvt_tier tier,
 				  uint64_t max_blocks);
@@ -602,7 +669,11 @@ struct kvt_seq_range {
  * split-KV partial attention per window and merges them with log-sum-exp (kernels/attention.h,
  * FlashDecoding), releasing each window's batch before preparing the next. A sequence may appear
  * in several ranges only if they do not overlap. Errors as kvt_batch_prepare(), plus -EINVAL for
- * a range past the end of its sequence.
+ * a range past the end of its sequence. A window of a sequence within kvt_seq_append()'s limit
+ * (the tiers' slots less the reserve) always makes progress when its blocks fit HBM: when an
+ * NVMe-only block needs a HOST slot and HOST and NVMe hold only blocks without another copy,
+ * a HOST block outside the batch is moved up into free HBM (or a batch block's HOST copy
+ * written to NVMe and traded for an HBM victim's demotion), never -ENOSPC for ever.
  */
 KVT_API int kvt_batch_prepare_ranges(struct kvt_engine *e, const struct kvt_seq_range *ranges,
 				     size_t n, struct kvt_batch **out);
@@ -674,6 +745,8 @@ KVT_API int kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stre
  *          never reads K/V before it is written and a promotion never overwrites a slot a kernel
  *          still reads.
  * Afterwards, tiers above their high watermark start demoting in the background.
+ * The full blocks the sequences' appends filled become shareable (prefix sharing; also at a park
+ * or at the sequence's next append, see kvt_seq_append), and their write pins are dropped.
  * Returns 0 or a negative code (the batch is freed in every case). If the device cannot order
  * the copies after @stream, the host waits for @stream instead; if even that fails (a sticky
  * device error), the batch's blocks stay pinned and are never copied again.

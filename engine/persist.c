@@ -365,18 +365,20 @@ kvt_persist_reclaim(struct kvt_engine *e, uint32_t need)
 
 /* ---- public API --------------------------------------------------------------------------- */
 
-int
-kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap)
+#define PERSIST_ANY_TENANT UINT64_MAX /* kvt_session_list, kvt_session_drop: every tenant */
+
+/* The restorable sessions of @tenant (PERSIST_ANY_TENANT: of every tenant) into @keys. */
+static int
+persist_list(struct kvt_engine *e, uint64_t tenant, uint64_t *keys, size_t cap)
 {
 	uint32_t n = 0;
 
-	if (!e || (!keys && cap))
-		return kvt_err(-EINVAL, "kvt_session_list: engine or keys is NULL");
 	kvt_lock(e);
 	for (uint32_t i = 0; e->store && i < kvt_store_count(e->store); i++) {
 		struct kvt_store_sess *r = kvt_store_at(e->store, i);
 
-		if (r->open_seq != PERSIST_NO_SEQ)
+		if (r->open_seq != PERSIST_NO_SEQ ||
+		    (tenant != PERSIST_ANY_TENANT && r->tenant != tenant))
 			continue;
 		if (n < cap)
 			keys[n] = r->key;
@@ -384,6 +386,22 @@ kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap)
 	}
 	kvt_unlock(e);
 	return (int)n;
+}
+
+int
+kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap)
+{
+	if (!e || (!keys && cap))
+		return kvt_err(-EINVAL, "kvt_session_list: engine or keys is NULL");
+	return persist_list(e, PERSIST_ANY_TENANT, keys, cap);
+}
+
+int
+kvt_session_list_tenant(struct kvt_engine *e, uint32_t tenant, uint64_t *keys, size_t cap)
+{
+	if (!e || (!keys && cap))
+		return kvt_err(-EINVAL, "kvt_session_list_tenant: engine or keys is NULL");
+	return persist_list(e, tenant, keys, cap);
 }
 
 /* The live block that already holds block @i of @rec as its NVMe copy (one a prefix attach made
@@ -520,8 +538,8 @@ persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 }
 
 uint32_t
-kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t salt[2],
-		   uint32_t k, uint32_t max, uint32_t seq, uint32_t *ids)
+kvt_persist_prefix(struct kvt_engine *e, uint32_t tenant, const int32_t *tokens,
+		   const uint64_t salt[2], uint32_t k, uint32_t max, uint32_t seq, uint32_t *ids)
 {
 	uint32_t tpb = e->layout.tokens_per_block, j, idx, found;
 	uint64_t h[2] = { 0, 0 };
@@ -531,8 +549,10 @@ kvt_persist_prefix(struct kvt_engine *e, const int32_t *tokens, const uint64_t s
 		return 0;
 	for (j = 0; j <= k; j++)
 		kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);
+	/* another tenant's session is never used, whatever its keys (the tenant is in the key
+	 * too, but keys written by older builds were not derived that way) */
 	if (!kvt_store_find_hash(e->store, (const uint8_t *)h, &rec, &idx) || idx != k ||
-	    rec->open_seq != PERSIST_NO_SEQ || (uint64_t)k * tpb > rec->n_tokens ||
+	    rec->tenant != tenant || rec->open_seq != PERSIST_NO_SEQ || (uint64_t)k * tpb > rec->n_tokens ||
 	    memcmp(rec->tokens, tokens, (size_t)k * tpb * sizeof *tokens) != 0)
 		return 0;
 	for (j = k; j < max && j < rec->n_blocks && (uint64_t)(j + 1) * tpb <= rec->n_tokens; j++) {
@@ -602,6 +622,11 @@ kvt_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opts *o
 			     e->store ? "" : " (the engine has no persistent store)");
 		goto out;
 	}
+	if (rec->tenant != opts.tenant) {
+		rc = kvt_err(-EPERM, "session %#llx was stored for another tenant than %u (the "
+			     "caller's kvt_seq_opts.tenant)", (unsigned long long)key, opts.tenant);
+		goto out;
+	}
 	if (rec->open_seq != PERSIST_NO_SEQ) {
 		rc = kvt_err(KVT_EBUSY, "session %#llx is open in this engine",
 			     (unsigned long long)key);
@@ -632,18 +657,20 @@ out:
 	return rc;
 }
 
-int
-kvt_session_drop(struct kvt_engine *e, uint64_t key)
+/* Drop the stored session @key of @tenant (PERSIST_ANY_TENANT: of any tenant). */
+static int
+persist_drop_key(struct kvt_engine *e, uint64_t tenant, uint64_t key)
 {
 	struct kvt_store_sess *rec;
 	int rc;
 
-	if (!e)
-		return kvt_err(-EINVAL, "kvt_session_drop: engine is NULL");
 	kvt_lock(e);
 	rec = e->store ? kvt_store_find(e->store, key) : NULL;
 	if (!rec)
 		rc = kvt_err(-ENOENT, "session %#llx is not in the store", (unsigned long long)key);
+	else if (tenant != PERSIST_ANY_TENANT && rec->tenant != tenant)
+		rc = kvt_err(-EPERM, "session %#llx was stored for another tenant than %u",
+			     (unsigned long long)key, (uint32_t)tenant);
 	else if (rec->open_seq != PERSIST_NO_SEQ)
 		rc = kvt_err(KVT_EBUSY, "session %#llx is open in this engine: close it",
 			     (unsigned long long)key);
@@ -655,4 +682,20 @@ kvt_session_drop(struct kvt_engine *e, uint64_t key)
 	}
 	kvt_unlock(e);
 	return rc;
+}
+
+int
+kvt_session_drop(struct kvt_engine *e, uint64_t key)
+{
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_session_drop: engine is NULL");
+	return persist_drop_key(e, PERSIST_ANY_TENANT, key);
+}
+
+int
+kvt_session_drop_tenant(struct kvt_engine *e, uint32_t tenant, uint64_t key)
+{
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_session_drop_tenant: engine is NULL");
+	return persist_drop_key(e, tenant, key);
 }

@@ -3,11 +3,17 @@
  * engine/prefix.c - prefix sharing: the content-addressed index of sealed blocks.
  *
  * A sealed block is a full block whose tokens are all known. Its key is a hash chain:
- *     h(block i) = XXH3-128(h(block i-1) || tokens of block i || salt || extra key)
- * with h(block -1) = 0, so a key names the whole prefix up to and including the block, and
- * sequences of different tenants (different salts) or different adapters / model revisions
- * (different extra keys) never meet. The key lives in the block record (struct kvt_block.hash,
- * 16 bytes, also what the NVMe store can use to find a block by content after a restart).
+ *     h(block i) = XXH3-128(h(block i-1) || tokens of block i || m)
+ *     m = XXH3-128(u32 tenant || u32 0 || u64 salt || u64 extra key)   (kvt_prefix_salt)
+ * with h(block -1) = 0, so a key names the whole prefix up to and including the block. The
+ * tenant is hashed WITH the salt (a fixed-width input, so distinct (tenant, salt, extra key)
+ * triples are distinct inputs): no salt value a caller picks makes two tenants' keys equal
+ * (the salt used to stand in for the tenant, and tenant 8 with salt (1 << 63) | 1 met tenant
+ * 1). Different adapters / model revisions (different extra keys) never meet either. And
+ * every hit compares the entry's tenant (its creator's, kept in the pool with the tokens once
+ * the creator dropped it) with the caller's: isolation never rests on the hash alone. The key
+ * lives in the block record (struct kvt_block.hash, 16 bytes, also what the NVMe store can use
+ * to find a block by content after a restart).
  *
  * The index maps key -> block id (open addressing, linear probing, tombstones; the key itself
  * is read from the block record, not stored twice) over a table of any size (a key's home is
@@ -65,6 +71,20 @@ kvt_prefix_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
 	out[1] = h.high64;
 }
 
+void
+kvt_prefix_salt(uint32_t tenant, uint64_t salt, uint64_t extra_key, uint64_t out[2])
+{
+	uint8_t in[24] = { 0 }; /* u32 tenant, u32 zero, u64 salt, u64 extra key */
+	XXH128_hash_t h;
+
+	memcpy(in, &tenant, sizeof tenant);
+	memcpy(in + 8, &salt, sizeof salt);
+	memcpy(in + 16, &extra_key, sizeof extra_key);
+	h = XXH3_128bits(in, sizeof in);
+	out[0] = h.low64;
+	out[1] = h.high64;
+}
+
 #define PFX_LOAD_MAX 8 /* tenths: entries + tombstones at most this full */
 #define PFX_LOAD_NEW 7 /* tenths: a rehashed table is this full */
 #define PFX_MIN_CAP 1024u
@@ -89,6 +109,15 @@ static uint32_t
 pfx_block(const struct kvt_engine *e, uint32_t v)
 {
 	return kvt_pentry_block(&e->prefix, v);
+}
+
+/* The tenant of the block entry @v names: kept with its own copy, or its creator sequence's. */
+static uint32_t
+pfx_tenant(const struct kvt_engine *e, uint32_t v)
+{
+	if (v & KVT_PFX_OWNED)
+		return e->prefix.pool_tenant[v & ~KVT_PFX_OWNED];
+	return e->seqs[kvt_blk(e, v)->seq].tenant;
 }
 
 /* The tokens of the block entry @v names: its own copy, or its creator sequence's. */
@@ -169,18 +198,39 @@ kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2])
 }
 
 uint32_t
-kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens)
+kvt_prefix_find(struct kvt_engine *e, const uint64_t h[2], const int32_t *tokens,
+		uint32_t tenant)
 {
 	uint32_t *pe = pfx_find_key(e, h);
 	uint32_t tpb = e->layout.tokens_per_block;
 
 	if (!pe)
 		return KVT_NIL;
-	if (memcmp(pfx_tokens(e, *pe), tokens, (size_t)tpb * sizeof *tokens) != 0) {
-		e->prefix.collisions++; /* same key, other tokens: never share it */
+	/* same key, other tokens or another tenant: never share it. The tenant is in the key
+	 * too (kvt_prefix_salt), but XXH3 is no cryptographic hash: isolation must not rest
+	 * on it alone. */
+	if (pfx_tenant(e, *pe) != tenant ||
+	    memcmp(pfx_tokens(e, *pe), tokens, (size_t)tpb * sizeof *tokens) != 0) {
+		e->prefix.collisions++;
 		return KVT_NIL;
 	}
 	return pfx_block(e, *pe);
+}
+
+bool
+kvt_prefix_tenant(struct kvt_engine *e, uint32_t id, uint32_t *tenant)
+{
+	uint32_t *pe;
+	uint64_t h[2];
+
+	if (!kvt_blk(e, id)->indexed)
+		return false;
+	kvt_blk_key(kvt_blk(e, id), h);
+	pe = pfx_find_key(e, h);
+	if (!pe || pfx_block(e, *pe) != id)
+		return false;
+	*tenant = pfx_tenant(e, *pe);
+	return true;
 }
 
 int
@@ -248,6 +298,9 @@ pfx_pool_grow(struct kvt_engine *e)
 	if (!(np = kvt_realloc(p->pool, (size_t)ncap * tpb * sizeof *p->pool)))
 		return -ENOMEM;
 	p->pool = np;
+	if (!(np = kvt_realloc(p->pool_tenant, (size_t)ncap * sizeof *p->pool_tenant)))
+		return -ENOMEM;
+	p->pool_tenant = np;
 	for (i = ncap; i-- > p->pool_cap;) { /* lowest new entry first */
 		p->pool_block[i] = p->pool_free;
 		p->pool_free = i;
@@ -279,6 +332,7 @@ kvt_prefix_detach(struct kvt_engine *e, uint32_t id)
 	p->pool_free = p->pool_block[k];
 	p->n_pool_free--;
 	memcpy(p->pool + (uint64_t)k * tpb, pfx_tokens(e, *pe), (size_t)tpb * sizeof *p->pool);
+	p->pool_tenant[k] = pfx_tenant(e, *pe); /* the creator's, while it still holds it */
 	p->pool_block[k] = id;
 	*pe = KVT_PFX_OWNED | k;
 	p->owned++;
@@ -290,6 +344,7 @@ kvt_prefix_fini(struct kvt_engine *e)
 {
 	kvt_free(e->prefix.pool);
 	kvt_free(e->prefix.pool_block);
+	kvt_free(e->prefix.pool_tenant);
 	kvt_free(e->prefix.tab);
 	memset(&e->prefix, 0, sizeof e->prefix);
 	e->prefix.pool_free = KVT_NIL;
@@ -299,7 +354,8 @@ uint64_t
 kvt_prefix_meta_bytes(const struct kvt_engine *e)
 {
 	return e->prefix.cap * sizeof *e->prefix.tab +
-	       (uint64_t)e->prefix.pool_cap * sizeof *e->prefix.pool_block;
+	       (uint64_t)e->prefix.pool_cap *
+		       (sizeof *e->prefix.pool_block + sizeof *e->prefix.pool_tenant);
 }
 
 uint64_t
@@ -317,7 +373,7 @@ pfx_usable(const struct kvt_block *b)
 
 uint32_t
 kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const uint64_t salt[2],
-		uint32_t *ids, uint32_t max)
+		uint32_t tenant, uint32_t *ids, uint32_t max)
 {
 	uint32_t tpb = e->layout.tokens_per_block, k, id;
 	uint64_t h[2] = { 0, 0 };
@@ -325,7 +381,7 @@ kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const u
 	for (k = 0; k < max && (uint64_t)(k + 1) * tpb <= n; k++) {
 		e->st.prefix_lookups++;
 		kvt_prefix_hash(h, tokens + (uint64_t)k * tpb, tpb, salt, h);
-		id = kvt_prefix_find(e, h, tokens + (uint64_t)k * tpb);
+		id = kvt_prefix_find(e, h, tokens + (uint64_t)k * tpb, tenant);
 		if (id == KVT_NIL || !pfx_usable(kvt_blk(e, id)))
 			break;
 		if (ids)

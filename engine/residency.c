@@ -33,6 +33,13 @@ valid_elsewhere(const struct kvt_block *b, int tier)
 	return false;
 }
 
+/* No tier below @tier to demote into: its evictions drop the copy or refuse. */
+static bool
+last_tier(const struct kvt_engine *e, int tier)
+{
+	return tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots;
+}
+
 /* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
 int
 kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
@@ -44,7 +51,7 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 		kvt_copy_evict(e, id, tier);
 		return 1;
 	}
-	if (tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots) {
+	if (last_tier(e, tier)) {
 		if (kvt_blk(e, id)->refs == 0) { /* a cached prefix block nobody holds: drop it */
 			kvt_block_uncache_evicted(e, id, tier);
 			return 1;
@@ -96,14 +103,22 @@ reclaim_evict(struct kvt_engine *e, int tier, const uint32_t *cand, uint32_t n, 
 	for (i = 0; i < n && sl->n_free + e->demoting[tier] < need; i++) {
 		struct kvt_block *b = kvt_blk(e, cand[i]);
 
-		if (!kvt_copy_evictable(b, tier) ||
-		    ((clean_only || *below_full) && !valid_elsewhere(b, tier)))
+		if (!kvt_copy_evictable(b, tier))
 			continue;
+		if ((clean_only || *below_full) && !valid_elsewhere(b, tier)) {
+			if (clean_only || b->refs || b->pins)
+				continue;
+			/* a cached block nobody references, and no room below (or no tier
+			 * below): it is dropped, never skipped (issue 15, item 2) */
+			kvt_block_uncache_evicted(e, cand[i], tier);
+			(*progress)++;
+			continue;
+		}
 		rc = kvt_evict_one(e, tier, cand[i], may_wait);
 		if (rc >= 0)
 			(*progress)++;
-		else if (rc == -ENOSPC)
-			*below_full = true;
+		else if (rc == -ENOSPC && !last_tier(e, tier))
+			*below_full = true; /* (the last tier's refusals cost nothing to ask) */
 	}
 }
 
@@ -361,6 +376,9 @@ reclaim_run(struct kvt_engine *e, int tier, uint32_t need, bool may_wait)
 	struct kvt_slots *sl = &e->slots[tier];
 	int rc, progress;
 
+	/* NVMe slots promised to parks' blocks on their way down are not for others */
+	if (tier == KVT_TIER_NVME)
+		need += e->nvme_promised;
 	if (need > sl->n_slots)
 		return -ENOSPC;
 	for (;;) {
@@ -574,6 +592,8 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 		rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
 	if (rc == 0)
 		rc = kvt_xfer_d2h(e, id, slot, true, target == KVT_TIER_NVME);
+	if (rc == 0 && target == KVT_TIER_NVME && e->slots[KVT_TIER_NVME].n_slots)
+		e->nvme_promised++; /* its NVMe slot stays free until the copy lands */
 	kvt_block_unpin(e, id);
 	return rc;
 }

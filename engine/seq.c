@@ -58,13 +58,13 @@ kvt_seq_opts_copy(struct kvt_seq_opts *dst, const struct kvt_seq_opts *o)
 	return 0;
 }
 
-/* Prefix key material: the salt given, else one derived from the tenant (so tenants never
- * share unless given the same salt), and the extra key (adapter id, model revision). */
+/* Prefix key material: the tenant, the salt and the extra key (adapter id, model revision)
+ * hashed together (kvt_prefix_salt), so sequences share only within one tenant, with equal
+ * salts and extra keys; no salt value reaches another tenant's blocks. */
 static void
 seq_salt(const struct kvt_seq_opts *o, uint64_t salt[2])
 {
-	salt[0] = o->salt ? o->salt : (1ull << 63) | o->tenant;
-	salt[1] = o->extra_key;
+	kvt_prefix_salt(o->tenant, o->salt, o->extra_key, salt);
 }
 
 static int
@@ -209,6 +209,17 @@ kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s)
 			/* -ENOMEM only costs sharing: the block stays private */
 			(void)kvt_prefix_insert(e, s->wpins[i]);
 	}
+}
+
+uint32_t
+kvt_seq_wpinned(const struct kvt_engine *e)
+{
+	uint32_t i, n = 0;
+
+	for (i = 0; i < e->cap_seqs; i++)
+		if (e->seqs[i].open)
+			n += e->seqs[i].n_wpins;
+	return n;
 }
 
 void
@@ -394,6 +405,9 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 	uint32_t slots = e->slots[KVT_TIER_HBM].n_slots, pinned_after;
 	int rc;
 
+	/* blocks that earlier appends filled have their K/V written by now (the caller writes
+	 * them before appending again): they become shareable */
+	kvt_seq_publish(e, s);
 	/* the blocks this append pins: the touched ones (the partial last block may already be
 	 * write-pinned by an earlier append) plus those earlier write pins */
 	pinned_after = s->n_wpins + touched;
@@ -403,6 +417,11 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence longer "
 			       "than %u blocks (the most a block record can place)", n,
 			       KVT_SEQ_MAX_BLOCKS);
+	if (need_blocks > kvt_seq_max_blocks(e))
+		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence %u blocks long; "
+			       "it may hold at most %u (all tiers' slots less the reserve of one per "
+			       "tier below HBM): it could never be read back", n, need_blocks,
+			       kvt_seq_max_blocks(e));
 	if (touched > slots)
 		return kvt_err(KVT_ETOOBIG,
 			       "appending %zu tokens needs %u HBM blocks at once; HBM has %u slots "
@@ -437,8 +456,10 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 		if (rc) {
 			kvt_block_unpin(e, id);
 			kvt_block_kill(e, id);
-			rc = kvt_err(rc, "no HBM slot for a new block (%u of %u HBM slots pinned)",
-				     e->hbm_pinned, e->slots[KVT_TIER_HBM].n_slots);
+			rc = kvt_err(rc, "no HBM slot for a new block (%u of %u HBM slots pinned, "
+				     "%u of them by appends no batch release or park has unpinned "
+				     "yet, the others by unreleased batches)", e->hbm_pinned,
+				     e->slots[KVT_TIER_HBM].n_slots, kvt_seq_wpinned(e));
 			goto undo;
 		}
 		kvt_blk(e, id)->slot[KVT_TIER_HBM] = slot;
@@ -560,6 +581,49 @@ seq_shrink(struct kvt_seqrec *s)
 	}
 }
 
+/* Whether block @id of a sequence parked to NVMe still needs an NVMe slot: it has contents and
+ * no NVMe copy that is, or will be, current; a block pinned by another sequence's batch (shared)
+ * stays where it is. */
+static bool
+seq_needs_nvme(struct kvt_engine *e, uint32_t id)
+{
+	const struct kvt_block *b = kvt_blk(e, id);
+
+	if (b->lost || b->pins || !kvt_block_current(b))
+		return false;
+	return kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_ABSENT ||
+	       kvt_copy_stale(b, KVT_TIER_NVME);
+}
+
+/*
+ * Before a park to NVMe moves anything: the NVMe slots its blocks need, made free now (cached
+ * blocks nobody references, clean duplicates and restorable stored sessions go); -ENOSPC with a
+ * message when the tier cannot hold them (nothing moved then). The blocks that go from HBM
+ * reach NVMe in two steps (HBM -> HOST, then HOST -> NVMe when that copy lands): each keeps its
+ * NVMe slot free meanwhile (e->nvme_promised, which every other NVMe allocation leaves), so a
+ * park that returns 0 has every block on NVMe, or on its way there, once its copies complete.
+ */
+static int
+seq_park_nvme_room(struct kvt_engine *e, struct kvt_seqrec *s)
+{
+	struct kvt_slots *sl = &e->slots[KVT_TIER_NVME];
+	uint32_t i, need = 0;
+
+	for (i = 0; i < s->n_blocks; i++)
+		need += seq_needs_nvme(e, s->blocks[i]);
+	if ((uint64_t)need + e->nvme_promised <= sl->n_free ||
+	    kvt_reclaim(e, KVT_TIER_NVME, need, true) == 0)
+		return 0;
+	if (need > sl->n_slots)
+		return kvt_err(-ENOSPC, "sequence %u cannot be parked to NVMe: %u of its blocks need "
+			       "NVMe slots, the tier has %u (park it to HOST); nothing moved",
+			       (unsigned)(s - e->seqs), need, sl->n_slots);
+	return kvt_err(-ENOSPC, "no room on NVMe to park sequence %u: %u blocks need NVMe slots, "
+		       "%u of %u are free (%u kept for other parks on their way down) and the rest "
+		       "hold live blocks; nothing moved", (unsigned)(s - e->seqs), need, sl->n_free,
+		       sl->n_slots, e->nvme_promised);
+}
+
 int
 kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 {
@@ -574,11 +638,16 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 	if (!e->slots[t].n_slots)
 		return kvt_err(-ENOSPC, "no HOST or NVME tier to park sequence %u in",
 			       (unsigned)(s - e->seqs));
+	kvt_seq_publish(e, s); /* K/V written by now (the park copies them): shareable */
 	kvt_seq_unpin_writes(e, s);
 	kvt_hint_drop(e, s); /* parked: whatever was announced for it no longer holds */
-	/* a demotion's wait releases the lock: no other call changes the sequence meanwhile,
-	 * and its record is looked up again after each (the table may have moved) */
+	/* a wait (for NVMe room, in a demotion) releases the lock: no other call changes the
+	 * sequence meanwhile, and its record is looked up again after each (the table may have
+	 * moved) */
 	s->in_call = 1;
+	if (t == KVT_TIER_NVME)
+		rc = seq_park_nvme_room(e, s);
+	s = &e->seqs[sidx];
 	for (i = 0, tries = 0; i < s->n_blocks && rc == 0; i++) {
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
 		s = &e->seqs[sidx];
@@ -766,14 +835,15 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 	if (!ids)
 		return kvt_err(-ENOMEM, "prefix match of %zu tokens", n);
 	kvt_lock(e);
-	k = kvt_prefix_walk(e, tokens, n, salt, ids, (uint32_t)(n / tpb));
+	k = kvt_prefix_walk(e, tokens, n, salt, opts.tenant, ids, (uint32_t)(n / tpb));
 	for (i = 0; i < k; i++) {
 		int t = seq_best_tier(kvt_blk(e, ids[i]));
 
 		worst = t > worst ? t : worst;
 	}
 	/* the rest may be in a session stored before a restart: on NVMe */
-	i = kvt_persist_prefix(e, tokens, salt, k, (uint32_t)(n / tpb), UINT32_MAX, NULL);
+	i = kvt_persist_prefix(e, opts.tenant, tokens, salt, k, (uint32_t)(n / tpb), UINT32_MAX,
+			       NULL);
 	if (i)
 		worst = KVT_TIER_NVME;
 	k += i;
@@ -801,10 +871,11 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 		kvt_free(ids);
 		return kvt_err(-ENOMEM, "attaching a prefix of %u blocks", max);
 	}
-	k = kvt_prefix_walk(e, tokens, n, s->salt, ids, max);
+	k = kvt_prefix_walk(e, tokens, n, s->salt, s->tenant, ids, max);
 	/* after it, blocks of a session stored before a restart: made for s (already its own) */
 	mem = k;
-	k += kvt_persist_prefix(e, tokens, s->salt, k, max, (uint32_t)(s - e->seqs), ids);
+	k += kvt_persist_prefix(e, s->tenant, tokens, s->salt, k, max, (uint32_t)(s - e->seqs),
+				ids);
 	for (i = 0; i < k; i++) {
 		struct kvt_block *b = kvt_blk(e, ids[i]);
 		int t = seq_best_tier(b);

@@ -82,13 +82,54 @@ kvt_tenant_enforce(struct kvt_engine *e)
 	(void)kvt_xfer_flush(e);
 }
 
+/*
+ * A new budget entry @ts for @tenant: tag the blocks the tenant's open sequences hold and count
+ * their slots. Not by the blocks' creator index (b->seq): once the creator closed, its record
+ * may be reused by another tenant's sequence, and a block already counted in another entry
+ * would then be counted twice (kvt_engine_check: "0 slots held, budget counts 2"). Blocks are
+ * shared only within a tenant (the index compares tenants), so whoever holds one is of its
+ * tenant; cached blocks no sequence holds are the tenant's when the prefix index says so (it
+ * keeps the creator's tenant with their tokens). A block already tagged keeps its entry.
+ */
+static void
+tenant_tag(struct kvt_engine *e, uint32_t tenant, uint8_t ts)
+{
+	struct kvt_budget *bu = &e->budget[ts - 1];
+	uint32_t i, j, owner;
+	int t;
+
+	for (i = 0; i < e->cap_seqs; i++) {
+		const struct kvt_seqrec *s = &e->seqs[i];
+
+		if (!s->open || s->tenant != tenant)
+			continue;
+		for (j = 0; j < s->n_blocks; j++) {
+			struct kvt_block *b = kvt_blk(e, s->blocks[j]);
+
+			if (!b->live || b->tslot)
+				continue;
+			b->tslot = ts;
+			for (t = 0; t < KVT_TIER_COUNT; t++)
+				bu->used[t] += kvt_copy_state(b, t) != KVT_COPY_ABSENT;
+		}
+	}
+	for (i = 0; i < e->cap_blocks; i++) { /* cached blocks (refs 0) */
+		struct kvt_block *b = kvt_blk(e, i);
+
+		if (!b->live || b->dead || b->refs || b->tslot || !kvt_prefix_tenant(e, i, &owner) ||
+		    owner != tenant)
+			continue;
+		b->tslot = ts;
+		for (t = 0; t < KVT_TIER_COUNT; t++)
+			bu->used[t] += kvt_copy_state(b, t) != KVT_COPY_ABSENT;
+	}
+}
+
 int
 kvt_tenant_set_budget(struct kvt_engine *e, uint32_t tenant, enum kvt_tier tier,
 		      uint64_t max_blocks)
 {
-	uint32_t id;
 	uint8_t ts;
-	int t;
 
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_tenant_set_budget: engine is NULL");
@@ -103,17 +144,7 @@ kvt_tenant_set_budget(struct kvt_engine *e, uint32_t tenant, enum kvt_tier tier,
 		}
 		ts = (uint8_t)++e->n_budgets;
 		e->budget[ts - 1] = (struct kvt_budget){ .tenant = tenant };
-		/* tag the tenant's existing blocks and count their slots */
-		for (id = 0; id < e->cap_blocks; id++) {
-			struct kvt_block *b = kvt_blk(e, id);
-
-			if (!b->live || b->seq >= e->cap_seqs || e->seqs[b->seq].tenant != tenant)
-				continue;
-			b->tslot = ts;
-			for (t = 0; t < KVT_TIER_COUNT; t++)
-				e->budget[ts - 1].used[t] +=
-					kvt_copy_state(b, t) != KVT_COPY_ABSENT;
-		}
+		tenant_tag(e, tenant, ts);
 	}
 	e->budget[ts - 1].max[tier] = max_blocks;
 	kvt_unlock(e);

@@ -316,6 +316,7 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 	if (x->then_nvme && e->nvme && b->pins == 0 && !b->wanted) {
 		uint32_t slot;
 
+		/* the slot the park kept free for it (its promise ended in xfer_complete) */
 		if (kvt_reclaim(e, KVT_TIER_NVME, 1, false) == 0 &&
 		    kvt_slot_alloc(e, KVT_TIER_NVME, x->block, &slot) == 0)
 			(void)kvt_xfer_h2n(e, x->block, slot, true, false);
@@ -350,6 +351,8 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now)
 	e->st.transfers_in_flight--;
 	if (x->evict_src)
 		e->demoting[xfer_src_tier[x->kind]]--;
+	if (x->then_nvme && e->nvme_promised) /* whatever the outcome (seq.c, park) */
+		e->nvme_promised--;
 	switch (x->kind) {
 	case KVT_X_D2H:
 	case KVT_X_H2N:

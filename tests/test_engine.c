@@ -34,6 +34,77 @@ test_version_and_strerror(void **state)
 	assert_int_equal(kvt_dtype_size((enum kvt_dtype)99), 0);
 }
 
+/* Hardening 10: every errno value the engine returns itself, and those its system calls pass on,
+ * has a name of its own in kvt_strerror (-EBUSY said "system error"); distinct codes, distinct
+ * names. */
+static void
+test_strerror_names_every_errno(void **state)
+{
+	static const int codes[] = {
+		-EINVAL, -ENOMEM, -ENOSPC, -EIO, -ENOENT, -EACCES, -ENOTDIR, -EAGAIN, -EROFS,
+		-EEXIST, -EBUSY, -EPERM, -ETIMEDOUT, -ETIME, -EINTR, -EDEADLK, -EBADF, -EFAULT,
+		-EFBIG, -EISDIR, -EMFILE, -ENFILE, -ENAMETOOLONG, -ENODEV, -ENXIO, -EOPNOTSUPP,
+		-ENOSYS, -ELOOP, -EOVERFLOW, -EDQUOT, -ECANCELED,
+		KVT_EDEVICE, KVT_ESHORTIO, KVT_ECORRUPT, KVT_ECLOSED, KVT_ELOST, KVT_EFORMAT,
+		KVT_ETOOBIG, KVT_EBUSY, KVT_ENOTSUP,
+	};
+	size_t n = sizeof codes / sizeof *codes, i, j;
+
+	(void)state;
+	assert_string_equal(kvt_strerror(-EBUSY), "resource busy (in use by another process or call)");
+	assert_string_equal(kvt_strerror(-EPERM),
+			    "operation not permitted (belongs to another tenant or owner)");
+	assert_string_equal(kvt_strerror(-EDEADLK), "no progress possible (would wait for ever)");
+	assert_string_equal(kvt_strerror(KVT_EBUSY),
+			    "sequence or session is busy (in an unreleased batch, or open)");
+	for (i = 0; i < n; i++) {
+		assert_string_not_equal(kvt_strerror(codes[i]), "system error");
+		assert_string_not_equal(kvt_strerror(codes[i]), "unknown error");
+		for (j = 0; j < i; j++)
+			assert_string_not_equal(kvt_strerror(codes[i]), kvt_strerror(codes[j]));
+	}
+	assert_string_equal(kvt_strerror(-EHWPOISON), "system error"); /* never returned */
+}
+
+/* Hardening 10: -ENOSPC names its cause. HBM full of write pins (appends not released by a
+ * batch or a park) used to be blamed on "other batches" when no batch existed. */
+static void
+test_enospc_names_append_pins(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 4, .host_blocks = 8 };
+	struct kvt_batch *bt = NULL;
+	struct kvt_engine *e;
+	kvt_seq_id a, b, d;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
+	assert_int_equal(tsup_append_write(e, b, 1, 0, TSUP_TPB), 0);
+	assert_int_equal(tsup_verify(e, b, 1), 0); /* released: not pinned */
+	assert_int_equal(kvt_seq_open(e, NULL, &a), 0);
+	assert_int_equal(tsup_append_write(e, a, 2, 0, 4 * TSUP_TPB), 0); /* 4 write pins */
+	/* a batch: no other batch exists, the appends hold HBM */
+	assert_int_equal(kvt_batch_prepare(e, &b, 1, &bt), -ENOSPC);
+	assert_null(strstr(kvt_last_error_message(), "other batches"));
+	assert_non_null(strstr(kvt_last_error_message(), "4 of them are pinned by appends"));
+	/* an append of another sequence: the same cause named */
+	assert_int_equal(kvt_seq_open(e, NULL, &d), 0);
+	assert_int_equal(tsup_append_write(e, d, 3, 0, 1), -ENOSPC);
+	assert_non_null(strstr(kvt_last_error_message(), "4 of them by appends"));
+	tsup_check_engine(e);
+	/* a park of the appending sequence unpins: both work again */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_verify(e, b, 1), 0);
+	assert_int_equal(tsup_append_write(e, d, 3, 0, 1), 0);
+	assert_int_equal(tsup_verify(e, d, 3), 0);
+	assert_int_equal(tsup_verify(e, a, 2), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 /* A message that wraps the one before it (kvt_last_error_message() as an argument of kvt_err)
  * keeps it whole: the buffer is not formatted into itself. */
 static void
@@ -567,6 +638,8 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_version_and_strerror),
+		cmocka_unit_test(test_strerror_names_every_errno),
+		cmocka_unit_test(test_enospc_names_append_pins),
 		cmocka_unit_test(test_error_message_wraps_previous),
 		cmocka_unit_test(test_append_prepare_release),
 		cmocka_unit_test(test_offload_roundtrip),

@@ -2,10 +2,13 @@
 /*
  * tests/test_prefix.c - prefix sharing: sequences with the same prompt share sealed blocks
  * (refcounted, immutable) and read the same K/V; a forced hash collision is caught by the
- * token comparison; tenants never share unless given one salt, extra keys separate adapters;
+ * token comparison; tenants never share, whatever salt they are given (the tenant is part of the
+ * key), extra keys separate adapters;
  * a freed block leaves the index before its slots are reused; refcounts return to zero after
  * every sequence closes; divergence inside a block gets its own copy; cached prefixes survive
- * their sequence with prefix_cache and are found in the tier they were parked to.
+ * their sequence with prefix_cache and are found in the tier they were parked to; blocks are
+ * sealed at park and at the next append too, not only at a batch release; a tenant budget set
+ * after a sequence record was reused counts no other tenant's blocks.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -143,6 +146,16 @@ const_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n, const ui
 	out[1] = 42;
 }
 
+/* cmocka teardown: the hash hook back to XXH3 even when the test failed half-way (a test left
+ * with the hook set would fail every later one). */
+static int
+pfx_hook_reset(void **state)
+{
+	(void)state;
+	kvt_test_prefix_hash = NULL;
+	return 0;
+}
+
 static void
 test_forced_collision(void **state)
 {
@@ -199,9 +212,14 @@ test_tenants_and_keys(void **state)
 	assert_int_equal(m, 0); /* other tenant: never */
 	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
 	assert_int_equal(m, 0); /* tenant 0 either */
-	/* two tenants given one salt share */
+	/* two tenants given one salt do not share either: the tenant is part of the key */
 	o1.salt = o2.salt = 77;
 	(void)seq_a(e, &o1, 1, 1000);
+	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 3 * T); /* the tenant itself does, under that salt */
+	o2.tenant = 1; /* and so does a sequence of tenant 1 with salt 77 */
 	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
 	assert_int_equal(m, 3 * T);
 	/* another adapter / model revision does not */
@@ -210,6 +228,223 @@ test_tenants_and_keys(void **state)
 	assert_int_equal(m, 0);
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Hardening 6: no salt value reaches another tenant's blocks. The salt used to stand in for the
+ * tenant (0 meant (1 << 63) | tenant), so tenant 8 given salt 0x8000000000000001 matched and
+ * attached tenant 1's KV; and a salt of tenant 1 chosen as another tenant's default did too. */
+static void
+test_salt_cannot_reach_other_tenant(void **state)
+{
+	static const uint64_t salts[] = { 0, 1, 8, 0x8000000000000001ull, 0x8000000000000008ull,
+					  UINT64_MAX };
+	struct tsup_cfg c = { .hbm_blocks = 16, .host_blocks = 16 };
+	struct kvt_seq_opts o1, o8;
+	struct kvt_engine *e;
+	int32_t tok[4 * T];
+	uint64_t m = 0;
+	kvt_seq_id x;
+	char *dir;
+	size_t i;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	kvt_seq_opts_init(&o1, sizeof o1);
+	kvt_seq_opts_init(&o8, sizeof o8);
+	o1.tenant = 1;
+	o8.tenant = 8;
+	(void)seq_a(e, &o1, 1, 1000); /* tenant 1, default salt: 3 sealed blocks */
+	prompt(tok, 1000, 4 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 3 * T); /* the owner finds them */
+	for (i = 0; i < sizeof salts / sizeof *salts; i++) {
+		o8.salt = salts[i];
+		m = 1;
+		assert_int_equal(kvt_seq_match_prefix(e, &o8, tok, 4 * T, &m, NULL), 0);
+		assert_int_equal(m, 0);
+		assert_int_equal(kvt_seq_open(e, &o8, &x), 0);
+		m = 1;
+		assert_int_equal(kvt_seq_attach_prefix(e, x, tok, 4 * T, &m), 0);
+		assert_int_equal(m, 0); /* nothing of tenant 1's KV attached */
+		assert_int_equal(tsup_stats(e).shared_blocks, 0);
+		assert_int_equal(kvt_seq_close(e, x), 0);
+	}
+	/* tenant 1 itself with a salt: another key space than its default salt */
+	o1.salt = 0x8000000000000001ull;
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Hardening 10: a server that prefills and parks without ever preparing a batch gets prefix
+ * sharing: blocks are sealed at park (their K/V are written by then), and a block filled by an
+ * earlier append is sealed at the next append; the block the latest append filled is not (its
+ * K/V may not be written yet) until a release or a park. */
+static void
+test_sealed_without_batch(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 16, .host_blocks = 16 };
+	struct kvt_engine *e;
+	int32_t tok[4 * T];
+	uint64_t m = 0;
+	kvt_seq_id a, b, d;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	/* prefill, park: no batch */
+	assert_int_equal(kvt_seq_open(e, NULL, &a), 0);
+	assert_int_equal(pfx_append(e, a, 1, 1000, 0, 3 * T + 2), 0);
+	prompt(tok, 1000, 4 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0); /* just appended: the K/V may not be written yet */
+	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 3 * T);
+	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 4 * T, &m), 0);
+	assert_int_equal(m, 3 * T);
+	assert_int_equal(pfx_append(e, b, 1, 1000, 3 * T, T), 0);
+	assert_int_equal(tsup_verify(e, b, 1), 0); /* A's K/V, then its own */
+	tsup_check_engine(e);
+	/* prefill two blocks, then one more block (a decode step without a batch): the first
+	 * two are sealed by the second append, the third only by the release */
+	assert_int_equal(kvt_seq_open(e, NULL, &d), 0);
+	assert_int_equal(pfx_append(e, d, 2, 5000, 0, 2 * T), 0);
+	assert_int_equal(pfx_append(e, d, 2, 5000, 2 * T, T), 0);
+	prompt(tok, 5000, 4 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 2 * T);
+	assert_int_equal(tsup_verify(e, d, 2), 0); /* the release seals the third */
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 3 * T);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Hardening 7: a budget set for a tenant whose sequence reuses the record of a closed sequence
+ * of another tenant (whose blocks stay cached) charged those blocks to the new tenant, and the
+ * old tenant's budget kept counting them: kvt_engine_check() found "tenant 0 tier 0: 0 slots
+ * held, budget counts 2". */
+static void
+test_budget_after_record_reuse(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_seq_opts so;
+	uint64_t used[KVT_TIER_COUNT];
+	struct kvt_engine *e;
+	kvt_seq_id a, b;
+
+	(void)state;
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout = (struct kvt_layout){ TSUP_LAYERS, TSUP_HEADS, TSUP_DIM, KVT_DTYPE_F32, T };
+	o.hbm_bytes = 8 * tsup_block_bytes();
+	o.host_bytes = 8 * tsup_block_bytes();
+	o.prefix_cache = 1;
+	assert_int_equal(kvt_engine_create(&o, &e), 0);
+	assert_int_equal(kvt_tenant_set_budget(e, 0, KVT_TIER_HBM, 100), 0);
+	assert_int_equal(kvt_seq_open(e, NULL, &a), 0); /* tenant 0 */
+	assert_int_equal(pfx_append(e, a, 1, 1000, 0, 2 * T), 0);
+	assert_int_equal(tsup_verify(e, a, 1), 0); /* sealed: they stay cached after close */
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	assert_int_equal(kvt_tenant_usage(e, 0, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 2);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = 5;
+	assert_int_equal(kvt_seq_open(e, &so, &b), 0);
+	assert_int_equal((uint32_t)b, (uint32_t)a); /* the same sequence record */
+	assert_int_equal(kvt_tenant_set_budget(e, 5, KVT_TIER_HBM, 100), 0);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_tenant_usage(e, 0, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 2); /* still tenant 0's cached blocks */
+	assert_int_equal(kvt_tenant_usage(e, 5, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 0);
+	/* tenant 5's own blocks count for it */
+	assert_int_equal(pfx_append(e, b, 2, 7000, 0, T), 0);
+	assert_int_equal(kvt_tenant_usage(e, 5, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 1);
+	/* and a budget set once a tenant's sequence holds blocks counts them */
+	so.tenant = 6;
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	assert_int_equal(kvt_seq_open(e, &so, &b), 0);
+	assert_int_equal(pfx_append(e, b, 3, 9000, 0, 2 * T), 0);
+	assert_int_equal(kvt_tenant_set_budget(e, 6, KVT_TIER_HBM, 100), 0);
+	assert_int_equal(kvt_tenant_usage(e, 6, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 2);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	tsup_check_engine(e);
+	/* cached blocks of a closed sequence count for its tenant when its budget comes later */
+	so.tenant = 9;
+	assert_int_equal(kvt_seq_open(e, &so, &b), 0);
+	assert_int_equal(pfx_append(e, b, 4, 11000, 0, T), 0);
+	assert_int_equal(tsup_verify(e, b, 4), 0);
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	assert_int_equal(kvt_tenant_set_budget(e, 9, KVT_TIER_HBM, 100), 0);
+	assert_int_equal(kvt_tenant_usage(e, 9, used), 0);
+	assert_int_equal(used[KVT_TIER_HBM], 1);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+}
+
+/* Hardening 6: the index compares tenants on every hit, so isolation does not rest on the hash
+ * (XXH3 is not cryptographic): with every key forced equal, tenant 2 never gets tenant 1's
+ * block, neither while its creator holds it (tenant read from the creator) nor once the creator
+ * closed and another sequence of tenant 1 keeps it (tenant kept with the pool's tokens). */
+static void
+test_index_compares_tenant(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 16, .host_blocks = 16 };
+	struct kvt_seq_opts o1, o2;
+	struct kvt_engine *e;
+	int32_t tok[4 * T];
+	uint64_t m;
+	kvt_seq_id a, b, x;
+	char *dir;
+
+	(void)state;
+	kvt_test_prefix_hash = const_hash; /* every key 42, whatever tenant and salt */
+	e = tsup_engine(&c, &dir);
+	kvt_seq_opts_init(&o1, sizeof o1);
+	kvt_seq_opts_init(&o2, sizeof o2);
+	o1.tenant = 1;
+	o2.tenant = 2;
+	a = seq_a(e, &o1, 1, 1000); /* block 0 indexed (the others share its key: not) */
+	prompt(tok, 1000, 4 * T);
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, T);
+	m = 1;
+	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(kvt_seq_open(e, &o2, &x), 0);
+	m = 1;
+	assert_int_equal(kvt_seq_attach_prefix(e, x, tok, 4 * T, &m), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(kvt_seq_close(e, x), 0);
+	/* tenant 1's b keeps block 0; its creator a closes: the entry owns its tokens now */
+	assert_int_equal(kvt_seq_open(e, &o1, &b), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, b, tok, 4 * T, &m), 0);
+	assert_int_equal(m, T);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	assert_int_equal(e->prefix.owned, 1);
+	m = 1;
+	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(kvt_seq_open(e, &o2, &x), 0); /* may reuse a's record */
+	m = 1;
+	assert_int_equal(kvt_seq_attach_prefix(e, x, tok, 4 * T, &m), 0);
+	assert_int_equal(m, 0);
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 4 * T, &m, NULL), 0);
+	assert_int_equal(m, T);
+	assert_int_equal(tsup_verify(e, b, 1), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	kvt_test_prefix_hash = NULL;
 	tsup_rmdir(dir);
 }
 
@@ -519,8 +754,12 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_share_and_refcounts),
-		cmocka_unit_test(test_forced_collision),
+		cmocka_unit_test_teardown(test_forced_collision, pfx_hook_reset),
 		cmocka_unit_test(test_tenants_and_keys),
+		cmocka_unit_test(test_salt_cannot_reach_other_tenant),
+		cmocka_unit_test(test_sealed_without_batch),
+		cmocka_unit_test(test_budget_after_record_reuse),
+		cmocka_unit_test_teardown(test_index_compares_tenant, pfx_hook_reset),
 		cmocka_unit_test(test_divergence),
 		cmocka_unit_test(test_index_churn),
 		cmocka_unit_test(test_cache_and_free),

@@ -58,21 +58,30 @@ store_engine_ok(const char *dir, const struct scfg *c)
 	return e;
 }
 
-/* A session with key @key and pattern @tag of @n tokens, parked to NVMe and drained. */
+/* A session of @tenant with key @key and pattern @tag of @n tokens, parked to NVMe and
+ * drained. */
 static kvt_seq_id
-park_session(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n)
+park_session_of(struct kvt_engine *e, uint32_t tenant, uint64_t key, uint32_t tag, uint32_t n)
 {
 	struct kvt_seq_opts so;
 	kvt_seq_id s;
 
 	kvt_seq_opts_init(&so, sizeof so);
 	so.session_key = key;
+	so.tenant = tenant;
 	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
 	for (uint32_t p = 0; p < n; p += 8)
 		assert_int_equal(tsup_append_write(e, s, tag, p, n - p < 8 ? n - p : 8), 0);
 	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	return s;
+}
+
+/* park_session_of tenant 0. */
+static kvt_seq_id
+park_session(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n)
+{
+	return park_session_of(e, 0, key, tag, n);
 }
 
 static bool
@@ -487,7 +496,7 @@ test_restore_counts_in_budget(void **state)
 	kvt_seq_id s = 0;
 
 	(void)state;
-	park_session(e, 0x1111, 3, 21);
+	park_session_of(e, 7, 0x1111, 3, 21);
 	kvt_engine_destroy(e);
 	e = store_engine_ok(dir, &c);
 	assert_int_equal(kvt_tenant_set_budget(e, 7, KVT_TIER_NVME, 1000), 0);
@@ -501,6 +510,83 @@ test_restore_counts_in_budget(void **state)
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_tenant_usage(e, 7, used), 0);
 	assert_int_equal(used[KVT_TIER_NVME], 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Whether kvt_session_list_tenant(@tenant) names @key (and agrees with its count). */
+static bool
+listed_for(struct kvt_engine *e, uint32_t tenant, uint64_t key)
+{
+	uint64_t keys[64];
+	int n = kvt_session_list_tenant(e, tenant, keys, 64);
+	bool found = false;
+
+	assert_true(n >= 0 && n <= 64);
+	assert_int_equal(kvt_session_list_tenant(e, tenant, NULL, 0), n);
+	for (int i = 0; i < n; i++)
+		found |= keys[i] == key;
+	return found;
+}
+
+/* Hardening 6: stored sessions keep their tenant across a restart. kvt_seq_restore takes the
+ * tenant from the record and refuses another (-EPERM; it used to give the caller the session,
+ * under the caller's tenant), kvt_session_list_tenant lists only the tenant's sessions,
+ * kvt_session_drop_tenant refuses another tenant's; the operator's kvt_session_list and
+ * kvt_session_drop still see every tenant. */
+static void
+test_sessions_across_tenants(void **state)
+{
+	struct scfg c = { .codec = 0 };
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e = store_engine_ok(dir, &c);
+	struct kvt_seq_opts so;
+	struct kvt_seq_info info;
+	uint64_t keys[8];
+	kvt_seq_id s = 0;
+
+	(void)state;
+	park_session_of(e, 3, 0x31, 4, 10);
+	park_session_of(e, 3, 0x32, 5, 6);
+	park_session_of(e, 4, 0x41, 6, 9);
+	kvt_engine_destroy(e);
+	e = store_engine_ok(dir, &c);
+	/* list: per tenant, and all of them for the operator */
+	assert_int_equal(kvt_session_list(e, keys, 8), 3);
+	assert_int_equal(kvt_session_list_tenant(e, 3, keys, 8), 2);
+	assert_true(listed_for(e, 3, 0x31) && listed_for(e, 3, 0x32) && !listed_for(e, 3, 0x41));
+	assert_true(listed_for(e, 4, 0x41) && !listed_for(e, 4, 0x31));
+	assert_int_equal(kvt_session_list_tenant(e, 5, keys, 8), 0);
+	assert_int_equal(kvt_session_list_tenant(NULL, 3, keys, 8), -EINVAL);
+	/* restore: another tenant (and the default tenant 0) is refused, nothing changes */
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = 4;
+	assert_int_equal(kvt_seq_restore(e, 0x31, &so, &s), -EPERM);
+	assert_non_null(strstr(kvt_last_error_message(), "another tenant"));
+	assert_int_equal(s, 0);
+	assert_int_equal(kvt_seq_restore(e, 0x31, NULL, &s), -EPERM);
+	assert_true(listed_for(e, 3, 0x31));
+	tsup_check_engine(e);
+	/* drop: another tenant is refused and the session stays */
+	assert_int_equal(kvt_session_drop_tenant(e, 4, 0x32), -EPERM);
+	assert_true(listed_for(e, 3, 0x32));
+	assert_int_equal(kvt_session_drop_tenant(e, 4, 0x99), -ENOENT);
+	/* the owner restores (with its tenant) and drops */
+	so.tenant = 3;
+	assert_int_equal(kvt_seq_restore(e, 0x31, &so, &s), 0);
+	assert_int_equal(kvt_seq_info(e, s, &info), 0);
+	assert_int_equal(info.tenant, 3);
+	assert_int_equal(kvt_seq_resume(e, s), 0);
+	assert_int_equal(tsup_verify(e, s, 4), 0);
+	assert_false(listed_for(e, 3, 0x31)); /* open: not restorable */
+	assert_int_equal(kvt_session_drop_tenant(e, 3, 0x32), 0);
+	assert_false(listed_for(e, 3, 0x32));
+	assert_int_equal(kvt_session_list_tenant(e, 3, keys, 8), 0);
+	/* the operator's drop takes any tenant's */
+	assert_int_equal(kvt_session_drop(e, 0x41), 0);
+	assert_int_equal(kvt_session_list(e, keys, 8), 0);
+	assert_int_equal(kvt_seq_close(e, s), 0);
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
 	tsup_rmdir(dir);
@@ -520,6 +606,7 @@ main(void)
 		cmocka_unit_test(test_lost_and_late_completions),
 		cmocka_unit_test(test_enospc_gives_back_clean_copies),
 		cmocka_unit_test(test_restore_counts_in_budget),
+		cmocka_unit_test(test_sessions_across_tenants),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

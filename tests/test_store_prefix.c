@@ -218,6 +218,106 @@ test_prefix_found_after_restart(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Hardening 6 after a restart: a session stored by tenant 1 (default salt) is found by tenant 1's
+ * prompts but never by tenant 8's, whatever salt tenant 8 gives: not with salt
+ * 0x8000000000000001, which used to be tenant 1's derived salt (same keys), and not by key
+ * alone either (the record's tenant is compared). */
+static void
+test_prefix_after_restart_per_tenant(void **state)
+{
+	static const uint64_t salts[] = { 0, 1, 0x8000000000000001ull };
+	char *dir = tsup_mkdtemp();
+	struct kvt_seq_opts o1, o8;
+	struct kvt_engine *e;
+	int32_t tok[10];
+	uint64_t got = 0;
+	kvt_seq_id a, c;
+
+	(void)state;
+	for (int i = 0; i < 10; i++)
+		tok[i] = i; /* tsup_append_write's tokens are the positions */
+	kvt_seq_opts_init(&o1, sizeof o1);
+	kvt_seq_opts_init(&o8, sizeof o8);
+	o1.tenant = 1;
+	o1.session_key = 9;
+	o8.tenant = 8;
+	e = dur_engine(dir, 16);
+	assert_int_equal(kvt_seq_open(e, &o1, &a), 0);
+	assert_int_equal(tsup_append_write(e, a, 9, 0, 10), 0);
+	dur_park(e, a);
+	kvt_engine_destroy(e);
+
+	e = dur_engine(dir, 16);
+	for (size_t i = 0; i < sizeof salts / sizeof *salts; i++) {
+		o8.salt = salts[i];
+		got = 1;
+		assert_int_equal(kvt_seq_match_prefix(e, &o8, tok, 10, &got, NULL), 0);
+		assert_int_equal(got, 0);
+		assert_int_equal(kvt_seq_open(e, &o8, &c), 0);
+		got = 1;
+		assert_int_equal(kvt_seq_attach_prefix(e, c, tok, 10, &got), 0);
+		assert_int_equal(got, 0);
+		assert_int_equal(kvt_seq_close(e, c), 0);
+	}
+	tsup_check_engine(e);
+	o1.session_key = 0;
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 10, &got, NULL), 0);
+	assert_int_equal(got, 8); /* the owner's prompts find it */
+	assert_int_equal(kvt_seq_open(e, &o1, &c), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, c, tok, 10, &got), 0);
+	assert_int_equal(got, 8);
+	assert_int_equal(tsup_verify(e, c, 9), 0);
+	assert_int_equal(kvt_seq_close(e, c), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Key collisions across tenants: with every key equal (chain_only_hash below ignores the salt
+ * material, so tenant 2's keys are tenant 1's), a stored session of tenant 1 is still never
+ * attached by tenant 2: kvt_persist_prefix compares the record's tenant. */
+static void chain_only_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
+			    const uint64_t salt[2], uint64_t out[2]);
+
+static void
+test_prefix_after_restart_tenant_not_key(void **state)
+{
+	char *dir = tsup_mkdtemp();
+	struct kvt_seq_opts o1, o2;
+	struct kvt_engine *e;
+	int32_t tok[8];
+	uint64_t got = 1;
+	kvt_seq_id a, c;
+
+	(void)state;
+	for (int i = 0; i < 8; i++)
+		tok[i] = i;
+	kvt_seq_opts_init(&o1, sizeof o1);
+	kvt_seq_opts_init(&o2, sizeof o2);
+	o1.tenant = 1;
+	o1.session_key = 9;
+	o2.tenant = 2;
+	kvt_test_prefix_hash = chain_only_hash;
+	e = dur_engine(dir, 16);
+	assert_int_equal(kvt_seq_open(e, &o1, &a), 0);
+	assert_int_equal(tsup_append_write(e, a, 9, 0, 8), 0);
+	dur_park(e, a);
+	kvt_engine_destroy(e);
+	e = dur_engine(dir, 16);
+	assert_int_equal(kvt_seq_match_prefix(e, &o2, tok, 8, &got, NULL), 0);
+	assert_int_equal(got, 0);
+	assert_int_equal(kvt_seq_open(e, &o2, &c), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, c, tok, 8, &got), 0);
+	assert_int_equal(got, 0);
+	o1.session_key = 0;
+	assert_int_equal(kvt_seq_match_prefix(e, &o1, tok, 8, &got, NULL), 0);
+	assert_int_equal(got, 8); /* same keys, same tenant: found */
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	kvt_test_prefix_hash = NULL;
+	tsup_rmdir(dir);
+}
+
 /* Every block's key depends only on its parent's: keys collide for any two prompts. */
 static void
 chain_only_hash(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
@@ -267,6 +367,8 @@ main(void)
 		cmocka_unit_test(test_content_hash_stored),
 		cmocka_unit_test(test_prefix_found_after_restart),
 		cmocka_unit_test(test_prefix_after_restart_needs_tokens),
+		cmocka_unit_test(test_prefix_after_restart_per_tenant),
+		cmocka_unit_test(test_prefix_after_restart_tenant_not_key),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

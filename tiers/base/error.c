@@ -24,7 +24,8 @@ kvt_strerror(int err)
 		break;
 	}
 	if (err < 0 && err > -4096) {
-		/* strerror() is not thread-safe in general; the errno names we use are few. */
+		/* strerror() is not thread-safe in general: every errno value the engine returns
+		 * itself has its name here, and so have those its system calls pass on */
 		switch (-err) {
 		case EINVAL: return "invalid argument";
 		case ENOMEM: return "out of memory";
@@ -36,6 +37,27 @@ kvt_strerror(int err)
 		case EAGAIN: return "resource temporarily unavailable; try again";
 		case EROFS: return "read-only file system";
 		case EEXIST: return "file exists";
+		case EBUSY: return "resource busy (in use by another process or call)";
+		case EPERM: return "operation not permitted (belongs to another tenant or owner)";
+		case ETIMEDOUT: return "timed out";
+		case ETIME: return "timer expired";
+		case EINTR: return "interrupted system call";
+		case EDEADLK: return "no progress possible (would wait for ever)";
+		case EBADF: return "bad file descriptor";
+		case EFAULT: return "bad address";
+		case EFBIG: return "file too large";
+		case EISDIR: return "is a directory";
+		case EMFILE: return "too many open files";
+		case ENFILE: return "too many open files in system";
+		case ENAMETOOLONG: return "file name too long";
+		case ENODEV: return "no such device";
+		case ENXIO: return "no such device or address";
+		case EOPNOTSUPP: return "operation not supported";
+		case ENOSYS: return "function not implemented";
+		case ELOOP: return "too many levels of symbolic links";
+		case EOVERFLOW: return "value too large for defined data type";
+		case EDQUOT: return "disk quota exceeded";
+		case ECANCELED: return "operation canceled";
 		default: return "system error";
 		}
 	}

@@ -330,7 +330,7 @@ class Engine:
         """kvt_seq_open: a new empty Sequence. Keyword arguments are the fields of
         struct kvt_seq_opts: tenant, priority (0..100), session_key (publish it under this key
         when parked to NVMe with nvme_persist), retention_ms, salt and extra_key (prefix
-        sharing happens only between equal salts and extra keys; salt 0 = per tenant)."""
+        sharing happens only within one tenant, between equal salts and extra keys)."""
         o = _seq_opts(tenant=tenant, priority=priority, **opts)
         sid = ctypes.c_uint64()
         _check(lib.kvt_seq_open(self._handle(), ctypes.byref(o), ctypes.byref(sid)),
@@ -401,13 +401,18 @@ class Engine:
         _check(lib.kvt_tenant_usage(self._handle(), tenant, used), "kvt_tenant_usage")
         return list(used)
 
-    def session_list(self):
+    def session_list(self, tenant=None):
         """kvt_session_list: keys of the sessions published in the persistent store and not
-        open in this engine (restorable); [] without a store."""
+        open in this engine (restorable), of every tenant; with @tenant only that tenant's
+        (kvt_session_list_tenant). [] without a store."""
         cap = 0
         while True:
             keys = (ctypes.c_uint64 * max(cap, 1))()
-            n = _check(lib.kvt_session_list(self._handle(), keys, cap), "kvt_session_list")
+            if tenant is None:
+                n = _check(lib.kvt_session_list(self._handle(), keys, cap), "kvt_session_list")
+            else:
+                n = _check(lib.kvt_session_list_tenant(self._handle(), tenant, keys, cap),
+                           "kvt_session_list_tenant")
             if n <= cap:
                 return list(keys[:n])
             cap = n + 16  # more may be published between the calls
@@ -415,16 +420,23 @@ class Engine:
     def restore(self, session_key, tenant=0, priority=50, **opts):
         """kvt_seq_restore: reopen a published session as a parked Sequence (its blocks on
         NVMe, verified by checksum when read). NotFoundError when it is absent or did not
-        survive whole; BusyError when it is open here."""
+        survive whole; BusyError when it is open here; -EPERM when it was stored for another
+        tenant than @tenant."""
         o = _seq_opts(tenant=tenant, priority=priority, **opts)
         sid = ctypes.c_uint64()
         _check(lib.kvt_seq_restore(self._handle(), session_key, ctypes.byref(o),
                                    ctypes.byref(sid)), "kvt_seq_restore")
         return Sequence(self, sid.value)
 
-    def drop_session(self, session_key):
-        """kvt_session_drop: forget a published session (NotFoundError, BusyError if open)."""
-        _check(lib.kvt_session_drop(self._handle(), session_key), "kvt_session_drop")
+    def drop_session(self, session_key, tenant=None):
+        """kvt_session_drop: forget a published session of any tenant (NotFoundError,
+        BusyError if open); with @tenant only one of that tenant (kvt_session_drop_tenant:
+        -EPERM for another's)."""
+        if tenant is None:
+            _check(lib.kvt_session_drop(self._handle(), session_key), "kvt_session_drop")
+        else:
+            _check(lib.kvt_session_drop_tenant(self._handle(), tenant, session_key),
+                   "kvt_session_drop_tenant")
 
     # -- progress and introspection ------------------------------------------------------
     def poll(self, max_completions=0):

@@ -170,6 +170,8 @@ _PROTOS = {
     "kvt_session_list": (_int, [_vp, _P(c_u64), ctypes.c_size_t]),
     "kvt_seq_restore": (_int, [_vp, c_u64, _P(SeqOpts), _P(c_u64)]),
     "kvt_session_drop": (_int, [_vp, c_u64]),
+    "kvt_session_list_tenant": (_int, [_vp, c_u32, _P(c_u64), ctypes.c_size_t]),
+    "kvt_session_drop_tenant": (_int, [_vp, c_u32, c_u64]),
     # priorities, prefix sharing, tenants
     "kvt_seq_set_priority": (_int, [_vp, c_u64, c_u64, c_u64, c_u8, c_u32]),
     "kvt_seq_match_prefix": (_int, [_vp, _P(SeqOpts), _P(c_i32), ctypes.c_size_t, _P(c_u64),

@@ -211,6 +211,13 @@ def test_persistent_sessions(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["kvtier.journal", "kvtier.store"]
     with engine(tmp_path, **opts) as eng:  # "after a restart"
         assert sorted(eng.session_list()) == [42, 43]
+        assert sorted(eng.session_list(tenant=0)) == [42, 43] and eng.session_list(tenant=5) == []
+        with pytest.raises(kvtier.KvtierError) as ei:  # stored for tenant 0: not tenant 5's
+            eng.restore(42, tenant=5)
+        assert ei.value.code == -errno.EPERM
+        with pytest.raises(kvtier.KvtierError) as ei:
+            eng.drop_session(43, tenant=5)
+        assert ei.value.code == -errno.EPERM
         seq = eng.restore(42, tenant=0)
         info = seq.info()
         assert info["n_tokens"] == 10 and info["parked"] == 1
