@@ -81,6 +81,10 @@ batch_check_one(struct kvt_engine *e, const struct kvt_seq_range *r, size_t i, u
 	if (s->in_batch)
 		return kvt_err(KVT_EBUSY, "batch entry %zu: sequence %#llx is in another "
 			       "unreleased batch", i, (unsigned long long)r[i].seq);
+	if (s->in_call)
+		return kvt_err(KVT_EBUSY, "batch entry %zu: sequence %#llx is in use by another "
+			       "thread's call (an append, park or prepare of it waiting for a "
+			       "transfer)", i, (unsigned long long)r[i].seq);
 	if (s->n_blocks == 0)
 		return kvt_err(-EINVAL, "batch entry %zu: sequence %#llx holds no tokens; "
 			       "append before preparing", i, (unsigned long long)r[i].seq);
@@ -149,6 +153,10 @@ batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pendin
 		/* a round that may wait may also take announced blocks' HOST copies (hints are
 		 * a forecast; this batch runs now), never another batch block's (protected) */
 		rc = kvt_reclaim(e, KVT_TIER_HOST, 1, wait);
+		/* a wait released the lock: another thread may have started its read meanwhile */
+		if (rc == 0 && (kvt_copy_state(k, KVT_TIER_HOST) != KVT_COPY_ABSENT ||
+				!kvt_copy_valid(k, KVT_TIER_NVME)))
+			return -EAGAIN;
 		if (rc == 0)
 			rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
 		if (rc == 0)
@@ -495,8 +503,9 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	first = tmp; /* (no arithmetic on a NULL tmp: UBSan) */
 	count = tmp + n;
 	seqidx = tmp + 2 * n;
-	/* retire the copies that landed (their blocks count as ready, their sources as clean) */
-	rc = kvt_xfer_poll(e, 0);
+	/* retire the copies that landed (their blocks count as ready, their sources as clean);
+	 * bounded, so a prepare of resident blocks does not process others' IO at length */
+	rc = kvt_xfer_poll(e, KVT_XFER_POLL_BOUND);
 	if (rc >= 0)
 		rc = batch_check(e, r, n, seqidx, first, count, &total);
 	if (rc) {
@@ -516,6 +525,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 		struct kvt_seqrec *s = &e->seqs[seqidx[i]];
 
 		kvt_rot_prepared(e, s, first[i] == 0 && count[i] == s->n_blocks);
+		s->in_call = 1; /* waits release the lock: no other call changes it meanwhile */
 		for (j = first[i]; j < first[i] + count[i]; j++) {
 			uint32_t id = s->blocks[j];
 
@@ -551,6 +561,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	for (i = 0; i < b->n_pinned; i++)
 		kvt_promo_access(e, b->pinned[i]); /* this use consumes its promotion */
 	for (i = 0; i < n; i++) {
+		e->seqs[seqidx[i]].in_call = 0;
 		e->seqs[seqidx[i]].in_batch = 1;
 		e->seqs[seqidx[i]].parked = 0;
 		e->seqs[seqidx[i]].last_use_ns = kvt_now_ns();
@@ -561,6 +572,8 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	kvt_free(tmp);
 	return 0;
 fail:
+	for (i = 0; i < n; i++)
+		e->seqs[seqidx[i]].in_call = 0;
 	batch_unpin(e, b);
 	batch_free(b);
 	kvt_free(tmp);
@@ -654,10 +667,10 @@ batch_layer_event(struct kvt_engine *e, struct kvt_batch *b, uint32_t layer,
  * (@stream) is queued under the lock (the host does not block). A host wait blocks with the
  * lock released, so that other threads' engine calls (stats, hints, other sequences' appends
  * and batches, completions) go on meanwhile; once it returns, the lock is taken again and the
- * state looked at afresh: the group may have retired meanwhile (another thread's poll), or its
- * event been recorded again for a younger group, in which case waiting again waits for more
- * than needed, never for less (copies are in stream order). A wait that found the layer not
- * landed is one stall, however many rounds it takes.
+ * state looked at afresh: the group may have retired meanwhile (another thread's poll). The
+ * sleeper holds the group (kvt_xfer_sleep_h2d), so its event is neither freed nor recorded
+ * again under it. A wait that found the layer not landed is one stall, however many rounds it
+ * takes.
  */
 static int
 batch_wait_locked(struct kvt_engine *e, struct kvt_batch *b, uint32_t layer, void *stream)
@@ -684,12 +697,9 @@ batch_wait_locked(struct kvt_engine *e, struct kvt_batch *b, uint32_t layer, voi
 		if (stream) /* the caller's stream waits, the host does not (the stall's
 			     * length is the device's to know) */
 			return e->dev->ops->stream_wait_event(e->dev, stream, ev);
-		kvt_unlock(e);
 		t0 = kvt_now_ns();
-		rc = e->dev->ops->event_sync(e->dev, ev);
-		t0 = kvt_now_ns() - t0;
-		kvt_lock(e);
-		e->st.stall_ns += t0;
+		rc = kvt_xfer_sleep_h2d(e, b->need_h2d, layer);
+		e->st.stall_ns += kvt_now_ns() - t0;
 		if (rc)
 			return rc;
 	}

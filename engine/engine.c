@@ -319,6 +319,7 @@ kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 	memcpy(&e->opts, o, o->opts_size < sizeof e->opts ? o->opts_size : sizeof e->opts);
 	e->opts.opts_size = sizeof e->opts;
 	pthread_mutex_init(&e->lock, NULL);
+	pthread_cond_init(&e->xfer_cv, NULL);
 	e->layout = o->layout;
 	e->block_bytes = bb;
 	e->layer_block_bytes = bb / o->layout.n_layers;
@@ -397,6 +398,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	kvt_free(e->rel_ring);
 	kvt_prefix_fini(e);
 	free(e->nvme_dir);
+	pthread_cond_destroy(&e->xfer_cv);
 	pthread_mutex_destroy(&e->lock);
 	kvt_free(e);
 }
@@ -542,7 +544,7 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 		return kvt_err(-EINVAL, "kvt_stats.size %zu: set it to sizeof(struct kvt_stats)",
 			       size);
 	kvt_lock(e);
-	(void)kvt_xfer_poll(e, 0);
+	(void)kvt_xfer_poll(e, KVT_XFER_POLL_BOUND); /* bounded: stats never wait for others' IO */
 	s = e->st;
 	s.evictions = 0; /* the sum over tiers, derived here */
 	for (t = 0; t < KVT_TIER_COUNT; t++) {

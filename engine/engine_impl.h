@@ -36,6 +36,7 @@
 #define KVT_ENGINE_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -277,6 +278,7 @@ struct kvt_seqrec {
 	unsigned open : 1;  /* 1 while open */
 	unsigned parked : 1; /* 1 after park until resume/append/prepare */
 	unsigned in_batch : 1; /* 1 while an unreleased batch holds it */
+	unsigned in_call : 1;  /* 1 while an append or park of it may sleep (lock released) */
 	unsigned pub_pending : 1; /* parked to NVMe, to be published once all blocks are there */
 	unsigned rot_part : 1; /* 1: its latest batch held only a window of it (no MRU order) */
 	unsigned seen : 1;     /* already named by an earlier entry of the batch being checked
@@ -312,6 +314,9 @@ struct kvt_xgroup {
 	uint64_t seqno;           /* position in its stream's order, from 1 */
 	struct kvt_xgroup *next;  /* next younger group on the same stream */
 	uint32_t n_ev;            /* events in ev[] (layer groups; 1 for D2H) */
+	uint32_t waiters;         /* threads sleeping on one of its events, the engine lock
+	                             released: it (and its events) is freed by the last one */
+	bool retired;             /* retired (off its stream) while waiters held it */
 	struct kvt_event *ev[];   /* ev[i]: recorded after layer group i; ev[n_ev - 1]: all */
 };
 
@@ -322,6 +327,7 @@ struct kvt_xstream {
 	struct kvt_xgroup *tail;    /* youngest */
 	struct kvt_xfer *pending;   /* transfers collected but not yet submitted */
 	uint32_t n_pending;         /* entries in pending */
+	bool syncing;               /* a thread sleeps on one of its groups (lock released) */
 	uint64_t submitted;         /* seqno of the last submitted group */
 	uint64_t retired;           /* seqno of the last retired group */
 };
@@ -348,6 +354,16 @@ struct kvt_batch {
 
 struct kvt_engine {
 	pthread_mutex_t lock;               /* guards everything below */
+	pthread_cond_t xfer_cv;             /* broadcast when a thread that slept on IO or a
+	                                       copy (lock released) has processed completions */
+	uint64_t xfer_gen;                  /* bumped with each such broadcast */
+	bool nvme_reaping;                  /* a thread sleeps in the NVMe reap (lock released):
+	                                       the CQ is its alone until it is back */
+	bool nvme_defer;                    /* NVMe IO queued: kvt_unlock submits it, after the
+	                                       lock is released (io_uring_submit may do the
+	                                       block-layer work inline: never under the lock) */
+	atomic_uint nvme_submitting;        /* threads in that submission now (polls that must
+	                                       not wait leave the tier alone meanwhile) */
 	struct kvt_engine_opts opts;        /* copy of the options (nvme_dir points to nvme_dir) */
 	char *nvme_dir;                     /* owned copy */
 	struct kvt_layout layout;           /* model layout */
@@ -541,8 +557,15 @@ int kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool the
 int kvt_xfer_flush(struct kvt_engine *e);             /* submit collected device copies */
 int kvt_xfer_flush_down(struct kvt_engine *e);        /* ... demotions only (not H2D) */
 int kvt_xfer_poll(struct kvt_engine *e, uint32_t max); /* process ready completions */
-int kvt_xfer_wait_any(struct kvt_engine *e);           /* block for >= 1 completion */
+/* Completions a call that need not wait processes at most (kvt_xfer_poll's max). */
+#define KVT_XFER_POLL_BOUND 64u
+/* Block for >= 1 completion, the lock released while asleep (state may change meanwhile). */
+int kvt_xfer_wait_any(struct kvt_engine *e);
 int kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id); /* ... for the copy into @id */
+/* Sleep, the lock released, until layer @layer of the youngest host-to-device group from
+ * @seqno on has landed (that group held meanwhile: its event is never freed or reused under
+ * the sleeper). 0 or the device's code. */
+int kvt_xfer_sleep_h2d(struct kvt_engine *e, uint64_t seqno, uint32_t layer);
 uint64_t kvt_xfer_inflight(const struct kvt_engine *e);
 /* Event after layer @layer's copies of h2d group @seqno (NULL when that group has retired). */
 struct kvt_event *kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno, uint32_t layer);
@@ -662,10 +685,20 @@ kvt_lock(struct kvt_engine *e)
 	pthread_mutex_lock(&e->lock);
 }
 
+/* Release the lock; NVMe IO queued under it (e->nvme_defer) is handed to the kernel after. */
 static inline void
 kvt_unlock(struct kvt_engine *e)
 {
+	bool submit = e->nvme_defer;
+
+	e->nvme_defer = false;
+	if (submit)
+		atomic_fetch_add(&e->nvme_submitting, 1u);
 	pthread_mutex_unlock(&e->lock);
+	if (submit) {
+		(void)kvt_nvme_flush_quiet(e->nvme); /* a failure: the next reap reports it */
+		atomic_fetch_sub(&e->nvme_submitting, 1u);
+	}
 }
 
 #endif /* KVT_ENGINE_IMPL_H */

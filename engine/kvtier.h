@@ -28,7 +28,10 @@
  *     new fields are only ever added at the end.
  *   - Threading: every function taking a struct kvt_engine * may be called from any thread; the
  *     engine serialises them with one internal mutex. A struct kvt_batch is used by one thread at
- *     a time (the one that runs the step).
+ *     a time (the one that runs the step). No call holds that mutex while it waits for IO or a
+ *     device copy: a call whose blocks are resident does not wait for other sequences'
+ *     transfers. While an append, park or prepare of a sequence waits, other threads' close,
+ *     append, park and prepare of that same sequence return KVT_EBUSY.
  */
 #ifndef KVTIER_H
 #define KVTIER_H
@@ -319,6 +322,8 @@ kvt_kv_addr(const struct kvt_geometry *g, uint32_t layer, int64_t slot_mapping, 
  * kvt_engine_poll() - process completed transfers (device copies, NVMe IO) without blocking:
  * block states are updated, slots whose copies finished are freed or published.
  * @max: process at most this many completions (0 = all that are ready).
+ * NVMe completions are left to another thread that is reaping them at the moment (a waiting
+ * call, which processes them) or submitting IO; the next poll or wait gets them.
  * Returns the number processed (>= 0) or a negative error code.
  */
 KVT_API int kvt_engine_poll(struct kvt_engine *e, uint32_t max);
@@ -439,7 +444,8 @@ KVT_API int kvt_seq_detach(struct kvt_engine *e, kvt_seq_id s);
  * sequence; a server that prefills and parks without ever preparing a batch shares its prompt
  * from the park on.
  * Returns 0, or one of these, with the sequence in the state given:
- *   KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch), -EINVAL (n out of range,
+ *   KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch, or another thread's
+ *   append, park or prepare of it is waiting), -EINVAL (n out of range,
  *   slot_mapping NULL), KVT_ETOOBIG (the n tokens span more blocks than HBM has slots: append
  *   fewer at a time; or the sequence would exceed 16,777,215 blocks or the most blocks one
  *   sequence may hold, below: it could never be read back, retrying cannot help), -ENOSPC (not
@@ -672,7 +678,7 @@ struct kvt_block_table {
  * unpinned blocks. Copies are asynchronous: wait with kvt_batch_wait_layer() before reading.
  * @seqs: n distinct open sequence ids.  @n: 1..65536.  @out: receives the batch.
  * Returns 0; KVT_ECLOSED; -EINVAL (duplicates, n out of range); KVT_EBUSY (a sequence is in
- * another unreleased batch); KVT_ETOOBIG (the batch can never fit in HBM: a clear message says
+ * another unreleased batch, or another thread's append, park or prepare of it is waiting); KVT_ETOOBIG (the batch can never fit in HBM: a clear message says
  * how many blocks it needs and how many HBM has); -ENOSPC (not now: HBM is pinned by other
  * batches); KVT_ELOST (a block failed its checksum or could not be read: each such sequence is
  * truncated before the lost block, see kvt_seq_info, and must be recomputed from there; nothing

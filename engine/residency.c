@@ -65,6 +65,14 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	kvt_blk(e, id)->wanted = 0;
 	kvt_block_pin(e, id);
 	rc = kvt_reclaim(e, tier + 1, 1, may_wait);
+	/* a wait released the lock: the copy may have gone meanwhile (an append dropped it,
+	 * another thread demoted it); the caller counts slots afresh */
+	if (rc == 0 && (!kvt_copy_valid(kvt_blk(e, id), tier) ||
+			kvt_copy_state(kvt_blk(e, id), tier + 1) != KVT_COPY_ABSENT ||
+			valid_elsewhere(kvt_blk(e, id), tier))) {
+		kvt_block_unpin(e, id);
+		return 0;
+	}
 	if (rc == 0)
 		rc = kvt_slot_alloc(e, tier + 1, id, &slot);
 	if (rc == 0) {
@@ -456,6 +464,12 @@ kvt_promote_from_host(struct kvt_engine *e, uint32_t id, bool may_wait)
 	kvt_blk(e, id)->protect = 1;
 	rc = kvt_reclaim(e, KVT_TIER_HBM, 1, may_wait);
 	kvt_blk(e, id)->protect = was;
+	/* a wait released the lock: another thread may have promoted it meanwhile (done), or
+	 * its HOST copy gone (-EAGAIN: look again) */
+	if (rc == 0 && kvt_copy_state(kvt_blk(e, id), KVT_TIER_HBM) != KVT_COPY_ABSENT)
+		return 0;
+	if (rc == 0 && !kvt_copy_valid(kvt_blk(e, id), KVT_TIER_HOST))
+		return -EAGAIN;
 	if (rc == 0)
 		rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
 	if (rc == 0)
@@ -484,6 +498,8 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 			break;
 		if (kvt_copy_valid(b, KVT_TIER_HOST)) {
 			rc = kvt_promote_from_host(e, id, may_wait);
+			if (rc == -EAGAIN && may_wait)
+				continue; /* its HOST copy went while the lock was released */
 			break;
 		}
 		if (kvt_copy_state(b, KVT_TIER_HOST) == KVT_COPY_INFLIGHT) {
@@ -499,6 +515,10 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 		}
 		if (kvt_copy_valid(b, KVT_TIER_NVME)) {
 			rc = kvt_reclaim(e, KVT_TIER_HOST, 1, may_wait);
+			/* a wait released the lock: another thread's read may be under way */
+			if (rc == 0 && (kvt_copy_state(b, KVT_TIER_HOST) != KVT_COPY_ABSENT ||
+					!kvt_copy_valid(b, KVT_TIER_NVME)))
+				continue;
 			if (rc == 0)
 				rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
 			if (rc == 0)
@@ -544,6 +564,13 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 		kvt_copy_drop(e, id, KVT_TIER_HBM);
 		kvt_block_pin(e, id);
 		rc = kvt_reclaim(e, KVT_TIER_NVME, 1, may_wait);
+		/* a wait released the lock: another thread may have started (or undone) the
+		 * same demotion meanwhile; it goes on from there */
+		if (rc == 0 && (kvt_copy_state(b, KVT_TIER_NVME) != KVT_COPY_ABSENT ||
+				!kvt_copy_valid(b, KVT_TIER_HOST))) {
+			kvt_block_unpin(e, id);
+			return 0;
+		}
 		if (rc == 0)
 			rc = kvt_slot_alloc(e, KVT_TIER_NVME, id, &slot);
 		if (rc == 0)
@@ -555,6 +582,12 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 		return 0; /* nothing to demote (an empty block) */
 	kvt_block_pin(e, id);
 	rc = kvt_reclaim(e, KVT_TIER_HOST, 1, may_wait);
+	/* as above: the demotion may have been started by another thread meanwhile */
+	if (rc == 0 && (kvt_copy_state(b, KVT_TIER_HOST) != KVT_COPY_ABSENT ||
+			!kvt_copy_valid(b, KVT_TIER_HBM))) {
+		kvt_block_unpin(e, id);
+		return 0;
+	}
 	if (rc == 0)
 		rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
 	if (rc == 0)

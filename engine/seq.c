@@ -11,6 +11,7 @@
 #include "engine_impl.h"
 
 #define SEQ_MAX_APPEND (1u << 20)
+#define SEQ_PARK_PIN_WAITS 1000u /* waits for a block pinned for a moment by another thread */
 
 static kvt_seq_id
 seq_make_id(uint32_t idx, uint32_t gen)
@@ -309,11 +310,24 @@ seq_close_or_detach(struct kvt_engine *e, kvt_seq_id id, bool keep)
 		return kvt_err(KVT_EBUSY, "sequence %#llx is in an unreleased batch",
 			       (unsigned long long)id);
 	}
-	/* detach: a park still in flight is finished and published first */
+	if (s->in_call) {
+		kvt_unlock(e);
+		return kvt_err(KVT_EBUSY, "sequence %#llx is in use by another thread's call "
+			       "(an append, park or prepare of it waiting for a transfer)",
+			       (unsigned long long)id);
+	}
+	/* detach: a park still in flight is finished and published first; a wait releases the
+	 * lock, so no other call changes the sequence meanwhile (in_call) and its record is
+	 * looked up again after each (the table may have moved) */
 	publish = keep && s->pub_pending && s->parked;
+	if (publish)
+		s->in_call = 1;
 	while (publish && rc >= 0 && s->pub_pending &&
-	       (kvt_xfer_inflight(e) || e->d2h.n_pending || e->h2d.n_pending))
+	       (kvt_xfer_inflight(e) || e->d2h.n_pending || e->h2d.n_pending)) {
 		rc = kvt_xfer_wait_any(e);
+		s = &e->seqs[idx];
+	}
+	s->in_call = 0;
 	if (publish && rc >= 0 && s->pub_pending)
 		kvt_persist_publish(e);
 	if (publish && (s->pub_pending || kvt_store_failed(e->store))) {
@@ -471,6 +485,7 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 			       (unsigned long long)end);
 	if (s->n_tokens % tpb) {
 		rc = seq_ready_last(e, s, &id);
+		s = &e->seqs[sidx]; /* the wait released the lock: the table may have moved */
 		if (rc == KVT_ELOST)
 			kvt_seq_truncate(e, s, s->n_blocks - 1);
 		if (rc)
@@ -484,6 +499,7 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 			goto undo;
 		kvt_block_pin(e, id);
 		rc = kvt_reclaim(e, KVT_TIER_HBM, 1, true);
+		s = &e->seqs[sidx]; /* as above */
 		if (rc == 0)
 			rc = kvt_slot_alloc(e, KVT_TIER_HBM, id, &slot);
 		if (rc) {
@@ -541,8 +557,16 @@ kvt_seq_append(struct kvt_engine *e, kvt_seq_id id, const int32_t *tokens, size_
 	else if (e->seqs[idx].in_batch)
 		rc = kvt_err(KVT_EBUSY, "sequence %#llx is in an unreleased batch",
 			     (unsigned long long)id);
-	else
+	else if (e->seqs[idx].in_call)
+		rc = kvt_err(KVT_EBUSY, "sequence %#llx is in use by another thread's call "
+			     "(an append, park or prepare of it waiting for a transfer)",
+			     (unsigned long long)id);
+	else {
+		/* waits inside release the lock: no other call changes the sequence meanwhile */
+		e->seqs[idx].in_call = 1;
 		rc = seq_append_locked(e, idx, tokens, n, slot_mapping);
+		e->seqs[idx].in_call = 0;
+	}
 	kvt_unlock(e);
 	return rc;
 }
@@ -566,6 +590,12 @@ kvt_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target)
 	}
 	if (s->in_batch) {
 		rc = kvt_err(KVT_EBUSY, "sequence %#llx is in an unreleased batch",
+			     (unsigned long long)id);
+		goto out;
+	}
+	if (s->in_call) {
+		rc = kvt_err(KVT_EBUSY, "sequence %#llx is in use by another thread's call "
+			     "(an append, park or prepare of it waiting for a transfer)",
 			     (unsigned long long)id);
 		goto out;
 	}
@@ -647,7 +677,7 @@ int
 kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 {
 	uint64_t t0 = kvt_now_ns();
-	uint32_t i;
+	uint32_t i, tries, sidx = (uint32_t)(s - e->seqs);
 	int rc = 0;
 
 	/* a tier the engine lacks: the next one down, or up when there is none below */
@@ -661,16 +691,33 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 	kvt_seq_publish(e, s); /* K/V written by now (the park copies them): shareable */
 	kvt_seq_unpin_writes(e, s);
 	kvt_hint_drop(e, s); /* parked: whatever was announced for it no longer holds */
+	/* a wait (for NVMe room, in a demotion) releases the lock: no other call changes the
+	 * sequence meanwhile, and its record is looked up again after each (the table may have
+	 * moved) */
+	s->in_call = 1;
 	if (t == KVT_TIER_NVME)
 		rc = seq_park_nvme_room(e, s);
-	for (i = 0; i < s->n_blocks && rc == 0; i++) {
+	s = &e->seqs[sidx];
+	for (i = 0, tries = 0; i < s->n_blocks && rc == 0; i++) {
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
+		s = &e->seqs[sidx];
 		if (rc == KVT_EBUSY && kvt_blk(e, s->blocks[i])->refs > 1)
 			rc = 0; /* shared, and in another sequence's batch: it stays for that one */
+		if (rc == KVT_EBUSY && tries++ < SEQ_PARK_PIN_WAITS) {
+			/* pinned for a moment by another thread's eviction or promotion that
+			 * sleeps (lock released) on a transfer: once that moves, look again */
+			rc = kvt_xfer_wait_any(e);
+			s = &e->seqs[sidx];
+			if (rc >= 0) {
+				rc = 0;
+				i--;
+			}
+		}
 		if (rc == -ENOSPC)
 			rc = kvt_err(-ENOSPC, "no room below HBM to park block %u of sequence %u",
 				     i, (unsigned)(s - e->seqs));
 	}
+	s->in_call = 0;
 	if (rc == 0)
 		rc = kvt_xfer_flush(e);
 	if (rc == 0) {
@@ -796,7 +843,7 @@ kvt_seq_idle_scan(struct kvt_engine *e)
 	for (i = 0; i < e->cap_seqs; i++) {
 		struct kvt_seqrec *s = &e->seqs[i];
 
-		if (!s->open || s->parked || s->in_batch || !s->n_blocks ||
+		if (!s->open || s->parked || s->in_batch || s->in_call || !s->n_blocks ||
 		    now - s->last_use_ns < idle)
 			continue;
 		/* best effort: a sequence that cannot move now is tried again next scan */

@@ -13,6 +13,17 @@
  * neither the destination slot nor the source copy can be evicted or reused until the
  * completion is processed (DESIGN.md invariants 1 and 3). Completions are processed only in
  * kvt_xfer_poll()/kvt_xfer_wait_*(), under the engine lock, never inside the submitting call.
+ *
+ * Waiting (kvt_xfer_wait_any/_block): a caller never sleeps holding the engine lock. It picks
+ * one thing to sleep on (the oldest device-to-host group's event, the NVMe CQ, a host-to-device
+ * group's event), marks it as its own (xs->syncing, e->nvme_reaping: exactly one thread sleeps
+ * on a stream or reaps the CQ at a time; a group it sleeps on holds a reference, g->waiters, so
+ * neither the group nor its events are freed or reused while the lock is released), drops the
+ * lock, sleeps, takes the lock again, processes what completed, and broadcasts e->xfer_cv. A
+ * caller that finds everything in flight already slept on by others waits on e->xfer_cv
+ * instead. Either way it returns to a state that may have changed in any way meanwhile (blocks
+ * freed, groups retired by another thread's poll): callers re-check their condition. While a
+ * thread reaps the CQ, the others' polls leave it alone (the reaper processes what it gets).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -173,8 +184,14 @@ kvt_xfer_h2d(struct kvt_engine *e, uint32_t id, uint32_t hbm_slot)
 
 static void xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now);
 
+/*
+ * Submit @x's IO. While the queue is full, a caller that may wait (@may_wait) waits for a
+ * completion (the lock released: the block itself is busy, so safe); one that may not (a
+ * completion's follow-up, a prefetch) gets -EAGAIN and the transfer is undone (-ECANCELED: the
+ * source copy stays, nothing counts as an IO error).
+ */
 static int
-xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
+xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x, bool may_wait)
 {
 	struct kvt_block *b = kvt_blk(e, x->block);
 	struct kvt_nvme_wmeta m = { .index = b->index };
@@ -195,6 +212,10 @@ xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x)
 					  (uint64_t)(uintptr_t)x);
 		if (rc != -EAGAIN)
 			break;
+		if (!may_wait) {
+			xfer_complete(e, x, -ECANCELED, 0);
+			return -EAGAIN;
+		}
 		/* queue full: finish something first (the block itself is busy, so safe) */
 		rc = kvt_xfer_wait_any(e);
 		if (rc < 0)
@@ -234,7 +255,7 @@ kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_s
 	x->evict_src = evict_src;
 	if (evict_src)
 		e->demoting[KVT_TIER_HOST]++;
-	return xfer_nvme_submit(e, x);
+	return xfer_nvme_submit(e, x, may_wait);
 }
 
 int
@@ -248,7 +269,7 @@ kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool then_hb
 	if (!x)
 		return kvt_err(-ENOMEM, "transfer record");
 	x->then_hbm = then_hbm;
-	return xfer_nvme_submit(e, x);
+	return xfer_nvme_submit(e, x, may_wait);
 }
 
 /* ---- completion: the only place where an INFLIGHT copy becomes PRESENT or goes away */
@@ -267,7 +288,7 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 	struct kvt_block *b = kvt_blk(e, x->block);
 	int dst = xfer_dst_tier[x->kind], src = xfer_src_tier[x->kind];
 
-	if (res < 0 && x->kind == KVT_X_H2N)
+	if (res < 0 && res != -ECANCELED && x->kind == KVT_X_H2N)
 		e->st.io_errors++;
 	if (res == -ENOSPC && x->kind == KVT_X_H2N)
 		kvt_nvme_enospc(e);
@@ -354,7 +375,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now)
 			e->st.checksum_verified++;
 		else if (res == KVT_ECORRUPT)
 			e->st.checksum_failed++;
-		else
+		else if (res != -ECANCELED)
 			e->st.io_errors++;
 		if (res == 0 && current) {
 			kvt_copy_set_present(e, id, KVT_TIER_HOST);
@@ -371,7 +392,8 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now)
 			kvt_copy_fail(e, id, KVT_TIER_HOST);
 			/* bytes on NVMe that do not verify are worthless: drop them, and if no
 			 * other copy exists the block is lost (the caller sees a miss) */
-			if (res < 0 && kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_PRESENT)
+			if (res < 0 && res != -ECANCELED &&
+			    kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_PRESENT)
 				kvt_copy_drop(e, id, KVT_TIER_NVME);
 			kvt_block_check_lost(e, id);
 		}
@@ -506,16 +528,14 @@ fail:
 	return rc;
 }
 
-/* Submit the NVMe IO collected so far: 0 or a negative code. */
+/* The NVMe IO collected so far is submitted when the lock is released (kvt_unlock), or by the
+ * next reap, whichever comes first: io_uring_submit is never run under the engine lock. */
 static int
 xfer_nvme_flush(struct kvt_engine *e)
 {
-	int rc = e->nvme && e->nvme_inflight ? kvt_nvme_flush(e->nvme) : 0;
-
-	/* a transient refusal of the submission is retried at the next flush or reap */
-	if (rc == -EAGAIN || rc == -EBUSY || rc == -EINTR)
-		return 0;
-	return rc < 0 ? kvt_err(rc, "submitting NVMe IO") : 0;
+	if (e->nvme && e->nvme_inflight)
+		e->nvme_defer = true;
+	return 0;
 }
 
 /* Submit collected demotions (device-to-host copies, NVMe IO), leaving host-to-device copies
@@ -540,6 +560,20 @@ kvt_xfer_flush(struct kvt_engine *e)
 	return rc1 ? rc1 : rc2 ? rc2 : rc3;
 }
 
+/* A retired group's events go back to the pool and the group is freed, unless a thread still
+ * sleeps on one of its events (the last one to come back frees it: xstream_sleep). */
+static void
+xgroup_release(struct kvt_engine *e, struct kvt_xgroup *g)
+{
+	if (g->waiters) {
+		g->retired = true;
+		return;
+	}
+	for (uint32_t i = 0; i < g->n_ev; i++)
+		xfer_event_put(e, g->ev[i]);
+	kvt_free(g);
+}
+
 static void
 xstream_retire_head(struct kvt_engine *e, struct kvt_xstream *xs)
 {
@@ -550,14 +584,13 @@ xstream_retire_head(struct kvt_engine *e, struct kvt_xstream *xs)
 	xs->head = g->next;
 	if (!xs->head)
 		xs->tail = NULL;
+	g->next = NULL;
 	xs->retired = g->seqno;
 	while ((x = g->xfers)) {
 		g->xfers = x->next;
 		xfer_complete(e, x, 0, now);
 	}
-	for (uint32_t i = 0; i < g->n_ev; i++)
-		xfer_event_put(e, g->ev[i]);
-	kvt_free(g);
+	xgroup_release(e, g);
 }
 
 static int
@@ -647,41 +680,123 @@ xfer_nvme_late(struct kvt_engine *e)
 					  &e->host_late);
 }
 
+/* Process @n reaped NVMe completions (lock held). */
+static void
+xfer_nvme_done(struct kvt_engine *e, const struct kvt_nvme_cqe *cqe, int n, int *done)
+{
+	uint64_t now = n ? kvt_now_ns() : 0; /* one clock read per reaped batch */
+
+	for (int i = 0; i < n; i++) {
+		struct kvt_xfer *x = (struct kvt_xfer *)(uintptr_t)cqe[i].user_data;
+
+		e->nvme_inflight--;
+		if (cqe[i].is_write && cqe[i].res == 0)
+			xfer_note_write(e, x, &cqe[i]);
+		if (!cqe[i].is_write && cqe[i].buf_late)
+			xfer_host_late(e, x);
+		xfer_complete(e, x, cqe[i].res, now);
+		(*done)++;
+	}
+}
+
+/*
+ * Reap up to @max (0 = all there are) NVMe completions and process them. @wait (only where no
+ * other thread can run: kvt_xfer_fini) blocks for one with the lock held. Nothing while another
+ * thread reaps the CQ with the lock released (it processes what it gets).
+ */
 static int
 xfer_nvme_poll(struct kvt_engine *e, uint32_t max, bool wait, int *done)
 {
 	struct kvt_nvme_cqe cqe[32];
-	uint64_t now;
 	uint32_t want;
-	int n, i;
+	int n;
 
-	if (!e->nvme || (!e->nvme_inflight && !e->nvme_late && !e->host_late))
+	if (!e->nvme || e->nvme_reaping || (!e->nvme_inflight && !e->nvme_late && !e->host_late))
 		return 0;
 	if (!e->nvme_inflight)
 		wait = false; /* only late completions of timed-out IO to pick up */
+	if (!wait && atomic_load(&e->nvme_submitting))
+		return 0; /* another thread is in io_uring_submit: not worth waiting for */
 	do {
 		want = 32;
 		if (max && max - (uint32_t)*done < want)
 			want = max - (uint32_t)*done;
-		n = kvt_nvme_reap(e->nvme, cqe, want, wait);
+		n = wait ? kvt_nvme_reap(e->nvme, cqe, want, true) :
+			   kvt_nvme_reap_try(e->nvme, cqe, want);
+		if (n == -EBUSY && !wait)
+			return 0; /* the tier is busy submitting: the next poll reaps */
 		if (n < 0)
 			return kvt_err(n, "reaping NVMe completions");
 		wait = false;
-		now = n ? kvt_now_ns() : 0; /* one clock read per reaped batch */
-		for (i = 0; i < n; i++) {
-			struct kvt_xfer *x = (struct kvt_xfer *)(uintptr_t)cqe[i].user_data;
-
-			e->nvme_inflight--;
-			if (cqe[i].is_write && cqe[i].res == 0)
-				xfer_note_write(e, x, &cqe[i]);
-			if (!cqe[i].is_write && cqe[i].buf_late)
-				xfer_host_late(e, x);
-			xfer_complete(e, x, cqe[i].res, now);
-			(*done)++;
-		}
+		xfer_nvme_done(e, cqe, n, done);
 	} while (n == (int)want && (!max || (uint32_t)*done < max));
 	if (e->nvme_late || e->host_late)
 		xfer_nvme_late(e);
+	return 0;
+}
+
+/* Another thread's sleep processed completions: wake those waiting for one (lock held). */
+static void
+xfer_wake(struct kvt_engine *e)
+{
+	e->xfer_gen++;
+	pthread_cond_broadcast(&e->xfer_cv);
+}
+
+/* Everything in flight is slept on by other threads: wait (lock released by the condition
+ * variable) until one of them has processed completions. */
+static int
+xfer_await_other(struct kvt_engine *e)
+{
+	uint64_t gen = e->xfer_gen;
+
+	if (e->nvme_defer) {
+		/* IO queued under the lock goes to the kernel first (kvt_unlock submits it): the
+		 * reaper may sleep until an IO timeout, and this caller's read may be what it
+		 * waits for */
+		kvt_unlock(e);
+		kvt_lock(e);
+	}
+	while (gen == e->xfer_gen)
+		pthread_cond_wait(&e->xfer_cv, &e->lock);
+	return 1;
+}
+
+/* Sleep until event @i of group @g of @xs has completed, the lock released (called and returns
+ * with it held; the group is held by a reference meanwhile, so its event stays valid). */
+static int
+xstream_sleep(struct kvt_engine *e, struct kvt_xstream *xs, struct kvt_xgroup *g, uint32_t i)
+{
+	struct kvt_event *ev = g->ev[i];
+	int rc;
+
+	g->waiters++;
+	xs->syncing = true;
+	kvt_unlock(e);
+	rc = e->dev->ops->event_sync(e->dev, ev);
+	kvt_lock(e);
+	xs->syncing = false;
+	if (--g->waiters == 0 && g->retired)
+		xgroup_release(e, g);
+	return rc;
+}
+
+/* Sleep in the NVMe reap until a completion comes (or an IO times out), the lock released and
+ * the CQ this thread's alone meanwhile; then process what came. */
+static int
+xfer_nvme_sleep(struct kvt_engine *e, int *done)
+{
+	struct kvt_nvme_cqe cqe[32];
+	int n;
+
+	e->nvme_reaping = true;
+	kvt_unlock(e);
+	n = kvt_nvme_reap(e->nvme, cqe, 32, true);
+	kvt_lock(e);
+	e->nvme_reaping = false;
+	if (n < 0)
+		return kvt_err(n, "reaping NVMe completions");
+	xfer_nvme_done(e, cqe, n, done);
 	return 0;
 }
 
@@ -708,19 +823,28 @@ kvt_xfer_wait_any(struct kvt_engine *e)
 	rc = kvt_xfer_flush(e);
 	if (rc)
 		return rc;
-	if (e->d2h.head) {
-		rc = e->dev->ops->event_sync(e->dev, e->d2h.head->ev[0]);
-	} else if (e->nvme_inflight) {
-		rc = xfer_nvme_poll(e, 0, true, &done);
-	} else if (e->h2d.head) {
-		rc = e->dev->ops->event_sync(e->dev, e->h2d.head->ev[e->h2d.head->n_ev - 1]);
+	if (e->d2h.head && !e->d2h.syncing) {
+		rc = xstream_sleep(e, &e->d2h, e->d2h.head, 0);
+	} else if (e->nvme && e->nvme_inflight && !e->nvme_reaping) {
+		rc = xfer_nvme_sleep(e, &done);
+		if (rc) {
+			xfer_wake(e);
+			return rc;
+		}
+	} else if (e->h2d.head && !e->h2d.syncing) {
+		rc = xstream_sleep(e, &e->h2d, e->h2d.head, e->h2d.head->n_ev - 1);
+	} else if (e->d2h.head || e->h2d.head || e->nvme_inflight) {
+		return xfer_await_other(e);
 	} else {
 		return 0;
 	}
-	if (rc)
+	if (rc) {
+		xfer_wake(e);
 		return xfer_dev_err(e, rc, "waiting for a transfer");
+	}
 	rc = kvt_xfer_poll(e, 0);
-	return rc < 0 ? rc : done + rc;
+	xfer_wake(e);
+	return rc < 0 ? rc : done + rc + 1;
 }
 
 /**
@@ -746,11 +870,17 @@ kvt_xfer_wait_block(struct kvt_engine *e, uint32_t id)
 	for (g = e->h2d.head; g && g->seqno < want; g = g->next)
 		;
 	if (g && g->seqno == want) {
-		rc = e->dev->ops->event_sync(e->dev, g->ev[g->n_ev - 1]);
-		if (rc)
+		if (e->h2d.syncing)
+			return xfer_await_other(e);
+		rc = xstream_sleep(e, &e->h2d, g, g->n_ev - 1);
+		if (rc) {
+			xfer_wake(e);
 			return xfer_dev_err(e, rc, "waiting for a host-to-device copy");
+		}
 	}
-	return kvt_xfer_poll(e, 0);
+	rc = kvt_xfer_poll(e, 0);
+	xfer_wake(e);
+	return rc;
 }
 
 struct kvt_event *
@@ -762,6 +892,27 @@ kvt_xfer_h2d_event(struct kvt_engine *e, uint64_t seqno, uint32_t layer)
 		if (g->seqno >= seqno)
 			return g->ev[layer / e->layers_per_group];
 	return NULL;
+}
+
+int
+kvt_xfer_sleep_h2d(struct kvt_engine *e, uint64_t seqno, uint32_t layer)
+{
+	struct kvt_xgroup *g;
+	struct kvt_event *ev;
+	int rc;
+
+	for (g = e->h2d.head; g && g->seqno < seqno; g = g->next)
+		;
+	if (!g)
+		return 0; /* retired: landed */
+	ev = g->ev[layer / e->layers_per_group];
+	g->waiters++; /* neither the group nor its events go while the lock is released */
+	kvt_unlock(e);
+	rc = e->dev->ops->event_sync(e->dev, ev);
+	kvt_lock(e);
+	if (--g->waiters == 0 && g->retired)
+		xgroup_release(e, g);
+	return rc;
 }
 
 uint64_t

@@ -34,10 +34,17 @@ kvt_nvme_inflight(const struct kvt_nvme *n)
 	return n->qd - n->n_free - n->n_retired - n->n_abandoned;
 }
 
+/* Under mu: a reaper may be finishing requests meanwhile without the caller's lock. */
 uint32_t
 kvt_nvme_free_qd(const struct kvt_nvme *n)
 {
-	return n->n_free;
+	struct kvt_nvme *m = (struct kvt_nvme *)n;
+	uint32_t k;
+
+	pthread_mutex_lock(&m->mu);
+	k = n->n_free;
+	pthread_mutex_unlock(&m->mu);
+	return k;
 }
 
 const char *

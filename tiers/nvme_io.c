@@ -471,6 +471,19 @@ kvt_nvme_flush(struct kvt_nvme *n)
 	return r;
 }
 
+int
+kvt_nvme_flush_quiet(struct kvt_nvme *n)
+{
+	int r;
+
+	if (!n)
+		return -EINVAL;
+	pthread_mutex_lock(&n->mu);
+	r = nvme_flush(n);
+	pthread_mutex_unlock(&n->mu);
+	return r;
+}
+
 /* ---- completion ---------------------------------------------------------------------------- */
 
 /*
@@ -824,6 +837,20 @@ kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool w
 	return r;
 }
 
+int
+kvt_nvme_reap_try(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max)
+{
+	int r;
+
+	if (!n || (!out && max > 0))
+		return kvt_err(-EINVAL, "nvme reap: %s is NULL", n ? "out" : "tier");
+	if (pthread_mutex_trylock(&n->mu) != 0)
+		return -EBUSY; /* a submitter or worker holds it: a state, no message */
+	r = nvme_reap_locked(n, out, max, false);
+	pthread_mutex_unlock(&n->mu);
+	return r;
+}
+
 uint32_t
 kvt_nvme_late_writes(struct kvt_nvme *n, uint32_t *slots, uint32_t max)
 {
@@ -851,5 +878,11 @@ kvt_nvme_late_reads(struct kvt_nvme *n, void **bufs, uint32_t max)
 bool
 kvt_nvme_abandoned(const struct kvt_nvme *n)
 {
-	return n->n_abandoned > 0;
+	struct kvt_nvme *m = (struct kvt_nvme *)n;
+	bool a;
+
+	pthread_mutex_lock(&m->mu);
+	a = n->n_abandoned > 0;
+	pthread_mutex_unlock(&m->mu);
+	return a;
 }

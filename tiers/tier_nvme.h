@@ -283,6 +283,10 @@ int kvt_nvme_submit_read(struct kvt_nvme *n, uint32_t slot, void *dst, uint64_t 
  */
 int kvt_nvme_flush(struct kvt_nvme *n);
 
+/** kvt_nvme_flush() without a message on failure (for a caller that has already returned its
+ * own result: the engine submitting after its lock is released; a later reap reports it). */
+int kvt_nvme_flush_quiet(struct kvt_nvme *n);
+
 /**
  * Like kvt_nvme_submit_write, with the header's session, index and content hash. The block is
  * encoded with the tier's codec when that pays (on a worker, or here without workers).
@@ -405,5 +409,12 @@ uint32_t kvt_nvme_stale_removed(const struct kvt_nvme *n, const char **first);
  * ring itself (-EINVAL for out == NULL with max > 0).
  */
 int kvt_nvme_reap(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max, bool wait);
+
+/**
+ * kvt_nvme_reap(@n, @out, @max, false), unless another thread holds the tier's mutex (a
+ * submission or a worker's hand-over in progress): then -EBUSY at once (no message), so that a
+ * caller that must not wait never waits for someone else's io_uring_submit. Thread-safe.
+ */
+int kvt_nvme_reap_try(struct kvt_nvme *n, struct kvt_nvme_cqe *out, uint32_t max);
 
 #endif /* KVT_TIERS_TIER_NVME_H */

@@ -127,6 +127,13 @@ int kvt_device_emu_stream_hold(struct kvt_device *d, struct kvt_stream *s, bool 
 int kvt_device_emu_stream_step(struct kvt_device *d, struct kvt_stream *s, uint32_t n_ops);
 
 /**
+ * Test knob of the emulated device: how many threads sleep in event_sync right now, waiting for
+ * a record not yet done (lets a test see that a thread has reached its wait). Thread-safe.
+ * Returns the count; 0 when @d is not the emulated device.
+ */
+uint32_t kvt_device_emu_sleepers(struct kvt_device *d);
+
+/**
  * Create the CUDA device on @ordinal. Returns 0; KVT_ENOTSUP in builds without CUDA;
  * KVT_EDEVICE when no usable GPU is present (message "no CUDA device: ..." in
  * kvt_last_error_message()) or its context cannot be created; -EINVAL for an ordinal out of

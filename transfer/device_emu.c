@@ -124,6 +124,8 @@ struct emu_dev {
 	uint32_t next_stream_id;   /* id of the next stream created */
 	pthread_mutex_t ev_lock;   /* protects emu_event.latest/records and every emu_rec */
 	pthread_cond_t ev_cond;    /* broadcast whenever a record becomes done */
+	uint32_t sleepers;         /* event_sync callers waiting for a record; under ev_lock
+	                              (test knob: kvt_device_emu_sleepers) */
 };
 
 static const struct kvt_device_ops emu_ops;
@@ -723,8 +725,12 @@ emu_event_sync(struct kvt_device *d, struct kvt_event *event)
 	r = e->latest;
 	if (r != NULL) {
 		r->refs++; /* a concurrent re-record or destroy must not free it under us */
-		while (!r->done)
-			pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
+		emu->sleepers += !r->done;
+		if (!r->done) {
+			while (!r->done)
+				pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
+			emu->sleepers--;
+		}
 		emu_rec_put_locked(r);
 	}
 	pthread_mutex_unlock(&emu->ev_lock);
@@ -859,6 +865,21 @@ fail_ev_lock:
 fail_lock:
 	free(emu);
 	return kvt_err(-ENOMEM, "kvt_device_emu_create: cannot initialise locks");
+}
+
+uint32_t
+kvt_device_emu_sleepers(struct kvt_device *d)
+{
+	struct emu_dev *emu;
+	uint32_t n;
+
+	if (!d || d->ops != &emu_ops)
+		return 0;
+	emu = emu_dev_of(d);
+	pthread_mutex_lock(&emu->ev_lock);
+	n = emu->sleepers;
+	pthread_mutex_unlock(&emu->ev_lock);
+	return n;
 }
 
 int

@@ -12,6 +12,7 @@ struct kvtb_mode {
 /* one declaration per mode, each defined in tools/kvtier-bench/<mode>.c */
 int kvtb_nvme_main(int argc, char **argv);
 int kvtb_decode_main(int argc, char **argv); /* decode.c: prefetch coverage and step time */
+int kvtb_lock_main(int argc, char **argv); /* lock.c: resident prepare p99 while others load */
 int kvtb_remote_main(int argc, char **argv); /* remote.c: Redis client vs redis-benchmark */
 
 #endif
