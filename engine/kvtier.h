@@ -540,7 +540,9 @@ KVT_API int kvt_session_list_tenant(struct kvt_engine *e, uint32_t tenant, uint6
  * @out: receives the id.
  * Returns 0, -ENOENT (no such session, or it did not survive), -EPERM (the session was stored
  * for another tenant than o->tenant; nothing changes, the session stays in the store),
- * KVT_EBUSY (it is open in this engine), -EINVAL, -ENOMEM, -EIO (reading the headers failed).
+ * KVT_EBUSY (it is open in this engine), KVT_ETOOBIG (it has more blocks than one sequence may
+ * hold in this engine's tiers, the reserve of kvt_seq_append(): stored by an engine with larger
+ * tiers; it stays in the store), -EINVAL, -ENOMEM, -EIO (reading the headers failed).
  */
 KVT_API int kvt_seq_restore(struct kvt_engine *e, uint64_t session_key,
 			    const struct kvt_seq_opts *o, kvt_seq_id *out);
@@ -612,8 +614,9 @@ KVT_API int kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts
  * prompt @tokens (@n tokens): they are shared (refcounted), not copied, and its n_tokens becomes
  * @attached_tokens (a multiple of tokens_per_block, possibly 0). The caller then appends and
  * prefills tokens [attached_tokens, n) only. The next kvt_batch_prepare() brings the attached
- * blocks to HBM. Returns 0, KVT_ECLOSED, -EINVAL (the sequence is not empty or is in a batch),
- * -ENOMEM.
+ * blocks to HBM. At most the most blocks one sequence may hold (the reserve of kvt_seq_append())
+ * are attached; appending past them then gets KVT_ETOOBIG. Returns 0, KVT_ECLOSED, -EINVAL (the
+ * sequence is not empty or is in a batch), -ENOMEM.
  */
 KVT_API int kvt_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens,
 				  size_t n, uint64_t *attached_tokens);

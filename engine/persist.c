@@ -730,6 +730,14 @@ kvt_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opts *o
 			     (unsigned long long)key);
 		goto out;
 	}
+	if (rec->n_blocks > kvt_seq_max_blocks(e)) {
+		/* a stored session fits NVMe, so this is only reached once slots were quarantined
+		 * for good (IO errors) since it was stored: it could never be read back here */
+		rc = kvt_err(KVT_ETOOBIG, "session %#llx has %u blocks, more than one sequence may "
+			     "hold in this engine's tiers (%u: see kvt_seq_append); it stays in the "
+			     "store", (unsigned long long)key, rec->n_blocks, kvt_seq_max_blocks(e));
+		goto out;
+	}
 	rc = persist_check(e, rec);
 	if (rc == -ENOENT) {
 		char why[256];

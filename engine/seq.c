@@ -914,23 +914,27 @@ static int
 seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tokens, size_t n,
 		  uint64_t *attached)
 {
-	uint32_t tpb = e->layout.tokens_per_block, max = (uint32_t)(n / tpb), k, i, mem;
+	uint32_t tpb = e->layout.tokens_per_block, k, i, mem;
+	uint64_t max = n / tpb;
 	uint32_t *ids;
 
 	if (s->n_tokens || s->in_batch)
 		return kvt_err(-EINVAL, "attach a prefix only to an empty sequence not in a batch");
+	if (max > kvt_seq_max_blocks(e))
+		max = kvt_seq_max_blocks(e); /* a chain longer than the limit: only once slots
+					      * were quarantined for good since it was made */
 	if (!max)
 		return 0;
 	ids = kvt_malloc((size_t)max * sizeof *ids);
 	if (!ids || kvt_seq_reserve(s, (uint64_t)max * tpb, max, 0)) {
 		kvt_free(ids);
-		return kvt_err(-ENOMEM, "attaching a prefix of %u blocks", max);
+		return kvt_err(-ENOMEM, "attaching a prefix of %llu blocks", (unsigned long long)max);
 	}
-	k = kvt_prefix_walk(e, tokens, n, s->salt, s->tenant, ids, max);
+	k = kvt_prefix_walk(e, tokens, n, s->salt, s->tenant, ids, (uint32_t)max);
 	/* after it, blocks of a session stored before a restart: made for s (already its own) */
 	mem = k;
-	k += kvt_persist_prefix(e, s->tenant, tokens, s->salt, k, max, (uint32_t)(s - e->seqs),
-				ids);
+	k += kvt_persist_prefix(e, s->tenant, tokens, s->salt, k, (uint32_t)max,
+				(uint32_t)(s - e->seqs), ids);
 	for (i = 0; i < k; i++) {
 		struct kvt_block *b = kvt_blk(e, ids[i]);
 		int t = seq_best_tier(b);
