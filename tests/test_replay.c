@@ -518,6 +518,10 @@ test_multi_budget(void **state)
 	assert_int_equal(b.puts * b.o.block_bytes, 400);
 	assert_int_equal(b.remote_refused, 3 + 3);
 	assert_int_equal(rp_multi_hits(&b), rp_multi_hits(&r)); /* one node: HBM holds all */
+	o.period_ms = 500; /* depth 100: r0 writes 1, r1 2, r2 7 */
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &b), 0);
+	assert_int_equal(b.puts, 3);
+	o.period_ms = 0;
 	o.budget[1] = 0;
 	o.admit = RP_ADMIT_SEEN_TWICE;
 	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &b), 0);
@@ -586,6 +590,9 @@ test_cli_nodes(void **state)
 	snprintf(args, sizeof args, "%s --nodes 2 --write-budget-remote -5", p);
 	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
 	assert_non_null(strstr(msg, "--write-budget-remote"));
+	snprintf(args, sizeof args, "%s --nodes 2 --write-budget-period 0", p);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
+	assert_non_null(strstr(msg, "--write-budget-period"));
 	snprintf(json, sizeof json, "%s/replay_nodes_%d.json", d ? d : "/tmp", (int)getpid());
 	snprintf(args, sizeof args, "%s --nodes 1,2 --write-budget-remote 64MiB/s --json %s", p,
 		 json);

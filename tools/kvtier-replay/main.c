@@ -46,6 +46,7 @@ struct rp_opts {
 	const char *split_spec;       /* --split conversation|request */
 	const char *admit_spec;       /* --admit all|seen-twice */
 	const char *budget_spec[2];   /* --write-budget-nvme / --write-budget-remote BYTES/s */
+	const char *period_spec;      /* --write-budget-period MS */
 };
 
 static void
@@ -84,7 +85,11 @@ rp_usage(FILE *f)
 		"                        or of its index (no affinity)\n"
 		"  --write-budget-nvme R, --write-budget-remote R   bytes/s (64MiB or 64MiB/s) that\n"
 		"                        each node may write to NVMe / the fleet to REMOTE (token\n"
-		"                        bucket on trace time); adds a budgeted run per N\n"
+		"                        bucket on trace time, at most 1TiB/s); adds a budgeted run\n"
+		"                        per N\n"
+		"  --write-budget-period MS  the budget's period: the bucket holds MS ms of budget\n"
+		"                        (default 1000; 1..3600000; the Mooncake trace's times come\n"
+		"                        in 3 s steps, so a period under 3000 ms forfeits budget)\n"
 		"  --admit all|seen-twice  writes to NVMe and REMOTE of every block (default) or only\n"
 		"                        of one seen by a second request; adds a budgeted run per N\n"
 		"Default: metadata-only, kvtier's own eviction policies, no KV bytes moved.\n"
@@ -201,6 +206,8 @@ rp_parse_args(int argc, char **argv, struct rp_opts *o)
 			o->budget_spec[0] = v;
 		else if (!strcmp(a, "--write-budget-remote"))
 			o->budget_spec[1] = v;
+		else if (!strcmp(a, "--write-budget-period"))
+			o->period_spec = v;
 		else {
 			fprintf(stderr, "kvtier-replay: unknown option %s (see --help)\n", a);
 			return -1;
@@ -368,7 +375,7 @@ rp_parse_budget(const char *opt, const char *spec, uint64_t *out)
 	memcpy(buf, spec, len + 1);
 	if (len > 2 && !strcmp(buf + len - 2, "/s"))
 		buf[len - 2] = '\0';
-	if (kvtr_parse_bytes(opt, buf, 1, UINT64_C(1) << 50, out))
+	if (kvtr_parse_bytes(opt, buf, 1, UINT64_C(1) << 40, out))
 		return rp_arg_error();
 	return 0;
 }
@@ -416,6 +423,9 @@ rp_parse_nodes(const struct rp_opts *o, uint64_t bb, const uint64_t tiers[RP_TIE
 		    rp_parse_budget(i ? "--write-budget-remote" : "--write-budget-nvme",
 				    o->budget_spec[i], &m->budget[i]))
 			return -1;
+	if (o->period_spec &&
+	    kvtr_parse_u64("--write-budget-period", o->period_spec, 1, 3600000, &m->period_ms))
+		return rp_arg_error();
 	if (o->admit_spec && strcmp(o->admit_spec, "all")) {
 		if (strcmp(o->admit_spec, "seen-twice")) {
 			fprintf(stderr, "kvtier-replay: --admit: '%s' is neither all nor "
@@ -466,9 +476,10 @@ rp_nodes_mode(const struct rp_opts *o, const struct rp_trace *tr, const struct r
 	printf("\n== N nodes alone (remote none) and sharing one REMOTE tier ==\n");
 	rp_print_multi(stdout, res, 2 * n_nodes);
 	if (budget) {
-		printf("\n== write budget: NVMe %llu B/s per node, REMOTE %llu B/s, admit %s "
-		       "(0 = no budget) ==\n", (unsigned long long)m->budget[0],
+		printf("\n== write budget: NVMe %llu B/s per node, REMOTE %llu B/s (0 = no budget), "
+		       "period %llu ms, admit %s ==\n", (unsigned long long)m->budget[0],
 		       (unsigned long long)m->budget[1],
+		       (unsigned long long)(m->period_ms ? m->period_ms : 1000),
 		       m->admit == RP_ADMIT_SEEN_TWICE ? "seen-twice" : "all");
 		rp_print_multi(stdout, &res[2 * n_nodes], n_nodes);
 		printf("\n== writes saved against hits lost, relative to the shared run without "

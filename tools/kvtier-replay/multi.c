@@ -49,11 +49,14 @@ struct rp_multi {
 };
 
 static void
-rp_bucket_init(struct rp_bucket *b, uint64_t rate, uint64_t block_bytes, uint64_t t_ms)
+rp_bucket_init(struct rp_bucket *b, uint64_t rate, uint64_t period_ms, uint64_t block_bytes,
+	       uint64_t t_ms)
 {
+	uint64_t per = rate * (period_ms ? period_ms : 1000) / 1000; /* < 2^40 x 2^22 */
+
 	memset(b, 0, sizeof *b);
 	b->rate = rate;
-	b->depth = rate > block_bytes ? rate : block_bytes; /* one second, or one block */
+	b->depth = per > block_bytes ? per : block_bytes; /* one period, or one block */
 	b->level = b->depth;
 	b->t_ms = t_ms;
 }
@@ -259,7 +262,9 @@ rp_multi_run(const struct rp_trace *tr, const struct kvt_evict_ops *ops,
 
 	memset(r, 0, sizeof *r);
 	if (!o->nodes || o->nodes > RP_MAX_NODES || !o->cap[0] || !o->block_bytes ||
-	    o->split > RP_SPLIT_REQUEST || o->admit > RP_ADMIT_SEEN_TWICE)
+	    o->split > RP_SPLIT_REQUEST || o->admit > RP_ADMIT_SEEN_TWICE ||
+	    o->budget[0] > (UINT64_C(1) << 40) || o->budget[1] > (UINT64_C(1) << 40) ||
+	    o->period_ms > 3600000)
 		return -EINVAL;
 	memset(&m, 0, sizeof m);
 	snprintf(r->policy, sizeof r->policy, "%s", ops->name);
@@ -283,14 +288,14 @@ rp_multi_run(const struct rp_trace *tr, const struct kvt_evict_ops *ops,
 			rc = -ENOMEM;
 			goto out;
 		}
-		rp_bucket_init(&n->nvme, o->budget[0], o->block_bytes, t0);
+		rp_bucket_init(&n->nvme, o->budget[0], o->period_ms, o->block_bytes, t0);
 		for (t = 0; t < RP_TIERS; t++)
 			if (o->cap[t] && (rc = kvt_evict_init(&n->ev[t], ops, n_ids,
 							      (uint32_t)(o->cap[t] < UINT32_MAX ?
 									 o->cap[t] : UINT32_MAX))))
 				goto out;
 	}
-	rp_bucket_init(&m.remote, o->budget[1], o->block_bytes, t0);
+	rp_bucket_init(&m.remote, o->budget[1], o->period_ms, o->block_bytes, t0);
 	if (o->remote_cap && o->remote_cap != RP_UNBOUNDED &&
 	    (rc = kvt_evict_init(&m.rev, &kvt_evict_lru_ops, n_ids,
 				 (uint32_t)(o->remote_cap < UINT32_MAX ? o->remote_cap :

@@ -341,6 +341,8 @@ rp_write_multi_json(const char *path, const struct rp_multi_result *r,
 		cJSON_AddNumberToObject(o, "block_bytes", bb);
 		cJSON_AddNumberToObject(o, "write_budget_nvme_bytes_per_s", (double)x->o.budget[0]);
 		cJSON_AddNumberToObject(o, "write_budget_remote_bytes_per_s", (double)x->o.budget[1]);
+		cJSON_AddNumberToObject(o, "write_budget_period_ms",
+					(double)(x->o.period_ms ? x->o.period_ms : 1000));
 		cJSON_AddStringToObject(o, "admit", x->o.admit == RP_ADMIT_SEEN_TWICE ? "seen-twice" :
 										       "all");
 		cJSON_AddNumberToObject(o, "refs", (double)x->refs);

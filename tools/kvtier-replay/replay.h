@@ -102,8 +102,9 @@ struct rp_multi_opts {
 	uint64_t remote_cap;     /* REMOTE blocks: 0 = no shared tier, RP_UNBOUNDED = no limit */
 	uint64_t block_bytes;    /* bytes of one block (network and NVMe bytes) */
 	uint64_t budget[2];      /* write budget, bytes/s: [0] NVMe (per node), [1] REMOTE (the
-				    fleet's puts); 0 = none. Token bucket, trace time, depth one
-				    second of budget or one block, whichever is more, full at t 0 */
+				    fleet's puts), <= 2^40; 0 = none. Token bucket on trace time, full at
+				    t 0, depth one period of budget or one block, whichever is more */
+	uint64_t period_ms;      /* the budget's period (bucket depth), ms, <= 3600000; 0 = 1000 */
 	uint32_t admit;          /* enum rp_admit, for both NVMe and REMOTE writes */
 };
 
