@@ -581,6 +581,9 @@ test_cli_nodes(void **state)
 	}
 	assert_int_equal(rc, 2);
 	assert_non_null(strstr(msg, "--nodes"));
+	snprintf(args, sizeof args, "%s --remote 10", p); /* not silently ignored */
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
+	assert_non_null(strstr(msg, "give --nodes too"));
 	snprintf(args, sizeof args, "%s --nodes 2 --remote 0", p);
 	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
 	assert_non_null(strstr(msg, "--remote: bad capacity '0'"));

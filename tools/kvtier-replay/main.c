@@ -217,6 +217,12 @@ rp_parse_args(int argc, char **argv, struct rp_opts *o)
 		rp_usage(stderr);
 		return -1;
 	}
+	if (!o->nodes_spec && (o->remote_spec || o->split_spec || o->admit_spec ||
+			       o->budget_spec[0] || o->budget_spec[1] || o->period_spec)) {
+		fprintf(stderr, "kvtier-replay: --remote, --split, --admit and --write-budget-* "
+			"apply to the multi-node runs: give --nodes too\n");
+		return -1;
+	}
 	if (!o->bytes_per_token || !o->block_tokens) {
 		fprintf(stderr, "kvtier-replay: --bytes-per-token and --block-tokens must be > 0\n");
 		return -1;
