@@ -870,7 +870,7 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 {
 	struct kvt_seq_opts opts;
 	uint32_t *ids, k, i, tpb;
-	uint64_t salt[2];
+	uint64_t salt[2], nb, cap;
 	int worst = KVT_TIER_HBM;
 
 	if (!e || (!tokens && n) || !matched_tokens)
@@ -886,19 +886,25 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 		*tier = KVT_TIER_COUNT;
 	if (n < tpb)
 		return 0;
-	ids = kvt_malloc((n / tpb) * sizeof *ids);
+	/* no match is longer than the tiers have slots (a stored session's blocks are NVMe
+	 * slots too): bound the walk, whatever @n says (the slot counts never change) */
+	nb = n / tpb;
+	for (i = 0, cap = 0; i < KVT_TIER_COUNT; i++)
+		cap += e->slots[i].n_slots;
+	if (nb > cap)
+		nb = cap;
+	ids = kvt_malloc(nb * sizeof *ids);
 	if (!ids)
 		return kvt_err(-ENOMEM, "prefix match of %zu tokens", n);
 	kvt_lock(e);
-	k = kvt_prefix_walk(e, tokens, n, salt, opts.tenant, ids, (uint32_t)(n / tpb));
+	k = kvt_prefix_walk(e, tokens, n, salt, opts.tenant, ids, (uint32_t)nb);
 	for (i = 0; i < k; i++) {
 		int t = seq_best_tier(kvt_blk(e, ids[i]));
 
 		worst = t > worst ? t : worst;
 	}
 	/* the rest may be in a session stored before a restart: on NVMe */
-	i = kvt_persist_prefix(e, opts.tenant, tokens, salt, k, (uint32_t)(n / tpb), UINT32_MAX,
-			       NULL);
+	i = kvt_persist_prefix(e, opts.tenant, tokens, salt, k, (uint32_t)nb, UINT32_MAX, NULL);
 	if (i)
 		worst = KVT_TIER_NVME;
 	k += i;

@@ -749,6 +749,31 @@ test_threads_share_prompt(void **state)
 	tsup_rmdir(dir);
 }
 
+/* A prompt length far beyond anything the tiers hold (2^62 tokens, a caller's bug or an
+ * attacker's) is bounded by the tiers' slots: no huge allocation (it was (n / tpb) * 4 bytes:
+ * ASan aborted with allocation-size-too-big, a plain build returned -ENOMEM), just no match. */
+static void
+test_match_huge_n(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 4, .host_blocks = 4 };
+	int32_t tok[TSUP_TPB];
+	uint64_t matched = 7;
+	enum kvt_tier tier;
+	struct kvt_engine *e;
+	char *dir;
+	uint32_t i;
+
+	(void)state;
+	for (i = 0; i < TSUP_TPB; i++)
+		tok[i] = (int32_t)(1000 + i); /* cached nowhere: the walk stops at block 0 */
+	e = tsup_engine(&c, &dir);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, (size_t)1 << 62, &matched, &tier), 0);
+	assert_int_equal(matched, 0);
+	assert_int_equal(tier, KVT_TIER_COUNT);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -764,6 +789,7 @@ main(void)
 		cmocka_unit_test(test_index_churn),
 		cmocka_unit_test(test_cache_and_free),
 		cmocka_unit_test(test_threads_share_prompt),
+		cmocka_unit_test(test_match_huge_n),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
