@@ -126,6 +126,36 @@ j_put_refs(struct kvt_store *st, uint64_t key, const struct kvt_fmt_blkref *b, u
 	assert_int_equal(kvt_store_put(st, key, 0, 50, j_tokens, 4 * n, b, n, UINT32_MAX), 0);
 }
 
+/* A record naming one slot twice (no kvtier write does: forged or damaged, with a valid
+ * checksum) drops its session and is reported with the other bad fields (kvt_store_invalid),
+ * never silently; a session another write superseded is no damage and is not counted. */
+static void
+test_slot_twice_reported(void **state)
+{
+	struct kvt_fmt_blkref a[2];
+	char *dir = tsup_mkdtemp();
+	struct kvt_store *st = j_open(dir);
+	uint32_t lenc = kvt_fmt_lenc(KVT_CODEC_NONE, 1024, 1024);
+	const char *why = NULL;
+
+	(void)state;
+	a[0] = (struct kvt_fmt_blkref){ .slot = 6, .tag = 0x66, .lenc = lenc };
+	a[1] = a[0]; /* the same slot and write, twice in one session */
+	j_put_refs(st, 1, a, 2);
+	a[1] = (struct kvt_fmt_blkref){ .slot = 7, .tag = 0x77, .lenc = lenc };
+	j_put_refs(st, 2, a, 2); /* a good one */
+	assert_int_equal(kvt_store_commit(st), 0);
+	kvt_store_close(st);
+	st = j_open(dir);
+	assert_int_equal(kvt_store_count(st), 1);
+	assert_null(kvt_store_find(st, 1));
+	assert_non_null(kvt_store_find(st, 2));
+	assert_int_equal(kvt_store_invalid(st, &why), 1);
+	assert_non_null(strstr(why, "names slot 6 twice"));
+	kvt_store_close(st);
+	tsup_rmdir(dir);
+}
+
 /* Sessions naming the same write of a slot share a prefix block (hardening 1): all kept. A
  * later session naming another write there supersedes every earlier one that names it. */
 static void
@@ -369,6 +399,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_two_records_claim_one_slot),
 		cmocka_unit_test(test_shared_slot_same_write),
+		cmocka_unit_test(test_slot_twice_reported),
 		cmocka_unit_test(test_truncated_put),
 		cmocka_unit_test(test_corrupt_record_mid_journal),
 		cmocka_unit_test(test_damaged_journal_copied_without_links),

@@ -246,8 +246,18 @@ store_resolve(struct kvt_store *st)
 
 			keep = sl < st->n_slots && seen[sl] != i + 1 &&
 			       (!claim[sl] || claim[sl] == w);
-			if (keep)
+			if (keep) {
 				seen[sl] = i + 1;
+			} else if (sl >= st->n_slots || seen[sl] == i + 1) {
+				/* no write of kvtier names a slot twice (or out of range): a record
+				 * that verifies and does is damage or forgery, reported like the
+				 * other bad fields; a slot another write took is no damage */
+				if (st->invalid++ == 0)
+					snprintf(st->invalid_msg, sizeof st->invalid_msg,
+						 "session %#llx names slot %u %s",
+						 (unsigned long long)s->key, sl,
+						 sl >= st->n_slots ? "out of range" : "twice");
+			}
 		}
 		for (b = 0; b < s->n_blocks && keep; b++)
 			claim[s->blocks[b].slot] = store_write_id(&s->blocks[b]) + 1;
