@@ -149,6 +149,35 @@ ack_case(bool crash, int damage)
 	tsup_rmdir(dir);
 }
 
+/* Two damage events in a row keep two copies: the first one's moves to .damaged.1 when the
+ * second is kept as .damaged (the second copy used to replace the first, losing its evidence). */
+static void
+test_damage_twice_keeps_both(void **state)
+{
+	char *dir = tsup_mkdtemp(), path[600], kept[600], kept1[600];
+	struct stat sb, sb0, sb1;
+
+	(void)state;
+	ack_publish(dir, true);
+	ack_path(dir, "kvtier.journal", path, sizeof path);
+	ack_path(dir, "kvtier.journal.damaged", kept, sizeof kept);
+	ack_path(dir, "kvtier.journal.damaged.1", kept1, sizeof kept1);
+	assert_int_equal(stat(path, &sb), 0);
+	assert_int_equal(truncate(path, sb.st_size - 8), 0); /* session 3 cut */
+	ack_check(dir, 2, true);
+	assert_int_equal(stat(kept, &sb0), 0);
+	assert_int_equal(stat(path, &sb), 0);
+	assert_int_equal(truncate(path, sb.st_size - 8), 0); /* the compacted one cut: 2 gone */
+	ack_check(dir, 1, true);
+	assert_int_equal(stat(kept1, &sb1), 0);   /* the first damage's copy, moved */
+	assert_int_equal(sb1.st_size, sb0.st_size);
+	assert_int_equal(stat(kept, &sb), 0);     /* the second's */
+	assert_int_not_equal(sb.st_ino, sb1.st_ino);
+	assert_int_equal(unlink(kept), 0);
+	assert_int_equal(unlink(kept1), 0);
+	tsup_rmdir(dir);
+}
+
 /* Nothing damaged: restarts (clean and after kill -9) warn about nothing, keep nothing. */
 static void
 test_normal_restart_silent(void **state)
@@ -206,6 +235,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_normal_restart_silent),
+		cmocka_unit_test(test_damage_twice_keeps_both),
 		cmocka_unit_test(test_cut_after_clean_close),
 		cmocka_unit_test(test_cut_after_kill),
 		cmocka_unit_test(test_zeroed_tail),

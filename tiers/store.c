@@ -319,6 +319,30 @@ bool kvt_test_store_no_link;
  * before compaction replaces it, so that what did not replay can still be looked at: a hard
  * link, or where the filesystem has none a copy, made durable (fsync, rename, directory fsync).
  * 0, or the error (then the journal must not be compacted: kvt_store_open fails). */
+/* An earlier damage's copy @kept (".damaged") moves to ".damaged.N", the first N of 1..999 not
+ * taken, so every damage found keeps its evidence (the newest is always ".damaged"); with all
+ * 999 taken the oldest evidence is what ".damaged" held, and it is replaced. */
+static void
+store_rotate_damaged(const char *kept)
+{
+	size_t plen = strlen(kept) + 8;
+	char *old = kvt_malloc(plen);
+	struct stat sb;
+
+	if (!old || stat(kept, &sb) != 0) {
+		kvt_free(old);
+		return;
+	}
+	for (unsigned n = 1; n < 1000; n++) {
+		snprintf(old, plen, "%s.%u", kept, n);
+		if (lstat(old, &sb) != 0 && errno == ENOENT) {
+			(void)rename(kept, old);
+			break;
+		}
+	}
+	kvt_free(old);
+}
+
 static int
 store_keep_damaged(struct kvt_store *st, const uint8_t *buf, size_t len)
 {
@@ -341,6 +365,8 @@ store_keep_damaged(struct kvt_store *st, const uint8_t *buf, size_t len)
 		if (fd >= 0)
 			close(fd);
 	}
+	if (rc == 0)
+		store_rotate_damaged(kept);
 	if (rc == 0 && rename(tmp, kept) != 0)
 		rc = -errno;
 	if (rc != 0) {
