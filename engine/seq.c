@@ -19,6 +19,9 @@ seq_make_id(uint32_t idx, uint32_t gen)
 	return ((uint64_t)gen << 32) | idx;
 }
 
+/* The id of record @s as messages print it (%#llx), as the caller knows it. */
+#define SEQ_ID_ARG(s) ((unsigned long long)seq_make_id((uint32_t)((s) - e->seqs), (s)->gen))
+
 struct kvt_seqrec *
 kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx)
 {
@@ -664,12 +667,12 @@ seq_park_nvme_room(struct kvt_engine *e, struct kvt_seqrec *s)
 	    kvt_reclaim(e, KVT_TIER_NVME, need, true) == 0)
 		return 0;
 	if (need > sl->n_slots)
-		return kvt_err(-ENOSPC, "sequence %u cannot be parked to NVMe: %u of its blocks need "
+		return kvt_err(-ENOSPC, "sequence %#llx cannot be parked to NVMe: %u of its blocks need "
 			       "NVMe slots, the tier has %u (park it to HOST); nothing moved",
-			       (unsigned)(s - e->seqs), need, sl->n_slots);
-	return kvt_err(-ENOSPC, "no room on NVMe to park sequence %u: %u blocks need NVMe slots, "
+			       SEQ_ID_ARG(s), need, sl->n_slots);
+	return kvt_err(-ENOSPC, "no room on NVMe to park sequence %#llx: %u blocks need NVMe slots, "
 		       "%u of %u are free (%u kept for other parks on their way down) and the rest "
-		       "hold live blocks; nothing moved", (unsigned)(s - e->seqs), need, sl->n_free,
+		       "hold live blocks; nothing moved", SEQ_ID_ARG(s), need, sl->n_free,
 		       sl->n_slots, e->nvme_promised);
 }
 
@@ -686,8 +689,8 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 	if (t == KVT_TIER_COUNT)
 		t = KVT_TIER_HOST;
 	if (!e->slots[t].n_slots)
-		return kvt_err(-ENOSPC, "no HOST or NVME tier to park sequence %u in",
-			       (unsigned)(s - e->seqs));
+		return kvt_err(-ENOSPC, "no HOST or NVME tier to park sequence %#llx in",
+			       SEQ_ID_ARG(s));
 	kvt_seq_publish(e, s); /* K/V written by now (the park copies them): shareable */
 	kvt_seq_unpin_writes(e, s);
 	kvt_hint_drop(e, s); /* parked: whatever was announced for it no longer holds */
@@ -714,8 +717,8 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 			}
 		}
 		if (rc == -ENOSPC)
-			rc = kvt_err(-ENOSPC, "no room below HBM to park block %u of sequence %u",
-				     i, (unsigned)(s - e->seqs));
+			rc = kvt_err(-ENOSPC, "no room below HBM to park block %u of sequence %#llx",
+				     i, SEQ_ID_ARG(s));
 	}
 	s->in_call = 0;
 	if (rc == 0)
