@@ -553,7 +553,9 @@ KVT_API int kvt_session_list_tenant(struct kvt_engine *e, uint32_t tenant, uint6
  *       (the record's): the sequence gets that tenant, and another tenant is refused.
  * @out: receives the id.
  * Returns 0, -ENOENT (no such session, or it did not survive), -EPERM (the session was stored
- * for another tenant than o->tenant; nothing changes, the session stays in the store),
+ * for another tenant than o->tenant; or one of its blocks is shared, in memory or by the
+ * journal, with a session of another tenant: a forged or inconsistent record, refused so that
+ * blocks are never shared across tenants; nothing changes, the session stays in the store),
  * KVT_EBUSY (it is open in this engine), KVT_ETOOBIG (it has more blocks than one sequence may
  * hold in this engine's tiers, the reserve of kvt_seq_append(): stored by an engine with larger
  * tiers; it stays in the store), -EINVAL, -ENOMEM, -EIO (reading the headers failed).

@@ -504,8 +504,70 @@ persist_same_block(const struct kvt_store_sess *rec, uint32_t i, const struct kv
 	return memcmp(hash, zero, sizeof zero) != 0 && memcmp(h->hash, hash, sizeof zero) == 0;
 }
 
+/* The tenant of live block @id: of the open sequences holding it (its creator first, then the
+ * prefix index, then any holder). False when none is known. */
+static bool
+persist_block_tenant(struct kvt_engine *e, uint32_t id, uint32_t *tenant)
+{
+	const struct kvt_block *b = kvt_blk(e, id);
+	const struct kvt_seqrec *s = b->seq < e->cap_seqs ? &e->seqs[b->seq] : NULL;
+
+	if (s && s->open && b->index < s->n_blocks && s->blocks[b->index] == id) {
+		*tenant = s->tenant;
+		return true;
+	}
+	if (kvt_prefix_tenant(e, id, tenant))
+		return true;
+	for (uint32_t q = 0; q < e->cap_seqs; q++) {
+		s = &e->seqs[q];
+		for (uint32_t j = 0; s->open && j < s->n_blocks; j++)
+			if (s->blocks[j] == id) {
+				*tenant = s->tenant;
+				return true;
+			}
+	}
+	return false;
+}
+
+/*
+ * Whether block @i of @rec may be shared with whatever else holds its write: every other stored
+ * session naming the same write of the slot (slot, tag, length code) must be of @rec's tenant,
+ * and so must a live block already made from it (@holder, or KVT_NIL). Blocks are never shared
+ * across tenants, whatever the journal says (a forged record naming another tenant's block).
+ * 0 or -EPERM (naming the conflict). Linear in the blocks of the store.
+ */
+static int
+persist_check_tenant(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32_t i,
+		     uint32_t holder)
+{
+	const struct kvt_fmt_blkref *r = &rec->blocks[i];
+	uint32_t t;
+
+	if (holder != KVT_NIL && (!persist_block_tenant(e, holder, &t) || t != rec->tenant))
+		return kvt_err(-EPERM, "block %u: slot %u is held in memory by block %u of "
+			       "another tenant than %u: not shared", i, r->slot, holder, rec->tenant);
+	for (uint32_t k = 0; k < kvt_store_count(e->store); k++) {
+		const struct kvt_store_sess *o = kvt_store_at(e->store, k);
+
+		if (o == rec || o->tenant == rec->tenant)
+			continue;
+		for (uint32_t j = 0; j < o->n_blocks; j++) {
+			const struct kvt_fmt_blkref *x = &o->blocks[j];
+
+			if (x->slot == r->slot && x->tag == r->tag && x->lenc == r->lenc)
+				return kvt_err(-EPERM, "block %u: slot %u is also named by block %u "
+					       "of session %#llx of tenant %u, not %u: blocks are "
+					       "not shared across tenants", i, r->slot, j,
+					       (unsigned long long)o->key, o->tenant, rec->tenant);
+		}
+	}
+	return 0;
+}
+
 /* Check block @i of @rec: its slot untouched since (stored, or pending: kept out of use) with a
- * header that matches, or held by a live block made from it. 0, -ENOENT or -EIO. */
+ * header that matches, or held by a live block made from it. A block shared with another
+ * session (held in memory, or a header naming another session) must not be another tenant's
+ * (persist_check_tenant). 0, -ENOENT, -EPERM or -EIO. */
 static int
 persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32_t i)
 {
@@ -514,9 +576,12 @@ persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32
 	struct kvt_fmt_blkhdr h;
 	int rc;
 
-	if (own != KVT_SLOT_STORED && own != KVT_SLOT_PENDING)
-		return persist_holder(e, r) != KVT_NIL ? 0 :
+	if (own != KVT_SLOT_STORED && own != KVT_SLOT_PENDING) {
+		uint32_t id = persist_holder(e, r);
+
+		return id != KVT_NIL ? persist_check_tenant(e, rec, i, id) :
 		       kvt_err(-ENOENT, "block %u: slot %u was reused", i, r->slot);
+	}
 	rc = kvt_nvme_read_header(e->nvme, r->slot, &h);
 	if (rc == KVT_ECORRUPT)
 		return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
@@ -530,10 +595,13 @@ persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32
 		return kvt_err(-ENOENT, "block %u: slot %u holds block %u of session %#llx, not "
 			       "this one nor a prefix block it shares", i, r->slot, h.index,
 			       (unsigned long long)h.session);
+	if (h.session != rec->key)
+		return persist_check_tenant(e, rec, i, KVT_NIL);
 	return 0;
 }
 
-/* Check every block of @rec (persist_check_one). 0, -ENOENT (mismatch) or -EIO. */
+/* Check every block of @rec (persist_check_one). 0, -ENOENT (mismatch), -EPERM (a block of
+ * another tenant) or -EIO. */
 static int
 persist_check(struct kvt_engine *e, const struct kvt_store_sess *rec)
 {
@@ -605,7 +673,15 @@ persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 		return kvt_err(-ENOMEM, "restoring a session of %llu tokens",
 			       (unsigned long long)rec->n_tokens);
 	for (uint32_t i = 0; i < rec->n_blocks; i++) {
+		uint32_t t;
+
 		id = persist_holder(e, &rec->blocks[i]);
+		if (id != KVT_NIL && (!persist_block_tenant(e, id, &t) || t != s->tenant)) {
+			persist_unbuild(e, s);
+			return kvt_err(-EPERM, "block %u: slot %u is held in memory by block %u of "
+				       "another tenant than %u: not shared", i, rec->blocks[i].slot,
+				       id, s->tenant);
+		}
 		if (id != KVT_NIL) {
 			kvt_block_ref(e, id);
 		} else if ((rc = persist_adopt(e, idx, i, &rec->blocks[i], &id)) != 0) {
@@ -746,6 +822,14 @@ kvt_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opts *o
 		if (persist_drop(e, rec) == 0)
 			(void)persist_commit(e);
 		rc = kvt_err(-ENOENT, "session %#llx did not survive (dropped): %s",
+			     (unsigned long long)key, why);
+		goto out;
+	}
+	if (rc == -EPERM) {
+		char why[256];
+
+		snprintf(why, sizeof why, "%s", kvt_last_error_message());
+		rc = kvt_err(-EPERM, "session %#llx not restored (it stays in the store): %s",
 			     (unsigned long long)key, why);
 		goto out;
 	}

@@ -691,6 +691,112 @@ listed_for(struct kvt_engine *e, uint32_t tenant, uint64_t key)
 	return found;
 }
 
+/* Append to the journal in @dir, through the format's own encoder (checksum recomputed), a copy
+ * of the PUT of @key with only its session key set to @fkey and its tenant to @ftenant (and the
+ * next seqno): a forged record naming another tenant's blocks. */
+static void
+journal_forge(const char *dir, uint64_t key, uint64_t fkey, uint32_t ftenant)
+{
+	char path[600];
+	uint8_t *in, *out;
+	size_t off = KVT_FMT_JHDR_BYTES, used, n;
+	uint64_t max_seqno = 0, nt = 0;
+	struct kvt_fmt_blkref b[16];
+	int32_t tok[64];
+	uint32_t nb = 0, prio = 0;
+	struct kvt_fmt_rec r;
+	struct stat sb;
+	int fd, hits = 0;
+
+	snprintf(path, sizeof path, "%s/kvtier.journal", dir);
+	fd = open(path, O_RDWR);
+	assert_true(fd >= 0);
+	assert_int_equal(fstat(fd, &sb), 0);
+	in = malloc((size_t)sb.st_size);
+	assert_non_null(in);
+	assert_int_equal(pread(fd, in, (size_t)sb.st_size, 0), sb.st_size);
+	while (kvt_fmt_rec_decode(in + off, (size_t)sb.st_size - off, &r, &used) == 0) {
+		off += used;
+		if (r.seqno > max_seqno)
+			max_seqno = r.seqno;
+		if (r.type != KVT_FMT_REC_PUT || r.session != key)
+			continue;
+		hits++;
+		assert_true(r.n_blocks <= 16 && r.n_tokens <= 64);
+		nb = r.n_blocks;
+		nt = r.n_tokens;
+		prio = r.priority;
+		for (uint32_t i = 0; i < nb; i++)
+			kvt_fmt_rec_block(&r, i, &b[i]);
+		for (uint64_t i = 0; i < nt; i++)
+			tok[i] = kvt_fmt_rec_token(&r, i);
+	}
+	assert_int_equal(off, (size_t)sb.st_size);
+	assert_int_equal(hits, 1);
+	n = kvt_fmt_put_bytes(nb, nt);
+	out = calloc(1, n);
+	assert_non_null(out);
+	kvt_fmt_put_encode(out, max_seqno + 1, fkey, ftenant, prio, b, nb, tok, nt);
+	assert_int_equal(pwrite(fd, out, n, sb.st_size), (ssize_t)n);
+	close(fd);
+	free(in);
+	free(out);
+}
+
+static int
+restore_as(struct kvt_engine *e, uint32_t tenant, uint64_t key, kvt_seq_id *s)
+{
+	struct kvt_seq_opts so;
+
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = tenant;
+	*s = 0;
+	return kvt_seq_restore(e, key, &so, s);
+}
+
+/* Forged record: a copy of tenant 0's PUT (session 1) renamed session 6 of tenant 1, checksum
+ * recomputed. Its blocks' headers name session 1 and carry the record's content hashes (the
+ * shared-prefix path), so restore used to give tenant 1 tenant 0's bytes, and the same blocks
+ * when session 1 was restored first. Now restoring 6 as tenant 1 fails (-EPERM), in either
+ * order, and neither session is dropped; session 1 restores byte-exact. */
+static void
+test_forged_record_of_another_tenant(void **state)
+{
+	struct scfg c = { .codec = 0 };
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine *e = store_engine_ok(dir, &c);
+	kvt_seq_id s1, s6;
+
+	(void)state;
+	park_session(e, 1, 2, 3 * TSUP_TPB); /* full blocks: each carries a content hash */
+	kvt_engine_destroy(e);
+	journal_forge(dir, 1, 6, 1);
+	for (int order = 0; order < 2; order++) {
+		print_message("order: %s first\n", order ? "session 1" : "the forged session 6");
+		e = store_engine_ok(dir, &c);
+		assert_true(listed_for(e, 0, 1) && listed_for(e, 1, 6));
+		s1 = 0;
+		if (order == 1)
+			s1 = restore_ok(e, 1, 2, 3 * TSUP_TPB);
+		assert_int_equal(restore_as(e, 1, 6, &s6), -EPERM);
+		assert_int_equal(s6, 0);
+		assert_non_null(strstr(kvt_last_error_message(), "tenant"));
+		assert_true(listed_for(e, 1, 6)); /* refused, not dropped */
+		tsup_check_engine(e);
+		if (order == 0)
+			s1 = restore_ok(e, 1, 2, 3 * TSUP_TPB);
+		/* and again, session 1's blocks now live in memory */
+		assert_int_equal(restore_as(e, 1, 6, &s6), -EPERM);
+		assert_int_equal(tsup_verify(e, s1, 2), 0);
+		tsup_check_engine(e);
+		assert_int_equal(kvt_seq_detach(e, s1), 0);
+		assert_int_equal(kvt_engine_drain(e), 0);
+		assert_true(listed_for(e, 0, 1) && listed_for(e, 1, 6));
+		kvt_engine_destroy(e);
+	}
+	tsup_rmdir(dir);
+}
+
 /* Hardening 6: stored sessions keep their tenant across a restart. kvt_seq_restore takes the
  * tenant from the record and refuses another (-EPERM; it used to give the caller the session,
  * under the caller's tenant), kvt_session_list_tenant lists only the tenant's sessions,
@@ -769,6 +875,7 @@ main(void)
 		cmocka_unit_test(test_enospc_gives_back_clean_copies),
 		cmocka_unit_test(test_restore_counts_in_budget),
 		cmocka_unit_test(test_sessions_across_tenants),
+		cmocka_unit_test(test_forged_record_of_another_tenant),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
