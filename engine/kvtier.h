@@ -973,6 +973,8 @@ struct kvt_stats {
 	uint64_t remote_bytes_in;     /* bytes of values and replies it received */
 	uint64_t remote_breaker_trips; /* times a server's breaker opened */
 	uint64_t remote_errors;       /* connection-level failures (timeouts included) */
+	uint64_t remote_breaker_open; /* gauge: 1 when a server's breaker was open after the
+					 worker's latest job, else 0 */
 };
 
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */

@@ -62,6 +62,7 @@ struct kvt_reng {
 	uint32_t pending;   /* publishes queued or running */
 	int stop;
 	struct kvt_remote_stats cs; /* the client's counters after the latest job */
+	int breaker_open;   /* any breaker open after the latest job */
 };
 
 static void
@@ -281,6 +282,7 @@ worker(void *arg)
 		j->rc = j->kind == RJ_PUBLISH ? run_publish(r, j) : run_restore(r, j);
 		pthread_mutex_lock(&r->mu);
 		kvt_remote_stats(r->cli, &r->cs);
+		r->breaker_open = kvt_remote_breaker_open(r->cli, NULL, 0);
 		if (j->kind == RJ_PUBLISH) {
 			j->next = r->done;
 			r->done = j;
@@ -384,6 +386,7 @@ kvt_reng_reap(struct kvt_engine *e)
 	e->st.remote_bytes_in = r->cs.bytes_in;
 	e->st.remote_breaker_trips = r->cs.breaker_trips;
 	e->st.remote_errors = r->cs.errors;
+	e->st.remote_breaker_open = (uint64_t)r->breaker_open;
 	pthread_mutex_unlock(&r->mu);
 	while (list) {
 		struct rjob *j = list;

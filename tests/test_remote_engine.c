@@ -315,6 +315,14 @@ test_stopped_server(void **state)
 	assert_int_equal(st.remote_publishes, 0);
 	assert_int_equal(st.remote_publish_failed, 1);
 	assert_true(st.remote_errors >= 1);
+	{
+		char buf[16384];
+		size_t len;
+
+		assert_int_equal(kvt_engine_metrics_text(e, buf, sizeof buf, &len), 0);
+		assert_non_null(strstr(buf, "kvtier_remote_publish_failures_total 1\n"));
+		assert_non_null(strstr(buf, "kvtier_remote_publishes_total 0\n"));
+	}
 	/* local tiers keep working while the server is stopped */
 	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
