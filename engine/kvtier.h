@@ -623,6 +623,16 @@ KVT_API int kvt_seq_publish_remote(struct kvt_engine *e, kvt_seq_id s);
  */
 KVT_API int kvt_seq_restore_remote(struct kvt_engine *e, uint64_t session_key,
 				   const struct kvt_seq_opts *o, kvt_seq_id *out);
+
+/**
+ * kvt_seq_tokens() - copy the token ids [@first, @first + @n) of the sequence @s into @out
+ * (@n int32_t; -1 where kvt_seq_append was given no tokens). A server that reopened a session
+ * (kvt_seq_restore_remote, kvt_seq_restore) reads its history back with it.
+ * Returns 0, KVT_ECLOSED, -EINVAL (NULL @out with @n > 0, or the range past kvt_seq_info's
+ * n_tokens). Threading: takes the engine lock.
+ */
+KVT_API int kvt_seq_tokens(struct kvt_engine *e, kvt_seq_id s, uint64_t first, int32_t *out,
+			   size_t n);
 /**
  * kvt_seq_set_priority() - retention priority of a token range (TensorRT-LLM's
  * KvCacheRetentionConfig::TokenRangeRetentionConfig): the blocks holding tokens

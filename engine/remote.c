@@ -660,3 +660,25 @@ kvt_seq_restore_remote(struct kvt_engine *e, uint64_t key, const struct kvt_seq_
 	*out = sid;
 	return rc;
 }
+
+int
+kvt_seq_tokens(struct kvt_engine *e, kvt_seq_id id, uint64_t first, int32_t *out, size_t n)
+{
+	struct kvt_seqrec *s;
+	int rc = 0;
+
+	if (!e || (!out && n))
+		return kvt_err(-EINVAL, "kvt_seq_tokens: engine and out must not be NULL");
+	kvt_lock(e);
+	s = kvt_seq_lookup(e, id, NULL);
+	if (!s)
+		rc = kvt_err(KVT_ECLOSED, "kvt_seq_tokens: sequence %#llx is not open",
+			     (unsigned long long)id);
+	else if (first > s->n_tokens || n > s->n_tokens - first)
+		rc = kvt_err(-EINVAL, "kvt_seq_tokens: tokens [%llu, +%zu) past the sequence's %llu",
+			     (unsigned long long)first, n, (unsigned long long)s->n_tokens);
+	else if (n)
+		memcpy(out, s->tokens + first, n * sizeof *out);
+	kvt_unlock(e);
+	return rc;
+}
