@@ -45,6 +45,7 @@ struct rjob {
 	uint64_t n_tokens;
 	const int32_t *tokens; /* into sval (4-byte aligned: RS_HDR is) */
 	const uint8_t *partial; /* into sval, block_bytes, or NULL */
+	char msg[512];      /* the worker's error message (messages are thread-local) */
 };
 
 struct kvt_reng {
@@ -280,6 +281,8 @@ worker(void *arg)
 			r->tail = NULL;
 		pthread_mutex_unlock(&r->mu);
 		j->rc = j->kind == RJ_PUBLISH ? run_publish(r, j) : run_restore(r, j);
+		if (j->rc)
+			snprintf(j->msg, sizeof j->msg, "%s", kvt_last_error_message());
 		pthread_mutex_lock(&r->mu);
 		kvt_remote_stats(r->cli, &r->cs);
 		r->breaker_open = kvt_remote_breaker_open(r->cli, NULL, 0);
@@ -397,6 +400,8 @@ kvt_reng_reap(struct kvt_engine *e)
 			e->st.remote_blocks_put += j->n_full;
 		} else {
 			e->st.remote_publish_failed++;
+			kvt_engine_log(e, KVT_LOG_WARN, "session %#llx was not published to the "
+				       "REMOTE tier: %s", (unsigned long long)j->key, j->msg);
 		}
 		pthread_mutex_lock(&r->mu);
 		r->pending--;
@@ -602,6 +607,8 @@ kvt_seq_restore_remote(struct kvt_engine *e, uint64_t key, const struct kvt_seq_
 		pthread_cond_wait(&r->done_cv, &r->mu);
 	pthread_mutex_unlock(&r->mu);
 	rc = j->rc;
+	if (rc) /* the worker's message, in this thread */
+		kvt_err(rc, "%s", strchr(j->msg, ':') ? strchr(j->msg, ':') + 2 : j->msg);
 	if (rc == 0 && j->n_tokens / r->tpb + !!(j->n_tokens % r->tpb) > kvt_seq_max_blocks(e))
 		rc = kvt_err(KVT_ETOOBIG, "session %#llx has more blocks than one sequence may "
 			     "hold in this engine", (unsigned long long)key);

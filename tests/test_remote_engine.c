@@ -240,7 +240,11 @@ test_salt(void **state)
 	so.salt = 12345;
 	assert_int_equal(kvt_seq_restore_remote(e, 0x81, &so, &s), -EINVAL);
 	assert_int_equal(s, 0);
+	assert_non_null(strstr(kvt_last_error_message(), "prefix key differs"));
 	kvt_seq_opts_init(&so, sizeof so);
+	/* the worker's message comes back to the caller's thread */
+	assert_int_equal(kvt_seq_restore_remote(e, 0x8888, &so, &s), -ENOENT);
+	assert_non_null(strstr(kvt_last_error_message(), "is not in the REMOTE tier"));
 	assert_int_equal(kvt_seq_restore_remote(e, 0x81, &so, &s), 0);
 	assert_int_equal(tsup_verify(e, s, 2), 0);
 	assert_int_equal(kvt_seq_close(e, s), 0);
