@@ -53,7 +53,7 @@ struct kvt_reng {
 	struct kvt_rv_ns ns;
 	uint64_t block_bytes;
 	uint32_t tpb;
-	void *stream;       /* device stream for copies to and from HBM */
+	void *stream;       /* device stream of the publishes' copies (under the engine lock) */
 	pthread_t th;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;  /* worker: jobs queued or stop */
@@ -579,6 +579,7 @@ kvt_seq_restore_remote(struct kvt_engine *e, uint64_t key, const struct kvt_seq_
 	struct kvt_geometry g;
 	struct kvt_reng *r;
 	struct rjob *j;
+	void *stream = NULL;
 	kvt_seq_id sid = 0;
 	int64_t *map = NULL;
 	int rc;
@@ -609,9 +610,19 @@ kvt_seq_restore_remote(struct kvt_engine *e, uint64_t key, const struct kvt_seq_
 	rc = j->rc;
 	if (rc) /* the worker's message, in this thread */
 		kvt_err(rc, "%s", strchr(j->msg, ':') ? strchr(j->msg, ':') + 2 : j->msg);
-	if (rc == 0 && j->n_tokens / r->tpb + !!(j->n_tokens % r->tpb) > kvt_seq_max_blocks(e))
-		rc = kvt_err(KVT_ETOOBIG, "session %#llx has more blocks than one sequence may "
-			     "hold in this engine", (unsigned long long)key);
+	if (rc == 0) {
+		uint32_t most;
+
+		kvt_lock(e);
+		most = kvt_seq_max_blocks(e);
+		kvt_unlock(e);
+		if (j->n_tokens / r->tpb + !!(j->n_tokens % r->tpb) > most)
+			rc = kvt_err(KVT_ETOOBIG, "session %#llx has more blocks than one sequence "
+				     "may hold in this engine (%u)", (unsigned long long)key, most);
+	}
+	/* a stream of this call's own: the engine's (publish) is used under the lock */
+	if (rc == 0)
+		rc = kvt_engine_stream_create(e, &stream);
 	if (rc == 0 && !(map = malloc(sizeof *map * r->tpb)))
 		rc = kvt_err(-ENOMEM, "kvt_seq_restore_remote: slot mapping");
 	if (rc == 0)
@@ -626,11 +637,11 @@ kvt_seq_restore_remote(struct kvt_engine *e, uint64_t key, const struct kvt_seq_
 		rc = kvt_seq_append(e, sid, j->tokens + at, (size_t)n, map);
 		if (rc == 0)
 			rc = kvt_engine_stream_memcpy_async(
-				e, r->stream,
+				e, stream,
 				(char *)g.hbm_base + (uint64_t)(map[0] / r->tpb) * r->block_bytes,
 				src, r->block_bytes);
 		if (rc == 0)
-			rc = kvt_engine_stream_sync(e, r->stream);
+			rc = kvt_engine_stream_sync(e, stream);
 	}
 	if (rc == 0) {
 		/* the hashes recomputed from the tokens must be the published ones */
@@ -662,6 +673,8 @@ kvt_seq_restore_remote(struct kvt_engine *e, uint64_t key, const struct kvt_seq_
 		kvt_err(rc, "%s", strchr(keep, ':') ? strchr(keep, ':') + 2 : keep);
 		sid = 0;
 	}
+	if (stream)
+		kvt_engine_stream_destroy(e, stream);
 	free(map);
 	job_free(j);
 	*out = sid;
