@@ -345,7 +345,9 @@ KVT_API int kvt_engine_poll(struct kvt_engine *e, uint32_t max);
 
 /**
  * kvt_engine_drain() - block until no transfer is in flight (background demotions, parks,
- * resumes) and process every completion. Returns 0 or a negative error code.
+ * resumes) and process every completion. With a REMOTE tier it first waits (without the engine
+ * lock) for the kvt_seq_publish_remote() jobs queued so far, each bounded by the client's
+ * timeouts; a failed one is counted, not returned. Returns 0 or a negative error code.
  */
 KVT_API int kvt_engine_drain(struct kvt_engine *e);
 
