@@ -2,7 +2,7 @@
 /*
  * tests/test_remote_engine.c - the engine side of the REMOTE tier (issue 18, items 1 and 4):
  * sessions published by one engine (kvt_seq_publish_remote) and reopened by another engine in
- * another process (kvt_seq_restore_remote, fork) through one redis-server this test starts
+ * another process (kvt_seq_restore_remote; fork + exec of this binary) through one redis-server this test starts
  * (tests/support/redis_server.c); another tenant misses; garbage, flipped bytes or a FLUSHALL
  * are -ENOENT, never wrong bytes; a SIGSTOPped server costs the worker its timeouts, the engine
  * stays usable; a dead server at create fails clearly. Skips (77) without redis-server.
@@ -69,44 +69,62 @@ publish(struct kvt_engine *e, uint64_t key, uint32_t tenant, uint32_t tag, uint3
 	return tsup_stats(e);
 }
 
-/* In a fresh child process with its own engine: restore @key as @tenant and compare with
- * pattern @tag. Exit status: 0 restored exact, 10 + -rc for a failed restore, 2 for wrong
- * bytes, 3 for a broken engine. */
+/* The child's side (a fresh process image: this binary exec'ed with --restore-child): its own
+ * engine restores @key as @tenant and compares with pattern @tag (and @n tokens when != 0).
+ * Exit status: 0 restored exact, 10 + -rc for a failed restore, 2 wrong bytes, 3 a broken
+ * engine, 5 wrong length. */
+static int
+restore_child_main(uint16_t port, uint64_t key, uint32_t tenant, uint32_t tag, uint64_t n)
+{
+	struct kvt_engine *e = remote_engine(port, NULL);
+	struct kvt_seq_opts so;
+	struct kvt_seq_info in;
+	kvt_seq_id s = 0;
+	int rc;
+
+	if (!e)
+		return 3;
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = tenant;
+	rc = kvt_seq_restore_remote(e, key, &so, &s);
+	if (rc) {
+		/* the engine stays usable after a miss */
+		kvt_seq_id t;
+
+		kvt_seq_opts_init(&so, sizeof so);
+		if (kvt_seq_open(e, &so, &t) || tsup_append_write(e, t, 99, 0, 9) ||
+		    tsup_verify(e, t, 99) != 0)
+			return 3;
+		kvt_engine_destroy(e);
+		return rc < 0 && rc > -100 ? 10 - rc : 4;
+	}
+	if (kvt_seq_info(e, s, &in) || (n && in.n_tokens != n))
+		return 5;
+	rc = tsup_verify(e, s, tag);
+	kvt_engine_destroy(e);
+	return rc == 0 ? 0 : 2;
+}
+
+/* Restore in another process (fork + exec of this binary); its exit status as above. */
 static int
 child_restore_n(uint64_t key, uint32_t tenant, uint32_t tag, uint64_t n)
 {
-	pid_t pid = fork();
+	char a[5][32];
+	pid_t pid;
 	int st = 0;
 
+	snprintf(a[0], sizeof a[0], "%u", srv.port);
+	snprintf(a[1], sizeof a[1], "%llu", (unsigned long long)key);
+	snprintf(a[2], sizeof a[2], "%u", tenant);
+	snprintf(a[3], sizeof a[3], "%u", tag);
+	snprintf(a[4], sizeof a[4], "%llu", (unsigned long long)n);
+	fflush(NULL);
+	pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
-		struct kvt_engine *e = remote_engine(srv.port, NULL);
-		struct kvt_seq_opts so;
-		kvt_seq_id s = 0;
-		int rc;
-
-		if (!e)
-			_exit(3);
-		kvt_seq_opts_init(&so, sizeof so);
-		so.tenant = tenant;
-		rc = kvt_seq_restore_remote(e, key, &so, &s);
-		if (rc) {
-			/* the engine stays usable after a miss */
-			kvt_seq_id t = tsup_seq_written(e, 99, 9);
-
-			if (tsup_verify(e, t, 99) != 0)
-				_exit(3);
-			_exit(rc < 0 && rc > -100 ? 10 - rc : 4);
-		}
-		{
-			struct kvt_seq_info in;
-
-			if (kvt_seq_info(e, s, &in) || (n && in.n_tokens != n))
-				_exit(5);
-		}
-		rc = tsup_verify(e, s, tag);
-		kvt_engine_destroy(e);
-		_exit(rc == 0 ? 0 : 2);
+		execl("/proc/self/exe", "test_remote_engine", "--restore-child", a[0], a[1], a[2],
+		      a[3], a[4], (char *)NULL);
+		_exit(127);
 	}
 	assert_int_equal(waitpid(pid, &st, 0), pid);
 	assert_true(WIFEXITED(st));
@@ -284,7 +302,7 @@ test_errors(void **state)
 static void
 test_dead_server_at_create(void **state)
 {
-	struct tsrv dead;
+	struct tsrv dead = { 0 };
 	int rc = 0;
 
 	(void)state;
@@ -361,7 +379,7 @@ group_teardown(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_two_processes),
@@ -374,6 +392,10 @@ main(void)
 	};
 
 	signal(SIGPIPE, SIG_IGN);
+	if (argc == 7 && strcmp(argv[1], "--restore-child") == 0)
+		return restore_child_main((uint16_t)atoi(argv[2]), strtoull(argv[3], NULL, 10),
+					  (uint32_t)atoi(argv[4]), (uint32_t)atoi(argv[5]),
+					  strtoull(argv[6], NULL, 10));
 	if (!tsrv_available()) {
 		printf("test_remote_engine: redis-server or redis-cli not on PATH: skipped\n");
 		return 77;
