@@ -25,6 +25,30 @@ batch_free(struct kvt_batch *b)
 	kvt_free(b); /* one allocation holds the batch and its arrays */
 }
 
+/* Take prepared batch @b off e->batches (engine lock held). */
+static void
+batch_unlink(struct kvt_engine *e, struct kvt_batch *b)
+{
+	if (b->prev)
+		b->prev->next = b->next;
+	else
+		e->batches = b->next;
+	if (b->next)
+		b->next->prev = b->prev;
+	b->prev = b->next = NULL;
+}
+
+void
+kvt_batch_free_all(struct kvt_engine *e)
+{
+	while (e->batches) {
+		struct kvt_batch *b = e->batches;
+
+		batch_unlink(e, b);
+		batch_free(b);
+	}
+}
+
 /* The batch and all its arrays in one allocation: prepare runs once per decode step. */
 static struct kvt_batch *
 batch_alloc(uint32_t n, uint32_t n_blocks)
@@ -568,6 +592,10 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	}
 	e->n_batches++;
 	e->st.batches++;
+	b->next = e->batches;
+	if (b->next)
+		b->next->prev = b;
+	e->batches = b;
 	*out = b;
 	kvt_free(tmp);
 	return 0;
@@ -762,6 +790,7 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 				for (i = 0; i < b->n; i++)
 					e->seqs[b->seqidx[i]].in_batch = 0;
 				e->n_batches--;
+				batch_unlink(e, b);
 				kvt_unlock(e);
 				batch_free(b);
 				return rc;
@@ -782,6 +811,7 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 		kvt_hint_end(e, s, b->hint_mark);
 	}
 	e->n_batches--;
+	batch_unlink(e, b);
 	kvt_watermarks(e);
 	(void)kvt_xfer_flush(e);
 	kvt_unlock(e);

@@ -400,6 +400,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	for (uint32_t c = 0; c < e->cap_blocks >> KVT_BCHUNK_SHIFT; c++)
 		kvt_free(e->bchunk[c]);
 	kvt_free(e->bchunk);
+	kvt_batch_free_all(e); /* batches the caller never released */
 	kvt_free(e->hbm_h2d_seqno);
 	kvt_free(e->rel_ring);
 	kvt_prefix_fini(e);

@@ -334,6 +334,8 @@ struct kvt_xstream {
 
 struct kvt_batch {
 	struct kvt_engine *e;      /* owner */
+	struct kvt_batch *prev, *next; /* e->batches: prepared, not yet released (destroy frees
+	                              those the caller never released) */
 	uint32_t n;                /* ranges */
 	uint32_t *seqidx;          /* [n] sequence indices */
 	uint32_t *pinned;          /* block ids pinned by this batch */
@@ -418,6 +420,7 @@ struct kvt_engine {
 	uint32_t seq_free;                  /* free list head */
 	uint32_t n_open_seqs;               /* open sequences */
 	uint32_t n_batches;                 /* unreleased batches */
+	struct kvt_batch *batches;          /* prepared, not yet released (list) */
 	uint32_t hbm_pinned;                /* blocks pinned (their HBM slots are spoken for) */
 	uint32_t quarantined[KVT_TIER_COUNT]; /* slots kept out of use after device failures */
 	uint32_t demoting[KVT_TIER_COUNT];  /* demotions in flight whose source slot in that
@@ -544,6 +547,9 @@ void kvt_watermarks(struct kvt_engine *e);
 #define KVT_ENOSPC_DROP 16u                  /* clean NVMe copies dropped per ENOSPC write */
 #define KVT_ENOSPC_BACKOFF_NS 200000000ull   /* background NVMe demotion paused this long */
 void kvt_nvme_enospc(struct kvt_engine *e);  /* an NVMe write failed with -ENOSPC */
+
+/* Free every batch not yet released (kvt_engine_destroy; engine lock not needed then). */
+void kvt_batch_free_all(struct kvt_engine *e);
 
 /* ---- engine/xfer.c: submission and completion */
 int kvt_xfer_init(struct kvt_engine *e);

@@ -31,7 +31,16 @@
  *     a time (the one that runs the step). No call holds that mutex while it waits for IO or a
  *     device copy: a call whose blocks are resident does not wait for other sequences'
  *     transfers. While an append, park or prepare of a sequence waits, other threads' close,
- *     append, park and prepare of that same sequence return KVT_EBUSY.
+ *     append, park and prepare of that same sequence return KVT_EBUSY. A batch may be released
+ *     by another thread than the one that prepared it (not concurrently with its use); a hint
+ *     (kvt_engine_hint) is engine-wide: a scheduler thread may hint the sequences that a worker
+ *     thread prepares next.
+ *   - Progress: completions are processed inside API calls (every prepare, append, park, poll,
+ *     drain and wait processes what has landed), never on kvtier's own threads. A server that
+ *     calls the engine every step needs nothing more; one that goes quiet while transfers are
+ *     in flight (background demotions, parks, resumes, idle_timeout_ms) calls
+ *     kvt_engine_poll() now and then (e.g. each scheduler tick), or the slots they free and
+ *     the idle parks wait until its next call.
  */
 #ifndef KVTIER_H
 #define KVTIER_H
@@ -172,7 +181,9 @@ struct kvt_engine_opts {
 	size_t opts_size;          /* sizeof(struct kvt_engine_opts) as the caller compiled it */
 	struct kvt_layout layout;  /* the model's KV layout; required */
 	uint64_t hbm_bytes;        /* HBM tier capacity in bytes; required (>= one block) */
-	uint64_t host_bytes;       /* HOST tier capacity in bytes; 0 = no HOST tier */
+	uint64_t host_bytes;       /* HOST tier capacity in bytes; 0 = no HOST tier (then no NVME
+	                              tier either: NVMe IO is staged through HOST slots, and
+	                              create refuses nvme_dir without host_bytes, -EINVAL) */
 	const char *nvme_dir;      /* directory for the NVME tier's slot file; NULL = no NVME tier.
 	                              Copied; the file is created mode 0600 and removed on destroy
 	                              (kept when nvme_persist) */
@@ -298,7 +309,9 @@ struct kvt_engine; /* opaque */
  * -ENOTDIR (nvme_dir unusable), KVT_ENOTSUP (CUDA asked for in a build without it),
  * KVT_EDEVICE (device error), KVT_EFORMAT (nvme_persist: the store in nvme_dir was made for
  * another layout, codec, capacity or format version; the message names the difference),
- * -EBUSY (nvme_persist: another process uses that store).
+ * -EBUSY (nvme_persist: another process uses that store; the lock is retried for up to 3 s
+ * first, so that a process that just died has released it; the system errno, unlike
+ * KVT_EBUSY, which is about a sequence or batch).
  * Capacities are rounded down to whole slots; each tier present must hold at least one block.
  */
 KVT_API int kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out);
@@ -306,8 +319,9 @@ KVT_API int kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine
 /**
  * kvt_engine_destroy() - wait for every transfer in flight, free all tiers, remove the NVME
  * file (with nvme_persist: publish the sessions whose park to NVMe completed, keep the store).
- * Every sequence and batch of @e becomes invalid. NULL is accepted. Not to be called
- * concurrently with any other call on @e.
+ * Every sequence and batch of @e becomes invalid; batches not yet released are freed here
+ * (their pointers must not be used, nor released, afterwards). NULL is accepted. Not to be
+ * called concurrently with any other call on @e.
  */
 KVT_API void kvt_engine_destroy(struct kvt_engine *e);
 
@@ -754,10 +768,14 @@ struct kvt_block_table {
  * are read (checksums verified) and copied up; room is made by demoting the least recently used
  * unpinned blocks. Copies are asynchronous: wait with kvt_batch_wait_layer() before reading.
  * @seqs: n distinct open sequence ids.  @n: 1..65536.  @out: receives the batch.
- * Returns 0; KVT_ECLOSED; -EINVAL (duplicates, n out of range); KVT_EBUSY (a sequence is in
- * another unreleased batch, or another thread's append, park or prepare of it is waiting); KVT_ETOOBIG (the batch can never fit in HBM: a clear message says
- * how many blocks it needs and how many HBM has); -ENOSPC (not now: HBM is pinned by other
- * batches); KVT_ELOST (a block failed its checksum or could not be read: each such sequence is
+ * Returns 0; KVT_ECLOSED; -EINVAL (duplicates, n out of range, a sequence holding no tokens:
+ * append before preparing); KVT_EBUSY (a sequence is in another unreleased batch, or another
+ * thread's append, park or prepare of it is waiting); KVT_ETOOBIG (the batch can never fit in
+ * HBM: a clear message says how many blocks it needs and how many HBM has); -ENOSPC (not now:
+ * HBM is pinned, by other unreleased batches or by appends whose write pins no release, park
+ * or close of their sequence has dropped yet, the message says how many of each: release
+ * batches, or park or close sequences that will not run this step, then retry; retrying alone
+ * cannot help while the appends' pins stay); KVT_ELOST (a block failed its checksum or could not be read: each such sequence is
  * truncated before the lost block, see kvt_seq_info, and must be recomputed from there; nothing
  * is pinned). On failure nothing stays pinned.
  */

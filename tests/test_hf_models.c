@@ -299,6 +299,14 @@ test_cli(void **state)
 	snprintf(args, sizeof args, "--model-dir %s --hbm-frac 2", dir);
 	assert_int_equal(hf_cli(args, line, sizeof line), 2);
 	assert_non_null(strstr(line, "--hbm-frac"));
+	/* --persist needs its own --nvme-dir, and is not combined with --prefix-share (which it
+	 * used to drop silently): usage errors */
+	snprintf(args, sizeof args, "--model-dir %s --persist", dir);
+	assert_int_equal(hf_cli(args, line, sizeof line), 2);
+	assert_non_null(strstr(line, "--persist needs --nvme-dir"));
+	snprintf(args, sizeof args, "--model-dir %s --persist --prefix-share --nvme-dir /tmp", dir);
+	assert_int_equal(hf_cli(args, line, sizeof line), 2);
+	assert_non_null(strstr(line, "--prefix-share"));
 }
 
 int

@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -422,6 +423,197 @@ test_mooncake_prefix(void **state)
 	rp_trace_free(&t);
 }
 
+/* Multi-node (issue 18, item 6): two conversations on two nodes (keys 1 and 2: the test checks
+ * they land apart), r0 = [0 1 10] and r2 = [0 1 10 11] on X, r1 = [0 2] and r3 = [0 2 20] on Y.
+ * HBM of 2 blocks, no lower tiers. Alone: r2 hits 0 1 (10 was pushed out of X's HBM by r0
+ * itself), r3 hits 0 2: 4. Sharing an unbounded REMOTE: r1 gets 0 from it (X wrote it: one
+ * cross-node hit), r2 gets 10 back from it: 6 hits, 2 from REMOTE, 6 puts (every block once).
+ * REMOTE of 2 blocks (LRU): every block is pushed out before it is wanted again: 4 hits, 9
+ * evictions. One node, same HBM: 3 alone, 6 with REMOTE (3 of them from it, none cross-node). */
+static void
+test_multi_shared(void **state)
+{
+	char *p = write_tmp(
+		"{\"timestamp\": 0, \"input_length\": 1500, \"output_length\": 1, \"hash_ids\": [0, 1, 10]}\n"
+		"{\"timestamp\": 1, \"input_length\": 1000, \"output_length\": 1, \"hash_ids\": [0, 2]}\n"
+		"{\"timestamp\": 2, \"input_length\": 2000, \"output_length\": 1, "
+		"\"hash_ids\": [0, 1, 10, 11]}\n"
+		"{\"timestamp\": 3, \"input_length\": 1500, \"output_length\": 1, \"hash_ids\": [0, 2, 20]}\n");
+	struct rp_multi_opts o = { .nodes = 2, .cap = { 2, 0, 0 }, .block_bytes = 1000 };
+	struct rp_multi_result r;
+	struct rp_trace t;
+
+	(void)state;
+	assert_int_equal(rp_trace_load(p, 16, 0, &t), 0);
+	assert_int_equal(rp_conv_key(&t, &t.req[2]), 1);
+	assert_int_equal(rp_multi_node(&t, 0, &o), rp_multi_node(&t, 2, &o));
+	assert_int_equal(rp_multi_node(&t, 1, &o), rp_multi_node(&t, 3, &o));
+	assert_int_not_equal(rp_multi_node(&t, 0, &o), rp_multi_node(&t, 1, &o));
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &r), 0); /* alone */
+	assert_int_equal(rp_multi_hits(&r), 4);
+	assert_int_equal(r.hit_blocks[RP_REMOTE] + r.cross_hits + r.puts + r.gets, 0);
+	o.remote_cap = RP_UNBOUNDED;
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &r), 0);
+	assert_int_equal(rp_multi_hits(&r), 6);
+	assert_int_equal(r.hit_blocks[RP_REMOTE], 2);
+	assert_int_equal(r.hit_tokens[RP_REMOTE], 512 + 512);
+	assert_int_equal(r.cross_hits, 1);
+	assert_int_equal(r.gets, 2);
+	assert_int_equal(r.puts, 6);
+	assert_int_equal(r.remote_evictions, 0);
+	o.remote_cap = 2;
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &r), 0);
+	assert_int_equal(rp_multi_hits(&r), 4);
+	assert_int_equal(r.hit_blocks[RP_REMOTE], 0);
+	assert_int_equal(r.remote_evictions, 9); /* 1 + 2 + 3 + 3: r2 and r3 write 0 again */
+	o.nodes = 1;
+	o.remote_cap = 0;
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &r), 0);
+	assert_int_equal(rp_multi_hits(&r), 3); /* r1, r2 and r3 hit 0 only (r1's 2 pushed 1 out) */
+	o.remote_cap = RP_UNBOUNDED;
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &r), 0);
+	assert_int_equal(rp_multi_hits(&r), 6); /* + 1 10 for r2 and 2 for r3 from REMOTE */
+	assert_int_equal(r.hit_blocks[RP_REMOTE], 3);
+	assert_int_equal(r.cross_hits, 0);
+	o.nodes = 0; /* bad options: -EINVAL */
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &r), -EINVAL);
+	rp_trace_free(&t);
+	unlink(p);
+	free(p);
+}
+
+/* Write budget (issue 18, item 5): blocks of 100 bytes, REMOTE budget 200 B/s (bucket depth
+ * 200, full at t 0). r0 (t 0) offers 1..5: 1 and 2 written, the rest refused; r1 (t 500 ms:
+ * +100 bytes) writes 3 and stops at 4; r2 (t 10 s: full again) writes 7: exactly 4 puts, 400
+ * bytes, against 7 without. "seen twice": r0's blocks are refused, r1 writes the re-seen
+ * 1..5 only (not 6), r2's 7 is refused. NVMe budget of 100 B/s over HBM 1 + HOST 1: of the
+ * two demotions at t 0 only the first gets to NVMe, so r1 finds one block fewer. */
+static void
+test_multi_budget(void **state)
+{
+	char *p = write_tmp(
+		"{\"timestamp\": 0, \"input_length\": 2560, \"output_length\": 1, "
+		"\"hash_ids\": [1, 2, 3, 4, 5]}\n"
+		"{\"timestamp\": 500, \"input_length\": 3072, \"output_length\": 1, "
+		"\"hash_ids\": [1, 2, 3, 4, 5, 6]}\n"
+		"{\"timestamp\": 10000, \"input_length\": 512, \"output_length\": 1, "
+		"\"hash_ids\": [7]}\n");
+	char *q = write_tmp(
+		"{\"timestamp\": 0, \"input_length\": 2048, \"output_length\": 1, "
+		"\"hash_ids\": [1, 2, 3, 4]}\n"
+		"{\"timestamp\": 1, \"input_length\": 2048, \"output_length\": 1, "
+		"\"hash_ids\": [1, 2, 3, 4]}\n");
+	struct rp_multi_opts o = { .nodes = 1, .cap = { 100, 0, 0 }, .block_bytes = 100,
+				   .remote_cap = RP_UNBOUNDED };
+	struct rp_multi_result r, b;
+	struct rp_trace t;
+
+	(void)state;
+	assert_int_equal(rp_trace_load(p, 16, 0, &t), 0);
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &r), 0);
+	assert_int_equal(r.puts, 7);
+	assert_int_equal(r.remote_refused, 0);
+	o.budget[1] = 200;
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &b), 0);
+	assert_int_equal(b.puts * b.o.block_bytes, 400);
+	assert_int_equal(b.remote_refused, 3 + 3);
+	assert_int_equal(rp_multi_hits(&b), rp_multi_hits(&r)); /* one node: HBM holds all */
+	o.period_ms = 500; /* depth 100: r0 writes 1, r1 2, r2 7 */
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &b), 0);
+	assert_int_equal(b.puts, 3);
+	o.period_ms = 0;
+	o.budget[1] = 0;
+	o.admit = RP_ADMIT_SEEN_TWICE;
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &b), 0);
+	assert_int_equal(b.puts, 5);
+	assert_int_equal(b.remote_refused, 5 + 1 + 1);
+	rp_trace_free(&t);
+	/* NVMe: r0 brings 4 3 2 1 into HBM 1; HOST 1 demotes 4 (written) then 3 (no budget left,
+	 * dropped); r1 finds 1 (HBM) 2 (HOST) and stops at 3; without budget 3 and 4 are on NVMe */
+	assert_int_equal(rp_trace_load(q, 16, 0, &t), 0);
+	memset(&o, 0, sizeof o);
+	o.nodes = 1;
+	o.cap[0] = o.cap[1] = 1;
+	o.cap[2] = 10;
+	o.block_bytes = 100;
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &r), 0);
+	assert_int_equal(rp_multi_hits(&r), 4);
+	assert_int_equal(r.nvme_writes, 2 + 4); /* r1's promotions demote 4 more */
+	o.budget[0] = 100;
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &b), 0);
+	assert_int_equal(rp_multi_hits(&b), 2);
+	assert_int_equal(b.nvme_writes * b.o.block_bytes, 100); /* t 1 ms: 0.1 byte refilled */
+	assert_int_equal(b.nvme_refused, 5);
+	o.budget[0] = 0;
+	o.admit = RP_ADMIT_SEEN_TWICE; /* r0's demotions are first sightings: none written */
+	assert_int_equal(rp_multi_run(&t, &kvt_evict_lru_ops, &o, &b), 0);
+	assert_int_equal(rp_multi_hits(&b), 2);
+	assert_int_equal(b.nvme_refused, 2);
+	assert_int_equal(b.nvme_writes, 4); /* r1's, of blocks seen twice */
+	rp_trace_free(&t);
+	unlink(p);
+	unlink(q);
+	free(p);
+	free(q);
+}
+
+/* The CLI of the multi-node runs: bad values are usage errors (2) naming the option; a run
+ * writes the three runs per node count to --json. */
+static void
+test_cli_nodes(void **state)
+{
+	char *p = write_tmp(
+		"{\"timestamp\": 0, \"input_length\": 1500, \"output_length\": 1, \"hash_ids\": [0, 1, 10]}\n"
+		"{\"timestamp\": 1, \"input_length\": 1000, \"output_length\": 1, \"hash_ids\": [0, 2]}\n");
+	char args[1024], msg[1024], json[600], buf[8192];
+	const char *d = getenv("KVT_TEST_TMP");
+	size_t len;
+	FILE *f;
+	int rc;
+
+	(void)state;
+	snprintf(args, sizeof args, "%s --nodes 0", p);
+	rc = replay_cli(args, msg, sizeof msg);
+	if (rc == -1) {
+		unlink(p);
+		free(p);
+		skip();
+	}
+	assert_int_equal(rc, 2);
+	assert_non_null(strstr(msg, "--nodes"));
+	snprintf(args, sizeof args, "%s --remote 10", p); /* not silently ignored */
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
+	assert_non_null(strstr(msg, "give --nodes too"));
+	snprintf(args, sizeof args, "%s --nodes 2 --remote 0", p);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
+	assert_non_null(strstr(msg, "--remote: bad capacity '0'"));
+	snprintf(args, sizeof args, "%s --nodes 2 --admit maybe", p);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
+	assert_non_null(strstr(msg, "--admit"));
+	snprintf(args, sizeof args, "%s --nodes 2 --write-budget-remote -5", p);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
+	assert_non_null(strstr(msg, "--write-budget-remote"));
+	snprintf(args, sizeof args, "%s --nodes 2 --write-budget-period 0", p);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 2);
+	assert_non_null(strstr(msg, "--write-budget-period"));
+	snprintf(json, sizeof json, "%s/replay_nodes_%d.json", d ? d : "/tmp", (int)getpid());
+	snprintf(args, sizeof args, "%s --nodes 1,2 --write-budget-remote 64MiB/s --json %s", p,
+		 json);
+	assert_int_equal(replay_cli(args, msg, sizeof msg), 0);
+	f = fopen(json, "r");
+	assert_non_null(f);
+	len = fread(buf, 1, sizeof buf - 1, f);
+	buf[len] = '\0';
+	fclose(f);
+	assert_non_null(strstr(buf, "\"run\":\t\"alone\""));
+	assert_non_null(strstr(buf, "\"run\":\t\"budget\""));
+	assert_non_null(strstr(buf, "\"network_put_bytes\""));
+	assert_non_null(strstr(buf, "\"cross_node_hits\":\t1")); /* 2 nodes: r1 gets block 0 */
+	unlink(json);
+	unlink(p);
+	free(p);
+}
+
 int
 main(void)
 {
@@ -435,6 +627,9 @@ main(void)
 		cmocka_unit_test(test_short_hash_ids),
 		cmocka_unit_test(test_mooncake_prefix),
 		cmocka_unit_test(test_data_mode),
+		cmocka_unit_test(test_multi_shared),
+		cmocka_unit_test(test_multi_budget),
+		cmocka_unit_test(test_cli_nodes),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -32,11 +32,12 @@ usage(FILE *f)
 		"  --host SIZE | --host-frac F  HOST tier, likewise (default: all of it)\n"
 		"  --no-host              no HOST tier\n"
 		"  --nvme SIZE            NVMe tier bytes (default: all of it)\n"
-		"  --nvme-dir DIR         NVMe directory (default: a temporary one)\n"
+		"  --nvme-dir DIR         NVMe directory (default: a temporary one; --persist needs\n"
+		"                         one of its own)\n"
 		"  --park-every N         park to NVMe and resume after every N positions\n"
 		"  --prefix-share         run a second sequence that attaches the prompt's blocks\n"
 		"  --persist              persistent store in --nvme-dir: kill -9 midway (a child),\n"
-		"                         restore the session, finish\n"
+		"                         restore the session, finish (not with --prefix-share)\n"
 		"  --dump-logits FILE     write the logits as raw f32 [positions - 1][vocab]\n",
 		KVHF_TOL);
 }
@@ -143,6 +144,16 @@ main(int argc, char **argv)
 	}
 	if (!dir) {
 		usage(stderr);
+		return 2;
+	}
+	if (o.persist && !o.nvme_dir) {
+		fprintf(stderr, "kvtier-hf: --persist needs --nvme-dir DIR (the store must outlive "
+			"the killed child, so no temporary directory is made for it)\n");
+		return 2;
+	}
+	if (o.persist && o.prefix_share) {
+		fprintf(stderr, "kvtier-hf: --persist and --prefix-share are separate checks: give "
+			"one of them per run\n");
 		return 2;
 	}
 	rc = kvhf_model_load(dir, &m);

@@ -41,6 +41,12 @@ struct rp_opts {
 	const char *csv, *json, *plot; /* outputs */
 	int data;                     /* --data: real bytes through an engine */
 	const char *nvme_dir;         /* --nvme-dir for data mode */
+	const char *nodes_spec;       /* --nodes LIST: the multi-node runs (multi.c) */
+	const char *remote_spec;      /* --remote N|unbounded */
+	const char *split_spec;       /* --split conversation|request */
+	const char *admit_spec;       /* --admit all|seen-twice */
+	const char *budget_spec[2];   /* --write-budget-nvme / --write-budget-remote BYTES/s */
+	const char *period_spec;      /* --write-budget-period MS */
 };
 
 static void
@@ -69,6 +75,23 @@ rp_usage(FILE *f)
 		"                        device, HOST memory, NVMe file), prefix sharing on, real\n"
 		"                        bytes checked on every hit; use --limit for short runs\n"
 		"  --nvme-dir D          NVMe file directory of data mode (default /tmp)\n"
+		"  --nodes LIST          multi-node runs instead of the sweep: the trace split across\n"
+		"                        N nodes (e.g. 1,2,4,8), each with the --hbm/--host/--nvme\n"
+		"                        tiers, alone and sharing one REMOTE tier; first policy only\n"
+		"  --remote N|unbounded  REMOTE capacity (blocks or bytes as --hbm; LRU like Redis's\n"
+		"                        allkeys-lru; default unbounded)\n"
+		"  --split conversation|request  node of a request: hash of its conversation key\n"
+		"                        (hash_ids[1], the trace has no conversation id; default)\n"
+		"                        or of its index (no affinity)\n"
+		"  --write-budget-nvme R, --write-budget-remote R   bytes/s (64MiB or 64MiB/s) that\n"
+		"                        each node may write to NVMe / the fleet to REMOTE (token\n"
+		"                        bucket on trace time, at most 1TiB/s); adds a budgeted run\n"
+		"                        per N\n"
+		"  --write-budget-period MS  the budget's period: the bucket holds MS ms of budget\n"
+		"                        (default 1000; 1..3600000; the Mooncake trace's times come\n"
+		"                        in 3 s steps, so a period under 3000 ms forfeits budget)\n"
+		"  --admit all|seen-twice  writes to NVMe and REMOTE of every block (default) or only\n"
+		"                        of one seen by a second request; adds a budgeted run per N\n"
 		"Default: metadata-only, kvtier's own eviction policies, no KV bytes moved.\n"
 		"Exit status: 0 done; 2 usage error (bad option or value, output path that cannot\n"
 		"be written), before any run; 1 the run failed (trace unreadable or malformed).\n");
@@ -171,6 +194,20 @@ rp_parse_args(int argc, char **argv, struct rp_opts *o)
 			o->plot = v;
 		else if (!strcmp(a, "--nvme-dir"))
 			o->nvme_dir = v;
+		else if (!strcmp(a, "--nodes"))
+			o->nodes_spec = v;
+		else if (!strcmp(a, "--remote"))
+			o->remote_spec = v;
+		else if (!strcmp(a, "--split"))
+			o->split_spec = v;
+		else if (!strcmp(a, "--admit"))
+			o->admit_spec = v;
+		else if (!strcmp(a, "--write-budget-nvme"))
+			o->budget_spec[0] = v;
+		else if (!strcmp(a, "--write-budget-remote"))
+			o->budget_spec[1] = v;
+		else if (!strcmp(a, "--write-budget-period"))
+			o->period_spec = v;
 		else {
 			fprintf(stderr, "kvtier-replay: unknown option %s (see --help)\n", a);
 			return -1;
@@ -178,6 +215,12 @@ rp_parse_args(int argc, char **argv, struct rp_opts *o)
 	}
 	if (!o->trace) {
 		rp_usage(stderr);
+		return -1;
+	}
+	if (!o->nodes_spec && (o->remote_spec || o->split_spec || o->admit_spec ||
+			       o->budget_spec[0] || o->budget_spec[1] || o->period_spec)) {
+		fprintf(stderr, "kvtier-replay: --remote, --split, --admit and --write-budget-* "
+			"apply to the multi-node runs: give --nodes too\n");
 		return -1;
 	}
 	if (!o->bytes_per_token || !o->block_tokens) {
@@ -321,6 +364,138 @@ rp_data_mode(const struct rp_opts *o, const struct rp_trace *tr, const uint64_t 
 	if (rc == 0 && rp_min_run(tr, tiers[0] + tiers[1] + tiers[2], NULL, &m) == 0)
 		printf("min   (metadata, at the sum) prefix hit %.2f%% of blocks\n",
 		       100.0 * (double)rp_hits(&m) / (double)(m.refs ? m.refs : 1));
+	return rc;
+}
+
+/* A write budget "64MiB", "64MiB/s" or "1000000" (bytes per second). 0 or -1 (message). */
+static int
+rp_parse_budget(const char *opt, const char *spec, uint64_t *out)
+{
+	char buf[64];
+	size_t len = strlen(spec);
+
+	if (len >= sizeof buf) {
+		fprintf(stderr, "kvtier-replay: %s: too long: '%s'\n", opt, spec);
+		return -1;
+	}
+	memcpy(buf, spec, len + 1);
+	if (len > 2 && !strcmp(buf + len - 2, "/s"))
+		buf[len - 2] = '\0';
+	if (kvtr_parse_bytes(opt, buf, 1, UINT64_C(1) << 40, out))
+		return rp_arg_error();
+	return 0;
+}
+
+/* The multi-node options into @m and the node counts into @nodes; 0 or -1 (message). */
+static int
+rp_parse_nodes(const struct rp_opts *o, uint64_t bb, const uint64_t tiers[RP_TIERS],
+	       struct rp_multi_opts *m, uint32_t *nodes, size_t *n_nodes)
+{
+	char buf[256], *tok, *save = NULL;
+	int i;
+
+	memset(m, 0, sizeof *m);
+	memcpy(m->cap, tiers, sizeof m->cap);
+	m->block_bytes = bb;
+	m->remote_cap = RP_UNBOUNDED;
+	if (rp_list_ok("--nodes", o->nodes_spec))
+		return -1;
+	snprintf(buf, sizeof buf, "%s", o->nodes_spec);
+	*n_nodes = 0;
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (*n_nodes == RP_MAX_CAPS ||
+		    kvtr_parse_u32("--nodes", tok, 1, 4096, &nodes[*n_nodes]))
+			return *n_nodes == RP_MAX_CAPS ?
+				(fprintf(stderr, "kvtier-replay: --nodes: at most %d counts\n",
+					 RP_MAX_CAPS), -1) : rp_arg_error();
+		(*n_nodes)++;
+	}
+	if (o->remote_spec && strcmp(o->remote_spec, "unbounded") &&
+	    (rp_parse_cap(o->remote_spec, bb, &m->remote_cap) || !m->remote_cap)) {
+		fprintf(stderr, "kvtier-replay: --remote: bad capacity '%s' (blocks >= 1, bytes "
+			"ending in B, or unbounded)\n", o->remote_spec);
+		return -1;
+	}
+	if (o->split_spec && strcmp(o->split_spec, "conversation")) {
+		if (strcmp(o->split_spec, "request")) {
+			fprintf(stderr, "kvtier-replay: --split: '%s' is neither conversation nor "
+				"request\n", o->split_spec);
+			return -1;
+		}
+		m->split = RP_SPLIT_REQUEST;
+	}
+	for (i = 0; i < 2; i++)
+		if (o->budget_spec[i] &&
+		    rp_parse_budget(i ? "--write-budget-remote" : "--write-budget-nvme",
+				    o->budget_spec[i], &m->budget[i]))
+			return -1;
+	if (o->period_spec &&
+	    kvtr_parse_u64("--write-budget-period", o->period_spec, 1, 3600000, &m->period_ms))
+		return rp_arg_error();
+	if (o->admit_spec && strcmp(o->admit_spec, "all")) {
+		if (strcmp(o->admit_spec, "seen-twice")) {
+			fprintf(stderr, "kvtier-replay: --admit: '%s' is neither all nor "
+				"seen-twice\n", o->admit_spec);
+			return -1;
+		}
+		m->admit = RP_ADMIT_SEEN_TWICE;
+	}
+	return 0;
+}
+
+/* Multi-node mode: per node count, the nodes alone, sharing REMOTE, and (with a budget or an
+ * admission rule) sharing REMOTE under them; a table each, --json of all. 0 or 1. */
+static int
+rp_nodes_mode(const struct rp_opts *o, const struct rp_trace *tr, const struct rp_multi_opts *m,
+	      const uint32_t *nodes, size_t n_nodes)
+{
+	static const char *const names[3] = { "alone", "shared", "budget" };
+	const struct kvt_evict_ops *ops = kvt_evict_by_name(o->pols[0]);
+	bool budget = m->budget[0] || m->budget[1] || m->admit != RP_ADMIT_ALL;
+	struct rp_multi_result *res = calloc(n_nodes * 3, sizeof *res); /* [run][node count] */
+	const char **run = calloc(n_nodes * 3, sizeof *run);
+	struct rp_multi_opts x;
+	size_t i, k, n = 0;
+	int rc = 1;
+
+	if (!res || !run)
+		goto out;
+	printf("multi-node: %s local tiers HBM %llu + HOST %llu + NVME %llu blocks per node, "
+	       "split by %s, %llu bytes per block\n", ops->name, (unsigned long long)m->cap[0],
+	       (unsigned long long)m->cap[1], (unsigned long long)m->cap[2],
+	       m->split == RP_SPLIT_REQUEST ? "request" : "conversation (hash_ids[1])",
+	       (unsigned long long)m->block_bytes);
+	for (k = 0; k < (budget ? 3u : 2u); k++)
+		for (i = 0; i < n_nodes; i++) {
+			x = *m;
+			x.nodes = nodes[i];
+			if (k < 2) { /* no budget, every block admitted */
+				x.budget[0] = x.budget[1] = 0;
+				x.admit = RP_ADMIT_ALL;
+			}
+			if (k == 0)
+				x.remote_cap = 0;
+			run[n] = names[k];
+			if (rp_multi_run(tr, ops, &x, &res[n++]))
+				goto out;
+		}
+	printf("\n== N nodes alone (remote none) and sharing one REMOTE tier ==\n");
+	rp_print_multi(stdout, res, 2 * n_nodes);
+	if (budget) {
+		printf("\n== write budget: NVMe %llu B/s per node, REMOTE %llu B/s (0 = no budget), "
+		       "period %llu ms, admit %s ==\n", (unsigned long long)m->budget[0],
+		       (unsigned long long)m->budget[1],
+		       (unsigned long long)(m->period_ms ? m->period_ms : 1000),
+		       m->admit == RP_ADMIT_SEEN_TWICE ? "seen-twice" : "all");
+		rp_print_multi(stdout, &res[2 * n_nodes], n_nodes);
+		printf("\n== writes saved against hits lost, relative to the shared run without "
+		       "budget ==\n");
+		rp_print_budget(stdout, &res[n_nodes], &res[2 * n_nodes], n_nodes);
+	}
+	rc = o->json && rp_write_multi_json(o->json, res, run, n) ? 1 : 0;
+out:
+	free(res);
+	free(run);
 	return rc;
 }
 
@@ -481,6 +656,18 @@ main(int argc, char **argv)
 	       tr.n_req, (unsigned long long)tr.n_ids, tr.block_tokens);
 	if (o.data) {
 		rc = rp_data_mode(&o, &tr, tiers) ? 1 : 0;
+		goto out;
+	}
+	if (o.nodes_spec) {
+		struct rp_multi_opts m;
+		uint32_t nodes[RP_MAX_CAPS];
+		size_t n_nodes;
+
+		if (rp_parse_nodes(&o, bb, tiers, &m, nodes, &n_nodes)) {
+			rc = 2;
+			goto out;
+		}
+		rc = rp_nodes_mode(&o, &tr, &m, nodes, n_nodes);
 		goto out;
 	}
 	printf("metadata-only: %llu bytes per block (--bytes-per-token %llu)\n",

@@ -242,3 +242,143 @@ rp_progress(uint64_t done, uint64_t total)
 	if (done == total)
 		fprintf(stderr, "\r%*s\r", w + 30, "");
 }
+
+/* ---- multi-node runs (multi.c) */
+
+static void
+rp_remote_name(char *buf, size_t cap, uint64_t remote_cap)
+{
+	if (!remote_cap)
+		snprintf(buf, cap, "none");
+	else if (remote_cap == RP_UNBOUNDED)
+		snprintf(buf, cap, "unbounded");
+	else
+		snprintf(buf, cap, "%llu", (unsigned long long)remote_cap);
+}
+
+void
+rp_print_multi(FILE *f, const struct rp_multi_result *r, size_t n)
+{
+	double gib = 1.0 / (1024.0 * 1024 * 1024);
+	char rem[32];
+	size_t i;
+
+	fprintf(f, "%-6s %5s %10s %7s %8s %7s %7s %8s %9s %9s %9s %8s\n", "policy", "nodes",
+		"remote", "hit%", "tok-hit%", "local%", "remote%", "cross", "put-GiB", "get-GiB",
+		"nvme-GiB", "r-evict");
+	for (i = 0; i < n; i++) {
+		const struct rp_multi_result *x = &r[i];
+		uint64_t bb = x->o.block_bytes, local = x->hit_blocks[0] + x->hit_blocks[1] +
+							    x->hit_blocks[2];
+
+		rp_remote_name(rem, sizeof rem, x->o.remote_cap);
+		fprintf(f, "%-6s %5u %10s %7.2f %8.2f %7.2f %7.2f %8llu %9.1f %9.1f %9.1f %8llu\n",
+			x->policy, x->o.nodes, rem, 100 * rp_ratio(rp_multi_hits(x), x->refs),
+			100 * rp_ratio(rp_multi_hit_tokens(x), x->tokens),
+			100 * rp_ratio(local, x->refs),
+			100 * rp_ratio(x->hit_blocks[RP_REMOTE], x->refs),
+			(unsigned long long)x->cross_hits,
+			(double)x->puts * (double)bb * gib, (double)x->gets * (double)bb * gib,
+			(double)x->nvme_writes * (double)bb * gib,
+			(unsigned long long)x->remote_evictions);
+	}
+}
+
+void
+rp_print_budget(FILE *f, const struct rp_multi_result *base, const struct rp_multi_result *b,
+		size_t n)
+{
+	double gib = 1.0 / (1024.0 * 1024 * 1024);
+	size_t i;
+
+	fprintf(f, "%-6s %5s %9s %9s %9s %9s %9s %9s %10s %9s %9s\n", "policy", "nodes",
+		"nvme-GiB", "budgeted", "put-GiB", "budgeted", "saved-GiB", "saved%", "hits-lost",
+		"hit%-lost", "tok%-lost");
+	for (i = 0; i < n; i++) {
+		const struct rp_multi_result *x = &base[i], *y = &b[i];
+		double bb = (double)x->o.block_bytes;
+		uint64_t wx = x->nvme_writes + x->puts, wy = y->nvme_writes + y->puts;
+		int64_t lost = (int64_t)rp_multi_hits(x) - (int64_t)rp_multi_hits(y);
+		int64_t tlost = (int64_t)rp_multi_hit_tokens(x) - (int64_t)rp_multi_hit_tokens(y);
+
+		fprintf(f, "%-6s %5u %9.1f %9.1f %9.1f %9.1f %9.1f %9.2f %10lld %9.2f %9.2f\n",
+			x->policy, x->o.nodes, (double)x->nvme_writes * bb * gib,
+			(double)y->nvme_writes * bb * gib, (double)x->puts * bb * gib,
+			(double)y->puts * bb * gib, ((double)wx - (double)wy) * bb * gib,
+			wx ? 100.0 * ((double)wx - (double)wy) / (double)wx : 0.0, (long long)lost,
+			x->refs ? 100.0 * (double)lost / (double)x->refs : 0.0,
+			x->tokens ? 100.0 * (double)tlost / (double)x->tokens : 0.0);
+	}
+}
+
+int
+rp_write_multi_json(const char *path, const struct rp_multi_result *r,
+		    const char *const *run, size_t n)
+{
+	static const char *const tier[RP_TIERS + 1] = { "hbm", "host", "nvme", "remote" };
+	cJSON *arr = cJSON_CreateArray();
+	char *txt, rem[32];
+	FILE *f;
+	size_t i;
+	int t, rc = -1;
+
+	for (i = 0; arr && i < n; i++) {
+		const struct rp_multi_result *x = &r[i];
+		double bb = (double)x->o.block_bytes;
+		cJSON *o = cJSON_CreateObject(), *h = cJSON_CreateObject();
+
+		cJSON_AddItemToArray(arr, o);
+		cJSON_AddStringToObject(o, "run", run[i]);
+		cJSON_AddStringToObject(o, "policy", x->policy);
+		cJSON_AddNumberToObject(o, "nodes", x->o.nodes);
+		cJSON_AddStringToObject(o, "split", x->o.split == RP_SPLIT_REQUEST ? "request" :
+										   "conversation");
+		rp_remote_name(rem, sizeof rem, x->o.remote_cap);
+		cJSON_AddStringToObject(o, "remote_capacity_blocks", rem);
+		cJSON_AddNumberToObject(o, "cap_hbm", (double)x->o.cap[0]);
+		cJSON_AddNumberToObject(o, "cap_host", (double)x->o.cap[1]);
+		cJSON_AddNumberToObject(o, "cap_nvme", (double)x->o.cap[2]);
+		cJSON_AddNumberToObject(o, "block_bytes", bb);
+		cJSON_AddNumberToObject(o, "write_budget_nvme_bytes_per_s", (double)x->o.budget[0]);
+		cJSON_AddNumberToObject(o, "write_budget_remote_bytes_per_s", (double)x->o.budget[1]);
+		cJSON_AddNumberToObject(o, "write_budget_period_ms",
+					(double)(x->o.period_ms ? x->o.period_ms : 1000));
+		cJSON_AddStringToObject(o, "admit", x->o.admit == RP_ADMIT_SEEN_TWICE ? "seen-twice" :
+										       "all");
+		cJSON_AddNumberToObject(o, "refs", (double)x->refs);
+		cJSON_AddNumberToObject(o, "tokens", (double)x->tokens);
+		cJSON_AddNumberToObject(o, "hit_ratio", rp_ratio(rp_multi_hits(x), x->refs));
+		cJSON_AddNumberToObject(o, "token_hit_ratio",
+					rp_ratio(rp_multi_hit_tokens(x), x->tokens));
+		cJSON_AddItemToObject(o, "hit_blocks", h);
+		for (t = 0; t <= RP_TIERS; t++)
+			cJSON_AddNumberToObject(h, tier[t], (double)x->hit_blocks[t]);
+		h = cJSON_CreateObject();
+		cJSON_AddItemToObject(o, "hit_tokens", h);
+		for (t = 0; t <= RP_TIERS; t++)
+			cJSON_AddNumberToObject(h, tier[t], (double)x->hit_tokens[t]);
+		cJSON_AddNumberToObject(o, "cross_node_hits", (double)x->cross_hits);
+		cJSON_AddNumberToObject(o, "remote_puts", (double)x->puts);
+		cJSON_AddNumberToObject(o, "remote_gets", (double)x->gets);
+		cJSON_AddNumberToObject(o, "network_put_bytes", (double)x->puts * bb);
+		cJSON_AddNumberToObject(o, "network_get_bytes", (double)x->gets * bb);
+		cJSON_AddNumberToObject(o, "remote_refused", (double)x->remote_refused);
+		cJSON_AddNumberToObject(o, "remote_evictions", (double)x->remote_evictions);
+		cJSON_AddNumberToObject(o, "nvme_writes", (double)x->nvme_writes);
+		cJSON_AddNumberToObject(o, "nvme_write_bytes", (double)x->nvme_writes * bb);
+		cJSON_AddNumberToObject(o, "nvme_refused", (double)x->nvme_refused);
+	}
+	txt = arr ? cJSON_Print(arr) : NULL;
+	f = txt ? fopen(path, "w") : NULL;
+	if (f) {
+		fputs(txt, f);
+		fputc('\n', f);
+		rc = fclose(f) ? -1 : 0;
+	} else if (txt) {
+		fprintf(stderr, "kvtier-replay: cannot write --json %s: %s\n", path,
+			strerror(errno));
+	}
+	free(txt);
+	cJSON_Delete(arr);
+	return rc;
+}

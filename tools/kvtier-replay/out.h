@@ -24,4 +24,13 @@ int rp_plot(const char *png, const char *trace, const uint64_t *caps, size_t n_c
 /* Progress bar on stderr, only when it is a terminal. */
 void rp_progress(uint64_t done, uint64_t total);
 
+/* Multi-node runs (multi.c): one line per result; the budget table compares each budgeted
+ * run @b[i] with its unbudgeted twin @base[i] (writes saved, hits lost); --json of the runs,
+ * @run[i] naming each ("alone", "shared", "budget"). 0 or -1 (message). */
+void rp_print_multi(FILE *f, const struct rp_multi_result *r, size_t n);
+void rp_print_budget(FILE *f, const struct rp_multi_result *base, const struct rp_multi_result *b,
+		     size_t n);
+int rp_write_multi_json(const char *path, const struct rp_multi_result *r,
+			const char *const *run, size_t n);
+
 #endif /* KVT_REPLAY_OUT_H */

@@ -78,4 +78,68 @@ int rp_min_run(const struct rp_trace *t, uint64_t cap, rp_progress_fn pf, struct
 uint64_t rp_hits(const struct rp_result *r);
 uint64_t rp_hit_tokens(const struct rp_result *r);
 
+/* ---- multi-node replay (multi.c): N nodes, each with its own HBM/HOST/NVME tiers, sharing one
+ * REMOTE tier (issue 18, items 5 and 6). Metadata only, like rp_sim_run. */
+
+#define RP_REMOTE RP_TIERS          /* index of REMOTE in rp_multi_result's hit arrays */
+#define RP_UNBOUNDED UINT64_MAX     /* rp_multi_opts.remote_cap: no capacity limit */
+
+enum rp_split {
+	RP_SPLIT_CONVERSATION = 0, /* node = hash(conversation key): hash_ids[1], see rp_conv_key */
+	RP_SPLIT_REQUEST = 1,      /* node = hash(request index): no affinity (a round-robin router) */
+};
+
+enum rp_admit {
+	RP_ADMIT_ALL = 0,        /* every offered block is written (within the budget) */
+	RP_ADMIT_SEEN_TWICE = 1, /* only a block seen by a second request: NVMe counts the
+				    node's own requests, REMOTE every node's */
+};
+
+struct rp_multi_opts {
+	uint32_t nodes;          /* N >= 1 */
+	uint32_t split;          /* enum rp_split */
+	uint64_t cap[RP_TIERS];  /* per-node capacities, blocks (HBM >= 1) */
+	uint64_t remote_cap;     /* REMOTE blocks: 0 = no shared tier, RP_UNBOUNDED = no limit */
+	uint64_t block_bytes;    /* bytes of one block (network and NVMe bytes) */
+	uint64_t budget[2];      /* write budget, bytes/s: [0] NVMe (per node), [1] REMOTE (the
+				    fleet's puts), <= 2^40; 0 = none. Token bucket on trace time, full at
+				    t 0, depth one period of budget or one block, whichever is more */
+	uint64_t period_ms;      /* the budget's period (bucket depth), ms, <= 3600000; 0 = 1000 */
+	uint32_t admit;          /* enum rp_admit, for both NVMe and REMOTE writes */
+};
+
+struct rp_multi_result {
+	char policy[16];                 /* local tiers' policy */
+	struct rp_multi_opts o;          /* as run */
+	uint64_t refs, tokens;           /* block references, prompt tokens */
+	uint64_t hit_blocks[RP_TIERS + 1]; /* prefix hits per tier, [RP_REMOTE] from REMOTE */
+	uint64_t hit_tokens[RP_TIERS + 1]; /* their tokens */
+	uint64_t puts, gets;             /* blocks written to / read from REMOTE */
+	uint64_t nvme_writes;            /* blocks written to NVMe (HOST -> NVMe demotions) */
+	uint64_t nvme_refused;           /* demotions dropped by the admission or the budget */
+	uint64_t remote_refused;         /* puts not made by the admission or the budget */
+	uint64_t remote_evictions;       /* blocks REMOTE's LRU pushed out */
+	uint64_t cross_hits;             /* REMOTE hits on a block another node wrote */
+};
+
+/* Conversation key of request @r: its second block id (the first after the system prompt that
+ * every Mooncake request shares; an id names its whole prefix, so requests with one key are
+ * turns of one conversation), or its only id. The trace carries no conversation id. */
+uint32_t rp_conv_key(const struct rp_trace *t, const struct rp_req *r);
+/* Node of request number @i under @o (a stable hash, splitmix64, of the key mod nodes). */
+uint32_t rp_multi_node(const struct rp_trace *t, uint32_t i, const struct rp_multi_opts *o);
+
+/* Replay @t across @o->nodes nodes, each with its own @ops instances over @o->cap, sharing one
+ * REMOTE (LRU, like Redis's allkeys-lru) when @o->remote_cap > 0. Per request: the leading run
+ * of blocks found in the node's tiers or in REMOTE are hits (a local copy first); then every
+ * block is brought to the node's HBM as rp_sim_run does; then the blocks REMOTE lacks are
+ * offered to it in prefix order (stopping at the first one not written: a child without its
+ * parent is unreachable), written if the admission and the budget let them (first writer wins).
+ * HOST overflow goes to NVMe only if admitted. Returns 0, -EINVAL (bad options) or -ENOMEM. */
+int rp_multi_run(const struct rp_trace *t, const struct kvt_evict_ops *ops,
+		 const struct rp_multi_opts *o, struct rp_multi_result *out);
+/* Sum over the local tiers and REMOTE of hit blocks / tokens. */
+uint64_t rp_multi_hits(const struct rp_multi_result *r);
+uint64_t rp_multi_hit_tokens(const struct rp_multi_result *r);
+
 #endif /* KVT_REPLAY_H */
