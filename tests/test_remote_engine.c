@@ -3,8 +3,8 @@
  * tests/test_remote_engine.c - the engine side of the REMOTE tier (issue 18, items 1 and 4):
  * sessions published by one engine (kvt_seq_publish_remote) and reopened by another engine in
  * another process (kvt_seq_restore_remote; fork + exec of this binary) through one
- * redis-server this test starts (tests/support/redis_server.c); another tenant misses; garbage, flipped bytes or a FLUSHALL
- * are -ENOENT, never wrong bytes; a SIGSTOPped server costs the worker its timeouts, the engine
+ * redis-server this test starts (tests/support/redis_server.c); another tenant misses;
+ * garbage, flipped bytes or a FLUSHALL are -ENOENT, never wrong bytes; a SIGSTOPped server costs the worker its timeouts, the engine
  * stays usable; a dead server at create fails clearly. Skips (77) without redis-server.
  */
 #include <errno.h>
