@@ -5,7 +5,8 @@
  * another process (kvt_seq_restore_remote; fork + exec of this binary) through one
  * redis-server this test starts (tests/support/redis_server.c); another tenant misses;
  * garbage, flipped bytes or a FLUSHALL are -ENOENT, never wrong bytes; a SIGSTOPped server
- * costs the worker its timeouts, the engine stays usable; a dead server at create fails clearly. Skips (77) without redis-server.
+ * costs the worker its timeouts, the engine stays usable; a dead server at create fails
+ * clearly. Skips (77) without redis-server.
  */
 #include <errno.h>
 #include <setjmp.h>
