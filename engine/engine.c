@@ -70,6 +70,9 @@ kvt_engine_opts_init(struct kvt_engine_opts *o, size_t size)
 	d.evict_policy = KVT_EVICT_DEFAULT;
 	d.idle_timeout_ms = 0;
 	d.idle_target = KVT_TIER_HOST;
+	d.remote_port = 6379;
+	d.remote_connect_timeout_ms = 1000;
+	d.remote_op_timeout_ms = 2000;
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
 }
 
@@ -341,6 +344,8 @@ kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 		rc = engine_open_nvme(e);
 	else if (!rc)
 		rc = engine_tier_init(e, KVT_TIER_NVME, 0);
+	if (!rc && o->opts_size > offsetof(struct kvt_engine_opts, remote_host) && o->remote_host)
+		rc = kvt_reng_open(e);
 	if (rc)
 		goto fail;
 	for (t = 0; t < KVT_TIER_COUNT; t++)
@@ -366,6 +371,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 
 	if (!e)
 		return;
+	kvt_reng_close(e);
 	kvt_lock(e);
 	if (e->dev)
 		kvt_xfer_fini(e);
@@ -438,6 +444,8 @@ kvt_engine_poll(struct kvt_engine *e, uint32_t max)
 		kvt_seq_idle_scan(e);
 	if (rc >= 0 && e->n_budgets)
 		kvt_tenant_enforce(e);
+	if (rc >= 0 && e->remote)
+		kvt_reng_reap(e);
 	if (rc >= 0) {
 		/* completions may have queued follow-ups (a read that continues up to HBM) */
 		int rc2 = kvt_xfer_flush(e);
@@ -480,6 +488,8 @@ kvt_engine_drain(struct kvt_engine *e)
 
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_engine_drain: engine is NULL");
+	if (e->remote)
+		kvt_reng_drain(e);
 	kvt_lock(e);
 	while (rc >= 0 && (kvt_xfer_inflight(e) || e->d2h.n_pending || e->h2d.n_pending))
 		rc = kvt_xfer_wait_any(e);
@@ -546,6 +556,8 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 			       size);
 	kvt_lock(e);
 	(void)kvt_xfer_poll(e, KVT_XFER_POLL_BOUND); /* bounded: stats never wait for others' IO */
+	if (e->remote)
+		kvt_reng_reap(e);
 	s = e->st;
 	s.evictions = 0; /* the sum over tiers, derived here */
 	for (t = 0; t < KVT_TIER_COUNT; t++) {

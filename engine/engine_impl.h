@@ -385,6 +385,7 @@ struct kvt_engine {
 	                                       bytes, else 0 (kvt_slot_addr adds it) */
 	bool host_pinned;                   /* host_base is page-locked */
 	struct kvt_nvme *nvme;              /* NVME tier or NULL */
+	struct kvt_reng *remote;            /* REMOTE tier's worker (engine/remote.c) or NULL */
 	struct kvt_slots slots[KVT_TIER_COUNT]; /* slot allocators (n_slots 0 = tier absent);
 	                                       they also keep each slot's owner (kvt_owner) */
 	struct kvt_evict evict[KVT_TIER_COUNT]; /* eviction policy per tier */
@@ -625,6 +626,12 @@ extern uint64_t kvt_test_host_room_min_block;
 /* ---- engine/persist.c: published sessions of the persistent NVMe store */
 int kvt_persist_open(struct kvt_engine *e);   /* after the NVME tier opened: journal, slots */
 void kvt_persist_close(struct kvt_engine *e); /* publish what is due, close the journal */
+
+/* ---- engine/remote.c (issue 18): the REMOTE tier's worker thread */
+int kvt_reng_open(struct kvt_engine *e);   /* at create, with opts.remote_host */
+void kvt_reng_close(struct kvt_engine *e); /* at destroy, before the lock: joins the worker */
+void kvt_reng_reap(struct kvt_engine *e);  /* under the lock: completions -> stats */
+void kvt_reng_drain(struct kvt_engine *e); /* without the lock: waits for queued jobs */
 void kvt_persist_publish(struct kvt_engine *e); /* publish sessions whose park completed */
 void kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s); /* seq closed: DEL */
 void kvt_persist_keep(struct kvt_engine *e, struct kvt_seqrec *s); /* seq detached: restorable */

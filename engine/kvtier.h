@@ -249,6 +249,21 @@ struct kvt_engine_opts {
 	                              NVMe becomes valid only after it verified. 0 = all of it on
 	                              the thread that submits or reaps, under the lock. 1..16;
 	                              default 2 */
+	/* ---- 0.5: the REMOTE tier (issue 18; docs/ARCHITECTURE.md "REMOTE tier") */
+	const char *remote_host;   /* Redis 7 / Valkey server (or any cluster node); NULL (default)
+	                              = no REMOTE tier. Copied. Create connects (AUTH, PING) within
+	                              remote_connect_timeout_ms and FAILS with the client's code
+	                              (-ECONNREFUSED, -ETIMEDOUT, -EACCES, -EPROTO) when the server
+	                              does not answer: a misconfiguration shows at once; a server
+	                              that dies later is the breaker's (kvt_seq_publish_remote) */
+	uint16_t remote_port;      /* its port; default 6379 */
+	const char *remote_user;   /* ACL user; NULL: AUTH with the password alone. Copied */
+	const char *remote_password; /* NULL or "": no AUTH. Copied */
+	const char *remote_model_id; /* model and weights identity, part of every key's namespace
+	                              (with the layout); required with remote_host. Copied */
+	uint32_t remote_connect_timeout_ms; /* bound of one connect; default 1000 */
+	uint32_t remote_op_timeout_ms; /* bound of each socket read and write; default 2000 */
+	uint32_t remote_ttl_ms;    /* PX of every put; 0 (default) = no expiry */
 };
 
 /**
@@ -344,7 +359,9 @@ KVT_API int kvt_engine_poll(struct kvt_engine *e, uint32_t max);
 
 /**
  * kvt_engine_drain() - block until no transfer is in flight (background demotions, parks,
- * resumes) and process every completion. Returns 0 or a negative error code.
+ * resumes) and process every completion. With a REMOTE tier it first waits (without the engine
+ * lock) for the kvt_seq_publish_remote() jobs queued so far, each bounded by the client's
+ * timeouts; a failed one is counted, not returned. Returns 0 or a negative error code.
  */
 KVT_API int kvt_engine_drain(struct kvt_engine *e);
 
@@ -577,6 +594,63 @@ KVT_API int kvt_session_drop(struct kvt_engine *e, uint64_t session_key);
  * KVT_EBUSY (open).
  */
 KVT_API int kvt_session_drop_tenant(struct kvt_engine *e, uint32_t tenant, uint64_t session_key);
+
+/*
+ * Sessions that move between nodes (issue 18, item 4; docs/ARCHITECTURE.md "REMOTE tier").
+ * With opts.remote_host, a sequence opened with a session_key can be published to the shared
+ * Redis, and any engine of the same model_id and layout (another process, another node)
+ * reopens it by its session key. What goes there: every FULL block as a content-addressed value
+ * (key of its prefix chain hash and tenant, tiers/remote.h: shared with other sessions of the
+ * same prefix, first writer wins), and one session value "kvt1:<ns>:<tenant>:s:<key>" holding
+ * the token history, the full blocks' hashes, n_tokens, the tenant and the partial last block's
+ * bytes (a partial block has no content address, so it travels inside the session value),
+ * with an XXH3-64 of all of it (docs/FORMAT.md "REMOTE session values"). The session value is
+ * overwritten by each publish (DEL, then SET NX), after the block values are stored.
+ */
+
+/**
+ * kvt_seq_publish_remote() - snapshot the sequence @s and put it to the REMOTE tier,
+ * asynchronously. Under the engine lock the bytes of every block are copied from HBM or HOST
+ * (whichever holds a valid copy; the copy waits for the device, never for the network) into a
+ * job that the engine's remote worker thread sends; the sequence is not changed and may be
+ * appended to, parked, detached or closed at once. Call it when the sequence's K/V are written
+ * (as for kvt_seq_park: not while a batch holding it is unreleased). Completions are reaped by
+ * kvt_engine_poll() and kvt_engine_drain() (which waits for the queued jobs, each bounded by the
+ * client's timeouts and breaker) and counted in kvt_stats.remote_*: a failed job (server down
+ * or stopped, breaker open, server full) leaves the session simply not published remotely.
+ * Returns 0 (queued), -EINVAL (no session_key, or a full block whose tokens were not given),
+ * KVT_ECLOSED, KVT_EBUSY (in an unreleased batch or another call), -EAGAIN (a block is only on
+ * NVMe or in flight: kvt_seq_resume it, or drain, first), -ENOMEM, -ENODEV (no REMOTE tier).
+ * Threading: takes the engine lock.
+ */
+KVT_API int kvt_seq_publish_remote(struct kvt_engine *e, kvt_seq_id s);
+
+/**
+ * kvt_seq_restore_remote() - reopen the session @session_key of tenant @o->tenant published to
+ * the REMOTE tier (by this or any engine with the same model_id and layout) as a new sequence
+ * of this engine: the session value and the blocks are fetched (at most two rounds each) and
+ * verified, then the tokens are appended and the bytes written to HBM block by block (the
+ * existing tiers then demote them as for any sequence). @o: as for kvt_seq_open (session_key is
+ * taken from @session_key; tenant, salt and extra_key must be the publisher's: the blocks'
+ * hashes are recomputed from the tokens and must equal the published ones). The calling thread
+ * waits for the network (bounded by the client's timeouts), WITHOUT holding the engine lock.
+ * Returns 0 and *out; -ENOENT (absent, evicted, another tenant's, or any value that fails a
+ * check: never wrong bytes), -EINVAL (hashes differ: other salt/extra_key), -ENODEV (no
+ * REMOTE tier), -EAGAIN/-ETIMEDOUT (server unreachable), KVT_EBUSY (the key is open here),
+ * KVT_ETOOBIG, -ENOSPC as kvt_seq_append. *out is 0 on failure, nothing left open.
+ */
+KVT_API int kvt_seq_restore_remote(struct kvt_engine *e, uint64_t session_key,
+				   const struct kvt_seq_opts *o, kvt_seq_id *out);
+
+/**
+ * kvt_seq_tokens() - copy the token ids [@first, @first + @n) of the sequence @s into @out
+ * (@n int32_t; -1 where kvt_seq_append was given no tokens). A server that reopened a session
+ * (kvt_seq_restore_remote, kvt_seq_restore) reads its history back with it.
+ * Returns 0, KVT_ECLOSED, -EINVAL (NULL @out with @n > 0, or the range past kvt_seq_info's
+ * n_tokens). Threading: takes the engine lock.
+ */
+KVT_API int kvt_seq_tokens(struct kvt_engine *e, kvt_seq_id s, uint64_t first, int32_t *out,
+			   size_t n);
 /**
  * kvt_seq_set_priority() - retention priority of a token range (TensorRT-LLM's
  * KvCacheRetentionConfig::TokenRangeRetentionConfig): the blocks holding tokens
@@ -917,7 +991,22 @@ struct kvt_stats {
 					 nvme_write and blocks_moved; kvt_engine_drain waits) */
 	struct kvt_lat_hist resume;   /* kvt_seq_resume calls that succeeded: host time in the
 					 call, which issues the promotions (the next prepare
-					 waits for what has not landed) */
+					 waits for what has not landed) */	/* ---- 0.5: REMOTE tier (all 0 without one) */
+	uint64_t remote_publishes;    /* kvt_seq_publish_remote() jobs whose session value was
+					 stored (completions reaped by poll or drain) */
+	uint64_t remote_publish_failed; /* ... that failed (server down, breaker open, full):
+					 the session is then not published remotely */
+	uint64_t remote_blocks_put;   /* block values sent by those jobs (stored or already
+					 there) */
+	uint64_t remote_restores;     /* kvt_seq_restore_remote() calls that reopened a session */
+	uint64_t remote_restore_misses; /* ... that found it absent, unverifiable or of another
+					 tenant (-ENOENT) */
+	uint64_t remote_bytes_out;    /* bytes the REMOTE client wrote to its sockets */
+	uint64_t remote_bytes_in;     /* bytes of values and replies it received */
+	uint64_t remote_breaker_trips; /* times a server's breaker opened */
+	uint64_t remote_errors;       /* connection-level failures (timeouts included) */
+	uint64_t remote_breaker_open; /* gauge: 1 when a server's breaker was open after the
+					 worker's latest job, else 0 */
 };
 
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */

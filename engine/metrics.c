@@ -288,6 +288,28 @@ metrics_write(struct metrics_out *o, const struct kvt_stats *st)
 	metrics_one(o, "kvtier_repromotions_total", "counter",
 		    "Host-to-HBM promotions of a block already promoted since a batch last used "
 		    "it (wasted copy bandwidth).", st->repromotions);
+	metrics_one(o, "kvtier_remote_publishes_total", "counter",
+		    "Sessions published to the REMOTE tier.", st->remote_publishes);
+	metrics_one(o, "kvtier_remote_publish_failures_total", "counter",
+		    "Publishes to the REMOTE tier that failed (not published).",
+		    st->remote_publish_failed);
+	metrics_one(o, "kvtier_remote_blocks_put_total", "counter",
+		    "Block values sent to the REMOTE tier.", st->remote_blocks_put);
+	metrics_one(o, "kvtier_remote_restores_total", "counter",
+		    "Sessions reopened from the REMOTE tier.", st->remote_restores);
+	metrics_one(o, "kvtier_remote_restore_misses_total", "counter",
+		    "Restores from the REMOTE tier that found the session absent or bad.",
+		    st->remote_restore_misses);
+	metrics_one(o, "kvtier_remote_sent_bytes_total", "counter",
+		    "Bytes the REMOTE client wrote.", st->remote_bytes_out);
+	metrics_one(o, "kvtier_remote_received_bytes_total", "counter",
+		    "Bytes of replies the REMOTE client received.", st->remote_bytes_in);
+	metrics_one(o, "kvtier_remote_errors_total", "counter",
+		    "REMOTE connection failures (timeouts included).", st->remote_errors);
+	metrics_one(o, "kvtier_remote_breaker_trips_total", "counter",
+		    "Times a REMOTE server's circuit breaker opened.", st->remote_breaker_trips);
+	metrics_one(o, "kvtier_remote_breaker_open", "gauge",
+		    "1 while a REMOTE server's circuit breaker is open.", st->remote_breaker_open);
 }
 
 int

@@ -2,9 +2,9 @@
 /*
  * tiers/remote.h - the REMOTE tier's groundwork (internal, issue 18): a Redis 7 / Valkey client
  * over RESP on Debian's hiredis 0.14, single server or Redis Cluster, and the self-verifying
- * value format of KV blocks kept there (docs/FORMAT.md "REMOTE values"). The engine does not
- * drive it yet; docs/ARCHITECTURE.md "REMOTE tier (design)" says how it will (a worker thread
- * owning one client, a queue, completions reaped like NVMe's).
+ * value format of KV blocks kept there (docs/FORMAT.md "REMOTE values"). The engine drives it
+ * from one worker thread (engine/remote.c: kvt_seq_publish_remote, kvt_seq_restore_remote);
+ * docs/ARCHITECTURE.md "REMOTE tier (design)" says what is built and what is not.
  *
  * What hiredis 0.14 gives and what this client adds:
  *   - hiredis: TCP connect with a timeout, socket timeouts (redisSetTimeout: SO_RCVTIMEO and

@@ -87,6 +87,14 @@ main_usage(FILE *f)
 	      "                        Both files are checked (opened) before the run and written\n"
 	      "                        only when it succeeds: after a failed run an earlier file\n"
 	      "                        is left as it was, a new one is removed.\n"
+	      "  --remote HOST:PORT    a Redis 7 / Valkey server as the REMOTE tier: sessions\n"
+	      "                        move between processes (with --remote-save/-resume)\n"
+	      "  --remote-user U, --remote-password P   AUTH for it (ACL user, password)\n"
+	      "  --remote-save K       run turns 1..K of the --turns chat, then publish every\n"
+	      "                        session (key = its number) to REMOTE\n"
+	      "  --remote-resume K     reopen every session from REMOTE (it holds turns 1..K)\n"
+	      "                        and run turns K+1..--turns; --temperature 0 only. The\n"
+	      "                        turns printed by both equal one process's --turns run\n"
 	      "  -h, --help            this text\n"
 	      "SIZE: bytes with an optional fraction and binary K, M, G, T or P suffix (64M,\n"
 	      "1.5G, 4T), at most 1 PiB. With one session and one turn stdout is only the\n"
@@ -102,6 +110,7 @@ enum {
 	OPT_SESSIONS, OPT_TURNS, OPT_HBM, OPT_HOST, OPT_NVME_DIR, OPT_NVME, OPT_TPB, OPT_DTYPE,
 	OPT_REFERENCE, OPT_EMU_DELAY, OPT_STATS, OPT_METRICS, OPT_HELP, OPT_DEVICE,
 	OPT_PREFIX_SHARE, OPT_PREFETCH, OPT_BANDWIDTH,
+	OPT_REMOTE, OPT_REMOTE_USER, OPT_REMOTE_PASSWORD, OPT_REMOTE_SAVE, OPT_REMOTE_RESUME,
 };
 
 static const struct option main_opts[] = {
@@ -128,6 +137,11 @@ static const struct option main_opts[] = {
 	{ "metrics", required_argument, NULL, OPT_METRICS },
 	{ "prefetch", no_argument, NULL, OPT_PREFETCH },
 	{ "emu-bandwidth", required_argument, NULL, OPT_BANDWIDTH },
+	{ "remote", required_argument, NULL, OPT_REMOTE },
+	{ "remote-user", required_argument, NULL, OPT_REMOTE_USER },
+	{ "remote-password", required_argument, NULL, OPT_REMOTE_PASSWORD },
+	{ "remote-save", required_argument, NULL, OPT_REMOTE_SAVE },
+	{ "remote-resume", required_argument, NULL, OPT_REMOTE_RESUME },
 	{ "help", no_argument, NULL, OPT_HELP },
 	{ NULL, 0, NULL, 0 },
 };
@@ -143,6 +157,27 @@ main_parse_dtype(const char *s, enum kvt_dtype *out)
 		*out = KVT_DTYPE_BF16;
 	else
 		return kvtr_err(-EINVAL, "--kv-dtype: '%s' is not f32, f16 or bf16", s);
+	return 0;
+}
+
+/* --remote HOST:PORT */
+static int
+main_parse_remote(const char *s, struct kvtr_run_opts *o)
+{
+	static char host[256];
+	const char *colon = strrchr(s, ':');
+	uint32_t port = 0;
+	int rc;
+
+	if (!colon || colon == s || (size_t)(colon - s) >= sizeof host)
+		return kvtr_err(-EINVAL, "--remote: '%s' is not HOST:PORT", s);
+	rc = kvtr_parse_u32("--remote port", colon + 1, 1, 65535, &port);
+	if (rc)
+		return rc;
+	memcpy(host, s, (size_t)(colon - s));
+	host[colon - s] = '\0';
+	o->remote_host = host;
+	o->remote_port = (uint16_t)port;
 	return 0;
 }
 
@@ -191,6 +226,13 @@ main_parse_one(int opt, const char *arg, struct kvtr_run_opts *o, struct main_ar
 	case OPT_METRICS: a->metrics = arg; return 0;
 	case OPT_DEVICE: return main_parse_device(arg, &o->device);
 	case OPT_PREFETCH: o->prefetch = 1; return 0;
+	case OPT_REMOTE: return main_parse_remote(arg, o);
+	case OPT_REMOTE_USER: o->remote_user = arg; return 0;
+	case OPT_REMOTE_PASSWORD: o->remote_password = arg; return 0;
+	case OPT_REMOTE_SAVE: return kvtr_parse_u32("--remote-save", arg, 1, KVTR_MAX_TURNS,
+						    &o->remote_save);
+	case OPT_REMOTE_RESUME: return kvtr_parse_u32("--remote-resume", arg, 1, KVTR_MAX_TURNS,
+						      &o->remote_resume);
 	case OPT_BANDWIDTH:
 		return kvtr_parse_size("--emu-bandwidth", arg, &o->emu_copy_bytes_per_s);
 	case OPT_HELP:
@@ -388,8 +430,9 @@ main_print_turns(const struct kvtr_run_result *r)
 {
 	for (uint32_t s = 0; s < r->sessions; s++)
 		for (uint32_t t = 0; t < r->turns; t++)
-			printf("[session %u turn %u] %s\n", s + 1, t + 1,
-			       r->out[(size_t)s * r->turns + t].text);
+			if (r->out[(size_t)s * r->turns + t].text) /* not run here (--remote-*) */
+				printf("[session %u turn %u] %s\n", s + 1, t + 1,
+				       r->out[(size_t)s * r->turns + t].text);
 }
 
 /* The text went to stdout: a write error (disk full, closed pipe) fails the run. */

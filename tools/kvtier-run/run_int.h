@@ -60,6 +60,7 @@ struct run_ctx {
 	void *tokblk;                   /* [2][token_bytes]: that position's K/V as stored */
 	uint32_t cut_warned;            /* turn + 1 of the last "prompt cut" warning, 0 = none */
 	char tmpdir[4096];              /* temp NVMe dir we created ("" if none) */
+	char model_id[160];             /* REMOTE namespace of the model (--remote) */
 	struct run_dev *dev;            /* --device cuda state (devrun.c), NULL otherwise */
 	kvt_seq_id *hint_ids;           /* [sessions] prefetch: the next group's sequences */
 	uint32_t n_hint;                /* their count (0 = nothing to announce) */

@@ -4,9 +4,13 @@
  * engine setup and teardown. The kvtier step itself is in batch.c.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "run_int.h"
 
@@ -62,6 +66,19 @@ run_check_opts(const struct kvtr_run_opts *o)
 				strlen(o->prompt), KVTR_MAX_PROMPT);
 	if (o->seed == 0)
 		return kvtr_err(-EINVAL, "seed must not be 0");
+	if ((o->remote_save || o->remote_resume) && (!o->remote_host || o->reference))
+		return kvtr_err(-EINVAL, "--remote-save and --remote-resume need --remote (and "
+				"kvtier, not --reference)");
+	if (o->remote_save > o->turns || o->remote_resume >= o->turns ||
+	    (o->remote_save && o->remote_save <= o->remote_resume))
+		return kvtr_err(-EINVAL, "remote turns out of range: --remote-resume %u must be "
+				"below --turns %u, --remote-save %u at most --turns and above it",
+				o->remote_resume, o->turns, o->remote_save);
+	if (o->remote_resume && o->temperature != 0.0f)
+		return kvtr_err(-EINVAL, "--remote-resume needs --temperature 0 (greedy): the "
+				"sampler's random state does not travel with the session");
+	if (o->remote_resume && o->prefix_share)
+		return kvtr_err(-EINVAL, "--remote-resume and --prefix-share do not combine");
 	if (!(o->temperature >= 0.0f))
 		return kvtr_err(-EINVAL, "temperature must be >= 0");
 	if (!o->reference && (o->tokens_per_block < 1 || o->tokens_per_block > 65536))
@@ -71,6 +88,69 @@ run_check_opts(const struct kvtr_run_opts *o)
 	    o->kv_dtype != KVT_DTYPE_BF16)
 		return kvtr_err(-EINVAL, "KV dtype %d is not supported (f32, f16, bf16)",
 				o->kv_dtype);
+	return 0;
+}
+
+/* --remote-resume: the session's sequence and token history come from the REMOTE tier (its
+ * turns so far ended caught up: n_kv == n_hist). */
+static int
+run_sess_restore(struct run_ctx *c, struct run_sess *s, const struct kvt_seq_opts *so)
+{
+	struct kvt_seq_info in;
+	int rc;
+
+	rc = kvt_seq_restore_remote(c->e, (uint64_t)s->idx + 1, so, &s->id);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_seq_restore_remote");
+	rc = kvt_seq_info(c->e, s->id, &in);
+	if (rc == 0 && in.n_tokens > (uint64_t)c->m->cfg.seq_len)
+		return kvtr_err(KVT_EFORMAT, "session %u from REMOTE holds %llu tokens, more than "
+				"the model's seq_len %d", s->idx + 1,
+				(unsigned long long)in.n_tokens, c->m->cfg.seq_len);
+	if (rc == 0)
+		rc = kvt_seq_tokens(c->e, s->id, 0, s->hist, (size_t)in.n_tokens);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_seq_tokens");
+	for (uint64_t i = 0; i < in.n_tokens; i++)
+		if (s->hist[i] < 0 || s->hist[i] >= c->m->cfg.vocab_size)
+			return kvtr_err(KVT_EFORMAT, "session %u from REMOTE: token %llu out of "
+					"the vocabulary", s->idx + 1, (unsigned long long)i);
+	s->n_hist = s->n_kv = (uint32_t)in.n_tokens;
+	return 0;
+}
+
+/* --remote-save: publish every session (its blocks back in HBM or HOST first), then drain. */
+static int
+run_remote_save(struct run_ctx *c)
+{
+	struct kvt_stats st;
+	int rc = 0;
+
+	for (uint32_t i = 0; rc == 0 && i < c->o->sessions; i++) {
+		kvt_seq_id id = c->ss[i].id;
+
+		rc = kvt_seq_resume(c->e, id);
+		if (rc == 0)
+			rc = kvt_engine_drain(c->e);
+		if (rc == 0)
+			rc = kvt_seq_publish_remote(c->e, id);
+		if (rc == 0)
+			rc = kvt_seq_park(c->e, id, c->park_tier);
+		if (rc)
+			return kvtr_err_kvt(rc, "publishing a session to REMOTE");
+	}
+	rc = kvt_engine_drain(c->e);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_engine_drain");
+	memset(&st, 0, sizeof st);
+	st.size = sizeof st;
+	rc = kvt_engine_stats(c->e, &st);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_engine_stats");
+	if (st.remote_publish_failed)
+		return kvtr_err(-EIO, "%llu of %u sessions could not be published to REMOTE "
+				"(server down, breaker open or full)",
+				(unsigned long long)st.remote_publish_failed, c->o->sessions);
 	return 0;
 }
 
@@ -102,6 +182,10 @@ run_sess_init(struct run_ctx *c, struct run_sess *s, uint32_t idx)
 
 		kvt_seq_opts_init(&so, sizeof(so));
 		so.tenant = 0;
+		if (o->remote_save)
+			so.session_key = (uint64_t)idx + 1;
+		if (o->remote_resume)
+			return run_sess_restore(c, s, &so);
 		rc = kvt_seq_open(c->e, &so, &s->id);
 		if (rc)
 			return kvtr_err_kvt(rc, "kvt_seq_open");
@@ -319,7 +403,9 @@ run_loop(struct run_ctx *c)
 	uint64_t pos1 = 0;
 	int rc = 0;
 
-	for (uint32_t t = 0; rc == 0 && t < c->o->turns; t++) {
+	uint32_t t_end = c->o->remote_save ? c->o->remote_save : c->o->turns;
+
+	for (uint32_t t = c->o->remote_resume; rc == 0 && t < t_end; t++) {
 		/* prefix sharing: session 0 computes the first prompt, the others attach it */
 		uint32_t first = t == 0 && c->e && c->o->prefix_share ? 1 : c->o->sessions;
 
@@ -347,6 +433,8 @@ again:
 			goto again;
 		}
 	}
+	if (rc == 0 && c->o->remote_save)
+		rc = run_remote_save(c);
 	t2 = kvtr_now();
 	c->r->elapsed_s = t2 - t0;
 	if (t1 > 0.0 && t2 > t1)
@@ -421,6 +509,19 @@ run_engine_create(struct run_ctx *c)
 	eo.emu_copy_bytes_per_s = o->emu_copy_bytes_per_s;
 	eo.log = run_engine_log;
 	eo.log_arg = c->log;
+	if (o->remote_host) {
+		/* the namespace: the model's header and an XXH3-64 of its weights */
+		uint64_t h = m->map ? XXH3_64bits(m->map, m->map_len) : 0;
+
+		snprintf(c->model_id, sizeof c->model_id, "kvtier-run:%d:%d:%d:%d:%d:%016llx",
+			 m->cfg.dim, m->cfg.n_layers, m->cfg.n_heads, m->cfg.vocab_size,
+			 m->cfg.seq_len, (unsigned long long)h);
+		eo.remote_host = o->remote_host;
+		eo.remote_port = o->remote_port;
+		eo.remote_user = o->remote_user;
+		eo.remote_password = o->remote_password;
+		eo.remote_model_id = c->model_id;
+	}
 	c->r->hbm_bytes = eo.hbm_bytes;
 	c->r->host_bytes = eo.host_bytes;
 	c->r->nvme_bytes = eo.nvme_bytes;

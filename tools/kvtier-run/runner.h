@@ -87,6 +87,19 @@ struct kvtr_run_opts {
 	                                        next window's) are promoted; groups and windows
 	                                        then take at most half of HBM each */
 	uint64_t emu_copy_bytes_per_s;       /* emulated device copy bandwidth; 0 = unlimited */
+	/* REMOTE tier (issue 18, item 4): sessions that move between processes */
+	const char *remote_host;             /* Redis server; NULL = none */
+	uint16_t remote_port;                /* its port */
+	const char *remote_user;             /* ACL user or NULL */
+	const char *remote_password;         /* AUTH password or NULL */
+	uint32_t remote_save;                /* K > 0: run turns 1..K of the @turns-turn chat,
+	                                        then publish every session (session key =
+	                                        session number) with kvt_seq_publish_remote */
+	uint32_t remote_resume;              /* K > 0: reopen every session from REMOTE
+	                                        (kvt_seq_restore_remote), holding turns 1..K,
+	                                        and run turns K+1..@turns; greedy only
+	                                        (temperature 0: the sampler's state does not
+	                                        travel) */
 };
 
 /** What one session produced in one turn. */

@@ -73,7 +73,12 @@ class EngineOpts(ctypes.Structure):
                 ("evict_policy", c_u32), ("idle_timeout_ms", c_u32), ("idle_target", c_u32),
                 ("prefix_cache", c_u32),
                 # 0.3: NVMe worker threads
-                ("nvme_workers", c_u32)]
+                ("nvme_workers", c_u32),
+                # 0.5: the REMOTE tier (issue 18)
+                ("remote_host", ctypes.c_char_p), ("remote_port", ctypes.c_uint16),
+                ("remote_user", ctypes.c_char_p), ("remote_password", ctypes.c_char_p),
+                ("remote_model_id", ctypes.c_char_p), ("remote_connect_timeout_ms", c_u32),
+                ("remote_op_timeout_ms", c_u32), ("remote_ttl_ms", c_u32)]
 
 
 class SeqOpts(ctypes.Structure):
@@ -127,7 +132,13 @@ class Stats(ctypes.Structure):
                 ("meta_token_bytes", c_u64),
                 ("batches", c_u64), ("h2d_groups", c_u64), ("repromotions", c_u64),
                 # 0.4
-                ("nvme_write", LatHist), ("park", LatHist), ("resume", LatHist)]
+                ("nvme_write", LatHist), ("park", LatHist), ("resume", LatHist),
+                # 0.5: REMOTE tier
+                ("remote_publishes", c_u64), ("remote_publish_failed", c_u64),
+                ("remote_blocks_put", c_u64), ("remote_restores", c_u64),
+                ("remote_restore_misses", c_u64), ("remote_bytes_out", c_u64),
+                ("remote_bytes_in", c_u64), ("remote_breaker_trips", c_u64),
+                ("remote_errors", c_u64), ("remote_breaker_open", c_u64)]
 
 
 STRUCTS = {"kvt_layout": Layout, "kvt_geometry": Geometry, "kvt_engine_opts": EngineOpts,
@@ -180,6 +191,9 @@ _PROTOS = {
     "kvt_session_drop": (_int, [_vp, c_u64]),
     "kvt_session_list_tenant": (_int, [_vp, c_u32, _P(c_u64), ctypes.c_size_t]),
     "kvt_session_drop_tenant": (_int, [_vp, c_u32, c_u64]),
+    "kvt_seq_publish_remote": (_int, [_vp, c_u64]),
+    "kvt_seq_restore_remote": (_int, [_vp, c_u64, _P(SeqOpts), _P(c_u64)]),
+    "kvt_seq_tokens": (_int, [_vp, c_u64, c_u64, _P(ctypes.c_int32), ctypes.c_size_t]),
     # priorities, prefix sharing, tenants
     "kvt_seq_set_priority": (_int, [_vp, c_u64, c_u64, c_u64, c_u8, c_u32]),
     "kvt_seq_match_prefix": (_int, [_vp, _P(SeqOpts), _P(c_i32), ctypes.c_size_t, _P(c_u64),
