@@ -429,6 +429,9 @@ struct kvt_engine {
 	                                       is derived by kvt_engine_stats) */
 	struct kvt_store *store;            /* journal of published sessions (nvme_persist) */
 	bool pub_check;                     /* a publish may be due (see engine/persist.c) */
+	uint64_t *slot_tenants;             /* [NVMe slots] (store only): which tenants' stored
+	                                       sessions name the slot (persist_slot_tenants) */
+	uint64_t slot_tenants_at;           /* kvt_store_changes() + 1 it was built at; 0 = none */
 	uint8_t *nvme_named;                /* [NVMe slots] (store only): 1 while a journal
 	                                       record that may be durable names the slot */
 	uint32_t *pend;                     /* NVMe slots whose naming record was superseded

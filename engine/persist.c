@@ -235,6 +235,9 @@ kvt_persist_close(struct kvt_engine *e)
 	e->store = NULL;
 	kvt_free(e->nvme_named);
 	e->nvme_named = NULL;
+	kvt_free(e->slot_tenants);
+	e->slot_tenants = NULL;
+	e->slot_tenants_at = 0;
 	kvt_free(e->pend);
 	e->pend = NULL;
 	e->n_pend = e->cap_pend = 0;
@@ -529,12 +532,44 @@ persist_block_tenant(struct kvt_engine *e, uint32_t id, uint32_t *tenant)
 	return false;
 }
 
+#define PERSIST_ST_NAMED (1ull << 63) /* e->slot_tenants: a stored session names the slot */
+#define PERSIST_ST_MIXED (1ull << 62) /* ... and sessions of more than one tenant do */
+
+/* e->slot_tenants for the store's sessions as they are now: rebuilt (linear in the store's
+ * blocks) only when the index changed since, so a check is O(1). 0 or -ENOMEM. */
+static int
+persist_slot_tenants(struct kvt_engine *e)
+{
+	uint32_t n_slots = e->slots[KVT_TIER_NVME].n_slots;
+	uint64_t at = kvt_store_changes(e->store) + 1;
+
+	if (e->slot_tenants && e->slot_tenants_at == at)
+		return 0;
+	if (!e->slot_tenants && !(e->slot_tenants = kvt_calloc(n_slots, sizeof(uint64_t))))
+		return kvt_err(-ENOMEM, "tenants of %u NVMe slots", n_slots);
+	memset(e->slot_tenants, 0, (size_t)n_slots * sizeof(uint64_t));
+	for (uint32_t k = 0; k < kvt_store_count(e->store); k++) {
+		const struct kvt_store_sess *o = kvt_store_at(e->store, k);
+
+		for (uint32_t j = 0; j < o->n_blocks; j++) {
+			uint64_t *v = &e->slot_tenants[o->blocks[j].slot];
+
+			if (!(*v & PERSIST_ST_NAMED))
+				*v = PERSIST_ST_NAMED | o->tenant;
+			else if ((uint32_t)*v != o->tenant)
+				*v |= PERSIST_ST_MIXED;
+		}
+	}
+	e->slot_tenants_at = at;
+	return 0;
+}
+
 /*
- * Whether block @i of @rec may be shared with whatever else holds its write: every other stored
- * session naming the same write of the slot (slot, tag, length code) must be of @rec's tenant,
- * and so must a live block already made from it (@holder, or KVT_NIL). Blocks are never shared
- * across tenants, whatever the journal says (a forged record naming another tenant's block).
- * 0 or -EPERM (naming the conflict). Linear in the blocks of the store.
+ * Whether block @i of @rec may be shared with whatever else holds its write: every stored
+ * session naming the slot must be of @rec's tenant, and so must a live block already made from
+ * it (@holder, or KVT_NIL). Blocks are never shared across tenants, whatever the journal says
+ * (a forged record naming a block of another tenant's live record). 0, -EPERM (naming the
+ * conflict) or -ENOMEM. O(1) (persist_slot_tenants) but for finding a holder's tenant.
  */
 static int
 persist_check_tenant(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32_t i,
@@ -542,25 +577,20 @@ persist_check_tenant(struct kvt_engine *e, const struct kvt_store_sess *rec, uin
 {
 	const struct kvt_fmt_blkref *r = &rec->blocks[i];
 	uint32_t t;
+	uint64_t v;
+	int rc;
 
 	if (holder != KVT_NIL && (!persist_block_tenant(e, holder, &t) || t != rec->tenant))
 		return kvt_err(-EPERM, "block %u: slot %u is held in memory by block %u of "
 			       "another tenant than %u: not shared", i, r->slot, holder, rec->tenant);
-	for (uint32_t k = 0; k < kvt_store_count(e->store); k++) {
-		const struct kvt_store_sess *o = kvt_store_at(e->store, k);
-
-		if (o == rec || o->tenant == rec->tenant)
-			continue;
-		for (uint32_t j = 0; j < o->n_blocks; j++) {
-			const struct kvt_fmt_blkref *x = &o->blocks[j];
-
-			if (x->slot == r->slot && x->tag == r->tag && x->lenc == r->lenc)
-				return kvt_err(-EPERM, "block %u: slot %u is also named by block %u "
-					       "of session %#llx of tenant %u, not %u: blocks are "
-					       "not shared across tenants", i, r->slot, j,
-					       (unsigned long long)o->key, o->tenant, rec->tenant);
-		}
-	}
+	rc = persist_slot_tenants(e);
+	if (rc)
+		return rc;
+	v = e->slot_tenants[r->slot];
+	if ((v & PERSIST_ST_MIXED) || ((v & PERSIST_ST_NAMED) && (uint32_t)v != rec->tenant))
+		return kvt_err(-EPERM, "block %u: slot %u is also named by a stored session of "
+			       "another tenant than %u: blocks are not shared across tenants", i,
+			       r->slot, rec->tenant);
 	return 0;
 }
 

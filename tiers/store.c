@@ -39,6 +39,7 @@ struct kvt_store {
 	uint64_t orphan_id;            /* open: the journal found was another store's (0 =
 	                                  none): replaced */
 	uint64_t gen;                  /* generation of the journal file (its header) */
+	uint64_t changes;              /* sessions inserted or removed in the index so far */
 	uint64_t durable;              /* journal bytes known durable (last commit) */
 	uint64_t ack_gen, ack_len;     /* open: what the superblock knew durable */
 	bool short_found;              /* open: the journal ends (verifies) before ack_len */
@@ -104,6 +105,7 @@ store_index_of(const struct kvt_store *st, uint64_t key)
 static void
 store_remove_at(struct kvt_store *st, uint32_t i)
 {
+	st->changes++;
 	st->live_bytes -= kvt_fmt_put_bytes(st->sess[i]->n_blocks, st->sess[i]->n_tokens);
 	store_sess_free(st->sess[i]);
 	st->sess[i] = st->sess[--st->n];
@@ -129,6 +131,7 @@ store_insert(struct kvt_store *st, struct kvt_store_sess *s)
 		st->cap = c;
 	}
 	st->sess[st->n++] = s;
+	st->changes++;
 	st->live_bytes += kvt_fmt_put_bytes(s->n_blocks, s->n_tokens);
 	return 0;
 }
@@ -315,23 +318,36 @@ static int store_write_all(int fd, const uint8_t *p, size_t n, uint64_t off);
 
 bool kvt_test_store_no_link;
 
-/* Keep the journal as it was, @buf (@len bytes), as "<journal>.damaged" (replacing an older one)
- * before compaction replaces it, so that what did not replay can still be looked at: a hard
- * link, or where the filesystem has none a copy, made durable (fsync, rename, directory fsync).
- * 0, or the error (then the journal must not be compacted: kvt_store_open fails). */
 /* An earlier damage's copy @kept (".damaged") moves to ".damaged.N", the first N of 1..999 not
- * taken, so every damage found keeps its evidence (the newest is always ".damaged"); with all
- * 999 taken the oldest evidence is what ".damaged" held, and it is replaced. */
+ * taken, so every damage found keeps its evidence (the newest is always ".damaged"; the numbers
+ * give no order once some were deleted); with all 999 taken ".damaged" is replaced. A copy that
+ * already holds exactly @buf (the same damage found again, e.g. by an open whose compaction then
+ * failed) is left as it is: *@same is set and nothing is to be kept again. */
 static void
-store_rotate_damaged(const char *kept)
+store_rotate_damaged(const char *kept, const uint8_t *buf, size_t len, bool *same)
 {
 	size_t plen = strlen(kept) + 8;
 	char *old = kvt_malloc(plen);
 	struct stat sb;
 
+	*same = false;
 	if (!old || stat(kept, &sb) != 0) {
 		kvt_free(old);
 		return;
+	}
+	if ((uint64_t)sb.st_size == len) {
+		uint8_t *have = kvt_malloc(len ? len : 1);
+		int fd = have ? open(kept, O_RDONLY | O_CLOEXEC) : -1;
+
+		*same = fd >= 0 && pread(fd, have, len, 0) == (ssize_t)len &&
+			memcmp(have, buf, len) == 0;
+		if (fd >= 0)
+			close(fd);
+		kvt_free(have);
+		if (*same) {
+			kvt_free(old);
+			return;
+		}
 	}
 	for (unsigned n = 1; n < 1000; n++) {
 		snprintf(old, plen, "%s.%u", kept, n);
@@ -343,12 +359,18 @@ store_rotate_damaged(const char *kept)
 	kvt_free(old);
 }
 
+/* Keep the journal as it was, @buf (@len bytes), as "<journal>.damaged" (an older copy moves
+ * aside: store_rotate_damaged) before compaction replaces it, so that what did not replay can
+ * still be looked at: a hard link, or where the filesystem has none a copy, made durable (fsync,
+ * rename, directory fsync). 0, or the error (then the journal must not be compacted:
+ * kvt_store_open fails). */
 static int
 store_keep_damaged(struct kvt_store *st, const uint8_t *buf, size_t len)
 {
 	size_t plen = strlen(st->path) + sizeof ".damaged.tmp";
 	char *kept = kvt_malloc(plen), *tmp = kvt_malloc(plen);
 	int fd = -1, rc = 0;
+	bool same;
 
 	if (!kept || !tmp) {
 		rc = -ENOMEM;
@@ -356,6 +378,9 @@ store_keep_damaged(struct kvt_store *st, const uint8_t *buf, size_t len)
 	}
 	snprintf(kept, plen, "%s.damaged", st->path);
 	snprintf(tmp, plen, "%s.damaged.tmp", st->path);
+	store_rotate_damaged(kept, buf, len, &same);
+	if (same)
+		goto out; /* this damage is kept already */
 	(void)unlink(tmp);
 	if (kvt_test_store_no_link || link(st->path, tmp) != 0) {
 		fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -365,8 +390,6 @@ store_keep_damaged(struct kvt_store *st, const uint8_t *buf, size_t len)
 		if (fd >= 0)
 			close(fd);
 	}
-	if (rc == 0)
-		store_rotate_damaged(kept);
 	if (rc == 0 && rename(tmp, kept) != 0)
 		rc = -errno;
 	if (rc != 0) {
@@ -683,6 +706,12 @@ uint32_t
 kvt_store_count(const struct kvt_store *st)
 {
 	return st->n;
+}
+
+uint64_t
+kvt_store_changes(const struct kvt_store *st)
+{
+	return st->changes;
 }
 
 struct kvt_store_sess *

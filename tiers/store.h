@@ -133,6 +133,8 @@ extern bool kvt_test_store_no_link;
 
 /** Number of sessions in the index, and the i-th (0 <= i < count; order changes on del). */
 uint32_t kvt_store_count(const struct kvt_store *st);
+/** How many times the index gained or lost a session: unchanged means the same sessions. */
+uint64_t kvt_store_changes(const struct kvt_store *st);
 struct kvt_store_sess *kvt_store_at(struct kvt_store *st, uint32_t i);
 /** The session with @key, or NULL. */
 struct kvt_store_sess *kvt_store_find(struct kvt_store *st, uint64_t key);
