@@ -44,25 +44,13 @@ static struct {
 	-1 };
 
 static void
-ts_after_ms(struct timespec *ts, long ms)
-{
-	clock_gettime(CLOCK_REALTIME, ts);
-	ts->tv_sec += ms / 1000;
-	ts->tv_nsec += (ms % 1000) * 1000000L;
-	if (ts->tv_nsec >= 1000000000L) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000L;
-	}
-}
-
-static void
 gate_before_verify(void *arg, uint32_t slot)
 {
 	struct timespec ts;
 	int r = 0;
 
 	(void)arg;
-	ts_after_ms(&ts, HOLD_MS);
+	tsup_deadline_ms(&ts, HOLD_MS);
 	pthread_mutex_lock(&g.mu);
 	g.entered++;
 	if (g.hold_one && g.held_slot < 0)
@@ -118,7 +106,7 @@ flag_wait(const bool *f, long ms)
 	bool got;
 	int r = 0;
 
-	ts_after_ms(&ts, ms);
+	tsup_deadline_ms(&ts, ms);
 	pthread_mutex_lock(&g.mu);
 	while (!*f && !g.timeouts && r != ETIMEDOUT)
 		r = pthread_cond_timedwait(&g.cv, &g.mu, &ts);
@@ -135,7 +123,7 @@ gate_wait_entered(long ms)
 	bool got;
 	int r = 0;
 
-	ts_after_ms(&ts, ms);
+	tsup_deadline_ms(&ts, ms);
 	pthread_mutex_lock(&g.mu);
 	while (!g.entered && r != ETIMEDOUT)
 		r = pthread_cond_timedwait(&g.cv, &g.mu, &ts);

@@ -41,25 +41,13 @@ static struct {
 } gate = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, 0, 0 };
 
 static void
-ts_after_ms(struct timespec *ts, long ms)
-{
-	clock_gettime(CLOCK_REALTIME, ts);
-	ts->tv_sec += ms / 1000;
-	ts->tv_nsec += (ms % 1000) * 1000000L;
-	if (ts->tv_nsec >= 1000000000L) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000L;
-	}
-}
-
-static void
 gate_before_verify(void *arg, uint32_t slot)
 {
 	struct timespec ts;
 	int r = 0;
 
 	(void)arg, (void)slot;
-	ts_after_ms(&ts, HOLD_MS);
+	tsup_deadline_ms(&ts, HOLD_MS);
 	pthread_mutex_lock(&gate.mu);
 	gate.entered++;
 	pthread_cond_broadcast(&gate.cv);
@@ -128,7 +116,7 @@ gate_wait_entered(unsigned k)
 	unsigned got;
 	int r = 0;
 
-	ts_after_ms(&ts, 5000);
+	tsup_deadline_ms(&ts, 5000);
 	pthread_mutex_lock(&gate.mu);
 	while (gate.entered < k && r != ETIMEDOUT)
 		r = pthread_cond_timedwait(&gate.cv, &gate.mu, &ts);

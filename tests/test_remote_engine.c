@@ -56,13 +56,8 @@ remote_engine(uint16_t port, int *rc_out)
 static struct kvt_stats
 publish(struct kvt_engine *e, uint64_t key, uint32_t tenant, uint32_t tag, uint32_t n)
 {
-	struct kvt_seq_opts so;
-	kvt_seq_id s;
+	kvt_seq_id s = tsup_open(e, tenant, 0, key);
 
-	kvt_seq_opts_init(&so, sizeof so);
-	so.session_key = key;
-	so.tenant = tenant;
-	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
 	assert_int_equal(tsup_append_write(e, s, tag, 0, n), 0);
 	assert_int_equal(kvt_seq_publish_remote(e, s), 0);
 	assert_int_equal(kvt_seq_close(e, s), 0);

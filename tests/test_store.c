@@ -63,13 +63,8 @@ store_engine_ok(const char *dir, const struct scfg *c)
 static kvt_seq_id
 park_session_of(struct kvt_engine *e, uint32_t tenant, uint64_t key, uint32_t tag, uint32_t n)
 {
-	struct kvt_seq_opts so;
-	kvt_seq_id s;
+	kvt_seq_id s = tsup_open(e, tenant, 0, key);
 
-	kvt_seq_opts_init(&so, sizeof so);
-	so.session_key = key;
-	so.tenant = tenant;
-	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
 	for (uint32_t p = 0; p < n; p += 8)
 		assert_int_equal(tsup_append_write(e, s, tag, p, n - p < 8 ? n - p : 8), 0);
 	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);

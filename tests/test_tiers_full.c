@@ -325,19 +325,6 @@ test_random_small_shapes(void **state)
 
 /* ---- item 2 */
 
-static kvt_seq_id
-salted_seq(struct kvt_engine *e, uint64_t salt, uint64_t key)
-{
-	struct kvt_seq_opts so;
-	kvt_seq_id s;
-
-	kvt_seq_opts_init(&so, sizeof so);
-	so.salt = salt;
-	so.session_key = key;
-	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
-	return s;
-}
-
 /*
  * NVMe 8 slots: a live session A's 4 blocks only there (the coldest), then 4 cached blocks
  * nobody references (B, closed). A keyed session C parked to NVMe needs 4 slots: the cached
@@ -357,19 +344,19 @@ test_full_nvme_drops_cached(void **state)
 
 	(void)state;
 	e = shape_engine(&sh, dir);
-	a = salted_seq(e, 1, 0);
+	a = tsup_open(e, 0, 1, 0);
 	assert_int_equal(write_blocks(e, a, 1, 0, 4), 0);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(tsup_blocks_in(e, a, KVT_TIER_NVME), 4);
-	b = salted_seq(e, 2, 0);
+	b = tsup_open(e, 0, 2, 0);
 	assert_int_equal(write_blocks(e, b, 2, 0, 4), 0);
 	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(tsup_blocks_in(e, b, KVT_TIER_NVME), 4);
 	assert_int_equal(kvt_seq_close(e, b), 0); /* 4 cached blocks, on NVMe only */
 	assert_int_equal(tsup_stats(e).tier[KVT_TIER_NVME].used_slots, 8);
-	c = salted_seq(e, 3, 0xc0ffee);
+	c = tsup_open(e, 0, 3, 0xc0ffee);
 	assert_int_equal(write_blocks(e, c, 3, 0, 4), 0);
 	rc = kvt_seq_park(e, c, KVT_TIER_NVME);
 	if (rc)
@@ -409,14 +396,14 @@ test_full_nvme_park_fails_clearly(void **state)
 
 	(void)state;
 	e = shape_engine(&sh, dir);
-	a = salted_seq(e, 1, 0);
+	a = tsup_open(e, 0, 1, 0);
 	assert_int_equal(write_blocks(e, a, 1, 0, 4), 0);
 	assert_int_equal(kvt_seq_park(e, a, KVT_TIER_NVME), 0);
-	b = salted_seq(e, 2, 0);
+	b = tsup_open(e, 0, 2, 0);
 	assert_int_equal(write_blocks(e, b, 2, 0, 4), 0);
 	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
-	c = salted_seq(e, 3, 0xbeef);
+	c = tsup_open(e, 0, 3, 0xbeef);
 	assert_int_equal(write_blocks(e, c, 3, 0, 3), 0);
 	rc = kvt_seq_park(e, c, KVT_TIER_NVME);
 	assert_int_equal(kvt_engine_drain(e), 0);
@@ -459,8 +446,8 @@ test_park_keeps_nvme_room(void **state)
 	o.emu_copy_bytes_per_s = 1u << 20; /* 1 ms a block: the copies are in flight for a while */
 	o.high_watermark = o.low_watermark = 1.0f;
 	e = tsup_create(&o, NULL);
-	a = salted_seq(e, 1, 0);
-	b = salted_seq(e, 2, 0);
+	a = tsup_open(e, 0, 1, 0);
+	b = tsup_open(e, 0, 2, 0);
 	assert_int_equal(write_blocks(e, a, 1, 0, 4), 0);
 	assert_int_equal(write_blocks(e, b, 2, 0, 3), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -36,16 +37,38 @@ tsup_seq_written(struct kvt_engine *e, uint32_t tag, uint32_t tokens)
 }
 
 kvt_seq_id
-tsup_session_written(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n)
+tsup_open(struct kvt_engine *e, uint32_t tenant, uint64_t salt, uint64_t key)
 {
 	struct kvt_seq_opts so;
 	kvt_seq_id s;
 
 	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = tenant;
+	so.salt = salt;
 	so.session_key = key;
 	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
+	return s;
+}
+
+kvt_seq_id
+tsup_session_written(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n)
+{
+	kvt_seq_id s = tsup_open(e, 0, 0, key);
+
 	assert_int_equal(tsup_append_write(e, s, tag, 0, n), 0);
 	return s;
+}
+
+void
+tsup_deadline_ms(struct timespec *ts, long ms)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
 }
 
 void

@@ -101,6 +101,11 @@ kvt_seq_id tsup_seq_written(struct kvt_engine *e, uint32_t tag, uint32_t tokens)
 /* Assert: an open sequence with session key @key (0 = none) and @n tokens of pattern @tag,
  * appended at once. */
 kvt_seq_id tsup_session_written(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n);
+/* Open a sequence of @tenant with @salt and session key @key (0 = none); asserts success. */
+kvt_seq_id tsup_open(struct kvt_engine *e, uint32_t tenant, uint64_t salt, uint64_t key);
+/* @ts = CLOCK_REALTIME now + @ms (a pthread_cond_timedwait deadline). */
+struct timespec;
+void tsup_deadline_ms(struct timespec *ts, long ms);
 
 /* Assert: kvt_seq_restore(e, @key) succeeds (its error printed when not) into *s, which then
  * resumes and holds pattern @tag (tsup_verify). */
