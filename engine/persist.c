@@ -702,16 +702,9 @@ persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 	if (kvt_seq_reserve(s, rec->n_tokens, rec->n_blocks, 0))
 		return kvt_err(-ENOMEM, "restoring a session of %llu tokens",
 			       (unsigned long long)rec->n_tokens);
+	/* a holder's tenant was checked by persist_check, under this same lock hold */
 	for (uint32_t i = 0; i < rec->n_blocks; i++) {
-		uint32_t t;
-
 		id = persist_holder(e, &rec->blocks[i]);
-		if (id != KVT_NIL && (!persist_block_tenant(e, id, &t) || t != s->tenant)) {
-			persist_unbuild(e, s);
-			return kvt_err(-EPERM, "block %u: slot %u is held in memory by block %u of "
-				       "another tenant than %u: not shared", i, rec->blocks[i].slot,
-				       id, s->tenant);
-		}
 		if (id != KVT_NIL) {
 			kvt_block_ref(e, id);
 		} else if ((rc = persist_adopt(e, idx, i, &rec->blocks[i], &id)) != 0) {

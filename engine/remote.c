@@ -19,6 +19,7 @@
 #include "engine/engine_impl.h"
 #include "tiers/base/alloc.h"
 #include "tiers/base/error.h"
+#include "tiers/format.h"
 #include "tiers/remote.h"
 
 #define RS_MAGIC "KVTRSES1"
@@ -66,36 +67,6 @@ struct kvt_reng {
 	int breaker_open;   /* any breaker open after the latest job */
 };
 
-static void
-rs_put64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void
-rs_put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t
-rs_get64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
-static uint32_t
-rs_get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* "kvt1:<32 hex ns>:<8 hex tenant>:s:<16 hex session key>" */
 static size_t
 rs_key(const struct kvt_reng *r, uint32_t tenant, uint64_t key, char *out)
@@ -123,16 +94,16 @@ rs_parse(const struct kvt_reng *r, struct rjob *j, const uint8_t *v, size_t len)
 
 	if (len < rs_len(0, 0, 0) || memcmp(v, RS_MAGIC, 8))
 		return kvt_err(KVT_ECORRUPT, "session value: bad length or magic");
-	if (XXH3_64bits(v, len - 8) != rs_get64(v + len - 8))
+	if (XXH3_64bits(v, len - 8) != kvt_get_le64(v + len - 8))
 		return kvt_err(KVT_ECORRUPT, "session value: checksum");
-	if (rs_get32(v + 8) != RS_VERSION || rs_get32(v + 12) != j->tenant ||
-	    memcmp(v + 16, r->ns.id, 16) || rs_get64(v + 32) != j->key ||
-	    rs_get64(v + 40) != r->ns.layout_fp || rs_get32(v + 60) != r->tpb)
+	if (kvt_get_le32(v + 8) != RS_VERSION || kvt_get_le32(v + 12) != j->tenant ||
+	    memcmp(v + 16, r->ns.id, 16) || kvt_get_le64(v + 32) != j->key ||
+	    kvt_get_le64(v + 40) != r->ns.layout_fp || kvt_get_le32(v + 60) != r->tpb)
 		return kvt_err(KVT_ECORRUPT, "session value: version, tenant, namespace, key or "
 			       "layout differ");
-	n_tokens = rs_get64(v + 48);
-	n_full = rs_get32(v + 56);
-	partial_len = rs_get64(v + 64);
+	n_tokens = kvt_get_le64(v + 48);
+	n_full = kvt_get_le32(v + 56);
+	partial_len = kvt_get_le64(v + 64);
 	if (n_tokens > (1ull << 32) || n_full != n_tokens / r->tpb ||
 	    partial_len != (n_tokens % r->tpb ? r->block_bytes : 0) ||
 	    len != rs_len(n_tokens, n_full, partial_len))
@@ -405,6 +376,7 @@ kvt_reng_reap(struct kvt_engine *e)
 		}
 		pthread_mutex_lock(&r->mu);
 		r->pending--;
+		pthread_cond_broadcast(&r->done_cv); /* a drain may wait for pending to reach 0 */
 		pthread_mutex_unlock(&r->mu);
 		job_free(j);
 	}
@@ -532,15 +504,15 @@ kvt_seq_publish_remote(struct kvt_engine *e, kvt_seq_id id)
 	p = j->sval;
 	memset(p, 0, RS_HDR);
 	memcpy(p, RS_MAGIC, 8);
-	rs_put32(p + 8, RS_VERSION);
-	rs_put32(p + 12, s->tenant);
+	kvt_put_le32(p + 8, RS_VERSION);
+	kvt_put_le32(p + 12, s->tenant);
 	memcpy(p + 16, r->ns.id, 16);
-	rs_put64(p + 32, s->session_key);
-	rs_put64(p + 40, r->ns.layout_fp);
-	rs_put64(p + 48, s->n_tokens);
-	rs_put32(p + 56, n_full);
-	rs_put32(p + 60, tpb);
-	rs_put64(p + 64, partial_len);
+	kvt_put_le64(p + 32, s->session_key);
+	kvt_put_le64(p + 40, r->ns.layout_fp);
+	kvt_put_le64(p + 48, s->n_tokens);
+	kvt_put_le32(p + 56, n_full);
+	kvt_put_le32(p + 60, tpb);
+	kvt_put_le64(p + 64, partial_len);
 	memcpy(p + RS_HDR, s->tokens, 4 * s->n_tokens);
 	for (uint32_t i = 0; i < s->n_blocks && !rc; i++) {
 		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
@@ -560,7 +532,7 @@ kvt_seq_publish_remote(struct kvt_engine *e, kvt_seq_id id)
 	}
 	if (rc)
 		goto out;
-	rs_put64(p + j->sval_len - 8, XXH3_64bits(p, j->sval_len - 8));
+	kvt_put_le64(p + j->sval_len - 8, XXH3_64bits(p, j->sval_len - 8));
 out:
 	kvt_unlock(e);
 	if (rc) {
@@ -569,6 +541,29 @@ out:
 	}
 	queue_job(r, j);
 	return 0;
+}
+
+/* Block @i of restored sequence @sid: its prefix key (computed by the append from the tokens
+ * and the caller's salt and extra key) must be @want, the published one. 0 or -EINVAL. */
+static int
+restore_check_hash(struct kvt_engine *e, kvt_seq_id sid, uint32_t i, const uint8_t *want,
+		   uint64_t key)
+{
+	struct kvt_seqrec *s;
+	int rc = 0;
+
+	kvt_lock(e);
+	s = kvt_seq_lookup(e, sid, NULL);
+	if (s && i < s->n_blocks) {
+		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
+
+		if (!b->hashed || memcmp(b->hash, want, 16))
+			rc = kvt_err(-EINVAL, "session %#llx: block %u's prefix key differs from the "
+				     "published one (another salt or extra_key)",
+				     (unsigned long long)key, i);
+	}
+	kvt_unlock(e);
+	return rc;
 }
 
 int
@@ -635,6 +630,10 @@ kvt_seq_restore_remote(struct kvt_engine *e, uint64_t key, const struct kvt_seq_
 		const void *src = bi < j->n_full ? j->data + bi * r->block_bytes : j->partial;
 
 		rc = kvt_seq_append(e, sid, j->tokens + at, (size_t)n, map);
+		/* a full block's key, recomputed from the tokens, must be the published one before
+		 * anything makes it shareable (the next append seals it) */
+		if (rc == 0 && bi < j->n_full)
+			rc = restore_check_hash(e, sid, (uint32_t)bi, j->hashes[bi], key);
 		if (rc == 0)
 			rc = kvt_engine_stream_memcpy_async(
 				e, stream,
@@ -642,22 +641,6 @@ kvt_seq_restore_remote(struct kvt_engine *e, uint64_t key, const struct kvt_seq_
 				src, r->block_bytes);
 		if (rc == 0)
 			rc = kvt_engine_stream_sync(e, stream);
-	}
-	if (rc == 0) {
-		/* the hashes recomputed from the tokens must be the published ones */
-		struct kvt_seqrec *s;
-
-		kvt_lock(e);
-		s = kvt_seq_lookup(e, sid, NULL);
-		for (uint32_t i = 0; s && i < j->n_full && rc == 0; i++) {
-			const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
-
-			if (!b->hashed || memcmp(b->hash, j->hashes[i], 16))
-				rc = kvt_err(-EINVAL, "session %#llx: block %u's prefix key differs "
-					     "from the published one (another salt or extra_key)",
-					     (unsigned long long)key, i);
-		}
-		kvt_unlock(e);
 	}
 	kvt_lock(e);
 	if (rc == 0)
