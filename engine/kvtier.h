@@ -30,8 +30,9 @@
  *     engine serialises them with one internal mutex. A struct kvt_batch is used by one thread at
  *     a time (the one that runs the step). No call holds that mutex while it waits for IO or a
  *     device copy: a call whose blocks are resident does not wait for other sequences'
- *     transfers. While an append, park or prepare of a sequence waits, other threads' close,
- *     append, park and prepare of that same sequence return KVT_EBUSY. A batch may be released
+ *     transfers. While an append, park, prepare or detach of a sequence waits, other threads'
+ *     close, detach, append, park, resume, attach_prefix and prepare of that same sequence
+ *     return KVT_EBUSY. A batch may be released
  *     by another thread than the one that prepared it (not concurrently with its use); a hint
  *     (kvt_engine_hint) is engine-wide: a scheduler thread may hint the sequences that a worker
  *     thread prepares next.

@@ -22,6 +22,15 @@ seq_make_id(uint32_t idx, uint32_t gen)
 /* The id of record @s as messages print it (%#llx), as the caller knows it. */
 #define SEQ_ID_ARG(s) ((unsigned long long)seq_make_id((uint32_t)((s) - e->seqs), (s)->gen))
 
+/* KVT_EBUSY for a call on sequence @id while another thread's append, park, prepare or detach
+ * of it sleeps with the lock released (s->in_call): it must not change under that call. */
+static int
+seq_err_in_call(kvt_seq_id id)
+{
+	return kvt_err(KVT_EBUSY, "sequence %#llx is in use by another thread's call (an append, "
+		       "park or prepare of it waiting for a transfer)", (unsigned long long)id);
+}
+
 struct kvt_seqrec *
 kvt_seq_lookup(struct kvt_engine *e, kvt_seq_id id, uint32_t *idx)
 {
@@ -315,9 +324,7 @@ seq_close_or_detach(struct kvt_engine *e, kvt_seq_id id, bool keep)
 	}
 	if (s->in_call) {
 		kvt_unlock(e);
-		return kvt_err(KVT_EBUSY, "sequence %#llx is in use by another thread's call "
-			       "(an append, park or prepare of it waiting for a transfer)",
-			       (unsigned long long)id);
+		return seq_err_in_call(id);
 	}
 	/* detach: a park still in flight is finished and published first; a wait releases the
 	 * lock, so no other call changes the sequence meanwhile (in_call) and its record is
@@ -561,9 +568,7 @@ kvt_seq_append(struct kvt_engine *e, kvt_seq_id id, const int32_t *tokens, size_
 		rc = kvt_err(KVT_EBUSY, "sequence %#llx is in an unreleased batch",
 			     (unsigned long long)id);
 	else if (e->seqs[idx].in_call)
-		rc = kvt_err(KVT_EBUSY, "sequence %#llx is in use by another thread's call "
-			     "(an append, park or prepare of it waiting for a transfer)",
-			     (unsigned long long)id);
+		rc = seq_err_in_call(id);
 	else {
 		/* waits inside release the lock: no other call changes the sequence meanwhile */
 		e->seqs[idx].in_call = 1;
@@ -597,9 +602,7 @@ kvt_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target)
 		goto out;
 	}
 	if (s->in_call) {
-		rc = kvt_err(KVT_EBUSY, "sequence %#llx is in use by another thread's call "
-			     "(an append, park or prepare of it waiting for a transfer)",
-			     (unsigned long long)id);
+		rc = seq_err_in_call(id);
 		goto out;
 	}
 	rc = kvt_seq_park_locked(e, s, t);
@@ -749,6 +752,10 @@ kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
 	s = kvt_seq_lookup(e, id, &idx);
 	if (!s) {
 		rc = kvt_err(KVT_ECLOSED, "sequence %#llx is not open", (unsigned long long)id);
+		goto out;
+	}
+	if (s->in_call) {
+		rc = seq_err_in_call(id);
 		goto out;
 	}
 	s->parked = 0;
@@ -927,6 +934,8 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 	uint64_t max = n / tpb;
 	uint32_t *ids;
 
+	if (s->in_call)
+		return seq_err_in_call(seq_make_id((uint32_t)(s - e->seqs), s->gen));
 	if (s->n_tokens || s->in_batch)
 		return kvt_err(-EINVAL, "attach a prefix only to an empty sequence not in a batch");
 	if (max > kvt_seq_max_blocks(e))

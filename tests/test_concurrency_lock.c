@@ -240,6 +240,44 @@ test_resident_prepare_while_nvme_read_held(void **state)
 	tsup_rmdir(dir);
 }
 
+/* While A's prepare of a sequence sleeps (an NVMe read held back, lock released), a resume of
+ * that sequence from another thread is KVT_EBUSY, as close, append and park are: it used to
+ * clear `parked` and start promotions under the sleeping call. */
+static void
+test_resume_while_prepare_sleeps(void **state)
+{
+	struct tsup_cfg cfg = { .hbm_blocks = 16, .host_blocks = 16, .nvme_blocks = 32,
+				.no_watermarks = true };
+	struct a_arg a = { 0 };
+	struct kvt_engine *e;
+	char *dir = NULL;
+	pthread_t ta;
+	int rc;
+
+	(void)state;
+	kvt_test_nvme_hooks = &gate_hooks;
+	e = tsup_engine(&cfg, &dir);
+	kvt_test_nvme_hooks = NULL;
+	gate_reset(false);
+	a.e = e;
+	a.tag = 5;
+	a.s = tsup_session_written(e, 0, 5, 4 * TSUP_TPB);
+	assert_int_equal(kvt_seq_park(e, a.s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	gate_reset(true);
+	assert_int_equal(pthread_create(&ta, NULL, a_main, &a), 0);
+	assert_true(gate_wait_entered(HOLD_MS));
+	rc = kvt_seq_resume(e, a.s);
+	gate_release();
+	assert_int_equal(pthread_join(ta, NULL), 0);
+	assert_int_equal(rc, KVT_EBUSY);
+	assert_int_equal(a.rc, 0);
+	assert_int_equal(kvt_seq_resume(e, a.s), 0); /* once A is back */
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 /* A drains while a device-to-host copy is held on its stream (A sleeps in event_sync); B's
  * resident work must be done before the stream is let go. */
 static void
@@ -514,6 +552,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_resident_prepare_while_nvme_read_held),
+		cmocka_unit_test(test_resume_while_prepare_sleeps),
 		cmocka_unit_test(test_resident_prepare_while_device_copy_held),
 		cmocka_unit_test(test_other_nvme_load_while_one_read_held),
 		cmocka_unit_test(test_waits_release_lock_stress),
