@@ -67,21 +67,6 @@ lk_cmp(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static int
-lk_cmpd(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double
-lk_median(double *v, uint32_t n)
-{
-	qsort(v, n, sizeof *v, lk_cmpd);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 static void
 lk_sleep_us(uint32_t us)
 {
@@ -350,11 +335,11 @@ kvtb_lock_main(int argc, char **argv)
 		fflush(stdout);
 	}
 	{
-		double mr = lk_median(ratio, o.runs), md = lk_median(diff, o.runs);
+		double mr = kvtb_median(ratio, o.runs), md = kvtb_median(diff, o.runs);
 
 		printf("| median | %.4f | %.4f | %.4f | %.4f | %.2f | %+.4f | | | %.2f |\n\n",
-		       lk_median(a50, o.runs), lk_median(a99, o.runs), lk_median(b50, o.runs),
-		       lk_median(b99, o.runs), mr, md, la[0]);
+		       kvtb_median(a50, o.runs), kvtb_median(a99, o.runs), kvtb_median(b50, o.runs),
+		       kvtb_median(b99, o.runs), mr, md, la[0]);
 		printf("target p99 (b) <= 1.2 x (a) and <= (a) + 1 ms: %s\n",
 		       mr <= 1.2 && md <= 1.0 ? "met" : mr <= 1.2 || md <= 1.0 ?
 		       (md <= 1.0 ? "1 ms met, 1.2x missed" : "1.2x met, 1 ms missed") : "missed");

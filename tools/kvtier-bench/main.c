@@ -6,6 +6,7 @@
  *   kvtier-bench <mode> [options]     (kvtier-bench <mode> --help for a mode's options)
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
@@ -42,4 +43,21 @@ main(int argc, char **argv)
 	fprintf(stderr, "kvtier-bench: unknown mode '%s'\n", argv[1]);
 	kvtb_usage(stderr);
 	return 2;
+}
+
+int
+kvtb_cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+double
+kvtb_median(double *v, uint32_t n)
+{
+	if (!n)
+		return 0;
+	qsort(v, n, sizeof *v, kvtb_cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }

@@ -69,21 +69,6 @@ rb_layout(uint64_t bytes, struct kvt_layout *l)
 	return 0;
 }
 
-static int
-rb_cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double
-rb_median(double *v, uint32_t n)
-{
-	qsort(v, n, sizeof *v, rb_cmp);
-	return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
-}
-
 /* redis-benchmark's requests/s of SET and GET (--csv). Returns 0 or -1. */
 static int
 rb_redis_benchmark(const struct rb_opts *o, const char *host, uint16_t port, uint64_t size,
@@ -168,7 +153,7 @@ rb_run(const struct rb_opts *o, struct kvt_remote *r, const struct kvt_rv_ns *ns
 	if (rc == 0 && memcmp(src[0], dst[0], ns->block_bytes))
 		rc = kvtr_err(-EIO, "get: block 0 came back with other bytes");
 	if (rc == 0)
-		pt->get[run] = bytes / rb_median(g, o->gets) / 1e9;
+		pt->get[run] = bytes / kvtb_median(g, o->gets) / 1e9;
 	(void)kvt_remote_del(r, kp, kl, o->blocks, NULL);
 	free(keys), free(kp), free(kl);
 	return rc;
@@ -214,12 +199,12 @@ rb_size(const struct rb_opts *o, struct kvt_remote *r, const char *host, uint16_
 		}
 	}
 	if (rc == 0) {
-		double put = rb_median(pt.put, o->runs), get = rb_median(pt.get, o->runs);
-		double rs = o->redis_benchmark ? rb_median(pt.rset, o->runs) : 0;
-		double rg = o->redis_benchmark ? rb_median(pt.rget, o->runs) : 0;
+		double put = kvtb_median(pt.put, o->runs), get = kvtb_median(pt.get, o->runs);
+		double rs = o->redis_benchmark ? kvtb_median(pt.rset, o->runs) : 0;
+		double rg = o->redis_benchmark ? kvtb_median(pt.rget, o->runs) : 0;
 		uint32_t i99 = (uint32_t)((pt.n_lat - 1) * 0.99 + 0.5);
 
-		qsort(pt.lat, pt.n_lat, sizeof *pt.lat, rb_cmp);
+		qsort(pt.lat, pt.n_lat, sizeof *pt.lat, kvtb_cmp_double);
 		printf("%-7s put  %8.3f  %8.3f  %6.2fx  %5.2f       -\n",
 		       size >= (1u << 20) ? "2 MiB" : "256 KiB", put, rs, rs ? put / rs : 0,
 		       pt.rt_put / o->runs);
