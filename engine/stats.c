@@ -8,6 +8,17 @@
 
 static const uint64_t stats_lat_bounds[KVT_LAT_BUCKETS] = KVT_LAT_BUCKET_BOUNDS_NS;
 
+/* The latency bucket of @ns: the first bound >= ns, the last bucket past every bound. */
+static uint32_t
+stats_lat_bucket(uint64_t ns)
+{
+	uint32_t i = 0;
+
+	while (i + 1 < KVT_LAT_BUCKETS && ns > stats_lat_bounds[i])
+		i++;
+	return i;
+}
+
 /**
  * kvt_stats_record_promote() - a promotion into @tier (KVT_TIER_HBM or KVT_TIER_HOST) completed
  * @ns nanoseconds after it was issued: promote_count, promote_ns_sum and the promote_lat bucket
@@ -18,13 +29,10 @@ void
 kvt_stats_record_promote(struct kvt_engine *e, int tier, uint64_t ns)
 {
 	struct kvt_tier_stats *t = &e->st.tier[tier];
-	uint32_t i = 0;
 
 	t->promote_count++;
 	t->promote_ns_sum += ns;
-	while (i + 1 < KVT_LAT_BUCKETS && ns > stats_lat_bounds[i])
-		i++;
-	t->promote_lat[i]++;
+	t->promote_lat[stats_lat_bucket(ns)]++;
 }
 
 /**
@@ -34,13 +42,9 @@ kvt_stats_record_promote(struct kvt_engine *e, int tier, uint64_t ns)
 void
 kvt_stats_record_lat(struct kvt_lat_hist *h, uint64_t ns)
 {
-	uint32_t i = 0;
-
 	h->count++;
 	h->ns_sum += ns;
-	while (i + 1 < KVT_LAT_BUCKETS && ns > stats_lat_bounds[i])
-		i++;
-	h->lat[i]++;
+	h->lat[stats_lat_bucket(ns)]++;
 }
 
 /**
