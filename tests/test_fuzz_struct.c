@@ -247,13 +247,8 @@ static const struct {
 static void
 fs_park(struct kvt_engine *e, uint64_t key, uint32_t tag, uint32_t n)
 {
-	struct kvt_seq_opts so;
-	kvt_seq_id s;
+	kvt_seq_id s = tsup_session_written(e, key, tag, n);
 
-	kvt_seq_opts_init(&so, sizeof so);
-	so.session_key = key;
-	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
-	assert_int_equal(tsup_append_write(e, s, tag, 0, n), 0);
 	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 }
