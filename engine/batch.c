@@ -176,11 +176,9 @@ batch_promote_one(struct kvt_engine *e, uint32_t id, bool wait, uint32_t *pendin
 	} else if (kvt_copy_valid(k, KVT_TIER_NVME)) {
 		/* a round that may wait may also take announced blocks' HOST copies (hints are
 		 * a forecast; this batch runs now), never another batch block's (protected) */
-		rc = kvt_reclaim(e, KVT_TIER_HOST, 1, wait);
-		/* a wait released the lock: another thread may have started its read meanwhile */
-		if (rc == 0 && (kvt_copy_state(k, KVT_TIER_HOST) != KVT_COPY_ABSENT ||
-				!kvt_copy_valid(k, KVT_TIER_NVME)))
-			return -EAGAIN;
+		rc = kvt_room_for_copy(e, id, KVT_TIER_NVME, KVT_TIER_HOST, wait);
+		if (rc == 1)
+			return -EAGAIN; /* another thread may have started its read meanwhile */
 		if (rc == 0)
 			rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
 		if (rc == 0)

@@ -537,6 +537,11 @@ void kvt_tenant_enforce(struct kvt_engine *e); /* demote over-budget tenants' bl
 
 /* ---- engine/residency.c: making room, demotion and promotion */
 int kvt_reclaim(struct kvt_engine *e, int tier, uint32_t need, bool may_wait);
+/* Room for a copy of block @id from tier @src into @dst: one slot of @dst reclaimed (waiting if
+ * @may_wait). A wait releases the lock, so then the block's @dst copy must still be ABSENT and
+ * its @src copy valid, else 1 (another thread moved it: look again). 0, 1 or reclaim's code
+ * (-EAGAIN without @may_wait when it would have to wait, -ENOSPC, ...). */
+int kvt_room_for_copy(struct kvt_engine *e, uint32_t id, int src, int dst, bool may_wait);
 /* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
 int kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait);
 int kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait);

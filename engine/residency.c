@@ -64,12 +64,10 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 		return -EAGAIN; /* no IO slot: do not make room below for nothing */
 	kvt_blk(e, id)->wanted = 0;
 	kvt_block_pin(e, id);
-	rc = kvt_reclaim(e, tier + 1, 1, may_wait);
-	/* a wait released the lock: the copy may have gone meanwhile (an append dropped it,
-	 * another thread demoted it); the caller counts slots afresh */
-	if (rc == 0 && (!kvt_copy_valid(kvt_blk(e, id), tier) ||
-			kvt_copy_state(kvt_blk(e, id), tier + 1) != KVT_COPY_ABSENT ||
-			valid_elsewhere(kvt_blk(e, id), tier))) {
+	rc = kvt_room_for_copy(e, id, tier, tier + 1, may_wait);
+	/* the copy went meanwhile (an append dropped it, another thread demoted it): the caller
+	 * counts slots afresh */
+	if (rc == 1 || (rc == 0 && valid_elsewhere(kvt_blk(e, id), tier))) {
 		kvt_block_unpin(e, id);
 		return 0;
 	}
@@ -453,6 +451,19 @@ kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n)
 }
 
 int
+kvt_room_for_copy(struct kvt_engine *e, uint32_t id, int src, int dst, bool may_wait)
+{
+	int rc = kvt_reclaim(e, dst, 1, may_wait);
+	const struct kvt_block *b = kvt_blk(e, id);
+
+	/* a wait released the lock: another thread may have made (or started) that copy, or
+	 * the source copy may have gone */
+	if (rc == 0 && (kvt_copy_state(b, dst) != KVT_COPY_ABSENT || !kvt_copy_valid(b, src)))
+		return 1;
+	return rc;
+}
+
+int
 kvt_promote_from_host(struct kvt_engine *e, uint32_t id, bool may_wait)
 {
 	uint8_t was = kvt_blk(e, id)->protect;
@@ -514,11 +525,9 @@ kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait)
 			continue;
 		}
 		if (kvt_copy_valid(b, KVT_TIER_NVME)) {
-			rc = kvt_reclaim(e, KVT_TIER_HOST, 1, may_wait);
-			/* a wait released the lock: another thread's read may be under way */
-			if (rc == 0 && (kvt_copy_state(b, KVT_TIER_HOST) != KVT_COPY_ABSENT ||
-					!kvt_copy_valid(b, KVT_TIER_NVME)))
-				continue;
+			rc = kvt_room_for_copy(e, id, KVT_TIER_NVME, KVT_TIER_HOST, may_wait);
+			if (rc == 1)
+				continue; /* another thread's read may be under way */
 			if (rc == 0)
 				rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
 			if (rc == 0)
@@ -563,11 +572,10 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 	if (target == KVT_TIER_NVME && kvt_copy_valid(b, KVT_TIER_HOST)) {
 		kvt_copy_drop(e, id, KVT_TIER_HBM);
 		kvt_block_pin(e, id);
-		rc = kvt_reclaim(e, KVT_TIER_NVME, 1, may_wait);
-		/* a wait released the lock: another thread may have started (or undone) the
-		 * same demotion meanwhile; it goes on from there */
-		if (rc == 0 && (kvt_copy_state(b, KVT_TIER_NVME) != KVT_COPY_ABSENT ||
-				!kvt_copy_valid(b, KVT_TIER_HOST))) {
+		rc = kvt_room_for_copy(e, id, KVT_TIER_HOST, KVT_TIER_NVME, may_wait);
+		if (rc == 1) {
+			/* another thread started (or undid) the same demotion meanwhile: it goes
+			 * on from there */
 			kvt_block_unpin(e, id);
 			return 0;
 		}
@@ -581,10 +589,9 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 	if (!kvt_copy_valid(b, KVT_TIER_HBM))
 		return 0; /* nothing to demote (an empty block) */
 	kvt_block_pin(e, id);
-	rc = kvt_reclaim(e, KVT_TIER_HOST, 1, may_wait);
-	/* as above: the demotion may have been started by another thread meanwhile */
-	if (rc == 0 && (kvt_copy_state(b, KVT_TIER_HOST) != KVT_COPY_ABSENT ||
-			!kvt_copy_valid(b, KVT_TIER_HBM))) {
+	rc = kvt_room_for_copy(e, id, KVT_TIER_HBM, KVT_TIER_HOST, may_wait);
+	if (rc == 1) {
+		/* as above: the demotion may have been started by another thread meanwhile */
 		kvt_block_unpin(e, id);
 		return 0;
 	}
