@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -431,11 +433,7 @@ test_pool_too_small_names_group(void **state)
 	assert_null(e);
 	assert_non_null(strstr(kvt_last_error_message(), "group 1 (LATENT"));
 	assert_non_null(strstr(kvt_last_error_message(), "HBM capacity"));
-	/* the persistent store and the REMOTE tier are not per group yet */
-	model_opts(&o, g, 4, 4, "/tmp", 8);
-	o.nvme_persist = 1;
-	assert_int_equal(kvt_engine_create(&o, &e), KVT_ENOTSUP);
-	assert_non_null(strstr(kvt_last_error_message(), "nvme_persist with layer groups"));
+	/* the REMOTE tier is not per group yet */
 	model_opts(&o, g, 4, 0, NULL, 0);
 	o.remote_host = "127.0.0.1";
 	assert_int_equal(kvt_engine_create(&o, &e), KVT_ENOTSUP);
@@ -856,6 +854,200 @@ test_closed_ids(void **state)
 	kvt_engine_destroy(e);
 }
 
+/* Persistent sessions with groups: each group's pool publishes into its own store; a session
+ * parked to NVMe survives kill -9 of the process and is restored whole, with every group's
+ * bytes. */
+static void
+test_store_kill_restore(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_seq_opts so;
+	struct kvt_seq_info in;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	char sub[600];
+	uint64_t keys[4];
+	kvt_seq_id s, r;
+	pid_t pid;
+	int st = 0;
+	uint32_t i;
+
+	(void)state;
+	model_opts(&o, g, 12, 12, dir, 40);
+	o.nvme_persist = 1;
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		/* the child: publish session 42 (and an unparked 43), then die without a word */
+		if (kvt_engine_create(&o, &e))
+			_exit(2);
+		kvt_seq_opts_init(&so, sizeof so);
+		so.session_key = 42;
+		so.tenant = 3;
+		if (kvt_seq_open(e, &so, &s) || model_append(e, s, 6, 0, 30))
+			_exit(3);
+		model_step(e, s);
+		if (kvt_seq_park(e, s, KVT_TIER_NVME) || kvt_engine_drain(e))
+			_exit(4);
+		so.session_key = 43;
+		if (kvt_seq_open(e, &so, &s) || model_append(e, s, 7, 0, 8))
+			_exit(5);
+		kill(getpid(), SIGKILL);
+		_exit(6);
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	e = model_create(&o);
+	assert_int_equal(kvt_session_list(e, keys, 4), 1);
+	assert_int_equal(keys[0], 42);
+	assert_int_equal(kvt_session_list_tenant(e, 3, keys, 4), 1);
+	assert_int_equal(kvt_session_list_tenant(e, 4, keys, 4), 0);
+	/* another tenant is refused, nothing changes */
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = 4;
+	assert_int_equal(kvt_seq_restore(e, 42, &so, &r), -EPERM);
+	assert_int_equal(kvt_session_list(e, keys, 4), 1);
+	so.tenant = 3;
+	assert_int_equal(kvt_seq_restore(e, 43, &so, &r), -ENOENT);
+	assert_int_equal(kvt_seq_restore(e, 42, &so, &r), 0);
+	assert_int_equal(kvt_seq_info(e, r, &in), 0);
+	assert_int_equal(in.n_tokens, 30);
+	assert_int_equal(in.blocks_in[KVT_TIER_NVME], 3 * 8);
+	assert_int_equal(kvt_session_list(e, keys, 4), 0); /* open now */
+	model_verify(e, r, 6);
+	/* detach keeps it, drop removes it from every group's store */
+	assert_int_equal(kvt_seq_detach(e, r), 0);
+	assert_int_equal(kvt_session_list(e, keys, 4), 1);
+	assert_int_equal(kvt_session_drop_tenant(e, 4, 42), -EPERM);
+	assert_int_equal(kvt_session_drop(e, 42), 0);
+	assert_int_equal(kvt_session_drop(e, 42), -ENOENT);
+	assert_int_equal(kvt_session_list(e, keys, 4), 0);
+	kvt_engine_destroy(e);
+	/* the store is refused by an engine of other groups (a window that changes no block
+	 * size), and by a single-layout engine */
+	g[2].window = 16;
+	assert_int_equal(kvt_engine_create(&o, &e), KVT_EFORMAT);
+	assert_non_null(strstr(kvt_last_error_message(), "made for other layer groups"));
+	{
+		struct kvt_engine_opts so1;
+
+		tsup_store_opts(&so1, dir, 1 << 20);
+		assert_int_equal(kvt_engine_create(&so1, &e), KVT_EFORMAT);
+		assert_non_null(strstr(kvt_last_error_message(),
+				       "made for a layer group of an engine with groups"));
+	}
+	for (i = 1; i < 3; i++) {
+		snprintf(sub, sizeof sub, "%s/group%u", dir, i);
+		{
+			char f[700];
+
+			snprintf(f, sizeof f, "%s/kvtier.store", sub);
+			unlink(f);
+			snprintf(f, sizeof f, "%s/kvtier.journal", sub);
+			unlink(f);
+		}
+		assert_int_equal(rmdir(sub), 0);
+	}
+	tsup_rmdir(dir);
+}
+
+/* A session that one group's store lacks (its park never reached that group) is not
+ * durable: not listed, not restored; the other groups' parts stay, harmless. */
+static void
+test_store_partial_session_absent(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_seq_opts so;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	char f[700];
+	uint64_t keys[4];
+	kvt_seq_id s, r;
+	uint32_t i;
+
+	(void)state;
+	model_opts(&o, g, 12, 12, dir, 40);
+	o.nvme_persist = 1;
+	e = model_create(&o);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.session_key = 9;
+	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
+	assert_int_equal(model_append(e, s, 2, 0, 12), 0);
+	model_step(e, s);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_detach(e, s), 0);
+	kvt_engine_destroy(e);
+	/* group 2's store loses the session: its store and journal removed */
+	snprintf(f, sizeof f, "%s/group2/kvtier.store", dir);
+	assert_int_equal(unlink(f), 0);
+	snprintf(f, sizeof f, "%s/group2/kvtier.journal", dir);
+	assert_int_equal(unlink(f), 0);
+	e = model_create(&o);
+	assert_int_equal(kvt_session_list(e, keys, 4), 0);
+	assert_int_equal(kvt_seq_restore(e, 9, NULL, &r), -ENOENT);
+	assert_non_null(strstr(kvt_last_error_message(), "durable only when every group's store"));
+	/* the groups that had restored it let it go: the engine is usable, no sequence open */
+	{
+		struct kvt_stats st;
+
+		memset(&st, 0, sizeof st);
+		st.size = sizeof st;
+		assert_int_equal(kvt_engine_stats(e, &st), 0);
+		assert_int_equal(st.seqs_open, 0);
+	}
+	assert_int_equal(kvt_session_drop(e, 9), 0); /* the parts that are there go */
+	kvt_engine_destroy(e);
+	for (i = 1; i < 3; i++) {
+		snprintf(f, sizeof f, "%s/group%u/kvtier.store", dir, i);
+		unlink(f);
+		snprintf(f, sizeof f, "%s/group%u/kvtier.journal", dir, i);
+		unlink(f);
+		snprintf(f, sizeof f, "%s/group%u", dir, i);
+		assert_int_equal(rmdir(f), 0);
+	}
+	tsup_rmdir(dir);
+}
+
+/* The metrics text of a grouped engine: the totals as for one engine, then per-group series. */
+static void
+test_metrics_per_group(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_engine *e;
+	char small[16], line[160];
+	size_t len = 0, need = 0;
+	char *buf;
+	kvt_seq_id s;
+
+	(void)state;
+	model_opts(&o, g, 8, 0, NULL, 0);
+	e = model_create(&o);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	assert_int_equal(model_append(e, s, 1, 0, 6), 0);
+	assert_int_equal(kvt_engine_metrics_text(e, small, sizeof small, &need), -ENOSPC);
+	assert_string_equal(small, "");
+	buf = malloc(need);
+	assert_non_null(buf);
+	assert_int_equal(kvt_engine_metrics_text(e, buf, need, &len), 0);
+	assert_int_equal(len + 1, need);
+	assert_non_null(strstr(buf, "kvtier_tier_slots{tier=\"hbm\"} 24\n"));
+	snprintf(line, sizeof line, "kvtier_group_slot_bytes{group=\"1\",kind=\"LATENT\","
+		 "layers=\"1\"} %u\n", BB1);
+	assert_non_null(strstr(buf, line));
+	assert_non_null(strstr(buf, "kvtier_group_slot_bytes{group=\"3\",kind=\"ALIAS\","
+				    "layers=\"2\"} 0\n"));
+	assert_non_null(strstr(buf, "kvtier_group_used_slots{group=\"2\",kind=\"WINDOW\","
+				    "tier=\"hbm\"} 2\n"));
+	assert_non_null(strstr(buf, "# TYPE kvtier_group_evictions_total counter\n"));
+	free(buf);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+}
+
 int
 main(void)
 {
@@ -871,6 +1063,9 @@ main(void)
 		cmocka_unit_test(test_prefix_per_group),
 		cmocka_unit_test(test_tenant_budget_groups),
 		cmocka_unit_test(test_closed_ids),
+		cmocka_unit_test(test_store_kill_restore),
+		cmocka_unit_test(test_metrics_per_group),
+		cmocka_unit_test(test_store_partial_session_absent),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
