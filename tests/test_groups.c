@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1048,6 +1049,109 @@ test_metrics_per_group(void **state)
 	kvt_engine_destroy(e);
 }
 
+/* Threads on one grouped engine: each runs its own sequences through append, prepare, check and
+ * release while another parks and re-prioritises a sequence the first appends to: every call
+ * answers 0 or KVT_EBUSY (the sequence is in another thread's fanned-out call or batch), never
+ * half a call, and every byte reads back. */
+struct thr_arg {
+	struct kvt_engine *e;
+	kvt_seq_id s[2];
+	uint32_t tag;
+	int rounds;
+	int busy;     /* KVT_EBUSY answers seen (parker) */
+	int bad;      /* other failures */
+};
+
+static void *
+thr_worker(void *p)
+{
+	struct thr_arg *a = p;
+	uint64_t at[2] = { 0, 0 };
+	int r, i, rc;
+
+	for (r = 0; r < a->rounds; r++) {
+		struct kvt_batch *b = NULL;
+
+		for (i = 0; i < 2; i++) {
+			do
+				rc = model_append(a->e, a->s[i], a->tag + (uint32_t)i, at[i], 3);
+			while (rc == KVT_EBUSY);
+			if (rc) {
+				a->bad++;
+				return NULL;
+			}
+			at[i] += 3;
+		}
+		do
+			rc = kvt_batch_prepare(a->e, a->s, 2, &b);
+		while (rc == KVT_EBUSY);
+		if (rc) {
+			a->bad++;
+			return NULL;
+		}
+		model_check(a->e, b, 0, a->tag);
+		model_check(a->e, b, 1, a->tag + 1);
+		if (kvt_batch_release(b, NULL))
+			a->bad++;
+	}
+	return NULL;
+}
+
+static void *
+thr_parker(void *p)
+{
+	struct thr_arg *a = p;
+	int r, rc;
+
+	for (r = 0; r < a->rounds; r++) {
+		rc = r % 2 ? kvt_seq_park(a->e, a->s[0], KVT_TIER_HOST)
+			   : kvt_seq_set_priority(a->e, a->s[0], 0, 0, 60, 0);
+		if (rc == KVT_EBUSY)
+			a->busy++;
+		else if (rc)
+			a->bad++;
+		(void)kvt_engine_poll(a->e, 0);
+	}
+	return NULL;
+}
+
+static void
+test_threads(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct thr_arg w[2], pk;
+	pthread_t t[3];
+	struct kvt_engine *e;
+	uint32_t i, k;
+
+	(void)state;
+	model_opts(&o, g, 24, 24, NULL, 0);
+	e = model_create(&o);
+	for (i = 0; i < 2; i++) {
+		w[i] = (struct thr_arg){ .e = e, .tag = 10 + 2 * i, .rounds = 10 };
+		for (k = 0; k < 2; k++)
+			assert_int_equal(kvt_seq_open(e, NULL, &w[i].s[k]), 0);
+	}
+	pk = (struct thr_arg){ .e = e, .s = { w[0].s[0] }, .rounds = 200 };
+	assert_int_equal(pthread_create(&t[0], NULL, thr_worker, &w[0]), 0);
+	assert_int_equal(pthread_create(&t[1], NULL, thr_worker, &w[1]), 0);
+	assert_int_equal(pthread_create(&t[2], NULL, thr_parker, &pk), 0);
+	for (i = 0; i < 3; i++)
+		assert_int_equal(pthread_join(t[i], NULL), 0);
+	assert_int_equal(w[0].bad + w[1].bad + pk.bad, 0);
+	for (i = 0; i < 2; i++)
+		for (k = 0; k < 2; k++) {
+			struct kvt_seq_info in;
+
+			assert_int_equal(kvt_seq_info(e, w[i].s[k], &in), 0);
+			assert_int_equal(in.n_tokens, 30);
+			model_verify(e, w[i].s[k], w[i].tag + k);
+			assert_int_equal(kvt_seq_close(e, w[i].s[k]), 0);
+		}
+	kvt_engine_destroy(e);
+}
+
 int
 main(void)
 {
@@ -1064,6 +1168,7 @@ main(void)
 		cmocka_unit_test(test_tenant_budget_groups),
 		cmocka_unit_test(test_closed_ids),
 		cmocka_unit_test(test_store_kill_restore),
+		cmocka_unit_test(test_threads),
 		cmocka_unit_test(test_metrics_per_group),
 		cmocka_unit_test(test_store_partial_session_absent),
 	};
