@@ -1514,7 +1514,7 @@ kvt_grp_session_list(struct kvt_engine *e, bool any, uint32_t tenant, uint64_t *
 			continue;
 		rc = grp_core_list(G->core[g], any, tenant, &other, &m);
 		for (i = k = 0; !rc && i < n; i++)
-			if (bsearch(&have[i], other, m, sizeof *other, grp_key_cmp))
+			if (m && bsearch(&have[i], other, m, sizeof *other, grp_key_cmp))
 				have[k++] = have[i];
 		if (!rc)
 			n = k;
