@@ -566,7 +566,7 @@ test_default_split(void **state)
 /* Bytes of every group written through the per-group slot mappings come back through the
  * per-group tables, from HBM, after demotion to HOST and NVMe, and after a park to NVMe. */
 static void
-test_offload_roundtrip(void **state)
+offload_roundtrip(enum kvt_codec codec)
 {
 	struct kvt_engine_opts o;
 	struct kvt_group g[NG];
@@ -577,8 +577,9 @@ test_offload_roundtrip(void **state)
 	char sub[600];
 	uint32_t i, k;
 
-	(void)state;
 	model_opts(&o, g, 12, 12, dir, 40);
+	o.nvme_codec = codec;
+	o.nvme_codec_min_saving = 0.0f; /* keep every encoding */
 	e = model_create(&o);
 	for (i = 0; i < 3; i++) {
 		assert_int_equal(kvt_seq_open(e, NULL, &s[i]), 0);
@@ -600,6 +601,14 @@ test_offload_roundtrip(void **state)
 	assert_int_equal(in.blocks_in[KVT_TIER_NVME], 30);
 	assert_int_equal(in.blocks_in[KVT_TIER_HBM], 0);
 	assert_int_equal(in.parked, 1);
+	if (codec != KVT_CODEC_NONE) {
+		struct kvt_stats st;
+
+		memset(&st, 0, sizeof st);
+		st.size = sizeof st;
+		assert_int_equal(kvt_engine_stats(e, &st), 0);
+		assert_true(st.codec_blocks > 0); /* some blocks were stored encoded */
+	}
 	assert_int_equal(kvt_seq_resume(e, s[1]), 0);
 	model_verify(e, s[1], 2);
 	/* appending after the park continues every group's last block */
@@ -614,6 +623,23 @@ test_offload_roundtrip(void **state)
 		assert_int_equal(rmdir(sub), 0);
 	}
 	tsup_rmdir(dir);
+}
+
+static void
+test_offload_roundtrip(void **state)
+{
+	(void)state;
+	offload_roundtrip(KVT_CODEC_NONE);
+}
+
+/* The codec sees each pool's own geometry (a K-only LATENT block, a FULL block whose V is
+ * narrower than its K): lossless all the same. */
+static void
+test_offload_roundtrip_codec(void **state)
+{
+	(void)state;
+	offload_roundtrip(KVT_CODEC_CSHUF_LZ4);
+	offload_roundtrip(KVT_CODEC_SHUF_LZ4);
 }
 
 /* Two sequences in one batch: every group's table, and the ALIAS groups' tables. */
@@ -1162,6 +1188,7 @@ main(void)
 		cmocka_unit_test(test_geometry_and_layer_map),
 		cmocka_unit_test(test_default_split),
 		cmocka_unit_test(test_offload_roundtrip),
+		cmocka_unit_test(test_offload_roundtrip_codec),
 		cmocka_unit_test(test_batch_tables),
 		cmocka_unit_test(test_append_failure_undone),
 		cmocka_unit_test(test_prefix_per_group),
