@@ -1178,6 +1178,62 @@ test_threads(void **state)
 	kvt_engine_destroy(e);
 }
 
+/* A prepare that fails in a later group gives back what the earlier groups prepared: no batch,
+ * no pins, the sequence free for the next call in every group. */
+static void
+test_prepare_failure_undone(void **state)
+{
+	double sum = 8.0 * (BB0 + BB1) + 2.5 * BB2;
+	struct kvt_group_geometry gg;
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_batch *b = NULL;
+	struct kvt_stats st;
+	struct kvt_engine *e;
+	kvt_seq_id s;
+
+	(void)state;
+	model_opts(&o, g, 8, 0, NULL, 0);
+	g[0].share = (float)(8.0 * BB0 / sum);
+	g[1].share = (float)(8.0 * BB1 / sum);
+	g[2].share = (float)(2.5 * BB2 / sum);
+	o.hbm_bytes = (uint64_t)sum + 64;
+	o.host_bytes = 4 * o.hbm_bytes;
+	e = model_create(&o);
+	assert_int_equal(kvt_group_geometry(e, 2, &gg), 0);
+	assert_int_equal(gg.hbm_slots, 2);
+	assert_true(gg.host_slots >= 8);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	assert_int_equal(model_append(e, s, 4, 0, 4), 0);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+	assert_int_equal(model_append(e, s, 4, 4, 4), 0);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+	assert_int_equal(model_append(e, s, 4, 8, 2), 0);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	/* 3 blocks: group 0 and 1 prepare them, group 2's HBM has 2 slots */
+	assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), KVT_ETOOBIG);
+	assert_null(b);
+	assert_non_null(strstr(kvt_last_error_message(), "group 2:"));
+	memset(&st, 0, sizeof st);
+	st.size = sizeof st;
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	assert_int_equal(st.batches_open, 0);
+	assert_int_equal(kvt_engine_group_stats(e, 0, &st), 0);
+	assert_int_equal(st.batches_open, 0);
+	/* nothing holds the sequence: park, then windows that fit, then close */
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+	{
+		struct kvt_seq_range r = { s, 1, 2 };
+
+		assert_int_equal(kvt_batch_prepare_ranges(e, &r, 1, &b), 0);
+		model_check(e, b, 0, 4);
+		assert_int_equal(kvt_batch_release(b, NULL), 0);
+	}
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+}
+
 int
 main(void)
 {
@@ -1191,6 +1247,7 @@ main(void)
 		cmocka_unit_test(test_offload_roundtrip_codec),
 		cmocka_unit_test(test_batch_tables),
 		cmocka_unit_test(test_append_failure_undone),
+		cmocka_unit_test(test_prepare_failure_undone),
 		cmocka_unit_test(test_prefix_per_group),
 		cmocka_unit_test(test_tenant_budget_groups),
 		cmocka_unit_test(test_closed_ids),
