@@ -646,10 +646,16 @@ grp_seq_find(struct kvt_grp *G, kvt_seq_id id)
 	return &G->seqs[idx];
 }
 
-/* Take public sequence @id for a fanned-out call: its core ids into @ids. @busy: mark it busy
- * (calls that change it); else only look (info, tokens). */
+/* What grp_seq_enter does with a sequence busy in another thread's fanned-out call. */
+enum grp_enter {
+	GRP_LOOK,  /* read its ids all the same (info, tokens, hints: no change made) */
+	GRP_CHECK, /* KVT_EBUSY (prepare: the pools' in_batch marks guard it afterwards) */
+	GRP_TAKE,  /* KVT_EBUSY; else mark it busy until grp_seq_leave (calls that change it) */
+};
+
+/* The core ids of public sequence @id into @ids, as @mode says. */
 static int
-grp_seq_enter(struct kvt_grp *G, kvt_seq_id id, kvt_seq_id *ids, bool busy)
+grp_seq_enter(struct kvt_grp *G, kvt_seq_id id, kvt_seq_id *ids, enum grp_enter mode)
 {
 	struct kvt_grp_seq *q;
 	int rc = 0;
@@ -658,12 +664,12 @@ grp_seq_enter(struct kvt_grp *G, kvt_seq_id id, kvt_seq_id *ids, bool busy)
 	q = grp_seq_find(G, id);
 	if (!q)
 		rc = kvt_err(KVT_ECLOSED, "sequence %#llx is not open", (unsigned long long)id);
-	else if (q->busy)
+	else if (q->busy && mode != GRP_LOOK)
 		rc = kvt_err(KVT_EBUSY, "sequence %#llx is busy in another thread's call",
 			     (unsigned long long)id);
 	else {
 		memcpy(ids, q->id, sizeof q->id);
-		if (busy)
+		if (mode == GRP_TAKE)
 			q->busy = 1;
 	}
 	pthread_mutex_unlock(&G->lock);
@@ -761,7 +767,7 @@ kvt_grp_seq_close(struct kvt_engine *e, kvt_seq_id id, bool keep)
 	uint32_t i;
 	int rc;
 
-	rc = grp_seq_enter(G, id, ids, true);
+	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
 	if (rc)
 		return rc;
 	/* the first pool decides (KVT_EBUSY: a batch pins it); the others follow */
@@ -880,7 +886,7 @@ kvt_seq_append_groups(struct kvt_engine *e, kvt_seq_id id, const int32_t *tokens
 	if (n == 0 || n > (1u << 20))
 		return kvt_err(-EINVAL, "kvt_seq_append_groups: n = %zu tokens, must be 1..%u", n,
 			       1u << 20);
-	rc = grp_seq_enter(G, id, ids, true);
+	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
 	if (rc)
 		return rc;
 	for (i = 0; i < G->n; i++) {
@@ -917,7 +923,7 @@ kvt_grp_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target, bool
 	uint32_t i;
 	int rc, first = 0;
 
-	rc = grp_seq_enter(G, id, ids, true);
+	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
 	if (rc)
 		return rc;
 	GRP_FOR_STORAGE(G, i) {
@@ -943,7 +949,7 @@ kvt_grp_seq_info(struct kvt_engine *e, kvt_seq_id id, struct kvt_seq_info *out)
 
 	if (!out)
 		return kvt_err(-EINVAL, "kvt_seq_info: out is NULL");
-	rc = grp_seq_enter(G, id, ids, false);
+	rc = grp_seq_enter(G, id, ids, GRP_LOOK);
 	if (rc)
 		return rc;
 	rc = kvt_seq_info(G->core[G->first], ids[G->first], out);
@@ -967,7 +973,7 @@ kvt_grp_seq_tokens(struct kvt_engine *e, kvt_seq_id id, uint64_t first, int32_t 
 {
 	struct kvt_grp *G = e->grp;
 	kvt_seq_id ids[KVT_MAX_GROUPS];
-	int rc = grp_seq_enter(G, id, ids, false);
+	int rc = grp_seq_enter(G, id, ids, GRP_LOOK);
 
 	return rc ? rc : kvt_seq_tokens(G->core[G->first], ids[G->first], first, out, n);
 }
@@ -981,7 +987,7 @@ kvt_grp_seq_set_priority(struct kvt_engine *e, kvt_seq_id id, uint64_t first_tok
 	uint32_t i;
 	int rc;
 
-	rc = grp_seq_enter(G, id, ids, true);
+	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
 	if (rc)
 		return rc;
 	GRP_FOR_STORAGE(G, i) {
@@ -1036,7 +1042,7 @@ kvt_grp_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id id, const int32_t *to
 	if (!attached_tokens)
 		return kvt_err(-EINVAL, "kvt_seq_attach_prefix: attached_tokens is NULL");
 	*attached_tokens = 0;
-	rc = grp_seq_enter(G, id, ids, true);
+	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
 	if (rc)
 		return rc;
 	GRP_FOR_STORAGE(G, i) {
@@ -1136,7 +1142,7 @@ kvt_grp_batch_prepare(struct kvt_engine *e, const struct kvt_seq_range *r, size_
 	/* the core ids of every range's sequence (looked at, not marked busy: the pools'
 	 * in_batch marks guard the sequences from here on) */
 	for (k = 0; k < n && !rc; k++)
-		rc = grp_seq_enter(G, r[k].seq, all + k * KVT_MAX_GROUPS, false);
+		rc = grp_seq_enter(G, r[k].seq, all + k * KVT_MAX_GROUPS, GRP_CHECK);
 	for (g = 0; g < G->n && !rc; g++) {
 		if (!G->core[g])
 			continue;
@@ -1190,7 +1196,7 @@ kvt_grp_hint(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint
 		return kvt_err(-ENOMEM, "hint of %zu ranges", n);
 	}
 	for (k = 0; k < n && !rc; k++)
-		rc = grp_seq_enter(G, r[k].seq, all + k * KVT_MAX_GROUPS, false);
+		rc = grp_seq_enter(G, r[k].seq, all + k * KVT_MAX_GROUPS, GRP_LOOK);
 	for (g = 0; g < G->n && !rc; g++) {
 		if (!G->core[g])
 			continue;
