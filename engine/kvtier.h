@@ -1110,8 +1110,11 @@ KVT_API int kvt_stats_metrics_text(const struct kvt_stats *st, char *buf, size_t
  * A fanned-out call that fails in one group undoes what it did in the others where that is
  * possible (open, append, attach_prefix, prepare: nothing half-done is visible); park and
  * resume are best effort per group, as in one engine, and return the first error.
- * Threading: as for one engine. A public sequence in a fanned-out call of another thread
- * answers KVT_EBUSY, as a sequence in a call that sleeps does.
+ * Threading: as for one engine. While another thread's fanned-out call changes a public
+ * sequence (append, park, resume, close, detach, set_priority, attach_prefix), the calls that
+ * would change it or prepare it answer KVT_EBUSY, as for a sequence whose call sleeps; info,
+ * tokens and hints read it meanwhile (info may then see some groups before the change and
+ * others after it).
  */
 
 #define KVT_MAX_GROUPS 16     /* groups of one engine */
