@@ -248,6 +248,14 @@ kvt_persist_parked(struct kvt_engine *e, struct kvt_seqrec *s)
 {
 	if (!e->store || !s->session_key)
 		return;
+	if (kvt_seq_live_in(e, s, 0, s->n_blocks) != s->n_blocks) {
+		/* the journal's records have no holes yet: a windowed sequence that dropped
+		 * blocks out of its window is not published (kvt_seq_detach refuses it) */
+		kvt_engine_log(e, KVT_LOG_WARN, "session %#llx dropped blocks out of its sliding "
+			       "window: not published to the store",
+			       (unsigned long long)s->session_key);
+		return;
+	}
 	s->pub_pending = 1;
 	e->pub_check = true;
 }
@@ -291,8 +299,11 @@ persist_ready(struct kvt_engine *e, const struct kvt_seqrec *s)
 	struct kvt_nvme_slotinfo si;
 
 	for (uint32_t i = 0; i < s->n_blocks; i++) {
-		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
+		const struct kvt_block *b;
 
+		if (s->blocks[i] == KVT_NIL)
+			return false; /* a hole (engine/window.c): records cannot name it yet */
+		b = kvt_blk(e, s->blocks[i]);
 		if (!kvt_copy_valid(b, KVT_TIER_NVME) ||
 		    !kvt_nvme_slot_info(e->nvme, b->slot[KVT_TIER_NVME], &si))
 			return false;

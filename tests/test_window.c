@@ -573,6 +573,58 @@ test_hit_needs_only_window(void **state)
 	kvt_engine_destroy(e);
 }
 
+/*
+ * The store's records cannot name holes yet: a keyed sequence that dropped blocks out of its
+ * window parks to NVMe (only its window moves) and resumes, but is not published, and
+ * kvt_seq_detach refuses it clearly (it stays open, usable); one that dropped nothing yet is
+ * published and restored as before.
+ */
+static void
+test_store_with_holes_refused(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_seq_opts so;
+	struct kvt_engine *e;
+	struct wseq *s, *t;
+	char *dir = tsup_mkdtemp();
+	kvt_seq_id r;
+
+	(void)state;
+	tsup_store_opts(&o, dir, 1u << 20);
+	e = tsup_create(&o, NULL);
+	assert_int_equal(kvt_engine_set_window(e, W, S), 0);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.session_key = 0x77;
+	s = w_new(e, &so);
+	w_fill(e, s, 9, 5, 40);
+	w_fill(e, s, 9, 5, 1); /* holes now */
+	assert_int_equal(kvt_seq_park(e, s->id, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_true(tsup_blocks_in(e, s->id, KVT_TIER_NVME) <= BOUND);
+	assert_int_equal(kvt_seq_detach(e, s->id), -ENOTSUP);
+	assert_non_null(strstr(kvt_last_error_message(), "sliding window"));
+	assert_int_equal(kvt_seq_resume(e, s->id), 0);
+	assert_int_equal(w_verify(e, s, s->n - 1), 0);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_seq_close(e, s->id), 0);
+	/* no holes yet (shorter than the window): published and restored */
+	so.session_key = 0x78;
+	t = w_new(e, &so);
+	w_fill(e, t, 9, 6, W - 2);
+	assert_int_equal(kvt_seq_park(e, t->id, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_detach(e, t->id), 0);
+	assert_int_equal(kvt_seq_restore(e, 0x78, &so, &r), 0);
+	t->id = r;
+	assert_int_equal(kvt_seq_resume(e, r), 0);
+	assert_int_equal(w_verify(e, t, 0), 0);
+	tsup_check_engine(e);
+	free(s);
+	free(t);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -586,6 +638,7 @@ main(void)
 		cmocka_unit_test(test_reuse_past_window),
 		cmocka_unit_test(test_short_prompts_hit),
 		cmocka_unit_test(test_hit_needs_only_window),
+		cmocka_unit_test(test_store_with_holes_refused),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
