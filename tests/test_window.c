@@ -625,6 +625,84 @@ test_store_with_holes_refused(void **state)
 	tsup_rmdir(dir);
 }
 
+/*
+ * Windows and sinks of every shape against tpb 4 (smaller than a block, not multiples of it,
+ * sinks longer than the window, a window of 1): decoding 8x the window, the table always
+ * holds what the queries read, the K/V are right, the engine is consistent, and the sequence
+ * holds at most ceil(sink / tpb) + ceil((window - 1) / tpb) + 1 blocks plus the one appended.
+ */
+static void
+test_window_shapes(void **state)
+{
+	static const uint32_t shapes[][2] = { { 1, 0 }, { 1, 1 }, { 3, 0 }, { 4, 2 }, { 5, 5 },
+					       { 7, 9 }, { 9, 3 }, { 13, 0 }, { 2, 17 } };
+	size_t k;
+
+	(void)state;
+	for (k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+		uint32_t w = shapes[k][0], sk = shapes[k][1];
+		uint32_t most = (sk + T - 1) / T + (w - 1 + T - 1) / T + 1 + 1;
+		struct kvt_engine *e = win_engine(24, 8, w, sk, (k & 1) != 0, true);
+		struct wseq *s = w_new(e, NULL);
+
+		while (s->n < 8 * w + 2 * T + sk) {
+			uint64_t q0 = s->n;
+
+			w_fill(e, s, 11, 1, 1 + (s->n % 3 == 0) * 2); /* 1 or 3 tokens a step */
+			assert_int_equal(w_verify(e, s, q0), 0);
+			assert_true(w_held(e, s->id) <= most);
+		}
+		tsup_check_engine(e);
+		assert_int_equal(kvt_seq_close(e, s->id), 0);
+		tsup_check_engine(e);
+		free(s);
+		kvt_engine_destroy(e);
+	}
+}
+
+/* Hints and ranges over a sequence with holes: only live blocks are promoted, pinned and
+ * listed; a range wholly inside the holes holds no entry. */
+static void
+test_hints_and_ranges(void **state)
+{
+	struct kvt_engine *e = win_engine(16, 16, W, S, false, false);
+	struct wseq *s = w_new(e, NULL);
+	struct kvt_seq_range r[2];
+	struct kvt_block_table bt;
+	struct kvt_batch *b = NULL;
+	uint32_t l;
+
+	(void)state;
+	w_fill(e, s, 4, 1, 48);
+	w_fill(e, s, 4, 1, 1); /* 13 block positions: holes 1..7 (query 48 reads 33..48) */
+	assert_int_equal(kvt_seq_park(e, s->id, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_engine_hint(e, &s->id, 1, 1), 0);
+	r[0] = (struct kvt_seq_range){ .seq = s->id, .first_block = 0, .n_blocks = 9 };
+	r[1] = (struct kvt_seq_range){ .seq = s->id, .first_block = 9, .n_blocks = 0 };
+	assert_int_equal(kvt_engine_hint_ranges(e, r, 2, 1), 0);
+	assert_int_equal(kvt_batch_prepare_ranges(e, r, 2, &b), 0);
+	for (l = 0; l < TSUP_LAYERS; l++)
+		assert_int_equal(kvt_batch_wait_layer(b, l, NULL), 0);
+	assert_int_equal(kvt_batch_block_table(b, &bt), 0);
+	assert_int_equal(bt.indptr[1] - bt.indptr[0], 2); /* the sink block, then block 8 */
+	assert_int_equal(kvt_batch_block_pos(b)[0], 0);
+	assert_int_equal(kvt_batch_block_pos(b)[1], 8);
+	assert_int_equal(bt.indptr[2] - bt.indptr[1], 4); /* blocks 9..12 */
+	assert_int_equal(kvt_batch_block_pos(b)[bt.indptr[1]], 9);
+	assert_int_equal(kvt_batch_release(b, NULL), 0);
+	r[0] = (struct kvt_seq_range){ .seq = s->id, .first_block = 2, .n_blocks = 5 };
+	assert_int_equal(kvt_batch_prepare_ranges(e, r, 1, &b), 0);
+	assert_int_equal(kvt_batch_block_table(b, &bt), 0);
+	assert_int_equal(bt.indptr[1], 0); /* holes only */
+	assert_int_equal(kvt_batch_release(b, NULL), 0);
+	assert_int_equal(kvt_seq_set_priority(e, s->id, 0, 0, 90, 0), 0);
+	assert_int_equal(w_verify(e, s, 48), 0);
+	tsup_check_engine(e);
+	free(s);
+	kvt_engine_destroy(e);
+}
+
 int
 main(void)
 {
@@ -639,6 +717,8 @@ main(void)
 		cmocka_unit_test(test_short_prompts_hit),
 		cmocka_unit_test(test_hit_needs_only_window),
 		cmocka_unit_test(test_store_with_holes_refused),
+		cmocka_unit_test(test_window_shapes),
+		cmocka_unit_test(test_hints_and_ranges),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
