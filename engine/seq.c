@@ -404,13 +404,6 @@ seq_close_or_detach(struct kvt_engine *e, kvt_seq_id id, bool keep)
 	/* detach: a park still in flight is finished and published first; a wait releases the
 	 * lock, so no other call changes the sequence meanwhile (in_call) and its record is
 	 * looked up again after each (the table may have moved) */
-	if (keep && e->store && s->session_key &&
-	    kvt_seq_live_in(e, s, 0, s->n_blocks) != s->n_blocks) {
-		kvt_unlock(e);
-		return kvt_err(-ENOTSUP, "kvt_seq_detach: sequence %#llx dropped blocks out of its "
-			       "sliding window, which the store's records cannot name yet; it stays "
-			       "open (close it, or keep it open)", (unsigned long long)id);
-	}
 	publish = keep && s->pub_pending && s->parked;
 	if (publish)
 		s->in_call = 1;

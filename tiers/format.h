@@ -42,6 +42,10 @@
 #define KVT_FMT_PUT_FIXED 32u     /* fixed part of a PUT payload */
 #define KVT_FMT_PUT_BLOCK 32u     /* one block entry of a PUT payload */
 #define KVT_FMT_MAX_REC (64u << 20) /* largest journal record accepted */
+/* The slot of a PUT entry for a block that a sliding-window sequence dropped out of its window
+ * (a hole: no data, tag and length code 0; its hash the block's prefix key when known, which
+ * the block after the holes chains to). Never a slot: slots stay below it. */
+#define KVT_FMT_HOLE 0xffffffffu
 
 /** The superblock: the store's identity and the layout it was made for. */
 struct kvt_fmt_super {
