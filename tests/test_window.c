@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "engine/engine_impl.h"
+#include "tiers/format.h"
 #include "support/kvt_test.h"
 
 #define T (TSUP_TPB)
@@ -727,6 +728,43 @@ test_hints_and_ranges(void **state)
 	kvt_engine_destroy(e);
 }
 
+/* The journal's field check (docs/FORMAT.md): a hole is slot KVT_FMT_HOLE with tag, length
+ * code and reserved bytes 0, and holes do not count against the store's slots. */
+static void
+test_format_holes(void **state)
+{
+	const struct kvt_fmt_limits lim = { .n_slots = 2, .tokens_per_block = T,
+					    .block_bytes = 1024, .codec = KVT_CODEC_NONE };
+	struct kvt_fmt_blkref b[4];
+	int32_t tok[4 * T] = { 0 };
+	static uint8_t buf[4096];
+	struct kvt_fmt_rec r;
+	size_t used, n;
+	int variant;
+
+	(void)state;
+	for (variant = 0; variant < 4; variant++) {
+		memset(b, 0, sizeof b);
+		b[0].slot = 0;
+		b[1].slot = b[2].slot = KVT_FMT_HOLE;
+		b[3].slot = 1;
+		b[0].lenc = b[3].lenc = KVT_FMT_LENC_KNOWN | KVT_FMT_LENC_QMAX;
+		b[0].tag = 5;
+		b[3].tag = 6;
+		if (variant == 1)
+			b[2].tag = 1;  /* a hole with a tag */
+		if (variant == 2)
+			b[1].lenc = b[0].lenc; /* a hole with a length code */
+		if (variant == 3)
+			b[2].slot = 2; /* not a hole: 3 slots named, the store has 2 */
+		n = kvt_fmt_put_bytes(4, 4 * T);
+		assert_true(n <= sizeof buf);
+		kvt_fmt_put_encode(buf, 1, 0x99, 0, 50, b, 4, tok, 4 * T);
+		assert_int_equal(kvt_fmt_rec_decode(buf, n, &r, &used), 0);
+		assert_int_equal(kvt_fmt_rec_check(&r, &lim), variant ? KVT_EFORMAT : 0);
+	}
+}
+
 int
 main(void)
 {
@@ -741,6 +779,7 @@ main(void)
 		cmocka_unit_test(test_short_prompts_hit),
 		cmocka_unit_test(test_hit_needs_only_window),
 		cmocka_unit_test(test_store_with_holes),
+		cmocka_unit_test(test_format_holes),
 		cmocka_unit_test(test_window_shapes),
 		cmocka_unit_test(test_hints_and_ranges),
 	};
