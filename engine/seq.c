@@ -555,10 +555,10 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 			       KVT_SEQ_MAX_BLOCKS);
 	held = need_blocks - (first_new - kvt_seq_live_in(e, s, 0, first_new)); /* no holes */
 	if (held > kvt_seq_max_blocks(e))
-		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence hold %u blocks "
-			       "(holes out of its window not counted); it may hold at most %u (all "
-			       "tiers' slots less the reserve of one per tier below HBM): it could "
-			       "never be read back", n, held, kvt_seq_max_blocks(e));
+		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence hold %u "
+			       "blocks (holes out of its window not counted); it may hold at most "
+			       "%u (all tiers' slots less the reserve of one per tier below HBM): it "
+			       "could never be read back", n, held, kvt_seq_max_blocks(e));
 	if (touched > slots)
 		return kvt_err(KVT_ETOOBIG,
 			       "appending %zu tokens needs %u HBM blocks at once; HBM has %u slots "

@@ -332,15 +332,15 @@ test_park_moves_only_window(void **state)
 	assert_int_equal(kvt_seq_park(e, s->id, KVT_TIER_HOST), 0);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	b = tsup_stats(e);
-	assert_int_equal(b.blocks_moved[KVT_MOVE_HBM_TO_HOST] - a.blocks_moved[KVT_MOVE_HBM_TO_HOST],
-			 live);
+	assert_int_equal(b.blocks_moved[KVT_MOVE_HBM_TO_HOST] -
+			 a.blocks_moved[KVT_MOVE_HBM_TO_HOST], live);
 	assert_int_equal(tsup_blocks_in(e, s->id, KVT_TIER_HOST), live);
 	assert_int_equal(tsup_blocks_in(e, s->id, KVT_TIER_HBM), 0);
 	assert_int_equal(kvt_seq_resume(e, s->id), 0);
 	assert_int_equal(w_verify(e, s, s->n - 1), 0);
 	b = tsup_stats(e);
-	assert_int_equal(b.blocks_moved[KVT_MOVE_HOST_TO_HBM] - a.blocks_moved[KVT_MOVE_HOST_TO_HBM],
-			 live);
+	assert_int_equal(b.blocks_moved[KVT_MOVE_HOST_TO_HBM] -
+			 a.blocks_moved[KVT_MOVE_HOST_TO_HBM], live);
 	tsup_check_engine(e);
 	assert_int_equal(kvt_seq_close(e, s->id), 0);
 	free(s);
