@@ -22,6 +22,7 @@
 
 #include "engine/engine_impl.h"
 #include "tiers/format.h"
+#include "tiers/tier_nvme.h"
 #include "support/kvt_test.h"
 
 #define T (TSUP_TPB)
@@ -765,6 +766,100 @@ test_format_holes(void **state)
 	}
 }
 
+static uint32_t w_bad_slot = UINT32_MAX; /* NVMe reads of this slot come back corrupted */
+
+static void
+w_flip(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off, int *res)
+{
+	(void)arg, (void)off;
+	if (!is_write && slot == w_bad_slot && *res > 0 && len)
+		((uint8_t *)buf)[0] ^= 0x5a; /* the header (or the data, read apart) */
+}
+
+static const struct kvt_nvme_fault_hooks w_flip_hooks = { .on_complete = w_flip };
+
+/* The NVMe slot of block position @j of @s. */
+static uint32_t
+w_nvme_slot(struct kvt_engine *e, kvt_seq_id s, uint32_t j)
+{
+	uint32_t slot;
+
+	kvt_lock(e);
+	slot = kvt_blk(e, e->seqs[(uint32_t)s].blocks[j])->slot[KVT_TIER_NVME];
+	kvt_unlock(e);
+	assert_true(slot != KVT_NIL);
+	return slot;
+}
+
+/*
+ * A lost block of a sequence with holes (its NVMe read fails its checksum): truncated before
+ * it as on any engine when the new next query reads no hole (the last block lost); cut back to
+ * its sinks when it would (a block in the window lost: the blocks before it, which the
+ * recomputation reads, were dropped). Either way the engine stays consistent and the sequence
+ * goes on from there.
+ */
+static void
+test_lost_block_with_holes(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_seq_info si;
+	struct kvt_engine *e;
+	struct wseq *s;
+	struct kvt_batch *b = NULL;
+	char *dir = tsup_mkdtemp();
+
+	(void)state;
+	tsup_opts_init(&o);
+	o.hbm_bytes = 16 * tsup_block_bytes();
+	o.host_bytes = 16 * tsup_block_bytes();
+	o.nvme_dir = dir;
+	o.nvme_bytes = 1u << 20;
+	o.high_watermark = o.low_watermark = 1.0f;
+	e = tsup_create(&o, &w_flip_hooks);
+	assert_int_equal(kvt_engine_set_window(e, W, S), 0);
+	s = w_new(e, NULL);
+	w_fill(e, s, 2, 1, 40);
+	w_fill(e, s, 2, 1, 1); /* 11 positions: sink 0, holes 1..5, live 6..10 */
+	/* the last block lost: truncated to 40 tokens, holes kept (query 40 reads 25..) */
+	assert_int_equal(kvt_seq_park(e, s->id, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	kvt_lock(e);
+	for (uint32_t j = 0; j < 11; j++) /* HOST copies go: the reads come from NVMe */
+		if (e->seqs[(uint32_t)s->id].blocks[j] != KVT_NIL)
+			kvt_copy_drop(e, e->seqs[(uint32_t)s->id].blocks[j], KVT_TIER_HOST);
+	kvt_unlock(e);
+	w_bad_slot = w_nvme_slot(e, s->id, 10);
+	assert_int_equal(kvt_batch_prepare(e, &s->id, 1, &b), KVT_ELOST);
+	w_bad_slot = UINT32_MAX;
+	assert_int_equal(kvt_seq_info(e, s->id, &si), 0);
+	assert_int_equal(si.n_tokens, 40);
+	tsup_check_engine(e);
+	s->n = 40;
+	w_fill(e, s, 2, 1, 1);
+	assert_int_equal(w_verify(e, s, 40), 0);
+	/* a block inside the window lost: cut back to the sink block */
+	assert_int_equal(kvt_seq_park(e, s->id, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	kvt_lock(e);
+	for (uint32_t j = 0; j < 11; j++)
+		if (e->seqs[(uint32_t)s->id].blocks[j] != KVT_NIL)
+			kvt_copy_drop(e, e->seqs[(uint32_t)s->id].blocks[j], KVT_TIER_HOST);
+	kvt_unlock(e);
+	w_bad_slot = w_nvme_slot(e, s->id, 8);
+	assert_int_equal(kvt_batch_prepare(e, &s->id, 1, &b), KVT_ELOST);
+	w_bad_slot = UINT32_MAX;
+	assert_int_equal(kvt_seq_info(e, s->id, &si), 0);
+	assert_int_equal(si.n_tokens, S);
+	tsup_check_engine(e);
+	s->n = S;
+	w_fill(e, s, 2, 1, 30);
+	assert_int_equal(w_verify(e, s, S), 0);
+	tsup_check_engine(e);
+	free(s);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -780,6 +875,7 @@ main(void)
 		cmocka_unit_test(test_hit_needs_only_window),
 		cmocka_unit_test(test_store_with_holes),
 		cmocka_unit_test(test_format_holes),
+		cmocka_unit_test(test_lost_block_with_holes),
 		cmocka_unit_test(test_window_shapes),
 		cmocka_unit_test(test_hints_and_ranges),
 	};
