@@ -282,6 +282,9 @@ test_held_bounded_at_8x_window(void **state)
 	}
 	assert_int_equal(s->n, 8 * W);
 	assert_true(most >= (W + S) / T); /* the window itself is held */
+	print_message("window %u + sink %u tokens, tpb %u, %u tokens decoded: at most %u blocks "
+		      "held in all tiers (bound %u; full attention: %u)\n", W, S, T, 8 * W, most,
+		      BOUND, 8 * W / T);
 	/* a prefill chunk longer than the window: its first query still sees its window */
 	w_fill(e, s, 100, 1, 2 * W);
 	assert_int_equal(w_verify(e, s, 8 * W), 0);
