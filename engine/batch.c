@@ -55,7 +55,7 @@ static struct kvt_batch *
 batch_alloc(uint32_t n, uint32_t n_blocks)
 {
 	size_t u32 = sizeof(uint32_t), off = sizeof(struct kvt_batch);
-	size_t o_seq_len, o_seqidx, o_pinned, o_indptr, o_indices, o_last, o_first;
+	size_t o_seq_len, o_seqidx, o_pinned, o_indptr, o_indices, o_last, o_first, o_pos;
 	struct kvt_batch *b;
 	char *p;
 
@@ -74,6 +74,8 @@ batch_alloc(uint32_t n, uint32_t n_blocks)
 	off += (size_t)n * u32;
 	o_first = off;
 	off += (size_t)n * u32;
+	o_pos = off;
+	off += (size_t)n_blocks * u32;
 	p = kvt_calloc(1, off);
 	if (!p)
 		return NULL;
@@ -86,6 +88,7 @@ batch_alloc(uint32_t n, uint32_t n_blocks)
 	b->indices = (uint32_t *)(void *)(p + o_indices);
 	b->last_len = (uint32_t *)(void *)(p + o_last);
 	b->first_block = (uint32_t *)(void *)(p + o_first);
+	b->pos = (uint32_t *)(void *)(p + o_pos);
 	return b;
 }
 
@@ -95,7 +98,7 @@ batch_alloc(uint32_t n, uint32_t n_blocks)
  * (prepare runs every decode step). */
 static int
 batch_check_one(struct kvt_engine *e, const struct kvt_seq_range *r, size_t i, uint32_t *seqidx,
-		uint32_t *first, uint32_t *count)
+		uint32_t *first, uint32_t *count, uint32_t *live)
 {
 	struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, &seqidx[i]);
 	size_t j;
@@ -120,6 +123,7 @@ batch_check_one(struct kvt_engine *e, const struct kvt_seq_range *r, size_t i, u
 			       s->n_blocks);
 	first[i] = r[i].first_block;
 	count[i] = r[i].n_blocks ? r[i].n_blocks : s->n_blocks - r[i].first_block;
+	*live = kvt_seq_live_in(e, s, first[i], first[i] + count[i]); /* holes: none pinned */
 	for (j = 0; s->seen && j < i; j++)
 		if (seqidx[j] == seqidx[i] && first[i] < first[j] + count[j] &&
 		    first[j] < first[i] + count[i])
@@ -134,15 +138,16 @@ static int
 batch_check(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32_t *seqidx,
 	    uint32_t *first, uint32_t *count, uint32_t *total)
 {
+	uint32_t live = 0;
 	size_t i, done;
 	uint64_t sum = 0;
 	int rc = 0;
 
 	for (done = 0; done < n; done++) {
-		rc = batch_check_one(e, r, done, seqidx, first, count);
+		rc = batch_check_one(e, r, done, seqidx, first, count, &live);
 		if (rc)
 			break;
-		sum += count[done];
+		sum += live;
 	}
 	for (i = 0; i < done; i++) /* the entries that set s->seen */
 		e->seqs[seqidx[i]].seen = 0;
@@ -418,7 +423,7 @@ batch_truncate_lost(struct kvt_engine *e, struct kvt_batch *b)
 		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
 
 		for (j = 0; j < s->n_blocks; j++) {
-			if (kvt_blk(e, s->blocks[j])->lost) {
+			if (s->blocks[j] != KVT_NIL && kvt_blk(e, s->blocks[j])->lost) {
 				kvt_seq_truncate(e, s, j);
 				n++;
 				break;
@@ -452,8 +457,12 @@ batch_fill_table(struct kvt_engine *e, struct kvt_batch *b, const uint32_t *firs
 		if (end > s->n_tokens)
 			end = s->n_tokens;
 		b->indptr[i] = k;
-		for (j = first[i]; j < first[i] + count[i]; j++)
+		for (j = first[i]; j < first[i] + count[i]; j++) {
+			if (s->blocks[j] == KVT_NIL)
+				continue; /* a hole: out of the window, not in the table */
+			b->pos[k] = j;
 			b->indices[k++] = kvt_blk(e, s->blocks[j])->slot[KVT_TIER_HBM];
+		}
 		b->first_block[i] = first[i];
 		b->seq_len[i] = end - begin;
 		b->last_len[i] = (uint32_t)(end - (uint64_t)(first[i] + count[i] - 1) * tpb);
@@ -552,6 +561,8 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 		for (j = first[i]; j < first[i] + count[i]; j++) {
 			uint32_t id = s->blocks[j];
 
+			if (id == KVT_NIL)
+				continue; /* a hole: out of the window */
 			kvt_block_pin(e, id);
 			kvt_blk(e, id)->wanted = 1;
 			b->pinned[b->n_pinned++] = id;
@@ -649,6 +660,12 @@ kvt_batch_prepare(struct kvt_engine *e, const kvt_seq_id *seqs, size_t n, struct
 	rc = kvt_batch_prepare_ranges(e, r, n, out);
 	kvt_free(r);
 	return rc;
+}
+
+const uint32_t *
+kvt_batch_block_pos(const struct kvt_batch *b)
+{
+	return b ? b->pos : NULL;
 }
 
 int

@@ -156,7 +156,8 @@ check_refs(struct kvt_engine *e)
 		return kvt_err(-ENOMEM, "check: refcount array");
 	for (i = 0; i < e->cap_seqs; i++)
 		for (j = 0; e->seqs[i].open && j < e->seqs[i].n_blocks; j++)
-			cnt[e->seqs[i].blocks[j]]++;
+			if (e->seqs[i].blocks[j] != KVT_NIL) /* a hole: out of the window */
+				cnt[e->seqs[i].blocks[j]]++;
 	for (i = 0; i < e->cap_blocks && !rc; i++) {
 		struct kvt_block *b = kvt_blk(e, i);
 
@@ -198,7 +199,7 @@ check_refs(struct kvt_engine *e)
 static int
 check_seqs(struct kvt_engine *e)
 {
-	uint32_t i, j, tpb = e->layout.tokens_per_block, open = 0;
+	uint32_t i, j, tpb = e->layout.tokens_per_block, open = 0, live;
 
 	for (i = 0; i < e->cap_seqs; i++) {
 		struct kvt_seqrec *s = &e->seqs[i];
@@ -209,9 +210,22 @@ check_seqs(struct kvt_engine *e)
 		if (s->n_blocks != (s->n_tokens + tpb - 1) / tpb)
 			return kvt_err(-EINVAL, "sequence %u: %llu tokens in %u blocks", i,
 				       (unsigned long long)s->n_tokens, s->n_blocks);
+		live = kvt_seq_first_live(e, s);
+		if (live > kvt_win_sink_blocks(e) && !e->win_tokens)
+			return kvt_err(-EINVAL, "sequence %u has holes without a window", i);
 		for (j = 0; j < s->n_blocks; j++) {
-			struct kvt_block *b = kvt_blk(e, s->blocks[j]);
+			struct kvt_block *b;
+			/* holes are exactly [sink blocks, first_live) (engine/window.c) */
+			bool hole = j >= kvt_win_sink_blocks(e) && j < live;
 
+			if (hole != (s->blocks[j] == KVT_NIL))
+				return kvt_err(-EINVAL, "sequence %u block %u: %s, its window says "
+					       "otherwise (first live %u, %u sink blocks)", i, j,
+					       hole ? "live" : "a hole", live,
+					       kvt_win_sink_blocks(e));
+			if (hole)
+				continue;
+			b = kvt_blk(e, s->blocks[j]);
 			if (!b->live || b->dead || b->index != j || !b->refs)
 				return kvt_err(-EINVAL, "sequence %u block %u (id %u) does not belong "
 					       "to it", i, j, s->blocks[j]);

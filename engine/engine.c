@@ -432,6 +432,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	kvt_batch_free_all(e); /* batches the caller never released */
 	kvt_free(e->hbm_h2d_seqno);
 	kvt_free(e->rel_ring);
+	kvt_free(e->winseq);
 	kvt_prefix_fini(e);
 	free(e->nvme_dir);
 	pthread_cond_destroy(&e->xfer_cv);
@@ -627,6 +628,9 @@ kvt_meta_bytes(const struct kvt_engine *e)
 		     (uint64_t)e->cap_bchunks * sizeof *e->bchunk +
 		     (uint64_t)e->cap_seqs * sizeof *e->seqs;
 	uint32_t i;
+
+	if (e->winseq) /* a windowed engine's per-sequence state (engine/window.c) */
+		m += (uint64_t)e->cap_seqs * sizeof *e->winseq;
 	int t;
 
 	m += kvt_prefix_meta_bytes(e);

@@ -283,6 +283,18 @@ struct kvt_seqrec {
 	unsigned rot_part : 1; /* 1: its latest batch held only a window of it (no MRU order) */
 	unsigned seen : 1;     /* already named by an earlier entry of the batch being checked
 	                          (engine/batch.c; 0 outside batch_check) */
+	unsigned tail_hashed : 1; /* windowed: its struct kvt_winseq tail holds the prefix key
+	                             of hole first_live - 1 (what block first_live chains to) */
+};
+
+/* A windowed engine's per-sequence window state, beside the sequence table (e->winseq, indexed
+ * like e->seqs) so that struct kvt_seqrec stays 128 bytes for engines without a window. */
+struct kvt_winseq {
+	uint64_t tail[2];    /* prefix key of hole first_live - 1 while the record's tail_hashed */
+	uint32_t first_live; /* blocks [kvt_win_sink_blocks, first_live) are holes, KVT_NIL in
+	                        blocks[]: out of the window of its next query, dropped; 0 (or
+	                        below the sinks) = none (engine/window.c) */
+	uint32_t unused;
 };
 
 enum kvt_xfer_kind { KVT_X_D2H = 0, KVT_X_H2N = 1, KVT_X_N2H = 2, KVT_X_H2D = 3 };
@@ -359,6 +371,8 @@ struct kvt_batch {
 	uint32_t *pos_cache;       /* kvt_freed with the batch */
 	struct kvt_batch **gsub;   /* grouped engine's batch: [n_groups] core batches (NULL for
 	                              ALIAS groups); the arrays above are unused then */
+	uint32_t *pos;             /* [indptr[n]] block position of each entry in its sequence
+	                              (kvt_batch_block_pos) */
 };
 
 struct kvt_engine {
@@ -478,6 +492,12 @@ struct kvt_engine {
 	struct kvt_grp *grp;                /* non-NULL: this is a grouped engine, a front over
 	                                       one core engine per storage group; none of the
 	                                       fields above but dev is used then */
+	uint32_t win_tokens;                /* sliding window in tokens (0 = full attention):
+	                                       kvt_engine_set_window (engine/window.c) */
+	uint32_t win_sink;                  /* leading tokens always visible (window only) */
+	bool seq_opened;                    /* a sequence was opened: the window is fixed */
+	struct kvt_winseq *winseq;          /* windowed: [cap_seqs], grown with the sequence
+	                                       table; NULL without a window */
 };
 
 #define KVT_REL_RING 4096u /* releases remembered for the rotation's victim order */
@@ -549,6 +569,12 @@ uint64_t kvt_prefix_token_bytes(const struct kvt_engine *e); /* the entries' own
 /* Match the full blocks of @tokens against the index: fills ids[0..k) and returns k. */
 uint32_t kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
 			 const uint64_t salt[2], uint32_t tenant, uint32_t *ids, uint32_t max);
+/* kvt_prefix_walk of a windowed engine: only the sinks and the window before the hit boundary
+ * must be found; ids[] gets KVT_NIL for the blocks between, *tail the key of the last of them
+ * (see engine/prefix.c). Returns the blocks of the hit. */
+uint32_t kvt_prefix_walk_window(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
+				const uint64_t salt[2], uint32_t tenant, uint32_t *ids,
+				uint32_t max, uint64_t tail[2]);
 /* Test hook: when set, replaces XXH3-128 (tests force collisions through it). */
 extern void (*kvt_test_prefix_hash)(const uint64_t parent[2], const int32_t *tokens, uint32_t n,
 				    const uint64_t salt[2], uint64_t out[2]);
@@ -696,6 +722,55 @@ int kvt_seq_opts_copy(struct kvt_seq_opts *dst, const struct kvt_seq_opts *o);
 int kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *o, uint32_t *idx);
 /* grow a sequence's arrays to hold n_tokens, n_blocks and n_wpins; 0 or -ENOMEM */
 int kvt_seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, uint32_t n_wpins);
+
+/* ---- engine/window.c: sliding-window semantics (issue 16 item 3; internal)
+ * Make @e a sliding-window engine: the key at position k is visible from the query at position
+ * q iff q - @window < k <= q (transformers' masking_utils sliding window), and the first @sink
+ * tokens are always visible (StreamingLLM sinks). Blocks wholly out of the window of a
+ * sequence's next query, and not sink blocks, leave the sequence at its appends. @window 0
+ * (with @sink 0) is full attention, the default. Only before the first sequence is opened:
+ * -EINVAL (kvt_err) after that, or for a @sink without a @window, or a NULL engine. Takes
+ * e->lock. */
+int kvt_engine_set_window(struct kvt_engine *e, uint32_t window, uint32_t sink);
+/* Leading blocks of a sequence holding sink tokens (0 without a window): never dropped. */
+uint32_t kvt_win_sink_blocks(const struct kvt_engine *e);
+/* The first block holding a key of the window (past the sinks) that the query at token
+ * position @q reads: 0 without a window. */
+uint32_t kvt_win_first_block(const struct kvt_engine *e, uint64_t q);
+/* Entries of @s->blocks[first, end) that are not holes (all of them without a window). */
+uint32_t kvt_seq_live_in(const struct kvt_engine *e, const struct kvt_seqrec *s, uint32_t first,
+			 uint32_t end);
+/* The block position of each entry of @b's block table (struct kvt_block_table.indices),
+ * [indptr[n_seqs]]: consecutive for a full-attention engine; a windowed one lists only live
+ * blocks (its sinks, then the window's). seq_len of a whole-sequence entry stays the
+ * sequence's token count, so the query's position is seq_len - 1. Lives until release. */
+const uint32_t *kvt_batch_block_pos(const struct kvt_batch *b);
+/* Windowed engine: @s drops the blocks that neither the query at position @q nor any later one
+ * reads (wholly before the window, not sinks): their reference (and write pin) goes; an indexed
+ * block stays cached (refs 0) when prefix_cache keeps it, else it leaves every tier. No-op
+ * without a window. Requires e->lock (engine/seq.c). */
+void kvt_win_advance(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t q);
+/* The tail key of sequence record @s (2 words; windowed engines only). */
+static inline uint64_t *
+kvt_win_tail(const struct kvt_engine *e, const struct kvt_seqrec *s)
+{
+	return e->winseq[s - e->seqs].tail;
+}
+
+/* The first live block past @s's holes (struct kvt_winseq; 0 without a window). */
+static inline uint32_t
+kvt_seq_first_live(const struct kvt_engine *e, const struct kvt_seqrec *s)
+{
+	return e->winseq ? e->winseq[s - e->seqs].first_live : 0;
+}
+
+/* Set it (a no-op without a window, where it is always 0). */
+static inline void
+kvt_seq_set_first_live(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t v)
+{
+	if (e->winseq)
+		e->winseq[s - e->seqs].first_live = v;
+}
 
 /* ---- engine/check.c: consistency walk for tests (returns 0 or -EINVAL with a message) */
 int kvt_engine_check(struct kvt_engine *e);

@@ -493,8 +493,14 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 				     kvt_last_error_message());
 			break;
 		}
-		/* TODO(win): kvt_engine_set_window(G->core[i], g->window, g->sink) for WINDOW
-		 * groups once the core engine has WINDOW semantics */
+		if (g->kind == KVT_GROUP_WINDOW) {
+			rc = kvt_engine_set_window(G->core[i], g->window, g->sink);
+			if (rc) {
+				rc = kvt_err(rc, "group %u (WINDOW %u, sink %u): %s", i, g->window,
+					     g->sink, kvt_last_error_message());
+				break;
+			}
+		}
 		if (G->first == KVT_NIL)
 			G->first = i;
 	}
@@ -1247,6 +1253,8 @@ kvt_batch_group_table(const struct kvt_batch *b, uint32_t group, struct kvt_grou
 	rc = kvt_group_geometry(b->e, g, &out->geo);
 	if (rc)
 		return rc;
+	if (!c->block_pos && c->pos)
+		c->block_pos = c->pos; /* the core's positions (holes of a WINDOW group skipped) */
 	if (!c->block_pos && !c->pos_cache) {
 		c->pos_cache = kvt_malloc(((size_t)c->indptr[c->n] + 1) * sizeof *c->pos_cache);
 		if (!c->pos_cache)

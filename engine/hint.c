@@ -65,7 +65,8 @@ kvt_hint_drop(struct kvt_engine *e, struct kvt_seqrec *s)
 	if (!s->hint_no)
 		return;
 	for (j = s->hint_first; j < end; j++)
-		if (kvt_blk(e, s->blocks[j])->hint_no == kvt_hint_stamp(s->hint_no))
+		if (s->blocks[j] != KVT_NIL && /* a hole: out of the window */
+		    kvt_blk(e, s->blocks[j])->hint_no == kvt_hint_stamp(s->hint_no))
 			kvt_blk(e, s->blocks[j])->hint_no = 0;
 	s->hint_no = 0;
 }
@@ -150,8 +151,11 @@ kvt_rot_victims(struct kvt_engine *e, uint32_t *out, uint32_t max)
 			continue; /* a later release of it comes first, or it is in use */
 		for (j = s->n_blocks; j > 0 && n < max; j--) {
 			uint32_t id = s->blocks[j - 1];
-			const struct kvt_block *b = kvt_blk(e, id);
+			const struct kvt_block *b;
 
+			if (id == KVT_NIL)
+				continue; /* a hole: out of the window */
+			b = kvt_blk(e, id);
 			/* its own blocks only; a shared one is needed again within the cycle */
 			if (b->seq == idx && b->refs <= 1 && kvt_copy_evictable(b, KVT_TIER_HBM) &&
 			    !kvt_hint_spares(e, b, KVT_TIER_HBM))
@@ -203,7 +207,8 @@ hint_check(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint64
 			return kvt_err(-EINVAL, "hint entry %zu: blocks [%u, +%u) past the end "
 				       "of the sequence (%u blocks)", i, r[i].first_block,
 				       r[i].n_blocks, s->n_blocks);
-		sum += r[i].n_blocks ? r[i].n_blocks : s->n_blocks - r[i].first_block;
+		sum += kvt_seq_live_in(e, s, r[i].first_block, r[i].n_blocks ?
+				       r[i].first_block + r[i].n_blocks : s->n_blocks);
 	}
 	*hbm_blocks = sum;
 	return 0;
@@ -243,7 +248,8 @@ hint_apply(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32
 			s->hint_end = end > s->hint_end ? end : s->hint_end;
 		}
 		for (j = r[i].first_block; j < end; j++)
-			kvt_blk(e, s->blocks[j])->hint_no = kvt_hint_stamp(e->hint_seq);
+			if (s->blocks[j] != KVT_NIL) /* a hole: out of the window */
+				kvt_blk(e, s->blocks[j])->hint_no = kvt_hint_stamp(e->hint_seq);
 	}
 	for (i = 0; i < n && rc == 0; i++) {
 		struct kvt_seqrec *s = kvt_seq_lookup(e, r[i].seq, NULL);
@@ -255,6 +261,8 @@ hint_apply(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32
 		for (j = r[i].first_block; j < end && rc == 0; j++) {
 			uint32_t id = s->blocks[j];
 
+			if (id == KVT_NIL)
+				continue; /* a hole: out of the window */
 			if (to_hbm) {
 				rc = kvt_promote_hbm(e, id, false);
 				/* no room in HBM without waiting: stage it in HOST; when

@@ -57,7 +57,8 @@ persist_queue(struct kvt_engine *e, const struct kvt_store_sess *rec)
 		e->cap_pend = c;
 	}
 	for (uint32_t i = 0; i < rec->n_blocks; i++)
-		e->pend[e->n_pend++] = rec->blocks[i].slot;
+		if (rec->blocks[i].slot != KVT_FMT_HOLE) /* a hole names no slot */
+			e->pend[e->n_pend++] = rec->blocks[i].slot;
 	return 0;
 }
 
@@ -207,7 +208,8 @@ kvt_persist_open(struct kvt_engine *e)
 		rec = kvt_store_at(e->store, i);
 		rec->open_seq = PERSIST_NO_SEQ;
 		for (b = 0; b < rec->n_blocks; b++)
-			if (!e->nvme_named[rec->blocks[b].slot]) {
+			if (rec->blocks[b].slot != KVT_FMT_HOLE &&
+			    !e->nvme_named[rec->blocks[b].slot]) {
 				e->nvme_named[rec->blocks[b].slot] = 1;
 				slots[n++] = rec->blocks[b].slot;
 			}
@@ -291,8 +293,11 @@ persist_ready(struct kvt_engine *e, const struct kvt_seqrec *s)
 	struct kvt_nvme_slotinfo si;
 
 	for (uint32_t i = 0; i < s->n_blocks; i++) {
-		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
+		const struct kvt_block *b;
 
+		if (s->blocks[i] == KVT_NIL)
+			continue; /* a hole (engine/window.c): the record names no slot for it */
+		b = kvt_blk(e, s->blocks[i]);
 		if (!kvt_copy_valid(b, KVT_TIER_NVME) ||
 		    !kvt_nvme_slot_info(e->nvme, b->slot[KVT_TIER_NVME], &si))
 			return false;
@@ -317,8 +322,16 @@ persist_put(struct kvt_engine *e, uint32_t idx)
 	if (!refs)
 		return kvt_err(-ENOMEM, "publishing a session of %u blocks", s->n_blocks);
 	for (uint32_t i = 0; i < s->n_blocks; i++) {
-		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
+		const struct kvt_block *b;
 		struct kvt_nvme_slotinfo si = { 0 };
+
+		if (s->blocks[i] == KVT_NIL) { /* out of the window: a hole (engine/window.c) */
+			refs[i].slot = KVT_FMT_HOLE;
+			if (i + 1 == kvt_seq_first_live(e, s) && s->tail_hashed)
+				memcpy(refs[i].hash, kvt_win_tail(e, s), sizeof refs[i].hash);
+			continue;
+		}
+		b = kvt_blk(e, s->blocks[i]);
 
 		/* persist_ready found every entry (mu is the engine's: nothing changed since) */
 		if (!kvt_nvme_slot_info(e->nvme, b->slot[KVT_TIER_NVME], &si)) {
@@ -556,8 +569,11 @@ persist_slot_tenants(struct kvt_engine *e)
 		const struct kvt_store_sess *o = kvt_store_at(e->store, k);
 
 		for (uint32_t j = 0; j < o->n_blocks; j++) {
-			uint64_t *v = &e->slot_tenants[o->blocks[j].slot];
+			uint64_t *v;
 
+			if (o->blocks[j].slot == KVT_FMT_HOLE)
+				continue; /* a hole names no slot */
+			v = &e->slot_tenants[o->blocks[j].slot];
 			if (!(*v & PERSIST_ST_NAMED))
 				*v = PERSIST_ST_NAMED | o->tenant;
 			else if ((uint32_t)*v != o->tenant)
@@ -634,15 +650,58 @@ persist_check_one(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32
 	return 0;
 }
 
+/* The holes of @rec (blocks its sequence dropped out of its sliding window, engine/window.c),
+ * after *first and up to *end (exclusive; both 0 when none). */
+static void
+persist_holes(const struct kvt_store_sess *rec, uint32_t *first, uint32_t *end)
+{
+	uint32_t i;
+
+	*first = *end = 0;
+	for (i = 0; i < rec->n_blocks && rec->blocks[i].slot != KVT_FMT_HOLE; i++)
+		;
+	if (i == rec->n_blocks)
+		return;
+	*first = i;
+	while (i < rec->n_blocks && rec->blocks[i].slot == KVT_FMT_HOLE)
+		i++;
+	*end = i;
+}
+
+/* A session with holes restores only into an engine whose window would have dropped them:
+ * one range right after the sinks, none that the next query (at n_tokens) reads. 0 or
+ * -EINVAL (kvt_err). */
+static int
+persist_check_holes(struct kvt_engine *e, const struct kvt_store_sess *rec)
+{
+	uint32_t first, end, i;
+
+	persist_holes(rec, &first, &end);
+	if (first == end)
+		return 0;
+	for (i = end; i < rec->n_blocks; i++)
+		if (rec->blocks[i].slot == KVT_FMT_HOLE)
+			end = rec->n_blocks + 1; /* two ranges: not a window's */
+	if (!e->win_tokens || first != kvt_win_sink_blocks(e) || end > rec->n_blocks ||
+	    kvt_win_first_block(e, rec->n_tokens) < end)
+		return kvt_err(-EINVAL, "session %#llx was stored by a sliding-window engine that "
+			       "dropped blocks [%u, %u) of it; this engine (window %u, sink %u "
+			       "tokens) would read them", (unsigned long long)rec->key, first,
+			       end > rec->n_blocks ? rec->n_blocks : end, e->win_tokens,
+			       e->win_sink);
+	return 0;
+}
+
 /* Check every block of @rec (persist_check_one). 0, -ENOENT (mismatch), -EPERM (a block of
  * another tenant) or -EIO. */
 static int
 persist_check(struct kvt_engine *e, const struct kvt_store_sess *rec)
 {
-	int rc = 0;
+	int rc = persist_check_holes(e, rec);
 
 	for (uint32_t i = 0; rc == 0 && i < rec->n_blocks; i++)
-		rc = persist_check_one(e, rec, i);
+		if (rec->blocks[i].slot != KVT_FMT_HOLE) /* out of the window: nothing to check */
+			rc = persist_check_one(e, rec, i);
 	return rc;
 }
 
@@ -677,10 +736,13 @@ static void
 persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 {
 	while (s->n_blocks) {
-		uint32_t id = s->blocks[--s->n_blocks];
-		struct kvt_block *b = kvt_blk(e, id);
-		uint32_t sl = b->slot[KVT_TIER_NVME];
+		uint32_t id = s->blocks[--s->n_blocks], sl;
+		struct kvt_block *b;
 
+		if (id == KVT_NIL)
+			continue; /* a hole */
+		b = kvt_blk(e, id);
+		sl = b->slot[KVT_TIER_NVME];
 		if (b->refs > 1) {
 			kvt_block_kill(e, id);
 			continue;
@@ -699,15 +761,27 @@ persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 static int
 persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 {
+	static const uint8_t zero[16];
 	struct kvt_seqrec *s = &e->seqs[idx];
-	uint32_t tpb = e->layout.tokens_per_block, id;
+	uint32_t tpb = e->layout.tokens_per_block, id, hole, hole_end;
 	int rc;
 
 	if (kvt_seq_reserve(s, rec->n_tokens, rec->n_blocks, 0))
 		return kvt_err(-ENOMEM, "restoring a session of %llu tokens",
 			       (unsigned long long)rec->n_tokens);
-	/* a holder's tenant was checked by persist_check, under this same lock hold */
+	/* a holder's tenant was checked by persist_check, under this same lock hold; holes
+	 * (persist_check_holes: where this engine's window drops blocks) stay holes */
+	persist_holes(rec, &hole, &hole_end);
+	kvt_seq_set_first_live(e, s, hole_end);
+	if (hole_end) {
+		s->tail_hashed = !!memcmp(rec->blocks[hole_end - 1].hash, zero, sizeof zero);
+		memcpy(kvt_win_tail(e, s), rec->blocks[hole_end - 1].hash, 16);
+	}
 	for (uint32_t i = 0; i < rec->n_blocks; i++) {
+		if (rec->blocks[i].slot == KVT_FMT_HOLE) {
+			s->blocks[s->n_blocks++] = KVT_NIL;
+			continue;
+		}
 		id = persist_holder(e, &rec->blocks[i]);
 		if (id != KVT_NIL) {
 			kvt_block_ref(e, id);
@@ -723,9 +797,11 @@ persist_build(struct kvt_engine *e, uint32_t idx, struct kvt_store_sess *rec)
 	/* blocks made here that carry a prefix key can be shared again (kvt_seq_attach_prefix):
 	 * into the prefix index, tokens borrowed from s */
 	for (uint32_t i = 0; i < rec->n_blocks; i++) {
-		static const uint8_t zero[16];
-		struct kvt_block *b = kvt_blk(e, s->blocks[i]);
+		struct kvt_block *b;
 
+		if (s->blocks[i] == KVT_NIL)
+			continue; /* a hole */
+		b = kvt_blk(e, s->blocks[i]);
 		if (b->seq != idx || b->hashed || (uint64_t)(i + 1) * tpb > rec->n_tokens ||
 		    !memcmp(rec->blocks[i].hash, zero, sizeof zero))
 			continue;
@@ -757,7 +833,11 @@ kvt_persist_prefix(struct kvt_engine *e, uint32_t tenant, const int32_t *tokens,
 	    memcmp(rec->tokens, tokens, (size_t)k * tpb * sizeof *tokens) != 0)
 		return 0;
 	for (j = k; j < max && j < rec->n_blocks && (uint64_t)(j + 1) * tpb <= rec->n_tokens; j++) {
-		uint32_t own = kvt_owner(e, KVT_TIER_NVME, rec->blocks[j].slot);
+		uint32_t own;
+
+		if (rec->blocks[j].slot == KVT_FMT_HOLE)
+			break; /* dropped out of its window: the chain of data ends here */
+		own = kvt_owner(e, KVT_TIER_NVME, rec->blocks[j].slot);
 
 		if (j > k)
 			kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);

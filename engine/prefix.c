@@ -389,3 +389,52 @@ kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const u
 	}
 	return k;
 }
+
+/*
+ * The prefix walk of a windowed engine (engine/window.c): a hit of K full blocks needs only
+ * what the query at position K * tpb reads, the sink blocks below its window and the window's
+ * blocks [kvt_win_first_block(K * tpb), K), not the blocks between (dropped by the sequences
+ * that made them, perhaps evicted since). Every key still chains over every token before it,
+ * so a block found is one of this prefix, never of another. The longest such K <= @max is
+ * returned, ids[0..K) holding the blocks (KVT_NIL for those not needed), and *tail the key of
+ * block first - 1 when first > 0 (what block first chains to).
+ */
+uint32_t
+kvt_prefix_walk_window(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
+		       const uint64_t salt[2], uint32_t tenant, uint32_t *ids, uint32_t max,
+		       uint64_t tail[2])
+{
+	uint32_t tpb = e->layout.tokens_per_block, nsink = kvt_win_sink_blocks(e);
+	uint32_t k, id, run = 0, sinkrun = 0, best = 0, lo, j;
+	uint64_t h[2] = { 0, 0 }, *keys;
+
+	if ((uint64_t)max * tpb > n)
+		max = (uint32_t)(n / tpb);
+	if (!max)
+		return 0;
+	keys = kvt_malloc((size_t)max * sizeof h);
+	if (!keys)
+		return 0; /* no memory: no hit, which is always correct */
+	for (k = 0; k < max; k++) {
+		e->st.prefix_lookups++;
+		kvt_prefix_hash(h, tokens + (uint64_t)k * tpb, tpb, salt, h);
+		memcpy(keys + 2 * (size_t)k, h, sizeof h);
+		id = kvt_prefix_find(e, h, tokens + (uint64_t)k * tpb, tenant);
+		if (id != KVT_NIL && !pfx_usable(kvt_blk(e, id)))
+			id = KVT_NIL;
+		ids[k] = id;
+		run = id != KVT_NIL ? run + 1 : 0; /* found blocks ending at k */
+		if (id != KVT_NIL && sinkrun == k)
+			sinkrun++;                 /* found blocks from 0 */
+		lo = kvt_win_first_block(e, (uint64_t)(k + 1) * tpb);
+		if (run >= k + 1 - lo && sinkrun >= (nsink < lo ? nsink : lo))
+			best = k + 1;
+	}
+	lo = kvt_win_first_block(e, (uint64_t)best * tpb);
+	for (j = nsink; j < lo; j++)
+		ids[j] = KVT_NIL; /* out of the window: not taken */
+	if (lo)
+		memcpy(tail, keys + 2 * (size_t)(lo - 1), 2 * sizeof *tail);
+	kvt_free(keys);
+	return best;
+}

@@ -481,6 +481,13 @@ kvt_seq_publish_remote(struct kvt_engine *e, kvt_seq_id id)
 			     "batch or another call");
 		goto out;
 	}
+	if (kvt_seq_live_in(e, s, 0, s->n_blocks) != s->n_blocks) {
+		/* the REMOTE format stores every block: a windowed sequence has dropped some */
+		rc = kvt_err(-ENOTSUP, "kvt_seq_publish_remote: the sequence dropped %u blocks out "
+			     "of its sliding window; a windowed engine cannot publish it remotely",
+			     s->n_blocks - kvt_seq_live_in(e, s, 0, s->n_blocks));
+		goto out;
+	}
 	for (uint64_t t = 0; t < s->n_tokens; t++)
 		if (s->tokens[t] < 0) {
 			rc = kvt_err(-EINVAL, "kvt_seq_publish_remote: token %llu was not given "
@@ -554,7 +561,7 @@ restore_check_hash(struct kvt_engine *e, kvt_seq_id sid, uint32_t i, const uint8
 
 	kvt_lock(e);
 	s = kvt_seq_lookup(e, sid, NULL);
-	if (s && i < s->n_blocks) {
+	if (s && i < s->n_blocks && s->blocks[i] != KVT_NIL) { /* NIL: out of the window */
 		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
 
 		if (!b->hashed || memcmp(b->hash, want, 16))

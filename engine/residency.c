@@ -436,8 +436,11 @@ kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n)
 	uint32_t i, want = 0;
 
 	for (i = 0; i < n; i++) {
-		const struct kvt_block *b = kvt_blk(e, ids[i]);
+		const struct kvt_block *b;
 
+		if (ids[i] == KVT_NIL)
+			continue; /* a hole of a windowed sequence (engine/window.c) */
+		b = kvt_blk(e, ids[i]);
 		/* only blocks that can go up now: one still below @tier + 1 would hold its slot
 		 * idle, and making room for it early can take the room its own read needs */
 		if (!b->lost && kvt_copy_state(b, tier) == KVT_COPY_ABSENT &&

@@ -88,6 +88,14 @@ seq_grow_table(struct kvt_engine *e)
 
 	if (ncap <= e->cap_seqs || ncap >= KVT_NIL)
 		return kvt_err(-ENOMEM, "sequence table full");
+	if (e->win_tokens) { /* the windowed engine's per-sequence window state */
+		struct kvt_winseq *nw = kvt_realloc(e->winseq, (size_t)ncap * sizeof *nw);
+
+		if (!nw)
+			return kvt_err(-ENOMEM, "growing the window state to %u sequences", ncap);
+		memset(nw + e->cap_seqs, 0, (size_t)(ncap - e->cap_seqs) * sizeof *nw);
+		e->winseq = nw;
+	}
 	ns = kvt_realloc(e->seqs, (size_t)ncap * sizeof *ns);
 	if (!ns)
 		return kvt_err(-ENOMEM, "growing the sequence table to %u", ncap);
@@ -132,7 +140,10 @@ kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *opts, uint3
 	s->n_blocks = 0;
 	s->n_wpins = 0;
 	s->parked = s->in_batch = 0;
+	kvt_seq_set_first_live(e, s, 0);
+	s->tail_hashed = 0;
 	e->n_open_seqs++;
+	e->seq_opened = true; /* the window (kvt_engine_set_window) is fixed from here on */
 	*out = idx;
 	return 0;
 }
@@ -191,19 +202,25 @@ seq_hash_blocks(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t from, uint6
 
 	for (k = (uint32_t)(from / tpb); (uint64_t)(k + 1) * tpb <= end; k++) {
 		struct kvt_block *b = kvt_blk(e, s->blocks[k]);
-		const struct kvt_block *p = k ? kvt_blk(e, s->blocks[k - 1]) : NULL;
+		const struct kvt_block *p = k && s->blocks[k - 1] != KVT_NIL ?
+					    kvt_blk(e, s->blocks[k - 1]) : NULL;
 		const int32_t *tok = s->tokens + (uint64_t)k * tpb;
 
 		if (b->hashed)
 			continue;
 		if (p && !p->hashed)
 			return;
+		/* the parent dropped out of the window (a hole): its key was kept */
+		if (k && !p && (!s->tail_hashed || k != kvt_seq_first_live(e, s)))
+			return;
 		for (i = 0; i < tpb; i++)
 			if (tok[i] < 0)
 				return; /* tokens not given: v0 behaviour, no sharing */
 		if (p)
 			kvt_blk_key(p, ph);
-		kvt_prefix_hash(p ? ph : zero, tok, tpb, s->salt, h);
+		else if (k)
+			memcpy(ph, kvt_win_tail(e, s), sizeof ph);
+		kvt_prefix_hash(k ? ph : zero, tok, tpb, s->salt, h);
 		kvt_blk_set_key(b, h);
 		b->hashed = 1;
 	}
@@ -257,19 +274,74 @@ seq_drop_block(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t id)
 	kvt_block_kill(e, id);
 }
 
+/* Take block @id out of @s's write pins (it leaves the sequence). */
+static void
+seq_drop_wpin(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t id)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->n_wpins; i++) {
+		if (s->wpins[i] == id) {
+			s->wpins[i] = s->wpins[--s->n_wpins];
+			kvt_block_unpin(e, id);
+			return;
+		}
+	}
+}
+
+void
+kvt_win_advance(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t q)
+{
+	uint32_t lo = kvt_win_first_block(e, q), j = kvt_win_sink_blocks(e);
+
+	if (lo > s->n_blocks)
+		lo = s->n_blocks;
+	if (j < kvt_seq_first_live(e, s))
+		j = kvt_seq_first_live(e, s);
+	for (; j < lo; j++) {
+		uint32_t id = s->blocks[j];
+		struct kvt_block *b;
+
+		if (id == KVT_NIL)
+			continue;
+		b = kvt_blk(e, id);
+		if (j + 1 == lo) { /* the next block chains to its key */
+			s->tail_hashed = b->hashed;
+			kvt_blk_key(b, kvt_win_tail(e, s));
+		}
+		if (s->hint_no && b->hint_no == kvt_hint_stamp(s->hint_no))
+			b->hint_no = 0; /* no longer this sequence's to spare */
+		seq_drop_wpin(e, s, id);
+		seq_drop_block(e, s, id);
+		s->blocks[j] = KVT_NIL;
+	}
+	if (lo > kvt_seq_first_live(e, s))
+		kvt_seq_set_first_live(e, s, lo);
+}
+
 void
 kvt_seq_truncate(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t first_lost)
 {
 	uint64_t tpb = e->layout.tokens_per_block;
-	uint32_t i;
+	uint32_t i, sink = kvt_win_sink_blocks(e);
 
 	if (first_lost >= s->n_blocks)
 		return;
+	/* a windowed sequence whose new next query would read holes (blocks already dropped)
+	 * can only go on from its sinks: it is truncated there */
+	if (kvt_seq_first_live(e, s) > sink && first_lost > sink &&
+	    kvt_win_first_block(e, (uint64_t)first_lost * tpb) < kvt_seq_first_live(e, s))
+		first_lost = sink;
 	kvt_seq_unpin_writes(e, s);
 	kvt_hint_drop(e, s); /* what was announced is gone in part: announce again */
 	for (i = first_lost; i < s->n_blocks; i++)
-		seq_drop_block(e, s, s->blocks[i]);
+		if (s->blocks[i] != KVT_NIL)
+			seq_drop_block(e, s, s->blocks[i]);
 	s->n_blocks = first_lost;
+	if (kvt_seq_first_live(e, s) > first_lost) {
+		kvt_seq_set_first_live(e, s, 0);
+		s->tail_hashed = 0;
+	}
 	if (s->n_tokens > (uint64_t)first_lost * tpb)
 		s->n_tokens = (uint64_t)first_lost * tpb;
 }
@@ -289,8 +361,11 @@ seq_close_locked(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t idx, bool 
 	kvt_hint_drop(e, s);
 	/* blocks with transfers in flight are freed by those completions, never before */
 	for (i = 0; i < s->n_blocks; i++)
-		seq_drop_block(e, s, s->blocks[i]);
+		if (s->blocks[i] != KVT_NIL) /* a hole: dropped out of the window */
+			seq_drop_block(e, s, s->blocks[i]);
 	s->n_blocks = 0;
+	kvt_seq_set_first_live(e, s, 0);
+	s->tail_hashed = 0;
 	s->n_tokens = 0;
 	s->hint_no = 0;
 	s->open = 0;
@@ -467,12 +542,14 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 	uint64_t end = s->n_tokens + n, pos;
 	uint32_t need_blocks = (uint32_t)((end + tpb - 1) / tpb);
 	uint32_t touched = need_blocks - (uint32_t)(s->n_tokens / tpb);
-	uint32_t slots = e->slots[KVT_TIER_HBM].n_slots, pinned_after;
+	uint32_t slots = e->slots[KVT_TIER_HBM].n_slots, pinned_after, held;
 	int rc;
 
 	/* blocks that earlier appends filled have their K/V written by now (the caller writes
 	 * them before appending again): they become shareable */
 	kvt_seq_publish(e, s);
+	/* a windowed sequence drops the blocks no query from this append's first on reads */
+	kvt_win_advance(e, s, s->n_tokens);
 	/* the blocks this append pins: the touched ones (the partial last block may already be
 	 * write-pinned by an earlier append) plus those earlier write pins */
 	pinned_after = s->n_wpins + touched;
@@ -482,11 +559,12 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence longer "
 			       "than %u blocks (the most a block record can place)", n,
 			       KVT_SEQ_MAX_BLOCKS);
-	if (need_blocks > kvt_seq_max_blocks(e))
-		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence %u blocks long; "
-			       "it may hold at most %u (all tiers' slots less the reserve of one per "
-			       "tier below HBM): it could never be read back", n, need_blocks,
-			       kvt_seq_max_blocks(e));
+	held = need_blocks - (first_new - kvt_seq_live_in(e, s, 0, first_new)); /* no holes */
+	if (held > kvt_seq_max_blocks(e))
+		return kvt_err(KVT_ETOOBIG, "appending %zu tokens makes the sequence hold %u "
+			       "blocks (holes out of its window not counted); it may hold at most "
+			       "%u (all tiers' slots less the reserve of one per tier below HBM): it "
+			       "could never be read back", n, held, kvt_seq_max_blocks(e));
 	if (touched > slots)
 		return kvt_err(KVT_ETOOBIG,
 			       "appending %zu tokens needs %u HBM blocks at once; HBM has %u slots "
@@ -676,7 +754,7 @@ seq_park_nvme_room(struct kvt_engine *e, struct kvt_seqrec *s)
 	uint32_t i, need = 0;
 
 	for (i = 0; i < s->n_blocks; i++)
-		need += seq_needs_nvme(e, s->blocks[i]);
+		need += s->blocks[i] != KVT_NIL && seq_needs_nvme(e, s->blocks[i]);
 	if ((uint64_t)need + e->nvme_promised <= sl->n_free ||
 	    kvt_reclaim(e, KVT_TIER_NVME, need, true) == 0)
 		return 0;
@@ -716,6 +794,8 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 		rc = seq_park_nvme_room(e, s);
 	s = &e->seqs[sidx];
 	for (i = 0, tries = 0; i < s->n_blocks && rc == 0; i++) {
+		if (s->blocks[i] == KVT_NIL)
+			continue; /* a hole: out of the window, nothing to move */
 		rc = kvt_demote_to(e, s->blocks[i], t, true);
 		s = &e->seqs[sidx];
 		if (rc == KVT_EBUSY && kvt_blk(e, s->blocks[i])->refs > 1)
@@ -777,7 +857,8 @@ kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
 	 * already in HOST go up as room allows. Prepare finishes whatever is left. */
 	e->prefetching = true; /* ahead of the next prepare: counted as prefetched */
 	for (i = 0; i < s->n_blocks; i++)
-		if (kvt_promote_hbm(e, s->blocks[i], false) == KVT_ELOST)
+		if (s->blocks[i] != KVT_NIL && /* a hole: out of the window */
+		    kvt_promote_hbm(e, s->blocks[i], false) == KVT_ELOST)
 			break; /* reported by the next prepare, which truncates */
 	e->prefetching = false;
 	rc = kvt_xfer_flush(e);
@@ -812,7 +893,7 @@ kvt_seq_info(struct kvt_engine *e, kvt_seq_id id, struct kvt_seq_info *out)
 	out->priority = s->priority;
 	out->parked = s->parked;
 	for (i = 0; i < s->n_blocks; i++)
-		for (t = 0; t < KVT_TIER_COUNT; t++)
+		for (t = 0; t < KVT_TIER_COUNT && s->blocks[i] != KVT_NIL; t++)
 			out->blocks_in[t] += kvt_copy_valid(kvt_blk(e, s->blocks[i]), t);
 	kvt_unlock(e);
 	return 0;
@@ -851,7 +932,8 @@ kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id id, uint64_t first_token,
 	tpb = e->layout.tokens_per_block;
 	until = duration_ms ? e->evict[0].now_ns() + duration_ms * 1000000ull : 0; /* policy clock */
 	for (b = (uint32_t)(first_token / tpb); b < (uint32_t)((end + tpb - 1) / tpb); b++)
-		kvt_block_set_prio(e, s->blocks[b], priority, until);
+		if (s->blocks[b] != KVT_NIL) /* a hole: out of the window */
+			kvt_block_set_prio(e, s->blocks[b], priority, until);
 out:
 	kvt_unlock(e);
 	return rc;
@@ -897,7 +979,7 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 {
 	struct kvt_seq_opts opts;
 	uint32_t *ids, k, i, tpb;
-	uint64_t salt[2], nb, cap;
+	uint64_t salt[2], nb, cap, tail[2];
 	int worst = KVT_TIER_HBM;
 
 	if (!e || (!tokens && n) || !matched_tokens)
@@ -920,20 +1002,28 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 	nb = n / tpb;
 	for (i = 0, cap = 0; i < KVT_TIER_COUNT; i++)
 		cap += e->slots[i].n_slots;
+	if (e->win_tokens) /* a windowed hit holds only its window: holes take no slot */
+		cap = KVT_SEQ_MAX_BLOCKS;
 	if (nb > cap)
 		nb = cap;
 	ids = kvt_malloc(nb * sizeof *ids);
 	if (!ids)
 		return kvt_err(-ENOMEM, "prefix match of %zu tokens", n);
 	kvt_lock(e);
-	k = kvt_prefix_walk(e, tokens, n, salt, opts.tenant, ids, (uint32_t)nb);
+	if (e->win_tokens)
+		k = kvt_prefix_walk_window(e, tokens, n, salt, opts.tenant, ids, (uint32_t)nb,
+					   tail);
+	else
+		k = kvt_prefix_walk(e, tokens, n, salt, opts.tenant, ids, (uint32_t)nb);
 	for (i = 0; i < k; i++) {
-		int t = seq_best_tier(kvt_blk(e, ids[i]));
+		int t = ids[i] == KVT_NIL ? KVT_TIER_HBM : seq_best_tier(kvt_blk(e, ids[i]));
 
 		worst = t > worst ? t : worst;
 	}
-	/* the rest may be in a session stored before a restart: on NVMe */
-	i = kvt_persist_prefix(e, opts.tenant, tokens, salt, k, (uint32_t)nb, UINT32_MAX, NULL);
+	/* the rest may be in a session stored before a restart: on NVMe (a windowed engine
+	 * matches only what its prefix index holds) */
+	i = e->win_tokens ? 0 :
+	    kvt_persist_prefix(e, opts.tenant, tokens, salt, k, (uint32_t)nb, UINT32_MAX, NULL);
 	if (i)
 		worst = KVT_TIER_NVME;
 	k += i;
@@ -949,17 +1039,19 @@ static int
 seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tokens, size_t n,
 		  uint64_t *attached)
 {
-	uint32_t tpb = e->layout.tokens_per_block, k, i, mem;
-	uint64_t max = n / tpb;
+	uint32_t tpb = e->layout.tokens_per_block, k, i, mem, lo = 0;
+	uint64_t max = n / tpb, tail[2];
 	uint32_t *ids;
 
 	if (s->in_call)
 		return seq_err_in_call(seq_make_id((uint32_t)(s - e->seqs), s->gen));
 	if (s->n_tokens || s->in_batch)
 		return kvt_err(-EINVAL, "attach a prefix only to an empty sequence not in a batch");
-	if (max > kvt_seq_max_blocks(e))
+	if (max > kvt_seq_max_blocks(e) && !e->win_tokens)
 		max = kvt_seq_max_blocks(e); /* a chain longer than the limit: only once slots
 					      * were quarantined for good since it was made */
+	if (max > KVT_SEQ_MAX_BLOCKS) /* a windowed hit holds only its window */
+		max = KVT_SEQ_MAX_BLOCKS;
 	if (!max)
 		return 0;
 	ids = kvt_malloc((size_t)max * sizeof *ids);
@@ -967,18 +1059,34 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 		kvt_free(ids);
 		return kvt_err(-ENOMEM, "attaching a prefix of %llu blocks", (unsigned long long)max);
 	}
-	k = kvt_prefix_walk(e, tokens, n, s->salt, s->tenant, ids, (uint32_t)max);
-	/* after it, blocks of a session stored before a restart: made for s (already its own) */
-	mem = k;
-	k += kvt_persist_prefix(e, s->tenant, tokens, s->salt, k, (uint32_t)max,
-				(uint32_t)(s - e->seqs), ids);
+	if (e->win_tokens) {
+		/* only the sinks and the window before the boundary (engine/window.c); the
+		 * blocks between are holes, block lo chains to the key of hole lo - 1 */
+		k = mem = kvt_prefix_walk_window(e, tokens, n, s->salt, s->tenant, ids,
+						 (uint32_t)max, tail);
+		lo = kvt_win_first_block(e, (uint64_t)k * tpb);
+		kvt_seq_set_first_live(e, s, lo);
+		s->tail_hashed = lo > kvt_win_sink_blocks(e);
+		memcpy(kvt_win_tail(e, s), tail, sizeof tail);
+	} else {
+		k = kvt_prefix_walk(e, tokens, n, s->salt, s->tenant, ids, (uint32_t)max);
+		/* after it, blocks of a session stored before a restart: made for s (already
+		 * its own) */
+		mem = k;
+		k += kvt_persist_prefix(e, s->tenant, tokens, s->salt, k, (uint32_t)max,
+					(uint32_t)(s - e->seqs), ids);
+	}
 	for (i = 0; i < k; i++) {
-		struct kvt_block *b = kvt_blk(e, ids[i]);
-		int t = seq_best_tier(b);
+		struct kvt_block *b;
+		int t;
 
+		s->blocks[i] = ids[i];
+		if (ids[i] == KVT_NIL)
+			continue; /* a hole: out of the window */
+		b = kvt_blk(e, ids[i]);
+		t = seq_best_tier(b);
 		if (i < mem)
 			kvt_block_ref(e, ids[i]);
-		s->blocks[i] = ids[i];
 		if (t < KVT_TIER_COUNT) {
 			e->st.tier[t].prefix_hit_blocks++;
 			e->evict[t].ops->access(&e->evict[t], ids[i]);
@@ -987,7 +1095,7 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 	memcpy(s->tokens, tokens, (size_t)k * tpb * sizeof *tokens);
 	s->n_blocks = k;
 	s->n_tokens = (uint64_t)k * tpb;
-	e->st.prefix_hit_blocks += k;
+	e->st.prefix_hit_blocks += kvt_seq_live_in(e, s, 0, k); /* holes: not served */
 	e->st.prefix_hit_tokens += (uint64_t)k * tpb;
 	kvt_free(ids);
 	*attached = s->n_tokens;

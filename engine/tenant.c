@@ -104,8 +104,11 @@ tenant_tag(struct kvt_engine *e, uint32_t tenant, uint8_t ts)
 		if (!s->open || s->tenant != tenant)
 			continue;
 		for (j = 0; j < s->n_blocks; j++) {
-			struct kvt_block *b = kvt_blk(e, s->blocks[j]);
+			struct kvt_block *b;
 
+			if (s->blocks[j] == KVT_NIL)
+				continue; /* a hole: out of the window */
+			b = kvt_blk(e, s->blocks[j]);
 			if (!b->live || b->tslot)
 				continue;
 			b->tslot = ts;

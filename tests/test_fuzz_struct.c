@@ -115,6 +115,11 @@ fs_bad_survives(const uint8_t *img, size_t len, size_t at, uint64_t orig, int le
 	      r.n_blocks != (r.n_tokens + 15) / 16;
 	for (uint32_t i = 0; i < r.n_blocks && i < 64; i++) {
 		kvt_fmt_rec_block(&r, i, &b);
+		if (b.slot == 0xffffffffu) { /* a hole (docs/FORMAT.md): tag, length code 0 */
+			bad |= b.tag || b.lenc ||
+			       kvt_get_le32(r.blocks + (size_t)i * KVT_FMT_PUT_BLOCK + 12) != 0;
+			continue;
+		}
 		bad |= b.slot >= 64 || b.lenc != (KVT_FMT_LENC_KNOWN | KVT_FMT_LENC_QMAX) ||
 		       kvt_get_le32(r.blocks + (size_t)i * KVT_FMT_PUT_BLOCK + 12) != 0;
 	}

@@ -491,7 +491,7 @@ fmt_rec_bad(const struct kvt_fmt_rec *r, const char *fmt, ...)
 int
 kvt_fmt_rec_check(const struct kvt_fmt_rec *r, const struct kvt_fmt_limits *lim)
 {
-	uint32_t tpb = lim->tokens_per_block;
+	uint32_t tpb = lim->tokens_per_block, holes = 0;
 	struct kvt_fmt_blkref b;
 
 	if (r->seqno == 0 || r->seqno > KVT_FMT_MAX_SEQNO)
@@ -506,13 +506,17 @@ kvt_fmt_rec_check(const struct kvt_fmt_rec *r, const struct kvt_fmt_limits *lim)
 		return fmt_rec_bad(r, "%llu tokens in %u blocks of %u tokens (must be %llu blocks)",
 				   (unsigned long long)r->n_tokens, r->n_blocks, tpb,
 				   (unsigned long long)((r->n_tokens + tpb - 1) / tpb));
-	if (r->n_blocks > lim->n_slots)
-		return fmt_rec_bad(r, "%u blocks, the store has %u slots", r->n_blocks,
-				   lim->n_slots);
 	for (uint32_t i = 0; i < r->n_blocks; i++) {
 		const uint8_t *q = r->blocks + (size_t)i * KVT_FMT_PUT_BLOCK;
 
 		kvt_fmt_rec_block(r, i, &b);
+		if (b.slot == KVT_FMT_HOLE) { /* out of a sliding window: no data */
+			holes++;
+			if (b.tag || b.lenc || kvt_get_le32(q + 12) != 0)
+				return fmt_rec_bad(r, "block %u: a hole with a tag, length code or "
+						   "reserved bytes", i);
+			continue;
+		}
 		if (b.slot >= lim->n_slots)
 			return fmt_rec_bad(r, "block %u in slot %u, the store has %u slots", i,
 					   b.slot, lim->n_slots);
@@ -525,6 +529,9 @@ kvt_fmt_rec_check(const struct kvt_fmt_rec *r, const struct kvt_fmt_limits *lim)
 		if (kvt_get_le32(q + 12) != 0)
 			return fmt_rec_bad(r, "block %u: reserved bytes not zero", i);
 	}
+	if (r->n_blocks - holes > lim->n_slots)
+		return fmt_rec_bad(r, "%u blocks, the store has %u slots", r->n_blocks - holes,
+				   lim->n_slots);
 	return 0;
 }
 

@@ -43,6 +43,10 @@
 #define KVT_FMT_PUT_FIXED 32u     /* fixed part of a PUT payload */
 #define KVT_FMT_PUT_BLOCK 32u     /* one block entry of a PUT payload */
 #define KVT_FMT_MAX_REC (64u << 20) /* largest journal record accepted */
+/* The slot of a PUT entry for a block that a sliding-window sequence dropped out of its window
+ * (a hole: no data, tag and length code 0; its hash the block's prefix key when known, which
+ * the block after the holes chains to). Never a slot: slots stay below it. */
+#define KVT_FMT_HOLE 0xffffffffu
 
 /** The superblock: the store's identity and the layout it was made for. */
 struct kvt_fmt_super {
@@ -222,9 +226,10 @@ struct kvt_fmt_limits {
  * every decoded field is range- and consistency-checked before the index or the engine uses it.
  * A record (PUT or DEL) needs 1 <= seqno <= KVT_FMT_MAX_SEQNO. A PUT needs: session key != 0,
  * priority 0..100, n_blocks == ceil(n_tokens / tokens_per_block) (every block holds
- * tokens_per_block tokens, the last one 1..tokens_per_block), n_blocks <= n_slots, and every
- * block entry a slot < n_slots, a length code valid for block_bytes (kvt_fmt_lenc_bytes != 0)
- * whose codec is KVT_CODEC_NONE or @lim->codec, and its reserved bytes zero. Not checked: the
+ * tokens_per_block tokens, the last one 1..tokens_per_block), n_blocks less its holes <= n_slots,
+ * and every block entry a slot < n_slots, a length code valid for block_bytes (kvt_fmt_lenc_bytes
+ * != 0) whose codec is KVT_CODEC_NONE or @lim->codec, and its reserved bytes zero; or a hole
+ * (slot KVT_FMT_HOLE, tag, length code and reserved bytes 0). Not checked: the
  * tenant (any 32-bit id is one the API accepts), the tags and content hashes (compared with the
  * block headers at restore), the token ids (opaque: any int32, -1 for unknown; only compared),
  * and slots named twice (store_resolve drops those sessions). Returns 0, or KVT_EFORMAT with a

@@ -247,6 +247,8 @@ store_resolve(struct kvt_store *st)
 			uint32_t sl = s->blocks[b].slot;
 			uint64_t w = store_write_id(&s->blocks[b]) + 1;
 
+			if (sl == KVT_FMT_HOLE)
+				continue; /* out of a sliding window: claims no slot */
 			keep = sl < st->n_slots && seen[sl] != i + 1 &&
 			       (!claim[sl] || claim[sl] == w);
 			if (keep) {
@@ -263,7 +265,8 @@ store_resolve(struct kvt_store *st)
 			}
 		}
 		for (b = 0; b < s->n_blocks && keep; b++)
-			claim[s->blocks[b].slot] = store_write_id(&s->blocks[b]) + 1;
+			if (s->blocks[b].slot != KVT_FMT_HOLE)
+				claim[s->blocks[b].slot] = store_write_id(&s->blocks[b]) + 1;
 		if (keep)
 			ord[i] = NULL;
 	}
@@ -506,6 +509,8 @@ kvt_store_fuzz_one(const uint8_t *data, size_t len)
 			uint32_t sl = s->blocks[b].slot;
 			uint64_t w = store_write_id(&s->blocks[b]) + 1;
 
+			if (sl == KVT_FMT_HOLE)
+				continue; /* a hole names no slot */
 			if (sl >= st.n_slots || seen[sl] == i + 1 || (claimed[sl] && claimed[sl] != w) ||
 			    !kvt_fmt_lenc_bytes(s->blocks[b].lenc, st.lim.block_bytes)) {
 				n = -1;
@@ -740,7 +745,8 @@ kvt_store_find_hash(struct kvt_store *st, const uint8_t *hash, struct kvt_store_
 	/* several sessions may share the block: one not open in the engine first */
 	for (uint32_t i = 0; i < st->n; i++)
 		for (uint32_t b = 0; b < st->sess[i]->n_blocks; b++)
-			if (!memcmp(st->sess[i]->blocks[b].hash, hash, 16) &&
+			if (st->sess[i]->blocks[b].slot != KVT_FMT_HOLE &&
+			    !memcmp(st->sess[i]->blocks[b].hash, hash, 16) &&
 			    (!*sess || (*sess)->open_seq != STORE_NIL)) {
 				*sess = st->sess[i];
 				*index = b;
