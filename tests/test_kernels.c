@@ -297,6 +297,290 @@ test_merge_symmetric(void **state)
 	assert_float_equal(la2[0], la[0], 1e-6f);
 }
 
+/* ---- sliding window and sinks ------------------------------------------------------------- */
+
+/* (window, sink) pairs the window tests sweep; window 0 = full attention. */
+static const uint64_t tk_windows[][2] = {
+	{ 0, 0 }, { 1, 0 }, { 3, 0 }, { 7, 0 }, { 16, 0 }, { 17, 0 }, { 1, 1 }, { 5, 2 },
+	{ 8, 4 }, { 16, 4 }, { 3, 9 }, { 1000, 0 }, { 20, 100 },
+};
+
+/* Rows of the visible positions of [t0, t1) from q gathered contiguously; returns their count. */
+static uint32_t
+tk_gather_visible(const struct kvt_test_kv_shape *s, const float *src, uint64_t window,
+		  uint64_t sink, uint64_t q, uint64_t t0, uint64_t t1, float *dst)
+{
+	size_t kv_dim = (size_t)s->n_kv_heads * s->head_dim;
+	uint32_t n = 0;
+
+	for (uint64_t t = t0; t < t1; t++)
+		if (kvt_test_visible(window, sink, q, t))
+			memcpy(dst + kv_dim * n++, src + kv_dim * t, kv_dim * sizeof(float));
+	return n;
+}
+
+static uint64_t
+tk_count_visible(uint64_t window, uint64_t sink, uint64_t q, uint64_t t0, uint64_t t1)
+{
+	uint64_t n = 0;
+
+	for (uint64_t t = t0; t < t1; t++)
+		n += (uint64_t)kvt_test_visible(window, sink, q, t);
+	return n;
+}
+
+/*
+ * Decode with (window, sink) over a fixture whose invisible rows and blocks are NaN: equal bit
+ * for bit to llama2.c's loop over the visible positions only, with the dense table and with a
+ * table that lists only the blocks holding visible positions (pos), plus @extra live blocks
+ * out of the window.
+ */
+static void
+tk_window_case(const struct kvt_test_kv_shape *s, enum kvt_dtype dt, uint64_t window,
+	       uint64_t sink, uint64_t *rng)
+{
+	size_t n = (size_t)s->n_heads * s->head_dim, kv_dim = (size_t)s->n_kv_heads * s->head_dim;
+	float *out = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+	float *kc = malloc((size_t)s->seq_len * kv_dim * sizeof(float));
+	float *vc = malloc((size_t)s->seq_len * kv_dim * sizeof(float));
+	float *att = malloc(s->seq_len * sizeof(float));
+	uint32_t *ctab = malloc((s->seq_len / s->tpb + 1) * sizeof(uint32_t));
+	uint32_t *cpos = malloc((s->seq_len / s->tpb + 1) * sizeof(uint32_t));
+	uint64_t q = s->seq_len - 1, nvis_bound;
+	struct kvt_paged_kv kv;
+	struct kvt_test_kv b;
+	uint32_t nv, blk, ne = 0;
+	float *scratch;
+
+	assert_true(out && want && kc && vc && att && ctab && cpos);
+	kvt_test_kv_build(&b, s, dt, rng);
+	kvt_test_kv_poison(&b, window, sink, q);
+	nv = tk_gather_visible(s, b.kw, window, sink, q, 0, s->seq_len, kc);
+	assert_int_equal(tk_gather_visible(s, b.vw, window, sink, q, 0, s->seq_len, vc), nv);
+	tk_llama2(b.q, kc, vc, (int)s->n_heads, (int)s->n_kv_heads, (int)s->head_dim, (int)nv,
+		  att, want, NULL);
+	/* scratch of exactly the visible count (ASan checks the documented bound) */
+	nvis_bound = window ? (window + sink < s->seq_len ? window + sink : s->seq_len)
+			    : s->seq_len;
+	assert_true(nv <= nvis_bound);
+	scratch = malloc(nv * sizeof(float));
+	assert_non_null(scratch);
+	kv = b.kv;
+	kv.window = window;
+	kv.sink = sink;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, s->n_heads, s->seq_len, scratch, out), 0);
+	if (memcmp(out, want, n * sizeof(float)))
+		fail_msg("window %llu sink %llu seq %u tpb %u dtype %d: dense table not "
+			 "bit-identical (relerr %g)", (unsigned long long)window,
+			 (unsigned long long)sink, s->seq_len, s->tpb, (int)dt,
+			 kvt_test_kv_relerr(out, want, n));
+	/* only live blocks listed: visible ones, and every third other block (not yet dropped) */
+	for (blk = 0; blk < b.n_blocks; blk++) {
+		int vis = 0;
+
+		for (uint64_t t = (uint64_t)blk * s->tpb; t < (uint64_t)(blk + 1) * s->tpb; t++)
+			vis |= kvt_test_visible(window, sink, q, t);
+		if (vis || blk % 3 == 0) {
+			ctab[ne] = b.table[blk];
+			cpos[ne++] = blk;
+		}
+	}
+	kv.table = ctab;
+	kv.pos = cpos;
+	kv.n_entries = ne;
+	memset(out, 0, n * sizeof(float));
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, s->n_heads, s->seq_len, scratch, out), 0);
+	if (memcmp(out, want, n * sizeof(float)))
+		fail_msg("window %llu sink %llu seq %u: block positions not bit-identical",
+			 (unsigned long long)window, (unsigned long long)sink, s->seq_len);
+	/* the one partial over everything is the decode, bit for bit */
+	{
+		float *m = malloc(s->n_heads * sizeof(float)), *l = malloc(s->n_heads * sizeof(float));
+		float *o = malloc(n * sizeof(float));
+
+		assert_true(m && l && o);
+		assert_int_equal(kvt_attn_partial_ref(&kv, b.q, s->n_heads, 0, s->seq_len, scratch,
+						      o, m, l), 0);
+		assert_memory_equal(o, want, n * sizeof(float));
+		free(m);
+		free(l);
+		free(o);
+	}
+	kvt_test_kv_free(&b);
+	free(out);
+	free(want);
+	free(kc);
+	free(vc);
+	free(att);
+	free(ctab);
+	free(cpos);
+	free(scratch);
+}
+
+static void
+test_window_decode(void **state)
+{
+	static const enum kvt_dtype dts[] = { KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16 };
+	uint64_t rng = 1601;
+
+	(void)state;
+	for (size_t si = 0; si < sizeof tk_shapes / sizeof tk_shapes[0]; si++)
+		for (size_t wi = 0; wi < sizeof tk_windows / sizeof tk_windows[0]; wi++)
+			tk_window_case(&tk_shapes[si], dts[(si + wi) % 3], tk_windows[wi][0],
+				       tk_windows[wi][1], &rng);
+}
+
+/*
+ * Streaming as a runner does it: the sequence in windows of @wb blocks, each a view listing
+ * only its blocks (pos) with absolute positions and kv.seq_len set; windows with no visible
+ * position give empty partials (l 0, m -inf, out 0) that the merge skips. The merged result
+ * equals the one-shot decode within fp32 rounding.
+ */
+static void
+tk_window_stream(const struct kvt_test_kv_shape *s, uint64_t window, uint64_t sink,
+		 uint32_t wb, uint64_t *rng)
+{
+	size_t n = (size_t)s->n_heads * s->head_dim, h;
+	float *full = malloc(n * sizeof(float)), *oa = malloc(n * sizeof(float));
+	float *ob = malloc(n * sizeof(float)), *scratch = malloc(s->seq_len * sizeof(float));
+	float *ma = malloc(s->n_heads * sizeof(float)), *la = malloc(s->n_heads * sizeof(float));
+	float *mb = malloc(s->n_heads * sizeof(float)), *lb = malloc(s->n_heads * sizeof(float));
+	uint32_t *wpos = malloc(wb * sizeof(uint32_t));
+	struct kvt_paged_kv kv;
+	struct kvt_test_kv b;
+	int first = 1, empties = 0;
+
+	assert_true(full && oa && ob && scratch && ma && la && mb && lb && wpos);
+	kvt_test_kv_build(&b, s, KVT_DTYPE_F32, rng);
+	kvt_test_kv_poison(&b, window, sink, s->seq_len - 1);
+	kv = b.kv;
+	kv.window = window;
+	kv.sink = sink;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, s->n_heads, s->seq_len, scratch, full), 0);
+	kv.seq_len = s->seq_len;
+	for (uint32_t ws = 0; ws < b.n_blocks; ws += wb) {
+		uint32_t nb = b.n_blocks - ws < wb ? b.n_blocks - ws : wb;
+		uint64_t t0 = (uint64_t)ws * s->tpb, t1 = (uint64_t)(ws + nb) * s->tpb;
+
+		if (t1 > s->seq_len)
+			t1 = s->seq_len;
+		for (uint32_t i = 0; i < nb; i++)
+			wpos[i] = ws + i;
+		kv.table = b.table + ws;
+		kv.pos = wpos;
+		kv.n_entries = nb;
+		assert_int_equal(kvt_attn_partial_ref(&kv, b.q, s->n_heads, t0, t1, scratch,
+						      first ? oa : ob, first ? ma : mb,
+						      first ? la : lb), 0);
+		if (!tk_count_visible(window, sink, s->seq_len - 1, t0, t1)) {
+			const float *o = first ? oa : ob, *m = first ? ma : mb, *l = first ? la : lb;
+
+			empties++;
+			for (h = 0; h < s->n_heads; h++)
+				assert_true(l[h] == 0.0f && m[h] == -INFINITY && o[h * s->head_dim] == 0);
+		}
+		if (!first)
+			kvt_attn_merge(s->n_heads, s->head_dim, oa, ma, la, ob, mb, lb);
+		first = 0;
+	}
+	if (!(kvt_test_kv_relerr(oa, full, n) <= 1e-5))
+		fail_msg("window %llu sink %llu, windows of %u blocks (%d empty): relerr %g",
+			 (unsigned long long)window, (unsigned long long)sink, wb, empties,
+			 kvt_test_kv_relerr(oa, full, n));
+	kvt_test_kv_free(&b);
+	free(full);
+	free(oa);
+	free(ob);
+	free(scratch);
+	free(ma);
+	free(la);
+	free(mb);
+	free(lb);
+	free(wpos);
+}
+
+static void
+test_window_stream(void **state)
+{
+	static const struct kvt_test_kv_shape shapes[] = {
+		{ 8, 4, 8, 4, 61, 0 }, { 8, 2, 16, 1, 30, 4 }, { 32, 8, 128, 16, 100, 0 },
+	};
+	uint64_t rng = 1602;
+
+	(void)state;
+	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+		for (size_t wi = 0; wi < sizeof tk_windows / sizeof tk_windows[0]; wi++)
+			for (uint32_t wb = 1; wb <= 3; wb++)
+				tk_window_stream(&shapes[si], tk_windows[wi][0], tk_windows[wi][1],
+						 wb, &rng);
+}
+
+/* Empty partials merge as nothing, in either order, and two empties stay empty. */
+static void
+test_merge_empty(void **state)
+{
+	float oa[2] = { 1.0f, -1.0f }, ma[1] = { 2.0f }, la[1] = { 3.0f };
+	float oe[2] = { 0.0f, 0.0f }, me[1] = { -INFINITY }, le[1] = { 0.0f };
+	float oe2[2] = { 0.0f, 0.0f }, me2[1] = { -INFINITY }, le2[1] = { 0.0f };
+
+	(void)state;
+	kvt_attn_merge(1, 2, oa, ma, la, oe, me, le); /* a + empty = a, exactly */
+	assert_true(oa[0] == 1.0f && oa[1] == -1.0f && ma[0] == 2.0f && la[0] == 3.0f);
+	kvt_attn_merge(1, 2, oe, me, le, oa, ma, la); /* empty + a = a, exactly */
+	assert_true(oe[0] == 1.0f && oe[1] == -1.0f && me[0] == 2.0f && le[0] == 3.0f);
+	kvt_attn_merge(1, 2, oe2, me2, le2, (const float[]){ 0.0f, 0.0f },
+		       (const float[]){ -INFINITY }, (const float[]){ 0.0f });
+	assert_true(oe2[0] == 0.0f && oe2[1] == 0.0f && le2[0] == 0.0f && me2[0] == -INFINITY);
+}
+
+/* Bad window arguments: clear -EINVAL, never a crash. */
+static void
+test_window_bad_args(void **state)
+{
+	static const struct kvt_test_kv_shape s = { 8, 4, 8, 4, 20, 0 };
+	float scratch[20], out[64], m[8], l[8];
+	uint32_t tab[5], pos[5] = { 0, 1, 2, 3, 4 };
+	struct kvt_test_kv b;
+	struct kvt_paged_kv kv;
+	uint64_t rng = 1603;
+
+	(void)state;
+	kvt_test_kv_build(&b, &s, KVT_DTYPE_F32, &rng);
+	memcpy(tab, b.table, sizeof tab);
+	kv = b.kv;
+	kv.seq_len = 19; /* decode: a different seq_len */
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "differs"));
+	kv.seq_len = 10; /* partial past the query */
+	assert_int_equal(kvt_attn_partial_ref(&kv, b.q, 8, 0, 12, scratch, out, m, l), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "passes"));
+	kv = b.kv;
+	kv.window = 4;
+	kv.table = tab;
+	kv.pos = pos;
+	kv.n_entries = 0;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), -EINVAL);
+	kv.n_entries = 5;
+	pos[3] = 2; /* not ascending */
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "ascending"));
+	pos[3] = 3;
+	kv.n_entries = 4; /* block 4 (positions 16..19) holds the window but is not listed */
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "block 4"));
+	kv.sink = 1; /* sink block 0 missing from pos */
+	kv.n_entries = 2;
+	pos[0] = 3;
+	pos[1] = 4;
+	tab[0] = b.table[3];
+	tab[1] = b.table[4];
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "block 0"));
+	kv.sink = 0; /* without the sink, blocks 3 and 4 hold the window 16..19: fine */
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), 0);
+	kvt_test_kv_free(&b);
+}
+
 static void
 test_bad_args(void **state)
 {
@@ -698,6 +982,10 @@ main(void)
 		cmocka_unit_test(test_partial_merge),
 		cmocka_unit_test(test_merge_symmetric),
 		cmocka_unit_test(test_bad_args),
+		cmocka_unit_test(test_window_decode),
+		cmocka_unit_test(test_window_stream),
+		cmocka_unit_test(test_merge_empty),
+		cmocka_unit_test(test_window_bad_args),
 		cmocka_unit_test(test_f16_known_values),
 		cmocka_unit_test(test_bf16_known_values),
 		cmocka_unit_test(test_conversion_sweeps),
