@@ -1000,6 +1000,23 @@ attn_lat_check(const struct kvt_paged_latent *kv, const float *q_lat, const floa
 	return 0;
 }
 
+extern "C" uint32_t
+kvt_attn_latent_cuda_splits(uint32_t n_heads, uint64_t n_visible, int n_sm)
+{
+	uint64_t blocks_per_win = n_heads ? (n_heads + 7u) / 8u : 1;
+	uint64_t want = ((uint64_t)(n_sm > 0 ? n_sm : 1) * 4 + blocks_per_win - 1) /
+			blocks_per_win;
+	uint64_t most = (n_visible + 255) / 256;
+
+	if (want > most)
+		want = most;
+	if (want < 1)
+		want = 1;
+	if (want > KVT_ATTN_CUDA_MAX_SPLITS)
+		want = KVT_ATTN_CUDA_MAX_SPLITS;
+	return (uint32_t)want;
+}
+
 extern "C" size_t
 kvt_attn_latent_cuda_work_floats(uint32_t n_heads, uint32_t kv_lora_rank, uint32_t n_splits)
 {
