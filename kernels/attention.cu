@@ -501,7 +501,7 @@ attn_empty_kernel(uint32_t d, float *out, float *m, float *l)
 }
 
 /*
- * The visible positions of [t0, t1) (attention.h; the same computation as attention_ref.c's
+ * The visible positions of [t0, t1) (attention.h; kvt_attn_visible(), as attention_ref.c's
  * attn_pg_visible) into p's runs; p->t_begin = 0, p->t_end = their count (0: none visible).
  * @field: the struct's seq_len (0 = t1); @decode: a decode call (t1 is its seq_len).
  * Returns 0 or -EINVAL.
@@ -510,7 +510,7 @@ static int
 attn_cuda_visible(uint64_t field, uint64_t window, uint64_t sink, const uint32_t *pos,
 		  uint32_t n_entries, uint64_t t0, uint64_t t1, int decode, attn_params *p)
 {
-	uint64_t q, lo = 0, s_end, a1, b0;
+	uint64_t q, lo, s_end, a1, b0;
 
 	if (t0 >= t1)
 		return kvt_err(-EINVAL, "attention (cuda): empty window [%llu, %llu)",
@@ -525,9 +525,7 @@ attn_cuda_visible(uint64_t field, uint64_t window, uint64_t sink, const uint32_t
 	if (pos && !n_entries)
 		return kvt_err(-EINVAL, "attention (cuda): block positions given with n_entries 0");
 	q = (field ? field : t1) - 1;
-	if (window && q + 1 > window)
-		lo = q + 1 - window;
-	s_end = sink < lo ? sink : lo;
+	kvt_attn_visible(window, sink, q + 1, &s_end, &lo); /* attention_ref.c */
 	a1 = t1 < s_end ? t1 : s_end;
 	b0 = t0 > lo ? t0 : lo;
 	p->a0 = t0;

@@ -130,6 +130,16 @@ void kvt_attn_merge(uint32_t n_heads, uint32_t head_dim, float *oa, float *ma, f
 		    const float *ob, const float *mb, const float *lb);
 
 /**
+ * kvt_attn_visible() - the keys visible from the query at position seq_len - 1 under
+ * (@window, @sink) (see above) as two ranges, ascending and disjoint: [0, *sink_end) and
+ * [*win_begin, seq_len), *sink_end <= *win_begin (window 0: *sink_end 0, *win_begin 0). Blocks a
+ * runner must prepare for the query: those holding a position of either range. Pure function;
+ * seq_len 0 gives both 0.
+ */
+void kvt_attn_visible(uint64_t window, uint64_t sink, uint64_t seq_len, uint64_t *sink_end,
+		      uint64_t *win_begin);
+
+/**
  * Where one layer's paged MLA latent of one sequence is (a LATENT group): per token one vector
  * of kv_lora_rank + rope_dim elements of @dtype, [c_kv | k_pe], at
  *   base + slot * block_stride + (t % tokens_per_block) * token_stride

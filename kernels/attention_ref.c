@@ -262,6 +262,18 @@ attn_pos_find(const uint32_t *pos, uint32_t n, uint64_t blk, uint64_t last, uint
 	return 0;
 }
 
+void
+kvt_attn_visible(uint64_t window, uint64_t sink, uint64_t seq_len, uint64_t *sink_end,
+		 uint64_t *win_begin)
+{
+	uint64_t lo = 0;
+
+	if (window && seq_len > window)
+		lo = seq_len - window;
+	*win_begin = lo;
+	*sink_end = sink < lo ? sink : lo;
+}
+
 /*
  * Fill the visible ranges of [t0, t1) from the query at q (attention.h: q - window < k <= q, or
  * k < sink) and check the block positions. t1 <= q + 1. Returns 0 or -EINVAL.
@@ -270,13 +282,11 @@ static int
 attn_pg_visible(struct attn_pg *pg, uint64_t window, uint64_t sink, uint64_t q, uint64_t t0,
 		uint64_t t1)
 {
-	uint64_t lo = 0, s_end;
+	uint64_t lo, s_end;
 	uint32_t i;
 	int rc;
 
-	if (window && q + 1 > window)
-		lo = q + 1 - window;
-	s_end = sink < lo ? sink : lo; /* no window: lo 0, no separate sink range */
+	kvt_attn_visible(window, sink, q + 1, &s_end, &lo); /* no window: no separate sinks */
 	pg->a0 = t0;
 	pg->a1 = t1 < s_end ? t1 : s_end;
 	if (pg->a1 < pg->a0)

@@ -515,6 +515,24 @@ test_window_stream(void **state)
 						 wb, &rng);
 }
 
+/* kvt_attn_visible() gives exactly the positions kvt_test_visible() calls visible. */
+static void
+test_attn_visible(void **state)
+{
+	(void)state;
+	for (size_t wi = 0; wi < sizeof tk_windows / sizeof tk_windows[0]; wi++)
+		for (uint64_t n = 0; n < 130; n++) {
+			uint64_t se, wb;
+
+			kvt_attn_visible(tk_windows[wi][0], tk_windows[wi][1], n, &se, &wb);
+			assert_true(se <= wb && wb <= (n ? n - 1 : 0));
+			for (uint64_t k = 0; k < n; k++)
+				assert_int_equal(k < se || k >= wb,
+						 kvt_test_visible(tk_windows[wi][0],
+								  tk_windows[wi][1], n - 1, k));
+		}
+}
+
 /* Empty partials merge as nothing, in either order, and two empties stay empty. */
 static void
 test_merge_empty(void **state)
@@ -1436,6 +1454,7 @@ main(void)
 		cmocka_unit_test(test_window_decode),
 		cmocka_unit_test(test_window_stream),
 		cmocka_unit_test(test_merge_empty),
+		cmocka_unit_test(test_attn_visible),
 		cmocka_unit_test(test_window_bad_args),
 		cmocka_unit_test(test_latent_matches_loop),
 		cmocka_unit_test(test_latent_stream),
