@@ -177,6 +177,184 @@ test_persist_kill9(void **state)
 		hf_case(hf_names[i], HF_PERSIST);
 }
 
+/*
+ * Issue 16 item 7 at the model level. Runs fixture @name with @tpb tokens per block, the first
+ * @n_prompt tokens of the reference path as the prompt (same logits: kvhf_ref_resplit), HBM 10%
+ * and HOST 25% of the KV (the rest on NVMe), prefix sharing on (a second sequence attaches the
+ * prompt's whole blocks, n_prompt - 1 tokens at most), the first sequence closed before the
+ * attach when @close_first (its blocks then only in the prefix cache). Tokens exact, logits
+ * within KVHF_TOL; returns the tokens attached.
+ */
+static uint64_t
+hf_prefix_case(const char *name, uint32_t tpb, uint32_t n_prompt, int close_first)
+{
+	struct kvhf_model *m = NULL;
+	struct kvhf_ref ref;
+	struct kvhf_result r;
+	struct kvhf_opts o;
+	double diff = -1.0;
+	uint64_t kv, block, attached;
+
+	assert_int_equal(kvhf_model_load(hf_dir(name), &m), 0);
+	assert_int_equal(kvhf_ref_load(hf_dir(name), &ref), 0);
+	if (kvhf_ref_resplit(&ref, n_prompt))
+		fail_msg("%s: %s", name, kvtr_last_error());
+	kvhf_opts_init(&o);
+	o.model = m;
+	o.prompt = ref.prompt;
+	o.n_prompt = ref.n_prompt;
+	o.gen = ref.n_gen;
+	o.tokens_per_block = tpb;
+	o.prefix_share = 1;
+	o.close_first = close_first;
+	kv = kvhf_kv_bytes(m, tpb, o.n_prompt + o.gen);
+	block = kvhf_kv_bytes(m, tpb, 1);
+	o.hbm_bytes = (kv / 10 / block > 2 ? kv / 10 / block : 2) * block;
+	o.host_bytes = (kv / 4 / block > 1 ? kv / 4 / block : 1) * block;
+	if (kvhf_run(&o, &r))
+		fail_msg("%s, prompt %u, tpb %u: %s", name, n_prompt, tpb, kvtr_last_error());
+	if (kvhf_check(&ref, &r, KVHF_TOL, &diff))
+		fail_msg("%s, prompt %u, tpb %u: %s", name, n_prompt, tpb, kvtr_last_error());
+	print_message("%-12s prompt %3u, tpb %2u%s: attached %llu, max abs logit diff %.3g\n",
+		      name, n_prompt, tpb, close_first ? ", first closed" : "",
+		      (unsigned long long)r.prefix_tokens, diff);
+	assert_true(r.stats.blocks_moved[KVT_MOVE_HOST_TO_NVME] > 0);
+	attached = r.prefix_tokens;
+	kvhf_result_free(&r);
+	kvhf_ref_free(&ref);
+	kvhf_model_free(m);
+	return attached;
+}
+
+/* Prompts ending exactly on a block boundary and one token either side (vLLM #40696's short
+ * prompts included: a one-block prompt still attaches): the whole blocks of prompt - 1. */
+static void
+test_block_boundary_prompts(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < HF_N; i++) {
+		struct kvhf_ref ref;
+		uint32_t tpb = 16, k;
+
+		assert_int_equal(kvhf_ref_load(hf_dir(hf_names[i]), &ref), 0);
+		k = (ref.n_prompt + 1 + tpb - 1) / tpb; /* the first boundary past the prompt */
+		for (uint32_t n = k * tpb - 1; n <= k * tpb + 1; n++)
+			assert_int_equal(hf_prefix_case(hf_names[i], tpb, n, 0), (n - 1) / tpb * tpb);
+		/* tpb 4: the reference prompt itself ends on a boundary */
+		assert_int_equal(ref.n_prompt % 4, 0);
+		for (uint32_t n = ref.n_prompt; n <= ref.n_prompt + 1; n++)
+			assert_int_equal(hf_prefix_case(hf_names[i], 4, n, 0), (n - 1) / 4 * 4);
+		kvhf_ref_free(&ref);
+	}
+}
+
+/* Reuse past the window (TensorRT-LLM #2912/#2983): the first sequence decodes far past its
+ * window and is closed; a second one attaches a prompt of 4-8 windows from the prefix cache
+ * alone, while the tiers are 10%/25% (the cached blocks are being demoted, vLLM #42761) and
+ * must continue exactly. */
+static void
+test_reuse_past_window(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < HF_N; i++) {
+		struct kvhf_model *m = NULL;
+		struct kvhf_ref ref;
+		uint32_t n, w;
+
+		assert_int_equal(kvhf_model_load(hf_dir(hf_names[i]), &m), 0);
+		assert_int_equal(kvhf_ref_load(hf_dir(hf_names[i]), &ref), 0);
+		w = m->sliding_window ? (uint32_t)m->sliding_window : 16;
+		n = ref.n_prompt + 17 > 4 * w ? ref.n_prompt + 17 : 4 * w + 1;
+		assert_true(n < ref.n_prompt + ref.n_gen);
+		assert_true(hf_prefix_case(hf_names[i], 4, n, 1) > 3 * w);
+		assert_true(hf_prefix_case(hf_names[i], 16, n, 1) > 2 * w);
+		kvhf_ref_free(&ref);
+		kvhf_model_free(m);
+	}
+}
+
+/* Runs @m (contiguous or through kvtier at HBM 10% / HOST 25%, parked every 16 when @park)
+ * on @ref's prompt and length; the result in @r. */
+static void
+hf_run_alias(const struct kvhf_model *m, const struct kvhf_ref *ref, int contiguous, int park,
+	     struct kvhf_result *r)
+{
+	struct kvhf_opts o;
+
+	kvhf_opts_init(&o);
+	o.model = m;
+	o.prompt = ref->prompt;
+	o.n_prompt = ref->n_prompt;
+	o.gen = ref->n_gen;
+	o.tokens_per_block = 4;
+	o.contiguous = contiguous;
+	if (!contiguous) {
+		uint64_t kv = kvhf_kv_bytes(m, 4, o.n_prompt + o.gen), block = kvhf_kv_bytes(m, 4, 1);
+
+		o.hbm_bytes = kv / 10 / block * block;
+		o.host_bytes = kv / 4 / block * block;
+		o.park_every = park ? 16 : 0;
+	}
+	if (kvhf_run(&o, r))
+		fail_msg("%s: %s", contiguous ? "contiguous" : "kvtier", kvtr_last_error());
+}
+
+/*
+ * ALIAS (cross-layer KV sharing, Gemma 3n's rule) on the Gemma 3 and Mistral fixtures' weights:
+ * through kvtier (tiered, and parked between turns) the logits are bit-identical to the
+ * contiguous reference (plain arrays, no kvtier); the contiguous mode itself matches
+ * transformers on the unshared model, and sharing really changes the model.
+ */
+static void
+test_kv_shared_layers(void **state)
+{
+	static const struct {
+		const char *name; /* fixture */
+		int shared;       /* KV-shared layers */
+		int src[5];       /* expected kv_src per layer */
+	} cases[] = {
+		{ "gemma3", 2, { 0, 1, 2, 1, 2 } }, /* S S F | S->1 F->2 */
+		{ "mistral-swa", 1, { 0, 1, 1 } },
+	};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct kvhf_model *m = NULL;
+		struct kvhf_ref ref;
+		struct kvhf_result c, k;
+		double diff = 0.0;
+
+		assert_int_equal(kvhf_model_load(hf_dir(cases[i].name), &m), 0);
+		assert_int_equal(kvhf_ref_load(hf_dir(cases[i].name), &ref), 0);
+		hf_run_alias(m, &ref, 1, 0, &c);
+		assert_int_equal(kvhf_check(&ref, &c, KVHF_TOL, &diff), 0);
+		kvhf_result_free(&c);
+		assert_int_equal(kvhf_model_share_kv(m, cases[i].shared), 0);
+		for (int l = 0; l < m->n_layers; l++)
+			assert_int_equal(m->layers[l].kv_src, cases[i].src[l]);
+		hf_run_alias(m, &ref, 1, 0, &c);
+		/* the shared model is another model: the unshared reference does not hold */
+		assert_int_not_equal(kvhf_check(&ref, &c, KVHF_TOL, &diff), 0);
+		for (int park = 0; park <= 1; park++) {
+			hf_run_alias(m, &ref, 0, park, &k);
+			assert_int_equal(k.n_tokens, c.n_tokens);
+			assert_memory_equal(k.tokens, c.tokens, c.n_tokens * sizeof(int32_t));
+			assert_memory_equal(k.logits, c.logits,
+					    (size_t)c.n_logits * (size_t)m->vocab * sizeof(float));
+			assert_true(k.stats.blocks_moved[KVT_MOVE_HOST_TO_NVME] > 0);
+			print_message("%-12s %d KV-shared layers%s: bit-identical to the contiguous "
+				      "run\n", cases[i].name, cases[i].shared,
+				      park ? ", parked every 16" : "");
+			kvhf_result_free(&k);
+		}
+		kvhf_result_free(&c);
+		/* bad descriptors: clear errors */
+		assert_int_equal(kvhf_model_share_kv(m, m->n_layers), KVT_EFORMAT);
+		kvhf_ref_free(&ref);
+		kvhf_model_free(m);
+	}
+}
+
 /* The check is not vacuous: one weight changed by 1e-3 moves the logits past the tolerance. */
 static void
 test_check_detects_a_changed_weight(void **state)
@@ -318,6 +496,9 @@ main(void)
 		cmocka_unit_test(test_parked),
 		cmocka_unit_test(test_prefix),
 		cmocka_unit_test(test_persist_kill9),
+		cmocka_unit_test(test_block_boundary_prompts),
+		cmocka_unit_test(test_reuse_past_window),
+		cmocka_unit_test(test_kv_shared_layers),
 		cmocka_unit_test(test_check_detects_a_changed_weight),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_cli),

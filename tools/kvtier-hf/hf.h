@@ -58,6 +58,11 @@ struct kvhf_layer {
 	int sliding;                               /* 1: attends to the last sliding_window
 	                                              positions only */
 	float rope_theta;                          /* this layer's rope base */
+	int kv_src;                                /* the layer whose K/V this one attends to:
+	                                              itself, or (cross-layer KV sharing, Gemma
+	                                              3n's num_kv_shared_layers) an earlier layer
+	                                              of the same type; its own k/v projections
+	                                              are then not used */
 };
 
 /** A loaded model. */
@@ -76,6 +81,8 @@ struct kvhf_model {
 	struct kvhf_layer *layers;   /* [n_layers] */
 	uint32_t kv_heads_stored, kv_head_dim_stored; /* engine layout (MLA: 1, rank + rope) */
 	uint32_t kv_width;           /* floats of one token's K in one layer */
+	int kv_shared_layers;        /* the last this many layers read an earlier layer's K/V
+	                                (kvhf_model_share_kv); 0 = none */
 	/* private */
 	float *f32;                  /* all tensors converted to f32 */
 	void *tensors;               /* name index */
@@ -84,6 +91,17 @@ struct kvhf_model {
 
 /** kvhf_model_load() - read DIR/config.json and DIR/model.safetensors. */
 int kvhf_model_load(const char *dir, struct kvhf_model **out);
+/**
+ * kvhf_model_share_kv() - cross-layer KV sharing as Gemma 3n's num_kv_shared_layers (the rule
+ * of transformers' Gemma3nTextAttention): the last @n_shared layers store no K/V of their own;
+ * layer i of them attends to the K/V of the last layer before them that has the same type
+ * (sliding or full). Also read from config.json's num_kv_shared_layers (any family but
+ * deepseek_v3). No transformers reference exists for such a model here: the check is against
+ * kvhf_run()'s contiguous mode (opts.contiguous). Returns 0, or KVT_EFORMAT when @n_shared
+ * leaves no storing layer or a shared layer has no earlier layer of its type, KVT_ENOTSUP for
+ * MLA (its latent is per layer).
+ */
+int kvhf_model_share_kv(struct kvhf_model *m, int n_shared);
 /** kvhf_model_free() - NULL ok. */
 void kvhf_model_free(struct kvhf_model *m);
 
@@ -123,6 +141,16 @@ struct kvhf_opts {
 	                                first */
 	uint32_t stop_after;         /* persist: positions before the kill; 0 = n_prompt + gen / 2 */
 	uint64_t session_key;        /* persist: default 0x4b56484600000001 */
+	int contiguous;              /* 1: no kvtier at all: every layer's K/V of every position
+	                                in one plain array, attention over it in position order
+	                                (the same float operations in the same order as through
+	                                kvtier: logits bit-identical). The reference of models
+	                                transformers cannot give one for (kv_shared_layers).
+	                                Not with park_every, prefix_share or persist */
+	int close_first;             /* prefix_share: close the first sequence before the second
+	                                attaches, so the prompt's blocks are held only by the
+	                                prefix cache (reuse after the owner left, and past the
+	                                window) */
 	FILE *log;                   /* notes; NULL = stderr */
 };
 
@@ -159,6 +187,14 @@ struct kvhf_ref {
 
 /** kvhf_ref_load() - DIR/reference.json and its logits file. */
 int kvhf_ref_load(const char *dir, struct kvhf_ref *ref);
+/**
+ * kvhf_ref_resplit() - make the first @n_prompt tokens of the reference path (prompt, then
+ * generated) the prompt and the rest the generated part: the logits are the same (a causal
+ * model's logits after position p depend on tokens 0..p only), so a run with a longer prompt
+ * checks against the same reference. @n_prompt in [ref->n_prompt, n_prompt + n_gen - 1];
+ * returns 0, -EINVAL otherwise, -ENOMEM.
+ */
+int kvhf_ref_resplit(struct kvhf_ref *ref, uint32_t n_prompt);
 void kvhf_ref_free(struct kvhf_ref *ref);
 
 /**

@@ -38,6 +38,14 @@ usage(FILE *f)
 		"  --prefix-share         run a second sequence that attaches the prompt's blocks\n"
 		"  --persist              persistent store in --nvme-dir: kill -9 midway (a child),\n"
 		"                         restore the session, finish (not with --prefix-share)\n"
+		"  --close-first          --prefix-share: close the first sequence before the second\n"
+		"                         attaches (its blocks only in the prefix cache)\n"
+		"  --prompt-len N         with --check: the first N tokens of the reference path are\n"
+		"                         the prompt (N >= the reference's prompt; same logits)\n"
+		"  --kv-shared-layers N   the last N layers read an earlier layer's K/V (Gemma 3n's\n"
+		"                         rule; overrides config.json's num_kv_shared_layers)\n"
+		"  --contiguous           no kvtier: K/V in one plain array (the reference for\n"
+		"                         models without a transformers one)\n"
 		"  --dump-logits FILE     write the logits as raw f32 [positions - 1][vocab]\n",
 		KVHF_TOL);
 }
@@ -76,7 +84,8 @@ main(int argc, char **argv)
 	const char *dir = NULL, *check = NULL, *ids = NULL, *dump = NULL;
 	char refdir[4096];
 	float hbm_frac = 0.0f, host_frac = 0.0f, tol = (float)KVHF_TOL;
-	uint32_t steps = 0;
+	uint32_t steps = 0, prompt_len = 0, shared = 0;
+	int have_shared = 0;
 	int32_t *prompt = NULL;
 	uint32_t n_prompt = 0;
 	int rc = 0, have_steps = 0;
@@ -98,6 +107,10 @@ main(int argc, char **argv)
 			o.prefix_share = 1, val = 0;
 		} else if (!strcmp(a, "--persist")) {
 			o.persist = 1, val = 0;
+		} else if (!strcmp(a, "--close-first")) {
+			o.close_first = 1, val = 0;
+		} else if (!strcmp(a, "--contiguous")) {
+			o.contiguous = 1, val = 0;
 		} else if (!v) {
 			fprintf(stderr, "kvtier-hf: %s needs a value (or is unknown)\n", a);
 			usage(stderr);
@@ -129,6 +142,11 @@ main(int argc, char **argv)
 			o.nvme_dir = v;
 		} else if (!strcmp(a, "--dump-logits")) {
 			dump = v;
+		} else if (!strcmp(a, "--prompt-len")) {
+			rc = kvtr_parse_u32(a, v, 1, 1 << 26, &prompt_len);
+		} else if (!strcmp(a, "--kv-shared-layers")) {
+			rc = kvtr_parse_u32(a, v, 0, 4096, &shared);
+			have_shared = 1;
 		} else if (!strcmp(a, "--park-every")) {
 			rc = kvtr_parse_u32(a, v, 0, 1 << 20, &o.park_every);
 		} else {
@@ -156,7 +174,13 @@ main(int argc, char **argv)
 			"one of them per run\n");
 		return 2;
 	}
+	if (prompt_len && !check) {
+		fprintf(stderr, "kvtier-hf: --prompt-len splits the reference path: give --check\n");
+		return 2;
+	}
 	rc = kvhf_model_load(dir, &m);
+	if (rc == 0 && have_shared)
+		rc = kvhf_model_share_kv(m, (int)shared);
 	if (rc == 0 && check) {
 		struct stat sb;
 
@@ -173,6 +197,8 @@ main(int argc, char **argv)
 		if (rc == 0 && ref.vocab != (uint32_t)m->vocab)
 			rc = kvtr_err(KVT_EFORMAT, "the reference has %u logits per row, the model "
 				      "a vocabulary of %d", ref.vocab, m->vocab);
+		if (rc == 0 && prompt_len)
+			rc = kvhf_ref_resplit(&ref, prompt_len);
 	}
 	if (rc == 0 && ids)
 		rc = parse_ids(ids, &prompt, &n_prompt);

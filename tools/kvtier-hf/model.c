@@ -410,7 +410,7 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 {
 	const cJSON *mt = hf_item(c, "model_type");
 	double eps, theta, local, qpas, sc;
-	int rc;
+	int rc, shared = 0;
 
 	if (!cJSON_IsString(mt))
 		return kvtr_err(KVT_EFORMAT, "config.json has no model_type");
@@ -447,8 +447,10 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 	m->layers = calloc((size_t)m->n_layers, sizeof(*m->layers));
 	if (!m->layers)
 		return kvtr_err(-ENOMEM, "out of memory");
-	for (int l = 0; l < m->n_layers; l++)
+	for (int l = 0; l < m->n_layers; l++) {
 		m->layers[l].rope_theta = (float)theta;
+		m->layers[l].kv_src = l;
+	}
 	rc = hf_layer_types(m, c);
 	if (rc)
 		return rc;
@@ -508,6 +510,37 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 		m->kv_head_dim_stored = (uint32_t)m->head_dim;
 	}
 	m->kv_width = m->kv_heads_stored * m->kv_head_dim_stored;
+	if ((rc = hf_int(c, "num_kv_shared_layers", 0, 0, m->n_layers, &shared)) != 0)
+		return rc;
+	return shared ? kvhf_model_share_kv(m, shared) : 0;
+}
+
+int
+kvhf_model_share_kv(struct kvhf_model *m, int n_shared)
+{
+	int first = m->n_layers - n_shared;
+
+	if (m->family == KVHF_DEEPSEEK && n_shared)
+		return kvtr_err(KVT_ENOTSUP, "KV-shared layers in an MLA model are not supported");
+	if (n_shared < 0 || first < 1)
+		return kvtr_err(KVT_EFORMAT, "%d KV-shared layers of %d: at least the first layer "
+				"must store its K/V", n_shared, m->n_layers);
+	for (int l = 0; l < m->n_layers; l++)
+		m->layers[l].kv_src = l;
+	for (int l = first; l < m->n_layers; l++) {
+		int src = -1;
+
+		/* Gemma3nTextAttention: the last layer before the shared ones of the same type */
+		for (int j = first - 1; j >= 0 && src < 0; j--)
+			if (m->layers[j].sliding == m->layers[l].sliding)
+				src = j;
+		if (src < 0)
+			return kvtr_err(KVT_EFORMAT, "KV-shared layer %d (%s) has no earlier %s layer "
+					"to read", l, m->layers[l].sliding ? "sliding" : "full",
+					m->layers[l].sliding ? "sliding" : "full");
+		m->layers[l].kv_src = src;
+	}
+	m->kv_shared_layers = n_shared;
 	return 0;
 }
 

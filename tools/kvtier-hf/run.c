@@ -27,6 +27,8 @@ struct hf_run {
 	struct kvt_geometry geo;
 	struct kvhf_state st;
 	float *side;          /* [n_layers][2][kv_width]: this position's K/V */
+	float *kv;            /* contiguous mode: [n_layers][positions][2][kv_width] */
+	uint32_t P;           /* positions of the run */
 	uint32_t cap;         /* blocks per window */
 	char tmpdir[4096];
 };
@@ -122,12 +124,27 @@ hf_nofit(int rc)
 	return rc == KVT_ETOOBIG || rc == -ENOSPC;
 }
 
-/* Attention of layer @l at @pos over the stored positions [lo, pos) of @seq, by windows. */
+/*
+ * Attention of layer @l at @pos over the stored positions [lo, pos) of @seq, read from the
+ * K/V of layer @kl (@l itself, or the layer it shares K/V with), by windows.
+ */
 static int
-hf_attend_stored(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t lo, uint32_t pos)
+hf_attend_stored(struct hf_run *c, kvt_seq_id seq, uint32_t kl, uint32_t l, uint32_t lo,
+		 uint32_t pos)
 {
 	uint32_t tpb = c->geo.tokens_per_block, fb = lo / tpb, nb = (pos + tpb - 1) / tpb;
 	const struct kvt_geometry *g = &c->geo;
+
+	if (c->kv) { /* contiguous: the same positions in the same order */
+		uint32_t kw = c->m->kv_width;
+
+		for (uint32_t j = lo; j < pos; j++) {
+			const float *k = c->kv + ((size_t)kl * c->P + j) * 2 * kw;
+
+			kvhf_attn_add(c->m, &c->st, l, k, k + kw);
+		}
+		return 0;
+	}
 
 	for (uint32_t ws = fb; ws < nb;) {
 		uint32_t wn = nb - ws < c->cap ? nb - ws : c->cap;
@@ -158,13 +175,13 @@ hf_attend_stored(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t lo, uint
 			rc = kvtr_err(-EPROTO, "engine bug: window [%u, +%u) has a block table of "
 				      "%u blocks from %u", ws, wn, bt.indptr[1] - bt.indptr[0],
 				      bt.first_block[0]);
-		if (rc == 0 && (rc = kvt_batch_wait_layer(b, l, NULL)) != 0)
+		if (rc == 0 && (rc = kvt_batch_wait_layer(b, kl, NULL)) != 0)
 			rc = kvtr_err_kvt(rc, "kvt_batch_wait_layer");
 		for (uint32_t i = 0; rc == 0 && i < wn; i++) {
 			uint32_t slot = bt.indices[bt.indptr[0] + i];
 			const char *base = (const char *)bt.geo.hbm_base +
 					   (uint64_t)slot * g->block_bytes +
-					   (uint64_t)l * g->layer_block_bytes;
+					   (uint64_t)kl * g->layer_block_bytes;
 
 			for (uint32_t o = 0; o < tpb; o++) {
 				uint64_t j = (uint64_t)(ws + i) * tpb + o;
@@ -197,6 +214,12 @@ hf_commit(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 	int64_t slot = -1;
 	int rc, rc2;
 
+	if (c->kv) {
+		for (uint32_t l = 0; l < (uint32_t)c->m->n_layers; l++)
+			memcpy(c->kv + ((size_t)l * c->P + pos) * 2 * kw, c->side + (size_t)l * 2 * kw,
+			       2 * kw * sizeof(float));
+		return 0;
+	}
 	rc = kvt_seq_append(c->e, seq, &tok, 1, &slot);
 	if (rc)
 		return kvtr_err_kvt(rc, "kvt_seq_append");
@@ -225,6 +248,12 @@ hf_commit(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 			break;
 		}
 		kvt_kv_addr(&bt.geo, l, slot, &k, &v);
+		if (c->m->layers[l].kv_src != (int)l) { /* stores nothing (the old layout's slot
+							   is written zero) */
+			memset(k, 0, kw * sizeof(float));
+			memset(v, 0, kw * sizeof(float));
+			continue;
+		}
 		memcpy(k, kv, kw * sizeof(float));
 		memcpy(v, kv + kw, kw * sizeof(float));
 	}
@@ -244,15 +273,17 @@ hf_position(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 
 	kvhf_fwd_embed(m, &c->st, tok);
 	for (uint32_t l = 0; l < (uint32_t)m->n_layers; l++) {
-		uint32_t lo = 0;
-		float *side = c->side + (size_t)l * 2 * kw;
+		uint32_t lo = 0, kl = (uint32_t)m->layers[l].kv_src;
+		float *side = c->side + (size_t)kl * 2 * kw;
 
 		kvhf_fwd_qkv(m, &c->st, l, pos);
-		memcpy(side, c->st.k, kw * sizeof(float));
-		memcpy(side + kw, c->st.v, kw * sizeof(float));
+		if (kl == l) { /* a KV-shared layer reads its source's (computed before it) */
+			memcpy(side, c->st.k, kw * sizeof(float));
+			memcpy(side + kw, c->st.v, kw * sizeof(float));
+		}
 		if (m->layers[l].sliding && pos + 1 > (uint32_t)m->sliding_window)
 			lo = pos + 1 - (uint32_t)m->sliding_window;
-		rc = hf_attend_stored(c, seq, l, lo, pos);
+		rc = hf_attend_stored(c, seq, kl, l, lo, pos);
 		if (rc)
 			return rc;
 		kvhf_attn_add(m, &c->st, l, side, side + kw);
@@ -345,7 +376,8 @@ hf_open(struct hf_run *c, uint64_t key, kvt_seq_id *seq)
 
 /* Prefix sharing: a second sequence attaches the prompt's blocks and computes the rest. */
 static int
-hf_prefix_second(struct hf_run *c, const int32_t *tokens, const float *logits)
+hf_prefix_second(struct hf_run *c, kvt_seq_id *first, const int32_t *tokens,
+		 const float *logits)
 {
 	uint32_t P = c->o->n_prompt + c->o->gen, V = (uint32_t)c->m->vocab;
 	int32_t *t2 = malloc((size_t)P * sizeof(int32_t));
@@ -359,6 +391,14 @@ hf_prefix_second(struct hf_run *c, const int32_t *tokens, const float *logits)
 		goto out;
 	}
 	memcpy(t2, tokens, (size_t)c->o->n_prompt * sizeof(int32_t));
+	if (c->o->close_first && *first) {
+		rc = kvt_seq_close(c->e, *first);
+		*first = 0;
+		if (rc) {
+			rc = kvtr_err_kvt(rc, "kvt_seq_close (the first sequence)");
+			goto out;
+		}
+	}
 	rc = hf_open(c, 0, &s2);
 	if (rc)
 		goto out;
@@ -520,6 +560,11 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 		return kvtr_err(-EINVAL, "tokens per block %u out of range [1, 65536]",
 				o->tokens_per_block);
 	P = o->n_prompt + o->gen;
+	if (o->contiguous && (o->park_every || o->prefix_share || o->persist))
+		return kvtr_err(-EINVAL, "the contiguous mode keeps no KV in kvtier: no parking, "
+				"prefix sharing or persistent store with it");
+	if (o->close_first && !o->prefix_share)
+		return kvtr_err(-EINVAL, "close_first is a prefix-sharing option");
 	if (P > (uint32_t)o->model->max_pos)
 		return kvtr_err(-EINVAL, "%u positions exceed max_position_embeddings %d", P,
 				o->model->max_pos);
@@ -531,11 +576,16 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 	c.m = o->model;
 	c.r = r;
 	c.log = o->log ? o->log : stderr;
+	c.P = P;
+	if (o->contiguous &&
+	    !(c.kv = calloc((size_t)c.m->n_layers * P * 2 * c.m->kv_width, sizeof(float))))
+		return kvtr_err(-ENOMEM, "out of memory for the contiguous KV of %u positions", P);
 	r->tokens = calloc(P, sizeof(int32_t));
 	r->logits = calloc((size_t)P * (size_t)c.m->vocab, sizeof(float));
 	c.side = calloc((size_t)c.m->n_layers * 2 * c.m->kv_width, sizeof(float));
 	if (!r->tokens || !r->logits || !c.side) {
 		free(c.side);
+		free(c.kv);
 		return kvtr_err(-ENOMEM, "out of memory for %u positions", P);
 	}
 	memcpy(r->tokens, o->prompt, (size_t)o->n_prompt * sizeof(int32_t));
@@ -544,6 +594,8 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 	rc = kvhf_state_init(&c.st, c.m);
 	if (rc == 0 && o->persist) {
 		rc = hf_persist(&c, r->tokens, r->logits);
+	} else if (rc == 0 && o->contiguous) {
+		rc = hf_decode(&c, 0, r->tokens, r->logits, 0, P);
 	} else if (rc == 0) {
 		rc = hf_engine_create(&c, 0);
 		if (rc == 0)
@@ -551,7 +603,7 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 		if (rc == 0)
 			rc = hf_decode(&c, seq, r->tokens, r->logits, 0, P);
 		if (rc == 0 && o->prefix_share)
-			rc = hf_prefix_second(&c, r->tokens, r->logits);
+			rc = hf_prefix_second(&c, &seq, r->tokens, r->logits);
 		if (rc == 0 && (rc = kvt_engine_drain(c.e)) != 0)
 			rc = kvtr_err_kvt(rc, "kvt_engine_drain");
 	}
@@ -560,6 +612,7 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 		rmdir(c.tmpdir);
 	kvhf_state_fini(&c.st);
 	free(c.side);
+	free(c.kv);
 	return rc;
 }
 
