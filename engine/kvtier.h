@@ -178,6 +178,8 @@ enum kvt_codec {
 /* Log levels passed to kvt_engine_opts.log. */
 enum kvt_log_level { KVT_LOG_ERROR = 0, KVT_LOG_WARN = 1, KVT_LOG_INFO = 2 };
 
+struct kvt_group; /* layer groups: see "Layer groups" at the end */
+
 struct kvt_engine_opts {
 	size_t opts_size;          /* sizeof(struct kvt_engine_opts) as the caller compiled it */
 	struct kvt_layout layout;  /* the model's KV layout; required */
@@ -265,6 +267,17 @@ struct kvt_engine_opts {
 	uint32_t remote_connect_timeout_ms; /* bound of one connect; default 1000 */
 	uint32_t remote_op_timeout_ms; /* bound of each socket read and write; default 2000 */
 	uint32_t remote_ttl_ms;    /* PX of every put; 0 (default) = no expiry */
+	/* ---- 0.6: layer groups (issue 16; see "Layer groups" below) */
+	const struct kvt_group *groups; /* NULL (default): the single layout above, which is
+	                              one FULL group of every layer. Otherwise n_groups
+	                              descriptors (read with the stride groups[0].size), copied
+	                              at create; then layout gives only n_layers (the model's
+	                              layers, each in exactly one group) and tokens_per_block
+	                              (common to all groups); its n_kv_heads, head_dim and
+	                              dtype are not read */
+	uint32_t n_groups;         /* entries of groups, 1..KVT_MAX_GROUPS (0 with groups NULL) */
+	uint64_t group_ref_tokens; /* context length the default capacity split assumes (see
+	                              struct kvt_group.share); default 32768 */
 };
 
 /**
@@ -1044,6 +1057,260 @@ KVT_API int kvt_engine_metrics_text(struct kvt_engine *e, char *buf, size_t cap,
  */
 KVT_API int kvt_stats_metrics_text(const struct kvt_stats *st, char *buf, size_t cap,
 				   size_t *len);
+
+
+/* ------------------------------------------------------------------------------------------ */
+/* Layer groups (issue 16; docs/ARCHITECTURE.md "Layer groups")                                 */
+
+/*
+ * A model is a list of layer groups; each group has a kind and holds some of the model's layers
+ * (every model layer 0..layout.n_layers-1 in exactly one group). Each STORAGE group (FULL,
+ * WINDOW, LATENT) is kept by its own pool: one internal engine per group with its own tiers,
+ * slot size (exactly the group's block bytes: no padding), lock, eviction, prefix index (keys
+ * per (chain hash, group)), tenant budgets and NVMe file (group 0's in nvme_dir as today,
+ * group g's in "<nvme_dir>/group<g>", created when absent). The public calls fan out: a public
+ * sequence is one sequence per storage group, all holding the same tokens. ALIAS groups have
+ * no storage. An engine without groups is one FULL group (group 0) and every call behaves as
+ * it always did.
+ *
+ * Blocks of every group hold tokens_per_block tokens (the layout's: common to all groups) and
+ * are laid out block-first like the single layout: layer i of the group (its i-th entry of
+ * layers[]) of a block starts at i * layer_block_bytes; within it K, [tokens_per_block]
+ * [k_token_bytes], then V, [tokens_per_block][v_token_bytes] (no V for LATENT).
+ *
+ * Calls on an engine with groups:
+ *   - per group: kvt_group_geometry, kvt_layer_group, kvt_seq_append_groups,
+ *     kvt_batch_group_table, kvt_batch_wait_group_layer, kvt_engine_group_stats.
+ *   - fanned out over the groups with the single-layout meaning: kvt_seq_open, close,
+ *     detach, park, resume, info (n_blocks, blocks_in: sums over the groups), tokens,
+ *     set_priority, match_prefix (the tokens every group can serve), attach_prefix (that many
+ *     in every group), kvt_tenant_set_budget / kvt_tenant_usage (max_blocks and usage are per
+ *     group: the budget applies to each group's pool), kvt_batch_prepare, prepare_ranges,
+ *     kvt_engine_hint, hint_ranges (block indices are the sequence's: the same token range in
+ *     every group), kvt_batch_wait_layer (a MODEL layer: waits in the group holding it, the
+ *     source's for an ALIAS layer), kvt_batch_release, kvt_engine_poll, drain, stats and
+ *     metrics (totals over the groups; kvt_engine_group_stats per group), the streams.
+ *   - refused with -EINVAL and a message naming the per-group call: kvt_engine_geometry,
+ *     kvt_seq_append, kvt_batch_block_table (one geometry cannot describe several groups).
+ *   - not yet per group, refused with KVT_ENOTSUP and a message: the persistent store
+ *     (nvme_persist, kvt_seq_restore, kvt_session_*) and the REMOTE tier (remote_host,
+ *     kvt_seq_publish_remote, kvt_seq_restore_remote).
+ * A fanned-out call that fails in one group undoes what it did in the others where that is
+ * possible (open, append, attach_prefix, prepare: nothing half-done is visible); park and
+ * resume are best effort per group, as in one engine, and return the first error.
+ * Threading: as for one engine. A public sequence in a fanned-out call of another thread
+ * answers KVT_EBUSY, as a sequence in a call that sleeps does.
+ */
+
+#define KVT_MAX_GROUPS 16     /* groups of one engine */
+#define KVT_GROUP_MAX_STATE 4 /* state tensors of one STATE group layer (issue 17) */
+
+enum kvt_group_kind {
+	KVT_GROUP_FULL = 0,    /* K and V per token and layer; V may have its own head_dim */
+	KVT_GROUP_WINDOW = 1,  /* as FULL, but attention reads only the last `window` tokens plus
+	                          the first `sink`: blocks wholly out of both leave the tiers once
+	                          no sequence needs them (unless the prefix cache keeps them) */
+	KVT_GROUP_LATENT = 2,  /* one K-only vector of latent_dim elements per token and layer
+	                          (MLA: kv_lora_rank + qk_rope_head_dim); no V */
+	KVT_GROUP_ALIAS = 3,   /* layers that read another layer's KV (cross-layer sharing):
+	                          no storage */
+	KVT_GROUP_STATE = 4,   /* a fixed-size state per sequence and layer (linear attention,
+	                          Gated DeltaNet, Mamba): issue 17; create refuses it today */
+	KVT_GROUP_SIDECAR = 5, /* per-token or per-block metadata moving with its parent
+	                          group's blocks (sparse-attention indexer keys, page
+	                          summaries): issue 17; create refuses it today */
+};
+
+/** One tensor of a STATE group's per-sequence state (issue 17). */
+struct kvt_state_tensor {
+	uint32_t n_dims;        /* 1..4 */
+	uint32_t shape[4];      /* elements per dimension (row-major, last fastest) */
+	enum kvt_dtype dtype;   /* element type */
+};
+
+/** A layer group. Fill with kvt_group_init(g, sizeof *g), then set the fields of its kind. */
+struct kvt_group {
+	size_t size;               /* sizeof(struct kvt_group) as the caller compiled it; also
+	                              the stride of kvt_engine_opts.groups */
+	enum kvt_group_kind kind;
+	uint32_t n_layers;         /* model layers in the group, 1..layout.n_layers */
+	const uint32_t *layers;    /* [n_layers] their model layer indices, distinct; layer i of
+	                              the group is model layer layers[i] (any order) */
+	/* FULL, WINDOW */
+	uint32_t n_kv_heads;       /* K/V heads per layer, 1..4096 */
+	uint32_t head_dim;         /* K elements per head, 1..4096 */
+	uint32_t v_head_dim;       /* V elements per head, 0 = head_dim (MLA expanded, DeepSeek's
+	                              v_head_dim 128 against a K head of 192) */
+	/* LATENT */
+	uint32_t latent_dim;       /* elements per token and layer, 1..65536 */
+	/* WINDOW */
+	uint32_t window;           /* tokens attention reads back from the newest, >= 1 */
+	uint32_t sink;             /* leading tokens always kept (gpt-oss sinks); 0 = none */
+	/* ALIAS */
+	const uint32_t *alias_of;  /* [n_layers] the model layer whose KV layers[i] reads: a layer
+	                              of a FULL, WINDOW or LATENT group (not an ALIAS layer, not
+	                              itself) */
+	/* FULL, WINDOW, LATENT */
+	enum kvt_dtype dtype;      /* element type of stored K/V */
+	uint32_t tokens_per_block; /* 0 = layout.tokens_per_block; any other value must equal it
+	                              (per-group block sizes: KVT_ENOTSUP today) */
+	float share;               /* fraction of each tier's bytes (hbm, host, nvme) this group's
+	                              pool gets, 0..1. 0 in every storage group (default): split
+	                              in proportion to each group's bytes for group_ref_tokens
+	                              tokens: FULL and LATENT ceil(R / tpb) blocks, WINDOW at most
+	                              ceil(sink / tpb) + ceil(window / tpb) + 1 blocks (what its
+	                              window bounds). Otherwise every storage group sets one and
+	                              they sum to at most 1. ALIAS: ignored */
+	/* STATE (issue 17) */
+	uint32_t n_state;          /* tensors per layer, 1..KVT_GROUP_MAX_STATE */
+	struct kvt_state_tensor state[KVT_GROUP_MAX_STATE];
+	/* SIDECAR (issue 17) */
+	uint32_t parent;           /* index of the group whose blocks it follows */
+	uint64_t sidecar_token_bytes; /* bytes per token and layer (0 = none) */
+	uint64_t sidecar_block_bytes; /* bytes per block and layer (0 = none) */
+};
+
+/** kvt_group_init() - zero @g and set g->size = @size (then tokens_per_block 0, share 0). */
+KVT_API void kvt_group_init(struct kvt_group *g, size_t size);
+
+/**
+ * kvt_engine_n_groups() - groups of @e: opts.n_groups, or 1 for an engine without groups (its
+ * single FULL group). Returns >= 1, or -EINVAL (NULL).
+ */
+KVT_API int kvt_engine_n_groups(const struct kvt_engine *e);
+
+/**
+ * Byte geometry of one group's HBM pool. For a slot-mapping entry m of the group (row g of
+ * kvt_seq_append_groups) the K of that token in layer i of the group is at
+ *   hbm_base + (m / tokens_per_block) * block_bytes + i * layer_block_bytes
+ *            + (m % tokens_per_block) * k_token_bytes
+ * and its V (v_token_bytes != 0) at hbm_base + (m / tpb) * block_bytes + i * layer_block_bytes
+ * + v_offset + (m % tpb) * v_token_bytes. kvt_group_kv_addr() computes this. An ALIAS group
+ * has kind, n_layers and tokens_per_block set, everything else 0.
+ */
+struct kvt_group_geometry {
+	enum kvt_group_kind kind;
+	uint32_t n_layers;          /* layers of the group */
+	void *hbm_base;             /* device address of the group's HBM slot 0 */
+	uint64_t block_bytes;       /* bytes of one block, all the group's layers (its slot) */
+	uint64_t layer_block_bytes; /* bytes of one layer of one block (K then V) */
+	uint64_t k_token_bytes;     /* bytes of one token's K in one layer: n_kv_heads x head_dim
+	                               (LATENT: latent_dim) elements */
+	uint64_t v_token_bytes;     /* ... of its V: n_kv_heads x v_head_dim elements; 0: no V */
+	uint64_t v_offset;          /* V's offset within a layer of a block (tpb x k_token_bytes);
+	                               0 when there is no V */
+	uint32_t tokens_per_block;
+	uint32_t n_kv_heads;        /* FULL/WINDOW; 1 for LATENT */
+	uint32_t head_dim;          /* FULL/WINDOW K head dim; LATENT: latent_dim */
+	uint32_t v_head_dim;        /* FULL/WINDOW (resolved: never 0); LATENT: 0 */
+	enum kvt_dtype dtype;
+	uint32_t window;            /* WINDOW: as given; else 0 */
+	uint32_t sink;              /* WINDOW: as given; else 0 */
+	uint32_t hbm_slots;         /* slots of the group's pool per tier */
+	uint32_t host_slots;
+	uint32_t nvme_slots;
+};
+
+/**
+ * kvt_group_geometry() - geometry of group @group of @e (0..kvt_engine_n_groups()-1; group 0 of
+ * an engine without groups is its FULL layout). Returns 0, -EINVAL (NULL, group out of range).
+ */
+KVT_API int kvt_group_geometry(const struct kvt_engine *e, uint32_t group,
+			       struct kvt_group_geometry *out);
+
+/** kvt_group_kv_addr() - as kvt_kv_addr() for layer @layer_in_group of a storage group. */
+static inline void
+kvt_group_kv_addr(const struct kvt_group_geometry *g, uint32_t layer_in_group,
+		  int64_t slot_mapping, void **k, void **v)
+{
+	char *p = (char *)g->hbm_base +
+		  (uint64_t)(slot_mapping / g->tokens_per_block) * g->block_bytes +
+		  (uint64_t)layer_in_group * g->layer_block_bytes;
+	uint64_t off = (uint64_t)(slot_mapping % g->tokens_per_block);
+
+	if (k)
+		*k = p + off * g->k_token_bytes;
+	if (v)
+		*v = g->v_token_bytes ? p + g->v_offset + off * g->v_token_bytes : NULL;
+}
+
+/**
+ * kvt_layer_group() - where model layer @layer is stored: its group and its index in the
+ * group's layers[]. An ALIAS layer maps to its SOURCE layer's (group, layer-in-group), so a
+ * kernel reading it reads the source's blocks. @group, @layer_in_group may be NULL. An engine
+ * without groups: (0, layer). Returns 0, or -EINVAL (NULL engine, layer >= n_layers).
+ */
+KVT_API int kvt_layer_group(const struct kvt_engine *e, uint32_t layer, uint32_t *group,
+			    uint32_t *layer_in_group);
+
+/**
+ * kvt_seq_append_groups() - kvt_seq_append() for every group at once: reserve @n tokens in
+ * each storage group's sequence and write each group's slot mapping.
+ * @slot_mapping: out, n_groups x @n entries, row-major: slot_mapping[g * n + i] is token i's
+ *                entry in group g (for kvt_group_kv_addr with group g's geometry); rows of
+ *                ALIAS groups are set to -1.
+ * The caller writes every layer of every storage group before the release, as for
+ * kvt_seq_append. Works on an engine without groups too (one row). When a group fails, the
+ * tokens are taken back from the groups that appended them, and the call returns that group's
+ * error (as kvt_seq_append's, the message prefixed "group g:"), the sequence as it was.
+ * KVT_ELOST in one group truncates every group to that length (all groups hold the same
+ * tokens). Threading, pins and sharing as kvt_seq_append.
+ */
+KVT_API int kvt_seq_append_groups(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens,
+				  size_t n, int64_t *slot_mapping);
+
+/**
+ * The block table of one group of a prepared batch, for the attention kernels: CSR of HBM slot
+ * ids as struct kvt_block_table, plus block_pos: each entry's block POSITION in its sequence
+ * (token t of an entry e is the sequence's token block_pos[e] * tokens_per_block + t). Entries
+ * are in increasing position; for FULL and LATENT groups they are consecutive
+ * (first_block[i], first_block[i] + 1, ...); a WINDOW group's table may skip the blocks out of
+ * window (its sinks first, then the window's), and part 2's sparse selections any blocks. The
+ * last entry of sequence i holds last_block_len[i] tokens; seq_len[i] is the tokens its entries
+ * hold. window and sink are the group's (0 when not WINDOW): a kernel masks tokens older than
+ * the newest `window` that are not among the first `sink`. Arrays belong to the batch and live
+ * until kvt_batch_release(). An ALIAS group's table is its source group's (the group of its
+ * layers' sources; an ALIAS group whose layers read several groups: -EINVAL, ask per layer
+ * with kvt_layer_group).
+ */
+struct kvt_group_table {
+	uint32_t group;                /* the group whose blocks these are (an ALIAS group: its
+	                                  source group) */
+	uint32_t n_seqs;               /* sequences in the batch (entry i = seqs[i] / ranges[i]) */
+	const uint32_t *indptr;        /* [n_seqs + 1], indptr[0] = 0 */
+	const uint32_t *indices;       /* [indptr[n_seqs]] HBM slot ids of the group's pool */
+	const uint32_t *block_pos;     /* [indptr[n_seqs]] position of each entry's block */
+	const uint32_t *last_block_len; /* [n_seqs] tokens in the last entry, 1..tpb */
+	const uint64_t *seq_len;       /* [n_seqs] tokens held by sequence i's entries */
+	const uint32_t *first_block;   /* [n_seqs] position of the range's first block */
+	uint32_t window;               /* WINDOW: tokens read back from the newest; else 0 */
+	uint32_t sink;                 /* WINDOW: leading tokens always read; else 0 */
+	struct kvt_group_geometry geo; /* the pool's base pointer and strides */
+};
+
+/**
+ * kvt_batch_group_table() - the table of group @group (0..n_groups-1) of batch @b. Works for a
+ * batch of an engine without groups too (group 0). Returns 0, -EINVAL (NULL, group out of
+ * range, an ALIAS group of several sources).
+ */
+KVT_API int kvt_batch_group_table(const struct kvt_batch *b, uint32_t group,
+				  struct kvt_group_table *out);
+
+/**
+ * kvt_batch_wait_group_layer() - kvt_batch_wait_layer() for layer @layer_in_group of storage
+ * group @group (an ALIAS group: -EINVAL; wait for the source layer). Returns as
+ * kvt_batch_wait_layer, plus -EINVAL for a group out of range.
+ */
+KVT_API int kvt_batch_wait_group_layer(struct kvt_batch *b, uint32_t group,
+				       uint32_t layer_in_group, void *stream);
+
+/**
+ * kvt_engine_group_stats() - kvt_engine_stats() of group @group's pool alone (kvt_engine_stats
+ * gives the totals: counters summed, capacities summed, seqs_open and batches_open the public
+ * ones). An ALIAS group: all zero but size. Returns 0, -EINVAL (NULL, bad size, group out of
+ * range).
+ */
+KVT_API int kvt_engine_group_stats(struct kvt_engine *e, uint32_t group, struct kvt_stats *out);
 
 #ifdef __cplusplus
 }
