@@ -82,6 +82,10 @@ void kvt_attn_cuda_force_generic(int on);
  * K/V F32, F16 or BF16 are widened to fp32; all accumulation is fp32. The result matches
  * kvt_attn_decode_ref() within fp32 rounding (different summation order, online softmax,
  * the device's expf), not bit for bit. kv->head_dim must be <= 4096 (the layout's limit).
+ * Window and sinks (kv->window, kv->sink, kv->pos; attention.h): only the visible positions are
+ * read, split over the GPU as one run of positions; kv->pos is a device [n_entries] array. The
+ * host cannot check pos: the caller guarantees the attention.h contract (strictly ascending,
+ * every block holding a visible position present), which kvt_attn_decode_ref() checks.
  */
 int kvt_attn_decode_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads,
 			 uint64_t seq_len, uint32_t n_splits, float *work, float *out,
@@ -91,7 +95,9 @@ int kvt_attn_decode_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t
  * kvt_attn_partial_cuda() - the split-KV partial of positions [t0, t1) (t0 < t1), as
  * kvt_attn_partial_ref(): device out [n_heads][head_dim] normalised within the window,
  * m [n_heads] max score, l [n_heads] sum of exp(score - m). One thread block per head.
- * Requirements on @kv, @q, @n_heads as kvt_attn_decode_cuda().
+ * Requirements on @kv, @q, @n_heads as kvt_attn_decode_cuda(). With a window only the visible
+ * positions of [t0, t1) are read (the query at kv->seq_len - 1, or t1 - 1 when 0); when none is
+ * visible the partial is written empty (out 0, m -INFINITY, l 0), as kvt_attn_partial_ref().
  */
 int kvt_attn_partial_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads,
 			  uint64_t t0, uint64_t t1, float *out, float *m, float *l,
@@ -114,6 +120,49 @@ int kvt_attn_partial_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_
 int kvt_attn_partial_split_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads,
 				uint64_t t0, uint64_t t1, uint32_t n_splits, float *work,
 				float *out, float *m, float *l, kvt_cuda_stream_t stream);
+
+/**
+ * kvt_attn_latent_cuda_work_floats() - size of the @work buffer of the latent launchers, in
+ * floats: n_splits * n_heads * (kv_lora_rank + 2) for n_splits > 1, else 0.
+ */
+size_t kvt_attn_latent_cuda_work_floats(uint32_t n_heads, uint32_t kv_lora_rank,
+					uint32_t n_splits);
+
+/**
+ * kvt_attn_latent_decode_cuda() - MLA decode attention in the absorbed form (attention.h: the
+ * formula and its sources), as kvt_attn_latent_decode_ref(), split-KV over the GPU.
+ * @kv:       paged latent of one layer (host struct): base, table (and pos) device pointers;
+ *            base, block_stride and token_stride multiples of the element size;
+ *            kv_lora_rank + rope_dim <= 4096.
+ * @q_lat:    device [n_heads][kv_lora_rank] fp32; @q_pe device [n_heads][rope_dim] fp32 (may be
+ *            NULL when rope_dim is 0).
+ * @n_heads:  query heads (all share the latent: each thread block reads a tile of latent rows
+ *            once for up to 8 heads).
+ * @seq_len:  positions [0, seq_len), >= 1; only the visible ones (window, sink) are read.
+ * @scale:    score scale, finite and > 0.
+ * @n_splits: 1..KVT_ATTN_CUDA_MAX_SPLITS windows of the visible positions, merged with the
+ *            log-sum-exp rule of kvt_attn_merge(); fewer when short. 1 = no @work.
+ * @work:     device scratch of kvt_attn_latent_cuda_work_floats() floats, NULL when n_splits 1;
+ *            not shared by launches that may overlap.
+ * @out:      device [n_heads][kv_lora_rank] fp32.
+ * fp32 accumulation; matches the reference within fp32 rounding, not bit for bit.
+ * Returns 0, -EINVAL (the reference's checks, alignment, sizes), KVT_EDEVICE (launch failed).
+ */
+int kvt_attn_latent_decode_cuda(const struct kvt_paged_latent *kv, const float *q_lat,
+				const float *q_pe, uint32_t n_heads, uint64_t seq_len, float scale,
+				uint32_t n_splits, float *work, float *out,
+				kvt_cuda_stream_t stream);
+
+/**
+ * kvt_attn_latent_partial_cuda() - the split-KV partial of the visible positions of [t0, t1),
+ * as kvt_attn_latent_partial_ref(): device out [n_heads][kv_lora_rank], m [n_heads],
+ * l [n_heads] (empty: 0, -INFINITY, 0 when nothing is visible). @n_splits and @work as the
+ * decode. Returns 0, -EINVAL, KVT_EDEVICE.
+ */
+int kvt_attn_latent_partial_cuda(const struct kvt_paged_latent *kv, const float *q_lat,
+				 const float *q_pe, uint32_t n_heads, uint64_t t0, uint64_t t1,
+				 float scale, uint32_t n_splits, float *work, float *out,
+				 float *m, float *l, kvt_cuda_stream_t stream);
 
 /**
  * kvt_gather_blocks_cuda() - copy a byte range of each of n slots into a packed buffer in one

@@ -128,6 +128,7 @@ void
 run_kv_view(const struct run_ctx *c, const struct kvt_block_table *bt, uint32_t i,
 	      uint32_t l, struct kvt_paged_kv *kv)
 {
+	memset(kv, 0, sizeof(*kv)); /* no window, dense table */
 	kv->k_base = (const char *)bt->geo.hbm_base + (uint64_t)l * bt->geo.layer_block_bytes;
 	kv->v_offset = bt->geo.v_offset;
 	kv->block_stride = bt->geo.block_bytes;

@@ -40,6 +40,7 @@ win_self_view(struct run_ctx *c, const float *k, const float *v, struct kvt_page
 	if (rc)
 		return kvtr_err(rc, "kvt_store_f32: cannot convert K/V to dtype %d",
 				c->o->kv_dtype);
+	memset(kv, 0, sizeof(*kv)); /* no window, dense table */
 	kv->k_base = c->tokblk;
 	kv->v_offset = tb;
 	kv->block_stride = 2 * tb;
