@@ -459,6 +459,10 @@ struct kvt_engine {
 	uint32_t prev_step_start;           /* ... when the previous step began */
 	uint32_t *rel_ring;                 /* [KVT_REL_RING] seq index by rel_no % size
 	                                       (allocated at the first hint) */
+	uint32_t win_tokens;                /* sliding window in tokens (0 = full attention):
+	                                       kvt_engine_set_window (engine/window.c) */
+	uint32_t win_sink;                  /* leading tokens always visible (window only) */
+	bool seq_opened;                    /* a sequence was opened: the window is fixed */
 };
 
 #define KVT_REL_RING 4096u /* releases remembered for the rotation's victim order */
@@ -673,6 +677,16 @@ int kvt_seq_opts_copy(struct kvt_seq_opts *dst, const struct kvt_seq_opts *o);
 int kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *o, uint32_t *idx);
 /* grow a sequence's arrays to hold n_tokens, n_blocks and n_wpins; 0 or -ENOMEM */
 int kvt_seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, uint32_t n_wpins);
+
+/* ---- engine/window.c: sliding-window semantics (issue 16 item 3; internal)
+ * Make @e a sliding-window engine: the key at position k is visible from the query at position
+ * q iff q - @window < k <= q (transformers' masking_utils sliding window), and the first @sink
+ * tokens are always visible (StreamingLLM sinks). Blocks wholly out of the window of a
+ * sequence's next query, and not sink blocks, leave the sequence at its appends. @window 0
+ * (with @sink 0) is full attention, the default. Only before the first sequence is opened:
+ * -EINVAL (kvt_err) after that, or for a @sink without a @window, or a NULL engine. Takes
+ * e->lock. */
+int kvt_engine_set_window(struct kvt_engine *e, uint32_t window, uint32_t sink);
 
 /* ---- engine/check.c: consistency walk for tests (returns 0 or -EINVAL with a message) */
 int kvt_engine_check(struct kvt_engine *e);

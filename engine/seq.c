@@ -133,6 +133,7 @@ kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *opts, uint3
 	s->n_wpins = 0;
 	s->parked = s->in_batch = 0;
 	e->n_open_seqs++;
+	e->seq_opened = true; /* the window (kvt_engine_set_window) is fixed from here on */
 	*out = idx;
 	return 0;
 }
