@@ -102,6 +102,34 @@ int kvhf_model_load(const char *dir, struct kvhf_model **out);
  * MLA (its latent is per layer).
  */
 int kvhf_model_share_kv(struct kvhf_model *m, int n_shared);
+/**
+ * The model's KV as kvtier layer groups (engine/kvtier.h "Layer groups"), in the order of
+ * kvtier-calc's struct kvc_group: FULL (the full-attention layers that store K/V), WINDOW (the
+ * sliding ones: window = sliding_window, no sinks), LATENT (deepseek_v3: every layer, one
+ * K-only vector of kv_lora_rank + qk_rope_head_dim floats: V is not stored), ALIAS (the
+ * KV-shared layers, alias_of = kv_src); kinds without layers are left out. f32 K/V, the
+ * layout's tokens_per_block, share 0 (kvhf_run sets the shares).
+ */
+#define KVHF_MAX_GROUPS 4
+struct kvhf_groups {
+	uint32_t n;
+	struct kvt_group g[KVHF_MAX_GROUPS];
+	uint32_t *layers;            /* the groups' layer lists (g[i].layers point into it) */
+	uint32_t *alias_of;          /* the ALIAS group's sources */
+};
+
+/** kvhf_model_groups() - fill @gs for @m. Returns 0 or -ENOMEM; free with kvhf_groups_free. */
+int kvhf_model_groups(const struct kvhf_model *m, struct kvhf_groups *gs);
+void kvhf_groups_free(struct kvhf_groups *gs);
+
+/**
+ * kvhf_group_kv_bytes() - bytes the groups' blocks of @positions tokens take when every block
+ * is kept (whole blocks; ALIAS none), per group into @per_group when not NULL: the base of the
+ * tier fractions and of the capacity shares.
+ */
+uint64_t kvhf_group_kv_bytes(const struct kvhf_groups *gs, uint32_t tokens_per_block,
+			     uint32_t positions, uint64_t *per_group);
+
 /** kvhf_model_free() - NULL ok. */
 void kvhf_model_free(struct kvhf_model *m);
 
@@ -147,6 +175,12 @@ struct kvhf_opts {
 	                                kvtier: logits bit-identical). The reference of models
 	                                transformers cannot give one for (kv_shared_layers).
 	                                Not with park_every, prefix_share or persist */
+	int single_layout;           /* 1: the engine's single layout (no groups): every layer K
+	                                and V of kv_heads_stored x kv_head_dim_stored (MLA: the
+	                                latent as the K of 1 head, V allocated and unused; sliding
+	                                layers keep every block), as before layer groups. The
+	                                persistent store needs it (kvtier refuses it with groups
+	                                for now) */
 	int close_first;             /* prefix_share: close the first sequence before the second
 	                                attaches, so the prompt's blocks are held only by the
 	                                prefix cache (reuse after the owner left, and past the
@@ -166,7 +200,8 @@ struct kvhf_result {
 	uint64_t prefix_tokens;      /* prefix_share: tokens the second sequence attached */
 	uint64_t restored_tokens;    /* persist: tokens of the restored session */
 	struct kvt_stats stats;      /* engine counters at the end */
-	struct kvt_geometry geo;
+	struct kvt_geometry geo;     /* slots and block bytes of group 0 (the rest: zero) */
+	uint32_t n_groups;           /* the engine's groups */
 };
 
 void kvhf_opts_init(struct kvhf_opts *o);

@@ -653,6 +653,70 @@ fail:
 	return rc;
 }
 
+int
+kvhf_model_groups(const struct kvhf_model *m, struct kvhf_groups *gs)
+{
+	static const enum kvt_group_kind kinds[] = { KVT_GROUP_FULL, KVT_GROUP_WINDOW,
+						     KVT_GROUP_LATENT, KVT_GROUP_ALIAS };
+	uint32_t used = 0;
+
+	memset(gs, 0, sizeof(*gs));
+	gs->layers = calloc((size_t)m->n_layers, sizeof(uint32_t));
+	gs->alias_of = calloc((size_t)m->n_layers, sizeof(uint32_t));
+	if (!gs->layers || !gs->alias_of) {
+		kvhf_groups_free(gs);
+		return kvtr_err(-ENOMEM, "out of memory");
+	}
+	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+		struct kvt_group *g = &gs->g[gs->n];
+		uint32_t *ls = gs->layers + used;
+
+		kvt_group_init(g, sizeof(*g));
+		g->kind = kinds[k];
+		for (int l = 0; l < m->n_layers; l++) {
+			const struct kvhf_layer *L = &m->layers[l];
+			enum kvt_group_kind want;
+
+			if (L->kv_src != l)
+				want = KVT_GROUP_ALIAS;
+			else if (m->family == KVHF_DEEPSEEK)
+				want = KVT_GROUP_LATENT;
+			else
+				want = L->sliding ? KVT_GROUP_WINDOW : KVT_GROUP_FULL;
+			if (want != g->kind)
+				continue;
+			if (want == KVT_GROUP_ALIAS)
+				gs->alias_of[g->n_layers] = (uint32_t)L->kv_src;
+			ls[g->n_layers++] = (uint32_t)l;
+		}
+		if (!g->n_layers)
+			continue;
+		used += g->n_layers;
+		g->layers = ls;
+		g->dtype = KVT_DTYPE_F32;
+		if (g->kind == KVT_GROUP_LATENT) {
+			g->latent_dim = m->kv_width;
+		} else if (g->kind == KVT_GROUP_ALIAS) {
+			g->alias_of = gs->alias_of;
+		} else {
+			g->n_kv_heads = (uint32_t)m->n_kv_heads;
+			g->head_dim = (uint32_t)m->head_dim;
+			if (g->kind == KVT_GROUP_WINDOW)
+				g->window = (uint32_t)m->sliding_window;
+		}
+		gs->n++;
+	}
+	return 0;
+}
+
+void
+kvhf_groups_free(struct kvhf_groups *gs)
+{
+	free(gs->layers);
+	free(gs->alias_of);
+	memset(gs, 0, sizeof(*gs));
+}
+
 void
 kvhf_model_free(struct kvhf_model *m)
 {
