@@ -22,6 +22,7 @@
 static void
 batch_free(struct kvt_batch *b)
 {
+	kvt_free(b->pos_cache);
 	kvt_free(b); /* one allocation holds the batch and its arrays */
 }
 
@@ -620,6 +621,8 @@ kvt_batch_prepare_ranges(struct kvt_engine *e, const struct kvt_seq_range *range
 	if (n == 0 || n > BATCH_MAX_SEQS)
 		return kvt_err(-EINVAL, "kvt_batch_prepare: %zu sequences, must be 1..%u", n,
 			       BATCH_MAX_SEQS);
+	if (e->grp)
+		return kvt_grp_batch_prepare(e, ranges, n, out);
 	kvt_lock(e);
 	rc = batch_prepare_locked(e, ranges, n, out);
 	kvt_unlock(e);
@@ -653,6 +656,9 @@ kvt_batch_block_table(const struct kvt_batch *b, struct kvt_block_table *out)
 {
 	if (!b || !out)
 		return kvt_err(-EINVAL, "kvt_batch_block_table: batch and out must not be NULL");
+	if (b->gsub)
+		return kvt_err(-EINVAL, "kvt_batch_block_table: the engine has layer groups: use "
+			       "kvt_batch_group_table");
 	out->n_seqs = b->n;
 	out->indptr = b->indptr;
 	out->indices = b->indices;
@@ -740,6 +746,8 @@ kvt_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
 
 	if (!b)
 		return kvt_err(-EINVAL, "kvt_batch_wait_layer: batch is NULL");
+	if (b->gsub)
+		return kvt_grp_batch_wait_layer(b, layer, stream);
 	e = b->e;
 	if (layer >= e->layout.n_layers)
 		return kvt_err(-EINVAL, "layer %u out of range (model has %u)", layer,
@@ -766,6 +774,8 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 
 	if (!b)
 		return kvt_err(-EINVAL, "kvt_batch_release: batch is NULL");
+	if (b->gsub)
+		return kvt_grp_batch_release(b, stream);
 	e = b->e;
 	kvt_lock(e);
 	if (stream) {
@@ -815,4 +825,24 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 	kvt_unlock(e);
 	batch_free(b);
 	return rc;
+}
+
+/* Give back the pins of prepared batch @b and free it without releasing it: its sequences'
+ * appended blocks stay write-pinned and unsealed (a grouped engine's prepare that failed in
+ * another group, engine/group.c). */
+void
+kvt_batch_abandon(struct kvt_batch *b)
+{
+	struct kvt_engine *e = b->e;
+	uint32_t i;
+
+	kvt_lock(e);
+	batch_unpin(e, b);
+	for (i = 0; i < b->n; i++)
+		e->seqs[b->seqidx[i]].in_batch = 0;
+	e->n_batches--;
+	e->st.batches--;
+	batch_unlink(e, b);
+	kvt_unlock(e);
+	batch_free(b);
 }

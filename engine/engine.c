@@ -73,11 +73,13 @@ kvt_engine_opts_init(struct kvt_engine_opts *o, size_t size)
 	d.remote_port = 6379;
 	d.remote_connect_timeout_ms = 1000;
 	d.remote_op_timeout_ms = 2000;
+	d.group_ref_tokens = 32768;
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
 }
 
+/* @v_dim: V elements per head (head_dim for the single layout; 0 = K only, LATENT) */
 static int
-engine_check_layout(const struct kvt_layout *l, uint64_t *block_bytes)
+engine_check_layout(const struct kvt_layout *l, uint32_t v_dim, uint64_t *block_bytes)
 {
 	size_t es = kvt_dtype_size(l->dtype);
 	uint64_t bb = 0;
@@ -97,7 +99,9 @@ engine_check_layout(const struct kvt_layout *l, uint64_t *block_bytes)
 		return kvt_err(-EINVAL, "tokens_per_block %u out of range 1..%u",
 			       l->tokens_per_block, ENGINE_MAX_TPB);
 	/* each factor is <= 2^16, so the product of four fits in 64 bits before the check */
-	bb = 2ull * l->tokens_per_block * l->n_kv_heads * l->head_dim * es;
+	if (v_dim > ENGINE_MAX_DIM)
+		return kvt_err(-EINVAL, "v_head_dim %u out of range 0..%u", v_dim, ENGINE_MAX_DIM);
+	bb = (uint64_t)l->tokens_per_block * l->n_kv_heads * ((uint64_t)l->head_dim + v_dim) * es;
 	if (bb > ENGINE_MAX_BLOCK_BYTES || bb * l->n_layers > ENGINE_MAX_BLOCK_BYTES)
 		return kvt_err(-EINVAL, "a block would be %llu bytes (limit %llu): lower "
 			       "tokens_per_block", (unsigned long long)(bb * l->n_layers),
@@ -218,7 +222,9 @@ engine_open_device(struct kvt_engine *e)
 	uint64_t hbm = (uint64_t)e->slots[KVT_TIER_HBM].n_slots * e->block_bytes;
 	int rc;
 
-	if (o->device == KVT_DEVICE_CUDA)
+	if (e->dev)
+		rc = 0; /* borrowed: the grouped engine's pools share one device */
+	else if (o->device == KVT_DEVICE_CUDA)
 		rc = kvt_device_cuda_create(o->cuda_device, &e->dev);
 	else
 		rc = kvt_device_emu_create(&eo, &e->dev);
@@ -298,10 +304,6 @@ engine_open_nvme(struct kvt_engine *e)
 int
 kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 {
-	struct kvt_engine *e;
-	uint64_t bb = 0;
-	int rc, t;
-
 	if (!out)
 		return kvt_err(-EINVAL, "kvt_engine_create: out is NULL");
 	*out = NULL;
@@ -310,7 +312,21 @@ kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 	if (o->opts_size < offsetof(struct kvt_engine_opts, log) || o->opts_size > 65536)
 		return kvt_err(-EINVAL, "kvt_engine_opts.opts_size %zu: call kvt_engine_opts_init",
 			       o->opts_size);
-	rc = engine_check_layout(&o->layout, &bb);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, groups) && (o->groups || o->n_groups))
+		return kvt_grp_create(o, out); /* engine/group.c */
+	return kvt_engine_create_core(o, o->layout.head_dim, NULL, out);
+}
+
+int
+kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, struct kvt_device *dev,
+		       struct kvt_engine **out)
+{
+	struct kvt_engine *e;
+	uint64_t bb = 0;
+	int rc, t;
+
+	*out = NULL;
+	rc = engine_check_layout(&o->layout, v_dim, &bb);
 	if (!rc)
 		rc = engine_check_opts(o, bb);
 	if (rc)
@@ -326,7 +342,11 @@ kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 	e->layout = o->layout;
 	e->block_bytes = bb;
 	e->layer_block_bytes = bb / o->layout.n_layers;
-	e->token_bytes = e->layer_block_bytes / 2 / o->layout.tokens_per_block;
+	e->token_bytes = (uint64_t)o->layout.n_kv_heads * o->layout.head_dim *
+			 kvt_dtype_size(o->layout.dtype);
+	e->v_token_bytes = (uint64_t)o->layout.n_kv_heads * v_dim * kvt_dtype_size(o->layout.dtype);
+	e->dev = dev; /* a device shared by the pools of a grouped engine, or NULL: our own */
+	e->dev_borrowed = dev != NULL;
 	e->block_free = KVT_NIL;
 	e->seq_free = KVT_NIL;
 	e->prefix.pool_free = KVT_NIL;
@@ -371,6 +391,10 @@ kvt_engine_destroy(struct kvt_engine *e)
 
 	if (!e)
 		return;
+	if (e->grp) {
+		kvt_grp_destroy(e); /* engine/group.c */
+		return;
+	}
 	kvt_reng_close(e);
 	kvt_lock(e);
 	if (e->dev)
@@ -384,7 +408,8 @@ kvt_engine_destroy(struct kvt_engine *e)
 			e->dev->ops->host_free(e->dev, e->host_base, e->host_len);
 		if (e->hbm_base)
 			e->dev->ops->mem_free(e->dev, e->hbm_base);
-		kvt_device_destroy(e->dev);
+		if (!e->dev_borrowed)
+			kvt_device_destroy(e->dev);
 	}
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		kvt_slots_fini(&e->slots[t]);
@@ -415,11 +440,14 @@ kvt_engine_geometry(const struct kvt_engine *e, struct kvt_geometry *g)
 {
 	if (!e || !g)
 		return kvt_err(-EINVAL, "kvt_engine_geometry: engine and out must not be NULL");
+	if (e->grp)
+		return kvt_err(-EINVAL, "kvt_engine_geometry: the engine has layer groups: use "
+			       "kvt_group_geometry");
 	memset(g, 0, sizeof *g);
 	g->hbm_base = e->hbm_base;
 	g->block_bytes = e->block_bytes;
 	g->layer_block_bytes = e->layer_block_bytes;
-	g->v_offset = e->layer_block_bytes / 2;
+	g->v_offset = (uint64_t)e->layout.tokens_per_block * e->token_bytes;
 	g->token_bytes = e->token_bytes;
 	g->tokens_per_block = e->layout.tokens_per_block;
 	g->n_layers = e->layout.n_layers;
@@ -436,6 +464,8 @@ kvt_engine_poll(struct kvt_engine *e, uint32_t max)
 
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_engine_poll: engine is NULL");
+	if (e->grp)
+		return kvt_grp_poll(e, max);
 	kvt_lock(e);
 	rc = kvt_xfer_flush(e);
 	if (rc == 0)
@@ -488,6 +518,8 @@ kvt_engine_drain(struct kvt_engine *e)
 
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_engine_drain: engine is NULL");
+	if (e->grp)
+		return kvt_grp_drain(e);
 	if (e->remote)
 		kvt_reng_drain(e);
 	kvt_lock(e);
@@ -554,6 +586,8 @@ kvt_engine_stats(struct kvt_engine *e, struct kvt_stats *out)
 	if (size < offsetof(struct kvt_stats, evictions) || size > 65536)
 		return kvt_err(-EINVAL, "kvt_stats.size %zu: set it to sizeof(struct kvt_stats)",
 			       size);
+	if (e->grp)
+		return kvt_grp_stats(e, out);
 	kvt_lock(e);
 	(void)kvt_xfer_poll(e, KVT_XFER_POLL_BOUND); /* bounded: stats never wait for others' IO */
 	if (e->remote)

@@ -352,6 +352,13 @@ struct kvt_batch {
 	uint32_t *last_len;        /* [n] */
 	uint64_t *seq_len;         /* [n] */
 	uint32_t *first_block;     /* [n] */
+	/* ---- layer groups (issue 16, engine/group.c) */
+	uint32_t *block_pos;       /* [indptr[n]] each entry's block position in its sequence, set
+	                              by a table that skips blocks (WINDOW); NULL: consecutive from
+	                              first_block (kvt_batch_group_table fills pos_cache then) */
+	uint32_t *pos_cache;       /* kvt_freed with the batch */
+	struct kvt_batch **gsub;   /* grouped engine's batch: [n_groups] core batches (NULL for
+	                              ALIAS groups); the arrays above are unused then */
 };
 
 struct kvt_engine {
@@ -463,11 +470,24 @@ struct kvt_engine {
 	                                       kvt_engine_set_window (engine/window.c) */
 	uint32_t win_sink;                  /* leading tokens always visible (window only) */
 	bool seq_opened;                    /* a sequence was opened: the window is fixed */
+	/* ---- layer groups (issue 16, engine/group.c) */
+	uint64_t v_token_bytes;             /* V bytes of one token in one layer (token_bytes is
+	                                       K's): differs with a FULL group's v_head_dim, 0
+	                                       for a LATENT group's pool (K only) */
+	bool dev_borrowed;                  /* dev belongs to the grouped engine (not destroyed
+	                                       with this pool) */
+	struct kvt_grp *grp;                /* non-NULL: this is a grouped engine, a front over
+	                                       one core engine per storage group; none of the
+	                                       fields above but dev is used then */
 };
 
 #define KVT_REL_RING 4096u /* releases remembered for the rotation's victim order */
 
 /* ---- engine.c */
+/* Create one core engine of layout o->layout with @v_dim V elements per head (0: K only) on
+ * device @dev (NULL: its own). */
+int kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, struct kvt_device *dev,
+			   struct kvt_engine **out);
 void kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...) KVT_PRINTF(3, 4);
 /* The most blocks one sequence may hold: all tiers' usable slots less one per tier below HBM
  * (the reserve; kvtier.h kvt_seq_append). */
@@ -735,5 +755,36 @@ kvt_unlock(struct kvt_engine *e)
 		atomic_fetch_sub(&e->nvme_submitting, 1u);
 	}
 }
+
+/* ---- engine/group.c: layer groups (the front over one core engine per storage group) */
+int kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out);
+void kvt_grp_destroy(struct kvt_engine *e);
+int kvt_grp_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out);
+int kvt_grp_seq_close(struct kvt_engine *e, kvt_seq_id id, bool keep);
+int kvt_grp_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target, bool resume);
+int kvt_grp_seq_info(struct kvt_engine *e, kvt_seq_id id, struct kvt_seq_info *out);
+int kvt_grp_seq_tokens(struct kvt_engine *e, kvt_seq_id id, uint64_t first, int32_t *out,
+		       size_t n);
+int kvt_grp_seq_set_priority(struct kvt_engine *e, kvt_seq_id id, uint64_t first_token,
+			     uint64_t n_tokens, uint8_t priority, uint32_t duration_ms);
+int kvt_grp_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o,
+			     const int32_t *tokens, size_t n, uint64_t *matched_tokens,
+			     enum kvt_tier *tier);
+int kvt_grp_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id id, const int32_t *tokens,
+			      size_t n, uint64_t *attached_tokens);
+int kvt_grp_tenant_set_budget(struct kvt_engine *e, uint32_t tenant, enum kvt_tier tier,
+			      uint64_t max_blocks);
+int kvt_grp_tenant_usage(struct kvt_engine *e, uint32_t tenant, uint64_t *used);
+int kvt_grp_batch_prepare(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n,
+			  struct kvt_batch **out);
+int kvt_grp_hint(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n,
+		 uint32_t steps_ahead);
+int kvt_grp_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream);
+int kvt_grp_batch_release(struct kvt_batch *b, void *stream);
+int kvt_grp_poll(struct kvt_engine *e, uint32_t max);
+int kvt_grp_drain(struct kvt_engine *e);
+int kvt_grp_stats(struct kvt_engine *e, struct kvt_stats *out);
+/* ---- engine/batch.c */
+void kvt_batch_abandon(struct kvt_batch *b);
 
 #endif /* KVT_ENGINE_IMPL_H */

@@ -289,6 +289,8 @@ kvt_engine_hint_ranges(struct kvt_engine *e, const struct kvt_seq_range *ranges,
 	if (n == 0 || n > HINT_MAX_RANGES)
 		return kvt_err(-EINVAL, "kvt_engine_hint: %zu sequences, must be 1..%u", n,
 			       HINT_MAX_RANGES);
+	if (e->grp)
+		return kvt_grp_hint(e, ranges, n, steps_ahead);
 	kvt_lock(e);
 	rc = hint_check(e, ranges, n, &blocks);
 	usable = e->slots[KVT_TIER_HBM].n_slots - e->quarantined[KVT_TIER_HBM];

@@ -672,6 +672,8 @@ kvt_seq_tokens(struct kvt_engine *e, kvt_seq_id id, uint64_t first, int32_t *out
 
 	if (!e || (!out && n))
 		return kvt_err(-EINVAL, "kvt_seq_tokens: engine and out must not be NULL");
+	if (e->grp)
+		return kvt_grp_seq_tokens(e, id, first, out, n);
 	kvt_lock(e);
 	s = kvt_seq_lookup(e, id, NULL);
 	if (!s)

@@ -165,6 +165,8 @@ kvt_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out
 
 	if (!e || !out)
 		return kvt_err(-EINVAL, "kvt_seq_open: engine and out must not be NULL");
+	if (e->grp)
+		return kvt_grp_seq_open(e, o, out);
 	*out = 0;
 	rc = kvt_seq_opts_copy(&opts, o);
 	if (rc)
@@ -356,12 +358,16 @@ seq_close_or_detach(struct kvt_engine *e, kvt_seq_id id, bool keep)
 int
 kvt_seq_close(struct kvt_engine *e, kvt_seq_id id)
 {
+	if (e && e->grp)
+		return kvt_grp_seq_close(e, id, false);
 	return seq_close_or_detach(e, id, false);
 }
 
 int
 kvt_seq_detach(struct kvt_engine *e, kvt_seq_id id)
 {
+	if (e && e->grp)
+		return kvt_grp_seq_close(e, id, true);
 	return seq_close_or_detach(e, id, true);
 }
 
@@ -559,6 +565,9 @@ kvt_seq_append(struct kvt_engine *e, kvt_seq_id id, const int32_t *tokens, size_
 
 	if (!e || !slot_mapping)
 		return kvt_err(-EINVAL, "kvt_seq_append: engine and slot_mapping must not be NULL");
+	if (e->grp)
+		return kvt_err(-EINVAL, "kvt_seq_append: the engine has layer groups: use "
+			       "kvt_seq_append_groups (one slot mapping per group)");
 	if (n == 0 || n > SEQ_MAX_APPEND)
 		return kvt_err(-EINVAL, "kvt_seq_append: n = %zu tokens, must be 1..%u", n,
 			       SEQ_MAX_APPEND);
@@ -591,6 +600,8 @@ kvt_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target)
 		return kvt_err(-EINVAL, "kvt_seq_park: engine is NULL");
 	if (t != KVT_TIER_HOST && t != KVT_TIER_NVME)
 		return kvt_err(-EINVAL, "park target %d: must be KVT_TIER_HOST or KVT_TIER_NVME", t);
+	if (e->grp)
+		return kvt_grp_seq_park(e, id, target, false);
 	kvt_lock(e);
 	s = kvt_seq_lookup(e, id, &idx);
 	if (!s) {
@@ -748,6 +759,8 @@ kvt_seq_resume(struct kvt_engine *e, kvt_seq_id id)
 
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_seq_resume: engine is NULL");
+	if (e->grp)
+		return kvt_grp_seq_park(e, id, KVT_TIER_HBM, true);
 	kvt_lock(e);
 	t0 = kvt_now_ns();
 	s = kvt_seq_lookup(e, id, &idx);
@@ -785,6 +798,8 @@ kvt_seq_info(struct kvt_engine *e, kvt_seq_id id, struct kvt_seq_info *out)
 
 	if (!e || !out)
 		return kvt_err(-EINVAL, "kvt_seq_info: engine and out must not be NULL");
+	if (e->grp)
+		return kvt_grp_seq_info(e, id, out);
 	kvt_lock(e);
 	s = kvt_seq_lookup(e, id, NULL);
 	if (!s) {
@@ -815,6 +830,8 @@ kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id id, uint64_t first_token,
 
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_seq_set_priority: engine is NULL");
+	if (e->grp)
+		return kvt_grp_seq_set_priority(e, id, first_token, n_tokens, priority, duration_ms);
 	if (priority > KVT_EVICT_PRIO_MAX)
 		return kvt_err(-EINVAL, "priority %u is out of range 0..100", priority);
 	kvt_lock(e);
@@ -887,6 +904,8 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 	if (!e || (!tokens && n) || !matched_tokens)
 		return kvt_err(-EINVAL, "kvt_seq_match_prefix: engine, tokens and matched_tokens "
 			       "must not be NULL");
+	if (e->grp)
+		return kvt_grp_seq_match_prefix(e, o, tokens, n, matched_tokens, tier);
 	kvt_seq_opts_init(&opts, sizeof opts);
 	if (o)
 		memcpy(&opts, o, o->opts_size < sizeof opts ? o->opts_size : sizeof opts);
@@ -986,6 +1005,8 @@ kvt_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id id, const int32_t *tokens
 	if (!e || (!tokens && n) || !attached_tokens)
 		return kvt_err(-EINVAL, "kvt_seq_attach_prefix: engine, tokens and attached_tokens "
 			       "must not be NULL");
+	if (e->grp)
+		return kvt_grp_seq_attach_prefix(e, id, tokens, n, attached_tokens);
 	*attached_tokens = 0;
 	kvt_lock(e);
 	s = kvt_seq_lookup(e, id, NULL);

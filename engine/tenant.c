@@ -133,6 +133,8 @@ kvt_tenant_set_budget(struct kvt_engine *e, uint32_t tenant, enum kvt_tier tier,
 
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_tenant_set_budget: engine is NULL");
+	if (e->grp)
+		return kvt_grp_tenant_set_budget(e, tenant, tier, max_blocks);
 	if ((int)tier < 0 || tier >= KVT_TIER_COUNT)
 		return kvt_err(-EINVAL, "tier %d is not a tier", (int)tier);
 	kvt_lock(e);
@@ -159,6 +161,8 @@ kvt_tenant_usage(struct kvt_engine *e, uint32_t tenant, uint64_t *used)
 
 	if (!e || !used)
 		return kvt_err(-EINVAL, "kvt_tenant_usage: engine and used must not be NULL");
+	if (e->grp)
+		return kvt_grp_tenant_usage(e, tenant, used);
 	kvt_lock(e);
 	ts = kvt_tenant_slot(e, tenant);
 	if (ts)
