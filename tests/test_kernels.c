@@ -297,6 +297,692 @@ test_merge_symmetric(void **state)
 	assert_float_equal(la2[0], la[0], 1e-6f);
 }
 
+/* ---- sliding window and sinks ------------------------------------------------------------- */
+
+/* (window, sink) pairs the window tests sweep; window 0 = full attention. */
+static const uint64_t tk_windows[][2] = {
+	{ 0, 0 }, { 1, 0 }, { 3, 0 }, { 7, 0 }, { 16, 0 }, { 17, 0 }, { 1, 1 }, { 5, 2 },
+	{ 8, 4 }, { 16, 4 }, { 3, 9 }, { 1000, 0 }, { 20, 100 },
+};
+
+/* Rows of the visible positions of [t0, t1) from q gathered contiguously; returns their count. */
+static uint32_t
+tk_gather_visible(const struct kvt_test_kv_shape *s, const float *src, uint64_t window,
+		  uint64_t sink, uint64_t q, uint64_t t0, uint64_t t1, float *dst)
+{
+	size_t kv_dim = (size_t)s->n_kv_heads * s->head_dim;
+	uint32_t n = 0;
+
+	for (uint64_t t = t0; t < t1; t++)
+		if (kvt_test_visible(window, sink, q, t))
+			memcpy(dst + kv_dim * n++, src + kv_dim * t, kv_dim * sizeof(float));
+	return n;
+}
+
+static uint64_t
+tk_count_visible(uint64_t window, uint64_t sink, uint64_t q, uint64_t t0, uint64_t t1)
+{
+	uint64_t n = 0;
+
+	for (uint64_t t = t0; t < t1; t++)
+		n += (uint64_t)kvt_test_visible(window, sink, q, t);
+	return n;
+}
+
+/*
+ * Decode with (window, sink) over a fixture whose invisible rows and blocks are NaN: equal bit
+ * for bit to llama2.c's loop over the visible positions only, with the dense table and with a
+ * table that lists only the blocks holding visible positions (pos), plus @extra live blocks
+ * out of the window.
+ */
+static void
+tk_window_case(const struct kvt_test_kv_shape *s, enum kvt_dtype dt, uint64_t window,
+	       uint64_t sink, uint64_t *rng)
+{
+	size_t n = (size_t)s->n_heads * s->head_dim, kv_dim = (size_t)s->n_kv_heads * s->head_dim;
+	float *out = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+	float *kc = malloc((size_t)s->seq_len * kv_dim * sizeof(float));
+	float *vc = malloc((size_t)s->seq_len * kv_dim * sizeof(float));
+	float *att = malloc(s->seq_len * sizeof(float));
+	uint32_t *ctab = malloc((s->seq_len / s->tpb + 1) * sizeof(uint32_t));
+	uint32_t *cpos = malloc((s->seq_len / s->tpb + 1) * sizeof(uint32_t));
+	uint64_t q = s->seq_len - 1, nvis_bound;
+	struct kvt_paged_kv kv;
+	struct kvt_test_kv b;
+	uint32_t nv, blk, ne = 0;
+	float *scratch;
+
+	assert_true(out && want && kc && vc && att && ctab && cpos);
+	kvt_test_kv_build(&b, s, dt, rng);
+	kvt_test_kv_poison(&b, window, sink, q);
+	nv = tk_gather_visible(s, b.kw, window, sink, q, 0, s->seq_len, kc);
+	assert_int_equal(tk_gather_visible(s, b.vw, window, sink, q, 0, s->seq_len, vc), nv);
+	tk_llama2(b.q, kc, vc, (int)s->n_heads, (int)s->n_kv_heads, (int)s->head_dim, (int)nv,
+		  att, want, NULL);
+	/* scratch of exactly the visible count (ASan checks the documented bound) */
+	nvis_bound = window ? (window + sink < s->seq_len ? window + sink : s->seq_len)
+			    : s->seq_len;
+	assert_true(nv <= nvis_bound);
+	scratch = malloc(nv * sizeof(float));
+	assert_non_null(scratch);
+	kv = b.kv;
+	kv.window = window;
+	kv.sink = sink;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, s->n_heads, s->seq_len, scratch, out), 0);
+	if (memcmp(out, want, n * sizeof(float)))
+		fail_msg("window %llu sink %llu seq %u tpb %u dtype %d: dense table not "
+			 "bit-identical (relerr %g)", (unsigned long long)window,
+			 (unsigned long long)sink, s->seq_len, s->tpb, (int)dt,
+			 kvt_test_kv_relerr(out, want, n));
+	/* only live blocks listed: visible ones, and every third other block (not yet dropped) */
+	for (blk = 0; blk < b.n_blocks; blk++) {
+		int vis = 0;
+
+		for (uint64_t t = (uint64_t)blk * s->tpb; t < (uint64_t)(blk + 1) * s->tpb; t++)
+			vis |= kvt_test_visible(window, sink, q, t);
+		if (vis || blk % 3 == 0) {
+			ctab[ne] = b.table[blk];
+			cpos[ne++] = blk;
+		}
+	}
+	kv.table = ctab;
+	kv.pos = cpos;
+	kv.n_entries = ne;
+	memset(out, 0, n * sizeof(float));
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, s->n_heads, s->seq_len, scratch, out), 0);
+	if (memcmp(out, want, n * sizeof(float)))
+		fail_msg("window %llu sink %llu seq %u: block positions not bit-identical",
+			 (unsigned long long)window, (unsigned long long)sink, s->seq_len);
+	/* the one partial over everything is the decode, bit for bit */
+	{
+		float *m = malloc(s->n_heads * sizeof(float)), *l = malloc(s->n_heads * sizeof(float));
+		float *o = malloc(n * sizeof(float));
+
+		assert_true(m && l && o);
+		assert_int_equal(kvt_attn_partial_ref(&kv, b.q, s->n_heads, 0, s->seq_len, scratch,
+						      o, m, l), 0);
+		assert_memory_equal(o, want, n * sizeof(float));
+		free(m);
+		free(l);
+		free(o);
+	}
+	kvt_test_kv_free(&b);
+	free(out);
+	free(want);
+	free(kc);
+	free(vc);
+	free(att);
+	free(ctab);
+	free(cpos);
+	free(scratch);
+}
+
+static void
+test_window_decode(void **state)
+{
+	static const enum kvt_dtype dts[] = { KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16 };
+	uint64_t rng = 1601;
+
+	(void)state;
+	for (size_t si = 0; si < sizeof tk_shapes / sizeof tk_shapes[0]; si++)
+		for (size_t wi = 0; wi < sizeof tk_windows / sizeof tk_windows[0]; wi++)
+			tk_window_case(&tk_shapes[si], dts[(si + wi) % 3], tk_windows[wi][0],
+				       tk_windows[wi][1], &rng);
+}
+
+/*
+ * Streaming as a runner does it: the sequence in windows of @wb blocks, each a view listing
+ * only its blocks (pos) with absolute positions and kv.seq_len set; windows with no visible
+ * position give empty partials (l 0, m -inf, out 0) that the merge skips. The merged result
+ * equals the one-shot decode within fp32 rounding.
+ */
+static void
+tk_window_stream(const struct kvt_test_kv_shape *s, uint64_t window, uint64_t sink,
+		 uint32_t wb, uint64_t *rng)
+{
+	size_t n = (size_t)s->n_heads * s->head_dim, h;
+	float *full = malloc(n * sizeof(float)), *oa = malloc(n * sizeof(float));
+	float *ob = malloc(n * sizeof(float)), *scratch = malloc(s->seq_len * sizeof(float));
+	float *ma = malloc(s->n_heads * sizeof(float)), *la = malloc(s->n_heads * sizeof(float));
+	float *mb = malloc(s->n_heads * sizeof(float)), *lb = malloc(s->n_heads * sizeof(float));
+	uint32_t *wpos = malloc(wb * sizeof(uint32_t));
+	struct kvt_paged_kv kv;
+	struct kvt_test_kv b;
+	int first = 1, empties = 0;
+
+	assert_true(full && oa && ob && scratch && ma && la && mb && lb && wpos);
+	kvt_test_kv_build(&b, s, KVT_DTYPE_F32, rng);
+	kvt_test_kv_poison(&b, window, sink, s->seq_len - 1);
+	kv = b.kv;
+	kv.window = window;
+	kv.sink = sink;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, s->n_heads, s->seq_len, scratch, full), 0);
+	kv.seq_len = s->seq_len;
+	for (uint32_t ws = 0; ws < b.n_blocks; ws += wb) {
+		uint32_t nb = b.n_blocks - ws < wb ? b.n_blocks - ws : wb;
+		uint64_t t0 = (uint64_t)ws * s->tpb, t1 = (uint64_t)(ws + nb) * s->tpb;
+
+		if (t1 > s->seq_len)
+			t1 = s->seq_len;
+		for (uint32_t i = 0; i < nb; i++)
+			wpos[i] = ws + i;
+		kv.table = b.table + ws;
+		kv.pos = wpos;
+		kv.n_entries = nb;
+		assert_int_equal(kvt_attn_partial_ref(&kv, b.q, s->n_heads, t0, t1, scratch,
+						      first ? oa : ob, first ? ma : mb,
+						      first ? la : lb), 0);
+		if (!tk_count_visible(window, sink, s->seq_len - 1, t0, t1)) {
+			const float *o = first ? oa : ob, *m = first ? ma : mb, *l = first ? la : lb;
+
+			empties++;
+			for (h = 0; h < s->n_heads; h++)
+				assert_true(l[h] == 0.0f && m[h] == -INFINITY && o[h * s->head_dim] == 0);
+		}
+		if (!first)
+			kvt_attn_merge(s->n_heads, s->head_dim, oa, ma, la, ob, mb, lb);
+		first = 0;
+	}
+	if (!(kvt_test_kv_relerr(oa, full, n) <= 1e-5))
+		fail_msg("window %llu sink %llu, windows of %u blocks (%d empty): relerr %g",
+			 (unsigned long long)window, (unsigned long long)sink, wb, empties,
+			 kvt_test_kv_relerr(oa, full, n));
+	kvt_test_kv_free(&b);
+	free(full);
+	free(oa);
+	free(ob);
+	free(scratch);
+	free(ma);
+	free(la);
+	free(mb);
+	free(lb);
+	free(wpos);
+}
+
+static void
+test_window_stream(void **state)
+{
+	static const struct kvt_test_kv_shape shapes[] = {
+		{ 8, 4, 8, 4, 61, 0 }, { 8, 2, 16, 1, 30, 4 }, { 32, 8, 128, 16, 100, 0 },
+	};
+	uint64_t rng = 1602;
+
+	(void)state;
+	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+		for (size_t wi = 0; wi < sizeof tk_windows / sizeof tk_windows[0]; wi++)
+			for (uint32_t wb = 1; wb <= 3; wb++)
+				tk_window_stream(&shapes[si], tk_windows[wi][0], tk_windows[wi][1],
+						 wb, &rng);
+}
+
+/* Empty partials merge as nothing, in either order, and two empties stay empty. */
+static void
+test_merge_empty(void **state)
+{
+	float oa[2] = { 1.0f, -1.0f }, ma[1] = { 2.0f }, la[1] = { 3.0f };
+	float oe[2] = { 0.0f, 0.0f }, me[1] = { -INFINITY }, le[1] = { 0.0f };
+	float oe2[2] = { 0.0f, 0.0f }, me2[1] = { -INFINITY }, le2[1] = { 0.0f };
+
+	(void)state;
+	kvt_attn_merge(1, 2, oa, ma, la, oe, me, le); /* a + empty = a, exactly */
+	assert_true(oa[0] == 1.0f && oa[1] == -1.0f && ma[0] == 2.0f && la[0] == 3.0f);
+	kvt_attn_merge(1, 2, oe, me, le, oa, ma, la); /* empty + a = a, exactly */
+	assert_true(oe[0] == 1.0f && oe[1] == -1.0f && me[0] == 2.0f && le[0] == 3.0f);
+	kvt_attn_merge(1, 2, oe2, me2, le2, (const float[]){ 0.0f, 0.0f },
+		       (const float[]){ -INFINITY }, (const float[]){ 0.0f });
+	assert_true(oe2[0] == 0.0f && oe2[1] == 0.0f && le2[0] == 0.0f && me2[0] == -INFINITY);
+}
+
+/* Bad window arguments: clear -EINVAL, never a crash. */
+static void
+test_window_bad_args(void **state)
+{
+	static const struct kvt_test_kv_shape s = { 8, 4, 8, 4, 20, 0 };
+	float scratch[20], out[64], m[8], l[8];
+	uint32_t tab[5], pos[5] = { 0, 1, 2, 3, 4 };
+	struct kvt_test_kv b;
+	struct kvt_paged_kv kv;
+	uint64_t rng = 1603;
+
+	(void)state;
+	kvt_test_kv_build(&b, &s, KVT_DTYPE_F32, &rng);
+	memcpy(tab, b.table, sizeof tab);
+	kv = b.kv;
+	kv.seq_len = 19; /* decode: a different seq_len */
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "differs"));
+	kv.seq_len = 10; /* partial past the query */
+	assert_int_equal(kvt_attn_partial_ref(&kv, b.q, 8, 0, 12, scratch, out, m, l), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "passes"));
+	kv = b.kv;
+	kv.window = 4;
+	kv.table = tab;
+	kv.pos = pos;
+	kv.n_entries = 0;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), -EINVAL);
+	kv.n_entries = 5;
+	pos[3] = 2; /* not ascending */
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "ascending"));
+	pos[3] = 3;
+	kv.n_entries = 4; /* block 4 (positions 16..19) holds the window but is not listed */
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "block 4"));
+	kv.sink = 1; /* sink block 0 missing from pos */
+	kv.n_entries = 2;
+	pos[0] = 3;
+	pos[1] = 4;
+	tab[0] = b.table[3];
+	tab[1] = b.table[4];
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "block 0"));
+	kv.sink = 0; /* without the sink, blocks 3 and 4 hold the window 16..19: fine */
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, 8, 20, scratch, out), 0);
+	kvt_test_kv_free(&b);
+}
+
+/* ---- MLA latent (absorbed form) ----------------------------------------------------------- */
+
+/* A latent test case: heads, kv_lora_rank, rope dim, tokens per block, positions, row pad. */
+struct tk_lat_shape {
+	uint32_t h, r, p, tpb, seq, pad;
+};
+
+static const struct tk_lat_shape tk_lat_shapes[] = {
+	{ 1, 8, 0, 1, 9, 0 },     { 4, 16, 8, 4, 37, 0 },   { 16, 64, 16, 16, 70, 8 },
+	{ 8, 32, 4, 7, 50, 2 },   { 2, 512, 64, 16, 40, 0 }, { 3, 24, 8, 5, 1, 0 },
+};
+
+/* The fixture's K rows are the latent vectors [c_kv | k_pe] (one KV head of r + p elements). */
+static void
+tk_lat_build(const struct tk_lat_shape *ls, enum kvt_dtype dt, uint64_t *rng,
+	     struct kvt_test_kv *b, struct kvt_paged_latent *lk, float **q_lat, float **q_pe)
+{
+	const struct kvt_test_kv_shape s = { 1, 1, ls->r + ls->p, ls->tpb, ls->seq, ls->pad };
+	size_t i;
+
+	kvt_test_kv_build(b, &s, dt, rng);
+	*lk = (struct kvt_paged_latent){ .base = b->kv.k_base, .block_stride = b->kv.block_stride,
+					 .token_stride = b->kv.token_stride, .table = b->table,
+					 .tokens_per_block = ls->tpb, .kv_lora_rank = ls->r,
+					 .rope_dim = ls->p, .dtype = dt };
+	*q_lat = malloc((size_t)ls->h * ls->r * sizeof(float));
+	*q_pe = malloc(((size_t)ls->h * ls->p + 1) * sizeof(float));
+	assert_true(*q_lat && *q_pe);
+	for (i = 0; i < (size_t)ls->h * ls->r; i++)
+		(*q_lat)[i] = kvt_test_kv_uniform(rng, 2.0f);
+	for (i = 0; i < (size_t)ls->h * ls->p; i++)
+		(*q_pe)[i] = kvt_test_kv_uniform(rng, 2.0f);
+}
+
+/*
+ * The absorbed MLA written as a plain loop over n contiguous rows lat [n][r + p], in the order
+ * attention.h states: s = q_lat . c (ascending), += q_pe . k_pe, *= scale; llama2.c's softmax;
+ * out[h] = sum_t p_t c_t. att [n] scratch.
+ */
+static void
+tk_lat_loop(const float *q_lat, const float *q_pe, const float *lat, uint32_t n, uint32_t nh,
+	    uint32_t r, uint32_t p, float scale, float *att, float *out)
+{
+	for (uint32_t h = 0; h < nh; h++) {
+		float *o = out + (size_t)h * r;
+
+		for (uint32_t t = 0; t < n; t++) {
+			const float *c = lat + (size_t)t * (r + p);
+			float score = 0.0f;
+
+			for (uint32_t i = 0; i < r; i++)
+				score += q_lat[(size_t)h * r + i] * c[i];
+			for (uint32_t i = 0; i < p; i++)
+				score += q_pe[(size_t)h * p + i] * c[r + i];
+			score *= scale;
+			att[t] = score;
+		}
+		tk_softmax(att, (int)n);
+		memset(o, 0, r * sizeof(float));
+		for (uint32_t t = 0; t < n; t++)
+			for (uint32_t i = 0; i < r; i++)
+				o[i] += att[t] * lat[(size_t)t * (r + p) + i];
+	}
+}
+
+/* Bit-identical to the contiguous loop over the visible rows; dense table and block positions. */
+static void
+test_latent_matches_loop(void **state)
+{
+	static const enum kvt_dtype dts[] = { KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16 };
+	uint64_t rng = 1641;
+
+	(void)state;
+	for (size_t si = 0; si < sizeof tk_lat_shapes / sizeof tk_lat_shapes[0]; si++) {
+		for (size_t wi = 0; wi < sizeof tk_windows / sizeof tk_windows[0]; wi++) {
+			const struct tk_lat_shape *ls = &tk_lat_shapes[si];
+			uint64_t window = tk_windows[wi][0], sink = tk_windows[wi][1];
+			const struct kvt_test_kv_shape s1 = { 1, 1, ls->r + ls->p, ls->tpb, ls->seq,
+							      0 };
+			enum kvt_dtype dt = dts[(si + wi) % 3];
+			size_t n = (size_t)ls->h * ls->r;
+			float *out = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+			float *rows = malloc((size_t)ls->seq * (ls->r + ls->p) * sizeof(float));
+			float *att = malloc(ls->seq * sizeof(float)), *scratch, *q_lat, *q_pe;
+			uint32_t *ctab = malloc((ls->seq / ls->tpb + 1) * sizeof(uint32_t));
+			uint32_t *cpos = malloc((ls->seq / ls->tpb + 1) * sizeof(uint32_t));
+			float scale = 1.0f / sqrtf((float)(ls->r / 2 + ls->p)) * 1.3689f * 1.3689f;
+			struct kvt_paged_latent lk;
+			struct kvt_test_kv b;
+			uint32_t nv, ne = 0;
+
+			assert_true(out && want && rows && att && ctab && cpos);
+			tk_lat_build(ls, dt, &rng, &b, &lk, &q_lat, &q_pe);
+			kvt_test_kv_poison(&b, window, sink, ls->seq - 1);
+			nv = tk_gather_visible(&s1, b.kw, window, sink, ls->seq - 1, 0, ls->seq, rows);
+			tk_lat_loop(q_lat, q_pe, rows, nv, ls->h, ls->r, ls->p, scale, att, want);
+			scratch = malloc(nv * sizeof(float));
+			assert_non_null(scratch);
+			lk.window = window;
+			lk.sink = sink;
+			assert_int_equal(kvt_attn_latent_decode_ref(&lk, q_lat, ls->p ? q_pe : NULL,
+								    ls->h, ls->seq, scale, scratch,
+								    out), 0);
+			if (memcmp(out, want, n * sizeof(float)))
+				fail_msg("latent shape %zu window %llu sink %llu dtype %d: not "
+					 "bit-identical (relerr %g)", si, (unsigned long long)window,
+					 (unsigned long long)sink, (int)dt,
+					 kvt_test_kv_relerr(out, want, n));
+			assert_true(kvt_test_kv_maxabs(out, n) > 0.0f);
+			for (uint32_t blk = 0; blk < b.n_blocks; blk++) {
+				int vis = 0;
+
+				for (uint64_t t = (uint64_t)blk * ls->tpb;
+				     t < (uint64_t)(blk + 1) * ls->tpb; t++)
+					vis |= kvt_test_visible(window, sink, ls->seq - 1, t);
+				if (vis || blk % 4 == 1) {
+					ctab[ne] = b.table[blk];
+					cpos[ne++] = blk;
+				}
+			}
+			lk.table = ctab;
+			lk.pos = cpos;
+			lk.n_entries = ne;
+			memset(out, 0, n * sizeof(float));
+			assert_int_equal(kvt_attn_latent_decode_ref(&lk, q_lat, q_pe, ls->h, ls->seq,
+								    scale, scratch, out), 0);
+			assert_memory_equal(out, want, n * sizeof(float));
+			kvt_test_kv_free(&b);
+			free(out);
+			free(want);
+			free(rows);
+			free(att);
+			free(scratch);
+			free(q_lat);
+			free(q_pe);
+			free(ctab);
+			free(cpos);
+		}
+	}
+}
+
+/*
+ * Streamed windows: partials over disjoint block ranges (each view listing only its blocks,
+ * absolute positions) merged with kvt_attn_merge(h, rank) equal the one-shot decode within
+ * fp32 rounding; the one partial over everything is the decode bit for bit.
+ */
+static void
+test_latent_stream(void **state)
+{
+	uint64_t rng = 1642;
+
+	(void)state;
+	for (size_t si = 0; si < sizeof tk_lat_shapes / sizeof tk_lat_shapes[0]; si++) {
+		for (size_t wi = 0; wi < sizeof tk_windows / sizeof tk_windows[0]; wi += 2) {
+			const struct tk_lat_shape *ls = &tk_lat_shapes[si];
+			size_t n = (size_t)ls->h * ls->r;
+			float *full = malloc(n * sizeof(float)), *oa = malloc(n * sizeof(float));
+			float *ob = malloc(n * sizeof(float)), *att = malloc(ls->seq * sizeof(float));
+			float *ma = malloc(ls->h * sizeof(float)), *la = malloc(ls->h * sizeof(float));
+			float *mb = malloc(ls->h * sizeof(float)), *lb = malloc(ls->h * sizeof(float));
+			uint32_t wpos[3], wb = (uint32_t)(wi % 3) + 1;
+			float scale = 0.125f, *q_lat, *q_pe;
+			struct kvt_paged_latent lk;
+			struct kvt_test_kv b;
+			int first = 1;
+
+			assert_true(full && oa && ob && att && ma && la && mb && lb);
+			tk_lat_build(ls, KVT_DTYPE_F32, &rng, &b, &lk, &q_lat, &q_pe);
+			lk.window = tk_windows[wi][0];
+			lk.sink = tk_windows[wi][1];
+			kvt_test_kv_poison(&b, lk.window, lk.sink, ls->seq - 1);
+			assert_int_equal(kvt_attn_latent_decode_ref(&lk, q_lat, q_pe, ls->h, ls->seq,
+								    scale, att, full), 0);
+			assert_int_equal(kvt_attn_latent_partial_ref(&lk, q_lat, q_pe, ls->h, 0,
+								     ls->seq, scale, att, oa, ma,
+								     la), 0);
+			assert_memory_equal(oa, full, n * sizeof(float));
+			lk.seq_len = ls->seq;
+			for (uint32_t ws = 0; ws < b.n_blocks; ws += wb) {
+				uint32_t nb = b.n_blocks - ws < wb ? b.n_blocks - ws : wb;
+				uint64_t t0 = (uint64_t)ws * ls->tpb, t1 = (uint64_t)(ws + nb) * ls->tpb;
+
+				t1 = t1 < ls->seq ? t1 : ls->seq;
+				for (uint32_t i = 0; i < nb; i++)
+					wpos[i] = ws + i;
+				lk.table = b.table + ws;
+				lk.pos = wpos;
+				lk.n_entries = nb;
+				assert_int_equal(kvt_attn_latent_partial_ref(&lk, q_lat, q_pe, ls->h, t0,
+									     t1, scale, att,
+									     first ? oa : ob,
+									     first ? ma : mb,
+									     first ? la : lb), 0);
+				if (!first)
+					kvt_attn_merge(ls->h, ls->r, oa, ma, la, ob, mb, lb);
+				first = 0;
+			}
+			if (getenv("TK_DEBUG"))
+				print_message("latent stream %zu/%zu: relerr %g\n", si, wi,
+					      kvt_test_kv_relerr(oa, full, n));
+			if (!(kvt_test_kv_relerr(oa, full, n) <= 1e-5))
+				fail_msg("latent shape %zu window %zu: streamed relerr %g > 1e-5", si,
+					 wi, kvt_test_kv_relerr(oa, full, n));
+			kvt_test_kv_free(&b);
+			free(full);
+			free(oa);
+			free(ob);
+			free(att);
+			free(ma);
+			free(la);
+			free(mb);
+			free(lb);
+			free(q_lat);
+			free(q_pe);
+		}
+	}
+}
+
+/*
+ * Against MLA computed without absorption (transformers' DeepseekV3Attention: k_nope and v
+ * expanded per head from c_kv by W_UK and W_UV, k = [k_nope | k_pe], q = [q_nope | q_pe], plain
+ * softmax attention), in double: the absorbed path (q_lat = W_UK^T q_nope in fp32, the latent
+ * kernel, then W_UV applied to its output in fp32) agrees within 2e-5 of max |y|. Why that bound:
+ * the two differ only in the association of fp32 sums (the scores' dots of length rank and
+ * nope, the output's sums over positions then rank), each with relative error of order
+ * length * 2^-24 = 3e-5 in the worst case for rank 512 and typically sqrt(length) * 2^-24 ~ 1e-6;
+ * the observed error is about 1e-6 (TK_DEBUG=1 prints it).
+ */
+static void
+test_latent_vs_expanded(void **state)
+{
+	static const struct { uint32_t h, r, p, nope, vd, seq, window, sink; } cs[] = {
+		{ 4, 16, 8, 12, 10, 37, 0, 0 }, { 8, 64, 16, 32, 32, 90, 24, 4 },
+		{ 2, 512, 64, 128, 128, 64, 0, 0 }, { 16, 32, 8, 16, 24, 50, 17, 0 },
+	};
+	uint64_t rng = 1643;
+
+	(void)state;
+	for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+		const uint32_t h = cs[ci].h, r = cs[ci].r, p = cs[ci].p, nope = cs[ci].nope;
+		const uint32_t vd = cs[ci].vd, seq = cs[ci].seq;
+		const struct tk_lat_shape ls = { h, r, p, 8, seq, 0 };
+		const float mscale = 0.1f * logf(40.0f) + 1.0f; /* YaRN, factor 40 */
+		const float scale = 1.0f / sqrtf((float)(nope + p)) * mscale * mscale;
+		float *wuk = malloc((size_t)h * nope * r * sizeof(float));
+		float *wuv = malloc((size_t)h * vd * r * sizeof(float));
+		float *qn = malloc((size_t)h * nope * sizeof(float)), *q_lat2, *q_pe;
+		float *q_lat = malloc((size_t)h * r * sizeof(float));
+		float *olat = malloc((size_t)h * r * sizeof(float)), *att = malloc(seq * sizeof(float));
+		float *y = malloc((size_t)h * vd * sizeof(float));
+		float *yref = malloc((size_t)h * vd * sizeof(float));
+		double *sc = malloc(seq * sizeof(double));
+		struct kvt_paged_latent lk;
+		struct kvt_test_kv b;
+		double err;
+
+		assert_true(wuk && wuv && qn && q_lat && olat && att && y && yref && sc);
+		tk_lat_build(&ls, KVT_DTYPE_F32, &rng, &b, &lk, &q_lat2, &q_pe);
+		lk.window = cs[ci].window;
+		lk.sink = cs[ci].sink;
+		for (size_t i = 0; i < (size_t)h * nope * r; i++)
+			wuk[i] = kvt_test_kv_uniform(&rng, 2.0f / sqrtf((float)r));
+		for (size_t i = 0; i < (size_t)h * vd * r; i++)
+			wuv[i] = kvt_test_kv_uniform(&rng, 2.0f / sqrtf((float)r));
+		for (size_t i = 0; i < (size_t)h * nope; i++)
+			qn[i] = kvt_test_kv_uniform(&rng, 2.0f);
+		/* absorbed: q_lat[h][j] = sum_n W_UK[h][n][j] q_nope[h][n], fp32 */
+		for (uint32_t hh = 0; hh < h; hh++)
+			for (uint32_t j = 0; j < r; j++) {
+				float a = 0.0f;
+
+				for (uint32_t nn = 0; nn < nope; nn++)
+					a += wuk[((size_t)hh * nope + nn) * r + j] *
+					     qn[(size_t)hh * nope + nn];
+				q_lat[(size_t)hh * r + j] = a;
+			}
+		assert_int_equal(kvt_attn_latent_decode_ref(&lk, q_lat, q_pe, h, seq, scale, att,
+							    olat), 0);
+		for (uint32_t hh = 0; hh < h; hh++)
+			for (uint32_t vi = 0; vi < vd; vi++) {
+				float a = 0.0f;
+
+				for (uint32_t j = 0; j < r; j++)
+					a += wuv[((size_t)hh * vd + vi) * r + j] * olat[(size_t)hh * r + j];
+				y[(size_t)hh * vd + vi] = a;
+			}
+		/* expanded, in double, over the visible positions */
+		for (uint32_t hh = 0; hh < h; hh++) {
+			double mx = -INFINITY, sum = 0.0;
+
+			for (uint32_t t = 0; t < seq; t++) {
+				const float *c = b.kf + (size_t)t * (r + p);
+				double s = 0.0;
+
+				sc[t] = -INFINITY;
+				if (!kvt_test_visible(lk.window, lk.sink, seq - 1, t))
+					continue;
+				for (uint32_t nn = 0; nn < nope; nn++) {
+					double kn = 0.0;
+
+					for (uint32_t j = 0; j < r; j++)
+						kn += (double)wuk[((size_t)hh * nope + nn) * r + j] * c[j];
+					s += (double)qn[(size_t)hh * nope + nn] * kn;
+				}
+				for (uint32_t j = 0; j < p; j++)
+					s += (double)q_pe[(size_t)hh * p + j] * c[r + j];
+				sc[t] = s * scale;
+				mx = sc[t] > mx ? sc[t] : mx;
+			}
+			for (uint32_t t = 0; t < seq; t++)
+				sum += exp(sc[t] - mx);
+			for (uint32_t vi = 0; vi < vd; vi++) {
+				double o = 0.0;
+
+				for (uint32_t t = 0; t < seq; t++) {
+					const float *c = b.kf + (size_t)t * (r + p);
+					double v = 0.0;
+
+					if (sc[t] == -INFINITY)
+						continue;
+					for (uint32_t j = 0; j < r; j++)
+						v += (double)wuv[((size_t)hh * vd + vi) * r + j] * c[j];
+					o += exp(sc[t] - mx) / sum * v;
+				}
+				yref[(size_t)hh * vd + vi] = (float)o;
+			}
+		}
+		err = kvt_test_kv_relerr(y, yref, (size_t)h * vd);
+		if (getenv("TK_DEBUG"))
+			print_message("latent vs expanded case %zu: relerr %g\n", ci, err);
+		if (!(err <= 2e-5))
+			fail_msg("latent case %zu: absorbed vs expanded relerr %g > 2e-5", ci, err);
+		assert_true(kvt_test_kv_maxabs(yref, (size_t)h * vd) > 0.0f);
+		kvt_test_kv_free(&b);
+		free(wuk);
+		free(wuv);
+		free(qn);
+		free(q_lat);
+		free(q_lat2);
+		free(q_pe);
+		free(olat);
+		free(att);
+		free(y);
+		free(yref);
+		free(sc);
+	}
+}
+
+/* Bad latent arguments: -EINVAL with a message. */
+static void
+test_latent_bad_args(void **state)
+{
+	const struct tk_lat_shape ls = { 2, 8, 4, 4, 10, 0 };
+	float scratch[10], out[16], m[2], l[2], *q_lat, *q_pe;
+	struct kvt_paged_latent lk, bad;
+	struct kvt_test_kv b;
+	uint64_t rng = 1644;
+
+	(void)state;
+	tk_lat_build(&ls, KVT_DTYPE_BF16, &rng, &b, &lk, &q_lat, &q_pe);
+	assert_int_equal(kvt_attn_latent_decode_ref(&lk, q_lat, q_pe, 2, 10, 0.3f, scratch, out),
+			 0);
+	assert_int_equal(kvt_attn_latent_decode_ref(&lk, q_lat, NULL, 2, 10, 0.3f, scratch, out),
+			 -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "q_pe"));
+	assert_int_equal(kvt_attn_latent_decode_ref(&lk, q_lat, q_pe, 0, 10, 0.3f, scratch, out),
+			 -EINVAL);
+	assert_int_equal(kvt_attn_latent_decode_ref(&lk, q_lat, q_pe, 2, 0, 0.3f, scratch, out),
+			 -EINVAL);
+	assert_int_equal(kvt_attn_latent_decode_ref(&lk, q_lat, q_pe, 2, 10, 0.0f, scratch, out),
+			 -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "scale"));
+	assert_int_equal(kvt_attn_latent_decode_ref(&lk, q_lat, q_pe, 2, 10, NAN, scratch, out),
+			 -EINVAL);
+	assert_int_equal(kvt_attn_latent_decode_ref(NULL, q_lat, q_pe, 2, 10, 0.3f, scratch, out),
+			 -EINVAL);
+	assert_int_equal(kvt_attn_latent_partial_ref(&lk, q_lat, q_pe, 2, 3, 3, 0.3f, scratch,
+						     out, m, l), -EINVAL);
+	assert_int_equal(kvt_attn_latent_partial_ref(&lk, q_lat, q_pe, 2, 0, 3, 0.3f, scratch,
+						     out, NULL, l), -EINVAL);
+	bad = lk;
+	bad.token_stride = 23; /* < 12 bf16 */
+	assert_int_equal(kvt_attn_latent_decode_ref(&bad, q_lat, q_pe, 2, 10, 0.3f, scratch, out),
+			 -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "token_stride"));
+	bad = lk;
+	bad.kv_lora_rank = 0;
+	assert_int_equal(kvt_attn_latent_decode_ref(&bad, q_lat, q_pe, 2, 10, 0.3f, scratch, out),
+			 -EINVAL);
+	bad = lk;
+	bad.dtype = KVT_DTYPE_INT8;
+	assert_int_equal(kvt_attn_latent_decode_ref(&bad, q_lat, q_pe, 2, 10, 0.3f, scratch, out),
+			 -EINVAL);
+	bad = lk;
+	bad.table = NULL;
+	assert_int_equal(kvt_attn_latent_decode_ref(&bad, q_lat, q_pe, 2, 10, 0.3f, scratch, out),
+			 -EINVAL);
+	kvt_test_kv_free(&b);
+	free(q_lat);
+	free(q_pe);
+}
+
 static void
 test_bad_args(void **state)
 {
@@ -698,6 +1384,14 @@ main(void)
 		cmocka_unit_test(test_partial_merge),
 		cmocka_unit_test(test_merge_symmetric),
 		cmocka_unit_test(test_bad_args),
+		cmocka_unit_test(test_window_decode),
+		cmocka_unit_test(test_window_stream),
+		cmocka_unit_test(test_merge_empty),
+		cmocka_unit_test(test_window_bad_args),
+		cmocka_unit_test(test_latent_matches_loop),
+		cmocka_unit_test(test_latent_stream),
+		cmocka_unit_test(test_latent_vs_expanded),
+		cmocka_unit_test(test_latent_bad_args),
 		cmocka_unit_test(test_f16_known_values),
 		cmocka_unit_test(test_bf16_known_values),
 		cmocka_unit_test(test_conversion_sweeps),

@@ -126,3 +126,48 @@ kvt_test_kv_relerr(const float *a, const float *b, size_t n)
 	}
 	return s > 0.0 ? m / s : m;
 }
+
+int
+kvt_test_visible(uint64_t window, uint64_t sink, uint64_t q, uint64_t k)
+{
+	if (k > q)
+		return 0;
+	return !window || k + window > q || k < sink;
+}
+
+void
+kvt_test_kv_poison(struct kvt_test_kv *b, uint64_t window, uint64_t sink, uint64_t q)
+{
+	const struct kvt_paged_kv *kv = &b->kv;
+	const size_t esize = kv->dtype == KVT_DTYPE_F32 ? 4 : 2;
+	const size_t row = (size_t)kv->n_kv_heads * kv->head_dim * esize;
+	const uint32_t n_slots = (uint32_t)(b->hbm_bytes / kv->block_stride);
+	uint32_t spare = 0, i, blk;
+	uint64_t t, n_pos = (uint64_t)b->n_blocks * kv->tokens_per_block;
+
+	for (;; spare++) { /* a slot the table does not use: never written, all 0xff */
+		assert_true(spare < n_slots);
+		for (i = 0; i < b->n_blocks && b->table[i] != spare; i++)
+			;
+		if (i == b->n_blocks)
+			break;
+	}
+	for (t = 0; t < n_pos; t++) {
+		unsigned char *k = (unsigned char *)kv->k_base +
+				   (uint64_t)b->table[t / kv->tokens_per_block] * kv->block_stride +
+				   (t % kv->tokens_per_block) * kv->token_stride;
+
+		if (kvt_test_visible(window, sink, q, t))
+			continue;
+		memset(k, 0xff, row);
+		memset(k + kv->v_offset, 0xff, row);
+	}
+	for (blk = 0; blk < b->n_blocks; blk++) {
+		for (t = (uint64_t)blk * kv->tokens_per_block;
+		     t < (uint64_t)(blk + 1) * kv->tokens_per_block; t++)
+			if (kvt_test_visible(window, sink, q, t))
+				break;
+		if (t == (uint64_t)(blk + 1) * kv->tokens_per_block)
+			b->table[blk] = spare;
+	}
+}

@@ -60,4 +60,15 @@ float kvt_test_kv_maxabs(const float *x, size_t n);
 /** max |a[i] - b[i]| / max |b[i]| (NaN anywhere gives NaN or a large value). */
 double kvt_test_kv_relerr(const float *a, const float *b, size_t n);
 
+/** 1 when key k is visible from the query at q under (window, sink) (kernels/attention.h). */
+int kvt_test_visible(uint64_t window, uint64_t sink, uint64_t q, uint64_t k);
+
+/**
+ * kvt_test_kv_poison() - overwrite with 0xff (NaN in every dtype) each K and V row of b that is
+ * not visible from the query at q, and point the table entries of blocks without a visible
+ * position at a slot the table does not use (never written: all 0xff), so a kernel that reads
+ * outside the window and sinks produces NaN. b->kf/kw/vf/vw keep the values.
+ */
+void kvt_test_kv_poison(struct kvt_test_kv *b, uint64_t window, uint64_t sink, uint64_t q);
+
 #endif /* KVT_TESTS_SUPPORT_KV_FIXTURE_H */
