@@ -32,6 +32,7 @@
 
 #include <cmocka.h>
 #include <errno.h>
+#include <math.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -85,8 +86,10 @@ hf_case(const char *name, enum hf_place place)
 	o.gen = ref.n_gen;
 	o.tokens_per_block = 4;
 	if (place == HF_TIERED || place == HF_PARKED || place == HF_PERSIST) {
-		uint64_t kv = kvhf_kv_bytes(m, 4, o.n_prompt + o.gen);
-		uint64_t block = kvhf_kv_bytes(m, 4, 1);
+		uint64_t (*kvb)(const struct kvhf_model *, uint32_t, uint32_t) =
+			place == HF_PERSIST ? kvhf_kv_bytes_single : kvhf_kv_bytes;
+		uint64_t kv = kvb(m, 4, o.n_prompt + o.gen);
+		uint64_t block = kvb(m, 4, 1);
 
 		o.hbm_bytes = kv / 10 / block * block;
 		o.host_bytes = kv / 4 / block * block;
@@ -100,6 +103,8 @@ hf_case(const char *name, enum hf_place place)
 		tmp = tsup_mkdtemp();
 		o.nvme_dir = tmp;
 		o.persist = 1;
+		/* the store is not per group yet (kvtier.h: KVT_ENOTSUP with groups) */
+		o.single_layout = 1;
 	}
 	rc = kvhf_run(&o, &r);
 	if (rc)
@@ -301,10 +306,14 @@ hf_run_alias(const struct kvhf_model *m, const struct kvhf_ref *ref, int contigu
 
 /*
  * ALIAS (cross-layer KV sharing, Gemma 3n's rule) on the Gemma 3 and Mistral fixtures' weights:
- * through kvtier (tiered, and parked between turns) the logits are bit-identical to the
- * contiguous reference (plain arrays, no kvtier); the contiguous mode itself matches
- * transformers on the unshared model, and sharing really changes the model.
+ * through kvtier's ALIAS group (tiered, and parked between turns) the tokens are those of the
+ * contiguous reference (plain arrays, no kvtier, the loop of fwd.c) and the logits within
+ * HF_ALIAS_TOL: the two sides differ only in the attention's summation (the kernel's split-KV
+ * partials merged against one online softmax), ~1e-6; a layer reading the wrong layer's K/V
+ * moves them by > 1e-2. The contiguous mode itself matches transformers on the unshared model,
+ * and sharing really changes the model.
  */
+#define HF_ALIAS_TOL 1e-5
 static void
 test_kv_shared_layers(void **state)
 {
@@ -336,17 +345,39 @@ test_kv_shared_layers(void **state)
 		/* the shared model is another model: the unshared reference does not hold */
 		assert_int_not_equal(kvhf_check(&ref, &c, KVHF_TOL, &diff), 0);
 		for (int park = 0; park <= 1; park++) {
+			double worst = 0.0;
+
 			hf_run_alias(m, &ref, 0, park, &k);
 			assert_int_equal(k.n_tokens, c.n_tokens);
+			assert_int_equal(k.n_groups, m->family == KVHF_GEMMA3 ? 3 : 2);
 			assert_memory_equal(k.tokens, c.tokens, c.n_tokens * sizeof(int32_t));
-			assert_memory_equal(k.logits, c.logits,
-					    (size_t)c.n_logits * (size_t)m->vocab * sizeof(float));
+			for (size_t j = 0; j < (size_t)c.n_logits * (size_t)m->vocab; j++) {
+				double d = fabs((double)k.logits[j] - (double)c.logits[j]);
+
+				if (!(d <= worst))
+					worst = d;
+			}
+			assert_true(worst <= HF_ALIAS_TOL);
 			assert_true(k.stats.blocks_moved[KVT_MOVE_HOST_TO_NVME] > 0);
-			print_message("%-12s %d KV-shared layers%s: bit-identical to the contiguous "
-				      "run\n", cases[i].name, cases[i].shared,
-				      park ? ", parked every 16" : "");
+			print_message("%-12s %d KV-shared layers%s: tokens of the contiguous run, "
+				      "max abs logit diff %.3g\n", cases[i].name, cases[i].shared,
+				      park ? ", parked every 16" : "", worst);
 			kvhf_result_free(&k);
 		}
+		/* the check can fail: the last shared layer reading layer 0 instead */
+		m->layers[m->n_layers - 1].kv_src = 0;
+		hf_run_alias(m, &ref, 1, 0, &k);
+		{
+			double worst = 0.0;
+
+			for (size_t j = 0; j < (size_t)c.n_logits * (size_t)m->vocab; j++)
+				if (fabs((double)k.logits[j] - (double)c.logits[j]) > worst)
+					worst = fabs((double)k.logits[j] - (double)c.logits[j]);
+			print_message("%-12s last layer reading layer 0: max abs logit diff %.3g\n",
+				      cases[i].name, worst);
+			assert_true(worst > 1e-2);
+		}
+		kvhf_result_free(&k);
 		kvhf_result_free(&c);
 		/* bad descriptors: clear errors */
 		assert_int_equal(kvhf_model_share_kv(m, m->n_layers), KVT_EFORMAT);

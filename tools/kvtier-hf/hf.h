@@ -20,18 +20,25 @@
  * Weights f32, f16 or bf16 (converted to f32 at load); rope_scaling must be null (refused
  * otherwise: none of the yarn/llama3 variants is implemented).
  *
- * KV in kvtier: one engine layout for all layers (today's API): n_kv_heads x head_dim, f32.
- * For MLA the "K" of a 1-head geometry holds the normalised latent c_kv (kv_lora_rank) and the
- * roped k_rope (qk_rope_head_dim); V is allocated by the engine and unused (the waste that
- * layer groups will remove: half of every block). Sliding-window layers store every position
- * and the window is applied in attention: only the blocks that hold the window are prepared.
+ * KV in kvtier: layer groups (kvhf_model_groups, engine/kvtier.h "Layer groups"): FULL for the
+ * full-attention layers, WINDOW (window = sliding_window) for the sliding ones, LATENT for
+ * MLA (one K-only vector per token and layer: the normalised latent c_kv (kv_lora_rank) and the
+ * roped k_rope (qk_rope_head_dim); V is not stored), ALIAS for KV-shared layers (no storage;
+ * kvt_layer_group maps them to their source). Attention goes through the kernels of
+ * kernels/attention.h: per window of blocks, the group's table (slot ids and block positions)
+ * to kvt_attn_partial_ref with the layer's window, or kvt_attn_latent_partial_ref in MLA's
+ * absorbed form (q_nope x W_UK, output in latent space, W_UV applied after), partials merged
+ * with kvt_attn_merge, the position's own K/V last. opts.single_layout keeps the engine's
+ * single geometry instead (MLA as the K of a 1-head layout, V allocated unused; every block of
+ * a sliding layer kept), which the persistent store needs until it is per group.
  *
  * One position at a time (prompt tokens too), as window.c of kvtier-run does it: per layer,
- * attention over the sequence's stored positions walks windows of at most hbm_slots - 1 blocks
- * (kvt_batch_prepare_ranges, kvt_batch_wait_layer, the block table), an online softmax reading
- * K/V straight from the blocks, then the position's own K/V (kept aside); after the last layer
- * the position is appended (kvt_seq_append) and its K/V of every layer stored in one batch
- * holding the last block. Errors: 0 or a negative code with kvtr_last_error() set (util.h).
+ * attention over the sequence's stored positions (from pos + 1 - window for a sliding layer)
+ * walks windows of at most hbm_slots - 1 blocks of the smallest group (kvt_batch_prepare_ranges,
+ * kvt_batch_group_table, kvt_batch_wait_group_layer), then the position's own K/V (kept aside);
+ * after the last layer the position is appended (kvt_seq_append_groups) and its K/V of every
+ * storing layer stored in one batch holding the last block. Errors: 0 or a negative code with
+ * kvtr_last_error() set (util.h).
  */
 #ifndef KVHF_H
 #define KVHF_H
@@ -245,10 +252,15 @@ int kvhf_check(const struct kvhf_ref *ref, const struct kvhf_result *r, double t
 #define KVHF_TOL 1e-4
 
 /**
- * kvhf_kv_bytes() - bytes of K/V the engine needs for @positions tokens of @m with
- * @tokens_per_block (whole blocks, all layers): what the tier fractions are taken of.
+ * kvhf_kv_bytes() - bytes of K/V the engine's layer groups take for @positions tokens of @m
+ * with @tokens_per_block (whole blocks of every group, WINDOW groups counted as if they kept
+ * every block; LATENT K only; ALIAS nothing): what the tier fractions are taken of. With
+ * @positions 1: one block of every group. kvhf_kv_bytes_single() - the same for the single
+ * layout (every layer K and V of kv_width floats).
  */
 uint64_t kvhf_kv_bytes(const struct kvhf_model *m, uint32_t tokens_per_block,
 		       uint32_t positions);
+uint64_t kvhf_kv_bytes_single(const struct kvhf_model *m, uint32_t tokens_per_block,
+			      uint32_t positions);
 
 #endif /* KVHF_H */

@@ -44,6 +44,8 @@ usage(FILE *f)
 		"                         the prompt (N >= the reference's prompt; same logits)\n"
 		"  --kv-shared-layers N   the last N layers read an earlier layer's K/V (Gemma 3n's\n"
 		"                         rule; overrides config.json's num_kv_shared_layers)\n"
+		"  --single-layout        the engine's single layout instead of layer groups (every\n"
+		"                         layer K+V; MLA's V allocated unused; all blocks kept)\n"
 		"  --contiguous           no kvtier: K/V in one plain array (the reference for\n"
 		"                         models without a transformers one)\n"
 		"  --dump-logits FILE     write the logits as raw f32 [positions - 1][vocab]\n",
@@ -109,6 +111,8 @@ main(int argc, char **argv)
 			o.persist = 1, val = 0;
 		} else if (!strcmp(a, "--close-first")) {
 			o.close_first = 1, val = 0;
+		} else if (!strcmp(a, "--single-layout")) {
+			o.single_layout = 1, val = 0;
 		} else if (!strcmp(a, "--contiguous")) {
 			o.contiguous = 1, val = 0;
 		} else if (!v) {
@@ -217,8 +221,10 @@ main(int argc, char **argv)
 		goto out;
 	}
 	if (hbm_frac > 0.0f || host_frac > 0.0f) {
-		uint64_t kv = kvhf_kv_bytes(m, o.tokens_per_block, o.n_prompt + o.gen);
-		uint64_t block = kvhf_kv_bytes(m, o.tokens_per_block, 1);
+		uint64_t (*kvb)(const struct kvhf_model *, uint32_t, uint32_t) =
+			o.single_layout ? kvhf_kv_bytes_single : kvhf_kv_bytes;
+		uint64_t kv = kvb(m, o.tokens_per_block, o.n_prompt + o.gen);
+		uint64_t block = kvb(m, o.tokens_per_block, 1);
 
 		/* whole blocks, at least 2 in HBM (windows) and 1 in HOST */
 		if (hbm_frac > 0.0f)
@@ -234,10 +240,11 @@ main(int argc, char **argv)
 		rc = 1;
 		goto out;
 	}
-	printf("model %s (%s): %u prompt + %u generated tokens; HBM %u, HOST %u, NVMe %u slots "
-	       "of %llu bytes; %llu windows\n", dir, m->model_type, o.n_prompt, o.gen,
-	       r.geo.hbm_slots, r.geo.host_slots, r.geo.nvme_slots,
-	       (unsigned long long)r.geo.block_bytes, (unsigned long long)r.windows);
+	printf("model %s (%s): %u prompt + %u generated tokens; %u group(s); group 0: HBM %u, "
+	       "HOST %u, NVMe %u slots of %llu bytes; %llu windows\n", dir, m->model_type,
+	       o.n_prompt, o.gen, r.n_groups, r.geo.hbm_slots, r.geo.host_slots,
+	       r.geo.nvme_slots, (unsigned long long)r.geo.block_bytes,
+	       (unsigned long long)r.windows);
 	if (dump) {
 		FILE *f = fopen(dump, "wb");
 

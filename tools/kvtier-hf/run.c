@@ -62,11 +62,23 @@ kvhf_opts_init(struct kvhf_opts *o)
 }
 
 uint64_t
-kvhf_kv_bytes(const struct kvhf_model *m, uint32_t tpb, uint32_t positions)
+kvhf_kv_bytes_single(const struct kvhf_model *m, uint32_t tpb, uint32_t positions)
 {
 	uint64_t blocks = ((uint64_t)positions + tpb - 1) / tpb;
 
 	return blocks * tpb * (uint64_t)m->n_layers * 2 * m->kv_width * sizeof(float);
+}
+
+uint64_t
+kvhf_kv_bytes(const struct kvhf_model *m, uint32_t tpb, uint32_t positions)
+{
+	uint64_t blocks = ((uint64_t)positions + tpb - 1) / tpb, per_token = 0;
+
+	for (int l = 0; l < m->n_layers; l++)
+		if (m->layers[l].kv_src == l) /* ALIAS layers store nothing; MLA no V */
+			per_token += (m->family == KVHF_DEEPSEEK ? 1 : 2) * (uint64_t)m->kv_width *
+				     sizeof(float);
+	return blocks * tpb * per_token;
 }
 
 static void
@@ -130,8 +142,8 @@ hf_engine_create(struct hf_run *c, int persist)
 		eo.layout.n_kv_heads = m->kv_heads_stored;
 		eo.layout.head_dim = m->kv_head_dim_stored;
 		eo.layout.dtype = KVT_DTYPE_F32;
-		kv_sum = kvhf_kv_bytes(m, tpb, P) * nseq;
-		blk_sum = kvhf_kv_bytes(m, tpb, 1);
+		kv_sum = kvhf_kv_bytes_single(m, tpb, P) * nseq;
+		blk_sum = kvhf_kv_bytes_single(m, tpb, 1);
 	} else {
 		memcpy(g, c->groups.g, sizeof(g[0]) * c->groups.n);
 		kv_sum = kvhf_group_kv_bytes(&c->groups, tpb, P, kv_g) * nseq;
