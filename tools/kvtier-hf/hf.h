@@ -188,11 +188,30 @@ struct kvhf_opts {
 	                                layers keep every block), as before layer groups. The
 	                                persistent store needs it (kvtier refuses it with groups
 	                                for now) */
+	int report;                  /* 1: fill kvhf_result.mem (slots in use per group after
+	                                every position; not with prefix_share or persist) */
 	int close_first;             /* prefix_share: close the first sequence before the second
 	                                attaches, so the prompt's blocks are held only by the
 	                                prefix cache (reuse after the owner left, and past the
 	                                window) */
 	FILE *log;                   /* notes; NULL = stderr */
+};
+
+/**
+ * What one storage group of the engine held (opts.report): slots in use in all its tiers
+ * together (kvt_engine_group_stats; a block with copies in two tiers counts twice, so with
+ * the default all-in-HBM placement it is the blocks held), after every position.
+ */
+struct kvhf_group_mem {
+	enum kvt_group_kind kind;
+	uint32_t n_layers;
+	uint64_t block_bytes;        /* the group's slot */
+	uint32_t peak_slots;         /* the most slots in use after any position */
+	uint32_t end_slots;          /* after the last position */
+	uint64_t bound_blocks;       /* kvtier-calc's figure: the blocks a sequence of the run's
+	                                positions holds at most (FULL, LATENT ceil(P / tpb);
+	                                WINDOW min(that, ceil(sink / tpb) + ceil(window / tpb) +
+	                                1)); ALIAS 0 */
 };
 
 /** Results. Free with kvhf_result_free(). */
@@ -209,6 +228,10 @@ struct kvhf_result {
 	struct kvt_stats stats;      /* engine counters at the end */
 	struct kvt_geometry geo;     /* slots and block bytes of group 0 (the rest: zero) */
 	uint32_t n_groups;           /* the engine's groups */
+	struct kvhf_group_mem mem[KVT_MAX_GROUPS]; /* opts.report: per group */
+	uint64_t peak_bytes;         /* opts.report: the most bytes in use in all groups and
+	                                tiers together after any position */
+	uint64_t bound_bytes;        /* sum of bound_blocks x block_bytes */
 };
 
 void kvhf_opts_init(struct kvhf_opts *o);

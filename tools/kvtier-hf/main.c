@@ -44,6 +44,8 @@ usage(FILE *f)
 		"                         the prompt (N >= the reference's prompt; same logits)\n"
 		"  --kv-shared-layers N   the last N layers read an earlier layer's K/V (Gemma 3n's\n"
 		"                         rule; overrides config.json's num_kv_shared_layers)\n"
+		"  --report               memory: slots in use per group (all tiers) after every\n"
+		"                         position, against kvtier-calc's per-group figure\n"
 		"  --single-layout        the engine's single layout instead of layer groups (every\n"
 		"                         layer K+V; MLA's V allocated unused; all blocks kept)\n"
 		"  --contiguous           no kvtier: K/V in one plain array (the reference for\n"
@@ -111,6 +113,8 @@ main(int argc, char **argv)
 			o.persist = 1, val = 0;
 		} else if (!strcmp(a, "--close-first")) {
 			o.close_first = 1, val = 0;
+		} else if (!strcmp(a, "--report")) {
+			o.report = 1, val = 0;
 		} else if (!strcmp(a, "--single-layout")) {
 			o.single_layout = 1, val = 0;
 		} else if (!strcmp(a, "--contiguous")) {
@@ -262,6 +266,23 @@ main(int argc, char **argv)
 	       (unsigned long long)r.stats.blocks_moved[KVT_MOVE_HOST_TO_NVME],
 	       (unsigned long long)r.parks, (unsigned long long)r.prefix_tokens,
 	       (unsigned long long)r.restored_tokens);
+	if (o.report) {
+		static const char *const kind[] = { "FULL", "WINDOW", "LATENT", "ALIAS", "STATE",
+						    "SIDECAR" };
+
+		for (uint32_t g = 0; g < r.n_groups; g++) {
+			const struct kvhf_group_mem *x = &r.mem[g];
+
+			printf("report: group %u %-6s %u layers, slot %llu bytes: peak %u slots, end "
+			       "%u (all tiers); kvtier-calc's bound %llu blocks\n", g,
+			       kind[x->kind], x->n_layers, (unsigned long long)x->block_bytes,
+			       x->peak_slots, x->end_slots, (unsigned long long)x->bound_blocks);
+		}
+		printf("report: %u positions, peak %llu bytes held in all tiers together, "
+		       "kvtier-calc's figure %llu bytes: ratio %.3f\n", o.n_prompt + o.gen,
+		       (unsigned long long)r.peak_bytes, (unsigned long long)r.bound_bytes,
+		       r.bound_bytes ? (double)r.peak_bytes / (double)r.bound_bytes : 0.0);
+	}
 	printf("generated:");
 	for (uint32_t i = o.n_prompt; i < r.n_tokens; i++)
 		printf(" %d", r.tokens[i]);

@@ -602,6 +602,65 @@ hf_position(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 	return hf_commit(c, seq, pos, tok);
 }
 
+/* opts.report: slots in use per group after a position. */
+static int
+hf_measure(struct hf_run *c)
+{
+	uint64_t total = 0;
+
+	for (uint32_t i = 0; i < c->n_groups; i++) {
+		struct kvhf_group_mem *g = &c->r->mem[i];
+		struct kvt_stats st;
+		uint32_t used = 0;
+		int rc;
+
+		if (c->grp[i].geo.kind == KVT_GROUP_ALIAS)
+			continue;
+		memset(&st, 0, sizeof(st));
+		st.size = sizeof(st);
+		rc = kvt_engine_group_stats(c->e, i, &st);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_engine_group_stats");
+		for (int t = 0; t < KVT_TIER_COUNT; t++)
+			used += st.tier[t].used_slots;
+		g->end_slots = used;
+		if (used > g->peak_slots)
+			g->peak_slots = used;
+		total += (uint64_t)used * g->block_bytes;
+	}
+	if (total > c->r->peak_bytes)
+		c->r->peak_bytes = total;
+	return 0;
+}
+
+/* opts.report: the groups' kinds, slots and kvtier-calc's bound for @P positions. */
+static void
+hf_mem_init(struct hf_run *c, uint32_t P)
+{
+	uint64_t tpb = c->tpb, blocks = (P + tpb - 1) / tpb;
+
+	c->r->bound_bytes = 0;
+	for (uint32_t i = 0; i < c->n_groups; i++) {
+		struct kvhf_group_mem *g = &c->r->mem[i];
+		const struct kvt_group_geometry *geo = &c->grp[i].geo;
+
+		memset(g, 0, sizeof(*g));
+		g->kind = geo->kind;
+		g->n_layers = geo->n_layers;
+		if (geo->kind == KVT_GROUP_ALIAS)
+			continue;
+		g->block_bytes = geo->block_bytes;
+		g->bound_blocks = blocks;
+		if (geo->kind == KVT_GROUP_WINDOW) {
+			uint64_t b = (geo->sink + tpb - 1) / tpb + (geo->window + tpb - 1) / tpb + 1;
+
+			if (b < g->bound_blocks)
+				g->bound_blocks = b;
+		}
+		c->r->bound_bytes += g->bound_blocks * g->block_bytes;
+	}
+}
+
 static int32_t
 hf_argmax(const float *x, int n)
 {
@@ -653,6 +712,8 @@ hf_decode(struct hf_run *c, kvt_seq_id seq, int32_t *tokens, float *logits, uint
 
 	for (uint32_t p = from; p < to; p++) {
 		rc = hf_position(c, seq, p, tokens[p]);
+		if (rc == 0 && o->report)
+			rc = hf_measure(c);
 		if (rc)
 			return rc;
 		if (p + 1 < P) {
@@ -871,6 +932,9 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 	if (o->contiguous && (o->park_every || o->prefix_share || o->persist))
 		return kvtr_err(-EINVAL, "the contiguous mode keeps no KV in kvtier: no parking, "
 				"prefix sharing or persistent store with it");
+	if (o->report && (o->prefix_share || o->persist || o->contiguous))
+		return kvtr_err(-EINVAL, "the memory report measures one sequence in one engine: "
+				"not with prefix sharing, the persistent store or the contiguous mode");
 	if (o->close_first && !o->prefix_share)
 		return kvtr_err(-EINVAL, "close_first is a prefix-sharing option");
 	if (P > (uint32_t)o->model->max_pos)
@@ -937,6 +1001,8 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 		rc = hf_decode(&c, 0, r->tokens, r->logits, 0, P);
 	} else if (rc == 0) {
 		rc = hf_engine_create(&c, 0);
+		if (rc == 0 && o->report)
+			hf_mem_init(&c, P);
 		if (rc == 0)
 			rc = hf_open(&c, 0, &seq);
 		if (rc == 0)
