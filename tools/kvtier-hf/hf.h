@@ -188,6 +188,11 @@ struct kvhf_opts {
 	                                layers keep every block), as before layer groups. The
 	                                persistent store needs it (kvtier refuses it with groups
 	                                for now) */
+	uint32_t sessions;           /* kvhf_run_multi: sequences the tiers are sized for
+	                                (0: 1, or 2 with prefix_share) */
+	const float *shares;         /* NULL: each group's share of every tier in proportion to
+	                                its KV (kvhf_group_kv_bytes); else [n_groups] shares */
+	uint64_t emu_copy_bytes_per_s; /* the emulated device's copy bandwidth; 0 = unlimited */
 	int report;                  /* 1: fill kvhf_result.mem (slots in use per group after
 	                                every position; not with prefix_share or persist) */
 	int close_first;             /* prefix_share: close the first sequence before the second
@@ -238,6 +243,34 @@ void kvhf_opts_init(struct kvhf_opts *o);
 /** kvhf_run() - run; @r zeroed first; free it in every case. */
 int kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r);
 void kvhf_result_free(struct kvhf_result *r);
+
+/**
+ * kvhf_run_multi() - @o->sessions sequences decode together, position by position in lock step
+ * (step p runs position p of every session, session 0 first), each fed its own prompt of
+ * @o->n_prompt tokens (o->prompt ignored: session s's token i is a fixed function of s and i),
+ * with @o's tiers (o->hbm_bytes 0: all resident) and, when @prefetch > 0, a hint of the next
+ * @prefetch (at most 8) sessions' blocks (kvt_engine_hint_ranges, steps_ahead 1: from the
+ * first block a layer of each reads; the next one alone when they do not fit in HBM) before
+ * each session computes, as a server announces its next batches. @hook runs after
+ * every step with the engine (for the benchmark's clock and counters). @argmax receives
+ * [sessions][n_prompt] the argmax of the logits after every position (the "text" the three
+ * runs of the benchmark must agree on); r->mem (slots per group at the end) and r->n_groups
+ * are filled. Returns 0 or a negative code (kvtr_last_error()).
+ */
+int kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
+		   void (*hook)(void *arg, struct kvt_engine *e, uint32_t step), void *hook_arg,
+		   int32_t *argmax, struct kvhf_result *r);
+
+/**
+ * kvhf_bench_decode() - the decode benchmark (bench.c): @base->sessions sessions of
+ * @base->n_prompt positions, runs (a) resident, (b) offloaded to 1/@ratio of the KV in HBM,
+ * (c) the same with prefetch hints, @repeat rounds, measured from step @measure_from (0: the
+ * last quarter), emulated copy @bandwidth bytes/s (0: memcpy / 4). Prints the table on
+ * stdout; (c) hints @depth sessions ahead. Returns 0, or a negative code (the runs disagree:
+ * -EPROTO).
+ */
+int kvhf_bench_decode(const struct kvhf_opts *base, uint32_t ratio, uint32_t measure_from,
+		      uint32_t repeat, uint64_t bandwidth, uint32_t depth);
 
 /** The reference written by tools/hf-fixtures/gen.py. */
 struct kvhf_ref {

@@ -50,7 +50,13 @@ usage(FILE *f)
 		"                         layer K+V; MLA's V allocated unused; all blocks kept)\n"
 		"  --contiguous           no kvtier: K/V in one plain array (the reference for\n"
 		"                         models without a transformers one)\n"
-		"  --dump-logits FILE     write the logits as raw f32 [positions - 1][vocab]\n",
+		"  --dump-logits FILE     write the logits as raw f32 [positions - 1][vocab]\n"
+		"  --bench-decode         the decode benchmark (bench.c): --sessions N (16) decode\n"
+		"                         --steps positions (128) each, resident / offloaded to\n"
+		"                         1/--ratio R (4) of the KV in HBM / with prefetch; --repeat\n"
+		"                         N (3), --measure-from S (last quarter), --bandwidth B\n"
+		"                         (emulated copy bytes/s; default memcpy / 4),\n"
+		"                         --prefetch-depth N (2: sessions hinted ahead in (c))\n",
 		KVHF_TOL);
 }
 
@@ -89,7 +95,9 @@ main(int argc, char **argv)
 	char refdir[4096];
 	float hbm_frac = 0.0f, host_frac = 0.0f, tol = (float)KVHF_TOL;
 	uint32_t steps = 0, prompt_len = 0, shared = 0;
-	int have_shared = 0;
+	uint32_t sessions = 16, ratio = 4, repeat = 3, measure_from = 0, depth = 2;
+	uint64_t bandwidth = 0;
+	int have_shared = 0, bench = 0;
 	int32_t *prompt = NULL;
 	uint32_t n_prompt = 0;
 	int rc = 0, have_steps = 0;
@@ -113,6 +121,8 @@ main(int argc, char **argv)
 			o.persist = 1, val = 0;
 		} else if (!strcmp(a, "--close-first")) {
 			o.close_first = 1, val = 0;
+		} else if (!strcmp(a, "--bench-decode")) {
+			bench = 1, val = 0;
 		} else if (!strcmp(a, "--report")) {
 			o.report = 1, val = 0;
 		} else if (!strcmp(a, "--single-layout")) {
@@ -150,6 +160,18 @@ main(int argc, char **argv)
 			o.nvme_dir = v;
 		} else if (!strcmp(a, "--dump-logits")) {
 			dump = v;
+		} else if (!strcmp(a, "--sessions")) {
+			rc = kvtr_parse_u32(a, v, 1, 4096, &sessions);
+		} else if (!strcmp(a, "--prefetch-depth")) {
+			rc = kvtr_parse_u32(a, v, 1, 8, &depth);
+		} else if (!strcmp(a, "--ratio")) {
+			rc = kvtr_parse_u32(a, v, 1, 1024, &ratio);
+		} else if (!strcmp(a, "--repeat")) {
+			rc = kvtr_parse_u32(a, v, 1, 100, &repeat);
+		} else if (!strcmp(a, "--measure-from")) {
+			rc = kvtr_parse_u32(a, v, 1, 1 << 20, &measure_from);
+		} else if (!strcmp(a, "--bandwidth")) {
+			rc = kvtr_parse_size(a, v, &bandwidth);
 		} else if (!strcmp(a, "--prompt-len")) {
 			rc = kvtr_parse_u32(a, v, 1, 1 << 26, &prompt_len);
 		} else if (!strcmp(a, "--kv-shared-layers")) {
@@ -207,6 +229,17 @@ main(int argc, char **argv)
 				      "a vocabulary of %d", ref.vocab, m->vocab);
 		if (rc == 0 && prompt_len)
 			rc = kvhf_ref_resplit(&ref, prompt_len);
+	}
+	if (rc == 0 && bench) {
+		o.model = m;
+		o.sessions = sessions;
+		o.n_prompt = have_steps ? steps : 128;
+		o.gen = 0;
+		rc = kvhf_bench_decode(&o, ratio, measure_from, repeat, bandwidth, depth);
+		if (rc)
+			fprintf(stderr, "kvtier-hf: %s\n", kvtr_last_error());
+		rc = rc ? 1 : 0;
+		goto out;
 	}
 	if (rc == 0 && ids)
 		rc = parse_ids(ids, &prompt, &n_prompt);

@@ -129,7 +129,8 @@ hf_engine_create(struct hf_run *c, int persist)
 	const struct kvhf_opts *o = c->o;
 	const struct kvhf_model *m = c->m;
 	uint32_t P = o->n_prompt + o->gen, tpb = o->tokens_per_block;
-	uint64_t nseq = o->prefix_share ? 2 : 1, nblocks = nseq * ((P + tpb - 1) / tpb);
+	uint64_t nseq = o->sessions ? o->sessions : o->prefix_share ? 2 : 1;
+	uint64_t nblocks = nseq * ((P + tpb - 1) / tpb);
 	uint64_t kv_g[KVT_MAX_GROUPS] = { 0 }, kv_sum, hbm, host, nvme = 0, blk_sum = 0;
 	struct kvt_group g[KVT_MAX_GROUPS];
 	struct kvt_engine_opts eo;
@@ -152,7 +153,8 @@ hf_engine_create(struct hf_run *c, int persist)
 
 			blk_sum += blk;
 			if (blk)
-				g[i].share = (float)((double)kv_g[i] * (double)nseq / (double)kv_sum);
+				g[i].share = o->shares ? o->shares[i] :
+					     (float)((double)kv_g[i] * (double)nseq / (double)kv_sum);
 			/* NVMe slots: a 4 KiB header page + the block rounded up to 4 KiB
 			 * (tiers/tier_nvme.h), the group's share of the tier holding them all */
 			if (blk && g[i].share > 0) {
@@ -193,6 +195,7 @@ hf_engine_create(struct hf_run *c, int persist)
 		eo.nvme_dir = c->tmpdir;
 	}
 	eo.nvme_persist = persist;
+	eo.emu_copy_bytes_per_s = o->emu_copy_bytes_per_s;
 	eo.prefix_cache = o->prefix_share ? 1 : 0;
 	eo.log = hf_engine_log;
 	eo.log_arg = c->log;
@@ -1019,6 +1022,149 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 out_free:
 	free(c.side);
 	free(c.kv);
+	free(c.lgroup);
+	free(c.lidx);
+	free(c.q);
+	free(c.qpe);
+	free(c.po);
+	free(c.ao);
+	free(c.pm);
+	free(c.pl);
+	free(c.am);
+	free(c.al);
+	free(c.scratch);
+	kvhf_groups_free(&c.groups);
+	return rc;
+}
+
+/* The first block any layer of a sequence reads at position @pos (0 with a full layer). */
+static uint32_t
+hf_first_block(const struct hf_run *c, uint32_t pos)
+{
+	uint32_t fb = UINT32_MAX;
+
+	for (int l = 0; l < c->m->n_layers; l++) {
+		uint32_t lo = 0, w = (uint32_t)c->m->sliding_window;
+
+		if (c->m->layers[l].sliding && pos + 1 > w)
+			lo = pos + 1 - w;
+		if (lo / c->tpb < fb)
+			fb = lo / c->tpb;
+	}
+	return fb;
+}
+
+int
+kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
+	       void (*hook)(void *arg, struct kvt_engine *e, uint32_t step), void *hook_arg,
+	       int32_t *argmax, struct kvhf_result *r)
+{
+	struct hf_run c;
+	uint32_t S = o->sessions, P = o->n_prompt, V;
+	kvt_seq_id *seqs = NULL;
+	int32_t *toks = NULL;
+	size_t nh, w;
+	int rc = 0;
+
+	memset(r, 0, sizeof(*r));
+	memset(&c, 0, sizeof(c));
+	if (!o->model || S < 1 || P < 2 || o->gen || o->single_layout || o->prefix_share ||
+	    o->persist || o->contiguous || o->park_every || o->tokens_per_block < 1)
+		return kvtr_err(-EINVAL, "kvhf_run_multi: a model, >= 1 session, >= 2 prompt "
+				"positions, no generation, groups, none of the single-sequence "
+				"checks");
+	if (P > (uint32_t)o->model->max_pos)
+		return kvtr_err(-EINVAL, "%u positions exceed max_position_embeddings %d", P,
+				o->model->max_pos);
+	c.o = o;
+	c.m = o->model;
+	c.r = r;
+	c.log = o->log ? o->log : stderr;
+	c.P = P;
+	V = (uint32_t)c.m->vocab;
+	nh = (size_t)c.m->n_heads;
+	w = (size_t)c.m->head_dim + (size_t)c.m->kv_lora_rank + (size_t)c.m->qk_nope +
+	    (size_t)c.m->qk_rope + 1;
+	rc = kvhf_model_groups(c.m, &c.groups);
+	if (rc)
+		return rc;
+	seqs = calloc(S, sizeof(*seqs));
+	toks = calloc((size_t)S * P, sizeof(int32_t));
+	c.lgroup = calloc((size_t)c.m->n_layers, sizeof(uint32_t));
+	c.lidx = calloc((size_t)c.m->n_layers, sizeof(uint32_t));
+	c.q = calloc(nh * w, sizeof(float));
+	c.qpe = calloc(nh * ((size_t)c.m->qk_rope + 1), sizeof(float));
+	c.po = calloc(nh * w, sizeof(float));
+	c.ao = calloc(nh * w, sizeof(float));
+	c.pm = calloc(nh, sizeof(float));
+	c.pl = calloc(nh, sizeof(float));
+	c.am = calloc(nh, sizeof(float));
+	c.al = calloc(nh, sizeof(float));
+	c.scratch = calloc(P + 64 * (size_t)o->tokens_per_block, sizeof(float));
+	c.side = calloc((size_t)c.m->n_layers * 2 * c.m->kv_width, sizeof(float));
+	if (!seqs || !toks || !c.lgroup || !c.lidx || !c.q || !c.qpe || !c.po || !c.ao || !c.pm ||
+	    !c.pl || !c.am || !c.al || !c.scratch || !c.side) {
+		rc = kvtr_err(-ENOMEM, "out of memory");
+		goto out;
+	}
+	for (uint32_t s = 0; s < S; s++) /* fixed prompts, distinct per session */
+		for (uint32_t i = 0; i < P; i++)
+			toks[(size_t)s * P + i] = (int32_t)(3 + ((uint64_t)s * 131 + (uint64_t)i * 17 +
+							 (uint64_t)i * i % 7) % (V > 3 ? V - 3 : 1));
+	rc = kvhf_state_init(&c.st, c.m);
+	if (rc == 0)
+		rc = hf_engine_create(&c, 0);
+	if (rc == 0)
+		hf_mem_init(&c, P);
+	for (uint32_t s = 0; rc == 0 && s < S; s++)
+		rc = hf_open(&c, 0, &seqs[s]);
+	for (uint32_t p = 0; rc == 0 && p < P; p++) {
+		for (uint32_t s = 0; rc == 0 && s < S; s++) {
+			if (prefetch) { /* the next sessions' blocks come up while this one
+					   computes; one with nothing to read yet is left out */
+				struct kvt_seq_range rg[8];
+				uint32_t nr = 0;
+				int hr;
+
+				for (uint32_t d = 1; d <= (uint32_t)prefetch && d <= 8 && d < S + 1;
+				     d++) {
+					uint32_t ns = (s + d) % S, np = p + (s + d) / S;
+					uint32_t fb = hf_first_block(&c, np);
+
+					if (np >= P || ns == s || (uint64_t)fb * c.tpb >= np)
+						continue;
+					rg[nr].seq = seqs[ns];
+					rg[nr].first_block = fb;
+					rg[nr].n_blocks = 0;
+					nr++;
+				}
+				hr = nr ? kvt_engine_hint_ranges(c.e, rg, nr, 1) : 0;
+				if (hr == KVT_ETOOBIG && nr > 1) /* too much: the next one only */
+					hr = kvt_engine_hint_ranges(c.e, rg, 1, 1);
+				if (hr && hr != KVT_ETOOBIG) {
+					rc = kvtr_err_kvt(hr, "kvt_engine_hint_ranges");
+					break;
+				}
+			}
+			rc = hf_position(&c, seqs[s], p, toks[(size_t)s * P + p]);
+			if (rc == 0)
+				argmax[(size_t)s * P + p] = hf_argmax(c.st.logits, c.m->vocab);
+		}
+		if (rc == 0)
+			rc = hf_measure(&c);
+		if (rc == 0 && hook)
+			hook(hook_arg, c.e, p + 1);
+	}
+	if (rc == 0 && (rc = kvt_engine_drain(c.e)) != 0)
+		rc = kvtr_err_kvt(rc, "kvt_engine_drain");
+	hf_teardown(&c);
+	if (c.tmpdir[0])
+		rmdir(c.tmpdir);
+out:
+	kvhf_state_fini(&c.st);
+	free(seqs);
+	free(toks);
+	free(c.side);
 	free(c.lgroup);
 	free(c.lidx);
 	free(c.q);
