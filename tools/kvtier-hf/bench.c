@@ -14,8 +14,9 @@
  * Measured over the last quarter of the steps (--measure-from): step time, coverage (block
  * accesses found ready / all, stats.accesses_ready / accesses), stalls, promotions, and the
  * bound: the time the copy bandwidth alone needs for the bytes a step must move into HBM,
- * sum over groups of (accesses per step - the group's HBM slots) x its slot bytes (0 where a
- * group's accesses fit). Each run is repeated --repeat times interleaved, the fastest counts.
+ * sum over groups of (distinct blocks a step touches - the group's HBM slots) x its slot
+ * bytes (0 where they fit; kvhf_result.touched: every layer of a group reads the same blocks,
+ * so the engine's accesses count each block once per layer and once for the append). Each run is repeated --repeat times interleaved, the fastest counts.
  * The argmax after every position of every session must be the same in the three runs.
  * Default bandwidth: the measured memcpy bandwidth / 4, as kvtier-bench decode.
  */
@@ -35,6 +36,7 @@ struct hb_probe {
 	double t_from, t_last;
 	uint32_t last_step;
 	struct kvt_stats s0[KVT_MAX_GROUPS + 1], s1[KVT_MAX_GROUPS + 1]; /* per group, total */
+	uint64_t touched0[KVT_MAX_GROUPS], touched1[KVT_MAX_GROUPS]; /* kvhf_result.touched */
 };
 
 struct hb_run {
@@ -84,7 +86,7 @@ hb_stats(struct kvt_engine *e, uint32_t n_groups, struct kvt_stats *s)
 }
 
 static void
-hb_hook(void *arg, struct kvt_engine *e, uint32_t step)
+hb_hook(void *arg, struct kvt_engine *e, uint32_t step, const struct kvhf_result *r)
 {
 	struct hb_probe *p = arg;
 	int n = kvt_engine_n_groups(e);
@@ -94,11 +96,13 @@ hb_hook(void *arg, struct kvt_engine *e, uint32_t step)
 	p->n_groups = n > 0 && n <= KVT_MAX_GROUPS ? (uint32_t)n : 0;
 	if (step + 1 == p->from) {
 		hb_stats(e, p->n_groups, p->s0);
+		memcpy(p->touched0, r->touched, sizeof(p->touched0));
 		p->t_from = kvtr_now();
 	} else {
 		p->t_last = kvtr_now();
 		p->last_step = step;
 		hb_stats(e, p->n_groups, p->s1); /* the last step's stay */
+		memcpy(p->touched1, r->touched, sizeof(p->touched1));
 	}
 }
 
@@ -122,7 +126,7 @@ hb_bound_ms(const struct hb_run *x, double bw)
 
 	for (uint32_t g = 0; g < x->p.n_groups; g++) {
 		const struct kvhf_group_mem *gm = &x->r.mem[g];
-		double acc = (double)(x->p.s1[g].accesses - x->p.s0[g].accesses) / n;
+		double acc = (double)(x->p.touched1[g] - x->p.touched0[g]) / n;
 		double hbm = (double)x->p.s1[g].tier[KVT_TIER_HBM].slots;
 
 		if (gm->block_bytes && acc > hbm)

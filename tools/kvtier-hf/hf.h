@@ -237,6 +237,10 @@ struct kvhf_result {
 	uint64_t peak_bytes;         /* opts.report: the most bytes in use in all groups and
 	                                tiers together after any position */
 	uint64_t bound_bytes;        /* sum of bound_blocks x block_bytes */
+	uint64_t touched[KVT_MAX_GROUPS]; /* kvhf_run_multi: distinct blocks of each group the
+	                                steps so far read or wrote (per step and session: the
+	                                blocks from the first one a layer of the group reads to
+	                                the one the position is appended to) */
 };
 
 void kvhf_opts_init(struct kvhf_opts *o);
@@ -258,8 +262,9 @@ void kvhf_result_free(struct kvhf_result *r);
  * are filled. Returns 0 or a negative code (kvtr_last_error()).
  */
 int kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
-		   void (*hook)(void *arg, struct kvt_engine *e, uint32_t step), void *hook_arg,
-		   int32_t *argmax, struct kvhf_result *r);
+		   void (*hook)(void *arg, struct kvt_engine *e, uint32_t step,
+				const struct kvhf_result *r),
+		   void *hook_arg, int32_t *argmax, struct kvhf_result *r);
 
 /**
  * kvhf_bench_decode() - the decode benchmark (bench.c): @base->sessions sessions of

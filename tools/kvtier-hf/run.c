@@ -1056,8 +1056,9 @@ hf_first_block(const struct hf_run *c, uint32_t pos)
 
 int
 kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
-	       void (*hook)(void *arg, struct kvt_engine *e, uint32_t step), void *hook_arg,
-	       int32_t *argmax, struct kvhf_result *r)
+	       void (*hook)(void *arg, struct kvt_engine *e, uint32_t step,
+			    const struct kvhf_result *r),
+	       void *hook_arg, int32_t *argmax, struct kvhf_result *r)
 {
 	struct hf_run c;
 	uint32_t S = o->sessions, P = o->n_prompt, V;
@@ -1150,10 +1151,20 @@ kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
 			if (rc == 0)
 				argmax[(size_t)s * P + p] = hf_argmax(c.st.logits, c.m->vocab);
 		}
+		for (uint32_t g = 0; rc == 0 && g < c.n_groups; g++) {
+			const struct kvt_group_geometry *geo = &c.grp[g].geo;
+			uint32_t first = 0;
+
+			if (geo->kind == KVT_GROUP_ALIAS)
+				continue;
+			if (geo->kind == KVT_GROUP_WINDOW && p + 1 > geo->window)
+				first = (p + 1 - geo->window) / c.tpb;
+			r->touched[g] += (uint64_t)S * (p / c.tpb - first + 1);
+		}
 		if (rc == 0)
 			rc = hf_measure(&c);
 		if (rc == 0 && hook)
-			hook(hook_arg, c.e, p + 1);
+			hook(hook_arg, c.e, p + 1, r);
 	}
 	if (rc == 0 && (rc = kvt_engine_drain(c.e)) != 0)
 		rc = kvtr_err_kvt(rc, "kvt_engine_drain");
