@@ -95,11 +95,14 @@ hf_case(const char *name, enum hf_place place)
 	o.n_prompt = ref.n_prompt;
 	o.gen = ref.n_gen;
 	o.tokens_per_block = 4;
-	if (place == HF_TIERED || place == HF_PARKED || place == HF_PERSIST) {
-		uint64_t (*kvb)(const struct kvhf_model *, uint32_t, uint32_t) =
-			place == HF_PERSIST ? kvhf_kv_bytes_single : kvhf_kv_bytes;
-		uint64_t kv = kvb(m, 4, o.n_prompt + o.gen);
-		uint64_t block = kvb(m, 4, 1);
+	if (place == HF_TIERED || place == HF_PARKED) {
+		/* per group: 10% / 25% of the KV it holds (window-bound for WINDOW) */
+		o.hbm_frac = 0.1f;
+		o.host_frac = 0.25f;
+	}
+	if (place == HF_PERSIST) {
+		uint64_t kv = kvhf_kv_bytes_single(m, 4, o.n_prompt + o.gen);
+		uint64_t block = kvhf_kv_bytes_single(m, 4, 1);
 
 		o.hbm_bytes = kv / 10 / block * block;
 		o.host_bytes = kv / 4 / block * block;
@@ -208,7 +211,7 @@ hf_prefix_case(const char *name, uint32_t tpb, uint32_t n_prompt, int close_firs
 	struct kvhf_result r;
 	struct kvhf_opts o;
 	double diff = -1.0;
-	uint64_t kv, block, attached;
+	uint64_t attached;
 
 	assert_int_equal(kvhf_model_load(hf_dir(name), &m), 0);
 	assert_int_equal(kvhf_ref_load(hf_dir(name), &ref), 0);
@@ -222,10 +225,8 @@ hf_prefix_case(const char *name, uint32_t tpb, uint32_t n_prompt, int close_firs
 	o.tokens_per_block = tpb;
 	o.prefix_share = 1;
 	o.close_first = close_first;
-	kv = kvhf_kv_bytes(m, tpb, o.n_prompt + o.gen);
-	block = kvhf_kv_bytes(m, tpb, 1);
-	o.hbm_bytes = (kv / 10 / block > 2 ? kv / 10 / block : 2) * block;
-	o.host_bytes = (kv / 4 / block > 1 ? kv / 4 / block : 1) * block;
+	o.hbm_frac = 0.1f;
+	o.host_frac = 0.25f;
 	if (kvhf_run(&o, &r))
 		fail_msg("%s, prompt %u, tpb %u: %s", name, n_prompt, tpb, kvtr_last_error());
 	if (kvhf_check(&ref, &r, KVHF_TOL, &diff))
@@ -304,10 +305,8 @@ hf_run_alias(const struct kvhf_model *m, const struct kvhf_ref *ref, int contigu
 	o.tokens_per_block = 4;
 	o.contiguous = contiguous;
 	if (!contiguous) {
-		uint64_t kv = kvhf_kv_bytes(m, 4, o.n_prompt + o.gen), block = kvhf_kv_bytes(m, 4, 1);
-
-		o.hbm_bytes = kv / 10 / block * block;
-		o.host_bytes = kv / 4 / block * block;
+		o.hbm_frac = 0.1f;
+		o.host_frac = 0.25f;
 		o.park_every = park ? 16 : 0;
 	}
 	if (kvhf_run(&o, r))
@@ -452,10 +451,15 @@ test_memory_vs_calc(void **state)
 				print_message("%-12s tpb %2u group %u (kind %d): peak %u slots, calc %llu "
 					      "blocks\n", hf_names[i], tpbs[t], g, (int)x->kind,
 					      x->peak_slots, (unsigned long long)y->max_blocks);
-				/* WINDOW groups: out-of-window blocks are not dropped yet (helper win,
-				 * issue 16 item 3): their bound is checked once they are */
+				/* WINDOW: the bound holds once the group engine makes its WINDOW core
+				 * engines windowed (engine/group.c's TODO(win): kvt_engine_set_window;
+				 * win's dropping is on its branch); until then the group keeps every
+				 * block, at most all of them */
 				if (x->kind != KVT_GROUP_WINDOW)
-					assert_true((double)x->peak_slots <= 1.05 * (double)y->max_blocks);
+					assert_true((double)x->peak_slots <=
+						    1.05 * (double)y->max_blocks);
+				else
+					assert_true(x->peak_slots <= (P + tpbs[t] - 1) / tpbs[t]);
 			}
 			assert_true((double)r.bound_bytes == cr.seq_group_bytes);
 			kvhf_result_free(&r);

@@ -158,6 +158,11 @@ struct kvhf_opts {
 	uint64_t hbm_bytes, host_bytes, nvme_bytes; /* 0 = HBM: twice the sequence's blocks (all
 	                                 of it stays in HBM, below the demotion watermark); HOST
 	                                 and NVMe: room for all of it */
+	float hbm_frac, host_frac;   /* > 0 (instead of hbm_bytes / host_bytes): each group's
+	                                pool gets this fraction of the KV the run's sequences hold
+	                                in it (whole blocks: all of them for FULL and LATENT, the
+	                                window-bound for WINDOW, as kvtier-calc), at least 2 HBM
+	                                and 1 HOST blocks; the shares follow the HBM sizes */
 	int no_host;                 /* 1: no HOST tier */
 	const char *nvme_dir;        /* NULL = a temp dir */
 	uint32_t park_every;         /* park (to NVMe) and resume the sequence after every this

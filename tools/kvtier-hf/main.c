@@ -28,7 +28,8 @@ usage(FILE *f)
 		"  --prompt-ids A,B,...   prompt token ids (default: the reference's)\n"
 		"  --steps N              greedy tokens to generate (default: the reference's, or 16)\n"
 		"  --tokens-per-block N   kvtier block size (default 16)\n"
-		"  --hbm SIZE | --hbm-frac F    HBM tier: bytes, or a fraction of the run's KV\n"
+		"  --hbm SIZE | --hbm-frac F    HBM tier: bytes, or a fraction of the run's KV (per\n"
+		"                         group: of the KV the group holds, window-bound for WINDOW)\n"
 		"  --host SIZE | --host-frac F  HOST tier, likewise (default: all of it)\n"
 		"  --no-host              no HOST tier\n"
 		"  --nvme SIZE            NVMe tier bytes (default: all of it)\n"
@@ -257,11 +258,9 @@ main(int argc, char **argv)
 		rc = 2;
 		goto out;
 	}
-	if (hbm_frac > 0.0f || host_frac > 0.0f) {
-		uint64_t (*kvb)(const struct kvhf_model *, uint32_t, uint32_t) =
-			o.single_layout ? kvhf_kv_bytes_single : kvhf_kv_bytes;
-		uint64_t kv = kvb(m, o.tokens_per_block, o.n_prompt + o.gen);
-		uint64_t block = kvb(m, o.tokens_per_block, 1);
+	if ((hbm_frac > 0.0f || host_frac > 0.0f) && o.single_layout) {
+		uint64_t kv = kvhf_kv_bytes_single(m, o.tokens_per_block, o.n_prompt + o.gen);
+		uint64_t block = kvhf_kv_bytes_single(m, o.tokens_per_block, 1);
 
 		/* whole blocks, at least 2 in HBM (windows) and 1 in HOST */
 		if (hbm_frac > 0.0f)
@@ -270,6 +269,9 @@ main(int argc, char **argv)
 		if (host_frac > 0.0f)
 			o.host_bytes = ((uint64_t)((double)kv * host_frac) / block > 1
 					? (uint64_t)((double)kv * host_frac) / block : 1) * block;
+	} else if (hbm_frac > 0.0f || host_frac > 0.0f) { /* per group (hf.h) */
+		o.hbm_frac = hbm_frac > 0.0f ? hbm_frac : 1.0f;
+		o.host_frac = host_frac > 0.0f ? host_frac : 1.0f;
 	}
 	rc = kvhf_run(&o, &r);
 	if (rc) {

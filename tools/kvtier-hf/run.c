@@ -132,6 +132,7 @@ hf_engine_create(struct hf_run *c, int persist)
 	uint64_t nseq = o->sessions ? o->sessions : o->prefix_share ? 2 : 1;
 	uint64_t nblocks = nseq * ((P + tpb - 1) / tpb);
 	uint64_t kv_g[KVT_MAX_GROUPS] = { 0 }, kv_sum, hbm, host, nvme = 0, blk_sum = 0;
+	uint64_t frac_hbm = 0, frac_host = 0;
 	struct kvt_group g[KVT_MAX_GROUPS];
 	struct kvt_engine_opts eo;
 	int rc;
@@ -148,11 +149,48 @@ hf_engine_create(struct hf_run *c, int persist)
 	} else {
 		memcpy(g, c->groups.g, sizeof(g[0]) * c->groups.n);
 		kv_sum = kvhf_group_kv_bytes(&c->groups, tpb, P, kv_g) * nseq;
+		if (o->hbm_frac > 0 || o->host_frac > 0) { /* per group: the KV it holds */
+			uint64_t hb = 0, hs = 0, mx = 0, blocks = (P + tpb - 1) / tpb;
+			uint64_t need[KVT_MAX_GROUPS] = { 0 }, hneed[KVT_MAX_GROUPS] = { 0 };
+
+			for (uint32_t i = 0; i < c->groups.n; i++) {
+				uint64_t blk = (uint64_t)tpb * g[i].n_layers *
+					       hf_group_token_bytes(&g[i]);
+				uint64_t held = blocks, n;
+
+				if (!blk)
+					continue;
+				if (g[i].kind == KVT_GROUP_WINDOW) {
+					uint64_t b = (g[i].sink + tpb - 1) / tpb +
+						     (g[i].window + tpb - 1) / tpb + 1;
+
+					held = b < held ? b : held;
+				}
+				held *= nseq;
+				n = (uint64_t)((double)held * o->hbm_frac);
+				need[i] = (n > 2 ? n : 2) * blk;
+				n = (uint64_t)((double)held * o->host_frac);
+				hneed[i] = (n > 1 ? n : 1) * blk;
+				hb += need[i];
+				if (blk > mx)
+					mx = blk;
+			}
+			for (uint32_t i = 0; i < c->groups.n; i++) {
+				if (!need[i])
+					continue;
+				g[i].share = (float)((double)need[i] / (double)hb);
+				/* HOST follows the same shares: enough for every group's need */
+				if ((uint64_t)((double)hneed[i] / g[i].share) > hs)
+					hs = (uint64_t)((double)hneed[i] / g[i].share);
+			}
+			frac_hbm = hb + mx;
+			frac_host = hs + mx;
+		}
 		for (uint32_t i = 0; i < c->groups.n; i++) {
 			uint64_t blk = (uint64_t)tpb * g[i].n_layers * hf_group_token_bytes(&g[i]);
 
 			blk_sum += blk;
-			if (blk)
+			if (blk && !frac_hbm)
 				g[i].share = o->shares ? o->shares[i] :
 					     (float)((double)kv_g[i] * (double)nseq / (double)kv_sum);
 			/* NVMe slots: a 4 KiB header page + the block rounded up to 4 KiB
@@ -171,8 +209,9 @@ hf_engine_create(struct hf_run *c, int persist)
 	}
 	/* all in HBM by default: twice the blocks, below the high watermark (no demotion);
 	 * a block of every group's slack for the float shares */
-	hbm = o->hbm_bytes ? o->hbm_bytes : 2 * kv_sum + 2 * blk_sum;
-	host = o->no_host ? 0 : o->host_bytes ? o->host_bytes : kv_sum + 2 * blk_sum;
+	hbm = o->hbm_bytes ? o->hbm_bytes : frac_hbm ? frac_hbm : 2 * kv_sum + 2 * blk_sum;
+	host = o->no_host ? 0 : o->host_bytes ? o->host_bytes : frac_host ? frac_host
+								  : kv_sum + 2 * blk_sum;
 	if (o->single_layout)
 		nvme = (nblocks + 1) * (4096 + (blk_sum + 4095) / 4096 * 4096);
 	eo.hbm_bytes = hbm;
@@ -931,6 +970,9 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 	if (o->tokens_per_block < 1 || o->tokens_per_block > 65536)
 		return kvtr_err(-EINVAL, "tokens per block %u out of range [1, 65536]",
 				o->tokens_per_block);
+	if (!(o->hbm_frac >= 0 && o->hbm_frac <= 1 && o->host_frac >= 0 && o->host_frac <= 1))
+		return kvtr_err(-EINVAL, "tier fractions %g, %g out of [0, 1]", (double)o->hbm_frac,
+				(double)o->host_frac);
 	P = o->n_prompt + o->gen;
 	if (o->contiguous && (o->park_every || o->prefix_share || o->persist))
 		return kvtr_err(-EINVAL, "the contiguous mode keeps no KV in kvtier: no parking, "
