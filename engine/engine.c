@@ -275,6 +275,8 @@ engine_open_nvme(struct kvt_engine *e)
 		.host_len = e->host_len,
 		.host_stride = e->host_stride,
 		.host_data_off = e->host_data_off,
+		.groups_fp = e->groups_fp,
+		.group = e->group_index,
 	};
 	const char *stale;
 	char msg[256] = "";
@@ -314,12 +316,12 @@ kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 			       o->opts_size);
 	if (o->opts_size > offsetof(struct kvt_engine_opts, groups) && (o->groups || o->n_groups))
 		return kvt_grp_create(o, out); /* engine/group.c */
-	return kvt_engine_create_core(o, o->layout.head_dim, NULL, out);
+	return kvt_engine_create_core(o, o->layout.head_dim, NULL, 0, 0, out);
 }
 
 int
 kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, struct kvt_device *dev,
-		       struct kvt_engine **out)
+		       uint64_t groups_fp, uint32_t group, struct kvt_engine **out)
 {
 	struct kvt_engine *e;
 	uint64_t bb = 0;
@@ -347,6 +349,8 @@ kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, struct k
 	e->v_token_bytes = (uint64_t)o->layout.n_kv_heads * v_dim * kvt_dtype_size(o->layout.dtype);
 	e->dev = dev; /* a device shared by the pools of a grouped engine, or NULL: our own */
 	e->dev_borrowed = dev != NULL;
+	e->groups_fp = groups_fp;
+	e->group_index = group;
 	e->block_free = KVT_NIL;
 	e->seq_free = KVT_NIL;
 	e->prefix.pool_free = KVT_NIL;

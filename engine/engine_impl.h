@@ -476,6 +476,9 @@ struct kvt_engine {
 	                                       for a LATENT group's pool (K only) */
 	bool dev_borrowed;                  /* dev belongs to the grouped engine (not destroyed
 	                                       with this pool) */
+	uint64_t groups_fp;                 /* a pool of a grouped engine: the groups'
+	                                       fingerprint in its store's superblock; else 0 */
+	uint32_t group_index;               /* ... and its group */
 	struct kvt_grp *grp;                /* non-NULL: this is a grouped engine, a front over
 	                                       one core engine per storage group; none of the
 	                                       fields above but dev is used then */
@@ -487,7 +490,7 @@ struct kvt_engine {
 /* Create one core engine of layout o->layout with @v_dim V elements per head (0: K only) on
  * device @dev (NULL: its own). */
 int kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, struct kvt_device *dev,
-			   struct kvt_engine **out);
+			   uint64_t groups_fp, uint32_t group, struct kvt_engine **out);
 void kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...) KVT_PRINTF(3, 4);
 /* The most blocks one sequence may hold: all tiers' usable slots less one per tier below HBM
  * (the reserve; kvtier.h kvt_seq_append). */
@@ -784,6 +787,12 @@ int kvt_grp_batch_release(struct kvt_batch *b, void *stream);
 int kvt_grp_poll(struct kvt_engine *e, uint32_t max);
 int kvt_grp_drain(struct kvt_engine *e);
 int kvt_grp_stats(struct kvt_engine *e, struct kvt_stats *out);
+int kvt_grp_session_list(struct kvt_engine *e, bool any, uint32_t tenant, uint64_t *keys,
+			 size_t cap);
+int kvt_grp_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opts *o,
+			kvt_seq_id *out);
+int kvt_grp_metrics_text(struct kvt_engine *e, char *buf, size_t cap, size_t *len);
+int kvt_grp_session_drop(struct kvt_engine *e, bool any, uint32_t tenant, uint64_t key);
 /* ---- engine/batch.c */
 void kvt_batch_abandon(struct kvt_batch *b);
 

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <xxhash.h>
+
 #include "engine_impl.h"
 
 #define GRP_MAX_DIM 4096u
@@ -376,6 +378,51 @@ grp_subdir(const char *dir, uint32_t g, char **out)
 
 static void grp_free(struct kvt_engine *e);
 
+/* The fingerprint of the layer groups (docs/FORMAT.md, superblock): XXH3-64 of every field
+ * that shapes what a group's store holds or how its bytes are read; never 0 (0 = no groups). */
+static uint64_t
+grp_fingerprint(const struct kvt_grp *G)
+{
+	XXH3_state_t *st = XXH3_createState();
+	uint64_t h = 0;
+	uint32_t i, w[12];
+
+	if (!st)
+		return 1;
+	XXH3_64bits_reset(st);
+	w[0] = G->n;
+	w[1] = G->n_layers;
+	w[2] = G->tpb;
+	XXH3_64bits_update(st, w, 3 * sizeof *w);
+	for (i = 0; i < G->n; i++) {
+		const struct kvt_group *g = &G->g[i];
+
+		memset(w, 0, sizeof w);
+		w[0] = (uint32_t)g->kind;
+		w[1] = g->n_layers;
+		w[2] = (uint32_t)g->dtype;
+		w[3] = g->n_kv_heads;
+		w[4] = g->head_dim;
+		w[5] = g->v_head_dim ? g->v_head_dim : g->head_dim;
+		w[6] = g->latent_dim;
+		w[7] = g->kind == KVT_GROUP_WINDOW ? g->window : 0;
+		w[8] = g->kind == KVT_GROUP_WINDOW ? g->sink : 0;
+		if (g->kind == KVT_GROUP_ALIAS)
+			w[2] = w[3] = w[4] = w[5] = w[6] = 0;
+		else if (g->kind == KVT_GROUP_LATENT)
+			w[3] = w[4] = w[5] = 0;
+		else
+			w[6] = 0;
+		XXH3_64bits_update(st, w, 9 * sizeof *w);
+		XXH3_64bits_update(st, g->layers, g->n_layers * sizeof *g->layers);
+		if (g->alias_of)
+			XXH3_64bits_update(st, g->alias_of, g->n_layers * sizeof *g->alias_of);
+	}
+	h = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	return h ? h : 1;
+}
+
 int
 kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 {
@@ -383,7 +430,7 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 	double share[KVT_MAX_GROUPS];
 	struct kvt_engine *e;
 	struct kvt_grp *G;
-	uint64_t ref;
+	uint64_t ref, fp;
 	uint32_t i;
 	int rc;
 
@@ -391,9 +438,6 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 	kvt_engine_opts_init(&co, sizeof co);
 	memcpy(&co, o, o->opts_size < sizeof co ? o->opts_size : sizeof co);
 	co.opts_size = sizeof co;
-	if (co.nvme_persist)
-		return kvt_err(KVT_ENOTSUP, "nvme_persist with layer groups: the persistent store "
-			       "is not per group yet");
 	if (co.remote_host)
 		return kvt_err(KVT_ENOTSUP, "remote_host with layer groups: the REMOTE tier is not "
 			       "per group yet");
@@ -416,6 +460,7 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 	ref = co.group_ref_tokens ? co.group_ref_tokens : 32768;
 	if (!rc)
 		rc = grp_shares(G, ref, share);
+	fp = rc ? 0 : grp_fingerprint(G);
 	G->first = KVT_NIL;
 	for (i = 0; i < G->n && !rc; i++) {
 		const struct kvt_group *g = &G->g[i];
@@ -440,7 +485,7 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 		if (co.host_bytes && !go.host_bytes)
 			go.host_bytes = 1; /* refused below with the group's block size */
 		rc = kvt_engine_create_core(&go, v, G->first == KVT_NIL ? NULL :
-						  G->core[G->first]->dev, &G->core[i]);
+						  G->core[G->first]->dev, fp, i, &G->core[i]);
 		kvt_free(dir);
 		if (rc) {
 			rc = kvt_err(rc, "group %u (%s, %.1f%% of each tier): %s", i,
@@ -601,10 +646,16 @@ grp_seq_find(struct kvt_grp *G, kvt_seq_id id)
 	return &G->seqs[idx];
 }
 
-/* Take public sequence @id for a fanned-out call: its core ids into @ids. @busy: mark it busy
- * (calls that change it); else only look (info, tokens). */
+/* What grp_seq_enter does with a sequence busy in another thread's fanned-out call. */
+enum grp_enter {
+	GRP_LOOK,  /* read its ids all the same (info, tokens, hints: no change made) */
+	GRP_CHECK, /* KVT_EBUSY (prepare: the pools' in_batch marks guard it afterwards) */
+	GRP_TAKE,  /* KVT_EBUSY; else mark it busy until grp_seq_leave (calls that change it) */
+};
+
+/* The core ids of public sequence @id into @ids, as @mode says. */
 static int
-grp_seq_enter(struct kvt_grp *G, kvt_seq_id id, kvt_seq_id *ids, bool busy)
+grp_seq_enter(struct kvt_grp *G, kvt_seq_id id, kvt_seq_id *ids, enum grp_enter mode)
 {
 	struct kvt_grp_seq *q;
 	int rc = 0;
@@ -613,12 +664,12 @@ grp_seq_enter(struct kvt_grp *G, kvt_seq_id id, kvt_seq_id *ids, bool busy)
 	q = grp_seq_find(G, id);
 	if (!q)
 		rc = kvt_err(KVT_ECLOSED, "sequence %#llx is not open", (unsigned long long)id);
-	else if (q->busy)
+	else if (q->busy && mode != GRP_LOOK)
 		rc = kvt_err(KVT_EBUSY, "sequence %#llx is busy in another thread's call",
 			     (unsigned long long)id);
 	else {
 		memcpy(ids, q->id, sizeof q->id);
-		if (busy)
+		if (mode == GRP_TAKE)
 			q->busy = 1;
 	}
 	pthread_mutex_unlock(&G->lock);
@@ -639,12 +690,14 @@ grp_seq_leave(struct kvt_grp *G, kvt_seq_id id)
 
 #define GRP_FOR_STORAGE(G, i) for (i = 0; i < (G)->n; i++) if ((G)->core[i])
 
+static int grp_seq_register(struct kvt_grp *G, const kvt_seq_id *ids, kvt_seq_id *out);
+
 int
 kvt_grp_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out)
 {
 	struct kvt_grp *G = e->grp;
 	kvt_seq_id ids[KVT_MAX_GROUPS] = { 0 };
-	uint32_t i, idx;
+	uint32_t i;
 	int rc = 0;
 
 	if (!out)
@@ -657,9 +710,29 @@ kvt_grp_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id 
 			break;
 		}
 	}
-	idx = (uint32_t)ids[G->first];
+	if (!rc)
+		rc = grp_seq_register(G, ids, out);
+	if (rc) {
+		char keep[512];
+
+		snprintf(keep, sizeof keep, "%s", kvt_last_error_message());
+		GRP_FOR_STORAGE(G, i)
+			if (ids[i])
+				(void)kvt_seq_close(G->core[i], ids[i]);
+		kvt_err(rc, "%s", keep);
+	}
+	return rc;
+}
+
+/* Enter the public sequence whose pools' sequences are @ids; *out = its id. */
+static int
+grp_seq_register(struct kvt_grp *G, const kvt_seq_id *ids, kvt_seq_id *out)
+{
+	uint32_t idx = (uint32_t)ids[G->first];
+	int rc = 0;
+
 	pthread_mutex_lock(&G->lock);
-	if (!rc && idx >= G->cap_seqs) {
+	if (idx >= G->cap_seqs) {
 		uint32_t cap = G->cap_seqs ? G->cap_seqs : 16;
 		struct kvt_grp_seq *n;
 
@@ -675,22 +748,13 @@ kvt_grp_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id 
 		}
 	}
 	if (!rc) {
-		memcpy(G->seqs[idx].id, ids, sizeof ids);
+		memcpy(G->seqs[idx].id, ids, sizeof G->seqs[idx].id);
 		G->seqs[idx].open = 1;
 		G->seqs[idx].busy = 0;
 		G->n_open++;
 		*out = ids[G->first];
 	}
 	pthread_mutex_unlock(&G->lock);
-	if (rc) {
-		char keep[512];
-
-		snprintf(keep, sizeof keep, "%s", kvt_last_error_message());
-		GRP_FOR_STORAGE(G, i)
-			if (ids[i])
-				(void)kvt_seq_close(G->core[i], ids[i]);
-		kvt_err(rc, "%s", keep);
-	}
 	return rc;
 }
 
@@ -703,7 +767,7 @@ kvt_grp_seq_close(struct kvt_engine *e, kvt_seq_id id, bool keep)
 	uint32_t i;
 	int rc;
 
-	rc = grp_seq_enter(G, id, ids, true);
+	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
 	if (rc)
 		return rc;
 	/* the first pool decides (KVT_EBUSY: a batch pins it); the others follow */
@@ -822,7 +886,7 @@ kvt_seq_append_groups(struct kvt_engine *e, kvt_seq_id id, const int32_t *tokens
 	if (n == 0 || n > (1u << 20))
 		return kvt_err(-EINVAL, "kvt_seq_append_groups: n = %zu tokens, must be 1..%u", n,
 			       1u << 20);
-	rc = grp_seq_enter(G, id, ids, true);
+	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
 	if (rc)
 		return rc;
 	for (i = 0; i < G->n; i++) {
@@ -859,7 +923,7 @@ kvt_grp_seq_park(struct kvt_engine *e, kvt_seq_id id, enum kvt_tier target, bool
 	uint32_t i;
 	int rc, first = 0;
 
-	rc = grp_seq_enter(G, id, ids, true);
+	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
 	if (rc)
 		return rc;
 	GRP_FOR_STORAGE(G, i) {
@@ -885,7 +949,7 @@ kvt_grp_seq_info(struct kvt_engine *e, kvt_seq_id id, struct kvt_seq_info *out)
 
 	if (!out)
 		return kvt_err(-EINVAL, "kvt_seq_info: out is NULL");
-	rc = grp_seq_enter(G, id, ids, false);
+	rc = grp_seq_enter(G, id, ids, GRP_LOOK);
 	if (rc)
 		return rc;
 	rc = kvt_seq_info(G->core[G->first], ids[G->first], out);
@@ -909,7 +973,7 @@ kvt_grp_seq_tokens(struct kvt_engine *e, kvt_seq_id id, uint64_t first, int32_t 
 {
 	struct kvt_grp *G = e->grp;
 	kvt_seq_id ids[KVT_MAX_GROUPS];
-	int rc = grp_seq_enter(G, id, ids, false);
+	int rc = grp_seq_enter(G, id, ids, GRP_LOOK);
 
 	return rc ? rc : kvt_seq_tokens(G->core[G->first], ids[G->first], first, out, n);
 }
@@ -923,7 +987,7 @@ kvt_grp_seq_set_priority(struct kvt_engine *e, kvt_seq_id id, uint64_t first_tok
 	uint32_t i;
 	int rc;
 
-	rc = grp_seq_enter(G, id, ids, true);
+	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
 	if (rc)
 		return rc;
 	GRP_FOR_STORAGE(G, i) {
@@ -978,7 +1042,7 @@ kvt_grp_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id id, const int32_t *to
 	if (!attached_tokens)
 		return kvt_err(-EINVAL, "kvt_seq_attach_prefix: attached_tokens is NULL");
 	*attached_tokens = 0;
-	rc = grp_seq_enter(G, id, ids, true);
+	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
 	if (rc)
 		return rc;
 	GRP_FOR_STORAGE(G, i) {
@@ -1078,7 +1142,7 @@ kvt_grp_batch_prepare(struct kvt_engine *e, const struct kvt_seq_range *r, size_
 	/* the core ids of every range's sequence (looked at, not marked busy: the pools'
 	 * in_batch marks guard the sequences from here on) */
 	for (k = 0; k < n && !rc; k++)
-		rc = grp_seq_enter(G, r[k].seq, all + k * KVT_MAX_GROUPS, false);
+		rc = grp_seq_enter(G, r[k].seq, all + k * KVT_MAX_GROUPS, GRP_CHECK);
 	for (g = 0; g < G->n && !rc; g++) {
 		if (!G->core[g])
 			continue;
@@ -1132,7 +1196,7 @@ kvt_grp_hint(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint
 		return kvt_err(-ENOMEM, "hint of %zu ranges", n);
 	}
 	for (k = 0; k < n && !rc; k++)
-		rc = grp_seq_enter(G, r[k].seq, all + k * KVT_MAX_GROUPS, false);
+		rc = grp_seq_enter(G, r[k].seq, all + k * KVT_MAX_GROUPS, GRP_LOOK);
 	for (g = 0; g < G->n && !rc; g++) {
 		if (!G->core[g])
 			continue;
@@ -1395,4 +1459,249 @@ kvt_engine_group_stats(struct kvt_engine *e, uint32_t group, struct kvt_stats *o
 	memset(out, 0, size < sizeof *out ? size : sizeof *out);
 	out->size = size;
 	return 0;
+}
+
+/* ---- persistent sessions ------------------------------------------------------------------ */
+
+static int
+grp_key_cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* The restorable sessions of pool @c (of @tenant, or every tenant when @any), sorted, in a new
+ * array *keys of *n. */
+static int
+grp_core_list(struct kvt_engine *c, bool any, uint32_t tenant, uint64_t **keys, size_t *n)
+{
+	int rc, m;
+
+	*keys = NULL;
+	*n = 0;
+	for (;;) {
+		rc = any ? kvt_session_list(c, NULL, 0) : kvt_session_list_tenant(c, tenant, NULL, 0);
+		if (rc <= 0)
+			return rc;
+		kvt_free(*keys);
+		*keys = kvt_malloc((size_t)rc * sizeof **keys);
+		if (!*keys)
+			return kvt_err(-ENOMEM, "session list of %d keys", rc);
+		m = any ? kvt_session_list(c, *keys, (size_t)rc) :
+			  kvt_session_list_tenant(c, tenant, *keys, (size_t)rc);
+		if (m < 0) {
+			kvt_free(*keys);
+			*keys = NULL;
+			return m;
+		}
+		if (m <= rc) {
+			*n = (size_t)m;
+			qsort(*keys, *n, sizeof **keys, grp_key_cmp);
+			return 0;
+		}
+	}
+}
+
+/* kvt_session_list(_tenant) of a grouped engine: a session is durable only when every group's
+ * store has it, so the list is the intersection of the pools' lists. */
+int
+kvt_grp_session_list(struct kvt_engine *e, bool any, uint32_t tenant, uint64_t *keys, size_t cap)
+{
+	struct kvt_grp *G = e->grp;
+	uint64_t *have = NULL, *other = NULL;
+	size_t n = 0, m, i, k;
+	uint32_t g;
+	int rc;
+
+	rc = grp_core_list(G->core[G->first], any, tenant, &have, &n);
+	GRP_FOR_STORAGE(G, g) {
+		if (rc || g == G->first || !n)
+			continue;
+		rc = grp_core_list(G->core[g], any, tenant, &other, &m);
+		for (i = k = 0; !rc && i < n; i++)
+			if (m && bsearch(&have[i], other, m, sizeof *other, grp_key_cmp))
+				have[k++] = have[i];
+		if (!rc)
+			n = k;
+		kvt_free(other);
+		other = NULL;
+	}
+	if (!rc)
+		for (i = 0; i < n && i < cap; i++)
+			keys[i] = have[i];
+	kvt_free(have);
+	if (rc)
+		return rc;
+	return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+
+int
+kvt_grp_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opts *o,
+		    kvt_seq_id *out)
+{
+	struct kvt_grp *G = e->grp;
+	kvt_seq_id ids[KVT_MAX_GROUPS] = { 0 };
+	uint32_t i;
+	int rc = 0;
+
+	*out = 0;
+	GRP_FOR_STORAGE(G, i) {
+		rc = kvt_seq_restore(G->core[i], key, o, &ids[i]);
+		if (rc == -ENOENT && i != G->first)
+			rc = kvt_err(-ENOENT, "group %u: session %#llx is not in this group's store "
+				     "(a session is durable only when every group's store has it: "
+				     "it was not restored)", i, (unsigned long long)key);
+		else if (rc)
+			rc = grp_err(rc, i);
+		if (rc)
+			break;
+	}
+	if (!rc)
+		rc = grp_seq_register(G, ids, out);
+	if (rc) {
+		char keep[512];
+
+		/* the groups restored so far let their sequence go, keeping their records */
+		snprintf(keep, sizeof keep, "%s", kvt_last_error_message());
+		GRP_FOR_STORAGE(G, i)
+			if (ids[i])
+				(void)kvt_seq_detach(G->core[i], ids[i]);
+		kvt_err(rc, "%s", keep);
+	}
+	return rc;
+}
+
+int
+kvt_grp_session_drop(struct kvt_engine *e, bool any, uint32_t tenant, uint64_t key)
+{
+	struct kvt_grp *G = e->grp;
+	uint32_t i;
+	int rc, first;
+
+	first = any ? kvt_session_drop(G->core[G->first], key) :
+		      kvt_session_drop_tenant(G->core[G->first], tenant, key);
+	if (first && first != -ENOENT)
+		return grp_err(first, G->first); /* open, another tenant's: nothing dropped */
+	GRP_FOR_STORAGE(G, i) {
+		if (i == G->first)
+			continue;
+		rc = any ? kvt_session_drop(G->core[i], key) :
+			   kvt_session_drop_tenant(G->core[i], tenant, key);
+		if (rc == 0)
+			first = 0; /* a part of it was there: dropped */
+		else if (rc != -ENOENT)
+			return grp_err(rc, i);
+	}
+	return first ? kvt_err(-ENOENT, "session %#llx is not in the store",
+			       (unsigned long long)key) : 0;
+}
+
+/* ---- metrics ------------------------------------------------------------------------------ */
+
+static const char *const grp_tier_name[KVT_TIER_COUNT] = { "hbm", "host", "nvme" };
+
+/* The per-group families of a grouped engine's metrics text into @f (see kvtier.h). */
+static void
+grp_metrics_groups(struct kvt_grp *G, const struct kvt_stats *gs, FILE *f)
+{
+	static const struct {
+		const char *name, *type, *help;
+		int what; /* 0 slots, 1 used slots, 2 evictions */
+	} fam[] = {
+		{ "kvtier_group_slots", "gauge", "slots of the group's pool per tier", 0 },
+		{ "kvtier_group_used_slots", "gauge", "slots of the group's pool in use per tier", 1 },
+		{ "kvtier_group_evictions_total", "counter",
+		  "copies dropped from the group's pool to make room, per tier", 2 },
+	};
+	uint32_t g, k;
+	int t;
+
+	fprintf(f, "# HELP kvtier_group_slot_bytes bytes of one slot (block) of the group's pool "
+		"(0: an ALIAS group, no storage)\n# TYPE kvtier_group_slot_bytes gauge\n");
+	for (g = 0; g < G->n; g++)
+		fprintf(f, "kvtier_group_slot_bytes{group=\"%u\",kind=\"%s\",layers=\"%u\"} %llu\n",
+			g, grp_kind_name(G->g[g].kind), G->g[g].n_layers,
+			(unsigned long long)(G->core[g] ? G->core[g]->block_bytes : 0));
+	for (k = 0; k < sizeof fam / sizeof fam[0]; k++) {
+		fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", fam[k].name, fam[k].help, fam[k].name,
+			fam[k].type);
+		for (g = 0; g < G->n; g++)
+			for (t = 0; G->core[g] && t < KVT_TIER_COUNT; t++) {
+				const struct kvt_tier_stats *ts = &gs[g].tier[t];
+				uint64_t v = fam[k].what == 0 ? ts->slots :
+					     fam[k].what == 1 ? ts->used_slots : ts->evictions;
+
+				fprintf(f, "%s{group=\"%u\",kind=\"%s\",tier=\"%s\"} %llu\n",
+					fam[k].name, g, grp_kind_name(G->g[g].kind),
+					grp_tier_name[t], (unsigned long long)v);
+			}
+	}
+	fprintf(f, "# HELP kvtier_group_prefix_hit_blocks_total sealed blocks of the group found "
+		"and shared through its pool's prefix index\n"
+		"# TYPE kvtier_group_prefix_hit_blocks_total counter\n");
+	for (g = 0; g < G->n; g++)
+		if (G->core[g])
+			fprintf(f, "kvtier_group_prefix_hit_blocks_total{group=\"%u\",kind=\"%s\"} "
+				"%llu\n", g, grp_kind_name(G->g[g].kind),
+				(unsigned long long)gs[g].prefix_hit_blocks);
+}
+
+int
+kvt_grp_metrics_text(struct kvt_engine *e, char *buf, size_t cap, size_t *len)
+{
+	struct kvt_grp *G = e->grp;
+	struct kvt_stats tot, gs[KVT_MAX_GROUPS];
+	char *part = NULL, *head = NULL;
+	size_t plen = 0, hlen = 0, need;
+	uint32_t g;
+	FILE *f;
+	int rc;
+
+	memset(&tot, 0, sizeof tot);
+	tot.size = sizeof tot;
+	rc = kvt_grp_stats(e, &tot);
+	for (g = 0; g < G->n && !rc; g++) {
+		memset(&gs[g], 0, sizeof gs[g]);
+		gs[g].size = sizeof gs[g];
+		if (G->core[g])
+			rc = kvt_engine_stats(G->core[g], &gs[g]);
+	}
+	if (rc)
+		return rc;
+	/* the totals, as for one engine */
+	rc = kvt_stats_metrics_text(&tot, NULL, 0, &hlen);
+	if (rc != -ENOSPC && rc != 0)
+		return rc;
+	head = kvt_malloc(hlen + 1);
+	f = open_memstream(&part, &plen);
+	if (!head || !f) {
+		kvt_free(head);
+		if (f)
+			fclose(f);
+		free(part);
+		return kvt_err(-ENOMEM, "metrics text");
+	}
+	rc = kvt_stats_metrics_text(&tot, head, hlen + 1, &hlen);
+	grp_metrics_groups(G, gs, f);
+	fclose(f);
+	if (rc == 0 && !part)
+		rc = kvt_err(-ENOMEM, "metrics text");
+	if (rc == 0) {
+		need = hlen + plen + 1;
+		if (need > cap) {
+			if (cap)
+				buf[0] = 0;
+			*len = need;
+			rc = kvt_err(-ENOSPC, "metrics text: %zu bytes needed, the buffer has %zu",
+				     need, cap);
+		} else {
+			memcpy(buf, head, hlen);
+			memcpy(buf + hlen, part, plen + 1);
+			*len = hlen + plen;
+		}
+	}
+	kvt_free(head);
+	free(part);
+	return rc;
 }

@@ -322,7 +322,8 @@ struct kvt_engine; /* opaque */
  * Returns 0, -EINVAL (bad layout or sizes: each with a message), -ENOMEM, -ENOENT/-EACCES/
  * -ENOTDIR (nvme_dir unusable), KVT_ENOTSUP (CUDA asked for in a build without it),
  * KVT_EDEVICE (device error), KVT_EFORMAT (nvme_persist: the store in nvme_dir was made for
- * another layout, codec, capacity or format version; the message names the difference),
+ * another layout, layer groups, codec, capacity or format version; the message names the
+ * difference),
  * -EBUSY (nvme_persist: another process uses that store; the lock is retried for up to 3 s
  * first, so that a process that just died has released it; the system errno, unlike
  * KVT_EBUSY, which is about a sequence or batch).
@@ -1084,22 +1085,36 @@ KVT_API int kvt_stats_metrics_text(const struct kvt_stats *st, char *buf, size_t
  *   - fanned out over the groups with the single-layout meaning: kvt_seq_open, close,
  *     detach, park, resume, info (n_blocks, blocks_in: sums over the groups), tokens,
  *     set_priority, match_prefix (the tokens every group can serve), attach_prefix (that many
- *     in every group), kvt_tenant_set_budget / kvt_tenant_usage (max_blocks and usage are per
- *     group: the budget applies to each group's pool), kvt_batch_prepare, prepare_ranges,
+ *     in every group), kvt_tenant_set_budget (max_blocks applies to each group's pool alone),
+ *     kvt_tenant_usage (the pools' slots summed), kvt_batch_prepare, prepare_ranges,
  *     kvt_engine_hint, hint_ranges (block indices are the sequence's: the same token range in
  *     every group), kvt_batch_wait_layer (a MODEL layer: waits in the group holding it, the
- *     source's for an ALIAS layer), kvt_batch_release, kvt_engine_poll, drain, stats and
- *     metrics (totals over the groups; kvt_engine_group_stats per group), the streams.
+ *     source's for an ALIAS layer), kvt_batch_release, kvt_engine_poll, drain, stats (totals
+ *     over the groups; kvt_engine_group_stats per group) and metrics (the totals, then per
+ *     group: kvtier_group_slot_bytes{group,kind,layers}, kvtier_group_slots,
+ *     kvtier_group_used_slots and kvtier_group_evictions_total{group,kind,tier},
+ *     kvtier_group_prefix_hit_blocks_total{group,kind}), the streams.
  *   - refused with -EINVAL and a message naming the per-group call: kvt_engine_geometry,
  *     kvt_seq_append, kvt_batch_block_table (one geometry cannot describe several groups).
- *   - not yet per group, refused with KVT_ENOTSUP and a message: the persistent store
- *     (nvme_persist, kvt_seq_restore, kvt_session_*) and the REMOTE tier (remote_host,
- *     kvt_seq_publish_remote, kvt_seq_restore_remote).
+ *   - the persistent store (nvme_persist): every pool has its own store (group 0's in
+ *     nvme_dir, group g's in nvme_dir/group<g>), whose superblock names the groups (their
+ *     fingerprint) and the group: a store of other groups, or of a single layout, is refused
+ *     with KVT_EFORMAT. A pool publishes its part of a session when its own blocks are
+ *     durable; a session is durable only when every group's store has it: kvt_session_list
+ *     (_tenant) lists the sessions all stores have, kvt_seq_restore restores every group or
+ *     none (-ENOENT naming the group whose store lacks it; the others keep their part),
+ *     kvt_session_drop(_tenant) drops it from every store, detach and close as for one
+ *     engine.
+ *   - not yet per group: the REMOTE tier (remote_host: create refuses it with KVT_ENOTSUP;
+ *     kvt_seq_publish_remote / kvt_seq_restore_remote then answer -ENODEV).
  * A fanned-out call that fails in one group undoes what it did in the others where that is
  * possible (open, append, attach_prefix, prepare: nothing half-done is visible); park and
  * resume are best effort per group, as in one engine, and return the first error.
- * Threading: as for one engine. A public sequence in a fanned-out call of another thread
- * answers KVT_EBUSY, as a sequence in a call that sleeps does.
+ * Threading: as for one engine. While another thread's fanned-out call changes a public
+ * sequence (append, park, resume, close, detach, set_priority, attach_prefix), the calls that
+ * would change it or prepare it answer KVT_EBUSY, as for a sequence whose call sleeps; info,
+ * tokens and hints read it meanwhile (info may then see some groups before the change and
+ * others after it).
  */
 
 #define KVT_MAX_GROUPS 16     /* groups of one engine */
@@ -1142,7 +1157,7 @@ struct kvt_group {
 	uint32_t v_head_dim;       /* V elements per head, 0 = head_dim (MLA expanded, DeepSeek's
 	                              v_head_dim 128 against a K head of 192) */
 	/* LATENT */
-	uint32_t latent_dim;       /* elements per token and layer, 1..65536 */
+	uint32_t latent_dim;       /* elements per token and layer, 1..4096 */
 	/* WINDOW */
 	uint32_t window;           /* tokens attention reads back from the newest, >= 1 */
 	uint32_t sink;             /* leading tokens always kept (gpt-oss sinks); 0 = none */

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine_impl.h"
 #include "tiers/base/error.h"
 #include "kvtier.h"
 
@@ -348,6 +349,8 @@ kvt_engine_metrics_text(struct kvt_engine *e, char *buf, size_t cap, size_t *len
 
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_engine_metrics_text: engine must not be NULL");
+	if (e->grp) /* a grouped engine: the totals, then per-group series (engine/group.c) */
+		return kvt_grp_metrics_text(e, buf, cap, len);
 	memset(&st, 0, sizeof st);
 	st.size = sizeof st;
 	rc = kvt_engine_stats(e, &st);

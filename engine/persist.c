@@ -460,6 +460,8 @@ kvt_session_list(struct kvt_engine *e, uint64_t *keys, size_t cap)
 {
 	if (!e || (!keys && cap))
 		return kvt_err(-EINVAL, "kvt_session_list: engine or keys is NULL");
+	if (e->grp)
+		return kvt_grp_session_list(e, true, 0, keys, cap);
 	return persist_list(e, PERSIST_ANY_TENANT, keys, cap);
 }
 
@@ -468,6 +470,8 @@ kvt_session_list_tenant(struct kvt_engine *e, uint32_t tenant, uint64_t *keys, s
 {
 	if (!e || (!keys && cap))
 		return kvt_err(-EINVAL, "kvt_session_list_tenant: engine or keys is NULL");
+	if (e->grp)
+		return kvt_grp_session_list(e, false, tenant, keys, cap);
 	return persist_list(e, tenant, keys, cap);
 }
 
@@ -806,6 +810,8 @@ kvt_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opts *o
 
 	if (!e || !out)
 		return kvt_err(-EINVAL, "kvt_seq_restore: engine and out must not be NULL");
+	if (e->grp)
+		return kvt_grp_seq_restore(e, key, o, out);
 	*out = 0;
 	rc = kvt_seq_opts_copy(&opts, o);
 	if (rc)
@@ -902,6 +908,8 @@ kvt_session_drop(struct kvt_engine *e, uint64_t key)
 {
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_session_drop: engine is NULL");
+	if (e->grp)
+		return kvt_grp_session_drop(e, true, 0, key);
 	return persist_drop_key(e, PERSIST_ANY_TENANT, key);
 }
 
@@ -910,5 +918,7 @@ kvt_session_drop_tenant(struct kvt_engine *e, uint32_t tenant, uint64_t key)
 {
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_session_drop_tenant: engine is NULL");
+	if (e->grp)
+		return kvt_grp_session_drop(e, false, tenant, key);
 	return persist_drop_key(e, tenant, key);
 }

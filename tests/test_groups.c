@@ -14,6 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -431,11 +434,7 @@ test_pool_too_small_names_group(void **state)
 	assert_null(e);
 	assert_non_null(strstr(kvt_last_error_message(), "group 1 (LATENT"));
 	assert_non_null(strstr(kvt_last_error_message(), "HBM capacity"));
-	/* the persistent store and the REMOTE tier are not per group yet */
-	model_opts(&o, g, 4, 4, "/tmp", 8);
-	o.nvme_persist = 1;
-	assert_int_equal(kvt_engine_create(&o, &e), KVT_ENOTSUP);
-	assert_non_null(strstr(kvt_last_error_message(), "nvme_persist with layer groups"));
+	/* the REMOTE tier is not per group yet */
 	model_opts(&o, g, 4, 0, NULL, 0);
 	o.remote_host = "127.0.0.1";
 	assert_int_equal(kvt_engine_create(&o, &e), KVT_ENOTSUP);
@@ -567,7 +566,7 @@ test_default_split(void **state)
 /* Bytes of every group written through the per-group slot mappings come back through the
  * per-group tables, from HBM, after demotion to HOST and NVMe, and after a park to NVMe. */
 static void
-test_offload_roundtrip(void **state)
+offload_roundtrip(enum kvt_codec codec)
 {
 	struct kvt_engine_opts o;
 	struct kvt_group g[NG];
@@ -578,8 +577,9 @@ test_offload_roundtrip(void **state)
 	char sub[600];
 	uint32_t i, k;
 
-	(void)state;
 	model_opts(&o, g, 12, 12, dir, 40);
+	o.nvme_codec = codec;
+	o.nvme_codec_min_saving = 0.0f; /* keep every encoding */
 	e = model_create(&o);
 	for (i = 0; i < 3; i++) {
 		assert_int_equal(kvt_seq_open(e, NULL, &s[i]), 0);
@@ -601,6 +601,14 @@ test_offload_roundtrip(void **state)
 	assert_int_equal(in.blocks_in[KVT_TIER_NVME], 30);
 	assert_int_equal(in.blocks_in[KVT_TIER_HBM], 0);
 	assert_int_equal(in.parked, 1);
+	if (codec != KVT_CODEC_NONE) {
+		struct kvt_stats st;
+
+		memset(&st, 0, sizeof st);
+		st.size = sizeof st;
+		assert_int_equal(kvt_engine_stats(e, &st), 0);
+		assert_true(st.codec_blocks > 0); /* some blocks were stored encoded */
+	}
 	assert_int_equal(kvt_seq_resume(e, s[1]), 0);
 	model_verify(e, s[1], 2);
 	/* appending after the park continues every group's last block */
@@ -615,6 +623,23 @@ test_offload_roundtrip(void **state)
 		assert_int_equal(rmdir(sub), 0);
 	}
 	tsup_rmdir(dir);
+}
+
+static void
+test_offload_roundtrip(void **state)
+{
+	(void)state;
+	offload_roundtrip(KVT_CODEC_NONE);
+}
+
+/* The codec sees each pool's own geometry (a K-only LATENT block, a FULL block whose V is
+ * narrower than its K): lossless all the same. */
+static void
+test_offload_roundtrip_codec(void **state)
+{
+	(void)state;
+	offload_roundtrip(KVT_CODEC_CSHUF_LZ4);
+	offload_roundtrip(KVT_CODEC_SHUF_LZ4);
 }
 
 /* Two sequences in one batch: every group's table, and the ALIAS groups' tables. */
@@ -856,6 +881,359 @@ test_closed_ids(void **state)
 	kvt_engine_destroy(e);
 }
 
+/* Persistent sessions with groups: each group's pool publishes into its own store; a session
+ * parked to NVMe survives kill -9 of the process and is restored whole, with every group's
+ * bytes. */
+static void
+test_store_kill_restore(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_seq_opts so;
+	struct kvt_seq_info in;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	char sub[600];
+	uint64_t keys[4];
+	kvt_seq_id s, r;
+	pid_t pid;
+	int st = 0;
+	uint32_t i;
+
+	(void)state;
+	model_opts(&o, g, 12, 12, dir, 40);
+	o.nvme_persist = 1;
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		/* the child: publish session 42 (and an unparked 43), then die without a word */
+		if (kvt_engine_create(&o, &e))
+			_exit(2);
+		kvt_seq_opts_init(&so, sizeof so);
+		so.session_key = 42;
+		so.tenant = 3;
+		if (kvt_seq_open(e, &so, &s) || model_append(e, s, 6, 0, 30))
+			_exit(3);
+		model_step(e, s);
+		if (kvt_seq_park(e, s, KVT_TIER_NVME) || kvt_engine_drain(e))
+			_exit(4);
+		so.session_key = 43;
+		if (kvt_seq_open(e, &so, &s) || model_append(e, s, 7, 0, 8))
+			_exit(5);
+		kill(getpid(), SIGKILL);
+		_exit(6);
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	e = model_create(&o);
+	assert_int_equal(kvt_session_list(e, keys, 4), 1);
+	assert_int_equal(keys[0], 42);
+	assert_int_equal(kvt_session_list_tenant(e, 3, keys, 4), 1);
+	assert_int_equal(kvt_session_list_tenant(e, 4, keys, 4), 0);
+	/* another tenant is refused, nothing changes */
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = 4;
+	assert_int_equal(kvt_seq_restore(e, 42, &so, &r), -EPERM);
+	assert_int_equal(kvt_session_list(e, keys, 4), 1);
+	so.tenant = 3;
+	assert_int_equal(kvt_seq_restore(e, 43, &so, &r), -ENOENT);
+	assert_int_equal(kvt_seq_restore(e, 42, &so, &r), 0);
+	assert_int_equal(kvt_seq_info(e, r, &in), 0);
+	assert_int_equal(in.n_tokens, 30);
+	assert_int_equal(in.blocks_in[KVT_TIER_NVME], 3 * 8);
+	assert_int_equal(kvt_session_list(e, keys, 4), 0); /* open now */
+	model_verify(e, r, 6);
+	/* detach keeps it, drop removes it from every group's store */
+	assert_int_equal(kvt_seq_detach(e, r), 0);
+	assert_int_equal(kvt_session_list(e, keys, 4), 1);
+	assert_int_equal(kvt_session_drop_tenant(e, 4, 42), -EPERM);
+	assert_int_equal(kvt_session_drop(e, 42), 0);
+	assert_int_equal(kvt_session_drop(e, 42), -ENOENT);
+	assert_int_equal(kvt_session_list(e, keys, 4), 0);
+	kvt_engine_destroy(e);
+	/* the store is refused by an engine of other groups (a window that changes no block
+	 * size), and by a single-layout engine */
+	g[2].window = 16;
+	assert_int_equal(kvt_engine_create(&o, &e), KVT_EFORMAT);
+	assert_non_null(strstr(kvt_last_error_message(), "made for other layer groups"));
+	{
+		struct kvt_engine_opts so1;
+
+		tsup_store_opts(&so1, dir, 1 << 20);
+		assert_int_equal(kvt_engine_create(&so1, &e), KVT_EFORMAT);
+		assert_non_null(strstr(kvt_last_error_message(),
+				       "made for a layer group of an engine with groups"));
+	}
+	for (i = 1; i < 3; i++) {
+		snprintf(sub, sizeof sub, "%s/group%u", dir, i);
+		{
+			char f[700];
+
+			snprintf(f, sizeof f, "%s/kvtier.store", sub);
+			unlink(f);
+			snprintf(f, sizeof f, "%s/kvtier.journal", sub);
+			unlink(f);
+		}
+		assert_int_equal(rmdir(sub), 0);
+	}
+	tsup_rmdir(dir);
+}
+
+/* A session that one group's store lacks (its park never reached that group) is not
+ * durable: not listed, not restored; the other groups' parts stay, harmless. */
+static void
+test_store_partial_session_absent(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_seq_opts so;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	char f[700];
+	uint64_t keys[4];
+	kvt_seq_id s, r;
+	uint32_t i;
+
+	(void)state;
+	model_opts(&o, g, 12, 12, dir, 40);
+	o.nvme_persist = 1;
+	e = model_create(&o);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.session_key = 9;
+	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
+	assert_int_equal(model_append(e, s, 2, 0, 12), 0);
+	model_step(e, s);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_detach(e, s), 0);
+	kvt_engine_destroy(e);
+	/* group 2's store loses the session: its store and journal removed */
+	snprintf(f, sizeof f, "%s/group2/kvtier.store", dir);
+	assert_int_equal(unlink(f), 0);
+	snprintf(f, sizeof f, "%s/group2/kvtier.journal", dir);
+	assert_int_equal(unlink(f), 0);
+	e = model_create(&o);
+	assert_int_equal(kvt_session_list(e, keys, 4), 0);
+	assert_int_equal(kvt_seq_restore(e, 9, NULL, &r), -ENOENT);
+	assert_non_null(strstr(kvt_last_error_message(), "durable only when every group's store"));
+	/* the groups that had restored it let it go: the engine is usable, no sequence open */
+	{
+		struct kvt_stats st;
+
+		memset(&st, 0, sizeof st);
+		st.size = sizeof st;
+		assert_int_equal(kvt_engine_stats(e, &st), 0);
+		assert_int_equal(st.seqs_open, 0);
+	}
+	assert_int_equal(kvt_session_drop(e, 9), 0); /* the parts that are there go */
+	kvt_engine_destroy(e);
+	for (i = 1; i < 3; i++) {
+		snprintf(f, sizeof f, "%s/group%u/kvtier.store", dir, i);
+		unlink(f);
+		snprintf(f, sizeof f, "%s/group%u/kvtier.journal", dir, i);
+		unlink(f);
+		snprintf(f, sizeof f, "%s/group%u", dir, i);
+		assert_int_equal(rmdir(f), 0);
+	}
+	tsup_rmdir(dir);
+}
+
+/* The metrics text of a grouped engine: the totals as for one engine, then per-group series. */
+static void
+test_metrics_per_group(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_engine *e;
+	char small[16], line[160];
+	size_t len = 0, need = 0;
+	char *buf;
+	kvt_seq_id s;
+
+	(void)state;
+	model_opts(&o, g, 8, 0, NULL, 0);
+	e = model_create(&o);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	assert_int_equal(model_append(e, s, 1, 0, 6), 0);
+	assert_int_equal(kvt_engine_metrics_text(e, small, sizeof small, &need), -ENOSPC);
+	assert_string_equal(small, "");
+	buf = malloc(need);
+	assert_non_null(buf);
+	assert_int_equal(kvt_engine_metrics_text(e, buf, need, &len), 0);
+	assert_int_equal(len + 1, need);
+	assert_non_null(strstr(buf, "kvtier_tier_slots{tier=\"hbm\"} 24\n"));
+	snprintf(line, sizeof line, "kvtier_group_slot_bytes{group=\"1\",kind=\"LATENT\","
+		 "layers=\"1\"} %u\n", BB1);
+	assert_non_null(strstr(buf, line));
+	assert_non_null(strstr(buf, "kvtier_group_slot_bytes{group=\"3\",kind=\"ALIAS\","
+				    "layers=\"2\"} 0\n"));
+	assert_non_null(strstr(buf, "kvtier_group_used_slots{group=\"2\",kind=\"WINDOW\","
+				    "tier=\"hbm\"} 2\n"));
+	assert_non_null(strstr(buf, "# TYPE kvtier_group_evictions_total counter\n"));
+	free(buf);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+}
+
+/* Threads on one grouped engine: each runs its own sequences through append, prepare, check and
+ * release while another parks and re-prioritises a sequence the first appends to: every call
+ * answers 0 or KVT_EBUSY (the sequence is in another thread's fanned-out call or batch), never
+ * half a call, and every byte reads back. */
+struct thr_arg {
+	struct kvt_engine *e;
+	kvt_seq_id s[2];
+	uint32_t tag;
+	int rounds;
+	int busy;     /* KVT_EBUSY answers seen (parker) */
+	int bad;      /* other failures */
+};
+
+static void *
+thr_worker(void *p)
+{
+	struct thr_arg *a = p;
+	uint64_t at[2] = { 0, 0 };
+	int r, i, rc;
+
+	for (r = 0; r < a->rounds; r++) {
+		struct kvt_batch *b = NULL;
+
+		for (i = 0; i < 2; i++) {
+			do
+				rc = model_append(a->e, a->s[i], a->tag + (uint32_t)i, at[i], 3);
+			while (rc == KVT_EBUSY);
+			if (rc) {
+				a->bad++;
+				return NULL;
+			}
+			at[i] += 3;
+		}
+		do
+			rc = kvt_batch_prepare(a->e, a->s, 2, &b);
+		while (rc == KVT_EBUSY);
+		if (rc) {
+			a->bad++;
+			return NULL;
+		}
+		model_check(a->e, b, 0, a->tag);
+		model_check(a->e, b, 1, a->tag + 1);
+		if (kvt_batch_release(b, NULL))
+			a->bad++;
+	}
+	return NULL;
+}
+
+static void *
+thr_parker(void *p)
+{
+	struct thr_arg *a = p;
+	int r, rc;
+
+	for (r = 0; r < a->rounds; r++) {
+		rc = r % 2 ? kvt_seq_park(a->e, a->s[0], KVT_TIER_HOST)
+			   : kvt_seq_set_priority(a->e, a->s[0], 0, 0, 60, 0);
+		if (rc == KVT_EBUSY)
+			a->busy++;
+		else if (rc)
+			a->bad++;
+		(void)kvt_engine_poll(a->e, 0);
+	}
+	return NULL;
+}
+
+static void
+test_threads(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct thr_arg w[2], pk;
+	pthread_t t[3];
+	struct kvt_engine *e;
+	uint32_t i, k;
+
+	(void)state;
+	model_opts(&o, g, 24, 24, NULL, 0);
+	e = model_create(&o);
+	for (i = 0; i < 2; i++) {
+		w[i] = (struct thr_arg){ .e = e, .tag = 10 + 2 * i, .rounds = 10 };
+		for (k = 0; k < 2; k++)
+			assert_int_equal(kvt_seq_open(e, NULL, &w[i].s[k]), 0);
+	}
+	pk = (struct thr_arg){ .e = e, .s = { w[0].s[0] }, .rounds = 200 };
+	assert_int_equal(pthread_create(&t[0], NULL, thr_worker, &w[0]), 0);
+	assert_int_equal(pthread_create(&t[1], NULL, thr_worker, &w[1]), 0);
+	assert_int_equal(pthread_create(&t[2], NULL, thr_parker, &pk), 0);
+	for (i = 0; i < 3; i++)
+		assert_int_equal(pthread_join(t[i], NULL), 0);
+	assert_int_equal(w[0].bad + w[1].bad + pk.bad, 0);
+	for (i = 0; i < 2; i++)
+		for (k = 0; k < 2; k++) {
+			struct kvt_seq_info in;
+
+			assert_int_equal(kvt_seq_info(e, w[i].s[k], &in), 0);
+			assert_int_equal(in.n_tokens, 30);
+			model_verify(e, w[i].s[k], w[i].tag + k);
+			assert_int_equal(kvt_seq_close(e, w[i].s[k]), 0);
+		}
+	kvt_engine_destroy(e);
+}
+
+/* A prepare that fails in a later group gives back what the earlier groups prepared: no batch,
+ * no pins, the sequence free for the next call in every group. */
+static void
+test_prepare_failure_undone(void **state)
+{
+	double sum = 8.0 * (BB0 + BB1) + 2.5 * BB2;
+	struct kvt_group_geometry gg;
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_batch *b = NULL;
+	struct kvt_stats st;
+	struct kvt_engine *e;
+	kvt_seq_id s;
+
+	(void)state;
+	model_opts(&o, g, 8, 0, NULL, 0);
+	g[0].share = (float)(8.0 * BB0 / sum);
+	g[1].share = (float)(8.0 * BB1 / sum);
+	g[2].share = (float)(2.5 * BB2 / sum);
+	o.hbm_bytes = (uint64_t)sum + 64;
+	o.host_bytes = 4 * o.hbm_bytes;
+	e = model_create(&o);
+	assert_int_equal(kvt_group_geometry(e, 2, &gg), 0);
+	assert_int_equal(gg.hbm_slots, 2);
+	assert_true(gg.host_slots >= 8);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	assert_int_equal(model_append(e, s, 4, 0, 4), 0);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+	assert_int_equal(model_append(e, s, 4, 4, 4), 0);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+	assert_int_equal(model_append(e, s, 4, 8, 2), 0);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	/* 3 blocks: group 0 and 1 prepare them, group 2's HBM has 2 slots */
+	assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), KVT_ETOOBIG);
+	assert_null(b);
+	assert_non_null(strstr(kvt_last_error_message(), "group 2:"));
+	memset(&st, 0, sizeof st);
+	st.size = sizeof st;
+	assert_int_equal(kvt_engine_stats(e, &st), 0);
+	assert_int_equal(st.batches_open, 0);
+	assert_int_equal(kvt_engine_group_stats(e, 0, &st), 0);
+	assert_int_equal(st.batches_open, 0);
+	/* nothing holds the sequence: park, then windows that fit, then close */
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+	{
+		struct kvt_seq_range r = { s, 1, 2 };
+
+		assert_int_equal(kvt_batch_prepare_ranges(e, &r, 1, &b), 0);
+		model_check(e, b, 0, 4);
+		assert_int_equal(kvt_batch_release(b, NULL), 0);
+	}
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+}
+
 int
 main(void)
 {
@@ -866,11 +1244,17 @@ main(void)
 		cmocka_unit_test(test_geometry_and_layer_map),
 		cmocka_unit_test(test_default_split),
 		cmocka_unit_test(test_offload_roundtrip),
+		cmocka_unit_test(test_offload_roundtrip_codec),
 		cmocka_unit_test(test_batch_tables),
 		cmocka_unit_test(test_append_failure_undone),
+		cmocka_unit_test(test_prepare_failure_undone),
 		cmocka_unit_test(test_prefix_per_group),
 		cmocka_unit_test(test_tenant_budget_groups),
 		cmocka_unit_test(test_closed_ids),
+		cmocka_unit_test(test_store_kill_restore),
+		cmocka_unit_test(test_threads),
+		cmocka_unit_test(test_metrics_per_group),
+		cmocka_unit_test(test_store_partial_session_absent),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -33,7 +33,8 @@ static const uint8_t fmt_j_magic[8] = { 'K', 'V', 'T', 'J', 'R', 'N', 'L', '2' }
 enum {
 	SB_MAGIC = 0, SB_VERSION = 8, SB_LAYERS = 12, SB_HEADS = 16, SB_DIM = 20, SB_DTYPE = 24,
 	SB_TPB = 28, SB_CODEC = 32, SB_BLOCK = 40, SB_SLOT = 48, SB_NSLOTS = 56, SB_DATA = 64,
-	SB_EPOCH = 72, SB_ID = 80, SB_JGEN = 88, SB_JLEN = 96, SB_SUM = 248, SB_END = 256,
+	SB_EPOCH = 72, SB_ID = 80, SB_JGEN = 88, SB_JLEN = 96, SB_GROUPS = 104,
+	SB_GROUP = 112, SB_SUM = 248, SB_END = 256,
 };
 
 /* block header field offsets */
@@ -101,6 +102,8 @@ kvt_fmt_super_encode(const struct kvt_fmt_super *s, uint8_t *out)
 	kvt_put_le64(out + SB_ID, s->store_id);
 	kvt_put_le64(out + SB_JGEN, s->journal_gen);
 	kvt_put_le64(out + SB_JLEN, s->journal_len);
+	kvt_put_le64(out + SB_GROUPS, s->groups_fp);
+	kvt_put_le32(out + SB_GROUP, s->group);
 	kvt_put_le64(out + SB_SUM, XXH3_64bits(out, SB_SUM));
 }
 
@@ -130,6 +133,8 @@ kvt_fmt_super_decode(const uint8_t *b, size_t len, struct kvt_fmt_super *s)
 	s->store_id = kvt_get_le64(b + SB_ID);
 	s->journal_gen = kvt_get_le64(b + SB_JGEN); /* 0 in stores of older builds: unknown */
 	s->journal_len = kvt_get_le64(b + SB_JLEN);
+	s->groups_fp = kvt_get_le64(b + SB_GROUPS);
+	s->group = kvt_get_le32(b + SB_GROUP);
 	if (s->version != KVT_FMT_VERSION)
 		return kvt_err(KVT_EFORMAT, "store format version %u, this kvtier reads %u",
 			       s->version, KVT_FMT_VERSION);
@@ -172,6 +177,19 @@ kvt_fmt_super_match(const struct kvt_fmt_super *have, const struct kvt_fmt_super
 {
 	char b1[16], b2[16];
 
+	if (have->groups_fp != want->groups_fp || have->group != want->group) {
+		if (!have->groups_fp || !want->groups_fp)
+			return kvt_err(KVT_EFORMAT, "store %s was made for %s, this engine has %s; "
+				       "not used (choose another nvme_dir or remove it)", path,
+				       have->groups_fp ? "a layer group of an engine with groups" :
+							 "a single layout (no layer groups)",
+				       want->groups_fp ? "layer groups" : "a single layout");
+		return kvt_err(KVT_EFORMAT, "store %s was made for other layer groups (fingerprint "
+			       "%016llx, group %u; this engine: %016llx, group %u); not used "
+			       "(choose another nvme_dir or remove it)", path,
+			       (unsigned long long)have->groups_fp, have->group,
+			       (unsigned long long)want->groups_fp, want->group);
+	}
 	FMT_MATCH(n_layers, "n_layers");
 	FMT_MATCH(n_kv_heads, "n_kv_heads");
 	FMT_MATCH(head_dim, "head_dim");

@@ -27,10 +27,11 @@
 
 #include "kvtier.h"
 
-#define KVT_FMT_VERSION 4u        /* format version of superblock, headers and journal
+#define KVT_FMT_VERSION 5u        /* format version of superblock, headers and journal
 				     (3: payload in its own 4 KiB pages, derived write keys;
 				     4: journal entries name a write by its 32-bit tag and
-				     length code, kvt_fmt_lenc) */
+				     length code, kvt_fmt_lenc; 5: the superblock names the
+				     layer groups and the group it stores, issue 16) */
 #define KVT_FMT_ALIGN 4096u       /* O_DIRECT alignment of offsets, lengths and buffers */
 #define KVT_FMT_SUPER_BYTES 4096u /* superblock area at the start of the store */
 #define KVT_FMT_DATA_OFF (1u << 20) /* file offset of slot 0: IOs of 1 MiB-multiple slots are
@@ -60,6 +61,9 @@ struct kvt_fmt_super {
 	uint64_t store_id;         /* random at creation; the journal carries it too */
 	uint64_t journal_gen;      /* generation of the journal (its header) whose length ... */
 	uint64_t journal_len;      /* ... was last known durable (0 = unknown: older builds) */
+	uint64_t groups_fp;        /* fingerprint of the engine's layer groups (0 = a single
+	                              layout, no groups): engine/group.c */
+	uint32_t group;            /* the group this store holds (0 without groups) */
 };
 
 /** A block header, at the start of its slot. */

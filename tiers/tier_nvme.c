@@ -343,6 +343,8 @@ nvme_super_want(const struct kvt_nvme *n, const struct kvt_nvme_opts *o, struct 
 	s->slot_bytes = n->slot_bytes;
 	s->n_slots = n->n_slots;
 	s->data_off = KVT_FMT_DATA_OFF;
+	s->groups_fp = o->groups_fp;
+	s->group = o->group;
 }
 
 /* Write n->sb at offset 0; with @durable, fdatasync it (and the directory entry). */

@@ -169,6 +169,8 @@ struct kvt_nvme_opts {
 	                               decode reads, in parallel and outside the tier's lock
 	                               (KVT_NVME_MAX_WORKERS at most); 0 = all of it inline, on
 	                               the thread that submits or reaps */
+	uint64_t groups_fp;         /* layer groups fingerprint of the superblock (0 = none) */
+	uint32_t group;             /* the group the store holds */
 };
 
 /** Most worker threads a tier runs (kvt_nvme_opts.workers). */

@@ -57,6 +57,10 @@ DTYPES = {"f32": 0, "fp32": 0, "float32": 0, "f16": 1, "fp16": 1, "float16": 1, 
           "bfloat16": 2, "fp8": 3, "fp8_e4m3": 3, "int8": 4}
 DEVICES = {"emulated": 0, "cuda": 1}
 
+# enum kvt_group_kind (Engine(groups=[{"kind": "full", ...}, ...]))
+GROUP_FULL, GROUP_WINDOW, GROUP_LATENT, GROUP_ALIAS, GROUP_STATE, GROUP_SIDECAR = range(6)
+GROUP_KINDS = {"full": 0, "window": 1, "latent": 2, "alias": 3, "state": 4, "sidecar": 5}
+
 # KVT_E* codes of kvtier.h
 EDEVICE, ESHORTIO, ECORRUPT, ECLOSED, ELOST, EFORMAT, ETOOBIG, EBUSY, ENOTSUP = \
     range(-20000, -20009, -1)
@@ -255,13 +259,20 @@ class Engine:
     or EVICT_*), idle_timeout_ms, idle_target (a tier), prefix_cache (True: sealed blocks stay
     cached after their last sequence closes), nvme_workers (threads that verify and decode
     NVMe blocks outside the engine's lock, 0..16, default 2); log: a callable (level, message) for warnings
-    (default: kvtier prints them to stderr)."""
+    (default: kvtier prints them to stderr).
+    groups: the model's layer groups (kvtier.h "Layer groups"), a list of dicts with the
+    fields of struct kvt_group: kind ("full", "window", "latent", "alias" or GROUP_*), layers
+    (model layer indices), n_kv_heads, head_dim, v_head_dim, latent_dim, window, sink,
+    alias_of (one source layer per layer), dtype, share; then n_kv_heads and head_dim of the
+    engine are not read (pass 0) and group_ref_tokens may be given. The slot mappings of
+    Sequence.append_groups and the tables of Batch.group_table are per group."""
 
     def __init__(self, n_layers, n_kv_heads, head_dim, hbm_bytes, dtype="f16",
                  tokens_per_block=16, host_bytes=0, nvme_dir=None, nvme_bytes=0,
-                 device="emulated", log=None, **opts):
+                 device="emulated", log=None, groups=None, **opts):
         o = _ffi.EngineOpts()
         lib.kvt_engine_opts_init(ctypes.byref(o), ctypes.sizeof(o))
+        keep = _groups(o, groups)  # alive until create has copied them
         if isinstance(dtype, str) and dtype not in DTYPES:
             raise InvalidArgumentError(-errno.EINVAL, f"unknown dtype {dtype!r} (one of "
                                        + ", ".join(sorted(DTYPES)) + ")", "Engine")
@@ -296,6 +307,8 @@ class Engine:
         self._live = weakref.WeakSet()  # batches and sequences to invalidate on close
         _check(lib.kvt_engine_create(ctypes.byref(o), ctypes.byref(self._h)),
                "kvt_engine_create")
+        del keep
+        self.n_groups = lib.kvt_engine_n_groups(self._h)
         self.layout = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim,
                        "dtype": o.layout.dtype, "tokens_per_block": tokens_per_block}
 
@@ -499,6 +512,34 @@ class Engine:
                                            f"token's K or V is {g['token_bytes']}")
             ctypes.memmove(addr, (ctypes.c_char * mv.nbytes).from_buffer_copy(mv), mv.nbytes)
 
+    def group_geometry(self, group):
+        """kvt_group_geometry as a dict (hbm_base an int address, or None for an ALIAS
+        group)."""
+        g = _ffi.GroupGeometry()
+        _check(lib.kvt_group_geometry(self._handle(), group, ctypes.byref(g)),
+               "kvt_group_geometry")
+        return _struct_dict(g)
+
+    def layer_group(self, layer):
+        """kvt_layer_group: (group, layer in group) storing model @layer (an ALIAS layer: its
+        source's)."""
+        g, lig = ctypes.c_uint32(), ctypes.c_uint32()
+        _check(lib.kvt_layer_group(self._handle(), layer, ctypes.byref(g), ctypes.byref(lig)),
+               "kvt_layer_group")
+        return g.value, lig.value
+
+    def group_stats(self, group):
+        """kvt_engine_group_stats: stats() of one group's pool."""
+        s = _ffi.Stats()
+        s.size = ctypes.sizeof(s)
+        _check(lib.kvt_engine_group_stats(self._handle(), group, ctypes.byref(s)),
+               "kvt_engine_group_stats")
+        d = _struct_dict(s)
+        del d["size"]
+        for name, keys in _NAMED_ARRAYS.items():
+            d[name] = dict(zip(keys, d[name]))
+        return d
+
     def stream(self):
         """kvt_engine_stream_create: a device Stream owned by the engine (a cudaStream_t on
         CUDA, an in-order worker queue when emulated) to pass to wait_layer/release."""
@@ -519,6 +560,50 @@ class Engine:
 
 def _seq_id(s):
     return s.id if isinstance(s, Sequence) else int(s)
+
+
+_GROUP_FIELDS = ("n_kv_heads", "head_dim", "v_head_dim", "latent_dim", "window", "sink",
+                 "tokens_per_block", "share")
+
+
+def _groups(o, groups):
+    """Fill o.groups/o.n_groups from a list of dicts; returns what must stay alive."""
+    if groups is None:
+        return None
+    groups = list(groups)
+    arr = (_ffi.Group * max(len(groups), 1))()
+    keep = [arr]
+    for i, d in enumerate(groups):
+        g = arr[i]
+        lib.kvt_group_init(ctypes.byref(g), ctypes.sizeof(g))
+        d = dict(d)
+        kind = d.pop("kind", "full")
+        if isinstance(kind, str) and kind not in GROUP_KINDS:
+            raise InvalidArgumentError(-errno.EINVAL, f"group {i}: unknown kind {kind!r} (one "
+                                       "of " + ", ".join(GROUP_KINDS) + ")", "Engine")
+        g.kind = GROUP_KINDS[kind] if isinstance(kind, str) else int(kind)
+        layers = [int(x) for x in d.pop("layers", ())]
+        la = (ctypes.c_uint32 * max(len(layers), 1))(*layers)
+        keep.append(la)
+        g.n_layers = len(layers)
+        g.layers = ctypes.cast(la, ctypes.POINTER(ctypes.c_uint32))
+        if "alias_of" in d:
+            src = [int(x) for x in d.pop("alias_of")]
+            sa = (ctypes.c_uint32 * max(len(src), 1))(*src)
+            keep.append(sa)
+            g.alias_of = ctypes.cast(sa, ctypes.POINTER(ctypes.c_uint32))
+        dt = d.pop("dtype", "f16")
+        if isinstance(dt, str) and dt not in DTYPES:
+            raise InvalidArgumentError(-errno.EINVAL, f"group {i}: unknown dtype {dt!r}",
+                                       "Engine")
+        g.dtype = DTYPES[dt] if isinstance(dt, str) else int(dt)
+        for k, v in d.items():
+            if k not in _GROUP_FIELDS:
+                raise TypeError(f"Engine: group {i}: unknown field {k!r}")
+            setattr(g, k, v)
+    o.groups = ctypes.cast(arr, ctypes.c_void_p)
+    o.n_groups = len(groups)
+    return keep
 
 
 # Array fields of kvt_stats that Engine.stats() returns as dicts keyed by these names.
@@ -616,6 +701,16 @@ class Sequence:
         _check(self._call(lib.kvt_seq_append, tok, n, out), "kvt_seq_append")
         return list(out)
 
+    def append_groups(self, tokens):
+        """kvt_seq_append_groups: append to every group at once. Returns one slot mapping per
+        group (a list per group, [] for an ALIAS group): where each token's K/V of that group's
+        layers go (Engine.group_geometry gives the strides)."""
+        tok, n = _tokens(tokens)
+        g = self._engine.n_groups
+        out = (ctypes.c_int64 * (n * g))()
+        _check(self._call(lib.kvt_seq_append_groups, tok, n, out), "kvt_seq_append_groups")
+        return [[] if out[i * n] == -1 else list(out[i * n:(i + 1) * n]) for i in range(g)]
+
     def attach_prefix(self, tokens):
         """kvt_seq_attach_prefix: start this empty sequence with the cached blocks matching the
         prompt @tokens (shared, not copied). Returns the tokens attached (a multiple of
@@ -702,6 +797,30 @@ class BlockTable:
         return self.indices[self.indptr[i]:self.indptr[i + 1]]
 
 
+class GroupTable(BlockTable):
+    """One group's table of a batch (struct kvt_group_table): as BlockTable, plus block_pos
+    (each entry's block position in its sequence), window and sink, group; geo is the group's
+    geometry dict."""
+
+    def __init__(self, t):
+        super().__init__(t)
+        self.group = t.group
+        self.block_pos = t.block_pos[:self.indptr[self.n_seqs]]
+        self.window, self.sink = t.window, t.sink
+
+
+def group_kv_addr(geo, layer_in_group, slot_mapping):
+    """kvt_group_kv_addr: (K address, V address or None) of a token in a layer of a group,
+    from a group geometry dict."""
+    tpb = geo["tokens_per_block"]
+    base = (geo["hbm_base"] + (slot_mapping // tpb) * geo["block_bytes"]
+            + layer_in_group * geo["layer_block_bytes"])
+    off = slot_mapping % tpb
+    k = base + off * geo["k_token_bytes"]
+    v = base + geo["v_offset"] + off * geo["v_token_bytes"] if geo["v_token_bytes"] else None
+    return k, v
+
+
 def kv_addr(geo, layer, slot_mapping):
     """kvt_kv_addr: (K address, V address) of a token in a layer, from a geometry dict."""
     tpb = geo["tokens_per_block"]
@@ -729,6 +848,18 @@ class Batch:
         _check(lib.kvt_batch_block_table(self._handle(), ctypes.byref(bt)),
                "kvt_batch_block_table")
         return BlockTable(bt)
+
+    def group_table(self, group):
+        """kvt_batch_group_table as a GroupTable (an ALIAS group: its source group's)."""
+        t = _ffi.GroupTable()
+        _check(lib.kvt_batch_group_table(self._handle(), group, ctypes.byref(t)),
+               "kvt_batch_group_table")
+        return GroupTable(t)
+
+    def wait_group_layer(self, group, layer_in_group, stream=None):
+        """kvt_batch_wait_group_layer."""
+        _check(lib.kvt_batch_wait_group_layer(self._handle(), group, layer_in_group, stream),
+               "kvt_batch_wait_group_layer")
 
     def wait_layer(self, layer, stream=None):
         """kvt_batch_wait_layer: layer's blocks usable (host waits when stream is None)."""

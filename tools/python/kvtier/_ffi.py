@@ -78,7 +78,9 @@ class EngineOpts(ctypes.Structure):
                 ("remote_host", ctypes.c_char_p), ("remote_port", ctypes.c_uint16),
                 ("remote_user", ctypes.c_char_p), ("remote_password", ctypes.c_char_p),
                 ("remote_model_id", ctypes.c_char_p), ("remote_connect_timeout_ms", c_u32),
-                ("remote_op_timeout_ms", c_u32), ("remote_ttl_ms", c_u32)]
+                ("remote_op_timeout_ms", c_u32), ("remote_ttl_ms", c_u32),
+                # 0.6: layer groups (issue 16)
+                ("groups", ctypes.c_void_p), ("n_groups", c_u32), ("group_ref_tokens", c_u64)]
 
 
 class SeqOpts(ctypes.Structure):
@@ -141,10 +143,46 @@ class Stats(ctypes.Structure):
                 ("remote_errors", c_u64), ("remote_breaker_open", c_u64)]
 
 
+MAX_GROUPS = 16
+GROUP_MAX_STATE = 4
+
+
+class StateTensor(ctypes.Structure):
+    _fields_ = [("n_dims", c_u32), ("shape", c_u32 * 4), ("dtype", c_enum)]
+
+
+class Group(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("kind", c_enum), ("n_layers", c_u32),
+                ("layers", ctypes.POINTER(c_u32)), ("n_kv_heads", c_u32), ("head_dim", c_u32),
+                ("v_head_dim", c_u32), ("latent_dim", c_u32), ("window", c_u32),
+                ("sink", c_u32), ("alias_of", ctypes.POINTER(c_u32)), ("dtype", c_enum),
+                ("tokens_per_block", c_u32), ("share", ctypes.c_float), ("n_state", c_u32),
+                ("state", StateTensor * GROUP_MAX_STATE), ("parent", c_u32),
+                ("sidecar_token_bytes", c_u64), ("sidecar_block_bytes", c_u64)]
+
+
+class GroupGeometry(ctypes.Structure):
+    _fields_ = [("kind", c_enum), ("n_layers", c_u32), ("hbm_base", ctypes.c_void_p),
+                ("block_bytes", c_u64), ("layer_block_bytes", c_u64),
+                ("k_token_bytes", c_u64), ("v_token_bytes", c_u64), ("v_offset", c_u64),
+                ("tokens_per_block", c_u32), ("n_kv_heads", c_u32), ("head_dim", c_u32),
+                ("v_head_dim", c_u32), ("dtype", c_enum), ("window", c_u32), ("sink", c_u32),
+                ("hbm_slots", c_u32), ("host_slots", c_u32), ("nvme_slots", c_u32)]
+
+
+class GroupTable(ctypes.Structure):
+    _fields_ = [("group", c_u32), ("n_seqs", c_u32), ("indptr", ctypes.POINTER(c_u32)),
+                ("indices", ctypes.POINTER(c_u32)), ("block_pos", ctypes.POINTER(c_u32)),
+                ("last_block_len", ctypes.POINTER(c_u32)),
+                ("seq_len", ctypes.POINTER(c_u64)), ("first_block", ctypes.POINTER(c_u32)),
+                ("window", c_u32), ("sink", c_u32), ("geo", GroupGeometry)]
+
+
 STRUCTS = {"kvt_layout": Layout, "kvt_geometry": Geometry, "kvt_engine_opts": EngineOpts,
            "kvt_seq_opts": SeqOpts, "kvt_seq_info": SeqInfo, "kvt_block_table": BlockTable,
            "kvt_seq_range": SeqRange, "kvt_tier_stats": TierStats, "kvt_stats": Stats,
-           "kvt_lat_hist": LatHist}
+           "kvt_lat_hist": LatHist, "kvt_state_tensor": StateTensor, "kvt_group": Group,
+           "kvt_group_geometry": GroupGeometry, "kvt_group_table": GroupTable}
 
 _P = ctypes.POINTER
 _vp = ctypes.c_void_p
@@ -201,6 +239,15 @@ _PROTOS = {
     "kvt_seq_attach_prefix": (_int, [_vp, c_u64, _P(c_i32), ctypes.c_size_t, _P(c_u64)]),
     "kvt_tenant_set_budget": (_int, [_vp, c_u32, c_enum, c_u64]),
     "kvt_tenant_usage": (_int, [_vp, c_u32, _P(c_u64)]),
+    # layer groups (issue 16)
+    "kvt_group_init": (None, [_P(Group), ctypes.c_size_t]),
+    "kvt_engine_n_groups": (_int, [_vp]),
+    "kvt_group_geometry": (_int, [_vp, c_u32, _P(GroupGeometry)]),
+    "kvt_layer_group": (_int, [_vp, c_u32, _P(c_u32), _P(c_u32)]),
+    "kvt_seq_append_groups": (_int, [_vp, c_u64, _P(c_i32), ctypes.c_size_t, _P(c_i64)]),
+    "kvt_batch_group_table": (_int, [_vp, c_u32, _P(GroupTable)]),
+    "kvt_batch_wait_group_layer": (_int, [_vp, c_u32, c_u32, _vp]),
+    "kvt_engine_group_stats": (_int, [_vp, c_u32, _P(Stats)]),
 }
 lib = _load_library()
 for _name, (_res, _args) in _PROTOS.items():

@@ -1,0 +1,158 @@
+# SPDX-License-Identifier: MIT
+"""Layer groups through the binding (issue 16): an engine of FULL (own V width), LATENT,
+WINDOW and ALIAS groups, per-group geometry and layer map, append_groups' per-group slot
+mappings, K/V bytes through each group's table after offload and a park to NVMe, bad
+descriptors as InvalidArgumentError, per-group stats and a persistent session restored."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import kvtier
+
+TPB = 4
+GROUPS = [
+    {"kind": "full", "layers": [0, 2], "n_kv_heads": 2, "head_dim": 8, "v_head_dim": 4,
+     "dtype": "f32"},
+    {"kind": "latent", "layers": [1], "latent_dim": 24, "dtype": "f32"},
+    {"kind": "window", "layers": [3], "n_kv_heads": 1, "head_dim": 8, "window": 8, "sink": 4,
+     "dtype": "f32"},
+    {"kind": "alias", "layers": [4], "alias_of": [2]},
+]
+BB = [TPB * (16 + 8) * 4 * 2, TPB * 24 * 4, TPB * 16 * 4]
+
+
+def engine(blocks=12, host=12, **kw):
+    s = sum(BB)
+    groups = [dict(g) for g in GROUPS]
+    for i in range(3):
+        groups[i]["share"] = BB[i] / s
+    return kvtier.Engine(n_layers=5, n_kv_heads=0, head_dim=0, tokens_per_block=TPB,
+                         hbm_bytes=int((blocks + 0.5) * s),
+                         host_bytes=int((host + 0.5) * s) if host else 0, groups=groups,
+                         **kw)
+
+
+def val(tag, pos, g, layer, n, v):
+    return (np.arange(n, dtype=np.float32) * 3 + tag * 1009 + pos * 31 + g * 7 + layer * 5
+            + v).astype(np.float32)
+
+
+def write(eng, slots, tag, first):
+    for g, mapping in enumerate(slots):
+        if not mapping:
+            continue
+        geo = eng.group_geometry(g)
+        for i, m in enumerate(mapping):
+            for layer in range(geo["n_layers"]):
+                k, v = kvtier.group_kv_addr(geo, layer, m)
+                a = val(tag, first + i, g, layer, geo["k_token_bytes"] // 4, 0)
+                ctypes.memmove(k, a.ctypes.data, a.nbytes)
+                if v is not None:
+                    b = val(tag, first + i, g, layer, geo["v_token_bytes"] // 4, 1)
+                    ctypes.memmove(v, b.ctypes.data, b.nbytes)
+
+
+def check(batch, i, tag):
+    for layer in range(5):
+        batch.wait_layer(layer)
+    for g in range(3):
+        t = batch.group_table(g)
+        geo = t.geo
+        for e in range(t.indptr[i], t.indptr[i + 1]):
+            n = t.last_block_len[i] if e + 1 == t.indptr[i + 1] else TPB
+            for tok in range(n):
+                pos = t.block_pos[e] * TPB + tok
+                for layer in range(geo["n_layers"]):
+                    base = (geo["hbm_base"] + t.indices[e] * geo["block_bytes"]
+                            + layer * geo["layer_block_bytes"])
+                    nk = geo["k_token_bytes"] // 4
+                    k = np.frombuffer(ctypes.string_at(base + tok * geo["k_token_bytes"],
+                                                       nk * 4), np.float32)
+                    assert (k == val(tag, pos, g, layer, nk, 0)).all()
+                    if geo["v_token_bytes"]:
+                        nv = geo["v_token_bytes"] // 4
+                        v = np.frombuffer(ctypes.string_at(
+                            base + geo["v_offset"] + tok * geo["v_token_bytes"], nv * 4),
+                            np.float32)
+                        assert (v == val(tag, pos, g, layer, nv, 1)).all()
+
+
+def test_geometry_and_layer_map():
+    with engine() as eng:
+        assert eng.n_groups == 4
+        full, lat, win, ali = (eng.group_geometry(g) for g in range(4))
+        assert full["k_token_bytes"] == 64 and full["v_token_bytes"] == 32
+        assert full["block_bytes"] == BB[0] and full["hbm_slots"] == 12
+        assert lat["v_token_bytes"] == 0 and lat["block_bytes"] == BB[1]
+        assert win["window"] == 8 and win["sink"] == 4
+        assert ali["kind"] == kvtier.GROUP_ALIAS and ali["block_bytes"] == 0
+        assert [eng.layer_group(layer) for layer in range(5)] == [(0, 0), (1, 0), (0, 1),
+                                                                  (2, 0), (0, 1)]
+        with pytest.raises(kvtier.InvalidArgumentError, match="kvt_group_geometry"):
+            eng.geometry()
+        st = eng.stats()
+        assert st["tier"][0]["slots"] == 36
+        assert sum(eng.group_stats(g)["tier"][0]["slots"] for g in range(4)) == 36
+
+
+def test_bytes_per_group_through_offload(tmp_path):
+    with engine(nvme_dir=str(tmp_path), nvme_bytes=4 << 20) as eng:
+        seqs = []
+        for tag in (1, 2, 3):
+            seq = eng.open_sequence()
+            for first in range(0, 40, 10):
+                slots = seq.append_groups(list(range(first, first + 10)))
+                assert len(slots) == 4 and slots[3] == [] and len(slots[0]) == 10
+                write(eng, slots, tag, first)
+                eng.prepare([seq]).release()
+            seqs.append(seq)
+        for tag, seq in zip((1, 2, 3), seqs):
+            with eng.prepare([seq]) as b:
+                check(b, 0, tag)
+        seqs[0].park(kvtier.TIER_NVME)
+        eng.drain()
+        assert seqs[0].info()["blocks_in"][kvtier.TIER_NVME] == 30
+        with eng.prepare([seqs[0]]) as b:
+            check(b, 0, 1)
+            assert b.group_table(3).group == 0
+        with pytest.raises(kvtier.InvalidArgumentError, match="kvt_seq_append_groups"):
+            seqs[1].append([1])
+
+
+@pytest.mark.parametrize("change,msg", [
+    (lambda g: g[1].update(layers=[0]), "model layer 0 is in group 0 and in group 1"),
+    (lambda g: g[3].update(alias_of=[4]), "is an alias of itself"),
+    (lambda g: g[2].update(window=0), "needs window >= 1"),
+    (lambda g: g.pop(), "model layer 4 is in no group"),
+])
+def test_bad_descriptors(change, msg):
+    groups = [dict(g) for g in GROUPS]
+    change(groups)
+    with pytest.raises(kvtier.InvalidArgumentError, match=msg):
+        kvtier.Engine(n_layers=5, n_kv_heads=0, head_dim=0, tokens_per_block=TPB,
+                      hbm_bytes=1 << 20, groups=groups)
+    with pytest.raises(kvtier.InvalidArgumentError, match="unknown kind"):
+        kvtier.Engine(n_layers=1, n_kv_heads=0, head_dim=0, hbm_bytes=1 << 20,
+                      groups=[{"kind": "mamba", "layers": [0]}])
+    with pytest.raises(kvtier.NotSupportedError, match="issue 17"):
+        kvtier.Engine(n_layers=1, n_kv_heads=0, head_dim=0, hbm_bytes=1 << 20,
+                      groups=[{"kind": "state", "layers": [0]}])
+
+
+def test_persistent_session_restored(tmp_path):
+    kw = dict(nvme_dir=str(tmp_path), nvme_bytes=4 << 20, nvme_persist=True)
+    with engine(**kw) as eng:
+        seq = eng.open_sequence(session_key=77)
+        slots = seq.append_groups(list(range(10)))
+        write(eng, slots, 5, 0)
+        eng.prepare([seq]).release()
+        seq.park(kvtier.TIER_NVME)
+        eng.drain()
+        seq.detach()
+    with engine(**kw) as eng:
+        assert eng.session_list() == [77]
+        seq = eng.restore(77)
+        assert seq.info()["n_tokens"] == 10
+        with eng.prepare([seq]) as b:
+            check(b, 0, 5)
