@@ -129,11 +129,19 @@ size_t kvt_attn_latent_cuda_work_floats(uint32_t n_heads, uint32_t kv_lora_rank,
 					uint32_t n_splits);
 
 /**
+ * kvt_attn_latent_cuda_splits() - a good @n_splits for the latent launchers: about 4 thread
+ * blocks per SM (@n_sm) counting ceil(n_heads / 8) blocks per window, windows of at least 256
+ * visible positions (@n_visible: seq_len, or min(seq_len, window + sink)); 1..
+ * KVT_ATTN_CUDA_MAX_SPLITS. Pure function.
+ */
+uint32_t kvt_attn_latent_cuda_splits(uint32_t n_heads, uint64_t n_visible, int n_sm);
+
+/**
  * kvt_attn_latent_decode_cuda() - MLA decode attention in the absorbed form (attention.h: the
  * formula and its sources), as kvt_attn_latent_decode_ref(), split-KV over the GPU.
  * @kv:       paged latent of one layer (host struct): base, table (and pos) device pointers;
  *            base, block_stride and token_stride multiples of the element size;
- *            kv_lora_rank + rope_dim <= 4096.
+ *            kv_lora_rank + rope_dim <= 2048 (shared memory: one widened tile of rows).
  * @q_lat:    device [n_heads][kv_lora_rank] fp32; @q_pe device [n_heads][rope_dim] fp32 (may be
  *            NULL when rope_dim is 0).
  * @n_heads:  query heads (all share the latent: each thread block reads a tile of latent rows

@@ -1373,6 +1373,55 @@ test_cuda_launcher_args(void **state)
 	assert_int_equal(kvt_attn_cuda_splits(32, 8, 2560, 132), 10);
 	assert_int_equal(kvt_attn_cuda_splits(6, 2, 1 << 20, 6), 4); /* hg 1: 6 blocks a window */
 	assert_int_equal(kvt_attn_cuda_splits(6, 2, 1 << 20, 0), 1);
+	/* window arguments (host-side, nothing queued) */
+	bad = kv;
+	bad.seq_len = 3;
+	assert_int_equal(kvt_attn_decode_cuda(&bad, f, 1, 4, 1, NULL, f, NULL), -EINVAL);
+	assert_int_equal(kvt_attn_partial_cuda(&bad, f, 1, 0, 4, f, f, f, NULL), -EINVAL);
+	bad = kv;
+	bad.pos = table;
+	bad.n_entries = 0;
+	assert_int_equal(kvt_attn_decode_cuda(&bad, f, 1, 1, 1, NULL, f, NULL), -EINVAL);
+	/* latent launchers */
+	{
+		struct kvt_paged_latent lk = { .base = f, .block_stride = 256, .token_stride = 48,
+					       .table = table, .tokens_per_block = 1,
+					       .kv_lora_rank = 8, .rope_dim = 4,
+					       .dtype = KVT_DTYPE_F32 };
+		struct kvt_paged_latent lb = lk;
+
+		assert_int_equal(kvt_attn_latent_cuda_work_floats(16, 512, 1), 0);
+		assert_int_equal(kvt_attn_latent_cuda_work_floats(16, 512, 3), 3 * 16 * 514);
+		assert_int_equal(kvt_attn_latent_cuda_splits(16, 100, 132), 1);
+		assert_int_equal(kvt_attn_latent_cuda_splits(16, 1 << 20, 132), 264);
+		assert_int_equal(kvt_attn_latent_cuda_splits(128, 1 << 20, 132), 33);
+		assert_int_equal(kvt_attn_latent_decode_cuda(NULL, f, f, 1, 1, 1.0f, 1, NULL, f,
+							     NULL), -EINVAL);
+		assert_int_equal(kvt_attn_latent_decode_cuda(&lk, f, NULL, 1, 1, 1.0f, 1, NULL, f,
+							     NULL), -EINVAL);
+		assert_int_equal(kvt_attn_latent_decode_cuda(&lk, f, f, 1, 1, 0.0f, 1, NULL, f,
+							     NULL), -EINVAL);
+		assert_int_equal(kvt_attn_latent_decode_cuda(&lk, f, f, 0, 1, 1.0f, 1, NULL, f,
+							     NULL), -EINVAL);
+		assert_int_equal(kvt_attn_latent_decode_cuda(&lk, f, f, 1, 0, 1.0f, 1, NULL, f,
+							     NULL), -EINVAL);
+		assert_int_equal(kvt_attn_latent_decode_cuda(&lk, f, f, 1, 8, 1.0f, 4, NULL, f,
+							     NULL), -EINVAL);
+		assert_int_equal(kvt_attn_latent_partial_cuda(&lk, f, f, 1, 0, 1, 1.0f, 1, NULL, f,
+							      NULL, f, NULL), -EINVAL);
+		lb.kv_lora_rank = 2000;
+		lb.rope_dim = 64; /* 2064 > 2048 */
+		lb.token_stride = 2064 * 4;
+		assert_int_equal(kvt_attn_latent_decode_cuda(&lb, f, f, 1, 1, 1.0f, 1, NULL, f,
+							     NULL), -EINVAL);
+		lb = lk;
+		lb.token_stride = 46; /* below one vector, and not aligned */
+		assert_int_equal(kvt_attn_latent_decode_cuda(&lb, f, f, 1, 1, 1.0f, 1, NULL, f,
+							     NULL), -EINVAL);
+		lb.token_stride = 50;
+		assert_int_equal(kvt_attn_latent_decode_cuda(&lb, f, f, 1, 1, 1.0f, 1, NULL, f,
+							     NULL), -EINVAL);
+	}
 }
 #endif
 

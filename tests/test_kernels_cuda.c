@@ -411,6 +411,326 @@ test_quant_vs_ref(void **state)
 			for (size_t sh = 0; sh < ns; sh++)
 				tkc_quant_case(qts[k], fts[f], shapes[sh][0], shapes[sh][1], &rng);
 }
+
+/* ---- window + sinks, MLA latent (issue 16) ------------------------------------------------ */
+
+/*
+ * Decode with (window, sink) on a fixture whose invisible rows and blocks are NaN (a kernel that
+ * reads outside the window fails), with the dense table and with a table of the visible blocks
+ * plus some others (pos), both kernels, splits 1, 3, 64: against kvt_attn_decode_ref().
+ * Then the split-KV partials of views of @wb blocks (absolute positions, pos, kv.seq_len) on the
+ * GPU, merged on the host: against the decode; a view with no visible position must come back
+ * empty (out 0, m -inf, l 0).
+ */
+static void
+tkc_window_case(const struct kvt_test_kv_shape *s, enum kvt_dtype dt, uint64_t window,
+		uint64_t sink, uint32_t wb, uint64_t *rng)
+{
+	static const uint32_t splits[] = { 1, 3, 64 };
+	const size_t n_splits = kvt_test_quick() ? 2 : 3;
+	size_t n = (size_t)s->n_heads * s->head_dim, pi;
+	float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+	float *ob = malloc(n * sizeof(float)), *scratch = malloc(s->seq_len * sizeof(float));
+	float *ma = malloc(s->n_heads * sizeof(float)), *la = malloc(s->n_heads * sizeof(float));
+	float *mb = malloc(s->n_heads * sizeof(float)), *lb = malloc(s->n_heads * sizeof(float));
+	uint32_t *ctab = malloc((s->seq_len / s->tpb + 1) * sizeof(uint32_t));
+	uint32_t *cpos = malloc((s->seq_len / s->tpb + 1) * sizeof(uint32_t)), ne = 0;
+	uint32_t *dctab, *dcpos, *dwpos;
+	float *dout, *dm, *dl;
+	struct kvt_test_kv b;
+	struct tkc_dev d;
+	struct kvt_paged_kv kv;
+	int generic, first = 1;
+
+	assert_true(want && got && ob && scratch && ma && la && mb && lb && ctab && cpos);
+	kvt_test_kv_build(&b, s, dt, rng);
+	kvt_test_kv_poison(&b, window, sink, s->seq_len - 1);
+	kv = b.kv;
+	kv.window = window;
+	kv.sink = sink;
+	assert_int_equal(kvt_attn_decode_ref(&kv, b.q, s->n_heads, s->seq_len, scratch, want), 0);
+	for (uint32_t blk = 0; blk < b.n_blocks; blk++) {
+		int vis = 0;
+
+		for (uint64_t t = (uint64_t)blk * s->tpb; t < (uint64_t)(blk + 1) * s->tpb; t++)
+			vis |= kvt_test_visible(window, sink, s->seq_len - 1, t);
+		if (vis || blk % 3 == 2) {
+			ctab[ne] = b.table[blk];
+			cpos[ne++] = blk;
+		}
+	}
+	tkc_dev_upload(&d, &b, s);
+	dctab = tkc_upload(ctab, ne * sizeof(uint32_t));
+	dcpos = tkc_upload(cpos, ne * sizeof(uint32_t));
+	dwpos = tkc_upload(NULL, b.n_blocks * sizeof(uint32_t));
+	dout = tkc_upload(NULL, n * sizeof(float));
+	dm = tkc_upload(NULL, s->n_heads * sizeof(float));
+	dl = tkc_upload(NULL, s->n_heads * sizeof(float));
+	d.dkv.window = window;
+	d.dkv.sink = sink;
+	for (int tab = 0; tab < 2; tab++) {
+		struct kvt_paged_kv dk = d.dkv;
+
+		if (tab) {
+			dk.table = dctab;
+			dk.pos = dcpos;
+			dk.n_entries = ne;
+		}
+		for (generic = 0; generic < 2; generic++) {
+			kvt_attn_cuda_force_generic(generic);
+			for (pi = 0; pi < n_splits; pi++) {
+				size_t wf = kvt_attn_cuda_work_floats(s->n_heads, s->head_dim,
+								      splits[pi]);
+				float *work = wf ? tkc_upload(NULL, wf * sizeof(float)) : NULL;
+				double err;
+
+				if (work)
+					TKC_OK(cudaMemset(work, 0xff, wf * sizeof(float)));
+				TKC_OK(cudaMemset(dout, 0xff, n * sizeof(float)));
+				assert_int_equal(kvt_attn_decode_cuda(&dk, d.q, s->n_heads,
+								      s->seq_len, splits[pi], work,
+								      dout, NULL), 0);
+				TKC_OK(cudaDeviceSynchronize());
+				tkc_download(got, dout, n * sizeof(float));
+				err = kvt_test_kv_relerr(got, want, n);
+				if (!(err <= 1e-4))
+					fail_msg("window %llu sink %llu seq %u dtype %d %s table, "
+						 "splits %u %s: relerr %g", (unsigned long long)window,
+						 (unsigned long long)sink, s->seq_len, (int)dt,
+						 tab ? "pos" : "dense", splits[pi],
+						 generic ? "generic" : "default", err);
+				cudaFree(work);
+			}
+		}
+	}
+	kvt_attn_cuda_force_generic(0);
+	/* streamed partials of views of wb blocks, merged on the host */
+	{
+		uint32_t *wpos = malloc(b.n_blocks * sizeof(uint32_t));
+
+		assert_non_null(wpos);
+		for (uint32_t i = 0; i < b.n_blocks; i++)
+			wpos[i] = i;
+		TKC_OK(cudaMemcpy(dwpos, wpos, b.n_blocks * sizeof(uint32_t),
+				  cudaMemcpyHostToDevice));
+		free(wpos);
+	}
+	for (uint32_t ws = 0; ws < b.n_blocks; ws += wb) {
+		uint32_t nb = b.n_blocks - ws < wb ? b.n_blocks - ws : wb;
+		uint64_t t0 = (uint64_t)ws * s->tpb, t1 = (uint64_t)(ws + nb) * s->tpb, nv = 0;
+		struct kvt_paged_kv dk = d.dkv;
+
+		t1 = t1 < s->seq_len ? t1 : s->seq_len;
+		for (uint64_t t = t0; t < t1; t++)
+			nv += (uint64_t)kvt_test_visible(window, sink, s->seq_len - 1, t);
+		dk.table = d.table + ws;
+		dk.pos = dwpos + ws;
+		dk.n_entries = nb;
+		dk.seq_len = s->seq_len;
+		TKC_OK(cudaMemset(dout, 0xff, n * sizeof(float)));
+		TKC_OK(cudaMemset(dm, 0xff, s->n_heads * sizeof(float)));
+		TKC_OK(cudaMemset(dl, 0xff, s->n_heads * sizeof(float)));
+		assert_int_equal(kvt_attn_partial_cuda(&dk, d.q, s->n_heads, t0, t1, dout, dm, dl,
+						       NULL), 0);
+		TKC_OK(cudaDeviceSynchronize());
+		tkc_download(first ? got : ob, dout, n * sizeof(float));
+		tkc_download(first ? ma : mb, dm, s->n_heads * sizeof(float));
+		tkc_download(first ? la : lb, dl, s->n_heads * sizeof(float));
+		if (!nv)
+			for (uint32_t h = 0; h < s->n_heads; h++) {
+				const float *o = first ? got : ob;
+
+				assert_true((first ? la : lb)[h] == 0.0f);
+				assert_true((first ? ma : mb)[h] == -INFINITY);
+				for (uint32_t i = 0; i < s->head_dim; i++)
+					assert_true(o[(size_t)h * s->head_dim + i] == 0.0f);
+			}
+		if (!first)
+			kvt_attn_merge(s->n_heads, s->head_dim, got, ma, la, ob, mb, lb);
+		first = 0;
+	}
+	if (!(kvt_test_kv_relerr(got, want, n) <= 1e-4))
+		fail_msg("window %llu sink %llu: streamed partials relerr %g",
+			 (unsigned long long)window, (unsigned long long)sink,
+			 kvt_test_kv_relerr(got, want, n));
+	cudaFree(dctab);
+	cudaFree(dcpos);
+	cudaFree(dwpos);
+	cudaFree(dout);
+	cudaFree(dm);
+	cudaFree(dl);
+	tkc_dev_free(&d);
+	kvt_test_kv_free(&b);
+	free(want);
+	free(got);
+	free(ob);
+	free(scratch);
+	free(ma);
+	free(la);
+	free(mb);
+	free(lb);
+	free(ctab);
+	free(cpos);
+}
+
+static void
+test_window_vs_ref(void **state)
+{
+	/* vectorised (16-byte rows) and generic (pad, odd head_dim) kernels, GQA 1/2/4 per block */
+	static const struct kvt_test_kv_shape shapes[] = {
+		{ 8, 4, 8, 4, 61, 0 }, { 32, 8, 128, 16, 300, 0 }, { 8, 2, 24, 7, 90, 4 },
+		{ 4, 4, 256, 16, 130, 0 },
+	};
+	static const uint64_t ws[][2] = { { 1, 0 }, { 16, 0 }, { 17, 4 }, { 40, 1 }, { 5, 20 } };
+	static const enum kvt_dtype dts[] = { KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16 };
+	const size_t nsh = kvt_test_quick() ? 2 : 4, nw = kvt_test_quick() ? 2 : 5;
+	uint64_t rng = tkc_seed() + 1600;
+
+	(void)state;
+	for (size_t si = 0; si < nsh; si++)
+		for (size_t wi = 0; wi < nw; wi++)
+			tkc_window_case(&shapes[si], dts[(si + wi) % 3], ws[wi][0], ws[wi][1],
+					(uint32_t)(wi % 3) + 1, &rng);
+}
+
+/*
+ * MLA latent (absorbed form): decode at splits 1, 3, 64 and streamed partials over views of two
+ * blocks (pos, absolute positions) merged on the host, against kvt_attn_latent_decode_ref();
+ * the latent vectors are the fixture's K rows [c_kv | k_pe] (one KV head of r + rope elements).
+ */
+static void
+tkc_latent_case(uint32_t h, uint32_t r, uint32_t rope, uint32_t tpb, uint32_t seq, uint32_t pad,
+		enum kvt_dtype dt, uint64_t window, uint64_t sink, uint64_t *rng)
+{
+	static const uint32_t splits[] = { 1, 3, 64 };
+	const size_t n_splits = kvt_test_quick() ? 2 : 3;
+	const struct kvt_test_kv_shape s = { 1, 1, r + rope, tpb, seq, pad };
+	const size_t n = (size_t)h * r;
+	const float scale = 1.0f / sqrtf((float)(r / 4 + rope));
+	float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+	float *ob = malloc(n * sizeof(float)), *scratch = malloc(seq * sizeof(float));
+	float *q_lat = malloc(n * sizeof(float)), *q_pe = malloc(((size_t)h * rope + 1) * 4);
+	float *ma = malloc(h * sizeof(float)), *la = malloc(h * sizeof(float));
+	float *mb = malloc(h * sizeof(float)), *lb = malloc(h * sizeof(float));
+	float *dql, *dqp, *dout, *dm, *dl;
+	uint32_t *dwpos, *wpos;
+	struct kvt_paged_latent lk, dk;
+	struct kvt_test_kv b;
+	struct tkc_dev d;
+	int first = 1;
+
+	assert_true(want && got && ob && scratch && q_lat && q_pe && ma && la && mb && lb);
+	kvt_test_kv_build(&b, &s, dt, rng);
+	kvt_test_kv_poison(&b, window, sink, seq - 1);
+	for (size_t i = 0; i < n; i++)
+		q_lat[i] = kvt_test_kv_uniform(rng, 2.0f);
+	for (size_t i = 0; i < (size_t)h * rope; i++)
+		q_pe[i] = kvt_test_kv_uniform(rng, 2.0f);
+	lk = (struct kvt_paged_latent){ .base = b.kv.k_base, .block_stride = b.kv.block_stride,
+					.token_stride = b.kv.token_stride, .table = b.table,
+					.tokens_per_block = tpb, .kv_lora_rank = r,
+					.rope_dim = rope, .dtype = dt, .window = window,
+					.sink = sink };
+	assert_int_equal(kvt_attn_latent_decode_ref(&lk, q_lat, q_pe, h, seq, scale, scratch,
+						    want), 0);
+	tkc_dev_upload(&d, &b, &s);
+	dql = tkc_upload(q_lat, n * sizeof(float));
+	dqp = tkc_upload(q_pe, ((size_t)h * rope + 1) * sizeof(float));
+	dout = tkc_upload(NULL, n * sizeof(float));
+	dm = tkc_upload(NULL, h * sizeof(float));
+	dl = tkc_upload(NULL, h * sizeof(float));
+	wpos = malloc(b.n_blocks * sizeof(uint32_t));
+	assert_non_null(wpos);
+	for (uint32_t i = 0; i < b.n_blocks; i++)
+		wpos[i] = i;
+	dwpos = tkc_upload(wpos, b.n_blocks * sizeof(uint32_t));
+	dk = lk;
+	dk.base = d.dkv.k_base;
+	dk.table = d.table;
+	for (size_t pi = 0; pi < n_splits; pi++) {
+		size_t wf = kvt_attn_latent_cuda_work_floats(h, r, splits[pi]);
+		float *work = wf ? tkc_upload(NULL, wf * sizeof(float)) : NULL;
+		double err;
+
+		if (work)
+			TKC_OK(cudaMemset(work, 0xff, wf * sizeof(float)));
+		TKC_OK(cudaMemset(dout, 0xff, n * sizeof(float)));
+		if (kvt_attn_latent_decode_cuda(&dk, dql, rope ? dqp : NULL, h, seq, scale,
+						splits[pi], work, dout, NULL))
+			fail_msg("kvt_attn_latent_decode_cuda: %s", kvt_last_error_message());
+		TKC_OK(cudaDeviceSynchronize());
+		tkc_download(got, dout, n * sizeof(float));
+		err = kvt_test_kv_relerr(got, want, n);
+		if (!(err <= 1e-4))
+			fail_msg("latent h %u r %u rope %u seq %u dtype %d window %llu sink %llu "
+				 "splits %u: relerr %g", h, r, rope, seq, (int)dt,
+				 (unsigned long long)window, (unsigned long long)sink, splits[pi],
+				 err);
+		cudaFree(work);
+	}
+	for (uint32_t ws = 0; ws < b.n_blocks; ws += 2) {
+		uint32_t nb = b.n_blocks - ws < 2 ? b.n_blocks - ws : 2;
+		uint64_t t0 = (uint64_t)ws * tpb, t1 = (uint64_t)(ws + nb) * tpb;
+		struct kvt_paged_latent vk = dk;
+		size_t wf = kvt_attn_latent_cuda_work_floats(h, r, 3);
+		float *work = tkc_upload(NULL, wf * sizeof(float));
+
+		t1 = t1 < seq ? t1 : seq;
+		vk.table = d.table + ws;
+		vk.pos = dwpos + ws;
+		vk.n_entries = nb;
+		vk.seq_len = seq;
+		assert_int_equal(kvt_attn_latent_partial_cuda(&vk, dql, dqp, h, t0, t1, scale, 3,
+							      work, dout, dm, dl, NULL), 0);
+		TKC_OK(cudaDeviceSynchronize());
+		tkc_download(first ? got : ob, dout, n * sizeof(float));
+		tkc_download(first ? ma : mb, dm, h * sizeof(float));
+		tkc_download(first ? la : lb, dl, h * sizeof(float));
+		if (!first)
+			kvt_attn_merge(h, r, got, ma, la, ob, mb, lb);
+		first = 0;
+		cudaFree(work);
+	}
+	if (!(kvt_test_kv_relerr(got, want, n) <= 1e-4))
+		fail_msg("latent h %u r %u: streamed partials relerr %g", h, r,
+			 kvt_test_kv_relerr(got, want, n));
+	cudaFree(dql);
+	cudaFree(dqp);
+	cudaFree(dout);
+	cudaFree(dm);
+	cudaFree(dl);
+	cudaFree(dwpos);
+	tkc_dev_free(&d);
+	kvt_test_kv_free(&b);
+	free(wpos);
+	free(want);
+	free(got);
+	free(ob);
+	free(scratch);
+	free(q_lat);
+	free(q_pe);
+	free(ma);
+	free(la);
+	free(mb);
+	free(lb);
+}
+
+static void
+test_latent_vs_ref(void **state)
+{
+	uint64_t rng = tkc_seed() + 1640;
+
+	(void)state;
+	/* DeepSeek-V2/V3 widths (512 + 64), 16 heads: tiles shrink to fit shared memory */
+	tkc_latent_case(16, 512, 64, 16, 100, 0, KVT_DTYPE_BF16, 0, 0, &rng);
+	tkc_latent_case(16, 512, 64, 16, 150, 0, KVT_DTYPE_F16, 40, 4, &rng);
+	tkc_latent_case(3, 24, 8, 5, 37, 4, KVT_DTYPE_F32, 9, 2, &rng); /* partial head group */
+	if (kvt_test_quick())
+		return;
+	tkc_latent_case(1, 8, 0, 1, 20, 0, KVT_DTYPE_F32, 0, 0, &rng); /* no rope part */
+	tkc_latent_case(20, 64, 16, 8, 70, 0, KVT_DTYPE_BF16, 13, 0, &rng);
+	tkc_latent_case(2, 1984, 64, 16, 40, 0, KVT_DTYPE_F32, 0, 0, &rng); /* widest: 2048 */
+}
 #endif /* KVT_WITH_CUDA */
 
 int
@@ -423,6 +743,8 @@ main(void)
 		cmocka_unit_test(test_partial_split_vs_ref),
 		cmocka_unit_test(test_gather_scatter),
 		cmocka_unit_test(test_quant_vs_ref),
+		cmocka_unit_test(test_window_vs_ref),
+		cmocka_unit_test(test_latent_vs_ref),
 	};
 	int n = 0;
 

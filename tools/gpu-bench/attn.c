@@ -6,6 +6,9 @@
  * number of bytes. Bandwidths: attention = K/V bytes read / time; copy = 2 x bytes / time (it
  * reads and writes each byte). GPU-side time (cudaEvent), warm-up, median of --reps.
  * Shape: 32 query heads, 8 KV heads, head_dim 128 (Llama-3-8B), 16-token blocks.
+ * Issue 16: a sliding window (4096 + 4 sinks) at the longest length against a full decode of
+ * as many positions, and MLA decode in the absorbed form (512 + 64 bf16 latent, 16 and 128
+ * heads) against a D2D copy of the latent bytes; reported, no targets.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +148,139 @@ gba_case_partial(struct gba *a, uint64_t seq)
 	return 0;
 }
 
+/* Median GPU time (ms) of @fn(a, ctx) (round 0 the warm-up). */
+static int
+gba_time_fn(struct gba *a, int (*fn)(struct gba *, const void *), const void *ctx, double *ms)
+{
+	double t[64];
+	uint32_t r;
+	cudaError_t e;
+
+	for (r = 0; r <= a->reps && r < 64; r++) {
+		float f = 0.0f;
+
+		if ((e = cudaEventRecord(a->e0, a->s)) != cudaSuccess)
+			return gb_fail("cudaEventRecord", e);
+		if (fn(a, ctx)) {
+			fprintf(stderr, "gpu-bench attn: %s\n", kvt_last_error_message());
+			return 1;
+		}
+		if ((e = cudaEventRecord(a->e1, a->s)) != cudaSuccess ||
+		    (e = cudaEventSynchronize(a->e1)) != cudaSuccess ||
+		    (e = cudaEventElapsedTime(&f, a->e0, a->e1)) != cudaSuccess)
+			return gb_fail("timing", e);
+		if (r)
+			t[r - 1] = f;
+	}
+	*ms = gb_median(t, r - 1);
+	return 0;
+}
+
+/* A latent decode of one measurement (issue 16). */
+struct gba_lat {
+	struct kvt_paged_latent kv;
+	const float *q_lat, *q_pe;
+	float *work, *out;
+	uint32_t n_heads, splits;
+	uint64_t seq;
+	float scale;
+};
+
+static int
+gba_lat_run(struct gba *a, const void *ctx)
+{
+	const struct gba_lat *c = ctx;
+
+	return kvt_attn_latent_decode_cuda(&c->kv, c->q_lat, c->q_pe, c->n_heads, c->seq, c->scale,
+					   c->splits, c->work, c->out, a->s);
+}
+
+/*
+ * MLA decode in the absorbed form (DeepSeek-V2/V3 widths: kv_lora_rank 512 + rope 64, bf16,
+ * @h heads) over @seq positions of the same slots (one latent row per token where the K/V test
+ * layout has a K row): latent bytes read / time, against a D2D copy of those bytes. Reported.
+ */
+static int
+gba_case_latent(struct gba *a, uint64_t seq, uint32_t h)
+{
+	const uint64_t tok = (uint64_t)GBA_HKV * GBA_D * 2, lbb = 2 * GBA_TPB * tok;
+	const uint32_t r = 512, rope = 64;
+	const uint64_t lat_bytes = seq * (r + rope) * 2;
+	struct gba_lat c = { .kv = { .base = (char *)a->hbm + lbb, .block_stride = GBA_LAYERS * lbb,
+				     .token_stride = (r + rope) * 2, .table = a->table,
+				     .tokens_per_block = GBA_TPB, .kv_lora_rank = r,
+				     .rope_dim = rope, .dtype = KVT_DTYPE_BF16 },
+			     .n_heads = h, .seq = seq, .scale = 0.0721f };
+	double t_attn = 0.0, t_copy = 0.0, bw_attn, bw_copy;
+	float *ql = NULL, *work = NULL, *out = NULL;
+	char name[96];
+	cudaError_t e;
+	int rc = 1;
+
+	c.splits = kvt_attn_latent_cuda_splits(h, seq, a->n_sm);
+	if ((e = cudaMalloc((void **)&ql, (size_t)h * (r + rope) * sizeof(float))) ||
+	    (e = cudaMalloc((void **)&out, (size_t)h * r * sizeof(float))) ||
+	    (e = cudaMalloc((void **)&work, (kvt_attn_latent_cuda_work_floats(h, r, c.splits) +
+					     1) * sizeof(float))) ||
+	    (e = cudaMemset(ql, 0, (size_t)h * (r + rope) * sizeof(float)))) {
+		gb_fail("latent buffers", e);
+		goto out;
+	}
+	c.q_lat = ql;
+	c.q_pe = ql + (size_t)h * r;
+	c.work = work;
+	c.out = out;
+	if (gba_time_fn(a, gba_lat_run, &c, &t_attn) ||
+	    gba_time(a, NULL, seq, 1, 1, lat_bytes, &t_copy))
+		goto out;
+	bw_attn = (double)lat_bytes / (t_attn * 1e-3) / 1e9;
+	bw_copy = 2.0 * (double)lat_bytes / (t_copy * 1e-3) / 1e9;
+	printf("attn MLA latent seq %llu, %u heads, 512+64 bf16: %u splits, %.3f ms, %.0f GB/s; "
+	       "D2D copy: %.3f ms, %.0f GB/s (read+write)\n", (unsigned long long)seq, h,
+	       c.splits, t_attn, bw_attn, t_copy, bw_copy);
+	snprintf(name, sizeof name, "attn_mla_bf16_h%u_seq%lluk_vs_d2d", h,
+		 (unsigned long long)(seq >> 10));
+	gb_result(name, bw_attn, "GB/s", bw_attn / bw_copy, 0, 1);
+	rc = 0;
+out:
+	cudaFree(ql);
+	cudaFree(out);
+	cudaFree(work);
+	return rc;
+}
+
+/*
+ * A sliding window of 4096 positions plus 4 sinks at the end of a @seq-position fp16 sequence:
+ * its time against the full decode of the window's length (it should read only the window).
+ */
+static int
+gba_case_window(struct gba *a, uint64_t seq)
+{
+	const uint64_t tok = (uint64_t)GBA_HKV * GBA_D * 2, lbb = 2 * GBA_TPB * tok;
+	const uint64_t win = 4096, vis = win + 4;
+	struct kvt_paged_kv kv = { .k_base = (char *)a->hbm + lbb, .v_offset = GBA_TPB * tok,
+				   .block_stride = GBA_LAYERS * lbb, .token_stride = tok,
+				   .table = a->table, .tokens_per_block = GBA_TPB,
+				   .n_kv_heads = GBA_HKV, .head_dim = GBA_D,
+				   .dtype = KVT_DTYPE_F16 };
+	uint32_t splits = kvt_attn_cuda_splits(GBA_H, GBA_HKV, vis, a->n_sm);
+	double t_win = 0.0, t_full = 0.0;
+
+	if (seq <= vis)
+		return 0;
+	if (gba_time(a, &kv, vis, splits, 0, 0, &t_full))
+		return 1;
+	kv.window = win;
+	kv.sink = 4;
+	if (gba_time(a, &kv, seq, splits, 0, 0, &t_win))
+		return 1;
+	printf("attn fp16 window %llu + 4 sinks at seq %llu: %.3f ms; full decode of %llu "
+	       "positions: %.3f ms (ratio %.2f)\n", (unsigned long long)win,
+	       (unsigned long long)seq, t_win, (unsigned long long)vis, t_full, t_win / t_full);
+	gb_result("attn_fp16_window4k_vs_full4k", t_win, "ms", t_win / t_full, 0, 1);
+	return 0;
+}
+
 static int
 gba_run(struct gba *a, uint64_t max_seq)
 {
@@ -160,6 +296,12 @@ gba_run(struct gba *a, uint64_t max_seq)
 		rc = gba_case(a, max_seq, KVT_DTYPE_F16, 1, 0);
 	if (!rc)
 		rc = gba_case_partial(a, max_seq);
+	if (!rc)
+		rc = gba_case_window(a, max_seq);
+	if (!rc)
+		rc = gba_case_latent(a, max_seq, 16);
+	if (!rc)
+		rc = gba_case_latent(a, max_seq, 128);
 	return rc;
 }
 
