@@ -11,7 +11,7 @@
  *
  * The runner keeps the KV in kvtier's layer groups (Gemma 3: FULL + WINDOW; DeepSeek: LATENT,
  * no V stored; Mistral/Qwen2: WINDOW) and attends through the kernels (window, block positions,
- * MLA absorbed); (v) runs on the single layout, as the store is not per group yet. Also:
+ * MLA absorbed); (v) with groups (every group's store) and once on the single layout. Also:
  * issue 16 item 7 at the model level (prompts ending on a block boundary and one token either
  * side, reuse past the window from the prefix cache alone, both under 10%/25% tiers), ALIAS
  * (KV-shared layers) against the contiguous loop, and the memory held against kvtier-calc.
@@ -71,9 +71,10 @@ static const char *const hf_place_names[] = { "all in HBM", "HBM 10%, HOST 25%, 
 					      "parked between turns", "prefix sharing",
 					      "persistent store, kill -9, restore" };
 
-/* Runs fixture @name under @place and checks it against its reference. */
+/* Runs fixture @name under @place (@single: the engine's single layout) and checks it
+ * against its reference. */
 static void
-hf_case(const char *name, enum hf_place place)
+hf_case_layout(const char *name, enum hf_place place, int single)
 {
 	struct kvhf_model *m = NULL;
 	struct kvhf_ref ref;
@@ -95,17 +96,19 @@ hf_case(const char *name, enum hf_place place)
 	o.n_prompt = ref.n_prompt;
 	o.gen = ref.n_gen;
 	o.tokens_per_block = 4;
-	if (place == HF_TIERED || place == HF_PARKED) {
+	if (place == HF_TIERED || place == HF_PARKED || place == HF_PERSIST) {
 		/* per group: 10% / 25% of the KV it holds (window-bound for WINDOW) */
 		o.hbm_frac = 0.1f;
 		o.host_frac = 0.25f;
 	}
-	if (place == HF_PERSIST) {
+	if (place == HF_PERSIST && single) { /* the old geometry's store still works */
 		uint64_t kv = kvhf_kv_bytes_single(m, 4, o.n_prompt + o.gen);
 		uint64_t block = kvhf_kv_bytes_single(m, 4, 1);
 
+		o.hbm_frac = o.host_frac = 0.0f;
 		o.hbm_bytes = kv / 10 / block * block;
 		o.host_bytes = kv / 4 / block * block;
+		o.single_layout = 1;
 		assert_true(o.hbm_bytes >= 2 * block);
 	}
 	if (place == HF_PARKED)
@@ -116,8 +119,6 @@ hf_case(const char *name, enum hf_place place)
 		tmp = tsup_mkdtemp();
 		o.nvme_dir = tmp;
 		o.persist = 1;
-		/* the store is not per group yet (kvtier.h: KVT_ENOTSUP with groups) */
-		o.single_layout = 1;
 	}
 	rc = kvhf_run(&o, &r);
 	if (rc)
@@ -153,6 +154,12 @@ hf_case(const char *name, enum hf_place place)
 	kvhf_model_free(m);
 	if (tmp)
 		tsup_rmdir(tmp);
+}
+
+static void
+hf_case(const char *name, enum hf_place place)
+{
+	hf_case_layout(name, place, 0);
 }
 
 static void
@@ -193,6 +200,7 @@ test_persist_kill9(void **state)
 	(void)state;
 	for (size_t i = 0; i < HF_N; i++)
 		hf_case(hf_names[i], HF_PERSIST);
+	hf_case_layout("deepseek-v3", HF_PERSIST, 1);
 }
 
 /*

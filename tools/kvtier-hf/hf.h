@@ -30,7 +30,7 @@
  * absorbed form (q_nope x W_UK, output in latent space, W_UV applied after), partials merged
  * with kvt_attn_merge, the position's own K/V last. opts.single_layout keeps the engine's
  * single geometry instead (MLA as the K of a 1-head layout, V allocated unused; every block of
- * a sliding layer kept), which the persistent store needs until it is per group.
+ * a sliding layer kept), for comparison.
  *
  * One position at a time (prompt tokens too), as window.c of kvtier-run does it: per layer,
  * attention over the sequence's stored positions (from pos + 1 - window for a sliding layer)
@@ -190,9 +190,7 @@ struct kvhf_opts {
 	int single_layout;           /* 1: the engine's single layout (no groups): every layer K
 	                                and V of kv_heads_stored x kv_head_dim_stored (MLA: the
 	                                latent as the K of 1 head, V allocated and unused; sliding
-	                                layers keep every block), as before layer groups. The
-	                                persistent store needs it (kvtier refuses it with groups
-	                                for now) */
+	                                layers keep every block), as before layer groups */
 	uint32_t sessions;           /* kvhf_run_multi: sequences the tiers are sized for
 	                                (0: 1, or 2 with prefix_share) */
 	const float *shares;         /* NULL: each group's share of every tier in proportion to
