@@ -569,6 +569,91 @@ test_nvme_slot_matches_engine(void **state)
 	assert_int_equal(rmdir(dir), 0);
 }
 
+/* tests/data/hf/<name>/config.json (the kvtier-hf fixtures). */
+static const char *
+calc_hf_path(const char *name)
+{
+	static char path[4096];
+	const char *slash = strrchr(__FILE__, '/');
+	int dir = slash ? (int)(slash - __FILE__) : 1;
+
+	snprintf(path, sizeof path, "%.*s/data/hf/%s/config.json", dir, slash ? __FILE__ : ".",
+		 name);
+	return path;
+}
+
+/*
+ * Issue 16: the per-group figures (struct kvc_group), derived by hand. The Gemma 3 fixture in
+ * fp32 at 128 tokens (8x its 16-token window): 2 KV heads x (16 + 16) x 4 = 256 bytes per layer
+ * and token; FULL (layers 2, 4) blocks of 2 x 16 x 256 = 8192 bytes, 8 of them; WINDOW (layers
+ * 0, 1, 3) blocks of 12288 bytes, at most ceil(16 / 16) + 1 = 2; 65536 + 24576 = 90112 bytes;
+ * tokens alone 65536 + 16 x 3 x 256 = 77824; one pool with a 12288-byte slot 10 x 12288.
+ * With 4 tokens per block the window bound is ceil(16 / 4) + 1 = 5 blocks of 3072. DeepSeek
+ * (MLA): LATENT, (32 + 8) x 4 = 160 bytes, blocks of 3 x 16 x 160 = 7680, 8 of them, no V.
+ * Gemma 3n E4B: 20 storing layers (4 full, 16 sliding of 512) and 15 ALIAS layers.
+ */
+static void
+test_groups(void **state)
+{
+	struct kvc_model m;
+	struct kvc_query q;
+	struct kvc_result r;
+
+	(void)state;
+	kvc_model_init(&m);
+	assert_int_equal(kvc_model_load(calc_hf_path("gemma3"), &m), 0);
+	m.kv_dtype_bytes = 4;
+	assert_int_equal(kvc_model_finish(&m), 0);
+	kvc_query_init(&q);
+	q.context = 128;
+	assert_int_equal(kvc_compute(&m, &q, &r), 0);
+	assert_int_equal(r.n_groups, 2);
+	assert_int_equal(r.groups[0].kind, KVC_GROUP_FULL);
+	assert_int_equal(r.groups[0].n_layers, 2);
+	assert_true(r.groups[0].block_bytes == 8192);
+	assert_int_equal(r.groups[0].max_blocks, 8);
+	assert_int_equal(r.groups[1].kind, KVC_GROUP_WINDOW);
+	assert_int_equal(r.groups[1].n_layers, 3);
+	assert_int_equal(r.groups[1].window, 16);
+	assert_true(r.groups[1].block_bytes == 12288);
+	assert_int_equal(r.groups[1].max_blocks, 2);
+	assert_int_equal(r.groups[1].nvme_slot_bytes, 4096 + 12288);
+	assert_true(r.seq_group_bytes == 90112);
+	assert_true(r.seq_group_token_bytes == 77824);
+	assert_true(r.seq_common_slot_bytes == 10 * 12288);
+	q.tokens_per_block = 4;
+	assert_int_equal(kvc_compute(&m, &q, &r), 0);
+	assert_int_equal(r.groups[1].max_blocks, 5);
+	assert_true(r.groups[1].seq_bytes == 5 * 3072);
+	q.context = 10; /* shorter than the window: the tokens' blocks */
+	assert_int_equal(kvc_compute(&m, &q, &r), 0);
+	assert_int_equal(r.groups[1].max_blocks, 3);
+
+	kvc_model_init(&m);
+	assert_int_equal(kvc_model_load(calc_hf_path("deepseek-v3"), &m), 0);
+	m.kv_dtype_bytes = 4;
+	assert_int_equal(kvc_model_finish(&m), 0);
+	kvc_query_init(&q);
+	q.context = 128;
+	assert_int_equal(kvc_compute(&m, &q, &r), 0);
+	assert_int_equal(r.n_groups, 1);
+	assert_int_equal(r.groups[0].kind, KVC_GROUP_LATENT);
+	assert_true(r.groups[0].block_bytes == 7680);
+	assert_true(r.seq_group_bytes == 8 * 7680);
+
+	calc_load("gemma-3n-e4b.json", &m);
+	calc_run(&m, 32768, 1, &r);
+	assert_int_equal(r.n_groups, 3);
+	assert_int_equal(r.groups[0].kind, KVC_GROUP_FULL);
+	assert_int_equal(r.groups[0].n_layers, 4);
+	assert_int_equal(r.groups[1].kind, KVC_GROUP_WINDOW);
+	assert_int_equal(r.groups[1].n_layers, 16);
+	assert_int_equal(r.groups[1].max_blocks, 512 / 16 + 1);
+	assert_int_equal(r.groups[2].kind, KVC_GROUP_ALIAS);
+	assert_int_equal(r.groups[2].n_layers, 15);
+	assert_true(r.groups[2].seq_bytes == 0);
+}
+
 int
 main(void)
 {
@@ -583,6 +668,7 @@ main(void)
 		cmocka_unit_test(test_gemma2_alternating),
 		cmocka_unit_test(test_gemma3_pattern),
 		cmocka_unit_test(test_gemma3n_shared),
+		cmocka_unit_test(test_groups),
 		cmocka_unit_test(test_qwen_falcon),
 		cmocka_unit_test(test_cli),
 		cmocka_unit_test(test_bad_input),

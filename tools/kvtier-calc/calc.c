@@ -160,6 +160,61 @@ calc_fit(double budget, double seq)
 	return budget > 0 && seq > 0 ? (uint64_t)floor(budget / seq) : 0;
 }
 
+/* The groups of struct kvc_group for @m at @q into @r. */
+static void
+calc_groups(const struct kvc_model *m, const struct kvc_query *q, struct kvc_result *r)
+{
+	uint32_t stored = m->n_layers - m->kv_shared_layers, nl[KVC_MAX_GROUPS] = { 0 };
+	uint64_t tpb = q->tokens_per_block, blocks = (q->context + tpb - 1) / tpb;
+	double slot = 0.0;
+
+	for (uint32_t i = 0; i < stored; i++) {
+		if (m->kv_lora_rank)
+			nl[KVC_GROUP_LATENT]++;
+		else if (m->layer_sliding[i] && m->sliding_window)
+			nl[KVC_GROUP_WINDOW]++;
+		else
+			nl[KVC_GROUP_FULL]++;
+	}
+	nl[KVC_GROUP_ALIAS] = m->kv_shared_layers;
+	r->n_groups = 0;
+	for (int k = 0; k < KVC_MAX_GROUPS; k++) {
+		struct kvc_group *g = &r->groups[r->n_groups];
+		uint64_t tok = q->context;
+
+		if (!nl[k])
+			continue;
+		memset(g, 0, sizeof(*g));
+		g->kind = (enum kvc_group_kind)k;
+		g->n_layers = nl[k];
+		r->n_groups++;
+		if (k == KVC_GROUP_ALIAS)
+			continue;
+		g->layer_token_bytes = r->layer_token_bytes;
+		g->block_bytes = (double)g->n_layers * (double)tpb * g->layer_token_bytes;
+		g->max_blocks = blocks;
+		if (k == KVC_GROUP_WINDOW) {
+			uint64_t bound = (g->sink + tpb - 1) / tpb +
+					 ((uint64_t)m->sliding_window + tpb - 1) / tpb + 1;
+
+			g->window = m->sliding_window;
+			if (g->max_blocks > bound)
+				g->max_blocks = bound;
+			if (tok > (uint64_t)g->window + g->sink)
+				tok = (uint64_t)g->window + g->sink;
+		}
+		g->seq_bytes = (double)g->max_blocks * ceil(g->block_bytes);
+		g->seq_token_bytes = (double)tok * g->n_layers * g->layer_token_bytes;
+		g->nvme_slot_bytes = 4096 + ((uint64_t)ceil(g->block_bytes) + 4095) / 4096 * 4096;
+		r->seq_group_bytes += g->seq_bytes;
+		r->seq_group_token_bytes += g->seq_token_bytes;
+		if (ceil(g->block_bytes) > slot)
+			slot = ceil(g->block_bytes);
+	}
+	for (uint32_t i = 0; i < r->n_groups; i++)
+		r->seq_common_slot_bytes += (double)r->groups[i].max_blocks * slot;
+}
+
 int
 kvc_compute(const struct kvc_model *m, const struct kvc_query *q, struct kvc_result *r)
 {
@@ -209,5 +264,6 @@ kvc_compute(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 	r->fit_host = calc_fit((double)q->host_bytes, r->seq_kvtier_bytes);
 	r->fit_nvme = calc_fit((double)q->nvme_bytes, r->seq_nvme_bytes);
 	r->fit_total = r->fit_hbm + r->fit_host + r->fit_nvme;
+	calc_groups(m, q, r);
 	return 0;
 }

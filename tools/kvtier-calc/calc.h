@@ -12,9 +12,12 @@
  * (Gemma 3n's num_kv_shared_layers, cross-layer attention) keeps none. So a sequence of S tokens
  * takes sum over layers of min(S, window_l) x layer_token_bytes, which for plain models is the
  * well-known B x H_kv x S x D x 2 x L x bytes (B = batch). A window-aware paged cache rounds
- * each layer's tokens up to whole blocks ("paged"). kvtier itself (v0) stores every layer of
- * every token in blocks of tokens_per_block, and an NVMe slot is the block plus a 64-byte
- * trailer rounded up to 4 KiB: the sessions that fit are counted with that footprint.
+ * each layer's tokens up to whole blocks ("paged"). kvtier's single layout stores every layer
+ * of every token in blocks of tokens_per_block, and an NVMe slot is the block plus a 64-byte
+ * trailer rounded up to 4 KiB: the sessions that fit are counted with that footprint. With
+ * layer groups (issue 16) kvtier keeps one pool per group: struct kvc_group gives each group's
+ * slot and the blocks a sequence holds at most (window-bound for WINDOW, latent-only for
+ * LATENT, nothing for ALIAS), printed as "kvtier groups".
  */
 #ifndef KVC_CALC_H
 #define KVC_CALC_H
@@ -67,6 +70,44 @@ struct kvc_query {
 	double hbm_util;           /* fraction of HBM usable for weights + KV (default 1.0) */
 };
 
+/*
+ * kvtier's layer groups (issue 16; engine/kvtier.h "Layer groups"): the layers that store
+ * their own KV form at most three storage groups, FULL (full attention), WINDOW (the sliding
+ * layers) and LATENT (MLA: every storing layer), and the KV-shared layers one ALIAS group
+ * (no storage). Each storage group is one pool whose slot is exactly the group's block:
+ * n_layers x tokens_per_block x (K + V token bytes of one layer). A sequence of S tokens
+ * holds at most ceil(S / tpb) blocks of a FULL or LATENT group and
+ * min(ceil(S / tpb), ceil(sink / tpb) + ceil(window / tpb) + 1) of a WINDOW group (the window
+ * of the next query, q - window < k <= q, spans at most ceil(window / tpb) + 1 blocks; sinks
+ * are whole blocks of their own): the bound the engine's default capacity split and its
+ * dropping of out-of-window blocks work with. tools/kvtier-hf builds the same groups for the
+ * models it runs (tests/test_hf_models.c checks that its engine allocates these figures).
+ */
+enum kvc_group_kind {
+	KVC_GROUP_FULL = 0,
+	KVC_GROUP_WINDOW = 1,
+	KVC_GROUP_LATENT = 2,
+	KVC_GROUP_ALIAS = 3,
+};
+#define KVC_MAX_GROUPS 4
+
+/** One group's figures for one sequence of the query's context. */
+struct kvc_group {
+	enum kvc_group_kind kind;
+	uint32_t n_layers;         /* model layers in the group */
+	uint32_t window;           /* WINDOW: tokens; else 0 */
+	uint32_t sink;             /* WINDOW: sink tokens (0: configs give none); else 0 */
+	double layer_token_bytes;  /* one token of one layer (K + V; LATENT: the latent);
+	                              ALIAS 0 */
+	double block_bytes;        /* the pool's slot: n_layers x tpb x layer_token_bytes */
+	uint64_t max_blocks;       /* blocks one sequence of `context` tokens holds at most */
+	double seq_bytes;          /* max_blocks x block_bytes */
+	double seq_token_bytes;    /* the tokens themselves, no block rounding: min(context,
+	                              window + sink) (WINDOW) or context tokens x n_layers x
+	                              layer_token_bytes */
+	uint64_t nvme_slot_bytes;  /* 4096 + round_up(block_bytes, 4096); ALIAS 0 */
+};
+
 /** The answers. Bytes are exact (double where fractional dtypes are possible). */
 struct kvc_result {
 	enum kvc_attn attn;         /* flavour */
@@ -92,6 +133,17 @@ struct kvc_result {
 	uint64_t fit_host;          /* ... in the host budget */
 	uint64_t fit_nvme;          /* ... in the NVMe budget */
 	uint64_t fit_total;         /* sum */
+	/* kvtier with layer groups (see struct kvc_group) */
+	uint32_t n_groups;          /* groups, in the order FULL, WINDOW, LATENT, ALIAS (absent
+	                               kinds skipped) */
+	struct kvc_group groups[KVC_MAX_GROUPS];
+	double seq_group_bytes;     /* sum of the groups' seq_bytes: what one sequence holds at
+	                               most in all tiers together (each block counted once) */
+	double seq_group_token_bytes; /* sum of seq_token_bytes */
+	double seq_common_slot_bytes; /* the same blocks in one pool with a common slot (the
+	                                largest group's block, vLLM's page-size unification):
+	                                sum of max_blocks x that slot; the per-group pools' saving
+	                                is this minus seq_group_bytes */
 };
 
 /** kvc_model_init() - zero @m (no layer sliding, no sharing, 2-byte KV named "bf16", why

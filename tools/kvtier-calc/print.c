@@ -13,6 +13,7 @@
 #include "util.h"
 
 static const char *const print_attn_name[] = { "MHA", "GQA", "MQA", "MLA" };
+static const char *const print_group_name[] = { "FULL", "WINDOW", "LATENT", "ALIAS" };
 
 /* "512 MiB" style, 3 significant decimals at most. */
 static const char *
@@ -53,7 +54,7 @@ void
 kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 	       const struct kvc_result *r)
 {
-	char a[32], b[32];
+	char a[32], b[32], c[32];
 
 	print_geometry(f, m, r);
 	fprintf(f, "KV per token     %s (%.0f bytes)\n", print_human(r->token_bytes, a, sizeof a),
@@ -95,6 +96,26 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 	if (q->hbm_bytes || q->host_bytes || q->nvme_bytes)
 		fprintf(f, "sessions in all  %llu of %llu tokens\n",
 			(unsigned long long)r->fit_total, (unsigned long long)q->context);
+	fprintf(f, "kvtier groups    %u (one pool each, slot = the group's block):\n", r->n_groups);
+	for (uint32_t i = 0; i < r->n_groups; i++) {
+		const struct kvc_group *g = &r->groups[i];
+
+		if (g->kind == KVC_GROUP_ALIAS) {
+			fprintf(f, "  %-6s %3u layers  no storage (they read earlier layers' KV)\n",
+				print_group_name[g->kind], g->n_layers);
+			continue;
+		}
+		fprintf(f, "  %-6s %3u layers  block %.0f bytes, at most %llu blocks per sequence: "
+			"%s", print_group_name[g->kind], g->n_layers, g->block_bytes,
+			(unsigned long long)g->max_blocks, print_human(g->seq_bytes, a, sizeof a));
+		if (g->kind == KVC_GROUP_WINDOW)
+			fprintf(f, " (window %u)", g->window);
+		fprintf(f, "\n");
+	}
+	fprintf(f, "kvtier per seq   %s (%.0f bytes) in all tiers at most; tokens alone %s; one "
+		"pool with a common slot: %s\n", print_human(r->seq_group_bytes, a, sizeof a),
+		r->seq_group_bytes, print_human(r->seq_group_token_bytes, b, sizeof b),
+		print_human(r->seq_common_slot_bytes, c, sizeof c));
 }
 
 /*
@@ -105,7 +126,9 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
  * seq_paged_bytes, seq_full_bytes, seq_blocks, seq_kvtier_bytes, seq_nvme_bytes,
  * nvme_slot_bytes, batch_bytes, batch_paged_bytes, weight_bytes,
  * hbm_bytes, host_bytes, nvme_bytes, hbm_kv_bytes, sessions_hbm, sessions_host,
- * sessions_nvme, sessions_total.
+ * sessions_nvme, sessions_total; seq_group_bytes, seq_group_token_bytes,
+ * seq_common_slot_bytes and groups: [{kind, layers, window, sink, layer_token_bytes,
+ * block_bytes, max_blocks, seq_bytes, seq_token_bytes, nvme_slot_bytes}] (struct kvc_group).
  */
 int
 kvc_print_json(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
@@ -137,6 +160,7 @@ kvc_print_json(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 		{ "sessions_host", (double)r->fit_host }, { "sessions_nvme", (double)r->fit_nvme },
 		{ "sessions_total", (double)r->fit_total },
 	};
+	cJSON *ga = NULL;
 	char *s;
 	int ok;
 
@@ -148,6 +172,26 @@ kvc_print_json(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 	     cJSON_AddStringToObject(o, "attention", print_attn_name[r->attn]);
 	for (size_t i = 0; ok && i < sizeof(n) / sizeof(n[0]); i++)
 		ok = cJSON_AddNumberToObject(o, n[i].key, n[i].v) != NULL;
+	ok = ok && cJSON_AddNumberToObject(o, "seq_group_bytes", r->seq_group_bytes) &&
+	     cJSON_AddNumberToObject(o, "seq_group_token_bytes", r->seq_group_token_bytes) &&
+	     cJSON_AddNumberToObject(o, "seq_common_slot_bytes", r->seq_common_slot_bytes) &&
+	     (ga = cJSON_AddArrayToObject(o, "groups")) != NULL;
+	for (uint32_t i = 0; ok && i < r->n_groups; i++) {
+		const struct kvc_group *g = &r->groups[i];
+		cJSON *x = cJSON_CreateObject();
+
+		ok = x && cJSON_AddItemToArray(ga, x) &&
+		     cJSON_AddStringToObject(x, "kind", print_group_name[g->kind]) &&
+		     cJSON_AddNumberToObject(x, "layers", g->n_layers) &&
+		     cJSON_AddNumberToObject(x, "window", g->window) &&
+		     cJSON_AddNumberToObject(x, "sink", g->sink) &&
+		     cJSON_AddNumberToObject(x, "layer_token_bytes", g->layer_token_bytes) &&
+		     cJSON_AddNumberToObject(x, "block_bytes", g->block_bytes) &&
+		     cJSON_AddNumberToObject(x, "max_blocks", (double)g->max_blocks) &&
+		     cJSON_AddNumberToObject(x, "seq_bytes", g->seq_bytes) &&
+		     cJSON_AddNumberToObject(x, "seq_token_bytes", g->seq_token_bytes) &&
+		     cJSON_AddNumberToObject(x, "nvme_slot_bytes", (double)g->nvme_slot_bytes);
+	}
 	s = ok ? cJSON_Print(o) : NULL;
 	cJSON_Delete(o);
 	if (!s)

@@ -92,6 +92,35 @@ out:
 	return rc;
 }
 
+int
+kvhf_ref_resplit(struct kvhf_ref *ref, uint32_t n_prompt)
+{
+	uint32_t P = ref->n_prompt + ref->n_gen;
+	int32_t *pr, *gen;
+
+	if (n_prompt < ref->n_prompt || n_prompt >= P)
+		return kvtr_err(-EINVAL, "a prompt of %u tokens: the reference path has a prompt of "
+				"%u and %u tokens in all (at least one must be generated)",
+				n_prompt, ref->n_prompt, P);
+	pr = malloc((size_t)n_prompt * sizeof(int32_t));
+	gen = malloc((size_t)(P - n_prompt) * sizeof(int32_t));
+	if (!pr || !gen) {
+		free(pr);
+		free(gen);
+		return kvtr_err(-ENOMEM, "out of memory");
+	}
+	memcpy(pr, ref->prompt, (size_t)ref->n_prompt * sizeof(int32_t));
+	memcpy(pr + ref->n_prompt, ref->gen, (size_t)(n_prompt - ref->n_prompt) * sizeof(int32_t));
+	memcpy(gen, ref->gen + (n_prompt - ref->n_prompt), (size_t)(P - n_prompt) * sizeof(int32_t));
+	free(ref->prompt);
+	free(ref->gen);
+	ref->prompt = pr;
+	ref->gen = gen;
+	ref->n_prompt = n_prompt;
+	ref->n_gen = P - n_prompt;
+	return 0;
+}
+
 void
 kvhf_ref_free(struct kvhf_ref *ref)
 {

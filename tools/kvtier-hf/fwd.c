@@ -258,6 +258,49 @@ kvhf_attn_add(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, cons
 	}
 }
 
+void
+kvhf_mla_absorb(const struct kvhf_model *m, const struct kvhf_state *s, uint32_t l,
+		float *q_lat, float *q_pe)
+{
+	const struct kvhf_layer *L = &m->layers[l];
+	int r = m->kv_lora_rank, dn = m->qk_nope, dv = m->v_head_dim, dr = m->qk_rope;
+
+	for (int h = 0; h < m->n_heads; h++) {
+		const float *q = s->q + (size_t)h * (size_t)s->qkdim;
+		const float *wk = L->kv_b + (size_t)h * (size_t)(dn + dv) * (size_t)r;
+		float *ql = q_lat + (size_t)h * (size_t)r;
+
+		for (int j = 0; j < r; j++)
+			ql[j] = 0.0f;
+		for (int i = 0; i < dn; i++) /* row i of W_UK[h] is [r] */
+			for (int j = 0; j < r; j++)
+				ql[j] += q[i] * wk[(size_t)i * (size_t)r + j];
+		memcpy(q_pe + (size_t)h * (size_t)dr, q + dn, (size_t)dr * sizeof(float));
+	}
+}
+
+void
+kvhf_attn_set(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, const float *out)
+{
+	const struct kvhf_layer *L = &m->layers[l];
+
+	if (m->family == KVHF_DEEPSEEK) {
+		int r = m->kv_lora_rank, dn = m->qk_nope, dv = m->v_head_dim;
+
+		for (int h = 0; h < m->n_heads; h++) {
+			const float *wv = L->kv_b + ((size_t)h * (size_t)(dn + dv) + (size_t)dn) *
+						    (size_t)r;
+
+			fwd_linear(s->acc + (size_t)h * (size_t)dv, out + (size_t)h * (size_t)r, wv,
+				   NULL, r, dv);
+		}
+	} else {
+		memcpy(s->acc, out, (size_t)m->n_heads * (size_t)s->vdim * sizeof(float));
+	}
+	for (int h = 0; h < m->n_heads; h++)
+		s->sum[h] = 1.0f;
+}
+
 static float
 fwd_gelu_tanh(float x)
 {

@@ -36,6 +36,18 @@ void kvhf_fwd_qkv(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, 
 /** kvhf_attn_add() - one attended position's stored @k / @v (kv_width floats each). */
 void kvhf_attn_add(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, const float *k,
 		   const float *v);
+/**
+ * kvhf_mla_absorb() - MLA's absorbed query of layer @l (kernels/attention.h): q_lat[h] =
+ * W_UK[h]^T q_nope[h] ([n_heads][kv_lora_rank]), q_pe[h] the rotated rope part
+ * ([n_heads][qk_rope]). After kvhf_fwd_qkv.
+ */
+void kvhf_mla_absorb(const struct kvhf_model *m, const struct kvhf_state *s, uint32_t l,
+		     float *q_lat, float *q_pe);
+/**
+ * kvhf_attn_set() - the attention output of layer @l from a kernel (normalised): MLA's
+ * [n_heads][kv_lora_rank] in latent space, W_UV applied here; else [n_heads][head_dim].
+ */
+void kvhf_attn_set(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, const float *out);
 /** kvhf_fwd_rest() - normalise the attention, o_proj, norms, MLP, residuals of layer @l. */
 void kvhf_fwd_rest(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l);
 /** kvhf_fwd_logits() - final norm, lm_head, final softcapping into s->logits. */

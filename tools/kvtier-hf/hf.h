@@ -20,18 +20,25 @@
  * Weights f32, f16 or bf16 (converted to f32 at load); rope_scaling must be null (refused
  * otherwise: none of the yarn/llama3 variants is implemented).
  *
- * KV in kvtier: one engine layout for all layers (today's API): n_kv_heads x head_dim, f32.
- * For MLA the "K" of a 1-head geometry holds the normalised latent c_kv (kv_lora_rank) and the
- * roped k_rope (qk_rope_head_dim); V is allocated by the engine and unused (the waste that
- * layer groups will remove: half of every block). Sliding-window layers store every position
- * and the window is applied in attention: only the blocks that hold the window are prepared.
+ * KV in kvtier: layer groups (kvhf_model_groups, engine/kvtier.h "Layer groups"): FULL for the
+ * full-attention layers, WINDOW (window = sliding_window) for the sliding ones, LATENT for
+ * MLA (one K-only vector per token and layer: the normalised latent c_kv (kv_lora_rank) and the
+ * roped k_rope (qk_rope_head_dim); V is not stored), ALIAS for KV-shared layers (no storage;
+ * kvt_layer_group maps them to their source). Attention goes through the kernels of
+ * kernels/attention.h: per window of blocks, the group's table (slot ids and block positions)
+ * to kvt_attn_partial_ref with the layer's window, or kvt_attn_latent_partial_ref in MLA's
+ * absorbed form (q_nope x W_UK, output in latent space, W_UV applied after), partials merged
+ * with kvt_attn_merge, the position's own K/V last. opts.single_layout keeps the engine's
+ * single geometry instead (MLA as the K of a 1-head layout, V allocated unused; every block of
+ * a sliding layer kept), for comparison.
  *
  * One position at a time (prompt tokens too), as window.c of kvtier-run does it: per layer,
- * attention over the sequence's stored positions walks windows of at most hbm_slots - 1 blocks
- * (kvt_batch_prepare_ranges, kvt_batch_wait_layer, the block table), an online softmax reading
- * K/V straight from the blocks, then the position's own K/V (kept aside); after the last layer
- * the position is appended (kvt_seq_append) and its K/V of every layer stored in one batch
- * holding the last block. Errors: 0 or a negative code with kvtr_last_error() set (util.h).
+ * attention over the sequence's stored positions (from pos + 1 - window for a sliding layer)
+ * walks windows of at most hbm_slots - 1 blocks of the smallest group (kvt_batch_prepare_ranges,
+ * kvt_batch_group_table, kvt_batch_wait_group_layer), then the position's own K/V (kept aside);
+ * after the last layer the position is appended (kvt_seq_append_groups) and its K/V of every
+ * storing layer stored in one batch holding the last block. Errors: 0 or a negative code with
+ * kvtr_last_error() set (util.h).
  */
 #ifndef KVHF_H
 #define KVHF_H
@@ -58,6 +65,11 @@ struct kvhf_layer {
 	int sliding;                               /* 1: attends to the last sliding_window
 	                                              positions only */
 	float rope_theta;                          /* this layer's rope base */
+	int kv_src;                                /* the layer whose K/V this one attends to:
+	                                              itself, or (cross-layer KV sharing, Gemma
+	                                              3n's num_kv_shared_layers) an earlier layer
+	                                              of the same type; its own k/v projections
+	                                              are then not used */
 };
 
 /** A loaded model. */
@@ -76,6 +88,8 @@ struct kvhf_model {
 	struct kvhf_layer *layers;   /* [n_layers] */
 	uint32_t kv_heads_stored, kv_head_dim_stored; /* engine layout (MLA: 1, rank + rope) */
 	uint32_t kv_width;           /* floats of one token's K in one layer */
+	int kv_shared_layers;        /* the last this many layers read an earlier layer's K/V
+	                                (kvhf_model_share_kv); 0 = none */
 	/* private */
 	float *f32;                  /* all tensors converted to f32 */
 	void *tensors;               /* name index */
@@ -84,6 +98,45 @@ struct kvhf_model {
 
 /** kvhf_model_load() - read DIR/config.json and DIR/model.safetensors. */
 int kvhf_model_load(const char *dir, struct kvhf_model **out);
+/**
+ * kvhf_model_share_kv() - cross-layer KV sharing as Gemma 3n's num_kv_shared_layers (the rule
+ * of transformers' Gemma3nTextAttention): the last @n_shared layers store no K/V of their own;
+ * layer i of them attends to the K/V of the last layer before them that has the same type
+ * (sliding or full). Also read from config.json's num_kv_shared_layers (any family but
+ * deepseek_v3). No transformers reference exists for such a model here: the check is against
+ * kvhf_run()'s contiguous mode (opts.contiguous). Returns 0, or KVT_EFORMAT when @n_shared
+ * leaves no storing layer or a shared layer has no earlier layer of its type, KVT_ENOTSUP for
+ * MLA (its latent is per layer).
+ */
+int kvhf_model_share_kv(struct kvhf_model *m, int n_shared);
+/**
+ * The model's KV as kvtier layer groups (engine/kvtier.h "Layer groups"), in the order of
+ * kvtier-calc's struct kvc_group: FULL (the full-attention layers that store K/V), WINDOW (the
+ * sliding ones: window = sliding_window, no sinks), LATENT (deepseek_v3: every layer, one
+ * K-only vector of kv_lora_rank + qk_rope_head_dim floats: V is not stored), ALIAS (the
+ * KV-shared layers, alias_of = kv_src); kinds without layers are left out. f32 K/V, the
+ * layout's tokens_per_block, share 0 (kvhf_run sets the shares).
+ */
+#define KVHF_MAX_GROUPS 4
+struct kvhf_groups {
+	uint32_t n;
+	struct kvt_group g[KVHF_MAX_GROUPS];
+	uint32_t *layers;            /* the groups' layer lists (g[i].layers point into it) */
+	uint32_t *alias_of;          /* the ALIAS group's sources */
+};
+
+/** kvhf_model_groups() - fill @gs for @m. Returns 0 or -ENOMEM; free with kvhf_groups_free. */
+int kvhf_model_groups(const struct kvhf_model *m, struct kvhf_groups *gs);
+void kvhf_groups_free(struct kvhf_groups *gs);
+
+/**
+ * kvhf_group_kv_bytes() - bytes the groups' blocks of @positions tokens take when every block
+ * is kept (whole blocks; ALIAS none), per group into @per_group when not NULL: the base of the
+ * tier fractions and of the capacity shares.
+ */
+uint64_t kvhf_group_kv_bytes(const struct kvhf_groups *gs, uint32_t tokens_per_block,
+			     uint32_t positions, uint64_t *per_group);
+
 /** kvhf_model_free() - NULL ok. */
 void kvhf_model_free(struct kvhf_model *m);
 
@@ -105,6 +158,11 @@ struct kvhf_opts {
 	uint64_t hbm_bytes, host_bytes, nvme_bytes; /* 0 = HBM: twice the sequence's blocks (all
 	                                 of it stays in HBM, below the demotion watermark); HOST
 	                                 and NVMe: room for all of it */
+	float hbm_frac, host_frac;   /* > 0 (instead of hbm_bytes / host_bytes): each group's
+	                                pool gets this fraction of the KV the run's sequences hold
+	                                in it (whole blocks: all of them for FULL and LATENT, the
+	                                window-bound for WINDOW, as kvtier-calc), at least 2 HBM
+	                                and 1 HOST blocks; the shares follow the HBM sizes */
 	int no_host;                 /* 1: no HOST tier */
 	const char *nvme_dir;        /* NULL = a temp dir */
 	uint32_t park_every;         /* park (to NVMe) and resume the sequence after every this
@@ -123,7 +181,45 @@ struct kvhf_opts {
 	                                first */
 	uint32_t stop_after;         /* persist: positions before the kill; 0 = n_prompt + gen / 2 */
 	uint64_t session_key;        /* persist: default 0x4b56484600000001 */
+	int contiguous;              /* 1: no kvtier at all: every layer's K/V of every position
+	                                in one plain array, attention over it in position order
+	                                (the same float operations in the same order as through
+	                                kvtier: logits bit-identical). The reference of models
+	                                transformers cannot give one for (kv_shared_layers).
+	                                Not with park_every, prefix_share or persist */
+	int single_layout;           /* 1: the engine's single layout (no groups): every layer K
+	                                and V of kv_heads_stored x kv_head_dim_stored (MLA: the
+	                                latent as the K of 1 head, V allocated and unused; sliding
+	                                layers keep every block), as before layer groups */
+	uint32_t sessions;           /* kvhf_run_multi: sequences the tiers are sized for
+	                                (0: 1, or 2 with prefix_share) */
+	const float *shares;         /* NULL: each group's share of every tier in proportion to
+	                                its KV (kvhf_group_kv_bytes); else [n_groups] shares */
+	uint64_t emu_copy_bytes_per_s; /* the emulated device's copy bandwidth; 0 = unlimited */
+	int report;                  /* 1: fill kvhf_result.mem (slots in use per group after
+	                                every position; not with prefix_share or persist) */
+	int close_first;             /* prefix_share: close the first sequence before the second
+	                                attaches, so the prompt's blocks are held only by the
+	                                prefix cache (reuse after the owner left, and past the
+	                                window) */
 	FILE *log;                   /* notes; NULL = stderr */
+};
+
+/**
+ * What one storage group of the engine held (opts.report): slots in use in all its tiers
+ * together (kvt_engine_group_stats; a block with copies in two tiers counts twice, so with
+ * the default all-in-HBM placement it is the blocks held), after every position.
+ */
+struct kvhf_group_mem {
+	enum kvt_group_kind kind;
+	uint32_t n_layers;
+	uint64_t block_bytes;        /* the group's slot */
+	uint32_t peak_slots;         /* the most slots in use after any position */
+	uint32_t end_slots;          /* after the last position */
+	uint64_t bound_blocks;       /* kvtier-calc's figure: the blocks a sequence of the run's
+	                                positions holds at most (FULL, LATENT ceil(P / tpb);
+	                                WINDOW min(that, ceil(sink / tpb) + ceil(window / tpb) +
+	                                1)); ALIAS 0 */
 };
 
 /** Results. Free with kvhf_result_free(). */
@@ -138,13 +234,51 @@ struct kvhf_result {
 	uint64_t prefix_tokens;      /* prefix_share: tokens the second sequence attached */
 	uint64_t restored_tokens;    /* persist: tokens of the restored session */
 	struct kvt_stats stats;      /* engine counters at the end */
-	struct kvt_geometry geo;
+	struct kvt_geometry geo;     /* slots and block bytes of group 0 (the rest: zero) */
+	uint32_t n_groups;           /* the engine's groups */
+	struct kvhf_group_mem mem[KVT_MAX_GROUPS]; /* opts.report: per group */
+	uint64_t peak_bytes;         /* opts.report: the most bytes in use in all groups and
+	                                tiers together after any position */
+	uint64_t bound_bytes;        /* sum of bound_blocks x block_bytes */
+	uint64_t touched[KVT_MAX_GROUPS]; /* kvhf_run_multi: distinct blocks of each group the
+	                                steps so far read or wrote (per step and session: the
+	                                blocks from the first one a layer of the group reads to
+	                                the one the position is appended to) */
 };
 
 void kvhf_opts_init(struct kvhf_opts *o);
 /** kvhf_run() - run; @r zeroed first; free it in every case. */
 int kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r);
 void kvhf_result_free(struct kvhf_result *r);
+
+/**
+ * kvhf_run_multi() - @o->sessions sequences decode together, position by position in lock step
+ * (step p runs position p of every session, session 0 first), each fed its own prompt of
+ * @o->n_prompt tokens (o->prompt ignored: session s's token i is a fixed function of s and i),
+ * with @o's tiers (o->hbm_bytes 0: all resident) and, when @prefetch > 0, a hint of the next
+ * @prefetch (at most 8) sessions' blocks (kvt_engine_hint_ranges, steps_ahead 1: from the
+ * first block a layer of each reads; the next one alone when they do not fit in HBM) before
+ * each session computes, as a server announces its next batches. @hook runs after
+ * every step with the engine (for the benchmark's clock and counters). @argmax receives
+ * [sessions][n_prompt] the argmax of the logits after every position (the "text" the three
+ * runs of the benchmark must agree on); r->mem (slots per group at the end) and r->n_groups
+ * are filled. Returns 0 or a negative code (kvtr_last_error()).
+ */
+int kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
+		   void (*hook)(void *arg, struct kvt_engine *e, uint32_t step,
+				const struct kvhf_result *r),
+		   void *hook_arg, int32_t *argmax, struct kvhf_result *r);
+
+/**
+ * kvhf_bench_decode() - the decode benchmark (bench.c): @base->sessions sessions of
+ * @base->n_prompt positions, runs (a) resident, (b) offloaded to 1/@ratio of the KV in HBM,
+ * (c) the same with prefetch hints, @repeat rounds, measured from step @measure_from (0: the
+ * last quarter), emulated copy @bandwidth bytes/s (0: memcpy / 4). Prints the table on
+ * stdout; (c) hints @depth sessions ahead. Returns 0, or a negative code (the runs disagree:
+ * -EPROTO).
+ */
+int kvhf_bench_decode(const struct kvhf_opts *base, uint32_t ratio, uint32_t measure_from,
+		      uint32_t repeat, uint64_t bandwidth, uint32_t depth);
 
 /** The reference written by tools/hf-fixtures/gen.py. */
 struct kvhf_ref {
@@ -159,6 +293,14 @@ struct kvhf_ref {
 
 /** kvhf_ref_load() - DIR/reference.json and its logits file. */
 int kvhf_ref_load(const char *dir, struct kvhf_ref *ref);
+/**
+ * kvhf_ref_resplit() - make the first @n_prompt tokens of the reference path (prompt, then
+ * generated) the prompt and the rest the generated part: the logits are the same (a causal
+ * model's logits after position p depend on tokens 0..p only), so a run with a longer prompt
+ * checks against the same reference. @n_prompt in [ref->n_prompt, n_prompt + n_gen - 1];
+ * returns 0, -EINVAL otherwise, -ENOMEM.
+ */
+int kvhf_ref_resplit(struct kvhf_ref *ref, uint32_t n_prompt);
 void kvhf_ref_free(struct kvhf_ref *ref);
 
 /**
@@ -174,10 +316,15 @@ int kvhf_check(const struct kvhf_ref *ref, const struct kvhf_result *r, double t
 #define KVHF_TOL 1e-4
 
 /**
- * kvhf_kv_bytes() - bytes of K/V the engine needs for @positions tokens of @m with
- * @tokens_per_block (whole blocks, all layers): what the tier fractions are taken of.
+ * kvhf_kv_bytes() - bytes of K/V the engine's layer groups take for @positions tokens of @m
+ * with @tokens_per_block (whole blocks of every group, WINDOW groups counted as if they kept
+ * every block; LATENT K only; ALIAS nothing): what the tier fractions are taken of. With
+ * @positions 1: one block of every group. kvhf_kv_bytes_single() - the same for the single
+ * layout (every layer K and V of kv_width floats).
  */
 uint64_t kvhf_kv_bytes(const struct kvhf_model *m, uint32_t tokens_per_block,
 		       uint32_t positions);
+uint64_t kvhf_kv_bytes_single(const struct kvhf_model *m, uint32_t tokens_per_block,
+			      uint32_t positions);
 
 #endif /* KVHF_H */

@@ -28,7 +28,8 @@ usage(FILE *f)
 		"  --prompt-ids A,B,...   prompt token ids (default: the reference's)\n"
 		"  --steps N              greedy tokens to generate (default: the reference's, or 16)\n"
 		"  --tokens-per-block N   kvtier block size (default 16)\n"
-		"  --hbm SIZE | --hbm-frac F    HBM tier: bytes, or a fraction of the run's KV\n"
+		"  --hbm SIZE | --hbm-frac F    HBM tier: bytes, or a fraction of the run's KV (per\n"
+		"                         group: of the KV the group holds, window-bound for WINDOW)\n"
 		"  --host SIZE | --host-frac F  HOST tier, likewise (default: all of it)\n"
 		"  --no-host              no HOST tier\n"
 		"  --nvme SIZE            NVMe tier bytes (default: all of it)\n"
@@ -38,7 +39,25 @@ usage(FILE *f)
 		"  --prefix-share         run a second sequence that attaches the prompt's blocks\n"
 		"  --persist              persistent store in --nvme-dir: kill -9 midway (a child),\n"
 		"                         restore the session, finish (not with --prefix-share)\n"
-		"  --dump-logits FILE     write the logits as raw f32 [positions - 1][vocab]\n",
+		"  --close-first          --prefix-share: close the first sequence before the second\n"
+		"                         attaches (its blocks only in the prefix cache)\n"
+		"  --prompt-len N         with --check: the first N tokens of the reference path are\n"
+		"                         the prompt (N >= the reference's prompt; same logits)\n"
+		"  --kv-shared-layers N   the last N layers read an earlier layer's K/V (Gemma 3n's\n"
+		"                         rule; overrides config.json's num_kv_shared_layers)\n"
+		"  --report               memory: slots in use per group (all tiers) after every\n"
+		"                         position, against kvtier-calc's per-group figure\n"
+		"  --single-layout        the engine's single layout instead of layer groups (every\n"
+		"                         layer K+V; MLA's V allocated unused; all blocks kept)\n"
+		"  --contiguous           no kvtier: K/V in one plain array (the reference for\n"
+		"                         models without a transformers one)\n"
+		"  --dump-logits FILE     write the logits as raw f32 [positions - 1][vocab]\n"
+		"  --bench-decode         the decode benchmark (bench.c): --sessions N (16) decode\n"
+		"                         --steps positions (128) each, resident / offloaded to\n"
+		"                         1/--ratio R (4) of the KV in HBM / with prefetch; --repeat\n"
+		"                         N (3), --measure-from S (last quarter), --bandwidth B\n"
+		"                         (emulated copy bytes/s; default memcpy / 4),\n"
+		"                         --prefetch-depth N (2: sessions hinted ahead in (c))\n",
 		KVHF_TOL);
 }
 
@@ -76,7 +95,10 @@ main(int argc, char **argv)
 	const char *dir = NULL, *check = NULL, *ids = NULL, *dump = NULL;
 	char refdir[4096];
 	float hbm_frac = 0.0f, host_frac = 0.0f, tol = (float)KVHF_TOL;
-	uint32_t steps = 0;
+	uint32_t steps = 0, prompt_len = 0, shared = 0;
+	uint32_t sessions = 16, ratio = 4, repeat = 3, measure_from = 0, depth = 2;
+	uint64_t bandwidth = 0;
+	int have_shared = 0, bench = 0;
 	int32_t *prompt = NULL;
 	uint32_t n_prompt = 0;
 	int rc = 0, have_steps = 0;
@@ -98,6 +120,16 @@ main(int argc, char **argv)
 			o.prefix_share = 1, val = 0;
 		} else if (!strcmp(a, "--persist")) {
 			o.persist = 1, val = 0;
+		} else if (!strcmp(a, "--close-first")) {
+			o.close_first = 1, val = 0;
+		} else if (!strcmp(a, "--bench-decode")) {
+			bench = 1, val = 0;
+		} else if (!strcmp(a, "--report")) {
+			o.report = 1, val = 0;
+		} else if (!strcmp(a, "--single-layout")) {
+			o.single_layout = 1, val = 0;
+		} else if (!strcmp(a, "--contiguous")) {
+			o.contiguous = 1, val = 0;
 		} else if (!v) {
 			fprintf(stderr, "kvtier-hf: %s needs a value (or is unknown)\n", a);
 			usage(stderr);
@@ -129,6 +161,23 @@ main(int argc, char **argv)
 			o.nvme_dir = v;
 		} else if (!strcmp(a, "--dump-logits")) {
 			dump = v;
+		} else if (!strcmp(a, "--sessions")) {
+			rc = kvtr_parse_u32(a, v, 1, 4096, &sessions);
+		} else if (!strcmp(a, "--prefetch-depth")) {
+			rc = kvtr_parse_u32(a, v, 1, 8, &depth);
+		} else if (!strcmp(a, "--ratio")) {
+			rc = kvtr_parse_u32(a, v, 1, 1024, &ratio);
+		} else if (!strcmp(a, "--repeat")) {
+			rc = kvtr_parse_u32(a, v, 1, 100, &repeat);
+		} else if (!strcmp(a, "--measure-from")) {
+			rc = kvtr_parse_u32(a, v, 1, 1 << 20, &measure_from);
+		} else if (!strcmp(a, "--bandwidth")) {
+			rc = kvtr_parse_size(a, v, &bandwidth);
+		} else if (!strcmp(a, "--prompt-len")) {
+			rc = kvtr_parse_u32(a, v, 1, 1 << 26, &prompt_len);
+		} else if (!strcmp(a, "--kv-shared-layers")) {
+			rc = kvtr_parse_u32(a, v, 0, 4096, &shared);
+			have_shared = 1;
 		} else if (!strcmp(a, "--park-every")) {
 			rc = kvtr_parse_u32(a, v, 0, 1 << 20, &o.park_every);
 		} else {
@@ -156,7 +205,13 @@ main(int argc, char **argv)
 			"one of them per run\n");
 		return 2;
 	}
+	if (prompt_len && !check) {
+		fprintf(stderr, "kvtier-hf: --prompt-len splits the reference path: give --check\n");
+		return 2;
+	}
 	rc = kvhf_model_load(dir, &m);
+	if (rc == 0 && have_shared)
+		rc = kvhf_model_share_kv(m, (int)shared);
 	if (rc == 0 && check) {
 		struct stat sb;
 
@@ -173,6 +228,19 @@ main(int argc, char **argv)
 		if (rc == 0 && ref.vocab != (uint32_t)m->vocab)
 			rc = kvtr_err(KVT_EFORMAT, "the reference has %u logits per row, the model "
 				      "a vocabulary of %d", ref.vocab, m->vocab);
+		if (rc == 0 && prompt_len)
+			rc = kvhf_ref_resplit(&ref, prompt_len);
+	}
+	if (rc == 0 && bench) {
+		o.model = m;
+		o.sessions = sessions;
+		o.n_prompt = have_steps ? steps : 128;
+		o.gen = 0;
+		rc = kvhf_bench_decode(&o, ratio, measure_from, repeat, bandwidth, depth);
+		if (rc)
+			fprintf(stderr, "kvtier-hf: %s\n", kvtr_last_error());
+		rc = rc ? 1 : 0;
+		goto out;
 	}
 	if (rc == 0 && ids)
 		rc = parse_ids(ids, &prompt, &n_prompt);
@@ -190,9 +258,9 @@ main(int argc, char **argv)
 		rc = 2;
 		goto out;
 	}
-	if (hbm_frac > 0.0f || host_frac > 0.0f) {
-		uint64_t kv = kvhf_kv_bytes(m, o.tokens_per_block, o.n_prompt + o.gen);
-		uint64_t block = kvhf_kv_bytes(m, o.tokens_per_block, 1);
+	if ((hbm_frac > 0.0f || host_frac > 0.0f) && o.single_layout) {
+		uint64_t kv = kvhf_kv_bytes_single(m, o.tokens_per_block, o.n_prompt + o.gen);
+		uint64_t block = kvhf_kv_bytes_single(m, o.tokens_per_block, 1);
 
 		/* whole blocks, at least 2 in HBM (windows) and 1 in HOST */
 		if (hbm_frac > 0.0f)
@@ -201,6 +269,9 @@ main(int argc, char **argv)
 		if (host_frac > 0.0f)
 			o.host_bytes = ((uint64_t)((double)kv * host_frac) / block > 1
 					? (uint64_t)((double)kv * host_frac) / block : 1) * block;
+	} else if (hbm_frac > 0.0f || host_frac > 0.0f) { /* per group (hf.h) */
+		o.hbm_frac = hbm_frac > 0.0f ? hbm_frac : 1.0f;
+		o.host_frac = host_frac > 0.0f ? host_frac : 1.0f;
 	}
 	rc = kvhf_run(&o, &r);
 	if (rc) {
@@ -208,10 +279,11 @@ main(int argc, char **argv)
 		rc = 1;
 		goto out;
 	}
-	printf("model %s (%s): %u prompt + %u generated tokens; HBM %u, HOST %u, NVMe %u slots "
-	       "of %llu bytes; %llu windows\n", dir, m->model_type, o.n_prompt, o.gen,
-	       r.geo.hbm_slots, r.geo.host_slots, r.geo.nvme_slots,
-	       (unsigned long long)r.geo.block_bytes, (unsigned long long)r.windows);
+	printf("model %s (%s): %u prompt + %u generated tokens; %u group(s); group 0: HBM %u, "
+	       "HOST %u, NVMe %u slots of %llu bytes; %llu windows\n", dir, m->model_type,
+	       o.n_prompt, o.gen, r.n_groups, r.geo.hbm_slots, r.geo.host_slots,
+	       r.geo.nvme_slots, (unsigned long long)r.geo.block_bytes,
+	       (unsigned long long)r.windows);
 	if (dump) {
 		FILE *f = fopen(dump, "wb");
 
@@ -229,6 +301,23 @@ main(int argc, char **argv)
 	       (unsigned long long)r.stats.blocks_moved[KVT_MOVE_HOST_TO_NVME],
 	       (unsigned long long)r.parks, (unsigned long long)r.prefix_tokens,
 	       (unsigned long long)r.restored_tokens);
+	if (o.report) {
+		static const char *const kind[] = { "FULL", "WINDOW", "LATENT", "ALIAS", "STATE",
+						    "SIDECAR" };
+
+		for (uint32_t g = 0; g < r.n_groups; g++) {
+			const struct kvhf_group_mem *x = &r.mem[g];
+
+			printf("report: group %u %-6s %u layers, slot %llu bytes: peak %u slots, end "
+			       "%u (all tiers); kvtier-calc's bound %llu blocks\n", g,
+			       kind[x->kind], x->n_layers, (unsigned long long)x->block_bytes,
+			       x->peak_slots, x->end_slots, (unsigned long long)x->bound_blocks);
+		}
+		printf("report: %u positions, peak %llu bytes held in all tiers together, "
+		       "kvtier-calc's figure %llu bytes: ratio %.3f\n", o.n_prompt + o.gen,
+		       (unsigned long long)r.peak_bytes, (unsigned long long)r.bound_bytes,
+		       r.bound_bytes ? (double)r.peak_bytes / (double)r.bound_bytes : 0.0);
+	}
 	printf("generated:");
 	for (uint32_t i = o.n_prompt; i < r.n_tokens; i++)
 		printf(" %d", r.tokens[i]);

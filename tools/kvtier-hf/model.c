@@ -410,7 +410,7 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 {
 	const cJSON *mt = hf_item(c, "model_type");
 	double eps, theta, local, qpas, sc;
-	int rc;
+	int rc, shared = 0;
 
 	if (!cJSON_IsString(mt))
 		return kvtr_err(KVT_EFORMAT, "config.json has no model_type");
@@ -447,8 +447,10 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 	m->layers = calloc((size_t)m->n_layers, sizeof(*m->layers));
 	if (!m->layers)
 		return kvtr_err(-ENOMEM, "out of memory");
-	for (int l = 0; l < m->n_layers; l++)
+	for (int l = 0; l < m->n_layers; l++) {
 		m->layers[l].rope_theta = (float)theta;
+		m->layers[l].kv_src = l;
+	}
 	rc = hf_layer_types(m, c);
 	if (rc)
 		return rc;
@@ -508,6 +510,37 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 		m->kv_head_dim_stored = (uint32_t)m->head_dim;
 	}
 	m->kv_width = m->kv_heads_stored * m->kv_head_dim_stored;
+	if ((rc = hf_int(c, "num_kv_shared_layers", 0, 0, m->n_layers, &shared)) != 0)
+		return rc;
+	return shared ? kvhf_model_share_kv(m, shared) : 0;
+}
+
+int
+kvhf_model_share_kv(struct kvhf_model *m, int n_shared)
+{
+	int first = m->n_layers - n_shared;
+
+	if (m->family == KVHF_DEEPSEEK && n_shared)
+		return kvtr_err(KVT_ENOTSUP, "KV-shared layers in an MLA model are not supported");
+	if (n_shared < 0 || first < 1)
+		return kvtr_err(KVT_EFORMAT, "%d KV-shared layers of %d: at least the first layer "
+				"must store its K/V", n_shared, m->n_layers);
+	for (int l = 0; l < m->n_layers; l++)
+		m->layers[l].kv_src = l;
+	for (int l = first; l < m->n_layers; l++) {
+		int src = -1;
+
+		/* Gemma3nTextAttention: the last layer before the shared ones of the same type */
+		for (int j = first - 1; j >= 0 && src < 0; j--)
+			if (m->layers[j].sliding == m->layers[l].sliding)
+				src = j;
+		if (src < 0)
+			return kvtr_err(KVT_EFORMAT, "KV-shared layer %d (%s) has no earlier %s layer "
+					"to read", l, m->layers[l].sliding ? "sliding" : "full",
+					m->layers[l].sliding ? "sliding" : "full");
+		m->layers[l].kv_src = src;
+	}
+	m->kv_shared_layers = n_shared;
 	return 0;
 }
 
@@ -618,6 +651,70 @@ kvhf_model_load(const char *dir, struct kvhf_model **out)
 fail:
 	kvhf_model_free(m);
 	return rc;
+}
+
+int
+kvhf_model_groups(const struct kvhf_model *m, struct kvhf_groups *gs)
+{
+	static const enum kvt_group_kind kinds[] = { KVT_GROUP_FULL, KVT_GROUP_WINDOW,
+						     KVT_GROUP_LATENT, KVT_GROUP_ALIAS };
+	uint32_t used = 0;
+
+	memset(gs, 0, sizeof(*gs));
+	gs->layers = calloc((size_t)m->n_layers, sizeof(uint32_t));
+	gs->alias_of = calloc((size_t)m->n_layers, sizeof(uint32_t));
+	if (!gs->layers || !gs->alias_of) {
+		kvhf_groups_free(gs);
+		return kvtr_err(-ENOMEM, "out of memory");
+	}
+	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+		struct kvt_group *g = &gs->g[gs->n];
+		uint32_t *ls = gs->layers + used;
+
+		kvt_group_init(g, sizeof(*g));
+		g->kind = kinds[k];
+		for (int l = 0; l < m->n_layers; l++) {
+			const struct kvhf_layer *L = &m->layers[l];
+			enum kvt_group_kind want;
+
+			if (L->kv_src != l)
+				want = KVT_GROUP_ALIAS;
+			else if (m->family == KVHF_DEEPSEEK)
+				want = KVT_GROUP_LATENT;
+			else
+				want = L->sliding ? KVT_GROUP_WINDOW : KVT_GROUP_FULL;
+			if (want != g->kind)
+				continue;
+			if (want == KVT_GROUP_ALIAS)
+				gs->alias_of[g->n_layers] = (uint32_t)L->kv_src;
+			ls[g->n_layers++] = (uint32_t)l;
+		}
+		if (!g->n_layers)
+			continue;
+		used += g->n_layers;
+		g->layers = ls;
+		g->dtype = KVT_DTYPE_F32;
+		if (g->kind == KVT_GROUP_LATENT) {
+			g->latent_dim = m->kv_width;
+		} else if (g->kind == KVT_GROUP_ALIAS) {
+			g->alias_of = gs->alias_of;
+		} else {
+			g->n_kv_heads = (uint32_t)m->n_kv_heads;
+			g->head_dim = (uint32_t)m->head_dim;
+			if (g->kind == KVT_GROUP_WINDOW)
+				g->window = (uint32_t)m->sliding_window;
+		}
+		gs->n++;
+	}
+	return 0;
+}
+
+void
+kvhf_groups_free(struct kvhf_groups *gs)
+{
+	free(gs->layers);
+	free(gs->alias_of);
+	memset(gs, 0, sizeof(*gs));
 }
 
 void

@@ -15,8 +15,16 @@
 #include <unistd.h>
 
 #include "fwd.h"
+#include "kernels/attention.h"
 #include "hf.h"
 #include "util.h"
+
+/* One storage group of the engine as the runner uses it. */
+struct hf_grp {
+	struct kvt_group_geometry geo;
+	uint32_t k_floats, v_floats; /* floats of one token's K and V in one layer (v 0: none) */
+	uint64_t kv_blocks;          /* blocks of the run's positions (the fractions' base) */
+};
 
 struct hf_run {
 	const struct kvhf_opts *o;
@@ -24,11 +32,25 @@ struct hf_run {
 	struct kvhf_result *r;
 	FILE *log;
 	struct kvt_engine *e;
-	struct kvt_geometry geo;
 	struct kvhf_state st;
 	float *side;          /* [n_layers][2][kv_width]: this position's K/V */
+	float *kv;            /* contiguous mode: [n_layers][positions][2][kv_width] */
+	uint32_t P;           /* positions of the run */
 	uint32_t cap;         /* blocks per window */
+	uint32_t tpb;
+	uint32_t n_groups;    /* the engine's groups (1 for the single layout) */
+	struct hf_grp grp[KVT_MAX_GROUPS];
+	uint32_t *lgroup, *lidx; /* [n_layers] (group, layer in group) of each layer's K/V */
+	int64_t slots[KVT_MAX_GROUPS]; /* the appended token's slot mapping per group */
+	/* attention through the kernels */
+	float *q;             /* [n_heads][qk dim]: the query (scaled for the kernel) / q_lat */
+	float *qpe;           /* MLA: [n_heads][rope] */
+	float *po, *pm, *pl;  /* a partial: [n_heads][width], [n_heads], [n_heads] */
+	float *ao, *am, *al;  /* the merged partials */
+	float *scratch;       /* [max(P, tpb * cap)] */
+	int have;             /* ao holds a partial */
 	char tmpdir[4096];
+	struct kvhf_groups groups;
 };
 
 void
@@ -40,11 +62,23 @@ kvhf_opts_init(struct kvhf_opts *o)
 }
 
 uint64_t
-kvhf_kv_bytes(const struct kvhf_model *m, uint32_t tpb, uint32_t positions)
+kvhf_kv_bytes_single(const struct kvhf_model *m, uint32_t tpb, uint32_t positions)
 {
 	uint64_t blocks = ((uint64_t)positions + tpb - 1) / tpb;
 
 	return blocks * tpb * (uint64_t)m->n_layers * 2 * m->kv_width * sizeof(float);
+}
+
+uint64_t
+kvhf_kv_bytes(const struct kvhf_model *m, uint32_t tpb, uint32_t positions)
+{
+	uint64_t blocks = ((uint64_t)positions + tpb - 1) / tpb, per_token = 0;
+
+	for (int l = 0; l < m->n_layers; l++)
+		if (m->layers[l].kv_src == l) /* ALIAS layers store nothing; MLA no V */
+			per_token += (m->family == KVHF_DEEPSEEK ? 1 : 2) * (uint64_t)m->kv_width *
+				     sizeof(float);
+	return blocks * tpb * per_token;
 }
 
 static void
@@ -57,30 +91,132 @@ hf_engine_log(void *arg, int level, const char *msg)
 			msg);
 }
 
+/* Bytes of one token of one layer of group @g of @gs (K + V). */
+static uint64_t
+hf_group_token_bytes(const struct kvt_group *g)
+{
+	switch (g->kind) {
+	case KVT_GROUP_LATENT:
+		return (uint64_t)g->latent_dim * sizeof(float);
+	case KVT_GROUP_FULL:
+	case KVT_GROUP_WINDOW:
+		return (uint64_t)g->n_kv_heads *
+		       (g->head_dim + (g->v_head_dim ? g->v_head_dim : g->head_dim)) * sizeof(float);
+	default:
+		return 0;
+	}
+}
+
+uint64_t
+kvhf_group_kv_bytes(const struct kvhf_groups *gs, uint32_t tpb, uint32_t positions,
+		    uint64_t *per_group)
+{
+	uint64_t blocks = ((uint64_t)positions + tpb - 1) / tpb, sum = 0;
+
+	for (uint32_t i = 0; i < gs->n; i++) {
+		uint64_t b = blocks * tpb * gs->g[i].n_layers * hf_group_token_bytes(&gs->g[i]);
+
+		if (per_group)
+			per_group[i] = b;
+		sum += b;
+	}
+	return sum;
+}
+
 static int
 hf_engine_create(struct hf_run *c, int persist)
 {
 	const struct kvhf_opts *o = c->o;
 	const struct kvhf_model *m = c->m;
 	uint32_t P = o->n_prompt + o->gen, tpb = o->tokens_per_block;
-	uint64_t nseq = o->prefix_share ? 2 : 1;
-	uint64_t block = (uint64_t)tpb * (uint64_t)m->n_layers * 2 * m->kv_width * sizeof(float);
+	uint64_t nseq = o->sessions ? o->sessions : o->prefix_share ? 2 : 1;
 	uint64_t nblocks = nseq * ((P + tpb - 1) / tpb);
+	uint64_t kv_g[KVT_MAX_GROUPS] = { 0 }, kv_sum, hbm, host, nvme = 0, blk_sum = 0;
+	uint64_t frac_hbm = 0, frac_host = 0;
+	struct kvt_group g[KVT_MAX_GROUPS];
 	struct kvt_engine_opts eo;
 	int rc;
 
 	kvt_engine_opts_init(&eo, sizeof(eo));
 	eo.layout.n_layers = (uint32_t)m->n_layers;
-	eo.layout.n_kv_heads = m->kv_heads_stored;
-	eo.layout.head_dim = m->kv_head_dim_stored;
-	eo.layout.dtype = KVT_DTYPE_F32;
 	eo.layout.tokens_per_block = tpb;
-	/* all in HBM by default: twice the blocks, below the high watermark (no demotion) */
-	eo.hbm_bytes = o->hbm_bytes ? o->hbm_bytes : (2 * nblocks + 2) * block;
-	eo.host_bytes = o->no_host ? 0 : o->host_bytes ? o->host_bytes : (nblocks + 1) * block;
-	/* NVMe slots: a 4 KiB header page + the block rounded up to 4 KiB (tiers/tier_nvme.h) */
-	eo.nvme_bytes = o->nvme_bytes ? o->nvme_bytes
-				      : (nblocks + 1) * (4096 + (block + 4095) / 4096 * 4096);
+	if (o->single_layout) { /* one FULL layout: MLA as a 1-head K (V unused) */
+		eo.layout.n_kv_heads = m->kv_heads_stored;
+		eo.layout.head_dim = m->kv_head_dim_stored;
+		eo.layout.dtype = KVT_DTYPE_F32;
+		kv_sum = kvhf_kv_bytes_single(m, tpb, P) * nseq;
+		blk_sum = kvhf_kv_bytes_single(m, tpb, 1);
+	} else {
+		memcpy(g, c->groups.g, sizeof(g[0]) * c->groups.n);
+		kv_sum = kvhf_group_kv_bytes(&c->groups, tpb, P, kv_g) * nseq;
+		if (o->hbm_frac > 0 || o->host_frac > 0) { /* per group: the KV it holds */
+			uint64_t hb = 0, hs = 0, mx = 0, blocks = (P + tpb - 1) / tpb;
+			uint64_t need[KVT_MAX_GROUPS] = { 0 }, hneed[KVT_MAX_GROUPS] = { 0 };
+
+			for (uint32_t i = 0; i < c->groups.n; i++) {
+				uint64_t blk = (uint64_t)tpb * g[i].n_layers *
+					       hf_group_token_bytes(&g[i]);
+				uint64_t held = blocks, n;
+
+				if (!blk)
+					continue;
+				if (g[i].kind == KVT_GROUP_WINDOW) {
+					uint64_t b = (g[i].sink + tpb - 1) / tpb +
+						     (g[i].window + tpb - 1) / tpb + 1;
+
+					held = b < held ? b : held;
+				}
+				held *= nseq;
+				n = (uint64_t)((double)held * o->hbm_frac);
+				need[i] = (n > 2 ? n : 2) * blk;
+				n = (uint64_t)((double)held * o->host_frac);
+				hneed[i] = (n > 1 ? n : 1) * blk;
+				hb += need[i];
+				if (blk > mx)
+					mx = blk;
+			}
+			for (uint32_t i = 0; i < c->groups.n; i++) {
+				if (!need[i])
+					continue;
+				g[i].share = (float)((double)need[i] / (double)hb);
+				/* HOST follows the same shares: enough for every group's need */
+				if ((uint64_t)((double)hneed[i] / g[i].share) > hs)
+					hs = (uint64_t)((double)hneed[i] / g[i].share);
+			}
+			frac_hbm = hb + mx;
+			frac_host = hs + mx;
+		}
+		for (uint32_t i = 0; i < c->groups.n; i++) {
+			uint64_t blk = (uint64_t)tpb * g[i].n_layers * hf_group_token_bytes(&g[i]);
+
+			blk_sum += blk;
+			if (blk && !frac_hbm)
+				g[i].share = o->shares ? o->shares[i] :
+					     (float)((double)kv_g[i] * (double)nseq / (double)kv_sum);
+			/* NVMe slots: a 4 KiB header page + the block rounded up to 4 KiB
+			 * (tiers/tier_nvme.h), the group's share of the tier holding them all */
+			if (blk && g[i].share > 0) {
+				uint64_t need = (uint64_t)((double)((nblocks + 1) *
+						 (4096 + (blk + 4095) / 4096 * 4096)) /
+						 g[i].share) + 4096;
+
+				if (need > nvme)
+					nvme = need;
+			}
+		}
+		eo.groups = g;
+		eo.n_groups = c->groups.n;
+	}
+	/* all in HBM by default: twice the blocks, below the high watermark (no demotion);
+	 * a block of every group's slack for the float shares */
+	hbm = o->hbm_bytes ? o->hbm_bytes : frac_hbm ? frac_hbm : 2 * kv_sum + 2 * blk_sum;
+	host = o->no_host ? 0 : o->host_bytes ? o->host_bytes : frac_host ? frac_host
+								  : kv_sum + 2 * blk_sum;
+	if (o->single_layout)
+		nvme = (nblocks + 1) * (4096 + (blk_sum + 4095) / 4096 * 4096);
+	eo.hbm_bytes = hbm;
+	eo.host_bytes = host;
+	eo.nvme_bytes = o->nvme_bytes ? o->nvme_bytes : nvme;
 	if (o->nvme_dir) {
 		eo.nvme_dir = o->nvme_dir;
 	} else {
@@ -98,21 +234,68 @@ hf_engine_create(struct hf_run *c, int persist)
 		eo.nvme_dir = c->tmpdir;
 	}
 	eo.nvme_persist = persist;
+	eo.emu_copy_bytes_per_s = o->emu_copy_bytes_per_s;
 	eo.prefix_cache = o->prefix_share ? 1 : 0;
 	eo.log = hf_engine_log;
 	eo.log_arg = c->log;
 	rc = kvt_engine_create(&eo, &c->e);
 	if (rc)
 		return kvtr_err_kvt(rc, "kvt_engine_create");
-	rc = kvt_engine_geometry(c->e, &c->geo);
-	if (rc)
-		return kvtr_err_kvt(rc, "kvt_engine_geometry");
-	if (c->geo.hbm_slots < 2 && P > tpb)
-		return kvtr_err(KVT_ETOOBIG, "HBM holds %u block slot(s): windows need at least 2 "
-				"(%llu bytes)", c->geo.hbm_slots,
-				(unsigned long long)(2 * c->geo.block_bytes));
-	c->cap = c->geo.hbm_slots > 1 ? c->geo.hbm_slots - 1 : 1;
-	c->r->geo = c->geo;
+	rc = kvt_engine_n_groups(c->e);
+	if (rc < 1 || rc > KVT_MAX_GROUPS)
+		return kvtr_err(-EPROTO, "engine bug: kvt_engine_n_groups gives %d", rc);
+	c->n_groups = (uint32_t)rc;
+	c->cap = UINT32_MAX;
+	c->tpb = tpb;
+	for (uint32_t i = 0; i < c->n_groups; i++) {
+		struct hf_grp *hg = &c->grp[i];
+
+		rc = kvt_group_geometry(c->e, i, &hg->geo);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_group_geometry");
+		if (hg->geo.kind == KVT_GROUP_ALIAS)
+			continue;
+		hg->k_floats = (uint32_t)(hg->geo.k_token_bytes / sizeof(float));
+		hg->v_floats = (uint32_t)(hg->geo.v_token_bytes / sizeof(float));
+		if (hg->geo.hbm_slots < 2 && P > tpb)
+			return kvtr_err(KVT_ETOOBIG, "group %u's HBM holds %u block slot(s): windows "
+					"need at least 2 (%llu bytes)", i, hg->geo.hbm_slots,
+					(unsigned long long)(2 * hg->geo.block_bytes));
+		if (hg->geo.hbm_slots - 1 < c->cap)
+			c->cap = hg->geo.hbm_slots > 1 ? hg->geo.hbm_slots - 1 : 1;
+		if (i == 0 || c->r->geo.block_bytes == 0) {
+			c->r->geo.hbm_slots = hg->geo.hbm_slots;
+			c->r->geo.host_slots = hg->geo.host_slots;
+			c->r->geo.nvme_slots = hg->geo.nvme_slots;
+			c->r->geo.block_bytes = hg->geo.block_bytes;
+		}
+	}
+	c->r->n_groups = c->n_groups;
+	for (uint32_t l = 0; l < (uint32_t)m->n_layers; l++) {
+		uint32_t src = (uint32_t)m->layers[l].kv_src, gi, li, ga, la;
+
+		rc = kvt_layer_group(c->e, src, &gi, &li);
+		if (rc == 0)
+			rc = kvt_layer_group(c->e, l, &ga, &la);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_layer_group");
+		if (!o->single_layout && (ga != gi || la != li))
+			return kvtr_err(-EPROTO, "engine bug: layer %u (reading layer %u's K/V) maps to "
+					"group %u layer %u, its source to group %u layer %u", l, src, ga,
+					la, gi, li);
+		if (gi >= c->n_groups || c->grp[gi].geo.kind == KVT_GROUP_ALIAS ||
+		    li >= c->grp[gi].geo.n_layers)
+			return kvtr_err(-EPROTO, "engine bug: layer %u maps to group %u layer %u", l,
+					gi, li);
+		c->lgroup[l] = gi;
+		c->lidx[l] = li;
+		if (c->grp[gi].k_floats != m->kv_width ||
+		    (c->grp[gi].v_floats && c->grp[gi].v_floats != m->kv_width))
+			return kvtr_err(-EPROTO, "engine bug: group %u stores %u + %u floats per "
+					"token, the model's K/V are %u + %u", gi, c->grp[gi].k_floats,
+					c->grp[gi].v_floats, m->kv_width,
+					m->family == KVHF_DEEPSEEK ? 0 : m->kv_width);
+	}
 	return 0;
 }
 
@@ -122,18 +305,166 @@ hf_nofit(int rc)
 	return rc == KVT_ETOOBIG || rc == -ENOSPC;
 }
 
-/* Attention of layer @l at @pos over the stored positions [lo, pos) of @seq, by windows. */
-static int
-hf_attend_stored(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t lo, uint32_t pos)
+/* Merges the partial (po, pm, pl) into (ao, am, al) of @width per head. */
+static void
+hf_merge(struct hf_run *c, uint32_t width)
 {
-	uint32_t tpb = c->geo.tokens_per_block, fb = lo / tpb, nb = (pos + tpb - 1) / tpb;
-	const struct kvt_geometry *g = &c->geo;
+	uint32_t nh = (uint32_t)c->m->n_heads;
 
+	if (!c->have) {
+		memcpy(c->ao, c->po, (size_t)nh * width * sizeof(float));
+		memcpy(c->am, c->pm, nh * sizeof(float));
+		memcpy(c->al, c->pl, nh * sizeof(float));
+		c->have = 1;
+		return;
+	}
+	kvt_attn_merge(nh, width, c->ao, c->am, c->al, c->po, c->pm, c->pl);
+}
+
+/*
+ * The kernel's partial over positions [t0, t1) of layer @kl's K/V in the HBM blocks of
+ * @table's first sequence (group @gi), for the query at @pos with @window (0: full), merged.
+ */
+static int
+hf_partial(struct hf_run *c, uint32_t l, uint32_t gi, uint32_t li, const struct kvt_group_table *t,
+	   uint64_t t0, uint64_t t1, uint32_t pos, uint32_t window)
+{
+	const struct kvhf_model *m = c->m;
+	const struct kvt_group_geometry *g = &t->geo;
+	uint32_t off = t->indptr[0], n = t->indptr[1] - t->indptr[0];
+	const char *base = (const char *)g->hbm_base + (uint64_t)li * g->layer_block_bytes;
+	int rc;
+
+	(void)l;
+	(void)gi;
+	if (n == 0 || t0 >= t1)
+		return 0;
+	if (m->family == KVHF_DEEPSEEK) {
+		struct kvt_paged_latent kv;
+
+		memset(&kv, 0, sizeof(kv));
+		kv.base = base;
+		kv.block_stride = g->block_bytes;
+		kv.token_stride = g->k_token_bytes;
+		kv.table = t->indices + off;
+		kv.tokens_per_block = g->tokens_per_block;
+		kv.kv_lora_rank = (uint32_t)m->kv_lora_rank;
+		kv.rope_dim = (uint32_t)m->qk_rope;
+		kv.dtype = KVT_DTYPE_F32;
+		kv.window = window;
+		kv.pos = t->block_pos + off;
+		kv.n_entries = n;
+		kv.seq_len = (uint64_t)pos + 1;
+		rc = kvt_attn_latent_partial_ref(&kv, c->q, c->qpe, (uint32_t)m->n_heads, t0, t1,
+						 m->attn_scale, c->scratch, c->po, c->pm, c->pl);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_attn_latent_partial_ref");
+		hf_merge(c, (uint32_t)m->kv_lora_rank);
+	} else {
+		struct kvt_paged_kv kv;
+
+		memset(&kv, 0, sizeof(kv));
+		kv.k_base = base;
+		kv.v_offset = g->v_offset;
+		kv.block_stride = g->block_bytes;
+		kv.token_stride = g->k_token_bytes;
+		kv.table = t->indices + off;
+		kv.tokens_per_block = g->tokens_per_block;
+		kv.n_kv_heads = (uint32_t)m->n_kv_heads;
+		kv.head_dim = (uint32_t)m->head_dim;
+		kv.dtype = KVT_DTYPE_F32;
+		kv.window = window;
+		kv.pos = t->block_pos + off;
+		kv.n_entries = n;
+		kv.seq_len = (uint64_t)pos + 1;
+		rc = kvt_attn_partial_ref(&kv, c->q, (uint32_t)m->n_heads, t0, t1, c->scratch,
+					  c->po, c->pm, c->pl);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_attn_partial_ref");
+		hf_merge(c, (uint32_t)m->head_dim);
+	}
+	return 0;
+}
+
+/* The partial of this position's own K/V (kept aside in @side), merged last. */
+static int
+hf_self_partial(struct hf_run *c, const float *side)
+{
+	static const uint32_t table0[1] = { 0 };
+	const struct kvhf_model *m = c->m;
+	uint32_t kw = m->kv_width;
+	int rc;
+
+	if (m->family == KVHF_DEEPSEEK) {
+		struct kvt_paged_latent kv;
+
+		memset(&kv, 0, sizeof(kv));
+		kv.base = side;
+		kv.block_stride = kw * sizeof(float);
+		kv.token_stride = kw * sizeof(float);
+		kv.table = table0;
+		kv.tokens_per_block = 1;
+		kv.kv_lora_rank = (uint32_t)m->kv_lora_rank;
+		kv.rope_dim = (uint32_t)m->qk_rope;
+		kv.dtype = KVT_DTYPE_F32;
+		rc = kvt_attn_latent_partial_ref(&kv, c->q, c->qpe, (uint32_t)m->n_heads, 0, 1,
+						 m->attn_scale, c->scratch, c->po, c->pm, c->pl);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_attn_latent_partial_ref (own K)");
+		hf_merge(c, (uint32_t)m->kv_lora_rank);
+	} else {
+		struct kvt_paged_kv kv;
+
+		memset(&kv, 0, sizeof(kv));
+		kv.k_base = side;
+		kv.v_offset = kw * sizeof(float);
+		kv.block_stride = 2 * kw * sizeof(float);
+		kv.token_stride = kw * sizeof(float);
+		kv.table = table0;
+		kv.tokens_per_block = 1;
+		kv.n_kv_heads = (uint32_t)m->n_kv_heads;
+		kv.head_dim = (uint32_t)m->head_dim;
+		kv.dtype = KVT_DTYPE_F32;
+		rc = kvt_attn_partial_ref(&kv, c->q, (uint32_t)m->n_heads, 0, 1, c->scratch, c->po,
+					  c->pm, c->pl);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_attn_partial_ref (own K/V)");
+		hf_merge(c, (uint32_t)m->head_dim);
+	}
+	return 0;
+}
+
+/*
+ * Attention of layer @l at @pos over the stored positions [lo, pos) of @seq, read from the
+ * K/V of layer @kl (@l itself, or the layer it shares K/V with), by windows of blocks: the
+ * contiguous mode loops over its array; through kvtier each window's group table goes to the
+ * kernel (kvt_attn_partial_ref / kvt_attn_latent_partial_ref, window given), partials merged.
+ */
+static int
+hf_attend_stored(struct hf_run *c, kvt_seq_id seq, uint32_t kl, uint32_t l, uint32_t lo,
+		 uint32_t pos, uint32_t window)
+{
+	uint32_t tpb = c->tpb, fb = lo / (tpb ? tpb : 1), nb, gi, li;
+
+	if (c->kv) { /* contiguous: the same positions in the same order */
+		uint32_t kw = c->m->kv_width;
+
+		for (uint32_t j = lo; j < pos; j++) {
+			const float *k = c->kv + ((size_t)kl * c->P + j) * 2 * kw;
+
+			kvhf_attn_add(c->m, &c->st, l, k, k + kw);
+		}
+		return 0;
+	}
+	gi = c->lgroup[kl];
+	li = c->lidx[kl];
+	nb = (pos + tpb - 1) / tpb;
 	for (uint32_t ws = fb; ws < nb;) {
 		uint32_t wn = nb - ws < c->cap ? nb - ws : c->cap;
 		struct kvt_seq_range range;
-		struct kvt_block_table bt;
+		struct kvt_group_table t;
 		struct kvt_batch *b = NULL;
+		uint64_t t0, t1;
 		int rc, rc2;
 
 		for (;;) {
@@ -149,33 +480,21 @@ hf_attend_stored(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t lo, uint
 		if (rc)
 			return kvtr_err_kvt(rc, "kvt_batch_prepare_ranges");
 		c->r->windows++;
-		memset(&bt, 0, sizeof(bt));
-		rc = kvt_batch_block_table(b, &bt);
+		memset(&t, 0, sizeof(t));
+		rc = kvt_batch_group_table(b, gi, &t);
 		if (rc)
-			rc = kvtr_err_kvt(rc, "kvt_batch_block_table");
-		else if (bt.n_seqs != 1 || bt.first_block[0] != ws ||
-			 bt.indptr[1] - bt.indptr[0] != wn)
-			rc = kvtr_err(-EPROTO, "engine bug: window [%u, +%u) has a block table of "
-				      "%u blocks from %u", ws, wn, bt.indptr[1] - bt.indptr[0],
-				      bt.first_block[0]);
-		if (rc == 0 && (rc = kvt_batch_wait_layer(b, l, NULL)) != 0)
-			rc = kvtr_err_kvt(rc, "kvt_batch_wait_layer");
-		for (uint32_t i = 0; rc == 0 && i < wn; i++) {
-			uint32_t slot = bt.indices[bt.indptr[0] + i];
-			const char *base = (const char *)bt.geo.hbm_base +
-					   (uint64_t)slot * g->block_bytes +
-					   (uint64_t)l * g->layer_block_bytes;
-
-			for (uint32_t o = 0; o < tpb; o++) {
-				uint64_t j = (uint64_t)(ws + i) * tpb + o;
-				const float *k = (const float *)(base + (uint64_t)o * g->token_bytes);
-
-				if (j < lo || j >= pos)
-					continue;
-				kvhf_attn_add(c->m, &c->st, l, k,
-					      (const float *)((const char *)k + g->v_offset));
-			}
-		}
+			rc = kvtr_err_kvt(rc, "kvt_batch_group_table");
+		for (uint32_t i = t.indptr ? t.indptr[0] : 0; rc == 0 && i < t.indptr[1]; i++)
+			if (t.n_seqs != 1 || t.block_pos[i] < ws || t.block_pos[i] >= ws + wn ||
+			    (i > t.indptr[0] && t.block_pos[i] <= t.block_pos[i - 1]))
+				rc = kvtr_err(-EPROTO, "engine bug: window [%u, +%u) of group %u has "
+					      "an entry of block %u", ws, wn, gi, t.block_pos[i]);
+		if (rc == 0 && (rc = kvt_batch_wait_group_layer(b, gi, li, NULL)) != 0)
+			rc = kvtr_err_kvt(rc, "kvt_batch_wait_group_layer");
+		t0 = (uint64_t)ws * tpb > lo ? (uint64_t)ws * tpb : lo;
+		t1 = (uint64_t)(ws + wn) * tpb < pos ? (uint64_t)(ws + wn) * tpb : pos;
+		if (rc == 0)
+			rc = hf_partial(c, l, gi, li, &t, t0, t1, pos, window);
 		rc2 = kvt_batch_release(b, NULL);
 		if (rc == 0 && rc2)
 			rc = kvtr_err_kvt(rc2, "kvt_batch_release");
@@ -186,52 +505,99 @@ hf_attend_stored(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t lo, uint
 	return 0;
 }
 
-/* Appends position @pos (token @tok) and stores its K/V of every layer. */
+/* Appends position @pos (token @tok) and stores its K/V of every storing layer. */
 static int
 hf_commit(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 {
-	uint32_t tpb = c->geo.tokens_per_block, kw = c->m->kv_width;
+	const struct kvhf_model *m = c->m;
+	uint32_t tpb = c->tpb, kw = m->kv_width;
 	struct kvt_seq_range range;
-	struct kvt_block_table bt;
 	struct kvt_batch *b = NULL;
-	int64_t slot = -1;
 	int rc, rc2;
 
-	rc = kvt_seq_append(c->e, seq, &tok, 1, &slot);
+	if (c->kv) {
+		for (uint32_t l = 0; l < (uint32_t)m->n_layers; l++)
+			memcpy(c->kv + ((size_t)l * c->P + pos) * 2 * kw, c->side + (size_t)l * 2 * kw,
+			       2 * kw * sizeof(float));
+		return 0;
+	}
+	rc = kvt_seq_append_groups(c->e, seq, &tok, 1, c->slots);
 	if (rc)
-		return kvtr_err_kvt(rc, "kvt_seq_append");
+		return kvtr_err_kvt(rc, "kvt_seq_append_groups");
 	range.seq = seq;
 	range.first_block = pos / tpb;
 	range.n_blocks = 1;
 	rc = kvt_batch_prepare_ranges(c->e, &range, 1, &b);
 	if (rc)
 		return kvtr_err_kvt(rc, "kvt_batch_prepare_ranges (the new token's block)");
-	memset(&bt, 0, sizeof(bt));
-	rc = kvt_batch_block_table(b, &bt);
-	if (rc)
-		rc = kvtr_err_kvt(rc, "kvt_batch_block_table");
-	else if ((uint64_t)slot / tpb != bt.indices[bt.indptr[0]] ||
-		 (uint64_t)slot % tpb != pos % tpb)
-		rc = kvtr_err(-EPROTO, "engine bug: position %u was appended at slot mapping %lld "
-			      "but its block is in HBM slot %u", pos, (long long)slot,
-			      bt.indices[bt.indptr[0]]);
-	for (uint32_t l = 0; rc == 0 && l < (uint32_t)c->m->n_layers; l++) {
+	for (uint32_t gi = 0; rc == 0 && gi < c->n_groups; gi++) {
+		struct kvt_group_table t;
+
+		if (c->grp[gi].geo.kind == KVT_GROUP_ALIAS)
+			continue;
+		memset(&t, 0, sizeof(t));
+		rc = kvt_batch_group_table(b, gi, &t);
+		if (rc)
+			rc = kvtr_err_kvt(rc, "kvt_batch_group_table");
+		else if (t.indptr[1] - t.indptr[0] < 1 || c->slots[gi] < 0 ||
+			 (uint64_t)c->slots[gi] / tpb != t.indices[t.indptr[1] - 1] ||
+			 (uint64_t)c->slots[gi] % tpb != pos % tpb)
+			rc = kvtr_err(-EPROTO, "engine bug: position %u was appended at slot mapping "
+				      "%lld of group %u, but its block is not the table's last entry",
+				      pos, (long long)c->slots[gi], gi);
+	}
+	for (uint32_t l = 0; rc == 0 && l < (uint32_t)m->n_layers; l++) {
 		const float *kv = c->side + (size_t)l * 2 * kw;
+		uint32_t gi = c->lgroup[l], li = c->lidx[l];
+		const struct hf_grp *g = &c->grp[gi];
 		void *k, *v;
 
-		rc = kvt_batch_wait_layer(b, l, NULL);
+		if (m->layers[l].kv_src != (int)l && !c->o->single_layout)
+			continue; /* ALIAS: no storage */
+		rc = kvt_batch_wait_group_layer(b, gi, li, NULL);
 		if (rc) {
-			rc = kvtr_err_kvt(rc, "kvt_batch_wait_layer");
+			rc = kvtr_err_kvt(rc, "kvt_batch_wait_group_layer");
 			break;
 		}
-		kvt_kv_addr(&bt.geo, l, slot, &k, &v);
-		memcpy(k, kv, kw * sizeof(float));
-		memcpy(v, kv + kw, kw * sizeof(float));
+		if (m->layers[l].kv_src != (int)l) /* the single layout's slot of an aliasing
+						      layer: written zero */
+			kv = NULL;
+		kvt_group_kv_addr(&g->geo, li, c->slots[gi], &k, &v);
+		if (kv)
+			memcpy(k, kv, kw * sizeof(float));
+		else
+			memset(k, 0, kw * sizeof(float));
+		if (v && kv && m->family != KVHF_DEEPSEEK)
+			memcpy(v, kv + kw, g->v_floats * sizeof(float));
+		else if (v) /* MLA in the single layout: V unused */
+			memset(v, 0, g->v_floats * sizeof(float));
 	}
 	rc2 = kvt_batch_release(b, NULL);
 	if (rc == 0 && rc2)
 		rc = kvtr_err_kvt(rc2, "kvt_batch_release");
 	return rc;
+}
+
+/* The query of layer @l for the kernels: MLA's absorbed q_lat / q_pe, else q scaled so that
+ * the kernel's 1/sqrt(head_dim) gives the model's attn_scale. */
+static void
+hf_kernel_query(struct hf_run *c, uint32_t l)
+{
+	const struct kvhf_model *m = c->m;
+	size_t nq = (size_t)m->n_heads * (size_t)c->st.qkdim;
+
+	if (m->family == KVHF_DEEPSEEK) {
+		kvhf_mla_absorb(m, &c->st, l, c->q, c->qpe);
+		return;
+	}
+	memcpy(c->q, c->st.q, nq * sizeof(float));
+	{
+		float f = m->attn_scale * sqrtf((float)m->head_dim);
+
+		if (f != 1.0f)
+			for (size_t i = 0; i < nq; i++)
+				c->q[i] *= f;
+	}
 }
 
 /* One position: forward pass of @tok at @pos with attention through kvtier, then commit. */
@@ -244,23 +610,97 @@ hf_position(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 
 	kvhf_fwd_embed(m, &c->st, tok);
 	for (uint32_t l = 0; l < (uint32_t)m->n_layers; l++) {
-		uint32_t lo = 0;
-		float *side = c->side + (size_t)l * 2 * kw;
+		uint32_t lo = 0, kl = (uint32_t)m->layers[l].kv_src, window = 0;
+		float *side = c->side + (size_t)kl * 2 * kw;
 
 		kvhf_fwd_qkv(m, &c->st, l, pos);
-		memcpy(side, c->st.k, kw * sizeof(float));
-		memcpy(side + kw, c->st.v, kw * sizeof(float));
-		if (m->layers[l].sliding && pos + 1 > (uint32_t)m->sliding_window)
-			lo = pos + 1 - (uint32_t)m->sliding_window;
-		rc = hf_attend_stored(c, seq, l, lo, pos);
+		if (kl == l) { /* a KV-shared layer reads its source's (computed before it) */
+			memcpy(side, c->st.k, kw * sizeof(float));
+			memcpy(side + kw, c->st.v, kw * sizeof(float));
+		}
+		if (m->layers[l].sliding) {
+			window = (uint32_t)m->sliding_window;
+			if (pos + 1 > window)
+				lo = pos + 1 - window;
+		}
+		if (!c->kv)
+			hf_kernel_query(c, l);
+		c->have = 0;
+		rc = hf_attend_stored(c, seq, kl, l, lo, pos, window);
 		if (rc)
 			return rc;
-		kvhf_attn_add(m, &c->st, l, side, side + kw);
+		if (c->kv) {
+			kvhf_attn_add(m, &c->st, l, side, side + kw);
+		} else {
+			rc = hf_self_partial(c, side);
+			if (rc)
+				return rc;
+			kvhf_attn_set(m, &c->st, l, c->ao);
+		}
 		kvhf_fwd_rest(m, &c->st, l);
 	}
 	kvhf_fwd_logits(m, &c->st);
 	c->r->positions++;
 	return hf_commit(c, seq, pos, tok);
+}
+
+/* opts.report: slots in use per group after a position. */
+static int
+hf_measure(struct hf_run *c)
+{
+	uint64_t total = 0;
+
+	for (uint32_t i = 0; i < c->n_groups; i++) {
+		struct kvhf_group_mem *g = &c->r->mem[i];
+		struct kvt_stats st;
+		uint32_t used = 0;
+		int rc;
+
+		if (c->grp[i].geo.kind == KVT_GROUP_ALIAS)
+			continue;
+		memset(&st, 0, sizeof(st));
+		st.size = sizeof(st);
+		rc = kvt_engine_group_stats(c->e, i, &st);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_engine_group_stats");
+		for (int t = 0; t < KVT_TIER_COUNT; t++)
+			used += st.tier[t].used_slots;
+		g->end_slots = used;
+		if (used > g->peak_slots)
+			g->peak_slots = used;
+		total += (uint64_t)used * g->block_bytes;
+	}
+	if (total > c->r->peak_bytes)
+		c->r->peak_bytes = total;
+	return 0;
+}
+
+/* opts.report: the groups' kinds, slots and kvtier-calc's bound for @P positions. */
+static void
+hf_mem_init(struct hf_run *c, uint32_t P)
+{
+	uint64_t tpb = c->tpb, blocks = (P + tpb - 1) / tpb;
+
+	c->r->bound_bytes = 0;
+	for (uint32_t i = 0; i < c->n_groups; i++) {
+		struct kvhf_group_mem *g = &c->r->mem[i];
+		const struct kvt_group_geometry *geo = &c->grp[i].geo;
+
+		memset(g, 0, sizeof(*g));
+		g->kind = geo->kind;
+		g->n_layers = geo->n_layers;
+		if (geo->kind == KVT_GROUP_ALIAS)
+			continue;
+		g->block_bytes = geo->block_bytes;
+		g->bound_blocks = blocks;
+		if (geo->kind == KVT_GROUP_WINDOW) {
+			uint64_t b = (geo->sink + tpb - 1) / tpb + (geo->window + tpb - 1) / tpb + 1;
+
+			if (b < g->bound_blocks)
+				g->bound_blocks = b;
+		}
+		c->r->bound_bytes += g->bound_blocks * g->block_bytes;
+	}
 }
 
 static int32_t
@@ -314,6 +754,8 @@ hf_decode(struct hf_run *c, kvt_seq_id seq, int32_t *tokens, float *logits, uint
 
 	for (uint32_t p = from; p < to; p++) {
 		rc = hf_position(c, seq, p, tokens[p]);
+		if (rc == 0 && o->report)
+			rc = hf_measure(c);
 		if (rc)
 			return rc;
 		if (p + 1 < P) {
@@ -345,7 +787,8 @@ hf_open(struct hf_run *c, uint64_t key, kvt_seq_id *seq)
 
 /* Prefix sharing: a second sequence attaches the prompt's blocks and computes the rest. */
 static int
-hf_prefix_second(struct hf_run *c, const int32_t *tokens, const float *logits)
+hf_prefix_second(struct hf_run *c, kvt_seq_id *first, const int32_t *tokens,
+		 const float *logits)
 {
 	uint32_t P = c->o->n_prompt + c->o->gen, V = (uint32_t)c->m->vocab;
 	int32_t *t2 = malloc((size_t)P * sizeof(int32_t));
@@ -359,6 +802,14 @@ hf_prefix_second(struct hf_run *c, const int32_t *tokens, const float *logits)
 		goto out;
 	}
 	memcpy(t2, tokens, (size_t)c->o->n_prompt * sizeof(int32_t));
+	if (c->o->close_first && *first) {
+		rc = kvt_seq_close(c->e, *first);
+		*first = 0;
+		if (rc) {
+			rc = kvtr_err_kvt(rc, "kvt_seq_close (the first sequence)");
+			goto out;
+		}
+	}
 	rc = hf_open(c, 0, &s2);
 	if (rc)
 		goto out;
@@ -510,7 +961,7 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 	struct hf_run c;
 	uint32_t P;
 	kvt_seq_id seq = 0;
-	int rc;
+	int rc = 0;
 
 	memset(r, 0, sizeof(*r));
 	memset(&c, 0, sizeof(c));
@@ -519,7 +970,18 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 	if (o->tokens_per_block < 1 || o->tokens_per_block > 65536)
 		return kvtr_err(-EINVAL, "tokens per block %u out of range [1, 65536]",
 				o->tokens_per_block);
+	if (!(o->hbm_frac >= 0 && o->hbm_frac <= 1 && o->host_frac >= 0 && o->host_frac <= 1))
+		return kvtr_err(-EINVAL, "tier fractions %g, %g out of [0, 1]", (double)o->hbm_frac,
+				(double)o->host_frac);
 	P = o->n_prompt + o->gen;
+	if (o->contiguous && (o->park_every || o->prefix_share || o->persist))
+		return kvtr_err(-EINVAL, "the contiguous mode keeps no KV in kvtier: no parking, "
+				"prefix sharing or persistent store with it");
+	if (o->report && (o->prefix_share || o->persist || o->contiguous))
+		return kvtr_err(-EINVAL, "the memory report measures one sequence in one engine: "
+				"not with prefix sharing, the persistent store or the contiguous mode");
+	if (o->close_first && !o->prefix_share)
+		return kvtr_err(-EINVAL, "close_first is a prefix-sharing option");
 	if (P > (uint32_t)o->model->max_pos)
 		return kvtr_err(-EINVAL, "%u positions exceed max_position_embeddings %d", P,
 				o->model->max_pos);
@@ -531,12 +993,48 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 	c.m = o->model;
 	c.r = r;
 	c.log = o->log ? o->log : stderr;
+	c.P = P;
+	if (!o->contiguous && !o->single_layout) {
+		rc = kvhf_model_groups(c.m, &c.groups);
+		if (rc)
+			return rc;
+	}
+	if (!o->contiguous) {
+		size_t nh = (size_t)c.m->n_heads, w = (size_t)c.m->head_dim + 1;
+		size_t sc = P > 64 * o->tokens_per_block ? P : 64 * (size_t)o->tokens_per_block;
+
+		if (c.m->family == KVHF_DEEPSEEK)
+			w = (size_t)c.m->kv_lora_rank + (size_t)c.m->qk_rope + 1;
+		if ((size_t)c.m->qk_nope + (size_t)c.m->qk_rope + 1 > w)
+			w = (size_t)c.m->qk_nope + (size_t)c.m->qk_rope + 1;
+		c.lgroup = calloc((size_t)c.m->n_layers, sizeof(uint32_t));
+		c.lidx = calloc((size_t)c.m->n_layers, sizeof(uint32_t));
+		c.q = calloc(nh * w, sizeof(float));
+		c.qpe = calloc(nh * ((size_t)c.m->qk_rope + 1), sizeof(float));
+		c.po = calloc(nh * w, sizeof(float));
+		c.ao = calloc(nh * w, sizeof(float));
+		c.pm = calloc(nh, sizeof(float));
+		c.pl = calloc(nh, sizeof(float));
+		c.am = calloc(nh, sizeof(float));
+		c.al = calloc(nh, sizeof(float));
+		c.scratch = calloc(sc, sizeof(float));
+		if (!c.lgroup || !c.lidx || !c.q || !c.qpe || !c.po || !c.ao || !c.pm || !c.pl ||
+		    !c.am || !c.al || !c.scratch) {
+			rc = kvtr_err(-ENOMEM, "out of memory");
+			goto out_free;
+		}
+	}
+	if (o->contiguous &&
+	    !(c.kv = calloc((size_t)c.m->n_layers * P * 2 * c.m->kv_width, sizeof(float)))) {
+		rc = kvtr_err(-ENOMEM, "out of memory for the contiguous KV of %u positions", P);
+		goto out_free;
+	}
 	r->tokens = calloc(P, sizeof(int32_t));
 	r->logits = calloc((size_t)P * (size_t)c.m->vocab, sizeof(float));
 	c.side = calloc((size_t)c.m->n_layers * 2 * c.m->kv_width, sizeof(float));
 	if (!r->tokens || !r->logits || !c.side) {
-		free(c.side);
-		return kvtr_err(-ENOMEM, "out of memory for %u positions", P);
+		rc = kvtr_err(-ENOMEM, "out of memory for %u positions", P);
+		goto out_free;
 	}
 	memcpy(r->tokens, o->prompt, (size_t)o->n_prompt * sizeof(int32_t));
 	r->n_tokens = P;
@@ -544,14 +1042,18 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 	rc = kvhf_state_init(&c.st, c.m);
 	if (rc == 0 && o->persist) {
 		rc = hf_persist(&c, r->tokens, r->logits);
+	} else if (rc == 0 && o->contiguous) {
+		rc = hf_decode(&c, 0, r->tokens, r->logits, 0, P);
 	} else if (rc == 0) {
 		rc = hf_engine_create(&c, 0);
+		if (rc == 0 && o->report)
+			hf_mem_init(&c, P);
 		if (rc == 0)
 			rc = hf_open(&c, 0, &seq);
 		if (rc == 0)
 			rc = hf_decode(&c, seq, r->tokens, r->logits, 0, P);
 		if (rc == 0 && o->prefix_share)
-			rc = hf_prefix_second(&c, r->tokens, r->logits);
+			rc = hf_prefix_second(&c, &seq, r->tokens, r->logits);
 		if (rc == 0 && (rc = kvt_engine_drain(c.e)) != 0)
 			rc = kvtr_err_kvt(rc, "kvt_engine_drain");
 	}
@@ -559,7 +1061,175 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 	if (c.tmpdir[0])
 		rmdir(c.tmpdir);
 	kvhf_state_fini(&c.st);
+out_free:
 	free(c.side);
+	free(c.kv);
+	free(c.lgroup);
+	free(c.lidx);
+	free(c.q);
+	free(c.qpe);
+	free(c.po);
+	free(c.ao);
+	free(c.pm);
+	free(c.pl);
+	free(c.am);
+	free(c.al);
+	free(c.scratch);
+	kvhf_groups_free(&c.groups);
+	return rc;
+}
+
+/* The first block any layer of a sequence reads at position @pos (0 with a full layer). */
+static uint32_t
+hf_first_block(const struct hf_run *c, uint32_t pos)
+{
+	uint32_t fb = UINT32_MAX;
+
+	for (int l = 0; l < c->m->n_layers; l++) {
+		uint32_t lo = 0, w = (uint32_t)c->m->sliding_window;
+
+		if (c->m->layers[l].sliding && pos + 1 > w)
+			lo = pos + 1 - w;
+		if (lo / c->tpb < fb)
+			fb = lo / c->tpb;
+	}
+	return fb;
+}
+
+int
+kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
+	       void (*hook)(void *arg, struct kvt_engine *e, uint32_t step,
+			    const struct kvhf_result *r),
+	       void *hook_arg, int32_t *argmax, struct kvhf_result *r)
+{
+	struct hf_run c;
+	uint32_t S = o->sessions, P = o->n_prompt, V;
+	kvt_seq_id *seqs = NULL;
+	int32_t *toks = NULL;
+	size_t nh, w;
+	int rc = 0;
+
+	memset(r, 0, sizeof(*r));
+	memset(&c, 0, sizeof(c));
+	if (!o->model || S < 1 || P < 2 || o->gen || o->single_layout || o->prefix_share ||
+	    o->persist || o->contiguous || o->park_every || o->tokens_per_block < 1)
+		return kvtr_err(-EINVAL, "kvhf_run_multi: a model, >= 1 session, >= 2 prompt "
+				"positions, no generation, groups, none of the single-sequence "
+				"checks");
+	if (P > (uint32_t)o->model->max_pos)
+		return kvtr_err(-EINVAL, "%u positions exceed max_position_embeddings %d", P,
+				o->model->max_pos);
+	c.o = o;
+	c.m = o->model;
+	c.r = r;
+	c.log = o->log ? o->log : stderr;
+	c.P = P;
+	V = (uint32_t)c.m->vocab;
+	nh = (size_t)c.m->n_heads;
+	w = (size_t)c.m->head_dim + (size_t)c.m->kv_lora_rank + (size_t)c.m->qk_nope +
+	    (size_t)c.m->qk_rope + 1;
+	rc = kvhf_model_groups(c.m, &c.groups);
+	if (rc)
+		return rc;
+	seqs = calloc(S, sizeof(*seqs));
+	toks = calloc((size_t)S * P, sizeof(int32_t));
+	c.lgroup = calloc((size_t)c.m->n_layers, sizeof(uint32_t));
+	c.lidx = calloc((size_t)c.m->n_layers, sizeof(uint32_t));
+	c.q = calloc(nh * w, sizeof(float));
+	c.qpe = calloc(nh * ((size_t)c.m->qk_rope + 1), sizeof(float));
+	c.po = calloc(nh * w, sizeof(float));
+	c.ao = calloc(nh * w, sizeof(float));
+	c.pm = calloc(nh, sizeof(float));
+	c.pl = calloc(nh, sizeof(float));
+	c.am = calloc(nh, sizeof(float));
+	c.al = calloc(nh, sizeof(float));
+	c.scratch = calloc(P + 64 * (size_t)o->tokens_per_block, sizeof(float));
+	c.side = calloc((size_t)c.m->n_layers * 2 * c.m->kv_width, sizeof(float));
+	if (!seqs || !toks || !c.lgroup || !c.lidx || !c.q || !c.qpe || !c.po || !c.ao || !c.pm ||
+	    !c.pl || !c.am || !c.al || !c.scratch || !c.side) {
+		rc = kvtr_err(-ENOMEM, "out of memory");
+		goto out;
+	}
+	for (uint32_t s = 0; s < S; s++) /* fixed prompts, distinct per session */
+		for (uint32_t i = 0; i < P; i++)
+			toks[(size_t)s * P + i] = (int32_t)(3 + ((uint64_t)s * 131 + (uint64_t)i * 17 +
+							 (uint64_t)i * i % 7) % (V > 3 ? V - 3 : 1));
+	rc = kvhf_state_init(&c.st, c.m);
+	if (rc == 0)
+		rc = hf_engine_create(&c, 0);
+	if (rc == 0)
+		hf_mem_init(&c, P);
+	for (uint32_t s = 0; rc == 0 && s < S; s++)
+		rc = hf_open(&c, 0, &seqs[s]);
+	for (uint32_t p = 0; rc == 0 && p < P; p++) {
+		for (uint32_t s = 0; rc == 0 && s < S; s++) {
+			if (prefetch) { /* the next sessions' blocks come up while this one
+					   computes; one with nothing to read yet is left out */
+				struct kvt_seq_range rg[8];
+				uint32_t nr = 0;
+				int hr;
+
+				for (uint32_t d = 1; d <= (uint32_t)prefetch && d <= 8 && d < S + 1;
+				     d++) {
+					uint32_t ns = (s + d) % S, np = p + (s + d) / S;
+					uint32_t fb = hf_first_block(&c, np);
+
+					if (np >= P || ns == s || (uint64_t)fb * c.tpb >= np)
+						continue;
+					rg[nr].seq = seqs[ns];
+					rg[nr].first_block = fb;
+					rg[nr].n_blocks = 0;
+					nr++;
+				}
+				hr = nr ? kvt_engine_hint_ranges(c.e, rg, nr, 1) : 0;
+				if (hr == KVT_ETOOBIG && nr > 1) /* too much: the next one only */
+					hr = kvt_engine_hint_ranges(c.e, rg, 1, 1);
+				if (hr && hr != KVT_ETOOBIG) {
+					rc = kvtr_err_kvt(hr, "kvt_engine_hint_ranges");
+					break;
+				}
+			}
+			rc = hf_position(&c, seqs[s], p, toks[(size_t)s * P + p]);
+			if (rc == 0)
+				argmax[(size_t)s * P + p] = hf_argmax(c.st.logits, c.m->vocab);
+		}
+		for (uint32_t g = 0; rc == 0 && g < c.n_groups; g++) {
+			const struct kvt_group_geometry *geo = &c.grp[g].geo;
+			uint32_t first = 0;
+
+			if (geo->kind == KVT_GROUP_ALIAS)
+				continue;
+			if (geo->kind == KVT_GROUP_WINDOW && p + 1 > geo->window)
+				first = (p + 1 - geo->window) / c.tpb;
+			r->touched[g] += (uint64_t)S * (p / c.tpb - first + 1);
+		}
+		if (rc == 0)
+			rc = hf_measure(&c);
+		if (rc == 0 && hook)
+			hook(hook_arg, c.e, p + 1, r);
+	}
+	if (rc == 0 && (rc = kvt_engine_drain(c.e)) != 0)
+		rc = kvtr_err_kvt(rc, "kvt_engine_drain");
+	hf_teardown(&c);
+	if (c.tmpdir[0])
+		rmdir(c.tmpdir);
+out:
+	kvhf_state_fini(&c.st);
+	free(seqs);
+	free(toks);
+	free(c.side);
+	free(c.lgroup);
+	free(c.lidx);
+	free(c.q);
+	free(c.qpe);
+	free(c.po);
+	free(c.ao);
+	free(c.pm);
+	free(c.pl);
+	free(c.am);
+	free(c.al);
+	free(c.scratch);
+	kvhf_groups_free(&c.groups);
 	return rc;
 }
 
