@@ -73,6 +73,7 @@ kvt_engine_opts_init(struct kvt_engine_opts *o, size_t size)
 	d.remote_port = 6379;
 	d.remote_connect_timeout_ms = 1000;
 	d.remote_op_timeout_ms = 2000;
+	d.write_budget_period_ms = 1000;
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
 }
 
@@ -346,6 +347,8 @@ kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 		rc = engine_tier_init(e, KVT_TIER_NVME, 0);
 	if (!rc && o->opts_size > offsetof(struct kvt_engine_opts, remote_host) && o->remote_host)
 		rc = kvt_reng_open(e);
+	if (!rc)
+		rc = kvt_wb_open(e);
 	if (rc)
 		goto fail;
 	for (t = 0; t < KVT_TIER_COUNT; t++)
@@ -404,6 +407,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	kvt_free(e->hbm_h2d_seqno);
 	kvt_free(e->rel_ring);
 	kvt_prefix_fini(e);
+	kvt_wb_close(e);
 	free(e->nvme_dir);
 	pthread_cond_destroy(&e->xfer_cv);
 	pthread_mutex_destroy(&e->lock);

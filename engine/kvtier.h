@@ -265,6 +265,37 @@ struct kvt_engine_opts {
 	uint32_t remote_connect_timeout_ms; /* bound of one connect; default 1000 */
 	uint32_t remote_op_timeout_ms; /* bound of each socket read and write; default 2000 */
 	uint32_t remote_ttl_ms;    /* PX of every put; 0 (default) = no expiry */
+	/* ---- 0.5: REMOTE write-through, remote prefix hits, write budgets (issue 18 items 1-3,
+	 * docs/ARCHITECTURE.md "REMOTE tier") */
+	uint32_t remote_write;     /* enum kvt_remote_write: which sealed prefix blocks are
+	                              written through to REMOTE; default KVT_REMOTE_WRITE_SEEN_TWICE */
+	uint32_t remote_no_fetch;  /* 1: kvt_seq_match_prefix does not look REMOTE up for the
+	                              blocks that miss locally; 0 (default): it does */
+	uint64_t remote_write_budget; /* bytes per write_budget_period_ms the engine may send to
+	                              REMOTE by write-through (token bucket, burst = one period);
+	                              0 (default) = unlimited. Published sessions are not limited */
+	uint64_t nvme_write_budget; /* bytes per period HOST->NVMe demotions of CACHED prefix
+	                              blocks (refs 0) may write; over it they are dropped instead
+	                              (a live sequence's only copy is always written, and charged);
+	                              0 (default) = unlimited */
+	uint32_t write_budget_period_ms; /* the buckets' period; default 1000 */
+};
+
+/**
+ * Write-through policies (kvt_engine_opts.remote_write). A sealed prefix block (full, tokens
+ * given, its K/V written) is put to REMOTE once (a per-key "REMOTE bit": put, or seen there by a
+ * lookup; only a hint, a later lookup verifies) asynchronously by the remote worker, first
+ * writer wins (SET NX); its bytes are snapshotted under the engine lock from HBM or HOST (one
+ * block copy, no network wait).
+ *   KVT_REMOTE_WRITE_SEEN_TWICE  with reuse evidence: attached by a second sequence, or sealed
+ *                                again by another sequence with the same prefix (default).
+ *   KVT_REMOTE_WRITE_ALL         every sealed prefix block when it becomes shareable.
+ *   KVT_REMOTE_WRITE_NONE        none: REMOTE is only looked up (and sessions published).
+ */
+enum kvt_remote_write {
+	KVT_REMOTE_WRITE_SEEN_TWICE = 0,
+	KVT_REMOTE_WRITE_ALL = 1,
+	KVT_REMOTE_WRITE_NONE = 2,
 };
 
 /**
@@ -1008,6 +1039,25 @@ struct kvt_stats {
 	uint64_t remote_errors;       /* connection-level failures (timeouts included) */
 	uint64_t remote_breaker_open; /* gauge: 1 when a server's breaker was open after the
 					 worker's latest job, else 0 */
+	/* ---- 0.5: write-through, remote prefix hits, write budgets (issue 18 items 1-3) */
+	uint64_t remote_wt_queued;    /* sealed blocks queued for write-through */
+	uint64_t remote_wt_stored;    /* ... put (stored now, or already there: first writer wins) */
+	uint64_t remote_wt_failed;    /* ... whose put failed (server down, breaker, full) */
+	uint64_t remote_lookups;      /* remote prefix lookups sent (one pipelined get each) */
+	uint64_t remote_lookup_blocks; /* blocks they asked for */
+	uint64_t remote_hit_blocks;   /* blocks verified and landed in HOST (the longest verified
+					 prefix of each lookup), then in the prefix index */
+	uint64_t remote_miss_blocks;  /* asked for and not landed: absent, bad value (deleted),
+					 after the first miss, server error or breaker open */
+	uint64_t remote_bad_values;   /* values that failed verification (never served) */
+	uint64_t remote_late_blocks;  /* attaches that stopped at a block still in flight from
+					 REMOTE (the caller recomputed it: never a network wait) */
+	uint64_t wb_admitted_bytes[2]; /* write budget, [0] NVMe, [1] REMOTE: bytes admitted */
+	uint64_t wb_refused_bytes[2]; /* bytes refused (writes saved) */
+	uint64_t wb_refused[2];       /* writes refused */
+	uint64_t wb_hits_lost[2];     /* lookups that missed a block whose write was refused here
+					 (NVMe: a local prefix miss; REMOTE: a remote miss) */
+	uint64_t remote_round_trips;  /* pipelined rounds of the REMOTE client (every job's) */
 };
 
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */
