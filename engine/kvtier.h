@@ -725,7 +725,14 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
  *          tokens_per_block).
  * @tier:   receives the slowest tier any of them has to come from (KVT_TIER_HBM when all are
  *          in HBM), or KVT_TIER_COUNT when nothing matched. May be NULL.
- * Nothing is pinned or moved. Returns 0, -EINVAL, -ENOMEM.
+ * Nothing is pinned or moved locally. With a REMOTE tier (opts.remote_host, unless
+ * remote_no_fetch) the call is also the announcement of a remote prefix hit: the full blocks
+ * after the local match (up to 256, and as many HOST slots as are free after a reclaim that
+ * never waits) are looked up in REMOTE with one pipelined get (<= 2 round trips), queued to the
+ * remote worker; the call never waits for the network. The verified leading run lands in HOST
+ * slots (INFLIGHT while the worker writes them) and becomes cached prefix blocks when a later
+ * call reaps it (poll, drain, stats, match, attach); *matched_tokens counts only what is usable
+ * now. Needs a HOST tier. Returns 0, -EINVAL, -ENOMEM.
  */
 KVT_API int kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o,
 				 const int32_t *tokens, size_t n, uint64_t *matched_tokens,
@@ -737,8 +744,12 @@ KVT_API int kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts
  * @attached_tokens (a multiple of tokens_per_block, possibly 0). The caller then appends and
  * prefills tokens [attached_tokens, n) only. The next kvt_batch_prepare() brings the attached
  * blocks to HBM. At most the most blocks one sequence may hold (the reserve of kvt_seq_append())
- * are attached; appending past them then gets KVT_ETOOBIG. Returns 0, KVT_ECLOSED, -EINVAL (the
- * sequence is not empty or is in a batch), -ENOMEM.
+ * are attached; appending past them then gets KVT_ETOOBIG. With a REMOTE tier, blocks that a
+ * kvt_seq_match_prefix() lookup landed in HOST are attached like local ones (they come up to
+ * HBM through the next prepare); a block still in flight from REMOTE ends the match there (the
+ * caller prefills it: stats.remote_late_blocks), the attach never waits for the network. The
+ * blocks it attaches are reuse evidence for the write-through policy (opts.remote_write).
+ * Returns 0, KVT_ECLOSED, -EINVAL (the sequence is not empty or is in a batch), -ENOMEM.
  */
 KVT_API int kvt_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens,
 				  size_t n, uint64_t *attached_tokens);
