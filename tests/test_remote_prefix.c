@@ -434,6 +434,97 @@ test_server_killed(void **state)
 	kvt_engine_destroy(b);
 }
 
+/* Killed mid-batch: the server is stopped while the worker waits for the replies of a lookup
+ * and of a write-through it sent, then SIGKILLed (a reset under a pending batch): both fail
+ * clearly, the drain returns, nothing is attached, the engine goes on; restarted, it serves. */
+static void
+test_killed_mid_batch(void **state)
+{
+	struct eng_cfg c = { .write = KVT_REMOTE_WRITE_ALL, .op_timeout_ms = 5000 };
+	struct kvt_engine *a = eng(srv.port, &c), *b = eng(srv.port, &c), *d;
+	struct kvt_stats st;
+	uint32_t got = 0;
+	kvt_seq_id s, t, u;
+
+	(void)state;
+	assert_non_null(a);
+	assert_non_null(b);
+	flushall();
+	s = sealed_seq(a, 0, 0, 65, 4 * TSUP_TPB);
+	assert_int_equal(kvt_engine_drain(a), 0);
+	tsrv_signal(&srv, SIGSTOP);
+	/* B: a lookup (the attach does not wait for it) and a write-through of its own blocks */
+	assert_int_equal(remote_attach(b, 0, 0, 65, 4 * TSUP_TPB, false, &t), 0);
+	u = sealed_seq(b, 0, 11, 66, 3 * TSUP_TPB);
+	usleep(100000); /* ordering only: the worker has written its pipelines by now */
+	tsrv_kill(&srv);
+	assert_int_equal(kvt_engine_drain(b), 0);
+	st = tsup_stats(b);
+	assert_int_equal(st.remote_hit_blocks, 0);
+	assert_int_equal(st.remote_miss_blocks, 4);
+	/* the 4 blocks B prefilled itself (policy all) and u's 3 */
+	assert_int_equal(st.remote_wt_failed, 7);
+	assert_int_equal(st.remote_wt_stored, 0);
+	assert_true(st.remote_errors >= 1);
+	assert_int_equal(tsup_verify(b, t, 65), 0);
+	assert_int_equal(tsup_verify(b, u, 66), 0);
+	assert_int_equal(kvt_seq_close(b, t), 0);
+	assert_int_equal(kvt_seq_close(b, u), 0);
+	tsup_check_engine(b);
+	assert_int_equal(tsrv_start(&srv, srv.port, srv.extra), 0);
+	/* B writes the blocks to the emptied server once its breaker lets it reconnect (a
+	 * failed put cleared their REMOTE bits); a fresh node then hits them, exact */
+	for (int i = 0; i < 200 && dbsize() < 4; i++) {
+		u = sealed_seq(b, 0, 0, 65, 4 * TSUP_TPB);
+		assert_int_equal(kvt_seq_close(b, u), 0);
+		assert_int_equal(kvt_engine_drain(b), 0);
+		if (dbsize() < 4)
+			usleep(50000);
+	}
+	assert_int_equal(dbsize(), 4);
+	d = eng(srv.port, NULL);
+	assert_non_null(d);
+	got = remote_attach(d, 0, 0, 65, 4 * TSUP_TPB, true, NULL);
+	assert_int_equal(got, 4);
+	kvt_engine_destroy(d);
+	assert_int_equal(kvt_seq_close(a, s), 0);
+	tsup_check_engine(a);
+	kvt_engine_destroy(a);
+	kvt_engine_destroy(b);
+}
+
+/* A 3-master Redis Cluster: write-through spreads the blocks over the masters, a lookup of all
+ * of them is one round trip (no redirect) and exact. */
+static void
+test_cluster(void **state)
+{
+	struct tsrv cl[3];
+	struct eng_cfg c = { .write = KVT_REMOTE_WRITE_ALL };
+	struct kvt_engine *a, *b;
+	uint64_t rt;
+	kvt_seq_id s;
+
+	(void)state;
+	memset(cl, 0, sizeof cl);
+	assert_int_equal(tsrv_cluster(cl, 3), 0);
+	a = eng(cl[0].port, &c);
+	b = eng(cl[2].port, NULL);
+	assert_non_null(a);
+	assert_non_null(b);
+	s = sealed_seq(a, 4, 0, 67, 12 * TSUP_TPB);
+	assert_int_equal(kvt_engine_drain(a), 0);
+	assert_int_equal(tsup_stats(a).remote_wt_stored, 12);
+	rt = tsup_stats(b).remote_round_trips;
+	assert_int_equal(remote_attach(b, 4, 0, 67, 12 * TSUP_TPB, true, NULL), 12);
+	assert_true(tsup_stats(b).remote_round_trips - rt <= 2);
+	assert_int_equal(kvt_seq_close(a, s), 0);
+	tsup_check_engine(b);
+	kvt_engine_destroy(a);
+	kvt_engine_destroy(b);
+	for (int i = 0; i < 3; i++)
+		tsrv_kill(&cl[i]);
+}
+
 /* A SIGSTOPped server (a partition): the match returns at once, the attach does not wait for
  * the lookup (the blocks in flight are recomputed: late), the drain ends within the timeouts,
  * the engine works locally throughout. */
@@ -706,6 +797,8 @@ main(void)
 		cmocka_unit_test(test_slow_server),
 		cmocka_unit_test(test_lru_eviction),
 		cmocka_unit_test(test_server_killed),
+		cmocka_unit_test(test_killed_mid_batch),
+		cmocka_unit_test(test_cluster),
 	};
 	int rc;
 
