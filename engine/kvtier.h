@@ -1059,7 +1059,8 @@ struct kvt_stats {
 	uint64_t remote_hit_blocks;   /* blocks verified and landed in HOST (the longest verified
 					 prefix of each lookup), then in the prefix index */
 	uint64_t remote_miss_blocks;  /* asked for and not landed: absent, bad value (deleted),
-					 after the first miss, server error or breaker open */
+					 after the first miss, server error or breaker open, or
+					 redundant (its key was indexed here meanwhile) */
 	uint64_t remote_bad_values;   /* values that failed verification (never served) */
 	uint64_t remote_late_blocks;  /* attaches that stopped at a block still in flight from
 					 REMOTE (the caller recomputed it: never a network wait) */

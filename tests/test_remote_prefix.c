@@ -71,6 +71,19 @@ eng(uint16_t port, const struct eng_cfg *c)
 	return e;
 }
 
+/* After a restart on the same port: the server answering is the one this test started (not
+ * another program's that took the port meanwhile: the tests FLUSHALL it). */
+static void
+restart(void)
+{
+	char line[64];
+
+	assert_int_equal(tsrv_start(&srv, srv.port, srv.extra), 0);
+	assert_int_equal(tsrv_cli(&srv, line, sizeof line, "EVAL \"return "
+				  "redis.call('INFO', 'server'):match('process_id:(%%d+)')\" 0"), 0);
+	assert_int_equal(atoi(line), srv.pid);
+}
+
 static void
 flushall(void)
 {
@@ -415,7 +428,7 @@ test_server_killed(void **state)
 	/* the engine is usable meanwhile */
 	assert_int_equal(tsup_verify(b, t, 61), 0);
 	assert_int_equal(kvt_seq_close(b, t), 0);
-	assert_int_equal(tsrv_start(&srv, srv.port, srv.extra), 0);
+	restart();
 	/* an empty server after the restart: write the blocks again (their REMOTE bit was
 	 * cleared by the failure), then B hits once the breaker lets the client reconnect */
 	for (int i = 0; i < 200 && !got; i++) {
@@ -457,11 +470,20 @@ test_killed_mid_batch(void **state)
 	assert_int_equal(remote_attach(b, 0, 0, 65, 4 * TSUP_TPB, false, &t), 0);
 	u = sealed_seq(b, 0, 11, 66, 3 * TSUP_TPB);
 	usleep(100000); /* ordering only: the worker has written its pipelines by now */
+	/* SIGKILL while stopped (tsrv_kill would SIGCONT first, letting it answer) */
+	tsrv_signal(&srv, SIGKILL);
 	tsrv_kill(&srv);
 	assert_int_equal(kvt_engine_drain(b), 0);
 	st = tsup_stats(b);
 	assert_int_equal(st.remote_hit_blocks, 0);
 	assert_int_equal(st.remote_miss_blocks, 4);
+	print_message("mid-batch: wt queued %llu stored %llu failed %llu errors %llu lookups %llu "
+		      "%llu bad %llu\n",
+		      (unsigned long long)st.remote_wt_queued, (unsigned long long)st.remote_wt_stored,
+		      (unsigned long long)st.remote_wt_failed, (unsigned long long)st.remote_errors,
+		      (unsigned long long)st.remote_lookups,
+		      (unsigned long long)st.remote_lookup_blocks,
+		      (unsigned long long)st.remote_bad_values);
 	/* the 4 blocks B prefilled itself (policy all) and u's 3 */
 	assert_int_equal(st.remote_wt_failed, 7);
 	assert_int_equal(st.remote_wt_stored, 0);
@@ -471,7 +493,7 @@ test_killed_mid_batch(void **state)
 	assert_int_equal(kvt_seq_close(b, t), 0);
 	assert_int_equal(kvt_seq_close(b, u), 0);
 	tsup_check_engine(b);
-	assert_int_equal(tsrv_start(&srv, srv.port, srv.extra), 0);
+	restart();
 	/* B writes the blocks to the emptied server once its breaker lets it reconnect (a
 	 * failed put cleared their REMOTE bits); a fresh node then hits them, exact */
 	for (int i = 0; i < 200 && dbsize() < 4; i++) {
@@ -769,8 +791,7 @@ static int
 group_setup(void **state)
 {
 	(void)state;
-	return tsrv_start(&srv, 0, "--maxmemory 64mb --maxmemory-policy allkeys-lru "
-			  "--enable-debug-command local");
+	return tsrv_start(&srv, 0, "--maxmemory 64mb --maxmemory-policy allkeys-lru");
 }
 
 static int
