@@ -102,7 +102,7 @@ check_blocks(struct kvt_engine *e)
 		if (!b->live)
 			continue;
 		live++;
-		busy += b->busy;
+		busy += kvt_reng_fetching(e, id) ? 0 : b->busy; /* a REMOTE fetch is no transfer */
 		pinned += b->pins > 0;
 		if (b->dead && !b->busy && !b->pins)
 			return kvt_err(-EINVAL, "block %u is dead and idle but not freed", id);

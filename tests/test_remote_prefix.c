@@ -570,6 +570,7 @@ test_stopped_server(void **state)
 	assert_int_equal(remote_attach(b, 0, 0, 71, 4 * TSUP_TPB, false, &t), 0);
 	st = tsup_stats(b);
 	assert_int_equal(st.remote_late_blocks, 1);
+	tsup_check_engine(b); /* with the fetch's INFLIGHT HOST copies */
 	u = tsup_seq_written(b, 72, 9);
 	assert_int_equal(tsup_verify(b, u, 72), 0);
 	assert_int_equal(kvt_engine_drain(b), 0); /* bounded by the op timeout */
