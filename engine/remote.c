@@ -687,10 +687,17 @@ restore_check_hash(struct kvt_engine *e, kvt_seq_id sid, uint32_t i, const uint8
 	if (s && i < s->n_blocks) {
 		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
 
-		if (!b->hashed || memcmp(b->hash, want, 16))
+		if (!b->hashed || memcmp(b->hash, want, 16)) {
 			rc = kvt_err(-EINVAL, "session %#llx: block %u's prefix key differs from the "
 				     "published one (another salt or extra_key)",
 				     (unsigned long long)key, i);
+		} else {
+			uint64_t k[2];
+
+			/* read from REMOTE: its REMOTE bit, so write-through does not put it back */
+			memcpy(k, want, 16);
+			kvt_key_mark(e, k, s->tenant, KVT_KEY_RBIT, 0);
+		}
 	}
 	kvt_unlock(e);
 	return rc;

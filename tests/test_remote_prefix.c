@@ -291,6 +291,36 @@ test_write_through_seen_twice(void **state)
 	kvt_engine_destroy(n);
 }
 
+/* A session restored from REMOTE (kvt_seq_restore_remote) has its blocks' REMOTE bits set: a
+ * node writing through every sealed block does not put them back. */
+static void
+test_restore_no_rewrite(void **state)
+{
+	struct eng_cfg c = { .write = KVT_REMOTE_WRITE_ALL };
+	struct kvt_engine *a = eng(srv.port, NULL), *b = eng(srv.port, &c);
+	struct kvt_seq_opts so;
+	kvt_seq_id s;
+
+	(void)state;
+	assert_non_null(a);
+	assert_non_null(b);
+	flushall();
+	s = tsup_open(a, 0, 0, 0x77);
+	assert_int_equal(tsup_append_write(a, s, 35, 0, 3 * TSUP_TPB + 1), 0);
+	assert_int_equal(kvt_seq_publish_remote(a, s), 0);
+	assert_int_equal(kvt_engine_drain(a), 0);
+	assert_int_equal(tsup_stats(a).remote_publishes, 1);
+	assert_int_equal(kvt_seq_close(a, s), 0);
+	kvt_seq_opts_init(&so, sizeof so);
+	assert_int_equal(kvt_seq_restore_remote(b, 0x77, &so, &s), 0);
+	assert_int_equal(tsup_verify(b, s, 35), 0); /* a release: the blocks become shareable */
+	assert_int_equal(kvt_engine_drain(b), 0);
+	assert_int_equal(tsup_stats(b).remote_wt_queued, 0);
+	assert_int_equal(kvt_seq_close(b, s), 0);
+	kvt_engine_destroy(a);
+	kvt_engine_destroy(b);
+}
+
 /* Tenants: B of another tenant (same tokens) misses, B of the same tenant hits. A lookup that
  * finds nothing attaches nothing and the engine goes on. */
 static void
@@ -813,6 +843,7 @@ main(void)
 		cmocka_unit_test(test_write_through_all),
 		cmocka_unit_test(test_write_through_seen_twice),
 		cmocka_unit_test(test_tenant),
+		cmocka_unit_test(test_restore_no_rewrite),
 		cmocka_unit_test(test_bad_values),
 		cmocka_unit_test(test_remote_budget),
 		cmocka_unit_test(test_stopped_server),
