@@ -354,7 +354,7 @@ metrics_write(struct metrics_out *o, const struct kvt_stats *st)
 		for (int m = 0; m < 4; m++) {
 			metrics_head(o, names[m], "counter", helps[m]);
 			for (int w = 0; w < 2; w++)
-				metrics_put(o, "%s{tier=\"%s\"} %llu\n", names[m], wn[w],
+				metrics_put(o, "%s{target=\"%s\"} %llu\n", names[m], wn[w],
 					    (unsigned long long)v[m][w]);
 		}
 	}

@@ -756,7 +756,8 @@ test_remote_budget(void **state)
 		size_t len;
 
 		assert_int_equal(kvt_engine_metrics_text(a, buf, sizeof buf, &len), 0);
-		assert_non_null(strstr(buf, "kvtier_write_budget_hits_lost_total{tier=\"remote\"} 1\n"));
+		assert_non_null(strstr(buf, "kvtier_write_budget_hits_lost_total"
+					    "{target=\"remote\"} 1\n"));
 	}
 	tsup_check_engine(a);
 	kvt_engine_destroy(a);
