@@ -596,6 +596,7 @@ kvt_meta_bytes(const struct kvt_engine *e)
 	int t;
 
 	m += kvt_prefix_meta_bytes(e);
+	m += kvt_wb_meta_bytes(e); /* the per-key hint table (REMOTE tier or write budgets) */
 	m += kvt_nvme_meta_bytes(e->nvme); /* the NVMe copies' metadata, 6 bytes per slot */
 	/* per HBM slot: the h2d group of the copy into it */
 	m += (uint64_t)e->slots[KVT_TIER_HBM].n_slots * sizeof *e->hbm_h2d_seqno;

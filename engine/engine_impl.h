@@ -670,6 +670,7 @@ enum { KVT_WB_NVME = 0, KVT_WB_REMOTE = 1 };
 #define KVT_KEY_REFUSED(w) (4u << (w)) /* a write to lower tier w was refused */
 int kvt_wb_open(struct kvt_engine *e);   /* at create, after kvt_reng_open */
 void kvt_wb_close(struct kvt_engine *e);
+uint64_t kvt_wb_meta_bytes(const struct kvt_engine *e); /* for kvt_stats.meta_bytes */
 uint32_t kvt_key_flags(struct kvt_engine *e, const uint64_t k[2], uint32_t tenant);
 void kvt_key_mark(struct kvt_engine *e, const uint64_t k[2], uint32_t tenant, uint32_t set,
 		  uint32_t clear);

@@ -84,6 +84,12 @@ kvt_wb_close(struct kvt_engine *e)
 	e->wb = NULL;
 }
 
+uint64_t
+kvt_wb_meta_bytes(const struct kvt_engine *e)
+{
+	return e->wb ? sizeof *e->wb : 0;
+}
+
 static struct kvt_keyent *
 key_slot(struct kvt_engine *e, const uint64_t k[2], uint32_t tenant)
 {

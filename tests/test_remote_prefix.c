@@ -193,6 +193,8 @@ test_write_through_all(void **state)
 	tsup_check_engine(b);
 	/* B's blocks came from REMOTE (REMOTE bit set): B writes none of them back */
 	assert_int_equal(tsup_stats(b).remote_wt_queued, 0);
+	/* the per-key hint table (16,384 x 24 bytes) is in the metadata figure */
+	assert_true(tsup_stats(b).meta_bytes > 16384 * 24);
 	/* first writer wins: another node writing other bytes under the same keys (same
 	 * tokens, tenant, salt) changes nothing; a third node reads the first writer's bytes */
 	assert_int_equal(kvt_seq_close(a, s), 0);
