@@ -323,6 +323,49 @@ test_restore_no_rewrite(void **state)
 	kvt_engine_destroy(b);
 }
 
+/* Blocks landed from REMOTE sit in HOST and come up through the existing machinery: a hint of
+ * the attached sequence promotes them to HBM ahead of its prepare. */
+static void
+test_remote_then_hint(void **state)
+{
+	struct eng_cfg c = { .write = KVT_REMOTE_WRITE_ALL };
+	struct kvt_engine *a = eng(srv.port, &c), *b = eng(srv.port, NULL);
+	struct kvt_seq_opts so;
+	int32_t *tk = toks(5 * TSUP_TPB);
+	uint64_t m = 0, att = 0;
+	enum kvt_tier tier = KVT_TIER_COUNT;
+	kvt_seq_id s, t;
+
+	(void)state;
+	assert_non_null(a);
+	assert_non_null(b);
+	flushall();
+	s = sealed_seq(a, 0, 0, 37, 5 * TSUP_TPB);
+	assert_int_equal(kvt_engine_drain(a), 0);
+	kvt_seq_opts_init(&so, sizeof so);
+	assert_int_equal(kvt_seq_match_prefix(b, &so, tk, 5 * TSUP_TPB, &m, NULL), 0);
+	assert_int_equal(m, 0); /* nothing usable yet: the lookup is announced */
+	assert_int_equal(kvt_engine_drain(b), 0);
+	assert_int_equal(kvt_seq_match_prefix(b, &so, tk, 5 * TSUP_TPB, &m, &tier), 0);
+	assert_int_equal(m, 5 * TSUP_TPB);
+	assert_int_equal(tier, KVT_TIER_HOST);
+	t = tsup_open(b, 0, 0, 0);
+	assert_int_equal(kvt_seq_attach_prefix(b, t, tk, 5 * TSUP_TPB, &att), 0);
+	assert_int_equal(att, 5 * TSUP_TPB);
+	assert_int_equal(tsup_blocks_in(b, t, KVT_TIER_HOST), 5);
+	assert_int_equal(tsup_blocks_in(b, t, KVT_TIER_HBM), 0);
+	assert_int_equal(kvt_engine_hint(b, &t, 1, 1), 0);
+	assert_int_equal(kvt_engine_drain(b), 0);
+	assert_int_equal(tsup_blocks_in(b, t, KVT_TIER_HBM), 5);
+	assert_int_equal(tsup_verify(b, t, 37), 0);
+	assert_int_equal(kvt_seq_close(b, t), 0);
+	assert_int_equal(kvt_seq_close(a, s), 0);
+	free(tk);
+	tsup_check_engine(b);
+	kvt_engine_destroy(a);
+	kvt_engine_destroy(b);
+}
+
 /* Tenants: B of another tenant (same tokens) misses, B of the same tenant hits. A lookup that
  * finds nothing attaches nothing and the engine goes on. */
 static void
@@ -847,6 +890,7 @@ main(void)
 		cmocka_unit_test(test_write_through_seen_twice),
 		cmocka_unit_test(test_tenant),
 		cmocka_unit_test(test_restore_no_rewrite),
+		cmocka_unit_test(test_remote_then_hint),
 		cmocka_unit_test(test_bad_values),
 		cmocka_unit_test(test_remote_budget),
 		cmocka_unit_test(test_stopped_server),
