@@ -102,7 +102,7 @@ check_blocks(struct kvt_engine *e)
 		if (!b->live)
 			continue;
 		live++;
-		busy += b->busy;
+		busy += kvt_reng_fetching(e, id) ? 0 : b->busy; /* a REMOTE fetch is no transfer */
 		pinned += b->pins > 0;
 		if (b->dead && !b->busy && !b->pins)
 			return kvt_err(-EINVAL, "block %u is dead and idle but not freed", id);
@@ -167,7 +167,7 @@ check_refs(struct kvt_engine *e)
 		if (b->refs != cnt[i])
 			rc = kvt_err(-EINVAL, "block %u: refcount %u, referenced by %u sequences", i,
 				     b->refs, cnt[i]);
-		else if (!b->refs && !b->indexed)
+		else if (!b->refs && !b->indexed && !kvt_reng_fetching(e, i)) /* REMOTE fetch */
 			rc = kvt_err(-EINVAL, "block %u: unreferenced but not a cached prefix block",
 				     i);
 		else if (b->indexed && check_key_block(e, b) != i)

@@ -74,6 +74,7 @@ kvt_engine_opts_init(struct kvt_engine_opts *o, size_t size)
 	d.remote_connect_timeout_ms = 1000;
 	d.remote_op_timeout_ms = 2000;
 	d.group_ref_tokens = 32768;
+	d.write_budget_period_ms = 1000;
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
 }
 
@@ -370,6 +371,8 @@ kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, struct k
 		rc = engine_tier_init(e, KVT_TIER_NVME, 0);
 	if (!rc && o->opts_size > offsetof(struct kvt_engine_opts, remote_host) && o->remote_host)
 		rc = kvt_reng_open(e);
+	if (!rc)
+		rc = kvt_wb_open(e);
 	if (rc)
 		goto fail;
 	for (t = 0; t < KVT_TIER_COUNT; t++)
@@ -434,6 +437,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	kvt_free(e->rel_ring);
 	kvt_free(e->winseq);
 	kvt_prefix_fini(e);
+	kvt_wb_close(e);
 	free(e->nvme_dir);
 	pthread_cond_destroy(&e->xfer_cv);
 	pthread_mutex_destroy(&e->lock);
@@ -634,6 +638,7 @@ kvt_meta_bytes(const struct kvt_engine *e)
 	int t;
 
 	m += kvt_prefix_meta_bytes(e);
+	m += kvt_wb_meta_bytes(e); /* the per-key hint table (REMOTE tier or write budgets) */
 	m += kvt_nvme_meta_bytes(e->nvme); /* the NVMe copies' metadata, 6 bytes per slot */
 	/* per HBM slot: the h2d group of the copy into it */
 	m += (uint64_t)e->slots[KVT_TIER_HBM].n_slots * sizeof *e->hbm_h2d_seqno;

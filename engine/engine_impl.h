@@ -407,6 +407,8 @@ struct kvt_engine {
 	bool host_pinned;                   /* host_base is page-locked */
 	struct kvt_nvme *nvme;              /* NVME tier or NULL */
 	struct kvt_reng *remote;            /* REMOTE tier's worker (engine/remote.c) or NULL */
+	struct kvt_wb *wb;                  /* write budgets and per-key hints (engine/wbudget.c)
+	                                       or NULL */
 	struct kvt_slots slots[KVT_TIER_COUNT]; /* slot allocators (n_slots 0 = tier absent);
 	                                       they also keep each slot's owner (kvt_owner) */
 	struct kvt_evict evict[KVT_TIER_COUNT]; /* eviction policy per tier */
@@ -559,6 +561,10 @@ bool kvt_prefix_tenant(struct kvt_engine *e, uint32_t id, uint32_t *tenant);
 uint32_t kvt_prefix_key_block(struct kvt_engine *e, const uint64_t h[2]); /* no token check */
 /* Index sealed block @id; its tokens are borrowed from its creator sequence (b->seq). */
 int kvt_prefix_insert(struct kvt_engine *e, uint32_t id);
+/* Index block @id (no creator sequence: a REMOTE fetch) with its own copy of @tokens and
+ * @tenant. 0, -EEXIST (its key is indexed already), -ENOMEM. */
+int kvt_prefix_insert_owned(struct kvt_engine *e, uint32_t id, const int32_t *tokens,
+			    uint32_t tenant);
 /* Block @id's creator sequence drops it (close, truncate): an indexed block that stays gets
  * its own token copy (-ENOMEM: it leaves the index instead). */
 int kvt_prefix_detach(struct kvt_engine *e, uint32_t id);
@@ -689,6 +695,40 @@ int kvt_reng_open(struct kvt_engine *e);   /* at create, with opts.remote_host *
 void kvt_reng_close(struct kvt_engine *e); /* at destroy, before the lock: joins the worker */
 void kvt_reng_reap(struct kvt_engine *e);  /* under the lock: completions -> stats */
 void kvt_reng_drain(struct kvt_engine *e); /* without the lock: waits for queued jobs */
+/* Write-through (item 1), under the lock: sealed block @id became shareable or was seen again
+ * (@evidence: attached by a second sequence, or sealed by another); per opts.remote_write its
+ * bytes are snapshotted into the pending write-through job. kvt_reng_kick queues that job: call
+ * it before the lock is released. */
+void kvt_reng_sealed(struct kvt_engine *e, uint32_t id, bool evidence);
+void kvt_reng_kick(struct kvt_engine *e);
+/* Remote prefix lookup (item 2), under the lock: the full blocks @k.. of @tokens (@n tokens) that
+ * missed locally are fetched asynchronously into HOST slots (INFLIGHT, written by the worker);
+ * they enter the prefix index as cached blocks when reaped verified. Returns the blocks asked. */
+uint32_t kvt_reng_lookup(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
+			 const uint64_t salt[2], uint32_t tenant, uint32_t k, uint32_t max);
+/* Whether block @id is an INFLIGHT remote fetch (kvt_engine_check); whether the prefix key of
+ * block @k of @tokens is being fetched (an attach that stopped there: stats.remote_late_blocks). */
+bool kvt_reng_fetching(const struct kvt_engine *e, uint32_t id);
+void kvt_reng_note_late(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
+			const uint64_t salt[2], uint32_t tenant, uint32_t k);
+
+/* ---- engine/wbudget.c (issue 18 item 5): lower tiers' write budgets, per-key hints */
+enum { KVT_WB_NVME = 0, KVT_WB_REMOTE = 1 };
+#define KVT_KEY_EVID 1u            /* reuse evidence: seen twice */
+#define KVT_KEY_RBIT 2u            /* put to REMOTE or seen there (a hint) */
+#define KVT_KEY_REFUSED(w) (4u << (w)) /* a write to lower tier w was refused */
+int kvt_wb_open(struct kvt_engine *e);   /* at create, after kvt_reng_open */
+void kvt_wb_close(struct kvt_engine *e);
+uint64_t kvt_wb_meta_bytes(const struct kvt_engine *e); /* for kvt_stats.meta_bytes */
+uint32_t kvt_key_flags(struct kvt_engine *e, const uint64_t k[2], uint32_t tenant);
+void kvt_key_mark(struct kvt_engine *e, const uint64_t k[2], uint32_t tenant, uint32_t set,
+		  uint32_t clear);
+/* A write of @bytes to lower tier @w (key @k of @tenant, or NULL): true = admitted (charged).
+ * @must: it has to happen (charged, never refused). */
+bool kvt_wb_admit(struct kvt_engine *e, int w, uint64_t bytes, bool evidence, bool must,
+		  const uint64_t k[2], uint32_t tenant);
+/* A lookup of tier @w missed key @k: a hit lost when its write had been refused. */
+void kvt_wb_miss(struct kvt_engine *e, int w, const uint64_t k[2], uint32_t tenant);
 void kvt_persist_publish(struct kvt_engine *e); /* publish sessions whose park completed */
 void kvt_persist_forget(struct kvt_engine *e, struct kvt_seqrec *s); /* seq closed: DEL */
 void kvt_persist_keep(struct kvt_engine *e, struct kvt_seqrec *s); /* seq detached: restorable */

@@ -278,6 +278,37 @@ struct kvt_engine_opts {
 	uint32_t n_groups;         /* entries of groups, 1..KVT_MAX_GROUPS (0 with groups NULL) */
 	uint64_t group_ref_tokens; /* context length the default capacity split assumes (see
 	                              struct kvt_group.share); default 32768 */
+	/* ---- 0.6: REMOTE write-through, remote prefix hits, write budgets (issue 18 items 1-3,
+	 * docs/ARCHITECTURE.md "REMOTE tier") */
+	uint32_t remote_write;     /* enum kvt_remote_write: which sealed prefix blocks are
+	                              written through to REMOTE; default KVT_REMOTE_WRITE_SEEN_TWICE */
+	uint32_t remote_no_fetch;  /* 1: kvt_seq_match_prefix does not look REMOTE up for the
+	                              blocks that miss locally; 0 (default): it does */
+	uint64_t remote_write_budget; /* bytes per write_budget_period_ms the engine may send to
+	                              REMOTE by write-through (token bucket, burst = one period);
+	                              0 (default) = unlimited. Published sessions are not limited */
+	uint64_t nvme_write_budget; /* bytes per period HOST->NVMe demotions of CACHED prefix
+	                              blocks (refs 0) may write; over it they are dropped instead
+	                              (a live sequence's only copy is always written, and charged);
+	                              0 (default) = unlimited */
+	uint32_t write_budget_period_ms; /* the buckets' period; default 1000 */
+};
+
+/**
+ * Write-through policies (kvt_engine_opts.remote_write). A sealed prefix block (full, tokens
+ * given, its K/V written) is put to REMOTE once (a per-key "REMOTE bit": put, or seen there by a
+ * lookup; only a hint, a later lookup verifies) asynchronously by the remote worker, first
+ * writer wins (SET NX); its bytes are snapshotted under the engine lock from HBM or HOST (one
+ * block copy, no network wait).
+ *   KVT_REMOTE_WRITE_SEEN_TWICE  with reuse evidence: attached by a second sequence, or sealed
+ *                                again by another sequence with the same prefix (default).
+ *   KVT_REMOTE_WRITE_ALL         every sealed prefix block when it becomes shareable.
+ *   KVT_REMOTE_WRITE_NONE        none: REMOTE is only looked up (and sessions published).
+ */
+enum kvt_remote_write {
+	KVT_REMOTE_WRITE_SEEN_TWICE = 0,
+	KVT_REMOTE_WRITE_ALL = 1,
+	KVT_REMOTE_WRITE_NONE = 2,
 };
 
 /**
@@ -708,7 +739,14 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
  *          tokens_per_block).
  * @tier:   receives the slowest tier any of them has to come from (KVT_TIER_HBM when all are
  *          in HBM), or KVT_TIER_COUNT when nothing matched. May be NULL.
- * Nothing is pinned or moved. Returns 0, -EINVAL, -ENOMEM.
+ * Nothing is pinned or moved locally. With a REMOTE tier (opts.remote_host, unless
+ * remote_no_fetch) the call is also the announcement of a remote prefix hit: the full blocks
+ * after the local match (up to 256, and as many HOST slots as are free after a reclaim that
+ * never waits) are looked up in REMOTE with one pipelined get (<= 2 round trips), queued to the
+ * remote worker; the call never waits for the network. The verified leading run lands in HOST
+ * slots (INFLIGHT while the worker writes them) and becomes cached prefix blocks when a later
+ * call reaps it (poll, drain, stats, match, attach); *matched_tokens counts only what is usable
+ * now. Needs a HOST tier. Returns 0, -EINVAL, -ENOMEM.
  */
 KVT_API int kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o,
 				 const int32_t *tokens, size_t n, uint64_t *matched_tokens,
@@ -720,8 +758,12 @@ KVT_API int kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts
  * @attached_tokens (a multiple of tokens_per_block, possibly 0). The caller then appends and
  * prefills tokens [attached_tokens, n) only. The next kvt_batch_prepare() brings the attached
  * blocks to HBM. At most the most blocks one sequence may hold (the reserve of kvt_seq_append())
- * are attached; appending past them then gets KVT_ETOOBIG. Returns 0, KVT_ECLOSED, -EINVAL (the
- * sequence is not empty or is in a batch), -ENOMEM.
+ * are attached; appending past them then gets KVT_ETOOBIG. With a REMOTE tier, blocks that a
+ * kvt_seq_match_prefix() lookup landed in HOST are attached like local ones (they come up to
+ * HBM through the next prepare); a block still in flight from REMOTE ends the match there (the
+ * caller prefills it: stats.remote_late_blocks), the attach never waits for the network. The
+ * blocks it attaches are reuse evidence for the write-through policy (opts.remote_write).
+ * Returns 0, KVT_ECLOSED, -EINVAL (the sequence is not empty or is in a batch), -ENOMEM.
  */
 KVT_API int kvt_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens,
 				  size_t n, uint64_t *attached_tokens);
@@ -1022,6 +1064,26 @@ struct kvt_stats {
 	uint64_t remote_errors;       /* connection-level failures (timeouts included) */
 	uint64_t remote_breaker_open; /* gauge: 1 when a server's breaker was open after the
 					 worker's latest job, else 0 */
+	/* ---- 0.5: write-through, remote prefix hits, write budgets (issue 18 items 1-3) */
+	uint64_t remote_wt_queued;    /* sealed blocks queued for write-through */
+	uint64_t remote_wt_stored;    /* ... put (stored now, or already there: first writer wins) */
+	uint64_t remote_wt_failed;    /* ... whose put failed (server down, breaker, full) */
+	uint64_t remote_lookups;      /* remote prefix lookups sent (one pipelined get each) */
+	uint64_t remote_lookup_blocks; /* blocks they asked for */
+	uint64_t remote_hit_blocks;   /* blocks verified and landed in HOST (the longest verified
+					 prefix of each lookup), then in the prefix index */
+	uint64_t remote_miss_blocks;  /* asked for and not landed: absent, bad value (deleted),
+					 after the first miss, server error or breaker open, or
+					 redundant (its key was indexed here meanwhile) */
+	uint64_t remote_bad_values;   /* values that failed verification (never served) */
+	uint64_t remote_late_blocks;  /* attaches that stopped at a block still in flight from
+					 REMOTE (the caller recomputed it: never a network wait) */
+	uint64_t wb_admitted_bytes[2]; /* write budget, [0] NVMe, [1] REMOTE: bytes admitted */
+	uint64_t wb_refused_bytes[2]; /* bytes refused (writes saved) */
+	uint64_t wb_refused[2];       /* writes refused */
+	uint64_t wb_hits_lost[2];     /* lookups that missed a block whose write was refused here
+					 (NVMe: a local prefix miss; REMOTE: a remote miss) */
+	uint64_t remote_round_trips;  /* pipelined rounds of the REMOTE client (every job's) */
 };
 
 /** kvt_engine_stats() - snapshot of the counters. @out->size must be set by the caller. */

@@ -311,6 +311,54 @@ metrics_write(struct metrics_out *o, const struct kvt_stats *st)
 		    "Times a REMOTE server's circuit breaker opened.", st->remote_breaker_trips);
 	metrics_one(o, "kvtier_remote_breaker_open", "gauge",
 		    "1 while a REMOTE server's circuit breaker is open.", st->remote_breaker_open);
+	metrics_one(o, "kvtier_remote_round_trips_total", "counter",
+		    "Pipelined rounds of the REMOTE client.", st->remote_round_trips);
+	metrics_one(o, "kvtier_remote_write_through_queued_total", "counter",
+		    "Sealed prefix blocks queued for write-through to REMOTE.",
+		    st->remote_wt_queued);
+	metrics_one(o, "kvtier_remote_write_through_stored_total", "counter",
+		    "Write-through blocks stored in REMOTE (or already there).",
+		    st->remote_wt_stored);
+	metrics_one(o, "kvtier_remote_write_through_failed_total", "counter",
+		    "Write-through blocks whose put failed.", st->remote_wt_failed);
+	metrics_one(o, "kvtier_remote_lookups_total", "counter",
+		    "Remote prefix lookups sent (one pipelined get each).", st->remote_lookups);
+	metrics_one(o, "kvtier_remote_lookup_blocks_total", "counter",
+		    "Blocks asked for by remote prefix lookups.", st->remote_lookup_blocks);
+	metrics_one(o, "kvtier_remote_hit_blocks_total", "counter",
+		    "Blocks verified and landed in HOST from REMOTE.", st->remote_hit_blocks);
+	metrics_one(o, "kvtier_remote_miss_blocks_total", "counter",
+		    "Blocks asked for from REMOTE that did not land (absent, bad, error).",
+		    st->remote_miss_blocks);
+	metrics_one(o, "kvtier_remote_bad_values_total", "counter",
+		    "REMOTE values that failed verification (never served).",
+		    st->remote_bad_values);
+	metrics_one(o, "kvtier_remote_late_blocks_total", "counter",
+		    "Attaches that stopped at a block still in flight from REMOTE.",
+		    st->remote_late_blocks);
+	{
+		static const char *const wn[2] = { "nvme", "remote" };
+		static const char *const names[4] = {
+			"kvtier_write_budget_admitted_bytes_total",
+			"kvtier_write_budget_refused_bytes_total",
+			"kvtier_write_budget_refused_total", "kvtier_write_budget_hits_lost_total"
+		};
+		static const char *const helps[4] = {
+			"Bytes the write budget admitted to a lower tier.",
+			"Bytes the write budget refused (writes saved).",
+			"Writes the write budget refused.",
+			"Lookups that missed a block whose write the budget refused."
+		};
+		const uint64_t *v[4] = { st->wb_admitted_bytes, st->wb_refused_bytes,
+					 st->wb_refused, st->wb_hits_lost };
+
+		for (int m = 0; m < 4; m++) {
+			metrics_head(o, names[m], "counter", helps[m]);
+			for (int w = 0; w < 2; w++)
+				metrics_put(o, "%s{target=\"%s\"} %llu\n", names[m], wn[w],
+					    (unsigned long long)v[m][w]);
+		}
+	}
 }
 
 int

@@ -255,6 +255,41 @@ kvt_prefix_insert(struct kvt_engine *e, uint32_t id)
 	return 0;
 }
 
+/* Room for one more token copy in the pool (below). */
+static int pfx_pool_grow(struct kvt_engine *e);
+
+int
+kvt_prefix_insert_owned(struct kvt_engine *e, uint32_t id, const int32_t *tokens,
+			uint32_t tenant)
+{
+	struct kvt_prefix *p = &e->prefix;
+	uint32_t tpb = e->layout.tokens_per_block, k;
+	uint64_t i, h[2];
+
+	kvt_blk_key(kvt_blk(e, id), h);
+	if (kvt_blk(e, id)->indexed || pfx_find_key(e, h))
+		return -EEXIST;
+	if (!p->n_pool_free && pfx_pool_grow(e))
+		return -ENOMEM;
+	if ((p->n + p->tombs + 1) * 10 > p->cap * PFX_LOAD_MAX && pfx_rehash(e))
+		return -ENOMEM;
+	k = p->pool_free;
+	p->pool_free = p->pool_block[k];
+	p->n_pool_free--;
+	memcpy(p->pool + (uint64_t)k * tpb, tokens, (size_t)tpb * sizeof *p->pool);
+	p->pool_tenant[k] = tenant;
+	p->pool_block[k] = id;
+	p->owned++;
+	for (i = pfx_home(h, p->cap); p->tab[i] < PFX_TOMB; i = pfx_next(i, p->cap))
+		;
+	if (p->tab[i] == PFX_TOMB)
+		p->tombs--;
+	p->tab[i] = KVT_PFX_OWNED | k;
+	p->n++;
+	kvt_blk(e, id)->indexed = 1;
+	return 0;
+}
+
 void
 kvt_prefix_remove(struct kvt_engine *e, uint32_t id)
 {
@@ -382,8 +417,10 @@ kvt_prefix_walk(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const u
 		e->st.prefix_lookups++;
 		kvt_prefix_hash(h, tokens + (uint64_t)k * tpb, tpb, salt, h);
 		id = kvt_prefix_find(e, h, tokens + (uint64_t)k * tpb, tenant);
-		if (id == KVT_NIL || !pfx_usable(kvt_blk(e, id)))
+		if (id == KVT_NIL || !pfx_usable(kvt_blk(e, id))) {
+			kvt_wb_miss(e, KVT_WB_NVME, h, tenant); /* write budget: a hit lost? */
 			break;
+		}
 		if (ids)
 			ids[k] = id;
 	}

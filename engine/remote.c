@@ -28,7 +28,10 @@
 #define RS_BATCH 64u        /* blocks per put/get round */
 #define RS_KEY_MAX 128u
 
-enum { RJ_PUBLISH = 0, RJ_RESTORE = 1 };
+enum { RJ_PUBLISH = 0, RJ_RESTORE = 1, RJ_WT = 2, RJ_FETCH = 3 };
+
+#define RF_MAX 256u          /* blocks of one remote prefix lookup (one pipelined get) */
+#define RW_QUEUED_MAX 1024u  /* write-through blocks queued at most (their snapshots' memory) */
 
 struct rjob {
 	struct rjob *next;
@@ -46,6 +49,14 @@ struct rjob {
 	uint64_t n_tokens;
 	const int32_t *tokens; /* into sval (4-byte aligned: RS_HDR is) */
 	const uint8_t *partial; /* into sval, block_bytes, or NULL */
+	/* write-through (RJ_WT) and remote prefix fetches (RJ_FETCH): n_full blocks, hashes[] */
+	uint8_t **bufs;     /* WT: [RS_BATCH] snapshots of the blocks' bytes */
+	uint32_t *ids;      /* FETCH: [n_full] the block records (INFLIGHT HOST copies) */
+	void **dst;         /* FETCH: [n_full] their HOST slots' bytes (the worker writes them) */
+	int32_t *ftokens;   /* FETCH: [n_full * tpb] the blocks' tokens (their index entries) */
+	int *res;           /* WT, FETCH: [n_full] per-block results */
+	int lead;           /* FETCH: the leading run of verified blocks */
+	struct rjob *fnext; /* FETCH: list of fetches in flight (under the engine lock) */
 	char msg[512];      /* the worker's error message (messages are thread-local) */
 };
 
@@ -65,6 +76,10 @@ struct kvt_reng {
 	int stop;
 	struct kvt_remote_stats cs; /* the client's counters after the latest job */
 	int breaker_open;   /* any breaker open after the latest job */
+	/* engine side, under the engine lock */
+	struct rjob *wt_fill; /* write-through job being filled (kvt_reng_sealed) */
+	uint32_t wt_queued; /* write-through blocks queued or running */
+	struct rjob *fetching; /* fetches queued or running (their blocks are INFLIGHT) */
 };
 
 /* "kvt1:<32 hex ns>:<8 hex tenant>:s:<16 hex session key>" */
@@ -143,9 +158,17 @@ job_free(struct rjob *j)
 {
 	if (!j)
 		return;
+	if (j->bufs)
+		for (uint32_t i = 0; i < j->n_full; i++)
+			free(j->bufs[i]);
+	free(j->bufs);
+	free(j->ids);
+	free(j->dst);
+	free(j->ftokens);
+	free(j->res);
 	free(j->data);
 	free(j->sval);
-	if (j->kind == RJ_PUBLISH)
+	if (j->kind != RJ_RESTORE)
 		free(j->hashes);
 	free(j);
 }
@@ -233,6 +256,35 @@ run_restore(struct kvt_reng *r, struct rjob *j)
 	return 0;
 }
 
+/* Write-through: put the job's blocks (SET NX: first writer wins), one pipelined round. */
+static int
+run_wt(struct kvt_reng *r, struct rjob *j)
+{
+	int rc = kvt_remote_put_blocks(r->cli, &r->ns, j->tenant,
+				       (const uint8_t(*)[16])j->hashes,
+				       (const void *const *)j->bufs, j->n_full, j->res);
+
+	if (rc < 0)
+		for (uint32_t i = 0; i < j->n_full; i++)
+			j->res[i] = rc;
+	return rc < 0 ? rc : 0;
+}
+
+/* Remote prefix fetch: one pipelined get of every block straight into its HOST slot (each
+ * value verified before it counts; the longest verified prefix wins). */
+static int
+run_fetch(struct kvt_reng *r, struct rjob *j)
+{
+	int rc = kvt_remote_get_blocks(r->cli, &r->ns, j->tenant,
+				       (const uint8_t(*)[16])j->hashes, j->dst, j->n_full, j->res);
+
+	j->lead = rc > 0 ? rc : 0;
+	if (rc < 0)
+		for (uint32_t i = 0; i < j->n_full; i++)
+			j->res[i] = rc;
+	return rc < 0 ? rc : 0;
+}
+
 static void *
 worker(void *arg)
 {
@@ -251,13 +303,15 @@ worker(void *arg)
 		if (!r->head)
 			r->tail = NULL;
 		pthread_mutex_unlock(&r->mu);
-		j->rc = j->kind == RJ_PUBLISH ? run_publish(r, j) : run_restore(r, j);
+		j->rc = j->kind == RJ_PUBLISH ? run_publish(r, j) :
+			j->kind == RJ_RESTORE ? run_restore(r, j) :
+			j->kind == RJ_WT ? run_wt(r, j) : run_fetch(r, j);
 		if (j->rc)
 			snprintf(j->msg, sizeof j->msg, "%s", kvt_last_error_message());
 		pthread_mutex_lock(&r->mu);
 		kvt_remote_stats(r->cli, &r->cs);
 		r->breaker_open = kvt_remote_breaker_open(r->cli, NULL, 0);
-		if (j->kind == RJ_PUBLISH) {
+		if (j->kind != RJ_RESTORE) {
 			j->next = r->done;
 			r->done = j;
 		} else {
@@ -279,7 +333,7 @@ queue_job(struct kvt_reng *r, struct rjob *j)
 	else
 		r->head = j;
 	r->tail = j;
-	if (j->kind == RJ_PUBLISH)
+	if (j->kind != RJ_RESTORE)
 		r->pending++;
 	pthread_cond_signal(&r->cv);
 	pthread_mutex_unlock(&r->mu);
@@ -324,6 +378,7 @@ kvt_reng_open(struct kvt_engine *e)
 		kvt_free(r);
 		return rc; /* the client's message says which server and why */
 	}
+	kvt_remote_stats(r->cli, &r->cs); /* what open did (CLUSTER SLOTS) counts from here */
 	rc = kvt_engine_stream_create(e, &r->stream);
 	if (rc) {
 		kvt_remote_close(r->cli);
@@ -346,6 +401,73 @@ kvt_reng_open(struct kvt_engine *e)
 	return 0;
 }
 
+/* A finished write-through: counters; a failed put clears the key's REMOTE bit (a later
+ * offer of the block tries again). */
+static void
+reap_wt(struct kvt_engine *e, struct rjob *j)
+{
+	struct kvt_reng *r = e->remote;
+
+	for (uint32_t i = 0; i < j->n_full; i++) {
+		if (j->res[i] >= 0) {
+			e->st.remote_wt_stored++;
+		} else {
+			uint64_t k[2];
+
+			memcpy(k, j->hashes[i], 16);
+			e->st.remote_wt_failed++;
+			kvt_key_mark(e, k, j->tenant, 0, KVT_KEY_RBIT);
+		}
+	}
+	if (j->rc)
+		kvt_engine_log(e, KVT_LOG_WARN, "write-through of %u blocks to the REMOTE tier "
+			       "failed: %s", j->n_full, j->msg);
+	r->wt_queued -= j->n_full;
+}
+
+/* A finished fetch: the leading run of verified blocks become cached prefix blocks (HOST copy
+ * PRESENT, in the index with their own tokens); the rest are freed (a miss: recomputed). */
+static void
+reap_fetch(struct kvt_engine *e, struct rjob *j)
+{
+	struct kvt_reng *r = e->remote;
+	uint32_t tpb = r->tpb;
+
+	for (struct rjob **pp = &r->fetching; *pp; pp = &(*pp)->fnext)
+		if (*pp == j) {
+			*pp = j->fnext;
+			break;
+		}
+	for (uint32_t i = 0; i < j->n_full; i++) {
+		uint32_t id = j->ids[i];
+		struct kvt_block *b = kvt_blk(e, id);
+		uint64_t k[2];
+
+		memcpy(k, j->hashes[i], 16);
+		b->busy = 0;
+		if ((int)i < j->lead && j->res[i] == 1) {
+			kvt_copy_set_present(e, id, KVT_TIER_HOST);
+			kvt_key_mark(e, k, j->tenant, KVT_KEY_RBIT, 0);
+			/* the same key indexed meanwhile (sealed here, or another fetch): ours goes */
+			if (kvt_prefix_insert_owned(e, id, j->ftokens + (uint64_t)i * tpb,
+						    j->tenant) == 0) {
+				e->st.remote_hit_blocks++;
+				continue;
+			}
+			e->st.remote_miss_blocks++;
+			kvt_block_uncache(e, id);
+			continue;
+		}
+		e->st.remote_miss_blocks++;
+		/* the block that ended the verified prefix (those after it are unreachable
+		 * anyway): a hit lost when the budget refused its write here */
+		if ((int)i == j->lead && j->res[i] == 0)
+			kvt_wb_miss(e, KVT_WB_REMOTE, k, j->tenant);
+		kvt_copy_fail(e, id, KVT_TIER_HOST);
+		kvt_block_uncache(e, id);
+	}
+}
+
 /* Under the engine lock (or at destroy): finished publishes -> counters. */
 void
 kvt_reng_reap(struct kvt_engine *e)
@@ -361,12 +483,18 @@ kvt_reng_reap(struct kvt_engine *e)
 	e->st.remote_breaker_trips = r->cs.breaker_trips;
 	e->st.remote_errors = r->cs.errors;
 	e->st.remote_breaker_open = (uint64_t)r->breaker_open;
+	e->st.remote_bad_values = r->cs.bad_values;
+	e->st.remote_round_trips = r->cs.round_trips;
 	pthread_mutex_unlock(&r->mu);
 	while (list) {
 		struct rjob *j = list;
 
 		list = j->next;
-		if (j->rc == 0) {
+		if (j->kind == RJ_WT) {
+			reap_wt(e, j);
+		} else if (j->kind == RJ_FETCH) {
+			reap_fetch(e, j);
+		} else if (j->rc == 0) {
 			e->st.remote_publishes++;
 			e->st.remote_blocks_put += j->n_full;
 		} else {
@@ -416,6 +544,8 @@ kvt_reng_close(struct kvt_engine *e)
 	pthread_join(r->th, NULL); /* runs what was queued first (each job bounded by timeouts) */
 	kvt_lock(e);
 	kvt_reng_reap(e);
+	job_free(r->wt_fill);
+	r->wt_fill = NULL;
 	kvt_unlock(e);
 	pthread_cond_destroy(&r->done_cv);
 	pthread_cond_destroy(&r->cv);
@@ -564,10 +694,17 @@ restore_check_hash(struct kvt_engine *e, kvt_seq_id sid, uint32_t i, const uint8
 	if (s && i < s->n_blocks && s->blocks[i] != KVT_NIL) { /* NIL: out of the window */
 		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
 
-		if (!b->hashed || memcmp(b->hash, want, 16))
+		if (!b->hashed || memcmp(b->hash, want, 16)) {
 			rc = kvt_err(-EINVAL, "session %#llx: block %u's prefix key differs from the "
 				     "published one (another salt or extra_key)",
 				     (unsigned long long)key, i);
+		} else {
+			uint64_t k[2];
+
+			/* read from REMOTE: its REMOTE bit, so write-through does not put it back */
+			memcpy(k, want, 16);
+			kvt_key_mark(e, k, s->tenant, KVT_KEY_RBIT, 0);
+		}
 	}
 	kvt_unlock(e);
 	return rc;
@@ -693,4 +830,228 @@ kvt_seq_tokens(struct kvt_engine *e, kvt_seq_id id, uint64_t first, int32_t *out
 		memcpy(out, s->tokens + first, n * sizeof *out);
 	kvt_unlock(e);
 	return rc;
+}
+
+/* ---- write-through (issue 18 item 1) ------------------------------------------------------- */
+
+/* The tenant of block @id: its index entry's, or its creator sequence's. */
+static bool
+blk_tenant(struct kvt_engine *e, uint32_t id, uint32_t *tenant)
+{
+	const struct kvt_block *b = kvt_blk(e, id);
+
+	if (kvt_prefix_tenant(e, id, tenant))
+		return true;
+	if (b->seq < e->cap_seqs && e->seqs[b->seq].open) {
+		*tenant = e->seqs[b->seq].tenant;
+		return true;
+	}
+	return false;
+}
+
+void
+kvt_reng_kick(struct kvt_engine *e)
+{
+	struct kvt_reng *r = e->remote;
+	struct rjob *j;
+
+	if (!r || !(j = r->wt_fill))
+		return;
+	r->wt_fill = NULL;
+	if (!j->n_full) {
+		job_free(j);
+		return;
+	}
+	queue_job(r, j);
+}
+
+void
+kvt_reng_sealed(struct kvt_engine *e, uint32_t id, bool evidence)
+{
+	struct kvt_reng *r = e->remote;
+	const struct kvt_block *b = kvt_blk(e, id);
+	uint32_t tenant, flags;
+	struct rjob *j;
+	uint64_t k[2];
+	uint8_t *buf;
+
+	if (!r || !b->hashed || !b->live || b->dead || b->lost ||
+	    e->opts.remote_write == KVT_REMOTE_WRITE_NONE || !blk_tenant(e, id, &tenant))
+		return;
+	kvt_blk_key(b, k);
+	if (evidence)
+		kvt_key_mark(e, k, tenant, KVT_KEY_EVID, 0);
+	flags = kvt_key_flags(e, k, tenant);
+	if (flags & KVT_KEY_RBIT)
+		return; /* put already (or seen there) */
+	if (e->opts.remote_write != KVT_REMOTE_WRITE_ALL && !(flags & KVT_KEY_EVID))
+		return;
+	if (kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_PRESENT &&
+	    kvt_copy_state(b, KVT_TIER_HOST) != KVT_COPY_PRESENT)
+		return; /* only on NVMe or in flight: a later offer may find it */
+	if (r->wt_queued >= RW_QUEUED_MAX)
+		return; /* the worker is behind (slow server): skip, never wait */
+	if (r->wt_fill && (r->wt_fill->tenant != tenant || r->wt_fill->n_full == RS_BATCH))
+		kvt_reng_kick(e);
+	if (!kvt_wb_admit(e, KVT_WB_REMOTE, e->block_bytes + KVT_RV_HDR_BYTES,
+			  (flags & KVT_KEY_EVID) != 0, false, k, tenant))
+		return;
+	if (!(j = r->wt_fill)) {
+		j = calloc(1, sizeof *j);
+		if (!j || !(j->bufs = calloc(RS_BATCH, sizeof *j->bufs)) ||
+		    !(j->hashes = malloc(16ull * RS_BATCH)) ||
+		    !(j->res = calloc(RS_BATCH, sizeof *j->res))) {
+			job_free(j);
+			return; /* -ENOMEM only costs the write-through */
+		}
+		j->kind = RJ_WT;
+		j->tenant = tenant;
+		r->wt_fill = j;
+	}
+	if (!(buf = malloc(e->block_bytes)))
+		return;
+	if (copy_block(e, b, b->index, buf)) {
+		free(buf);
+		return;
+	}
+	memcpy(j->hashes[j->n_full], k, 16);
+	j->bufs[j->n_full++] = buf;
+	r->wt_queued++;
+	kvt_key_mark(e, k, tenant, KVT_KEY_RBIT, 0);
+	e->st.remote_wt_queued++;
+}
+
+/* ---- remote prefix hits (issue 18 item 2) -------------------------------------------------- */
+
+bool
+kvt_reng_fetching(const struct kvt_engine *e, uint32_t id)
+{
+	const struct kvt_reng *r = e->remote;
+
+	for (const struct rjob *j = r ? r->fetching : NULL; j; j = j->fnext)
+		for (uint32_t i = 0; i < j->n_full; i++)
+			if (j->ids[i] == id)
+				return true;
+	return false;
+}
+
+/* Is key @k of @tenant being fetched? */
+static bool
+key_fetching(const struct kvt_reng *r, const uint64_t k[2], uint32_t tenant)
+{
+	for (const struct rjob *j = r->fetching; j; j = j->fnext)
+		if (j->tenant == tenant)
+			for (uint32_t i = 0; i < j->n_full; i++)
+				if (!memcmp(j->hashes[i], k, 16))
+					return true;
+	return false;
+}
+
+/* The prefix key of block @k of @tokens (the chain from block 0). */
+static void
+chain_key(const int32_t *tokens, uint32_t tpb, const uint64_t salt[2], uint32_t k,
+	  uint64_t h[2])
+{
+	h[0] = h[1] = 0;
+	for (uint32_t j = 0; j <= k; j++)
+		kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);
+}
+
+void
+kvt_reng_note_late(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
+		   const uint64_t salt[2], uint32_t tenant, uint32_t k)
+{
+	struct kvt_reng *r = e->remote;
+	uint64_t h[2];
+
+	if (!r || !r->fetching || (uint64_t)(k + 1) * r->tpb > n)
+		return;
+	chain_key(tokens, r->tpb, salt, k, h);
+	if (key_fetching(r, h, tenant))
+		e->st.remote_late_blocks++;
+}
+
+uint32_t
+kvt_reng_lookup(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const uint64_t salt[2],
+		uint32_t tenant, uint32_t k, uint32_t max)
+{
+	struct kvt_reng *r = e->remote;
+	uint32_t tpb, want, m = 0;
+	struct rjob *j = NULL;
+	uint64_t h[2];
+
+	if (!r || e->opts.remote_no_fetch || !e->slots[KVT_TIER_HOST].n_slots || k >= max)
+		return 0;
+	tpb = r->tpb;
+	want = max - k < RF_MAX ? max - k : RF_MAX;
+	if ((uint64_t)(k + want) * tpb > n)
+		want = (uint32_t)(n / tpb) - k;
+	if (!want)
+		return 0;
+	if (k)
+		chain_key(tokens, tpb, salt, k - 1, h);
+	else
+		h[0] = h[1] = 0;
+	kvt_prefix_hash(h, tokens + (uint64_t)k * tpb, tpb, salt, h);
+	if (key_fetching(r, h, tenant))
+		return 0; /* announced already: in flight */
+	/* room in HOST without waiting: clean copies dropped, demotions started; what is free
+	 * now bounds the lookup */
+	if (e->slots[KVT_TIER_HOST].n_free < want)
+		(void)kvt_reclaim(e, KVT_TIER_HOST, want - e->slots[KVT_TIER_HOST].n_free, false);
+	if (e->slots[KVT_TIER_HOST].n_free < want)
+		want = e->slots[KVT_TIER_HOST].n_free;
+	if (!want)
+		return 0;
+	j = calloc(1, sizeof *j);
+	if (!j || !(j->hashes = malloc(16ull * want)) || !(j->ids = malloc(sizeof *j->ids * want)) ||
+	    !(j->dst = malloc(sizeof *j->dst * want)) ||
+	    !(j->res = calloc(want, sizeof *j->res)) ||
+	    !(j->ftokens = malloc(sizeof *j->ftokens * (uint64_t)want * tpb))) {
+		job_free(j);
+		return 0;
+	}
+	j->kind = RJ_FETCH;
+	j->tenant = tenant;
+	for (m = 0; m < want; m++) {
+		uint32_t at = k + m, id, slot;
+		struct kvt_block *b;
+
+		if (m)
+			kvt_prefix_hash(h, tokens + (uint64_t)at * tpb, tpb, salt, h);
+		if (kvt_prefix_key_block(e, h) != KVT_NIL)
+			break; /* indexed here (another tenant, other tokens, unusable): stop */
+		if (kvt_block_new(e, KVT_NIL, at, &id))
+			break;
+		b = kvt_blk(e, id);
+		b->refs = 0; /* cached once it lands; nobody holds it */
+		b->tslot = kvt_tenant_slot(e, tenant);
+		kvt_blk_set_key(b, h);
+		b->hashed = 1;
+		b->written = 1;
+		if (kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot)) {
+			b->dead = 1;
+			kvt_block_try_free(e, id);
+			break;
+		}
+		b->slot[KVT_TIER_HOST] = slot;
+		kvt_copy_state_set(b, KVT_TIER_HOST, KVT_COPY_INFLIGHT);
+		b->busy = 1; /* the worker writes the slot: nothing frees or reuses it */
+		j->ids[m] = id;
+		j->dst[m] = kvt_slot_addr(e, KVT_TIER_HOST, slot);
+		memcpy(j->hashes[m], h, 16);
+		memcpy(j->ftokens + (uint64_t)m * tpb, tokens + (uint64_t)at * tpb,
+		       (size_t)tpb * sizeof *tokens);
+	}
+	if (!m) {
+		job_free(j);
+		return 0;
+	}
+	j->n_full = m;
+	j->fnext = r->fetching;
+	r->fetching = j;
+	e->st.remote_lookups++;
+	e->st.remote_lookup_blocks += m;
+	queue_job(r, j);
+	return m;
 }

@@ -40,6 +40,27 @@ last_tier(const struct kvt_engine *e, int tier)
 	return tier == KVT_TIER_NVME || !e->slots[tier + 1].n_slots;
 }
 
+/* The NVMe write budget (issue 18 item 5) for the demotion of @id's HOST copy: a cached block
+ * (refs 0) over budget is dropped (true); a live sequence's only copy is written and charged. */
+static bool
+wb_refuse_nvme(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = kvt_blk(e, id);
+	uint32_t tenant = 0;
+	uint64_t k[2] = { 0, 0 };
+	bool cached = b->refs == 0 && !b->busy && !b->pins && b->hashed &&
+		      kvt_prefix_tenant(e, id, &tenant);
+
+	if (cached)
+		kvt_blk_key(b, k);
+	if (kvt_wb_admit(e, KVT_WB_NVME, e->block_bytes, cached && (kvt_key_flags(e, k, tenant) &
+								    KVT_KEY_EVID),
+			 !cached, cached ? k : NULL, tenant))
+		return false;
+	kvt_block_uncache_evicted(e, id, KVT_TIER_HOST);
+	return true;
+}
+
 /* Free @id's copy in @tier: 1 = slot free now, 0 = demotion submitted, <0 = cannot. */
 int
 kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
@@ -62,6 +83,8 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	 * cannot pick it again (or drop its other copies) halfway. */
 	if (tier == KVT_TIER_HOST && !may_wait && kvt_nvme_free_qd(e->nvme) == 0)
 		return -EAGAIN; /* no IO slot: do not make room below for nothing */
+	if (tier == KVT_TIER_HOST && e->wb && wb_refuse_nvme(e, id))
+		return 1; /* over the NVMe write budget: a cached block is dropped instead */
 	kvt_blk(e, id)->wanted = 0;
 	kvt_block_pin(e, id);
 	rc = kvt_room_for_copy(e, id, tier, tier + 1, may_wait);

@@ -236,10 +236,21 @@ kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s)
 
 		/* only the creator indexes a block (its tokens are borrowed from s) */
 		if (b->hashed && !b->indexed && !b->lost && b->live && !b->dead &&
-		    b->seq < e->cap_seqs && &e->seqs[b->seq] == s)
+		    b->seq < e->cap_seqs && &e->seqs[b->seq] == s) {
+			uint64_t h[2];
+			bool again;
+
+			kvt_blk_key(b, h);
+			/* the same key indexed already: sealed a second time (reuse evidence) */
+			again = kvt_prefix_key_block(e, h) != KVT_NIL;
 			/* -ENOMEM only costs sharing: the block stays private */
 			(void)kvt_prefix_insert(e, s->wpins[i]);
+			if (e->remote) /* write-through (issue 18 item 1) */
+				kvt_reng_sealed(e, s->wpins[i], again);
+		}
 	}
+	if (e->remote)
+		kvt_reng_kick(e);
 }
 
 uint32_t
@@ -1010,6 +1021,8 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 	if (!ids)
 		return kvt_err(-ENOMEM, "prefix match of %zu tokens", n);
 	kvt_lock(e);
+	if (e->remote)
+		kvt_reng_reap(e); /* remote fetches that landed are local hits now */
 	if (e->win_tokens)
 		k = kvt_prefix_walk_window(e, tokens, n, salt, opts.tenant, ids, (uint32_t)nb,
 					   tail);
@@ -1027,6 +1040,9 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 	if (i)
 		worst = KVT_TIER_NVME;
 	k += i;
+	/* the rest may be in REMOTE: one pipelined lookup, asynchronous (issue 18 item 2) */
+	if (e->remote)
+		(void)kvt_reng_lookup(e, tokens, n, salt, opts.tenant, k, (uint32_t)nb);
 	kvt_unlock(e);
 	kvt_free(ids);
 	*matched_tokens = (uint64_t)k * tpb;
@@ -1059,6 +1075,8 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 		kvt_free(ids);
 		return kvt_err(-ENOMEM, "attaching a prefix of %llu blocks", (unsigned long long)max);
 	}
+	if (e->remote)
+		kvt_reng_reap(e); /* remote fetches that landed are local hits now */
 	if (e->win_tokens) {
 		/* only the sinks and the window before the boundary (engine/window.c); the
 		 * blocks between are holes, block lo chains to the key of hole lo - 1 */
@@ -1091,6 +1109,14 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 			e->st.tier[t].prefix_hit_blocks++;
 			e->evict[t].ops->access(&e->evict[t], ids[i]);
 		}
+	}
+	if (e->remote) {
+		/* a second sequence attached them: reuse evidence (write-through, item 1) */
+		for (i = 0; i < mem; i++)
+			kvt_reng_sealed(e, ids[i], true);
+		kvt_reng_kick(e);
+		if (k < max) /* stopped at a block still in flight from REMOTE? */
+			kvt_reng_note_late(e, tokens, n, s->salt, s->tenant, k);
 	}
 	memcpy(s->tokens, tokens, (size_t)k * tpb * sizeof *tokens);
 	s->n_blocks = k;

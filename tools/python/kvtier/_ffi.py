@@ -80,7 +80,11 @@ class EngineOpts(ctypes.Structure):
                 ("remote_model_id", ctypes.c_char_p), ("remote_connect_timeout_ms", c_u32),
                 ("remote_op_timeout_ms", c_u32), ("remote_ttl_ms", c_u32),
                 # 0.6: layer groups (issue 16)
-                ("groups", ctypes.c_void_p), ("n_groups", c_u32), ("group_ref_tokens", c_u64)]
+                ("groups", ctypes.c_void_p), ("n_groups", c_u32), ("group_ref_tokens", c_u64),
+                # 0.5: write-through, remote prefix hits, write budgets (issue 18)
+                ("remote_write", c_u32), ("remote_no_fetch", c_u32),
+                ("remote_write_budget", c_u64), ("nvme_write_budget", c_u64),
+                ("write_budget_period_ms", c_u32)]
 
 
 class SeqOpts(ctypes.Structure):
@@ -140,7 +144,15 @@ class Stats(ctypes.Structure):
                 ("remote_blocks_put", c_u64), ("remote_restores", c_u64),
                 ("remote_restore_misses", c_u64), ("remote_bytes_out", c_u64),
                 ("remote_bytes_in", c_u64), ("remote_breaker_trips", c_u64),
-                ("remote_errors", c_u64), ("remote_breaker_open", c_u64)]
+                ("remote_errors", c_u64), ("remote_breaker_open", c_u64),
+                # 0.5: write-through, remote prefix hits, write budgets (issue 18)
+                ("remote_wt_queued", c_u64), ("remote_wt_stored", c_u64),
+                ("remote_wt_failed", c_u64), ("remote_lookups", c_u64),
+                ("remote_lookup_blocks", c_u64), ("remote_hit_blocks", c_u64),
+                ("remote_miss_blocks", c_u64), ("remote_bad_values", c_u64),
+                ("remote_late_blocks", c_u64), ("wb_admitted_bytes", c_u64 * 2),
+                ("wb_refused_bytes", c_u64 * 2), ("wb_refused", c_u64 * 2),
+                ("wb_hits_lost", c_u64 * 2), ("remote_round_trips", c_u64)]
 
 
 MAX_GROUPS = 16
