@@ -68,6 +68,8 @@ struct ext_job {
 	uint32_t n_failed;
 	uint32_t n_skipped;
 	int32_t status;    /* first failure */
+	uint32_t waiters;  /* threads asleep on one of its events, the lock released: its groups
+	                      are neither retired nor freed, nor the job reported, meanwhile */
 	bool used;         /* slot of x->jobs in use */
 	bool ended;        /* every block terminal and every group retired */
 	struct ext_jblk *b;
@@ -124,6 +126,17 @@ struct kvt_ext_state {
 };
 
 /* ---- small helpers */
+
+/* Sleep *us microseconds, the next nap twice as long (up to 1 ms). */
+static void
+ext_nap(uint32_t *us)
+{
+	struct timespec ts = { 0, (long)*us * 1000 };
+
+	nanosleep(&ts, NULL);
+	if (*us < 1000)
+		*us *= 2;
+}
 
 static uint64_t
 ext_mix(uint64_t h, uint32_t tenant)
@@ -629,6 +642,8 @@ ext_retire(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j)
 {
 	struct ext_group **pg = &j->groups;
 
+	if (j->waiters)
+		return; /* the last sleeper retires them */
 	while (*pg) {
 		struct ext_group *g = *pg;
 		uint32_t i;
@@ -1056,6 +1071,17 @@ kvt_ext_unregister(struct kvt_engine *e, uint32_t pool)
 		kvt_unlock(e);
 		return -ENOENT;
 	}
+	for (uint32_t us = 5;;) {
+		bool sleepers = false;
+
+		for (id = 0; id < x->max_jobs; id++)
+			sleepers |= x->jobs[id].used && x->jobs[id].waiters;
+		if (!sleepers)
+			break;
+		kvt_unlock(e);
+		ext_nap(&us);
+		kvt_lock(e);
+	}
 	(void)kvt_xfer_poll(e, 0);
 	ext_quiesce(e, x);
 	ext_detach_all(e, x, false);
@@ -1397,7 +1423,7 @@ kvt_ext_poll(struct kvt_engine *e, uint32_t pool, struct kvt_ext_done *done, siz
 		struct kvt_ext_done *d;
 		uint32_t k;
 
-		if (!j->used || !j->ended)
+		if (!j->used || !j->ended || j->waiters)
 			continue;
 		if (nf + j->n_failed > fails_cap) {
 			if (nd == 0) {
@@ -1434,16 +1460,6 @@ kvt_ext_poll(struct kvt_engine *e, uint32_t pool, struct kvt_ext_done *done, siz
 	}
 	kvt_unlock(e);
 	return rc ? rc : (int)nd;
-}
-
-static void
-ext_nap(uint32_t *us)
-{
-	struct timespec ts = { 0, (long)*us * 1000 };
-
-	nanosleep(&ts, NULL);
-	if (*us < 1000)
-		*us *= 2;
 }
 
 /* Wait (the lock released while asleep) until job @id has ended or, with @layer != UINT32_MAX,
@@ -1504,6 +1520,32 @@ ext_wait(struct kvt_engine *e, uint32_t pool, uint64_t id, uint32_t layer, uint3
 			}
 		}
 		if (timeout_ms != UINT32_MAX && kvt_now_ns() >= deadline) {
+			rc = 1;
+		} else {
+			/* copies in flight: sleep on the oldest unfinished event, the lock released
+			 * (the group stays while j->waiters is set); else nap and look again */
+			struct kvt_event *ev = NULL;
+			struct ext_group *g;
+
+			for (g = j->groups; g && !ev; g = g->next) {
+				struct kvt_event *c = g->ev[layer != UINT32_MAX &&
+							    (j->flags & KVT_EXT_LAYERWISE) ?
+							    layer : g->n_ev - 1];
+
+				if (e->dev->ops->event_query(e->dev, c) == -EAGAIN)
+					ev = c;
+			}
+			if (ev && timeout_ms) {
+				j->waiters++;
+				kvt_unlock(e);
+				(void)e->dev->ops->event_sync(e->dev, ev);
+				kvt_lock(e);
+				j->waiters--;
+				continue;
+			}
+			rc = 0;
+		}
+		if (rc) {
 			rc = timeout_ms ? kvt_err(-ETIMEDOUT, "%s: job %llu not done after %u ms",
 						  fn, (unsigned long long)id, timeout_ms) :
 					  kvt_err(-ETIMEDOUT, "%s: job %llu not done", fn,
