@@ -1054,10 +1054,11 @@ KVT_API int kvt_stats_metrics_text(const struct kvt_stats *st, char *buf, size_t
  * blocks under these prefix hashes, how many leading hashes are stored, load them into these
  * caller blocks, and a non-blocking poll of which jobs finished and which blocks failed.
  * Stored blocks are kvtier blocks keyed by (tenant, hash): HOST and NVMe slots, the engine's
- * eviction policy, checksums on every NVMe read, the codec, tenant budgets, metrics, and with
- * nvme_persist the persistent store (blocks stored before a restart are hits after it, once the
- * pool is registered again with the same geometry). The engine's own HBM tier is not used by
- * this mode (create the engine with hbm_bytes of one block).
+ * eviction policy, checksums on every NVMe read, the codec, tenant budgets (blocks stored after
+ * the tenant's budget was set), the engine's stats and metrics. NOT YET: the persistent store
+ * (with nvme_persist the pool's blocks are not published: a restart finds none of them) and the
+ * REMOTE tier. The engine's own HBM tier is not used by this mode (create the engine with
+ * hbm_bytes of one block).
  *
  * Geometry: the caller's block i, layer l, has a K segment of k_bytes at
  *   base(l) + i * block_stride(l) + k_offset(l)
@@ -1142,9 +1143,7 @@ KVT_API void kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size);
 /**
  * kvt_ext_register() - register the caller's device KV pool with @e (one pool per engine in
  * this version; layer groups later). The memory stays the caller's: it must stay valid until
- * kvt_ext_unregister() or kvt_engine_destroy(). With nvme_persist, blocks stored by an earlier
- * process with the same tenant and hash become hits once a pool of the same stored block size
- * is registered.
+ * kvt_ext_unregister() or kvt_engine_destroy().
  * @o: options, copied.  @pool: receives the pool id (never 0) passed to every kvt_ext_* call.
  * Returns 0; -EINVAL (bad sizes, zero stride or bytes, n_blocks out of range, an entry's
  * segments overlapping each other or another entry's for some block ids, a block's segments
@@ -1156,8 +1155,9 @@ KVT_API int kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o,
 
 /**
  * kvt_ext_unregister() - wait for the pool's jobs in flight (their copies read or write the
- * caller's memory), then forget the pool; its stored blocks stay stored (cached, evictable)
- * for the next pool. Unreported jobs are dropped. Returns 0, -ENOENT (no such pool).
+ * caller's memory; threads inside kvt_ext_wait on them first return), then forget the pool
+ * and free its stored blocks (this version keeps no index without a pool). Unreported jobs are
+ * dropped. Returns 0, -ENOENT (no such pool).
  */
 KVT_API int kvt_ext_unregister(struct kvt_engine *e, uint32_t pool);
 
