@@ -87,6 +87,8 @@ struct ext_meta {
 	uint8_t ext;     /* a live stored block of the pool */
 	uint8_t landed;  /* its HOST copy landed once (loadable, found by lookup) */
 	uint8_t dropped; /* kvt_ext_drop while pinned: uncached at the last unpin */
+	uint8_t published; /* a record in the persistent store names pub_slot */
+	uint32_t pub_slot; /* the NVMe slot that record names */
 };
 
 struct ext_ent {
@@ -123,6 +125,8 @@ struct kvt_ext_state {
 	uint32_t *scratch;         /* scratch job-block indices */
 	size_t cap_scratch;
 	struct kvt_ext_stats st;
+	uint64_t pers_sig;         /* engine counters at the last persistence scan */
+	bool pers_commit;          /* records put or deleted since the last commit */
 };
 
 /* ---- small helpers */
@@ -148,6 +152,13 @@ ext_mix(uint64_t h, uint32_t tenant)
 	x ^= x >> 33;
 	x *= 0xc4ceb9fe1a85ec53ull;
 	return x ^ (x >> 33);
+}
+
+/* The persistent store's key of (tenant, hash): invertible given the tenant; 0 = none. */
+static uint64_t
+ext_key(uint64_t hash, uint32_t tenant)
+{
+	return hash ^ ext_mix(0x4b56544558543031ull, tenant);
 }
 
 static struct ext_ent *
@@ -266,6 +277,12 @@ kvt_ext_block_freed(struct kvt_engine *e, uint32_t id)
 	if (!x || id >= x->cap_meta || !x->meta[id].ext)
 		return;
 	m = &x->meta[id];
+	if (m->published && e->store) {
+		/* its record goes; the slot is reused once the DEL is committed */
+		if (kvt_persist_ext_del(e, ext_key(m->hash, m->tenant)) == 0)
+			x->pers_commit = true;
+		m->published = 0;
+	}
 	t = ext_find(x, m->tenant, m->hash);
 	if (t && t->block == id) {
 		t->block = EXT_TOMB;
@@ -277,6 +294,16 @@ kvt_ext_block_freed(struct kvt_engine *e, uint32_t id)
 	m->dropped = 0;
 	m->jpins = 0;
 	m->gen++;
+}
+
+uint64_t
+kvt_ext_session_key(const struct kvt_engine *e, uint32_t id)
+{
+	const struct kvt_ext_state *x = e->ext;
+
+	if (!x || id >= x->cap_meta || !x->meta[id].ext)
+		return 0;
+	return ext_key(x->meta[id].hash, x->meta[id].tenant);
 }
 
 void
@@ -689,6 +716,66 @@ ext_retire(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j)
 	}
 }
 
+/*
+ * With the persistent store: every stored block is written through to NVMe (a clean copy; its
+ * HOST copy stays) and, once that write completed, published as a one-block record (data
+ * durable first: one kvt_nvme_sync for all of them, then the PUTs, then one commit). A block
+ * whose NVMe copy went (evicted while its HOST copy stays) loses its record. Runs when the
+ * engine's NVMe counters moved since the last scan (or a store landed).
+ */
+static void
+ext_persist(struct kvt_engine *e, struct kvt_ext_state *x, bool force)
+{
+	uint64_t sig = e->st.blocks_moved[KVT_MOVE_HOST_TO_NVME] + e->st.evictions +
+		       e->st.tier[KVT_TIER_NVME].evictions + e->st.blocks_lost + x->st.blocks_stored;
+	bool synced = false, full = false;
+	uint32_t id;
+
+	if (!e->store || (!force && sig == x->pers_sig && !x->pers_commit))
+		return;
+	x->pers_sig = sig;
+	for (id = 0; id < x->cap_meta && id < e->cap_blocks; id++) {
+		struct ext_meta *m = &x->meta[id];
+		struct kvt_block *b = kvt_blk(e, id);
+		uint32_t slot;
+
+		if (!m->ext || !m->landed || m->dropped || b->dead)
+			continue;
+		if (kvt_copy_valid(b, KVT_TIER_NVME)) {
+			if (m->published && m->pub_slot == b->slot[KVT_TIER_NVME])
+				continue;
+			if (!synced) {
+				if (kvt_nvme_sync(e->nvme) != 0)
+					break; /* nothing published over data not durable */
+				synced = true;
+			}
+			if (ext_key(m->hash, m->tenant) &&
+			    kvt_persist_ext_put(e, ext_key(m->hash, m->tenant), m->tenant, id) == 0) {
+				m->published = 1;
+				m->pub_slot = b->slot[KVT_TIER_NVME];
+				x->pers_commit = true;
+			}
+			continue;
+		}
+		if (kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_INFLIGHT)
+			continue;
+		if (m->published) {
+			if (kvt_persist_ext_del(e, ext_key(m->hash, m->tenant)) == 0)
+				x->pers_commit = true;
+			m->published = 0;
+		}
+		/* write through: a clean NVMe copy of the HOST one (no waiting, no demotion) */
+		if (full || !kvt_copy_valid(b, KVT_TIER_HOST) || b->busy)
+			continue;
+		if (kvt_reclaim(e, KVT_TIER_NVME, 1, false) != 0 ||
+		    kvt_slot_alloc(e, KVT_TIER_NVME, id, &slot) != 0 ||
+		    kvt_xfer_h2n(e, id, slot, false, false) != 0)
+			full = true; /* the next scan tries again */
+	}
+	if (x->pers_commit && kvt_persist_ext_commit(e) == 0)
+		x->pers_commit = false;
+}
+
 /* Process the engine's completions and advance every job. */
 static void
 ext_progress(struct kvt_engine *e, struct kvt_ext_state *x)
@@ -710,6 +797,7 @@ ext_progress(struct kvt_engine *e, struct kvt_ext_state *x)
 		}
 	if (stored)
 		kvt_watermarks(e); /* HOST above its high watermark: demote to NVMe */
+	ext_persist(e, x, false);
 	(void)kvt_xfer_flush(e);
 }
 
@@ -922,6 +1010,45 @@ out:
 
 /* ---- the API */
 
+/*
+ * The persistent store's records of external blocks (stored by an earlier process, or by this
+ * one before the pool was unregistered) become the pool's blocks: each checked against its
+ * NVMe header (kvt_persist_ext_adopt), its NVMe copy the stored slot. One that fails the
+ * check stays an ordinary record.
+ */
+static void
+ext_adopt_all(struct kvt_engine *e, struct kvt_ext_state *x)
+{
+	uint32_t i, id, n = 0;
+
+	for (i = 0; i < kvt_store_count(e->store); i++) {
+		struct kvt_store_sess *rec = kvt_store_at(e->store, i);
+		uint64_t hash = rec->key ^ ext_mix(0x4b56544558543031ull, rec->tenant);
+		struct kvt_block *b;
+
+		if (!kvt_persist_ext_rec(e, rec) || ext_find(x, rec->tenant, hash))
+			continue;
+		if (kvt_persist_ext_adopt(e, rec, &id) != 0)
+			continue;
+		if (ext_meta_reserve(e, x, id) != 0 || ext_insert(x, rec->tenant, hash, id) != 0) {
+			kvt_blk(e, id)->refs = 0;
+			kvt_block_uncache(e, id);
+			continue;
+		}
+		b = kvt_blk(e, id);
+		b->refs = 0;
+		b->tslot = kvt_tenant_slot(e, rec->tenant);
+		x->meta[id] = (struct ext_meta){ .hash = hash, .tenant = rec->tenant,
+						 .gen = x->meta[id].gen, .ext = 1, .landed = 1,
+						 .published = 1, .pub_slot = b->slot[KVT_TIER_NVME] };
+		n++;
+	}
+	if (n)
+		kvt_engine_log(e, KVT_LOG_INFO, "external pool: %u blocks found in the persistent "
+			       "store %s", n, e->nvme_dir);
+}
+
+
 void
 kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size)
 {
@@ -1011,6 +1138,8 @@ kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o, uint32_t *p
 	if (rc)
 		goto fail;
 	e->ext = x;
+	if (e->store)
+		ext_adopt_all(e, x);
 	kvt_unlock(e);
 	*pool = EXT_POOL_ID;
 	return 0;
@@ -1108,6 +1237,16 @@ kvt_ext_fini(struct kvt_engine *e)
 		return;
 	(void)e->dev->ops->stream_sync(e->dev, x->s_store);
 	(void)e->dev->ops->stream_sync(e->dev, x->s_load);
+	if (e->store) {
+		/* what landed on NVMe is published (no new writes: the engine is going) */
+		kvt_lock(e);
+		(void)kvt_xfer_poll(e, 0);
+		for (i = 0; i < x->max_jobs; i++)
+			if (x->jobs[i].used)
+				ext_retire(e, x, &x->jobs[i]);
+		ext_persist(e, x, true);
+		kvt_unlock(e);
+	}
 	for (i = 0; i < x->max_jobs; i++) {
 		struct ext_job *j = &x->jobs[i];
 
@@ -1654,8 +1793,11 @@ kvt_ext_stats(struct kvt_engine *e, uint32_t pool, struct kvt_ext_stats *out)
 	}
 	s = x->st;
 	s.stored_blocks = 0;
-	for (uint32_t id = 0; id < x->cap_meta; id++)
+	s.persisted_blocks = 0;
+	for (uint32_t id = 0; id < x->cap_meta; id++) {
 		s.stored_blocks += x->meta[id].ext && x->meta[id].landed;
+		s.persisted_blocks += x->meta[id].ext && x->meta[id].published;
+	}
 	kvt_unlock(e);
 	s.size = out->size;
 	memcpy(out, &s, out->size < sizeof s ? out->size : sizeof s);
