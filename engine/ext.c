@@ -587,6 +587,22 @@ ext_advance_job(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j
 	rc = ext_cv_reserve(x, (size_t)j->n * x->n_layers * 2);
 	if (rc)
 		return rc;
+	if (phase == 1) {
+		/* room for all the blocks that need a HOST slot in one pass: every dirty victim's
+		 * demotion starts together (kvt_reclaim_for's reasoning), not one per advance */
+		struct kvt_slots *sl = &e->slots[KVT_TIER_HOST];
+		uint32_t want = 0;
+
+		for (i = 0; i < j->n; i++)
+			want += j->b[i].st == JB_WAIT &&
+				(j->kind == KVT_EXT_STORE ||
+				 kvt_copy_state(kvt_blk(e, j->b[i].block), KVT_TIER_HOST) ==
+					 KVT_COPY_ABSENT);
+		if (want > sl->n_slots / 2)
+			want = sl->n_slots / 2;
+		if (want > 1 && sl->n_free < want)
+			(void)kvt_reclaim(e, KVT_TIER_HOST, want, false);
+	}
 	for (i = 0; i < j->n; i++) {
 		struct ext_jblk *jb = &j->b[i];
 		struct ext_meta *m;
