@@ -1187,7 +1187,9 @@ KVT_API int kvt_ext_store(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
 
 /**
  * kvt_ext_lookup() - how many LEADING hashes of @hashes[0..n) are stored for @tenant
- * (complete and loadable: HOST or NVMe; a store still in flight does not count). Non-blocking
+ * (complete and loadable: HOST or NVMe; a store still in flight does not count, nor one whose
+ * landing no kvt_ext_poll/wait/store/load call has processed yet: lookup advances no job, to
+ * stay cheap). Non-blocking
  * and cheap (one hash-table probe per hash, under the engine mutex, nothing pinned or moved):
  * a scheduler calls it for every waiting request every step.
  * @hits: receives the count (0..n). @tier: receives the slowest tier those come from
