@@ -336,6 +336,11 @@ test_lookup_leading(void **state)
 		assert_int_equal(kvt_ext_store(e, p.id, 7, hl, ids, 1, NULL, &job), 0);
 		d = finish(e, p.id, job, f, 4); /* h[0] already there: skipped */
 		assert_int_equal(kvt_ext_load(e, p.id, 7, hl, to, 3, 0, &job), 0);
+		/* no room for its failure: -ENOSPC, the job stays for the next poll */
+		assert_int_equal(kvt_ext_wait(e, p.id, job, 60000), 0);
+		assert_int_equal(kvt_ext_poll(e, p.id, &d, 1, NULL, 0), -ENOSPC);
+		assert_int_equal(d.job, job);
+		assert_int_equal(d.n_failed, 1);
 		d = finish(e, p.id, job, f, 4);
 		assert_int_equal(d.n_failed, 1);
 		assert_int_equal(f[d.failed_first].block_id, 11);
