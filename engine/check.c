@@ -167,7 +167,8 @@ check_refs(struct kvt_engine *e)
 		if (b->refs != cnt[i])
 			rc = kvt_err(-EINVAL, "block %u: refcount %u, referenced by %u sequences", i,
 				     b->refs, cnt[i]);
-		else if (!b->refs && !b->indexed && !kvt_reng_fetching(e, i)) /* REMOTE fetch */
+		else if (!b->refs && !b->indexed && b->seq != KVT_EXT_SEQ &&
+			 !kvt_reng_fetching(e, i)) /* REMOTE fetch, external pool */
 			rc = kvt_err(-EINVAL, "block %u: unreferenced but not a cached prefix block",
 				     i);
 		else if (b->indexed && check_key_block(e, b) != i)

@@ -500,6 +500,7 @@ struct kvt_engine {
 	bool seq_opened;                    /* a sequence was opened: the window is fixed */
 	struct kvt_winseq *winseq;          /* windowed: [cap_seqs], grown with the sequence
 	                                       table; NULL without a window */
+	struct kvt_ext_state *ext;          /* the external pool (engine/ext.c) or NULL */
 };
 
 #define KVT_REL_RING 4096u /* releases remembered for the rotation's victim order */
@@ -811,6 +812,22 @@ kvt_seq_set_first_live(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t v)
 	if (e->winseq)
 		e->winseq[s - e->seqs].first_live = v;
 }
+/* ---- engine/ext.c: the external-pool mode (issue 19). Its stored blocks are cached blocks
+ * (refs 0) whose creator is KVT_EXT_SEQ (no sequence) */
+#define KVT_EXT_SEQ (KVT_NIL - 1)
+void kvt_ext_block_freed(struct kvt_engine *e, uint32_t id); /* block.c: block @id freed */
+void kvt_ext_read_failed(struct kvt_engine *e, uint32_t id, int res); /* xfer.c: NVMe read */
+void kvt_ext_fini(struct kvt_engine *e); /* destroy: wait for the pool's copies, free it */
+/* The session key the NVMe header of external block @id carries (its record's key), 0 = none. */
+uint64_t kvt_ext_session_key(const struct kvt_engine *e, uint32_t id);
+/* engine/persist.c for ext.c: records of one external block (KVT_EXT_TOKEN tokens) */
+#define KVT_EXT_TOKEN ((int32_t)0x80584b56) /* "VKX" + 0x80: no tokenizer's id */
+struct kvt_store_sess;
+bool kvt_persist_ext_rec(const struct kvt_engine *e, const struct kvt_store_sess *rec);
+int kvt_persist_ext_put(struct kvt_engine *e, uint64_t key, uint32_t tenant, uint32_t id);
+int kvt_persist_ext_del(struct kvt_engine *e, uint64_t key);
+int kvt_persist_ext_commit(struct kvt_engine *e);
+int kvt_persist_ext_adopt(struct kvt_engine *e, struct kvt_store_sess *rec, uint32_t *id);
 
 /* ---- engine/check.c: consistency walk for tests (returns 0 or -EINVAL with a message) */
 int kvt_engine_check(struct kvt_engine *e);

@@ -199,6 +199,8 @@ xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x, bool may_wait)
 
 	if (!b->dead && b->seq < e->cap_seqs)
 		m.session = e->seqs[b->seq].session_key;
+	else if (b->seq == KVT_EXT_SEQ)
+		m.session = kvt_ext_session_key(e, x->block); /* its record's key (persist.c) */
 	if (b->hashed)
 		memcpy(m.hash, b->hash, sizeof m.hash); /* its prefix key: the content hash */
 	for (;;) {
@@ -395,6 +397,8 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now)
 			if (res < 0 && res != -ECANCELED &&
 			    kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_PRESENT)
 				kvt_copy_drop(e, id, KVT_TIER_NVME);
+			if (res < 0 && res != -ECANCELED && b->seq == KVT_EXT_SEQ)
+				kvt_ext_read_failed(e, id, res);
 			kvt_block_check_lost(e, id);
 		}
 		break;
