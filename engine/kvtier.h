@@ -1045,6 +1045,230 @@ KVT_API int kvt_engine_metrics_text(struct kvt_engine *e, char *buf, size_t cap,
 KVT_API int kvt_stats_metrics_text(const struct kvt_stats *st, char *buf, size_t cap,
 				   size_t *len);
 
+/* ------------------------------------------------------------------------------------------ */
+/* External-pool mode (issue 19, 0.6; docs/ARCHITECTURE.md "External-pool mode")               */
+/*
+ * A server that owns its device KV pool (vLLM: per-layer tensors [2, num_blocks, block_size,
+ * n_kv_heads, head_size] or one cross-layer tensor; SGLang: pages) registers that memory, and
+ * kvtier manages the tiers BELOW it (HOST, NVMe) by the caller's block ids: store these caller
+ * blocks under these prefix hashes, how many leading hashes are stored, load them into these
+ * caller blocks, and a non-blocking poll of which jobs finished and which blocks failed.
+ * Stored blocks are kvtier blocks keyed by (tenant, hash): HOST and NVMe slots, the engine's
+ * eviction policy, checksums on every NVMe read, the codec, tenant budgets, metrics, and with
+ * nvme_persist the persistent store (blocks stored before a restart are hits after it, once the
+ * pool is registered again with the same geometry). The engine's own HBM tier is not used by
+ * this mode (create the engine with hbm_bytes of one block).
+ *
+ * Geometry: the caller's block i, layer l, has a K segment of k_bytes at
+ *   base(l) + i * block_stride(l) + k_offset(l)
+ * and (unless v_offset is KVT_EXT_NO_V) a V segment of v_bytes at base(l) + i * block_stride(l)
+ * + v_offset(l). A block's segments, gathered in order (layer 0 K, layer 0 V, layer 1 K, ...),
+ * are what is stored: together at most the engine's block_bytes (kvt_engine_geometry; equal for
+ * a model whose KV the engine's layout describes). Every copy is one segment of one (block,
+ * layer, K|V), batched per job on kvtier's device streams (host memory on the emulated device).
+ * Examples (element size s, page = block_size * n_kv_heads * head_size * s bytes):
+ *   vLLM per-layer [2, num_blocks, ...]: one entry per layer {base = data_ptr(), n_layers 1,
+ *     block_stride = page, k_offset 0, v_offset = num_blocks * page, k_bytes = v_bytes = page}
+ *   FlashInfer per-layer [num_blocks, 2, ...]: {block_stride 2 * page, k 0, v page}
+ *   cross-layer [num_blocks, n_layers, 2, ...]: ONE entry {base, n_layers = L,
+ *     layer_stride = 2 * page, block_stride = L * 2 * page, k 0, v page}
+ *   MLA latent [num_blocks, block_size, latent]: {v_offset = KVT_EXT_NO_V, v_bytes 0}
+ *
+ * Hashes are the caller's (vLLM's block hashes, SGLang's page keys), 64 bits, already chained:
+ * kvtier never recomputes them; tenant isolates (the same hash of another tenant is another
+ * block). Jobs: a store or load returns a job id (never 0); kvt_ext_poll() reports each job once
+ * when all its copies have ended, with the caller block ids that failed and why.
+ * Threading: as the rest of the engine (any thread; the engine mutex serialises; no call holds
+ * it while it waits for a copy or IO). Progress: completions are processed in kvt_ext_poll(),
+ * kvt_ext_wait(), kvt_ext_wait_layer() and every engine call (kvt_engine_poll).
+ */
+
+#define KVT_EXT_NO_V UINT64_MAX /* v_offset of a layout without V (MLA latent) */
+#define KVT_EXT_MAX_ENTRIES 4096 /* entries of struct kvt_ext_opts.layers */
+
+/** One entry of a pool's geometry: @n_layers consecutive layers alike (1 = one layer). */
+struct kvt_ext_layer {
+	uint64_t base;         /* device address of block 0's first layer of this entry */
+	uint64_t block_stride; /* bytes from block i to block i + 1; > 0 */
+	uint64_t layer_stride; /* bytes from layer j to layer j + 1 of the entry (n_layers > 1) */
+	uint64_t k_offset;     /* offset of the K segment from the block's address */
+	uint64_t v_offset;     /* offset of the V segment, or KVT_EXT_NO_V */
+	uint64_t k_bytes;      /* bytes of K per block and layer; > 0 */
+	uint64_t v_bytes;      /* bytes of V per block and layer (0 with KVT_EXT_NO_V) */
+	uint32_t n_layers;     /* layers this entry describes; >= 1 */
+	uint32_t reserved;     /* 0 */
+};
+
+/** Options of kvt_ext_register(). */
+struct kvt_ext_opts {
+	size_t opts_size;      /* sizeof(struct kvt_ext_opts) as the caller compiled it */
+	uint32_t n_blocks;     /* caller block ids are 0..n_blocks-1; 1..(1 << 30) */
+	uint32_t n_entries;    /* entries in @layers; 1..KVT_EXT_MAX_ENTRIES */
+	const struct kvt_ext_layer *layers; /* the geometry; copied */
+	uint32_t layer_group;  /* layer group the pool holds (0; for per-group pools later) */
+	uint32_t max_jobs;     /* jobs in flight or unreported at once; default 4096 */
+	uint64_t reserved[4];  /* 0 */
+};
+
+/** Job kinds (struct kvt_ext_done.kind). */
+enum kvt_ext_kind { KVT_EXT_STORE = 1, KVT_EXT_LOAD = 2 };
+
+/** kvt_ext_load() flags. */
+#define KVT_EXT_LAYERWISE 1u /* copy layer by layer: kvt_ext_wait_layer(l) waits for l only */
+
+/** A finished job, as kvt_ext_poll() reports it. */
+struct kvt_ext_done {
+	uint64_t job;          /* the id store/load returned */
+	int32_t status;        /* 0: every block done; else the first failure's code */
+	uint32_t kind;         /* enum kvt_ext_kind */
+	uint32_t n_blocks;     /* blocks in the job */
+	uint32_t n_failed;     /* of them failed: entries failed_first.. of the failures array */
+	uint32_t n_skipped;    /* store: blocks already stored (nothing copied; not failures) */
+	uint32_t failed_first; /* index of this job's first entry in the failures array */
+};
+
+/** One failed block of a finished job. */
+struct kvt_ext_fail {
+	uint32_t block_id;     /* the caller's block id */
+	int32_t err;           /* -ENOENT (load: not stored, or evicted before the job pinned it),
+	                          KVT_ECORRUPT (its NVMe copy failed its checksum: the stored
+	                          block is dropped, never loaded), -EIO (read or write failed),
+	                          -ENOSPC (store: no room below, every slot pinned), KVT_EDEVICE */
+};
+
+/** kvt_ext_opts_init() - defaults (@size as kvt_engine_opts_init). */
+KVT_API void kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size);
+
+/**
+ * kvt_ext_register() - register the caller's device KV pool with @e (one pool per engine in
+ * this version; layer groups later). The memory stays the caller's: it must stay valid until
+ * kvt_ext_unregister() or kvt_engine_destroy(). With nvme_persist, blocks stored by an earlier
+ * process with the same tenant and hash become hits once a pool of the same stored block size
+ * is registered.
+ * @o: options, copied.  @pool: receives the pool id (never 0) passed to every kvt_ext_* call.
+ * Returns 0; -EINVAL (bad sizes, zero stride or bytes, n_blocks out of range, an entry's
+ * segments overlapping each other or another entry's for some block ids, a block's segments
+ * together larger than the engine's block_bytes; nothing registered, the message says which
+ * entry and why), -EEXIST (a pool is already registered), -ENODEV (the engine has no HOST
+ * tier), -ENOMEM.
+ */
+KVT_API int kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o, uint32_t *pool);
+
+/**
+ * kvt_ext_unregister() - wait for the pool's jobs in flight (their copies read or write the
+ * caller's memory), then forget the pool; its stored blocks stay stored (cached, evictable)
+ * for the next pool. Unreported jobs are dropped. Returns 0, -ENOENT (no such pool).
+ */
+KVT_API int kvt_ext_unregister(struct kvt_engine *e, uint32_t pool);
+
+/**
+ * kvt_ext_store() - store caller blocks @block_ids[i] under (@tenant, @hashes[i]), i < @n,
+ * asynchronously: HOST slots are taken (the eviction policy makes room, demoting to NVMe) and
+ * the gather copies queued; the caller must not overwrite those blocks until the job is
+ * reported by kvt_ext_poll() (or kvt_ext_wait() returned). Hashes already stored (or being
+ * stored) are skipped (n_skipped). A block that finds no room fails alone (-ENOSPC in the
+ * job's failures); the others are stored. A block is found by kvt_ext_lookup() once its copy
+ * has landed.
+ * @stream: the device stream on which the server wrote those blocks (cudaStream_t); the
+ *          copies wait for the work queued on it so far. NULL: the blocks are written already.
+ * @job: receives the job id.
+ * Returns 0; -EINVAL (NULL arrays with n > 0, n > 65536, a block id >= n_blocks, a block id or
+ * hash twice in the call; nothing queued), -ENOENT (no such pool), -EAGAIN (max_jobs jobs
+ * unreported: poll them), -ENOMEM, KVT_EDEVICE.
+ */
+KVT_API int kvt_ext_store(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
+			  const uint64_t *hashes, const uint32_t *block_ids, size_t n, void *stream,
+			  uint64_t *job);
+
+/**
+ * kvt_ext_lookup() - how many LEADING hashes of @hashes[0..n) are stored for @tenant
+ * (complete and loadable: HOST or NVMe; a store still in flight does not count). Non-blocking
+ * and cheap (one hash-table probe per hash, under the engine mutex, nothing pinned or moved):
+ * a scheduler calls it for every waiting request every step.
+ * @hits: receives the count (0..n). @tier: receives the slowest tier those come from
+ * (KVT_TIER_HOST or KVT_TIER_NVME; KVT_TIER_COUNT when 0); may be NULL.
+ * Returns 0, -EINVAL (NULL), -ENOENT (no such pool).
+ */
+KVT_API int kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
+			   const uint64_t *hashes, size_t n, size_t *hits, enum kvt_tier *tier);
+
+/**
+ * kvt_ext_load() - load the blocks stored under (@tenant, @hashes[i]) into caller blocks
+ * @block_ids[i], i < @n, asynchronously: the stored blocks are pinned below (no eviction)
+ * until the job ends; blocks only on NVMe are read into HOST first (checksum verified, codec
+ * decoded), then every block is scattered into the caller's segments. A block not stored (or
+ * whose read fails or fails its checksum) fails alone: its id is reported by kvt_ext_poll()
+ * and its caller block is left as it was or partly written (recompute it; never loaded with
+ * wrong bytes reported as good).
+ * @flags: 0 or KVT_EXT_LAYERWISE (copies issued in layer order, one batched copy per layer:
+ *         kvt_ext_wait_layer(l) returns when layer l of every block has landed).
+ * Returns 0; -EINVAL (as kvt_ext_store, unknown flags), -ENOENT (no such pool), -EAGAIN,
+ * -ENOMEM, KVT_EDEVICE.
+ */
+KVT_API int kvt_ext_load(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
+			 const uint64_t *hashes, const uint32_t *block_ids, size_t n,
+			 uint32_t flags, uint64_t *job);
+
+/**
+ * kvt_ext_poll() - report finished jobs, non-blocking. Each job is reported once.
+ * @done: receives up to @cap finished jobs.  @fails: receives their failed blocks
+ * (done[k].failed_first .. + n_failed), up to @fails_cap entries; may be NULL when
+ * @fails_cap is 0. A job whose failures do not fit is left for the next call.
+ * Returns the number of jobs written (>= 0); -EINVAL (NULL @done with cap > 0), -ENOENT (no
+ * such pool), -ENOSPC (the next job alone has more failures than @fails_cap: nothing
+ * reported; with @cap > 0, done[0] holds that job with its n_failed, to size @fails).
+ */
+KVT_API int kvt_ext_poll(struct kvt_engine *e, uint32_t pool, struct kvt_ext_done *done,
+			 size_t cap, struct kvt_ext_fail *fails, size_t fails_cap);
+
+/**
+ * kvt_ext_wait() - block until job @job has ended, at most @timeout_ms (0 = do not wait:
+ * only check). The job is still reported by kvt_ext_poll() afterwards.
+ * Returns 0 (ended: its status comes with the poll), -ETIMEDOUT, -ENOENT (no such pool, or
+ * no such job: never issued, or already reported).
+ */
+KVT_API int kvt_ext_wait(struct kvt_engine *e, uint32_t pool, uint64_t job, uint32_t timeout_ms);
+
+/**
+ * kvt_ext_wait_layer() - make layer @layer of every block of load job @job usable.
+ * @stream: NULL: the host blocks until those copies landed; a device stream: the stream waits
+ * for them and the host returns at once. Without KVT_EXT_LAYERWISE this waits for the whole
+ * job. Returns 0, -EINVAL (layer out of range, a store job), -ENOENT, KVT_EDEVICE.
+ */
+KVT_API int kvt_ext_wait_layer(struct kvt_engine *e, uint32_t pool, uint64_t job,
+			       uint32_t layer, void *stream);
+
+/**
+ * kvt_ext_touch() - the stored blocks of (@tenant, @hashes[0..n)) were used now (vLLM's
+ * manager touch()): the eviction policy sees an access. Absent hashes are ignored.
+ * kvt_ext_drop() - forget them (their slots are freed once no job uses them).
+ * Returns the number of hashes found (>= 0), -EINVAL, -ENOENT (no such pool).
+ */
+KVT_API int kvt_ext_touch(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
+			  const uint64_t *hashes, size_t n);
+KVT_API int kvt_ext_drop(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
+			 const uint64_t *hashes, size_t n);
+
+/** Counters of a pool (kvt_ext_stats). */
+struct kvt_ext_stats {
+	size_t size;             /* sizeof(struct kvt_ext_stats) as compiled; set by the caller */
+	uint64_t stored_blocks;  /* blocks stored now (HOST or NVMe) */
+	uint64_t store_jobs;     /* store jobs reported */
+	uint64_t load_jobs;      /* load jobs reported */
+	uint64_t blocks_stored;  /* blocks copied in by stores */
+	uint64_t blocks_skipped; /* store: already stored */
+	uint64_t blocks_loaded;  /* blocks copied out by loads */
+	uint64_t blocks_failed;  /* failed blocks of all jobs */
+	uint64_t lookups;        /* kvt_ext_lookup calls */
+	uint64_t lookup_hashes;  /* hashes they were given */
+	uint64_t lookup_hits;    /* leading hashes they found */
+	uint64_t bytes_stored;   /* bytes copied from the caller's pool */
+	uint64_t bytes_loaded;   /* bytes copied into it */
+};
+
+/** kvt_ext_stats() - the pool's counters. Returns 0, -EINVAL (NULL, bad size), -ENOENT. */
+KVT_API int kvt_ext_stats(struct kvt_engine *e, uint32_t pool, struct kvt_ext_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -41,7 +41,8 @@ import weakref
 from . import _ffi
 from ._ffi import lib
 
-__all__ = ["Engine", "Sequence", "Batch", "BlockTable", "Stream", "KvtierError", "version",
+__all__ = ["Engine", "Sequence", "Batch", "BlockTable", "Stream", "ExternalPool", "ExtJob",
+           "ext_layer", "KvtierError", "version",
            "stats_metrics_text", "TIER_HBM", "TIER_HOST", "TIER_NVME"]
 
 TIER_HBM, TIER_HOST, TIER_NVME = 0, 1, 2
@@ -322,6 +323,9 @@ class Engine:
         for obj in list(self._live):
             if isinstance(obj, Sequence):
                 obj._id = 0
+        for obj in list(self._live):
+            if isinstance(obj, ExternalPool):
+                obj.pool = 0  # kvt_engine_destroy waits for its jobs and frees it
         lib.kvt_engine_destroy(self._h)
         self._h = ctypes.c_void_p()
 
@@ -782,3 +786,247 @@ class Batch:
                 self.release()
         except Exception:
             pass
+
+
+# -- external-pool mode (kvtier.h "External-pool mode", issue 19) ------------------------------
+
+EXT_STORE, EXT_LOAD = 1, 2
+EXT_LAYERWISE = 1
+EXT_NO_V = _ffi.EXT_NO_V
+
+
+def ext_layer(base, block_stride, k_bytes, v_bytes=0, k_offset=0, v_offset=None, n_layers=1,
+              layer_stride=0):
+    """One entry of a pool's geometry (struct kvt_ext_layer) as a dict; all ints (addresses
+    such as tensor.data_ptr(), byte strides and offsets). v_offset None: no V (MLA latent).
+    vLLM per layer [2, num_blocks, ...] with page bytes P: ext_layer(ptr, P, P, P,
+    v_offset=num_blocks * P); cross-layer [num_blocks, L, 2, ...]: ext_layer(ptr, L * 2 * P, P,
+    P, v_offset=P, n_layers=L, layer_stride=2 * P)."""
+    return {"base": base, "block_stride": block_stride, "k_bytes": k_bytes,
+            "v_bytes": v_bytes if v_offset is not None else 0, "k_offset": k_offset,
+            "v_offset": v_offset, "n_layers": n_layers, "layer_stride": layer_stride}
+
+
+def _u64s(values, what):
+    """A ctypes uint64 array of @values (ints; negative ones, such as Python's hash(), are
+    taken modulo 2**64), and its length."""
+    try:
+        import numpy as np
+        if isinstance(values, np.ndarray) and values.dtype in (np.uint64, np.int64) \
+                and values.flags["C_CONTIGUOUS"]:
+            a = np.ascontiguousarray(values).view(np.uint64)
+            return a.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), len(a), a
+    except ImportError:
+        pass
+    out = []
+    for i, v in enumerate(values):
+        try:
+            v = operator.index(v)
+        except TypeError:
+            raise TypeError(f"{what}[{i}] is {v!r}, not an integer") from None
+        if not -(1 << 63) <= v < (1 << 64):
+            raise ValueError(f"{what}[{i}] = {v} does not fit 64 bits")
+        out.append(v & 0xFFFFFFFFFFFFFFFF)
+    arr = (ctypes.c_uint64 * len(out))(*out)
+    return arr, len(out), arr
+
+
+def _u32s(values, what):
+    out = []
+    for i, v in enumerate(values):
+        try:
+            v = operator.index(v)
+        except TypeError:
+            raise TypeError(f"{what}[{i}] is {v!r}, not an integer") from None
+        if not 0 <= v < (1 << 32):
+            raise InvalidArgumentError(-errno.EINVAL, f"{what}[{i}] = {v} is not a block id",
+                                       what)
+        out.append(v)
+    return (ctypes.c_uint32 * len(out))(*out), len(out)
+
+
+class ExtJob:
+    """A finished external-pool job as ExternalPool.poll() reports it: job (id), kind
+    ("store" or "load"), status (0 or the first failure's negative code), n_blocks, n_skipped
+    (store: already stored), failed (list of (block_id, code): the caller blocks to
+    recompute)."""
+
+    __slots__ = ("job", "kind", "status", "n_blocks", "n_skipped", "failed")
+
+    def __init__(self, job, kind, status, n_blocks, n_skipped, failed):
+        self.job, self.kind, self.status = job, kind, status
+        self.n_blocks, self.n_skipped, self.failed = n_blocks, n_skipped, failed
+
+    @property
+    def ok(self):
+        return self.status == 0
+
+    @property
+    def failed_block_ids(self):
+        return [b for b, _ in self.failed]
+
+    def __repr__(self):
+        return (f"ExtJob(job={self.job}, kind={self.kind!r}, status={self.status}, "
+                f"n_blocks={self.n_blocks}, n_skipped={self.n_skipped}, failed={self.failed})")
+
+
+class ExternalPool:
+    """The caller's device KV pool registered with an Engine (kvt_ext_register): kvtier stores
+    the pool's blocks in its HOST/NVMe tiers by the caller's block ids and 64-bit prefix hashes.
+    @layers: a list of ext_layer() dicts (or kvt_ext_layer field dicts); @n_blocks: block ids
+    are 0..n_blocks-1. Torch-free: addresses and strides are ints (tensor.data_ptr()). Jobs run
+    asynchronously; poll() reports each finished job once with the blocks that failed. The
+    pool's memory must outlive close() (which waits for the jobs in flight)."""
+
+    def __init__(self, engine, n_blocks, layers, max_jobs=0, layer_group=0):
+        self._engine = engine
+        layers = list(layers)
+        arr = (_ffi.ExtLayer * max(len(layers), 1))()
+        for i, d in enumerate(layers):
+            d = dict(d)
+            vo = d.get("v_offset")
+            d["v_offset"] = EXT_NO_V if vo is None else vo
+            d.setdefault("n_layers", 1)
+            for k, v in d.items():
+                if k not in dict(_ffi.ExtLayer._fields_):
+                    raise TypeError(f"ExternalPool: unknown layer field {k!r}")
+                try:
+                    iv = operator.index(v)
+                except TypeError:
+                    raise TypeError(f"ExternalPool: layers[{i}].{k} is {v!r}, not an "
+                                    "integer") from None
+                if not 0 <= iv < (1 << (32 if k in ("n_layers", "reserved") else 64)):
+                    raise InvalidArgumentError(-errno.EINVAL, f"layers[{i}].{k} = {iv} "
+                                               "does not fit its C field", "kvt_ext_register")
+                setattr(arr[i], k, iv)
+        o = _ffi.ExtOpts()
+        lib.kvt_ext_opts_init(ctypes.byref(o), ctypes.sizeof(o))
+        if not 0 <= operator.index(n_blocks) < (1 << 32):
+            raise InvalidArgumentError(-errno.EINVAL, f"n_blocks {n_blocks} out of range",
+                                       "kvt_ext_register")
+        o.n_blocks, o.n_entries, o.layers = n_blocks, len(layers), arr
+        o.layer_group = layer_group
+        if max_jobs:
+            o.max_jobs = max_jobs
+        self._id = ctypes.c_uint32(0)
+        _check(lib.kvt_ext_register(engine._handle(), ctypes.byref(o), ctypes.byref(self._id)),
+               "kvt_ext_register")
+        self.pool = self._id.value
+        self.n_blocks = n_blocks
+        engine._live.add(self)
+
+    def _h(self):
+        if not self.pool:
+            raise _closed("external pool")
+        return self._engine._handle()
+
+    @property
+    def closed(self):
+        return not self.pool or self._engine.closed
+
+    def close(self):
+        """kvt_ext_unregister: wait for the jobs in flight, forget the pool (its stored blocks
+        stay stored). Idempotent."""
+        if not self.pool:
+            return
+        p, self.pool = self.pool, 0
+        if not self._engine.closed:
+            _check(lib.kvt_ext_unregister(self._engine._handle(), p), "kvt_ext_unregister")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def store(self, hashes, block_ids, tenant=0, stream=None):
+        """kvt_ext_store: store caller blocks block_ids[i] under hashes[i]; returns the job
+        id. The blocks must not be overwritten until the job is reported (poll/wait)."""
+        h, n, _keep = _u64s(hashes, "hashes")
+        b, nb = _u32s(block_ids, "block_ids")
+        if n != nb:
+            raise InvalidArgumentError(-errno.EINVAL, f"{n} hashes for {nb} block ids",
+                                       "kvt_ext_store")
+        job = ctypes.c_uint64(0)
+        _check(lib.kvt_ext_store(self._h(), self.pool, tenant, h, b, n, stream,
+                                 ctypes.byref(job)), "kvt_ext_store")
+        return job.value
+
+    def lookup(self, hashes, tenant=0, with_tier=False):
+        """kvt_ext_lookup: how many LEADING hashes are stored (non-blocking). with_tier: also
+        the slowest tier they come from ((n, TIER_* or None))."""
+        h, n, _keep = _u64s(hashes, "hashes")
+        hits = ctypes.c_size_t(0)
+        tier = ctypes.c_int(0)
+        _check(lib.kvt_ext_lookup(self._h(), self.pool, tenant, h, n, ctypes.byref(hits),
+                                  ctypes.byref(tier)), "kvt_ext_lookup")
+        if with_tier:
+            return hits.value, (None if tier.value >= _ffi.TIER_COUNT else tier.value)
+        return hits.value
+
+    def load(self, hashes, block_ids, tenant=0, layerwise=False):
+        """kvt_ext_load: load the blocks stored under hashes[i] into caller blocks
+        block_ids[i]; returns the job id (poll() reports the blocks that failed)."""
+        h, n, _keep = _u64s(hashes, "hashes")
+        b, nb = _u32s(block_ids, "block_ids")
+        if n != nb:
+            raise InvalidArgumentError(-errno.EINVAL, f"{n} hashes for {nb} block ids",
+                                       "kvt_ext_load")
+        job = ctypes.c_uint64(0)
+        _check(lib.kvt_ext_load(self._h(), self.pool, tenant, h, b, n,
+                                EXT_LAYERWISE if layerwise else 0, ctypes.byref(job)),
+               "kvt_ext_load")
+        return job.value
+
+    def poll(self, max_jobs=256):
+        """kvt_ext_poll: the jobs finished since the last poll, as ExtJob objects (each job
+        is reported once). Non-blocking."""
+        done = (_ffi.ExtDone * max_jobs)()
+        cap = 1024
+        while True:
+            fails = (_ffi.ExtFail * cap)()
+            rc = lib.kvt_ext_poll(self._h(), self.pool, done, max_jobs, fails, cap)
+            if rc == -errno.ENOSPC:
+                cap = max(cap * 2, done[0].n_failed)
+                continue
+            _check(rc, "kvt_ext_poll")
+            break
+        out = []
+        for d in done[:rc]:
+            failed = [(fails[i].block_id, fails[i].err)
+                      for i in range(d.failed_first, d.failed_first + d.n_failed)]
+            out.append(ExtJob(d.job, {EXT_STORE: "store", EXT_LOAD: "load"}.get(d.kind, d.kind),
+                              d.status, d.n_blocks, d.n_skipped, failed))
+        return out
+
+    def wait(self, job, timeout_ms=10000):
+        """kvt_ext_wait: True when the job has ended (poll() still reports it), False on
+        timeout."""
+        rc = lib.kvt_ext_wait(self._h(), self.pool, job, timeout_ms)
+        if rc == -errno.ETIMEDOUT:
+            return False
+        _check(rc, "kvt_ext_wait")
+        return True
+
+    def wait_layer(self, job, layer, stream=None):
+        """kvt_ext_wait_layer: layer @layer of every block of load job @job has landed (the
+        host waits when stream is None)."""
+        _check(lib.kvt_ext_wait_layer(self._h(), self.pool, job, layer, stream),
+               "kvt_ext_wait_layer")
+
+    def touch(self, hashes, tenant=0):
+        """kvt_ext_touch: an access of these stored blocks; returns how many were found."""
+        h, n, _keep = _u64s(hashes, "hashes")
+        return _check(lib.kvt_ext_touch(self._h(), self.pool, tenant, h, n), "kvt_ext_touch")
+
+    def drop(self, hashes, tenant=0):
+        """kvt_ext_drop: forget these stored blocks; returns how many were found."""
+        h, n, _keep = _u64s(hashes, "hashes")
+        return _check(lib.kvt_ext_drop(self._h(), self.pool, tenant, h, n), "kvt_ext_drop")
+
+    def stats(self):
+        """kvt_ext_stats as a dict."""
+        st = _ffi.ExtStats()
+        st.size = ctypes.sizeof(st)
+        _check(lib.kvt_ext_stats(self._h(), self.pool, ctypes.byref(st)), "kvt_ext_stats")
+        return {f: getattr(st, f) for f, _ in st._fields_ if f != "size"}

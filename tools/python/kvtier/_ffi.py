@@ -141,10 +141,44 @@ class Stats(ctypes.Structure):
                 ("remote_errors", c_u64), ("remote_breaker_open", c_u64)]
 
 
+# external-pool mode (issue 19, 0.6)
+EXT_NO_V = 2**64 - 1
+
+
+class ExtLayer(ctypes.Structure):
+    _fields_ = [("base", c_u64), ("block_stride", c_u64), ("layer_stride", c_u64),
+                ("k_offset", c_u64), ("v_offset", c_u64), ("k_bytes", c_u64),
+                ("v_bytes", c_u64), ("n_layers", c_u32), ("reserved", c_u32)]
+
+
+class ExtOpts(ctypes.Structure):
+    _fields_ = [("opts_size", ctypes.c_size_t), ("n_blocks", c_u32), ("n_entries", c_u32),
+                ("layers", ctypes.POINTER(ExtLayer)), ("layer_group", c_u32),
+                ("max_jobs", c_u32), ("reserved", c_u64 * 4)]
+
+
+class ExtDone(ctypes.Structure):
+    _fields_ = [("job", c_u64), ("status", c_i32), ("kind", c_u32), ("n_blocks", c_u32),
+                ("n_failed", c_u32), ("n_skipped", c_u32), ("failed_first", c_u32)]
+
+
+class ExtFail(ctypes.Structure):
+    _fields_ = [("block_id", c_u32), ("err", c_i32)]
+
+
+class ExtStats(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("stored_blocks", c_u64), ("store_jobs", c_u64),
+                ("load_jobs", c_u64), ("blocks_stored", c_u64), ("blocks_skipped", c_u64),
+                ("blocks_loaded", c_u64), ("blocks_failed", c_u64), ("lookups", c_u64),
+                ("lookup_hashes", c_u64), ("lookup_hits", c_u64), ("bytes_stored", c_u64),
+                ("bytes_loaded", c_u64)]
+
+
 STRUCTS = {"kvt_layout": Layout, "kvt_geometry": Geometry, "kvt_engine_opts": EngineOpts,
            "kvt_seq_opts": SeqOpts, "kvt_seq_info": SeqInfo, "kvt_block_table": BlockTable,
            "kvt_seq_range": SeqRange, "kvt_tier_stats": TierStats, "kvt_stats": Stats,
-           "kvt_lat_hist": LatHist}
+           "kvt_lat_hist": LatHist, "kvt_ext_layer": ExtLayer, "kvt_ext_opts": ExtOpts,
+           "kvt_ext_done": ExtDone, "kvt_ext_fail": ExtFail, "kvt_ext_stats": ExtStats}
 
 _P = ctypes.POINTER
 _vp = ctypes.c_void_p
@@ -201,6 +235,23 @@ _PROTOS = {
     "kvt_seq_attach_prefix": (_int, [_vp, c_u64, _P(c_i32), ctypes.c_size_t, _P(c_u64)]),
     "kvt_tenant_set_budget": (_int, [_vp, c_u32, c_enum, c_u64]),
     "kvt_tenant_usage": (_int, [_vp, c_u32, _P(c_u64)]),
+    # external-pool mode
+    "kvt_ext_opts_init": (None, [_P(ExtOpts), ctypes.c_size_t]),
+    "kvt_ext_register": (_int, [_vp, _P(ExtOpts), _P(c_u32)]),
+    "kvt_ext_unregister": (_int, [_vp, c_u32]),
+    "kvt_ext_store": (_int, [_vp, c_u32, c_u32, _P(c_u64), _P(c_u32), ctypes.c_size_t, _vp,
+                             _P(c_u64)]),
+    "kvt_ext_lookup": (_int, [_vp, c_u32, c_u32, _P(c_u64), ctypes.c_size_t,
+                              _P(ctypes.c_size_t), _P(c_enum)]),
+    "kvt_ext_load": (_int, [_vp, c_u32, c_u32, _P(c_u64), _P(c_u32), ctypes.c_size_t, c_u32,
+                            _P(c_u64)]),
+    "kvt_ext_poll": (_int, [_vp, c_u32, _P(ExtDone), ctypes.c_size_t, _P(ExtFail),
+                            ctypes.c_size_t]),
+    "kvt_ext_wait": (_int, [_vp, c_u32, c_u64, c_u32]),
+    "kvt_ext_wait_layer": (_int, [_vp, c_u32, c_u64, c_u32, _vp]),
+    "kvt_ext_touch": (_int, [_vp, c_u32, c_u32, _P(c_u64), ctypes.c_size_t]),
+    "kvt_ext_drop": (_int, [_vp, c_u32, c_u32, _P(c_u64), ctypes.c_size_t]),
+    "kvt_ext_stats": (_int, [_vp, c_u32, _P(ExtStats)]),
 }
 lib = _load_library()
 for _name, (_res, _args) in _PROTOS.items():
