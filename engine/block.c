@@ -286,6 +286,8 @@ block_free(struct kvt_engine *e, uint32_t id, int evicted_tier)
 
 	/* out of the prefix index before any slot can be reused */
 	kvt_prefix_remove(e, id);
+	if (b->seq == KVT_EXT_SEQ)
+		kvt_ext_block_freed(e, id); /* out of the external pool's index too */
 	for (t = 0; t < KVT_TIER_COUNT; t++) {
 		copy_drop(e, id, t, t == evicted_tier);
 		if (e->evict[t].ops->forget) /* the id will name other content: no history */

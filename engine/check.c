@@ -166,7 +166,7 @@ check_refs(struct kvt_engine *e)
 		if (b->refs != cnt[i])
 			rc = kvt_err(-EINVAL, "block %u: refcount %u, referenced by %u sequences", i,
 				     b->refs, cnt[i]);
-		else if (!b->refs && !b->indexed)
+		else if (!b->refs && !b->indexed && b->seq != KVT_EXT_SEQ)
 			rc = kvt_err(-EINVAL, "block %u: unreferenced but not a cached prefix block",
 				     i);
 		else if (b->indexed && check_key_block(e, b) != i)

@@ -372,6 +372,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	if (!e)
 		return;
 	kvt_reng_close(e);
+	kvt_ext_fini(e); /* the external pool's copies read and write the caller's memory */
 	kvt_lock(e);
 	if (e->dev)
 		kvt_xfer_fini(e);

@@ -459,6 +459,7 @@ struct kvt_engine {
 	uint32_t prev_step_start;           /* ... when the previous step began */
 	uint32_t *rel_ring;                 /* [KVT_REL_RING] seq index by rel_no % size
 	                                       (allocated at the first hint) */
+	struct kvt_ext_state *ext;          /* the external pool (engine/ext.c) or NULL */
 };
 
 #define KVT_REL_RING 4096u /* releases remembered for the rotation's victim order */
@@ -673,6 +674,13 @@ int kvt_seq_opts_copy(struct kvt_seq_opts *dst, const struct kvt_seq_opts *o);
 int kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *o, uint32_t *idx);
 /* grow a sequence's arrays to hold n_tokens, n_blocks and n_wpins; 0 or -ENOMEM */
 int kvt_seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, uint32_t n_wpins);
+
+/* ---- engine/ext.c: the external-pool mode (issue 19). Its stored blocks are cached blocks
+ * (refs 0) whose creator is KVT_EXT_SEQ (no sequence) */
+#define KVT_EXT_SEQ (KVT_NIL - 1)
+void kvt_ext_block_freed(struct kvt_engine *e, uint32_t id); /* block.c: block @id freed */
+void kvt_ext_read_failed(struct kvt_engine *e, uint32_t id, int res); /* xfer.c: NVMe read */
+void kvt_ext_fini(struct kvt_engine *e); /* destroy: wait for the pool's copies, free it */
 
 /* ---- engine/check.c: consistency walk for tests (returns 0 or -EINVAL with a message) */
 int kvt_engine_check(struct kvt_engine *e);

@@ -1,15 +1,911 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/ext.c - the external-pool mode (issue 19 item 1, kvtier.h "External-pool mode").
- * First commit: the entry points of the public contract, refusing with KVT_ENOTSUP until the
- * implementation lands, so that bindings built on the header link and load.
+ * engine/ext.c - the external-pool mode (issue 19 item 1; kvtier.h "External-pool mode",
+ * docs/ARCHITECTURE.md "External-pool mode").
+ *
+ * The caller owns its device KV pool; kvtier keeps copies of its blocks in the HOST and NVMe
+ * tiers. A stored block is an ordinary engine block record (struct kvt_block) that no sequence
+ * references: refs 0, creator KVT_EXT_SEQ, its bytes the gathered segments of one caller block
+ * (layer 0 K, layer 0 V, layer 1 K, ...). So the tiers' machinery applies unchanged: the HOST
+ * copy is listed by the eviction policy, demoted to NVMe by reclaim and the watermarks, dropped
+ * from NVMe as any cached block, checksummed (and encoded) on its way to NVMe and verified on
+ * the way back, counted in the tenant budgets (tslot) and the engine's stats.
+ *
+ * This file keeps:
+ *   - the index: (tenant, caller hash) -> block id, open addressing (lookup is one probe per
+ *     hash, under the lock);
+ *   - per block id a side record (struct ext_meta): its key, whether its HOST copy has landed,
+ *     how many jobs pin it, a generation (bumped when the block is freed: a job holding an id
+ *     of a freed block sees the change) and the error that freed it (a failed NVMe read);
+ *   - the jobs. Each job block walks WAIT -> (READ: NVMe read in flight) -> COPY (in a group
+ *     of batched copies on the pool's device stream, with one event per group, or per layer
+ *     for a layer-wise load) -> DONE | FAIL. Jobs advance in every kvt_ext_* call (and the
+ *     engine's completions in kvt_xfer_poll); nothing runs on kvtier's own threads.
+ * A job pins its blocks with b->protect (the copies below HBM are then not evictable while
+ * they are the block's only ones; kvt_copy_evictable), never with b->pins, which counts HBM
+ * pins. All of it under e->lock.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine_impl.h"
 
-#define EXT_TODO(fn) kvt_err(KVT_ENOTSUP, fn ": the external-pool mode is not implemented yet")
+#define EXT_POOL_ID 1u            /* the one pool of this version */
+#define EXT_MAX_N 65536u          /* blocks per store or load call */
+#define EXT_MAX_BLOCKS (1u << 30) /* caller block ids */
+#define EXT_MAX_LAYERS 65536u     /* layers over all entries */
+
+enum { JB_WAIT = 0, JB_READ = 1, JB_COPY = 2, JB_DONE = 3, JB_FAIL = 4, JB_SKIP = 5 };
+
+/* One block of a job. */
+struct ext_jblk {
+	uint32_t caller; /* the caller's block id */
+	uint32_t block;  /* engine block id (KVT_NIL: none, e.g. a missing hash) */
+	uint32_t gen;    /* ext_meta.gen when the job took it */
+	uint8_t st;      /* JB_* */
+	uint8_t pinned;  /* holds one of the block's job pins */
+	int32_t err;     /* JB_FAIL: why */
+};
+
+/* Copies submitted together: one batched copy (or one per layer) and its events. */
+struct ext_group {
+	struct ext_group *next;
+	uint32_t *idx;          /* job block indices */
+	uint32_t n;             /* entries in idx */
+	uint32_t n_ev;          /* events (1, or the layers of a layer-wise load) */
+	struct kvt_event *ev[]; /* ev[i]: after layer i's copies (or all of them) */
+};
+
+struct ext_job {
+	uint64_t id;
+	uint32_t kind;     /* enum kvt_ext_kind */
+	uint32_t flags;    /* KVT_EXT_LAYERWISE */
+	uint32_t tenant;
+	uint32_t n;        /* blocks */
+	uint32_t n_open;   /* blocks not DONE/FAIL/SKIP */
+	uint32_t n_failed;
+	uint32_t n_skipped;
+	int32_t status;    /* first failure */
+	bool used;         /* slot of x->jobs in use */
+	bool ended;        /* every block terminal and every group retired */
+	struct ext_jblk *b;
+	struct ext_group *groups; /* not yet retired */
+	struct kvt_event *wait_ev; /* recorded on the caller's stream (store) */
+};
+
+/* Side record of an engine block id. */
+struct ext_meta {
+	uint64_t hash;
+	uint32_t tenant;
+	uint32_t gen;    /* bumped when the block is freed */
+	uint32_t jpins;  /* jobs pinning it */
+	int32_t last_err; /* why the block went (a failed NVMe read), 0 = dropped/evicted */
+	uint8_t ext;     /* a live stored block of the pool */
+	uint8_t landed;  /* its HOST copy landed once (loadable, found by lookup) */
+	uint8_t dropped; /* kvt_ext_drop while pinned: uncached at the last unpin */
+};
+
+struct ext_ent {
+	uint64_t hash;
+	uint32_t tenant;
+	uint32_t block; /* KVT_NIL: empty, KVT_NIL - 1: deleted */
+};
+#define EXT_EMPTY KVT_NIL
+#define EXT_TOMB (KVT_NIL - 1)
+
+/* A layer of the pool, expanded from the entries. */
+struct ext_lay {
+	uint64_t base;   /* address of block 0's layer */
+	uint64_t stride; /* block stride */
+	uint64_t k_off, v_off, k_bytes, v_bytes; /* v_bytes 0: no V */
+	uint64_t dst;    /* offset of the layer's K in a stored block (V follows) */
+};
+
+struct kvt_ext_state {
+	uint32_t n_blocks;
+	uint32_t n_layers;
+	struct ext_lay *lay;
+	uint64_t bytes;            /* gathered bytes of one block */
+	struct kvt_stream *s_store, *s_load;
+	struct ext_ent *tab;
+	uint64_t cap, n, tombs;
+	struct ext_meta *meta;     /* [cap_meta] by engine block id */
+	uint32_t cap_meta;
+	struct ext_job *jobs;      /* [max_jobs] */
+	uint32_t max_jobs, n_jobs;
+	uint64_t next_id;
+	struct kvt_copy *cv;       /* scratch copy vector */
+	size_t cap_cv;
+	uint32_t *scratch;         /* scratch job-block indices */
+	size_t cap_scratch;
+	struct kvt_ext_stats st;
+};
+
+/* ---- small helpers */
+
+static uint64_t
+ext_mix(uint64_t h, uint32_t tenant)
+{
+	uint64_t x = h ^ ((uint64_t)tenant * 0x9e3779b97f4a7c15ull);
+
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ull;
+	return x ^ (x >> 33);
+}
+
+static struct ext_ent *
+ext_find(struct kvt_ext_state *x, uint32_t tenant, uint64_t hash)
+{
+	uint64_t i, mask;
+
+	if (!x->cap)
+		return NULL;
+	mask = x->cap - 1;
+	for (i = ext_mix(hash, tenant) & mask;; i = (i + 1) & mask) {
+		struct ext_ent *t = &x->tab[i];
+
+		if (t->block == EXT_EMPTY)
+			return NULL;
+		if (t->block != EXT_TOMB && t->hash == hash && t->tenant == tenant)
+			return t;
+	}
+}
+
+static int
+ext_tab_grow(struct kvt_ext_state *x)
+{
+	uint64_t ncap = x->cap ? x->cap : 1024, i;
+	struct ext_ent *nt, *old = x->tab;
+
+	while ((x->n + 1) * 4 > ncap * 3)
+		ncap *= 2;
+	nt = kvt_malloc(ncap * sizeof *nt);
+	if (!nt)
+		return kvt_err(-ENOMEM, "external pool: index of %llu entries",
+			       (unsigned long long)ncap);
+	for (i = 0; i < ncap; i++)
+		nt[i].block = EXT_EMPTY;
+	for (i = 0; i < x->cap; i++) {
+		uint64_t j;
+
+		if (old[i].block >= EXT_TOMB)
+			continue;
+		for (j = ext_mix(old[i].hash, old[i].tenant) & (ncap - 1); nt[j].block != EXT_EMPTY;
+		     j = (j + 1) & (ncap - 1))
+			;
+		nt[j] = old[i];
+	}
+	kvt_free(old);
+	x->tab = nt;
+	x->cap = ncap;
+	x->tombs = 0;
+	return 0;
+}
+
+static int
+ext_insert(struct kvt_ext_state *x, uint32_t tenant, uint64_t hash, uint32_t block)
+{
+	uint64_t i, mask;
+	int rc;
+
+	if ((x->n + x->tombs + 1) * 4 > x->cap * 3) {
+		rc = ext_tab_grow(x);
+		if (rc)
+			return rc;
+	}
+	mask = x->cap - 1;
+	for (i = ext_mix(hash, tenant) & mask; x->tab[i].block < EXT_TOMB; i = (i + 1) & mask)
+		;
+	if (x->tab[i].block == EXT_TOMB)
+		x->tombs--;
+	x->tab[i].hash = hash;
+	x->tab[i].tenant = tenant;
+	x->tab[i].block = block;
+	x->n++;
+	return 0;
+}
+
+static int
+ext_meta_reserve(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t id)
+{
+	uint32_t ncap = x->cap_meta ? x->cap_meta : 1024;
+	struct ext_meta *nm;
+
+	if (id < x->cap_meta)
+		return 0;
+	while (ncap <= id)
+		ncap *= 2;
+	if (ncap < e->cap_blocks)
+		ncap = e->cap_blocks;
+	nm = kvt_realloc(x->meta, (size_t)ncap * sizeof *nm);
+	if (!nm)
+		return kvt_err(-ENOMEM, "external pool: block records (%u)", ncap);
+	memset(nm + x->cap_meta, 0, (size_t)(ncap - x->cap_meta) * sizeof *nm);
+	x->meta = nm;
+	x->cap_meta = ncap;
+	return 0;
+}
+
+static struct kvt_ext_state *
+ext_get(struct kvt_engine *e, uint32_t pool, const char *fn)
+{
+	if (!e->ext || pool != EXT_POOL_ID) {
+		kvt_err(-ENOENT, "%s: pool %u is not registered%s", fn, pool,
+			e->ext ? "" : " (no kvt_ext_register on this engine)");
+		return NULL;
+	}
+	return e->ext;
+}
+
+/* ---- hooks from the engine (block.c, xfer.c) */
+
+void
+kvt_ext_block_freed(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_ext_state *x = e->ext;
+	struct ext_meta *m;
+	struct ext_ent *t;
+
+	if (!x || id >= x->cap_meta || !x->meta[id].ext)
+		return;
+	m = &x->meta[id];
+	t = ext_find(x, m->tenant, m->hash);
+	if (t && t->block == id) {
+		t->block = EXT_TOMB;
+		x->n--;
+		x->tombs++;
+	}
+	m->ext = 0;
+	m->landed = 0;
+	m->dropped = 0;
+	m->jpins = 0;
+	m->gen++;
+}
+
+void
+kvt_ext_read_failed(struct kvt_engine *e, uint32_t id, int res)
+{
+	struct kvt_ext_state *x = e->ext;
+
+	if (x && id < x->cap_meta && x->meta[id].ext)
+		x->meta[id].last_err = res == KVT_ECORRUPT ? KVT_ECORRUPT : -EIO;
+}
+
+/* ---- pins */
+
+static void
+ext_pin(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_jblk *jb)
+{
+	x->meta[jb->block].jpins++;
+	/* protect: its copies below HBM are not evictable while they are its only ones;
+	 * wanted: a demotion in flight keeps its HOST copy (a scatter may read it) */
+	kvt_blk(e, jb->block)->protect = 1;
+	kvt_blk(e, jb->block)->wanted = 1;
+	jb->pinned = 1;
+}
+
+static void
+ext_unpin(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_jblk *jb)
+{
+	struct ext_meta *m = &x->meta[jb->block];
+
+	if (!jb->pinned)
+		return;
+	jb->pinned = 0;
+	if (m->gen != jb->gen || !m->ext || --m->jpins)
+		return;
+	kvt_blk(e, jb->block)->protect = 0;
+	if (m->dropped)
+		kvt_block_uncache(e, jb->block);
+}
+
+/* ---- jobs */
+
+static struct ext_job *
+ext_job_find(struct kvt_ext_state *x, uint64_t id)
+{
+	uint32_t i;
+
+	for (i = 0; i < x->max_jobs; i++)
+		if (x->jobs[i].used && x->jobs[i].id == id)
+			return &x->jobs[i];
+	return NULL;
+}
+
+static void
+jb_fail(struct ext_job *j, struct ext_jblk *jb, int err)
+{
+	jb->st = JB_FAIL;
+	jb->err = err;
+	j->n_open--;
+	j->n_failed++;
+	if (!j->status)
+		j->status = err;
+}
+
+static void
+ext_group_free(struct kvt_engine *e, struct ext_group *g)
+{
+	uint32_t i;
+
+	for (i = 0; i < g->n_ev; i++)
+		if (g->ev[i])
+			e->dev->ops->event_destroy(e->dev, g->ev[i]);
+	kvt_free(g->idx);
+	kvt_free(g);
+}
+
+static void
+ext_job_release(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j)
+{
+	uint32_t i;
+
+	while (j->groups) {
+		struct ext_group *g = j->groups;
+
+		j->groups = g->next;
+		ext_group_free(e, g);
+	}
+	for (i = 0; i < j->n; i++)
+		ext_unpin(e, x, &j->b[i]);
+	if (j->wait_ev)
+		e->dev->ops->event_destroy(e->dev, j->wait_ev);
+	kvt_free(j->b);
+	memset(j, 0, sizeof *j);
+	x->n_jobs--;
+}
+
+static int
+ext_cv_reserve(struct kvt_ext_state *x, size_t n)
+{
+	struct kvt_copy *nv;
+	uint32_t *ns;
+
+	if (n > x->cap_cv) {
+		nv = kvt_realloc(x->cv, n * sizeof *nv);
+		if (!nv)
+			return kvt_err(-ENOMEM, "external pool: %zu copy descriptors", n);
+		x->cv = nv;
+		x->cap_cv = n;
+	}
+	if (n > x->cap_scratch) {
+		ns = kvt_realloc(x->scratch, n * sizeof *ns);
+		if (!ns)
+			return kvt_err(-ENOMEM, "external pool: %zu indices", n);
+		x->scratch = ns;
+		x->cap_scratch = n;
+	}
+	return 0;
+}
+
+/* Caller address of layer @l's K (@v: V) of caller block @c. */
+static inline char *
+ext_addr(const struct ext_lay *L, uint32_t c, bool v)
+{
+	return (char *)(uintptr_t)(L->base + (uint64_t)c * L->stride + (v ? L->v_off : L->k_off));
+}
+
+/* Fill the copies of layer @l of the blocks @idx[0..n) of @j into x->cv from @at on. */
+static uint32_t
+ext_fill_layer(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j,
+	       const uint32_t *idx, uint32_t n, uint32_t l, uint32_t at)
+{
+	const struct ext_lay *L = &x->lay[l];
+	bool store = j->kind == KVT_EXT_STORE;
+	uint32_t i;
+
+	for (i = 0; i < n; i++) {
+		const struct ext_jblk *jb = &j->b[idx[i]];
+		char *host = (char *)kvt_slot_addr(e, KVT_TIER_HOST,
+						   kvt_blk(e, jb->block)->slot[KVT_TIER_HOST]) +
+			     L->dst;
+		char *dev = ext_addr(L, jb->caller, false);
+
+		x->cv[at].dst = store ? (void *)host : (void *)dev;
+		x->cv[at].src = store ? (const void *)dev : (const void *)host;
+		x->cv[at++].len = L->k_bytes;
+		if (L->v_bytes) {
+			dev = ext_addr(L, jb->caller, true);
+			host += L->k_bytes;
+			x->cv[at].dst = store ? (void *)host : (void *)dev;
+			x->cv[at].src = store ? (const void *)dev : (const void *)host;
+			x->cv[at++].len = L->v_bytes;
+		}
+	}
+	return at;
+}
+
+/* Queue the copies of the job blocks @idx[0..n) (their HOST slots set) as one group. */
+static int
+ext_submit(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j, uint32_t *idx,
+	   uint32_t n)
+{
+	bool layered = j->kind == KVT_EXT_LOAD && (j->flags & KVT_EXT_LAYERWISE);
+	uint32_t n_ev = layered ? x->n_layers : 1, l, at = 0, i;
+	struct kvt_stream *s = j->kind == KVT_EXT_STORE ? x->s_store : x->s_load;
+	struct ext_group *g;
+	int rc = 0;
+
+	rc = ext_cv_reserve(x, (size_t)n * x->n_layers * 2);
+	if (rc)
+		return rc;
+	g = kvt_calloc(1, sizeof *g + n_ev * sizeof g->ev[0]);
+	if (!g || !(g->idx = kvt_malloc(n * sizeof *g->idx))) {
+		kvt_free(g);
+		return kvt_err(-ENOMEM, "external pool: copy group of %u blocks", n);
+	}
+	memcpy(g->idx, idx, n * sizeof *idx);
+	g->n = n;
+	g->n_ev = n_ev;
+	if (j->wait_ev) {
+		rc = e->dev->ops->stream_wait_event(e->dev, s, j->wait_ev);
+		if (rc) {
+			ext_group_free(e, g);
+			return rc;
+		}
+	}
+	for (l = 0; l < x->n_layers && !rc; l++) {
+		at = ext_fill_layer(e, x, j, idx, n, l, at);
+		if (layered || l + 1 == x->n_layers) {
+			uint32_t k = layered ? l : 0;
+
+			rc = e->dev->ops->copy_batch_async(e->dev, s, x->cv, at);
+			at = 0;
+			if (!rc)
+				rc = e->dev->ops->event_create(e->dev, &g->ev[k]);
+			if (!rc)
+				rc = e->dev->ops->event_record(e->dev, g->ev[k], s);
+		}
+	}
+	if (rc) {
+		/* copies may be queued: wait for them before the slots can go */
+		(void)e->dev->ops->stream_sync(e->dev, s);
+		ext_group_free(e, g);
+		return rc;
+	}
+	for (i = 0; i < n; i++)
+		j->b[idx[i]].st = JB_COPY;
+	g->next = j->groups;
+	j->groups = g;
+	return 0;
+}
+
+/* A store block got its slot or not. 0, or <0 to retry later (-EAGAIN) / fail it. */
+static int
+ext_store_slot(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j,
+	       struct ext_jblk *jb)
+{
+	struct kvt_block *b = kvt_blk(e, jb->block);
+	uint32_t slot;
+	int rc;
+
+	(void)x;
+	(void)j;
+	b->protect = 1; /* not picked by its own reclaim (it has no copy yet anyway) */
+	rc = kvt_reclaim(e, KVT_TIER_HOST, 1, false);
+	if (rc == 0)
+		rc = kvt_slot_alloc(e, KVT_TIER_HOST, jb->block, &slot);
+	if (rc == 0) {
+		b->slot[KVT_TIER_HOST] = slot;
+		kvt_copy_state_set(b, KVT_TIER_HOST, KVT_COPY_INFLIGHT);
+	}
+	return rc;
+}
+
+/* A store block that will not be stored: its (copy-less) block goes. */
+static void
+ext_store_abandon(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_jblk *jb)
+{
+	struct kvt_block *b = kvt_blk(e, jb->block);
+
+	if (kvt_copy_state(b, KVT_TIER_HOST) == KVT_COPY_INFLIGHT)
+		kvt_copy_fail(e, jb->block, KVT_TIER_HOST);
+	ext_unpin(e, x, jb);
+	b->protect = 0;
+	kvt_block_uncache(e, jb->block);
+}
+
+/* Copies of the pool in flight (groups or NVMe reads): their completions free or unpin HOST
+ * slots, so a full HOST is "not now" rather than "never" while there are any. */
+static bool
+ext_busy(const struct kvt_ext_state *x)
+{
+	uint32_t i, k;
+
+	for (i = 0; i < x->max_jobs; i++) {
+		const struct ext_job *j = &x->jobs[i];
+
+		if (!j->used || j->ended)
+			continue;
+		if (j->groups)
+			return true;
+		for (k = 0; k < j->n; k++)
+			if (j->b[k].st == JB_READ)
+				return true;
+	}
+	return false;
+}
+
+/*
+ * Start what can start of job @j's waiting blocks. Phase 0: only the loads whose blocks are in
+ * HOST (their scatters), phase 1: the rest (stores' slots, NVMe reads), so that the HOST slots
+ * the pool itself pins are already on their way out when the rest asks for room.
+ */
+static int
+ext_advance_job(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j, int phase)
+{
+	uint32_t i, n = 0;
+	bool full = false; /* HOST has no slot now: the rest waits for the next advance */
+	int rc;
+
+	if (j->ended)
+		return 0;
+	rc = ext_cv_reserve(x, (size_t)j->n * x->n_layers * 2);
+	if (rc)
+		return rc;
+	for (i = 0; i < j->n; i++) {
+		struct ext_jblk *jb = &j->b[i];
+		struct ext_meta *m;
+		struct kvt_block *b;
+		uint32_t slot;
+
+		if (jb->st != JB_WAIT && jb->st != JB_READ)
+			continue;
+		m = &x->meta[jb->block];
+		if (m->gen != jb->gen || !m->ext) {
+			/* freed under the job: a failed NVMe read, or no room */
+			jb->pinned = 0;
+			jb_fail(j, jb, m->last_err ? m->last_err : -ENOENT);
+			continue;
+		}
+		b = kvt_blk(e, jb->block);
+		if (phase == 0 && (j->kind == KVT_EXT_STORE || !kvt_copy_valid(b, KVT_TIER_HOST)))
+			continue;
+		if (j->kind == KVT_EXT_STORE) {
+			if (full)
+				continue;
+			rc = ext_store_slot(e, x, j, jb);
+			if (rc == -EAGAIN || (rc == -ENOSPC && (n || ext_busy(x)))) {
+				full = true;
+				continue;
+			}
+			if (rc) {
+				ext_store_abandon(e, x, jb);
+				jb_fail(j, jb, rc == -ENOSPC ? -ENOSPC : rc);
+				continue;
+			}
+			x->scratch[n++] = i;
+			continue;
+		}
+		if (kvt_copy_valid(b, KVT_TIER_HOST)) {
+			x->scratch[n++] = i;
+			continue;
+		}
+		if (kvt_copy_state(b, KVT_TIER_HOST) == KVT_COPY_INFLIGHT)
+			continue; /* being read (by this job or another) */
+		if (!kvt_copy_valid(b, KVT_TIER_NVME)) {
+			jb_fail(j, jb, m->last_err ? m->last_err : -ENOENT);
+			continue;
+		}
+		if (full)
+			continue;
+		rc = kvt_reclaim(e, KVT_TIER_HOST, 1, false);
+		if (rc == 0)
+			rc = kvt_slot_alloc(e, KVT_TIER_HOST, jb->block, &slot);
+		if (rc == 0)
+			rc = kvt_xfer_n2h(e, jb->block, slot, false, false);
+		if (rc == 0) {
+			jb->st = JB_READ;
+			continue;
+		}
+		if (rc == -EAGAIN || (rc == -ENOSPC && (n || ext_busy(x)))) {
+			full = true; /* no room or IO slot now: retried at the next advance */
+			continue;
+		}
+		jb_fail(j, jb, rc);
+	}
+	if (n) {
+		rc = ext_submit(e, x, j, x->scratch, n);
+		if (rc) {
+			for (i = 0; i < n; i++) {
+				struct ext_jblk *jb = &j->b[x->scratch[i]];
+
+				if (j->kind == KVT_EXT_STORE)
+					ext_store_abandon(e, x, jb);
+				jb_fail(j, jb, rc);
+			}
+		}
+	}
+	return 0;
+}
+
+/* Retire the groups whose copies have all landed. */
+static void
+ext_retire(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j)
+{
+	struct ext_group **pg = &j->groups;
+
+	while (*pg) {
+		struct ext_group *g = *pg;
+		uint32_t i;
+		int rc = e->dev->ops->event_query(e->dev, g->ev[g->n_ev - 1]);
+
+		if (rc == -EAGAIN) {
+			pg = &g->next;
+			continue;
+		}
+		for (i = 0; i < g->n; i++) {
+			struct ext_jblk *jb = &j->b[g->idx[i]];
+			struct ext_meta *m = &x->meta[jb->block];
+
+			if (rc) {
+				if (j->kind == KVT_EXT_STORE)
+					ext_store_abandon(e, x, jb);
+				jb_fail(j, jb, rc);
+				continue;
+			}
+			jb->st = JB_DONE;
+			j->n_open--;
+			if (j->kind == KVT_EXT_STORE) {
+				kvt_copy_set_present(e, jb->block, KVT_TIER_HOST);
+				m->landed = 1;
+				x->st.blocks_stored++;
+				x->st.bytes_stored += x->bytes;
+				ext_unpin(e, x, jb);
+			} else {
+				x->st.blocks_loaded++;
+				x->st.bytes_loaded += x->bytes;
+				ext_unpin(e, x, jb); /* landed: its copies below may go */
+			}
+		}
+		*pg = g->next;
+		ext_group_free(e, g);
+	}
+	if (!j->n_open && !j->groups && !j->ended) {
+		uint32_t i;
+
+		j->ended = true;
+		for (i = 0; i < j->n; i++)
+			ext_unpin(e, x, &j->b[i]);
+	}
+}
+
+/* Process the engine's completions and advance every job. */
+static void
+ext_progress(struct kvt_engine *e, struct kvt_ext_state *x)
+{
+	uint32_t i;
+	bool stored = false;
+
+	(void)kvt_xfer_poll(e, 0);
+	for (int phase = 0; phase < 2; phase++)
+		for (i = 0; i < x->max_jobs; i++) {
+			struct ext_job *j = &x->jobs[i];
+
+			if (!j->used || j->ended)
+				continue;
+			ext_retire(e, x, j);
+			(void)ext_advance_job(e, x, j, phase);
+			ext_retire(e, x, j);
+			stored |= j->kind == KVT_EXT_STORE;
+		}
+	if (stored)
+		kvt_watermarks(e); /* HOST above its high watermark: demote to NVMe */
+	(void)kvt_xfer_flush(e);
+}
+
+/* ---- geometry checks */
+
+__extension__ typedef __int128 ext_i128;
+
+/* floor(a / b) and ceil(a / b) for b > 0 */
+static ext_i128
+ext_fdiv(ext_i128 a, ext_i128 b)
+{
+	ext_i128 q = a / b;
+
+	return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+static ext_i128
+ext_cdiv(ext_i128 a, ext_i128 b)
+{
+	return -ext_fdiv(-a, b);
+}
+
+/* Do strided segment families f and g (start a, length l, stride s, n blocks) overlap? */
+static bool
+ext_fam_overlap(uint64_t a1, uint64_t l1, uint64_t s1, uint64_t a2, uint64_t l2, uint64_t s2,
+		uint32_t n, bool *unsure)
+{
+	ext_i128 e1 = (ext_i128)a1 + (ext_i128)(n - 1) * s1 + l1;
+	ext_i128 e2 = (ext_i128)a2 + (ext_i128)(n - 1) * s2 + l2;
+	ext_i128 d, kmin, kmax;
+
+	if (e1 <= a2 || e2 <= a1)
+		return false; /* extents apart */
+	if (n == 1)
+		return true;
+	if (s1 != s2) {
+		*unsure = true;
+		return false;
+	}
+	/* block i of f meets block j of g iff -l2 < d + k * s < l1 for k = j - i, |k| < n */
+	d = (ext_i128)a2 - (ext_i128)a1;
+	kmin = ext_fdiv(-(ext_i128)l2 - d, s1) + 1;
+	kmax = ext_cdiv((ext_i128)l1 - d, s1) - 1;
+	if (kmin < -(ext_i128)(n - 1))
+		kmin = -(ext_i128)(n - 1);
+	if (kmax > (ext_i128)(n - 1))
+		kmax = (ext_i128)(n - 1);
+	return kmin <= kmax;
+}
+
+/* Exact check of two families with different strides: walk f's blocks (bounded work). */
+static bool
+ext_fam_overlap_walk(uint64_t a1, uint64_t l1, uint64_t s1, uint64_t a2, uint64_t l2,
+		     uint64_t s2, uint32_t n)
+{
+	uint32_t i;
+
+	for (i = 0; i < n; i++) {
+		ext_i128 p = (ext_i128)a1 + (ext_i128)i * s1; /* [p, p + l1) */
+		ext_i128 jlo, jhi;
+
+		/* blocks j of g with a2 + j*s2 < p + l1 and a2 + j*s2 + l2 > p */
+		jhi = (p + l1 - a2 - 1);
+		if (jhi < 0)
+			continue;
+		jhi /= s2;
+		jlo = p - a2 - l2 + 1;
+		jlo = jlo <= 0 ? 0 : (jlo + s2 - 1) / s2;
+		if (jhi > n - 1)
+			jhi = n - 1;
+		if (jlo <= jhi)
+			return true;
+	}
+	return false;
+}
+
+static int
+ext_check_geometry(struct kvt_engine *e, const struct kvt_ext_opts *o, struct ext_lay **out,
+		   uint32_t *n_layers, uint64_t *bytes)
+{
+	uint64_t total = 0, sum = 0;
+	struct ext_lay *lay;
+	uint32_t i, k, l = 0, *ent;
+	int rc = 0;
+
+	for (i = 0; i < o->n_entries; i++) {
+		const struct kvt_ext_layer *L = &o->layers[i];
+
+		if (L->n_layers == 0 || L->block_stride == 0 || L->k_bytes == 0 || L->reserved)
+			return kvt_err(-EINVAL, "kvt_ext_register: entry %u: %s", i,
+				       L->n_layers == 0 ? "n_layers is 0" :
+				       L->block_stride == 0 ? "block_stride is 0" :
+				       L->k_bytes == 0 ? "k_bytes is 0" : "reserved is not 0");
+		if (L->n_layers > 1 && L->layer_stride == 0)
+			return kvt_err(-EINVAL, "kvt_ext_register: entry %u: %u layers with "
+				       "layer_stride 0 (they would overlap)", i, L->n_layers);
+		if ((L->v_offset == KVT_EXT_NO_V) != (L->v_bytes == 0))
+			return kvt_err(-EINVAL, "kvt_ext_register: entry %u: v_offset %s but "
+				       "v_bytes %llu", i, L->v_offset == KVT_EXT_NO_V ?
+				       "KVT_EXT_NO_V" : "given",
+				       (unsigned long long)L->v_bytes);
+		if (L->base == 0)
+			return kvt_err(-EINVAL, "kvt_ext_register: entry %u: base address is 0", i);
+		total += L->n_layers;
+		if (total > EXT_MAX_LAYERS)
+			return kvt_err(-EINVAL, "kvt_ext_register: more than %u layers", EXT_MAX_LAYERS);
+	}
+	lay = kvt_calloc(total, sizeof *lay);
+	ent = kvt_calloc(total, sizeof *ent);
+	if (!lay || !ent) {
+		kvt_free(lay);
+		kvt_free(ent);
+		return kvt_err(-ENOMEM, "kvt_ext_register: %llu layers", (unsigned long long)total);
+	}
+	for (i = 0; i < o->n_entries; i++) {
+		const struct kvt_ext_layer *L = &o->layers[i];
+
+		for (k = 0; k < L->n_layers; k++, l++) {
+			ext_i128 end = (ext_i128)L->base + (ext_i128)k * L->layer_stride +
+				       (ext_i128)(o->n_blocks - 1) * L->block_stride;
+			ext_i128 ek = end + L->k_offset + L->k_bytes;
+			ext_i128 ev = L->v_bytes ? end + L->v_offset + L->v_bytes : 0;
+
+			if (ek > (ext_i128)UINT64_MAX || ev > (ext_i128)UINT64_MAX) {
+				rc = kvt_err(-EINVAL, "kvt_ext_register: entry %u layer %u: block "
+					     "%u's segments end past the address space", i, k,
+					     o->n_blocks - 1);
+				goto out;
+			}
+			lay[l].base = L->base + (uint64_t)k * L->layer_stride;
+			lay[l].stride = L->block_stride;
+			lay[l].k_off = L->k_offset;
+			lay[l].v_off = L->v_bytes ? L->v_offset : 0;
+			lay[l].k_bytes = L->k_bytes;
+			lay[l].v_bytes = L->v_bytes;
+			lay[l].dst = sum;
+			ent[l] = i;
+			sum += L->k_bytes + L->v_bytes;
+		}
+	}
+	if (sum > e->block_bytes) {
+		rc = kvt_err(-EINVAL, "kvt_ext_register: a block's segments hold %llu bytes, more "
+			     "than the engine's block_bytes %llu (the layout sizes the slots)",
+			     (unsigned long long)sum, (unsigned long long)e->block_bytes);
+		goto out;
+	}
+	/* no two segments of any blocks overlap: families (layer, K|V) pairwise */
+	{
+		uint32_t nf = (uint32_t)total * 2, f, g;
+		uint64_t work = 0;
+
+		for (f = 0; f < nf && !rc; f++) {
+			const struct ext_lay *A = &lay[f / 2];
+			uint64_t la = f & 1 ? A->v_bytes : A->k_bytes;
+			uint64_t aa = A->base + (f & 1 ? A->v_off : A->k_off);
+
+			if (!la)
+				continue;
+			if (o->n_blocks > 1 && la > A->stride) {
+				rc = kvt_err(-EINVAL, "kvt_ext_register: entry %u layer %u: %s of "
+					     "%llu bytes exceeds block_stride %llu (blocks overlap)",
+					     ent[f / 2], f / 2, f & 1 ? "V" : "K",
+					     (unsigned long long)la, (unsigned long long)A->stride);
+				break;
+			}
+			for (g = f + 1; g < nf; g++) {
+				const struct ext_lay *B = &lay[g / 2];
+				uint64_t lb = g & 1 ? B->v_bytes : B->k_bytes;
+				uint64_t ab = B->base + (g & 1 ? B->v_off : B->k_off);
+				bool unsure = false, hit;
+
+				if (!lb)
+					continue;
+				hit = ext_fam_overlap(aa, la, A->stride, ab, lb, B->stride,
+						      o->n_blocks, &unsure);
+				if (unsure) {
+					work += o->n_blocks;
+					if (work > (1ull << 26)) {
+						rc = kvt_err(-EINVAL, "kvt_ext_register: layers %u "
+							     "and %u interleave with different "
+							     "strides: too costly to verify, not "
+							     "supported", f / 2, g / 2);
+						break;
+					}
+					hit = ext_fam_overlap_walk(aa, la, A->stride, ab, lb,
+								   B->stride, o->n_blocks);
+				}
+				if (hit) {
+					rc = kvt_err(-EINVAL, "kvt_ext_register: the %s of layer %u "
+						     "(entry %u) and the %s of layer %u (entry %u) "
+						     "overlap for some block ids", f & 1 ? "V" : "K",
+						     f / 2, ent[f / 2], g & 1 ? "V" : "K", g / 2,
+						     ent[g / 2]);
+					break;
+				}
+			}
+		}
+	}
+out:
+	kvt_free(ent);
+	if (rc) {
+		kvt_free(lay);
+		return rc;
+	}
+	*out = lay;
+	*n_layers = (uint32_t)total;
+	*bytes = sum;
+	return 0;
+}
+
+/* ---- the API */
 
 void
 kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size)
@@ -23,94 +919,703 @@ kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size)
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
 }
 
+static void
+ext_free(struct kvt_engine *e, struct kvt_ext_state *x)
+{
+	if (x->s_store)
+		e->dev->ops->stream_destroy(e->dev, x->s_store);
+	if (x->s_load)
+		e->dev->ops->stream_destroy(e->dev, x->s_load);
+	kvt_free(x->lay);
+	kvt_free(x->tab);
+	kvt_free(x->meta);
+	kvt_free(x->jobs);
+	kvt_free(x->cv);
+	kvt_free(x->scratch);
+	kvt_free(x);
+}
+
 int
 kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o, uint32_t *pool)
 {
-	(void)e, (void)o;
+	struct kvt_ext_opts oo;
+	struct kvt_ext_state *x;
+	int rc;
+
 	if (pool)
 		*pool = 0;
-	return EXT_TODO("kvt_ext_register");
+	if (!e || !o || !pool)
+		return kvt_err(-EINVAL, "kvt_ext_register: engine, opts and pool must not be NULL");
+	if (o->opts_size < offsetof(struct kvt_ext_opts, layer_group) || o->opts_size > 4096)
+		return kvt_err(-EINVAL, "kvt_ext_register: opts_size %zu (kvt_ext_opts_init)",
+			       o->opts_size);
+	kvt_ext_opts_init(&oo, sizeof oo);
+	memcpy(&oo, o, o->opts_size < sizeof oo ? o->opts_size : sizeof oo);
+	if (oo.n_blocks == 0 || oo.n_blocks > EXT_MAX_BLOCKS)
+		return kvt_err(-EINVAL, "kvt_ext_register: n_blocks %u out of 1..%u", oo.n_blocks,
+			       EXT_MAX_BLOCKS);
+	if (oo.n_entries == 0 || oo.n_entries > KVT_EXT_MAX_ENTRIES || !oo.layers)
+		return kvt_err(-EINVAL, "kvt_ext_register: %u entries%s (1..%u)", oo.n_entries,
+			       oo.layers ? "" : " and layers NULL", KVT_EXT_MAX_ENTRIES);
+	if (oo.layer_group != 0)
+		return kvt_err(-EINVAL, "kvt_ext_register: layer_group %u: only 0 in this version",
+			       oo.layer_group);
+	if (oo.max_jobs == 0 || oo.max_jobs > (1u << 20))
+		return kvt_err(-EINVAL, "kvt_ext_register: max_jobs %u out of 1..%u", oo.max_jobs,
+			       1u << 20);
+	x = kvt_calloc(1, sizeof *x);
+	if (!x)
+		return kvt_err(-ENOMEM, "kvt_ext_register: pool state");
+	kvt_lock(e);
+	if (e->ext) {
+		rc = kvt_err(-EEXIST, "kvt_ext_register: a pool is already registered (one per "
+			     "engine in this version)");
+		goto fail;
+	}
+	if (!e->slots[KVT_TIER_HOST].n_slots) {
+		rc = kvt_err(-ENODEV, "kvt_ext_register: the engine has no HOST tier (host_bytes "
+			     "0): stored blocks live in HOST and NVMe");
+		goto fail;
+	}
+	rc = ext_check_geometry(e, &oo, &x->lay, &x->n_layers, &x->bytes);
+	if (rc)
+		goto fail;
+	x->n_blocks = oo.n_blocks;
+	x->max_jobs = oo.max_jobs;
+	x->next_id = 1;
+	x->jobs = kvt_calloc(oo.max_jobs, sizeof *x->jobs);
+	if (!x->jobs) {
+		rc = kvt_err(-ENOMEM, "kvt_ext_register: %u job records", oo.max_jobs);
+		goto fail;
+	}
+	rc = ext_meta_reserve(e, x, e->cap_blocks ? e->cap_blocks - 1 : 0);
+	if (!rc)
+		rc = e->dev->ops->stream_create(e->dev, &x->s_store);
+	if (!rc)
+		rc = e->dev->ops->stream_create(e->dev, &x->s_load);
+	if (rc)
+		goto fail;
+	e->ext = x;
+	kvt_unlock(e);
+	*pool = EXT_POOL_ID;
+	return 0;
+fail:
+	kvt_unlock(e);
+	ext_free(e, x);
+	return rc;
+}
+
+/* Wait for every job's copies (lock held: the streams need nothing of the engine). */
+static void
+ext_quiesce(struct kvt_engine *e, struct kvt_ext_state *x)
+{
+	uint32_t i;
+
+	(void)e->dev->ops->stream_sync(e->dev, x->s_store);
+	(void)e->dev->ops->stream_sync(e->dev, x->s_load);
+	for (i = 0; i < x->max_jobs; i++)
+		if (x->jobs[i].used)
+			ext_retire(e, x, &x->jobs[i]);
+}
+
+/* Blocks of @x: no longer pool blocks, stay cached (landed) or go (not landed). */
+static void
+ext_detach_all(struct kvt_engine *e, struct kvt_ext_state *x, bool destroying)
+{
+	uint32_t i;
+
+	for (i = 0; i < x->max_jobs; i++) {
+		struct ext_job *j = &x->jobs[i];
+		uint32_t k;
+
+		if (!j->used)
+			continue;
+		for (k = 0; k < j->n && !destroying; k++) {
+			struct ext_jblk *jb = &j->b[k];
+
+			if (j->kind == KVT_EXT_STORE && (jb->st == JB_WAIT || jb->st == JB_COPY) &&
+			    x->meta[jb->block].gen == jb->gen && x->meta[jb->block].ext)
+				ext_store_abandon(e, x, jb);
+		}
+		if (!destroying)
+			ext_job_release(e, x, j);
+	}
 }
 
 int
 kvt_ext_unregister(struct kvt_engine *e, uint32_t pool)
 {
-	(void)e, (void)pool;
-	return EXT_TODO("kvt_ext_unregister");
+	struct kvt_ext_state *x;
+	uint32_t id;
+
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_ext_unregister: engine is NULL");
+	kvt_lock(e);
+	x = ext_get(e, pool, "kvt_ext_unregister");
+	if (!x) {
+		kvt_unlock(e);
+		return -ENOENT;
+	}
+	(void)kvt_xfer_poll(e, 0);
+	ext_quiesce(e, x);
+	ext_detach_all(e, x, false);
+	/* stored blocks stay cached in their tiers, unreachable by key: free them, as this
+	 * version keeps no index without a pool */
+	for (id = 0; id < x->cap_meta && id < e->cap_blocks; id++)
+		if (x->meta[id].ext) {
+			kvt_blk(e, id)->protect = 0;
+			kvt_block_uncache(e, id);
+		}
+	e->ext = NULL;
+	kvt_unlock(e);
+	ext_free(e, x);
+	return 0;
+}
+
+void
+kvt_ext_fini(struct kvt_engine *e)
+{
+	struct kvt_ext_state *x = e->ext;
+	uint32_t i;
+
+	if (!x)
+		return;
+	(void)e->dev->ops->stream_sync(e->dev, x->s_store);
+	(void)e->dev->ops->stream_sync(e->dev, x->s_load);
+	for (i = 0; i < x->max_jobs; i++) {
+		struct ext_job *j = &x->jobs[i];
+
+		while (j->used && j->groups) {
+			struct ext_group *g = j->groups;
+
+			j->groups = g->next;
+			ext_group_free(e, g);
+		}
+		if (j->used && j->wait_ev)
+			e->dev->ops->event_destroy(e->dev, j->wait_ev);
+		if (j->used)
+			kvt_free(j->b);
+	}
+	e->ext = NULL;
+	ext_free(e, x);
+}
+
+/* Common checks of store and load; @what names the call. */
+static int
+ext_check_ids(struct kvt_ext_state *x, const uint64_t *hashes, const uint32_t *ids, size_t n,
+	      const char *what)
+{
+	size_t i;
+
+	if (n && (!hashes || !ids))
+		return kvt_err(-EINVAL, "%s: hashes and block_ids must not be NULL (n %zu)", what,
+			       n);
+	if (n > EXT_MAX_N)
+		return kvt_err(-EINVAL, "%s: n %zu > %u blocks per call", what, n, EXT_MAX_N);
+	for (i = 0; i < n; i++)
+		if (ids[i] >= x->n_blocks)
+			return kvt_err(-EINVAL, "%s: block_ids[%zu] = %u, the pool has %u blocks",
+				       what, i, ids[i], x->n_blocks);
+	if (n > 1) {
+		/* duplicates: a bitmap over the ids, a sort of the hashes */
+		uint64_t *bm = kvt_calloc((x->n_blocks + 63) / 64, sizeof *bm);
+		int rc = 0;
+
+		if (!bm)
+			return kvt_err(-ENOMEM, "%s: duplicate check", what);
+		for (i = 0; i < n && !rc; i++) {
+			if (bm[ids[i] / 64] >> (ids[i] % 64) & 1)
+				rc = kvt_err(-EINVAL, "%s: block id %u given twice", what, ids[i]);
+			bm[ids[i] / 64] |= 1ull << (ids[i] % 64);
+		}
+		kvt_free(bm);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int
+ext_cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static int
+ext_check_hash_dups(const uint64_t *hashes, size_t n, const char *what)
+{
+	uint64_t *s;
+	size_t i;
+	int rc = 0;
+
+	if (n < 2)
+		return 0;
+	s = kvt_malloc(n * sizeof *s);
+	if (!s)
+		return kvt_err(-ENOMEM, "%s: duplicate check", what);
+	memcpy(s, hashes, n * sizeof *s);
+	qsort(s, n, sizeof *s, ext_cmp_u64);
+	for (i = 1; i < n && !rc; i++)
+		if (s[i] == s[i - 1])
+			rc = kvt_err(-EINVAL, "%s: hash %#llx given twice", what,
+				     (unsigned long long)s[i]);
+	kvt_free(s);
+	return rc;
+}
+
+static struct ext_job *
+ext_job_new(struct kvt_ext_state *x, uint32_t kind, size_t n, const char *what, int *rc)
+{
+	uint32_t i;
+
+	if (x->n_jobs >= x->max_jobs) {
+		*rc = kvt_err(-EAGAIN, "%s: %u jobs in flight or unreported (max_jobs): poll them",
+			      what, x->n_jobs);
+		return NULL;
+	}
+	for (i = 0; i < x->max_jobs && x->jobs[i].used; i++)
+		;
+	x->jobs[i].b = kvt_calloc(n ? n : 1, sizeof *x->jobs[i].b);
+	if (!x->jobs[i].b) {
+		*rc = kvt_err(-ENOMEM, "%s: job of %zu blocks", what, n);
+		return NULL;
+	}
+	x->jobs[i].used = true;
+	x->jobs[i].kind = kind;
+	x->jobs[i].n = (uint32_t)n;
+	x->jobs[i].n_open = (uint32_t)n;
+	x->jobs[i].id = x->next_id++;
+	x->n_jobs++;
+	return &x->jobs[i];
 }
 
 int
 kvt_ext_store(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
 	      const uint32_t *block_ids, size_t n, void *stream, uint64_t *job)
 {
-	(void)e, (void)pool, (void)tenant, (void)hashes, (void)block_ids, (void)n, (void)stream;
+	struct kvt_ext_state *x;
+	struct ext_job *j;
+	size_t i;
+	int rc;
+
 	if (job)
 		*job = 0;
-	return EXT_TODO("kvt_ext_store");
+	if (!e || !job)
+		return kvt_err(-EINVAL, "kvt_ext_store: engine and job must not be NULL");
+	kvt_lock(e);
+	x = ext_get(e, pool, "kvt_ext_store");
+	if (!x) {
+		kvt_unlock(e);
+		return -ENOENT;
+	}
+	rc = ext_check_ids(x, hashes, block_ids, n, "kvt_ext_store");
+	if (!rc)
+		rc = ext_check_hash_dups(hashes, n, "kvt_ext_store");
+	j = rc ? NULL : ext_job_new(x, KVT_EXT_STORE, n, "kvt_ext_store", &rc);
+	if (!j)
+		goto out;
+	j->tenant = tenant;
+	if (stream) {
+		rc = e->dev->ops->event_create(e->dev, &j->wait_ev);
+		if (!rc)
+			rc = e->dev->ops->event_record(e->dev, j->wait_ev,
+						       (struct kvt_stream *)stream);
+		if (rc) {
+			ext_job_release(e, x, j);
+			goto out;
+		}
+	}
+	for (i = 0; i < n; i++) {
+		struct ext_jblk *jb = &j->b[i];
+		struct ext_ent *t = ext_find(x, tenant, hashes[i]);
+		struct kvt_block *b;
+		uint32_t id;
+
+		jb->caller = block_ids[i];
+		jb->block = KVT_NIL;
+		if (t) {
+			jb->st = JB_SKIP;
+			j->n_skipped++;
+			j->n_open--;
+			continue;
+		}
+		rc = kvt_block_new(e, KVT_EXT_SEQ, 0, &id);
+		if (!rc)
+			rc = ext_meta_reserve(e, x, id);
+		if (!rc) {
+			rc = ext_insert(x, tenant, hashes[i], id);
+			if (rc) {
+				kvt_blk(e, id)->refs = 0;
+				kvt_block_uncache(e, id);
+			}
+		}
+		if (rc) {
+			/* no record: this block fails, the others go on */
+			jb_fail(j, jb, rc);
+			rc = 0;
+			continue;
+		}
+		b = kvt_blk(e, id);
+		b->refs = 0;
+		b->written = 1;
+		b->tslot = kvt_tenant_slot(e, tenant);
+		x->meta[id] = (struct ext_meta){ .hash = hashes[i], .tenant = tenant,
+						 .gen = x->meta[id].gen, .ext = 1 };
+		jb->block = id;
+		jb->gen = x->meta[id].gen;
+		ext_pin(e, x, jb);
+	}
+	x->st.blocks_skipped += j->n_skipped;
+	*job = j->id;
+	ext_progress(e, x);
+out:
+	kvt_unlock(e);
+	return rc;
 }
 
 int
 kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
 	       size_t n, size_t *hits, enum kvt_tier *tier)
 {
-	(void)e, (void)pool, (void)tenant, (void)hashes, (void)n, (void)tier;
+	struct kvt_ext_state *x;
+	enum kvt_tier slow = KVT_TIER_COUNT;
+	size_t i;
+
 	if (hits)
 		*hits = 0;
-	return EXT_TODO("kvt_ext_lookup");
+	if (tier)
+		*tier = KVT_TIER_COUNT;
+	if (!e || !hits || (n && !hashes))
+		return kvt_err(-EINVAL, "kvt_ext_lookup: engine, hits and hashes (n %zu) must not "
+			       "be NULL", n);
+	kvt_lock(e);
+	x = ext_get(e, pool, "kvt_ext_lookup");
+	if (!x) {
+		kvt_unlock(e);
+		return -ENOENT;
+	}
+	for (i = 0; i < n; i++) {
+		struct ext_ent *t = ext_find(x, tenant, hashes[i]);
+		const struct kvt_block *b;
+
+		if (!t || !x->meta[t->block].landed)
+			break;
+		b = kvt_blk(e, t->block);
+		if (kvt_copy_valid(b, KVT_TIER_HOST)) {
+			if (slow == KVT_TIER_COUNT)
+				slow = KVT_TIER_HOST;
+		} else if (kvt_copy_valid(b, KVT_TIER_NVME)) {
+			slow = KVT_TIER_NVME;
+		} else {
+			break;
+		}
+	}
+	x->st.lookups++;
+	x->st.lookup_hashes += n;
+	x->st.lookup_hits += i;
+	kvt_unlock(e);
+	*hits = i;
+	if (tier)
+		*tier = slow;
+	return 0;
 }
 
 int
 kvt_ext_load(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
 	     const uint32_t *block_ids, size_t n, uint32_t flags, uint64_t *job)
 {
-	(void)e, (void)pool, (void)tenant, (void)hashes, (void)block_ids, (void)n, (void)flags;
+	struct kvt_ext_state *x;
+	struct ext_job *j;
+	size_t i;
+	int rc;
+
 	if (job)
 		*job = 0;
-	return EXT_TODO("kvt_ext_load");
+	if (!e || !job)
+		return kvt_err(-EINVAL, "kvt_ext_load: engine and job must not be NULL");
+	if (flags & ~KVT_EXT_LAYERWISE)
+		return kvt_err(-EINVAL, "kvt_ext_load: unknown flags %#x", flags);
+	kvt_lock(e);
+	x = ext_get(e, pool, "kvt_ext_load");
+	if (!x) {
+		kvt_unlock(e);
+		return -ENOENT;
+	}
+	rc = ext_check_ids(x, hashes, block_ids, n, "kvt_ext_load");
+	j = rc ? NULL : ext_job_new(x, KVT_EXT_LOAD, n, "kvt_ext_load", &rc);
+	if (!j)
+		goto out;
+	j->tenant = tenant;
+	j->flags = flags;
+	for (i = 0; i < n; i++) {
+		struct ext_jblk *jb = &j->b[i];
+		struct ext_ent *t = ext_find(x, tenant, hashes[i]);
+
+		jb->caller = block_ids[i];
+		jb->block = KVT_NIL;
+		if (!t || !x->meta[t->block].landed) {
+			jb_fail(j, jb, -ENOENT);
+			continue;
+		}
+		jb->block = t->block;
+		jb->gen = x->meta[t->block].gen;
+		ext_pin(e, x, jb);
+		for (int tr = KVT_TIER_HOST; tr < KVT_TIER_COUNT; tr++)
+			if (kvt_copy_valid(kvt_blk(e, t->block), tr))
+				e->evict[tr].ops->access(&e->evict[tr], t->block);
+	}
+	*job = j->id;
+	ext_progress(e, x);
+out:
+	kvt_unlock(e);
+	return rc;
 }
 
 int
 kvt_ext_poll(struct kvt_engine *e, uint32_t pool, struct kvt_ext_done *done, size_t cap,
 	     struct kvt_ext_fail *fails, size_t fails_cap)
 {
-	(void)e, (void)pool, (void)done, (void)cap, (void)fails, (void)fails_cap;
-	return EXT_TODO("kvt_ext_poll");
+	struct kvt_ext_state *x;
+	size_t nf = 0, nd = 0;
+	uint32_t i;
+	int rc = 0;
+
+	if (!e || (cap && !done) || (fails_cap && !fails))
+		return kvt_err(-EINVAL, "kvt_ext_poll: NULL engine, or NULL done/fails with a "
+			       "capacity");
+	kvt_lock(e);
+	x = ext_get(e, pool, "kvt_ext_poll");
+	if (!x) {
+		kvt_unlock(e);
+		return -ENOENT;
+	}
+	ext_progress(e, x);
+	for (i = 0; i < x->max_jobs && nd < cap; i++) {
+		struct ext_job *j = &x->jobs[i];
+		struct kvt_ext_done *d;
+		uint32_t k;
+
+		if (!j->used || !j->ended)
+			continue;
+		if (nf + j->n_failed > fails_cap) {
+			if (nd == 0) {
+				memset(&done[0], 0, sizeof done[0]);
+				done[0].job = j->id;
+				done[0].kind = j->kind;
+				done[0].n_blocks = j->n;
+				done[0].n_failed = j->n_failed;
+				rc = kvt_err(-ENOSPC, "kvt_ext_poll: job %llu has %u failed blocks, "
+					     "fails_cap is %zu", (unsigned long long)j->id,
+					     j->n_failed, fails_cap);
+			}
+			break;
+		}
+		d = &done[nd++];
+		d->job = j->id;
+		d->status = j->status;
+		d->kind = j->kind;
+		d->n_blocks = j->n;
+		d->n_failed = j->n_failed;
+		d->n_skipped = j->n_skipped;
+		d->failed_first = (uint32_t)nf;
+		for (k = 0; k < j->n; k++)
+			if (j->b[k].st == JB_FAIL) {
+				fails[nf].block_id = j->b[k].caller;
+				fails[nf++].err = j->b[k].err;
+			}
+		x->st.blocks_failed += j->n_failed;
+		if (j->kind == KVT_EXT_STORE)
+			x->st.store_jobs++;
+		else
+			x->st.load_jobs++;
+		ext_job_release(e, x, j);
+	}
+	kvt_unlock(e);
+	return rc ? rc : (int)nd;
+}
+
+static void
+ext_nap(uint32_t *us)
+{
+	struct timespec ts = { 0, (long)*us * 1000 };
+
+	nanosleep(&ts, NULL);
+	if (*us < 1000)
+		*us *= 2;
+}
+
+/* Wait (the lock released while asleep) until job @id has ended or, with @layer != UINT32_MAX,
+ * until all its blocks are issued and layer @layer landed. */
+static int
+ext_wait(struct kvt_engine *e, uint32_t pool, uint64_t id, uint32_t layer, uint32_t timeout_ms,
+	 void *stream, const char *fn)
+{
+	uint64_t deadline = kvt_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+	uint32_t us = 5;
+	int rc;
+
+	kvt_lock(e);
+	for (;;) {
+		struct kvt_ext_state *x = ext_get(e, pool, fn);
+		struct ext_job *j;
+
+		if (!x) {
+			rc = -ENOENT;
+			break;
+		}
+		j = ext_job_find(x, id);
+		if (!j) {
+			rc = kvt_err(-ENOENT, "%s: no job %llu (never issued, or already reported "
+				     "by kvt_ext_poll)", fn, (unsigned long long)id);
+			break;
+		}
+		if (layer != UINT32_MAX && (j->kind != KVT_EXT_LOAD || layer >= x->n_layers)) {
+			rc = kvt_err(-EINVAL, "%s: %s", fn, j->kind != KVT_EXT_LOAD ?
+				     "a store job has no layers to wait for" : "layer out of range");
+			break;
+		}
+		ext_progress(e, x);
+		if (j->ended) {
+			rc = 0;
+			break;
+		}
+		if (layer != UINT32_MAX && (j->flags & KVT_EXT_LAYERWISE)) {
+			/* every block issued (or failed), and layer @layer of every group done */
+			bool issued = true, landed = true;
+			struct ext_group *g;
+			uint32_t k;
+
+			for (k = 0; k < j->n && issued; k++)
+				issued = j->b[k].st >= JB_COPY;
+			for (g = j->groups; g && issued && landed; g = g->next)
+				landed = e->dev->ops->event_query(e->dev, g->ev[layer]) != -EAGAIN;
+			if (issued && stream) {
+				rc = 0;
+				for (g = j->groups; g && !rc; g = g->next)
+					rc = e->dev->ops->stream_wait_event(
+						e->dev, (struct kvt_stream *)stream, g->ev[layer]);
+				break;
+			}
+			if (issued && landed) {
+				rc = 0;
+				break;
+			}
+		}
+		if (timeout_ms != UINT32_MAX && kvt_now_ns() >= deadline) {
+			rc = timeout_ms ? kvt_err(-ETIMEDOUT, "%s: job %llu not done after %u ms",
+						  fn, (unsigned long long)id, timeout_ms) :
+					  kvt_err(-ETIMEDOUT, "%s: job %llu not done", fn,
+						  (unsigned long long)id);
+			break;
+		}
+		kvt_unlock(e);
+		ext_nap(&us);
+		kvt_lock(e);
+	}
+	kvt_unlock(e);
+	return rc;
 }
 
 int
 kvt_ext_wait(struct kvt_engine *e, uint32_t pool, uint64_t job, uint32_t timeout_ms)
 {
-	(void)e, (void)pool, (void)job, (void)timeout_ms;
-	return EXT_TODO("kvt_ext_wait");
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_ext_wait: engine is NULL");
+	return ext_wait(e, pool, job, UINT32_MAX, timeout_ms == UINT32_MAX ? timeout_ms - 1 :
+			timeout_ms, NULL, "kvt_ext_wait");
 }
 
 int
 kvt_ext_wait_layer(struct kvt_engine *e, uint32_t pool, uint64_t job, uint32_t layer,
 		   void *stream)
 {
-	(void)e, (void)pool, (void)job, (void)layer, (void)stream;
-	return EXT_TODO("kvt_ext_wait_layer");
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_ext_wait_layer: engine is NULL");
+	if (layer == UINT32_MAX)
+		return kvt_err(-EINVAL, "kvt_ext_wait_layer: layer out of range");
+	return ext_wait(e, pool, job, layer, UINT32_MAX, stream, "kvt_ext_wait_layer");
+}
+
+static int
+ext_hint(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
+	 size_t n, bool drop, const char *fn)
+{
+	struct kvt_ext_state *x;
+	size_t i;
+	int found = 0;
+
+	if (!e || (n && !hashes))
+		return kvt_err(-EINVAL, "%s: engine and hashes (n %zu) must not be NULL", fn, n);
+	if (n > (size_t)INT32_MAX)
+		return kvt_err(-EINVAL, "%s: n %zu too large", fn, n);
+	kvt_lock(e);
+	x = ext_get(e, pool, fn);
+	if (!x) {
+		kvt_unlock(e);
+		return -ENOENT;
+	}
+	for (i = 0; i < n; i++) {
+		struct ext_ent *t = ext_find(x, tenant, hashes[i]);
+		uint32_t id;
+		int tr;
+
+		if (!t || !x->meta[t->block].landed)
+			continue;
+		id = t->block;
+		found++;
+		if (!drop) {
+			for (tr = KVT_TIER_HOST; tr < KVT_TIER_COUNT; tr++)
+				if (kvt_copy_valid(kvt_blk(e, id), tr))
+					e->evict[tr].ops->access(&e->evict[tr], id);
+			continue;
+		}
+		if (x->meta[id].jpins) {
+			x->meta[id].dropped = 1; /* gone at the last unpin; not found meanwhile */
+			x->meta[id].landed = 0;
+			continue;
+		}
+		kvt_block_uncache(e, id);
+	}
+	kvt_unlock(e);
+	return found;
 }
 
 int
 kvt_ext_touch(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
 	      size_t n)
 {
-	(void)e, (void)pool, (void)tenant, (void)hashes, (void)n;
-	return EXT_TODO("kvt_ext_touch");
+	return ext_hint(e, pool, tenant, hashes, n, false, "kvt_ext_touch");
 }
 
 int
 kvt_ext_drop(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
 	     size_t n)
 {
-	(void)e, (void)pool, (void)tenant, (void)hashes, (void)n;
-	return EXT_TODO("kvt_ext_drop");
+	return ext_hint(e, pool, tenant, hashes, n, true, "kvt_ext_drop");
 }
 
 int
 kvt_ext_stats(struct kvt_engine *e, uint32_t pool, struct kvt_ext_stats *out)
 {
-	(void)e, (void)pool, (void)out;
-	return EXT_TODO("kvt_ext_stats");
+	struct kvt_ext_state *x;
+	struct kvt_ext_stats s;
+
+	if (!e || !out || out->size < sizeof(size_t) || out->size > 4096)
+		return kvt_err(-EINVAL, "kvt_ext_stats: NULL, or size not set");
+	kvt_lock(e);
+	x = ext_get(e, pool, "kvt_ext_stats");
+	if (!x) {
+		kvt_unlock(e);
+		return -ENOENT;
+	}
+	s = x->st;
+	s.stored_blocks = 0;
+	for (uint32_t id = 0; id < x->cap_meta; id++)
+		s.stored_blocks += x->meta[id].ext && x->meta[id].landed;
+	kvt_unlock(e);
+	s.size = out->size;
+	memcpy(out, &s, out->size < sizeof s ? out->size : sizeof s);
+	return 0;
 }

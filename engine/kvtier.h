@@ -1194,8 +1194,8 @@ KVT_API int kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
 
 /**
  * kvt_ext_load() - load the blocks stored under (@tenant, @hashes[i]) into caller blocks
- * @block_ids[i], i < @n, asynchronously: the stored blocks are pinned below (no eviction)
- * until the job ends; blocks only on NVMe are read into HOST first (checksum verified, codec
+ * @block_ids[i], i < @n, asynchronously: each stored block is pinned below (no eviction of
+ * its only copy) until its copy into the caller's block has landed; blocks only on NVMe are read into HOST first (checksum verified, codec
  * decoded), then every block is scattered into the caller's segments. A block not stored (or
  * whose read fails or fails its checksum) fails alone: its id is reported by kvt_ext_poll()
  * and its caller block is left as it was or partly written (recompute it; never loaded with

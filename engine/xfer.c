@@ -395,6 +395,8 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now)
 			if (res < 0 && res != -ECANCELED &&
 			    kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_PRESENT)
 				kvt_copy_drop(e, id, KVT_TIER_NVME);
+			if (res < 0 && res != -ECANCELED && b->seq == KVT_EXT_SEQ)
+				kvt_ext_read_failed(e, id, res);
 			kvt_block_check_lost(e, id);
 		}
 		break;

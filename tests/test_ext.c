@@ -1,0 +1,585 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_ext.c - the external-pool mode (issue 19 item 1, kvtier.h "External-pool mode"):
+ * a caller-owned pool (plain host memory on the emulated device) in vLLM's per-layer layout
+ * [2, num_blocks, ...], a cross-layer layout and an MLA-like K-only layout; every byte stored
+ * comes back into other block ids, through HOST and through NVMe; lookup counts the leading
+ * run; a block corrupted on NVMe is the only one reported failed; bad input gets clear errors.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "engine/engine_impl.h"
+#include "support/kvt_test.h"
+
+#define SEG 256u /* K (or V) bytes of one layer of one block in the test layout */
+#define NB 32u   /* caller blocks */
+
+/* A caller pool in vLLM's per-layer layout: layer l is a tensor [2][NB][SEG bytes]. */
+struct pool {
+	uint8_t *mem[TSUP_LAYERS];
+	struct kvt_ext_layer lay[TSUP_LAYERS];
+	uint32_t id;
+};
+
+static void
+pool_make(struct kvt_engine *e, struct pool *p)
+{
+	struct kvt_ext_opts o;
+	uint32_t l;
+	int rc;
+
+	for (l = 0; l < TSUP_LAYERS; l++) {
+		p->mem[l] = calloc(2, NB * SEG);
+		assert_non_null(p->mem[l]);
+		p->lay[l] = (struct kvt_ext_layer){ .base = (uintptr_t)p->mem[l],
+						    .block_stride = SEG, .k_offset = 0,
+						    .v_offset = NB * SEG, .k_bytes = SEG,
+						    .v_bytes = SEG, .n_layers = 1 };
+	}
+	kvt_ext_opts_init(&o, sizeof o);
+	o.n_blocks = NB;
+	o.n_entries = TSUP_LAYERS;
+	o.layers = p->lay;
+	rc = kvt_ext_register(e, &o, &p->id);
+	if (rc)
+		print_error("register: %s\n", kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	assert_int_not_equal(p->id, 0);
+}
+
+static void
+pool_free(struct pool *p)
+{
+	for (uint32_t l = 0; l < TSUP_LAYERS; l++)
+		free(p->mem[l]);
+}
+
+static uint8_t *
+seg(struct pool *p, uint32_t l, uint32_t kv, uint32_t blk)
+{
+	return p->mem[l] + (size_t)kv * NB * SEG + (size_t)blk * SEG;
+}
+
+/* Fill caller block @blk with the pattern of @tag. */
+static void
+fill(struct pool *p, uint32_t blk, uint32_t tag)
+{
+	for (uint32_t l = 0; l < TSUP_LAYERS; l++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			for (uint32_t i = 0; i < SEG; i++)
+				seg(p, l, kv, blk)[i] = (uint8_t)(tag * 131u + l * 17u + kv * 7u +
+								  i * 3u + (i >> 8));
+}
+
+static bool
+holds(struct pool *p, uint32_t blk, uint32_t tag)
+{
+	for (uint32_t l = 0; l < TSUP_LAYERS; l++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			for (uint32_t i = 0; i < SEG; i++)
+				if (seg(p, l, kv, blk)[i] != (uint8_t)(tag * 131u + l * 17u +
+								       kv * 7u + i * 3u + (i >> 8)))
+					return false;
+	return true;
+}
+
+static void
+wipe(struct pool *p, uint32_t blk)
+{
+	for (uint32_t l = 0; l < TSUP_LAYERS; l++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			memset(seg(p, l, kv, blk), 0xee, SEG);
+}
+
+static uint64_t
+hash_of(uint32_t i)
+{
+	return 0x1234567800000000ull ^ ((uint64_t)i * 0x9e3779b97f4a7c15ull);
+}
+
+/* Wait for @job and poll it: asserts it is reported, returns its record; failures in @f. */
+static struct kvt_ext_done
+finish(struct kvt_engine *e, uint32_t pool, uint64_t job, struct kvt_ext_fail *f, size_t fcap)
+{
+	struct kvt_ext_done d[8];
+	int rc = kvt_ext_wait(e, pool, job, 60000), n;
+
+	if (rc)
+		print_error("wait: %s\n", kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	n = kvt_ext_poll(e, pool, d, 8, f, fcap);
+	assert_true(n >= 1);
+	for (int i = 0; i < n; i++)
+		if (d[i].job == job)
+			return d[i];
+	fail_msg("job %llu not reported", (unsigned long long)job);
+	return d[0];
+}
+
+static struct kvt_engine *
+engine(uint32_t host_blocks, uint32_t nvme_blocks, char **dir,
+       const struct kvt_nvme_fault_hooks *hooks)
+{
+	struct kvt_engine_opts o;
+
+	tsup_opts_init(&o);
+	o.hbm_bytes = tsup_block_bytes();
+	o.host_bytes = (uint64_t)host_blocks * tsup_block_bytes();
+	*dir = NULL;
+	if (nvme_blocks) {
+		*dir = tsup_mkdtemp();
+		o.nvme_dir = *dir;
+		o.nvme_bytes = (uint64_t)nvme_blocks * (4096 + 4096);
+	}
+	return tsup_create(&o, hooks);
+}
+
+static void
+store_ids(struct kvt_engine *e, struct pool *p, uint32_t tenant, const uint32_t *ids,
+	  const uint64_t *h, size_t n)
+{
+	struct kvt_ext_fail f[NB];
+	struct kvt_ext_done d;
+	uint64_t job;
+	int rc = kvt_ext_store(e, p->id, tenant, h, ids, n, NULL, &job);
+
+	if (rc)
+		print_error("store: %s\n", kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	d = finish(e, p->id, job, f, NB);
+	assert_int_equal(d.kind, KVT_EXT_STORE);
+	assert_int_equal(d.status, 0);
+	assert_int_equal(d.n_failed, 0);
+}
+
+/* Store blocks 0..7 under hash_of(0..7), load them into 8..15 (and 31..24): every byte. */
+static void
+roundtrip(uint32_t host_blocks, uint32_t nvme_blocks, uint32_t flags)
+{
+	char *dir;
+	struct kvt_engine *e = engine(host_blocks, nvme_blocks, &dir, NULL);
+	struct pool p;
+	uint32_t ids[8], to[8], i;
+	uint64_t h[8], job;
+	struct kvt_ext_fail f[8];
+	struct kvt_ext_done d;
+
+	pool_make(e, &p);
+	for (i = 0; i < 8; i++) {
+		ids[i] = i;
+		h[i] = hash_of(i);
+		fill(&p, i, i + 1);
+	}
+	store_ids(e, &p, 0, ids, h, 8);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	tsup_check_engine(e);
+	for (int round = 0; round < 2; round++) {
+		for (i = 0; i < 8; i++) {
+			to[i] = round ? 31 - i : 8 + i;
+			wipe(&p, to[i]);
+		}
+		assert_int_equal(kvt_ext_load(e, p.id, 0, h, to, 8, flags, &job), 0);
+		if (flags & KVT_EXT_LAYERWISE)
+			for (uint32_t l = 0; l < TSUP_LAYERS; l++)
+				assert_int_equal(kvt_ext_wait_layer(e, p.id, job, l, NULL), 0);
+		d = finish(e, p.id, job, f, 8);
+		for (i = 0; i < d.n_failed; i++)
+			print_error("load: block %u failed: %s\n", f[d.failed_first + i].block_id,
+				    kvt_strerror(f[d.failed_first + i].err));
+		assert_int_equal(d.kind, KVT_EXT_LOAD);
+		assert_int_equal(d.n_failed, 0);
+		assert_int_equal(d.status, 0);
+		for (i = 0; i < 8; i++)
+			assert_true(holds(&p, to[i], i + 1));
+	}
+	/* the sources were not touched */
+	for (i = 0; i < 8; i++)
+		assert_true(holds(&p, i, i + 1));
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+	tsup_rmdir(dir);
+}
+
+static void
+test_roundtrip_host(void **state)
+{
+	(void)state;
+	roundtrip(16, 0, 0);
+}
+
+/* HOST holds 2 blocks: the other 6 go down to NVMe and are read back (checksums verified) */
+static void
+test_roundtrip_nvme(void **state)
+{
+	(void)state;
+	roundtrip(2, 32, 0);
+	roundtrip(3, 32, KVT_EXT_LAYERWISE);
+}
+
+static void
+test_roundtrip_layerwise(void **state)
+{
+	(void)state;
+	roundtrip(16, 0, KVT_EXT_LAYERWISE);
+}
+
+/* One cross-layer tensor [NB][TSUP_LAYERS][2][SEG] (a single entry), and a K-only layout. */
+static void
+test_cross_layer_and_k_only(void **state)
+{
+	char *dir;
+	struct kvt_engine *e = engine(16, 0, &dir, NULL);
+	size_t bstride = (size_t)TSUP_LAYERS * 2 * SEG;
+	uint8_t *mem = malloc(NB * bstride);
+	struct kvt_ext_layer L = { .base = (uintptr_t)mem, .block_stride = bstride,
+				   .layer_stride = 2 * SEG, .k_offset = 0, .v_offset = SEG,
+				   .k_bytes = SEG, .v_bytes = SEG, .n_layers = TSUP_LAYERS };
+	struct kvt_ext_opts o;
+	uint32_t pool, src[3] = { 0, 1, 2 }, dst[3] = { 9, 5, 20 };
+	uint64_t h[3] = { 11, 12, 13 }, job;
+	struct kvt_ext_done d;
+	struct kvt_ext_fail f[3];
+	size_t i;
+
+	(void)state;
+	assert_non_null(mem);
+	for (i = 0; i < NB * bstride; i++)
+		mem[i] = (uint8_t)(i * 7 + (i >> 9));
+	kvt_ext_opts_init(&o, sizeof o);
+	o.n_blocks = NB;
+	o.n_entries = 1;
+	o.layers = &L;
+	assert_int_equal(kvt_ext_register(e, &o, &pool), 0);
+	assert_int_equal(kvt_ext_store(e, pool, 0, h, src, 3, NULL, &job), 0);
+	d = finish(e, pool, job, f, 3);
+	assert_int_equal(d.n_failed, 0);
+	assert_int_equal(kvt_ext_load(e, pool, 0, h, dst, 3, 0, &job), 0);
+	d = finish(e, pool, job, f, 3);
+	assert_int_equal(d.n_failed, 0);
+	for (i = 0; i < 3; i++)
+		assert_memory_equal(mem + dst[i] * bstride, mem + src[i] * bstride, bstride);
+	assert_int_equal(kvt_ext_unregister(e, pool), 0);
+
+	/* K only (MLA latent): v_offset KVT_EXT_NO_V, the pages of one tensor [NB][SEG] */
+	L = (struct kvt_ext_layer){ .base = (uintptr_t)mem, .block_stride = SEG, .k_bytes = SEG,
+				    .v_offset = KVT_EXT_NO_V, .n_layers = 1 };
+	assert_int_equal(kvt_ext_register(e, &o, &pool), 0);
+	assert_int_equal(kvt_ext_store(e, pool, 0, h, src, 3, NULL, &job), 0);
+	assert_int_equal(finish(e, pool, job, f, 3).n_failed, 0);
+	assert_int_equal(kvt_ext_load(e, pool, 0, h, dst, 3, 0, &job), 0);
+	assert_int_equal(finish(e, pool, job, f, 3).n_failed, 0);
+	for (i = 0; i < 3; i++)
+		assert_memory_equal(mem + dst[i] * SEG, mem + src[i] * SEG, SEG);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e); /* frees the registered pool */
+	free(mem);
+	tsup_rmdir(dir);
+}
+
+/* lookup counts the LEADING stored hashes, per tenant; skipped and dropped hashes */
+static void
+test_lookup_leading(void **state)
+{
+	char *dir;
+	struct kvt_engine *e = engine(16, 0, &dir, NULL);
+	struct pool p;
+	uint32_t ids[4] = { 0, 1, 2, 4 };
+	uint64_t h[6], job;
+	enum kvt_tier tier;
+	size_t hits;
+	struct kvt_ext_fail f[4];
+	struct kvt_ext_done d;
+
+	(void)state;
+	pool_make(e, &p);
+	for (int i = 0; i < 6; i++)
+		h[i] = hash_of(100 + i);
+	{
+		uint64_t hs[4] = { h[0], h[1], h[2], h[4] };
+
+		store_ids(e, &p, 7, ids, hs, 4);
+	}
+	assert_int_equal(kvt_ext_lookup(e, p.id, 7, h, 6, &hits, &tier), 0);
+	assert_int_equal(hits, 3);
+	assert_int_equal(tier, KVT_TIER_HOST);
+	assert_int_equal(kvt_ext_lookup(e, p.id, 7, h + 4, 2, &hits, NULL), 0);
+	assert_int_equal(hits, 1);
+	/* another tenant sees none of them */
+	assert_int_equal(kvt_ext_lookup(e, p.id, 8, h, 6, &hits, &tier), 0);
+	assert_int_equal(hits, 0);
+	assert_int_equal(tier, KVT_TIER_COUNT);
+	/* storing them again skips them */
+	assert_int_equal(kvt_ext_store(e, p.id, 7, h, ids, 2, NULL, &job), 0);
+	d = finish(e, p.id, job, f, 4);
+	assert_int_equal(d.n_skipped, 2);
+	assert_int_equal(d.n_failed, 0);
+	/* touch finds 3 of 4, drop makes the run end at h[1] */
+	assert_int_equal(kvt_ext_touch(e, p.id, 7, h, 4), 3);
+	assert_int_equal(kvt_ext_drop(e, p.id, 7, h + 1, 1), 1);
+	assert_int_equal(kvt_ext_lookup(e, p.id, 7, h, 6, &hits, NULL), 0);
+	assert_int_equal(hits, 1);
+	/* a load of a missing hash fails that block alone */
+	{
+		uint32_t to[3] = { 10, 11, 12 };
+		uint64_t hl[3] = { h[0], h[1], h[2] };
+
+		fill(&p, 0, 5);
+		assert_int_equal(kvt_ext_store(e, p.id, 7, hl, ids, 1, NULL, &job), 0);
+		d = finish(e, p.id, job, f, 4); /* h[0] already there: skipped */
+		assert_int_equal(kvt_ext_load(e, p.id, 7, hl, to, 3, 0, &job), 0);
+		d = finish(e, p.id, job, f, 4);
+		assert_int_equal(d.n_failed, 1);
+		assert_int_equal(f[d.failed_first].block_id, 11);
+		assert_int_equal(f[d.failed_first].err, -ENOENT);
+		assert_int_equal(d.status, -ENOENT);
+	}
+	{
+		struct kvt_ext_stats st = { .size = sizeof st };
+
+		assert_int_equal(kvt_ext_stats(e, p.id, &st), 0);
+		assert_int_equal(st.stored_blocks, 3);
+		assert_int_equal(st.blocks_stored, 4);
+		assert_int_equal(st.lookups, 4);
+	}
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+	tsup_rmdir(dir);
+}
+
+/* ---- a block corrupted on NVMe: only it fails */
+
+static int corrupt_reads; /* reads to corrupt (each flips a byte of the data) */
+static int reads_seen;
+
+static void
+corrupt_hook(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off,
+	     int *res)
+{
+	(void)arg, (void)slot, (void)off;
+	if (is_write || *res <= 0)
+		return;
+	reads_seen++;
+	/* slots of 8 KiB from 1 MiB on: [header page | data page]; flip a byte of the data */
+	if (corrupt_reads > 0 && len >= 8192) {
+		corrupt_reads--;
+		((uint8_t *)buf)[4096 + 10] ^= 0x40;
+	} else if (corrupt_reads > 0 && off % 8192 == 4096) {
+		corrupt_reads--;
+		((uint8_t *)buf)[10] ^= 0x40;
+	}
+}
+
+static const struct kvt_nvme_fault_hooks corrupt_hooks = { .on_complete = corrupt_hook };
+
+static void
+test_corrupt_block_only_it_fails(void **state)
+{
+	char *dir;
+	struct kvt_engine *e;
+	struct pool p;
+	uint32_t ids[8], to[8], i, bad;
+	uint64_t h[8], job;
+	struct kvt_ext_fail f[8];
+	struct kvt_ext_done d;
+	struct kvt_stats st;
+	size_t hits;
+
+	(void)state;
+	e = engine(2, 32, &dir, &corrupt_hooks);
+	pool_make(e, &p);
+	for (i = 0; i < 8; i++) {
+		ids[i] = i;
+		h[i] = hash_of(200 + i);
+		fill(&p, i, 40 + i);
+	}
+	store_ids(e, &p, 3, ids, h, 8);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	st = tsup_stats(e);
+	assert_true(st.blocks_moved[KVT_MOVE_HOST_TO_NVME] >= 6);
+	for (i = 0; i < 8; i++) {
+		to[i] = 16 + i;
+		wipe(&p, to[i]);
+	}
+	corrupt_reads = 1;
+	reads_seen = 0;
+	assert_int_equal(kvt_ext_load(e, p.id, 3, h, to, 8, 0, &job), 0);
+	d = finish(e, p.id, job, f, 8);
+	assert_true(reads_seen >= 1);
+	assert_int_equal(corrupt_reads, 0);
+	assert_int_equal(d.n_failed, 1);
+	assert_int_equal(d.status, KVT_ECORRUPT);
+	assert_int_equal(f[d.failed_first].err, KVT_ECORRUPT);
+	bad = f[d.failed_first].block_id;
+	assert_true(bad >= 16 && bad < 24);
+	for (i = 0; i < 8; i++)
+		if (to[i] != bad)
+			assert_true(holds(&p, to[i], 40 + i));
+	st = tsup_stats(e);
+	assert_int_equal(st.checksum_failed, 1);
+	/* the corrupt block is gone: lookup stops there, a second load fails it as missing */
+	assert_int_equal(kvt_ext_lookup(e, p.id, 3, h, 8, &hits, NULL), 0);
+	assert_int_equal(hits, bad - 16);
+	assert_int_equal(kvt_ext_load(e, p.id, 3, h + (bad - 16), &to[bad - 16], 1, 0, &job), 0);
+	d = finish(e, p.id, job, f, 8);
+	assert_int_equal(d.n_failed, 1);
+	assert_int_equal(f[d.failed_first].err, -ENOENT);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+	tsup_rmdir(dir);
+}
+
+/* ---- bad input */
+
+static int
+reg(struct kvt_engine *e, const struct kvt_ext_layer *L, uint32_t n, uint32_t nb, uint32_t *id)
+{
+	struct kvt_ext_opts o;
+
+	kvt_ext_opts_init(&o, sizeof o);
+	o.n_blocks = nb;
+	o.n_entries = n;
+	o.layers = L;
+	return kvt_ext_register(e, &o, id);
+}
+
+static void
+expect_msg(int rc, int code, const char *needle)
+{
+	assert_int_equal(rc, code);
+	if (!strstr(kvt_last_error_message(), needle))
+		fail_msg("message \"%s\" lacks \"%s\"", kvt_last_error_message(), needle);
+}
+
+static void
+test_bad_input(void **state)
+{
+	char *dir;
+	struct kvt_engine *e = engine(16, 0, &dir, NULL);
+	static uint8_t mem[2 * NB * SEG * 4];
+	uintptr_t b = (uintptr_t)mem;
+	struct kvt_ext_layer L[2] = {
+		{ .base = b, .block_stride = SEG, .v_offset = NB * SEG, .k_bytes = SEG,
+		  .v_bytes = SEG, .n_layers = 1 },
+		{ .base = b + 2 * NB * SEG, .block_stride = SEG, .v_offset = NB * SEG,
+		  .k_bytes = SEG, .v_bytes = SEG, .n_layers = 1 },
+	}, M[2];
+	uint32_t id = 99, ids[2] = { 0, 1 };
+	uint64_t h[2] = { 1, 2 }, job = 5;
+	size_t hits;
+	struct kvt_ext_done d[2];
+
+	(void)state;
+	/* no pool registered */
+	expect_msg(kvt_ext_store(e, 1, 0, h, ids, 2, NULL, &job), -ENOENT, "not registered");
+	assert_int_equal(job, 0);
+	expect_msg(kvt_ext_lookup(e, 1, 0, h, 2, &hits, NULL), -ENOENT, "not registered");
+	expect_msg(kvt_ext_poll(e, 1, d, 2, NULL, 0), -ENOENT, "not registered");
+	expect_msg(kvt_ext_unregister(e, 1), -ENOENT, "not registered");
+	/* zero strides and sizes */
+	memcpy(M, L, sizeof M);
+	M[1].block_stride = 0;
+	expect_msg(reg(e, M, 2, NB, &id), -EINVAL, "block_stride is 0");
+	assert_int_equal(id, 0);
+	memcpy(M, L, sizeof M);
+	M[0].k_bytes = 0;
+	expect_msg(reg(e, M, 2, NB, &id), -EINVAL, "k_bytes is 0");
+	memcpy(M, L, sizeof M);
+	M[0].n_layers = 2;
+	expect_msg(reg(e, M, 1, NB, &id), -EINVAL, "layer_stride 0");
+	/* overlapping layouts: V on top of K of other blocks; a stride below the segment; two
+	 * layers on the same memory; a segment past the block's stride */
+	memcpy(M, L, sizeof M);
+	M[0].v_offset = 3 * SEG;
+	expect_msg(reg(e, M, 2, NB, &id), -EINVAL, "overlap");
+	memcpy(M, L, sizeof M);
+	M[0].block_stride = SEG / 2;
+	expect_msg(reg(e, M, 2, NB, &id), -EINVAL, "exceeds block_stride");
+	memcpy(M, L, sizeof M);
+	M[1].base = L[0].base + 64;
+	expect_msg(reg(e, M, 2, NB, &id), -EINVAL, "overlap");
+	/* interleaved without overlap is fine: K/V of two layers in one [NB][4][SEG] tensor */
+	memcpy(M, L, sizeof M);
+	M[0] = (struct kvt_ext_layer){ .base = b, .block_stride = 4 * SEG, .v_offset = SEG,
+				       .k_bytes = SEG, .v_bytes = SEG, .n_layers = 1 };
+	M[1] = M[0];
+	M[1].base = b + 2 * SEG;
+	assert_int_equal(reg(e, M, 2, NB, &id), 0);
+	assert_int_equal(kvt_ext_unregister(e, id), 0);
+	M[1].base = b + SEG; /* its K on layer 0's V */
+	expect_msg(reg(e, M, 2, NB, &id), -EINVAL, "overlap");
+	/* more bytes than a slot holds; the V flag without bytes */
+	memcpy(M, L, sizeof M);
+	M[0].k_bytes = M[0].v_bytes = SEG; /* fine */
+	M[0].n_layers = 3;
+	M[0].layer_stride = 2 * NB * SEG * 2;
+	expect_msg(reg(e, M, 1, NB, &id), -EINVAL, "block_bytes");
+	memcpy(M, L, sizeof M);
+	M[0].v_offset = KVT_EXT_NO_V;
+	expect_msg(reg(e, M, 2, NB, &id), -EINVAL, "v_bytes");
+	expect_msg(reg(e, L, 2, 0, &id), -EINVAL, "n_blocks");
+	expect_msg(reg(e, L, 0, NB, &id), -EINVAL, "entries");
+	/* a good one; a second is refused */
+	assert_int_equal(reg(e, L, 2, NB, &id), 0);
+	{
+		uint32_t id2;
+
+		expect_msg(reg(e, L, 2, NB, &id2), -EEXIST, "already registered");
+	}
+	/* ids out of range, duplicates, NULLs, flags, a wrong pool id */
+	ids[1] = NB;
+	expect_msg(kvt_ext_store(e, id, 0, h, ids, 2, NULL, &job), -EINVAL, "block_ids[1]");
+	expect_msg(kvt_ext_load(e, id, 0, h, ids, 2, 0, &job), -EINVAL, "block_ids[1]");
+	ids[1] = 0;
+	expect_msg(kvt_ext_store(e, id, 0, h, ids, 2, NULL, &job), -EINVAL, "given twice");
+	ids[1] = 1;
+	h[1] = h[0];
+	expect_msg(kvt_ext_store(e, id, 0, h, ids, 2, NULL, &job), -EINVAL, "given twice");
+	h[1] = 2;
+	expect_msg(kvt_ext_store(e, id, 0, NULL, ids, 2, NULL, &job), -EINVAL, "NULL");
+	expect_msg(kvt_ext_load(e, id, 0, h, ids, 2, 8, &job), -EINVAL, "flags");
+	expect_msg(kvt_ext_store(e, id + 1, 0, h, ids, 2, NULL, &job), -ENOENT, "pool");
+	expect_msg(kvt_ext_wait(e, id, 12345, 0), -ENOENT, "no job");
+	expect_msg(kvt_ext_lookup(e, id, 0, NULL, 2, &hits, NULL), -EINVAL, "NULL");
+	/* nothing was queued by the refused calls; the engine is still usable */
+	assert_int_equal(kvt_ext_poll(e, id, d, 2, NULL, 0), 0);
+	assert_int_equal(kvt_ext_store(e, id, 0, h, ids, 2, NULL, &job), 0);
+	assert_int_equal(kvt_ext_wait(e, id, job, 60000), 0);
+	{
+		struct kvt_ext_fail f[2];
+
+		assert_int_equal(kvt_ext_poll(e, id, d, 2, f, 2), 1);
+		assert_int_equal(d[0].n_failed, 0);
+	}
+	/* the job was reported: waiting for it again is an error */
+	expect_msg(kvt_ext_wait(e, id, job, 0), -ENOENT, "no job");
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_roundtrip_host),
+		cmocka_unit_test(test_roundtrip_nvme),
+		cmocka_unit_test(test_roundtrip_layerwise),
+		cmocka_unit_test(test_cross_layer_and_k_only),
+		cmocka_unit_test(test_lookup_leading),
+		cmocka_unit_test(test_corrupt_block_only_it_fails),
+		cmocka_unit_test(test_bad_input),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
