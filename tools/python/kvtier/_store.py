@@ -105,6 +105,13 @@ def shared_store(name, **kw):
         return st
 
 
+def find_store(name):
+    """The process's open SharedStore called @name, or None."""
+    with _LOCK:
+        st = _STORES.get(name)
+    return None if st is None or st.engine.closed else st
+
+
 def close_store(name):
     """Close and forget the SharedStore @name (a server's shutdown; tests' "restart")."""
     with _LOCK:

@@ -26,6 +26,7 @@ kv_connector_extra_config keys (all optional except where said):
   kvtier_evict_policy  "arc" (default), "lru", "prio"
   kvtier_tenant        kvtier tenant of every block (default 0)
   kvtier_store_name    the shared store's name (default: the vLLM engine id)
+  kvtier_engine_opts   other kvtier.Engine options, e.g. {"emu_copy_bytes_per_s": ...}
 Not supported yet (a clear error at start): more than one worker (tensor / pipeline
 parallel), more than one offloaded KV cache group (hybrid models).
 """
@@ -38,7 +39,7 @@ from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LoadStoreSpec, LookupResu
                                      TransferResult)
 
 import kvtier
-from kvtier._store import hash64, shared_store, sub_hashes
+from kvtier._store import find_store, hash64, shared_store, sub_hashes
 
 
 class KvtierLoadStoreSpec(LoadStoreSpec):
@@ -52,17 +53,24 @@ class KvtierLoadStoreSpec(LoadStoreSpec):
         return f"KvtierLoadStoreSpec({len(self.hashes)} hashes)"
 
 
-def _store_for(spec):
-    """The process's shared kvtier store for @spec (created by the first side that asks)."""
+def _store_name(spec):
     x = spec.extra_config
-    name = str(x.get("kvtier_store_name") or spec.config.engine_id or "vllm")
+    return str(x.get("kvtier_store_name") or spec.config.engine_id or "vllm")
+
+
+def _store_for(spec, block_bytes):
+    """The process's shared kvtier store for @spec, created by the worker (which knows the
+    bytes of one block: the sum of its layers' pages)."""
+    x = spec.extra_config
+    name = _store_name(spec)
     host = int(x.get("kvtier_host_bytes") or x.get("cpu_bytes_to_use") or (1 << 30))
-    return shared_store(name, block_bytes=spec.block_bytes, host_bytes=host,
+    return shared_store(name, block_bytes=block_bytes, host_bytes=host,
                         nvme_dir=x.get("kvtier_nvme_dir"),
                         nvme_bytes=int(x.get("kvtier_nvme_bytes") or 0),
                         persist=bool(x.get("kvtier_persist", False)),
                         evict_policy=x.get("kvtier_evict_policy", "default"),
-                        tenant=int(x.get("kvtier_tenant", 0)))
+                        tenant=int(x.get("kvtier_tenant", 0)),
+                        **dict(x.get("kvtier_engine_opts") or {}))
 
 
 class KvtierOffloadingManager(OffloadingManager):
@@ -77,11 +85,9 @@ class KvtierOffloadingManager(OffloadingManager):
         self._stored = set()   # keys this manager stored (for reset_cache)
         self._sub = {}         # key -> its kvtier hashes (memo: the scheduler asks often)
 
-    def _store(self):
-        return _store_for(self.spec)
-
     def _pool(self):
-        return self._store().pool
+        st = find_store(_store_name(self.spec))
+        return None if st is None else st.pool
 
     def hashes(self, key):
         h = self._sub.get(key)
@@ -172,9 +178,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
 
     def __init__(self, spec, kv_caches):
         self.spec = spec
-        self.store = _store_for(spec)
         self.bpc = spec.blocks_per_chunk
-        self.tenant = self.store.tenant
         self.tolerate_failures = False
         self.failed_block_ids = set()
         refs = kv_caches.group_data_refs
@@ -191,6 +195,9 @@ class KvtierOffloadingWorker(OffloadingWorker):
                                  f"{t.shape[0]} blocks")
             layers.append(kvtier.ext_layer(t.data_ptr(), t.stride(0) * t.element_size(),
                                            ref.page_size_bytes))
+        self.block_bytes = sum(d["k_bytes"] for d in layers)
+        self.store = _store_for(spec, self.block_bytes)
+        self.tenant = self.store.tenant
         self.pool = self.store.register(n_blocks, layers)
         self._jobs = {}  # kvtier job id -> (vLLM job id, "store" | "load", gpu ids, t0, bytes)
 
@@ -199,7 +206,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
         hs = _slice_hashes(hashes, gpu_spec, self.bpc)
         kj = fn(hs, ids, tenant=self.tenant)
         self._jobs[kj] = (job_id, kind, ids, time.perf_counter(),
-                          len(ids) * self.spec.block_bytes)
+                          len(ids) * self.block_bytes)
         return True
 
     def submit_store(self, job_id, src_spec, dst_spec):
@@ -248,9 +255,6 @@ class KvtierOffloadingSpec(OffloadingSpec):
         if len(config.groups) != 1:
             raise NotImplementedError(f"kvtier offloading: {len(config.groups)} KV cache "
                                       "groups; one is supported in this version")
-        self.block_bytes = int(config.worker_kv_bytes_per_block)
-        if self.block_bytes <= 0:
-            raise ValueError("kvtier offloading: worker_kv_bytes_per_block is 0")
         self._manager = None
         self._worker = None
 
