@@ -681,6 +681,16 @@ int kvt_seq_reserve(struct kvt_seqrec *s, uint64_t n_tokens, uint32_t n_blocks, 
 void kvt_ext_block_freed(struct kvt_engine *e, uint32_t id); /* block.c: block @id freed */
 void kvt_ext_read_failed(struct kvt_engine *e, uint32_t id, int res); /* xfer.c: NVMe read */
 void kvt_ext_fini(struct kvt_engine *e); /* destroy: wait for the pool's copies, free it */
+/* The session key the NVMe header of external block @id carries (its record's key), 0 = none. */
+uint64_t kvt_ext_session_key(const struct kvt_engine *e, uint32_t id);
+/* engine/persist.c for ext.c: records of one external block (KVT_EXT_TOKEN tokens) */
+#define KVT_EXT_TOKEN ((int32_t)0x80584b56) /* "VKX" + 0x80: no tokenizer's id */
+struct kvt_store_sess;
+bool kvt_persist_ext_rec(const struct kvt_engine *e, const struct kvt_store_sess *rec);
+int kvt_persist_ext_put(struct kvt_engine *e, uint64_t key, uint32_t tenant, uint32_t id);
+int kvt_persist_ext_del(struct kvt_engine *e, uint64_t key);
+int kvt_persist_ext_commit(struct kvt_engine *e);
+int kvt_persist_ext_adopt(struct kvt_engine *e, struct kvt_store_sess *rec, uint32_t *id);
 
 /* ---- engine/check.c: consistency walk for tests (returns 0 or -EINVAL with a message) */
 int kvt_engine_check(struct kvt_engine *e);

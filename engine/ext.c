@@ -68,6 +68,8 @@ struct ext_job {
 	uint32_t n_failed;
 	uint32_t n_skipped;
 	int32_t status;    /* first failure */
+	uint32_t waiters;  /* threads asleep on one of its events, the lock released: its groups
+	                      are neither retired nor freed, nor the job reported, meanwhile */
 	bool used;         /* slot of x->jobs in use */
 	bool ended;        /* every block terminal and every group retired */
 	struct ext_jblk *b;
@@ -85,6 +87,8 @@ struct ext_meta {
 	uint8_t ext;     /* a live stored block of the pool */
 	uint8_t landed;  /* its HOST copy landed once (loadable, found by lookup) */
 	uint8_t dropped; /* kvt_ext_drop while pinned: uncached at the last unpin */
+	uint8_t published; /* a record in the persistent store names pub_slot */
+	uint32_t pub_slot; /* the NVMe slot that record names */
 };
 
 struct ext_ent {
@@ -121,9 +125,22 @@ struct kvt_ext_state {
 	uint32_t *scratch;         /* scratch job-block indices */
 	size_t cap_scratch;
 	struct kvt_ext_stats st;
+	uint64_t pers_sig;         /* engine counters at the last persistence scan */
+	bool pers_commit;          /* records put or deleted since the last commit */
 };
 
 /* ---- small helpers */
+
+/* Sleep *us microseconds, the next nap twice as long (up to 1 ms). */
+static void
+ext_nap(uint32_t *us)
+{
+	struct timespec ts = { 0, (long)*us * 1000 };
+
+	nanosleep(&ts, NULL);
+	if (*us < 1000)
+		*us *= 2;
+}
 
 static uint64_t
 ext_mix(uint64_t h, uint32_t tenant)
@@ -135,6 +152,13 @@ ext_mix(uint64_t h, uint32_t tenant)
 	x ^= x >> 33;
 	x *= 0xc4ceb9fe1a85ec53ull;
 	return x ^ (x >> 33);
+}
+
+/* The persistent store's key of (tenant, hash): invertible given the tenant; 0 = none. */
+static uint64_t
+ext_key(uint64_t hash, uint32_t tenant)
+{
+	return hash ^ ext_mix(0x4b56544558543031ull, tenant);
 }
 
 static struct ext_ent *
@@ -253,6 +277,12 @@ kvt_ext_block_freed(struct kvt_engine *e, uint32_t id)
 	if (!x || id >= x->cap_meta || !x->meta[id].ext)
 		return;
 	m = &x->meta[id];
+	if (m->published && e->store) {
+		/* its record goes; the slot is reused once the DEL is committed */
+		if (kvt_persist_ext_del(e, ext_key(m->hash, m->tenant)) == 0)
+			x->pers_commit = true;
+		m->published = 0;
+	}
 	t = ext_find(x, m->tenant, m->hash);
 	if (t && t->block == id) {
 		t->block = EXT_TOMB;
@@ -264,6 +294,16 @@ kvt_ext_block_freed(struct kvt_engine *e, uint32_t id)
 	m->dropped = 0;
 	m->jpins = 0;
 	m->gen++;
+}
+
+uint64_t
+kvt_ext_session_key(const struct kvt_engine *e, uint32_t id)
+{
+	const struct kvt_ext_state *x = e->ext;
+
+	if (!x || id >= x->cap_meta || !x->meta[id].ext)
+		return 0;
+	return ext_key(x->meta[id].hash, x->meta[id].tenant);
 }
 
 void
@@ -547,6 +587,22 @@ ext_advance_job(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j
 	rc = ext_cv_reserve(x, (size_t)j->n * x->n_layers * 2);
 	if (rc)
 		return rc;
+	if (phase == 1) {
+		/* room for all the blocks that need a HOST slot in one pass: every dirty victim's
+		 * demotion starts together (kvt_reclaim_for's reasoning), not one per advance */
+		struct kvt_slots *sl = &e->slots[KVT_TIER_HOST];
+		uint32_t want = 0;
+
+		for (i = 0; i < j->n; i++)
+			want += j->b[i].st == JB_WAIT &&
+				(j->kind == KVT_EXT_STORE ||
+				 kvt_copy_state(kvt_blk(e, j->b[i].block), KVT_TIER_HOST) ==
+					 KVT_COPY_ABSENT);
+		if (want > sl->n_slots / 2)
+			want = sl->n_slots / 2;
+		if (want > 1 && sl->n_free < want)
+			(void)kvt_reclaim(e, KVT_TIER_HOST, want, false);
+	}
 	for (i = 0; i < j->n; i++) {
 		struct ext_jblk *jb = &j->b[i];
 		struct ext_meta *m;
@@ -629,6 +685,8 @@ ext_retire(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j)
 {
 	struct ext_group **pg = &j->groups;
 
+	if (j->waiters)
+		return; /* the last sleeper retires them */
 	while (*pg) {
 		struct ext_group *g = *pg;
 		uint32_t i;
@@ -674,6 +732,66 @@ ext_retire(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j)
 	}
 }
 
+/*
+ * With the persistent store: every stored block is written through to NVMe (a clean copy; its
+ * HOST copy stays) and, once that write completed, published as a one-block record (data
+ * durable first: one kvt_nvme_sync for all of them, then the PUTs, then one commit). A block
+ * whose NVMe copy went (evicted while its HOST copy stays) loses its record. Runs when the
+ * engine's NVMe counters moved since the last scan (or a store landed).
+ */
+static void
+ext_persist(struct kvt_engine *e, struct kvt_ext_state *x, bool force)
+{
+	uint64_t sig = e->st.blocks_moved[KVT_MOVE_HOST_TO_NVME] + e->st.evictions +
+		       e->st.tier[KVT_TIER_NVME].evictions + e->st.blocks_lost + x->st.blocks_stored;
+	bool synced = false, full = false;
+	uint32_t id;
+
+	if (!e->store || (!force && sig == x->pers_sig && !x->pers_commit))
+		return;
+	x->pers_sig = sig;
+	for (id = 0; id < x->cap_meta && id < e->cap_blocks; id++) {
+		struct ext_meta *m = &x->meta[id];
+		struct kvt_block *b = kvt_blk(e, id);
+		uint32_t slot;
+
+		if (!m->ext || !m->landed || m->dropped || b->dead)
+			continue;
+		if (kvt_copy_valid(b, KVT_TIER_NVME)) {
+			if (m->published && m->pub_slot == b->slot[KVT_TIER_NVME])
+				continue;
+			if (!synced) {
+				if (kvt_nvme_sync(e->nvme) != 0)
+					break; /* nothing published over data not durable */
+				synced = true;
+			}
+			if (ext_key(m->hash, m->tenant) &&
+			    kvt_persist_ext_put(e, ext_key(m->hash, m->tenant), m->tenant, id) == 0) {
+				m->published = 1;
+				m->pub_slot = b->slot[KVT_TIER_NVME];
+				x->pers_commit = true;
+			}
+			continue;
+		}
+		if (kvt_copy_state(b, KVT_TIER_NVME) == KVT_COPY_INFLIGHT)
+			continue;
+		if (m->published) {
+			if (kvt_persist_ext_del(e, ext_key(m->hash, m->tenant)) == 0)
+				x->pers_commit = true;
+			m->published = 0;
+		}
+		/* write through: a clean NVMe copy of the HOST one (no waiting, no demotion) */
+		if (full || !kvt_copy_valid(b, KVT_TIER_HOST) || b->busy)
+			continue;
+		if (kvt_reclaim(e, KVT_TIER_NVME, 1, false) != 0 ||
+		    kvt_slot_alloc(e, KVT_TIER_NVME, id, &slot) != 0 ||
+		    kvt_xfer_h2n(e, id, slot, false, false) != 0)
+			full = true; /* the next scan tries again */
+	}
+	if (x->pers_commit && kvt_persist_ext_commit(e) == 0)
+		x->pers_commit = false;
+}
+
 /* Process the engine's completions and advance every job. */
 static void
 ext_progress(struct kvt_engine *e, struct kvt_ext_state *x)
@@ -695,6 +813,7 @@ ext_progress(struct kvt_engine *e, struct kvt_ext_state *x)
 		}
 	if (stored)
 		kvt_watermarks(e); /* HOST above its high watermark: demote to NVMe */
+	ext_persist(e, x, false);
 	(void)kvt_xfer_flush(e);
 }
 
@@ -907,6 +1026,45 @@ out:
 
 /* ---- the API */
 
+/*
+ * The persistent store's records of external blocks (stored by an earlier process, or by this
+ * one before the pool was unregistered) become the pool's blocks: each checked against its
+ * NVMe header (kvt_persist_ext_adopt), its NVMe copy the stored slot. One that fails the
+ * check stays an ordinary record.
+ */
+static void
+ext_adopt_all(struct kvt_engine *e, struct kvt_ext_state *x)
+{
+	uint32_t i, id, n = 0;
+
+	for (i = 0; i < kvt_store_count(e->store); i++) {
+		struct kvt_store_sess *rec = kvt_store_at(e->store, i);
+		uint64_t hash = rec->key ^ ext_mix(0x4b56544558543031ull, rec->tenant);
+		struct kvt_block *b;
+
+		if (!kvt_persist_ext_rec(e, rec) || ext_find(x, rec->tenant, hash))
+			continue;
+		if (kvt_persist_ext_adopt(e, rec, &id) != 0)
+			continue;
+		if (ext_meta_reserve(e, x, id) != 0 || ext_insert(x, rec->tenant, hash, id) != 0) {
+			kvt_blk(e, id)->refs = 0;
+			kvt_block_uncache(e, id);
+			continue;
+		}
+		b = kvt_blk(e, id);
+		b->refs = 0;
+		b->tslot = kvt_tenant_slot(e, rec->tenant);
+		x->meta[id] = (struct ext_meta){ .hash = hash, .tenant = rec->tenant,
+						 .gen = x->meta[id].gen, .ext = 1, .landed = 1,
+						 .published = 1, .pub_slot = b->slot[KVT_TIER_NVME] };
+		n++;
+	}
+	if (n)
+		kvt_engine_log(e, KVT_LOG_INFO, "external pool: %u blocks found in the persistent "
+			       "store %s", n, e->nvme_dir);
+}
+
+
 void
 kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size)
 {
@@ -996,6 +1154,8 @@ kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o, uint32_t *p
 	if (rc)
 		goto fail;
 	e->ext = x;
+	if (e->store)
+		ext_adopt_all(e, x);
 	kvt_unlock(e);
 	*pool = EXT_POOL_ID;
 	return 0;
@@ -1056,6 +1216,17 @@ kvt_ext_unregister(struct kvt_engine *e, uint32_t pool)
 		kvt_unlock(e);
 		return -ENOENT;
 	}
+	for (uint32_t us = 5;;) {
+		bool sleepers = false;
+
+		for (id = 0; id < x->max_jobs; id++)
+			sleepers |= x->jobs[id].used && x->jobs[id].waiters;
+		if (!sleepers)
+			break;
+		kvt_unlock(e);
+		ext_nap(&us);
+		kvt_lock(e);
+	}
 	(void)kvt_xfer_poll(e, 0);
 	ext_quiesce(e, x);
 	ext_detach_all(e, x, false);
@@ -1082,6 +1253,16 @@ kvt_ext_fini(struct kvt_engine *e)
 		return;
 	(void)e->dev->ops->stream_sync(e->dev, x->s_store);
 	(void)e->dev->ops->stream_sync(e->dev, x->s_load);
+	if (e->store) {
+		/* what landed on NVMe is published (no new writes: the engine is going) */
+		kvt_lock(e);
+		(void)kvt_xfer_poll(e, 0);
+		for (i = 0; i < x->max_jobs; i++)
+			if (x->jobs[i].used)
+				ext_retire(e, x, &x->jobs[i]);
+		ext_persist(e, x, true);
+		kvt_unlock(e);
+	}
 	for (i = 0; i < x->max_jobs; i++) {
 		struct ext_job *j = &x->jobs[i];
 
@@ -1397,7 +1578,7 @@ kvt_ext_poll(struct kvt_engine *e, uint32_t pool, struct kvt_ext_done *done, siz
 		struct kvt_ext_done *d;
 		uint32_t k;
 
-		if (!j->used || !j->ended)
+		if (!j->used || !j->ended || j->waiters)
 			continue;
 		if (nf + j->n_failed > fails_cap) {
 			if (nd == 0) {
@@ -1434,16 +1615,6 @@ kvt_ext_poll(struct kvt_engine *e, uint32_t pool, struct kvt_ext_done *done, siz
 	}
 	kvt_unlock(e);
 	return rc ? rc : (int)nd;
-}
-
-static void
-ext_nap(uint32_t *us)
-{
-	struct timespec ts = { 0, (long)*us * 1000 };
-
-	nanosleep(&ts, NULL);
-	if (*us < 1000)
-		*us *= 2;
 }
 
 /* Wait (the lock released while asleep) until job @id has ended or, with @layer != UINT32_MAX,
@@ -1504,6 +1675,32 @@ ext_wait(struct kvt_engine *e, uint32_t pool, uint64_t id, uint32_t layer, uint3
 			}
 		}
 		if (timeout_ms != UINT32_MAX && kvt_now_ns() >= deadline) {
+			rc = 1;
+		} else {
+			/* copies in flight: sleep on the oldest unfinished event, the lock released
+			 * (the group stays while j->waiters is set); else nap and look again */
+			struct kvt_event *ev = NULL;
+			struct ext_group *g;
+
+			for (g = j->groups; g && !ev; g = g->next) {
+				struct kvt_event *c = g->ev[layer != UINT32_MAX &&
+							    (j->flags & KVT_EXT_LAYERWISE) ?
+							    layer : g->n_ev - 1];
+
+				if (e->dev->ops->event_query(e->dev, c) == -EAGAIN)
+					ev = c;
+			}
+			if (ev && timeout_ms) {
+				j->waiters++;
+				kvt_unlock(e);
+				(void)e->dev->ops->event_sync(e->dev, ev);
+				kvt_lock(e);
+				j->waiters--;
+				continue;
+			}
+			rc = 0;
+		}
+		if (rc) {
 			rc = timeout_ms ? kvt_err(-ETIMEDOUT, "%s: job %llu not done after %u ms",
 						  fn, (unsigned long long)id, timeout_ms) :
 					  kvt_err(-ETIMEDOUT, "%s: job %llu not done", fn,
@@ -1612,8 +1809,11 @@ kvt_ext_stats(struct kvt_engine *e, uint32_t pool, struct kvt_ext_stats *out)
 	}
 	s = x->st;
 	s.stored_blocks = 0;
-	for (uint32_t id = 0; id < x->cap_meta; id++)
+	s.persisted_blocks = 0;
+	for (uint32_t id = 0; id < x->cap_meta; id++) {
 		s.stored_blocks += x->meta[id].ext && x->meta[id].landed;
+		s.persisted_blocks += x->meta[id].ext && x->meta[id].published;
+	}
 	kvt_unlock(e);
 	s.size = out->size;
 	memcpy(out, &s, out->size < sizeof s ? out->size : sizeof s);

@@ -1054,10 +1054,13 @@ KVT_API int kvt_stats_metrics_text(const struct kvt_stats *st, char *buf, size_t
  * blocks under these prefix hashes, how many leading hashes are stored, load them into these
  * caller blocks, and a non-blocking poll of which jobs finished and which blocks failed.
  * Stored blocks are kvtier blocks keyed by (tenant, hash): HOST and NVMe slots, the engine's
- * eviction policy, checksums on every NVMe read, the codec, tenant budgets, metrics, and with
- * nvme_persist the persistent store (blocks stored before a restart are hits after it, once the
- * pool is registered again with the same geometry). The engine's own HBM tier is not used by
- * this mode (create the engine with hbm_bytes of one block).
+ * eviction policy, checksums on every NVMe read, the codec, tenant budgets (blocks stored after
+ * the tenant's budget was set), the engine's stats and metrics. With nvme_persist every stored
+ * block is also written through to NVMe and published in the persistent store (one record per
+ * block under a key derived from hash and tenant, marked as the pool's): after a
+ * restart, kvt_ext_register() finds them again (checked against their NVMe headers) and they
+ * are hits, loadable from NVMe. NOT YET: the REMOTE tier. The engine's own HBM tier is not used
+ * by this mode (create the engine with hbm_bytes of one block).
  *
  * Geometry: the caller's block i, layer l, has a K segment of k_bytes at
  *   base(l) + i * block_stride(l) + k_offset(l)
@@ -1142,9 +1145,9 @@ KVT_API void kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size);
 /**
  * kvt_ext_register() - register the caller's device KV pool with @e (one pool per engine in
  * this version; layer groups later). The memory stays the caller's: it must stay valid until
- * kvt_ext_unregister() or kvt_engine_destroy(). With nvme_persist, blocks stored by an earlier
- * process with the same tenant and hash become hits once a pool of the same stored block size
- * is registered.
+ * kvt_ext_unregister() or kvt_engine_destroy(). With nvme_persist, the blocks published by an
+ * earlier engine on the same store (kvt_engine_destroy keeps them) are found and become the
+ * pool's (a record whose block header does not match stays an ordinary record).
  * @o: options, copied.  @pool: receives the pool id (never 0) passed to every kvt_ext_* call.
  * Returns 0; -EINVAL (bad sizes, zero stride or bytes, n_blocks out of range, an entry's
  * segments overlapping each other or another entry's for some block ids, a block's segments
@@ -1156,8 +1159,10 @@ KVT_API int kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o,
 
 /**
  * kvt_ext_unregister() - wait for the pool's jobs in flight (their copies read or write the
- * caller's memory), then forget the pool; its stored blocks stay stored (cached, evictable)
- * for the next pool. Unreported jobs are dropped. Returns 0, -ENOENT (no such pool).
+ * caller's memory; threads inside kvt_ext_wait on them first return), then forget the pool
+ * and free its stored blocks (this version keeps no index without a pool; with nvme_persist
+ * their records are deleted too: to keep them for the next process, destroy the engine instead).
+ * Unreported jobs are dropped. Returns 0, -ENOENT (no such pool).
  */
 KVT_API int kvt_ext_unregister(struct kvt_engine *e, uint32_t pool);
 
@@ -1182,7 +1187,9 @@ KVT_API int kvt_ext_store(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
 
 /**
  * kvt_ext_lookup() - how many LEADING hashes of @hashes[0..n) are stored for @tenant
- * (complete and loadable: HOST or NVMe; a store still in flight does not count). Non-blocking
+ * (complete and loadable: HOST or NVMe; a store still in flight does not count, nor one whose
+ * landing no kvt_ext_poll/wait/store/load call has processed yet: lookup advances no job, to
+ * stay cheap). Non-blocking
  * and cheap (one hash-table probe per hash, under the engine mutex, nothing pinned or moved):
  * a scheduler calls it for every waiting request every step.
  * @hits: receives the count (0..n). @tier: receives the slowest tier those come from
@@ -1264,6 +1271,7 @@ struct kvt_ext_stats {
 	uint64_t lookup_hits;    /* leading hashes they found */
 	uint64_t bytes_stored;   /* bytes copied from the caller's pool */
 	uint64_t bytes_loaded;   /* bytes copied into it */
+	uint64_t persisted_blocks; /* nvme_persist: stored blocks published in the store now */
 };
 
 /** kvt_ext_stats() - the pool's counters. Returns 0, -EINVAL (NULL, bad size), -ENOENT. */

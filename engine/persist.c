@@ -912,3 +912,93 @@ kvt_session_drop_tenant(struct kvt_engine *e, uint32_t tenant, uint64_t key)
 		return kvt_err(-EINVAL, "kvt_session_drop_tenant: engine is NULL");
 	return persist_drop_key(e, tenant, key);
 }
+
+/* ---- the external pool's blocks (engine/ext.c, issue 19): one record per stored block, of
+ * one block and tokens_per_block tokens KVT_EXT_TOKEN, under a key ext.c derives from the
+ * caller's hash and the tenant; open_seq PERSIST_EXT while a pool holds it (never restorable,
+ * listed or given up by kvt_persist_reclaim then; after a restart, until a pool adopts it, it is
+ * an ordinary restorable record) */
+#define PERSIST_EXT (UINT32_MAX - 1)
+
+bool
+kvt_persist_ext_rec(const struct kvt_engine *e, const struct kvt_store_sess *rec)
+{
+	if (rec->n_blocks != 1 || rec->n_tokens != e->layout.tokens_per_block ||
+	    rec->open_seq != PERSIST_NO_SEQ)
+		return false;
+	for (uint64_t i = 0; i < rec->n_tokens; i++)
+		if (rec->tokens[i] != KVT_EXT_TOKEN)
+			return false;
+	return true;
+}
+
+int
+kvt_persist_ext_put(struct kvt_engine *e, uint64_t key, uint32_t tenant, uint32_t id)
+{
+	const struct kvt_block *b = kvt_blk(e, id);
+	struct kvt_store_sess *old = kvt_store_find(e->store, key);
+	struct kvt_nvme_slotinfo si = { 0 };
+	struct kvt_fmt_blkref ref = { 0 };
+	uint32_t from = e->n_pend, tpb = e->layout.tokens_per_block;
+	int32_t *tok;
+	int rc;
+
+	if (!kvt_copy_valid(b, KVT_TIER_NVME) ||
+	    !kvt_nvme_slot_info(e->nvme, b->slot[KVT_TIER_NVME], &si))
+		return kvt_err(-ENOENT, "store: external block %u has no completed NVMe write", id);
+	if (old && old->open_seq != PERSIST_EXT)
+		return kvt_err(-EEXIST, "store: key %#llx of an external block is a session's",
+			       (unsigned long long)key);
+	if (old && (rc = persist_queue(e, old)) != 0)
+		return rc;
+	tok = kvt_malloc((size_t)tpb * sizeof *tok);
+	if (!tok) {
+		e->n_pend = from;
+		return kvt_err(-ENOMEM, "store: external block record");
+	}
+	for (uint32_t i = 0; i < tpb; i++)
+		tok[i] = KVT_EXT_TOKEN;
+	ref.slot = b->slot[KVT_TIER_NVME];
+	ref.tag = si.tag;
+	ref.lenc = si.lenc;
+	rc = kvt_store_put(e->store, key, tenant, KVT_EVICT_PRIO_DEFAULT, tok, tpb, &ref, 1,
+			   PERSIST_EXT);
+	kvt_free(tok);
+	if (rc) {
+		e->n_pend = from;
+		return rc;
+	}
+	persist_unstore(e, from);
+	persist_name(e, kvt_store_find(e->store, key));
+	return 0;
+}
+
+int
+kvt_persist_ext_del(struct kvt_engine *e, uint64_t key)
+{
+	struct kvt_store_sess *rec = kvt_store_find(e->store, key);
+
+	if (!rec || rec->open_seq != PERSIST_EXT)
+		return 0;
+	return persist_drop(e, rec);
+}
+
+int
+kvt_persist_ext_commit(struct kvt_engine *e)
+{
+	int rc = persist_commit(e);
+
+	return rc < 0 ? rc : 0;
+}
+
+int
+kvt_persist_ext_adopt(struct kvt_engine *e, struct kvt_store_sess *rec, uint32_t *id)
+{
+	int rc = persist_check(e, rec);
+
+	if (rc == 0)
+		rc = persist_adopt(e, KVT_EXT_SEQ, 0, &rec->blocks[0], id);
+	if (rc == 0)
+		rec->open_seq = PERSIST_EXT;
+	return rc;
+}

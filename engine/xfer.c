@@ -199,6 +199,8 @@ xfer_nvme_submit(struct kvt_engine *e, struct kvt_xfer *x, bool may_wait)
 
 	if (!b->dead && b->seq < e->cap_seqs)
 		m.session = e->seqs[b->seq].session_key;
+	else if (b->seq == KVT_EXT_SEQ)
+		m.session = kvt_ext_session_key(e, x->block); /* its record's key (persist.c) */
 	if (b->hashed)
 		memcpy(m.hash, b->hash, sizeof m.hash); /* its prefix key: the content hash */
 	for (;;) {

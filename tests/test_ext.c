@@ -336,6 +336,11 @@ test_lookup_leading(void **state)
 		assert_int_equal(kvt_ext_store(e, p.id, 7, hl, ids, 1, NULL, &job), 0);
 		d = finish(e, p.id, job, f, 4); /* h[0] already there: skipped */
 		assert_int_equal(kvt_ext_load(e, p.id, 7, hl, to, 3, 0, &job), 0);
+		/* no room for its failure: -ENOSPC, the job stays for the next poll */
+		assert_int_equal(kvt_ext_wait(e, p.id, job, 60000), 0);
+		assert_int_equal(kvt_ext_poll(e, p.id, &d, 1, NULL, 0), -ENOSPC);
+		assert_int_equal(d.job, job);
+		assert_int_equal(d.n_failed, 1);
 		d = finish(e, p.id, job, f, 4);
 		assert_int_equal(d.n_failed, 1);
 		assert_int_equal(f[d.failed_first].block_id, 11);
@@ -568,6 +573,84 @@ test_bad_input(void **state)
 	tsup_rmdir(dir);
 }
 
+/* ---- restart with a persistent store: the blocks stored before are hits after it */
+static void
+test_restart_persistent_hits(void **state)
+{
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine_opts o;
+	struct kvt_engine *e;
+	struct pool p, q;
+	uint32_t ids[6], to[6], i;
+	uint64_t h[6], job;
+	struct kvt_ext_fail f[6];
+	struct kvt_ext_done d;
+	struct kvt_ext_stats st = { .size = sizeof st };
+	size_t hits;
+	enum kvt_tier tier;
+
+	(void)state;
+	tsup_store_opts(&o, dir, 32 * 8192);
+	e = tsup_create(&o, NULL);
+	pool_make(e, &p);
+	for (i = 0; i < 6; i++) {
+		ids[i] = i;
+		h[i] = hash_of(300 + i);
+		fill(&p, i, 60 + i);
+	}
+	store_ids(e, &p, 4, ids, h, 6);
+	/* written through to NVMe and published: poll (progress) until all six are */
+	for (int k = 0; k < 1000; k++) {
+		assert_int_equal(kvt_engine_drain(e), 0);
+		assert_true(kvt_ext_poll(e, p.id, &d, 1, f, 6) >= 0);
+		assert_int_equal(kvt_ext_stats(e, p.id, &st), 0);
+		if (st.persisted_blocks == 6)
+			break;
+	}
+	assert_int_equal(st.persisted_blocks, 6);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+
+	/* a new process: same store; a new pool (other memory) */
+	e = tsup_create(&o, NULL);
+	pool_make(e, &q);
+	assert_int_equal(kvt_ext_lookup(e, q.id, 4, h, 6, &hits, &tier), 0);
+	assert_int_equal(hits, 6);
+	assert_int_equal(tier, KVT_TIER_NVME);
+	assert_int_equal(kvt_ext_lookup(e, q.id, 5, h, 6, &hits, NULL), 0);
+	assert_int_equal(hits, 0); /* another tenant */
+	for (i = 0; i < 6; i++) {
+		to[i] = 20 + i;
+		wipe(&q, to[i]);
+	}
+	assert_int_equal(kvt_ext_load(e, q.id, 4, h, to, 6, 0, &job), 0);
+	d = finish(e, q.id, job, f, 6);
+	assert_int_equal(d.n_failed, 0);
+	for (i = 0; i < 6; i++)
+		assert_true(holds(&q, to[i], 60 + i));
+	/* the records are the pool's: not sessions a caller may list or restore */
+	{
+		uint64_t keys[8];
+
+		assert_int_equal(kvt_session_list(e, keys, 8), 0);
+	}
+	/* a dropped block is gone after the next restart too */
+	assert_int_equal(kvt_ext_drop(e, q.id, 4, h + 5, 1), 1);
+	assert_int_equal(kvt_ext_poll(e, q.id, &d, 1, f, 6), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	e = tsup_create(&o, NULL);
+	pool_free(&q);
+	pool_make(e, &q);
+	assert_int_equal(kvt_ext_lookup(e, q.id, 4, h, 6, &hits, NULL), 0);
+	assert_int_equal(hits, 5);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+	pool_free(&q);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -579,6 +662,7 @@ main(void)
 		cmocka_unit_test(test_lookup_leading),
 		cmocka_unit_test(test_corrupt_block_only_it_fails),
 		cmocka_unit_test(test_bad_input),
+		cmocka_unit_test(test_restart_persistent_hits),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

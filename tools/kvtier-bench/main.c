@@ -14,6 +14,7 @@
 static const struct kvtb_mode kvtb_modes[] = {
 	/* { "name", entry, "one-line summary" }, one line per mode, sorted by name */
 	{ "decode", kvtb_decode_main, "sessions 4x HBM: resident vs offloaded vs prefetch" },
+	{ "ext", kvtb_ext_main, "external-pool store/load vs memcpy, lookup of a 32k prompt" },
 	{ "lock", kvtb_lock_main, "prepare p99 of resident sequences while others load from NVMe" },
 	{ "nvme", kvtb_nvme_main, "NVMe tier vs fio, park/resume to NVMe, codec on real K/V" },
 	{ "remote", kvtb_remote_main, "REMOTE tier's Redis client vs redis-benchmark" },

@@ -171,7 +171,7 @@ class ExtStats(ctypes.Structure):
                 ("load_jobs", c_u64), ("blocks_stored", c_u64), ("blocks_skipped", c_u64),
                 ("blocks_loaded", c_u64), ("blocks_failed", c_u64), ("lookups", c_u64),
                 ("lookup_hashes", c_u64), ("lookup_hits", c_u64), ("bytes_stored", c_u64),
-                ("bytes_loaded", c_u64)]
+                ("bytes_loaded", c_u64), ("persisted_blocks", c_u64)]
 
 
 STRUCTS = {"kvt_layout": Layout, "kvt_geometry": Geometry, "kvt_engine_opts": EngineOpts,
