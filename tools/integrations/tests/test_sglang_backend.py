@@ -82,7 +82,8 @@ def test_batch_exists_counts_leading_run(backend):
 
 
 def test_wrong_page_size_refused(backend):
-    assert not backend.set("w", torch.zeros(PAGE_ELEMS + 1, dtype=torch.float16)) or False
+    assert not backend.set("w", torch.zeros(PAGE_ELEMS + 1, dtype=torch.float16))
+    assert not backend.exists("w")
 
 
 class FakeHostPool:

@@ -74,8 +74,7 @@ def test_preemption(engines, mode):
     e.add("a", prompt(3, 6 * BS - 2), max_tokens=24)
     e.add("b", prompt(4, 6 * BS - 2), max_tokens=24)
     e.run()
-    assert e.scheduler.num_preempted_total if hasattr(e.scheduler, "num_preempted_total") \
-        else True
+    assert e.preempted  # the pool is too small for both: vLLM preempted one
     assert e.bad_reads == []
     ref = engines("kvtier-spec", num_gpu_blocks=64, kvtier_store_name="ref-preempt")
     ref.add("a", prompt(3, 6 * BS - 2), max_tokens=24)
@@ -118,7 +117,7 @@ def test_load_failure_recomputes_only_invalid(engines):
     dropped = []
 
     def drop_block_3(eng, so):
-        if "b" in {r.req_id for r in so.scheduled_new_reqs} and not dropped:
+        if so.kv_connector_metadata.load_jobs and not dropped:  # b's load: submitted next
             sp = eng.worker.connector_worker.spec
             m = eng.scheduler.connector.connector_scheduler.manager
             req = eng.scheduler.requests["b"]

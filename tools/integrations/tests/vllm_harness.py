@@ -154,6 +154,7 @@ class Engine:
         self.hits = {}         # req id -> tokens loaded from the connector at first schedule
         self.invalid_reported = set()
         self.steps = 0
+        self.preempted = set()  # requests vLLM's scheduler preempted
         self.before_load = None  # callback(engine, scheduler_output) before the worker loads
 
     # -- requests ----------------------------------------------------------------------
@@ -193,25 +194,28 @@ class Engine:
         start = end - n_sched
         toks = req.all_token_ids[:end]
         hs = self.prefix_hashes(toks)
-        crc = 0
         for p in range(start):  # attention reads every earlier position
             b = blocks[p // bs]
             for li, n in enumerate(self.names):
-                got = self.kv[n][b, :, p % bs]
-                if not torch.equal(got, self.kv_value(hs[p], li)):
+                if not torch.equal(self.kv[n][b, :, p % bs], self.kv_value(hs[p], li)):
                     self.bad_reads.append((req.request_id, p, b))
-                crc = zlib.crc32(got.numpy().tobytes(), crc)
         for p in range(start, end):  # this step's tokens: computed, written
             b = blocks[p // bs]
             for li, n in enumerate(self.names):
                 self.kv[n][b, :, p % bs] = self.kv_value(hs[p], li)
         self.computed[req.request_id] += n_sched
+        crc = 0  # the sampled token: a hash of the K/V of every position, as read
+        for p in range(end):
+            b = blocks[p // bs]
+            for n in self.names:
+                crc = zlib.crc32(self.kv[n][b, :, p % bs].numpy().tobytes(), crc)
         return (crc ^ hs[end - 1]) % 50000 + 3
 
     # -- one engine step -----------------------------------------------------------------
     def step(self):
         so = self.scheduler.schedule()
         self.steps += 1
+        self.preempted |= set(getattr(so, "preempted_req_ids", None) or ())
         if self.before_load is not None:
             self.before_load(self, so)
         for r in so.scheduled_new_reqs:

@@ -88,11 +88,12 @@ class SharedStore:
             return self.pool
 
     def close(self):
+        """Destroy the engine (it waits for the pool's jobs). Not kvt_ext_unregister first:
+        that deletes the pool's records from the persistent store, destroy keeps them for
+        the next process."""
         with self._lock:
-            if self.pool is not None:
-                self.pool.close()
-                self.pool = None
-        self.engine.close()
+            self.pool = None
+            self.engine.close()
 
 
 def shared_store(name, **kw):

@@ -152,7 +152,10 @@ class KvtierHiCacheStorage(HiCacheStorage):
             if p.size != pages[0].size:
                 return False
         with self._lock:
-            self._ready(pages[0].size)
+            try:
+                self._ready(pages[0].size)
+            except ValueError:
+                return False  # another page size than the store's
             return all(self._store_pages(list(keys), pages))
 
     def get(self, key, target_location=None, target_sizes=None):
