@@ -1,0 +1,28 @@
+# SPDX-License-Identifier: MIT
+"""pytest setup of the vLLM / SGLang integration tests (tools/integrations/run.sh runs them
+in the venvs tools/integrations/setup.sh makes): kvtier from tools/python, libkvtier.so from
+KVTIER_LIBRARY, vLLM's own test helpers (tests.v1.kv_connector.unit.utils) from the unpacked
+vLLM source archive (KVT_VLLM_SRC)."""
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
+sys.path.insert(0, HERE)
+VLLM_SRC = os.environ.get("KVT_VLLM_SRC", "/work/vllm-src")
+if os.path.isdir(os.path.join(VLLM_SRC, "tests")):
+    sys.path.append(VLLM_SRC)
+if not os.environ.get("KVTIER_LIBRARY"):
+    cand = os.path.join(ROOT, "build", "libkvtier.so")
+    if os.path.exists(cand):
+        os.environ["KVTIER_LIBRARY"] = cand
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("KVTIER_LIBRARY"):
+        skip = pytest.mark.skip(reason="no libkvtier.so: set KVTIER_LIBRARY or build ./build")
+        for item in items:
+            item.add_marker(skip)

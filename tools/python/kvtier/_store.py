@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: MIT
+"""The store shared by a server's scheduler side and worker side in one process: one kvtier
+Engine (HOST, NVMe, persistent store) and the ExternalPool the worker registers (the server's
+own device KV blocks). Used by kvtier.vllm and kvtier.sglang; no vLLM or SGLang import here.
+
+A scheduler-side object (vLLM's OffloadingManager) and a worker-side object (the worker that
+copies blocks) of the same server find the same SharedStore with shared_store(name, ...): in
+vLLM with one GPU worker (tensor parallel 1) both live in the EngineCore process. The scheduler
+side only answers "is it stored" (kvt_ext_lookup) once the worker registered its pool; before
+that nothing is stored (a lookup is a miss, a store is refused).
+"""
+
+import threading
+
+import kvtier
+
+_LOCK = threading.Lock()
+_STORES = {}
+
+_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: sub-block j of a key is hash ^ (j * _MIX)
+MASK64 = (1 << 64) - 1
+
+
+def hash64(key):
+    """A 64-bit kvtier hash of a server's block key (bytes: vLLM's OffloadKey = block hash +
+    group index; SGLang's page key string): its first 8 bytes folded with the rest (the keys
+    are already cryptographic or xxhash chain hashes, so no rehash is needed; the fold keeps
+    the group index of an OffloadKey)."""
+    if isinstance(key, str):
+        key = key.encode()
+    if len(key) <= 8:
+        return int.from_bytes(key.ljust(8, b"\0"), "little")
+    h = int.from_bytes(key[:8], "little")
+    rest = key[8:]
+    for i in range(0, len(rest), 8):
+        h = ((h ^ int.from_bytes(rest[i:i + 8].ljust(8, b"\0"), "little")) * 0x100000001B3
+             + i + 1) & MASK64
+    return h
+
+
+def sub_hashes(h, n):
+    """The kvtier hashes of the @n device blocks one key covers (vLLM's blocks_per_chunk)."""
+    return [h] if n == 1 else [(h ^ (j * _MIX)) & MASK64 for j in range(n)]
+
+
+def engine_layout(block_bytes):
+    """kvt_layout fields (int8 elements) whose block_bytes is >= @block_bytes, as close as the
+    engine's limits (every dimension <= 4096) allow: the engine stores opaque blocks for the
+    external pool, only their size matters."""
+    half = -(-max(int(block_bytes), 2) // 2)
+    for d in range(min(4096, half), 0, -1):
+        if half % d == 0 and half // d <= 4096 * 4096:
+            rest = half // d
+            for layers in range(min(4096, rest), 0, -1):
+                if rest % layers == 0 and rest // layers <= 4096:
+                    return {"n_layers": layers, "n_kv_heads": rest // layers,
+                            "head_dim": d, "tokens_per_block": 1, "dtype": "int8"}
+    half = -(-half // 4096) * 4096  # no exact factorisation: round up
+    return engine_layout(2 * half)
+
+
+class SharedStore:
+    """An Engine + the worker's ExternalPool; every call goes through the Engine's own lock
+    (kvtier is thread-safe) and this object's lock for the pool reference."""
+
+    def __init__(self, name, block_bytes, host_bytes, nvme_dir=None, nvme_bytes=0,
+                 persist=False, evict_policy="default", tenant=0, **engine_opts):
+        lay = engine_layout(block_bytes)
+        self.name = name
+        self.block_bytes = block_bytes
+        self.tenant = tenant
+        opts = dict(engine_opts)
+        if nvme_dir:
+            opts.update(nvme_dir=nvme_dir, nvme_bytes=nvme_bytes, nvme_persist=bool(persist))
+        self.engine = kvtier.Engine(hbm_bytes=2 * lay["n_layers"] * lay["n_kv_heads"]
+                                    * lay["head_dim"], host_bytes=host_bytes,
+                                    evict_policy=evict_policy, **lay, **opts)
+        self.pool = None
+        self._lock = threading.Lock()
+
+    def register(self, n_blocks, layers):
+        """Register the worker's device blocks (ext_layer dicts); one pool per store."""
+        with self._lock:
+            if self.pool is not None:
+                raise kvtier.KvtierError(-17, f"store {self.name!r}: a pool is already "
+                                         "registered", "SharedStore.register")
+            self.pool = kvtier.ExternalPool(self.engine, n_blocks, layers)
+            return self.pool
+
+    def close(self):
+        """Destroy the engine (it waits for the pool's jobs). Not kvt_ext_unregister first:
+        that deletes the pool's records from the persistent store, destroy keeps them for
+        the next process."""
+        with self._lock:
+            self.pool = None
+            self.engine.close()
+
+
+def shared_store(name, **kw):
+    """The process's SharedStore called @name, created with @kw (SharedStore's arguments) by
+    its first caller; later callers get the same one (their @kw are ignored)."""
+    with _LOCK:
+        st = _STORES.get(name)
+        if st is None or st.engine.closed:
+            st = _STORES[name] = SharedStore(name, **kw)
+        return st
+
+
+def find_store(name):
+    """The process's open SharedStore called @name, or None."""
+    with _LOCK:
+        st = _STORES.get(name)
+    return None if st is None or st.engine.closed else st
+
+
+def close_store(name):
+    """Close and forget the SharedStore @name (a server's shutdown; tests' "restart")."""
+    with _LOCK:
+        st = _STORES.pop(name, None)
+    if st is not None:
+        st.close()

@@ -1,0 +1,269 @@
+# SPDX-License-Identifier: MIT
+"""KvtierOffloadingSpec: kvtier as the store behind vLLM's OffloadingConnector.
+
+vLLM (0.33.0) loads it with kv_connector_extra_config {"spec_name": "KvtierOffloadingSpec",
+"spec_module_path": "kvtier.vllm.spec", ...}. The spec has two halves:
+
+  KvtierOffloadingManager (scheduler side): lookup / prepare_load / touch / complete_load /
+      prepare_store / complete_store / on_new_request ... answered by kvtier itself
+      (kvt_ext_lookup, kvt_ext_touch): kvtier owns the slots, the eviction policy, the
+      checksums and the persistent store, so the manager keeps only the keys whose store is
+      in flight (HIT_PENDING) and the keys it stored (reset_cache drops them).
+  KvtierOffloadingWorker (worker side): registers the GPU KV tensors vLLM hands it
+      (CanonicalKVCaches: per tensor [num_blocks, page] bytes with a block stride) as
+      kvtier's external pool, and turns submit_store / submit_load into kvt_ext_store /
+      kvt_ext_load of the GPU block ids, get_finished into kvt_ext_poll.
+
+Both halves share one kvtier Engine per process (kvtier._store.shared_store, named by the
+engine id): vLLM with tensor parallel 1 runs its scheduler and its worker in one process.
+
+kv_connector_extra_config keys (all optional except where said):
+  kvtier_host_bytes    HOST tier bytes (default: cpu_bytes_to_use, else 1 GiB)
+  kvtier_nvme_dir      NVMe tier directory (default: none, HOST only)
+  kvtier_nvme_bytes    NVMe tier bytes (required with kvtier_nvme_dir)
+  kvtier_persist       true: the persistent store; blocks stored before a restart are hits
+                       after it (same model, block size and dtype)
+  kvtier_evict_policy  "arc" (default), "lru", "prio"
+  kvtier_tenant        kvtier tenant of every block (default 0)
+  kvtier_store_name    the shared store's name (default: the vLLM engine id)
+  kvtier_engine_opts   other kvtier.Engine options, e.g. {"emu_copy_bytes_per_s": ...}
+Not supported yet (a clear error at start): more than one worker (tensor / pipeline
+parallel), more than one offloaded KV cache group (hybrid models).
+"""
+
+import time
+
+from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LoadStoreSpec, LookupResult,
+                                     OffloadingManager, OffloadingSpec, OffloadingWorker,
+                                     PrepareStoreOutput, RequestOffloadingContext,
+                                     TransferResult)
+
+import kvtier
+from kvtier._store import find_store, hash64, shared_store, sub_hashes
+
+
+class KvtierLoadStoreSpec(LoadStoreSpec):
+    """Where offloaded blocks live in kvtier: their 64-bit hashes, one per GPU block
+    (blocks_per_chunk per offload key, in key order)."""
+
+    def __init__(self, hashes):
+        self.hashes = list(hashes)
+
+    def __repr__(self):
+        return f"KvtierLoadStoreSpec({len(self.hashes)} hashes)"
+
+
+def _store_name(spec):
+    x = spec.extra_config
+    return str(x.get("kvtier_store_name") or spec.config.engine_id or "vllm")
+
+
+def _store_for(spec, block_bytes):
+    """The process's shared kvtier store for @spec, created by the worker (which knows the
+    bytes of one block: the sum of its layers' pages)."""
+    x = spec.extra_config
+    name = _store_name(spec)
+    host = int(x.get("kvtier_host_bytes") or x.get("cpu_bytes_to_use") or (1 << 30))
+    return shared_store(name, block_bytes=block_bytes, host_bytes=host,
+                        nvme_dir=x.get("kvtier_nvme_dir"),
+                        nvme_bytes=int(x.get("kvtier_nvme_bytes") or 0),
+                        persist=bool(x.get("kvtier_persist", False)),
+                        evict_policy=x.get("kvtier_evict_policy", "default"),
+                        tenant=int(x.get("kvtier_tenant", 0)),
+                        **dict(x.get("kvtier_engine_opts") or {}))
+
+
+class KvtierOffloadingManager(OffloadingManager):
+    """The scheduler side: kvtier answers what is stored. Single-threaded, as vLLM's
+    scheduler calls it (the default no-op lock)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.bpc = spec.blocks_per_chunk
+        self.tenant = int(spec.extra_config.get("kvtier_tenant", 0))
+        self._pending = set()  # keys whose store is in flight
+        self._stored = set()   # keys this manager stored (for reset_cache)
+        self._sub = {}         # key -> its kvtier hashes (memo: the scheduler asks often)
+
+    def _pool(self):
+        st = find_store(_store_name(self.spec))
+        return None if st is None else st.pool
+
+    def hashes(self, key):
+        h = self._sub.get(key)
+        if h is None:
+            h = self._sub[key] = sub_hashes(hash64(key), self.bpc)
+            if len(self._sub) > 1 << 20:
+                self._sub.clear()
+        return h
+
+    def lookup(self, key, req_context):
+        if key in self._pending:
+            return LookupResult.HIT_PENDING
+        pool = self._pool()
+        if pool is None:
+            return LookupResult.MISS
+        hs = self.hashes(key)
+        return LookupResult.HIT if pool.lookup(hs, tenant=self.tenant) == len(hs) \
+            else LookupResult.MISS
+
+    def prepare_load(self, keys, req_context):
+        return KvtierLoadStoreSpec([h for k in keys for h in self.hashes(k)])
+
+    def touch(self, keys, req_context):
+        pool = self._pool()
+        if pool is not None and keys:
+            pool.touch([h for k in keys for h in self.hashes(k)], tenant=self.tenant)
+
+    def complete_load(self, keys, req_context):
+        return  # kvtier pinned the blocks for the load job and unpinned them at its end
+
+    def prepare_store(self, keys, req_context):
+        pool = self._pool()
+        if pool is None:
+            return None
+        todo = []
+        for k in keys:
+            if k in self._pending:
+                continue
+            hs = self.hashes(k)
+            if pool.lookup(hs, tenant=self.tenant) == len(hs):
+                continue
+            todo.append(k)
+        self._pending.update(todo)
+        return PrepareStoreOutput(keys_to_store=todo,
+                                  store_spec=KvtierLoadStoreSpec(
+                                      [h for k in todo for h in self.hashes(k)]),
+                                  evicted_keys=[])
+
+    def complete_store(self, keys, req_context, success=True):
+        for k in keys:
+            self._pending.discard(k)
+            if success:
+                self._stored.add(k)
+
+    def on_new_request(self, req_context):
+        return RequestOffloadingContext()
+
+    def reset_cache(self):
+        pool = self._pool()
+        if pool is not None and self._stored:
+            pool.drop([h for k in self._stored for h in self.hashes(k)], tenant=self.tenant)
+        self._stored.clear()
+        self._pending.clear()
+        self._sub.clear()
+
+
+def _slice_hashes(hashes, gpu_spec, bpc):
+    """The kvtier hashes of the GPU blocks of @gpu_spec: a key covers @bpc GPU blocks and
+    the first GPU block may sit inside the first key (block_indices[0] % bpc)."""
+    n = len(gpu_spec.block_ids)
+    skip = int(gpu_spec.block_indices[0]) % bpc if bpc > 1 and len(gpu_spec.block_indices) \
+        else 0
+    out = hashes[skip:skip + n]
+    if len(out) != n:
+        raise ValueError(f"kvtier: {n} GPU blocks for {len(hashes)} stored hashes "
+                         f"(skip {skip})")
+    return out
+
+
+class KvtierOffloadingWorker(OffloadingWorker):
+    """The worker side: vLLM's GPU KV blocks registered as kvtier's external pool; every
+    store / load is one kvtier job (a batched gather / scatter of each block's per-layer
+    pages). tolerate_failures (set by kvtier.vllm.connector.KvtierConnector): a load whose
+    blocks partly failed is reported done and its failed GPU block ids are kept in
+    failed_block_ids for vLLM's invalid-block path; without it a failed load is reported as
+    failed (vLLM 0.33's OffloadingConnector then stops: it has no failed-job path), never as
+    loaded."""
+
+    def __init__(self, spec, kv_caches):
+        self.spec = spec
+        self.bpc = spec.blocks_per_chunk
+        self.tolerate_failures = False
+        self.failed_block_ids = set()
+        refs = kv_caches.group_data_refs
+        if len(refs) != 1:
+            raise NotImplementedError(f"kvtier offloading: {len(refs)} KV cache groups; "
+                                      "one (full attention) is supported in this version")
+        layers, n_blocks = [], None
+        for ref in refs[0]:
+            t = kv_caches.tensors[ref.tensor_idx].tensor
+            if n_blocks is None:
+                n_blocks = t.shape[0]
+            elif t.shape[0] != n_blocks:
+                raise ValueError(f"kvtier offloading: KV tensors of {n_blocks} and "
+                                 f"{t.shape[0]} blocks")
+            layers.append(kvtier.ext_layer(t.data_ptr(), t.stride(0) * t.element_size(),
+                                           ref.page_size_bytes))
+        self.block_bytes = sum(d["k_bytes"] for d in layers)
+        self.store = _store_for(spec, self.block_bytes)
+        self.tenant = self.store.tenant
+        self.pool = self.store.register(n_blocks, layers)
+        self._jobs = {}  # kvtier job id -> (vLLM job id, "store" | "load", gpu ids, t0, bytes)
+
+    def _submit(self, fn, job_id, hashes, gpu_spec, kind):
+        ids = [int(b) for b in gpu_spec.block_ids]
+        hs = _slice_hashes(hashes, gpu_spec, self.bpc)
+        kj = fn(hs, ids, tenant=self.tenant)
+        self._jobs[kj] = (job_id, kind, ids, time.perf_counter(),
+                          len(ids) * self.block_bytes)
+        return True
+
+    def submit_store(self, job_id, src_spec, dst_spec):
+        assert isinstance(src_spec, GPULoadStoreSpec)
+        return self._submit(self.pool.store, job_id, dst_spec.hashes, src_spec, "store")
+
+    def submit_load(self, job_id, src_spec, dst_spec, expedited=False):
+        assert isinstance(dst_spec, GPULoadStoreSpec)
+        return self._submit(self.pool.load, job_id, src_spec.hashes, dst_spec, "load")
+
+    def get_finished(self):
+        out = []
+        for j in self.pool.poll():
+            job_id, kind, ids, t0, nbytes = self._jobs.pop(j.job)
+            ok = True
+            if kind == "load" and j.failed:
+                self.failed_block_ids.update(j.failed_block_ids)
+                ok = self.tolerate_failures
+            # a store whose blocks found no room is a future miss, not an error: kvtier's
+            # lookup is the truth the manager answers from
+            out.append(TransferResult(job_id=job_id, success=ok, transfer_size=nbytes,
+                                      transfer_time=time.perf_counter() - t0))
+        return out
+
+    def wait(self, job_ids):
+        for kj, (job_id, *_rest) in list(self._jobs.items()):
+            if job_id in job_ids:
+                while not self.pool.wait(kj, 10000):
+                    pass
+
+    def shutdown(self):
+        for kj in list(self._jobs):
+            self.pool.wait(kj, 10000)
+
+
+class KvtierOffloadingSpec(OffloadingSpec):
+    """kvtier's HOST / NVMe tiers (eviction policy, checksums, persistent store) as the
+    offloading medium of vLLM's OffloadingConnector."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        if config.parallel.world_size != 1:
+            raise NotImplementedError(f"kvtier offloading: world size "
+                                      f"{config.parallel.world_size}; one worker (tensor and "
+                                      "pipeline parallel 1) is supported in this version")
+        if len(config.groups) != 1:
+            raise NotImplementedError(f"kvtier offloading: {len(config.groups)} KV cache "
+                                      "groups; one is supported in this version")
+        self._manager = None
+        self._worker = None
+
+    def get_manager(self):
+        if self._manager is None:
+            self._manager = KvtierOffloadingManager(self)
+        return self._manager
+
+    def get_worker(self, kv_caches):
+        if self._worker is None:
+            self._worker = KvtierOffloadingWorker(self, kv_caches)
+        return self._worker
