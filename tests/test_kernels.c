@@ -515,6 +515,58 @@ test_window_stream(void **state)
 						 wb, &rng);
 }
 
+/*
+ * gpt-oss's learned sinks as attention.h says to apply them: merging the partial (o 0, m s_h,
+ * l 1) into a head's partial equals softmax over [scores, s_h] with the sink's column dropped
+ * (computed here in double), within fp32 rounding.
+ */
+static void
+test_learned_sink_merge(void **state)
+{
+	static const struct kvt_test_kv_shape s = { 8, 2, 16, 4, 45, 0 };
+	float o[128], m[8], l[8], zo[128] = { 0 }, sm[8], one[8], att[45];
+	struct kvt_test_kv b;
+	uint64_t rng = 1605;
+	double want[128];
+
+	(void)state;
+	kvt_test_kv_build(&b, &s, KVT_DTYPE_F32, &rng);
+	b.kv.window = 20; /* gpt-oss's sliding layers: window + learned sinks */
+	assert_int_equal(kvt_attn_partial_ref(&b.kv, b.q, 8, 0, 45, att, o, m, l), 0);
+	for (uint32_t h = 0; h < 8; h++) {
+		double sc[45], mx, sum = 0.0;
+
+		sm[h] = kvt_test_kv_uniform(&rng, 3.0f);
+		one[h] = 1.0f;
+		mx = sm[h];
+		for (uint32_t t = 0; t < 45; t++) {
+			double x = 0.0;
+
+			sc[t] = -INFINITY;
+			if (!kvt_test_visible(20, 0, 44, t))
+				continue;
+			for (uint32_t i = 0; i < 16; i++)
+				x += (double)b.q[h * 16 + i] * b.kf[(size_t)t * 32 + (h / 4) * 16 + i];
+			sc[t] = x / 4.0;
+			mx = sc[t] > mx ? sc[t] : mx;
+		}
+		sum = exp(sm[h] - mx);
+		for (uint32_t t = 0; t < 45; t++)
+			sum += exp(sc[t] - mx);
+		for (uint32_t i = 0; i < 16; i++) {
+			double a = 0.0;
+
+			for (uint32_t t = 0; t < 45; t++)
+				a += exp(sc[t] - mx) / sum * b.vf[(size_t)t * 32 + (h / 4) * 16 + i];
+			want[h * 16 + i] = a;
+		}
+	}
+	kvt_attn_merge(8, 16, o, m, l, zo, sm, one);
+	for (size_t i = 0; i < 128; i++)
+		assert_float_equal(o[i], (float)want[i], 2e-6f);
+	kvt_test_kv_free(&b);
+}
+
 /* kvt_attn_visible() gives exactly the positions kvt_test_visible() calls visible. */
 static void
 test_attn_visible(void **state)
@@ -1455,6 +1507,7 @@ main(void)
 		cmocka_unit_test(test_window_stream),
 		cmocka_unit_test(test_merge_empty),
 		cmocka_unit_test(test_attn_visible),
+		cmocka_unit_test(test_learned_sink_merge),
 		cmocka_unit_test(test_window_bad_args),
 		cmocka_unit_test(test_latent_matches_loop),
 		cmocka_unit_test(test_latent_stream),
