@@ -459,15 +459,9 @@ test_memory_vs_calc(void **state)
 				print_message("%-12s tpb %2u group %u (kind %d): peak %u slots, calc %llu "
 					      "blocks\n", hf_names[i], tpbs[t], g, (int)x->kind,
 					      x->peak_slots, (unsigned long long)y->max_blocks);
-				/* WINDOW: the bound holds once the group engine makes its WINDOW core
-				 * engines windowed (engine/group.c's TODO(win): kvt_engine_set_window;
-				 * win's dropping is on its branch); until then the group keeps every
-				 * block, at most all of them */
-				if (x->kind != KVT_GROUP_WINDOW)
-					assert_true((double)x->peak_slots <=
-						    1.05 * (double)y->max_blocks);
-				else
-					assert_true(x->peak_slots <= (P + tpbs[t] - 1) / tpbs[t]);
+				/* every kind, WINDOW included (its core engine drops the blocks
+				 * out of the window: engine/window.c) */
+				assert_true((double)x->peak_slots <= 1.05 * (double)y->max_blocks);
 			}
 			assert_true((double)r.bound_bytes == cr.seq_group_bytes);
 			kvhf_result_free(&r);
