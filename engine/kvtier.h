@@ -266,7 +266,9 @@ struct kvt_engine_opts {
 	                              (with the layout); required with remote_host. Copied */
 	uint32_t remote_connect_timeout_ms; /* bound of one connect; default 1000 */
 	uint32_t remote_op_timeout_ms; /* bound of each socket read and write; default 2000 */
-	uint32_t remote_ttl_ms;    /* PX of every put; 0 (default) = no expiry */
+	uint32_t remote_ttl_ms;    /* PX of every put; 0 (default) = no expiry. A put of a key
+	                              already there (SET NX: first writer wins) extends its expiry
+	                              to the TTL (PEXPIRE GT, Redis >= 7), never shortens it */
 	/* ---- 0.6: layer groups (issue 16; see "Layer groups" below) */
 	const struct kvt_group *groups; /* NULL (default): the single layout above, which is
 	                              one FULL group of every layer. Otherwise n_groups
@@ -664,7 +666,8 @@ KVT_API int kvt_session_drop_tenant(struct kvt_engine *e, uint32_t tenant, uint6
  * kvt_engine_poll() and kvt_engine_drain() (which waits for the queued jobs, each bounded by the
  * client's timeouts and breaker) and counted in kvt_stats.remote_*: a failed job (server down
  * or stopped, breaker open, server full) leaves the session simply not published remotely.
- * Returns 0 (queued), -EINVAL (no session_key, or a full block whose tokens were not given),
+ * Returns 0 (queued), -EINVAL (no session_key, or a token appended without its id: the session
+ * value carries the token history, so every token needs one),
  * KVT_ECLOSED, KVT_EBUSY (in an unreleased batch or another call), -EAGAIN (a block is only on
  * NVMe or in flight: kvt_seq_resume it, or drain, first), -ENOMEM, -ENODEV (no REMOTE tier).
  * Threading: takes the engine lock.
@@ -682,7 +685,9 @@ KVT_API int kvt_seq_publish_remote(struct kvt_engine *e, kvt_seq_id s);
  * waits for the network (bounded by the client's timeouts), WITHOUT holding the engine lock.
  * Returns 0 and *out; -ENOENT (absent, evicted, another tenant's, or any value that fails a
  * check: never wrong bytes), -EINVAL (hashes differ: other salt/extra_key), -ENODEV (no
- * REMOTE tier), -EAGAIN/-ETIMEDOUT (server unreachable), KVT_EBUSY (the key is open here),
+ * REMOTE tier), -EAGAIN/-ETIMEDOUT/-ECONNREFUSED (server unreachable), -ECONNRESET (the server
+ * closed the connection, e.g. it restarted: the connection is dropped and the next call
+ * reconnects), -EPROTO (an error reply), KVT_EBUSY (the key is open here),
  * KVT_ETOOBIG, -ENOSPC as kvt_seq_append. *out is 0 on failure, nothing left open.
  */
 KVT_API int kvt_seq_restore_remote(struct kvt_engine *e, uint64_t session_key,

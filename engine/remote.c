@@ -650,7 +650,8 @@ kvt_seq_publish_remote(struct kvt_engine *e, kvt_seq_id id)
 	kvt_put_le32(p + 56, n_full);
 	kvt_put_le32(p + 60, tpb);
 	kvt_put_le64(p + 64, partial_len);
-	memcpy(p + RS_HDR, s->tokens, 4 * s->n_tokens);
+	if (s->n_tokens) /* an empty sequence has no tokens array */
+		memcpy(p + RS_HDR, s->tokens, 4 * s->n_tokens);
 	for (uint32_t i = 0; i < s->n_blocks && !rc; i++) {
 		const struct kvt_block *b = kvt_blk(e, s->blocks[i]);
 

@@ -991,6 +991,7 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 	struct kvt_seq_opts opts;
 	uint32_t *ids, k, i, tpb;
 	uint64_t salt[2], nb, cap, tail[2];
+	int rc;
 	int worst = KVT_TIER_HBM;
 
 	if (!e || (!tokens && n) || !matched_tokens)
@@ -998,9 +999,9 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 			       "must not be NULL");
 	if (e->grp)
 		return kvt_grp_seq_match_prefix(e, o, tokens, n, matched_tokens, tier);
-	kvt_seq_opts_init(&opts, sizeof opts);
-	if (o)
-		memcpy(&opts, o, o->opts_size < sizeof opts ? o->opts_size : sizeof opts);
+	rc = kvt_seq_opts_copy(&opts, o); /* the size checked as kvt_seq_open does */
+	if (rc)
+		return rc;
 	seq_salt(&opts, salt);
 	tpb = e->layout.tokens_per_block;
 	*matched_tokens = 0;

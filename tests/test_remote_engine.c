@@ -294,6 +294,87 @@ test_errors(void **state)
 	kvt_engine_destroy(e);
 }
 
+/* What an attacker found (2026-12-02): an empty session publishes (no NULL memcpy: UBSan); a
+ * key of ours holding a list or a hash is a miss (-ENOENT, counted as a bad value), not -EPROTO;
+ * kvt_seq_match_prefix checks opts_size as kvt_seq_open does; a put of a block already there
+ * extends its TTL, so a session published later does not outlive its blocks. */
+static void
+test_attacker_findings(void **state)
+{
+	struct kvt_engine *e = remote_engine(srv.port, NULL);
+	struct kvt_seq_opts so;
+	char key[256], line[256];
+	struct kvt_stats st0, st;
+	uint64_t matched = 0;
+	kvt_seq_id s;
+	long ttl;
+
+	(void)state;
+	assert_non_null(e);
+	flushall();
+	s = tsup_open(e, 0, 0, 0x91);
+	assert_int_equal(kvt_seq_publish_remote(e, s), 0);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+
+	assert_int_equal(tsup_stats(e).remote_publish_failed, 0);
+	/* a list under the session key, then a hash under a block key */
+	flushall();
+	(void)publish(e, 0x92, 0, 3, 2 * TSUP_TPB);
+	first_key("kvt1:*:s:*", key, sizeof key);
+	assert_int_equal(tsrv_cli(&srv, line, sizeof line, "DEL %s", key), 0);
+	assert_int_equal(tsrv_cli(&srv, line, sizeof line, "RPUSH %s a b", key), 0);
+	st0 = tsup_stats(e);
+	kvt_seq_opts_init(&so, sizeof so);
+	assert_int_equal(kvt_seq_restore_remote(e, 0x92, &so, &s), -ENOENT);
+	st = tsup_stats(e);
+	assert_true(st.remote_bad_values > st0.remote_bad_values);
+	flushall();
+	(void)publish(e, 0x93, 0, 4, 2 * TSUP_TPB);
+	assert_int_equal(tsrv_cli(&srv, key, sizeof key, "EVAL \"local k = redis.call('KEYS', "
+				  "'kvt1:*') for _, x in ipairs(k) do if not string.find(x, ':s:') "
+				  "then redis.call('DEL', x) redis.call('HSET', x, 'f', 'v') return x end "
+				  "end return ''\" 0"), 0);
+	assert_true(strncmp(key, "kvt1:", 5) == 0);
+	assert_int_equal(kvt_seq_restore_remote(e, 0x93, &so, &s), -ENOENT);
+	/* the engine is usable */
+	s = tsup_seq_written(e, 1, 5);
+	assert_int_equal(tsup_verify(e, s, 1), 0);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+
+	so.opts_size = 3;
+	assert_int_equal(kvt_seq_match_prefix(e, &so, NULL, 0, &matched, NULL), -EINVAL);
+	so.opts_size = 100000;
+	assert_int_equal(kvt_seq_match_prefix(e, &so, NULL, 0, &matched, NULL), -EINVAL);
+	kvt_engine_destroy(e);
+
+	/* TTL: blocks put again by a later publish get the later expiry */
+	{
+		struct kvt_engine_opts o;
+
+		flushall();
+		tsup_opts_init(&o);
+		o.hbm_bytes = 16 * tsup_block_bytes();
+		o.host_bytes = 8 * tsup_block_bytes();
+		o.remote_host = "127.0.0.1";
+		o.remote_port = srv.port;
+		o.remote_model_id = "test-model@1";
+		o.remote_ttl_ms = 1000000;
+		e = tsup_create(&o, NULL);
+		(void)publish(e, 0x94, 0, 5, 2 * TSUP_TPB);
+		assert_int_equal(tsrv_cli(&srv, key, sizeof key, "EVAL \"local k = redis.call("
+					  "'KEYS', 'kvt1:*') for _, x in ipairs(k) do if not "
+					  "string.find(x, ':s:') then redis.call('PEXPIRE', x, 5000) "
+					  "return x end end return ''\" 0"), 0);
+		assert_true(strncmp(key, "kvt1:", 5) == 0);
+		(void)publish(e, 0x95, 0, 5, 2 * TSUP_TPB); /* the same blocks */
+		assert_int_equal(tsrv_cli(&srv, line, sizeof line, "PTTL %s", key), 0);
+		ttl = strtol(line, NULL, 10);
+		assert_true(ttl > 500000); /* extended to the TTL, not left at 5 s */
+		kvt_engine_destroy(e);
+	}
+}
+
 /* Nothing listening: create fails clearly (documented choice). */
 static void
 test_dead_server_at_create(void **state)
@@ -383,6 +464,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(test_bad_values),
 		cmocka_unit_test(test_salt),
 		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_attacker_findings),
 		cmocka_unit_test(test_dead_server_at_create),
 		cmocka_unit_test(test_stopped_server),
 	};

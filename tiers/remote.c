@@ -407,6 +407,13 @@ static int
 rmt_answer(struct kvt_remote *r, struct rmt_batch *b, struct rmt_node *nd, uint32_t i,
 	   redisReply *rep)
 {
+	if (rep->type == REDIS_REPLY_ERROR && b->op == RMT_GET && rep->len >= 9 &&
+	    !strncmp(rep->str, "WRONGTYPE", 9)) {
+		/* a key of ours holding a list, hash...: not a value of ours, a miss */
+		r->st.bad_values++;
+		rmt_del_later(nd, b->keys[i], b->lens[i]);
+		return 0;
+	}
 	if (rep->type == REDIS_REPLY_ERROR) {
 		const char *host;
 		size_t hl;
@@ -440,8 +447,11 @@ rmt_answer(struct kvt_remote *r, struct rmt_batch *b, struct rmt_node *nd, uint3
 	case RMT_GET:
 		if (rep->type == REDIS_REPLY_NIL)
 			return 0;
-		if (rep->type != REDIS_REPLY_STRING)
-			break;
+		if (rep->type != REDIS_REPLY_STRING) { /* not a value of ours: a miss */
+			r->st.bad_values++;
+			rmt_del_later(nd, b->keys[i], b->lens[i]);
+			return 0;
+		}
 		if (b->take(b->arg, i, rep->str, rep->len) == 1)
 			return 1;
 		r->st.bad_values++;
@@ -489,6 +499,18 @@ rmt_send_key(struct kvt_remote *r, struct rmt_batch *b, struct rmt_node *nd, uin
 			a[argc++] = (struct rmt_arg){ { "PX" }, { 2 } };
 			a[argc++] = (struct rmt_arg){ { ttl }, { (size_t)snprintf(ttl, sizeof ttl,
 				"%u", r->o.ttl_ms) } };
+			rc = rmt_send(r, nd, argc, a);
+			if (rc)
+				return rc;
+			/* SET NX leaves an existing value's expiry alone: a session published
+			 * now would name blocks that expire with an earlier put. PEXPIRE ... GT
+			 * (Redis 7) extends it, never shortens it; its reply is read and dropped
+			 * (rmt_node_recv), best effort like the TTL itself */
+			a[0] = (struct rmt_arg){ { "PEXPIRE" }, { 7 } };
+			a[1] = (struct rmt_arg){ { b->keys[i] }, { b->lens[i] } };
+			a[2] = (struct rmt_arg){ { ttl }, { strlen(ttl) } };
+			a[3] = (struct rmt_arg){ { "GT" }, { 2 } };
+			return rmt_send(r, nd, 4, a);
 		}
 	}
 	return rmt_send(r, nd, argc, a);
@@ -555,6 +577,12 @@ rmt_node_recv(struct kvt_remote *r, struct rmt_batch *b, struct rmt_node *nd)
 			break;
 		b->res[i] = rmt_answer(r, b, nd, i, rep);
 		freeReplyObject(rep);
+		if (b->op == RMT_SET && r->o.ttl_ms) { /* the PEXPIRE GT after it */
+			rc = rmt_read(r, nd, &rep);
+			if (rc)
+				break;
+			freeReplyObject(rep);
+		}
 	}
 	if (rc == 0 && nd->slots_sent) {
 		rc = rmt_read(r, nd, &rep);
