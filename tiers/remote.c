@@ -447,11 +447,8 @@ rmt_answer(struct kvt_remote *r, struct rmt_batch *b, struct rmt_node *nd, uint3
 	case RMT_GET:
 		if (rep->type == REDIS_REPLY_NIL)
 			return 0;
-		if (rep->type != REDIS_REPLY_STRING) { /* not a value of ours: a miss */
-			r->st.bad_values++;
-			rmt_del_later(nd, b->keys[i], b->lens[i]);
-			return 0;
-		}
+		if (rep->type != REDIS_REPLY_STRING) /* not Redis's answer to a GET */
+			break;
 		if (b->take(b->arg, i, rep->str, rep->len) == 1)
 			return 1;
 		r->st.bad_values++;
