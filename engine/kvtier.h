@@ -1191,7 +1191,9 @@ enum kvt_group_kind {
 	KVT_GROUP_FULL = 0,    /* K and V per token and layer; V may have its own head_dim */
 	KVT_GROUP_WINDOW = 1,  /* as FULL, but attention reads only the last `window` tokens plus
 	                          the first `sink`: blocks wholly out of both leave the tiers once
-	                          no sequence needs them (unless the prefix cache keeps them) */
+	                          no sequence needs them (unless the prefix cache keeps them),
+	                          checked at each append: after a one-shot prefill they go at the
+	                          first decode step's append */
 	KVT_GROUP_LATENT = 2,  /* one K-only vector of latent_dim elements per token and layer
 	                          (MLA: kv_lora_rank + qk_rope_head_dim); no V */
 	KVT_GROUP_ALIAS = 3,   /* layers that read another layer's KV (cross-layer sharing):
@@ -1348,8 +1350,9 @@ KVT_API int kvt_seq_append_groups(struct kvt_engine *e, kvt_seq_id s, const int3
  * are in increasing position; for FULL and LATENT groups they are consecutive
  * (first_block[i], first_block[i] + 1, ...); a WINDOW group's table may skip the blocks out of
  * window (its sinks first, then the window's), and part 2's sparse selections any blocks. The
- * last entry of sequence i holds last_block_len[i] tokens; seq_len[i] is the tokens its entries
- * hold. window and sink are the group's (0 when not WINDOW): a kernel masks tokens older than
+ * last entry of sequence i holds last_block_len[i] tokens; seq_len[i] is the range's token count
+ * (the whole sequence's for kvt_batch_prepare), holes included, so the query's position is
+ * seq_len[i] - 1 (a WINDOW group's entries may hold fewer tokens). window and sink are the group's (0 when not WINDOW): a kernel masks tokens older than
  * the newest `window` that are not among the first `sink`. Arrays belong to the batch and live
  * until kvt_batch_release(). An ALIAS group's table is its source group's (the group of its
  * layers' sources; an ALIAS group whose layers read several groups: -EINVAL, ask per layer
@@ -1363,7 +1366,8 @@ struct kvt_group_table {
 	const uint32_t *indices;       /* [indptr[n_seqs]] HBM slot ids of the group's pool */
 	const uint32_t *block_pos;     /* [indptr[n_seqs]] position of each entry's block */
 	const uint32_t *last_block_len; /* [n_seqs] tokens in the last entry, 1..tpb */
-	const uint64_t *seq_len;       /* [n_seqs] tokens held by sequence i's entries */
+	const uint64_t *seq_len;       /* [n_seqs] the range's tokens, holes included (the
+	                                  query is at seq_len - 1) */
 	const uint32_t *first_block;   /* [n_seqs] position of the range's first block */
 	uint32_t window;               /* WINDOW: tokens read back from the newest; else 0 */
 	uint32_t sink;                 /* WINDOW: leading tokens always read; else 0 */
