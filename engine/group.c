@@ -698,6 +698,27 @@ grp_seq_leave(struct kvt_grp *G, kvt_seq_id id)
 
 static int grp_seq_register(struct kvt_grp *G, const kvt_seq_id *ids, kvt_seq_id *out);
 
+/* After the pools' sequences @ids were opened (or restored) with result @rc: enter the public
+ * sequence, or, on any failure, let the pools' sequences go with @undo (close, or detach to keep
+ * a store's records), keeping the failure's message. */
+static int
+grp_seq_finish(struct kvt_grp *G, int rc, const kvt_seq_id *ids, kvt_seq_id *out,
+	       int (*undo)(struct kvt_engine *, kvt_seq_id))
+{
+	char keep[512];
+	uint32_t i;
+
+	if (!rc)
+		rc = grp_seq_register(G, ids, out);
+	if (!rc)
+		return 0;
+	snprintf(keep, sizeof keep, "%s", kvt_last_error_message());
+	GRP_FOR_STORAGE(G, i)
+		if (ids[i])
+			(void)undo(G->core[i], ids[i]);
+	return kvt_err(rc, "%s", keep);
+}
+
 int
 kvt_grp_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id *out)
 {
@@ -716,18 +737,7 @@ kvt_grp_seq_open(struct kvt_engine *e, const struct kvt_seq_opts *o, kvt_seq_id 
 			break;
 		}
 	}
-	if (!rc)
-		rc = grp_seq_register(G, ids, out);
-	if (rc) {
-		char keep[512];
-
-		snprintf(keep, sizeof keep, "%s", kvt_last_error_message());
-		GRP_FOR_STORAGE(G, i)
-			if (ids[i])
-				(void)kvt_seq_close(G->core[i], ids[i]);
-		kvt_err(rc, "%s", keep);
-	}
-	return rc;
+	return grp_seq_finish(G, rc, ids, out, kvt_seq_close);
 }
 
 /* Enter the public sequence whose pools' sequences are @ids; *out = its id. */
@@ -1565,19 +1575,8 @@ kvt_grp_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opt
 		if (rc)
 			break;
 	}
-	if (!rc)
-		rc = grp_seq_register(G, ids, out);
-	if (rc) {
-		char keep[512];
-
-		/* the groups restored so far let their sequence go, keeping their records */
-		snprintf(keep, sizeof keep, "%s", kvt_last_error_message());
-		GRP_FOR_STORAGE(G, i)
-			if (ids[i])
-				(void)kvt_seq_detach(G->core[i], ids[i]);
-		kvt_err(rc, "%s", keep);
-	}
-	return rc;
+	/* the groups restored so far let their sequence go, keeping their records */
+	return grp_seq_finish(G, rc, ids, out, kvt_seq_detach);
 }
 
 int
