@@ -1114,9 +1114,9 @@ thr_worker(void *p)
 			}
 			at[i] += 3;
 		}
-		do
+		do /* -ENOSPC: "not now", the other threads' batches and appends pin HBM */
 			rc = kvt_batch_prepare(a->e, a->s, 2, &b);
-		while (rc == KVT_EBUSY);
+		while (rc == KVT_EBUSY || rc == -ENOSPC);
 		if (rc) {
 			a->bad++;
 			return NULL;
