@@ -26,6 +26,7 @@
  * pins. All of it under e->lock.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -127,6 +128,11 @@ struct kvt_ext_state {
 	struct kvt_ext_stats st;
 	uint64_t pers_sig;         /* engine counters at the last persistence scan */
 	bool pers_commit;          /* records put or deleted since the last commit */
+	/* kvt_ext_removed: a ring of the (tenant, hash) of landed blocks that went */
+	struct kvt_ext_removal *gone;
+	uint32_t gone_head, gone_n; /* oldest entry, entries held (<= x->gone_cap) */
+	uint64_t gone_lost;        /* removals the full ring overwrote since the last drain */
+	uint32_t gone_cap;         /* kvt_ext_opts.removed_cap */
 };
 
 /* ---- small helpers */
@@ -267,6 +273,25 @@ ext_get(struct kvt_engine *e, uint32_t pool, const char *fn)
 
 /* ---- hooks from the engine (block.c, xfer.c) */
 
+/* A landed block's hash stopped being found: remember it for kvt_ext_removed (the oldest entry
+ * is overwritten when the ring is full, and counted as lost). */
+static void
+ext_gone_push(struct kvt_ext_state *x, uint32_t tenant, uint64_t hash)
+{
+	uint32_t at;
+
+	if (!x->gone)
+		return;
+	if (x->gone_n == x->gone_cap) {
+		x->gone_head = (x->gone_head + 1) % x->gone_cap;
+		x->gone_n--;
+		x->gone_lost++;
+	}
+	at = (x->gone_head + x->gone_n) % x->gone_cap;
+	x->gone[at] = (struct kvt_ext_removal){ .hash = hash, .tenant = tenant };
+	x->gone_n++;
+}
+
 void
 kvt_ext_block_freed(struct kvt_engine *e, uint32_t id)
 {
@@ -288,6 +313,8 @@ kvt_ext_block_freed(struct kvt_engine *e, uint32_t id)
 		t->block = EXT_TOMB;
 		x->n--;
 		x->tombs++;
+		if (m->landed)
+			ext_gone_push(x, m->tenant, m->hash);
 	}
 	m->ext = 0;
 	m->landed = 0;
@@ -1074,6 +1101,7 @@ kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size)
 		return;
 	d.opts_size = size;
 	d.max_jobs = 4096;
+	d.removed_cap = 65536;
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
 }
 
@@ -1090,6 +1118,7 @@ ext_free(struct kvt_engine *e, struct kvt_ext_state *x)
 	kvt_free(x->jobs);
 	kvt_free(x->cv);
 	kvt_free(x->scratch);
+	kvt_free(x->gone);
 	kvt_free(x);
 }
 
@@ -1121,6 +1150,11 @@ kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o, uint32_t *p
 	if (oo.max_jobs == 0 || oo.max_jobs > (1u << 20))
 		return kvt_err(-EINVAL, "kvt_ext_register: max_jobs %u out of 1..%u", oo.max_jobs,
 			       1u << 20);
+	if (oo.removed_cap == 0)
+		oo.removed_cap = 65536; /* an old caller's reserved zeros */
+	if (oo.removed_cap > (1u << 24))
+		return kvt_err(-EINVAL, "kvt_ext_register: removed_cap %u out of 1..%u",
+			       oo.removed_cap, 1u << 24);
 	x = kvt_calloc(1, sizeof *x);
 	if (!x)
 		return kvt_err(-ENOMEM, "kvt_ext_register: pool state");
@@ -1142,8 +1176,11 @@ kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o, uint32_t *p
 	x->max_jobs = oo.max_jobs;
 	x->next_id = 1;
 	x->jobs = kvt_calloc(oo.max_jobs, sizeof *x->jobs);
-	if (!x->jobs) {
-		rc = kvt_err(-ENOMEM, "kvt_ext_register: %u job records", oo.max_jobs);
+	x->gone_cap = oo.removed_cap;
+	x->gone = kvt_calloc(x->gone_cap, sizeof *x->gone);
+	if (!x->jobs || !x->gone) {
+		rc = kvt_err(-ENOMEM, "kvt_ext_register: %u job records and the removal ring",
+			     oo.max_jobs);
 		goto fail;
 	}
 	rc = ext_meta_reserve(e, x, e->cap_blocks ? e->cap_blocks - 1 : 0);
@@ -1501,6 +1538,37 @@ kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint6
 	if (tier)
 		*tier = slow;
 	return 0;
+}
+
+int
+kvt_ext_removed(struct kvt_engine *e, uint32_t pool, struct kvt_ext_removal *out, size_t max,
+		uint64_t *lost)
+{
+	struct kvt_ext_state *x;
+	size_t i;
+
+	if (lost)
+		*lost = 0;
+	if (!e || !lost || (max && !out))
+		return kvt_err(-EINVAL, "kvt_ext_removed: engine, lost and out (max %zu) must not "
+			       "be NULL", max);
+	if (max > INT_MAX)
+		max = INT_MAX;
+	kvt_lock(e);
+	x = ext_get(e, pool, "kvt_ext_removed");
+	if (!x) {
+		kvt_unlock(e);
+		return -ENOENT;
+	}
+	for (i = 0; i < max && x->gone_n; i++) {
+		out[i] = x->gone[x->gone_head];
+		x->gone_head = (x->gone_head + 1) % x->gone_cap;
+		x->gone_n--;
+	}
+	*lost = x->gone_lost;
+	x->gone_lost = 0;
+	kvt_unlock(e);
+	return (int)i;
 }
 
 int

@@ -1462,7 +1462,10 @@ struct kvt_ext_opts {
 	const struct kvt_ext_layer *layers; /* the geometry; copied */
 	uint32_t layer_group;  /* layer group the pool holds (0; for per-group pools later) */
 	uint32_t max_jobs;     /* jobs in flight or unreported at once; default 4096 */
-	uint64_t reserved[4];  /* 0 */
+	uint32_t removed_cap;  /* removals kvt_ext_removed() holds undrained; default 65536;
+	                          1..(1 << 24) (entries of 16 bytes) */
+	uint32_t pad_;         /* 0 */
+	uint64_t reserved[3];  /* 0 */
 };
 
 /** Job kinds (struct kvt_ext_done.kind). */
@@ -1607,6 +1610,36 @@ KVT_API int kvt_ext_touch(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
 			  const uint64_t *hashes, size_t n);
 KVT_API int kvt_ext_drop(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
 			 const uint64_t *hashes, size_t n);
+
+/** A hash that stopped being stored, as kvt_ext_removed() reports it. */
+struct kvt_ext_removal {
+	uint64_t hash;   /* the hash the block was stored under */
+	uint32_t tenant; /* and its tenant */
+	uint32_t pad_;   /* zero */
+};
+
+/**
+ * kvt_ext_removed() - drain the (tenant, hash) of stored blocks that stopped being stored
+ * since the last call, oldest first: evicted from their last tier (eviction policy, watermarks,
+ * a full NVMe tier), dropped (kvt_ext_drop), or lost (a failed or corrupt read; the block's
+ * load failed). Only blocks that had landed (that kvt_ext_lookup could find) are reported, each
+ * removal once. It lets a scheduler keep an exact mirror of what is stored and answer its
+ * per-block lookups without a call per block (vLLM asks its offloading manager one key at a
+ * time, for every waiting request every step): add a hash when its store job is reported
+ * done, remove the hashes this call reports. Non-blocking; advances no job (a removal caused
+ * by a completion is reported after the call that processes it: kvt_ext_poll, kvt_ext_wait,
+ * a store or load). The engine holds the last removed_cap (kvt_ext_opts; default 65,536)
+ * removals; older ones are overwritten and counted in @lost (then any hash may be gone: drop the mirror, or check it with
+ * kvt_ext_lookup). A hash stored again after its removal is reported removed once and is
+ * stored: apply removals before the adds of the stores reported later.
+ * @out: receives up to @max entries (may be NULL when @max is 0: only @lost is read).
+ * @lost: receives the removals overwritten since the last call (not NULL).
+ * Thread-safe (the engine mutex). Returns the number of entries written (0..@max, at most
+ * INT_MAX; call again while it returns @max), -EINVAL (NULL engine or @lost, NULL @out with
+ * @max > 0), -ENOENT (no such pool).
+ */
+KVT_API int kvt_ext_removed(struct kvt_engine *e, uint32_t pool, struct kvt_ext_removal *out,
+			    size_t max, uint64_t *lost);
 
 /** Counters of a pool (kvt_ext_stats). */
 struct kvt_ext_stats {

@@ -30,7 +30,7 @@ struct pool {
 };
 
 static void
-pool_make(struct kvt_engine *e, struct pool *p)
+pool_make_cap(struct kvt_engine *e, struct pool *p, uint32_t removed_cap)
 {
 	struct kvt_ext_opts o;
 	uint32_t l;
@@ -48,11 +48,19 @@ pool_make(struct kvt_engine *e, struct pool *p)
 	o.n_blocks = NB;
 	o.n_entries = TSUP_LAYERS;
 	o.layers = p->lay;
+	if (removed_cap)
+		o.removed_cap = removed_cap;
 	rc = kvt_ext_register(e, &o, &p->id);
 	if (rc)
 		print_error("register: %s\n", kvt_last_error_message());
 	assert_int_equal(rc, 0);
 	assert_int_not_equal(p->id, 0);
+}
+
+static void
+pool_make(struct kvt_engine *e, struct pool *p)
+{
+	pool_make_cap(e, p, 0);
 }
 
 static void
@@ -651,6 +659,143 @@ test_restart_persistent_hits(void **state)
 	tsup_rmdir(dir);
 }
 
+/* ---- kvt_ext_removed: the exact removal feed a scheduler's mirror of the store is kept by */
+
+/* 1 if @h is stored for @tenant (kvt_ext_lookup of it alone). */
+static size_t
+stored(struct kvt_engine *e, struct pool *p, uint32_t tenant, uint64_t h)
+{
+	size_t hits = 0;
+
+	assert_int_equal(kvt_ext_lookup(e, p->id, tenant, &h, 1, &hits, NULL), 0);
+	return hits;
+}
+
+static void
+test_removed_feed(void **state)
+{
+	char *dir;
+	struct kvt_engine *e = engine(16, 0, &dir, NULL); /* HOST only: 16 blocks */
+	struct pool p;
+	struct kvt_ext_removal out[64];
+	uint32_t ids[8];
+	uint64_t h[48], lost = 7;
+	bool gone[48] = { false };
+	int n, total = 0;
+
+	(void)state;
+	pool_make(e, &p);
+	/* nothing removed yet */
+	assert_int_equal(kvt_ext_removed(e, p.id, out, 64, &lost), 0);
+	assert_int_equal(lost, 0);
+	for (uint32_t i = 0; i < 48; i++)
+		h[i] = hash_of(300 + i);
+	/* 6 jobs of 8 blocks into 16 HOST slots: at least 32 stored blocks are evicted */
+	for (uint32_t r = 0; r < 6; r++) {
+		for (uint32_t i = 0; i < 8; i++) {
+			ids[i] = i;
+			fill(&p, i, r * 8 + i);
+		}
+		store_ids(e, &p, 3, ids, h + r * 8, 8);
+	}
+	while ((n = kvt_ext_removed(e, p.id, out, 5, &lost)) > 0) { /* drained 5 at a time */
+		assert_int_equal(lost, 0);
+		for (int k = 0; k < n; k++) {
+			int i = -1;
+
+			for (int j = 0; j < 48; j++)
+				if (h[j] == out[k].hash)
+					i = j;
+			assert_true(i >= 0);
+			assert_int_equal(out[k].tenant, 3);
+			assert_false(gone[i]); /* each removal once */
+			gone[i] = true;
+			total++;
+		}
+	}
+	assert_int_equal(n, 0);
+	assert_true(total >= 32);
+	/* the feed is exact: reported <=> not found */
+	for (uint32_t i = 0; i < 48; i++)
+		assert_int_equal(stored(e, &p, 3, h[i]), gone[i] ? 0 : 1);
+	/* a drop is reported; a drop of an absent hash is not */
+	for (uint32_t i = 0; i < 48; i++)
+		if (!gone[i]) {
+			assert_int_equal(kvt_ext_drop(e, p.id, 3, &h[i], 1), 1);
+			assert_int_equal(kvt_ext_drop(e, p.id, 3, &h[i], 1), 0);
+			assert_int_equal(kvt_ext_removed(e, p.id, out, 64, &lost), 1);
+			assert_true(out[0].hash == h[i]);
+			assert_int_equal(stored(e, &p, 3, h[i]), 0);
+			break;
+		}
+	/* bad input */
+	assert_int_equal(kvt_ext_removed(e, p.id, NULL, 1, &lost), -EINVAL);
+	assert_int_equal(kvt_ext_removed(e, p.id, out, 1, NULL), -EINVAL);
+	assert_int_equal(kvt_ext_removed(NULL, p.id, out, 1, &lost), -EINVAL);
+	assert_int_equal(kvt_ext_removed(e, p.id + 1, out, 1, &lost), -ENOENT);
+	assert_int_equal(kvt_ext_removed(e, p.id, NULL, 0, &lost), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+	tsup_rmdir(dir);
+}
+
+/* A ring of 4 that is not drained: the oldest removals are overwritten and counted lost. */
+static void
+test_removed_overflow(void **state)
+{
+	char *dir;
+	struct kvt_engine *e = engine(8, 0, &dir, NULL);
+	struct pool p;
+	struct kvt_ext_removal out[8];
+	uint32_t ids[8];
+	uint64_t h[24], lost = 0;
+	int n;
+
+	(void)state;
+	pool_make_cap(e, &p, 4);
+	for (uint32_t i = 0; i < 24; i++)
+		h[i] = hash_of(500 + i);
+	for (uint32_t r = 0; r < 3; r++) {
+		for (uint32_t i = 0; i < 8; i++) {
+			ids[i] = i;
+			fill(&p, i, r * 8 + i);
+		}
+		store_ids(e, &p, 0, ids, h + r * 8, 8);
+	}
+	n = kvt_ext_removed(e, p.id, out, 8, &lost);
+	assert_int_equal(n, 4);
+	assert_true(lost >= 12); /* 16 or more evicted, 4 held */
+	for (int k = 0; k < n; k++)
+		assert_int_equal(stored(e, &p, 0, out[k].hash), 0);
+	/* the count is reset by the drain */
+	assert_int_equal(kvt_ext_removed(e, p.id, out, 8, &lost), 0);
+	assert_int_equal(lost, 0);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+	tsup_rmdir(dir);
+	/* removed_cap out of range */
+	{
+		struct kvt_engine *e2 = engine(8, 0, &dir, NULL);
+		struct kvt_ext_opts o;
+		uint32_t id;
+
+		pool_make(e2, &p); /* for the layers */
+		kvt_engine_destroy(e2);
+		pool_free(&p);
+		e2 = engine(8, 0, &dir, NULL);
+		kvt_ext_opts_init(&o, sizeof o);
+		o.n_blocks = NB;
+		o.n_entries = TSUP_LAYERS;
+		o.layers = p.lay;
+		o.removed_cap = (1u << 24) + 1;
+		assert_int_equal(kvt_ext_register(e2, &o, &id), -EINVAL);
+		assert_non_null(strstr(kvt_last_error_message(), "removed_cap"));
+		kvt_engine_destroy(e2);
+		tsup_rmdir(dir);
+	}
+}
+
 int
 main(void)
 {
@@ -663,6 +808,8 @@ main(void)
 		cmocka_unit_test(test_corrupt_block_only_it_fails),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_restart_persistent_hits),
+		cmocka_unit_test(test_removed_feed),
+		cmocka_unit_test(test_removed_overflow),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

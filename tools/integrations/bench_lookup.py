@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """The scheduler-side lookup of a 32k-token prompt (2048 blocks of 16 tokens), all stored:
-vLLM's OffloadingConnector asks KvtierOffloadingManager.lookup() once per block key; also the
-one batched kvt_ext_lookup of the same 2048 hashes (what kvtier itself costs). Prints the
-median of --reps runs of each, in microseconds.
+vLLM's OffloadingConnector asks KvtierOffloadingManager.lookup() once per block key (answered
+from the manager's mirror of what kvtier holds, kept by kvt_ext_removed); in the same run, the
+same per-key loop over vLLM's own CPUOffloadingManager (a dict probe per key: the floor of a
+Python manager) and one batched kvt_ext_lookup of the 2048 hashes (what kvtier itself costs
+through ctypes). A first scan (a cold mirror: one kvt_ext_lookup per key) and a scan after
+kvtier evicted a block are timed too. Prints the median of --reps runs of each, in
+microseconds, and the ratio kvtier / vLLM CPU manager.
 
     KVTIER_LIBRARY=build/libkvtier.so $VENV/bin/python tools/integrations/bench_lookup.py
 """
@@ -19,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key  # noqa: E402
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
 
 import kvtier  # noqa: E402
 from kvtier._store import close_store, shared_store  # noqa: E402
@@ -46,24 +51,47 @@ def main():
     hashes = [m.hashes(k)[0] for k in keys]
     pool.wait(pool.store(hashes, list(range(n))))
     pool.poll()
-    ctx = ReqContext(req_id="r")
-    per_key, batched = [], []
-    for _ in range(a.reps):
-        m._sub.clear()  # as for a new request: the hashes are computed too
+
+    def scan(mgr, ctx):
         t = time.perf_counter()
         hits = 0
         for k in keys:
-            if m.lookup(k, ctx) is not LookupResult.HIT:
+            if mgr.lookup(k, ctx) is not LookupResult.HIT:
                 break
             hits += 1
-        per_key.append(time.perf_counter() - t)
+        return time.perf_counter() - t, hits
+
+    # a cold mirror (a new manager, as after a restart): one kvt_ext_lookup per key
+    cold, hits = scan(m, ReqContext(req_id="r0"))
+    assert hits == n
+    vm = CPUOffloadingManager(num_chunks=n)
+    out = vm.prepare_store(keys, ReqContext(req_id="v"))
+    vm.complete_store(out.keys_to_store, ReqContext(req_id="v"))
+    per_key, vllm_cpu, batched = [], [], []
+    for r in range(a.reps):
+        ctx = ReqContext(req_id=f"r{r}")  # a scan of a new request: the mirror is synced
+        dt, hits = scan(m, ctx)
         assert hits == n
+        per_key.append(dt)
+        dt, hits = scan(vm, ctx)
+        assert hits == n
+        vllm_cpu.append(dt)
         t = time.perf_counter()
         assert pool.lookup(hashes) == n
         batched.append(time.perf_counter() - t)
-    print(f"bench_lookup: {a.tokens} tokens = {n} blocks, all stored; median of {a.reps}: "
-          f"manager.lookup per key (vLLM's calls) {statistics.median(per_key) * 1e6:.0f} us, "
-          f"one kvt_ext_lookup of {n} hashes {statistics.median(batched) * 1e6:.0f} us")
+    # kvtier drops a block in the middle: the next scan stops there (the removal is drained)
+    pool.drop([hashes[n // 2]])
+    dt, hits = scan(m, ReqContext(req_id="after-drop"))
+    assert hits == n // 2, hits
+    med = statistics.median
+    print(f"bench_lookup: {a.tokens} tokens = {n} blocks, all stored; load average "
+          f"{os.getloadavg()[0]:.2f}; median of {a.reps}:")
+    print(f"  kvtier manager.lookup per key (vLLM's calls)  {med(per_key) * 1e6:8.0f} us")
+    print(f"  vLLM CPUOffloadingManager per key, same keys  {med(vllm_cpu) * 1e6:8.0f} us")
+    print(f"  ratio kvtier / vLLM CPU manager               {med(per_key) / med(vllm_cpu):8.2f}")
+    print(f"  one kvt_ext_lookup of {n} hashes (batched)    {med(batched) * 1e6:8.0f} us")
+    print(f"  first scan, cold mirror (a call per key)      {cold * 1e6:8.0f} us")
+    print(f"  scan after a drop (stops at block {n // 2})      {dt * 1e6:8.0f} us")
     close_store("bench")
 
 

@@ -1009,7 +1009,7 @@ class ExternalPool:
     asynchronously; poll() reports each finished job once with the blocks that failed. The
     pool's memory must outlive close() (which waits for the jobs in flight)."""
 
-    def __init__(self, engine, n_blocks, layers, max_jobs=0, layer_group=0):
+    def __init__(self, engine, n_blocks, layers, max_jobs=0, layer_group=0, removed_cap=0):
         self._engine = engine
         layers = list(layers)
         arr = (_ffi.ExtLayer * max(len(layers), 1))()
@@ -1039,7 +1039,10 @@ class ExternalPool:
         o.layer_group = layer_group
         if max_jobs:
             o.max_jobs = max_jobs
+        if removed_cap:
+            o.removed_cap = removed_cap
         self._id = ctypes.c_uint32(0)
+        self._gone = None  # kvt_ext_removed's buffer, made at the first removed()
         _check(lib.kvt_ext_register(engine._handle(), ctypes.byref(o), ctypes.byref(self._id)),
                "kvt_ext_register")
         self.pool = self._id.value
@@ -1154,6 +1157,25 @@ class ExternalPool:
         """kvt_ext_drop: forget these stored blocks; returns how many were found."""
         h, n, _keep = _u64s(hashes, "hashes")
         return _check(lib.kvt_ext_drop(self._h(), self.pool, tenant, h, n), "kvt_ext_drop")
+
+    def removed(self, max_entries=4096):
+        """kvt_ext_removed: drain the stored blocks that stopped being stored since the last
+        call (evicted from their last tier, dropped, lost), oldest first. Returns
+        (entries, lost): entries a list of (tenant, hash), all of them (it calls again while
+        the buffer fills); lost the removals the engine's ring overwrote (then any hash may be
+        gone: rebuild a mirror from lookup())."""
+        cap = max(1, int(max_entries))
+        if self._gone is None or len(self._gone) != cap:
+            self._gone = (_ffi.ExtRemoval * cap)()
+        out, lost_total = [], 0
+        lost = ctypes.c_uint64(0)
+        while True:
+            n = _check(lib.kvt_ext_removed(self._h(), self.pool, self._gone, cap,
+                                           ctypes.byref(lost)), "kvt_ext_removed")
+            lost_total += lost.value
+            out.extend((self._gone[i].tenant, self._gone[i].hash) for i in range(n))
+            if n < cap:
+                return out, lost_total
 
     def stats(self):
         """kvt_ext_stats as a dict."""

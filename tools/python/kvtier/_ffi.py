@@ -203,7 +203,12 @@ class ExtLayer(ctypes.Structure):
 class ExtOpts(ctypes.Structure):
     _fields_ = [("opts_size", ctypes.c_size_t), ("n_blocks", c_u32), ("n_entries", c_u32),
                 ("layers", ctypes.POINTER(ExtLayer)), ("layer_group", c_u32),
-                ("max_jobs", c_u32), ("reserved", c_u64 * 4)]
+                ("max_jobs", c_u32), ("removed_cap", c_u32), ("pad_", c_u32),
+                ("reserved", c_u64 * 3)]
+
+
+class ExtRemoval(ctypes.Structure):
+    _fields_ = [("hash", c_u64), ("tenant", c_u32), ("pad_", c_u32)]
 
 
 class ExtDone(ctypes.Structure):
@@ -229,7 +234,8 @@ STRUCTS = {"kvt_layout": Layout, "kvt_geometry": Geometry, "kvt_engine_opts": En
            "kvt_lat_hist": LatHist, "kvt_state_tensor": StateTensor, "kvt_group": Group,
            "kvt_group_geometry": GroupGeometry, "kvt_group_table": GroupTable,
            "kvt_ext_layer": ExtLayer, "kvt_ext_opts": ExtOpts,
-           "kvt_ext_done": ExtDone, "kvt_ext_fail": ExtFail, "kvt_ext_stats": ExtStats}
+           "kvt_ext_done": ExtDone, "kvt_ext_fail": ExtFail, "kvt_ext_stats": ExtStats,
+           "kvt_ext_removal": ExtRemoval}
 
 _P = ctypes.POINTER
 _vp = ctypes.c_void_p
@@ -312,6 +318,7 @@ _PROTOS = {
     "kvt_ext_touch": (_int, [_vp, c_u32, c_u32, _P(c_u64), ctypes.c_size_t]),
     "kvt_ext_drop": (_int, [_vp, c_u32, c_u32, _P(c_u64), ctypes.c_size_t]),
     "kvt_ext_stats": (_int, [_vp, c_u32, _P(ExtStats)]),
+    "kvt_ext_removed": (_int, [_vp, c_u32, _P(ExtRemoval), ctypes.c_size_t, _P(c_u64)]),
 }
 lib = _load_library()
 for _name, (_res, _args) in _PROTOS.items():

@@ -78,13 +78,15 @@ class SharedStore:
         self.pool = None
         self._lock = threading.Lock()
 
-    def register(self, n_blocks, layers):
-        """Register the worker's device blocks (ext_layer dicts); one pool per store."""
+    def register(self, n_blocks, layers, removed_cap=0):
+        """Register the worker's device blocks (ext_layer dicts); one pool per store.
+        removed_cap: kvt_ext_opts.removed_cap (0: kvtier's default)."""
         with self._lock:
             if self.pool is not None:
                 raise kvtier.KvtierError(-17, f"store {self.name!r}: a pool is already "
                                          "registered", "SharedStore.register")
-            self.pool = kvtier.ExternalPool(self.engine, n_blocks, layers)
+            self.pool = kvtier.ExternalPool(self.engine, n_blocks, layers,
+                                             removed_cap=removed_cap)
             return self.pool
 
     def close(self):

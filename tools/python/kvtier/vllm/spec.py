@@ -7,8 +7,10 @@ vLLM (0.33.0) loads it with kv_connector_extra_config {"spec_name": "KvtierOfflo
   KvtierOffloadingManager (scheduler side): lookup / prepare_load / touch / complete_load /
       prepare_store / complete_store / on_new_request ... answered by kvtier itself
       (kvt_ext_lookup, kvt_ext_touch): kvtier owns the slots, the eviction policy, the
-      checksums and the persistent store, so the manager keeps only the keys whose store is
-      in flight (HIT_PENDING) and the keys it stored (reset_cache drops them).
+      checksums and the persistent store; the manager keeps the keys whose store is in
+      flight (HIT_PENDING), the keys it stored (reset_cache drops them) and an exact mirror
+      of the stored keys, kept by kvt_ext_removed, so that vLLM's per-key lookups do not
+      each call into kvtier.
   KvtierOffloadingWorker (worker side): registers the GPU KV tensors vLLM hands it
       (CanonicalKVCaches: per tensor [num_blocks, page] bytes with a block stride) as
       kvtier's external pool, and turns submit_store / submit_load into kvt_ext_store /
@@ -75,7 +77,20 @@ def _store_for(spec, block_bytes):
 
 class KvtierOffloadingManager(OffloadingManager):
     """The scheduler side: kvtier answers what is stored. Single-threaded, as vLLM's
-    scheduler calls it (the default no-op lock)."""
+    scheduler calls it (the default no-op lock).
+
+    vLLM asks lookup() one key at a time, for every waiting request every step (2,048 calls
+    for a 32k-token prompt of 16-token blocks), so a call into kvtier per key (about 25 us
+    with its argument conversion) would cost tens of ms per request per step. The manager
+    keeps an exact mirror of the keys kvtier holds instead: a key enters it when one batched
+    kvt_ext_lookup confirms its blocks (after its store completed, or on a first lookup that
+    misses the mirror), and leaves it when kvtier reports one of its blocks removed
+    (kvt_ext_removed: evicted from its last tier, dropped, lost), drained once per step and
+    at the start of each request's scan. A hit of the mirror costs two set probes; a miss is
+    checked with kvtier (a key stored by an earlier process, or by another manager), so the
+    mirror never answers MISS for a stored key and never HIT for a key kvtier reported gone.
+    A block evicted between a lookup and its load fails alone in the load (vLLM's
+    invalid-block path), as it would with a call per key."""
 
     def __init__(self, spec):
         self.spec = spec
@@ -84,6 +99,12 @@ class KvtierOffloadingManager(OffloadingManager):
         self._pending = set()  # keys whose store is in flight
         self._stored = set()   # keys this manager stored (for reset_cache)
         self._sub = {}         # key -> its kvtier hashes (memo: the scheduler asks often)
+        self._mirror = set()   # keys whose blocks kvtier holds (see the class comment)
+        self._key_of = {}      # kvtier hash -> the mirrored key it belongs to
+        self._synced_ctx = None  # the request context of the scan the mirror was synced for
+        self._synced_pool = None
+        self.mirror_syncs = 0  # removal drains (counters for tests and benchmarks)
+        self.mirror_resets = 0  # mirrors dropped because kvtier's removal ring overflowed
 
     def _pool(self):
         st = find_store(_store_name(self.spec))
@@ -97,15 +118,64 @@ class KvtierOffloadingManager(OffloadingManager):
                 self._sub.clear()
         return h
 
+    def _mirror_add(self, key, hs):
+        self._mirror.add(key)
+        for h in hs:
+            self._key_of[h] = key
+
+    def _mirror_clear(self):
+        self._mirror.clear()
+        self._key_of.clear()
+
+    def _sync(self, pool):
+        """Apply kvtier's removals since the last drain to the mirror."""
+        self.mirror_syncs += 1
+        if pool is not self._synced_pool:  # a new store: nothing mirrored belongs to it
+            self._mirror_clear()
+            self._synced_pool = pool
+        gone, lost = pool.removed()
+        if lost:
+            self.mirror_resets += 1
+            self._mirror_clear()
+            return
+        for tenant, h in gone:
+            if tenant == self.tenant:
+                k = self._key_of.pop(h, None)
+                if k is not None:
+                    self._mirror.discard(k)
+
+    def _confirm(self, pool, keys):
+        """Mirror those of @keys whose blocks kvtier holds now: one kvt_ext_lookup of all
+        their hashes (in order) counts the leading run; the keys after it (a store that
+        found no room for some blocks: rare) are checked one by one."""
+        keys = list(keys)
+        hss = [self.hashes(k) for k in keys]
+        full = pool.lookup([h for hs in hss for h in hs], tenant=self.tenant) // self.bpc
+        for i, (k, hs) in enumerate(zip(keys, hss)):
+            if i < full or (i > full and pool.lookup(hs, tenant=self.tenant) == len(hs)):
+                self._mirror_add(k, hs)
+
     def lookup(self, key, req_context):
         if key in self._pending:
             return LookupResult.HIT_PENDING
+        if req_context is self._synced_ctx and key in self._mirror and self._synced_pool.pool:
+            return LookupResult.HIT  # the scan's mirror is current (synced, pool open)
         pool = self._pool()
         if pool is None:
             return LookupResult.MISS
+        if req_context is not self._synced_ctx or pool is not self._synced_pool:
+            self._synced_ctx = req_context
+            self._sync(pool)
+        if key in self._mirror:
+            return LookupResult.HIT
         hs = self.hashes(key)
-        return LookupResult.HIT if pool.lookup(hs, tenant=self.tenant) == len(hs) \
-            else LookupResult.MISS
+        if pool.lookup(hs, tenant=self.tenant) == len(hs):
+            self._mirror_add(key, hs)
+            return LookupResult.HIT
+        return LookupResult.MISS
+
+    def on_schedule_end(self, context):
+        self._synced_ctx = None  # the next step's first lookup drains the removals again
 
     def prepare_load(self, keys, req_context):
         return KvtierLoadStoreSpec([h for k in keys for h in self.hashes(k)])
@@ -122,12 +192,15 @@ class KvtierOffloadingManager(OffloadingManager):
         pool = self._pool()
         if pool is None:
             return None
+        if pool is not self._synced_pool:
+            self._sync(pool)
         todo = []
         for k in keys:
-            if k in self._pending:
+            if k in self._pending or k in self._mirror:
                 continue
             hs = self.hashes(k)
             if pool.lookup(hs, tenant=self.tenant) == len(hs):
+                self._mirror_add(k, hs)
                 continue
             todo.append(k)
         self._pending.update(todo)
@@ -141,6 +214,13 @@ class KvtierOffloadingManager(OffloadingManager):
             self._pending.discard(k)
             if success:
                 self._stored.add(k)
+        pool = self._pool()
+        if success and keys and pool is not None:
+            # a store whose blocks found no room completes too: only what kvtier holds is
+            # mirrored (a removal after this check is drained later)
+            if pool is not self._synced_pool:
+                self._sync(pool)
+            self._confirm(pool, keys)
 
     def on_new_request(self, req_context):
         return RequestOffloadingContext()
@@ -152,6 +232,7 @@ class KvtierOffloadingManager(OffloadingManager):
         self._stored.clear()
         self._pending.clear()
         self._sub.clear()
+        self._mirror_clear()
 
 
 def _slice_hashes(hashes, gpu_spec, bpc):
