@@ -31,6 +31,8 @@ typedef void *kvt_cuda_stream_t;
 #endif
 
 #include "kernels/attention.h"
+#include "kernels/linear.h"
+#include "kernels/sparse.h"
 
 /** Largest number of KV splits one decode launch accepts (gridDim.y). */
 #define KVT_ATTN_CUDA_MAX_SPLITS 65535u
@@ -272,6 +274,55 @@ int kvt_cuda_delay_copy(void *dst, const void *src, uint64_t len, uint64_t delay
  */
 int kvt_cuda_read_bytes(const void *src, uint64_t len, uint32_t *sink, int n_sm,
 			kvt_cuda_stream_t stream);
+
+
+/*
+ * Issue 17's decode kernels (kernels/sparse_linear.cu; plain first versions, not tuned): each
+ * computes what its C reference in kernels/linear.h or kernels/sparse.h computes, with fp32
+ * accumulation in another order (results within fp32 rounding; Quest summaries exactly), on
+ * device pointers, asynchronously on @stream. The host checks the shapes, dtypes and counts it
+ * can see (-EINVAL); the contents of device arrays (block lists strictly ascending and inside
+ * the sequence, selected blocks present in pos) are the caller's to guarantee, as the
+ * references check. Returns 0, -EINVAL or KVT_EDEVICE (launch failed).
+ */
+
+/** kvt_gdn_step_cuda() - kvt_gdn_step_ref() on the GPU (no scratch; k_dim <= 4096). */
+int kvt_gdn_step_cuda(const struct kvt_gdn_shape *s, void *state, const float *q,
+		      const float *k, const float *v, const float *g, const float *beta,
+		      float *out, kvt_cuda_stream_t stream);
+
+/** kvt_conv_step_cuda() - kvt_conv_step_ref() on the GPU; @bias may be NULL. */
+int kvt_conv_step_cuda(const struct kvt_conv_shape *s, void *state, const float *x,
+		       const float *weight, const float *bias, float *out,
+		       kvt_cuda_stream_t stream);
+
+/** kvt_attn_select_cuda_work_floats() - @work of the select launchers: n_heads * n_blocks * tpb. */
+size_t kvt_attn_select_cuda_work_floats(uint32_t n_heads, uint32_t n_blocks, uint32_t tpb);
+
+/**
+ * kvt_attn_select_cuda() - kvt_attn_select_ref() on the GPU: one thread block per query head.
+ * @blocks: device [n_blocks]; @work: device kvt_attn_select_cuda_work_floats() floats, not
+ * shared by launches that may overlap; kv->table and kv->pos device pointers.
+ */
+int kvt_attn_select_cuda(const struct kvt_paged_kv *kv, const float *q, uint32_t n_heads,
+			 uint64_t seq_len, const uint32_t *blocks, uint32_t n_blocks,
+			 float *work, float *out, kvt_cuda_stream_t stream);
+
+/** kvt_attn_latent_select_cuda() - kvt_attn_latent_select_ref() on the GPU (as above). */
+int kvt_attn_latent_select_cuda(const struct kvt_paged_latent *kv, const float *q_lat,
+				const float *q_pe, uint32_t n_heads, uint64_t seq_len,
+				const uint32_t *blocks, uint32_t n_blocks, float scale,
+				float *work, float *out, kvt_cuda_stream_t stream);
+
+/** kvt_quest_summary_cuda() - kvt_quest_summary_ref() on the GPU; @blocks a device array. */
+int kvt_quest_summary_cuda(const struct kvt_paged_kv *kv, uint64_t seq_len,
+			   const uint32_t *blocks, uint32_t n_blocks, float *summary,
+			   kvt_cuda_stream_t stream);
+
+/** kvt_quest_score_cuda() - kvt_quest_score_ref() on the GPU. */
+int kvt_quest_score_cuda(const float *summary, uint32_t n_blocks, uint32_t n_kv_heads,
+			 uint32_t head_dim, const float *q, uint32_t n_heads, float *scores,
+			 kvt_cuda_stream_t stream);
 
 #ifdef __cplusplus
 }

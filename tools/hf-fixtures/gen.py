@@ -15,6 +15,15 @@ Command (a fresh machine, CPU only; torch from PyPI is large):
   python3 -m venv /tmp/hfvenv
   /tmp/hfvenv/bin/pip install -r tools/hf-fixtures/requirements.txt
   /tmp/hfvenv/bin/python tools/hf-fixtures/gen.py --out tests/data/hf
+Issue 17's models (qwen3-next, deepseek-v32) need a later transformers (4.57.6 has no
+deepseek_v32), pinned in requirements-17.txt, in a venv of its own:
+  python3 -m venv /tmp/hfvenv17
+  /tmp/hfvenv17/bin/pip install -r tools/hf-fixtures/requirements-17.txt
+  /tmp/hfvenv17/bin/python tools/hf-fixtures/gen.py --out tests/data/hf
+Without --only, gen.py writes the models pinned to the transformers it runs with (REQUIREMENTS
+below); --only a model pinned to another version is refused. Those two also write
+states.safetensors (qwen3-next: the Gated DeltaNet states after the prompt) and
+indexer.safetensors (deepseek-v32: the indexer's top-k per position; dump_17()).
 Options: --only NAME (one model), --seed N and --tag T (other seeds: held-back models are made
 this way, e.g. --seed 7 --tag s7 writes <name>-s7/), --list.
 
@@ -106,8 +115,65 @@ def qwen2_swa(seed):
     return Qwen2ForCausalLM, cfg, dict(prompt=48, gen=112)
 
 
+def qwen3_next(seed):
+    """Qwen3-Next: 4 layers, Gated DeltaNet (linear attention: 2 key heads, 4 value heads of 16,
+    conv kernel 4) in layers 0-2 and gated full attention (GQA 4/2, head_dim 16, partial rotary
+    0.25) in layer 3, as the 80B model's every-4th pattern; dense MLP in every layer
+    (mlp_only_layers: the MoE block is never built). Needs requirements-17.txt."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    cfg = Qwen3NextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=512, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25},
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention",
+                     "full_attention"],
+        mlp_only_layers=[0, 1, 2, 3], num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        tie_word_embeddings=False, attn_implementation="eager", bos_token_id=1,
+        eos_token_id=2, pad_token_id=0)
+    return Qwen3NextForCausalLM, cfg, dict(prompt=40, gen=88)
+
+
+def deepseek_v32(seed):
+    """DeepSeek-V3.2 (DSA): MLA as deepseek-v3 plus the sparse indexer (16 heads of 16, top-k 8
+    of a 128-token path: each query attends to at most 8 tokens), dense MLP in every layer.
+    Needs requirements-17.txt."""
+    from transformers import DeepseekV32Config, DeepseekV32ForCausalLM
+    cfg = DeepseekV32Config(
+        vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+        topk_group=1, first_k_dense_replace=3, q_lora_rank=24, kv_lora_rank=32,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=512,
+        index_topk=8, index_head_dim=16, index_n_heads=16,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False, attn_implementation="eager", bos_token_id=1,
+        eos_token_id=2, pad_token_id=0)
+    return DeepseekV32ForCausalLM, cfg, dict(prompt=40, gen=88)
+
+
 MODELS = {"gemma3": gemma3, "deepseek-v3": deepseek_v3, "mistral-swa": mistral_swa,
-          "qwen2-swa": qwen2_swa}
+          "qwen2-swa": qwen2_swa, "qwen3-next": qwen3_next, "deepseek-v32": deepseek_v32}
+
+# The pinned environment of each model (a file beside this one): the issue-16 models keep
+# transformers 4.57.6 (their committed fixtures were written with it); qwen3_next and
+# deepseek_v32 need the later version of requirements-17.txt (4.57.6 has no deepseek_v32).
+REQUIREMENTS = {"qwen3-next": "requirements-17.txt", "deepseek-v32": "requirements-17.txt"}
+
+
+def pinned_transformers(name):
+    """The transformers version pinned for model @name."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        REQUIREMENTS.get(name, "requirements.txt"))
+    with open(path) as f:
+        for line in f:
+            if line.startswith("transformers=="):
+                return line.strip().split("==")[1]
+    raise SystemExit(f"{path}: no transformers== line")
 
 
 def init_weights(model, seed, emb_std):
@@ -130,6 +196,102 @@ def init_weights(model, seed, emb_std):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
 
 
+# Norm classes whose weight multiplies as (1 + weight) (zero-centred): their neutral value is 0.
+ZERO_CENTRED_NORMS = ("Qwen3NextRMSNorm",)
+
+
+def init_weights_17(model, seed, emb_std):
+    """init_weights() for the issue-17 models (init_weights itself stays as it is: the issue-16
+    fixtures depend on its exact sequence of draws). Same scales, plus: the depthwise conv
+    weight [C, 1, K] N(0, 1/K); each norm's weight around its neutral value, read from the
+    norm's class (Qwen3-Next's RMSNorm is zero-centred, its gated RMSNorm and LayerNorm are
+    not); LayerNorm biases N(0, 0.1); A_log and dt_bias (Gated DeltaNet gates) N(0, 0.1)."""
+    g = torch.Generator().manual_seed(seed)
+    owner = {}
+    for mname, mod in model.named_modules():
+        for pname, _ in mod.named_parameters(recurse=False):
+            owner[f"{mname}.{pname}" if mname else pname] = type(mod).__name__
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            cls = owner.get(name, "")
+            if p.dim() == 2 and "embed_tokens" in name:
+                p.copy_(emb_std * torch.randn(p.shape, generator=g))
+            elif p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            elif p.dim() == 3:  # depthwise conv1d [channels, 1, kernel]
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[2]))
+            elif "Norm" in cls and name.endswith(".weight"):
+                base = 0.0 if cls in ZERO_CENTRED_NORMS else 1.0
+                p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def dump_17(name, model, prompt, toks, d, extra):
+    """Extra references of the issue-17 models, for the kernel tests and the C forward pass:
+    qwen3-next: states.safetensors, per Gated DeltaNet layer i the cache after the prompt
+      (one cached forward pass over the prompt): "layer<i>.conv" [conv_dim, K] (transformers'
+      conv state: the last K inputs of the short convolution, oldest first; kvtier keeps the
+      last K - 1) and "layer<i>.recurrent" [n_v_heads, k_dim, v_dim] float32.
+    deepseek-v32: indexer.safetensors, per layer i "layer<i>.topk" [n_positions, index_topk]
+      int32: the token indices the indexer picked for every position of the full reference
+      pass (positions < index_topk list masked future positions too; the mask drops them),
+      and extra["min_topk_margin"]: over all layers and positions with more than index_topk
+      visible tokens (position r sees 0..r), the smallest gap between the k-th and (k+1)-th
+      index score (a C forward pass reproduces the selection only while its rounding error
+      stays well below this).
+    Returns the file names written; adds entries to @extra (reference.json)."""
+    if name == "qwen3-next":
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+        cache = out.past_key_values
+        t = {}
+        for i, kind in enumerate(model.config.layer_types):
+            if kind != "linear_attention":
+                continue
+            layer = cache.layers[i]
+            t[f"layer{i}.conv"] = layer.conv_states[0][0].to(torch.float32).contiguous()
+            t[f"layer{i}.recurrent"] = layer.recurrent_states[0][0].to(torch.float32).contiguous()
+        safetensors.torch.save_file(t, os.path.join(d, "states.safetensors"),
+                                    metadata={"format": "pt"})
+        return ["states.safetensors"]
+    if name == "deepseek-v32":
+        picked, margins, hooks = {}, [], []
+        topk = torch.Tensor.topk
+
+        def recording_topk(x, k, *args, **kwargs):
+            # the indexer's only topk call: index_scores [1, S, T]; row r sees tokens 0..r
+            # (the causal mask is additive, finfo.min, not -inf)
+            for r, row in enumerate(x[0]):
+                v = torch.sort(row[:r + 1], descending=True).values
+                if v.numel() > k:
+                    margins.append(float(v[k - 1] - v[k]))
+            return topk(x, k, *args, **kwargs)
+
+        def pre(_m, _inp):
+            torch.Tensor.topk = recording_topk
+
+        for i, layer in enumerate(model.model.layers):
+            def hook(_m, _inp, output, i=i):
+                torch.Tensor.topk = topk
+                picked[i] = output[0].to(torch.int32).contiguous()
+            hooks.append(layer.self_attn.indexer.register_forward_pre_hook(pre))
+            hooks.append(layer.self_attn.indexer.register_forward_hook(hook))
+        try:
+            with torch.no_grad():
+                model(input_ids=torch.tensor([toks[:-1]]), use_cache=False)
+        finally:
+            torch.Tensor.topk = topk
+            for h in hooks:
+                h.remove()
+        t = {f"layer{i}.topk": picked[i] for i in sorted(picked)}
+        safetensors.torch.save_file(t, os.path.join(d, "indexer.safetensors"),
+                                    metadata={"format": "pt"})
+        extra["min_topk_margin"] = min(margins)
+        return ["indexer.safetensors"]
+    return []
+
+
 def sha256(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
@@ -139,7 +301,10 @@ def make(name, out_root, seed, tag):
     cls, cfg, lens = MODELS[name](seed)
     torch.manual_seed(seed)
     model = cls(cfg).to(torch.float32).eval()
-    init_weights(model, seed, lens.get("emb_std", 1.0))
+    if name in REQUIREMENTS:
+        init_weights_17(model, seed, lens.get("emb_std", 1.0))
+    else:
+        init_weights(model, seed, lens.get("emb_std", 1.0))
     g = torch.Generator().manual_seed(seed + 1000)
     prompt = torch.randint(3, cfg.vocab_size, (lens["prompt"],), generator=g).tolist()
     toks = list(prompt)
@@ -168,6 +333,8 @@ def make(name, out_root, seed, tag):
             os.remove(p)
     safetensors.torch.save_file({"logits": full}, os.path.join(d, "logits.safetensors"),
                                 metadata={"format": "pt"})
+    extra = {}
+    extra_files = dump_17(name, model, prompt, toks, d, extra)
     ref = {
         "model": name,
         "model_type": cfg.model_type,
@@ -186,8 +353,12 @@ def make(name, out_root, seed, tag):
         "min_greedy_margin": float(margins.min()),
         "max_abs_logit": float(full.abs().max()),
         "sha256": {f: sha256(os.path.join(d, f)) for f in
-                   ("config.json", "model.safetensors", "logits.safetensors")},
+                   ("config.json", "model.safetensors", "logits.safetensors",
+                    *extra_files)},
     }
+    if extra_files:
+        ref["extra_files"] = extra_files
+    ref.update(extra)
     with open(os.path.join(d, "reference.json"), "w") as f:
         json.dump(ref, f, indent=1)
         f.write("\n")
@@ -208,7 +379,15 @@ def main():
         print("\n".join(sorted(MODELS)))
         return
     os.makedirs(a.out, exist_ok=True)
-    for name in a.only or sorted(MODELS):
+    have = transformers.__version__
+    names = a.only or [n for n in sorted(MODELS) if pinned_transformers(n) == have]
+    if not names:
+        raise SystemExit(f"transformers {have}: no model is pinned to this version (see "
+                         f"requirements.txt and requirements-17.txt)")
+    for name in names:
+        if pinned_transformers(name) != have:
+            raise SystemExit(f"{name}: needs transformers {pinned_transformers(name)} "
+                             f"({REQUIREMENTS.get(name, 'requirements.txt')}), this is {have}")
         make(name, a.out, a.seed, a.tag)
 
 

@@ -422,6 +422,14 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 	else if (!strcmp(mt->valuestring, "mistral") || !strcmp(mt->valuestring, "qwen2") ||
 		 !strcmp(mt->valuestring, "llama"))
 		m->family = KVHF_LLAMA;
+	else if (!strcmp(mt->valuestring, "qwen3_next"))
+		return kvtr_err(KVT_ENOTSUP, "model_type qwen3_next (Gated DeltaNet layers) needs "
+				"issue 17's STATE layer groups (a recurrent and a convolution state "
+				"per sequence and layer): not implemented yet");
+	else if (!strcmp(mt->valuestring, "deepseek_v32"))
+		return kvtr_err(KVT_ENOTSUP, "model_type deepseek_v32 (DeepSeek Sparse Attention) "
+				"needs issue 17's SIDECAR groups (the indexer keys kept with their "
+				"tokens) and sparse block selection: not implemented yet");
 	else
 		return kvtr_err(KVT_ENOTSUP, "model_type %s is not supported (gemma3_text, "
 				"deepseek_v3, mistral, qwen2, llama)", mt->valuestring);
