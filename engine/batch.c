@@ -551,12 +551,17 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	}
 	b->e = e;
 	b->hint_mark = e->hint_seq;
+	b->rel_mark = e->rel_next;
+	b->rot_cont = kvt_rot_continues(e, seqidx, (uint32_t)n);
 	memcpy(b->seqidx, seqidx, n * sizeof *seqidx);
 	/* phase 1: pin (and count as used: the LRU order follows use) */
 	for (i = 0; i < n; i++) {
 		struct kvt_seqrec *s = &e->seqs[seqidx[i]];
+		/* every live block: a windowed sequence's holes are not part of it */
+		uint32_t lo = kvt_win_sink_blocks(e) ? 0 : kvt_seq_first_live(e, s);
 
-		kvt_rot_prepared(e, s, first[i] == 0 && count[i] == s->n_blocks);
+		kvt_rot_prepared(e, s, first[i] <= lo && first[i] + count[i] == s->n_blocks,
+				 b->rot_cont);
 		s->in_call = 1; /* waits release the lock: no other call changes it meanwhile */
 		for (j = first[i]; j < first[i] + count[i]; j++) {
 			uint32_t id = s->blocks[j];
@@ -594,6 +599,7 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	batch_fill_table(e, b, first, count);
 	for (i = 0; i < b->n_pinned; i++)
 		kvt_promo_access(e, b->pinned[i]); /* this use consumes its promotion */
+	kvt_hint_retry(e); /* the next batch's copies that found no room at their hint */
 	for (i = 0; i < n; i++) {
 		e->seqs[seqidx[i]].in_call = 0;
 		e->seqs[seqidx[i]].in_batch = 1;
@@ -700,6 +706,7 @@ batch_layer_event(struct kvt_engine *e, struct kvt_batch *b, uint32_t layer,
 		rc = kvt_xfer_poll(e, 0);
 		if (rc < 0)
 			return rc;
+		kvt_hint_retry(e);
 	}
 	if (!b->need_h2d || e->h2d.retired >= b->need_h2d) {
 		b->layers_ready = e->layout.n_layers; /* every copy of the batch has retired */
@@ -787,6 +794,7 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 {
 	struct kvt_engine *e;
 	uint32_t i;
+	bool keep;
 	int rc = 0;
 
 	if (!b)
@@ -826,11 +834,12 @@ kvt_batch_release(struct kvt_batch *b, void *stream)
 	 * before they land */
 	batch_count_accesses(e, b);
 	batch_unpin(e, b);
+	keep = b->rot_cont && e->rel_next == b->rel_mark; /* nothing released since */
 	for (i = 0; i < b->n; i++) {
 		struct kvt_seqrec *s = &e->seqs[b->seqidx[i]];
 
 		s->in_batch = 0;
-		kvt_rot_released(e, s, b->seqidx[i]);
+		kvt_rot_released(e, s, b->seqidx[i], keep);
 		kvt_seq_publish(e, s); /* its written sealed blocks become shareable */
 		kvt_seq_unpin_writes(e, s);
 		kvt_hint_end(e, s, b->hint_mark);

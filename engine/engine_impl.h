@@ -359,6 +359,9 @@ struct kvt_batch {
 	uint32_t n_early;          /* blocks already on their way up when prepared (prefetched) */
 	uint8_t stalled;           /* a wait of this batch found its copies unfinished */
 	uint64_t hint_mark;        /* e->hint_seq at prepare: hints up to it end at release */
+	uint32_t rel_mark;         /* e->rel_next at prepare (kvt_rot_continues) */
+	uint8_t rot_cont;          /* prepared as its sequences' continuing turn (the latest
+	                              releases were theirs): no new step, no new release order */
 	uint32_t *indptr;          /* [n + 1] */
 	uint32_t *indices;         /* [indptr[n]] */
 	uint32_t *last_len;        /* [n] */
@@ -374,6 +377,8 @@ struct kvt_batch {
 	uint32_t *pos;             /* [indptr[n]] block position of each entry in its sequence
 	                              (kvt_batch_block_pos) */
 };
+
+#define KVT_HINT_DEFER 64u /* hinted blocks a later call promotes (engine/hint.c) */
 
 struct kvt_engine {
 	pthread_mutex_t lock;               /* guards everything below */
@@ -418,11 +423,19 @@ struct kvt_engine {
 	uint32_t layers_per_group;          /* layers per H2D layer group (events per group) */
 	uint32_t n_lgroups;                 /* layer groups: ceil(n_layers / layers_per_group) */
 	uint64_t hint_seq;                  /* hints given so far (orders hints and batches) */
+	uint32_t hint_defer[KVT_HINT_DEFER]; /* hinted blocks (HOST-valid) that found no HBM
+	                                       room a hint could take without waiting (the
+	                                       victim's demotion still in flight): promoted by
+	                                       kvt_hint_retry once room is there */
+	uint32_t n_hint_defer;              /* entries in hint_defer */
 	uint64_t *hbm_h2d_seqno;            /* [HBM slots] h2d group carrying the latest
 	                                       host-to-device copy into the slot (valid while
 	                                       its block's HBM copy is INFLIGHT) */
 	bool prefetching;                   /* promotions issued now are ahead of need (hint,
 	                                       resume): counted as prefetched bytes */
+	bool bg_reclaim;                    /* the reclaim running is background demotion
+	                                       (kvt_watermarks): under the rotation it leaves
+	                                       the rotation's blocks alone (engine/residency.c) */
 	bool evict_hinted;                  /* reclaim may take blocks of hinted ranges (set only
 	                                       for a waiting caller's last resort) */
 	struct kvt_event *compute_ev;       /* recorded on the caller's stream at release */
@@ -653,11 +666,19 @@ void kvt_hint_end(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t mark);
  * stats.repromotions). Requires e->lock. */
 void kvt_promo_note(struct kvt_engine *e, uint32_t id);
 void kvt_promo_access(struct kvt_engine *e, uint32_t id);
+/* Promote the hinted blocks that found no room at their hint, into room free now or made by
+ * dropping clean copies of the rotation (kvt_rot_victims); never waits. Requires e->lock. */
+void kvt_hint_retry(struct kvt_engine *e);
 /* @s's hint no longer holds (parked, closed, truncated): unstamp its blocks. Requires e->lock. */
 void kvt_hint_drop(struct kvt_engine *e, struct kvt_seqrec *s);
-/* Rotation bookkeeping: @s is prepared (@whole: from its first block to its last) / released. */
-void kvt_rot_prepared(struct kvt_engine *e, struct kvt_seqrec *s, bool whole);
-void kvt_rot_released(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t idx);
+/* Rotation bookkeeping: whether a batch of the sequences @seqidx[0..n) continues their turn
+ * (the latest n releases were exactly theirs: a caller that prepares a sequence once per layer,
+ * or once more for its appended block); @s is prepared (@whole: every live block of it, from
+ * its first, or first in-window, block to its last; @cont: kvt_rot_continues) / released (@keep:
+ * a continuing batch with no release since its prepare: the order stays as it was). */
+bool kvt_rot_continues(const struct kvt_engine *e, const uint32_t *seqidx, uint32_t n);
+void kvt_rot_prepared(struct kvt_engine *e, struct kvt_seqrec *s, bool whole, bool cont);
+void kvt_rot_released(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t idx, bool keep);
 /* Whether @b belongs to the rotation: shared (refs > 1), held by a sequence other than its
  * closed creator, or its creator was used in this step or the previous one. */
 bool kvt_rot_member(const struct kvt_engine *e, const struct kvt_block *b);

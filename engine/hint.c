@@ -31,6 +31,7 @@
  * window (the batch computing and the one announced) cannot leave in place.
  */
 #include <errno.h>
+#include <string.h>
 
 #include "engine_impl.h"
 
@@ -83,15 +84,47 @@ kvt_hint_end(struct kvt_engine *e, struct kvt_seqrec *s, uint64_t mark)
 }
 
 /**
- * kvt_rot_prepared() - @s joins a batch being prepared; @whole: the batch holds it from its first
- * block. A sequence released in the current step comes round again: a new step begins. Requires
- * e->lock.
+ * kvt_rot_continues() - whether a batch of the sequences @seqidx[0..n) continues their turn:
+ * each was released before and the latest n releases are theirs (their n distinct release
+ * numbers fill [rel_next - n + 1, rel_next]). A caller that prepares a sequence once per layer
+ * (or once more for the block its append writes) releases and prepares the same sequences
+ * back to back; that is one turn of the rotation, not a new step. Requires e->lock.
+ */
+bool
+kvt_rot_continues(const struct kvt_engine *e, const uint32_t *seqidx, uint32_t n)
+{
+	uint32_t i, lo = UINT32_MAX;
+
+	if (!e->rel_ring || n == 0 || e->rel_next < n)
+		return false;
+	for (i = 0; i < n; i++) {
+		uint32_t r = e->seqs[seqidx[i]].rel_no;
+
+		if (r == 0)
+			return false;
+		if (r < lo)
+			lo = r;
+	}
+	return e->rel_next - lo + 1 == n;
+}
+
+/**
+ * kvt_rot_prepared() - @s joins a batch being prepared; @whole: the batch holds every live
+ * block of it; @cont: the batch continues its turn (kvt_rot_continues). A sequence released in
+ * the current step comes round again: a new step begins. A continuing batch begins none, and a
+ * partial one (the appended block alone) leaves the sequence's standing as its turn set it.
+ * Requires e->lock.
  */
 void
-kvt_rot_prepared(struct kvt_engine *e, struct kvt_seqrec *s, bool whole)
+kvt_rot_prepared(struct kvt_engine *e, struct kvt_seqrec *s, bool whole, bool cont)
 {
 	if (!e->rel_ring)
 		return;
+	if (cont) {
+		if (whole)
+			s->rot_part = 0;
+		return;
+	}
 	if (whole && s->rel_no > e->step_start && s->rel_no <= e->rel_next) {
 		e->prev_step_start = e->step_start;
 		e->step_start = e->rel_next;
@@ -101,12 +134,13 @@ kvt_rot_prepared(struct kvt_engine *e, struct kvt_seqrec *s, bool whole)
 
 /**
  * kvt_rot_released() - the batch holding @s (index @idx) is released: it is now the rotation's
- * most recently used sequence. Requires e->lock.
+ * most recently used sequence (@keep: it already is, a continuing batch's release). Requires
+ * e->lock.
  */
 void
-kvt_rot_released(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t idx)
+kvt_rot_released(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t idx, bool keep)
 {
-	if (!e->rel_ring)
+	if (!e->rel_ring || (keep && s->rel_no))
 		return;
 	if (e->rel_next == UINT32_MAX) { /* wrapped: forget the order, start again */
 		e->rel_next = 0;
@@ -185,6 +219,83 @@ hint_stage(struct kvt_engine *e, uint32_t id)
 		rc = kvt_xfer_n2h(e, id, slot, false, false);
 	kvt_block_unpin(e, id);
 	return rc;
+}
+
+/* Remember hinted block @id (no HBM room for it now) for kvt_hint_retry; the oldest entry
+ * makes way when the list is full. */
+static void
+hint_defer(struct kvt_engine *e, uint32_t id)
+{
+	uint32_t i;
+
+	for (i = 0; i < e->n_hint_defer; i++)
+		if (e->hint_defer[i] == id)
+			return;
+	if (e->n_hint_defer == KVT_HINT_DEFER) {
+		memmove(e->hint_defer, e->hint_defer + 1,
+			(KVT_HINT_DEFER - 1) * sizeof e->hint_defer[0]);
+		e->n_hint_defer--;
+	}
+	e->hint_defer[e->n_hint_defer++] = id;
+}
+
+/* A clean HBM copy of the rotation that may go now (its next use is furthest: Belady), or
+ * KVT_NIL. */
+static uint32_t
+retry_victim(struct kvt_engine *e)
+{
+	uint32_t ids[16], n, i;
+
+	n = kvt_rot_victims(e, ids, 16);
+	for (i = 0; i < n; i++) {
+		const struct kvt_block *b = kvt_blk(e, ids[i]);
+
+		if (!b->busy && (kvt_copy_valid(b, KVT_TIER_HOST) || kvt_copy_valid(b, KVT_TIER_NVME)))
+			return ids[i];
+	}
+	return KVT_NIL;
+}
+
+/**
+ * kvt_hint_retry() - promote the hinted blocks that found no HBM room at their hint (the victim
+ * a hint would take was dirty, its demotion not landed, or every copy was spared), in the order
+ * they were hinted, while their hint holds. Room is a free slot or a clean copy of the rotation
+ * (dropped: it costs nothing), never a demotion or a wait; the sequences in a batch are not the
+ * rotation's victims, so the caller's current batch keeps its blocks. Called after a prepare
+ * and at layer waits, i.e. while the current batch computes: a server that gives its hints
+ * before a batch and prepares only once per step sees the copy start at its next call instead of
+ * at the next batch's prepare. Requires e->lock.
+ */
+void
+kvt_hint_retry(struct kvt_engine *e)
+{
+	struct kvt_slots *sl = &e->slots[KVT_TIER_HBM];
+	uint32_t i, k = 0;
+	bool was = e->prefetching, issued = false;
+
+	if (!e->n_hint_defer)
+		return;
+	e->prefetching = true;
+	for (i = 0; i < e->n_hint_defer; i++) {
+		uint32_t id = e->hint_defer[i], v;
+		struct kvt_block *b = kvt_blk(e, id);
+
+		if (!b->live || b->dead || b->lost || b->hint_no == 0 ||
+		    kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_ABSENT ||
+		    !kvt_copy_valid(b, KVT_TIER_HOST))
+			continue; /* gone, no longer announced, on its way, or not staged yet */
+		if (sl->n_free == 0 && (v = retry_victim(e)) != KVT_NIL)
+			kvt_copy_evict(e, v, KVT_TIER_HBM);
+		if (sl->n_free == 0 || kvt_promote_hbm(e, id, false) != 0) {
+			e->hint_defer[k++] = id; /* still waiting for room */
+			continue;
+		}
+		issued = true;
+	}
+	e->n_hint_defer = k;
+	e->prefetching = was;
+	if (issued)
+		(void)kvt_xfer_flush(e);
 }
 
 /* Check the ranges; *hbm_blocks receives the blocks they cover. */
@@ -270,9 +381,12 @@ hint_apply(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32
 				if (rc == -ENOSPC || rc == -EAGAIN) {
 					to_hbm = rc == -EAGAIN;
 					rc = hint_stage(e, id);
+					hint_defer(e, id);
 				}
 			} else {
 				rc = hint_stage(e, id);
+				if (steps_ahead <= 1)
+					hint_defer(e, id);
 			}
 			if (rc == -ENOSPC || rc == -EAGAIN || rc == KVT_ELOST)
 				rc = 0; /* best effort; prepare reports what matters */

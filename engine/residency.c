@@ -274,7 +274,7 @@ reclaim_rot(struct kvt_engine *e, uint32_t *cand, uint32_t limit, uint32_t need,
 	cut = rot_collect(e, cand, limit, &n, rest, 2 * limit, &n_rest, limit + RECLAIM_SCAN_MAX);
 	reclaim_evict(e, KVT_TIER_HBM, cand, n, need, may_wait, true, below_full, progress);
 	reclaim_evict(e, KVT_TIER_HBM, cand, n, need, may_wait, false, below_full, progress);
-	if (ROT_DONE())
+	if (ROT_DONE() || e->bg_reclaim)
 		return;
 	n_rot = kvt_rot_victims(e, rot, limit);
 	reclaim_evict(e, KVT_TIER_HBM, rot, n_rot, need, may_wait, true, below_full, progress);
@@ -631,6 +631,42 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 	return rc;
 }
 
+/*
+ * Under the rotation (engine/hint.c), HBM over its high watermark: write back (the HBM copy
+ * stays) the dirty copies among the first @want victims the rotation's order would take, so
+ * that when a hint's reclaim takes them, which cannot wait, their slots are free at once
+ * instead of after a demotion. They are the blocks of the sequences released last (each
+ * session's growing block, written by its append), whose next use is a cycle away; evicting
+ * them now instead (background demotion's way) would lose them when the same sequence is
+ * prepared again at once (a caller that prepares once per layer). At most KVT_ROT_WB per call.
+ */
+#define KVT_ROT_WB 16u
+static void
+rot_writeback(struct kvt_engine *e, uint32_t want)
+{
+	uint32_t ids[KVT_ROT_WB], n, i, slot;
+	int rc;
+
+	n = kvt_rot_victims(e, ids, want < KVT_ROT_WB ? want : KVT_ROT_WB);
+	for (i = 0; i < n; i++) {
+		struct kvt_block *b = kvt_blk(e, ids[i]);
+
+		if (b->busy || valid_elsewhere(b, KVT_TIER_HBM) ||
+		    kvt_copy_state(b, KVT_TIER_HOST) != KVT_COPY_ABSENT ||
+		    !kvt_copy_valid(b, KVT_TIER_HBM))
+			continue; /* clean already, or on its way */
+		kvt_block_pin(e, ids[i]); /* the cascade below must not pick it */
+		rc = kvt_room_for_copy(e, ids[i], KVT_TIER_HBM, KVT_TIER_HOST, false);
+		if (rc == 0)
+			rc = kvt_slot_alloc(e, KVT_TIER_HOST, ids[i], &slot);
+		if (rc == 0)
+			rc = kvt_xfer_d2h(e, ids[i], slot, false, false);
+		kvt_block_unpin(e, ids[i]);
+		if (rc < 0)
+			break; /* HOST has no room without waiting: the demotion will wait */
+	}
+}
+
 void
 kvt_watermarks(struct kvt_engine *e)
 {
@@ -649,6 +685,11 @@ kvt_watermarks(struct kvt_engine *e)
 			continue; /* the disk said ENOSPC lately: demote less */
 		want_free = sl->n_slots - (uint32_t)(e->opts.low_watermark * sl->n_slots);
 		/* background: no waiting; completions free the slots later */
+		e->bg_reclaim = true;
 		(void)kvt_reclaim(e, t, want_free, false);
+		e->bg_reclaim = false;
+		if (t == KVT_TIER_HBM && e->rel_ring &&
+		    !(e->evict[t].ops->abi_version >= KVT_EVICT_OPS_V3 && e->evict[t].ops->rank))
+			rot_writeback(e, want_free);
 	}
 }

@@ -126,6 +126,64 @@ test_rotation_keeps_shared(void **state)
 	tsup_rmdir(dir);
 }
 
+/* A caller that prepares a sequence once per layer and once more for its appended block (tools/
+ * kvtier-hf) gives the rotation one turn per sequence, not a new step per prepare: the repeated
+ * prepares begin no step and take no new place in the release order, and the partial prepare of
+ * the last block leaves the sequence in the rotation. The victim is then the last block of the
+ * sequence whose turn came last (before this fix: the per-layer prepares restarted the step at
+ * every layer and the partial one took each sequence out of the rotation, so HBM fell back to
+ * LRU, the worst order for a cycle). */
+static void
+test_rotation_turn_per_layer(void **state)
+{
+	struct tsup_cfg c = { .hbm_blocks = 8, .host_blocks = 16, .no_watermarks = true };
+	struct kvt_engine *e;
+	struct kvt_batch *bt;
+	kvt_seq_id s[3];
+	uint32_t out[16], n, i, j, rel, start;
+	char *dir;
+
+	(void)state;
+	e = tsup_engine(&c, &dir);
+	for (i = 0; i < 3; i++)
+		s[i] = tsup_seq_written(e, 1 + i, 2 * TSUP_TPB);
+	assert_int_equal(kvt_engine_hint(e, &s[0], 1, 1), 0); /* hints in use: the rotation */
+	for (int step = 0; step < 2; step++) {
+		for (i = 0; i < 3; i++) {
+			struct kvt_seqrec *r = &e->seqs[(uint32_t)s[i]];
+			struct kvt_seq_range last = { .seq = s[i], .first_block = 1, .n_blocks = 1 };
+
+			assert_int_equal(kvt_batch_prepare(e, &s[i], 1, &bt), 0); /* layer 0 */
+			assert_int_equal(kvt_batch_release(bt, NULL), 0);
+			rel = r->rel_no;
+			start = e->step_start;
+			for (j = 0; j < 2; j++) { /* layers 1 and 2: the same turn */
+				assert_int_equal(kvt_batch_prepare(e, &s[i], 1, &bt), 0);
+				assert_int_equal(kvt_batch_release(bt, NULL), 0);
+			}
+			assert_int_equal(kvt_batch_prepare_ranges(e, &last, 1, &bt), 0);
+			assert_int_equal(kvt_batch_release(bt, NULL), 0);
+			assert_int_equal(e->step_start, start);
+			assert_int_equal(r->rel_no, rel);
+			assert_int_equal(r->rot_part, 0);
+			assert_true(kvt_rot_member(e, kvt_blk(e, r->blocks[0])));
+		}
+	}
+	/* one release per turn: the second step began at the first sequence's second turn */
+	assert_int_equal(e->rel_next, 6);
+	assert_int_equal(e->step_start, 3);
+	n = kvt_rot_victims(e, out, 16);
+	assert_int_equal(n, 6);
+	assert_int_equal(out[0], e->seqs[(uint32_t)s[2]].blocks[1]); /* last turn, last block */
+	assert_int_equal(out[1], e->seqs[(uint32_t)s[2]].blocks[0]);
+	assert_int_equal(out[2], e->seqs[(uint32_t)s[1]].blocks[1]);
+	for (i = 0; i < 3; i++)
+		assert_int_equal(tsup_verify(e, s[i], 1 + i), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 /* Two ranges of one sequence in one hint: both are announced (the second does not replace the
  * first), and a later hint of the sequence replaces both. */
 static void
@@ -435,6 +493,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hint_spares_shared_prefix),
 		cmocka_unit_test(test_rotation_keeps_shared),
+		cmocka_unit_test(test_rotation_turn_per_layer),
 		cmocka_unit_test(test_hint_two_ranges_one_seq),
 		cmocka_unit_test(test_stream_wait_stall_not_ready),
 		cmocka_unit_test(test_budget_spares_announced),

@@ -142,7 +142,7 @@ hb_print(const struct hb_run *x, double bw, double base, int offloaded)
 	double n = hb_steps(x), ms = hb_step_ms(x);
 	uint64_t acc = s1->accesses - s0->accesses, ready = s1->accesses_ready - s0->accesses_ready;
 
-	printf("%-14s %9.3f %8.2f%% %9.2f %9.1f %9.1f %9.1f %7.2f %9.3f %7.3f\n", x->name, ms,
+	printf("%-14s %9.3f %8.2f%% %9.2f %9.1f %9.1f %9.1f %7.2f %8.2f %9.3f %7.3f\n", x->name, ms,
 	       acc ? 100.0 * (double)ready / (double)acc : 100.0,
 	       (double)(s1->stalls - s0->stalls) / n,
 	       (double)(s1->blocks_moved[KVT_MOVE_HOST_TO_HBM] -
@@ -150,6 +150,7 @@ hb_print(const struct hb_run *x, double bw, double base, int offloaded)
 	       (double)(s1->blocks_moved[KVT_MOVE_HBM_TO_HOST] -
 			s0->blocks_moved[KVT_MOVE_HBM_TO_HOST]) / n,
 	       (double)acc / n, (double)(s1->batches - s0->batches) / n,
+	       (double)(s1->repromotions - s0->repromotions) / n,
 	       offloaded ? hb_bound_ms(x, bw) : 0.0, base > 0 ? ms / base : 1.0);
 }
 
@@ -223,9 +224,9 @@ kvhf_bench_decode(const struct kvhf_opts *base, uint32_t ratio, uint32_t measure
 		double a = hb_step_ms(&runs[0]), c = hb_step_ms(&runs[2]);
 		double bound = hb_bound_ms(&runs[2], bw), floor = a > bound ? a : bound;
 
-		printf("%-14s %9s %9s %9s %9s %9s %9s %7s %9s %7s\n", "run", "step_ms",
+		printf("%-14s %9s %9s %9s %9s %9s %9s %7s %8s %9s %7s\n", "run", "step_ms",
 		       "coverage", "stalls/st", "h2d/step", "d2h/step", "acc/step", "bat/st",
-		       "bound_ms", "vs_(a)");
+		       "repro/st", "bound_ms", "vs_(a)");
 		for (int i = 0; i < HB_RUNS; i++)
 			hb_print(&runs[i], bw, a, i > 0);
 		for (int i = 1; i < HB_RUNS; i++)
