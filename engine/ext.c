@@ -1291,12 +1291,24 @@ kvt_ext_fini(struct kvt_engine *e)
 	(void)e->dev->ops->stream_sync(e->dev, x->s_store);
 	(void)e->dev->ops->stream_sync(e->dev, x->s_load);
 	if (e->store) {
-		/* what landed on NVMe is published (no new writes: the engine is going) */
+		/*
+		 * Every stored block is published before the engine goes: the first scan starts
+		 * the write-through of the blocks only in HOST (ext_persist), the drain lets those
+		 * writes land, the second scan publishes them (data synced first) and commits. A
+		 * write that fails or finds no NVMe room leaves its block unpublished: the next
+		 * process does not find it (a miss, never wrong bytes).
+		 */
 		kvt_lock(e);
 		(void)kvt_xfer_poll(e, 0);
 		for (i = 0; i < x->max_jobs; i++)
 			if (x->jobs[i].used)
 				ext_retire(e, x, &x->jobs[i]);
+		ext_persist(e, x, true);
+		(void)kvt_xfer_flush(e);
+		kvt_unlock(e);
+		(void)kvt_engine_drain(e);
+		kvt_lock(e);
+		(void)kvt_xfer_poll(e, 0);
 		ext_persist(e, x, true);
 		kvt_unlock(e);
 	}
@@ -1838,7 +1850,8 @@ ext_hint(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *h
 		}
 		if (x->meta[id].jpins) {
 			x->meta[id].dropped = 1; /* gone at the last unpin; not found meanwhile */
-			x->meta[id].landed = 0;
+			x->meta[id].landed = 0; /* so kvt_ext_block_freed reports it no second time */
+			ext_gone_push(x, x->meta[id].tenant, x->meta[id].hash);
 			continue;
 		}
 		kvt_block_uncache(e, id);

@@ -1500,9 +1500,12 @@ KVT_API void kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size);
 /**
  * kvt_ext_register() - register the caller's device KV pool with @e (one pool per engine in
  * this version; layer groups later). The memory stays the caller's: it must stay valid until
- * kvt_ext_unregister() or kvt_engine_destroy(). With nvme_persist, the blocks published by an
- * earlier engine on the same store (kvt_engine_destroy keeps them) are found and become the
- * pool's (a record whose block header does not match stays an ordinary record).
+ * kvt_ext_unregister() or kvt_engine_destroy(). With nvme_persist, every stored block is
+ * written through to NVMe and published in the store once that write landed (from the pool's
+ * calls, kvt_ext_poll among them); kvt_engine_destroy() finishes the writes still missing and
+ * publishes them (it waits for them), keeping the records; a block whose write fails or finds
+ * no NVMe room stays unpublished. The blocks published by an earlier engine on the same store
+ * are found and become the pool's (a record whose block header does not match stays an ordinary record).
  * @o: options, copied.  @pool: receives the pool id (never 0) passed to every kvt_ext_* call.
  * Returns 0; -EINVAL (bad sizes, zero stride or bytes, n_blocks out of range, an entry's
  * segments overlapping each other or another entry's for some block ids, a block's segments
@@ -1625,13 +1628,16 @@ struct kvt_ext_removal {
  * load failed). Only blocks that had landed (that kvt_ext_lookup could find) are reported, each
  * removal once. It lets a scheduler keep an exact mirror of what is stored and answer its
  * per-block lookups without a call per block (vLLM asks its offloading manager one key at a
- * time, for every waiting request every step): add a hash when its store job is reported
- * done, remove the hashes this call reports. Non-blocking; advances no job (a removal caused
- * by a completion is reported after the call that processes it: kvt_ext_poll, kvt_ext_wait,
- * a store or load). The engine holds the last removed_cap (kvt_ext_opts; default 65,536)
- * removals; older ones are overwritten and counted in @lost (then any hash may be gone: drop the mirror, or check it with
- * kvt_ext_lookup). A hash stored again after its removal is reported removed once and is
- * stored: apply removals before the adds of the stores reported later.
+ * time, for every waiting request every step). The feed has one reader: each removal is
+ * handed to one call (several consumers of one pool fan it out themselves). A block can land,
+ * be evicted and be reported removed before its store job is reported done, so a mirror adds
+ * only what kvt_ext_lookup confirms after the done report (after a drain), and removes what
+ * later drains report; a hash stored again after its removal may then be missing from the
+ * mirror until kvt_ext_lookup finds it again (a miss is checked, never trusted). Non-blocking;
+ * advances no job (a removal caused by a completion is reported after the call that processes
+ * it: kvt_ext_poll, kvt_ext_wait, a store or load). The engine holds the last removed_cap
+ * (kvt_ext_opts; default 65,536) removals; older ones are overwritten and counted in @lost
+ * (then any hash may be gone: drop the mirror, or check it with kvt_ext_lookup).
  * @out: receives up to @max entries (may be NULL when @max is 0: only @lost is read).
  * @lost: receives the removals overwritten since the last call (not NULL).
  * Thread-safe (the engine mutex). Returns the number of entries written (0..@max, at most

@@ -659,6 +659,53 @@ test_restart_persistent_hits(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Stored, then the engine destroyed at once (the write-through to NVMe not started or not
+ * landed): destroy finishes and publishes it, so the next process finds every block (the
+ * SGLang backend's restart test failed this way: 1 of 6 found). */
+static void
+test_destroy_publishes_stored(void **state)
+{
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine_opts o;
+	struct kvt_engine *e;
+	struct pool p, q;
+	uint32_t ids[6], to[6], i;
+	uint64_t h[6], job;
+	struct kvt_ext_fail f[6];
+	struct kvt_ext_done d;
+	size_t hits;
+
+	(void)state;
+	tsup_store_opts(&o, dir, 32 * 8192);
+	e = tsup_create(&o, NULL);
+	pool_make(e, &p);
+	for (i = 0; i < 6; i++) {
+		ids[i] = i;
+		h[i] = hash_of(700 + i);
+		fill(&p, i, 90 + i);
+	}
+	store_ids(e, &p, 2, ids, h, 6);
+	kvt_engine_destroy(e); /* no poll, no drain before */
+	e = tsup_create(&o, NULL);
+	pool_make(e, &q);
+	assert_int_equal(kvt_ext_lookup(e, q.id, 2, h, 6, &hits, NULL), 0);
+	assert_int_equal(hits, 6);
+	for (i = 0; i < 6; i++) {
+		to[i] = 10 + i;
+		wipe(&q, to[i]);
+	}
+	assert_int_equal(kvt_ext_load(e, q.id, 2, h, to, 6, 0, &job), 0);
+	d = finish(e, q.id, job, f, 6);
+	assert_int_equal(d.n_failed, 0);
+	for (i = 0; i < 6; i++)
+		assert_true(holds(&q, to[i], 90 + i));
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+	pool_free(&q);
+	tsup_rmdir(dir);
+}
+
 /* ---- kvt_ext_removed: the exact removal feed a scheduler's mirror of the store is kept by */
 
 /* 1 if @h is stored for @tenant (kvt_ext_lookup of it alone). */
@@ -740,6 +787,45 @@ test_removed_feed(void **state)
 	tsup_rmdir(dir);
 }
 
+/* A drop while a load pins the block (a slow emulated link keeps the load in flight): the
+ * removal is reported at the drop (lookup stops finding it then), not again at the free. */
+static void
+test_removed_drop_while_loading(void **state)
+{
+	char *dir;
+	struct kvt_engine_opts o;
+	struct kvt_engine *e;
+	struct pool p;
+	struct kvt_ext_removal out[4];
+	struct kvt_ext_fail f[2];
+	uint32_t id0 = 0, to = 20;
+	uint64_t h = hash_of(900), job, lost;
+
+	(void)state;
+	tsup_opts_init(&o);
+	o.hbm_bytes = tsup_block_bytes();
+	o.host_bytes = 16ull * tsup_block_bytes();
+	o.emu_copy_bytes_per_s = 20000; /* a block's copy takes about 0.2 s */
+	dir = NULL;
+	e = tsup_create(&o, NULL);
+	pool_make(e, &p);
+	fill(&p, 0, 9);
+	store_ids(e, &p, 1, &id0, &h, 1);
+	assert_int_equal(kvt_ext_load(e, p.id, 1, &h, &to, 1, 0, &job), 0);
+	assert_int_equal(kvt_ext_drop(e, p.id, 1, &h, 1), 1);
+	assert_int_equal(stored(e, &p, 1, h), 0);
+	assert_int_equal(kvt_ext_removed(e, p.id, out, 4, &lost), 1);
+	assert_true(out[0].hash == h);
+	(void)finish(e, p.id, job, f, 2);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_ext_poll(e, p.id, NULL, 0, NULL, 0), 0);
+	assert_int_equal(kvt_ext_removed(e, p.id, out, 4, &lost), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+	tsup_rmdir(dir);
+}
+
 /* A ring of 4 that is not drained: the oldest removals are overwritten and counted lost. */
 static void
 test_removed_overflow(void **state)
@@ -808,7 +894,9 @@ main(void)
 		cmocka_unit_test(test_corrupt_block_only_it_fails),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_restart_persistent_hits),
+		cmocka_unit_test(test_destroy_publishes_stored),
 		cmocka_unit_test(test_removed_feed),
+		cmocka_unit_test(test_removed_drop_while_loading),
 		cmocka_unit_test(test_removed_overflow),
 	};
 

@@ -122,9 +122,6 @@ def test_zero_copy_v1_by_host_indices(backend):
     assert backend.batch_get_v1(["z2", "nope"], idx2[:2 * PAGE_TOKENS]) == [True, False]
 
 
-@pytest.mark.xfail(reason="py19: the pages are not found after the reopen yet (under "
-                   "investigation: SharedStore.close destroys the engine, as kvtier.h asks)",
-                   strict=False)
 def test_restart_with_persistent_store(tmp_path):
     b = make(tmp_path, persist=True)
     vals = {f"r{i}": page(500 + i) for i in range(6)}

@@ -119,3 +119,31 @@ def test_lost_removals_drop_the_mirror(store):
     assert _answers(m, keys, "s1") == _truth(m, pool, keys)
     assert m.mirror_resets >= 1  # the ring overflowed: the mirror was rebuilt, not trusted
     assert not any(_answers(m, keys[:4], "s2"))
+
+
+def test_two_managers_each_see_every_removal(store):
+    st, pool, spec, _ = store
+    a, b = KvtierOffloadingManager(spec), KvtierOffloadingManager(spec)
+    keys = _keys(6, 6)
+    _store_keys(a, pool, keys)
+    assert _answers(a, keys, "a0") == [True] * 6
+    assert _answers(b, keys, "b0") == [True] * 6
+    pool.drop(a.hashes(keys[2]))
+    assert _answers(a, keys, "a1") == [True, True, False, True, True, True]
+    assert _answers(b, keys, "b1") == [True, True, False, True, True, True]
+
+
+def test_wrong_hit_heals_at_prepare_load(store):
+    st, pool, spec, _ = store
+    m = KvtierOffloadingManager(spec)
+    keys = _keys(4, 7)
+    _store_keys(m, pool, keys)
+    ctx = ReqContext(req_id="w")
+    assert all(m.lookup(k, ctx) is LookupResult.HIT for k in keys)
+    # removed behind the mirror's back within the same scan (no drain yet): the load's
+    # batched check takes it out, and prepare_store stores it again
+    pool.drop(m.hashes(keys[1]))
+    m.prepare_load(keys, ctx)
+    assert m.lookup(keys[1], ctx) is LookupResult.MISS
+    out = m.prepare_store(keys, ReqContext(req_id="w2"))
+    assert out.keys_to_store == [keys[1]]

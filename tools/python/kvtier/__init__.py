@@ -36,6 +36,7 @@ numpy is optional: it is needed only by Engine.hbm_array() and Batch.kv().
 import ctypes
 import errno
 import operator
+import threading
 import weakref
 
 from . import _ffi
@@ -1042,7 +1043,8 @@ class ExternalPool:
         if removed_cap:
             o.removed_cap = removed_cap
         self._id = ctypes.c_uint32(0)
-        self._gone = None  # kvt_ext_removed's buffer, made at the first removed()
+        self._gone_lock = threading.Lock()
+        self._subs = {}  # removal readers: token -> [pending (tenant, hash) list, lost]
         _check(lib.kvt_ext_register(engine._handle(), ctypes.byref(o), ctypes.byref(self._id)),
                "kvt_ext_register")
         self.pool = self._id.value
@@ -1158,24 +1160,42 @@ class ExternalPool:
         h, n, _keep = _u64s(hashes, "hashes")
         return _check(lib.kvt_ext_drop(self._h(), self.pool, tenant, h, n), "kvt_ext_drop")
 
-    def removed(self, max_entries=4096):
-        """kvt_ext_removed: drain the stored blocks that stopped being stored since the last
-        call (evicted from their last tier, dropped, lost), oldest first. Returns
-        (entries, lost): entries a list of (tenant, hash), all of them (it calls again while
-        the buffer fills); lost the removals the engine's ring overwrote (then any hash may be
-        gone: rebuild a mirror from lookup())."""
+    def subscribe_removed(self):
+        """A reader of the removal feed (kvt_ext_removed has one reader; the pool fans it out
+        to every subscriber): returns a token for removed()."""
+        with self._gone_lock:
+            tok = object()
+            self._subs[tok] = [[], 0]
+            return tok
+
+    def removed(self, token=None, max_entries=4096):
+        """kvt_ext_removed: the stored blocks that stopped being stored (evicted from their
+        last tier, dropped, lost) since this reader's last call, oldest first. @token: from
+        subscribe_removed() (each subscriber sees every removal once); None: the pool's
+        default reader. Returns (entries, lost): entries a list of (tenant, hash); lost the
+        removals the engine's ring overwrote meanwhile (then any hash may be gone: rebuild a
+        mirror from lookup()). Thread-safe."""
         cap = max(1, int(max_entries))
-        if self._gone is None or len(self._gone) != cap:
-            self._gone = (_ffi.ExtRemoval * cap)()
-        out, lost_total = [], 0
-        lost = ctypes.c_uint64(0)
-        while True:
-            n = _check(lib.kvt_ext_removed(self._h(), self.pool, self._gone, cap,
-                                           ctypes.byref(lost)), "kvt_ext_removed")
-            lost_total += lost.value
-            out.extend((self._gone[i].tenant, self._gone[i].hash) for i in range(n))
-            if n < cap:
-                return out, lost_total
+        with self._gone_lock:
+            if token not in self._subs:
+                if token is not None:
+                    raise KeyError("ExternalPool.removed: unknown token")
+                self._subs[None] = [[], 0]
+            buf = (_ffi.ExtRemoval * cap)()
+            lost = ctypes.c_uint64(0)
+            while True:
+                n = _check(lib.kvt_ext_removed(self._h(), self.pool, buf, cap,
+                                               ctypes.byref(lost)), "kvt_ext_removed")
+                got = [(buf[i].tenant, buf[i].hash) for i in range(n)]
+                for q in self._subs.values():
+                    q[0].extend(got)
+                    q[1] += lost.value
+                if n < cap:
+                    break
+            q = self._subs[token]
+            out, nlost = q[0], q[1]
+            self._subs[token] = [[], 0]
+            return out, nlost
 
     def stats(self):
         """kvt_ext_stats as a dict."""

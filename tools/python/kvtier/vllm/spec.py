@@ -103,6 +103,7 @@ class KvtierOffloadingManager(OffloadingManager):
         self._key_of = {}      # kvtier hash -> the mirrored key it belongs to
         self._synced_ctx = None  # the request context of the scan the mirror was synced for
         self._synced_pool = None
+        self._token = None     # this manager's reader of the pool's removal feed
         self.mirror_syncs = 0  # removal drains (counters for tests and benchmarks)
         self.mirror_resets = 0  # mirrors dropped because kvtier's removal ring overflowed
 
@@ -133,7 +134,8 @@ class KvtierOffloadingManager(OffloadingManager):
         if pool is not self._synced_pool:  # a new store: nothing mirrored belongs to it
             self._mirror_clear()
             self._synced_pool = pool
-        gone, lost = pool.removed()
+            self._token = pool.subscribe_removed()
+        gone, lost = pool.removed(self._token)
         if lost:
             self.mirror_resets += 1
             self._mirror_clear()
@@ -178,7 +180,20 @@ class KvtierOffloadingManager(OffloadingManager):
         self._synced_ctx = None  # the next step's first lookup drains the removals again
 
     def prepare_load(self, keys, req_context):
-        return KvtierLoadStoreSpec([h for k in keys for h in self.hashes(k)])
+        keys = list(keys)
+        hs = [h for k in keys for h in self.hashes(k)]
+        pool = self._pool()
+        if pool is not None and hs:
+            # one batched check: keys that are not (or no longer) stored leave the mirror, so a
+            # wrong HIT (a block evicted after the lookup) is not repeated; their loads fail
+            # alone (vLLM's invalid-block path)
+            full = pool.lookup(hs, tenant=self.tenant) // self.bpc
+            for k in keys[full:]:
+                if k in self._mirror:
+                    self._mirror.discard(k)
+                    for h in self.hashes(k):
+                        self._key_of.pop(h, None)
+        return KvtierLoadStoreSpec(hs)
 
     def touch(self, keys, req_context):
         pool = self._pool()
@@ -192,8 +207,7 @@ class KvtierOffloadingManager(OffloadingManager):
         pool = self._pool()
         if pool is None:
             return None
-        if pool is not self._synced_pool:
-            self._sync(pool)
+        self._sync(pool)  # one call: a key evicted since the last drain is stored again
         todo = []
         for k in keys:
             if k in self._pending or k in self._mirror:
