@@ -134,6 +134,7 @@ struct kvt_ext_state {
 	uint64_t gone_lost;        /* removals the full ring overwrote since the last drain */
 	uint32_t gone_cap;         /* kvt_ext_opts.removed_cap */
 };
+#define EXT_REMOVED_CAP 65536u     /* kvt_ext_opts.removed_cap's default */
 
 /* ---- small helpers */
 
@@ -280,8 +281,6 @@ ext_gone_push(struct kvt_ext_state *x, uint32_t tenant, uint64_t hash)
 {
 	uint32_t at;
 
-	if (!x->gone)
-		return;
 	if (x->gone_n == x->gone_cap) {
 		x->gone_head = (x->gone_head + 1) % x->gone_cap;
 		x->gone_n--;
@@ -1101,7 +1100,7 @@ kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size)
 		return;
 	d.opts_size = size;
 	d.max_jobs = 4096;
-	d.removed_cap = 65536;
+	d.removed_cap = EXT_REMOVED_CAP;
 	memcpy(o, &d, size < sizeof d ? size : sizeof d);
 }
 
@@ -1151,7 +1150,7 @@ kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o, uint32_t *p
 		return kvt_err(-EINVAL, "kvt_ext_register: max_jobs %u out of 1..%u", oo.max_jobs,
 			       1u << 20);
 	if (oo.removed_cap == 0)
-		oo.removed_cap = 65536; /* an old caller's reserved zeros */
+		oo.removed_cap = EXT_REMOVED_CAP; /* an old caller's reserved zeros */
 	if (oo.removed_cap > (1u << 24))
 		return kvt_err(-EINVAL, "kvt_ext_register: removed_cap %u out of 1..%u",
 			       oo.removed_cap, 1u << 24);

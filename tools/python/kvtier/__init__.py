@@ -1045,6 +1045,7 @@ class ExternalPool:
         self._id = ctypes.c_uint32(0)
         self._gone_lock = threading.Lock()
         self._subs = {}  # removal readers: token -> [pending (tenant, hash) list, lost]
+        self._gone_buf = None  # kvt_ext_removed's buffer (used under _gone_lock)
         _check(lib.kvt_ext_register(engine._handle(), ctypes.byref(o), ctypes.byref(self._id)),
                "kvt_ext_register")
         self.pool = self._id.value
@@ -1181,7 +1182,9 @@ class ExternalPool:
                 if token is not None:
                     raise KeyError("ExternalPool.removed: unknown token")
                 self._subs[None] = [[], 0]
-            buf = (_ffi.ExtRemoval * cap)()
+            if self._gone_buf is None or len(self._gone_buf) != cap:
+                self._gone_buf = (_ffi.ExtRemoval * cap)()  # kept: a drain per request scan
+            buf = self._gone_buf
             lost = ctypes.c_uint64(0)
             while True:
                 n = _check(lib.kvt_ext_removed(self._h(), self.pool, buf, cap,
