@@ -23,9 +23,7 @@ def run_server(mode, nvme_dir):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("mode", ["kvtier-spec", pytest.param(
-    "kvtier-connector", marks=pytest.mark.xfail(reason="py19: fails in the second process, "
-                                                "not investigated yet", strict=False))])
+@pytest.mark.parametrize("mode", ["kvtier-spec", "kvtier-connector"])
 def test_restart_hits_persistent_store(tmp_path, mode):
     first = run_server(mode, tmp_path)
     assert first["hits"] == 0 and first["bad"] == []
