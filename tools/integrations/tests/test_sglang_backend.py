@@ -135,3 +135,110 @@ def test_restart_with_persistent_store(tmp_path):
             assert b2.get(k, out) is out and torch.equal(out, v)
     finally:
         b2.close()
+
+
+# -- zero-copy on SGLang's own host pool ------------------------------------------------------
+ZL, ZH, ZD, ZN = 3, 2, 16, 64  # layers, KV heads, head_dim, device tokens
+
+
+def real_host_pool(layout):
+    """SGLang 0.5.23's MHATokenToKVPoolHost (its own class, on CPU tensors), @layout."""
+    from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+    k = tuple(torch.zeros(ZN, ZH, ZD, dtype=torch.float16) for _ in range(ZL))
+    v = tuple(torch.zeros(ZN, ZH, ZD, dtype=torch.float16) for _ in range(ZL))
+    ptrs = [torch.tensor([t.data_ptr() for t in x], dtype=torch.uint64) for x in (k, v)]
+    info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs[0], v_data_ptrs=ptrs[1],
+                                           layout=KVBufferLayout.NHD),
+                         page_size=PAGE_TOKENS, head_num=ZH, head_dim=ZD, v_head_dim=ZD,
+                         dtype=torch.float16, device=torch.device("cpu"))
+    hp = MHATokenToKVPoolHost(info, 2.0, 0, PAGE_TOKENS, layout, pin_memory=False,
+                              device="cpu", device_capacity_tokens=ZN, start_layer=0,
+                              end_layer=ZL)
+    g = torch.Generator().manual_seed(7)
+    hp.kv_buffer.copy_(torch.randn(hp.kv_buffer.shape, generator=g).to(torch.float16))
+    return hp
+
+
+def zc_make(tmp_path=None, persist=False, **extra):
+    x = {"interface_v1": 1, "kvtier_page_bytes": 0}
+    x.update(extra)
+    return make(tmp_path, persist, **x)
+
+
+def host_idx(pages):
+    return torch.tensor([p * PAGE_TOKENS + t for p in pages for t in range(PAGE_TOKENS)])
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+def test_zero_copy_real_host_pool(layout, tmp_path):
+    hp = real_host_pool(layout)
+    b = zc_make()
+    try:
+        b.register_mem_pool_host(hp)
+        assert b.zero_copy and not hasattr(b, "staging")  # the host pool is kvtier's pool
+        n = hp.size // PAGE_TOKENS
+        src, dst = [1, 4, 7, 8, 30], [2, 3, 20, 21, 29]
+        want = [hp.get_data_page(p * PAGE_TOKENS).clone() for p in src]
+        keys = [f"zc{p}" for p in src]
+        assert b.batch_set_v1(keys, host_idx(src)) == [True] * 5
+        assert b.batch_exists(keys) == 5
+        for p in dst:  # SGLang's own accessor writes the destination pages
+            hp.set_from_flat_data_page(p * PAGE_TOKENS, torch.zeros_like(want[0]))
+        assert b.batch_get_v1(keys, host_idx(dst)) == [True] * 5
+        for w, p in zip(want, dst):
+            assert torch.equal(hp.get_data_page(p * PAGE_TOKENS), w), (layout, p)
+        # the pages around them untouched: a K/V segment landed nowhere else
+        for p in range(n):
+            if p not in dst and p not in src:
+                assert not torch.equal(hp.get_data_page(p * PAGE_TOKENS),
+                                       torch.zeros_like(want[0]))
+        # bad indices answer False, the rest of the call is served
+        bad = torch.cat([host_idx([n])[:PAGE_TOKENS], host_idx([5]) + 1, host_idx([6])])
+        assert b.batch_get_v1(["zc1", "zc4", "zc7"], bad) == [False, False, True]
+        assert b.batch_get_v1(["zc1", "nope"], host_idx([10, 11])) == [True, False]
+        assert b.batch_set_v1(["dup", "dup"], host_idx([12, 13])) == [True, False]
+        # the flat-page calls are not the mode's: refused, not wrong
+        assert not b.set("flat", torch.zeros(want[0].numel(), dtype=torch.float16))
+        assert b.get("zc1", torch.zeros(want[0].numel(), dtype=torch.float16)) is None
+    finally:
+        b.close()
+
+
+def test_zero_copy_restart_and_modes_apart(tmp_path):
+    hp = real_host_pool("layer_first")
+    want = [hp.get_data_page(p * PAGE_TOKENS).clone() for p in (0, 1, 2)]
+    b = zc_make(tmp_path, persist=True)
+    b.register_mem_pool_host(hp)
+    assert b.batch_set_v1(["r0", "r1", "r2"], host_idx([0, 1, 2])) == [True] * 3
+    b.close()
+    # a staging-mode backend (no interface_v1) on the same store directory: other keys
+    s = make(tmp_path, persist=True, kvtier_page_bytes=0)
+    s.register_mem_pool_host(hp)
+    assert not s.zero_copy and s.batch_exists(["r0", "r1", "r2"]) == 0
+    s.close()
+    # a new zero-copy process: hits, byte-exact, into other pages
+    hp2 = real_host_pool("layer_first")
+    b2 = zc_make(tmp_path, persist=True)
+    try:
+        b2.register_mem_pool_host(hp2)
+        assert b2.batch_exists(["r0", "r1", "r2"]) == 3
+        assert b2.batch_get_v1(["r0", "r1", "r2"], host_idx([9, 10, 11])) == [True] * 3
+        for w, p in zip(want, (9, 10, 11)):
+            assert torch.equal(hp2.get_data_page(p * PAGE_TOKENS), w)
+    finally:
+        b2.close()
+
+
+def test_zero_copy_other_pool_falls_back_to_staging():
+    b = zc_make(kvtier_page_bytes=PAGE_BYTES)
+    try:
+        hp = FakeHostPool(16)  # no kv_buffer of an MHA layout: staged, still correct
+        b.register_mem_pool_host(hp)
+        assert not b.zero_copy
+        hp.kv[3] = page(900)
+        assert b.batch_set_v1(["f3"], host_idx([3])) == [True]
+        assert b.batch_get_v1(["f3"], host_idx([4])) == [True]
+        assert torch.equal(hp.kv[4], page(900))
+    finally:
+        b.close()
