@@ -147,3 +147,39 @@ def test_wrong_hit_heals_at_prepare_load(store):
     assert m.lookup(keys[1], ctx) is LookupResult.MISS
     out = m.prepare_store(keys, ReqContext(req_id="w2"))
     assert out.keys_to_store == [keys[1]]
+
+
+def _events(m):
+    return [(e.removed, e.medium, list(e.keys)) for e in m.take_events()]
+
+
+def test_kv_events_stored_and_removed(store):
+    """With vLLM's KV cache events on, the keys this manager stored are announced once kvtier
+    holds them, and announced removed when kvtier evicts them; keys it only found (another
+    manager's) are not announced; without events take_events yields nothing."""
+    st, pool, spec, _ = store
+    quiet = KvtierOffloadingManager(spec)
+    ev_spec = types.SimpleNamespace(**vars(spec), kv_events_config=types.SimpleNamespace(
+        enable_kv_cache_events=True))
+    m = KvtierOffloadingManager(ev_spec)
+    keys = _keys(40, 7)
+    assert _store_keys(m, pool, keys[:8]) == keys[:8]
+    assert _events(m) == [(False, vllm_base.Medium.CPU, keys[:8])]
+    assert _events(m) == []  # taken once
+    _store_keys(quiet, pool, keys[8:12])  # another manager's: found, not announced
+    assert _answers(m, keys[8:12], "found") == [True] * 4
+    # 28 more blocks through 16 HOST slots: most of the first 8 are evicted
+    for r in range(4):
+        _store_keys(m, pool, keys[12 + 7 * r:12 + 7 * (r + 1)])
+        m.on_schedule_end(None)
+    m.lookup(keys[0], ReqContext(req_id="drain"))  # a scan drains the removal feed
+    stored, removed = [], []
+    for rm, med, ks in _events(m):
+        assert med is vllm_base.Medium.CPU
+        (removed if rm else stored).extend(ks)
+    assert stored == keys[12:40]
+    held = set(k for k, t in zip(keys, _truth(m, pool, keys)) if t)
+    mine = set(keys[:8]) | set(keys[12:40])
+    assert set(removed) == mine - held  # every announced key that went, nothing else
+    assert not set(removed) & set(keys[8:12])
+    assert list(quiet.take_events()) == []

@@ -192,6 +192,55 @@ def test_same_hits_and_outputs_as_vllm_cpu_offloading(engines):
     assert sum(res["cpu"][0].values()) > 0  # the sequence does hit
 
 
+def _offload_events(e):
+    """The connector's KV events (medium CPU) as comparable tuples, in order."""
+    out = []
+    for ev in e.kv_events():
+        if getattr(ev, "medium", None) != "CPU":
+            continue  # vLLM's own GPU prefix cache events
+        kind = type(ev).__name__
+        out.append((kind, tuple(ev.block_hashes),
+                    tuple(ev.token_ids) if kind == "BlockStored" else ()))
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kv_events_as_vllm_cpu_offloading(engines, mode):
+    """With vLLM's KV cache events on (a capturing publisher), the same request sequence
+    through the kvtier spec or connector publishes the offloaded blocks' BlockStored events
+    that vLLM's built-in CPU offloading publishes (same hashes, tokens, order), and then,
+    with a store too small to keep them, BlockRemoved events only for blocks it stored."""
+    work = [(f"r{i}", prompt(300 + i % 3, 3 * BS + 5) + prompt(400 + i, BS), 2)
+            for i in range(6)]
+    ev = {}
+    for m in ("cpu", mode):
+        e = engines(m, kv_events=True)
+        for rid, p, mt in work:
+            e.add(rid, p, max_tokens=mt)
+            e.run()
+            e.settle()
+        assert e.bad_reads == []
+        ev[m] = _offload_events(e)
+    stored = [x for x in ev["cpu"] if x[0] == "BlockStored"]
+    assert stored and not [x for x in ev["cpu"] if x[0] != "BlockStored"]
+    assert ev[mode] == ev["cpu"]
+    # a 12-block store: the blocks of later requests push out earlier ones
+    e = engines(mode, kv_events=True, kvtier_host_bytes=12 * vh.block_bytes(),
+                kvtier_store_name=f"events-small-{mode}")
+    for i in range(8):
+        e.add(f"s{i}", prompt(500 + i, 4 * BS + 3), max_tokens=2)
+        e.run()
+        e.settle()
+        forget_gpu_cache(e)
+    e.add("probe", prompt(500, 4 * BS + 3), max_tokens=2)  # a scan drains the removal feed
+    e.run()
+    e.settle()
+    got = _offload_events(e)
+    put = {h for k, hs, _ in got if k == "BlockStored" for h in hs}
+    gone = [h for k, hs, _ in got if k == "BlockRemoved" for h in hs]
+    assert gone and set(gone) <= put and len(gone) == len(set(gone))
+
+
 def test_hash64_distinct_groups():
     k = bytes(range(32))
     assert hash64(k + b"\0\0\0\0") != hash64(k + b"\0\0\0\1")

@@ -21,6 +21,8 @@ import torch
 
 from vllm import SamplingParams
 from vllm.config import KVTransferConfig, set_current_vllm_config
+from vllm.config.kv_events import KVEventsConfig
+from vllm.distributed.kv_events import EventPublisher
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.forward_context import ForwardContext
@@ -84,6 +86,11 @@ class _RefCPUWorker(OffloadingWorker):
         return
 
 
+def block_bytes(block_size=16):
+    """Bytes of one block of every layer (what kvtier stores per block): K and V, float32."""
+    return N_LAYERS * 2 * block_size * N_KV_HEADS * HEAD * 4
+
+
 def spec_extra(mode, **kvtier_opts):
     """kv_connector_extra_config and connector names for @mode: "kvtier-spec" (vLLM's
     OffloadingConnector + the kvtier offloading spec), "kvtier-connector" (kvtier's KV
@@ -104,11 +111,28 @@ def spec_extra(mode, **kvtier_opts):
                 kv_connector_module_path="kvtier.vllm.connector", extra=extra)
 
 
+class CapturePublisher(EventPublisher):
+    """A KV event publisher that keeps every batch the scheduler publishes (it replaces the
+    scheduler's null publisher: KVEventsConfig only names "null" and "zmq")."""
+
+    def __init__(self, data_parallel_rank=0):
+        super().__init__(data_parallel_rank)
+        self.batches = []
+
+    def publish(self, events):
+        self.batches.append(events)
+
+    def shutdown(self):
+        pass
+
+
 class Engine:
-    """vLLM's scheduler + the worker connector + the checking model, one process."""
+    """vLLM's scheduler + the worker connector + the checking model, one process.
+    kv_events: vLLM's KV cache events on, published to a CapturePublisher
+    (Engine.kv_events() lists them)."""
 
     def __init__(self, mode, num_gpu_blocks=48, block_size=16, max_num_batched_tokens=256,
-                 **kvtier_opts):
+                 kv_events=False, **kvtier_opts):
         cfg = spec_extra(mode, **kvtier_opts)
         self.mode = mode
         self.block_size = block_size
@@ -116,6 +140,9 @@ class Engine:
                                 max_num_batched_tokens=max_num_batched_tokens,
                                 disable_hybrid_kv_cache_manager=False)
         vc.scheduler_config.async_scheduling = False
+        if kv_events:
+            vc.kv_events_config = KVEventsConfig(enable_kv_cache_events=True,
+                                                 publisher="null")
         extra = dict(cfg["extra"])
         extra.setdefault("offload_prompt_only", False)
         vc.kv_transfer_config = KVTransferConfig(
@@ -140,6 +167,9 @@ class Engine:
             self.scheduler = Scheduler(vllm_config=vc, kv_cache_config=kcc, log_stats=True,
                                        structured_output_manager=StructuredOutputManager(vc),
                                        block_size=sbs, hash_block_size=hbs)
+            self.publisher = CapturePublisher() if kv_events else None
+            if kv_events:
+                self.scheduler.kv_event_publisher = self.publisher
             self.worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, kcc)
             # the GPU pool: [num_blocks, 2, block_size, heads, head] per layer, on the CPU
             self.kv = {n: torch.full((num_gpu_blocks, 2, block_size, N_KV_HEADS, HEAD), -1.0,
@@ -276,6 +306,11 @@ class Engine:
             if not self.scheduler.connector.connector_scheduler._jobs:
                 return
             self.step()
+
+    def kv_events(self):
+        """The KV cache events published so far, in order."""
+        return [ev for b in (self.publisher.batches if self.publisher else ())
+                for ev in b.events]
 
     def shutdown(self):
         self.worker.shutdown()

@@ -35,7 +35,8 @@ parallel), more than one offloaded KV cache group (hybrid models).
 
 import time
 
-from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LoadStoreSpec, LookupResult,
+from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LoadStoreSpec, LookupResult, Medium,
+                                     OffloadingEvent,
                                      OffloadingManager, OffloadingSpec, OffloadingWorker,
                                      PrepareStoreOutput, RequestOffloadingContext,
                                      TransferResult)
@@ -90,7 +91,18 @@ class KvtierOffloadingManager(OffloadingManager):
     checked with kvtier (a key stored by an earlier process, or by another manager), so the
     mirror never answers MISS for a stored key and never HIT for a key kvtier reported gone.
     A block evicted between a lookup and its load fails alone in the load (vLLM's
-    invalid-block path), as it would with a call per key."""
+    invalid-block path), as it would with a call per key.
+
+    KV cache events (vLLM's kv_events_config.enable_kv_cache_events): take_events() yields an
+    OffloadingEvent (medium CPU: kvtier's HOST and NVMe are one store to vLLM) of the keys
+    this manager stored once kvtier confirmed them (complete_store), and of those keys again,
+    removed=True, when kvtier reports one of their blocks gone (the removal feed, or a load
+    check that finds them gone). Keys only found stored (another manager's, an earlier
+    process's) are not announced, as a tier emits events for the state it owns. When the
+    removal ring overflowed (which removals were lost is unknown) every announced key is
+    reported removed: a router may then under-count hits, never route to a block that is
+    gone. reset_cache() emits nothing for the keys it drops (vLLM resets its event tracker with
+    it), as vLLM's CPU manager."""
 
     def __init__(self, spec):
         self.spec = spec
@@ -106,6 +118,9 @@ class KvtierOffloadingManager(OffloadingManager):
         self._token = None     # this manager's reader of the pool's removal feed
         self.mirror_syncs = 0  # removal drains (counters for tests and benchmarks)
         self.mirror_resets = 0  # mirrors dropped because kvtier's removal ring overflowed
+        kec = getattr(spec, "kv_events_config", None)
+        self.events = [] if getattr(kec, "enable_kv_cache_events", False) else None
+        self._announced = set()  # keys a stored event announced (and no removal since)
 
     def _pool(self):
         st = find_store(_store_name(self.spec))
@@ -139,12 +154,30 @@ class KvtierOffloadingManager(OffloadingManager):
         if lost:
             self.mirror_resets += 1
             self._mirror_clear()
+            self._emit_removed(list(self._announced))
             return
+        removed = []
         for tenant, h in gone:
             if tenant == self.tenant:
                 k = self._key_of.pop(h, None)
                 if k is not None:
                     self._mirror.discard(k)
+                    removed.append(k)
+        self._emit_removed(removed)
+
+    def _emit_removed(self, keys):
+        if self.events is None:
+            return
+        keys = [k for k in keys if k in self._announced]
+        if keys:
+            self._announced.difference_update(keys)
+            self.events.append(OffloadingEvent(keys=keys, medium=Medium.CPU, removed=True))
+
+    def take_events(self):
+        if self.events is None:
+            return
+        events, self.events = self.events, []
+        yield from events
 
     def _confirm(self, pool, keys):
         """Mirror those of @keys whose blocks kvtier holds now: one kvt_ext_lookup of all
@@ -188,11 +221,14 @@ class KvtierOffloadingManager(OffloadingManager):
             # wrong HIT (a block evicted after the lookup) is not repeated; their loads fail
             # alone (vLLM's invalid-block path)
             full = pool.lookup(hs, tenant=self.tenant) // self.bpc
+            healed = []
             for k in keys[full:]:
                 if k in self._mirror:
                     self._mirror.discard(k)
+                    healed.append(k)
                     for h in self.hashes(k):
                         self._key_of.pop(h, None)
+            self._emit_removed(healed)
         return KvtierLoadStoreSpec(hs)
 
     def touch(self, keys, req_context):
@@ -235,6 +271,13 @@ class KvtierOffloadingManager(OffloadingManager):
             if pool is not self._synced_pool:
                 self._sync(pool)
             self._confirm(pool, keys)
+            if self.events is not None:
+                new = [k for k in dict.fromkeys(keys)
+                       if k in self._mirror and k not in self._announced]
+                if new:
+                    self._announced.update(new)
+                    self.events.append(OffloadingEvent(keys=new, medium=Medium.CPU,
+                                                       removed=False))
 
     def on_new_request(self, req_context):
         return RequestOffloadingContext()
@@ -247,6 +290,7 @@ class KvtierOffloadingManager(OffloadingManager):
         self._pending.clear()
         self._sub.clear()
         self._mirror_clear()
+        self._announced.clear()
 
 
 def _slice_hashes(hashes, gpu_spec, bpc):
