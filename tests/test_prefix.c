@@ -711,10 +711,12 @@ pfx_worker_main(void *arg)
 		       tries++ < 100000)
 			;
 		pfx_fail(w, rc != 0, it, "append", rc);
-		tries = 0;
-		while (rc == 0 && pfx_retry(rc = tsup_verify(w->e, s, 1)) && tries++ < 100000)
-			;
-		pfx_fail(w, rc != 0, it, "verify", rc);
+		if (rc == 0) {
+			tries = 0;
+			while (pfx_retry(rc = tsup_verify(w->e, s, 1)) && tries++ < 100000)
+				;
+			pfx_fail(w, rc != 0, it, "verify", rc);
+		}
 		if ((it + w->id) % 3 == 0) {
 			rc = kvt_seq_park(w->e, s, it % 2 ? KVT_TIER_NVME : KVT_TIER_HOST);
 			pfx_fail(w, rc != 0, it, "park", rc);
