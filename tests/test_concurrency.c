@@ -127,15 +127,18 @@ test_threads_share_engine(void **state)
 		w[i] = (struct worker){ .e = e, .id = i };
 		assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
 	}
-	for (i = 0; i < N_THREADS; i++) {
+	/* every thread joined before any assertion: a failing one must not leave the others
+	 * running on the engine while cmocka moves on */
+	for (i = 0; i < N_THREADS; i++)
 		pthread_join(th[i], NULL);
+	atomic_store(&stop_poller, 1);
+	pthread_join(poller, NULL);
+	for (i = 0; i < N_THREADS; i++) {
 		if (w[i].failures)
 			print_error("thread %u: %d failures, first: %s\n", i, w[i].failures,
 				    w[i].first);
 		assert_int_equal(w[i].failures, 0);
 	}
-	atomic_store(&stop_poller, 1);
-	pthread_join(poller, NULL);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_engine_check(e), 0);
 	assert_int_equal(kvt_engine_stats(e, &st), 0);

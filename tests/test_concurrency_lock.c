@@ -146,6 +146,9 @@ a_main(void *p)
 	struct a_arg *a = p;
 
 	a->rc = a->s ? tsup_verify(a->e, a->s, a->tag) : kvt_engine_drain(a->e);
+	if (a->rc) /* no cmocka assertion off the test's thread: the test checks a->rc */
+		fprintf(stderr, "thread A: %s: %d %s\n", a->s ? "verify" : "drain", a->rc,
+			kvt_last_error_message());
 	flag_set(&g.a_done);
 	return NULL;
 }
@@ -163,18 +166,29 @@ b_main(void *p)
 {
 	struct b_arg *b = p;
 	struct kvt_stats st = { .size = sizeof st };
+	const char *what = "";
 	char buf[16384];
 	size_t len;
 	int rc = 0;
 
 	for (int i = 0; i < B_ROUNDS && !rc; i++) {
+		what = "verify";
 		rc = tsup_verify(b->e, b->s[i % 2], 1 + i % 2);
-		if (!rc)
+		if (!rc) {
+			what = "stats";
 			rc = kvt_engine_stats(b->e, &st);
-		if (!rc)
+		}
+		if (!rc) {
+			what = "metrics";
 			rc = kvt_engine_metrics_text(b->e, buf, sizeof buf, &len);
-		if (!rc)
+		}
+		if (!rc) {
+			what = "poll";
 			rc = kvt_engine_poll(b->e, 0) < 0;
+		}
+		if (rc) /* no cmocka assertion off the test's thread: the test checks b->rc */
+			fprintf(stderr, "thread B round %d: %s: %d %s\n", i, what, rc,
+				kvt_last_error_message());
 	}
 	b->rc = rc;
 	flag_set(&g.b_done);
@@ -337,6 +351,8 @@ c_main(void *p)
 	struct c_arg *c = p;
 
 	c->rc = tsup_verify(c->e, c->s, 6);
+	if (c->rc)
+		fprintf(stderr, "thread C: verify: %d %s\n", c->rc, kvt_last_error_message());
 	flag_set(&g.b_done);
 	return NULL;
 }

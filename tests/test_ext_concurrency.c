@@ -6,7 +6,9 @@
  * checks every byte, a third touches and looks up; completions are delayed and reordered by
  * the emulated device. A load may miss a block evicted meanwhile (-ENOENT, reported), never
  * bring wrong bytes. Jobs are reported to whichever thread polls: a shared table hands each
- * report to the thread that issued the job.
+ * report to the thread that issued the job. The threads make no cmocka assertion (a failure off
+ * the test's thread longjmps into the main thread's frame and reports nothing): they count
+ * errors and wrong bytes, each with a line on stderr, checked after the join.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -33,6 +35,7 @@ static uint8_t *mem[TSUP_LAYERS];
 static struct kvt_engine *eng;
 static uint32_t pool;
 static atomic_uint stored_rounds;
+static atomic_bool storer_done; /* the storer returned (the others stop waiting for rounds) */
 static atomic_int bad_bytes, errors;
 
 /* reports: job id -> (n_failed, the failed block ids) */
@@ -84,9 +87,18 @@ hash_of(uint32_t tag)
 	return 0xabcdef0000000000ull ^ ((uint64_t)tag * 0x9e3779b97f4a7c15ull);
 }
 
-/* Poll until @job is reported (by this thread's poll or another's); its record into @out. */
+/* Count an unexpected result of @who (printed). */
 static void
-await(uint64_t job, struct rep *out)
+count_error(const char *who, const char *what, long long v)
+{
+	atomic_fetch_add(&errors, 1);
+	fprintf(stderr, "%s: %s: %lld (%s)\n", who, what, v, kvt_last_error_message());
+}
+
+/* Poll until @job is reported (by this thread's poll or another's); its record into @out.
+ * Returns 0, or -1 when a poll failed (counted, printed; @out not filled). */
+static int
+await(const char *who, uint64_t job, struct rep *out)
 {
 	for (;;) {
 		struct kvt_ext_done d[16];
@@ -99,16 +111,18 @@ await(uint64_t job, struct rep *out)
 				*out = reps[k];
 				reps[k] = reps[--n_reps];
 				pthread_mutex_unlock(&rep_mu);
-				return;
+				return 0;
 			}
 		pthread_mutex_unlock(&rep_mu);
 		(void)kvt_ext_wait(eng, pool, job, 5);
 		n = kvt_ext_poll(eng, pool, d, 16, f, 16 * PER);
 		if (n < 0) {
-			atomic_fetch_add(&errors, 1);
-			return;
+			count_error(who, "kvt_ext_poll", n);
+			return -1;
 		}
 		pthread_mutex_lock(&rep_mu);
+		if (n_reps + (uint32_t)n > REP_CAP) /* a report dropped: its issuer would spin */
+			count_error(who, "report table full, reports", n);
 		for (i = 0; i < n && n_reps < REP_CAP; i++) {
 			struct rep *r = &reps[n_reps++];
 
@@ -126,6 +140,8 @@ await(uint64_t job, struct rep *out)
 static void *
 storer(void *arg)
 {
+	int rc;
+
 	(void)arg;
 	for (uint32_t r = 0; r < ROUNDS; r++) {
 		uint32_t ids[PER];
@@ -137,22 +153,36 @@ storer(void *arg)
 			h[i] = hash_of(r * PER + i);
 			fill(i, r * PER + i);
 		}
-		if (kvt_ext_store(eng, pool, 1, h, ids, PER, NULL, &job)) {
-			atomic_fetch_add(&errors, 1);
+		if ((rc = kvt_ext_store(eng, pool, 1, h, ids, PER, NULL, &job))) {
+			count_error("storer", "kvt_ext_store", rc);
 			continue;
 		}
-		await(job, &rep);
+		if (await("storer", job, &rep))
+			break; /* the blocks may still be read: stop writing them */
 		if (rep.n_failed)
-			atomic_fetch_add(&errors, 1);
+			count_error("storer", "store job's failed blocks", rep.n_failed);
 		atomic_store(&stored_rounds, r + 1);
 	}
+	atomic_store(&storer_done, true);
 	return NULL;
+}
+
+/* Whether two of the PER @tags are equal. */
+static bool
+dup(const uint32_t *tags)
+{
+	for (uint32_t i = 0; i < PER; i++)
+		for (uint32_t k = 0; k < i; k++)
+			if (tags[k] == tags[i])
+				return true;
+	return false;
 }
 
 static void *
 loader(void *arg)
 {
 	uint64_t rng = (uintptr_t)arg;
+	int rc;
 
 	for (uint32_t it = 0; it < ROUNDS * 2; it++) {
 		uint32_t have = atomic_load(&stored_rounds), ids[PER], tags[PER];
@@ -160,6 +190,8 @@ loader(void *arg)
 		struct rep rep;
 
 		if (!have) {
+			if (atomic_load(&storer_done))
+				return NULL; /* nothing was stored (counted by the storer) */
 			it--;
 			continue;
 		}
@@ -173,18 +205,25 @@ loader(void *arg)
 			h[i] = hash_of(tags[i]);
 			memset(seg(0, 0, ids[i]), 0, SEG);
 		}
-		if (kvt_ext_load(eng, pool, 1, h, ids, PER, it % 2 ? KVT_EXT_LAYERWISE : 0, &job)) {
+		rc = kvt_ext_load(eng, pool, 1, h, ids, PER, it % 2 ? KVT_EXT_LAYERWISE : 0, &job);
+		if (rc) {
 			/* a duplicate tag made by the fix-up above collides: skip the round */
+			if (rc != -EINVAL || !dup(tags))
+				count_error("loader", "kvt_ext_load", rc);
 			continue;
 		}
-		await(job, &rep);
+		if (await("loader", job, &rep))
+			return NULL;
 		for (uint32_t i = 0; i < PER; i++) {
 			bool failed = false;
 
-			for (uint32_t k = 0; k < rep.n_failed; k++)
+			for (uint32_t k = 0; k < rep.n_failed && k < PER; k++)
 				failed |= rep.failed[k] == ids[i];
-			if (!failed && !holds(ids[i], tags[i]))
+			if (!failed && !holds(ids[i], tags[i])) {
 				atomic_fetch_add(&bad_bytes, 1);
+				fprintf(stderr, "loader %u: block %u loaded for tag %u: wrong bytes\n",
+					(unsigned)(uintptr_t)arg, ids[i], tags[i]);
+			}
 		}
 	}
 	return NULL;
@@ -193,15 +232,19 @@ loader(void *arg)
 static void *
 looker(void *arg)
 {
+	int rc;
+
 	(void)arg;
-	while (atomic_load(&stored_rounds) < ROUNDS) {
+	while (atomic_load(&stored_rounds) < ROUNDS && !atomic_load(&storer_done)) {
 		uint64_t h[64];
 		size_t hits;
 
 		for (uint32_t i = 0; i < 64; i++)
 			h[i] = hash_of(i);
-		if (kvt_ext_lookup(eng, pool, 1, h, 64, &hits, NULL) || hits > 64)
-			atomic_fetch_add(&errors, 1);
+		if ((rc = kvt_ext_lookup(eng, pool, 1, h, 64, &hits, NULL)))
+			count_error("looker", "kvt_ext_lookup", rc);
+		else if (hits > 64)
+			count_error("looker", "kvt_ext_lookup hits of 64", (long long)hits);
 		(void)kvt_ext_touch(eng, pool, 1, h, 8);
 	}
 	return NULL;
@@ -237,6 +280,8 @@ test_concurrent_store_load(void **state)
 	xo.n_entries = TSUP_LAYERS;
 	xo.layers = lay;
 	assert_int_equal(kvt_ext_register(eng, &xo, &pool), 0);
+	atomic_store(&stored_rounds, 0);
+	atomic_store(&storer_done, false);
 	assert_int_equal(pthread_create(&t[0], NULL, storer, NULL), 0);
 	assert_int_equal(pthread_create(&t[1], NULL, loader, (void *)(uintptr_t)2), 0);
 	assert_int_equal(pthread_create(&t[2], NULL, loader, (void *)(uintptr_t)3), 0);

@@ -18,6 +18,8 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -26,7 +28,8 @@
 
 #define T (TSUP_TPB)
 
-/* Append tokens base+pos for pos in [first, first+n) and write K/V pattern @tag there. */
+/* Append tokens base+pos for pos in [first, first+n) and write K/V pattern @tag there. No cmocka
+ * assertion (worker threads call it): -EINVAL for n > 64, a failure after the append printed. */
 static int
 pfx_append(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, int32_t base, uint64_t first,
 	   size_t n)
@@ -38,12 +41,21 @@ pfx_append(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, int32_t base, uint6
 	size_t t;
 	int rc;
 
+	if (n > 64) {
+		fprintf(stderr, "pfx_append: %zu tokens, at most 64\n", n);
+		return -EINVAL;
+	}
 	for (t = 0; t < n; t++)
 		tok[t] = base + (int32_t)(first + t);
 	rc = kvt_seq_append(e, s, tok, n, map);
 	if (rc)
 		return rc;
-	assert_int_equal(kvt_engine_geometry(e, &g), 0);
+	rc = kvt_engine_geometry(e, &g);
+	if (rc) {
+		fprintf(stderr, "pfx_append: kvt_engine_geometry: %d %s\n", rc,
+			kvt_last_error_message());
+		return rc;
+	}
 	for (t = 0; t < n; t++)
 		for (l = 0; l < TSUP_LAYERS; l++) {
 			float *k, *v;
@@ -649,7 +661,8 @@ test_cache_and_free(void **state)
 struct pfx_worker {
 	struct kvt_engine *e; /* shared engine */
 	uint32_t id;          /* thread number */
-	int failures;         /* unexpected results */
+	int failures;         /* unexpected results (each printed: no cmocka assertion in a
+			         worker thread, the test checks the count after the join) */
 	uint64_t attached;    /* tokens attached in all */
 };
 
@@ -659,6 +672,17 @@ pfx_retry(int rc)
 	if (rc == -ENOSPC)
 		usleep(100);
 	return rc == -ENOSPC;
+}
+
+/* Count a failure of @w unless @bad is 0: @what returned @rc in iteration @it. */
+static void
+pfx_fail(struct pfx_worker *w, bool bad, int it, const char *what, long long rc)
+{
+	if (!bad)
+		return;
+	w->failures++;
+	fprintf(stderr, "pfx worker %u it %d: %s: %lld (%s)\n", w->id, it, what, rc,
+		kvt_last_error_message());
 }
 
 static void *
@@ -672,28 +696,35 @@ pfx_worker_main(void *arg)
 
 	prompt(tok, 1000, 4 * T);
 	for (it = 0; it < 20; it++) {
-		if (kvt_seq_open(w->e, NULL, &s)) {
-			w->failures++;
+		if ((rc = kvt_seq_open(w->e, NULL, &s))) {
+			pfx_fail(w, true, it, "open", rc);
 			continue;
 		}
+		a = 0;
 		rc = kvt_seq_attach_prefix(w->e, s, tok, 4 * T, &a);
-		w->failures += rc != 0 || a % T != 0;
+		pfx_fail(w, rc != 0, it, "attach_prefix", rc);
+		pfx_fail(w, a % T != 0, it, "attached tokens not whole blocks", (long long)a);
 		w->attached += a;
 		tries = 0;
 		rc = 0;
 		while (a < 4 * T && pfx_retry(rc = pfx_append(w->e, s, 1, 1000, a, 4 * T - a)) &&
 		       tries++ < 100000)
 			;
-		w->failures += rc != 0;
-		tries = 0;
-		while (rc == 0 && pfx_retry(rc = tsup_verify(w->e, s, 1)) && tries++ < 100000)
-			;
-		w->failures += rc != 0;
-		if ((it + w->id) % 3 == 0) {
-			w->failures += kvt_seq_park(w->e, s, it % 2 ? KVT_TIER_NVME : KVT_TIER_HOST) != 0;
-			w->failures += kvt_seq_resume(w->e, s) != 0;
+		pfx_fail(w, rc != 0, it, "append", rc);
+		if (rc == 0) {
+			tries = 0;
+			while (pfx_retry(rc = tsup_verify(w->e, s, 1)) && tries++ < 100000)
+				;
+			pfx_fail(w, rc != 0, it, "verify", rc);
 		}
-		w->failures += kvt_seq_close(w->e, s) != 0;
+		if ((it + w->id) % 3 == 0) {
+			rc = kvt_seq_park(w->e, s, it % 2 ? KVT_TIER_NVME : KVT_TIER_HOST);
+			pfx_fail(w, rc != 0, it, "park", rc);
+			rc = kvt_seq_resume(w->e, s);
+			pfx_fail(w, rc != 0, it, "resume", rc);
+		}
+		rc = kvt_seq_close(w->e, s);
+		pfx_fail(w, rc != 0, it, "close", rc);
 	}
 	return NULL;
 }
@@ -730,13 +761,14 @@ test_threads_share_prompt(void **state)
 		w[i] = (struct pfx_worker){ .e = e, .id = (uint32_t)i };
 		assert_int_equal(pthread_create(&th[i], NULL, pfx_worker_main, &w[i]), 0);
 	}
-	for (i = 0; i < 4; i++) {
+	for (i = 0; i < 4; i++) /* all joined before any assertion */
 		pthread_join(th[i], NULL);
+	__atomic_store_n(&pfx_stop, 1, __ATOMIC_RELEASE);
+	pthread_join(poller, NULL);
+	for (i = 0; i < 4; i++) {
 		assert_int_equal(w[i].failures, 0);
 		attached += w[i].attached;
 	}
-	__atomic_store_n(&pfx_stop, 1, __ATOMIC_RELEASE);
-	pthread_join(poller, NULL);
 	assert_true(attached >= 4 * 20 * 3 * T); /* every sequence found the owner's blocks */
 	assert_int_equal(kvt_engine_drain(e), 0);
 	tsup_check_engine(e);

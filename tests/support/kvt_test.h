@@ -85,13 +85,17 @@ uint64_t tsup_block_bytes(void);
 /* The float stored for element i of token pos's K (kv = 0) or V (kv = 1) in layer l. */
 float tsup_val(uint32_t tag, uint64_t pos, uint32_t layer, uint32_t kv, uint32_t i);
 
-/* Append n tokens to s and write their K/V (pattern tag) directly into HBM. Returns rc. */
+/* Append n tokens to s and write their K/V (pattern tag) directly into HBM. Returns rc
+ * (-EINVAL for n > 64). No cmocka assertion (worker threads call it): failures other than the
+ * append's are printed on stderr. */
 int tsup_append_write(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint64_t first_pos,
 		      size_t n);
 
 /* Prepare a batch of one sequence, wait for every layer, compare all its K/V with the pattern,
- * release. Returns 0 when every byte matches, the kvtier error of prepare/wait otherwise, or 1
- * on a data mismatch. */
+ * release. Returns 0 when every byte matches, the kvtier error of prepare/wait/block table
+ * otherwise, or 1 on a data mismatch (printed); a failed release is printed and its error
+ * returned whatever came before. No cmocka assertion: worker threads call it (a cmocka failure
+ * outside the test's thread longjmps into the main thread's frame and reports nothing). */
 int tsup_verify(struct kvt_engine *e, kvt_seq_id s, uint32_t tag);
 
 /* Assert: an open sequence of @tokens tokens with pattern @tag, appended a block at a time,
