@@ -654,6 +654,137 @@ test_groups(void **state)
 	assert_true(r.groups[2].seq_bytes == 0);
 }
 
+/* The shapes of tests/data/hf/qwen3-next/states.safetensors (transformers' own Gated DeltaNet
+ * cache after the reference prompt, tools/hf-fixtures/gen.py): per linear layer i
+ * "layer<i>.conv" [conv_dim, K] (transformers keeps K columns; decode needs the last K - 1) and
+ * "layer<i>.recurrent" [v_heads, k_dim, v_dim]. Returns the bytes of those states at
+ * @elem bytes per element with K - 1 conv columns, and the layers in *n. */
+static double
+calc_fixture_state_bytes(double elem, uint32_t *n)
+{
+	char path[4096];
+	const char *slash = strrchr(__FILE__, '/');
+	int dir = slash ? (int)(slash - __FILE__) : 1;
+	unsigned char len8[8];
+	uint64_t len = 0;
+	char *hdr;
+	cJSON *h, *it;
+	double sum = 0;
+	FILE *f;
+
+	snprintf(path, sizeof path, "%.*s/data/hf/qwen3-next/states.safetensors", dir,
+		 slash ? __FILE__ : ".");
+	f = fopen(path, "rb");
+	assert_non_null(f);
+	assert_int_equal(fread(len8, 1, 8, f), 8);
+	for (int i = 7; i >= 0; i--)
+		len = len << 8 | len8[i];
+	assert_true(len > 2 && len < (1u << 20));
+	hdr = calloc(1, len + 1);
+	assert_non_null(hdr);
+	assert_int_equal(fread(hdr, 1, len, f), len);
+	fclose(f);
+	h = cJSON_Parse(hdr);
+	free(hdr);
+	assert_non_null(h);
+	*n = 0;
+	cJSON_ArrayForEach(it, h) {
+		const cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
+		double prod = 1;
+		int k = 0, d = cJSON_GetArraySize(sh);
+		const cJSON *x;
+
+		if (strcmp(it->string, "__metadata__") == 0)
+			continue;
+		cJSON_ArrayForEach(x, sh) {
+			/* conv [conv_dim, K]: K - 1 columns carry over */
+			prod *= strstr(it->string, ".conv") && k == d - 1 ? x->valuedouble - 1
+									   : x->valuedouble;
+			k++;
+		}
+		*n += strstr(it->string, ".conv") != NULL;
+		sum += prod * elem;
+	}
+	cJSON_Delete(h);
+	return sum;
+}
+
+/*
+ * Linear attention (Gated DeltaNet). The Qwen3-Next fixture: layers 0-2 linear, 3 full; 2 key
+ * heads and 4 value heads of 16: conv_dim 2 x 2 x 16 + 4 x 16 = 128, K = 4, so
+ * (128 x 3 + 4 x 16 x 16) x 4 bytes = 5632 per layer in fp32, 16896 for the three: the same as
+ * the states transformers itself left in states.safetensors. Qwen3-Next-80B-A3B (as published:
+ * 48 layers, full attention every 4th, 16 key and 32 value heads of 128, bf16):
+ * (8192 x 3 + 32 x 128 x 128) x 2 = 1097728 bytes per layer, x 36 = 39518208 (37.7 MiB: the
+ * issue's "about 38 MiB"), against 12 x 2 x (256 + 256) x 2 = 24576 bytes of attention KV per
+ * token: 1608 tokens' worth.
+ */
+static void
+test_linear_state(void **state)
+{
+	struct kvc_model m;
+	struct kvc_query q;
+	struct kvc_result r;
+	uint32_t n;
+
+	(void)state;
+	kvc_model_init(&m);
+	assert_int_equal(kvc_model_load(calc_hf_path("qwen3-next"), &m), 0);
+	m.kv_dtype_bytes = 4;
+	assert_int_equal(kvc_model_finish(&m), 0);
+	kvc_query_init(&q);
+	q.context = 128;
+	assert_int_equal(kvc_compute(&m, &q, &r), 0);
+	assert_int_equal(r.linear_layers, 3);
+	assert_int_equal(r.kv_layers, 1);
+	assert_true(r.layer_state_bytes == 5632);
+	assert_true(r.seq_state_bytes == 16896);
+	assert_true(r.seq_state_bytes == calc_fixture_state_bytes(4, &n));
+	assert_int_equal(n, 3);
+	assert_true(r.token_bytes == 2 * 32 * 4);
+	assert_true(r.seq_bytes == 128 * 256 + 16896);
+	assert_int_equal(r.n_groups, 2);
+	assert_int_equal(r.groups[0].kind, KVC_GROUP_FULL);
+	assert_int_equal(r.groups[0].n_layers, 1);
+	assert_int_equal(r.groups[1].kind, KVC_GROUP_STATE);
+	assert_int_equal(r.groups[1].n_layers, 3);
+	assert_int_equal(r.groups[1].max_blocks, 1);
+	assert_true(r.groups[1].block_bytes == 16896);
+	assert_true(r.seq_group_bytes == 8 * 4096 + 16896);
+	/* one pool with a common slot (vLLM's page-size unification): 9 slots of 16896 */
+	assert_true(r.seq_common_slot_bytes == 9 * 16896);
+	q.context = 100000; /* the state does not grow with the context */
+	assert_int_equal(kvc_compute(&m, &q, &r), 0);
+	assert_true(r.groups[1].seq_bytes == 16896);
+
+	calc_load("qwen3-next-80b-a3b.json", &m);
+	calc_run(&m, 4096, 1, &r);
+	assert_int_equal(r.linear_layers, 36);
+	assert_int_equal(r.kv_layers, 12);
+	assert_true(r.layer_state_bytes == 1097728);
+	assert_true(r.seq_state_bytes == 39518208);
+	assert_true(r.token_bytes == 24576);
+	assert_true(r.state_tokens > 1607 && r.state_tokens < 1609);
+	assert_true(r.seq_bytes == 4096.0 * 24576 + 39518208);
+
+	/* a hybrid config without the state geometry, or all layers linear: refused */
+	kvc_model_init(&m);
+	assert_int_equal(kvc_model_from_json("{\"num_hidden_layers\": 4, \"num_attention_heads\""
+					     ": 4, \"hidden_size\": 64, \"full_attention_"
+					     "interval\": 2}", &m), 0);
+	assert_int_equal(kvc_model_finish(&m), -EINVAL);
+	assert_non_null(strstr(kvtr_last_error(), "linear_num_key_heads"));
+	kvc_model_init(&m);
+	assert_int_equal(kvc_model_from_json("{\"num_hidden_layers\": 2, \"num_attention_heads\""
+					     ": 4, \"hidden_size\": 64, \"layer_types\": ["
+					     "\"linear_attention\", \"linear_attention\"], "
+					     "\"linear_num_key_heads\": 2, \"linear_num_value_"
+					     "heads\": 4, \"linear_key_head_dim\": 8, \"linear_"
+					     "value_head_dim\": 8}", &m), 0);
+	assert_int_equal(kvc_model_finish(&m), -EINVAL);
+	assert_non_null(strstr(kvtr_last_error(), "all 2 layers are linear"));
+}
+
 int
 main(void)
 {
@@ -669,6 +800,7 @@ main(void)
 		cmocka_unit_test(test_gemma3_pattern),
 		cmocka_unit_test(test_gemma3n_shared),
 		cmocka_unit_test(test_groups),
+		cmocka_unit_test(test_linear_state),
 		cmocka_unit_test(test_qwen_falcon),
 		cmocka_unit_test(test_cli),
 		cmocka_unit_test(test_bad_input),

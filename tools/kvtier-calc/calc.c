@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -93,20 +94,59 @@ kvc_parse_count(const char *what, const char *s, double *out)
 	return 0;
 }
 
-/* Layer sliding flags from full_every when the config gave no per-layer types. */
+/* Layer sliding (and linear) flags from full_every (full_attn_interval) when the config gave
+ * no per-layer types. */
 static void
 calc_layer_pattern(struct kvc_model *m)
 {
 	if (m->layer_types_given)
 		return;
-	for (uint32_t i = 0; i < m->n_layers; i++)
+	for (uint32_t i = 0; i < m->n_layers; i++) {
 		m->layer_sliding[i] = m->sliding_window &&
 				      !(m->full_every && (i + 1) % m->full_every == 0);
+		m->layer_linear[i] = m->full_attn_interval &&
+				     (i + 1) % m->full_attn_interval != 0;
+	}
+}
+
+/* Linear layers (flags set), after the pattern: their geometry given and consistent. */
+static int
+calc_linear_finish(struct kvc_model *m)
+{
+	uint32_t n = 0, attn = 0;
+
+	for (uint32_t i = 0; i < m->n_layers; i++) {
+		if (m->layer_linear[i] && i >= m->n_layers - m->kv_shared_layers)
+			return kvtr_err(-EINVAL, "layer %u is linear attention and KV-shared", i);
+		n += m->layer_linear[i];
+		attn += !m->layer_linear[i] && i < m->n_layers - m->kv_shared_layers;
+	}
+	if (!n)
+		return 0;
+	if (!attn)
+		return kvtr_err(-EINVAL, "all %u layers are linear attention: no layer stores KV "
+				"(kvtier-calc sizes hybrid models)", m->n_layers);
+	if (!m->lin_k_heads || !m->lin_v_heads || !m->lin_k_dim || !m->lin_v_dim)
+		return kvtr_err(-EINVAL, "%u linear-attention layers but no state geometry: give "
+				"linear_num_key_heads, linear_num_value_heads, linear_key_head_dim "
+				"and linear_value_head_dim in config.json", n);
+	if (m->lin_v_heads % m->lin_k_heads)
+		return kvtr_err(-EINVAL, "%u linear value heads for %u key heads: not a multiple",
+				m->lin_v_heads, m->lin_k_heads);
+	if (!m->lin_conv_kernel)
+		m->lin_conv_kernel = 4; /* Qwen3NextConfig's linear_conv_kernel_dim default */
+	if (!(m->state_dtype_bytes > 0)) {
+		m->state_dtype_bytes = m->kv_dtype_bytes;
+		snprintf(m->state_dtype, sizeof(m->state_dtype), "%s", m->kv_dtype);
+	}
+	return 0;
 }
 
 int
 kvc_model_finish(struct kvc_model *m)
 {
+	int rc;
+
 	if (!m->n_layers || m->n_layers > KVC_MAX_LAYERS)
 		return kvtr_err(-EINVAL, "number of layers %u: give num_hidden_layers (or --layers)"
 				" in 1..%u", m->n_layers, KVC_MAX_LAYERS);
@@ -116,6 +156,9 @@ kvc_model_finish(struct kvc_model *m)
 	if (!(m->kv_dtype_bytes > 0))
 		return kvtr_err(-EINVAL, "KV dtype unknown (use --kv-dtype)");
 	calc_layer_pattern(m);
+	rc = calc_linear_finish(m);
+	if (rc)
+		return rc;
 	if (m->kv_lora_rank) /* MLA: one latent plus the rope key per token and layer */
 		return 0;
 	/* without the head count only an explicit head_dim says how wide a head is: no guess */
@@ -169,7 +212,9 @@ calc_groups(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 	double slot = 0.0;
 
 	for (uint32_t i = 0; i < stored; i++) {
-		if (m->kv_lora_rank)
+		if (m->layer_linear[i])
+			nl[KVC_GROUP_STATE]++;
+		else if (m->kv_lora_rank)
 			nl[KVC_GROUP_LATENT]++;
 		else if (m->layer_sliding[i] && m->sliding_window)
 			nl[KVC_GROUP_WINDOW]++;
@@ -190,6 +235,20 @@ calc_groups(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 		r->n_groups++;
 		if (k == KVC_GROUP_ALIAS)
 			continue;
+		if (k == KVC_GROUP_STATE) { /* one slot per sequence, whatever the context */
+			g->layer_state_bytes = r->layer_state_bytes;
+			g->block_bytes = (double)g->n_layers * g->layer_state_bytes;
+			g->max_blocks = 1;
+			g->seq_bytes = ceil(g->block_bytes);
+			g->seq_token_bytes = g->block_bytes;
+			g->nvme_slot_bytes = 4096 +
+					     ((uint64_t)ceil(g->block_bytes) + 4095) / 4096 * 4096;
+			r->seq_group_bytes += g->seq_bytes;
+			r->seq_group_token_bytes += g->seq_token_bytes;
+			if (ceil(g->block_bytes) > slot)
+				slot = ceil(g->block_bytes);
+			continue;
+		}
 		g->layer_token_bytes = r->layer_token_bytes;
 		g->block_bytes = (double)g->n_layers * (double)tpb * g->layer_token_bytes;
 		g->max_blocks = blocks;
@@ -230,10 +289,22 @@ kvc_compute(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 	r->layer_token_bytes = m->kv_lora_rank
 		? (double)(m->kv_lora_rank + m->rope_dim) * m->kv_dtype_bytes
 		: (double)m->n_kv_heads * (m->head_dim + m->v_head_dim) * m->kv_dtype_bytes;
+	if (m->lin_k_heads) { /* calc.h: conv state conv_dim x (K - 1), delta-rule state */
+		double conv_dim = 2.0 * m->lin_k_heads * m->lin_k_dim +
+				  (double)m->lin_v_heads * m->lin_v_dim;
+
+		r->layer_state_bytes = (conv_dim * (m->lin_conv_kernel - 1) +
+					(double)m->lin_v_heads * m->lin_k_dim * m->lin_v_dim) *
+				       m->state_dtype_bytes;
+	}
 	for (uint32_t i = 0; i < stored; i++) {
 		uint64_t w = q->context;
 		uint64_t blocks;
 
+		if (m->layer_linear[i]) {
+			r->linear_layers++;
+			continue;
+		}
 		if (m->layer_sliding[i] && m->sliding_window) {
 			r->sliding_layers++;
 			if (w > m->sliding_window)
@@ -243,10 +314,15 @@ kvc_compute(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 		r->seq_bytes += (double)w * r->layer_token_bytes;
 		r->seq_paged_bytes += (double)blocks * q->tokens_per_block * r->layer_token_bytes;
 	}
-	r->kv_layers = stored;
-	r->token_bytes = stored * r->layer_token_bytes;
+	r->kv_layers = stored - r->linear_layers;
+	r->token_bytes = r->kv_layers * r->layer_token_bytes;
 	r->block_bytes = r->token_bytes * q->tokens_per_block;
-	r->seq_full_bytes = (double)m->n_layers * r->layer_token_bytes * (double)q->context;
+	r->seq_state_bytes = r->linear_layers * r->layer_state_bytes;
+	r->state_tokens = r->token_bytes > 0 ? r->seq_state_bytes / r->token_bytes : 0;
+	r->seq_full_bytes = (double)(m->n_layers - r->linear_layers) * r->layer_token_bytes *
+			    (double)q->context + r->seq_state_bytes;
+	r->seq_bytes += r->seq_state_bytes;
+	r->seq_paged_bytes += r->seq_state_bytes;
 	r->batch_bytes = r->seq_bytes * (double)q->batch;
 	r->batch_paged_bytes = r->seq_paged_bytes * (double)q->batch;
 	wdt = m->weight_dtype_bytes > 0 ? m->weight_dtype_bytes : m->kv_dtype_bytes;
@@ -258,8 +334,10 @@ kvc_compute(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 	/* the NVMe format's slot (kvt_fmt_slot_bytes): a 4 KiB header page, then the block
 	 * rounded up to 4 KiB */
 	r->nvme_slot_bytes = 4096 + ((uint64_t)ceil(r->block_bytes) + 4095) / 4096 * 4096;
-	r->seq_kvtier_bytes = (double)r->seq_blocks * ceil(r->block_bytes);
+	r->seq_kvtier_bytes = (double)r->seq_blocks * ceil(r->block_bytes) + r->seq_state_bytes;
 	r->seq_nvme_bytes = (double)r->seq_blocks * (double)r->nvme_slot_bytes;
+	if (r->seq_state_bytes > 0) /* the state's own slot: a header page, then the state */
+		r->seq_nvme_bytes += 4096.0 + ceil(r->seq_state_bytes / 4096.0) * 4096.0;
 	r->fit_hbm = calc_fit(r->hbm_kv_bytes, r->seq_kvtier_bytes);
 	r->fit_host = calc_fit((double)q->host_bytes, r->seq_kvtier_bytes);
 	r->fit_nvme = calc_fit((double)q->nvme_bytes, r->seq_nvme_bytes);

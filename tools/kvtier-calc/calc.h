@@ -18,6 +18,13 @@
  * layer groups (issue 16) kvtier keeps one pool per group: struct kvc_group gives each group's
  * slot and the blocks a sequence holds at most (window-bound for WINDOW, latent-only for
  * LATENT, nothing for ALIAS), printed as "kvtier groups".
+ * A linear-attention layer (Gated DeltaNet: Qwen3-Next, Qwen3.5) keeps no per-token KV but a
+ * fixed-size state per sequence: the causal short convolution's last K - 1 inputs,
+ * conv_dim x (K - 1) with conv_dim = 2 x k_heads x k_dim + v_heads x v_dim (q, k and v are
+ * convolved together), and the delta rule's matrix state v_heads x k_dim x v_dim
+ * (transformers' Qwen3NextGatedDeltaNet: conv_state [batch, conv_dim, K] of which K - 1 carry
+ * over, recurrent_state [batch, v_heads, k_dim, v_dim]), in the state dtype. These layers form
+ * one STATE group: one slot per sequence (its layers' states), whatever the context.
  */
 #ifndef KVC_CALC_H
 #define KVC_CALC_H
@@ -54,7 +61,19 @@ struct kvc_model {
 	                             bfloat16 in config.json", "--kv-dtype", or the float32
 	                             rule of kvc_model_from_json */
 	uint8_t layer_sliding[KVC_MAX_LAYERS]; /* 1: layer i uses the sliding window */
-	int layer_types_given;    /* 1: layer_sliding was set from the config or flags */
+	uint8_t layer_linear[KVC_MAX_LAYERS];  /* 1: layer i is linear attention (Gated DeltaNet):
+	                             a fixed-size state per sequence, no per-token KV */
+	int layer_types_given;    /* 1: layer_sliding / layer_linear were set from the config */
+	/* linear attention (Qwen3-Next / Qwen3.5 Gated DeltaNet layers; 0 = none) */
+	uint32_t lin_k_heads;     /* linear_num_key_heads */
+	uint32_t lin_v_heads;     /* linear_num_value_heads */
+	uint32_t lin_k_dim;       /* linear_key_head_dim */
+	uint32_t lin_v_dim;       /* linear_value_head_dim */
+	uint32_t lin_conv_kernel; /* linear_conv_kernel_dim (0 = 4, transformers' default) */
+	uint32_t full_attn_interval; /* without layer_types: layer i is full attention iff
+	                             (i + 1) % this == 0, the others linear (Qwen3-Next: 4) */
+	double state_dtype_bytes; /* bytes per state element (0 = kv_dtype_bytes) */
+	char state_dtype[16];     /* its name ("" = the KV dtype's) */
 };
 
 /** What to compute. */
@@ -88,8 +107,9 @@ enum kvc_group_kind {
 	KVC_GROUP_WINDOW = 1,
 	KVC_GROUP_LATENT = 2,
 	KVC_GROUP_ALIAS = 3,
+	KVC_GROUP_STATE = 4,
 };
-#define KVC_MAX_GROUPS 4
+#define KVC_MAX_GROUPS 5
 
 /** One group's figures for one sequence of the query's context. */
 struct kvc_group {
@@ -98,9 +118,12 @@ struct kvc_group {
 	uint32_t window;           /* WINDOW: tokens; else 0 */
 	uint32_t sink;             /* WINDOW: sink tokens (0: configs give none); else 0 */
 	double layer_token_bytes;  /* one token of one layer (K + V; LATENT: the latent);
-	                              ALIAS 0 */
-	double block_bytes;        /* the pool's slot: n_layers x tpb x layer_token_bytes */
-	uint64_t max_blocks;       /* blocks one sequence of `context` tokens holds at most */
+	                              ALIAS, STATE 0 */
+	double layer_state_bytes;  /* STATE: one layer's state of one sequence; else 0 */
+	double block_bytes;        /* the pool's slot: n_layers x tpb x layer_token_bytes
+	                              (STATE: n_layers x layer_state_bytes, one per sequence) */
+	uint64_t max_blocks;       /* blocks one sequence of `context` tokens holds at most
+	                              (STATE: 1) */
 	double seq_bytes;          /* max_blocks x block_bytes */
 	double seq_token_bytes;    /* the tokens themselves, no block rounding: min(context,
 	                              window + sink) (WINDOW) or context tokens x n_layers x
@@ -111,20 +134,29 @@ struct kvc_group {
 /** The answers. Bytes are exact (double where fractional dtypes are possible). */
 struct kvc_result {
 	enum kvc_attn attn;         /* flavour */
-	uint32_t kv_layers;         /* layers that store their own KV */
+	uint32_t kv_layers;         /* layers that store their own KV (not linear, not shared) */
 	uint32_t sliding_layers;    /* of those, sliding-window ones */
+	uint32_t linear_layers;     /* linear-attention layers (state, no per-token KV) */
+	double layer_state_bytes;   /* one linear layer's state of one sequence */
+	double seq_state_bytes;     /* all linear layers' states of one sequence (context-free) */
+	double state_tokens;        /* seq_state_bytes / token_bytes: the attention tokens whose
+	                               KV weighs as much as one sequence's state */
 	double layer_token_bytes;   /* one layer, one token */
 	double token_bytes;         /* all KV layers, one token, no window (the formula's) */
 	double block_bytes;         /* token_bytes x tokens_per_block */
-	double seq_bytes;           /* one sequence of `context` tokens, windows honoured */
+	double seq_bytes;           /* one sequence of `context` tokens, windows honoured, plus
+	                               seq_state_bytes (so also seq_paged_bytes and
+	                               seq_full_bytes) */
 	double seq_paged_bytes;     /* the same, each layer rounded up to whole blocks */
 	double seq_full_bytes;      /* one sequence without windows and sharing (what a cache
 	                               that ignores them would take) */
 	uint64_t seq_blocks;        /* kvtier blocks of one sequence: ceil(context / tpb) */
 	uint64_t nvme_slot_bytes;   /* kvtier NVMe slot: 4096 + round_up(block_bytes, 4096) (the
 	                               header page, then the block: kvt_fmt_slot_bytes) */
-	double seq_kvtier_bytes;    /* kvtier footprint in HBM or host: seq_blocks x block */
-	double seq_nvme_bytes;      /* kvtier footprint on NVMe: seq_blocks x NVMe slot */
+	double seq_kvtier_bytes;    /* kvtier footprint in HBM or host: seq_blocks x block, plus
+	                               seq_state_bytes (the sessions that fit count both) */
+	double seq_nvme_bytes;      /* kvtier footprint on NVMe: seq_blocks x NVMe slot, plus
+	                               the state's slot (4096 + its bytes rounded up to 4 KiB) */
 	double batch_bytes;         /* seq_bytes x batch */
 	double batch_paged_bytes;   /* seq_paged_bytes x batch */
 	double weight_bytes;        /* weights in HBM */
@@ -134,8 +166,8 @@ struct kvc_result {
 	uint64_t fit_nvme;          /* ... in the NVMe budget */
 	uint64_t fit_total;         /* sum */
 	/* kvtier with layer groups (see struct kvc_group) */
-	uint32_t n_groups;          /* groups, in the order FULL, WINDOW, LATENT, ALIAS (absent
-	                               kinds skipped) */
+	uint32_t n_groups;          /* groups, in the order FULL, WINDOW, LATENT, ALIAS, STATE
+	                               (absent kinds skipped) */
 	struct kvc_group groups[KVC_MAX_GROUPS];
 	double seq_group_bytes;     /* sum of the groups' seq_bytes: what one sequence holds at
 	                               most in all tiers together (each block counted once) */
@@ -156,7 +188,9 @@ void kvc_model_init(struct kvc_model *m);
  * usual aliases (n_layer, n_head, num_kv_heads, multi_query, n_embd), kv_lora_rank and
  * qk_rope_head_dim (MLA), sliding_window with use_sliding_window, layer_types,
  * sliding_window_pattern (Gemma 3) or model_type gemma2 (alternating), num_kv_shared_layers,
- * torch_dtype / dtype. A torch_dtype of float32 (or fp32, float) is not what a server runs
+ * linear attention (layer_types "linear_attention", or full_attention_interval, with
+ * linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim,
+ * linear_conv_kernel_dim: Qwen3-Next, Qwen3.5), torch_dtype / dtype. A torch_dtype of float32 (or fp32, float) is not what a server runs
  * (vLLM, SGLang and TGI load such checkpoints in bf16): the KV and the weights are then
  * counted as bf16, and kv_dtype_why says so ("torch_dtype float32 in config.json; servers run
  * bf16: --kv-dtype to override"); --kv-dtype fp32 asks for 4 bytes.

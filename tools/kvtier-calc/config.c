@@ -83,6 +83,7 @@ cfg_layer_types(const cJSON *lt, struct kvc_model *m)
 	cJSON_ArrayForEach(it, lt) {
 		if (!cJSON_IsString(it))
 			return kvtr_err(-EINVAL, "config: layer_types[%d] is not a string", i);
+		m->layer_linear[i] = strstr(it->valuestring, "linear") != NULL;
 		m->layer_sliding[i++] = strstr(it->valuestring, "sliding") != NULL ||
 					strstr(it->valuestring, "local") != NULL;
 	}
@@ -108,6 +109,12 @@ cfg_geometry(const cJSON *root, const cJSON *text, struct kvc_model *m)
 	static const char *const rope[] = { "qk_rope_head_dim", NULL };
 	static const char *const shared[] = { "num_kv_shared_layers", NULL };
 	static const char *const pattern[] = { "sliding_window_pattern", NULL };
+	static const char *const lkh[] = { "linear_num_key_heads", NULL };
+	static const char *const lvh[] = { "linear_num_value_heads", NULL };
+	static const char *const lkd[] = { "linear_key_head_dim", NULL };
+	static const char *const lvd[] = { "linear_value_head_dim", NULL };
+	static const char *const lck[] = { "linear_conv_kernel_dim", NULL };
+	static const char *const fai[] = { "full_attention_interval", NULL };
 	int rc = 0;
 
 	rc = rc ? rc : cfg_u32(root, text, layers, KVC_MAX_LAYERS, &m->n_layers);
@@ -119,6 +126,12 @@ cfg_geometry(const cJSON *root, const cJSON *text, struct kvc_model *m)
 	rc = rc ? rc : cfg_u32(root, text, rope, 65536, &m->rope_dim);
 	rc = rc ? rc : cfg_u32(root, text, shared, KVC_MAX_LAYERS, &m->kv_shared_layers);
 	rc = rc ? rc : cfg_u32(root, text, pattern, KVC_MAX_LAYERS, &m->full_every);
+	rc = rc ? rc : cfg_u32(root, text, lkh, 65536, &m->lin_k_heads);
+	rc = rc ? rc : cfg_u32(root, text, lvh, 65536, &m->lin_v_heads);
+	rc = rc ? rc : cfg_u32(root, text, lkd, 65536, &m->lin_k_dim);
+	rc = rc ? rc : cfg_u32(root, text, lvd, 65536, &m->lin_v_dim);
+	rc = rc ? rc : cfg_u32(root, text, lck, 65536, &m->lin_conv_kernel);
+	rc = rc ? rc : cfg_u32(root, text, fai, KVC_MAX_LAYERS, &m->full_attn_interval);
 	if (rc == 0 && cfg_bool(root, text, "multi_query", 0)) /* Falcon-7B */
 		m->n_kv_heads = 1;
 	return rc;

@@ -13,7 +13,8 @@
 #include "util.h"
 
 static const char *const print_attn_name[] = { "MHA", "GQA", "MQA", "MLA" };
-static const char *const print_group_name[] = { "FULL", "WINDOW", "LATENT", "ALIAS" };
+static const char *const print_group_name[] = { "FULL", "WINDOW", "LATENT", "ALIAS",
+						 "STATE" };
 
 /* "512 MiB" style, 3 significant decimals at most. */
 static const char *
@@ -38,6 +39,8 @@ print_geometry(FILE *f, const struct kvc_model *m, const struct kvc_result *r)
 	if (r->sliding_layers)
 		fprintf(f, ", %u with a %u-token sliding window", r->sliding_layers,
 			m->sliding_window);
+	if (r->linear_layers)
+		fprintf(f, "; %u linear attention", r->linear_layers);
 	fprintf(f, ")\n");
 	fprintf(f, "KV dtype         %s (%g bytes): %s\n", m->kv_dtype, m->kv_dtype_bytes,
 		m->kv_dtype_why);
@@ -48,6 +51,12 @@ print_geometry(FILE *f, const struct kvc_model *m, const struct kvc_result *r)
 		fprintf(f, "per layer        %u KV heads x (K %u + V %u) x %g bytes "
 			"(%u attention heads)\n", m->n_kv_heads, m->head_dim, m->v_head_dim,
 			m->kv_dtype_bytes, m->n_heads);
+	if (r->linear_layers)
+		fprintf(f, "linear layer     state: conv %u x %u + delta rule %u x %u x %u elements x "
+			"%g bytes (%s) = %.0f bytes per sequence\n",
+			2 * m->lin_k_heads * m->lin_k_dim + m->lin_v_heads * m->lin_v_dim,
+			m->lin_conv_kernel - 1, m->lin_v_heads, m->lin_k_dim, m->lin_v_dim,
+			m->state_dtype_bytes, m->state_dtype, r->layer_state_bytes);
 }
 
 void
@@ -61,6 +70,10 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 		r->token_bytes);
 	fprintf(f, "KV per block     %s (%u tokens)\n", print_human(r->block_bytes, a, sizeof a),
 		q->tokens_per_block);
+	if (r->linear_layers)
+		fprintf(f, "state per seq    %s (%.0f bytes, any context): the KV of %.0f "
+			"attention tokens\n", print_human(r->seq_state_bytes, a, sizeof a),
+			r->seq_state_bytes, r->state_tokens);
 	fprintf(f, "per sequence     %s at %llu tokens (paged: %s", print_human(r->seq_bytes, a,
 		sizeof a), (unsigned long long)q->context,
 		print_human(r->seq_paged_bytes, b, sizeof b));
@@ -105,6 +118,12 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 				print_group_name[g->kind], g->n_layers);
 			continue;
 		}
+		if (g->kind == KVC_GROUP_STATE) {
+			fprintf(f, "  %-6s %3u layers  one slot of %.0f bytes per sequence (the "
+				"layers' states): %s\n", print_group_name[g->kind], g->n_layers,
+				g->block_bytes, print_human(g->seq_bytes, a, sizeof a));
+			continue;
+		}
 		fprintf(f, "  %-6s %3u layers  block %.0f bytes, at most %llu blocks per sequence: "
 			"%s", print_group_name[g->kind], g->n_layers, g->block_bytes,
 			(unsigned long long)g->max_blocks, print_human(g->seq_bytes, a, sizeof a));
@@ -126,9 +145,10 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
  * seq_paged_bytes, seq_full_bytes, seq_blocks, seq_kvtier_bytes, seq_nvme_bytes,
  * nvme_slot_bytes, batch_bytes, batch_paged_bytes, weight_bytes,
  * hbm_bytes, host_bytes, nvme_bytes, hbm_kv_bytes, sessions_hbm, sessions_host,
- * sessions_nvme, sessions_total; seq_group_bytes, seq_group_token_bytes,
- * seq_common_slot_bytes and groups: [{kind, layers, window, sink, layer_token_bytes,
- * block_bytes, max_blocks, seq_bytes, seq_token_bytes, nvme_slot_bytes}] (struct kvc_group).
+ * sessions_nvme, sessions_total, linear_layers, state_bytes_per_layer, seq_state_bytes,
+ * state_tokens; seq_group_bytes, seq_group_token_bytes, seq_common_slot_bytes and groups:
+ * [{kind, layers, window, sink, layer_token_bytes, layer_state_bytes, block_bytes,
+ * max_blocks, seq_bytes, seq_token_bytes, nvme_slot_bytes}] (struct kvc_group).
  */
 int
 kvc_print_json(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
@@ -159,6 +179,9 @@ kvc_print_json(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 		{ "hbm_kv_bytes", r->hbm_kv_bytes }, { "sessions_hbm", (double)r->fit_hbm },
 		{ "sessions_host", (double)r->fit_host }, { "sessions_nvme", (double)r->fit_nvme },
 		{ "sessions_total", (double)r->fit_total },
+		{ "linear_layers", r->linear_layers },
+		{ "state_bytes_per_layer", r->layer_state_bytes },
+		{ "seq_state_bytes", r->seq_state_bytes }, { "state_tokens", r->state_tokens },
 	};
 	cJSON *ga = NULL;
 	char *s;
@@ -186,6 +209,7 @@ kvc_print_json(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 		     cJSON_AddNumberToObject(x, "window", g->window) &&
 		     cJSON_AddNumberToObject(x, "sink", g->sink) &&
 		     cJSON_AddNumberToObject(x, "layer_token_bytes", g->layer_token_bytes) &&
+		     cJSON_AddNumberToObject(x, "layer_state_bytes", g->layer_state_bytes) &&
 		     cJSON_AddNumberToObject(x, "block_bytes", g->block_bytes) &&
 		     cJSON_AddNumberToObject(x, "max_blocks", (double)g->max_blocks) &&
 		     cJSON_AddNumberToObject(x, "seq_bytes", g->seq_bytes) &&
