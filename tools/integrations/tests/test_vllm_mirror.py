@@ -107,6 +107,38 @@ def test_cold_mirror_finds_blocks_stored_by_another_manager(store):
     assert _answers(b, _keys(2, 4), "b2") == [False, False]
 
 
+def _ctx_with_positions(req, keys, tpb=16):
+    """A ReqContext as vLLM's scheduler fills it before looking up: each key's end token."""
+    ctx = ReqContext(req_id=req)
+    for i, k in enumerate(keys):
+        ctx.set_offload_key_position(k, (i + 1) * tpb)
+    return ctx
+
+
+def test_cold_mirror_confirms_the_request_in_one_call(store):
+    """A cold mirror (another manager stored the keys, as before a restart) and the positions
+    vLLM's scheduler records: the first stored key is checked alone, the request's following
+    keys in one batched kvt_ext_lookup, so the scan makes two calls instead of one per key;
+    a key missing in the middle ends the confirmed run and is still answered MISS, and keys
+    of another group are not confirmed by it."""
+    st, pool, spec, _ = store
+    a, b = KvtierOffloadingManager(spec), KvtierOffloadingManager(spec)
+    keys = _keys(12, 21)
+    _store_keys(a, pool, keys[:6] + keys[7:])  # keys[6] never stored
+    other = [vllm_base.make_offload_key(k[:-4], 1) for k in keys]  # group 1: not stored
+    ctx = _ctx_with_positions("b", keys)
+    for i, k in enumerate(other):
+        ctx.set_offload_key_position(k, (i + 1) * 16)
+    before = pool.stats()["lookups"]
+    got = [b.lookup(k, ctx) is LookupResult.HIT for k in keys[:6]]
+    assert got == [True] * 6
+    assert pool.stats()["lookups"] - before == 2  # the first key, then the other five at once
+    assert b.lookup(keys[6], ctx) is LookupResult.MISS  # checked with kvtier: not stored
+    assert [b.lookup(k, ctx) is LookupResult.HIT for k in keys[7:]] == [True] * 5
+    assert [b.lookup(k, ctx) is LookupResult.HIT for k in other[:3]] == [False] * 3
+    assert _answers(b, keys, "again") == _truth(b, pool, keys)
+
+
 @pytest.mark.parametrize("store", [(8, 2)], indirect=True)
 def test_lost_removals_drop_the_mirror(store):
     st, pool, spec, _ = store

@@ -206,8 +206,31 @@ class KvtierOffloadingManager(OffloadingManager):
         hs = self.hashes(key)
         if pool.lookup(hs, tenant=self.tenant) == len(hs):
             self._mirror_add(key, hs)
+            self._confirm_after(pool, key, req_context)
             return LookupResult.HIT
         return LookupResult.MISS
+
+    def _confirm_after(self, pool, key, req_context, most=8192):
+        """A stored key the mirror did not hold (a cold mirror: a new process, another
+        manager's stores): mirror the leading run of stored keys that follow it in the request,
+        with one batched kvt_ext_lookup, so the rest of the scan hits the mirror instead of
+        calling kvtier per key. The request's keys and their order come from the positions
+        vLLM's scheduler records in the ReqContext before it looks up (update_offload_keys;
+        vllm 0.33.0's private ReqContext._offload_key_positions): without them nothing more is
+        done."""
+        pos = getattr(req_context, "_offload_key_positions", None)
+        if not isinstance(pos, dict) or key not in pos:
+            return
+        at, grp = pos[key], key[-4:]
+        after = sorted((p, k) for k, p in pos.items()
+                       if p > at and k[-4:] == grp and k not in self._mirror)[:most]
+        if not after:
+            return
+        keys = [k for _, k in after]
+        hss = [self.hashes(k) for k in keys]
+        full = pool.lookup([h for hs in hss for h in hs], tenant=self.tenant) // self.bpc
+        for k, hs in zip(keys[:full], hss[:full]):
+            self._mirror_add(k, hs)
 
     def on_schedule_end(self, context):
         self._synced_ctx = None  # the next step's first lookup drains the removals again
