@@ -181,28 +181,23 @@ emu_rng_next(uint64_t *state)
 }
 
 /*
- * Sleep until CLOCK_MONOTONIC reaches @t ns: at once, without a system call, when it has, and
- * on the clock when it is less than EMU_SPIN_NS away. A timer sleep costs far more than a
- * small copy's link time on some hosts (25 us measured in a Firecracker VM, for 1.3 us of
- * link time, and as much for a deadline already past), which made every copy batch of the
- * emulated device cost at least that: layer pieces of a few KiB moved at a fraction of the
- * set bandwidth, and back-to-back batches queued behind each other (issue 16's 4x decode).
+ * Sleep until CLOCK_MONOTONIC reaches @t ns; at once, without a system call, when it has. A
+ * timer sleep costs far more than a small copy's link time on some hosts (25 us measured in a
+ * Firecracker VM, as much for a deadline already past as for one 3 us ahead), and every copy
+ * batch made one: layer pieces of a few KiB held their stream ~25 us each, and back-to-back
+ * batches queued behind each other (issue 16's 4x decode). A late sleep still overshoots, but
+ * the simulated link's clock (link_end) lets the batches queued behind it catch up, and those
+ * now pay nothing. (Spinning on the clock for short waits was tried: it took the vCPUs that the
+ * decode and the other stream need, and stories260K's coverage fell on a loaded 2-vCPU VM.)
  */
-#define EMU_SPIN_NS 20000u
 static void
 emu_sleep_until(uint64_t t)
 {
 	struct timespec ts = { .tv_sec = (time_t)(t / 1000000000u),
 			       .tv_nsec = (long)(t % 1000000000u) };
-	uint64_t now = kvt_now_ns();
 
-	if (now >= t)
+	if (kvt_now_ns() >= t)
 		return;
-	if (t - now <= EMU_SPIN_NS) {
-		while (kvt_now_ns() < t)
-			;
-		return;
-	}
 	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 		;
 }
