@@ -557,8 +557,10 @@ batch_prepare_locked(struct kvt_engine *e, const struct kvt_seq_range *r, size_t
 	/* phase 1: pin (and count as used: the LRU order follows use) */
 	for (i = 0; i < n; i++) {
 		struct kvt_seqrec *s = &e->seqs[seqidx[i]];
-		/* every live block: a windowed sequence's holes are not part of it */
-		uint32_t lo = kvt_win_sink_blocks(e) ? 0 : kvt_seq_first_live(e, s);
+		/* every block a coming query reads: a windowed sequence's holes, and the live
+		 * blocks that have left its window (its next append drops them), are not part of
+		 * it (issue 16: the rotation lost each session once every block of tokens) */
+		uint32_t lo = kvt_win_sink_blocks(e) ? 0 : kvt_win_next_first(e, s);
 
 		kvt_rot_prepared(e, s, first[i] <= lo && first[i] + count[i] == s->n_blocks,
 				 b->rot_cont);

@@ -799,6 +799,10 @@ uint32_t kvt_win_sink_blocks(const struct kvt_engine *e);
 /* The first block holding a key of the window (past the sinks) that the query at token
  * position @q reads: 0 without a window. */
 uint32_t kvt_win_first_block(const struct kvt_engine *e, uint64_t q);
+/* The first block past @s's sinks that a coming query reads: that of the query at position
+ * n_tokens (the one its next append writes), or the first live one if higher. The live blocks
+ * below it have left the window and wait for that append to drop them (0 without a window). */
+uint32_t kvt_win_next_first(const struct kvt_engine *e, const struct kvt_seqrec *s);
 /* Entries of @s->blocks[first, end) that are not holes (all of them without a window). */
 uint32_t kvt_seq_live_in(const struct kvt_engine *e, const struct kvt_seqrec *s, uint32_t first,
 			 uint32_t end);

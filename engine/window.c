@@ -51,6 +51,16 @@ kvt_win_first_block(const struct kvt_engine *e, uint64_t q)
 }
 
 uint32_t
+kvt_win_next_first(const struct kvt_engine *e, const struct kvt_seqrec *s)
+{
+	uint32_t lo = kvt_win_first_block(e, s->n_tokens), fl = kvt_seq_first_live(e, s);
+
+	if (lo > s->n_blocks)
+		lo = s->n_blocks;
+	return lo > fl ? lo : fl;
+}
+
+uint32_t
 kvt_seq_live_in(const struct kvt_engine *e, const struct kvt_seqrec *s, uint32_t first,
 		uint32_t end)
 {

@@ -863,6 +863,60 @@ test_lost_block_with_holes(void **state)
 	tsup_rmdir(dir);
 }
 
+/*
+ * Issue 16's 4x decode of the SWA fixtures: a session prepared from the first block its next
+ * query reads is prepared whole, even while it still holds the block that has just left its
+ * window (its next append drops it), so it stays in the rotation and background demotion
+ * leaves its blocks alone between its per-layer prepares. It used to count as a partial
+ * prepare (from above first_live) once every T tokens: every session lost its blocks to
+ * background demotion after its first layer, and its next layers stalled on promotions.
+ */
+static void
+test_turn_keeps_block_leaving_window(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_engine *e = NULL;
+	struct kvt_seq_range r;
+	struct kvt_seq_info si;
+	struct kvt_batch *b = NULL;
+	struct kvt_stats st;
+	struct wseq *a, *c;
+	uint32_t k;
+
+	(void)state;
+	tsup_opts_init(&o);
+	o.hbm_bytes = 4ull * tsup_block_bytes();
+	o.host_bytes = 16ull * tsup_block_bytes();
+	o.emu_seed = 42;
+	o.high_watermark = 0.5f; /* 4 blocks in HBM are over it: demote all (0.1 of 4 slots) */
+	o.low_watermark = 0.1f;
+	assert_int_equal(kvt_engine_create(&o, &e), 0);
+	assert_int_equal(kvt_engine_set_window(e, T, 0), 0);
+	a = w_new(e, NULL);
+	c = w_new(e, NULL);
+	w_fill(e, a, 4, 1, 2 * T - 1); /* one append: block 0 stays live, query 2T-1 reads 1 */
+	w_fill(e, c, 4, 2, 2 * T - 1);
+	assert_int_equal(kvt_win_next_first(e, kvt_seq_lookup(e, a->id, NULL)), 1);
+	r = (struct kvt_seq_range){ .seq = a->id, .first_block = 1, .n_blocks = 0 };
+	assert_int_equal(kvt_engine_hint_ranges(e, &r, 1, 1), 0); /* the rotation starts */
+	for (k = 0; k < 2; k++) { /* a turn: two layers' prepares of the same range */
+		assert_int_equal(kvt_batch_prepare_ranges(e, &r, 1, &b), 0);
+		assert_int_equal(kvt_batch_wait_layer(b, TSUP_LAYERS - 1, NULL), 0);
+		assert_int_equal(kvt_batch_release(b, NULL), 0);
+		assert_int_equal(kvt_engine_drain(e), 0);
+		assert_int_equal(kvt_seq_info(e, a->id, &si), 0);
+		assert_int_equal(si.blocks_in[KVT_TIER_HBM], 2); /* the rotation's: kept */
+	}
+	st = tsup_stats(e);
+	assert_int_equal(st.accesses, 2);
+	assert_int_equal(st.accesses_ready, 2);
+	assert_int_equal(w_verify(e, a, 2 * T - 1), 0);
+	tsup_check_engine(e);
+	free(a);
+	free(c);
+	kvt_engine_destroy(e);
+}
+
 int
 main(void)
 {
@@ -881,6 +935,7 @@ main(void)
 		cmocka_unit_test(test_lost_block_with_holes),
 		cmocka_unit_test(test_window_shapes),
 		cmocka_unit_test(test_hints_and_ranges),
+		cmocka_unit_test(test_turn_keeps_block_leaving_window),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
