@@ -134,6 +134,14 @@ int kvt_device_emu_stream_step(struct kvt_device *d, struct kvt_stream *s, uint3
 uint32_t kvt_device_emu_sleepers(struct kvt_device *d);
 
 /**
+ * Test knob of the emulated device: the timer sleeps @s's worker has made for simulated link
+ * time (copy_bytes_per_s set) so far; a copy whose link time has already passed when its turn
+ * comes makes none. Thread-safe (a count read as it stands). Returns 0 when @d is not the
+ * emulated device or @s is NULL.
+ */
+uint64_t kvt_device_emu_stream_sleeps(struct kvt_device *d, struct kvt_stream *s);
+
+/**
  * Create the CUDA device on @ordinal. Returns 0; KVT_ENOTSUP in builds without CUDA;
  * KVT_EDEVICE when no usable GPU is present (message "no CUDA device: ..." in
  * kvt_last_error_message()) or its context cannot be created; -EINVAL for an ordinal out of

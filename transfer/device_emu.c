@@ -25,6 +25,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +94,8 @@ struct emu_stream {
 	uint64_t rng;          /* splitmix64 state of the delays; used by the worker only */
 	uint64_t link_end;     /* worker only: CLOCK_MONOTONIC ns at which the simulated link
 	                          finished (or finishes) the work run so far */
+	_Atomic uint64_t sleeps; /* timer sleeps the worker made for link time (test knob:
+	                          kvt_device_emu_stream_sleeps) */
 };
 
 struct emu_event {
@@ -191,13 +194,14 @@ emu_rng_next(uint64_t *state)
  * decode and the other stream need, and stories260K's coverage fell on a loaded 2-vCPU VM.)
  */
 static void
-emu_sleep_until(uint64_t t)
+emu_sleep_until(struct emu_stream *s, uint64_t t)
 {
 	struct timespec ts = { .tv_sec = (time_t)(t / 1000000000u),
 			       .tv_nsec = (long)(t % 1000000000u) };
 
 	if (kvt_now_ns() >= t)
 		return;
+	atomic_fetch_add_explicit(&s->sleeps, 1, memory_order_relaxed);
 	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 		;
 }
@@ -392,7 +396,7 @@ emu_op_run(struct emu_stream *s, struct emu_op *op)
 		if (emu->opts.copy_bytes_per_s != 0 && op->total != 0) {
 			s->link_end += (uint64_t)((double)op->total * 1e9 /
 						  (double)emu->opts.copy_bytes_per_s);
-			emu_sleep_until(s->link_end);
+			emu_sleep_until(s, s->link_end);
 		}
 		for (i = 0; i < op->n; i++)
 			if (op->v[i].len != 0)
@@ -891,6 +895,16 @@ kvt_device_emu_sleepers(struct kvt_device *d)
 	n = emu->sleepers;
 	pthread_mutex_unlock(&emu->ev_lock);
 	return n;
+}
+
+uint64_t
+kvt_device_emu_stream_sleeps(struct kvt_device *d, struct kvt_stream *stream)
+{
+	struct emu_stream *s = (struct emu_stream *)(void *)stream;
+
+	if (!d || d->ops != &emu_ops || !s)
+		return 0;
+	return atomic_load_explicit(&s->sleeps, memory_order_relaxed);
 }
 
 int
