@@ -242,3 +242,32 @@ def test_zero_copy_other_pool_falls_back_to_staging():
         assert torch.equal(hp.kv[4], page(900))
     finally:
         b.close()
+
+
+def test_zero_copy_one_host_pool_and_page_size_checked():
+    """Zero-copy serves the host pool it registered: another one is refused (its pages would
+    be read from the first); a kvtier_page_bytes other than the pool's page is refused at
+    attach; a staged backend answers False (not an exception into SGLang's thread) for pages
+    of another size than its store's."""
+    hp = real_host_pool("layer_first")
+    b = zc_make()
+    try:
+        b.register_mem_pool_host(hp)
+        b.register_mem_pool_host(hp)  # the same pool again: fine
+        with pytest.raises(ValueError, match="already registered"):
+            b.register_mem_pool_host(real_host_pool("layer_first"))
+        assert b.batch_set_v1(["one"], host_idx([1])) == [True]
+    finally:
+        b.close()
+    b = zc_make(kvtier_page_bytes=PAGE_BYTES)  # not the pool's page
+    try:
+        with pytest.raises(ValueError, match="kvtier_page_bytes"):
+            b.register_mem_pool_host(hp)
+    finally:
+        b.close()
+    s = make()  # staged, pages of PAGE_BYTES; the real pool's pages are larger
+    try:
+        s.register_mem_pool_host(hp)
+        assert s.batch_set_v1(["big"], host_idx([1])) == [False]
+    finally:
+        s.close()

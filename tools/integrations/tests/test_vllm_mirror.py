@@ -215,3 +215,79 @@ def test_kv_events_stored_and_removed(store):
     assert set(removed) == mine - held  # every announced key that went, nothing else
     assert not set(removed) & set(keys[8:12])
     assert list(quiet.take_events()) == []
+
+
+def _ev_manager(spec, bpc=1):
+    ev_spec = types.SimpleNamespace(**vars(spec), kv_events_config=types.SimpleNamespace(
+        enable_kv_cache_events=True))
+    ev_spec.blocks_per_chunk = bpc
+    return KvtierOffloadingManager(ev_spec)
+
+
+def _drain(m, tag):
+    m.on_schedule_end(None)
+    m.lookup(b"\0" * 36, ReqContext(req_id=tag))  # a new scan drains the removal feed
+
+
+def test_load_check_heals_only_the_gone_key(store):
+    """A key dropped between the lookup and prepare_load: only it is reported removed and
+    leaves the mirror; the stored key after it stays (review finding: every key after the
+    first gone one was reported removed, and never announced again)."""
+    st, pool, spec, _ = store
+    m = _ev_manager(spec)
+    ks = _keys(3, 31)
+    _store_keys(m, pool, ks)
+    _events(m)
+    ctx = ReqContext(req_id="r")
+    assert [m.lookup(k, ctx) for k in ks] == [LookupResult.HIT] * 3
+    pool.drop(m.hashes(ks[1]))
+    m.prepare_load(ks, ctx)
+    assert [(rm, k) for rm, _, k in _events(m)] == [(True, [ks[1]])]
+    assert m.lookup(ks[2], ctx) is LookupResult.HIT
+
+
+def test_stale_removal_does_not_cancel_a_fresh_store(store):
+    """blocks_per_chunk 2: a half-stored key is stored again; its old second block is evicted
+    while the store is in flight, and the store writes it anew: the key is announced stored
+    and stays so (review finding: the stale removal, drained after the confirmation, took
+    the key out of the mirror and announced it removed)."""
+    st, pool, spec, _ = store
+    m = _ev_manager(spec, bpc=2)
+    k = _keys(1, 32)[0]
+    h0, h1 = m.hashes(k)
+    out = m.prepare_store([k], ReqContext(req_id="s0"))
+    job = pool.store([h1], [1])  # only the second block landed before
+    assert pool.wait(job, 60000)
+    pool.poll()
+    m.complete_store(out.keys_to_store, ReqContext(req_id="s0"))
+    assert _events(m) == []  # not held: not announced
+    out = m.prepare_store([k], ReqContext(req_id="s1"))
+    assert out.keys_to_store == [k]
+    pool.drop([h1])  # stands for another job of the step evicting the old block
+    job = pool.store([h0, h1], [0, 1])
+    assert pool.wait(job, 60000)
+    pool.poll()
+    m.complete_store(out.keys_to_store, ReqContext(req_id="s1"))
+    assert [(rm, ks) for rm, _, ks in _events(m)] == [(False, [k])]
+    _drain(m, "after")
+    assert _events(m) == []
+    assert m.lookup(k, ReqContext(req_id="again")) is LookupResult.HIT
+
+
+def test_reset_drops_stores_in_flight(store):
+    """reset_cache() with a store in flight (vLLM never completes it): its blocks are dropped
+    at the reset and again at on_reset_flushed() once the job ended, so nothing from before
+    the reset is a hit after it; a key stored again after the reset is kept."""
+    st, pool, spec, _ = store
+    m = KvtierOffloadingManager(spec)
+    ks = _keys(5, 33)
+    _store_keys(m, pool, ks[:2])
+    out = m.prepare_store(ks[2:4], ReqContext(req_id="s"))
+    job = pool.store([m.hashes(k)[0] for k in out.keys_to_store], [10, 11])
+    m.reset_cache()
+    assert pool.wait(job, 60000)
+    pool.poll()
+    _store_keys(m, pool, [ks[4]], first_id=20)  # stored after the reset
+    m.on_reset_flushed()
+    assert _truth(m, pool, ks) == [False, False, False, False, True]
+    assert _answers(m, ks, "after") == [False, False, False, False, True]

@@ -20,8 +20,9 @@ Two ways to the pages:
   object: set() copies the value in and stores it, get() loads into staging and copies out;
   batch_get_v1 / batch_set_v1 move pages between the host pool and staging with the host pool's
   own page accessors (get_data_page / set_from_flat_data_page): one copy more than zero-copy.
-The two modes store a page's bytes in different orders (zero-copy: layer by layer, K then V;
-staging: SGLang's flat page), so their keys differ (zero-copy keys carry "_zc_" + the layout):
+The two modes may store a page's bytes in different orders (zero-copy: kvtier's segments, for
+layer_first and page_first_direct layer by layer, K then V; staging: SGLang's flat page), so
+their keys differ (zero-copy keys carry "_zc_" + the layout):
 a store written in one mode is a miss, never wrong bytes, in the other.
 
 extra_config keys: kvtier_page_bytes (bytes of one page, required unless a host pool is
@@ -101,6 +102,11 @@ class KvtierHiCacheStorage(HiCacheStorage):
                              f"holds pages of {self.page_bytes}")
 
     def register_mem_pool_host(self, mem_pool_host):
+        if self.zero_copy and mem_pool_host is not self.mem_pool_host:
+            # kvtier's pool is the first host pool's kv_buffer: another pool's pages would be
+            # read and written there
+            raise ValueError("KvtierHiCacheStorage: a host pool is already registered as "
+                             "kvtier's pool (zero-copy); a backend serves one host pool")
         super().register_mem_pool_host(mem_pool_host)
         if self.store is None:
             page = mem_pool_host.get_dummy_flat_data_page()
@@ -256,7 +262,10 @@ class KvtierHiCacheStorage(HiCacheStorage):
         pages = [self._bytes_view(hp.get_data_page(int(host_indices[i * ps]), flat=True))
                  for i in range(len(keys))]
         with self._lock:
-            self._ready(pages[0].size if pages else None)
+            try:
+                self._ready(pages[0].size if pages else None)
+            except ValueError:
+                return [False] * len(keys)  # another page size than the store's
             return self._store_pages(list(keys), pages)
 
     def batch_get_v1(self, keys, host_indices, extra_info=None):

@@ -95,14 +95,15 @@ class KvtierOffloadingManager(OffloadingManager):
 
     KV cache events (vLLM's kv_events_config.enable_kv_cache_events): take_events() yields an
     OffloadingEvent (medium CPU: kvtier's HOST and NVMe are one store to vLLM) of the keys
-    this manager stored once kvtier confirmed them (complete_store), and of those keys again,
-    removed=True, when kvtier reports one of their blocks gone (the removal feed, or a load
-    check that finds them gone). Keys only found stored (another manager's, an earlier
-    process's) are not announced, as a tier emits events for the state it owns. When the
-    removal ring overflowed (which removals were lost is unknown) every announced key is
-    reported removed: a router may then under-count hits, never route to a block that is
-    gone. reset_cache() emits nothing for the keys it drops (vLLM resets its event tracker with
-    it), as vLLM's CPU manager."""
+    this manager stored once kvtier confirmed them (complete_store, or a later check that finds
+    one of them held again), and of those keys again, removed=True, when kvtier reports one of
+    their blocks gone (the removal feed, or a load check that finds them gone). Keys only found
+    stored (another manager's, an earlier process's) are not announced, as a tier emits events
+    for the state it owns. When the removal ring overflowed (which removals were lost is
+    unknown), or the store was re-created, every announced key is reported removed: a router
+    may then under-count hits until each key is found held again, never route to a block that
+    is gone. reset_cache() emits nothing for the keys it drops (vLLM resets its event tracker
+    with it), as vLLM's CPU manager."""
 
     def __init__(self, spec):
         self.spec = spec
@@ -121,6 +122,8 @@ class KvtierOffloadingManager(OffloadingManager):
         kec = getattr(spec, "kv_events_config", None)
         self.events = [] if getattr(kec, "enable_kv_cache_events", False) else None
         self._announced = set()  # keys a stored event announced (and no removal since)
+        self._announce = []      # keys to announce stored at the end of the current call
+        self._reset_pending = set()  # stores in flight at a reset: dropped when they end
 
     def _pool(self):
         st = find_store(_store_name(self.spec))
@@ -138,6 +141,15 @@ class KvtierOffloadingManager(OffloadingManager):
         self._mirror.add(key)
         for h in hs:
             self._key_of[h] = key
+        if self.events is not None and key in self._stored and key not in self._announced:
+            self._announced.add(key)
+            self._announce.append(key)
+
+    def _flush_announce(self):
+        if self._announce:
+            self.events.append(OffloadingEvent(keys=self._announce, medium=Medium.CPU,
+                                               removed=False))
+            self._announce = []
 
     def _mirror_clear(self):
         self._mirror.clear()
@@ -148,6 +160,7 @@ class KvtierOffloadingManager(OffloadingManager):
         self.mirror_syncs += 1
         if pool is not self._synced_pool:  # a new store: nothing mirrored belongs to it
             self._mirror_clear()
+            self._emit_removed(list(self._announced))
             self._synced_pool = pool
             self._token = pool.subscribe_removed()
         gone, lost = pool.removed(self._token)
@@ -207,6 +220,8 @@ class KvtierOffloadingManager(OffloadingManager):
         if pool.lookup(hs, tenant=self.tenant) == len(hs):
             self._mirror_add(key, hs)
             self._confirm_after(pool, key, req_context)
+            if self._announce:
+                self._flush_announce()
             return LookupResult.HIT
         return LookupResult.MISS
 
@@ -242,11 +257,13 @@ class KvtierOffloadingManager(OffloadingManager):
         if pool is not None and hs:
             # one batched check: keys that are not (or no longer) stored leave the mirror, so a
             # wrong HIT (a block evicted after the lookup) is not repeated; their loads fail
-            # alone (vLLM's invalid-block path)
+            # alone (vLLM's invalid-block path). The leading run ends at a key that is gone;
+            # the mirrored keys after it are checked one by one (rare: only after a wrong HIT)
             full = pool.lookup(hs, tenant=self.tenant) // self.bpc
             healed = []
-            for k in keys[full:]:
-                if k in self._mirror:
+            for i, k in enumerate(keys[full:]):
+                if k in self._mirror and (i == 0 or pool.lookup(
+                        self.hashes(k), tenant=self.tenant) != self.bpc):
                     self._mirror.discard(k)
                     healed.append(k)
                     for h in self.hashes(k):
@@ -276,6 +293,8 @@ class KvtierOffloadingManager(OffloadingManager):
                 self._mirror_add(k, hs)
                 continue
             todo.append(k)
+        if self._announce:
+            self._flush_announce()
         self._pending.update(todo)
         return PrepareStoreOutput(keys_to_store=todo,
                                   store_spec=KvtierLoadStoreSpec(
@@ -290,30 +309,46 @@ class KvtierOffloadingManager(OffloadingManager):
         pool = self._pool()
         if success and keys and pool is not None:
             # a store whose blocks found no room completes too: only what kvtier holds is
-            # mirrored (a removal after this check is drained later)
-            if pool is not self._synced_pool:
-                self._sync(pool)
-            self._confirm(pool, keys)
-            if self.events is not None:
-                new = [k for k in dict.fromkeys(keys)
-                       if k in self._mirror and k not in self._announced]
-                if new:
-                    self._announced.update(new)
-                    self.events.append(OffloadingEvent(keys=new, medium=Medium.CPU,
-                                                       removed=False))
+            # mirrored. Removals so far are drained first, so that a removal of an older copy
+            # of one of these blocks (evicted while this store was in flight) cannot take out
+            # what the confirmation adds; a removal after the check is drained later
+            self._sync(pool)
+            self._confirm(pool, dict.fromkeys(keys))
+            if self._announce:
+                self._flush_announce()
 
     def on_new_request(self, req_context):
         return RequestOffloadingContext()
 
     def reset_cache(self):
+        """Drop what this manager stored, and the stores still in flight (vLLM never completes
+        jobs started before a reset): their blocks are dropped now, and again when vLLM says
+        the flushed jobs ended (on_reset_flushed), since one may land after this call."""
         pool = self._pool()
-        if pool is not None and self._stored:
-            pool.drop([h for k in self._stored for h in self.hashes(k)], tenant=self.tenant)
+        gone = self._stored | self._pending
+        if pool is not None and gone:
+            pool.drop([h for k in gone for h in self.hashes(k)], tenant=self.tenant)
+        self._reset_pending |= self._pending
         self._stored.clear()
         self._pending.clear()
         self._sub.clear()
         self._mirror_clear()
         self._announced.clear()
+        self._announce = []
+
+    def on_reset_flushed(self):
+        """Every job in flight at the last reset has ended: drop what those stores landed
+        (not a key stored again since the reset)."""
+        pool = self._pool()
+        late = self._reset_pending - self._pending - self._stored
+        if pool is not None and late:
+            pool.drop([h for k in late for h in self.hashes(k)], tenant=self.tenant)
+            for k in late:
+                if k in self._mirror:
+                    self._mirror.discard(k)
+                    for h in self.hashes(k):
+                        self._key_of.pop(h, None)
+        self._reset_pending.clear()
 
 
 def _slice_hashes(hashes, gpu_spec, bpc):
