@@ -731,6 +731,7 @@ test_linear_state(void **state)
 	kvc_model_init(&m);
 	assert_int_equal(kvc_model_load(calc_hf_path("qwen3-next"), &m), 0);
 	m.kv_dtype_bytes = 4;
+	m.state_dtype_bytes = 4; /* as the fixture's float32 states */
 	assert_int_equal(kvc_model_finish(&m), 0);
 	kvc_query_init(&q);
 	q.context = 128;
@@ -766,6 +767,35 @@ test_linear_state(void **state)
 	assert_true(r.token_bytes == 24576);
 	assert_true(r.state_tokens > 1607 && r.state_tokens < 1609);
 	assert_true(r.seq_bytes == 4096.0 * 24576 + 39518208);
+	/* the state keeps the model's dtype when only the KV is quantised (vLLM sizes it from
+	 * mamba_ssm_cache_dtype, not kv_cache_dtype) */
+	calc_load("qwen3-next-80b-a3b.json", &m);
+	m.kv_dtype_bytes = kvc_dtype_bytes("fp8");
+	assert_int_equal(kvc_model_finish(&m), 0);
+	calc_run(&m, 4096, 1, &r);
+	assert_true(r.seq_state_bytes == 39518208);
+	assert_true(r.token_bytes == 12288);
+	/* a qwen3_next config without layer_types or full_attention_interval: HF's default 4 */
+	kvc_model_init(&m);
+	assert_int_equal(kvc_model_from_json("{\"model_type\": \"qwen3_next\", \"num_hidden_"
+					     "layers\": 8, \"num_attention_heads\": 4, \"num_key_"
+					     "value_heads\": 2, \"head_dim\": 16, \"linear_num_key_"
+					     "heads\": 2, \"linear_num_value_heads\": 4, \"linear_"
+					     "key_head_dim\": 16, \"linear_value_head_dim\": 16}",
+					     &m), 0);
+	assert_int_equal(kvc_model_finish(&m), 0);
+	calc_run(&m, 16, 1, &r);
+	assert_int_equal(r.linear_layers, 6);
+	assert_int_equal(r.kv_layers, 2);
+	/* linear_* geometry on another model type without a layer pattern: refused, not sized
+	 * as full attention */
+	kvc_model_init(&m);
+	assert_int_equal(kvc_model_from_json("{\"num_hidden_layers\": 8, \"num_attention_heads\""
+					     ": 4, \"hidden_size\": 64, \"linear_num_key_heads\": "
+					     "2, \"linear_num_value_heads\": 4, \"linear_key_head_"
+					     "dim\": 16, \"linear_value_head_dim\": 16}", &m), 0);
+	assert_int_equal(kvc_model_finish(&m), -EINVAL);
+	assert_non_null(strstr(kvtr_last_error(), "full_attention_interval"));
 
 	/* a hybrid config without the state geometry, or all layers linear: refused */
 	kvc_model_init(&m);

@@ -115,6 +115,12 @@ calc_linear_finish(struct kvc_model *m)
 {
 	uint32_t n = 0, attn = 0;
 
+	if (!m->layer_types_given && !m->full_attn_interval &&
+	    (m->lin_k_heads || m->lin_v_heads || m->lin_k_dim || m->lin_v_dim))
+		return kvtr_err(-EINVAL, "linear-attention geometry (linear_*) but no layer "
+				"pattern: give layer_types or full_attention_interval in config.json "
+				"(Qwen3-Next: 4)");
+
 	for (uint32_t i = 0; i < m->n_layers; i++) {
 		if (m->layer_linear[i] && i >= m->n_layers - m->kv_shared_layers)
 			return kvtr_err(-EINVAL, "layer %u is linear attention and KV-shared", i);
@@ -135,9 +141,11 @@ calc_linear_finish(struct kvc_model *m)
 				m->lin_v_heads, m->lin_k_heads);
 	if (!m->lin_conv_kernel)
 		m->lin_conv_kernel = 4; /* Qwen3NextConfig's linear_conv_kernel_dim default */
-	if (!(m->state_dtype_bytes > 0)) {
-		m->state_dtype_bytes = m->kv_dtype_bytes;
-		snprintf(m->state_dtype, sizeof(m->state_dtype), "%s", m->kv_dtype);
+	if (!(m->state_dtype_bytes > 0)) { /* the model's dtype, as vLLM's "auto" */
+		m->state_dtype_bytes = m->weight_dtype_bytes > 0 ? m->weight_dtype_bytes : 2.0;
+		snprintf(m->state_dtype, sizeof(m->state_dtype), "%s",
+			 m->weight_dtype_bytes == 4 ? "fp32" : m->weight_dtype_bytes == 1 ? "fp8" :
+			 m->weight_dtype_bytes == 0.5 ? "4-bit" : "16-bit");
 	}
 	return 0;
 }

@@ -33,6 +33,10 @@ cli_usage(FILE *f)
 	      "  --kv-dtype T          fp32, fp16, bf16, fp8, int8, int4 (default: the config's\n"
 	      "                        torch_dtype, but bf16 for a float32 one, as servers\n"
 	      "                        run it; bf16 without a config)\n"
+	      "  --state-dtype T       linear-attention state (Gated DeltaNet layers, read from\n"
+	      "                        config.json: layer_types or full_attention_interval and\n"
+	      "                        linear_*; kernel default 4): default the model's dtype\n"
+	      "                        (vLLM's mamba_ssm_cache_dtype auto), not --kv-dtype\n"
 	      "Query:\n"
 	      "  --context N           tokens per sequence (default 4096)\n"
 	      "  --batch N             sequences (default 1)\n"
@@ -58,7 +62,7 @@ cli_usage(FILE *f)
 
 enum {
 	CLI_CONFIG = 256, CLI_LAYERS, CLI_HEADS, CLI_KV_HEADS, CLI_HIDDEN, CLI_HEAD_DIM,
-	CLI_V_HEAD_DIM, CLI_LORA, CLI_ROPE, CLI_WINDOW, CLI_FULL_EVERY, CLI_SHARED, CLI_KV_DTYPE,
+	CLI_V_HEAD_DIM, CLI_LORA, CLI_ROPE, CLI_WINDOW, CLI_FULL_EVERY, CLI_SHARED, CLI_KV_DTYPE, CLI_STATE_DTYPE,
 	CLI_CONTEXT, CLI_BATCH, CLI_TPB, CLI_HBM, CLI_HBM_UTIL, CLI_HOST, CLI_NVME, CLI_WEIGHTS,
 	CLI_PARAMS, CLI_WDTYPE, CLI_JSON, CLI_HELP,
 };
@@ -77,6 +81,7 @@ static const struct option cli_opts[] = {
 	{ "full-every", required_argument, NULL, CLI_FULL_EVERY },
 	{ "kv-shared-layers", required_argument, NULL, CLI_SHARED },
 	{ "kv-dtype", required_argument, NULL, CLI_KV_DTYPE },
+	{ "state-dtype", required_argument, NULL, CLI_STATE_DTYPE },
 	{ "context", required_argument, NULL, CLI_CONTEXT },
 	{ "batch", required_argument, NULL, CLI_BATCH },
 	{ "tokens-per-block", required_argument, NULL, CLI_TPB },
@@ -127,6 +132,9 @@ cli_model_opt(int opt, const char *a, struct kvc_model *m)
 		snprintf(m->kv_dtype, sizeof(m->kv_dtype), "%s", a);
 		strcpy(m->kv_dtype_why, "--kv-dtype");
 		return cli_dtype("--kv-dtype", a, &m->kv_dtype_bytes);
+	case CLI_STATE_DTYPE:
+		snprintf(m->state_dtype, sizeof(m->state_dtype), "%s", a);
+		return cli_dtype("--state-dtype", a, &m->state_dtype_bytes);
 	case CLI_WDTYPE: return cli_dtype("--weights-dtype", a, &m->weight_dtype_bytes);
 	default: return 1; /* not a model option */
 	}

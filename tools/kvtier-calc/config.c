@@ -156,6 +156,8 @@ cfg_sliding(const cJSON *root, const cJSON *text, struct kvc_model *m, const cha
 		m->full_every = 2; /* even layers local, odd layers global */
 	if (type && strncmp(type, "gemma3", 6) == 0 && !m->full_every)
 		m->full_every = 6; /* Gemma3TextConfig's default sliding_window_pattern */
+	if (type && strcmp(type, "qwen3_next") == 0 && !m->full_attn_interval)
+		m->full_attn_interval = 4; /* Qwen3NextConfig's default full_attention_interval */
 	return 0;
 }
 

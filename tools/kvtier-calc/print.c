@@ -81,8 +81,9 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 		fprintf(f, "; without windows/sharing %s",
 			print_human(r->seq_full_bytes, a, sizeof a));
 	fprintf(f, ")\n");
-	fprintf(f, "kvtier stores    %llu blocks per sequence: %s (NVMe: %s in %llu-byte slots)\n",
-		(unsigned long long)r->seq_blocks, print_human(r->seq_kvtier_bytes, a, sizeof a),
+	fprintf(f, "kvtier stores    %llu blocks per sequence%s: %s (NVMe: %s in %llu-byte slots)\n",
+		(unsigned long long)r->seq_blocks, r->seq_state_bytes > 0 ? " + its state" : "",
+		print_human(r->seq_kvtier_bytes, a, sizeof a),
 		print_human(r->seq_nvme_bytes, b, sizeof b),
 		(unsigned long long)r->nvme_slot_bytes);
 	fprintf(f, "batch of %-7llu %s (paged: %s)\n", (unsigned long long)q->batch,
@@ -131,8 +132,8 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 			fprintf(f, " (window %u)", g->window);
 		fprintf(f, "\n");
 	}
-	fprintf(f, "kvtier per seq   %s (%.0f bytes) in all tiers at most; tokens alone %s; one "
-		"pool with a common slot: %s\n", print_human(r->seq_group_bytes, a, sizeof a),
+	fprintf(f, "kvtier per seq   %s (%.0f bytes) in all tiers at most; without block "
+		"rounding %s; one pool with a common slot: %s\n", print_human(r->seq_group_bytes, a, sizeof a),
 		r->seq_group_bytes, print_human(r->seq_group_token_bytes, b, sizeof b),
 		print_human(r->seq_common_slot_bytes, c, sizeof c));
 }
