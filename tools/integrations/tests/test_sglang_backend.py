@@ -271,3 +271,8 @@ def test_zero_copy_one_host_pool_and_page_size_checked():
         assert s.batch_set_v1(["big"], host_idx([1])) == [False]
     finally:
         s.close()
+
+
+def test_nvme_dir_without_bytes_is_named(tmp_path):
+    with pytest.raises(Exception, match="kvtier_nvme_bytes"):
+        make(tmp_path, kvtier_nvme_bytes=0)

@@ -223,6 +223,7 @@ def test_kv_events_as_vllm_cpu_offloading(engines, mode):
         ev[m] = _offload_events(e)
     stored = [x for x in ev["cpu"] if x[0] == "BlockStored"]
     assert stored and not [x for x in ev["cpu"] if x[0] != "BlockStored"]
+    assert all(len(toks) == BS for _, _, toks in stored)  # self-describing: the tokens
     assert ev[mode] == ev["cpu"]
     # a 12-block store: the blocks of later requests push out earlier ones
     e = engines(mode, kv_events=True, kvtier_host_bytes=12 * vh.block_bytes(),

@@ -145,6 +145,8 @@ class Engine:
                                                  publisher="null")
         extra = dict(cfg["extra"])
         extra.setdefault("offload_prompt_only", False)
+        if kv_events:  # events carry tokens, parent and block size (vLLM's opt-in)
+            extra.setdefault("self_describing_kv_events", True)
         vc.kv_transfer_config = KVTransferConfig(
             kv_connector=cfg["kv_connector"],
             kv_connector_module_path=cfg["kv_connector_module_path"], kv_role="kv_both",

@@ -74,6 +74,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
         """Open the store; @zc: (n_blocks, ext_layer list) of the host pool for zero-copy,
         None for the staging buffer."""
         x = self.extra
+        if x.get("kvtier_nvme_dir") and not int(x.get("kvtier_nvme_bytes") or 0):
+            raise ValueError("KvtierHiCacheStorage: kvtier_nvme_dir is set but "
+                             "kvtier_nvme_bytes is not: give the NVMe tier's capacity in bytes")
         self.store = SharedStore(f"sglang{self.suffix}", block_bytes=self.page_bytes,
                                  host_bytes=int(x.get("kvtier_host_bytes") or (1 << 30)),
                                  nvme_dir=x.get("kvtier_nvme_dir"),
