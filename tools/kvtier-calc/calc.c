@@ -204,6 +204,14 @@ calc_attn(const struct kvc_model *m)
 	return m->n_kv_heads == 1 ? KVC_ATTN_MQA : KVC_ATTN_GQA;
 }
 
+/* The NVMe format's slot for @bytes (kvt_fmt_slot_bytes): a 4 KiB header page, then the
+ * bytes rounded up to 4 KiB. */
+static uint64_t
+calc_nvme_slot(double bytes)
+{
+	return 4096 + ((uint64_t)ceil(bytes) + 4095) / 4096 * 4096;
+}
+
 /* Sessions of @seq bytes in @budget bytes. */
 static uint64_t
 calc_fit(double budget, double seq)
@@ -247,19 +255,12 @@ calc_groups(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 			g->layer_state_bytes = r->layer_state_bytes;
 			g->block_bytes = (double)g->n_layers * g->layer_state_bytes;
 			g->max_blocks = 1;
-			g->seq_bytes = ceil(g->block_bytes);
 			g->seq_token_bytes = g->block_bytes;
-			g->nvme_slot_bytes = 4096 +
-					     ((uint64_t)ceil(g->block_bytes) + 4095) / 4096 * 4096;
-			r->seq_group_bytes += g->seq_bytes;
-			r->seq_group_token_bytes += g->seq_token_bytes;
-			if (ceil(g->block_bytes) > slot)
-				slot = ceil(g->block_bytes);
-			continue;
+		} else {
+			g->layer_token_bytes = r->layer_token_bytes;
+			g->block_bytes = (double)g->n_layers * (double)tpb * g->layer_token_bytes;
+			g->max_blocks = blocks;
 		}
-		g->layer_token_bytes = r->layer_token_bytes;
-		g->block_bytes = (double)g->n_layers * (double)tpb * g->layer_token_bytes;
-		g->max_blocks = blocks;
 		if (k == KVC_GROUP_WINDOW) {
 			uint64_t bound = (g->sink + tpb - 1) / tpb +
 					 ((uint64_t)m->sliding_window + tpb - 1) / tpb + 1;
@@ -271,8 +272,9 @@ calc_groups(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 				tok = (uint64_t)g->window + g->sink;
 		}
 		g->seq_bytes = (double)g->max_blocks * ceil(g->block_bytes);
-		g->seq_token_bytes = (double)tok * g->n_layers * g->layer_token_bytes;
-		g->nvme_slot_bytes = 4096 + ((uint64_t)ceil(g->block_bytes) + 4095) / 4096 * 4096;
+		if (k != KVC_GROUP_STATE)
+			g->seq_token_bytes = (double)tok * g->n_layers * g->layer_token_bytes;
+		g->nvme_slot_bytes = calc_nvme_slot(g->block_bytes);
 		r->seq_group_bytes += g->seq_bytes;
 		r->seq_group_token_bytes += g->seq_token_bytes;
 		if (ceil(g->block_bytes) > slot)
@@ -339,13 +341,11 @@ kvc_compute(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 	if (r->hbm_kv_bytes < 0)
 		r->hbm_kv_bytes = 0;
 	r->seq_blocks = (q->context + q->tokens_per_block - 1) / q->tokens_per_block;
-	/* the NVMe format's slot (kvt_fmt_slot_bytes): a 4 KiB header page, then the block
-	 * rounded up to 4 KiB */
-	r->nvme_slot_bytes = 4096 + ((uint64_t)ceil(r->block_bytes) + 4095) / 4096 * 4096;
+	r->nvme_slot_bytes = calc_nvme_slot(r->block_bytes);
 	r->seq_kvtier_bytes = (double)r->seq_blocks * ceil(r->block_bytes) + r->seq_state_bytes;
 	r->seq_nvme_bytes = (double)r->seq_blocks * (double)r->nvme_slot_bytes;
-	if (r->seq_state_bytes > 0) /* the state's own slot: a header page, then the state */
-		r->seq_nvme_bytes += 4096.0 + ceil(r->seq_state_bytes / 4096.0) * 4096.0;
+	if (r->seq_state_bytes > 0) /* the state's own slot */
+		r->seq_nvme_bytes += (double)calc_nvme_slot(r->seq_state_bytes);
 	r->fit_hbm = calc_fit(r->hbm_kv_bytes, r->seq_kvtier_bytes);
 	r->fit_host = calc_fit((double)q->host_bytes, r->seq_kvtier_bytes);
 	r->fit_nvme = calc_fit((double)q->nvme_bytes, r->seq_nvme_bytes);
