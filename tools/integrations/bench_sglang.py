@@ -20,26 +20,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tes
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 import torch  # noqa: E402
-from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 
 from kvtier.sglang.backend import KvtierHiCacheStorage  # noqa: E402
-
-
-def host_pool(layers, heads, dim, page, tokens):
-    k = tuple(torch.zeros(tokens, heads, dim, dtype=torch.float16) for _ in range(layers))
-    v = tuple(torch.zeros(tokens, heads, dim, dtype=torch.float16) for _ in range(layers))
-    ptrs = [torch.tensor([t.data_ptr() for t in x], dtype=torch.uint64) for x in (k, v)]
-    info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs[0], v_data_ptrs=ptrs[1],
-                                           layout=KVBufferLayout.NHD),
-                         page_size=page, head_num=heads, head_dim=dim, v_head_dim=dim,
-                         dtype=torch.float16, device=torch.device("cpu"))
-    hp = MHATokenToKVPoolHost(info, 2.0, 0, page, "layer_first", pin_memory=False,
-                              device="cpu", device_capacity_tokens=tokens, start_layer=0,
-                              end_layer=layers)
-    hp.kv_buffer.copy_(torch.randn(hp.kv_buffer.shape).to(torch.float16))
-    return hp
+from sglang_pool import mha_host_pool  # noqa: E402
 
 
 def backend(zero_copy, page_bytes, n_pages, staging):
@@ -63,7 +47,7 @@ def main():
     a = ap.parse_args()
     L, H, D, P = 8, 8, 128, 16  # 8 layers of 8 KV heads x 128, f16, 16-token pages: 512 KiB
     n = 2 * a.pages + 8
-    hp = host_pool(L, H, D, P, n * P)
+    hp = mha_host_pool(L, H, D, P, n * P)
     page_bytes = 2 * L * P * H * D * 2
     src = list(range(a.pages))
     dst = list(range(a.pages, 2 * a.pages))

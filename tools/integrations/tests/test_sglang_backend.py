@@ -143,21 +143,8 @@ ZL, ZH, ZD, ZN = 3, 2, 16, 64  # layers, KV heads, head_dim, device tokens
 
 def real_host_pool(layout):
     """SGLang 0.5.23's MHATokenToKVPoolHost (its own class, on CPU tensors), @layout."""
-    from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
-    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-    k = tuple(torch.zeros(ZN, ZH, ZD, dtype=torch.float16) for _ in range(ZL))
-    v = tuple(torch.zeros(ZN, ZH, ZD, dtype=torch.float16) for _ in range(ZL))
-    ptrs = [torch.tensor([t.data_ptr() for t in x], dtype=torch.uint64) for x in (k, v)]
-    info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs[0], v_data_ptrs=ptrs[1],
-                                           layout=KVBufferLayout.NHD),
-                         page_size=PAGE_TOKENS, head_num=ZH, head_dim=ZD, v_head_dim=ZD,
-                         dtype=torch.float16, device=torch.device("cpu"))
-    hp = MHATokenToKVPoolHost(info, 2.0, 0, PAGE_TOKENS, layout, pin_memory=False,
-                              device="cpu", device_capacity_tokens=ZN, start_layer=0,
-                              end_layer=ZL)
-    g = torch.Generator().manual_seed(7)
-    hp.kv_buffer.copy_(torch.randn(hp.kv_buffer.shape, generator=g).to(torch.float16))
-    return hp
+    from sglang_pool import mha_host_pool
+    return mha_host_pool(ZL, ZH, ZD, PAGE_TOKENS, ZN, layout)
 
 
 def zc_make(tmp_path=None, persist=False, **extra):

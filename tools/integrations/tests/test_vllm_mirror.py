@@ -191,9 +191,7 @@ def test_kv_events_stored_and_removed(store):
     manager's) are not announced; without events take_events yields nothing."""
     st, pool, spec, _ = store
     quiet = KvtierOffloadingManager(spec)
-    ev_spec = types.SimpleNamespace(**vars(spec), kv_events_config=types.SimpleNamespace(
-        enable_kv_cache_events=True))
-    m = KvtierOffloadingManager(ev_spec)
+    m = _ev_manager(spec)
     keys = _keys(40, 7)
     assert _store_keys(m, pool, keys[:8]) == keys[:8]
     assert _events(m) == [(False, vllm_base.Medium.CPU, keys[:8])]

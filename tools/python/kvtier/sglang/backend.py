@@ -227,7 +227,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     # zero-copy interface: pages addressed by host-pool indices
     def _zc_job(self, fn, keys, host_indices):
-        """A zero-copy store or load of @keys at host pages @host_indices (page_size indices
+        """A zero-copy store or load (@fn: self.pool.store or .load) of @keys at host pages
+        @host_indices (page_size indices
         per key, the page's first one page-aligned). Keys whose index is out of the pool or not
         page-aligned, and repeats (a hash or a page already in the call), answer False."""
         ps = self.mem_pool_host.page_size
@@ -248,7 +249,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         with self._lock:
             try:
                 for s in range(0, len(pos), 4096):
-                    ok = self._run(fn(), hashes[s:s + 4096], ids[s:s + 4096])
+                    ok = self._run(fn, hashes[s:s + 4096], ids[s:s + 4096])
                     for j, good in enumerate(ok):
                         out[pos[s + j]] = good
             except kvtier.KvtierError:
@@ -261,7 +262,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if len(host_indices) != len(keys) * ps:
             return [False] * len(keys)
         if self.zero_copy:
-            return self._zc_job(lambda: self.pool.store, keys, host_indices)
+            return self._zc_job(self.pool.store, keys, host_indices)
         pages = [self._bytes_view(hp.get_data_page(int(host_indices[i * ps]), flat=True))
                  for i in range(len(keys))]
         with self._lock:
@@ -277,7 +278,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if len(host_indices) != len(keys) * ps:
             return [False] * len(keys)
         if self.zero_copy:
-            return self._zc_job(lambda: self.pool.load, keys, host_indices)
+            return self._zc_job(self.pool.load, keys, host_indices)
         with self._lock:
             if self.store is None:
                 return [False] * len(keys)

@@ -145,6 +145,11 @@ class KvtierOffloadingManager(OffloadingManager):
             self._announced.add(key)
             self._announce.append(key)
 
+    def _mirror_remove(self, key):
+        self._mirror.discard(key)
+        for h in self.hashes(key):
+            self._key_of.pop(h, None)
+
     def _flush_announce(self):
         if self._announce:
             self.events.append(OffloadingEvent(keys=self._announce, medium=Medium.CPU,
@@ -220,8 +225,7 @@ class KvtierOffloadingManager(OffloadingManager):
         if pool.lookup(hs, tenant=self.tenant) == len(hs):
             self._mirror_add(key, hs)
             self._confirm_after(pool, key, req_context)
-            if self._announce:
-                self._flush_announce()
+            self._flush_announce()
             return LookupResult.HIT
         return LookupResult.MISS
 
@@ -264,10 +268,8 @@ class KvtierOffloadingManager(OffloadingManager):
             for i, k in enumerate(keys[full:]):
                 if k in self._mirror and (i == 0 or pool.lookup(
                         self.hashes(k), tenant=self.tenant) != self.bpc):
-                    self._mirror.discard(k)
+                    self._mirror_remove(k)
                     healed.append(k)
-                    for h in self.hashes(k):
-                        self._key_of.pop(h, None)
             self._emit_removed(healed)
         return KvtierLoadStoreSpec(hs)
 
@@ -293,8 +295,7 @@ class KvtierOffloadingManager(OffloadingManager):
                 self._mirror_add(k, hs)
                 continue
             todo.append(k)
-        if self._announce:
-            self._flush_announce()
+        self._flush_announce()
         self._pending.update(todo)
         return PrepareStoreOutput(keys_to_store=todo,
                                   store_spec=KvtierLoadStoreSpec(
@@ -314,8 +315,7 @@ class KvtierOffloadingManager(OffloadingManager):
             # what the confirmation adds; a removal after the check is drained later
             self._sync(pool)
             self._confirm(pool, dict.fromkeys(keys))
-            if self._announce:
-                self._flush_announce()
+            self._flush_announce()
 
     def on_new_request(self, req_context):
         return RequestOffloadingContext()
@@ -344,10 +344,7 @@ class KvtierOffloadingManager(OffloadingManager):
         if pool is not None and late:
             pool.drop([h for k in late for h in self.hashes(k)], tenant=self.tenant)
             for k in late:
-                if k in self._mirror:
-                    self._mirror.discard(k)
-                    for h in self.hashes(k):
-                        self._key_of.pop(h, None)
+                self._mirror_remove(k)
         self._reset_pending.clear()
 
 
