@@ -317,12 +317,13 @@ kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 			       o->opts_size);
 	if (o->opts_size > offsetof(struct kvt_engine_opts, groups) && (o->groups || o->n_groups))
 		return kvt_grp_create(o, out); /* engine/group.c */
-	return kvt_engine_create_core(o, o->layout.head_dim, NULL, 0, 0, out);
+	return kvt_engine_create_core(o, o->layout.head_dim, 0, NULL, 0, 0, out);
 }
 
 int
-kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, struct kvt_device *dev,
-		       uint64_t groups_fp, uint32_t group, struct kvt_engine **out)
+kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, uint64_t layer_bytes,
+		       struct kvt_device *dev, uint64_t groups_fp, uint32_t group,
+		       struct kvt_engine **out)
 {
 	struct kvt_engine *e;
 	uint64_t bb = 0;
@@ -330,6 +331,15 @@ kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, struct k
 
 	*out = NULL;
 	rc = engine_check_layout(&o->layout, v_dim, &bb);
+	if (!rc && layer_bytes) {
+		/* a STATE group's pool: a block is one state per layer, whatever the tokens */
+		if (layer_bytes > ENGINE_MAX_BLOCK_BYTES / o->layout.n_layers)
+			rc = kvt_err(-EINVAL, "a state of %llu bytes per layer x %u layers exceeds "
+				     "the block limit of %llu bytes", (unsigned long long)layer_bytes,
+				     o->layout.n_layers,
+				     (unsigned long long)ENGINE_MAX_BLOCK_BYTES);
+		bb = layer_bytes * o->layout.n_layers;
+	}
 	if (!rc)
 		rc = engine_check_opts(o, bb);
 	if (rc)
@@ -345,9 +355,10 @@ kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, struct k
 	e->layout = o->layout;
 	e->block_bytes = bb;
 	e->layer_block_bytes = bb / o->layout.n_layers;
-	e->token_bytes = (uint64_t)o->layout.n_kv_heads * o->layout.head_dim *
-			 kvt_dtype_size(o->layout.dtype);
-	e->v_token_bytes = (uint64_t)o->layout.n_kv_heads * v_dim * kvt_dtype_size(o->layout.dtype);
+	e->token_bytes = layer_bytes ? 0 : (uint64_t)o->layout.n_kv_heads * o->layout.head_dim *
+					   kvt_dtype_size(o->layout.dtype);
+	e->v_token_bytes = layer_bytes ? 0 : (uint64_t)o->layout.n_kv_heads * v_dim *
+					     kvt_dtype_size(o->layout.dtype);
 	e->dev = dev; /* a device shared by the pools of a grouped engine, or NULL: our own */
 	e->dev_borrowed = dev != NULL;
 	e->groups_fp = groups_fp;

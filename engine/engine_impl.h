@@ -520,9 +520,11 @@ struct kvt_engine {
 
 /* ---- engine.c */
 /* Create one core engine of layout o->layout with @v_dim V elements per head (0: K only) on
- * device @dev (NULL: its own). */
-int kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, struct kvt_device *dev,
-			   uint64_t groups_fp, uint32_t group, struct kvt_engine **out);
+ * device @dev (NULL: its own). @layer_bytes != 0: a STATE group's pool, whose block is
+ * @layer_bytes per layer whatever the layout's heads and tokens (no per-token K/V). */
+int kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, uint64_t layer_bytes,
+			   struct kvt_device *dev, uint64_t groups_fp, uint32_t group,
+			   struct kvt_engine **out);
 void kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...) KVT_PRINTF(3, 4);
 /* The most blocks one sequence may hold: all tiers' usable slots less one per tier below HBM
  * (the reserve; kvtier.h kvt_seq_append). */

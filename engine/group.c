@@ -55,7 +55,40 @@ struct kvt_grp {
 static bool
 grp_storage(enum kvt_group_kind k)
 {
-	return k == KVT_GROUP_FULL || k == KVT_GROUP_WINDOW || k == KVT_GROUP_LATENT;
+	return k == KVT_GROUP_FULL || k == KVT_GROUP_WINDOW || k == KVT_GROUP_LATENT ||
+	       k == KVT_GROUP_STATE;
+}
+
+/* A STATE group's pool is a windowed engine whose window is the two newest tokens: the state
+ * after the token before the next query (the one a step reads) and the next query's own block
+ * (the one it writes) stay; older blocks leave, or stay cached as checkpoints. */
+#define GRP_STATE_WINDOW 2u
+
+/* Offset of tensor @t within one layer's state of STATE group @g (tensors in order, each at
+ * its element size's alignment) and, into *bytes, its size; t = n_state: the layer's bytes. */
+static uint64_t
+grp_state_off(const struct kvt_group *g, uint32_t t, uint64_t *bytes)
+{
+	uint64_t off = 0, n = 0;
+	uint32_t j, d;
+
+	for (j = 0; j <= t && j < g->n_state; j++) {
+		size_t es = kvt_dtype_size(g->state[j].dtype);
+
+		off = (off + n + es - 1) / es * es;
+		n = es;
+		for (d = 0; d < g->state[j].n_dims; d++)
+			n *= g->state[j].shape[d];
+		if (j == t)
+			break;
+	}
+	if (t >= g->n_state) {
+		off += n;
+		n = 0;
+	}
+	if (bytes)
+		*bytes = n;
+	return off;
 }
 
 static const char *
@@ -107,7 +140,14 @@ grp_core_layout(const struct kvt_grp *G, const struct kvt_group *g, struct kvt_l
 	l->n_layers = g->n_layers;
 	l->dtype = g->dtype;
 	l->tokens_per_block = G->tpb;
-	if (g->kind == KVT_GROUP_LATENT) {
+	if (g->kind == KVT_GROUP_STATE) {
+		/* opaque bytes per layer (kvt_engine_create_core's layer_bytes); the element
+		 * type of the first tensor for the codec's shuffle */
+		l->n_kv_heads = 1;
+		l->head_dim = 1;
+		l->dtype = g->state[0].dtype;
+		*v_dim = 0;
+	} else if (g->kind == KVT_GROUP_LATENT) {
 		l->n_kv_heads = 1;
 		l->head_dim = g->latent_dim;
 		*v_dim = 0;
@@ -125,9 +165,44 @@ grp_block_bytes(const struct kvt_grp *G, const struct kvt_group *g)
 	struct kvt_layout l;
 	uint32_t v;
 
+	if (g->kind == KVT_GROUP_STATE)
+		return grp_state_off(g, g->n_state, NULL) * g->n_layers;
 	grp_core_layout(G, g, &l, &v);
 	return (uint64_t)l.tokens_per_block * l.n_kv_heads * ((uint64_t)l.head_dim + v) *
 	       kvt_dtype_size(l.dtype) * l.n_layers;
+}
+
+/* Check the state tensors of STATE group @g (index @i). */
+static int
+grp_check_state(const struct kvt_group *g, uint32_t i)
+{
+	uint64_t elems;
+	uint32_t j, d;
+
+	if (g->n_state < 1 || g->n_state > KVT_GROUP_MAX_STATE)
+		return kvt_err(-EINVAL, "group %u: n_state %u out of range 1..%u (state tensors per "
+			       "layer)", i, g->n_state, KVT_GROUP_MAX_STATE);
+	for (j = 0; j < g->n_state; j++) {
+		const struct kvt_state_tensor *t = &g->state[j];
+
+		if (!kvt_dtype_size(t->dtype))
+			return kvt_err(-EINVAL, "group %u: state tensor %u: unknown element type %d",
+				       i, j, (int)t->dtype);
+		if (t->n_dims < 1 || t->n_dims > 4)
+			return kvt_err(-EINVAL, "group %u: state tensor %u: n_dims %u out of range "
+				       "1..4", i, j, t->n_dims);
+		elems = 1;
+		for (d = 0; d < t->n_dims; d++) {
+			if (t->shape[d] < 1 || t->shape[d] > (1u << 20))
+				return kvt_err(-EINVAL, "group %u: state tensor %u: shape[%u] = %u "
+					       "out of range 1..%u", i, j, d, t->shape[d], 1u << 20);
+			elems *= t->shape[d];
+			if (elems > (1ull << 30))
+				return kvt_err(-EINVAL, "group %u: state tensor %u: more than 2^30 "
+					       "elements", i, j);
+		}
+	}
+	return 0;
 }
 
 /* Check descriptor @i (copied into G->g[i]) alone; @owner[l] = group claiming model layer l. */
@@ -139,9 +214,9 @@ grp_check_one(struct kvt_grp *G, uint32_t i, uint32_t *owner)
 
 	if ((unsigned)g->kind > KVT_GROUP_SIDECAR)
 		return kvt_err(-EINVAL, "group %u: unknown kind %d", i, (int)g->kind);
-	if (g->kind == KVT_GROUP_STATE || g->kind == KVT_GROUP_SIDECAR)
-		return kvt_err(KVT_ENOTSUP, "group %u: %s groups are part 2 of the layer-group "
-			       "work (issue 17) and not supported yet", i, grp_kind_name(g->kind));
+	if (g->kind == KVT_GROUP_SIDECAR)
+		return kvt_err(KVT_ENOTSUP, "group %u: SIDECAR groups (issue 17) are not "
+			       "supported yet", i);
 	if (g->n_layers < 1 || g->n_layers > G->n_layers)
 		return kvt_err(-EINVAL, "group %u: n_layers %u out of range 1..%u (the model's "
 			       "layers)", i, g->n_layers, G->n_layers);
@@ -166,10 +241,12 @@ grp_check_one(struct kvt_grp *G, uint32_t i, uint32_t *owner)
 		return kvt_err(KVT_ENOTSUP, "group %u: tokens_per_block %u differs from the "
 			       "layout's %u (per-group block sizes are not supported yet)", i,
 			       g->tokens_per_block, G->tpb);
-	if (!kvt_dtype_size(g->dtype))
-		return kvt_err(-EINVAL, "group %u: unknown element type %d", i, (int)g->dtype);
 	if (!(g->share >= 0.0f && g->share <= 1.0f))
 		return kvt_err(-EINVAL, "group %u: share %g out of range 0..1", i, (double)g->share);
+	if (g->kind == KVT_GROUP_STATE)
+		return grp_check_state(g, i);
+	if (!kvt_dtype_size(g->dtype))
+		return kvt_err(-EINVAL, "group %u: unknown element type %d", i, (int)g->dtype);
 	if (g->kind == KVT_GROUP_LATENT) {
 		if (g->latent_dim < 1 || g->latent_dim > GRP_MAX_DIM)
 			return kvt_err(-EINVAL, "group %u: latent_dim %u out of range 1..%u", i,
@@ -305,6 +382,17 @@ grp_read(struct kvt_grp *G, const struct kvt_engine_opts *o)
 	return 0;
 }
 
+/* The most blocks one sequence of WINDOW or STATE group @g holds in HBM at once in decode:
+ * its sinks, its window's, and the block being written. */
+static uint64_t
+grp_bound_blocks(const struct kvt_grp *G, const struct kvt_group *g)
+{
+	uint64_t win = g->kind == KVT_GROUP_STATE ? GRP_STATE_WINDOW : g->window;
+	uint64_t sink = g->kind == KVT_GROUP_STATE ? 0 : g->sink;
+
+	return (sink + G->tpb - 1) / G->tpb + (win + G->tpb - 1) / G->tpb + 1;
+}
+
 /* The fraction of each tier storage group @i's pool gets (docs/ARCHITECTURE.md). */
 static int
 grp_shares(const struct kvt_grp *G, uint64_t ref_tokens, double *share)
@@ -339,9 +427,8 @@ grp_shares(const struct kvt_grp *G, uint64_t ref_tokens, double *share)
 		share[i] = 0.0;
 		if (!grp_storage(g->kind))
 			continue;
-		if (g->kind == KVT_GROUP_WINDOW) {
-			uint64_t w = ((uint64_t)g->sink + G->tpb - 1) / G->tpb +
-				     ((uint64_t)g->window + G->tpb - 1) / G->tpb + 1;
+		if (g->kind == KVT_GROUP_WINDOW || g->kind == KVT_GROUP_STATE) {
+			uint64_t w = grp_bound_blocks(G, g);
 
 			if (w < blocks)
 				blocks = w;
@@ -407,13 +494,23 @@ grp_fingerprint(const struct kvt_grp *G)
 		w[6] = g->latent_dim;
 		w[7] = g->kind == KVT_GROUP_WINDOW ? g->window : 0;
 		w[8] = g->kind == KVT_GROUP_WINDOW ? g->sink : 0;
-		if (g->kind == KVT_GROUP_ALIAS)
+		if (g->kind == KVT_GROUP_ALIAS || g->kind == KVT_GROUP_STATE)
 			w[2] = w[3] = w[4] = w[5] = w[6] = 0;
 		else if (g->kind == KVT_GROUP_LATENT)
 			w[3] = w[4] = w[5] = 0;
 		else
 			w[6] = 0;
 		XXH3_64bits_update(st, w, 9 * sizeof *w);
+		if (g->kind == KVT_GROUP_STATE) {
+			uint32_t j, t[6];
+
+			for (j = 0; j < g->n_state; j++) {
+				t[0] = g->state[j].n_dims;
+				memcpy(t + 1, g->state[j].shape, sizeof g->state[j].shape);
+				t[5] = (uint32_t)g->state[j].dtype;
+				XXH3_64bits_update(st, t, sizeof t);
+			}
+		}
 		XXH3_64bits_update(st, g->layers, g->n_layers * sizeof *g->layers);
 		if (g->alias_of)
 			XXH3_64bits_update(st, g->alias_of, g->n_layers * sizeof *g->alias_of);
@@ -484,8 +581,10 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 		}
 		if (co.host_bytes && !go.host_bytes)
 			go.host_bytes = 1; /* refused below with the group's block size */
-		rc = kvt_engine_create_core(&go, v, G->first == KVT_NIL ? NULL :
-						  G->core[G->first]->dev, fp, i, &G->core[i]);
+		rc = kvt_engine_create_core(&go, v, g->kind == KVT_GROUP_STATE ?
+						  grp_state_off(g, g->n_state, NULL) : 0,
+					    G->first == KVT_NIL ? NULL : G->core[G->first]->dev,
+					    fp, i, &G->core[i]);
 		kvt_free(dir);
 		if (rc) {
 			rc = kvt_err(rc, "group %u (%s, %.1f%% of each tier): %s", i,
@@ -493,8 +592,10 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 				     kvt_last_error_message());
 			break;
 		}
-		if (g->kind == KVT_GROUP_WINDOW) {
-			rc = kvt_engine_set_window(G->core[i], g->window, g->sink);
+		if (g->kind == KVT_GROUP_WINDOW || g->kind == KVT_GROUP_STATE) {
+			rc = g->kind == KVT_GROUP_STATE ?
+				     kvt_engine_set_window(G->core[i], GRP_STATE_WINDOW, 0) :
+				     kvt_engine_set_window(G->core[i], g->window, g->sink);
 			if (rc) {
 				rc = kvt_err(rc, "group %u (WINDOW %u, sink %u): %s", i, g->window,
 					     g->sink, kvt_last_error_message());
@@ -617,7 +718,34 @@ kvt_group_geometry(const struct kvt_engine *e, uint32_t group, struct kvt_group_
 	if (g->kind == KVT_GROUP_WINDOW) {
 		out->window = g->window;
 		out->sink = g->sink;
+	} else if (g->kind == KVT_GROUP_STATE) {
+		out->n_kv_heads = 0;
+		out->head_dim = 0;
+		out->v_head_dim = 0;
 	}
+	return 0;
+}
+
+int
+kvt_group_state_tensor(const struct kvt_engine *e, uint32_t group, uint32_t tensor,
+		       uint64_t *offset, uint64_t *bytes)
+{
+	const struct kvt_group *g;
+
+	if (!e || !e->grp || group >= e->grp->n)
+		return kvt_err(-EINVAL, "kvt_group_state_tensor: group %u is not a group of this "
+			       "engine", group);
+	g = &e->grp->g[group];
+	if (g->kind != KVT_GROUP_STATE)
+		return kvt_err(-EINVAL, "kvt_group_state_tensor: group %u is a %s group, not STATE",
+			       group, grp_kind_name(g->kind));
+	if (tensor >= g->n_state)
+		return kvt_err(-EINVAL, "kvt_group_state_tensor: tensor %u out of range (group %u "
+			       "has %u)", tensor, group, g->n_state);
+	if (offset)
+		*offset = grp_state_off(g, tensor, bytes);
+	else if (bytes)
+		(void)grp_state_off(g, tensor, bytes);
 	return 0;
 }
 
@@ -1018,31 +1146,61 @@ kvt_grp_seq_set_priority(struct kvt_engine *e, kvt_seq_id id, uint64_t first_tok
 	return rc;
 }
 
+/*
+ * Every pool's longest hit must end at the same boundary, and a WINDOW or STATE pool serves a
+ * boundary only where the blocks its window reads there (a STATE pool: the checkpoint) are
+ * kept, not at every boundary below its longest: the shortest pool's boundary may be one
+ * another pool cannot serve. So each pool is asked for its longest hit within the shortest so
+ * far until all of them give the same (it only shrinks: a few rounds at most).
+ */
 int
 kvt_grp_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const int32_t *tokens,
 			 size_t n, uint64_t *matched_tokens, enum kvt_tier *tier)
 {
 	struct kvt_grp *G = e->grp;
-	uint64_t min = UINT64_MAX, m;
-	enum kvt_tier slow = KVT_TIER_HBM, t;
+	uint64_t cap = n, min, m;
+	enum kvt_tier slow, t;
+	bool agree;
 	uint32_t i;
 	int rc;
 
 	if (!matched_tokens)
 		return kvt_err(-EINVAL, "kvt_seq_match_prefix: matched_tokens is NULL");
-	GRP_FOR_STORAGE(G, i) {
-		rc = kvt_seq_match_prefix(G->core[i], o, tokens, n, &m, &t);
-		if (rc)
-			return grp_err(rc, i);
-		if (m < min)
-			min = m;
-		if (m && t != KVT_TIER_COUNT && t > slow)
-			slow = t;
-	}
-	*matched_tokens = min;
+	do {
+		min = cap;
+		agree = true;
+		slow = KVT_TIER_HBM;
+		GRP_FOR_STORAGE(G, i) {
+			rc = kvt_seq_match_prefix(G->core[i], o, tokens, (size_t)cap, &m, &t);
+			if (rc)
+				return grp_err(rc, i);
+			if (i != G->first && m != min)
+				agree = false;
+			if (i == G->first || m < min)
+				min = m;
+			if (m && t != KVT_TIER_COUNT && t > slow)
+				slow = t;
+		}
+		cap = min;
+	} while (!agree && cap);
+	*matched_tokens = cap;
 	if (tier)
-		*tier = min ? slow : KVT_TIER_COUNT;
+		*tier = cap ? slow : KVT_TIER_COUNT;
 	return 0;
+}
+
+/* Empty core sequence @id of pool @c again (an attach taken back). */
+static void
+grp_core_empty(struct kvt_engine *c, kvt_seq_id id)
+{
+	struct kvt_seqrec *s;
+	uint32_t idx;
+
+	kvt_lock(c);
+	s = kvt_seq_lookup(c, id, &idx);
+	if (s)
+		kvt_seq_truncate(c, s, 0);
+	kvt_unlock(c);
 }
 
 int
@@ -1051,7 +1209,8 @@ kvt_grp_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id id, const int32_t *to
 {
 	struct kvt_grp *G = e->grp;
 	kvt_seq_id ids[KVT_MAX_GROUPS];
-	uint64_t min = UINT64_MAX, m = 0;
+	uint64_t cap = n, min, m = 0;
+	bool agree;
 	uint32_t i;
 	int rc;
 
@@ -1061,32 +1220,30 @@ kvt_grp_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id id, const int32_t *to
 	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
 	if (rc)
 		return rc;
-	GRP_FOR_STORAGE(G, i) {
-		rc = kvt_seq_attach_prefix(G->core[i], ids[i], tokens, n, &m);
-		if (rc) {
-			rc = grp_err(rc, i);
-			break;
+	/* as match_prefix: every pool attaches the same boundary, or they all start again
+	 * empty from the shortest (a pool truncated to a boundary whose window blocks it
+	 * dropped would hold fewer tokens than the others, or a STATE pool no checkpoint) */
+	do {
+		min = cap;
+		agree = true;
+		GRP_FOR_STORAGE(G, i) {
+			rc = kvt_seq_attach_prefix(G->core[i], ids[i], tokens, (size_t)cap, &m);
+			if (rc) {
+				rc = grp_err(rc, i);
+				break;
+			}
+			if (i != G->first && m != min)
+				agree = false;
+			if (i == G->first || m < min)
+				min = m;
 		}
-		if (m < min)
-			min = m;
-	}
-	/* every pool keeps what all of them matched (a block boundary), nothing more; a
-	 * failure takes back what was attached */
-	if (rc)
-		min = 0;
-	GRP_FOR_STORAGE(G, i) {
-		struct kvt_engine *c = G->core[i];
-		struct kvt_seqrec *s;
-		uint32_t idx;
-
-		kvt_lock(c);
-		s = kvt_seq_lookup(c, ids[i], &idx);
-		if (s && s->n_tokens > min)
-			kvt_seq_truncate(c, s, (uint32_t)(min / G->tpb));
-		kvt_unlock(c);
-	}
-	if (!rc)
-		*attached_tokens = min;
+		if (rc || !agree)
+			GRP_FOR_STORAGE(G, i)
+				grp_core_empty(G->core[i], ids[i]);
+		cap = min;
+	} while (!rc && !agree && cap);
+	if (!rc && agree)
+		*attached_tokens = cap;
 	grp_seq_leave(G, id);
 	return rc;
 }

@@ -1198,12 +1198,53 @@ enum kvt_group_kind {
 	                          (MLA: kv_lora_rank + qk_rope_head_dim); no V */
 	KVT_GROUP_ALIAS = 3,   /* layers that read another layer's KV (cross-layer sharing):
 	                          no storage */
-	KVT_GROUP_STATE = 4,   /* a fixed-size state per sequence and layer (linear attention,
-	                          Gated DeltaNet, Mamba): issue 17; create refuses it today */
+	KVT_GROUP_STATE = 4,   /* a fixed-size state per sequence and layer (linear attention:
+	                          Gated DeltaNet, Mamba), checkpointed at block boundaries:
+	                          see "STATE groups" below */
 	KVT_GROUP_SIDECAR = 5, /* per-token or per-block metadata moving with its parent
 	                          group's blocks (sparse-attention indexer keys, page
 	                          summaries): issue 17; create refuses it today */
 };
+
+/*
+ * STATE groups (issue 17). A STATE group's pool holds, per block of a sequence, the state of
+ * all the group's layers AFTER that block's last token: its slot is n_layers x the layer's
+ * state (the n_state tensors in order, each at its element size's alignment:
+ * kvt_group_state_tensor gives offsets and sizes), whatever tokens_per_block. So:
+ *   - the sequence's last block holds the LIVE state (after its newest token), and every full
+ *     block a CHECKPOINT: the state at that block boundary;
+ *   - writing: for token i of an append, row g of kvt_seq_append_groups gives slot mapping m;
+ *     its block is m / tokens_per_block (the offset within it is meaningless). The caller,
+ *     running the recurrence in token order, writes into that block the state after the last
+ *     token of the append that falls in it (for a full block: the checkpoint) before the
+ *     release, as K/V are written. A one-token decode step writes its block; a prefill chunk
+ *     writes every block it touches. The state before a sequence's first token is zero (the
+ *     caller's kernel starts from zeros: kvtier does not clear slots);
+ *   - reading: a step reads the state after the sequence's newest token before the append,
+ *     i.e. block (n_tokens - 1) / tokens_per_block. The pool keeps, like a WINDOW group of
+ *     window 2 and no sinks, only the blocks of the two newest positions (the one read and
+ *     the one written): a prepared batch's table of the group lists those live blocks (one,
+ *     or two when the append crossed a block boundary, and every block of a prefill chunk
+ *     until the next append; block_pos tells which is which); an older block
+ *     leaves the tiers at the next append, or stays cached as a checkpoint in the prefix cache
+ *     (opts.prefix_cache) and is evicted like any cached block. A decode step updating in place
+ *     reads and writes the same block except at a boundary, where it reads the previous
+ *     block and writes the new one;
+ *   - prefix hits: a STATE pool serves a hit at boundary k x tokens_per_block only while the
+ *     checkpoint of block k - 1 is kept (match/attach find the longest boundary EVERY group
+ *     serves); the attached sequence's last block is that checkpoint, restored byte-exact.
+ *     A whole-prompt hit leaves no token to compute logits from: ask with the prompt less
+ *     its last token (vLLM's rule), so the hit ends at a checkpoint before it;
+ *   - park/resume, the NVMe store, the persistent store (crash and restore), checksums, the
+ *     codec (lossless), tenants and budgets: the pool's blocks as any pool's (only the live
+ *     blocks move with a parked sequence).
+ * Memory: a decoding sequence holds at most 2 state slots in HBM (the default share sizes the
+ * pool for 3 per group_ref_tokens sequence, as a WINDOW group of window 2); a prefill chunk of
+ * n tokens holds ceil(n / tokens_per_block) + 1 until the next append. tokens_per_block must
+ * be the layout's (a checkpoint every block; coarser checkpoints: KVT_ENOTSUP today).
+ * Fields of struct kvt_group used: kind, n_layers, layers, n_state, state[], share (dtype,
+ * heads and dims are ignored: each tensor has its own dtype).
+ */
 
 /** One tensor of a STATE group's per-sequence state (issue 17). */
 struct kvt_state_tensor {
@@ -1245,8 +1286,9 @@ struct kvt_group {
 	                              ceil(sink / tpb) + ceil(window / tpb) + 1 blocks (what its
 	                              window bounds). Otherwise every storage group sets one and
 	                              they sum to at most 1. ALIAS: ignored */
-	/* STATE (issue 17) */
-	uint32_t n_state;          /* tensors per layer, 1..KVT_GROUP_MAX_STATE */
+	/* STATE (issue 17; "STATE groups" above) */
+	uint32_t n_state;          /* tensors per layer, 1..KVT_GROUP_MAX_STATE; each tensor's
+	                              dims 1..2^20, at most 2^30 elements */
 	struct kvt_state_tensor state[KVT_GROUP_MAX_STATE];
 	/* SIDECAR (issue 17) */
 	uint32_t parent;           /* index of the group whose blocks it follows */
@@ -1256,6 +1298,16 @@ struct kvt_group {
 
 /** kvt_group_init() - zero @g and set g->size = @size (then tokens_per_block 0, share 0). */
 KVT_API void kvt_group_init(struct kvt_group *g, size_t size);
+
+/**
+ * kvt_group_state_tensor() - where tensor @tensor (0..n_state-1) of STATE group @group lies
+ * in one layer's state: *offset bytes from the start of the layer's state (layer i of the
+ * group's block at geo.hbm_base + slot * geo.block_bytes + i * geo.layer_block_bytes) and
+ * *bytes its size (element size x the product of its shape). Either may be NULL. Returns 0,
+ * or -EINVAL (NULL engine, no such group, not a STATE group, tensor out of range).
+ */
+KVT_API int kvt_group_state_tensor(const struct kvt_engine *e, uint32_t group, uint32_t tensor,
+				   uint64_t *offset, uint64_t *bytes);
 
 /**
  * kvt_engine_n_groups() - groups of @e: opts.n_groups, or 1 for an engine without groups (its
@@ -1270,7 +1322,10 @@ KVT_API int kvt_engine_n_groups(const struct kvt_engine *e);
  *            + (m % tokens_per_block) * k_token_bytes
  * and its V (v_token_bytes != 0) at hbm_base + (m / tpb) * block_bytes + i * layer_block_bytes
  * + v_offset + (m % tpb) * v_token_bytes. kvt_group_kv_addr() computes this. An ALIAS group
- * has kind, n_layers and tokens_per_block set, everything else 0.
+ * has kind, n_layers and tokens_per_block set, everything else 0. A STATE group: block_bytes
+ * and layer_block_bytes as above (the layer's state at hbm_base + (m / tpb) * block_bytes +
+ * i * layer_block_bytes; kvt_group_state_tensor for each tensor in it), dtype its first
+ * tensor's, the slots; k/v_token_bytes, v_offset, heads, dims, window and sink 0.
  */
 struct kvt_group_geometry {
 	enum kvt_group_kind kind;
@@ -1352,8 +1407,11 @@ KVT_API int kvt_seq_append_groups(struct kvt_engine *e, kvt_seq_id s, const int3
  * window (its sinks first, then the window's), and part 2's sparse selections any blocks. The
  * last entry of sequence i holds last_block_len[i] tokens; seq_len[i] is the range's token count
  * (the whole sequence's for kvt_batch_prepare), holes included, so the query's position is
- * seq_len[i] - 1 (a WINDOW group's entries may hold fewer tokens). window and sink are the group's (0 when not WINDOW): a kernel masks tokens older than
- * the newest `window` that are not among the first `sink`. Arrays belong to the batch and live
+ * seq_len[i] - 1 (a WINDOW group's entries may hold fewer tokens). window and sink are the
+ * group's (0 when not WINDOW): a kernel masks tokens older than the newest `window` that are not
+ * among the first `sink`. A STATE group's entries are its live blocks in the range (see "STATE
+ * groups": those of tokens seq_len - 2 and seq_len - 1 when the range reaches them, and after
+ * a prefill chunk every block the chunk appended, until the next append). Arrays belong to the batch and live
  * until kvt_batch_release(). An ALIAS group's table is its source group's (the group of its
  * layers' sources; an ALIAS group whose layers read several groups: -EINVAL, ask per layer
  * with kvt_layer_group).

@@ -1,0 +1,645 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_state.c - STATE layer groups (issue 17 item 1; engine/kvtier.h "STATE groups"):
+ * the per-sequence recurrent state of linear-attention layers, one slot per block holding the
+ * state after the block's last token. A toy recurrence stands in for Gated DeltaNet (the
+ * model-level proof is tools/kvtier-hf on the transformers fixture): every step reads the
+ * state after the previous token from the batch's STATE table and writes the next one into
+ * the appended token's block; a reference in plain memory runs the same recurrence. Checked:
+ * descriptors (each bad one a clear error), the slot geometry and tensor offsets, exact states
+ * through demotion to HOST and NVMe and park/resume with several sequences competing for a
+ * small pool, prefix hits that restore a checkpoint byte-exact at, and one token either side
+ * of, block boundaries (vLLM #44599), hits never served by a pool lacking the checkpoint, the
+ * persistent store across kill -9, and only the live blocks staying referenced.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "kvtier.h"
+#include "support/kvt_test.h"
+
+#define TPB 4u
+#define NL 3u /* layers 0, 1: STATE; layer 2: FULL */
+#define NG 2u
+#define KV_DIM 4u
+/* state of one layer: tensor 0 F16 [3] (6 bytes), tensor 1 F32 [2][5] at offset 8 (40 bytes) */
+#define S0_N 3u
+#define S1_N 10u
+#define S_LAYER 48u
+#define S_BLOCK (2u * S_LAYER)
+#define FULL_BB (TPB * 2u * KV_DIM * 4u)
+
+static const uint32_t full_layers[] = { 2 }, state_layers[] = { 0, 1 };
+
+static void
+st_groups(struct kvt_group *g)
+{
+	kvt_group_init(&g[0], sizeof g[0]);
+	kvt_group_init(&g[1], sizeof g[1]);
+	g[0].kind = KVT_GROUP_FULL;
+	g[0].n_layers = 1;
+	g[0].layers = full_layers;
+	g[0].n_kv_heads = 1;
+	g[0].head_dim = KV_DIM;
+	g[0].dtype = KVT_DTYPE_F32;
+	g[1].kind = KVT_GROUP_STATE;
+	g[1].n_layers = 2;
+	g[1].layers = state_layers;
+	g[1].n_state = 2;
+	g[1].state[0].n_dims = 1;
+	g[1].state[0].shape[0] = S0_N;
+	g[1].state[0].dtype = KVT_DTYPE_F16;
+	g[1].state[1].n_dims = 2;
+	g[1].state[1].shape[0] = 2;
+	g[1].state[1].shape[1] = 5;
+	g[1].state[1].dtype = KVT_DTYPE_F32;
+}
+
+/* @full / @state blocks of HBM and HOST per pool (exact shares, half a block of slack). */
+static void
+st_opts(struct kvt_engine_opts *o, struct kvt_group *g, uint32_t full_hbm, uint32_t state_hbm,
+	uint32_t full_host, uint32_t state_host, const char *nvme_dir)
+{
+	double hbm = (full_hbm + 0.5) * FULL_BB + (state_hbm + 0.5) * S_BLOCK;
+	double host = (full_host + 0.5) * FULL_BB + (state_host + 0.5) * S_BLOCK;
+
+	st_groups(g);
+	kvt_engine_opts_init(o, sizeof *o);
+	o->layout.n_layers = NL;
+	o->layout.tokens_per_block = TPB;
+	o->groups = g;
+	o->n_groups = NG;
+	g[0].share = (float)((full_hbm + 0.5) * FULL_BB / hbm);
+	g[1].share = (float)((state_hbm + 0.5) * S_BLOCK / hbm);
+	o->hbm_bytes = (uint64_t)hbm;
+	o->host_bytes = full_host ? (uint64_t)(host * 1.0) : 0;
+	o->prefix_cache = 1;
+	if (nvme_dir) {
+		o->nvme_dir = nvme_dir;
+		o->nvme_bytes = 64u << 20;
+	}
+	/* with HOST the shares must fit HOST too: the state pool gets what its share says */
+	if (full_host && state_host * (full_hbm + 0.5) != full_host * (state_hbm + 0.5))
+		o->host_bytes = (uint64_t)((full_host + 0.5) * FULL_BB / g[0].share) + 1;
+}
+
+static struct kvt_engine *
+st_create(const struct kvt_engine_opts *o)
+{
+	struct kvt_engine *e = NULL;
+	int rc = kvt_engine_create(o, &e);
+
+	if (rc)
+		fprintf(stderr, "create: %s (%s)\n", kvt_strerror(rc), kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	return e;
+}
+
+/* The toy state: per layer, 3 "f16" counters (stored as uint16 bit patterns of a hash) and 10
+ * f32 values; the step mixes in the token and the position, so that any stale, shifted or
+ * foreign state shows. */
+struct toy {
+	uint16_t a[NL][S0_N];
+	float b[NL][S1_N];
+};
+
+static void
+toy_step(struct toy *t, int32_t tok, uint64_t pos)
+{
+	uint32_t l, j;
+
+	for (l = 0; l < 2; l++) {
+		for (j = 0; j < S0_N; j++)
+			t->a[l][j] = (uint16_t)(t->a[l][j] * 31u + (uint32_t)tok * 7u + l + j + 1u);
+		for (j = 0; j < S1_N; j++)
+			t->b[l][j] = t->b[l][j] * 0.5f + (float)((tok + (int32_t)j + (int32_t)l) % 97) +
+				     (float)(pos % 13) * 0.25f;
+	}
+}
+
+static void
+toy_store(const struct toy *t, uint8_t *blk)
+{
+	uint32_t l;
+
+	for (l = 0; l < 2; l++) {
+		memset(blk + l * S_LAYER, 0, S_LAYER);
+		memcpy(blk + l * S_LAYER, t->a[l], sizeof t->a[l]);
+		memcpy(blk + l * S_LAYER + 8, t->b[l], sizeof t->b[l]);
+	}
+}
+
+static void
+toy_load(struct toy *t, const uint8_t *blk)
+{
+	uint32_t l;
+
+	memset(t, 0, sizeof *t);
+	for (l = 0; l < 2; l++) {
+		memcpy(t->a[l], blk + l * S_LAYER, sizeof t->a[l]);
+		memcpy(t->b[l], blk + l * S_LAYER + 8, sizeof t->b[l]);
+	}
+}
+
+static int32_t
+tok_of(uint32_t tag, uint64_t pos)
+{
+	return (int32_t)(tag * 1000u + (uint32_t)(pos % 500u));
+}
+
+/* The reference state after tokens [0, n) of prompt @tag. */
+static void
+toy_ref(struct toy *t, uint32_t tag, uint64_t n)
+{
+	uint64_t p;
+
+	memset(t, 0, sizeof *t);
+	for (p = 0; p < n; p++)
+		toy_step(t, tok_of(tag, p), p);
+}
+
+/* The STATE table entry of block position @pos in batch entry @i, or NULL. */
+static uint8_t *
+st_block(struct kvt_batch *b, uint32_t i, uint32_t pos)
+{
+	struct kvt_group_table t;
+	uint32_t k;
+
+	if (kvt_batch_group_table(b, 1, &t) != 0)
+		return NULL;
+	for (k = t.indptr[i]; k < t.indptr[i + 1]; k++)
+		if (t.block_pos[k] == pos)
+			return (uint8_t *)t.geo.hbm_base + (uint64_t)t.indices[k] * t.geo.block_bytes;
+	return NULL;
+}
+
+/*
+ * One decode step of sequence @s (tokens of @tag) holding @n tokens: append token n, prepare,
+ * read the state after token n - 1 (zeros at n = 0) from its block, step, write the new state
+ * into token n's block, write its K/V, release. Returns 0, or the failing call's code, or 1
+ * (printed) when the state read is not the reference.
+ */
+static int
+st_step(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint64_t n)
+{
+	struct kvt_group_geometry fg, sg;
+	struct kvt_batch *b = NULL;
+	struct toy t, ref;
+	int64_t map[NG];
+	int32_t tok = tok_of(tag, n);
+	uint8_t *prev, *next;
+	float *k, *v;
+	uint32_t j;
+	int rc;
+
+	rc = kvt_seq_append_groups(e, s, &tok, 1, map);
+	if (rc)
+		return rc;
+	rc = kvt_batch_prepare(e, &s, 1, &b);
+	if (rc)
+		return rc;
+	rc = kvt_batch_wait_layer(b, 0, NULL);
+	if (!rc)
+		rc = kvt_batch_wait_layer(b, 1, NULL);
+	if (rc)
+		goto out;
+	memset(&t, 0, sizeof t);
+	if (n > 0) {
+		prev = st_block(b, 0, (uint32_t)((n - 1) / TPB));
+		if (!prev) {
+			fprintf(stderr, "step %llu: no live block for token %llu\n",
+				(unsigned long long)n, (unsigned long long)n - 1);
+			rc = 1;
+			goto out;
+		}
+		toy_load(&t, prev);
+	}
+	toy_ref(&ref, tag, n);
+	if (memcmp(&t, &ref, sizeof t) != 0) {
+		fprintf(stderr, "step %llu of tag %u: the state read is not the reference\n",
+			(unsigned long long)n, tag);
+		rc = 1;
+		goto out;
+	}
+	toy_step(&t, tok, n);
+	next = st_block(b, 0, (uint32_t)(n / TPB));
+	rc = kvt_group_geometry(e, 1, &sg);
+	if (rc)
+		goto out;
+	/* the slot mapping of the append names the table's block of token n */
+	if (!next || map[1] < 0 ||
+	    next != (uint8_t *)sg.hbm_base + (uint64_t)map[1] / TPB * sg.block_bytes) {
+		fprintf(stderr, "step %llu: token %llu's block is not in the table\n",
+			(unsigned long long)n, (unsigned long long)n);
+		rc = 1;
+		goto out;
+	}
+	toy_store(&t, next);
+	rc = kvt_group_geometry(e, 0, &fg);
+	if (rc)
+		goto out;
+	kvt_group_kv_addr(&fg, 0, map[0], (void **)&k, (void **)&v);
+	for (j = 0; j < KV_DIM; j++) {
+		k[j] = (float)tok + (float)j;
+		v[j] = -(float)tok - (float)j;
+	}
+out:
+	{
+		int r2 = kvt_batch_release(b, NULL);
+
+		return rc ? rc : r2;
+	}
+}
+
+/* Decode tokens [from, to) of @tag into @s, asserting each step. */
+static void
+st_run(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint64_t from, uint64_t to)
+{
+	uint64_t n;
+
+	for (n = from; n < to; n++) {
+		int rc = st_step(e, s, tag, n);
+
+		if (rc)
+			fprintf(stderr, "step %llu: %s (%s)\n", (unsigned long long)n,
+				rc > 0 ? "mismatch" : kvt_strerror(rc),
+				rc > 0 ? "" : kvt_last_error_message());
+		assert_int_equal(rc, 0);
+	}
+}
+
+static void
+expect_refused(struct kvt_group *g, int code, const char *msg)
+{
+	struct kvt_engine_opts o;
+	struct kvt_engine *e = NULL;
+	int rc;
+
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout.n_layers = NL;
+	o.layout.tokens_per_block = TPB;
+	o.groups = g;
+	o.n_groups = NG;
+	o.hbm_bytes = 1 << 20;
+	rc = kvt_engine_create(&o, &e);
+	if (rc != code || !strstr(kvt_last_error_message(), msg))
+		fprintf(stderr, "want %d \"%s\", got %d \"%s\"\n", code, msg, rc,
+			kvt_last_error_message());
+	assert_int_equal(rc, code);
+	assert_non_null(strstr(kvt_last_error_message(), msg));
+	assert_null(e);
+}
+
+static void
+test_bad_state_descriptors(void **state)
+{
+	struct kvt_group g[NG];
+
+	(void)state;
+	st_groups(g);
+	g[1].n_state = 0;
+	expect_refused(g, -EINVAL, "group 1: n_state 0 out of range 1..4");
+	st_groups(g);
+	g[1].n_state = 5;
+	expect_refused(g, -EINVAL, "group 1: n_state 5 out of range 1..4");
+	st_groups(g);
+	g[1].state[1].n_dims = 0;
+	expect_refused(g, -EINVAL, "group 1: state tensor 1: n_dims 0 out of range 1..4");
+	st_groups(g);
+	g[1].state[0].n_dims = 5;
+	expect_refused(g, -EINVAL, "state tensor 0: n_dims 5");
+	st_groups(g);
+	g[1].state[1].shape[1] = 0;
+	expect_refused(g, -EINVAL, "group 1: state tensor 1: shape[1] = 0 out of range");
+	st_groups(g);
+	g[1].state[0].dtype = (enum kvt_dtype)99;
+	expect_refused(g, -EINVAL, "group 1: state tensor 0: unknown element type 99");
+	st_groups(g);
+	g[1].state[1].n_dims = 3;
+	g[1].state[1].shape[0] = 1u << 20;
+	g[1].state[1].shape[1] = 1u << 10;
+	g[1].state[1].shape[2] = 2;
+	expect_refused(g, -EINVAL, "more than 2^30 elements");
+	/* coarser checkpoints than a block are not there yet: said so */
+	st_groups(g);
+	g[1].tokens_per_block = 2 * TPB;
+	expect_refused(g, KVT_ENOTSUP, "group 1: tokens_per_block 8 differs");
+	/* a state too big for the block limit (1 GiB): 2^28 f32 elements x 2 layers x 2 */
+	st_groups(g);
+	g[1].state[1].n_dims = 2;
+	g[1].state[1].shape[0] = 1u << 14;
+	g[1].state[1].shape[1] = 1u << 14;
+	g[1].n_state = 2;
+	g[1].state[0].shape[0] = 1u << 20;
+	g[1].state[0].n_dims = 2;
+	g[1].state[0].shape[1] = 1u << 8;
+	g[1].state[0].dtype = KVT_DTYPE_F32;
+	expect_refused(g, -EINVAL, "exceeds the block limit");
+}
+
+static void
+test_geometry(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_group_geometry geo;
+	struct kvt_engine *e;
+	uint64_t off = 1, bytes = 1;
+
+	(void)state;
+	st_opts(&o, g, 8, 5, 0, 0, NULL);
+	e = st_create(&o);
+	assert_int_equal(kvt_group_geometry(e, 1, &geo), 0);
+	assert_int_equal(geo.kind, KVT_GROUP_STATE);
+	assert_int_equal(geo.n_layers, 2);
+	assert_int_equal(geo.layer_block_bytes, S_LAYER);
+	assert_int_equal(geo.block_bytes, S_BLOCK);
+	assert_int_equal(geo.k_token_bytes, 0);
+	assert_int_equal(geo.v_token_bytes, 0);
+	assert_int_equal(geo.n_kv_heads, 0);
+	assert_int_equal(geo.window, 0);
+	assert_int_equal(geo.tokens_per_block, TPB);
+	assert_int_equal(geo.hbm_slots, 5);
+	assert_int_equal(kvt_group_state_tensor(e, 1, 0, &off, &bytes), 0);
+	assert_int_equal(off, 0);
+	assert_int_equal(bytes, 6);
+	assert_int_equal(kvt_group_state_tensor(e, 1, 1, &off, &bytes), 0);
+	assert_int_equal(off, 8); /* f32 after 6 bytes of f16: aligned to 4 */
+	assert_int_equal(bytes, 40);
+	assert_int_equal(kvt_group_state_tensor(e, 1, 1, NULL, &bytes), 0);
+	assert_int_equal(bytes, 40);
+	assert_int_equal(kvt_group_state_tensor(e, 1, 2, &off, &bytes), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "tensor 2 out of range"));
+	assert_int_equal(kvt_group_state_tensor(e, 0, 0, &off, &bytes), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "FULL group, not STATE"));
+	assert_int_equal(kvt_group_state_tensor(e, 2, 0, &off, &bytes), -EINVAL);
+	assert_int_equal(kvt_group_state_tensor(NULL, 1, 0, &off, &bytes), -EINVAL);
+	{
+		uint32_t grp = 9, lig = 9;
+
+		assert_int_equal(kvt_layer_group(e, 1, &grp, &lig), 0);
+		assert_int_equal(grp, 1);
+		assert_int_equal(lig, 1);
+	}
+	kvt_engine_destroy(e);
+	/* the default split sizes a STATE pool for its two live blocks, not for ref tokens */
+	st_groups(g);
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout.n_layers = NL;
+	o.layout.tokens_per_block = TPB;
+	o.groups = g;
+	o.n_groups = NG;
+	o.group_ref_tokens = 4096;
+	o.hbm_bytes = 1 << 20;
+	e = st_create(&o);
+	assert_int_equal(kvt_group_geometry(e, 1, &geo), 0);
+	{
+		struct kvt_group_geometry fg;
+		double want = 3.0 * S_BLOCK / (3.0 * S_BLOCK + 1024.0 * FULL_BB);
+
+		assert_int_equal(kvt_group_geometry(e, 0, &fg), 0);
+		assert_true(geo.hbm_slots >= (uint32_t)(want * (1 << 20) / S_BLOCK) - 1);
+		assert_true(geo.hbm_slots <= (uint32_t)(want * (1 << 20) / S_BLOCK) + 1);
+	}
+	kvt_engine_destroy(e);
+}
+
+/* Three sequences decode in turns with a STATE pool of 5 HBM slots and 4 HOST slots, the rest
+ * on NVMe: states go down and come back exact; only the live blocks stay referenced. */
+static void
+test_offload_exact(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_seq_info in;
+	struct kvt_stats st;
+	struct kvt_engine *e;
+	kvt_seq_id s[3];
+	char *dir = tsup_mkdtemp();
+	uint64_t n;
+	uint32_t i;
+
+	(void)state;
+	st_opts(&o, g, 64, 5, 64, 4, dir);
+	o.prefix_cache = 0;
+	e = st_create(&o);
+	for (i = 0; i < 3; i++)
+		assert_int_equal(kvt_seq_open(e, NULL, &s[i]), 0);
+	for (n = 0; n < 30; n++)
+		for (i = 0; i < 3; i++) {
+			st_run(e, s[i], 10 + i, n, n + 1);
+			if (n % 7 == 6 && i == 1) {
+				/* park to NVMe and back between turns */
+				assert_int_equal(kvt_seq_park(e, s[i], KVT_TIER_NVME), 0);
+				assert_int_equal(kvt_seq_resume(e, s[i]), 0);
+			}
+		}
+	assert_int_equal(kvt_engine_group_stats(e, 1, &st), 0);
+	assert_true(st.tier[KVT_TIER_HOST].evictions + st.tier[KVT_TIER_HBM].evictions > 0);
+	for (i = 0; i < 3; i++) {
+		assert_int_equal(kvt_seq_info(e, s[i], &in), 0);
+		assert_int_equal(in.n_tokens, 30);
+	}
+	/* the STATE pool holds at most 2 live blocks per sequence (no prefix cache), each with
+	 * at most a copy per tier: 18 slots in use at most, where the 24 blocks the sequences
+	 * went through would take 24 at least */
+	assert_int_equal(kvt_engine_group_stats(e, 1, &st), 0);
+	assert_true(st.tier[KVT_TIER_HBM].used_slots + st.tier[KVT_TIER_HOST].used_slots +
+			    st.tier[KVT_TIER_NVME].used_slots <= 3 * 2 * 3);
+	for (i = 0; i < 3; i++)
+		assert_int_equal(kvt_seq_close(e, s[i]), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* Decode prompt @tag to @len tokens in a new sequence and close it: its checkpoints stay
+ * cached. */
+static void
+st_prefill_close(struct kvt_engine *e, uint32_t tag, uint64_t len)
+{
+	kvt_seq_id s;
+
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	st_run(e, s, tag, 0, len);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+}
+
+/* A prompt of @len tokens that shares the cached prompt: the hit asked with the prompt less
+ * its last token ends at the checkpoint before it; the attached state is the reference at
+ * the hit, and decoding on from there stays exact. Returns the hit. */
+static uint64_t
+st_hit(struct kvt_engine *e, uint32_t tag, uint64_t len, uint64_t go_on)
+{
+	int32_t tok[256];
+	uint64_t m = 0, a = 0;
+	enum kvt_tier tier;
+	kvt_seq_id s;
+	uint64_t p;
+
+	for (p = 0; p < len; p++)
+		tok[p] = tok_of(tag, p);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, len - 1, &m, &tier), 0);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	assert_int_equal(kvt_seq_attach_prefix(e, s, tok, len - 1, &a), 0);
+	assert_int_equal(a, m);
+	assert_true(a % TPB == 0 && a <= len - 1);
+	/* st_step checks the restored checkpoint against the reference at a */
+	st_run(e, s, tag, a, len + go_on);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	return a;
+}
+
+/* vLLM #44599: prompts ending exactly on a block boundary and one token either side. */
+static void
+test_checkpoint_hits_at_boundaries(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_engine *e;
+	struct kvt_stats st;
+
+	(void)state;
+	st_opts(&o, g, 64, 40, 0, 0, NULL);
+	e = st_create(&o);
+	st_prefill_close(e, 5, 7 * TPB);
+	/* exactly 6 blocks: the hit of its first 23 tokens ends at 5 blocks */
+	assert_int_equal(st_hit(e, 5, 6 * TPB, 3), 5 * TPB);
+	/* one more: the hit ends at 6 blocks */
+	assert_int_equal(st_hit(e, 5, 6 * TPB + 1, 3), 6 * TPB);
+	/* one less */
+	assert_int_equal(st_hit(e, 5, 6 * TPB - 1, 3), 5 * TPB);
+	/* 2 tokens: no whole block to hit */
+	assert_int_equal(st_hit(e, 5, 2, 2), 0);
+	/* a prompt that shares the first 9 tokens (mid-block) reuses the checkpoint at 8 */
+	{
+		int32_t tok[40];
+		uint64_t m = 0, p;
+
+		for (p = 0; p < 40; p++)
+			tok[p] = p < 9 ? tok_of(5, p) : tok_of(6, p);
+		assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 39, &m, NULL), 0);
+		assert_int_equal(m, 2 * TPB);
+	}
+	assert_int_equal(kvt_engine_group_stats(e, 1, &st), 0);
+	assert_true(st.prefix_hit_blocks > 0);
+	kvt_engine_destroy(e);
+}
+
+/* Checkpoints live in the STATE pool's prefix cache, evicted like blocks: with a small pool
+ * most of them go while the FULL pool keeps every block. A hit then ends only where the
+ * STATE pool still has the checkpoint (every group attaches the same boundary: the pools
+ * agree), restored exact, and a host-tier / NVMe-tier hit is as exact as an HBM one. */
+static void
+test_hits_only_where_checkpoints_are(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	uint32_t tag, hits = 0, zero = 0;
+
+	(void)state;
+	st_opts(&o, g, 256, 6, 256, 4, dir);
+	o.nvme_bytes = 1 << 20; /* the FULL pool's NVMe room dwarfs the state's */
+	e = st_create(&o);
+	for (tag = 20; tag < 26; tag++)
+		st_prefill_close(e, tag, 6 * TPB + 2);
+	for (tag = 20; tag < 26; tag++) {
+		uint64_t a = st_hit(e, tag, 6 * TPB + 2, 2);
+
+		hits += a > 0;
+		zero += a == 0;
+	}
+	/* every answer was checked exact by st_hit; some hit, the pool being small */
+	assert_true(hits > 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+	(void)zero;
+}
+
+/* The persistent store: a sequence parked to NVMe in a child killed with SIGKILL is restored
+ * by a new engine with its live state, and decodes on exact. */
+static void
+test_store_kill_restore(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_seq_opts so;
+	struct kvt_seq_info in;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	uint64_t keys[4];
+	kvt_seq_id s, r;
+	pid_t pid;
+	int st = 0;
+	char sub[600], f[700];
+
+	(void)state;
+	st_opts(&o, g, 32, 8, 32, 8, dir);
+	o.nvme_persist = 1;
+	o.prefix_cache = 0;
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		if (kvt_engine_create(&o, &e))
+			_exit(2);
+		kvt_seq_opts_init(&so, sizeof so);
+		so.session_key = 77;
+		if (kvt_seq_open(e, &so, &s))
+			_exit(3);
+		for (uint64_t n = 0; n < 4 * TPB + 3; n++)
+			if (st_step(e, s, 30, n))
+				_exit(4);
+		if (kvt_seq_park(e, s, KVT_TIER_NVME) || kvt_engine_drain(e))
+			_exit(5);
+		kill(getpid(), SIGKILL);
+		_exit(6);
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	e = st_create(&o);
+	assert_int_equal(kvt_session_list(e, keys, 4), 1);
+	assert_int_equal(keys[0], 77);
+	assert_int_equal(kvt_seq_restore(e, 77, NULL, &r), 0);
+	assert_int_equal(kvt_seq_info(e, r, &in), 0);
+	assert_int_equal(in.n_tokens, 4 * TPB + 3);
+	st_run(e, r, 30, 4 * TPB + 3, 7 * TPB);
+	assert_int_equal(kvt_seq_close(e, r), 0);
+	kvt_engine_destroy(e);
+	/* a store of other state shapes is refused */
+	g[1].state[1].shape[1] = 6;
+	assert_int_equal(kvt_engine_create(&o, &e), KVT_EFORMAT);
+	assert_non_null(strstr(kvt_last_error_message(), "made for other layer groups"));
+	snprintf(sub, sizeof sub, "%s/group1", dir);
+	snprintf(f, sizeof f, "%s/kvtier.store", sub);
+	unlink(f);
+	snprintf(f, sizeof f, "%s/kvtier.journal", sub);
+	unlink(f);
+	assert_int_equal(rmdir(sub), 0);
+	tsup_rmdir(dir);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bad_state_descriptors),
+		cmocka_unit_test(test_geometry),
+		cmocka_unit_test(test_offload_exact),
+		cmocka_unit_test(test_checkpoint_hits_at_boundaries),
+		cmocka_unit_test(test_hits_only_where_checkpoints_are),
+		cmocka_unit_test(test_store_kill_restore),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
