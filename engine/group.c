@@ -399,9 +399,10 @@ grp_bound_blocks(const struct kvt_grp *G, const struct kvt_group *g)
 	return (sink + G->tpb - 1) / G->tpb + (win + G->tpb - 1) / G->tpb + 1;
 }
 
-/* The fraction of each tier storage group @i's pool gets (docs/ARCHITECTURE.md). */
+/* The fraction of each tier storage group @i's pool gets (docs/ARCHITECTURE.md), of an HBM
+ * tier of @hbm_bytes. */
 static int
-grp_shares(const struct kvt_grp *G, uint64_t ref_tokens, double *share)
+grp_shares(const struct kvt_grp *G, uint64_t ref_tokens, uint64_t hbm_bytes, double *share)
 {
 	double sum = 0.0;
 	uint32_t i, n_set = 0, n_storage = 0;
@@ -444,6 +445,29 @@ grp_shares(const struct kvt_grp *G, uint64_t ref_tokens, double *share)
 	}
 	for (i = 0; i < G->n; i++)
 		share[i] /= sum;
+	/* a WINDOW or STATE pool must hold one sequence's bound in HBM (a prepare needs it all
+	 * at once), however small its part of ref_tokens' bytes: the floor is taken from the
+	 * other pools in proportion to their shares (when the floors leave room for them) */
+	if (hbm_bytes) {
+		double fixed = 0.0, rest = 0.0, need[KVT_MAX_GROUPS];
+
+		for (i = 0; i < G->n; i++) {
+			const struct kvt_group *g = &G->g[i];
+
+			need[i] = 0.0;
+			if (g->kind == KVT_GROUP_WINDOW || g->kind == KVT_GROUP_STATE)
+				need[i] = ((double)grp_bound_blocks(G, g) + 0.5) *
+					  (double)grp_block_bytes(G, g) / (double)hbm_bytes;
+			if (need[i] > share[i])
+				fixed += need[i];
+			else
+				rest += share[i];
+		}
+		if (fixed > 0.0 && fixed < 1.0 && rest > 0.0)
+			for (i = 0; i < G->n; i++)
+				share[i] = need[i] > share[i] ? need[i] :
+					   share[i] * (1.0 - fixed) / rest;
+	}
 	return 0;
 }
 
@@ -562,7 +586,7 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 	rc = grp_read(G, &co);
 	ref = co.group_ref_tokens ? co.group_ref_tokens : 32768;
 	if (!rc)
-		rc = grp_shares(G, ref, share);
+		rc = grp_shares(G, ref, co.hbm_bytes, share);
 	fp = rc ? 0 : grp_fingerprint(G);
 	G->first = KVT_NIL;
 	for (i = 0; i < G->n && !rc; i++) {

@@ -1287,8 +1287,11 @@ struct kvt_group {
 	                              in proportion to each group's bytes for group_ref_tokens
 	                              tokens: FULL and LATENT ceil(R / tpb) blocks, WINDOW at most
 	                              ceil(sink / tpb) + ceil(window / tpb) + 1 blocks (what its
-	                              window bounds). Otherwise every storage group sets one and
-	                              they sum to at most 1. ALIAS: ignored */
+	                              window bounds), STATE 2; and a WINDOW or STATE pool gets at
+	                              least that bound (plus half a block) of HBM, taken from the
+	                              other pools in proportion, when their floors leave room.
+	                              Otherwise every storage group sets one and they sum to at
+	                              most 1. ALIAS: ignored */
 	/* STATE (issue 17; "STATE groups" above) */
 	uint32_t n_state;          /* tensors per layer, 1..KVT_GROUP_MAX_STATE; each tensor's
 	                              dims 1..2^20, at most 2^30 elements */

@@ -130,6 +130,11 @@ test_error_message_wraps_previous(void **state)
 	snprintf(want, sizeof want, "%s: engine: nvme open: store x was made for dtype f16, this "
 		 "engine has bf16", kvt_strerror(KVT_EFORMAT));
 	assert_string_equal(kvt_last_error_message(), want);
+	/* a wrap of the whole message (no words of its own before it) neither */
+	kvt_err(-EINVAL, "group 0: n_state 0");
+	kvt_err(-EINVAL, "%s", kvt_last_error_message());
+	snprintf(want, sizeof want, "%s: group 0: n_state 0", kvt_strerror(-EINVAL));
+	assert_string_equal(kvt_last_error_message(), want);
 	/* the same words inside a part (a path) are not a wrap: kept */
 	kvt_err(-EINVAL, "path /x/invalid argument: y/z");
 	snprintf(want, sizeof want, "%s: path /x/%s: y/z", kvt_strerror(-EINVAL),

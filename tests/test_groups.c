@@ -592,6 +592,58 @@ test_default_split(void **state)
 	kvt_engine_destroy(e);
 }
 
+/* The default split gives a WINDOW pool at least one sequence's window bound in HBM however
+ * small its part of group_ref_tokens' bytes (4 MiB of HBM, window 16, 8-token blocks: it
+ * used to get 2 slots where every prepare needs 3, KVT_ETOOBIG), and a sequence decodes. */
+static void
+test_default_split_window_floor(void **state)
+{
+	static const uint32_t fl[] = { 0 }, wl[] = { 1 };
+	struct kvt_group g[2];
+	struct kvt_group_geometry gw;
+	struct kvt_engine_opts o;
+	struct kvt_engine *e = NULL;
+	kvt_seq_id s;
+	uint32_t t;
+
+	(void)state;
+	kvt_group_init(&g[0], sizeof g[0]);
+	kvt_group_init(&g[1], sizeof g[1]);
+	g[0].kind = KVT_GROUP_FULL;
+	g[0].layers = fl;
+	g[1].kind = KVT_GROUP_WINDOW;
+	g[1].layers = wl;
+	g[1].window = 16;
+	for (t = 0; t < 2; t++) {
+		g[t].n_layers = 1;
+		g[t].n_kv_heads = 2;
+		g[t].head_dim = 64;
+		g[t].dtype = KVT_DTYPE_F16;
+	}
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout.n_layers = 2;
+	o.layout.tokens_per_block = 8;
+	o.groups = g;
+	o.n_groups = 2;
+	o.hbm_bytes = 4u << 20;
+	assert_int_equal(kvt_engine_create(&o, &e), 0);
+	assert_int_equal(kvt_group_geometry(e, 1, &gw), 0);
+	/* ceil(16 / 8) + 1 blocks */
+	assert_true(gw.hbm_slots >= 3);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	for (t = 0; t < 40; t++) {
+		struct kvt_batch *b = NULL;
+		int32_t tok = (int32_t)t;
+		int64_t map[2];
+
+		assert_int_equal(kvt_seq_append_groups(e, s, &tok, 1, map), 0);
+		assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), 0);
+		assert_int_equal(kvt_batch_release(b, NULL), 0);
+	}
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+}
+
 /* Bytes of every group written through the per-group slot mappings come back through the
  * per-group tables, from HBM, after demotion to HOST and NVMe, and after a park to NVMe. */
 static void
@@ -1303,6 +1355,7 @@ main(void)
 		cmocka_unit_test(test_pool_too_small_names_group),
 		cmocka_unit_test(test_geometry_and_layer_map),
 		cmocka_unit_test(test_default_split),
+		cmocka_unit_test(test_default_split_window_floor),
 		cmocka_unit_test(test_offload_roundtrip),
 		cmocka_unit_test(test_offload_roundtrip_codec),
 		cmocka_unit_test(test_batch_tables),

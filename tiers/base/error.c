@@ -72,12 +72,13 @@ kvt_last_error_message(void)
 
 /* A message that wraps the one before it of the same code repeats its "<strerror>: " prefix
  * ("file is not in the expected format: engine: file is not in the expected format: ..."): drop
- * the copies that start a wrapped part (right after a ": ") past the first @plen bytes (the
- * prefix itself); the same words elsewhere (inside a path) stay. */
+ * the copies that start a wrapped part (right after a ": ", the prefix's own included: a wrap
+ * of the whole message) past the first @plen bytes (the prefix itself); the same words
+ * elsewhere (inside a path) stay. */
 static void
 err_drop_repeats(char *msg, size_t plen)
 {
-	char pre[132], *p = msg + plen;
+	char pre[132], *p = msg + plen - 2; /* from the prefix's own ": ": a wrap right after it */
 
 	if (plen <= 2 || plen + 2 >= sizeof pre)
 		return;
