@@ -61,6 +61,10 @@ struct kvhf_layer {
 	const float *q_norm, *k_norm;              /* gemma3: [head_dim] */
 	const float *q_a, *q_a_norm, *q_b;         /* deepseek: q_lora_rank path */
 	const float *kv_a, *kv_a_norm, *kv_b;      /* deepseek: MLA */
+	const float *ix_wq_b;                      /* deepseek_v32 indexer: [ih * id][q_lora] */
+	const float *ix_wk;                        /* [id][hidden] */
+	const float *ix_kn_w, *ix_kn_b;            /* k_norm (LayerNorm, eps 1e-6): [id] */
+	const float *ix_wproj;                     /* weights_proj: [ih][hidden] */
 	const float *gate, *up, *down;
 	int sliding;                               /* 1: attends to the last sliding_window
 	                                              positions only */
@@ -83,6 +87,8 @@ struct kvhf_model {
 	float final_softcap;         /* Gemma's final_logit_softcapping; 0 = off */
 	int q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim; /* deepseek */
 	int rope_interleave;         /* deepseek */
+	int dsa;                     /* deepseek_v32: the lightning indexer picks the tokens */
+	int index_topk, index_n_heads, index_head_dim; /* deepseek_v32 (ih, id) */
 	int max_pos;                 /* max_position_embeddings */
 	const float *embed, *norm, *lm_head;
 	struct kvhf_layer *layers;   /* [n_layers] */
@@ -203,6 +209,12 @@ struct kvhf_opts {
 	                                prefix cache (reuse after the owner left, and past the
 	                                window) */
 	FILE *log;                   /* notes; NULL = stderr */
+	int32_t *topk_out;           /* deepseek_v32: NULL, or [n_layers][n_prompt + gen]
+	                                [index_topk] receiving the positions the indexer selected
+	                                for every layer and position (ascending, -1 padded: a
+	                                position p < index_topk - 1 selects p + 1). With
+	                                prefix_share the second sequence's overwrite the first's
+	                                from the attached positions on */
 };
 
 /**
@@ -240,6 +252,15 @@ struct kvhf_result {
 	uint64_t peak_bytes;         /* opts.report: the most bytes in use in all groups and
 	                                tiers together after any position */
 	uint64_t bound_bytes;        /* sum of bound_blocks x block_bytes */
+	/* deepseek_v32: blocks the attention had to have resident (prepared), summed over the
+	 * steps (positions; with prefix_share both sequences'), the step's own block left out
+	 * (its latent is aside until the step's commit) */
+	uint64_t dsa_blocks;         /* per step the distinct blocks any layer's selection read
+	                                (a LATENT block holds every layer's latent) */
+	uint64_t dense_blocks;       /* per step the blocks dense attention reads: all stored,
+	                                ceil(pos / tokens_per_block) */
+	uint64_t dsa_layer_blocks;   /* per step and layer the blocks its selection read */
+	uint64_t dense_layer_blocks; /* per step and layer ceil(pos / tokens_per_block) */
 	uint64_t touched[KVT_MAX_GROUPS]; /* kvhf_run_multi: distinct blocks of each group the
 	                                steps so far read or wrote (per step and session: the
 	                                blocks from the first one a layer of the group reads to
