@@ -209,6 +209,12 @@ struct kvhf_opts {
 	                                prefix cache (reuse after the owner left, and past the
 	                                window) */
 	FILE *log;                   /* notes; NULL = stderr */
+	int dsa_park_selected;       /* deepseek_v32: in every layer of every step, after the
+	                                indexer chose the positions and before their blocks are
+	                                prepared, park the sequence to NVMe (and drain; not
+	                                resumed; checked: every block on NVMe only): each
+	                                selected block is read back from NVMe while its
+	                                indexer keys stay in the runner */
 	int32_t *topk_out;           /* deepseek_v32: NULL, or [n_layers][n_prompt + gen]
 	                                [index_topk] receiving the positions the indexer selected
 	                                for every layer and position (ascending, -1 padded: a
@@ -261,6 +267,7 @@ struct kvhf_result {
 	                                ceil(pos / tokens_per_block) */
 	uint64_t dsa_layer_blocks;   /* per step and layer the blocks its selection read */
 	uint64_t dense_layer_blocks; /* per step and layer ceil(pos / tokens_per_block) */
+	uint64_t dsa_parks;          /* opts.dsa_park_selected: parks done */
 	uint64_t touched[KVT_MAX_GROUPS]; /* kvhf_run_multi: distinct blocks of each group the
 	                                steps so far read or wrote (per step and session: the
 	                                blocks from the first one a layer of the group reads to

@@ -662,6 +662,36 @@ hf_dsa_window(struct hf_run *c, uint32_t l, const struct kvt_seq_range *rg, uint
 }
 
 /*
+ * opts.dsa_park_selected: the sequence's blocks (the latents, the indexer keys' parent group)
+ * parked to NVMe after the indexer chose and before they are read: checked to have every
+ * block on NVMe and none in HBM or HOST (a park to NVMe leaves no other copy), the sequence
+ * not resumed, so the prepare reads each selected block back from NVMe.
+ */
+static int
+hf_dsa_park(struct hf_run *c, kvt_seq_id seq)
+{
+	struct kvt_seq_info si;
+	int rc;
+
+	rc = kvt_seq_park(c->e, seq, KVT_TIER_NVME);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_seq_park (the selected blocks' latents)");
+	rc = kvt_engine_drain(c->e);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_engine_drain");
+	rc = kvt_seq_info(c->e, seq, &si);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_seq_info");
+	if (si.blocks_in[KVT_TIER_HBM] || si.blocks_in[KVT_TIER_HOST] ||
+	    si.blocks_in[KVT_TIER_NVME] != si.n_blocks)
+		return kvtr_err(-EPROTO, "engine bug: a sequence parked to NVMe has %u blocks in "
+				"HBM, %u in HOST, %u of %u on NVMe", si.blocks_in[KVT_TIER_HBM],
+				si.blocks_in[KVT_TIER_HOST], si.blocks_in[KVT_TIER_NVME], si.n_blocks);
+	c->r->dsa_parks++;
+	return 0;
+}
+
+/*
  * DeepSeek Sparse Attention of layer @l at @pos (dsa.h): this position's indexer key into the
  * sidecar, the top-k positions of 0..pos, the blocks holding the stored ones prepared by
  * windows of at most c->cap one-block ranges (kvt_batch_prepare_ranges) and only the selected
@@ -710,6 +740,8 @@ hf_dsa_attend(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos, const 
 	}
 	c->r->dsa_layer_blocks += nblk;
 	c->r->dense_layer_blocks += (pos + tpb - 1) / tpb;
+	if (c->o->dsa_park_selected && nblk && (rc = hf_dsa_park(c, seq)) != 0)
+		return rc;
 	for (uint32_t w = 0, t0 = 0; w < nblk;) {
 		uint32_t wn = nblk - w < c->cap ? nblk - w : c->cap, t1 = t0;
 		int rc2;
