@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tools/kvtier-hf/fwd.c - the families' forward passes in f32 (see fwd.h and hf.h): modelled
- * on transformers 4.57's modeling_llama/mistral/qwen2/gemma3/deepseek_v3 (eager attention).
+ * on transformers 4.57's modeling_llama/mistral/qwen2/gemma3/deepseek_v3 (eager attention)
+ * and 5's modeling_deepseek_v32 (the indexer's projections; its selection is in dsa.c).
  */
 #include <errno.h>
 #include <math.h>

@@ -17,6 +17,17 @@
  *   deepseek_v3   MLA (q_lora_rank or a plain q_proj, kv_lora_rank, qk_nope/qk_rope/v head
  *                 dims, interleaved rope when rope_interleave), dense SwiGLU MLP in every layer
  *                 (first_k_dense_replace >= num_hidden_layers; MoE layers are refused).
+ *   deepseek_v32  DeepSeek-V3.2, DeepSeek Sparse Attention (transformers 5's
+ *                 DeepseekV32Attention / DeepseekV32Indexer, eager): MLA as deepseek_v3
+ *                 (q_lora_rank required, interleaved rope) plus per layer a lightning indexer
+ *                 (index_topk, index_n_heads, index_head_dim): query wq_b(q latent) per head,
+ *                 key k_norm(wk(x)) (LayerNorm with bias, eps 1e-6), both with the default
+ *                 half-split rope on their first qk_rope_head_dim channels; score of key t =
+ *                 sum_h weights_proj(x)[h] / sqrt(index_n_heads) * relu(q_h . k_t /
+ *                 sqrt(index_head_dim)) over the positions 0..pos (causal, its own included);
+ *                 the query attends to its top index_topk positions only (all of them while
+ *                 pos < index_topk). rope_parameters (default rope_type) give rope_theta;
+ *                 head_dim must equal qk_rope_head_dim; mlp_layer_types all "dense".
  * Weights f32, f16 or bf16 (converted to f32 at load); rope_scaling must be null (refused
  * otherwise: none of the yarn/llama3 variants is implemented).
  *
@@ -28,7 +39,14 @@
  * kernels/attention.h: per window of blocks, the group's table (slot ids and block positions)
  * to kvt_attn_partial_ref with the layer's window, or kvt_attn_latent_partial_ref in MLA's
  * absorbed form (q_nope x W_UK, output in latent space, W_UV applied after), partials merged
- * with kvt_attn_merge, the position's own K/V last. opts.single_layout keeps the engine's
+ * with kvt_attn_merge, the position's own K/V last. deepseek_v32 (tools/kvtier-hf/dsa.h):
+ * the indexer keys (index_head_dim floats per token and layer) stay in the runner (a sidecar
+ * per sequence: SIDECAR groups are not built yet); per layer the indexer picks the positions,
+ * only the blocks holding the stored ones are prepared (one-block ranges, at most
+ * hbm_slots - 1 per batch) and only the picked tokens attended, masked within a block
+ * (kernels/sparse.h kvt_attn_latent_tokens_partial_ref), the own latent merged when picked;
+ * kvhf_result.dsa_* count the blocks read against dense attention's; no contiguous or
+ * single-layout mode, no kvhf_run_multi, no close_first. opts.single_layout keeps the engine's
  * single geometry instead (MLA as the K of a 1-head layout, V allocated unused; every block of
  * a sliding layer kept), for comparison.
  *
