@@ -343,7 +343,8 @@ sel_token_row(const struct sel_pg *pg, uint64_t t)
 
 /* One head of the absorbed MLA over the listed tokens (n >= 1), attn_latent_head's order. */
 static void
-sel_latent_tokens_head(const struct sel_pg *pg, const uint32_t *tokens, uint32_t n, uint32_t r, uint32_t pe, const float *ql, const float *qp,
+sel_latent_tokens_head(const struct sel_pg *pg, const uint32_t *tokens, uint32_t n, uint32_t r,
+		       uint32_t pe, const float *ql, const float *qp,
 		       float scale, float *att, float *out, float *m, float *l)
 {
 	float max_val, sum = 0.0f;

@@ -238,7 +238,9 @@ struct kvhf_opts {
 	                                for every layer and position (ascending, -1 padded: a
 	                                position p < index_topk - 1 selects p + 1). With
 	                                prefix_share the second sequence's overwrite the first's
-	                                from the attached positions on */
+	                                from the attached positions on; with persist only the
+	                                positions after the restore are written (the child's
+	                                are lost with it) */
 };
 
 /**

@@ -454,8 +454,8 @@ hf_dsa_config(struct kvhf_model *m, const cJSON *c)
 				m->index_head_dim, m->qk_rope);
 	if (m->head_dim != m->qk_rope)
 		return kvtr_err(KVT_ENOTSUP, "config.json: head_dim %d (the rotary embedding's "
-				"dim) differs from qk_rope_head_dim %d: not implemented", m->head_dim,
-				m->qk_rope);
+				"dim) differs from qk_rope_head_dim %d: not implemented",
+				m->head_dim, m->qk_rope);
 	if (mlt) {
 		if (!cJSON_IsArray(mlt) || cJSON_GetArraySize(mlt) != m->n_layers)
 			return kvtr_err(KVT_EFORMAT, "config.json: mlp_layer_types must list %d "
@@ -493,7 +493,8 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 		m->family = KVHF_DEEPSEEK, m->dsa = 1;
 	else
 		return kvtr_err(KVT_ENOTSUP, "model_type %s is not supported (gemma3_text, "
-				"deepseek_v3, deepseek_v32, mistral, qwen2, llama)", mt->valuestring);
+				"deepseek_v3, deepseek_v32, mistral, qwen2, llama)",
+				mt->valuestring);
 	if (hf_item(c, "rope_scaling"))
 		return kvtr_err(KVT_ENOTSUP, "config.json: rope_scaling is set: not implemented "
 				"(only the default rope)");

@@ -686,7 +686,8 @@ hf_dsa_park(struct hf_run *c, kvt_seq_id seq)
 	    si.blocks_in[KVT_TIER_NVME] != si.n_blocks)
 		return kvtr_err(-EPROTO, "engine bug: a sequence parked to NVMe has %u blocks in "
 				"HBM, %u in HOST, %u of %u on NVMe", si.blocks_in[KVT_TIER_HBM],
-				si.blocks_in[KVT_TIER_HOST], si.blocks_in[KVT_TIER_NVME], si.n_blocks);
+				si.blocks_in[KVT_TIER_HOST], si.blocks_in[KVT_TIER_NVME],
+				si.n_blocks);
 	c->r->dsa_parks++;
 	return 0;
 }
