@@ -27,10 +27,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <cjson/cJSON.h>
 
+#include "dsa.h"
 #include "hf.h"
 #include "support/kvt_test.h"
 #include "util.h"
@@ -372,6 +374,79 @@ test_refused_modes(void **state)
 	dsa_free(&f);
 }
 
+/* The runner's sidecar of indexer keys (dsa.h): rows, commit order, attach, the file the
+ * persistent store keeps beside it (round trip, a foreign or truncated file refused). */
+static void
+test_sidecar(void **state)
+{
+	struct hf_sidecar sc, sc2;
+	char *dir = tsup_mkdtemp(), path[4200];
+	float *row;
+	FILE *f;
+
+	(void)state;
+	assert_int_equal(hf_sidecar_init(&sc, 2, 3, 5), 0);
+	assert_null(hf_sidecar_row(&sc, 7, 0, 0)); /* no entry */
+	assert_int_equal(hf_sidecar_open(&sc, 7), 0);
+	assert_int_equal(hf_sidecar_open(&sc, 7), -EEXIST);
+	for (uint32_t p = 0; p < 4; p++) {
+		for (uint32_t l = 0; l < 2; l++) {
+			row = hf_sidecar_row(&sc, 7, l, p);
+			assert_non_null(row);
+			for (int i = 0; i < 3; i++)
+				row[i] = (float)(100 * l + 10 * p + (uint32_t)i);
+		}
+		assert_null(hf_sidecar_row(&sc, 7, 0, p + 1)); /* past the one being computed */
+		assert_int_equal(hf_sidecar_commit(&sc, 7, p), 0);
+	}
+	assert_int_equal(hf_sidecar_commit(&sc, 7, 2), -EINVAL); /* out of order */
+	assert_null(hf_sidecar_row(&sc, 7, 2, 0));                /* no such layer */
+	/* rows of a layer are contiguous from row 0 */
+	row = hf_sidecar_row(&sc, 7, 1, 0);
+	assert_float_equal(row[3 * 2 + 1], 121.0f, 0.0);
+	/* attach: the first 3 positions of 7 into 9 */
+	assert_int_equal(hf_sidecar_open(&sc, 9), 0);
+	assert_int_equal(hf_sidecar_attach(&sc, 9, 7, 5), -EINVAL); /* more than 7 holds */
+	assert_int_equal(hf_sidecar_attach(&sc, 9, 7, 3), 0);
+	assert_float_equal(hf_sidecar_row(&sc, 9, 1, 2)[2], 122.0f, 0.0);
+	assert_non_null(hf_sidecar_row(&sc, 9, 0, 3));
+	assert_null(hf_sidecar_row(&sc, 9, 0, 4));
+	assert_int_equal(hf_sidecar_open(&sc, 11), 0);
+	assert_int_equal(hf_sidecar_open(&sc, 12), 0);
+	assert_int_equal(hf_sidecar_open(&sc, 13), -ENOSPC); /* HF_SIDECAR_SEQS entries */
+	/* save / load */
+	snprintf(path, sizeof path, "%s/keys", dir);
+	assert_int_equal(hf_sidecar_save(&sc, 7, path), 0);
+	assert_int_equal(hf_sidecar_init(&sc2, 2, 3, 5), 0);
+	assert_int_equal(hf_sidecar_open(&sc2, 42), 0);
+	assert_int_equal(hf_sidecar_load(&sc2, 42, path), 0);
+	for (uint32_t l = 0; l < 2; l++)
+		assert_memory_equal(hf_sidecar_row(&sc2, 42, l, 0), hf_sidecar_row(&sc, 7, l, 0),
+				    4 * 3 * sizeof(float));
+	assert_non_null(hf_sidecar_row(&sc2, 42, 0, 4)); /* 4 committed */
+	hf_sidecar_fini(&sc2);
+	assert_int_equal(hf_sidecar_init(&sc2, 2, 4, 5), 0); /* another geometry */
+	assert_int_equal(hf_sidecar_open(&sc2, 42), 0);
+	assert_int_equal(hf_sidecar_load(&sc2, 42, path), KVT_EFORMAT);
+	hf_sidecar_fini(&sc2);
+	assert_int_equal(truncate(path, 40), 0); /* the header and a piece of one layer */
+	assert_int_equal(hf_sidecar_init(&sc2, 2, 3, 5), 0);
+	assert_int_equal(hf_sidecar_open(&sc2, 42), 0);
+	assert_int_equal(hf_sidecar_load(&sc2, 42, path), KVT_EFORMAT);
+	f = fopen(path, "wb"); /* not a sidecar file */
+	assert_non_null(f);
+	fputs("not the indexer keys of anything at all", f);
+	fclose(f);
+	assert_int_equal(hf_sidecar_load(&sc2, 42, path), KVT_EFORMAT);
+	unlink(path);
+	assert_int_equal(hf_sidecar_load(&sc2, 42, path), -ENOENT);
+	hf_sidecar_close(&sc2, 42);
+	assert_null(hf_sidecar_row(&sc2, 42, 0, 0));
+	hf_sidecar_fini(&sc2);
+	hf_sidecar_fini(&sc);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -384,6 +459,7 @@ main(void)
 		cmocka_unit_test(test_selected_blocks_on_nvme),
 		cmocka_unit_test(test_selection_matches_transformers),
 		cmocka_unit_test(test_refused_modes),
+		cmocka_unit_test(test_sidecar),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
