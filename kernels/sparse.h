@@ -81,6 +81,42 @@ int kvt_attn_latent_select_ref(const struct kvt_paged_latent *kv, const float *q
 			       const uint32_t *blocks, uint32_t n_blocks, float scale,
 			       float *scratch, float *out);
 
+/**
+ * kvt_attn_latent_tokens_partial_ref() - the split-KV partial (attention.h) of MLA's absorbed
+ * attention over an explicit list of token positions: DeepSeek Sparse Attention's selected
+ * tokens, which need a mask inside a block (a block may hold selected and unselected tokens;
+ * transformers' DeepseekV32Attention attends to the selected ones only). @tokens[n_tokens]
+ * strictly ascending, each < kv->seq_len when that is set; the block of token t (t / tpb) is
+ * found through table / pos as in kvt_attn_select_ref() and must be there. window and sink
+ * are ignored (the list is the visibility). Arithmetic: that of kvt_attn_latent_partial_ref()
+ * over the listed tokens in list order, so over a contiguous run of positions it is
+ * bit-identical to it. out [n_heads][kv_lora_rank], m and l [n_heads]; n_tokens 0 gives the
+ * empty partial (out 0, m -INFINITY, l 0) and reads nothing. @scratch >= n_tokens floats.
+ * Returns 0 or -EINVAL (with a message): a NULL pointer (tokens only when n_tokens > 0), a
+ * zero dimension, token_stride below one vector, bad dtype or scale, tokens not strictly
+ * ascending or past kv->seq_len, pos not strictly ascending, a token's block not in pos.
+ */
+int kvt_attn_latent_tokens_partial_ref(const struct kvt_paged_latent *kv, const float *q_lat,
+				       const float *q_pe, uint32_t n_heads, const uint32_t *tokens,
+				       uint32_t n_tokens, float scale, float *scratch, float *out,
+				       float *m, float *l);
+
+/**
+ * kvt_dsa_index_scores_ref() - DeepSeek Sparse Attention's lightning-indexer scores of one
+ * query token against @n keys (transformers' DeepseekV32Indexer, eager path):
+ *   scores[t] = sum_h w[h] * relu((q[h] . k[t]) * scale)      (h ascending, i ascending; fp32)
+ * @q:       [n_heads][head_dim] the indexer's query (rope applied).
+ * @w:       [n_heads] the head weights (weights_proj(x) * n_heads^-0.5).
+ * @keys:    [n][key_stride] floats, key t at keys + t * key_stride (its first head_dim used).
+ * @scale:   head_dim^-0.5 (the indexer's softmax_scale).
+ * @scores:  [n] fp32. The caller masks (causality) by passing only the visible keys, and
+ *           picks the top-k with kvt_topk_blocks() (ties to the lower index).
+ * Returns 0 or -EINVAL (a NULL pointer, a zero dimension, key_stride < head_dim).
+ */
+int kvt_dsa_index_scores_ref(const float *q, const float *w, uint32_t n_heads, uint32_t head_dim,
+			     float scale, const float *keys, uint64_t key_stride, uint64_t n,
+			     float *scores);
+
 /** kvt_quest_summary_floats() - floats of one block's summary: n_kv_heads * 2 * head_dim. */
 size_t kvt_quest_summary_floats(uint32_t n_kv_heads, uint32_t head_dim);
 
@@ -110,7 +146,8 @@ int kvt_quest_score_ref(const float *summary, uint32_t n_blocks, uint32_t n_kv_h
 
 /**
  * kvt_topk_blocks() - the @k highest of @n scores as block indices, ascending (the order
- * kvt_attn_select_ref() wants); ties go to the lower index; NaN scores rank lowest. Writes
+ * kvt_attn_select_ref() wants); ties go to the lower index; NaN scores rank lowest. Token
+ * scores work the same way (DSA's top-k tokens for kvt_attn_latent_tokens_partial_ref()). Writes
  * min(k, n) indices to @out and returns that count, or -EINVAL (NULL pointer, n or k 0).
  * O(n k); for the scoring tests and tools, not a hot path.
  */

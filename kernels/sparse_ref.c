@@ -332,6 +332,155 @@ kvt_attn_latent_select_ref(const struct kvt_paged_latent *kv, const float *q_lat
 	return 0;
 }
 
+/* ---- DSA: explicit token lists ------------------------------------------------------------ */
+
+/* The row of token t (its block checked to be in the table). */
+static inline const unsigned char *
+sel_token_row(const struct sel_pg *pg, uint64_t t)
+{
+	return sel_row(pg, pg->table[sel_entry(pg, t / pg->tpb)], t);
+}
+
+/* One head of the absorbed MLA over the listed tokens (n >= 1), attn_latent_head's order. */
+static void
+sel_latent_tokens_head(const struct sel_pg *pg, const uint32_t *tokens, uint32_t n, uint32_t r,
+		       uint32_t pe, const float *ql, const float *qp,
+		       float scale, float *att, float *out, float *m, float *l)
+{
+	float max_val, sum = 0.0f;
+
+	for (uint32_t j = 0; j < n; j++) {
+		const unsigned char *c = sel_token_row(pg, tokens[j]);
+		float score = 0.0f;
+
+		for (uint32_t i = 0; i < r; i++)
+			score += ql[i] * sel_elem(pg->dtype, c, i);
+		for (uint32_t i = 0; i < pe; i++)
+			score += qp[i] * sel_elem(pg->dtype, c, r + i);
+		score *= scale;
+		att[j] = score;
+	}
+	max_val = att[0];
+	for (uint32_t j = 1; j < n; j++)
+		if (att[j] > max_val)
+			max_val = att[j];
+	for (uint32_t j = 0; j < n; j++) {
+		att[j] = expf(att[j] - max_val);
+		sum += att[j];
+	}
+	for (uint32_t j = 0; j < n; j++)
+		att[j] /= sum;
+	*m = max_val;
+	*l = sum;
+	memset(out, 0, (size_t)r * sizeof(float));
+	for (uint32_t j = 0; j < n; j++) {
+		const unsigned char *c = sel_token_row(pg, tokens[j]);
+
+		for (uint32_t i = 0; i < r; i++)
+			out[i] += att[j] * sel_elem(pg->dtype, c, i);
+	}
+}
+
+int
+kvt_attn_latent_tokens_partial_ref(const struct kvt_paged_latent *kv, const float *q_lat,
+				   const float *q_pe, uint32_t n_heads, const uint32_t *tokens,
+				   uint32_t n_tokens, float scale, float *scratch, float *out,
+				   float *m, float *l)
+{
+	struct sel_pg pg;
+	size_t esize = 0;
+	uint32_t r, pe;
+	int rc;
+
+	if (!kv || !q_lat || !scratch || !out || !m || !l || (n_tokens && !tokens))
+		return kvt_err(-EINVAL, "token-list latent attention: NULL argument");
+	if (!kv->base || !kv->table)
+		return kvt_err(-EINVAL, "token-list latent attention: NULL base or block table");
+	if (kv->rope_dim && !q_pe)
+		return kvt_err(-EINVAL, "token-list latent attention: NULL q_pe with rope_dim %u",
+			       kv->rope_dim);
+	if ((rc = sel_esize(kv->dtype, &esize)) != 0)
+		return rc;
+	if (!n_heads || !kv->kv_lora_rank || !kv->tokens_per_block)
+		return kvt_err(-EINVAL, "token-list latent attention: n_heads %u, kv_lora_rank %u, "
+			       "tokens_per_block %u must be > 0", n_heads, kv->kv_lora_rank,
+			       kv->tokens_per_block);
+	if (kv->token_stride < ((uint64_t)kv->kv_lora_rank + kv->rope_dim) * esize)
+		return kvt_err(-EINVAL, "token-list latent attention: token_stride %llu < one "
+			       "latent vector", (unsigned long long)kv->token_stride);
+	if (!(scale > 0.0f) || !isfinite(scale))
+		return kvt_err(-EINVAL, "token-list latent attention: scale %g must be finite and "
+			       "> 0", (double)scale);
+	if (n_tokens == 0) {
+		memset(out, 0, (size_t)n_heads * kv->kv_lora_rank * sizeof(float));
+		for (uint32_t h = 0; h < n_heads; h++) {
+			m[h] = -INFINITY;
+			l[h] = 0.0f;
+		}
+		return 0;
+	}
+	/* seq_len only bounds the tokens; the visibility is the list (no window) */
+	sel_pg_fill(&pg, kv->base, kv->block_stride, kv->token_stride, kv->table, kv->pos,
+		    kv->n_entries, kv->tokens_per_block, kv->dtype,
+		    kv->seq_len ? kv->seq_len : (uint64_t)tokens[n_tokens - 1] + 1, 0, 0);
+	if (pg.pos) {
+		if (!pg.n_entries)
+			return kvt_err(-EINVAL, "token-list latent attention: block positions "
+				       "with n_entries 0");
+		for (uint32_t i = 1; i < pg.n_entries; i++)
+			if (pg.pos[i] <= pg.pos[i - 1])
+				return kvt_err(-EINVAL, "token-list latent attention: block "
+					       "positions not strictly ascending at entry %u", i);
+	}
+	for (uint32_t j = 0; j < n_tokens; j++) {
+		if (j && tokens[j] <= tokens[j - 1])
+			return kvt_err(-EINVAL, "token-list latent attention: tokens not strictly "
+				       "ascending at %u (%u after %u)", j, tokens[j], tokens[j - 1]);
+		if (tokens[j] >= pg.seq_len)
+			return kvt_err(-EINVAL, "token-list latent attention: token %u past the "
+				       "sequence (%llu)", tokens[j], (unsigned long long)pg.seq_len);
+		if (sel_entry(&pg, tokens[j] / pg.tpb) < 0)
+			return kvt_err(-EINVAL, "token-list latent attention: the block of token %u "
+				       "is not in the table's block positions", tokens[j]);
+	}
+	r = kv->kv_lora_rank;
+	pe = kv->rope_dim;
+	for (uint32_t h = 0; h < n_heads; h++)
+		sel_latent_tokens_head(&pg, tokens, n_tokens, r, pe, q_lat + (size_t)h * r,
+				       q_pe ? q_pe + (size_t)h * pe : NULL, scale, scratch,
+				       out + (size_t)h * r, &m[h], &l[h]);
+	return 0;
+}
+
+int
+kvt_dsa_index_scores_ref(const float *q, const float *w, uint32_t n_heads, uint32_t head_dim,
+			 float scale, const float *keys, uint64_t key_stride, uint64_t n,
+			 float *scores)
+{
+	if (!q || !w || !scores || (n && !keys))
+		return kvt_err(-EINVAL, "DSA index scores: NULL argument");
+	if (!n_heads || !head_dim || key_stride < head_dim)
+		return kvt_err(-EINVAL, "DSA index scores: n_heads %u, head_dim %u must be > 0 and "
+			       "key_stride %llu >= head_dim", n_heads, head_dim,
+			       (unsigned long long)key_stride);
+	for (uint64_t t = 0; t < n; t++) {
+		const float *k = keys + t * key_stride;
+		float s = 0.0f;
+
+		for (uint32_t h = 0; h < n_heads; h++) {
+			const float *qh = q + (size_t)h * head_dim;
+			float d = 0.0f;
+
+			for (uint32_t i = 0; i < head_dim; i++)
+				d += qh[i] * k[i];
+			d *= scale;
+			s += w[h] * (d > 0.0f ? d : 0.0f);
+		}
+		scores[t] = s;
+	}
+	return 0;
+}
+
 /* ---- Quest -------------------------------------------------------------------------------- */
 
 size_t

@@ -9,7 +9,7 @@
  *  - reading only the selected blocks: the others' table entries point at a slot of NaN;
  * the Quest summary against min/max taken here (last partial block included), the Quest score
  * against its formula and as an upper bound of q.k over the block, top-k block picking, and
- * argument errors.
+ * argument errors; DSA's token lists (MLA attention masked within a block) and indexer score.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -464,6 +464,194 @@ test_topk_blocks(void **st)
 	assert_int_equal(kvt_topk_blocks(NULL, 7, 2, out), -EINVAL);
 }
 
+/*
+ * DSA's token lists (kvt_attn_latent_tokens_partial_ref): over a contiguous run the partial of
+ * kvt_attn_latent_partial_ref bit for bit; over a random subset (several tokens of one block,
+ * others of the same block left out and overwritten with NaN) the partial of a contiguous
+ * copy of exactly those tokens, bit for bit, with a dense table and with block positions.
+ */
+static void
+ts_tokens_case(uint32_t h, uint32_t r, uint32_t rope, uint32_t tpb, uint32_t seq,
+	       enum kvt_dtype dt, uint64_t *rng)
+{
+	const struct kvt_test_kv_shape s = { 1, 1, r + rope, tpb, seq, 0 };
+	const size_t n_out = (size_t)h * r, esize = dt == KVT_DTYPE_F32 ? 4 : 2;
+	const size_t row = (size_t)(r + rope) * esize;
+	const float scale = 1.0f / sqrtf((float)(r + rope));
+	float *q_lat = malloc(n_out * 4), *q_pe = malloc(((size_t)h * rope + 1) * 4);
+	float *o1 = malloc(n_out * 4), *o2 = malloc(n_out * 4), *scratch = malloc(seq * 4 + 64);
+	float m1[16], l1[16], m2[16], l2[16];
+	uint32_t *tok = malloc(seq * sizeof(uint32_t)), *live, *pos, n = 0, nb = 0;
+	unsigned char *copy = malloc((size_t)seq * row + 1);
+	struct kvt_paged_latent lk, dl;
+	struct kvt_test_kv b;
+	static uint32_t table0;
+	uint32_t t0 = seq / 3, t1 = seq - 1;
+
+	assert_true(h <= 16 && q_lat && q_pe && o1 && o2 && scratch && tok && copy);
+	kvt_test_kv_build(&b, &s, dt, rng);
+	for (size_t i = 0; i < n_out; i++)
+		q_lat[i] = kvt_test_kv_uniform(rng, 2.0f);
+	for (size_t i = 0; i < (size_t)h * rope; i++)
+		q_pe[i] = kvt_test_kv_uniform(rng, 2.0f);
+	lk = (struct kvt_paged_latent){ .base = b.kv.k_base, .block_stride = b.kv.block_stride,
+					.token_stride = b.kv.token_stride, .table = b.table,
+					.tokens_per_block = tpb, .kv_lora_rank = r,
+					.rope_dim = rope, .dtype = dt, .seq_len = seq };
+	/* a contiguous run: the range partial */
+	for (uint32_t t = t0; t < t1; t++)
+		tok[n++] = t;
+	assert_int_equal(kvt_attn_latent_partial_ref(&lk, q_lat, q_pe, h, t0, t1, scale, scratch,
+						     o1, m1, l1), 0);
+	assert_int_equal(kvt_attn_latent_tokens_partial_ref(&lk, q_lat, q_pe, h, tok, n, scale,
+							    scratch, o2, m2, l2), 0);
+	assert_memory_equal(o1, o2, n_out * 4);
+	assert_memory_equal(m1, m2, h * 4);
+	assert_memory_equal(l1, l2, h * 4);
+	/* a random subset; the rows left out become NaN */
+	n = 0;
+	for (uint32_t t = 0; t < seq; t++) {
+		unsigned char *p = (unsigned char *)b.kv.k_base +
+				   (uint64_t)b.table[t / tpb] * b.kv.block_stride +
+				   (t % tpb) * b.kv.token_stride;
+
+		if (kvt_test_kv_rand(rng) % 3 == 0 || (n == 0 && t == seq - 1)) {
+			memcpy(copy + (size_t)n * row, p, row);
+			tok[n++] = t;
+		} else {
+			memset(p, 0xff, row);
+		}
+	}
+	table0 = 0;
+	dl = (struct kvt_paged_latent){ .base = copy, .block_stride = 0, .token_stride = row,
+					.table = &table0, .tokens_per_block = n,
+					.kv_lora_rank = r, .rope_dim = rope, .dtype = dt };
+	assert_int_equal(kvt_attn_latent_partial_ref(&dl, q_lat, q_pe, h, 0, n, scale, scratch,
+						     o1, m1, l1), 0);
+	assert_int_equal(kvt_attn_latent_tokens_partial_ref(&lk, q_lat, q_pe, h, tok, n, scale,
+							    scratch, o2, m2, l2), 0);
+	assert_memory_equal(o1, o2, n_out * 4);
+	assert_memory_equal(m1, m2, h * 4);
+	assert_memory_equal(l1, l2, h * 4);
+	for (size_t i = 0; i < n_out; i++)
+		assert_true(isfinite(o2[i]));
+	/* block positions: a table of only the blocks holding a listed token */
+	live = malloc(b.n_blocks * sizeof(uint32_t));
+	pos = malloc(b.n_blocks * sizeof(uint32_t));
+	assert_true(live && pos);
+	for (uint32_t i = 0; i < n; i++)
+		if (!nb || pos[nb - 1] != tok[i] / tpb) {
+			pos[nb] = tok[i] / tpb;
+			live[nb++] = b.table[tok[i] / tpb];
+		}
+	lk.table = live;
+	lk.pos = pos;
+	lk.n_entries = nb;
+	assert_int_equal(kvt_attn_latent_tokens_partial_ref(&lk, q_lat, q_pe, h, tok, n, scale,
+							    scratch, o1, m1, l1), 0);
+	assert_memory_equal(o1, o2, n_out * 4);
+	if (nb > 1) { /* a token whose block is not in pos */
+		lk.n_entries = nb - 1;
+		assert_int_equal(kvt_attn_latent_tokens_partial_ref(&lk, q_lat, q_pe, h, tok, n,
+								    scale, scratch, o1, m1, l1),
+				 -EINVAL);
+		lk.n_entries = nb;
+	}
+	if (n > 1) { /* not ascending */
+		uint32_t sw = tok[0];
+
+		tok[0] = tok[1];
+		tok[1] = sw;
+		assert_int_equal(kvt_attn_latent_tokens_partial_ref(&lk, q_lat, q_pe, h, tok, n,
+								    scale, scratch, o1, m1, l1),
+				 -EINVAL);
+	}
+	lk.pos = NULL;
+	lk.table = b.table;
+	tok[0] = seq; /* past the sequence */
+	assert_int_equal(kvt_attn_latent_tokens_partial_ref(&lk, q_lat, q_pe, h, tok, 1, scale,
+							    scratch, o1, m1, l1), -EINVAL);
+	/* nothing listed: the empty partial, nothing read */
+	assert_int_equal(kvt_attn_latent_tokens_partial_ref(&lk, q_lat, q_pe, h, NULL, 0, scale,
+							    scratch, o1, m1, l1), 0);
+	for (uint32_t i = 0; i < h; i++) {
+		assert_true(isinf(m1[i]) && m1[i] < 0);
+		assert_float_equal(l1[i], 0.0f, 0.0);
+	}
+	free(live);
+	free(pos);
+	kvt_test_kv_free(&b);
+	free(q_lat);
+	free(q_pe);
+	free(o1);
+	free(o2);
+	free(scratch);
+	free(tok);
+	free(copy);
+}
+
+static void
+test_tokens_latent(void **st)
+{
+	uint64_t rng = 0xd5a;
+
+	(void)st;
+	ts_tokens_case(4, 32, 8, 4, 127, KVT_DTYPE_F32, &rng); /* the deepseek-v32 fixture's */
+	ts_tokens_case(4, 32, 8, 16, 128, KVT_DTYPE_F32, &rng);
+	ts_tokens_case(16, 64, 16, 8, 77, KVT_DTYPE_BF16, &rng);
+	ts_tokens_case(3, 24, 0, 5, 40, KVT_DTYPE_F16, &rng); /* no rope part */
+}
+
+/* The indexer score against its formula in double; ReLU: a key every head scores below 0
+ * gets exactly 0; errors. */
+static void
+test_dsa_index_scores(void **st)
+{
+	enum { H = 5, D = 12, N = 40, STRIDE = 14 };
+	float q[H * D], w[H], keys[N * STRIDE], sc[N];
+	uint64_t rng = 0x1de;
+	const float scale = 1.0f / sqrtf((float)D);
+
+	(void)st;
+	for (int i = 0; i < H * D; i++)
+		q[i] = kvt_test_kv_uniform(&rng, 1.0f) + 0.25f; /* mostly positive */
+	for (int h = 0; h < H; h++)
+		w[h] = kvt_test_kv_uniform(&rng, 1.0f);
+	for (int i = 0; i < N * STRIDE; i++)
+		keys[i] = kvt_test_kv_uniform(&rng, 1.0f);
+	for (int i = 0; i < D; i++) /* key 7: q . k < 0 for every head (each head's q sums
+				       positive: checked below) */
+		keys[7 * STRIDE + i] = -2.0f;
+	for (int h = 0; h < H; h++) {
+		double d = 0;
+
+		for (int i = 0; i < D; i++)
+			d += (double)q[h * D + i] * keys[7 * STRIDE + i];
+		assert_true(d < 0);
+	}
+	assert_int_equal(kvt_dsa_index_scores_ref(q, w, H, D, scale, keys, STRIDE, N, sc), 0);
+	for (int t = 0; t < N; t++) {
+		double want = 0;
+
+		for (int h = 0; h < H; h++) {
+			double d = 0;
+
+			for (int i = 0; i < D; i++)
+				d += (double)q[h * D + i] * keys[t * STRIDE + i];
+			d *= scale;
+			want += w[h] * (d > 0 ? d : 0);
+		}
+		assert_true(fabs(sc[t] - want) <= 1e-5 * (1 + fabs(want)));
+	}
+	assert_float_equal(sc[7], 0.0f, 0.0);
+	assert_int_equal(kvt_dsa_index_scores_ref(NULL, w, H, D, scale, keys, STRIDE, N, sc),
+			 -EINVAL);
+	assert_int_equal(kvt_dsa_index_scores_ref(q, w, H, D, scale, keys, D - 1, N, sc),
+			 -EINVAL);
+	assert_int_equal(kvt_dsa_index_scores_ref(q, w, 0, D, scale, keys, STRIDE, N, sc),
+			 -EINVAL);
+}
+
 static void
 test_select_errors(void **st)
 {
@@ -519,6 +707,8 @@ main(void)
 		cmocka_unit_test(test_quest),
 		cmocka_unit_test(test_topk_blocks),
 		cmocka_unit_test(test_select_errors),
+		cmocka_unit_test(test_tokens_latent),
+		cmocka_unit_test(test_dsa_index_scores),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

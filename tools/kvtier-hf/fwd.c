@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tools/kvtier-hf/fwd.c - the families' forward passes in f32 (see fwd.h and hf.h): modelled
- * on transformers 4.57's modeling_llama/mistral/qwen2/gemma3/deepseek_v3 (eager attention).
+ * on transformers 4.57's modeling_llama/mistral/qwen2/gemma3/deepseek_v3 (eager attention)
+ * and 5's modeling_deepseek_v32 (the indexer's projections; its selection is in dsa.c).
  */
 #include <errno.h>
 #include <math.h>
@@ -44,7 +45,12 @@ kvhf_state_init(struct kvhf_state *s, const struct kvhf_model *m)
 	s->kh = calloc((size_t)s->qkdim + 1, sizeof(float));
 	s->vh = calloc((size_t)s->vdim + 1, sizeof(float));
 	s->logits = calloc((size_t)m->vocab, sizeof(float));
-	if (!s->x || !s->xn || !s->t1 || !s->h1 || !s->h2 || !s->q || !s->k || !s->v || !s->acc ||
+	s->qr = calloc((size_t)m->q_lora_rank + 1, sizeof(float));
+	s->iq = calloc((size_t)m->index_n_heads * (size_t)m->index_head_dim + 1, sizeof(float));
+	s->iw = calloc((size_t)m->index_n_heads + 1, sizeof(float));
+	s->ik = calloc(2 * (size_t)m->index_head_dim + 1, sizeof(float));
+	if (!s->qr || !s->iq || !s->iw || !s->ik ||
+	    !s->x || !s->xn || !s->t1 || !s->h1 || !s->h2 || !s->q || !s->k || !s->v || !s->acc ||
 	    !s->mx || !s->sum || !s->kh || !s->vh || !s->logits) {
 		kvhf_state_fini(s);
 		return kvtr_err(-ENOMEM, "out of memory for the activations");
@@ -69,6 +75,10 @@ kvhf_state_fini(struct kvhf_state *s)
 	free(s->kh);
 	free(s->vh);
 	free(s->logits);
+	free(s->qr);
+	free(s->iq);
+	free(s->iw);
+	free(s->ik);
 	memset(s, 0, sizeof(*s));
 }
 
@@ -165,8 +175,8 @@ kvhf_fwd_qkv(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, uint3
 
 		if (m->q_lora_rank) {
 			fwd_linear(s->t1, s->xn, L->q_a, NULL, H, m->q_lora_rank);
-			fwd_rmsnorm(m, s->t1, s->t1, L->q_a_norm, m->q_lora_rank);
-			fwd_linear(s->q, s->t1, L->q_b, NULL, m->q_lora_rank, nh * qkd);
+			fwd_rmsnorm(m, s->qr, s->t1, L->q_a_norm, m->q_lora_rank);
+			fwd_linear(s->q, s->qr, L->q_b, NULL, m->q_lora_rank, nh * qkd);
 		} else {
 			fwd_linear(s->q, s->xn, L->wq, NULL, H, nh * qkd);
 		}
@@ -199,6 +209,33 @@ kvhf_fwd_qkv(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, uint3
 		fwd_rope(s->q + h * hd, hd, pos, L->rope_theta);
 	for (int h = 0; h < m->n_kv_heads; h++)
 		fwd_rope(s->k + h * hd, hd, pos, L->rope_theta);
+}
+
+void
+kvhf_fwd_index(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, uint32_t pos)
+{
+	const struct kvhf_layer *L = &m->layers[l];
+	int ih = m->index_n_heads, id = m->index_head_dim, H = m->hidden, dr = m->qk_rope;
+	float mean = 0.0f, var = 0.0f, r, hs = 1.0f / sqrtf((float)ih);
+
+	fwd_linear(s->iq, s->qr, L->ix_wq_b, NULL, m->q_lora_rank, ih * id);
+	for (int h = 0; h < ih; h++) /* q_rot = the first qk_rope channels, rotate_half */
+		fwd_rope(s->iq + (size_t)h * (size_t)id, dr, pos, L->rope_theta);
+	fwd_linear(s->ik, s->xn, L->ix_wk, NULL, H, id);
+	/* nn.LayerNorm: (x - mean) / sqrt(var + eps) * w + b, biased variance */
+	for (int i = 0; i < id; i++)
+		mean += s->ik[i];
+	mean /= (float)id;
+	for (int i = 0; i < id; i++)
+		var += (s->ik[i] - mean) * (s->ik[i] - mean);
+	var /= (float)id;
+	r = 1.0f / sqrtf(var + 1e-6f);
+	for (int i = 0; i < id; i++)
+		s->ik[i] = (s->ik[i] - mean) * r * L->ix_kn_w[i] + L->ix_kn_b[i];
+	fwd_rope(s->ik, dr, pos, L->rope_theta);
+	fwd_linear(s->iw, s->xn, L->ix_wproj, NULL, H, ih);
+	for (int h = 0; h < ih; h++)
+		s->iw[h] *= hs;
 }
 
 /* Online softmax: one more score @sc with value @v for head @h. */

@@ -23,6 +23,10 @@ struct kvhf_state {
 	float *mx, *sum; /* [n_heads] online softmax */
 	float *kh, *vh; /* MLA: one head's k_nope and v of one position */
 	float *logits; /* [vocab] */
+	float *qr;     /* deepseek with q_lora_rank: [q_lora_rank] q_a_layernorm(q_a_proj(xn)) */
+	float *iq;     /* deepseek_v32: [index_n_heads][index_head_dim] the indexer's query */
+	float *iw;     /* [index_n_heads] its head weights (x index_n_heads^-0.5) */
+	float *ik;     /* [index_head_dim] this position's indexer key */
 	int vdim, qkdim;
 };
 
@@ -33,6 +37,15 @@ void kvhf_state_fini(struct kvhf_state *s);
 void kvhf_fwd_embed(const struct kvhf_model *m, struct kvhf_state *s, int32_t token);
 /** kvhf_fwd_qkv() - layer @l up to q, k, v of position @pos; resets the attention. */
 void kvhf_fwd_qkv(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, uint32_t pos);
+/**
+ * kvhf_fwd_index() - deepseek_v32's lightning indexer of layer @l at @pos, after kvhf_fwd_qkv
+ * (transformers' DeepseekV32Indexer): s->iq = wq_b(q latent) per head, s->ik = k_norm
+ * (LayerNorm with bias, eps 1e-6) of wk(xn), both with the default (half-split, not
+ * interleaved) rope on their first qk_rope_head_dim channels; s->iw = weights_proj(xn) x
+ * index_n_heads^-0.5. Score them with kernels/sparse.h kvt_dsa_index_scores_ref (scale
+ * index_head_dim^-0.5).
+ */
+void kvhf_fwd_index(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, uint32_t pos);
 /** kvhf_attn_add() - one attended position's stored @k / @v (kv_width floats each). */
 void kvhf_attn_add(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, const float *k,
 		   const float *v);

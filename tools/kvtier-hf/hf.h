@@ -17,6 +17,17 @@
  *   deepseek_v3   MLA (q_lora_rank or a plain q_proj, kv_lora_rank, qk_nope/qk_rope/v head
  *                 dims, interleaved rope when rope_interleave), dense SwiGLU MLP in every layer
  *                 (first_k_dense_replace >= num_hidden_layers; MoE layers are refused).
+ *   deepseek_v32  DeepSeek-V3.2, DeepSeek Sparse Attention (transformers 5's
+ *                 DeepseekV32Attention / DeepseekV32Indexer, eager): MLA as deepseek_v3
+ *                 (q_lora_rank required, interleaved rope) plus per layer a lightning indexer
+ *                 (index_topk, index_n_heads, index_head_dim): query wq_b(q latent) per head,
+ *                 key k_norm(wk(x)) (LayerNorm with bias, eps 1e-6), both with the default
+ *                 half-split rope on their first qk_rope_head_dim channels; score of key t =
+ *                 sum_h weights_proj(x)[h] / sqrt(index_n_heads) * relu(q_h . k_t /
+ *                 sqrt(index_head_dim)) over the positions 0..pos (causal, its own included);
+ *                 the query attends to its top index_topk positions only (all of them while
+ *                 pos < index_topk). rope_parameters (default rope_type) give rope_theta;
+ *                 head_dim must equal qk_rope_head_dim; mlp_layer_types all "dense".
  * Weights f32, f16 or bf16 (converted to f32 at load); rope_scaling must be null (refused
  * otherwise: none of the yarn/llama3 variants is implemented).
  *
@@ -28,7 +39,14 @@
  * kernels/attention.h: per window of blocks, the group's table (slot ids and block positions)
  * to kvt_attn_partial_ref with the layer's window, or kvt_attn_latent_partial_ref in MLA's
  * absorbed form (q_nope x W_UK, output in latent space, W_UV applied after), partials merged
- * with kvt_attn_merge, the position's own K/V last. opts.single_layout keeps the engine's
+ * with kvt_attn_merge, the position's own K/V last. deepseek_v32 (tools/kvtier-hf/dsa.h):
+ * the indexer keys (index_head_dim floats per token and layer) stay in the runner (a sidecar
+ * per sequence: SIDECAR groups are not built yet); per layer the indexer picks the positions,
+ * only the blocks holding the stored ones are prepared (one-block ranges, at most
+ * hbm_slots - 1 per batch) and only the picked tokens attended, masked within a block
+ * (kernels/sparse.h kvt_attn_latent_tokens_partial_ref), the own latent merged when picked;
+ * kvhf_result.dsa_* count the blocks read against dense attention's; no contiguous or
+ * single-layout mode, no kvhf_run_multi, no close_first. opts.single_layout keeps the engine's
  * single geometry instead (MLA as the K of a 1-head layout, V allocated unused; every block of
  * a sliding layer kept), for comparison.
  *
@@ -61,6 +79,10 @@ struct kvhf_layer {
 	const float *q_norm, *k_norm;              /* gemma3: [head_dim] */
 	const float *q_a, *q_a_norm, *q_b;         /* deepseek: q_lora_rank path */
 	const float *kv_a, *kv_a_norm, *kv_b;      /* deepseek: MLA */
+	const float *ix_wq_b;                      /* deepseek_v32 indexer: [ih * id][q_lora] */
+	const float *ix_wk;                        /* [id][hidden] */
+	const float *ix_kn_w, *ix_kn_b;            /* k_norm (LayerNorm, eps 1e-6): [id] */
+	const float *ix_wproj;                     /* weights_proj: [ih][hidden] */
 	const float *gate, *up, *down;
 	int sliding;                               /* 1: attends to the last sliding_window
 	                                              positions only */
@@ -83,6 +105,8 @@ struct kvhf_model {
 	float final_softcap;         /* Gemma's final_logit_softcapping; 0 = off */
 	int q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim; /* deepseek */
 	int rope_interleave;         /* deepseek */
+	int dsa;                     /* deepseek_v32: the lightning indexer picks the tokens */
+	int index_topk, index_n_heads, index_head_dim; /* deepseek_v32 (ih, id) */
 	int max_pos;                 /* max_position_embeddings */
 	const float *embed, *norm, *lm_head;
 	struct kvhf_layer *layers;   /* [n_layers] */
@@ -203,6 +227,20 @@ struct kvhf_opts {
 	                                prefix cache (reuse after the owner left, and past the
 	                                window) */
 	FILE *log;                   /* notes; NULL = stderr */
+	int dsa_park_selected;       /* deepseek_v32: in every layer of every step, after the
+	                                indexer chose the positions and before their blocks are
+	                                prepared, park the sequence to NVMe (and drain; not
+	                                resumed; checked: every block on NVMe only): each
+	                                selected block is read back from NVMe while its
+	                                indexer keys stay in the runner */
+	int32_t *topk_out;           /* deepseek_v32: NULL, or [n_layers][n_prompt + gen]
+	                                [index_topk] receiving the positions the indexer selected
+	                                for every layer and position (ascending, -1 padded: a
+	                                position p < index_topk - 1 selects p + 1). With
+	                                prefix_share the second sequence's overwrite the first's
+	                                from the attached positions on; with persist only the
+	                                positions after the restore are written (the child's
+	                                are lost with it) */
 };
 
 /**
@@ -240,6 +278,16 @@ struct kvhf_result {
 	uint64_t peak_bytes;         /* opts.report: the most bytes in use in all groups and
 	                                tiers together after any position */
 	uint64_t bound_bytes;        /* sum of bound_blocks x block_bytes */
+	/* deepseek_v32: blocks the attention had to have resident (prepared), summed over the
+	 * steps (positions; with prefix_share both sequences'), the step's own block left out
+	 * (its latent is aside until the step's commit) */
+	uint64_t dsa_blocks;         /* per step the distinct blocks any layer's selection read
+	                                (a LATENT block holds every layer's latent) */
+	uint64_t dense_blocks;       /* per step the blocks dense attention reads: all stored,
+	                                ceil(pos / tokens_per_block) */
+	uint64_t dsa_layer_blocks;   /* per step and layer the blocks its selection read */
+	uint64_t dense_layer_blocks; /* per step and layer ceil(pos / tokens_per_block) */
+	uint64_t dsa_parks;          /* opts.dsa_park_selected: parks done */
 	uint64_t touched[KVT_MAX_GROUPS]; /* kvhf_run_multi: distinct blocks of each group the
 	                                steps so far read or wrote (per step and session: the
 	                                blocks from the first one a layer of the group reads to

@@ -284,6 +284,17 @@ main(int argc, char **argv)
 	       o.n_prompt, o.gen, r.n_groups, r.geo.hbm_slots, r.geo.host_slots,
 	       r.geo.nvme_slots, (unsigned long long)r.geo.block_bytes,
 	       (unsigned long long)r.windows);
+	if (m->dsa) /* DSA: the blocks the selected tokens live in, against dense attention */
+		printf("sparse (DSA top-%d): %llu blocks resident for attention over %llu steps "
+		       "(%.2f a step), dense %llu (%.2f a step): %.1f%%; per layer %llu of %llu\n",
+		       m->index_topk, (unsigned long long)r.dsa_blocks,
+		       (unsigned long long)r.positions,
+		       r.positions ? (double)r.dsa_blocks / (double)r.positions : 0.0,
+		       (unsigned long long)r.dense_blocks,
+		       r.positions ? (double)r.dense_blocks / (double)r.positions : 0.0,
+		       r.dense_blocks ? 100.0 * (double)r.dsa_blocks / (double)r.dense_blocks : 0.0,
+		       (unsigned long long)r.dsa_layer_blocks,
+		       (unsigned long long)r.dense_layer_blocks);
 	if (dump) {
 		FILE *f = fopen(dump, "wb");
 

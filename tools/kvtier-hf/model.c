@@ -370,6 +370,9 @@ hf_layer_types(struct kvhf_model *m, const cJSON *c)
 				return kvtr_err(KVT_EFORMAT, "config.json: layer_types[%d]", l);
 			if (!strcmp(x->valuestring, "sliding_attention"))
 				m->layers[l].sliding = 1;
+			else if (m->dsa && (!strcmp(x->valuestring, "indexed_attention") ||
+					    !strcmp(x->valuestring, "deepseek_sparse_attention")))
+				continue; /* DSA: every layer indexed (transformers 5.20) */
 			else if (strcmp(x->valuestring, "full_attention"))
 				return kvtr_err(KVT_EFORMAT, "config.json: layer_types[%d] is %s "
 						"(sliding_attention or full_attention)", l,
@@ -405,6 +408,66 @@ hf_layer_types(struct kvhf_model *m, const cJSON *c)
 	return 0;
 }
 
+/*
+ * rope_parameters (transformers 5: {"rope_type", "rope_theta"}) when present: the default rope
+ * only; *theta its rope_theta (10000 when absent; a top-level rope_theta overrides it).
+ */
+static int
+hf_rope_parameters(const cJSON *c, double *theta)
+{
+	const cJSON *rp = hf_item(c, "rope_parameters"), *ty;
+
+	*theta = 10000.0;
+	if (!rp)
+		return 0;
+	if (!cJSON_IsObject(rp))
+		return kvtr_err(KVT_EFORMAT, "config.json: rope_parameters must be an object");
+	ty = hf_item(rp, "rope_type");
+	if (ty && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "default")))
+		return kvtr_err(KVT_ENOTSUP, "config.json: rope_parameters.rope_type is not "
+				"\"default\": not implemented (only the default rope)");
+	return hf_num(rp, "rope_theta", 10000.0, theta);
+}
+
+/*
+ * DeepSeek-V3.2's indexer geometry (transformers' DeepseekV32Config / DeepseekV32Indexer):
+ * index_topk, index_n_heads, index_head_dim; the indexer reads the q latent (q_lora_rank is
+ * required), ropes the first qk_rope_head_dim channels of its query and key with the model's
+ * rotary embedding (dim head_dim, so head_dim must equal qk_rope_head_dim); MoE layers
+ * (mlp_layer_types "sparse") are refused as in deepseek_v3.
+ */
+static int
+hf_dsa_config(struct kvhf_model *m, const cJSON *c)
+{
+	const cJSON *mlt = hf_item(c, "mlp_layer_types"), *x;
+	int rc;
+
+	if ((rc = hf_int(c, "index_topk", -1, 1, 1 << 24, &m->index_topk)) ||
+	    (rc = hf_int(c, "index_n_heads", -1, 1, 4096, &m->index_n_heads)) ||
+	    (rc = hf_int(c, "index_head_dim", -1, 2, 4096, &m->index_head_dim)))
+		return rc;
+	if (!m->q_lora_rank)
+		return kvtr_err(KVT_EFORMAT, "config.json: deepseek_v32 needs q_lora_rank (its "
+				"indexer reads the q latent)");
+	if (m->index_head_dim < m->qk_rope)
+		return kvtr_err(KVT_EFORMAT, "config.json: index_head_dim %d < qk_rope_head_dim %d",
+				m->index_head_dim, m->qk_rope);
+	if (m->head_dim != m->qk_rope)
+		return kvtr_err(KVT_ENOTSUP, "config.json: head_dim %d (the rotary embedding's "
+				"dim) differs from qk_rope_head_dim %d: not implemented",
+				m->head_dim, m->qk_rope);
+	if (mlt) {
+		if (!cJSON_IsArray(mlt) || cJSON_GetArraySize(mlt) != m->n_layers)
+			return kvtr_err(KVT_EFORMAT, "config.json: mlp_layer_types must list %d "
+					"layers", m->n_layers);
+		cJSON_ArrayForEach(x, mlt)
+			if (!cJSON_IsString(x) || strcmp(x->valuestring, "dense"))
+				return kvtr_err(KVT_ENOTSUP, "config.json: mlp_layer_types has a "
+						"non-dense layer: MoE layers are not implemented");
+	}
+	return 0;
+}
+
 static int
 hf_config(struct kvhf_model *m, const cJSON *c)
 {
@@ -427,15 +490,17 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 				"issue 17's STATE layer groups (a recurrent and a convolution state "
 				"per sequence and layer): not implemented yet");
 	else if (!strcmp(mt->valuestring, "deepseek_v32"))
-		return kvtr_err(KVT_ENOTSUP, "model_type deepseek_v32 (DeepSeek Sparse Attention) "
-				"needs issue 17's SIDECAR groups (the indexer keys kept with their "
-				"tokens) and sparse block selection: not implemented yet");
+		m->family = KVHF_DEEPSEEK, m->dsa = 1;
 	else
 		return kvtr_err(KVT_ENOTSUP, "model_type %s is not supported (gemma3_text, "
-				"deepseek_v3, mistral, qwen2, llama)", mt->valuestring);
+				"deepseek_v3, deepseek_v32, mistral, qwen2, llama)",
+				mt->valuestring);
 	if (hf_item(c, "rope_scaling"))
 		return kvtr_err(KVT_ENOTSUP, "config.json: rope_scaling is set: not implemented "
 				"(only the default rope)");
+	theta = 10000.0;
+	if (m->dsa && (rc = hf_rope_parameters(c, &theta)) != 0)
+		return rc;
 	if ((rc = hf_int(c, "vocab_size", -1, 1, 1 << 24, &m->vocab)) ||
 	    (rc = hf_int(c, "hidden_size", -1, 1, 1 << 16, &m->hidden)) ||
 	    (rc = hf_int(c, "intermediate_size", -1, 1, 1 << 18, &m->inter)) ||
@@ -446,7 +511,7 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 	    (rc = hf_int(c, "max_position_embeddings", 1 << 20, 1, 1 << 26, &m->max_pos)) ||
 	    (rc = hf_int(c, "sliding_window", 0, 0, 1 << 26, &m->sliding_window)) ||
 	    (rc = hf_num(c, "rms_norm_eps", 1e-6, &eps)) ||
-	    (rc = hf_num(c, "rope_theta", 10000.0, &theta)))
+	    (rc = hf_num(c, "rope_theta", theta, &theta)))
 		return rc;
 	if (m->n_heads % m->n_kv_heads)
 		return kvtr_err(KVT_EFORMAT, "config.json: %d heads are not a multiple of %d KV "
@@ -511,6 +576,8 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 		m->attn_scale = (float)pow((double)(m->qk_nope + m->qk_rope), -0.5);
 		m->kv_heads_stored = 1;
 		m->kv_head_dim_stored = (uint32_t)(m->kv_lora_rank + m->qk_rope);
+		if (m->dsa && (rc = hf_dsa_config(m, c)) != 0)
+			return rc;
 	} else {
 		if (m->head_dim % 2)
 			return kvtr_err(KVT_EFORMAT, "config.json: head_dim must be even");
@@ -600,6 +667,17 @@ hf_weights(struct kvhf_model *m)
 			W(kv_b, "self_attn.kv_b_proj.weight",
 			  nh * (uint64_t)(m->qk_nope + m->v_head_dim), r, 0);
 			W(wo, "self_attn.o_proj.weight", H, nh * (uint64_t)m->v_head_dim, 0);
+			if (m->dsa) {
+				uint64_t ih = (uint64_t)m->index_n_heads;
+				uint64_t id = (uint64_t)m->index_head_dim;
+
+				W(ix_wq_b, "self_attn.indexer.wq_b.weight", ih * id,
+				  (uint64_t)m->q_lora_rank, 0);
+				W(ix_wk, "self_attn.indexer.wk.weight", id, H, 0);
+				W(ix_kn_w, "self_attn.indexer.k_norm.weight", id, 0, 0);
+				W(ix_kn_b, "self_attn.indexer.k_norm.bias", id, 0, 0);
+				W(ix_wproj, "self_attn.indexer.weights_proj.weight", ih, H, 0);
+			}
 			continue;
 		}
 		W(wq, "self_attn.q_proj.weight", nh * hd, H, 0);

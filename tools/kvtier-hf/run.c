@@ -14,8 +14,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "dsa.h"
 #include "fwd.h"
 #include "kernels/attention.h"
+#include "kernels/sparse.h"
 #include "hf.h"
 #include "util.h"
 
@@ -51,6 +53,12 @@ struct hf_run {
 	int have;             /* ao holds a partial */
 	char tmpdir[4096];
 	struct kvhf_groups groups;
+	/* deepseek_v32 (dsa.h) */
+	struct hf_sidecar sc;  /* the indexer keys */
+	uint32_t *sel;        /* [index_topk] the selected positions */
+	float *iscores;       /* [P] index scores */
+	struct kvt_seq_range *ranges; /* [index_topk] one-block ranges */
+	uint32_t *stamp;      /* [blocks] the last step (pos + 1) that read each block */
 };
 
 void
@@ -600,6 +608,173 @@ hf_kernel_query(struct hf_run *c, uint32_t l)
 	}
 }
 
+/*
+ * The partial over the selected stored positions @tok[0..n) (ascending, all < @pos) whose
+ * blocks are the @nr one-block ranges @rg[0..nr) (ascending), prepared in one batch *@bp,
+ * of layer @l (group gi, layer li of it), merged into (ao, am, al).
+ */
+static int
+hf_dsa_window(struct hf_run *c, uint32_t l, const struct kvt_seq_range *rg, uint32_t nr,
+	      const uint32_t *tok, uint32_t n, uint32_t pos, struct kvt_batch **bp)
+{
+	const struct kvhf_model *m = c->m;
+	uint32_t gi = c->lgroup[l], li = c->lidx[l], off, ne;
+	struct kvt_paged_latent kv;
+	struct kvt_group_table t;
+	int rc;
+
+	memset(&t, 0, sizeof(t));
+	rc = kvt_batch_group_table(*bp, gi, &t);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_batch_group_table");
+	if (t.n_seqs != nr)
+		return kvtr_err(-EPROTO, "engine bug: %u one-block ranges gave a table of %u", nr,
+				t.n_seqs);
+	for (uint32_t j = 0; j < nr; j++)
+		if (t.indptr[j + 1] - t.indptr[j] != 1 ||
+		    t.block_pos[t.indptr[j]] != rg[j].first_block)
+			return kvtr_err(-EPROTO, "engine bug: the range of block %u has %u entries "
+					"(first at block %u)", rg[j].first_block,
+					t.indptr[j + 1] - t.indptr[j], t.block_pos[t.indptr[j]]);
+	rc = kvt_batch_wait_group_layer(*bp, gi, li, NULL);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_batch_wait_group_layer");
+	off = t.indptr[0];
+	ne = t.indptr[nr] - off;
+	memset(&kv, 0, sizeof(kv));
+	kv.base = (const char *)t.geo.hbm_base + (uint64_t)li * t.geo.layer_block_bytes;
+	kv.block_stride = t.geo.block_bytes;
+	kv.token_stride = t.geo.k_token_bytes;
+	kv.table = t.indices + off;
+	kv.pos = t.block_pos + off;
+	kv.n_entries = ne;
+	kv.tokens_per_block = t.geo.tokens_per_block;
+	kv.kv_lora_rank = (uint32_t)m->kv_lora_rank;
+	kv.rope_dim = (uint32_t)m->qk_rope;
+	kv.dtype = KVT_DTYPE_F32;
+	kv.seq_len = pos; /* the stored positions */
+	rc = kvt_attn_latent_tokens_partial_ref(&kv, c->q, c->qpe, (uint32_t)m->n_heads, tok, n,
+						m->attn_scale, c->scratch, c->po, c->pm, c->pl);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_attn_latent_tokens_partial_ref");
+	hf_merge(c, (uint32_t)m->kv_lora_rank);
+	return 0;
+}
+
+/*
+ * opts.dsa_park_selected: the sequence's blocks (the latents, the indexer keys' parent group)
+ * parked to NVMe after the indexer chose and before they are read: checked to have every
+ * block on NVMe and none in HBM or HOST (a park to NVMe leaves no other copy), the sequence
+ * not resumed, so the prepare reads each selected block back from NVMe.
+ */
+static int
+hf_dsa_park(struct hf_run *c, kvt_seq_id seq)
+{
+	struct kvt_seq_info si;
+	int rc;
+
+	rc = kvt_seq_park(c->e, seq, KVT_TIER_NVME);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_seq_park (the selected blocks' latents)");
+	rc = kvt_engine_drain(c->e);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_engine_drain");
+	rc = kvt_seq_info(c->e, seq, &si);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_seq_info");
+	if (si.blocks_in[KVT_TIER_HBM] || si.blocks_in[KVT_TIER_HOST] ||
+	    si.blocks_in[KVT_TIER_NVME] != si.n_blocks)
+		return kvtr_err(-EPROTO, "engine bug: a sequence parked to NVMe has %u blocks in "
+				"HBM, %u in HOST, %u of %u on NVMe", si.blocks_in[KVT_TIER_HBM],
+				si.blocks_in[KVT_TIER_HOST], si.blocks_in[KVT_TIER_NVME],
+				si.n_blocks);
+	c->r->dsa_parks++;
+	return 0;
+}
+
+/*
+ * DeepSeek Sparse Attention of layer @l at @pos (dsa.h): this position's indexer key into the
+ * sidecar, the top-k positions of 0..pos, the blocks holding the stored ones prepared by
+ * windows of at most c->cap one-block ranges (kvt_batch_prepare_ranges) and only the selected
+ * tokens of each attended (kvt_attn_latent_tokens_partial_ref), then the position's own latent
+ * (@side) when it is selected. Counts the blocks read (r->dsa_*).
+ */
+static int
+hf_dsa_attend(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos, const float *side)
+{
+	const struct kvhf_model *m = c->m;
+	uint32_t dim = (uint32_t)m->index_head_dim, tpb = c->tpb, n, ns, nblk = 0;
+	float *row = hf_sidecar_row(&c->sc, seq, l, pos);
+	int rc;
+
+	if (!row)
+		return kvtr_err(-EPROTO, "indexer keys: no row for position %u of layer %u", pos, l);
+	memcpy(row, c->st.ik, dim * sizeof(float));
+	rc = hf_dsa_select(c->st.iq, c->st.iw, (uint32_t)m->index_n_heads, dim,
+			   hf_sidecar_row(&c->sc, seq, l, 0), pos, (uint32_t)m->index_topk,
+			   c->iscores, c->sel);
+	if (rc < 1)
+		return rc < 0 ? rc : kvtr_err(-EPROTO, "the indexer selected nothing");
+	n = (uint32_t)rc;
+	if (c->o->topk_out) {
+		int32_t *o = c->o->topk_out + ((size_t)l * c->P + pos) * (size_t)m->index_topk;
+
+		for (uint32_t i = 0; i < (uint32_t)m->index_topk; i++)
+			o[i] = i < n ? (int32_t)c->sel[i] : -1;
+	}
+	ns = c->sel[n - 1] == pos ? n - 1 : n; /* stored positions selected */
+	hf_kernel_query(c, l);
+	c->have = 0;
+	for (uint32_t i = 0; i < ns; i++) { /* the blocks holding them, ascending */
+		uint32_t b = c->sel[i] / tpb;
+
+		if (nblk && c->ranges[nblk - 1].first_block == b)
+			continue;
+		c->ranges[nblk].seq = seq;
+		c->ranges[nblk].first_block = b;
+		c->ranges[nblk].n_blocks = 1;
+		nblk++;
+		if (c->stamp[b] != pos + 1) { /* first layer of this step to read it */
+			c->stamp[b] = pos + 1;
+			c->r->dsa_blocks++;
+		}
+	}
+	c->r->dsa_layer_blocks += nblk;
+	c->r->dense_layer_blocks += (pos + tpb - 1) / tpb;
+	if (c->o->dsa_park_selected && nblk && (rc = hf_dsa_park(c, seq)) != 0)
+		return rc;
+	for (uint32_t w = 0, t0 = 0; w < nblk;) {
+		uint32_t wn = nblk - w < c->cap ? nblk - w : c->cap, t1 = t0;
+		int rc2;
+		struct kvt_batch *b = NULL;
+
+		for (;;) {
+			rc = kvt_batch_prepare_ranges(c->e, c->ranges + w, wn, &b);
+			if (rc == 0 || !hf_nofit(rc) || wn == 1)
+				break;
+			wn /= 2;
+			c->cap = wn;
+		}
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_batch_prepare_ranges (selected blocks)");
+		c->r->windows++;
+		while (t1 < ns && c->sel[t1] / tpb <= c->ranges[w + wn - 1].first_block)
+			t1++;
+		rc = hf_dsa_window(c, l, c->ranges + w, wn, c->sel + t0, t1 - t0, pos, &b);
+		rc2 = kvt_batch_release(b, NULL);
+		if (rc == 0 && rc2)
+			rc = kvtr_err_kvt(rc2, "kvt_batch_release");
+		if (rc)
+			return rc;
+		t0 = t1;
+		w += wn;
+	}
+	if (ns < n && (rc = hf_self_partial(c, side)) != 0)
+		return rc;
+	kvhf_attn_set(m, &c->st, l, c->ao);
+	return 0;
+}
+
 /* One position: forward pass of @tok at @pos with attention through kvtier, then commit. */
 static int
 hf_position(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
@@ -614,6 +789,15 @@ hf_position(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 		float *side = c->side + (size_t)kl * 2 * kw;
 
 		kvhf_fwd_qkv(m, &c->st, l, pos);
+		if (m->dsa) { /* the indexer's tokens only (dsa.h) */
+			memcpy(side, c->st.k, kw * sizeof(float));
+			kvhf_fwd_index(m, &c->st, l, pos);
+			rc = hf_dsa_attend(c, seq, l, pos, side);
+			if (rc)
+				return rc;
+			kvhf_fwd_rest(m, &c->st, l);
+			continue;
+		}
 		if (kl == l) { /* a KV-shared layer reads its source's (computed before it) */
 			memcpy(side, c->st.k, kw * sizeof(float));
 			memcpy(side + kw, c->st.v, kw * sizeof(float));
@@ -641,7 +825,12 @@ hf_position(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 	}
 	kvhf_fwd_logits(m, &c->st);
 	c->r->positions++;
-	return hf_commit(c, seq, pos, tok);
+	if (m->dsa)
+		c->r->dense_blocks += (pos + c->tpb - 1) / c->tpb;
+	rc = hf_commit(c, seq, pos, tok);
+	if (rc == 0 && m->dsa)
+		rc = hf_sidecar_commit(&c->sc, seq, pos);
+	return rc;
 }
 
 /* opts.report: slots in use per group after a position. */
@@ -782,7 +971,17 @@ hf_open(struct hf_run *c, uint64_t key, kvt_seq_id *seq)
 	kvt_seq_opts_init(&so, sizeof(so));
 	so.session_key = key;
 	rc = kvt_seq_open(c->e, &so, seq);
-	return rc ? kvtr_err_kvt(rc, "kvt_seq_open") : 0;
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_seq_open");
+	return c->m->dsa ? hf_sidecar_open(&c->sc, *seq) : 0;
+}
+
+/* The persistent store's file of the indexer keys of session @key (dsa.h), in nvme_dir. */
+static void
+hf_sidecar_path(const struct hf_run *c, uint64_t key, char *path, size_t len)
+{
+	snprintf(path, len, "%s/kvtier-hf-indexer-%016llx.keys", c->o->nvme_dir,
+		 (unsigned long long)key);
 }
 
 /* Prefix sharing: a second sequence attaches the prompt's blocks and computes the rest. */
@@ -819,6 +1018,8 @@ hf_prefix_second(struct hf_run *c, kvt_seq_id *first, const int32_t *tokens,
 		goto out;
 	}
 	c->r->prefix_tokens = a;
+	if (a && c->m->dsa && (rc = hf_sidecar_attach(&c->sc, s2, *first, (uint32_t)a)) != 0)
+		goto out;
 	if (a == 0) {
 		rc = kvtr_err(-EPROTO, "prefix sharing: nothing of the %u-token prompt was attached",
 			      c->o->n_prompt);
@@ -840,6 +1041,8 @@ hf_prefix_second(struct hf_run *c, kvt_seq_id *first, const int32_t *tokens,
 out:
 	if (s2)
 		kvt_seq_close(c->e, s2);
+	if (s2 && c->m->dsa)
+		hf_sidecar_close(&c->sc, s2);
 	free(t2);
 	free(l2);
 	return rc;
@@ -872,11 +1075,13 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 	kvt_seq_id seq = 0;
 	uint64_t keys[4];
 	struct kvt_seq_info si;
+	char skpath[4300];
 	pid_t pid;
 	int rc, st = 0, n;
 
 	if (!o->nvme_dir)
 		return kvtr_err(-EINVAL, "the persistent store needs an NVMe directory");
+	hf_sidecar_path(c, o->session_key, skpath, sizeof(skpath));
 	if (stop < 1 || stop >= P)
 		return kvtr_err(-EINVAL, "stop_after %u out of range [1, %u)", stop, P);
 	shm = mmap(NULL, shm_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -900,6 +1105,7 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 				rc = 0;
 			else if (rc)
 				rc = kvtr_err_kvt(rc, "kvt_session_drop");
+			unlink(skpath);
 		}
 		if (rc == 0)
 			rc = hf_open(c, o->session_key, &seq);
@@ -909,6 +1115,8 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 			rc = kvtr_err_kvt(rc, "kvt_seq_park");
 		if (rc == 0 && (rc = kvt_engine_drain(c->e)) != 0)
 			rc = kvtr_err_kvt(rc, "kvt_engine_drain");
+		if (rc == 0 && c->m->dsa) /* the park is published: its indexer keys too */
+			rc = hf_sidecar_save(&c->sc, seq, skpath);
 		if (rc) {
 			fprintf(c->log, "kvtier-hf: before the kill: %s\n", kvtr_last_error());
 			_exit(1);
@@ -943,6 +1151,22 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 	if (si.n_tokens != stop)
 		return kvtr_err(-EPROTO, "the restored session holds %llu tokens, %u were parked",
 				(unsigned long long)si.n_tokens, stop);
+	if (c->m->dsa) {
+		uint32_t nk;
+
+		rc = hf_sidecar_open(&c->sc, seq);
+		if (rc == 0)
+			rc = hf_sidecar_load(&c->sc, seq, skpath);
+		if (rc)
+			return rc;
+		nk = c->sc.s[0].seq == seq ? c->sc.s[0].n : 0;
+		for (int i = 1; i < HF_SIDECAR_SEQS; i++)
+			if (c->sc.s[i].seq == seq)
+				nk = c->sc.s[i].n;
+		if (nk != stop)
+			return kvtr_err(-EPROTO, "the restored indexer keys hold %u positions, the "
+					"session %u", nk, stop);
+	}
 	rc = hf_decode(c, seq, tokens, logits, stop, P);
 	if (rc == 0) {
 		kvt_seq_close(c->e, seq);
@@ -951,6 +1175,10 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 			rc = 0;
 		else if (rc)
 			rc = kvtr_err_kvt(rc, "kvt_session_drop");
+		if (c->m->dsa) {
+			hf_sidecar_close(&c->sc, seq);
+			unlink(skpath);
+		}
 	}
 	return rc;
 }
@@ -982,6 +1210,11 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 				"not with prefix sharing, the persistent store or the contiguous mode");
 	if (o->close_first && !o->prefix_share)
 		return kvtr_err(-EINVAL, "close_first is a prefix-sharing option");
+	if (o->model->dsa && (o->contiguous || o->single_layout || o->close_first))
+		return kvtr_err(-EINVAL, "deepseek_v32 runs with layer groups through kvtier only "
+				"(no contiguous or single-layout mode) and keeps its indexer keys "
+				"in the runner, which cannot hold them for a closed owner "
+				"(close_first)");
 	if (P > (uint32_t)o->model->max_pos)
 		return kvtr_err(-EINVAL, "%u positions exceed max_position_embeddings %d", P,
 				o->model->max_pos);
@@ -1023,6 +1256,20 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 			rc = kvtr_err(-ENOMEM, "out of memory");
 			goto out_free;
 		}
+	}
+	if (c.m->dsa) {
+		uint32_t tk = (uint32_t)c.m->index_topk;
+
+		rc = hf_sidecar_init(&c.sc, (uint32_t)c.m->n_layers, (uint32_t)c.m->index_head_dim,
+				     P);
+		c.sel = calloc(tk, sizeof(uint32_t));
+		c.ranges = calloc(tk, sizeof(*c.ranges));
+		c.iscores = calloc(P, sizeof(float));
+		c.stamp = calloc(P / o->tokens_per_block + 1, sizeof(uint32_t));
+		if (rc == 0 && (!c.sel || !c.ranges || !c.iscores || !c.stamp))
+			rc = kvtr_err(-ENOMEM, "out of memory");
+		if (rc)
+			goto out_free;
 	}
 	if (o->contiguous &&
 	    !(c.kv = calloc((size_t)c.m->n_layers * P * 2 * c.m->kv_width, sizeof(float)))) {
@@ -1075,6 +1322,12 @@ out_free:
 	free(c.am);
 	free(c.al);
 	free(c.scratch);
+	free(c.sel);
+	free(c.ranges);
+	free(c.iscores);
+	free(c.stamp);
+	if (c.m->dsa)
+		hf_sidecar_fini(&c.sc);
 	kvhf_groups_free(&c.groups);
 	return rc;
 }
@@ -1112,10 +1365,11 @@ kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
 	memset(r, 0, sizeof(*r));
 	memset(&c, 0, sizeof(c));
 	if (!o->model || S < 1 || P < 2 || o->gen || o->single_layout || o->prefix_share ||
-	    o->persist || o->contiguous || o->park_every || o->tokens_per_block < 1)
+	    o->persist || o->contiguous || o->park_every || o->tokens_per_block < 1 ||
+	    o->model->dsa)
 		return kvtr_err(-EINVAL, "kvhf_run_multi: a model, >= 1 session, >= 2 prompt "
 				"positions, no generation, groups, none of the single-sequence "
-				"checks");
+				"checks, no deepseek_v32");
 	if (P > (uint32_t)o->model->max_pos)
 		return kvtr_err(-EINVAL, "%u positions exceed max_position_embeddings %d", P,
 				o->model->max_pos);

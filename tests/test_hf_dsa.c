@@ -1,0 +1,466 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_hf_dsa.c - issue 17 item 4: DeepSeek-V3.2 (deepseek_v32, DeepSeek Sparse
+ * Attention) run by kvtier-hf's library against transformers' own reference
+ * (tests/data/hf/deepseek-v32, tools/hf-fixtures/gen.py): MLA latents in a LATENT group, the
+ * lightning indexer's keys in the runner's sidecar (tools/kvtier-hf/dsa.h), per layer and
+ * position only the blocks holding the indexer's top-k tokens prepared and only those tokens
+ * attended. Under the placements of tests/test_hf_models.c ((i) all in HBM, (ii) HBM 10% and
+ * HOST 25% of the KV, the rest on NVMe, (iii) parked between turns, (iv) prefix sharing,
+ * (v) persistent store, kill -9, restore) each must give the reference's greedy tokens exactly
+ * and its logits within KVHF_TOL; the indexer's selection must be the one transformers made
+ * (indexer.safetensors) at every layer and position; and a run whose selected blocks are
+ * parked to NVMe between the choice and the read must still match.
+ *
+ * Measured (tokens per block 4 and 16, any placement): max abs logit diff 2.4e-6. The
+ * fixture's smallest gap between the k-th and (k+1)-th index score is 2.4e-5 (reference.json
+ * min_topk_margin); the C scores (summed in another order than torch) differ from torch's by
+ * far less, so the selection is transformers' at all 3 x 127 layer positions. Blocks read
+ * (tpb 4, 128 positions, top-8): 1452 against dense attention's 2080 over the steps (11.3 a
+ * step against 16.3; a block holds every layer's latent), per layer 2251 against 6240.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+
+#include "dsa.h"
+#include "hf.h"
+#include "support/kvt_test.h"
+#include "util.h"
+
+/* tests/data/hf/deepseek-v32, found from this file's path (CMake compiles with full paths). */
+static const char *
+dsa_dir(void)
+{
+	static char path[4096];
+	const char *slash = strrchr(__FILE__, '/');
+	int dir = slash ? (int)(slash - __FILE__) : 1;
+
+	snprintf(path, sizeof path, "%.*s/data/hf/deepseek-v32", dir, slash ? __FILE__ : ".");
+	return path;
+}
+
+enum dsa_place { DSA_ALL_HBM, DSA_TIERED, DSA_PARKED, DSA_PREFIX, DSA_PERSIST, DSA_NVME_READ };
+
+static const char *const dsa_place_names[] = {
+	"all in HBM", "HBM 10%, HOST 25%, NVMe", "parked between turns", "prefix sharing",
+	"persistent store, kill -9, restore", "selected blocks parked to NVMe before the read",
+};
+
+struct dsa_fix {
+	struct kvhf_model *m;
+	struct kvhf_ref ref;
+};
+
+static void
+dsa_load(struct dsa_fix *f)
+{
+	memset(f, 0, sizeof(*f));
+	if (kvhf_model_load(dsa_dir(), &f->m))
+		fail_msg("deepseek-v32: %s", kvtr_last_error());
+	if (kvhf_ref_load(dsa_dir(), &f->ref))
+		fail_msg("deepseek-v32: %s", kvtr_last_error());
+	assert_true(f->m->dsa);
+	assert_int_equal(f->m->index_topk, 8);
+	assert_int_equal(f->m->index_n_heads, 16);
+	assert_int_equal(f->m->index_head_dim, 16);
+}
+
+static void
+dsa_free(struct dsa_fix *f)
+{
+	kvhf_ref_free(&f->ref);
+	kvhf_model_free(f->m);
+}
+
+/*
+ * Runs the fixture under @place with @tpb tokens per block (@topk: NULL or the selections,
+ * kvhf_opts.topk_out), checks tokens and logits, the placement's own evidence and that the
+ * sparse attention read fewer blocks than dense attention would; *out keeps the result when
+ * not NULL (else freed).
+ */
+static void
+dsa_case(enum dsa_place place, uint32_t tpb, int32_t *topk, struct kvhf_result *out)
+{
+	struct dsa_fix f;
+	struct kvhf_result r;
+	struct kvhf_opts o;
+	char *tmp = NULL;
+	double diff = -1.0;
+	uint32_t L, K;
+
+	dsa_load(&f);
+	L = (uint32_t)f.m->n_layers;
+	K = (uint32_t)f.m->index_topk;
+	kvhf_opts_init(&o);
+	o.model = f.m;
+	o.prompt = f.ref.prompt;
+	o.n_prompt = f.ref.n_prompt;
+	o.gen = f.ref.n_gen;
+	o.tokens_per_block = tpb;
+	o.topk_out = topk;
+	if (place == DSA_TIERED || place == DSA_PARKED || place == DSA_PERSIST) {
+		o.hbm_frac = 0.1f;
+		o.host_frac = 0.25f;
+	}
+	if (place == DSA_PARKED)
+		o.park_every = 16;
+	if (place == DSA_PREFIX)
+		o.prefix_share = 1;
+	if (place == DSA_PERSIST) {
+		tmp = tsup_mkdtemp();
+		o.nvme_dir = tmp;
+		o.persist = 1;
+	}
+	if (place == DSA_NVME_READ) {
+		o.hbm_frac = 0.1f;
+		o.host_frac = 0.25f;
+		o.dsa_park_selected = 1;
+	}
+	if (kvhf_run(&o, &r))
+		fail_msg("deepseek-v32, %s: %s", dsa_place_names[place], kvtr_last_error());
+	if (kvhf_check(&f.ref, &r, KVHF_TOL, &diff))
+		fail_msg("deepseek-v32, %s: %s", dsa_place_names[place], kvtr_last_error());
+	print_message("deepseek-v32 tpb %-2u %-48s max abs logit diff %.3g; blocks read %llu "
+		      "of dense %llu (per layer %llu of %llu)\n", tpb, dsa_place_names[place], diff,
+		      (unsigned long long)r.dsa_blocks, (unsigned long long)r.dense_blocks,
+		      (unsigned long long)r.dsa_layer_blocks,
+		      (unsigned long long)r.dense_layer_blocks);
+	/* sparse: never more than top-k blocks a layer, fewer than dense in all */
+	assert_true(r.dsa_layer_blocks <= r.positions * L * K);
+	assert_true(r.dsa_layer_blocks < r.dense_layer_blocks);
+	assert_true(r.dsa_blocks < r.dense_blocks);
+	assert_true(r.dsa_blocks <= r.dsa_layer_blocks);
+	switch (place) {
+	case DSA_ALL_HBM:
+		assert_int_equal(r.stats.blocks_moved[KVT_MOVE_HBM_TO_HOST], 0);
+		break;
+	case DSA_TIERED: /* selected blocks came back from NVMe */
+		assert_true(r.stats.blocks_moved[KVT_MOVE_HOST_TO_NVME] > 0);
+		assert_true(r.stats.checksum_verified > 0);
+		break;
+	case DSA_PARKED:
+		assert_int_equal(r.parks, (o.n_prompt + o.gen - 1) / 16);
+		break;
+	case DSA_PREFIX:
+		assert_int_equal(r.prefix_tokens, (o.n_prompt - 1) / tpb * tpb);
+		break;
+	case DSA_PERSIST:
+		assert_int_equal(r.restored_tokens, o.n_prompt + o.gen / 2);
+		break;
+	case DSA_NVME_READ:
+		/* a park before every layer's read that had a stored block to read, and every
+		 * selected block read (checksum verified) from NVMe each time */
+		assert_true(r.dsa_parks > 0);
+		assert_true(r.dsa_parks <= r.positions * L);
+		assert_true(r.stats.checksum_verified >= r.dsa_layer_blocks);
+		break;
+	}
+	if (out)
+		*out = r;
+	else
+		kvhf_result_free(&r);
+	dsa_free(&f);
+	if (tmp)
+		tsup_rmdir(tmp);
+}
+
+static void
+test_all_hbm(void **state)
+{
+	(void)state;
+	dsa_case(DSA_ALL_HBM, 4, NULL, NULL);
+	dsa_case(DSA_ALL_HBM, 16, NULL, NULL);
+}
+
+static void
+test_tiered(void **state)
+{
+	(void)state;
+	dsa_case(DSA_TIERED, 4, NULL, NULL);
+}
+
+static void
+test_parked(void **state)
+{
+	(void)state;
+	dsa_case(DSA_PARKED, 4, NULL, NULL);
+}
+
+static void
+test_prefix(void **state)
+{
+	(void)state;
+	dsa_case(DSA_PREFIX, 4, NULL, NULL);
+}
+
+static void
+test_persist_kill9(void **state)
+{
+	(void)state;
+	dsa_case(DSA_PERSIST, 4, NULL, NULL);
+}
+
+/* The latents of the blocks a step selects are parked to NVMe after the choice (the indexer
+ * keys, their sidecar, stay resident): each is read back from NVMe, and the output holds. */
+static void
+test_selected_blocks_on_nvme(void **state)
+{
+	(void)state;
+	dsa_case(DSA_NVME_READ, 4, NULL, NULL);
+}
+
+/*
+ * indexer.safetensors "layer<i>.topk" [n_positions][index_topk] int32 into @out (the caller
+ * frees); returns the row count.
+ */
+static uint32_t
+dsa_read_topk(uint32_t layer, uint32_t k, int32_t **out)
+{
+	char path[4200], name[32];
+	const cJSON *t, *sh, *of;
+	unsigned char *buf;
+	uint64_t hl = 0, b;
+	uint32_t rows;
+	cJSON *hdr;
+	long n;
+	FILE *f;
+
+	snprintf(path, sizeof path, "%s/indexer.safetensors", dsa_dir());
+	f = fopen(path, "rb");
+	assert_non_null(f);
+	assert_int_equal(fseek(f, 0, SEEK_END), 0);
+	n = ftell(f);
+	assert_true(n > 8);
+	rewind(f);
+	buf = malloc((size_t)n + 1);
+	assert_non_null(buf);
+	assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+	fclose(f);
+	for (int i = 7; i >= 0; i--)
+		hl = hl << 8 | buf[i];
+	assert_true(hl < (uint64_t)n - 8);
+	{
+		char save = (char)buf[8 + hl];
+
+		buf[8 + hl] = '\0';
+		hdr = cJSON_Parse((const char *)buf + 8);
+		buf[8 + hl] = (unsigned char)save;
+	}
+	assert_non_null(hdr);
+	snprintf(name, sizeof name, "layer%u.topk", layer);
+	t = cJSON_GetObjectItemCaseSensitive(hdr, name);
+	assert_non_null(t);
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(t, "dtype")->valuestring, "I32");
+	sh = cJSON_GetObjectItemCaseSensitive(t, "shape");
+	of = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+	assert_int_equal(cJSON_GetArraySize(sh), 2);
+	rows = (uint32_t)cJSON_GetArrayItem(sh, 0)->valuedouble;
+	assert_int_equal((uint32_t)cJSON_GetArrayItem(sh, 1)->valuedouble, k);
+	b = (uint64_t)cJSON_GetArrayItem(of, 0)->valuedouble;
+	assert_int_equal((uint64_t)cJSON_GetArrayItem(of, 1)->valuedouble - b,
+			 (uint64_t)rows * k * 4);
+	assert_true(8 + hl + b + (uint64_t)rows * k * 4 <= (uint64_t)n);
+	*out = malloc((size_t)rows * k * sizeof(int32_t));
+	assert_non_null(*out);
+	memcpy(*out, buf + 8 + hl + b, (size_t)rows * k * sizeof(int32_t));
+	cJSON_Delete(hdr);
+	free(buf);
+	return rows;
+}
+
+/*
+ * The indexer's choice at every layer and position is transformers': the fixture's row p
+ * lists the top-k of the full reference pass in score order, positions > p (masked, tied at
+ * finfo.min) among them while p < k - 1; its visible entries as a set are ours.
+ */
+static void
+test_selection_matches_transformers(void **state)
+{
+	struct dsa_fix f;
+	struct kvhf_result r;
+	uint32_t L, K, P, mismatches = 0;
+	int32_t *topk;
+
+	(void)state;
+	dsa_load(&f);
+	L = (uint32_t)f.m->n_layers;
+	K = (uint32_t)f.m->index_topk;
+	P = f.ref.n_prompt + f.ref.n_gen;
+	topk = malloc((size_t)L * P * K * sizeof(int32_t));
+	assert_non_null(topk);
+	dsa_case(DSA_ALL_HBM, 4, topk, &r);
+	for (uint32_t l = 0; l < L; l++) {
+		int32_t *ref;
+		uint32_t rows = dsa_read_topk(l, K, &ref);
+
+		assert_int_equal(rows, P - 1); /* the reference pass: positions 0 .. P - 2 */
+		for (uint32_t p = 0; p < rows; p++) {
+			const int32_t *ours = topk + ((size_t)l * P + p) * K;
+			const int32_t *theirs = ref + (size_t)p * K;
+			uint32_t nv = 0, want = p + 1 < K ? p + 1 : K, i;
+			uint8_t seen[512] = { 0 };
+
+			for (i = 0; i < K; i++) /* ours: ascending, -1 padded */
+				if (ours[i] >= 0) {
+					assert_true(ours[i] <= (int32_t)p);
+					assert_true(i == 0 || ours[i] > ours[i - 1]);
+					seen[ours[i]] = 1;
+					nv++;
+				}
+			assert_int_equal(nv, want);
+			for (i = 0, nv = 0; i < K; i++) {
+				if (theirs[i] < 0 || theirs[i] > (int32_t)p)
+					continue; /* masked (future) positions */
+				nv++;
+				if (!seen[theirs[i]])
+					mismatches++;
+			}
+			assert_int_equal(nv, want);
+		}
+		free(ref);
+	}
+	print_message("indexer: %u layers x %u positions, %u selections differ from "
+		      "transformers'\n", L, P - 1, mismatches);
+	assert_int_equal(mismatches, 0);
+	kvhf_result_free(&r);
+	free(topk);
+	dsa_free(&f);
+}
+
+/* What the runner refuses for deepseek_v32 (no silent fallback to dense attention). */
+static void
+test_refused_modes(void **state)
+{
+	struct dsa_fix f;
+	struct kvhf_result r;
+	struct kvhf_opts o;
+	int32_t argmax[4];
+
+	(void)state;
+	dsa_load(&f);
+	kvhf_opts_init(&o);
+	o.model = f.m;
+	o.prompt = f.ref.prompt;
+	o.n_prompt = f.ref.n_prompt;
+	o.contiguous = 1;
+	assert_int_equal(kvhf_run(&o, &r), -EINVAL);
+	kvhf_result_free(&r);
+	o.contiguous = 0;
+	o.single_layout = 1;
+	assert_int_equal(kvhf_run(&o, &r), -EINVAL);
+	kvhf_result_free(&r);
+	o.single_layout = 0;
+	o.prefix_share = 1;
+	o.close_first = 1;
+	assert_int_equal(kvhf_run(&o, &r), -EINVAL);
+	assert_non_null(strstr(kvtr_last_error(), "close_first"));
+	kvhf_result_free(&r);
+	kvhf_opts_init(&o);
+	o.model = f.m;
+	o.n_prompt = 2;
+	o.sessions = 2;
+	assert_int_equal(kvhf_run_multi(&o, 0, NULL, NULL, argmax, &r), -EINVAL);
+	kvhf_result_free(&r);
+	dsa_free(&f);
+}
+
+/* The runner's sidecar of indexer keys (dsa.h): rows, commit order, attach, the file the
+ * persistent store keeps beside it (round trip, a foreign or truncated file refused). */
+static void
+test_sidecar(void **state)
+{
+	struct hf_sidecar sc, sc2;
+	char *dir = tsup_mkdtemp(), path[4200];
+	float *row;
+	FILE *f;
+
+	(void)state;
+	assert_int_equal(hf_sidecar_init(&sc, 2, 3, 5), 0);
+	assert_null(hf_sidecar_row(&sc, 7, 0, 0)); /* no entry */
+	assert_int_equal(hf_sidecar_open(&sc, 7), 0);
+	assert_int_equal(hf_sidecar_open(&sc, 7), -EEXIST);
+	for (uint32_t p = 0; p < 4; p++) {
+		for (uint32_t l = 0; l < 2; l++) {
+			row = hf_sidecar_row(&sc, 7, l, p);
+			assert_non_null(row);
+			for (int i = 0; i < 3; i++)
+				row[i] = (float)(100 * l + 10 * p + (uint32_t)i);
+		}
+		assert_null(hf_sidecar_row(&sc, 7, 0, p + 1)); /* past the one being computed */
+		assert_int_equal(hf_sidecar_commit(&sc, 7, p), 0);
+	}
+	assert_int_equal(hf_sidecar_commit(&sc, 7, 2), -EINVAL); /* out of order */
+	assert_null(hf_sidecar_row(&sc, 7, 2, 0));                /* no such layer */
+	/* rows of a layer are contiguous from row 0 */
+	row = hf_sidecar_row(&sc, 7, 1, 0);
+	assert_float_equal(row[3 * 2 + 1], 121.0f, 0.0);
+	/* attach: the first 3 positions of 7 into 9 */
+	assert_int_equal(hf_sidecar_open(&sc, 9), 0);
+	assert_int_equal(hf_sidecar_attach(&sc, 9, 7, 5), -EINVAL); /* more than 7 holds */
+	assert_int_equal(hf_sidecar_attach(&sc, 9, 7, 3), 0);
+	assert_float_equal(hf_sidecar_row(&sc, 9, 1, 2)[2], 122.0f, 0.0);
+	assert_non_null(hf_sidecar_row(&sc, 9, 0, 3));
+	assert_null(hf_sidecar_row(&sc, 9, 0, 4));
+	assert_int_equal(hf_sidecar_open(&sc, 11), 0);
+	assert_int_equal(hf_sidecar_open(&sc, 12), 0);
+	assert_int_equal(hf_sidecar_open(&sc, 13), -ENOSPC); /* HF_SIDECAR_SEQS entries */
+	/* save / load */
+	snprintf(path, sizeof path, "%s/keys", dir);
+	assert_int_equal(hf_sidecar_save(&sc, 7, path), 0);
+	assert_int_equal(hf_sidecar_init(&sc2, 2, 3, 5), 0);
+	assert_int_equal(hf_sidecar_open(&sc2, 42), 0);
+	assert_int_equal(hf_sidecar_load(&sc2, 42, path), 0);
+	for (uint32_t l = 0; l < 2; l++)
+		assert_memory_equal(hf_sidecar_row(&sc2, 42, l, 0), hf_sidecar_row(&sc, 7, l, 0),
+				    4 * 3 * sizeof(float));
+	assert_non_null(hf_sidecar_row(&sc2, 42, 0, 4)); /* 4 committed */
+	hf_sidecar_fini(&sc2);
+	assert_int_equal(hf_sidecar_init(&sc2, 2, 4, 5), 0); /* another geometry */
+	assert_int_equal(hf_sidecar_open(&sc2, 42), 0);
+	assert_int_equal(hf_sidecar_load(&sc2, 42, path), KVT_EFORMAT);
+	hf_sidecar_fini(&sc2);
+	assert_int_equal(truncate(path, 40), 0); /* the header and a piece of one layer */
+	assert_int_equal(hf_sidecar_init(&sc2, 2, 3, 5), 0);
+	assert_int_equal(hf_sidecar_open(&sc2, 42), 0);
+	assert_int_equal(hf_sidecar_load(&sc2, 42, path), KVT_EFORMAT);
+	f = fopen(path, "wb"); /* not a sidecar file */
+	assert_non_null(f);
+	fputs("not the indexer keys of anything at all", f);
+	fclose(f);
+	assert_int_equal(hf_sidecar_load(&sc2, 42, path), KVT_EFORMAT);
+	unlink(path);
+	assert_int_equal(hf_sidecar_load(&sc2, 42, path), -ENOENT);
+	hf_sidecar_close(&sc2, 42);
+	assert_null(hf_sidecar_row(&sc2, 42, 0, 0));
+	hf_sidecar_fini(&sc2);
+	hf_sidecar_fini(&sc);
+	tsup_rmdir(dir);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_all_hbm),
+		cmocka_unit_test(test_tiered),
+		cmocka_unit_test(test_parked),
+		cmocka_unit_test(test_prefix),
+		cmocka_unit_test(test_persist_kill9),
+		cmocka_unit_test(test_selected_blocks_on_nvme),
+		cmocka_unit_test(test_selection_matches_transformers),
+		cmocka_unit_test(test_refused_modes),
+		cmocka_unit_test(test_sidecar),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
