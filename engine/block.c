@@ -71,6 +71,11 @@ block_grow(struct kvt_engine *e)
 	nb = kvt_calloc(KVT_BCHUNK, sizeof *nb);
 	if (!nb)
 		return kvt_err(-ENOMEM, "growing the block table to %u blocks", ncap);
+	rc = kvt_sc_grow(e, c); /* the sidecar mirror's chunk (engine/sidecar.c) */
+	if (rc) {
+		kvt_free(nb);
+		return rc;
+	}
 	e->bchunk[c] = nb;
 	/* push the new ids on the free list, lowest first */
 	for (i = ncap; i-- > e->cap_blocks;) {
@@ -104,6 +109,7 @@ kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
 		b->slot[t] = KVT_NIL;
 	b->live = 1;
 	b->refs = 1;
+	kvt_sc_invalidate(e, id);
 	b->tslot = seq < e->cap_seqs ? kvt_tenant_slot(e, e->seqs[seq].tenant) : 0;
 	b->seq = seq;
 	b->index = index; /* b->seq above is also the free-list link: set once live */
@@ -224,6 +230,7 @@ kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
 	int t;
 
 	b->written = 1;
+	kvt_sc_invalidate(e, id);
 	if (host_copy_read(b)) {
 		/* a transfer still reads the HOST slot: it must not be freed (and reused) under
 		 * it. The copy is invalid from now on: INFLIGHT and stale, off the eviction list,

@@ -316,13 +316,13 @@ kvt_engine_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 			       o->opts_size);
 	if (o->opts_size > offsetof(struct kvt_engine_opts, groups) && (o->groups || o->n_groups))
 		return kvt_grp_create(o, out); /* engine/group.c */
-	return kvt_engine_create_core(o, o->layout.head_dim, 0, NULL, 0, 0, out);
+	return kvt_engine_create_core(o, o->layout.head_dim, 0, 0, NULL, 0, 0, out);
 }
 
 int
 kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, uint64_t layer_bytes,
-		       struct kvt_device *dev, uint64_t groups_fp, uint32_t group,
-		       struct kvt_engine **out)
+		       uint64_t sidecar_bytes, struct kvt_device *dev, uint64_t groups_fp,
+		       uint32_t group, struct kvt_engine **out)
 {
 	struct kvt_engine *e;
 	uint64_t bb = 0;
@@ -339,6 +339,18 @@ kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, uint64_t
 				     (unsigned long long)KVT_ENGINE_MAX_BLOCK_BYTES);
 		bb = layer_bytes * o->layout.n_layers;
 	}
+	if (!rc && sidecar_bytes) {
+		/* a SIDECAR group's bytes after each layer's K/V (engine/sidecar.c) */
+		uint64_t lb = bb / o->layout.n_layers;
+
+		if (sidecar_bytes > KVT_ENGINE_MAX_BLOCK_BYTES / o->layout.n_layers - lb)
+			rc = kvt_err(-EINVAL, "%llu sidecar bytes per layer after %llu bytes of K/V "
+				     "x %u layers exceed the block limit of %llu bytes",
+				     (unsigned long long)sidecar_bytes, (unsigned long long)lb,
+				     o->layout.n_layers,
+				     (unsigned long long)KVT_ENGINE_MAX_BLOCK_BYTES);
+		bb = (lb + sidecar_bytes) * o->layout.n_layers;
+	}
 	if (!rc)
 		rc = engine_check_opts(o, bb);
 	if (rc)
@@ -354,6 +366,8 @@ kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, uint64_t
 	e->layout = o->layout;
 	e->block_bytes = bb;
 	e->layer_block_bytes = bb / o->layout.n_layers;
+	e->sc_len = sidecar_bytes;
+	e->sc_off = e->layer_block_bytes - sidecar_bytes;
 	e->token_bytes = layer_bytes ? 0 : (uint64_t)o->layout.n_kv_heads * o->layout.head_dim *
 					   kvt_dtype_size(o->layout.dtype);
 	e->v_token_bytes = layer_bytes ? 0 : (uint64_t)o->layout.n_kv_heads * v_dim *
@@ -419,6 +433,8 @@ kvt_engine_destroy(struct kvt_engine *e)
 		kvt_xfer_fini(e);
 	kvt_persist_close(e); /* publishes sessions whose park completed, then closes */
 	kvt_unlock(e);
+	if (e->sc_stream)
+		e->dev->ops->stream_destroy(e->dev, e->sc_stream);
 	if (e->nvme)
 		kvt_nvme_close(e->nvme);
 	if (e->dev) {
@@ -443,6 +459,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	for (uint32_t c = 0; c < e->cap_blocks >> KVT_BCHUNK_SHIFT; c++)
 		kvt_free(e->bchunk[c]);
 	kvt_free(e->bchunk);
+	kvt_sc_fini(e);
 	kvt_batch_free_all(e); /* batches the caller never released */
 	kvt_free(e->hbm_h2d_seqno);
 	kvt_free(e->rel_ring);

@@ -508,6 +508,14 @@ struct kvt_engine {
 	struct kvt_grp *grp;                /* non-NULL: this is a grouped engine, a front over
 	                                       one core engine per storage group; none of the
 	                                       fields above but dev is used then */
+	/* SIDECAR (issue 17, engine/sidecar.c): per layer of a block, sc_len bytes at sc_off
+	 * after the layer's K/V that move with the block; a host mirror of them per block
+	 * record for reading without bringing the block up */
+	uint64_t sc_off;                    /* offset of the sidecar in a layer of a block */
+	uint64_t sc_len;                    /* its bytes per layer; 0 = no sidecar */
+	uint8_t **sc_chunk;                 /* [cap_bchunks]: KVT_BCHUNK valid bytes, then
+	                                       KVT_BCHUNK x n_layers x sc_len mirror bytes */
+	struct kvt_stream *sc_stream;       /* reads of HBM copies (created at the first) */
 	uint32_t win_tokens;                /* sliding window in tokens (0 = full attention):
 	                                       kvt_engine_set_window (engine/window.c) */
 	uint32_t win_sink;                  /* leading tokens always visible (window only) */
@@ -522,10 +530,24 @@ struct kvt_engine {
 /* ---- engine.c */
 /* Create one core engine of layout o->layout with @v_dim V elements per head (0: K only) on
  * device @dev (NULL: its own). @layer_bytes != 0: a STATE group's pool, whose block is
- * @layer_bytes per layer whatever the layout's heads and tokens (no per-token K/V). */
+ * @layer_bytes per layer whatever the layout's heads and tokens (no per-token K/V).
+ * @sidecar_bytes != 0: each layer of a block carries that many sidecar bytes after its K/V
+ * (a SIDECAR group's, engine/sidecar.c). */
 int kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, uint64_t layer_bytes,
-			   struct kvt_device *dev, uint64_t groups_fp, uint32_t group,
-			   struct kvt_engine **out);
+			   uint64_t sidecar_bytes, struct kvt_device *dev, uint64_t groups_fp,
+			   uint32_t group, struct kvt_engine **out);
+/* ---- sidecar.c */
+/* Grow the mirror with the block table's chunk @c (a chunk of KVT_BCHUNK records). */
+int kvt_sc_grow(struct kvt_engine *e, uint32_t c);
+/* Block @id's mirror no longer holds its bytes (a new block, or one appended to). */
+void kvt_sc_invalidate(struct kvt_engine *e, uint32_t id);
+/* Block @id's bytes are at @blk (a host-visible copy of the whole block): mirror them. */
+void kvt_sc_fill(struct kvt_engine *e, uint32_t id, const void *blk);
+/* Copy the sidecar of layer @layer of blocks [@first, @first + @n) of sequence @id into @dst
+ * ([n][sc_len]); kvt_seq_sidecar_read()'s core (engine/kvtier.h). Takes the lock. */
+int kvt_sc_read(struct kvt_engine *e, kvt_seq_id id, uint32_t layer, uint32_t first, uint32_t n,
+		void *dst);
+void kvt_sc_fini(struct kvt_engine *e);
 void kvt_engine_log(struct kvt_engine *e, int level, const char *fmt, ...) KVT_PRINTF(3, 4);
 /* The most blocks one sequence may hold: all tiers' usable slots less one per tier below HBM
  * (the reserve; kvtier.h kvt_seq_append). */

@@ -158,6 +158,25 @@ grp_core_layout(const struct kvt_grp *G, const struct kvt_group *g, struct kvt_l
 	}
 }
 
+/* Bytes per layer of a block that SIDECAR group @g adds to its parent's. */
+static uint64_t
+grp_sc_bytes(const struct kvt_grp *G, const struct kvt_group *g)
+{
+	return (uint64_t)G->tpb * g->sidecar_token_bytes + g->sidecar_block_bytes;
+}
+
+/* The SIDECAR group following group @p, or KVT_NIL. */
+static uint32_t
+grp_sidecar_of(const struct kvt_grp *G, uint32_t p)
+{
+	uint32_t i;
+
+	for (i = 0; i < G->n; i++)
+		if (G->g[i].kind == KVT_GROUP_SIDECAR && G->g[i].parent == p)
+			return i;
+	return KVT_NIL;
+}
+
 /* Bytes of one block of storage group @g (all its layers). */
 static uint64_t
 grp_block_bytes(const struct kvt_grp *G, const struct kvt_group *g)
@@ -165,11 +184,14 @@ grp_block_bytes(const struct kvt_grp *G, const struct kvt_group *g)
 	struct kvt_layout l;
 	uint32_t v;
 
+	uint32_t sc = grp_sidecar_of(G, (uint32_t)(g - G->g));
+
 	if (g->kind == KVT_GROUP_STATE)
 		return grp_state_off(g, g->n_state, NULL) * g->n_layers;
 	grp_core_layout(G, g, &l, &v);
-	return (uint64_t)l.tokens_per_block * l.n_kv_heads * ((uint64_t)l.head_dim + v) *
-	       kvt_dtype_size(l.dtype) * l.n_layers;
+	return ((uint64_t)l.tokens_per_block * l.n_kv_heads * ((uint64_t)l.head_dim + v) *
+		kvt_dtype_size(l.dtype) + (sc == KVT_NIL ? 0 : grp_sc_bytes(G, &G->g[sc]))) *
+	       l.n_layers;
 }
 
 /* Check the state tensors of STATE group @g (index @i). */
@@ -211,6 +233,66 @@ grp_check_state(const struct kvt_group *g, uint32_t i)
 	return 0;
 }
 
+/* SIDECAR group @i alone (its parent is checked once every group is: grp_check_parents). */
+static int
+grp_check_sidecar(const struct kvt_grp *G, uint32_t i)
+{
+	const struct kvt_group *g = &G->g[i];
+
+	if (g->parent >= G->n || g->parent == i)
+		return kvt_err(-EINVAL, "group %u: parent %u is not another group (the engine has "
+			       "%u)", i, g->parent, G->n);
+	if (g->sidecar_token_bytes > (1u << 16) || g->sidecar_block_bytes > (1u << 24))
+		return kvt_err(-EINVAL, "group %u: sidecar_token_bytes %llu (at most 65536) or "
+			       "sidecar_block_bytes %llu (at most 16 MiB) out of range", i,
+			       (unsigned long long)g->sidecar_token_bytes,
+			       (unsigned long long)g->sidecar_block_bytes);
+	if (!g->sidecar_token_bytes && !g->sidecar_block_bytes)
+		return kvt_err(-EINVAL, "group %u: a SIDECAR group needs sidecar_token_bytes or "
+			       "sidecar_block_bytes", i);
+	if (g->tokens_per_block && g->tokens_per_block != G->tpb)
+		return kvt_err(KVT_ENOTSUP, "group %u: tokens_per_block %u differs from the "
+			       "layout's %u (per-group block sizes are not supported yet)", i,
+			       g->tokens_per_block, G->tpb);
+	return 0;
+}
+
+/* Every SIDECAR group's parent: a FULL, WINDOW or LATENT group followed by no other sidecar,
+ * whose layers it names (or n_layers 0: the parent's). */
+static int
+grp_check_parents(const struct kvt_grp *G)
+{
+	uint32_t i, j;
+
+	for (i = 0; i < G->n; i++) {
+		const struct kvt_group *g = &G->g[i], *p;
+
+		if (g->kind != KVT_GROUP_SIDECAR)
+			continue;
+		p = &G->g[g->parent];
+		if (p->kind != KVT_GROUP_FULL && p->kind != KVT_GROUP_WINDOW &&
+		    p->kind != KVT_GROUP_LATENT)
+			return kvt_err(-EINVAL, "group %u: its parent, group %u, is a %s group: a "
+				       "sidecar follows a FULL, WINDOW or LATENT group", i, g->parent,
+				       grp_kind_name(p->kind));
+		if (grp_sidecar_of(G, g->parent) != i)
+			return kvt_err(-EINVAL, "group %u: group %u already has a sidecar (group %u)",
+				       i, g->parent, grp_sidecar_of(G, g->parent));
+		if (g->n_layers == 0)
+			continue;
+		if (g->n_layers != p->n_layers || !g->layers)
+			return kvt_err(-EINVAL, "group %u: a sidecar's layers are its parent's (group "
+				       "%u, %u layers): give them, or n_layers 0", i, g->parent,
+				       p->n_layers);
+		for (j = 0; j < g->n_layers; j++)
+			if (g->layers[j] != p->layers[j])
+				return kvt_err(-EINVAL, "group %u: layer %u of the sidecar is model "
+					       "layer %u, its parent's is %u", i, j, g->layers[j],
+					       p->layers[j]);
+	}
+	return 0;
+}
+
 /* Check descriptor @i (copied into G->g[i]) alone; @owner[l] = group claiming model layer l. */
 static int
 grp_check_one(struct kvt_grp *G, uint32_t i, uint32_t *owner)
@@ -221,8 +303,7 @@ grp_check_one(struct kvt_grp *G, uint32_t i, uint32_t *owner)
 	if ((unsigned)g->kind > KVT_GROUP_SIDECAR)
 		return kvt_err(-EINVAL, "group %u: unknown kind %d", i, (int)g->kind);
 	if (g->kind == KVT_GROUP_SIDECAR)
-		return kvt_err(KVT_ENOTSUP, "group %u: SIDECAR groups (issue 17) are not "
-			       "supported yet", i);
+		return grp_check_sidecar(G, i); /* its layers are its parent's: owned there */
 	if (g->n_layers < 1 || g->n_layers > G->n_layers)
 		return kvt_err(-EINVAL, "group %u: n_layers %u out of range 1..%u (the model's "
 			       "layers)", i, g->n_layers, G->n_layers);
@@ -306,7 +387,7 @@ grp_read(struct kvt_grp *G, const struct kvt_engine_opts *o)
 		kvt_group_init(&G->g[i], sizeof G->g[i]);
 		memcpy(&G->g[i], src, stride < sizeof G->g[i] ? stride : sizeof G->g[i]);
 		G->g[i].size = sizeof G->g[i];
-		if (G->g[i].n_layers <= GRP_MAX_DIM)
+		if (G->g[i].n_layers <= GRP_MAX_DIM && G->g[i].kind != KVT_GROUP_SIDECAR)
 			total += G->g[i].n_layers * (G->g[i].kind == KVT_GROUP_ALIAS ? 2 : 1);
 	}
 	owner = kvt_malloc((size_t)G->n_layers * sizeof *owner);
@@ -321,6 +402,8 @@ grp_read(struct kvt_grp *G, const struct kvt_engine_opts *o)
 		owner[i] = KVT_NIL;
 	for (i = 0; i < G->n && !rc; i++)
 		rc = grp_check_one(G, i, owner);
+	if (!rc)
+		rc = grp_check_parents(G);
 	for (i = 0; i < G->n_layers && !rc; i++)
 		if (owner[i] == KVT_NIL)
 			rc = kvt_err(-EINVAL, "model layer %u is in no group", i);
@@ -359,6 +442,8 @@ grp_read(struct kvt_grp *G, const struct kvt_engine_opts *o)
 	for (i = 0; i < G->n; i++) {
 		struct kvt_group *g = &G->g[i];
 
+		if (g->kind == KVT_GROUP_SIDECAR)
+			continue; /* below: its parent's */
 		memcpy(G->lay + off, g->layers, g->n_layers * sizeof *G->lay);
 		g->layers = G->lay + off;
 		off += g->n_layers;
@@ -375,8 +460,16 @@ grp_read(struct kvt_grp *G, const struct kvt_engine_opts *o)
 		}
 	}
 	for (i = 0; i < G->n; i++) {
-		const struct kvt_group *g = &G->g[i];
+		struct kvt_group *g = &G->g[i];
 
+		if (g->kind == KVT_GROUP_SIDECAR) {
+			/* no pool: its bytes are in the parent's blocks, its tables the parent's */
+			g->n_layers = G->g[g->parent].n_layers;
+			g->layers = G->g[g->parent].layers;
+			g->alias_of = NULL;
+			G->src[i] = g->parent;
+			continue;
+		}
 		if (g->kind != KVT_GROUP_ALIAS)
 			continue;
 		for (j = 0; j < g->n_layers; j++) {
@@ -524,7 +617,12 @@ grp_fingerprint(const struct kvt_grp *G)
 		w[6] = g->latent_dim;
 		w[7] = g->kind == KVT_GROUP_WINDOW ? g->window : 0;
 		w[8] = g->kind == KVT_GROUP_WINDOW ? g->sink : 0;
-		if (g->kind == KVT_GROUP_ALIAS || g->kind == KVT_GROUP_STATE)
+		if (g->kind == KVT_GROUP_SIDECAR) {
+			w[2] = g->parent;
+			w[3] = (uint32_t)g->sidecar_token_bytes;
+			w[4] = (uint32_t)g->sidecar_block_bytes;
+			w[5] = w[6] = 0;
+		} else if (g->kind == KVT_GROUP_ALIAS || g->kind == KVT_GROUP_STATE)
 			w[2] = w[3] = w[4] = w[5] = w[6] = 0;
 		else if (g->kind == KVT_GROUP_LATENT)
 			w[3] = w[4] = w[5] = 0;
@@ -593,7 +691,7 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 		const struct kvt_group *g = &G->g[i];
 		struct kvt_engine_opts go = co;
 		char *dir = NULL;
-		uint32_t v;
+		uint32_t v, v_sc;
 
 		if (!grp_storage(g->kind))
 			continue;
@@ -611,8 +709,10 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 		}
 		if (co.host_bytes && !go.host_bytes)
 			go.host_bytes = 1; /* refused below with the group's block size */
+		v_sc = grp_sidecar_of(G, i);
 		rc = kvt_engine_create_core(&go, v, g->kind == KVT_GROUP_STATE ?
 						  grp_state_off(g, g->n_state, NULL) : 0,
+					    v_sc == KVT_NIL ? 0 : grp_sc_bytes(G, &G->g[v_sc]),
 					    G->first == KVT_NIL ? NULL : G->core[G->first]->dev,
 					    fp, i, &G->core[i]);
 		kvt_free(dir);
@@ -739,6 +839,14 @@ kvt_group_geometry(const struct kvt_engine *e, uint32_t group, struct kvt_group_
 			       e->grp->n);
 	g = &e->grp->g[group];
 	out->kind = g->kind;
+	if (g->kind == KVT_GROUP_SIDECAR) {
+		/* the parent's pool: slots, block and layer bytes (kvt_group_sidecar: where) */
+		grp_core_geometry(e->grp->core[g->parent], out);
+		out->kind = KVT_GROUP_SIDECAR;
+		out->k_token_bytes = out->v_token_bytes = out->v_offset = 0;
+		out->n_kv_heads = out->head_dim = out->v_head_dim = 0;
+		return 0;
+	}
 	if (!e->grp->core[group]) {
 		out->n_layers = g->n_layers;
 		out->tokens_per_block = e->grp->tpb;
@@ -776,6 +884,28 @@ kvt_group_state_tensor(const struct kvt_engine *e, uint32_t group, uint32_t tens
 		*offset = grp_state_off(g, tensor, bytes);
 	else if (bytes)
 		(void)grp_state_off(g, tensor, bytes);
+	return 0;
+}
+
+int
+kvt_group_sidecar(const struct kvt_engine *e, uint32_t group, uint64_t *offset,
+		  uint64_t *token_bytes, uint64_t *block_bytes)
+{
+	const struct kvt_group *g;
+
+	if (!e || !e->grp || group >= e->grp->n)
+		return kvt_err(-EINVAL, "kvt_group_sidecar: group %u is not a group of this engine",
+			       group);
+	g = &e->grp->g[group];
+	if (g->kind != KVT_GROUP_SIDECAR)
+		return kvt_err(-EINVAL, "kvt_group_sidecar: group %u is a %s group, not SIDECAR",
+			       group, grp_kind_name(g->kind));
+	if (offset)
+		*offset = e->grp->core[g->parent]->sc_off;
+	if (token_bytes)
+		*token_bytes = g->sidecar_token_bytes;
+	if (block_bytes)
+		*block_bytes = g->sidecar_block_bytes;
 	return 0;
 }
 
@@ -1065,6 +1195,7 @@ kvt_seq_append_groups(struct kvt_engine *e, kvt_seq_id id, const int32_t *tokens
 		return rc;
 	for (i = 0; i < G->n; i++) {
 		if (!G->core[i]) {
+			/* ALIAS: -1; SIDECAR: its parent's row, filled below */
 			for (j = 0; j < n; j++)
 				slot_mapping[(size_t)i * n + j] = -1;
 			continue;
@@ -1084,6 +1215,11 @@ kvt_seq_append_groups(struct kvt_engine *e, kvt_seq_id id, const int32_t *tokens
 			for (i = 0; i < failed; i++)
 				if (G->core[i])
 					grp_unappend(G->core[i], ids[i], old[i]);
+	} else {
+		for (i = 0; i < G->n; i++)
+			if (G->g[i].kind == KVT_GROUP_SIDECAR)
+				memcpy(slot_mapping + (size_t)i * n,
+				       slot_mapping + (size_t)G->g[i].parent * n, n * sizeof *slot_mapping);
 	}
 	grp_seq_leave(G, id);
 	return rc;
@@ -1276,6 +1412,29 @@ kvt_grp_seq_attach_prefix(struct kvt_engine *e, kvt_seq_id id, const int32_t *to
 		*attached_tokens = cap;
 	grp_seq_leave(G, id);
 	return rc;
+}
+
+int
+kvt_seq_sidecar_read(struct kvt_engine *e, kvt_seq_id id, uint32_t group,
+		     uint32_t layer_in_group, uint32_t first_block, uint32_t n_blocks, void *dst)
+{
+	kvt_seq_id ids[KVT_MAX_GROUPS];
+	struct kvt_grp *G;
+	uint32_t p;
+	int rc;
+
+	if (!e || (!dst && n_blocks))
+		return kvt_err(-EINVAL, "kvt_seq_sidecar_read: engine and dst must not be NULL");
+	G = e->grp;
+	if (!G || group >= G->n || G->g[group].kind != KVT_GROUP_SIDECAR)
+		return kvt_err(-EINVAL, "kvt_seq_sidecar_read: group %u is not a SIDECAR group of "
+			       "this engine", group);
+	rc = grp_seq_enter(G, id, ids, GRP_LOOK);
+	if (rc)
+		return rc;
+	p = G->g[group].parent;
+	rc = kvt_sc_read(G->core[p], ids[p], layer_in_group, first_block, n_blocks, dst);
+	return rc ? grp_err(rc, p) : 0;
 }
 
 /* ---- tenants ------------------------------------------------------------------------------ */
@@ -1491,6 +1650,8 @@ kvt_batch_wait_group_layer(struct kvt_batch *b, uint32_t group, uint32_t layer_i
 	if (group >= G->n)
 		return kvt_err(-EINVAL, "group %u out of range (the engine has %u groups)", group,
 			       G->n);
+	if (G->g[group].kind == KVT_GROUP_SIDECAR)
+		group = G->g[group].parent; /* its bytes come with the parent's layers */
 	if (!b->gsub[group])
 		return kvt_err(-EINVAL, "group %u is an ALIAS group: wait for its source layers",
 			       group);

@@ -1201,10 +1201,36 @@ enum kvt_group_kind {
 	KVT_GROUP_STATE = 4,   /* a fixed-size state per sequence and layer (linear attention:
 	                          Gated DeltaNet, Mamba), checkpointed at block boundaries:
 	                          see "STATE groups" below */
-	KVT_GROUP_SIDECAR = 5, /* per-token or per-block metadata moving with its parent
+	KVT_GROUP_SIDECAR = 5, /* per-token and per-block metadata stored in its parent
 	                          group's blocks (sparse-attention indexer keys, page
-	                          summaries): issue 17; create refuses it today */
+	                          summaries): see "SIDECAR groups" below */
 };
+
+/*
+ * SIDECAR groups (issue 17). A SIDECAR group names a parent (a FULL, WINDOW or LATENT group,
+ * at most one sidecar each) and adds, to every layer of every block of the parent, after the
+ * layer's K/V: tokens_per_block x sidecar_token_bytes (token t's at t x sidecar_token_bytes)
+ * then sidecar_block_bytes. Those bytes are PART OF THE PARENT'S BLOCK: its slot grows by
+ * n_layers x that, and everything that moves, checksums, encodes, parks, stores, restores,
+ * shares by prefix or evicts a block does so with its sidecar, which is never apart from it.
+ * The group has no pool, no layers of its own (its n_layers/layers are 0/NULL or exactly its
+ * parent's) and no sequences; its slot-mapping row of kvt_seq_append_groups is its parent's,
+ * its table (kvt_batch_group_table) the parent's, its geometry the parent's pool with kind
+ * SIDECAR and no K/V fields; kvt_group_sidecar() gives the offset inside a layer.
+ * Writing: as K/V, through the parent's slot mapping, before the release (a per-block part,
+ * e.g. a page summary, rewritten by each append that touches the block).
+ * Reading for scoring (an indexer over every block, a Quest-style page score): each block
+ * record keeps a host MIRROR of its sidecar, refreshed when a host copy of the block appears
+ * (demoted to HOST, read from NVMe) or when kvt_seq_sidecar_read() reads it from HOST or HBM;
+ * kvt_seq_sidecar_read() copies from it without bringing any block up, so a step scores every
+ * block, then prepares only the selected ones (kvt_batch_prepare_ranges with one-block ranges;
+ * kvt_engine_hint_ranges names them ahead). Mirror memory: n_layers x the sidecar per block
+ * record, host memory, allocated with the block table.
+ * Create errors (-EINVAL naming the group): parent out of range or itself, a parent that is not
+ * FULL, WINDOW or LATENT, a second sidecar of one parent, layers that are not the parent's,
+ * both sizes 0, sidecar_token_bytes over 65536 or sidecar_block_bytes over 16 MiB, a block
+ * over 1 GiB with them; tokens_per_block other than the layout's: KVT_ENOTSUP.
+ */
 
 /*
  * STATE groups (issue 17). A STATE group's pool holds, per block of a sequence, the state of
@@ -1296,10 +1322,10 @@ struct kvt_group {
 	uint32_t n_state;          /* tensors per layer, 1..KVT_GROUP_MAX_STATE; each tensor's
 	                              dims 1..2^20, at most 2^30 elements */
 	struct kvt_state_tensor state[KVT_GROUP_MAX_STATE];
-	/* SIDECAR (issue 17) */
-	uint32_t parent;           /* index of the group whose blocks it follows */
-	uint64_t sidecar_token_bytes; /* bytes per token and layer (0 = none) */
-	uint64_t sidecar_block_bytes; /* bytes per block and layer (0 = none) */
+	/* SIDECAR (issue 17; "SIDECAR groups" above) */
+	uint32_t parent;           /* index of the group whose blocks carry it */
+	uint64_t sidecar_token_bytes; /* bytes per token and layer (0 = none), <= 65536 */
+	uint64_t sidecar_block_bytes; /* bytes per block and layer (0 = none), <= 16 MiB */
 };
 
 /** kvt_group_init() - zero @g and set g->size = @size (then tokens_per_block 0, share 0). */
@@ -1314,6 +1340,36 @@ KVT_API void kvt_group_init(struct kvt_group *g, size_t size);
  */
 KVT_API int kvt_group_state_tensor(const struct kvt_engine *e, uint32_t group, uint32_t tensor,
 				   uint64_t *offset, uint64_t *bytes);
+
+/**
+ * kvt_group_sidecar() - where SIDECAR group @group's bytes lie in its parent's blocks (see
+ * "SIDECAR groups"): *offset bytes into each layer's part of the parent's block (layer i of
+ * block slot s at geo.hbm_base + s * geo.block_bytes + i * geo.layer_block_bytes + *offset,
+ * geo the parent's or this group's geometry: the same pool), then tokens_per_block x
+ * *token_bytes (token t's at + t * *token_bytes), then *block_bytes. Any pointer may be NULL.
+ * Returns 0, or -EINVAL (NULL engine, no such group, not a SIDECAR group).
+ */
+KVT_API int kvt_group_sidecar(const struct kvt_engine *e, uint32_t group, uint64_t *offset,
+			      uint64_t *token_bytes, uint64_t *block_bytes);
+
+/**
+ * kvt_seq_sidecar_read() - copy the sidecar of layer @layer_in_group of blocks [@first_block,
+ * @first_block + @n_blocks) of sequence @s (block positions, as a table's block_pos) into
+ * @dst: [n_blocks][tokens_per_block x token_bytes + block_bytes] (kvt_group_sidecar's sizes),
+ * host memory, WITHOUT bringing the blocks up: from the engine's host mirror of each block's
+ * sidecar, filled when a host copy of the block appears (its demotion to HOST, its read from
+ * NVMe) or read here from its HOST or HBM copy. A block being written (appended to since the
+ * last release or park) is read from HBM as it is now: write its sidecar before reading it.
+ * Any thread; takes the parent pool's lock for the copy (an HBM read is a synchronous device
+ * copy). Returns 0, or: -EINVAL (NULL engine or dst, not a SIDECAR group, layer or blocks out
+ * of range), KVT_ECLOSED, -ENOENT (a block that left a WINDOW parent's window), -EAGAIN (a
+ * block only on NVMe whose mirror this engine never filled: after kvt_seq_restore, or a prefix
+ * hit on such a block; a prepare holding it fills it), KVT_EDEVICE (the HBM read failed).
+ * dst may be partly written on error.
+ */
+KVT_API int kvt_seq_sidecar_read(struct kvt_engine *e, kvt_seq_id s, uint32_t group,
+				 uint32_t layer_in_group, uint32_t first_block, uint32_t n_blocks,
+				 void *dst);
 
 /**
  * kvt_engine_n_groups() - groups of @e: opts.n_groups, or 1 for an engine without groups (its

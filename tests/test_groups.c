@@ -411,11 +411,11 @@ test_bad_descriptors(void **state)
 	expect_refused(g, KVT_MAX_GROUPS + 1, KVT_MAX_GROUPS + 1, -EINVAL,
 		       "17 layer groups (groups set): must be 1..16");
 	expect_refused(NULL, 2, 2, -EINVAL, "groups NULL");
-	/* SIDECAR: accepted by the type, refused by create, naming issue 17 (STATE groups:
+	/* a SIDECAR descriptor is checked as one (tests/test_sidecar.c; STATE groups:
 	 * tests/test_state.c) */
 	model_groups(g);
 	g[4].kind = KVT_GROUP_SIDECAR;
-	expect_refused(g, NG, NL, KVT_ENOTSUP, "(issue 17)");
+	expect_refused(g, NG, NL, -EINVAL, "group 4: a SIDECAR group needs sidecar_token_bytes");
 	g[4].kind = (enum kvt_group_kind)77;
 	expect_refused(g, NG, NL, -EINVAL, "group 4: unknown kind 77");
 	/* per-group block sizes are not supported yet */

@@ -130,7 +130,12 @@ class NotFoundError(IOError_, LookupError):
     (kvt_tenant_usage), or a missing nvme_dir."""
 
 
-_ERRORS = {-errno.EINVAL: InvalidArgumentError, -errno.ENOSPC: NoSpaceError,
+class AgainError(KvtierError):
+    """-EAGAIN: not available now (Sequence.sidecar: a block only on NVMe not read since a
+    restore; prepare it once)."""
+
+
+_ERRORS = {-errno.EINVAL: InvalidArgumentError, -errno.EAGAIN: AgainError, -errno.ENOSPC: NoSpaceError,
            -errno.ENOMEM: OutOfMemoryError, -errno.ENOENT: NotFoundError,
            EDEVICE: DeviceError, ESHORTIO: DeviceError, ECORRUPT: CorruptError,
            EFORMAT: CorruptError, ECLOSED: ClosedError, ELOST: LostError,
@@ -545,6 +550,14 @@ class Engine:
                                           ctypes.byref(n)), "kvt_group_state_tensor")
         return off.value, n.value
 
+    def group_sidecar(self, group):
+        """kvt_group_sidecar: (offset, token_bytes, block_bytes) of SIDECAR group @group in
+        each layer's part of its parent's block."""
+        off, tb, bb = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+        _check(lib.kvt_group_sidecar(self._handle(), group, ctypes.byref(off),
+                                     ctypes.byref(tb), ctypes.byref(bb)), "kvt_group_sidecar")
+        return off.value, tb.value, bb.value
+
     def group_stats(self, group):
         """kvt_engine_group_stats: stats() of one group's pool."""
         s = _ffi.Stats()
@@ -580,7 +593,8 @@ def _seq_id(s):
 
 
 _GROUP_FIELDS = ("n_kv_heads", "head_dim", "v_head_dim", "latent_dim", "window", "sink",
-                 "tokens_per_block", "share")
+                 "tokens_per_block", "share", "parent", "sidecar_token_bytes",
+                 "sidecar_block_bytes")
 
 
 def _groups(o, groups):
@@ -774,6 +788,18 @@ class Sequence:
     def resume(self):
         """kvt_seq_resume: start promoting the blocks back to HBM (best effort)."""
         _check(self._call(lib.kvt_seq_resume), "kvt_seq_resume")
+
+    def sidecar(self, group, layer, first_block, n_blocks):
+        """kvt_seq_sidecar_read: the sidecar of layer @layer (of SIDECAR group @group) of blocks
+        [first_block, first_block + n_blocks) as bytes, n_blocks x (tokens_per_block x
+        token_bytes + block_bytes), from the engine's host mirror: no block is brought up.
+        AgainError (-EAGAIN) for a block only on NVMe never read since a restore."""
+        _, tb, bb = self._engine.group_sidecar(group)
+        tpb = self._engine.group_geometry(group)["tokens_per_block"]
+        buf = ctypes.create_string_buffer(max(n_blocks * (tpb * tb + bb), 1))
+        _check(self._call(lib.kvt_seq_sidecar_read, group, layer, first_block, n_blocks, buf),
+               "kvt_seq_sidecar_read")
+        return buf.raw[:n_blocks * (tpb * tb + bb)]
 
     def info(self):
         """kvt_seq_info: n_tokens, n_blocks, blocks_in (per tier), tenant, priority, parked."""

@@ -143,7 +143,7 @@ def test_bad_descriptors(change, msg):
     with pytest.raises(kvtier.InvalidArgumentError, match="n_state 0 out of range"):
         kvtier.Engine(n_layers=1, n_kv_heads=0, head_dim=0, hbm_bytes=1 << 20,
                       groups=[{"kind": "state", "layers": [0]}])
-    with pytest.raises(kvtier.NotSupportedError, match="SIDECAR"):
+    with pytest.raises(kvtier.InvalidArgumentError, match="parent 0 is not another group"):
         kvtier.Engine(n_layers=1, n_kv_heads=0, head_dim=0, hbm_bytes=1 << 20,
                       groups=[{"kind": "sidecar", "layers": [0]}])
 
@@ -184,3 +184,39 @@ def test_persistent_session_restored(tmp_path):
         assert seq.info()["n_tokens"] == 10
         with eng.prepare([seq]) as b:
             check(b, 0, 5)
+
+
+def test_sidecar_group():
+    """A SIDECAR group through the binding: its bytes in the parent's blocks, written through
+    the parent's slot mapping and read back from the mirror, after a park to HOST too."""
+    groups = [{"kind": "full", "layers": [0, 1], "n_kv_heads": 1, "head_dim": 4,
+               "dtype": "f32"},
+              {"kind": "sidecar", "parent": 0, "sidecar_token_bytes": 8,
+               "sidecar_block_bytes": 16}]
+    with kvtier.Engine(n_layers=2, n_kv_heads=0, head_dim=0, tokens_per_block=4,
+                       hbm_bytes=1 << 20, host_bytes=1 << 20, groups=groups) as eng:
+        off, tb, bb = eng.group_sidecar(1)
+        assert (off, tb, bb) == (4 * 2 * 4 * 4, 8, 16)
+        geo = eng.group_geometry(1)
+        assert geo["kind"] == kvtier.GROUP_KINDS["sidecar"]
+        assert geo["layer_block_bytes"] == off + 4 * tb + bb
+        seq = eng.open_sequence()
+        maps = seq.append_groups(list(range(6)))
+        assert list(maps[1]) == list(maps[0])
+        # written after the append, before the batch's release (kvtier.h contract)
+        base, lbb, blk = geo["hbm_base"], geo["layer_block_bytes"], geo["block_bytes"]
+        for t, m in enumerate(maps[0]):
+            for layer in range(2):
+                addr = base + (m // 4) * blk + layer * lbb + off + (m % 4) * tb
+                ctypes.memmove(addr, bytes([t + 10 * layer + 1]) * tb, tb)
+        with eng.prepare([seq]):
+            pass
+        seq.park("host")
+        eng.drain()
+        got = seq.sidecar(1, 1, 0, 2)
+        assert len(got) == 2 * (4 * tb + bb)
+        assert got[:tb] == bytes([11]) * tb
+        assert got[4 * tb + bb + tb:4 * tb + bb + 2 * tb] == bytes([16]) * tb
+        with pytest.raises(kvtier.InvalidArgumentError, match="FULL group, not SIDECAR"):
+            seq.sidecar(0, 0, 0, 1)
+        seq.close()
