@@ -245,6 +245,12 @@ struct kvhf_opts {
 	                                attaches, so the prompt's blocks are held only by the
 	                                prefix cache (reuse after the owner left, and past the
 	                                window) */
+	float *state_out;            /* models with linear-attention layers: when not NULL,
+	                                [n_linear][conv + rec floats] (fwd.h "Gated DeltaNet")
+	                                receives their state after the last position of the
+	                                (first, or restored) sequence as kvtier holds it: read
+	                                back from the STATE block of the last token, as a next
+	                                position would read it (contiguous: the plain copy) */
 	FILE *log;                   /* notes; NULL = stderr */
 };
 
@@ -262,7 +268,8 @@ struct kvhf_group_mem {
 	uint64_t bound_blocks;       /* kvtier-calc's figure: the blocks a sequence of the run's
 	                                positions holds at most (FULL, LATENT ceil(P / tpb);
 	                                WINDOW min(that, ceil(sink / tpb) + ceil(window / tpb) +
-	                                1)); ALIAS 0 */
+	                                1); STATE 1: calc's one state per sequence, while the
+	                                engine keeps up to 2 live blocks); ALIAS 0 */
 };
 
 /** Results. Free with kvhf_result_free(). */
@@ -277,6 +284,8 @@ struct kvhf_result {
 	uint64_t prefix_tokens;      /* prefix_share: tokens the second sequence attached */
 	uint64_t restored_tokens;    /* persist: tokens of the restored session */
 	struct kvt_stats stats;      /* engine counters at the end */
+	uint64_t group_moved[KVT_MAX_GROUPS][KVT_MOVE_COUNT]; /* per storage group: its pool's
+	                                blocks_moved at the end (kvt_engine_group_stats) */
 	struct kvt_geometry geo;     /* slots and block bytes of group 0 (the rest: zero) */
 	uint32_t n_groups;           /* the engine's groups */
 	struct kvhf_group_mem mem[KVT_MAX_GROUPS]; /* opts.report: per group */

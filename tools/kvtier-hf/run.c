@@ -204,7 +204,7 @@ static int
 hf_state_load(struct hf_run *c, kvt_seq_id seq, uint32_t pos)
 {
 	const struct kvhf_model *m = c->m;
-	uint32_t blk = pos ? (pos - 1) / c->tpb : 0, gi = c->sgroup;
+	uint32_t blk, gi = c->sgroup;
 	struct kvt_seq_range range;
 	struct kvt_group_table t;
 	struct kvt_batch *b = NULL;
@@ -217,6 +217,7 @@ hf_state_load(struct hf_run *c, kvt_seq_id seq, uint32_t pos)
 		memset(c->lin, 0, (size_t)m->n_linear * c->lin_floats * sizeof(float));
 		return 0;
 	}
+	blk = (pos - 1) / c->tpb;
 	range.seq = seq;
 	range.first_block = blk;
 	range.n_blocks = 1;
@@ -252,6 +253,21 @@ hf_state_load(struct hf_run *c, kvt_seq_id seq, uint32_t pos)
 	rc2 = kvt_batch_release(b, NULL);
 	if (rc == 0 && rc2)
 		rc = kvtr_err_kvt(rc2, "kvt_batch_release");
+	return rc;
+}
+
+/* opts.state_out: the state after position @P - 1 of @seq, as the next position would load it. */
+static int
+hf_state_out(struct hf_run *c, kvt_seq_id seq, uint32_t P)
+{
+	int rc;
+
+	if (!c->o->state_out || !c->m->n_linear)
+		return 0;
+	rc = hf_state_load(c, seq, P);
+	if (rc == 0)
+		memcpy(c->o->state_out, c->lin,
+		       (size_t)c->m->n_linear * c->lin_floats * sizeof(float));
 	return rc;
 }
 
@@ -1025,6 +1041,15 @@ hf_teardown(struct hf_run *c)
 	if (c->e) {
 		c->r->stats.size = sizeof(c->r->stats);
 		(void)kvt_engine_stats(c->e, &c->r->stats);
+		for (uint32_t g = 0; g < c->n_groups; g++) {
+			struct kvt_stats gs;
+
+			memset(&gs, 0, sizeof(gs));
+			gs.size = sizeof(gs);
+			if (kvt_engine_group_stats(c->e, g, &gs) == 0)
+				memcpy(c->r->group_moved[g], gs.blocks_moved,
+				       sizeof(c->r->group_moved[g]));
+		}
 	}
 	kvt_engine_destroy(c->e);
 	c->e = NULL;
@@ -1118,6 +1143,8 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 		return kvtr_err(-EPROTO, "the restored session holds %llu tokens, %u were parked",
 				(unsigned long long)si.n_tokens, stop);
 	rc = hf_decode(c, seq, tokens, logits, stop, P);
+	if (rc == 0)
+		rc = hf_state_out(c, seq, P);
 	if (rc == 0) {
 		kvt_seq_close(c->e, seq);
 		rc = kvt_session_drop(c->e, o->session_key);
@@ -1224,6 +1251,8 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 		rc = hf_persist(&c, r->tokens, r->logits);
 	} else if (rc == 0 && o->contiguous) {
 		rc = hf_decode(&c, 0, r->tokens, r->logits, 0, P);
+		if (rc == 0)
+			rc = hf_state_out(&c, 0, P);
 	} else if (rc == 0) {
 		rc = hf_engine_create(&c, 0);
 		if (rc == 0 && o->report)
@@ -1232,6 +1261,8 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 			rc = hf_open(&c, 0, &seq);
 		if (rc == 0)
 			rc = hf_decode(&c, seq, r->tokens, r->logits, 0, P);
+		if (rc == 0)
+			rc = hf_state_out(&c, seq, P);
 		if (rc == 0 && o->prefix_share)
 			rc = hf_prefix_second(&c, &seq, r->tokens, r->logits);
 		if (rc == 0 && (rc = kvt_engine_drain(c.e)) != 0)
