@@ -13,7 +13,6 @@
 
 #define ENGINE_MAX_DIM 4096u
 #define ENGINE_MAX_TPB 65536u
-#define ENGINE_MAX_BLOCK_BYTES (1ull << 30)  /* one block of more than 1 GiB is a mistake */
 #define ENGINE_MAX_TIER_BYTES (1ull << 50)   /* 1 PiB */
 #define ENGINE_MAX_SLOTS (1u << 30)
 
@@ -103,10 +102,10 @@ engine_check_layout(const struct kvt_layout *l, uint32_t v_dim, uint64_t *block_
 	if (v_dim > ENGINE_MAX_DIM)
 		return kvt_err(-EINVAL, "v_head_dim %u out of range 0..%u", v_dim, ENGINE_MAX_DIM);
 	bb = (uint64_t)l->tokens_per_block * l->n_kv_heads * ((uint64_t)l->head_dim + v_dim) * es;
-	if (bb > ENGINE_MAX_BLOCK_BYTES || bb * l->n_layers > ENGINE_MAX_BLOCK_BYTES)
+	if (bb > KVT_ENGINE_MAX_BLOCK_BYTES || bb * l->n_layers > KVT_ENGINE_MAX_BLOCK_BYTES)
 		return kvt_err(-EINVAL, "a block would be %llu bytes (limit %llu): lower "
 			       "tokens_per_block", (unsigned long long)(bb * l->n_layers),
-			       (unsigned long long)ENGINE_MAX_BLOCK_BYTES);
+			       (unsigned long long)KVT_ENGINE_MAX_BLOCK_BYTES);
 	*block_bytes = bb * l->n_layers;
 	return 0;
 }
@@ -333,11 +332,11 @@ kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, uint64_t
 	rc = engine_check_layout(&o->layout, v_dim, &bb);
 	if (!rc && layer_bytes) {
 		/* a STATE group's pool: a block is one state per layer, whatever the tokens */
-		if (layer_bytes > ENGINE_MAX_BLOCK_BYTES / o->layout.n_layers)
+		if (layer_bytes > KVT_ENGINE_MAX_BLOCK_BYTES / o->layout.n_layers)
 			rc = kvt_err(-EINVAL, "a state of %llu bytes per layer x %u layers exceeds "
 				     "the block limit of %llu bytes", (unsigned long long)layer_bytes,
 				     o->layout.n_layers,
-				     (unsigned long long)ENGINE_MAX_BLOCK_BYTES);
+				     (unsigned long long)KVT_ENGINE_MAX_BLOCK_BYTES);
 		bb = layer_bytes * o->layout.n_layers;
 	}
 	if (!rc)

@@ -53,6 +53,7 @@
 
 enum kvt_copy_state { KVT_COPY_ABSENT = 0, KVT_COPY_INFLIGHT = 1, KVT_COPY_PRESENT = 2 };
 
+#define KVT_ENGINE_MAX_BLOCK_BYTES (1ull << 30) /* one block of more than 1 GiB is a mistake */
 #define KVT_SLOT_QUARANTINED (KVT_NIL - 1) /* owner of a slot kept out of use for good */
 #define KVT_SLOT_STORED (KVT_NIL - 2) /* owner of an NVMe slot of a restorable stored session */
 /* owner of an NVMe slot that no block uses but that a journal record which may be durable still

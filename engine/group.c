@@ -202,6 +202,12 @@ grp_check_state(const struct kvt_group *g, uint32_t i)
 					       "elements", i, j);
 		}
 	}
+	elems = grp_state_off(g, g->n_state, NULL);
+	if (elems * g->n_layers > KVT_ENGINE_MAX_BLOCK_BYTES)
+		return kvt_err(-EINVAL, "group %u: a block of %llu state bytes per layer x %u "
+			       "layers exceeds the block limit of %llu bytes", i,
+			       (unsigned long long)elems, g->n_layers,
+			       (unsigned long long)KVT_ENGINE_MAX_BLOCK_BYTES);
 	return 0;
 }
 

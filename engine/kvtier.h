@@ -1239,9 +1239,12 @@ enum kvt_group_kind {
  *     codec (lossless), tenants and budgets: the pool's blocks as any pool's (only the live
  *     blocks move with a parked sequence).
  * Memory: a decoding sequence holds at most 2 state slots in HBM (the default share sizes the
- * pool for 3 per group_ref_tokens sequence, as a WINDOW group of window 2); a prefill chunk of
- * n tokens holds ceil(n / tokens_per_block) + 1 until the next append. tokens_per_block must
- * be the layout's (a checkpoint every block; coarser checkpoints: KVT_ENOTSUP today).
+ * pool for those 2 against the other groups' blocks of group_ref_tokens tokens); a prefill
+ * chunk of n tokens holds ceil(n / tokens_per_block) + 1 until the next append.
+ * tokens_per_block must be the layout's (a checkpoint every block; coarser checkpoints:
+ * KVT_ENOTSUP today). Create errors: -EINVAL naming the group for n_state outside 1..4, a
+ * tensor's n_dims outside 1..4, a dimension outside 1..2^20, more than 2^30 elements in a
+ * tensor, an unknown dtype, or a block (n_layers x the layer's state) over 1 GiB.
  * Fields of struct kvt_group used: kind, n_layers, layers, n_state, state[], share (dtype,
  * heads and dims are ignored: each tensor has its own dtype).
  */

@@ -749,14 +749,15 @@ test_linear_state(void **state)
 	assert_int_equal(r.groups[0].n_layers, 1);
 	assert_int_equal(r.groups[1].kind, KVC_GROUP_STATE);
 	assert_int_equal(r.groups[1].n_layers, 3);
-	assert_int_equal(r.groups[1].max_blocks, 1);
+	/* the engine's two live state slots (engine/kvtier.h "STATE groups") */
+	assert_int_equal(r.groups[1].max_blocks, 2);
 	assert_true(r.groups[1].block_bytes == 16896);
-	assert_true(r.seq_group_bytes == 8 * 4096 + 16896);
-	/* one pool with a common slot (vLLM's page-size unification): 9 slots of 16896 */
-	assert_true(r.seq_common_slot_bytes == 9 * 16896);
+	assert_true(r.seq_group_bytes == 8 * 4096 + 2 * 16896);
+	/* one pool with a common slot (vLLM's page-size unification): 10 slots of 16896 */
+	assert_true(r.seq_common_slot_bytes == 10 * 16896);
 	q.context = 100000; /* the state does not grow with the context */
 	assert_int_equal(kvc_compute(&m, &q, &r), 0);
-	assert_true(r.groups[1].seq_bytes == 16896);
+	assert_true(r.groups[1].seq_bytes == 2 * 16896);
 
 	calc_load("qwen3-next-80b-a3b.json", &m);
 	calc_run(&m, 4096, 1, &r);

@@ -251,10 +251,12 @@ calc_groups(const struct kvc_model *m, const struct kvc_query *q, struct kvc_res
 		r->n_groups++;
 		if (k == KVC_GROUP_ALIAS)
 			continue;
-		if (k == KVC_GROUP_STATE) { /* one slot per sequence, whatever the context */
+		if (k == KVC_GROUP_STATE) {
+			/* whatever the context, the engine's 2 live slots (engine/kvtier.h "STATE
+			 * groups"): the state after the previous token and the one being written */
 			g->layer_state_bytes = r->layer_state_bytes;
 			g->block_bytes = (double)g->n_layers * g->layer_state_bytes;
-			g->max_blocks = 1;
+			g->max_blocks = 2;
 			g->seq_token_bytes = g->block_bytes;
 		} else {
 			g->layer_token_bytes = r->layer_token_bytes;

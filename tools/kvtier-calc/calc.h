@@ -24,7 +24,8 @@
  * convolved together), and the delta rule's matrix state v_heads x k_dim x v_dim
  * (transformers' Qwen3NextGatedDeltaNet: conv_state [batch, conv_dim, K] of which K - 1 carry
  * over, recurrent_state [batch, v_heads, k_dim, v_dim]), in the state dtype. These layers form
- * one STATE group: one slot per sequence (its layers' states), whatever the context.
+ * one STATE group: 2 slots per decoding sequence (its layers' states after the previous
+ * token and after this one; engine/kvtier.h "STATE groups"), whatever the context.
  */
 #ifndef KVC_CALC_H
 #define KVC_CALC_H
@@ -121,9 +122,9 @@ struct kvc_group {
 	                              ALIAS, STATE 0 */
 	double layer_state_bytes;  /* STATE: one layer's state of one sequence; else 0 */
 	double block_bytes;        /* the pool's slot: n_layers x tpb x layer_token_bytes
-	                              (STATE: n_layers x layer_state_bytes, one per sequence) */
+	                              (STATE: n_layers x layer_state_bytes, one state) */
 	uint64_t max_blocks;       /* blocks one sequence of `context` tokens holds at most
-	                              (STATE: 1) */
+	                              (STATE: 2, the live slots) */
 	double seq_bytes;          /* max_blocks x block_bytes */
 	double seq_token_bytes;    /* the tokens themselves, no block rounding: min(context,
 	                              window + sink) (WINDOW) or context tokens x n_layers x

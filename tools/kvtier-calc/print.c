@@ -120,8 +120,10 @@ kvc_print_text(FILE *f, const struct kvc_model *m, const struct kvc_query *q,
 			continue;
 		}
 		if (g->kind == KVC_GROUP_STATE) {
-			fprintf(f, "  %-6s %3u layers  one slot of %.0f bytes per sequence (the "
-				"layers' states): %s\n", print_group_name[g->kind], g->n_layers,
+			fprintf(f, "  %-6s %3u layers  2 slots of %.0f bytes per decoding sequence "
+				"(the layers' states after the previous token and after this one; "
+				"checkpoints behind them are prefix cache): %s\n",
+				print_group_name[g->kind], g->n_layers,
 				g->block_bytes, print_human(g->seq_bytes, a, sizeof a));
 			continue;
 		}

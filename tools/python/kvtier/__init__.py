@@ -263,9 +263,12 @@ class Engine:
     NVMe blocks outside the engine's lock, 0..16, default 2); log: a callable (level, message) for warnings
     (default: kvtier prints them to stderr).
     groups: the model's layer groups (kvtier.h "Layer groups"), a list of dicts with the
-    fields of struct kvt_group: kind ("full", "window", "latent", "alias" or GROUP_*), layers
-    (model layer indices), n_kv_heads, head_dim, v_head_dim, latent_dim, window, sink,
-    alias_of (one source layer per layer), dtype, share; then n_kv_heads and head_dim of the
+    fields of struct kvt_group: kind ("full", "window", "latent", "alias", "state" or
+    GROUP_*), layers (model layer indices), n_kv_heads, head_dim, v_head_dim, latent_dim,
+    window, sink, alias_of (one source layer per layer), dtype, share, and for a STATE group
+    state: a list of 1 to 4 tensors, each a dict {"shape": [...], "dtype": "f32"} (kvtier.h
+    "STATE groups"; Engine.group_state_tensor gives where each lies in a block); then
+    n_kv_heads and head_dim of the
     engine are not read (pass 0) and group_ref_tokens may be given. The slot mappings of
     Sequence.append_groups and the tables of Batch.group_table are per group."""
 
@@ -533,6 +536,15 @@ class Engine:
                "kvt_layer_group")
         return g.value, lig.value
 
+    def group_state_tensor(self, group, tensor):
+        """kvt_group_state_tensor: (offset, bytes) of state tensor @tensor of STATE group
+        @group inside one layer's part of a block (layer i of the group at i *
+        layer_block_bytes of the slot)."""
+        off, n = ctypes.c_uint64(), ctypes.c_uint64()
+        _check(lib.kvt_group_state_tensor(self._handle(), group, tensor, ctypes.byref(off),
+                                          ctypes.byref(n)), "kvt_group_state_tensor")
+        return off.value, n.value
+
     def group_stats(self, group):
         """kvt_engine_group_stats: stats() of one group's pool."""
         s = _ffi.Stats()
@@ -602,6 +614,24 @@ def _groups(o, groups):
             raise InvalidArgumentError(-errno.EINVAL, f"group {i}: unknown dtype {dt!r}",
                                        "Engine")
         g.dtype = DTYPES[dt] if isinstance(dt, str) else int(dt)
+        state = list(d.pop("state", ()))
+        if len(state) > _ffi.GROUP_MAX_STATE:
+            raise InvalidArgumentError(-errno.EINVAL, f"group {i}: {len(state)} state tensors, "
+                                       f"at most {_ffi.GROUP_MAX_STATE}", "Engine")
+        g.n_state = len(state)
+        for j, t in enumerate(state):
+            shape = [int(x) for x in t.get("shape", ())]
+            if not 1 <= len(shape) <= 4:
+                raise InvalidArgumentError(-errno.EINVAL, f"group {i}: state tensor {j}: "
+                                           f"{len(shape)} dims, 1..4", "Engine")
+            tdt = t.get("dtype", "f32")
+            if isinstance(tdt, str) and tdt not in DTYPES:
+                raise InvalidArgumentError(-errno.EINVAL, f"group {i}: state tensor {j}: "
+                                           f"unknown dtype {tdt!r}", "Engine")
+            g.state[j].n_dims = len(shape)
+            for k, x in enumerate(shape):
+                g.state[j].shape[k] = x
+            g.state[j].dtype = DTYPES[tdt] if isinstance(tdt, str) else int(tdt)
         for k, v in d.items():
             if k not in _GROUP_FIELDS:
                 raise TypeError(f"Engine: group {i}: unknown field {k!r}")

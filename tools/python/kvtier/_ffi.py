@@ -297,6 +297,7 @@ _PROTOS = {
     "kvt_engine_n_groups": (_int, [_vp]),
     "kvt_group_geometry": (_int, [_vp, c_u32, _P(GroupGeometry)]),
     "kvt_layer_group": (_int, [_vp, c_u32, _P(c_u32), _P(c_u32)]),
+    "kvt_group_state_tensor": (_int, [_vp, c_u32, c_u32, _P(c_u64), _P(c_u64)]),
     "kvt_seq_append_groups": (_int, [_vp, c_u64, _P(c_i32), ctypes.c_size_t, _P(c_i64)]),
     "kvt_batch_group_table": (_int, [_vp, c_u32, _P(GroupTable)]),
     "kvt_batch_wait_group_layer": (_int, [_vp, c_u32, c_u32, _vp]),

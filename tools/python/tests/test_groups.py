@@ -140,9 +140,32 @@ def test_bad_descriptors(change, msg):
     with pytest.raises(kvtier.InvalidArgumentError, match="unknown kind"):
         kvtier.Engine(n_layers=1, n_kv_heads=0, head_dim=0, hbm_bytes=1 << 20,
                       groups=[{"kind": "mamba", "layers": [0]}])
-    with pytest.raises(kvtier.NotSupportedError, match="issue 17"):
+    with pytest.raises(kvtier.InvalidArgumentError, match="n_state 0 out of range"):
         kvtier.Engine(n_layers=1, n_kv_heads=0, head_dim=0, hbm_bytes=1 << 20,
                       groups=[{"kind": "state", "layers": [0]}])
+    with pytest.raises(kvtier.NotSupportedError, match="SIDECAR"):
+        kvtier.Engine(n_layers=1, n_kv_heads=0, head_dim=0, hbm_bytes=1 << 20,
+                      groups=[{"kind": "sidecar", "layers": [0]}])
+
+
+def test_state_group():
+    """A STATE group through the binding: the tensors' place in a block, the geometry."""
+    groups = [{"kind": "full", "layers": [1], "n_kv_heads": 1, "head_dim": 4, "dtype": "f32"},
+              {"kind": "state", "layers": [0, 2],
+               "state": [{"shape": [3], "dtype": "f16"}, {"shape": [2, 5], "dtype": "f32"}]}]
+    with kvtier.Engine(n_layers=3, n_kv_heads=0, head_dim=0, tokens_per_block=4,
+                       hbm_bytes=1 << 20, groups=groups) as eng:
+        assert eng.group_state_tensor(1, 0) == (0, 6)
+        assert eng.group_state_tensor(1, 1) == (8, 40)
+        geo = eng.group_geometry(1)
+        assert geo["layer_block_bytes"] == 48 and geo["block_bytes"] == 96
+        assert eng.layer_group(2) == (1, 1)
+        with pytest.raises(kvtier.InvalidArgumentError, match="FULL group, not STATE"):
+            eng.group_state_tensor(0, 0)
+    with pytest.raises(kvtier.InvalidArgumentError, match="5 state tensors"):
+        kvtier.Engine(n_layers=1, n_kv_heads=0, head_dim=0, hbm_bytes=1 << 20,
+                      groups=[{"kind": "state", "layers": [0],
+                               "state": [{"shape": [1]}] * 5}])
 
 
 def test_persistent_session_restored(tmp_path):
