@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <math.h>
 
+#include "calc.h"
 #include "fwd.h"
 #include "hf.h"
 #include "support/kvt_test.h"
@@ -355,6 +356,71 @@ test_check_detects_changes(void **state)
 	}
 }
 
+/*
+ * Memory against kvtier-calc: 128 positions all in HBM (slots in use = blocks held), tokens per
+ * block 16 and 4: the engine's groups are calc's (kind, layers, slot bytes exactly) and each
+ * group's peak slots after any position at most calc's per-sequence figure (FULL every block,
+ * STATE its 2 live slots: without the prefix cache no checkpoint stays).
+ */
+static void
+test_memory_vs_calc(void **state)
+{
+	static const uint32_t tpbs[] = { 16, 4 };
+	int32_t prompt[8] = { 3, 4, 5, 6, 7, 8, 9, 10 };
+
+	(void)state;
+	for (size_t t = 0; t < sizeof tpbs / sizeof tpbs[0]; t++) {
+		struct kvhf_model *m = NULL;
+		struct kvc_model cm;
+		struct kvc_query q;
+		struct kvc_result cr;
+		struct kvhf_result r;
+		struct kvhf_opts o;
+		char cfg[4200];
+
+		assert_int_equal(kvhf_model_load(q3n_dir(Q3N), &m), 0);
+		kvhf_opts_init(&o);
+		o.model = m;
+		o.prompt = prompt;
+		o.n_prompt = 8;
+		o.gen = 120;
+		o.tokens_per_block = tpbs[t];
+		o.report = 1;
+		if (kvhf_run(&o, &r))
+			fail_msg("tpb %u: %s", tpbs[t], kvtr_last_error());
+		snprintf(cfg, sizeof cfg, "%s/config.json", q3n_dir(Q3N));
+		kvc_model_init(&cm);
+		assert_int_equal(kvc_model_load(cfg, &cm), 0);
+		cm.kv_dtype_bytes = 4; /* the runner's f32 K/V and states */
+		cm.state_dtype_bytes = 4;
+		assert_int_equal(kvc_model_finish(&cm), 0);
+		kvc_query_init(&q);
+		q.context = 128;
+		q.tokens_per_block = tpbs[t];
+		assert_int_equal(kvc_compute(&cm, &q, &cr), 0);
+		assert_int_equal(r.n_groups, cr.n_groups);
+		for (uint32_t g = 0; g < r.n_groups; g++) {
+			const struct kvhf_group_mem *x = &r.mem[g];
+			const struct kvc_group *y = &cr.groups[g];
+
+			print_message("tpb %2u group %u (kind %d, %u layers): slot %llu bytes (calc "
+				      "%.0f), peak %u slots, calc %llu blocks\n", tpbs[t], g,
+				      (int)x->kind, x->n_layers, (unsigned long long)x->block_bytes,
+				      y->block_bytes, x->peak_slots,
+				      (unsigned long long)y->max_blocks);
+			assert_int_equal((int)x->kind, (int)y->kind);
+			assert_int_equal(x->n_layers, y->n_layers);
+			assert_true((double)x->block_bytes == y->block_bytes);
+			assert_int_equal(x->bound_blocks, y->max_blocks);
+			assert_true(x->peak_slots <= y->max_blocks);
+		}
+		assert_int_equal((int)r.mem[1].kind, (int)KVT_GROUP_STATE);
+		assert_true((double)r.bound_bytes == cr.seq_group_bytes);
+		kvhf_result_free(&r);
+		kvhf_model_free(m);
+	}
+}
+
 /* What does not apply is refused with a clear code and message. */
 static void
 test_refused(void **state)
@@ -390,6 +456,7 @@ main(void)
 		cmocka_unit_test(test_persist_kill9),
 		cmocka_unit_test(test_block_boundary_prompts),
 		cmocka_unit_test(test_state_vs_transformers),
+		cmocka_unit_test(test_memory_vs_calc),
 		cmocka_unit_test(test_check_detects_changes),
 		cmocka_unit_test(test_refused),
 	};

@@ -268,8 +268,8 @@ struct kvhf_group_mem {
 	uint64_t bound_blocks;       /* kvtier-calc's figure: the blocks a sequence of the run's
 	                                positions holds at most (FULL, LATENT ceil(P / tpb);
 	                                WINDOW min(that, ceil(sink / tpb) + ceil(window / tpb) +
-	                                1); STATE 1: calc's one state per sequence, while the
-	                                engine keeps up to 2 live blocks); ALIAS 0 */
+	                                1); STATE 2: the live blocks, the state read and the one
+	                                written, whatever P); ALIAS 0 */
 };
 
 /** Results. Free with kvhf_result_free(). */

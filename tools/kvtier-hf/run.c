@@ -882,7 +882,7 @@ hf_mem_init(struct hf_run *c, uint32_t P)
 		if (geo->kind == KVT_GROUP_ALIAS)
 			continue;
 		g->block_bytes = geo->block_bytes;
-		g->bound_blocks = geo->kind == KVT_GROUP_STATE ? 1 : blocks; /* calc: one state */
+		g->bound_blocks = geo->kind == KVT_GROUP_STATE ? 2 : blocks; /* the 2 live slots */
 		if (geo->kind == KVT_GROUP_WINDOW) {
 			uint64_t b = (geo->sink + tpb - 1) / tpb + (geo->window + tpb - 1) / tpb + 1;
 
