@@ -211,7 +211,8 @@ kvhf_fwd_qkv(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, uint3
 		fwd_linear(s->t1, s->xn, L->wq, NULL, H, 2 * nh * hd);
 		for (int h = 0; h < nh; h++) {
 			memcpy(s->q + h * hd, s->t1 + 2 * h * hd, (size_t)hd * sizeof(float));
-			memcpy(s->gate + h * hd, s->t1 + 2 * h * hd + hd, (size_t)hd * sizeof(float));
+			memcpy(s->gate + h * hd, s->t1 + (2 * h + 1) * hd,
+			       (size_t)hd * sizeof(float));
 		}
 	} else {
 		fwd_linear(s->q, s->xn, L->wq, L->bq, H, nh * hd);

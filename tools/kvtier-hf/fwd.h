@@ -82,7 +82,10 @@ void kvhf_fwd_matvec(float *y, const float *x, const float *w, const float *b, i
  * contiguous mode one array per layer kept for the whole run.
  */
 
-/** kvhf_gdn_conv_floats(), kvhf_gdn_rec_floats() - floats of one layer's conv / rec state. */
+/**
+ * kvhf_gdn_conv_floats(), kvhf_gdn_rec_floats() - floats of one linear layer's conv / rec state
+ * (conv_dim x (K - 1), nv x dk x dv); 0 for a model without linear layers.
+ */
 uint64_t kvhf_gdn_conv_floats(const struct kvhf_model *m);
 uint64_t kvhf_gdn_rec_floats(const struct kvhf_model *m);
 

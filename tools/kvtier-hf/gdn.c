@@ -16,13 +16,13 @@
 uint64_t
 kvhf_gdn_conv_floats(const struct kvhf_model *m)
 {
-	return (uint64_t)m->conv_dim * (uint64_t)(m->conv_kernel - 1);
+	return m->n_linear ? (uint64_t)m->conv_dim * (uint64_t)(m->conv_kernel - 1) : 0;
 }
 
 uint64_t
 kvhf_gdn_rec_floats(const struct kvhf_model *m)
 {
-	return (uint64_t)m->lin_nv * (uint64_t)m->lin_dk * (uint64_t)m->lin_dv;
+	return m->n_linear ? (uint64_t)m->lin_nv * (uint64_t)m->lin_dk * (uint64_t)m->lin_dv : 0;
 }
 
 /*
@@ -74,7 +74,8 @@ kvhf_fwd_gdn(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, float
 		memcpy(mix + kh * dk, p, (size_t)dk * sizeof(float));
 		memcpy(mix + kd + kh * dk, p + dk, (size_t)dk * sizeof(float));
 		memcpy(mix + 2 * kd + kh * r * dv, p + 2 * dk, (size_t)r * dv * sizeof(float));
-		memcpy(z + (size_t)kh * r * dv, p + 2 * dk + r * dv, (size_t)r * dv * sizeof(float));
+		memcpy(z + (size_t)kh * r * dv, p + 2 * dk + r * dv,
+		       (size_t)r * dv * sizeof(float));
 		memcpy(b + kh * r, ba + 2 * kh * r, (size_t)r * sizeof(float));
 		memcpy(a + kh * r, ba + 2 * kh * r + r, (size_t)r * sizeof(float));
 	}
@@ -84,7 +85,8 @@ kvhf_fwd_gdn(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, float
 	if (rc == 0)
 		rc = kvt_gdn_step_ref(&gs, rec, co, co + kd, co + 2 * kd, g, beta, scratch, core);
 	if (rc)
-		return kvtr_err(rc, "layer %u: Gated DeltaNet kernel: %s", l, kvt_last_error_message());
+		return kvtr_err(rc, "layer %u: Gated DeltaNet kernel: %s", l,
+				kvt_last_error_message());
 	for (int h = 0; h < nv; h++)
 		gdn_norm_gated(core + (size_t)h * dv, z + (size_t)h * dv, L->lin_norm, dv, m->eps);
 	kvhf_fwd_matvec(s->t1, core, L->out_proj, NULL, nv * dv, H);

@@ -173,7 +173,8 @@ hf_state_geometry(struct hf_run *c, uint32_t gi)
 
 		if (rc)
 			return kvtr_err_kvt(rc, "kvt_group_state_tensor");
-		if (c->st_bytes[t] != want[t] || c->st_off[t] + c->st_bytes[t] > g->layer_block_bytes)
+		if (c->st_bytes[t] != want[t] ||
+		    c->st_off[t] + c->st_bytes[t] > g->layer_block_bytes)
 			return kvtr_err(-EPROTO, "engine bug: STATE tensor %u at offset %llu, %llu "
 					"bytes, in a layer's %llu (the model's: %llu bytes)", t,
 					(unsigned long long)c->st_off[t],
@@ -710,7 +711,8 @@ hf_commit(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 		else if (t.indptr[1] - t.indptr[0] < 1 || c->slots[gi] < 0 ||
 			 (uint64_t)c->slots[gi] / tpb != t.indices[t.indptr[1] - 1] ||
 			 t.block_pos[t.indptr[1] - 1] != pos / tpb ||
-			 (t.geo.kind != KVT_GROUP_STATE && (uint64_t)c->slots[gi] % tpb != pos % tpb))
+			 (t.geo.kind != KVT_GROUP_STATE &&
+			  (uint64_t)c->slots[gi] % tpb != pos % tpb))
 			rc = kvtr_err(-EPROTO, "engine bug: position %u was appended at slot mapping "
 				      "%lld of group %u, but its block is not the table's last entry",
 				      pos, (long long)c->slots[gi], gi);
