@@ -497,24 +497,6 @@ test_check_detects_a_changed_weight(void **state)
 }
 
 /* Bad input: clear codes and messages, no crash. */
-/* Issue 17's fixtures not run yet are refused with a message naming what they need
- * (deepseek-v32 runs: tests/test_hf_dsa.c). */
-static void
-test_issue17_models_refused(void **state)
-{
-	static const struct { const char *name, *needs; } cases[] = {
-		{ "qwen3-next", "STATE" },
-	};
-	struct kvhf_model *m = NULL;
-
-	(void)state;
-	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-		assert_int_equal(kvhf_model_load(hf_dir(cases[i].name), &m), KVT_ENOTSUP);
-		assert_null(m);
-		assert_non_null(strstr(kvtr_last_error(), cases[i].needs));
-	}
-}
-
 static void
 test_bad_input(void **state)
 {
@@ -633,7 +615,6 @@ main(void)
 		cmocka_unit_test(test_kv_shared_layers),
 		cmocka_unit_test(test_memory_vs_calc),
 		cmocka_unit_test(test_check_detects_a_changed_weight),
-		cmocka_unit_test(test_issue17_models_refused),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_cli),
 	};

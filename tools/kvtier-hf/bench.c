@@ -154,6 +154,32 @@ hb_print(const struct hb_run *x, double bw, double base, int offloaded)
 	       offloaded ? hb_bound_ms(x, bw) : 0.0, base > 0 ? ms / base : 1.0);
 }
 
+/*
+ * HBM of the offloaded runs: each group's KV held at the end of (a) (@r, @kv_end bytes in all)
+ * divided by @ratio, but at least 2.5 of its slots (a step reads one block and writes one: a
+ * STATE group's 2 live slots, whatever the ratio; the half for the float shares); *hbm the sum,
+ * @shares each group's part of it.
+ */
+static void
+hb_offload_hbm(const struct kvhf_result *r, uint64_t kv_end, uint32_t ratio, float *shares,
+	       uint64_t *hbm)
+{
+	double g_hbm[KVT_MAX_GROUPS] = { 0 }, sum = 0.0;
+
+	for (uint32_t g = 0; g < r->n_groups; g++) {
+		double blk = (double)r->mem[g].block_bytes;
+
+		g_hbm[g] = (double)r->mem[g].end_slots * blk / (double)ratio;
+		if (blk > 0 && g_hbm[g] < 2.5 * blk)
+			g_hbm[g] = 2.5 * blk;
+		sum += g_hbm[g];
+	}
+	(void)kv_end;
+	for (uint32_t g = 0; g < r->n_groups; g++)
+		shares[g] = sum > 0 ? (float)(g_hbm[g] / sum) : 0.0f;
+	*hbm = (uint64_t)sum;
+}
+
 int
 kvhf_bench_decode(const struct kvhf_opts *base, uint32_t ratio, uint32_t measure_from,
 		  uint32_t repeat, uint64_t bandwidth, uint32_t depth)
@@ -203,11 +229,7 @@ kvhf_bench_decode(const struct kvhf_opts *base, uint32_t ratio, uint32_t measure
 				for (uint32_t g = 0; g < cur.r.n_groups; g++)
 					kv_end += (uint64_t)cur.r.mem[g].end_slots *
 						  cur.r.mem[g].block_bytes;
-				for (uint32_t g = 0; g < cur.r.n_groups; g++)
-					shares[g] = kv_end ? (float)((double)cur.r.mem[g].end_slots *
-							 (double)cur.r.mem[g].block_bytes /
-							 (double)kv_end) : 0.0f;
-				hbm = kv_end / ratio;
+				hb_offload_hbm(&cur.r, kv_end, ratio, shares, &hbm);
 				printf("KV held at the end of (a): %llu bytes in %u group(s); HBM for "
 				       "(b), (c): %llu bytes\n", (unsigned long long)kv_end,
 				       cur.r.n_groups, (unsigned long long)hbm);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tools/kvtier-hf/fwd.c - the families' forward passes in f32 (see fwd.h and hf.h): modelled
- * on transformers 4.57's modeling_llama/mistral/qwen2/gemma3/deepseek_v3 (eager attention)
- * and 5's modeling_deepseek_v32 (the indexer's projections; its selection is in dsa.c).
+ * on transformers 4.57's modeling_llama/mistral/qwen2/gemma3/deepseek_v3 (eager attention),
+ * 5's modeling_deepseek_v32 (the indexer's projections; its selection is in dsa.c) and
+ * modeling_qwen3_next's full-attention layers (its linear-attention layers: gdn.c).
  */
 #include <errno.h>
 #include <math.h>
@@ -27,6 +28,8 @@ kvhf_state_init(struct kvhf_state *s, const struct kvhf_model *m)
 	big = H > I ? H : I;
 	if (big < nh * (size_t)s->vdim)
 		big = nh * (size_t)s->vdim;
+	if (m->attn_gate && big < 2 * nh * (size_t)m->head_dim)
+		big = 2 * nh * (size_t)m->head_dim;
 	if (big < (size_t)m->q_lora_rank)
 		big = (size_t)m->q_lora_rank;
 	if (big < m->kv_width)
@@ -49,9 +52,20 @@ kvhf_state_init(struct kvhf_state *s, const struct kvhf_model *m)
 	s->iq = calloc((size_t)m->index_n_heads * (size_t)m->index_head_dim + 1, sizeof(float));
 	s->iw = calloc((size_t)m->index_n_heads + 1, sizeof(float));
 	s->ik = calloc(2 * (size_t)m->index_head_dim + 1, sizeof(float));
+	s->gate = calloc(nh * (size_t)s->vdim, sizeof(float));
+	if (m->n_linear) {
+		size_t nk = (size_t)m->lin_nk, nv = (size_t)m->lin_nv;
+		size_t dk = (size_t)m->lin_dk, dv = (size_t)m->lin_dv;
+
+		s->lin_proj = calloc(2 * nk * dk + 2 * nv * dv + 2 * nv, sizeof(float));
+		s->lin_mix = calloc(2 * (size_t)m->conv_dim, sizeof(float));
+		s->lin_gb = calloc(4 * nv, sizeof(float));
+		s->lin_core = calloc(2 * nv * dv + 2 * dk, sizeof(float));
+	}
 	if (!s->qr || !s->iq || !s->iw || !s->ik ||
 	    !s->x || !s->xn || !s->t1 || !s->h1 || !s->h2 || !s->q || !s->k || !s->v || !s->acc ||
-	    !s->mx || !s->sum || !s->kh || !s->vh || !s->logits) {
+	    !s->mx || !s->sum || !s->kh || !s->vh || !s->logits || !s->gate ||
+	    (m->n_linear && (!s->lin_proj || !s->lin_mix || !s->lin_gb || !s->lin_core))) {
 		kvhf_state_fini(s);
 		return kvtr_err(-ENOMEM, "out of memory for the activations");
 	}
@@ -79,25 +93,32 @@ kvhf_state_fini(struct kvhf_state *s)
 	free(s->iq);
 	free(s->iw);
 	free(s->ik);
+	free(s->gate);
+	free(s->lin_proj);
+	free(s->lin_mix);
+	free(s->lin_gb);
+	free(s->lin_core);
 	memset(s, 0, sizeof(*s));
 }
 
-/* RMSNorm: x * rsqrt(mean(x^2) + eps), then w * that (Llama) or that * (1 + w) (Gemma). */
-static void
-fwd_rmsnorm(const struct kvhf_model *m, float *o, const float *x, const float *w, int n)
+void
+kvhf_fwd_rmsnorm(const struct kvhf_model *m, float *o, const float *x, const float *w, int n)
 {
+	int zc = m->family == KVHF_GEMMA3 || m->family == KVHF_QWEN3NEXT;
 	float ss = 0.0f, r;
 
 	for (int i = 0; i < n; i++)
 		ss += x[i] * x[i];
 	r = 1.0f / sqrtf(ss / (float)n + m->eps);
 	for (int i = 0; i < n; i++)
-		o[i] = m->family == KVHF_GEMMA3 ? (x[i] * r) * (1.0f + w[i]) : w[i] * (x[i] * r);
+		o[i] = zc ? (x[i] * r) * (1.0f + w[i]) : w[i] * (x[i] * r);
 }
 
-/* y[d] = W[d][n] x[n] (+ b) */
-static void
-fwd_linear(float *y, const float *x, const float *w, const float *b, int n, int d)
+#define fwd_rmsnorm kvhf_fwd_rmsnorm
+#define fwd_linear kvhf_fwd_matvec
+
+void
+kvhf_fwd_matvec(float *y, const float *x, const float *w, const float *b, int n, int d)
 {
 	for (int i = 0; i < d; i++) {
 		const float *row = w + (size_t)i * (size_t)n;
@@ -196,19 +217,28 @@ kvhf_fwd_qkv(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l, uint3
 			fwd_rope(s->k + r, dr, pos, L->rope_theta);
 		return;
 	}
-	fwd_linear(s->q, s->xn, L->wq, L->bq, H, nh * hd);
+	if (m->attn_gate) { /* Qwen3NextAttention: per head [query | gate] */
+		fwd_linear(s->t1, s->xn, L->wq, NULL, H, 2 * nh * hd);
+		for (int h = 0; h < nh; h++) {
+			memcpy(s->q + h * hd, s->t1 + 2 * h * hd, (size_t)hd * sizeof(float));
+			memcpy(s->gate + h * hd, s->t1 + (2 * h + 1) * hd,
+			       (size_t)hd * sizeof(float));
+		}
+	} else {
+		fwd_linear(s->q, s->xn, L->wq, L->bq, H, nh * hd);
+	}
 	fwd_linear(s->k, s->xn, L->wk, L->bk, H, kvd);
 	fwd_linear(s->v, s->xn, L->wv, L->bv, H, kvd);
-	if (m->family == KVHF_GEMMA3) {
+	if (L->q_norm) {
 		for (int h = 0; h < nh; h++)
 			fwd_rmsnorm(m, s->q + h * hd, s->q + h * hd, L->q_norm, hd);
 		for (int h = 0; h < m->n_kv_heads; h++)
 			fwd_rmsnorm(m, s->k + h * hd, s->k + h * hd, L->k_norm, hd);
 	}
-	for (int h = 0; h < nh; h++)
-		fwd_rope(s->q + h * hd, hd, pos, L->rope_theta);
+	for (int h = 0; h < nh; h++) /* partial rotary: the first rotary_dim of each head */
+		fwd_rope(s->q + h * hd, m->rotary_dim, pos, L->rope_theta);
 	for (int h = 0; h < m->n_kv_heads; h++)
-		fwd_rope(s->k + h * hd, hd, pos, L->rope_theta);
+		fwd_rope(s->k + h * hd, m->rotary_dim, pos, L->rope_theta);
 }
 
 void
@@ -350,16 +380,28 @@ void
 kvhf_fwd_rest(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l)
 {
 	const struct kvhf_layer *L = &m->layers[l];
-	int H = m->hidden, I = m->inter, nv = m->n_heads * s->vdim;
+	int H = m->hidden, nv = m->n_heads * s->vdim;
 
 	for (int h = 0; h < m->n_heads; h++)
 		for (int i = 0; i < s->vdim; i++)
 			s->acc[h * s->vdim + i] /= s->sum[h];
+	if (m->attn_gate) /* attn_output * torch.sigmoid(gate) */
+		for (int i = 0; i < nv; i++)
+			s->acc[i] *= 1.0f / (1.0f + expf(-s->gate[i]));
 	fwd_linear(s->t1, s->acc, L->wo, NULL, nv, H);
 	if (m->family == KVHF_GEMMA3)
 		fwd_rmsnorm(m, s->t1, s->t1, L->post_attn_norm, H);
 	for (int i = 0; i < H; i++)
 		s->x[i] += s->t1[i];
+	kvhf_fwd_mlp(m, s, l);
+}
+
+void
+kvhf_fwd_mlp(const struct kvhf_model *m, struct kvhf_state *s, uint32_t l)
+{
+	const struct kvhf_layer *L = &m->layers[l];
+	int H = m->hidden, I = m->inter;
+
 	fwd_rmsnorm(m, s->xn, s->x, m->family == KVHF_GEMMA3 ? L->pre_ffn_norm
 							     : L->post_attn_norm, H);
 	fwd_linear(s->h1, s->xn, L->gate, NULL, H, I);

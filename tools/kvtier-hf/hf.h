@@ -28,14 +28,29 @@
  *                 the query attends to its top index_topk positions only (all of them while
  *                 pos < index_topk). rope_parameters (default rope_type) give rope_theta;
  *                 head_dim must equal qk_rope_head_dim; mlp_layer_types all "dense".
- * Weights f32, f16 or bf16 (converted to f32 at load); rope_scaling must be null (refused
- * otherwise: none of the yarn/llama3 variants is implemented).
+ *   qwen3_next    Qwen3-Next (transformers' modeling_qwen3_next.py): zero-centred (1 + w)
+ *                 RMSNorms, linear_attention layers (Gated DeltaNet: in_proj_qkvz / in_proj_ba
+ *                 grouped per key head, causal depthwise conv1d + SiLU over [q | k | v],
+ *                 l2-normalised q and k, g = -exp(A_log) softplus(a + dt_bias), beta =
+ *                 sigmoid(b), the recurrent gated delta rule, a gated RMSNorm (w, not 1 + w)
+ *                 by SiLU(z), out_proj: gdn.c with kernels/linear.h) and full_attention layers
+ *                 (layer_types, else every full_attention_interval-th) with q/k norms, an
+ *                 output gate (q_proj gives per head [query | gate]; o_proj of attn x
+ *                 sigmoid(gate)) and partial rotary (rope_parameters.partial_rotary_factor: the
+ *                 first head_dim x factor dims of each head); dense SwiGLU MLP in every layer
+ *                 (mlp_only_layers, or num_experts 0; MoE layers are refused).
+ * Weights f32, f16 or bf16 (converted to f32 at load); rope_scaling must be null and
+ * rope_parameters.rope_type "default" (refused otherwise: none of the yarn/llama3 variants is
+ * implemented).
  *
  * KV in kvtier: layer groups (kvhf_model_groups, engine/kvtier.h "Layer groups"): FULL for the
  * full-attention layers, WINDOW (window = sliding_window) for the sliding ones, LATENT for
  * MLA (one K-only vector per token and layer: the normalised latent c_kv (kv_lora_rank) and the
  * roped k_rope (qk_rope_head_dim); V is not stored), ALIAS for KV-shared layers (no storage;
- * kvt_layer_group maps them to their source). Attention goes through the kernels of
+ * kvt_layer_group maps them to their source), STATE for the linear-attention layers (per layer
+ * two f32 tensors: the convolution state [conv_dim][K - 1] and the delta rule's matrix
+ * [n_v_heads][k_dim][v_dim], kernels/linear.h's layouts; engine/kvtier.h "STATE groups").
+ * Attention goes through the kernels of
  * kernels/attention.h: per window of blocks, the group's table (slot ids and block positions)
  * to kvt_attn_partial_ref with the layer's window, or kvt_attn_latent_partial_ref in MLA's
  * absorbed form (q_nope x W_UK, output in latent space, W_UV applied after), partials merged
@@ -55,8 +70,12 @@
  * walks windows of at most hbm_slots - 1 blocks of the smallest group (kvt_batch_prepare_ranges,
  * kvt_batch_group_table, kvt_batch_wait_group_layer), then the position's own K/V (kept aside);
  * after the last layer the position is appended (kvt_seq_append_groups) and its K/V of every
- * storing layer stored in one batch holding the last block. Errors: 0 or a negative code with
- * kvtr_last_error() set (util.h).
+ * storing layer stored in one batch holding the last block. A linear-attention layer reads no
+ * other position: before the position's layers the runner copies the state after the previous
+ * token out of its STATE block (block (pos - 1) / tokens_per_block, zeros at position 0) into
+ * a working copy, the layers update the copy in place (fwd.h kvhf_fwd_gdn), and the commit
+ * writes it into the appended token's block (a checkpoint when that block is full), in the
+ * same batch as the K/V. Errors: 0 or a negative code with kvtr_last_error() set (util.h).
  */
 #ifndef KVHF_H
 #define KVHF_H
@@ -70,13 +89,14 @@ enum kvhf_family {
 	KVHF_LLAMA = 0, /* llama, mistral, qwen2 */
 	KVHF_GEMMA3 = 1,
 	KVHF_DEEPSEEK = 2,
+	KVHF_QWEN3NEXT = 3,
 };
 
 /** One layer's weights (f32, row-major [out][in] as torch's Linear). NULL = absent. */
 struct kvhf_layer {
 	const float *in_norm, *post_attn_norm, *pre_ffn_norm, *post_ffn_norm;
 	const float *wq, *wk, *wv, *wo, *bq, *bk, *bv;
-	const float *q_norm, *k_norm;              /* gemma3: [head_dim] */
+	const float *q_norm, *k_norm;              /* gemma3, qwen3_next: [head_dim] */
 	const float *q_a, *q_a_norm, *q_b;         /* deepseek: q_lora_rank path */
 	const float *kv_a, *kv_a_norm, *kv_b;      /* deepseek: MLA */
 	const float *ix_wq_b;                      /* deepseek_v32 indexer: [ih * id][q_lora] */
@@ -92,6 +112,16 @@ struct kvhf_layer {
 	                                              3n's num_kv_shared_layers) an earlier layer
 	                                              of the same type; its own k/v projections
 	                                              are then not used */
+	/* qwen3_next linear_attention (Gated DeltaNet; no K/V, no attention weights above) */
+	int linear;                                /* 1: a linear-attention layer */
+	int lin_idx;                               /* its index among the linear layers (model
+	                                              order); -1 for the others */
+	const float *qkvz;                         /* in_proj_qkvz [2 nk dk + 2 nv dv][hidden] */
+	const float *ba;                           /* in_proj_ba [2 nv][hidden] */
+	const float *conv_w;                       /* conv1d.weight [conv_dim][1][K] */
+	const float *A_log, *dt_bias;              /* [nv] */
+	const float *lin_norm;                     /* the gated RMSNorm's weight [dv] */
+	const float *out_proj;                     /* [hidden][nv dv] */
 };
 
 /** A loaded model. */
@@ -107,6 +137,14 @@ struct kvhf_model {
 	int rope_interleave;         /* deepseek */
 	int dsa;                     /* deepseek_v32: the lightning indexer picks the tokens */
 	int index_topk, index_n_heads, index_head_dim; /* deepseek_v32 (ih, id) */
+	int rotary_dim;              /* rope dims of each head (its first ones): head_dim, or
+	                                qwen3_next's head_dim x partial_rotary_factor */
+	int attn_gate;               /* qwen3_next: q_proj gives [query | gate] per head, the
+	                                attention output is multiplied by sigmoid(gate) */
+	int n_linear;                /* qwen3_next: linear-attention layers */
+	int lin_nk, lin_nv, lin_dk, lin_dv; /* linear_num_key/value_heads, _key/value_head_dim */
+	int conv_kernel;             /* linear_conv_kernel_dim K */
+	int conv_dim;                /* 2 nk dk + nv dv */
 	int max_pos;                 /* max_position_embeddings */
 	const float *embed, *norm, *lm_head;
 	struct kvhf_layer *layers;   /* [n_layers] */
@@ -138,10 +176,12 @@ int kvhf_model_share_kv(struct kvhf_model *m, int n_shared);
  * kvtier-calc's struct kvc_group: FULL (the full-attention layers that store K/V), WINDOW (the
  * sliding ones: window = sliding_window, no sinks), LATENT (deepseek_v3: every layer, one
  * K-only vector of kv_lora_rank + qk_rope_head_dim floats: V is not stored), ALIAS (the
- * KV-shared layers, alias_of = kv_src); kinds without layers are left out. f32 K/V, the
- * layout's tokens_per_block, share 0 (kvhf_run sets the shares).
+ * KV-shared layers, alias_of = kv_src), STATE (the linear-attention layers: n_state 2, tensor
+ * 0 the convolution state [conv_dim][K - 1], tensor 1 the recurrent state [nv][dk][dv], both
+ * F32); kinds without layers are left out. f32 K/V, the layout's tokens_per_block, share 0
+ * (kvhf_run sets the shares).
  */
-#define KVHF_MAX_GROUPS 4
+#define KVHF_MAX_GROUPS 5
 struct kvhf_groups {
 	uint32_t n;
 	struct kvt_group g[KVHF_MAX_GROUPS];
@@ -155,8 +195,9 @@ void kvhf_groups_free(struct kvhf_groups *gs);
 
 /**
  * kvhf_group_kv_bytes() - bytes the groups' blocks of @positions tokens take when every block
- * is kept (whole blocks; ALIAS none), per group into @per_group when not NULL: the base of the
- * tier fractions and of the capacity shares.
+ * is kept (whole blocks; ALIAS none; STATE one slot of all its layers' states per block, i.e.
+ * every checkpoint kept), per group into @per_group when not NULL: the base of the tier
+ * fractions and of the capacity shares.
  */
 uint64_t kvhf_group_kv_bytes(const struct kvhf_groups *gs, uint32_t tokens_per_block,
 			     uint32_t positions, uint64_t *per_group);
@@ -185,8 +226,9 @@ struct kvhf_opts {
 	float hbm_frac, host_frac;   /* > 0 (instead of hbm_bytes / host_bytes): each group's
 	                                pool gets this fraction of the KV the run's sequences hold
 	                                in it (whole blocks: all of them for FULL and LATENT, the
-	                                window-bound for WINDOW, as kvtier-calc), at least 2 HBM
-	                                and 1 HOST blocks; the shares follow the HBM sizes */
+	                                window-bound for WINDOW, as kvtier-calc, the 2 live blocks
+	                                for STATE), at least 2 HBM and 1 HOST blocks; the shares
+	                                follow the HBM sizes */
 	int no_host;                 /* 1: no HOST tier */
 	const char *nvme_dir;        /* NULL = a temp dir */
 	uint32_t park_every;         /* park (to NVMe) and resume the sequence after every this
@@ -214,7 +256,8 @@ struct kvhf_opts {
 	int single_layout;           /* 1: the engine's single layout (no groups): every layer K
 	                                and V of kv_heads_stored x kv_head_dim_stored (MLA: the
 	                                latent as the K of 1 head, V allocated and unused; sliding
-	                                layers keep every block), as before layer groups */
+	                                layers keep every block), as before layer groups; not
+	                                for qwen3_next (KVT_ENOTSUP: a state has no place in it) */
 	uint32_t sessions;           /* kvhf_run_multi: sequences the tiers are sized for
 	                                (0: 1, or 2 with prefix_share) */
 	const float *shares;         /* NULL: each group's share of every tier in proportion to
@@ -226,6 +269,12 @@ struct kvhf_opts {
 	                                attaches, so the prompt's blocks are held only by the
 	                                prefix cache (reuse after the owner left, and past the
 	                                window) */
+	float *state_out;            /* models with linear-attention layers: when not NULL,
+	                                [n_linear][conv + rec floats] (fwd.h "Gated DeltaNet")
+	                                receives their state after the last position of the
+	                                (first, or restored) sequence as kvtier holds it: read
+	                                back from the STATE block of the last token, as a next
+	                                position would read it (contiguous: the plain copy) */
 	FILE *log;                   /* notes; NULL = stderr */
 	int dsa_park_selected;       /* deepseek_v32: in every layer of every step, after the
 	                                indexer chose the positions and before their blocks are
@@ -257,7 +306,8 @@ struct kvhf_group_mem {
 	uint64_t bound_blocks;       /* kvtier-calc's figure: the blocks a sequence of the run's
 	                                positions holds at most (FULL, LATENT ceil(P / tpb);
 	                                WINDOW min(that, ceil(sink / tpb) + ceil(window / tpb) +
-	                                1)); ALIAS 0 */
+	                                1); STATE 2: the live blocks, the state read and the one
+	                                written, whatever P); ALIAS 0 */
 };
 
 /** Results. Free with kvhf_result_free(). */
@@ -272,6 +322,8 @@ struct kvhf_result {
 	uint64_t prefix_tokens;      /* prefix_share: tokens the second sequence attached */
 	uint64_t restored_tokens;    /* persist: tokens of the restored session */
 	struct kvt_stats stats;      /* engine counters at the end */
+	uint64_t group_moved[KVT_MAX_GROUPS][KVT_MOVE_COUNT]; /* per storage group: its pool's
+	                                blocks_moved at the end (kvt_engine_group_stats) */
 	struct kvt_geometry geo;     /* slots and block bytes of group 0 (the rest: zero) */
 	uint32_t n_groups;           /* the engine's groups */
 	struct kvhf_group_mem mem[KVT_MAX_GROUPS]; /* opts.report: per group */
@@ -367,8 +419,9 @@ int kvhf_check(const struct kvhf_ref *ref, const struct kvhf_result *r, double t
  * kvhf_kv_bytes() - bytes of K/V the engine's layer groups take for @positions tokens of @m
  * with @tokens_per_block (whole blocks of every group, WINDOW groups counted as if they kept
  * every block; LATENT K only; ALIAS nothing): what the tier fractions are taken of. With
- * @positions 1: one block of every group. kvhf_kv_bytes_single() - the same for the single
- * layout (every layer K and V of kv_width floats).
+ * @positions 1: one block of every group; linear-attention layers store no K/V and count
+ * nothing. kvhf_kv_bytes_single() - the same for the single layout (every layer K and V of
+ * kv_width floats).
  */
 uint64_t kvhf_kv_bytes(const struct kvhf_model *m, uint32_t tokens_per_block,
 		       uint32_t positions);

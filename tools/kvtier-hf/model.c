@@ -301,6 +301,32 @@ hf_get(struct kvhf_model *m, const char *name, uint64_t d0, uint64_t d1, int opt
 	return kvtr_err(KVT_EFORMAT, "model.safetensors has no tensor %s", name);
 }
 
+/* The tensor @name of exactly @nd dims @dims (conv1d's [C][1][K]). */
+static int
+hf_get_nd(struct kvhf_model *m, const char *name, int nd, const uint64_t *dims,
+	  const float **out)
+{
+	const struct hf_tensor *ix = m->tensors;
+
+	*out = NULL;
+	for (uint32_t i = 0; i < m->n_tensors; i++) {
+		const struct hf_tensor *x = &ix[i];
+		int ok = x->ndim == nd;
+
+		if (strcmp(x->name, name))
+			continue;
+		for (int d = 0; ok && d < nd; d++)
+			ok = x->shape[d] == dims[d];
+		if (!ok)
+			return kvtr_err(KVT_EFORMAT, "tensor %s has %d dims [%llu, ...], expected %d "
+					"[%llu, ...]", name, x->ndim, (unsigned long long)x->shape[0],
+					nd, (unsigned long long)dims[0]);
+		*out = m->f32 + x->off;
+		return 0;
+	}
+	return kvtr_err(KVT_EFORMAT, "model.safetensors has no tensor %s", name);
+}
+
 /* config helpers */
 static const cJSON *
 hf_item(const cJSON *c, const char *k)
@@ -368,16 +394,29 @@ hf_layer_types(struct kvhf_model *m, const cJSON *c)
 
 			if (!cJSON_IsString(x))
 				return kvtr_err(KVT_EFORMAT, "config.json: layer_types[%d]", l);
-			if (!strcmp(x->valuestring, "sliding_attention"))
+			if (!strcmp(x->valuestring, "sliding_attention") &&
+			    m->family != KVHF_QWEN3NEXT)
 				m->layers[l].sliding = 1;
 			else if (m->dsa && (!strcmp(x->valuestring, "indexed_attention") ||
 					    !strcmp(x->valuestring, "deepseek_sparse_attention")))
 				continue; /* DSA: every layer indexed (transformers 5.20) */
+			else if (!strcmp(x->valuestring, "linear_attention") &&
+				 m->family == KVHF_QWEN3NEXT)
+				m->layers[l].linear = 1;
 			else if (strcmp(x->valuestring, "full_attention"))
 				return kvtr_err(KVT_EFORMAT, "config.json: layer_types[%d] is %s "
-						"(sliding_attention or full_attention)", l,
-						x->valuestring);
+						"(%s or full_attention)", l, x->valuestring,
+						m->family == KVHF_QWEN3NEXT ? "linear_attention"
+						: "sliding_attention");
 		}
+	} else if (m->family == KVHF_QWEN3NEXT) {
+		/* Qwen3NextConfig: layer i is full attention when (i + 1) % interval == 0 */
+		int rc = hf_int(c, "full_attention_interval", 4, 1, 1 << 20, &pattern);
+
+		if (rc)
+			return rc;
+		for (int l = 0; l < m->n_layers; l++)
+			m->layers[l].linear = (l + 1) % pattern != 0;
 	} else if (m->family == KVHF_GEMMA3) {
 		int rc = hf_int(c, hf_item(c, "sliding_window_pattern") ? "sliding_window_pattern"
 				   : "_sliding_window_pattern", 6, 1, 1 << 20, &pattern);
@@ -467,6 +506,7 @@ hf_dsa_config(struct kvhf_model *m, const cJSON *c)
 	}
 	return 0;
 }
+static int hf_qwen3next_config(struct kvhf_model *m, const cJSON *c, double *theta);
 
 static int
 hf_config(struct kvhf_model *m, const cJSON *c)
@@ -486,14 +526,12 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 		 !strcmp(mt->valuestring, "llama"))
 		m->family = KVHF_LLAMA;
 	else if (!strcmp(mt->valuestring, "qwen3_next"))
-		return kvtr_err(KVT_ENOTSUP, "model_type qwen3_next (Gated DeltaNet layers) needs "
-				"issue 17's STATE layer groups (a recurrent and a convolution state "
-				"per sequence and layer): not implemented yet");
+		m->family = KVHF_QWEN3NEXT;
 	else if (!strcmp(mt->valuestring, "deepseek_v32"))
 		m->family = KVHF_DEEPSEEK, m->dsa = 1;
 	else
 		return kvtr_err(KVT_ENOTSUP, "model_type %s is not supported (gemma3_text, "
-				"deepseek_v3, deepseek_v32, mistral, qwen2, llama)",
+				"deepseek_v3, deepseek_v32, qwen3_next, mistral, qwen2, llama)",
 				mt->valuestring);
 	if (hf_item(c, "rope_scaling"))
 		return kvtr_err(KVT_ENOTSUP, "config.json: rope_scaling is set: not implemented "
@@ -516,6 +554,12 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 	if (m->n_heads % m->n_kv_heads)
 		return kvtr_err(KVT_EFORMAT, "config.json: %d heads are not a multiple of %d KV "
 				"heads", m->n_heads, m->n_kv_heads);
+	m->rotary_dim = m->head_dim;
+	if (m->family == KVHF_QWEN3NEXT) {
+		rc = hf_qwen3next_config(m, c, &theta);
+		if (rc)
+			return rc;
+	}
 	m->eps = (float)eps;
 	m->layers = calloc((size_t)m->n_layers, sizeof(*m->layers));
 	if (!m->layers)
@@ -527,6 +571,32 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 	rc = hf_layer_types(m, c);
 	if (rc)
 		return rc;
+	m->n_linear = 0;
+	for (int l = 0; l < m->n_layers; l++)
+		m->layers[l].lin_idx = m->layers[l].linear ? m->n_linear++ : -1;
+	if (m->family == KVHF_QWEN3NEXT) {
+		int nexp, step;
+
+		if ((rc = hf_int(c, "num_experts", 0, 0, 1 << 20, &nexp)) ||
+		    (rc = hf_int(c, "decoder_sparse_step", 1, 1, 1 << 20, &step)))
+			return rc;
+		for (int l = 0; l < m->n_layers; l++) {
+			const cJSON *mo = hf_item(c, "mlp_only_layers"), *x;
+			int dense = 0;
+
+			cJSON_ArrayForEach(x, mo)
+				if (cJSON_IsNumber(x) && x->valuedouble == (double)l)
+					dense = 1;
+			/* Qwen3NextDecoderLayer: MoE unless in mlp_only_layers or no experts */
+			if (!dense && nexp > 0 && (l + 1) % step == 0)
+				return kvtr_err(KVT_ENOTSUP, "config.json: layer %d is a MoE layer "
+						"(not in mlp_only_layers): MoE layers are not "
+						"implemented", l);
+		}
+		if (m->n_linear == m->n_layers)
+			return kvtr_err(KVT_ENOTSUP, "config.json: no full_attention layer: a model "
+					"of linear-attention layers only is not supported");
+	}
 	m->attn_scale = (float)pow((double)m->head_dim, -0.5);
 	if (m->family == KVHF_GEMMA3) {
 		if ((rc = hf_num(c, "rope_local_base_freq", 10000.0, &local)) ||
@@ -579,8 +649,11 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 		if (m->dsa && (rc = hf_dsa_config(m, c)) != 0)
 			return rc;
 	} else {
-		if (m->head_dim % 2)
-			return kvtr_err(KVT_EFORMAT, "config.json: head_dim must be even");
+		if (m->head_dim % 2 || m->rotary_dim % 2 || m->rotary_dim < 2 ||
+		    m->rotary_dim > m->head_dim)
+			return kvtr_err(KVT_EFORMAT, "config.json: head_dim %d and its rotary part "
+					"%d must be even (2 .. head_dim)", m->head_dim,
+					m->rotary_dim);
 		m->kv_heads_stored = (uint32_t)m->n_kv_heads;
 		m->kv_head_dim_stored = (uint32_t)m->head_dim;
 	}
@@ -590,6 +663,53 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 	return shared ? kvhf_model_share_kv(m, shared) : 0;
 }
 
+/*
+ * Qwen3-Next's own fields (Qwen3NextConfig): rope_parameters (rope_type "default" only; its
+ * rope_theta into *theta, partial_rotary_factor; the older top-level rope_theta /
+ * partial_rotary_factor when absent), the linear-attention shapes, no attention bias.
+ */
+static int
+hf_qwen3next_config(struct kvhf_model *m, const cJSON *c, double *theta)
+{
+	const cJSON *rp = hf_item(c, "rope_parameters"), *rt;
+	double prf;
+	int rc;
+
+	if (rp && !cJSON_IsObject(rp))
+		return kvtr_err(KVT_EFORMAT, "config.json: rope_parameters must be an object");
+	if (rp) {
+		rt = hf_item(rp, "rope_type");
+		if (rt && (!cJSON_IsString(rt) || strcmp(rt->valuestring, "default")))
+			return kvtr_err(KVT_ENOTSUP, "config.json: rope_parameters.rope_type %s: "
+					"only the default rope is implemented",
+					cJSON_IsString(rt) ? rt->valuestring : "(not a string)");
+		if ((rc = hf_num(rp, "rope_theta", *theta, theta)) ||
+		    (rc = hf_num(rp, "partial_rotary_factor", 0.25, &prf)))
+			return rc;
+	} else if ((rc = hf_num(c, "partial_rotary_factor", 0.25, &prf)) != 0) {
+		return rc;
+	}
+	if (!(prf > 0.0 && prf <= 1.0))
+		return kvtr_err(KVT_EFORMAT, "config.json: partial_rotary_factor %g out of (0, 1]",
+				prf);
+	m->rotary_dim = (int)((double)m->head_dim * prf); /* transformers: int(head_dim x f) */
+	m->attn_gate = 1;
+	if (hf_bool(c, "attention_bias", 0))
+		return kvtr_err(KVT_ENOTSUP, "config.json: attention_bias is not implemented for "
+				"qwen3_next");
+	if ((rc = hf_int(c, "linear_num_key_heads", -1, 1, 4096, &m->lin_nk)) ||
+	    (rc = hf_int(c, "linear_num_value_heads", -1, 1, 4096, &m->lin_nv)) ||
+	    (rc = hf_int(c, "linear_key_head_dim", -1, 1, 4096, &m->lin_dk)) ||
+	    (rc = hf_int(c, "linear_value_head_dim", -1, 1, 4096, &m->lin_dv)) ||
+	    (rc = hf_int(c, "linear_conv_kernel_dim", 4, 2, 64, &m->conv_kernel)))
+		return rc;
+	if (m->lin_nv % m->lin_nk)
+		return kvtr_err(KVT_EFORMAT, "config.json: linear_num_value_heads %d is not a "
+				"multiple of linear_num_key_heads %d", m->lin_nv, m->lin_nk);
+	m->conv_dim = 2 * m->lin_nk * m->lin_dk + m->lin_nv * m->lin_dv;
+	return 0;
+}
+
 int
 kvhf_model_share_kv(struct kvhf_model *m, int n_shared)
 {
@@ -597,6 +717,9 @@ kvhf_model_share_kv(struct kvhf_model *m, int n_shared)
 
 	if (m->family == KVHF_DEEPSEEK && n_shared)
 		return kvtr_err(KVT_ENOTSUP, "KV-shared layers in an MLA model are not supported");
+	if (m->n_linear && n_shared)
+		return kvtr_err(KVT_ENOTSUP, "KV-shared layers in a model with linear-attention "
+				"layers are not supported");
 	if (n_shared < 0 || first < 1)
 		return kvtr_err(KVT_EFORMAT, "%d KV-shared layers of %d: at least the first layer "
 				"must store its K/V", n_shared, m->n_layers);
@@ -648,6 +771,31 @@ hf_weights(struct kvhf_model *m)
 		W(gate, "mlp.gate_proj.weight", I, H, 0);
 		W(up, "mlp.up_proj.weight", I, H, 0);
 		W(down, "mlp.down_proj.weight", H, I, 0);
+		if (L->linear) { /* Qwen3NextGatedDeltaNet */
+			uint64_t nk = (uint64_t)m->lin_nk, nv = (uint64_t)m->lin_nv;
+			uint64_t dk = (uint64_t)m->lin_dk, dv = (uint64_t)m->lin_dv;
+			uint64_t cd[3] = { (uint64_t)m->conv_dim, 1, (uint64_t)m->conv_kernel };
+
+			W(qkvz, "linear_attn.in_proj_qkvz.weight", 2 * nk * dk + 2 * nv * dv, H, 0);
+			W(ba, "linear_attn.in_proj_ba.weight", 2 * nv, H, 0);
+			W(A_log, "linear_attn.A_log", nv, 0, 0);
+			W(dt_bias, "linear_attn.dt_bias", nv, 0, 0);
+			W(lin_norm, "linear_attn.norm.weight", dv, 0, 0);
+			W(out_proj, "linear_attn.out_proj.weight", H, nv * dv, 0);
+			snprintf(nm, sizeof(nm), "model.layers.%d.linear_attn.conv1d.weight", l);
+			if ((rc = hf_get_nd(m, nm, 3, cd, &L->conv_w)) != 0)
+				return rc;
+			continue;
+		}
+		if (m->family == KVHF_QWEN3NEXT) { /* gated attention: [query | gate] per head */
+			W(wq, "self_attn.q_proj.weight", 2 * nh * hd, H, 0);
+			W(wk, "self_attn.k_proj.weight", kvd, H, 0);
+			W(wv, "self_attn.v_proj.weight", kvd, H, 0);
+			W(wo, "self_attn.o_proj.weight", H, nh * hd, 0);
+			W(q_norm, "self_attn.q_norm.weight", hd, 0, 0);
+			W(k_norm, "self_attn.k_norm.weight", hd, 0, 0);
+			continue;
+		}
 		if (m->family == KVHF_DEEPSEEK) {
 			uint64_t qkd = (uint64_t)(m->qk_nope + m->qk_rope);
 			uint64_t r = (uint64_t)m->kv_lora_rank;
@@ -743,7 +891,8 @@ int
 kvhf_model_groups(const struct kvhf_model *m, struct kvhf_groups *gs)
 {
 	static const enum kvt_group_kind kinds[] = { KVT_GROUP_FULL, KVT_GROUP_WINDOW,
-						     KVT_GROUP_LATENT, KVT_GROUP_ALIAS };
+						     KVT_GROUP_LATENT, KVT_GROUP_ALIAS,
+						     KVT_GROUP_STATE };
 	uint32_t used = 0;
 
 	memset(gs, 0, sizeof(*gs));
@@ -763,7 +912,9 @@ kvhf_model_groups(const struct kvhf_model *m, struct kvhf_groups *gs)
 			const struct kvhf_layer *L = &m->layers[l];
 			enum kvt_group_kind want;
 
-			if (L->kv_src != l)
+			if (L->linear)
+				want = KVT_GROUP_STATE;
+			else if (L->kv_src != l)
 				want = KVT_GROUP_ALIAS;
 			else if (m->family == KVHF_DEEPSEEK)
 				want = KVT_GROUP_LATENT;
@@ -784,6 +935,17 @@ kvhf_model_groups(const struct kvhf_model *m, struct kvhf_groups *gs)
 			g->latent_dim = m->kv_width;
 		} else if (g->kind == KVT_GROUP_ALIAS) {
 			g->alias_of = gs->alias_of;
+		} else if (g->kind == KVT_GROUP_STATE) { /* kernels/linear.h's layouts */
+			g->n_state = 2;
+			g->state[0].n_dims = 2;
+			g->state[0].shape[0] = (uint32_t)m->conv_dim;
+			g->state[0].shape[1] = (uint32_t)m->conv_kernel - 1;
+			g->state[0].dtype = KVT_DTYPE_F32;
+			g->state[1].n_dims = 3;
+			g->state[1].shape[0] = (uint32_t)m->lin_nv;
+			g->state[1].shape[1] = (uint32_t)m->lin_dk;
+			g->state[1].shape[2] = (uint32_t)m->lin_dv;
+			g->state[1].dtype = KVT_DTYPE_F32;
 		} else {
 			g->n_kv_heads = (uint32_t)m->n_kv_heads;
 			g->head_dim = (uint32_t)m->head_dim;

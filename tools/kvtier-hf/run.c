@@ -44,6 +44,13 @@ struct hf_run {
 	struct hf_grp grp[KVT_MAX_GROUPS];
 	uint32_t *lgroup, *lidx; /* [n_layers] (group, layer in group) of each layer's K/V */
 	int64_t slots[KVT_MAX_GROUPS]; /* the appended token's slot mapping per group */
+	/* linear-attention state (qwen3_next; fwd.h "Gated DeltaNet") */
+	float *lin;           /* [n_linear][conv + rec floats]: the working copy (through kvtier:
+	                         loaded from the STATE block before each position, stored into the
+	                         appended token's block; contiguous: kept for the whole run) */
+	uint64_t lin_floats;  /* conv + rec floats of one layer */
+	uint32_t sgroup;      /* the STATE group (UINT32_MAX: none) */
+	uint64_t st_off[2], st_bytes[2]; /* its tensors within a layer's state (conv, rec) */
 	/* attention through the kernels */
 	float *q;             /* [n_heads][qk dim]: the query (scaled for the kernel) / q_lat */
 	float *qpe;           /* MLA: [n_heads][rope] */
@@ -83,7 +90,8 @@ kvhf_kv_bytes(const struct kvhf_model *m, uint32_t tpb, uint32_t positions)
 	uint64_t blocks = ((uint64_t)positions + tpb - 1) / tpb, per_token = 0;
 
 	for (int l = 0; l < m->n_layers; l++)
-		if (m->layers[l].kv_src == l) /* ALIAS layers store nothing; MLA no V */
+		if (m->layers[l].kv_src == l && !m->layers[l].linear) /* ALIAS layers store
+									nothing; MLA no V */
 			per_token += (m->family == KVHF_DEEPSEEK ? 1 : 2) * (uint64_t)m->kv_width *
 				     sizeof(float);
 	return blocks * tpb * per_token;
@@ -115,6 +123,29 @@ hf_group_token_bytes(const struct kvt_group *g)
 	}
 }
 
+/*
+ * Bytes of one block (slot) of group @g with @tpb tokens per block: K/V of its layers' tokens,
+ * or (STATE) its layers' states, each tensor at its element size's alignment (engine/kvtier.h
+ * "STATE groups"; the runner's tensors are all F32). ALIAS 0.
+ */
+static uint64_t
+hf_group_block_bytes(const struct kvt_group *g, uint32_t tpb)
+{
+	uint64_t layer = 0;
+
+	if (g->kind != KVT_GROUP_STATE)
+		return (uint64_t)tpb * g->n_layers * hf_group_token_bytes(g);
+	for (uint32_t t = 0; t < g->n_state; t++) {
+		uint64_t n = kvt_dtype_size(g->state[t].dtype);
+
+		layer = (layer + n - 1) / n * n;
+		for (uint32_t d = 0; d < g->state[t].n_dims; d++)
+			n *= g->state[t].shape[d];
+		layer += n;
+	}
+	return (uint64_t)g->n_layers * layer;
+}
+
 uint64_t
 kvhf_group_kv_bytes(const struct kvhf_groups *gs, uint32_t tpb, uint32_t positions,
 		    uint64_t *per_group)
@@ -122,13 +153,131 @@ kvhf_group_kv_bytes(const struct kvhf_groups *gs, uint32_t tpb, uint32_t positio
 	uint64_t blocks = ((uint64_t)positions + tpb - 1) / tpb, sum = 0;
 
 	for (uint32_t i = 0; i < gs->n; i++) {
-		uint64_t b = blocks * tpb * gs->g[i].n_layers * hf_group_token_bytes(&gs->g[i]);
+		uint64_t b = blocks * hf_group_block_bytes(&gs->g[i], tpb);
 
 		if (per_group)
 			per_group[i] = b;
 		sum += b;
 	}
 	return sum;
+}
+
+/*
+ * The STATE group @gi of the engine: where its two tensors lie in a layer's state
+ * (kvt_group_state_tensor), checked against the model's conv and rec sizes.
+ */
+static int
+hf_state_geometry(struct hf_run *c, uint32_t gi)
+{
+	const uint64_t want[2] = { kvhf_gdn_conv_floats(c->m) * sizeof(float),
+				   kvhf_gdn_rec_floats(c->m) * sizeof(float) };
+	const struct kvt_group_geometry *g = &c->grp[gi].geo;
+
+	if (c->sgroup != UINT32_MAX)
+		return kvtr_err(-EPROTO, "engine bug: two STATE groups (%u and %u)", c->sgroup, gi);
+	c->sgroup = gi;
+	for (uint32_t t = 0; t < 2; t++) {
+		int rc = kvt_group_state_tensor(c->e, gi, t, &c->st_off[t], &c->st_bytes[t]);
+
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_group_state_tensor");
+		if (c->st_bytes[t] != want[t] ||
+		    c->st_off[t] + c->st_bytes[t] > g->layer_block_bytes)
+			return kvtr_err(-EPROTO, "engine bug: STATE tensor %u at offset %llu, %llu "
+					"bytes, in a layer's %llu (the model's: %llu bytes)", t,
+					(unsigned long long)c->st_off[t],
+					(unsigned long long)c->st_bytes[t],
+					(unsigned long long)g->layer_block_bytes,
+					(unsigned long long)want[t]);
+	}
+	return 0;
+}
+
+/* Layer @l's conv and rec state in the STATE block at @blk (the block's host address). */
+static void
+hf_state_ptrs(const struct hf_run *c, char *blk, uint32_t l, char **conv, char **rec)
+{
+	char *p = blk + (uint64_t)c->lidx[l] * c->grp[c->sgroup].geo.layer_block_bytes;
+
+	*conv = p + c->st_off[0];
+	*rec = p + c->st_off[1];
+}
+
+/*
+ * The working copy c->lin of every linear layer's state before position @pos of @seq: zeros
+ * at position 0; else copied out of the STATE block of token pos - 1 (engine/kvtier.h "STATE
+ * groups": the state after the sequence's newest token), prepared as a one-block range. The
+ * contiguous mode keeps its copy: nothing to do.
+ */
+static int
+hf_state_load(struct hf_run *c, kvt_seq_id seq, uint32_t pos)
+{
+	const struct kvhf_model *m = c->m;
+	uint32_t blk, gi = c->sgroup;
+	struct kvt_seq_range range;
+	struct kvt_group_table t;
+	struct kvt_batch *b = NULL;
+	char *base = NULL;
+	int rc, rc2;
+
+	if (!m->n_linear || c->kv)
+		return 0;
+	if (pos == 0) {
+		memset(c->lin, 0, (size_t)m->n_linear * c->lin_floats * sizeof(float));
+		return 0;
+	}
+	blk = (pos - 1) / c->tpb;
+	range.seq = seq;
+	range.first_block = blk;
+	range.n_blocks = 1;
+	rc = kvt_batch_prepare_ranges(c->e, &range, 1, &b);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_batch_prepare_ranges (the state block)");
+	memset(&t, 0, sizeof(t));
+	rc = kvt_batch_group_table(b, gi, &t);
+	if (rc)
+		rc = kvtr_err_kvt(rc, "kvt_batch_group_table (STATE)");
+	for (uint32_t i = rc ? 0 : t.indptr[0]; rc == 0 && i < t.indptr[1]; i++)
+		if (t.block_pos[i] == blk)
+			base = (char *)t.geo.hbm_base + (uint64_t)t.indices[i] * t.geo.block_bytes;
+	if (rc == 0 && !base)
+		rc = kvtr_err(-EPROTO, "engine bug: the STATE table of block %u of a sequence of %u "
+			      "tokens has no entry of that block (%u entries)", blk, pos,
+			      t.indptr[1] - t.indptr[0]);
+	for (uint32_t l = 0; rc == 0 && l < (uint32_t)m->n_layers; l++) {
+		float *w = c->lin + (size_t)m->layers[l].lin_idx * c->lin_floats;
+		char *cv, *rv;
+
+		if (!m->layers[l].linear)
+			continue;
+		rc = kvt_batch_wait_group_layer(b, gi, c->lidx[l], NULL);
+		if (rc) {
+			rc = kvtr_err_kvt(rc, "kvt_batch_wait_group_layer (STATE)");
+			break;
+		}
+		hf_state_ptrs(c, base, l, &cv, &rv);
+		memcpy(w, cv, c->st_bytes[0]);
+		memcpy(w + kvhf_gdn_conv_floats(m), rv, c->st_bytes[1]);
+	}
+	rc2 = kvt_batch_release(b, NULL);
+	if (rc == 0 && rc2)
+		rc = kvtr_err_kvt(rc2, "kvt_batch_release");
+	return rc;
+}
+
+/* opts.state_out: the state after position @P - 1 of @seq, as the next position would load it. */
+static int
+hf_state_out(struct hf_run *c, kvt_seq_id seq, uint32_t P)
+{
+	int rc;
+
+	if (!c->o->state_out || !c->m->n_linear)
+		return 0;
+	rc = hf_state_load(c, seq, P);
+	if (rc == 0)
+		memcpy(c->o->state_out, c->lin,
+		       (size_t)c->m->n_linear * c->lin_floats * sizeof(float));
+	return rc;
 }
 
 static int
@@ -162,8 +311,7 @@ hf_engine_create(struct hf_run *c, int persist)
 			uint64_t need[KVT_MAX_GROUPS] = { 0 }, hneed[KVT_MAX_GROUPS] = { 0 };
 
 			for (uint32_t i = 0; i < c->groups.n; i++) {
-				uint64_t blk = (uint64_t)tpb * g[i].n_layers *
-					       hf_group_token_bytes(&g[i]);
+				uint64_t blk = hf_group_block_bytes(&g[i], tpb);
 				uint64_t held = blocks, n;
 
 				if (!blk)
@@ -174,6 +322,8 @@ hf_engine_create(struct hf_run *c, int persist)
 
 					held = b < held ? b : held;
 				}
+				if (g[i].kind == KVT_GROUP_STATE) /* the two live blocks */
+					held = held < 2 ? held : 2;
 				held *= nseq;
 				n = (uint64_t)((double)held * o->hbm_frac);
 				need[i] = (n > 2 ? n : 2) * blk;
@@ -195,7 +345,7 @@ hf_engine_create(struct hf_run *c, int persist)
 			frac_host = hs + mx;
 		}
 		for (uint32_t i = 0; i < c->groups.n; i++) {
-			uint64_t blk = (uint64_t)tpb * g[i].n_layers * hf_group_token_bytes(&g[i]);
+			uint64_t blk = hf_group_block_bytes(&g[i], tpb);
 
 			blk_sum += blk;
 			if (blk && !frac_hbm)
@@ -255,6 +405,7 @@ hf_engine_create(struct hf_run *c, int persist)
 	c->n_groups = (uint32_t)rc;
 	c->cap = UINT32_MAX;
 	c->tpb = tpb;
+	c->sgroup = UINT32_MAX;
 	for (uint32_t i = 0; i < c->n_groups; i++) {
 		struct hf_grp *hg = &c->grp[i];
 
@@ -263,6 +414,12 @@ hf_engine_create(struct hf_run *c, int persist)
 			return kvtr_err_kvt(rc, "kvt_group_geometry");
 		if (hg->geo.kind == KVT_GROUP_ALIAS)
 			continue;
+		if (hg->geo.kind == KVT_GROUP_STATE) {
+			rc = hf_state_geometry(c, i);
+			if (rc)
+				return rc;
+			continue;
+		}
 		hg->k_floats = (uint32_t)(hg->geo.k_token_bytes / sizeof(float));
 		hg->v_floats = (uint32_t)(hg->geo.v_token_bytes / sizeof(float));
 		if (hg->geo.hbm_slots < 2 && P > tpb)
@@ -282,6 +439,18 @@ hf_engine_create(struct hf_run *c, int persist)
 	for (uint32_t l = 0; l < (uint32_t)m->n_layers; l++) {
 		uint32_t src = (uint32_t)m->layers[l].kv_src, gi, li, ga, la;
 
+		if (m->layers[l].linear) {
+			rc = kvt_layer_group(c->e, l, &gi, &li);
+			if (rc)
+				return kvtr_err_kvt(rc, "kvt_layer_group");
+			if (gi != c->sgroup || li >= c->grp[gi].geo.n_layers)
+				return kvtr_err(-EPROTO, "engine bug: linear-attention layer %u maps "
+						"to group %u layer %u, the STATE group is %u", l, gi,
+						li, c->sgroup);
+			c->lgroup[l] = gi;
+			c->lidx[l] = li;
+			continue;
+		}
 		rc = kvt_layer_group(c->e, src, &gi, &li);
 		if (rc == 0)
 			rc = kvt_layer_group(c->e, l, &ga, &la);
@@ -549,7 +718,9 @@ hf_commit(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 			rc = kvtr_err_kvt(rc, "kvt_batch_group_table");
 		else if (t.indptr[1] - t.indptr[0] < 1 || c->slots[gi] < 0 ||
 			 (uint64_t)c->slots[gi] / tpb != t.indices[t.indptr[1] - 1] ||
-			 (uint64_t)c->slots[gi] % tpb != pos % tpb)
+			 t.block_pos[t.indptr[1] - 1] != pos / tpb ||
+			 (t.geo.kind != KVT_GROUP_STATE &&
+			  (uint64_t)c->slots[gi] % tpb != pos % tpb))
 			rc = kvtr_err(-EPROTO, "engine bug: position %u was appended at slot mapping "
 				      "%lld of group %u, but its block is not the table's last entry",
 				      pos, (long long)c->slots[gi], gi);
@@ -566,6 +737,16 @@ hf_commit(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 		if (rc) {
 			rc = kvtr_err_kvt(rc, "kvt_batch_wait_group_layer");
 			break;
+		}
+		if (m->layers[l].linear) { /* the state after this token into its block */
+			const float *w = c->lin + (size_t)m->layers[l].lin_idx * c->lin_floats;
+			char *cv, *rv;
+
+			hf_state_ptrs(c, (char *)g->geo.hbm_base + (uint64_t)c->slots[gi] / tpb *
+				      g->geo.block_bytes, l, &cv, &rv);
+			memcpy(cv, w, c->st_bytes[0]);
+			memcpy(rv, w + kvhf_gdn_conv_floats(m), c->st_bytes[1]);
+			continue;
 		}
 		if (m->layers[l].kv_src != (int)l) /* the single layout's slot of an aliasing
 						      layer: written zero */
@@ -783,11 +964,22 @@ hf_position(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 	uint32_t kw = m->kv_width;
 	int rc;
 
+	rc = hf_state_load(c, seq, pos);
+	if (rc)
+		return rc;
 	kvhf_fwd_embed(m, &c->st, tok);
 	for (uint32_t l = 0; l < (uint32_t)m->n_layers; l++) {
 		uint32_t lo = 0, kl = (uint32_t)m->layers[l].kv_src, window = 0;
 		float *side = c->side + (size_t)kl * 2 * kw;
 
+		if (m->layers[l].linear) { /* on the working copy of its state */
+			float *w = c->lin + (size_t)m->layers[l].lin_idx * c->lin_floats;
+
+			rc = kvhf_fwd_gdn(m, &c->st, l, w, w + kvhf_gdn_conv_floats(m));
+			if (rc)
+				return rc;
+			continue;
+		}
 		kvhf_fwd_qkv(m, &c->st, l, pos);
 		if (m->dsa) { /* the indexer's tokens only (dsa.h) */
 			memcpy(side, c->st.k, kw * sizeof(float));
@@ -881,7 +1073,7 @@ hf_mem_init(struct hf_run *c, uint32_t P)
 		if (geo->kind == KVT_GROUP_ALIAS)
 			continue;
 		g->block_bytes = geo->block_bytes;
-		g->bound_blocks = blocks;
+		g->bound_blocks = geo->kind == KVT_GROUP_STATE ? 2 : blocks; /* the 2 live slots */
 		if (geo->kind == KVT_GROUP_WINDOW) {
 			uint64_t b = (geo->sink + tpb - 1) / tpb + (geo->window + tpb - 1) / tpb + 1;
 
@@ -1054,6 +1246,15 @@ hf_teardown(struct hf_run *c)
 	if (c->e) {
 		c->r->stats.size = sizeof(c->r->stats);
 		(void)kvt_engine_stats(c->e, &c->r->stats);
+		for (uint32_t g = 0; g < c->n_groups; g++) {
+			struct kvt_stats gs;
+
+			memset(&gs, 0, sizeof(gs));
+			gs.size = sizeof(gs);
+			if (kvt_engine_group_stats(c->e, g, &gs) == 0)
+				memcpy(c->r->group_moved[g], gs.blocks_moved,
+				       sizeof(c->r->group_moved[g]));
+		}
 	}
 	kvt_engine_destroy(c->e);
 	c->e = NULL;
@@ -1168,6 +1369,8 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 					"session %u", nk, stop);
 	}
 	rc = hf_decode(c, seq, tokens, logits, stop, P);
+	if (rc == 0)
+		rc = hf_state_out(c, seq, P);
 	if (rc == 0) {
 		kvt_seq_close(c->e, seq);
 		rc = kvt_session_drop(c->e, o->session_key);
@@ -1215,6 +1418,10 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 				"(no contiguous or single-layout mode) and keeps its indexer keys "
 				"in the runner, which cannot hold them for a closed owner "
 				"(close_first)");
+	if (o->single_layout && o->model->n_linear)
+		return kvtr_err(KVT_ENOTSUP, "the single layout has no place for the state of %s's "
+				"%d linear-attention layers (a STATE group does)",
+				o->model->model_type, o->model->n_linear);
 	if (P > (uint32_t)o->model->max_pos)
 		return kvtr_err(-EINVAL, "%u positions exceed max_position_embeddings %d", P,
 				o->model->max_pos);
@@ -1279,7 +1486,9 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 	r->tokens = calloc(P, sizeof(int32_t));
 	r->logits = calloc((size_t)P * (size_t)c.m->vocab, sizeof(float));
 	c.side = calloc((size_t)c.m->n_layers * 2 * c.m->kv_width, sizeof(float));
-	if (!r->tokens || !r->logits || !c.side) {
+	c.lin_floats = kvhf_gdn_conv_floats(c.m) + kvhf_gdn_rec_floats(c.m);
+	c.lin = calloc((size_t)c.m->n_linear * c.lin_floats + 1, sizeof(float));
+	if (!r->tokens || !r->logits || !c.side || !c.lin) {
 		rc = kvtr_err(-ENOMEM, "out of memory for %u positions", P);
 		goto out_free;
 	}
@@ -1291,6 +1500,8 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 		rc = hf_persist(&c, r->tokens, r->logits);
 	} else if (rc == 0 && o->contiguous) {
 		rc = hf_decode(&c, 0, r->tokens, r->logits, 0, P);
+		if (rc == 0)
+			rc = hf_state_out(&c, 0, P);
 	} else if (rc == 0) {
 		rc = hf_engine_create(&c, 0);
 		if (rc == 0 && o->report)
@@ -1299,6 +1510,8 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 			rc = hf_open(&c, 0, &seq);
 		if (rc == 0)
 			rc = hf_decode(&c, seq, r->tokens, r->logits, 0, P);
+		if (rc == 0)
+			rc = hf_state_out(&c, seq, P);
 		if (rc == 0 && o->prefix_share)
 			rc = hf_prefix_second(&c, &seq, r->tokens, r->logits);
 		if (rc == 0 && (rc = kvt_engine_drain(c.e)) != 0)
@@ -1310,6 +1523,7 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 	kvhf_state_fini(&c.st);
 out_free:
 	free(c.side);
+	free(c.lin);
 	free(c.kv);
 	free(c.lgroup);
 	free(c.lidx);
@@ -1399,8 +1613,10 @@ kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
 	c.al = calloc(nh, sizeof(float));
 	c.scratch = calloc(P + 64 * (size_t)o->tokens_per_block, sizeof(float));
 	c.side = calloc((size_t)c.m->n_layers * 2 * c.m->kv_width, sizeof(float));
+	c.lin_floats = kvhf_gdn_conv_floats(c.m) + kvhf_gdn_rec_floats(c.m);
+	c.lin = calloc((size_t)c.m->n_linear * c.lin_floats + 1, sizeof(float));
 	if (!seqs || !toks || !c.lgroup || !c.lidx || !c.q || !c.qpe || !c.po || !c.ao || !c.pm ||
-	    !c.pl || !c.am || !c.al || !c.scratch || !c.side) {
+	    !c.pl || !c.am || !c.al || !c.scratch || !c.side || !c.lin) {
 		rc = kvtr_err(-ENOMEM, "out of memory");
 		goto out;
 	}
@@ -1455,6 +1671,8 @@ kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
 				continue;
 			if (geo->kind == KVT_GROUP_WINDOW && p + 1 > geo->window)
 				first = (p + 1 - geo->window) / c.tpb;
+			if (geo->kind == KVT_GROUP_STATE) /* the block read, the one written */
+				first = p ? (p - 1) / c.tpb : 0;
 			r->touched[g] += (uint64_t)S * (p / c.tpb - first + 1);
 		}
 		if (rc == 0)
@@ -1472,6 +1690,7 @@ out:
 	free(seqs);
 	free(toks);
 	free(c.side);
+	free(c.lin);
 	free(c.lgroup);
 	free(c.lidx);
 	free(c.q);
