@@ -367,6 +367,7 @@ kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, uint64_t
 	e->block_bytes = bb;
 	e->layer_block_bytes = bb / o->layout.n_layers;
 	e->sc_len = sidecar_bytes;
+	e->sc_rec = sidecar_bytes;
 	e->sc_off = e->layer_block_bytes - sidecar_bytes;
 	e->token_bytes = layer_bytes ? 0 : (uint64_t)o->layout.n_kv_heads * o->layout.head_dim *
 					   kvt_dtype_size(o->layout.dtype);

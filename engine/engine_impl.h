@@ -512,9 +512,13 @@ struct kvt_engine {
 	 * after the layer's K/V that move with the block; a host mirror of them per block
 	 * record for reading without bringing the block up */
 	uint64_t sc_off;                    /* offset of the sidecar in a layer of a block */
-	uint64_t sc_len;                    /* its bytes per layer; 0 = no sidecar */
+	uint64_t sc_len;                    /* its bytes per layer; 0 = none in the block */
+	uint64_t sc_rec;                    /* mirror bytes per layer: sc_len, or a summary's
+	                                       (sc_summary); 0 = no mirror */
+	bool sc_summary;                    /* the mirror holds the Quest summary of K */
 	uint8_t **sc_chunk;                 /* [cap_bchunks]: KVT_BCHUNK valid bytes, then
-	                                       KVT_BCHUNK x n_layers x sc_len mirror bytes */
+	                                       KVT_BCHUNK x n_layers x sc_rec mirror bytes */
+	uint8_t *sc_tmp;                    /* [block_bytes]: an HBM block read for the mirror */
 	struct kvt_stream *sc_stream;       /* reads of HBM copies (created at the first) */
 	uint32_t win_tokens;                /* sliding window in tokens (0 = full attention):
 	                                       kvt_engine_set_window (engine/window.c) */
@@ -537,6 +541,9 @@ int kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, uint
 			   uint64_t sidecar_bytes, struct kvt_device *dev, uint64_t groups_fp,
 			   uint32_t group, struct kvt_engine **out);
 /* ---- sidecar.c */
+/* Make the mirror of core @e hold the Quest summary of each block's K (before its first
+ * block). */
+void kvt_sc_summarize(struct kvt_engine *e);
 /* Grow the mirror with the block table's chunk @c (a chunk of KVT_BCHUNK records). */
 int kvt_sc_grow(struct kvt_engine *e, uint32_t c);
 /* Block @id's mirror no longer holds its bytes (a new block, or one appended to). */

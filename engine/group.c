@@ -247,7 +247,14 @@ grp_check_sidecar(const struct kvt_grp *G, uint32_t i)
 			       "sidecar_block_bytes %llu (at most 16 MiB) out of range", i,
 			       (unsigned long long)g->sidecar_token_bytes,
 			       (unsigned long long)g->sidecar_block_bytes);
-	if (!g->sidecar_token_bytes && !g->sidecar_block_bytes)
+	if (g->sidecar_summary > KVT_SUMMARY_K_MINMAX)
+		return kvt_err(-EINVAL, "group %u: unknown sidecar_summary %u", i,
+			       g->sidecar_summary);
+	if (g->sidecar_summary && (g->sidecar_token_bytes || g->sidecar_block_bytes))
+		return kvt_err(-EINVAL, "group %u: a summary sidecar (sidecar_summary %u) is kvtier's: "
+			       "sidecar_token_bytes and sidecar_block_bytes must be 0", i,
+			       g->sidecar_summary);
+	if (!g->sidecar_summary && !g->sidecar_token_bytes && !g->sidecar_block_bytes)
 		return kvt_err(-EINVAL, "group %u: a SIDECAR group needs sidecar_token_bytes or "
 			       "sidecar_block_bytes", i);
 	if (g->tokens_per_block && g->tokens_per_block != G->tpb)
@@ -621,7 +628,8 @@ grp_fingerprint(const struct kvt_grp *G)
 			w[2] = g->parent;
 			w[3] = (uint32_t)g->sidecar_token_bytes;
 			w[4] = (uint32_t)g->sidecar_block_bytes;
-			w[5] = w[6] = 0;
+			w[5] = g->sidecar_summary;
+			w[6] = 0;
 		} else if (g->kind == KVT_GROUP_ALIAS || g->kind == KVT_GROUP_STATE)
 			w[2] = w[3] = w[4] = w[5] = w[6] = 0;
 		else if (g->kind == KVT_GROUP_LATENT)
@@ -716,6 +724,8 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 					    G->first == KVT_NIL ? NULL : G->core[G->first]->dev,
 					    fp, i, &G->core[i]);
 		kvt_free(dir);
+		if (!rc && v_sc != KVT_NIL && G->g[v_sc].sidecar_summary)
+			kvt_sc_summarize(G->core[i]); /* before its first block */
 		if (rc) {
 			rc = kvt_err(rc, "group %u (%s, %.1f%% of each tier): %s", i,
 				     grp_kind_name(g->kind), 100.0 * share[i],
@@ -905,7 +915,8 @@ kvt_group_sidecar(const struct kvt_engine *e, uint32_t group, uint64_t *offset,
 	if (token_bytes)
 		*token_bytes = g->sidecar_token_bytes;
 	if (block_bytes)
-		*block_bytes = g->sidecar_block_bytes;
+		*block_bytes = g->sidecar_summary ? e->grp->core[g->parent]->sc_rec :
+						    g->sidecar_block_bytes;
 	return 0;
 }
 

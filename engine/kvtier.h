@@ -1226,11 +1226,27 @@ enum kvt_group_kind {
  * block, then prepares only the selected ones (kvt_batch_prepare_ranges with one-block ranges;
  * kvt_engine_hint_ranges names them ahead). Mirror memory: n_layers x the sidecar per block
  * record, host memory, allocated with the block table.
+ * Page summaries kvtier keeps itself (sidecar_summary = KVT_SUMMARY_K_MINMAX, both sizes 0):
+ * no bytes are added to the parent's blocks; the mirror of each block holds, per layer, the
+ * Quest summary of its K (Tang et al. 2024, arXiv 2406.10774 sec. 3.2; kernels/sparse.h):
+ * [n_kv_heads][2][head_dim] fp32, the element-wise min then max over the block's tokens
+ * (those appended so far in a partial last block; a LATENT parent: one head of latent_dim),
+ * computed from the block's K whenever the mirror is filled (so, like the bytes above, it is
+ * there for every block that was in HOST or HBM since this engine started). kvt_group_sidecar
+ * gives token_bytes 0 and block_bytes = n_kv_heads x 2 x head_dim x 4; kvt_seq_sidecar_read
+ * returns [n_blocks][that]. Score with q: sum_i max(q_i min_i, q_i max_i) per head.
  * Create errors (-EINVAL naming the group): parent out of range or itself, a parent that is not
  * FULL, WINDOW or LATENT, a second sidecar of one parent, layers that are not the parent's,
- * both sizes 0, sidecar_token_bytes over 65536 or sidecar_block_bytes over 16 MiB, a block
- * over 1 GiB with them; tokens_per_block other than the layout's: KVT_ENOTSUP.
+ * both sizes 0 (without a summary) or not 0 (with one), an unknown sidecar_summary,
+ * sidecar_token_bytes over 65536 or sidecar_block_bytes over 16 MiB, a block over 1 GiB with
+ * them; tokens_per_block other than the layout's: KVT_ENOTSUP.
  */
+
+/** What kvtier computes itself for a SIDECAR group (struct kvt_group.sidecar_summary). */
+enum kvt_sidecar_summary {
+	KVT_SUMMARY_NONE = 0,     /* the caller writes the bytes */
+	KVT_SUMMARY_K_MINMAX = 1, /* Quest: per block, layer and KV head the min and max of K */
+};
 
 /*
  * STATE groups (issue 17). A STATE group's pool holds, per block of a sequence, the state of
@@ -1326,6 +1342,9 @@ struct kvt_group {
 	uint32_t parent;           /* index of the group whose blocks carry it */
 	uint64_t sidecar_token_bytes; /* bytes per token and layer (0 = none), <= 65536 */
 	uint64_t sidecar_block_bytes; /* bytes per block and layer (0 = none), <= 16 MiB */
+	uint32_t sidecar_summary;  /* enum kvt_sidecar_summary: KVT_SUMMARY_K_MINMAX = kvtier
+	                              keeps the Quest page summary of the parent's K itself (the
+	                              two sizes above then 0) */
 };
 
 /** kvt_group_init() - zero @g and set g->size = @size (then tokens_per_block 0, share 0). */

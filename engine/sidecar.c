@@ -14,6 +14,9 @@
  *   - invalidated when the block is new or appended to (kvt_block_bump_ver): its bytes are
  *     being written and the caller's writes end only at the release;
  *   - gone with the record (the block left every tier).
+ * With a summary (KVT_SUMMARY_K_MINMAX) nothing is added to the block and the mirror holds,
+ * per layer, the Quest summary of the block's K (kvt_quest_summary_ref over its valid tokens)
+ * instead of copied bytes: the same fill points compute it.
  * A block whose mirror is invalid and that has no HOST or HBM copy (only on NVMe, after a
  * restore or a prefix hit on a block whose mirror was never filled in this process) cannot be
  * read here: -EAGAIN, until a prepare brings it up once.
@@ -22,12 +25,21 @@
 #include <string.h>
 
 #include "engine_impl.h"
+#include "kernels/sparse.h"
 
 /* Bytes of one record's mirror (every layer). */
 static uint64_t
 sc_rec_bytes(const struct kvt_engine *e)
 {
-	return e->sc_len * e->layout.n_layers;
+	return e->sc_rec * e->layout.n_layers;
+}
+
+void
+kvt_sc_summarize(struct kvt_engine *e)
+{
+	e->sc_summary = true;
+	e->sc_rec = kvt_quest_summary_floats(e->layout.n_kv_heads, e->layout.head_dim) *
+		    sizeof(float);
 }
 
 int
@@ -35,7 +47,7 @@ kvt_sc_grow(struct kvt_engine *e, uint32_t c)
 {
 	uint8_t **nc;
 
-	if (!e->sc_len)
+	if (!e->sc_rec)
 		return 0;
 	if (c >= e->cap_bchunks)
 		return kvt_err(-EINVAL, "sidecar mirror chunk %u past the chunk table", c);
@@ -67,7 +79,7 @@ kvt_sc_invalidate(struct kvt_engine *e, uint32_t id)
 {
 	uint8_t *v;
 
-	if (!e->sc_len)
+	if (!e->sc_rec)
 		return;
 	(void)sc_rec(e, id, &v);
 	*v = 0;
@@ -90,30 +102,65 @@ sc_writing(struct kvt_engine *e, uint32_t id)
 	return false;
 }
 
-void
-kvt_sc_fill(struct kvt_engine *e, uint32_t id, const void *blk)
+/* Tokens of block @id with contents: its creator's tokens in it, or a whole block (a cached
+ * block is a full one). */
+static uint32_t
+sc_tokens(const struct kvt_engine *e, uint32_t id)
 {
-	uint8_t *v, *m;
-	uint32_t l;
+	const struct kvt_block *b = kvt_blk(e, id);
+	uint32_t tpb = e->layout.tokens_per_block;
+	uint64_t first = (uint64_t)b->index * tpb, n;
 
-	if (!e->sc_len || sc_writing(e, id))
-		return;
-	m = sc_rec(e, id, &v);
-	for (l = 0; l < e->layout.n_layers; l++)
-		memcpy(m + (size_t)l * e->sc_len,
-		       (const uint8_t *)blk + l * e->layer_block_bytes + e->sc_off, e->sc_len);
+	if (b->seq >= e->cap_seqs || e->seqs[b->seq].n_tokens <= first)
+		return tpb;
+	n = e->seqs[b->seq].n_tokens - first;
+	return n < tpb ? (uint32_t)n : tpb;
+}
+
+/* The mirror of block @id from @blk, a host copy of the whole block. */
+static void
+sc_fill_rec(struct kvt_engine *e, uint32_t id, const uint8_t *blk)
+{
+	uint8_t *v, *m = sc_rec(e, id, &v);
+	uint32_t l, zero = 0;
+
+	for (l = 0; l < e->layout.n_layers; l++) {
+		const uint8_t *layer = blk + l * e->layer_block_bytes;
+
+		if (e->sc_summary) {
+			struct kvt_paged_kv kv;
+
+			memset(&kv, 0, sizeof kv);
+			kv.k_base = layer;
+			kv.block_stride = e->block_bytes;
+			kv.token_stride = e->token_bytes;
+			kv.table = &zero;
+			kv.tokens_per_block = e->layout.tokens_per_block;
+			kv.n_kv_heads = e->layout.n_kv_heads;
+			kv.head_dim = e->layout.head_dim;
+			kv.dtype = e->layout.dtype;
+			(void)kvt_quest_summary_ref(&kv, sc_tokens(e, id), &zero, 1,
+						    (float *)(void *)(m + (size_t)l * e->sc_rec));
+		} else {
+			memcpy(m + (size_t)l * e->sc_rec, layer + e->sc_off, e->sc_len);
+		}
+	}
 	*v = 1;
 }
 
-/* Read block @id's whole HBM copy into the mirror through the device (the lock held: a few
- * small copies, synchronous). */
+void
+kvt_sc_fill(struct kvt_engine *e, uint32_t id, const void *blk)
+{
+	if (e->sc_rec && !sc_writing(e, id))
+		sc_fill_rec(e, id, blk);
+}
+
+/* Block @id's mirror from its HBM copy, read whole through the device into sc_tmp (the lock
+ * held: one copy, synchronous). */
 static int
 sc_fill_from_hbm(struct kvt_engine *e, uint32_t id)
 {
-	struct kvt_copy v[64];
-	uint8_t *valid, *m = sc_rec(e, id, &valid);
-	const uint8_t *src = kvt_slot_addr(e, KVT_TIER_HBM, kvt_blk(e, id)->slot[KVT_TIER_HBM]);
-	uint32_t l = 0, n;
+	struct kvt_copy v;
 	int rc;
 
 	if (!e->sc_stream) {
@@ -121,19 +168,19 @@ sc_fill_from_hbm(struct kvt_engine *e, uint32_t id)
 		if (rc)
 			return kvt_err(rc, "a stream for sidecar reads");
 	}
-	while (l < e->layout.n_layers) {
-		for (n = 0; n < 64 && l < e->layout.n_layers; n++, l++) {
-			v[n].dst = m + (size_t)l * e->sc_len;
-			v[n].src = src + l * e->layer_block_bytes + e->sc_off;
-			v[n].len = e->sc_len;
-		}
-		rc = e->dev->ops->copy_batch_async(e->dev, e->sc_stream, v, n);
-		if (!rc)
-			rc = e->dev->ops->stream_sync(e->dev, e->sc_stream);
-		if (rc)
-			return kvt_err(KVT_EDEVICE, "reading a sidecar from HBM: %s", kvt_strerror(rc));
-	}
-	*valid = 1;
+	if (!e->sc_tmp && !(e->sc_tmp = kvt_malloc(e->block_bytes)))
+		return kvt_err(-ENOMEM, "a block of %llu bytes for sidecar reads",
+			       (unsigned long long)e->block_bytes);
+	v.dst = e->sc_tmp;
+	v.src = kvt_slot_addr(e, KVT_TIER_HBM, kvt_blk(e, id)->slot[KVT_TIER_HBM]);
+	v.len = e->block_bytes;
+	rc = e->dev->ops->copy_batch_async(e->dev, e->sc_stream, &v, 1);
+	if (!rc)
+		rc = e->dev->ops->stream_sync(e->dev, e->sc_stream);
+	if (rc)
+		return kvt_err(KVT_EDEVICE, "reading a block from HBM for its sidecar: %s",
+			       kvt_strerror(rc));
+	sc_fill_rec(e, id, e->sc_tmp);
 	return 0;
 }
 
@@ -191,8 +238,8 @@ kvt_sc_read(struct kvt_engine *e, kvt_seq_id id, uint32_t layer, uint32_t first,
 				goto out;
 			}
 		}
-		memcpy((uint8_t *)dst + (size_t)(j - first) * e->sc_len,
-		       m + (size_t)layer * e->sc_len, e->sc_len);
+		memcpy((uint8_t *)dst + (size_t)(j - first) * e->sc_rec,
+		       m + (size_t)layer * e->sc_rec, e->sc_rec);
 	}
 out:
 	kvt_unlock(e);
@@ -204,6 +251,8 @@ kvt_sc_fini(struct kvt_engine *e)
 {
 	uint32_t c;
 
+	kvt_free(e->sc_tmp);
+	e->sc_tmp = NULL;
 	if (!e->sc_chunk)
 		return;
 	for (c = 0; c < e->cap_blocks >> KVT_BCHUNK_SHIFT; c++)

@@ -8,10 +8,11 @@
  * descriptors (each bad one a clear error), the layout inside the parent's block and the
  * tables, exact bytes through demotion to HOST and NVMe and park/resume (through the tables
  * and through kvt_seq_sidecar_read, the latter moving no block), prefix hits sharing them, a
- * persistent store across kill -9 (the mirror refilled by the first prepare), and reads of a
- * block being written.
+ * persistent store across kill -9 (the mirror refilled by the first prepare), reads of a
+ * block being written, and the Quest page summary kvtier keeps itself (KVT_SUMMARY_K_MINMAX).
  */
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -521,6 +522,166 @@ test_store_kill_restore(void **state)
 	tsup_rmdir(dir);
 }
 
+/*
+ * A summary sidecar (KVT_SUMMARY_K_MINMAX): kvtier keeps per block, layer and KV head the
+ * element-wise min and max of K (Quest), checked against a min/max taken here over the K
+ * values the test wrote: for full and partial blocks, after more tokens land in the last
+ * block, and for blocks demoted to NVMe (read without moving them). A LATENT parent has one
+ * head of latent_dim. Bad combinations are refused.
+ */
+#define QH 2u
+#define QD 3u
+
+static float
+q_val(uint32_t tag, uint64_t pos, uint32_t l, uint32_t h, uint32_t i)
+{
+	uint32_t x = (uint32_t)(tag * 2654435761u ^ (uint32_t)pos * 40503u ^ l * 977u ^ h * 131u ^
+				i * 7919u);
+
+	return (float)(x % 2001u) / 100.0f - 10.0f;
+}
+
+static void
+q_append(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint64_t from, uint32_t n)
+{
+	struct kvt_group_geometry pg;
+	struct kvt_batch *b = NULL;
+	int32_t tok[16];
+	int64_t map[2 * 16];
+	uint32_t j, l, h, i;
+
+	for (j = 0; j < n; j++)
+		tok[j] = tok_of(tag, from + j);
+	assert_int_equal(kvt_seq_append_groups(e, s, tok, n, map), 0);
+	assert_int_equal(kvt_group_geometry(e, 0, &pg), 0);
+	assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), 0);
+	for (j = 0; j < n; j++)
+		for (l = 0; l < NL; l++) {
+			float *k, *v;
+
+			kvt_group_kv_addr(&pg, l, map[j], (void **)&k, (void **)&v);
+			for (h = 0; h < pg.n_kv_heads; h++)
+				for (i = 0; i < pg.head_dim; i++)
+					k[h * pg.head_dim + i] = q_val(tag, from + j, l, h, i);
+		}
+	assert_int_equal(kvt_batch_release(b, NULL), 0);
+}
+
+/* Check the summaries of every block of @s (@len tokens of @tag; @nh heads of @hd). */
+static void
+q_check(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint64_t len, uint32_t nh,
+	uint32_t hd)
+{
+	uint32_t nb = (uint32_t)((len + TPB - 1) / TPB), j, l, h, i;
+	uint64_t per = (uint64_t)nh * 2 * hd;
+	float *got = malloc(nb * per * sizeof *got);
+
+	assert_non_null(got);
+	for (l = 0; l < NL; l++) {
+		int rc = kvt_seq_sidecar_read(e, s, 1, l, 0, nb, got);
+
+		if (rc)
+			fprintf(stderr, "summary read: %s\n", kvt_last_error_message());
+		assert_int_equal(rc, 0);
+		for (j = 0; j < nb; j++)
+			for (h = 0; h < nh; h++)
+				for (i = 0; i < hd; i++) {
+					float mn = INFINITY, mx = -INFINITY;
+					uint64_t p;
+
+					for (p = (uint64_t)j * TPB; p < len && p < (uint64_t)(j + 1) * TPB;
+					     p++) {
+						float x = q_val(tag, p, l, h, i);
+
+						mn = x < mn ? x : mn;
+						mx = x > mx ? x : mx;
+					}
+					assert_true(got[j * per + h * 2 * hd + i] == mn);
+					assert_true(got[j * per + h * 2 * hd + hd + i] == mx);
+				}
+	}
+	free(got);
+}
+
+static void
+test_summary_sidecar(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[2];
+	struct kvt_seq_info in;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	uint64_t off = 1, tb = 1, bb = 0;
+	kvt_seq_id s[3];
+	uint32_t i;
+
+	(void)state;
+	sc_groups(g);
+	g[0].n_kv_heads = QH;
+	g[0].head_dim = QD;
+	g[1].sidecar_token_bytes = g[1].sidecar_block_bytes = 0;
+	g[1].sidecar_summary = KVT_SUMMARY_K_MINMAX;
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout.n_layers = NL;
+	o.layout.tokens_per_block = TPB;
+	o.groups = g;
+	o.n_groups = 2;
+	o.hbm_bytes = 6 * (NL * TPB * 2 * QH * QD * 4) + 8;
+	o.host_bytes = 4 * (NL * TPB * 2 * QH * QD * 4) + 8;
+	o.nvme_dir = dir;
+	o.nvme_bytes = 8u << 20;
+	e = sc_create(&o);
+	assert_int_equal(kvt_group_sidecar(e, 1, &off, &tb, &bb), 0);
+	assert_int_equal(tb, 0);
+	assert_int_equal(bb, QH * 2 * QD * 4);
+	{
+		struct kvt_group_geometry pg;
+
+		assert_int_equal(kvt_group_geometry(e, 0, &pg), 0);
+		assert_int_equal(pg.layer_block_bytes, TPB * 2 * QH * QD * 4); /* nothing added */
+	}
+	for (i = 0; i < 3; i++) {
+		assert_int_equal(kvt_seq_open(e, NULL, &s[i]), 0);
+		q_append(e, s[i], 50 + i, 0, 3);
+		q_check(e, s[i], 50 + i, 3, QH, QD); /* a partial block */
+		q_append(e, s[i], 50 + i, 3, 6);
+		q_check(e, s[i], 50 + i, 9, QH, QD); /* the last block grew */
+	}
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_info(e, s[0], &in), 0);
+	assert_true(in.blocks_in[KVT_TIER_NVME] > 0);
+	for (i = 0; i < 3; i++)
+		q_check(e, s[i], 50 + i, 9, QH, QD);
+	for (i = 0; i < 3; i++)
+		assert_int_equal(kvt_seq_close(e, s[i]), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+	/* a LATENT parent: one head of latent_dim */
+	sc_groups(g);
+	g[0].kind = KVT_GROUP_LATENT;
+	g[0].latent_dim = 5;
+	g[1].sidecar_token_bytes = g[1].sidecar_block_bytes = 0;
+	g[1].sidecar_summary = KVT_SUMMARY_K_MINMAX;
+	o.nvme_dir = NULL;
+	o.host_bytes = 0;
+	o.hbm_bytes = 1 << 20;
+	e = sc_create(&o);
+	assert_int_equal(kvt_group_sidecar(e, 1, NULL, NULL, &bb), 0);
+	assert_int_equal(bb, 2 * 5 * 4);
+	assert_int_equal(kvt_seq_open(e, NULL, &s[0]), 0);
+	q_append(e, s[0], 60, 0, 7);
+	q_check(e, s[0], 60, 7, 1, 5);
+	assert_int_equal(kvt_seq_close(e, s[0]), 0);
+	kvt_engine_destroy(e);
+	/* refused: bytes with a summary, an unknown summary */
+	sc_groups(g);
+	g[1].sidecar_summary = KVT_SUMMARY_K_MINMAX;
+	expect_refused(g, 2, -EINVAL, "sidecar_token_bytes and sidecar_block_bytes must be 0");
+	sc_groups(g);
+	g[1].sidecar_summary = 9;
+	expect_refused(g, 2, -EINVAL, "unknown sidecar_summary 9");
+}
+
 int
 main(void)
 {
@@ -530,6 +691,7 @@ main(void)
 		cmocka_unit_test(test_offload_and_reads_move_nothing),
 		cmocka_unit_test(test_prefix_hit_shares_sidecars),
 		cmocka_unit_test(test_store_kill_restore),
+		cmocka_unit_test(test_summary_sidecar),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -594,7 +594,7 @@ def _seq_id(s):
 
 _GROUP_FIELDS = ("n_kv_heads", "head_dim", "v_head_dim", "latent_dim", "window", "sink",
                  "tokens_per_block", "share", "parent", "sidecar_token_bytes",
-                 "sidecar_block_bytes")
+                 "sidecar_block_bytes", "sidecar_summary")
 
 
 def _groups(o, groups):

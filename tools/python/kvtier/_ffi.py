@@ -170,7 +170,8 @@ class Group(ctypes.Structure):
                 ("sink", c_u32), ("alias_of", ctypes.POINTER(c_u32)), ("dtype", c_enum),
                 ("tokens_per_block", c_u32), ("share", ctypes.c_float), ("n_state", c_u32),
                 ("state", StateTensor * GROUP_MAX_STATE), ("parent", c_u32),
-                ("sidecar_token_bytes", c_u64), ("sidecar_block_bytes", c_u64)]
+                ("sidecar_token_bytes", c_u64), ("sidecar_block_bytes", c_u64),
+                ("sidecar_summary", c_u32)]
 
 
 class GroupGeometry(ctypes.Structure):

@@ -220,3 +220,24 @@ def test_sidecar_group():
         with pytest.raises(kvtier.InvalidArgumentError, match="FULL group, not SIDECAR"):
             seq.sidecar(0, 0, 0, 1)
         seq.close()
+
+
+def test_summary_sidecar():
+    """kvtier's own Quest summary of K per block (sidecar_summary 1): min and max per channel."""
+    groups = [{"kind": "full", "layers": [0], "n_kv_heads": 1, "head_dim": 2, "dtype": "f32"},
+              {"kind": "sidecar", "parent": 0, "sidecar_summary": 1}]
+    with kvtier.Engine(n_layers=1, n_kv_heads=0, head_dim=0, tokens_per_block=4,
+                       hbm_bytes=1 << 20, groups=groups) as eng:
+        assert eng.group_sidecar(1)[1:] == (0, 16)  # nothing in the block: the mirror only
+        geo = eng.group_geometry(0)
+        seq = eng.open_sequence()
+        maps = seq.append_groups([1, 2, 3])
+        vals = [(1.0, -4.0), (-2.0, 5.0), (0.5, 0.25)]
+        for m, kv in zip(maps[0], vals):
+            addr = geo["hbm_base"] + (m // 4) * geo["block_bytes"] + (m % 4) * geo["k_token_bytes"]
+            ctypes.memmove(addr, np.array(kv, dtype=np.float32).tobytes(), 8)
+        with eng.prepare([seq]):
+            pass
+        got = np.frombuffer(seq.sidecar(1, 0, 0, 1), dtype=np.float32)
+        assert list(got) == [-2.0, -4.0, 1.0, 5.0]
+        seq.close()
