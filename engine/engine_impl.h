@@ -290,12 +290,14 @@ struct kvt_seqrec {
 
 /* A windowed engine's per-sequence window state, beside the sequence table (e->winseq, indexed
  * like e->seqs) so that struct kvt_seqrec stays 128 bytes for engines without a window. */
+#define KVT_CKPT_ASKS 4u /* checkpoints one sequence may have asked for and not yet reached */
 struct kvt_winseq {
 	uint64_t tail[2];    /* prefix key of hole first_live - 1 while the record's tail_hashed */
 	uint32_t first_live; /* blocks [kvt_win_sink_blocks, first_live) are holes, KVT_NIL in
 	                        blocks[]: out of the window of its next query, dropped; 0 (or
 	                        below the sinks) = none (engine/window.c) */
-	uint32_t unused;
+	uint32_t n_ask;      /* a STATE pool: checkpoints asked (kvt_win_ask) not yet kept */
+	uint32_t ask[KVT_CKPT_ASKS]; /* their block indices */
 };
 
 enum kvt_xfer_kind { KVT_X_D2H = 0, KVT_X_H2N = 1, KVT_X_N2H = 2, KVT_X_H2D = 3 };
@@ -523,6 +525,9 @@ struct kvt_engine {
 	uint32_t win_tokens;                /* sliding window in tokens (0 = full attention):
 	                                       kvt_engine_set_window (engine/window.c) */
 	uint32_t win_sink;                  /* leading tokens always visible (window only) */
+	uint32_t ckpt_every;                /* a STATE pool: index every this-th full block
+	                                       (0, 1: all; KVT_CHECKPOINT_ASKED: none but the
+	                                       asked ones) */
 	bool seq_opened;                    /* a sequence was opened: the window is fixed */
 	struct kvt_winseq *winseq;          /* windowed: [cap_seqs], grown with the sequence
 	                                       table; NULL without a window */
@@ -869,6 +874,11 @@ kvt_seq_set_first_live(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t v)
 	if (e->winseq)
 		e->winseq[s - e->seqs].first_live = v;
 }
+/* A STATE pool's checkpoint policy (engine/window.c, kvtier.h "STATE groups"): which full
+ * blocks its sequences index (keep cached) when published. */
+bool kvt_win_keep(struct kvt_engine *e, struct kvt_seqrec *s, uint32_t index);
+/* Keep the checkpoint of block @index of sequence @id (kvt_seq_checkpoint). Takes the lock. */
+int kvt_win_ask(struct kvt_engine *e, kvt_seq_id id, uint32_t index);
 /* ---- engine/ext.c: the external-pool mode (issue 19). Its stored blocks are cached blocks
  * (refs 0) whose creator is KVT_EXT_SEQ (no sequence) */
 #define KVT_EXT_SEQ (KVT_NIL - 1)

@@ -726,6 +726,8 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 		kvt_free(dir);
 		if (!rc && v_sc != KVT_NIL && G->g[v_sc].sidecar_summary)
 			kvt_sc_summarize(G->core[i]); /* before its first block */
+		if (!rc && g->kind == KVT_GROUP_STATE)
+			G->core[i]->ckpt_every = g->checkpoint_every; /* engine/window.c */
 		if (rc) {
 			rc = kvt_err(rc, "group %u (%s, %.1f%% of each tier): %s", i,
 				     grp_kind_name(g->kind), 100.0 * share[i],
@@ -1446,6 +1448,39 @@ kvt_seq_sidecar_read(struct kvt_engine *e, kvt_seq_id id, uint32_t group,
 	p = G->g[group].parent;
 	rc = kvt_sc_read(G->core[p], ids[p], layer_in_group, first_block, n_blocks, dst);
 	return rc ? grp_err(rc, p) : 0;
+}
+
+int
+kvt_seq_checkpoint(struct kvt_engine *e, kvt_seq_id id, uint64_t n_tokens)
+{
+	kvt_seq_id ids[KVT_MAX_GROUPS];
+	struct kvt_grp *G;
+	uint32_t i, tpb;
+	int rc;
+
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_seq_checkpoint: engine is NULL");
+	G = e->grp;
+	tpb = G ? G->tpb : e->layout.tokens_per_block;
+	if (n_tokens < tpb || n_tokens / tpb > KVT_SEQ_MAX_BLOCKS)
+		return kvt_err(-EINVAL, "kvt_seq_checkpoint: %llu tokens: no block boundary at or "
+			       "below it (blocks of %u tokens)", (unsigned long long)n_tokens, tpb);
+	if (!G) /* no STATE group: every block is kept; only the id is checked */
+		return kvt_win_ask(e, id, (uint32_t)(n_tokens / tpb - 1));
+	rc = grp_seq_enter(G, id, ids, GRP_TAKE);
+	if (rc)
+		return rc;
+	GRP_FOR_STORAGE(G, i) {
+		if (G->g[i].kind != KVT_GROUP_STATE)
+			continue;
+		rc = kvt_win_ask(G->core[i], ids[i], (uint32_t)(n_tokens / tpb - 1));
+		if (rc) {
+			rc = grp_err(rc, i);
+			break;
+		}
+	}
+	grp_seq_leave(G, id);
+	return rc;
 }
 
 /* ---- tenants ------------------------------------------------------------------------------ */

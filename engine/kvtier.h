@@ -1280,6 +1280,10 @@ enum kvt_sidecar_summary {
  *   - park/resume, the NVMe store, the persistent store (crash and restore), checksums, the
  *     codec (lossless), tenants and budgets: the pool's blocks as any pool's (only the live
  *     blocks move with a parked sequence).
+ * Checkpoint policy (checkpoint_every): a full block not kept leaves the tiers when the window
+ * passes it, so checkpoint memory falls by N, and a hit ends at the last kept boundary at or
+ * below the shared length; kvt_seq_checkpoint() keeps the one a server knows it will reuse
+ * (the end of a shared system prompt: the boundary at or below it).
  * Memory: a decoding sequence holds at most 2 state slots in HBM (the default share sizes the
  * pool for those 2 against the other groups' blocks of group_ref_tokens tokens); a prefill
  * chunk of n tokens holds ceil(n / tokens_per_block) + 1 until the next append.
@@ -1290,6 +1294,9 @@ enum kvt_sidecar_summary {
  * Fields of struct kvt_group used: kind, n_layers, layers, n_state, state[], share (dtype,
  * heads and dims are ignored: each tensor has its own dtype).
  */
+
+/** struct kvt_group.checkpoint_every: keep only the checkpoints kvt_seq_checkpoint asks for. */
+#define KVT_CHECKPOINT_ASKED UINT32_MAX
 
 /** One tensor of a STATE group's per-sequence state (issue 17). */
 struct kvt_state_tensor {
@@ -1338,6 +1345,11 @@ struct kvt_group {
 	uint32_t n_state;          /* tensors per layer, 1..KVT_GROUP_MAX_STATE; each tensor's
 	                              dims 1..2^20, at most 2^30 elements */
 	struct kvt_state_tensor state[KVT_GROUP_MAX_STATE];
+	uint32_t checkpoint_every; /* which block boundaries keep their checkpoint (prefix hits
+	                              end only there): 0 or 1 every one, N every N-th (boundaries
+	                              at multiples of N x tokens_per_block), KVT_CHECKPOINT_ASKED
+	                              none but those kvt_seq_checkpoint() asks for; asked ones are
+	                              kept with any policy */
 	/* SIDECAR (issue 17; "SIDECAR groups" above) */
 	uint32_t parent;           /* index of the group whose blocks carry it */
 	uint64_t sidecar_token_bytes; /* bytes per token and layer (0 = none), <= 65536 */
@@ -1359,6 +1371,20 @@ KVT_API void kvt_group_init(struct kvt_group *g, size_t size);
  */
 KVT_API int kvt_group_state_tensor(const struct kvt_engine *e, uint32_t group, uint32_t tensor,
 				   uint64_t *offset, uint64_t *bytes);
+
+/**
+ * kvt_seq_checkpoint() - keep, in every STATE group of @e, the checkpoint of sequence @s at the
+ * block boundary at or below @n_tokens (the state after floor(@n_tokens / tokens_per_block) x
+ * tokens_per_block tokens), whatever the group's checkpoint_every: now if the sequence has
+ * passed it and still holds that block, or when it gets there (at most 4 boundaries asked and
+ * not yet reached per sequence). For a server that knows a shared part's length before the
+ * prefill (a system prompt), so that a later prompt sharing it hits there. Returns 0 (also
+ * when no STATE group keeps fewer than every checkpoint: nothing to do), KVT_ECLOSED, -EINVAL
+ * (NULL engine, @n_tokens below one block), -ENOENT (the sequence passed that boundary and the
+ * block, not kept, has left: ask before), -ENOSPC (4 asks pending). Any thread; not with a
+ * call changing the same sequence (KVT_EBUSY).
+ */
+KVT_API int kvt_seq_checkpoint(struct kvt_engine *e, kvt_seq_id s, uint64_t n_tokens);
 
 /**
  * kvt_group_sidecar() - where SIDECAR group @group's bytes lie in its parent's blocks (see

@@ -141,6 +141,8 @@ kvt_seq_open_locked(struct kvt_engine *e, const struct kvt_seq_opts *opts, uint3
 	s->n_wpins = 0;
 	s->parked = s->in_batch = 0;
 	kvt_seq_set_first_live(e, s, 0);
+	if (e->winseq)
+		e->winseq[idx].n_ask = 0;
 	s->tail_hashed = 0;
 	e->n_open_seqs++;
 	e->seq_opened = true; /* the window (kvt_engine_set_window) is fixed from here on */
@@ -236,7 +238,8 @@ kvt_seq_publish(struct kvt_engine *e, struct kvt_seqrec *s)
 
 		/* only the creator indexes a block (its tokens are borrowed from s) */
 		if (b->hashed && !b->indexed && !b->lost && b->live && !b->dead &&
-		    b->seq < e->cap_seqs && &e->seqs[b->seq] == s) {
+		    b->seq < e->cap_seqs && &e->seqs[b->seq] == s &&
+		    (e->ckpt_every <= 1 || kvt_win_keep(e, s, b->index))) {
 			uint64_t h[2];
 			bool again;
 

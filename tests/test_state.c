@@ -609,6 +609,103 @@ test_host_and_nvme_tier_hits(void **state)
 	tsup_rmdir(dir);
 }
 
+/* STATE pool slots in use in every tier together. */
+static uint32_t
+st_state_slots(struct kvt_engine *e)
+{
+	struct kvt_stats st;
+
+	memset(&st, 0, sizeof st);
+	st.size = sizeof st;
+	assert_int_equal(kvt_engine_group_stats(e, 1, &st), 0);
+	return st.tier[KVT_TIER_HBM].used_slots + st.tier[KVT_TIER_HOST].used_slots +
+	       st.tier[KVT_TIER_NVME].used_slots;
+}
+
+/* The hit of prompt @tag's first @n tokens (asked with @n - 1, as st_hit). */
+static uint64_t
+st_match(struct kvt_engine *e, uint32_t tag, uint64_t n)
+{
+	int32_t tok[256];
+	uint64_t m = 0, p;
+
+	for (p = 0; p < n; p++)
+		tok[p] = tok_of(tag, p);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, n - 1, &m, NULL), 0);
+	return m;
+}
+
+/* checkpoint_every 3: only boundaries at multiples of 3 blocks keep their checkpoint (a third
+ * of the memory); a hit ends at the last of them at or below the shared part, restored exact. */
+static void
+test_checkpoint_every_nth(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_engine *e;
+	uint32_t every1;
+
+	(void)state;
+	st_opts(&o, g, 64, 40, 0, 0, NULL);
+	e = st_create(&o);
+	st_prefill_close(e, 7, 9 * TPB + 1);
+	every1 = st_state_slots(e);
+	kvt_engine_destroy(e);
+	st_opts(&o, g, 64, 40, 0, 0, NULL);
+	g[1].checkpoint_every = 3;
+	e = st_create(&o);
+	st_prefill_close(e, 7, 9 * TPB + 1);
+	/* every block kept: 9 checkpoints; every third: 3 */
+	assert_int_equal(every1, 9);
+	assert_int_equal(st_state_slots(e), 3);
+	assert_int_equal(st_match(e, 7, 9 * TPB + 1), 9 * TPB);
+	assert_int_equal(st_match(e, 7, 8 * TPB + 2), 6 * TPB);
+	assert_int_equal(st_match(e, 7, 6 * TPB), 3 * TPB); /* asked with 23 tokens: 3 blocks */
+	assert_int_equal(st_match(e, 7, 2 * TPB + 3), 0);
+	assert_int_equal(st_hit(e, 7, 8 * TPB + 2, 3), 6 * TPB);
+	kvt_engine_destroy(e);
+}
+
+/* KVT_CHECKPOINT_ASKED: none kept but where the server asks (the end of a shared system
+ * prompt of 10 tokens: the boundary at 8), asked before the prefill or while the block is
+ * still held; errors for a passed boundary, too short a length, too many asks. */
+static void
+test_checkpoint_asked(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_engine *e;
+	kvt_seq_id s;
+
+	(void)state;
+	st_opts(&o, g, 64, 40, 0, 0, NULL);
+	g[1].checkpoint_every = KVT_CHECKPOINT_ASKED;
+	e = st_create(&o);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	assert_int_equal(kvt_seq_checkpoint(e, s, 10), 0); /* boundary 8 */
+	assert_int_equal(kvt_seq_checkpoint(e, s, TPB - 1), -EINVAL);
+	st_run(e, s, 8, 0, 5 * TPB + 1);
+	/* 21 tokens held: the live blocks are 4 (tokens 16..19, full) and 5; block 3 (the
+	 * boundary at 16) left at the window's pass, not kept: too late to ask for it */
+	assert_int_equal(kvt_seq_checkpoint(e, s, 4 * TPB), -ENOENT);
+	assert_non_null(strstr(kvt_last_error_message(), "ask before"));
+	/* the boundary at 20 (block 4, full, still held): kept now */
+	assert_int_equal(kvt_seq_checkpoint(e, s, 5 * TPB), 0);
+	assert_int_equal(kvt_seq_checkpoint(e, s, 40), 0);
+	assert_int_equal(kvt_seq_checkpoint(e, s, 44), 0);
+	assert_int_equal(kvt_seq_checkpoint(e, s, 48), 0);
+	assert_int_equal(kvt_seq_checkpoint(e, s, 52), 0);
+	assert_int_equal(kvt_seq_checkpoint(e, s, 56), -ENOSPC);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	assert_int_equal(kvt_seq_checkpoint(e, s, 8), KVT_ECLOSED);
+	/* kept: the boundaries at 8 and 20 only */
+	assert_int_equal(st_state_slots(e), 2);
+	assert_int_equal(st_match(e, 8, 5 * TPB + 1), 5 * TPB);
+	assert_int_equal(st_match(e, 8, 5 * TPB), 2 * TPB);
+	assert_int_equal(st_hit(e, 8, 4 * TPB + 3, 2), 2 * TPB);
+	kvt_engine_destroy(e);
+}
+
 /* The persistent store: a sequence parked to NVMe in a child killed with SIGKILL is restored
  * by a new engine with its live state, and decodes on exact. */
 static void
@@ -681,6 +778,8 @@ main(void)
 		cmocka_unit_test(test_checkpoint_hits_at_boundaries),
 		cmocka_unit_test(test_hits_only_where_checkpoints_are),
 		cmocka_unit_test(test_host_and_nvme_tier_hits),
+		cmocka_unit_test(test_checkpoint_every_nth),
+		cmocka_unit_test(test_checkpoint_asked),
 		cmocka_unit_test(test_store_kill_restore),
 	};
 

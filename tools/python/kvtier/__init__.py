@@ -593,7 +593,8 @@ def _seq_id(s):
 
 
 _GROUP_FIELDS = ("n_kv_heads", "head_dim", "v_head_dim", "latent_dim", "window", "sink",
-                 "tokens_per_block", "share", "parent", "sidecar_token_bytes",
+                 "tokens_per_block", "share", "checkpoint_every", "parent",
+                 "sidecar_token_bytes",
                  "sidecar_block_bytes", "sidecar_summary")
 
 
@@ -788,6 +789,11 @@ class Sequence:
     def resume(self):
         """kvt_seq_resume: start promoting the blocks back to HBM (best effort)."""
         _check(self._call(lib.kvt_seq_resume), "kvt_seq_resume")
+
+    def checkpoint(self, n_tokens):
+        """kvt_seq_checkpoint: keep every STATE group's checkpoint at the block boundary at or
+        below n_tokens (asked before the sequence passes it)."""
+        _check(self._call(lib.kvt_seq_checkpoint, n_tokens), "kvt_seq_checkpoint")
 
     def sidecar(self, group, layer, first_block, n_blocks):
         """kvt_seq_sidecar_read: the sidecar of layer @layer (of SIDECAR group @group) of blocks

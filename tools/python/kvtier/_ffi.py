@@ -169,7 +169,8 @@ class Group(ctypes.Structure):
                 ("v_head_dim", c_u32), ("latent_dim", c_u32), ("window", c_u32),
                 ("sink", c_u32), ("alias_of", ctypes.POINTER(c_u32)), ("dtype", c_enum),
                 ("tokens_per_block", c_u32), ("share", ctypes.c_float), ("n_state", c_u32),
-                ("state", StateTensor * GROUP_MAX_STATE), ("parent", c_u32),
+                ("state", StateTensor * GROUP_MAX_STATE), ("checkpoint_every", c_u32),
+                ("parent", c_u32),
                 ("sidecar_token_bytes", c_u64), ("sidecar_block_bytes", c_u64),
                 ("sidecar_summary", c_u32)]
 
@@ -301,6 +302,7 @@ _PROTOS = {
     "kvt_group_state_tensor": (_int, [_vp, c_u32, c_u32, _P(c_u64), _P(c_u64)]),
     "kvt_group_sidecar": (_int, [_vp, c_u32, _P(c_u64), _P(c_u64), _P(c_u64)]),
     "kvt_seq_sidecar_read": (_int, [_vp, c_u64, c_u32, c_u32, c_u32, c_u32, _vp]),
+    "kvt_seq_checkpoint": (_int, [_vp, c_u64, c_u64]),
     "kvt_seq_append_groups": (_int, [_vp, c_u64, _P(c_i32), ctypes.c_size_t, _P(c_i64)]),
     "kvt_batch_group_table": (_int, [_vp, c_u32, _P(GroupTable)]),
     "kvt_batch_wait_group_layer": (_int, [_vp, c_u32, c_u32, _vp]),

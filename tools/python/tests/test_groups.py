@@ -162,6 +162,11 @@ def test_state_group():
         assert eng.layer_group(2) == (1, 1)
         with pytest.raises(kvtier.InvalidArgumentError, match="FULL group, not STATE"):
             eng.group_state_tensor(0, 0)
+        seq = eng.open_sequence()
+        seq.checkpoint(8)  # every block is kept by default: nothing to do
+        with pytest.raises(kvtier.InvalidArgumentError, match="no block boundary"):
+            seq.checkpoint(3)
+        seq.close()
     with pytest.raises(kvtier.InvalidArgumentError, match="5 state tensors"):
         kvtier.Engine(n_layers=1, n_kv_heads=0, head_dim=0, hbm_bytes=1 << 20,
                       groups=[{"kind": "state", "layers": [0],
