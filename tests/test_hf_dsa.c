@@ -13,7 +13,8 @@
  * reference's greedy tokens exactly and its logits within KVHF_TOL; the indexer's selection
  * must be the one transformers made (indexer.safetensors) at every layer and position; and a
  * run whose blocks (latents and keys) are parked to NVMe before every layer's key read and
- * choice must still match, its key reads having moved no block (kvt_engine_stats).
+ * choice must still match, its key reads having moved no block (kvt_engine_stats). Last, a
+ * smoke run of the sparse decode benchmark (kvhf_bench_sparse): its runs agree on the tokens.
  *
  * Measured (tokens per block 4 and 16, any placement): max abs logit diff 2.4e-6. The
  * fixture's smallest gap between the k-th and (k+1)-th index score is 2.4e-5 (reference.json
@@ -367,6 +368,49 @@ test_selection_matches_transformers(void **state)
 	dsa_free(&f);
 }
 
+/*
+ * A smoke run of the sparse decode benchmark (kvtier-hf --bench-sparse, bench_sparse.c): one
+ * round of 4 decode steps after the 16 x top-k context, resident, HBM 25% and both prefetch
+ * modes. Checked: it completes with the same greedy tokens in every run (else -EPROTO), HBM
+ * held at most a quarter of the blocks, the offloaded runs promoted blocks and the prefetch
+ * runs hinted some. No timing is asserted.
+ */
+static void
+test_bench_sparse_smoke(void **state)
+{
+	struct kvhf_sparse_bench b;
+	struct kvhf_opts o;
+	struct dsa_fix f;
+	int32_t *path;
+	uint32_t n;
+	FILE *devnull = fopen("/dev/null", "w");
+
+	(void)state;
+	assert_non_null(devnull);
+	dsa_load(&f);
+	n = f.ref.n_prompt + f.ref.n_gen;
+	path = malloc(n * sizeof(int32_t));
+	assert_non_null(path);
+	memcpy(path, f.ref.prompt, f.ref.n_prompt * sizeof(int32_t));
+	memcpy(path + f.ref.n_prompt, f.ref.gen, f.ref.n_gen * sizeof(int32_t));
+	kvhf_opts_init(&o);
+	o.model = f.m;
+	o.tokens_per_block = 4;
+	if (kvhf_bench_sparse(&o, path, n, 4, 1, 4000000000ull, devnull, &b))
+		fail_msg("--bench-sparse: %s", kvtr_last_error());
+	assert_int_equal(b.context, 16 * (uint32_t)f.m->index_topk);
+	assert_int_equal(b.blocks, (b.context + 4 + 3) / 4);
+	assert_true(b.hbm_slots >= 2 && (uint64_t)b.hbm_slots * 4 <= b.blocks);
+	assert_int_equal(b.h2d[0], 0);
+	for (int i = 1; i < KVHF_SPARSE_RUNS; i++)
+		assert_true(b.h2d[i] > 0);
+	assert_int_equal(b.hinted[1], 0);
+	assert_true(b.hinted[2] > 0 && b.hinted[3] > 0);
+	free(path);
+	fclose(devnull);
+	dsa_free(&f);
+}
+
 /* What the runner refuses for deepseek_v32 (no silent fallback to dense attention). */
 static void
 test_refused_modes(void **state)
@@ -412,6 +456,7 @@ main(void)
 		cmocka_unit_test(test_selected_blocks_on_nvme),
 		cmocka_unit_test(test_selection_matches_transformers),
 		cmocka_unit_test(test_refused_modes),
+		cmocka_unit_test(test_bench_sparse_smoke),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -289,6 +289,18 @@ struct kvhf_opts {
 	                                are read from the engine's mirror (the blocks moved
 	                                across those reads counted in dsa_key_moved) and each
 	                                selected block is read back from NVMe */
+	int dsa_prefetch;            /* deepseek_v32, the previous step's selection as the
+	                                predictor of the next (kvt_engine_hint_ranges,
+	                                steps_ahead 1; the first half, quarter... when a hint
+	                                exceeds HBM): 0 none; 1 after every step's commit, the
+	                                blocks all its layers' selections read; 2 per layer, one
+	                                ahead: when layer l's first window is prepared, the
+	                                blocks layer l + 1 read at its last step, and after the
+	                                commit those of layer 0 */
+	double *pos_s;               /* NULL, or [n_prompt + gen] receiving each position's wall
+	                                time in seconds (kvtr_now: the forward pass, the
+	                                attention through kvtier, the commit and the hint)
+	                                for the positions this process ran */
 	int32_t *topk_out;           /* deepseek_v32: NULL, or [n_layers][n_prompt + gen]
 	                                [index_topk] receiving the positions the indexer selected
 	                                for every layer and position (ascending, -1 padded: a
@@ -352,6 +364,7 @@ struct kvhf_result {
 	                                the retries) */
 	uint64_t dsa_key_prepared;   /* blocks prepared because their keys answered -EAGAIN
 	                                (only on NVMe, never read by this engine: a restore) */
+	uint64_t dsa_hinted;         /* opts.dsa_prefetch: blocks of the accepted hints */
 	uint64_t dsa_key_moved;      /* opts.dsa_park_selected: blocks the engine moved while
 	                                the keys were read (kvt_engine_stats blocks_moved, all
 	                                directions, before and after each read) */
@@ -394,6 +407,43 @@ int kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
  */
 int kvhf_bench_decode(const struct kvhf_opts *base, uint32_t ratio, uint32_t measure_from,
 		      uint32_t repeat, uint64_t bandwidth, uint32_t depth);
+
+/** kvhf_memcpy_bw() - the best of 5 memcpy's of 64 MiB, bytes/s (1e9 without the memory). */
+double kvhf_memcpy_bw(void);
+
+/**
+ * Figures of kvhf_bench_sparse(), per run: (a) resident, (b) HBM 25%, (c) (b) + prefetch of
+ * the step's blocks (dsa_prefetch 1), (d) (b) + prefetch one layer ahead (dsa_prefetch 2).
+ */
+#define KVHF_SPARSE_RUNS 4
+struct kvhf_sparse_bench {
+	uint32_t context, gen;       /* positions before the measured decode steps, decode steps */
+	uint32_t blocks;             /* LATENT blocks of the sequence at the end */
+	uint32_t hbm_slots;          /* (b)-(d): the LATENT group's HBM slots */
+	double step_ms[KVHF_SPARSE_RUNS]; /* median over the repeats of the mean decode-step
+	                                time, ms */
+	uint64_t h2d[KVHF_SPARSE_RUNS]; /* HOST -> HBM blocks moved (the last repeat) */
+	uint64_t stalls[KVHF_SPARSE_RUNS]; /* engine stalls (the last repeat) */
+	uint64_t accesses[KVHF_SPARSE_RUNS], ready[KVHF_SPARSE_RUNS]; /* block accesses, of
+	                                those ready (the last repeat) */
+	uint64_t hinted[KVHF_SPARSE_RUNS]; /* blocks hinted (the last repeat) */
+};
+
+/**
+ * kvhf_bench_sparse() - the sparse decode benchmark of issue 17 (bench_sparse.c) on a
+ * deepseek_v32 model @base->model (tokens_per_block from @base): one sequence whose first
+ * 16 x index_topk positions (the context) are @path[i % @n_path], then @gen greedy decode steps,
+ * run (a) all resident, (b) with HBM holding at most 25% of the sequence's blocks at the end
+ * (floor, at least 2; the rest in HOST), (c), (d) as (b) with opts.dsa_prefetch 1, 2; @repeat
+ * rounds, interleaved; emulated copy @bandwidth bytes/s (0: kvhf_memcpy_bw() / 4). Prints on
+ * @out the per-run median of the mean decode-step time, its ratio to (a), the copies, stalls and
+ * coverage, and the load average (/proc/loadavg) before and after; @res (NULL ok) receives
+ * the figures. Returns 0, -EINVAL (not deepseek_v32, no path, context + gen past
+ * max_position_embeddings), -EPROTO (a run's tokens differ from (a)'s), or a run's error.
+ */
+int kvhf_bench_sparse(const struct kvhf_opts *base, const int32_t *path, uint32_t n_path,
+		      uint32_t gen, uint32_t repeat, uint64_t bandwidth, FILE *out,
+		      struct kvhf_sparse_bench *res);
 
 /** The reference written by tools/hf-fixtures/gen.py. */
 struct kvhf_ref {

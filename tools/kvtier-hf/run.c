@@ -70,6 +70,13 @@ struct hf_run {
 	float *iscores;       /* [P] index scores */
 	struct kvt_seq_range *ranges; /* [index_topk] one-block ranges */
 	uint32_t *stamp;      /* [blocks] the last step (pos + 1) that read each block */
+	struct kvt_seq_range *pf; /* [P / tpb + 1] opts.dsa_prefetch: the step's blocks, in
+	                             the order its layers first read them */
+	uint32_t n_pf;
+	struct kvt_seq_range *psel; /* [n_layers][index_topk] opts.dsa_prefetch 2: the blocks
+	                               each layer's selection read at its last step */
+	uint32_t *n_psel;     /* [n_layers] */
+	struct kvt_seq_range *hbuf; /* [P / tpb + 2] a hint's ranges */
 };
 
 void
@@ -1052,6 +1059,43 @@ hf_dsa_keys(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos)
 }
 
 /*
+ * A hint of block @tail of @seq (the sequence's newest: the one most likely selected; none
+ * when UINT32_MAX) then the @n one-block ranges @rg (kvt_engine_hint_ranges, steps_ahead 1:
+ * promoted to HBM now, without waiting, and spared by the room-making until the next batch
+ * prepared is released); KVT_ETOOBIG (more than HBM holds): the first half, and so on.
+ * Counts r->dsa_hinted (blocks of accepted hints).
+ */
+static int
+hf_dsa_hint(struct hf_run *c, kvt_seq_id seq, uint32_t tail, const struct kvt_seq_range *rg,
+	    uint32_t n)
+{
+	uint32_t k = 0;
+	int rc = 0;
+
+	if (tail != UINT32_MAX) {
+		c->hbuf[k].seq = seq;
+		c->hbuf[k].first_block = tail;
+		c->hbuf[k++].n_blocks = 1;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		if (rg[i].first_block != tail)
+			c->hbuf[k++] = rg[i];
+	n = k;
+	while (n) {
+		rc = kvt_engine_hint_ranges(c->e, c->hbuf, n, 1);
+		if (rc != KVT_ETOOBIG)
+			break;
+		n /= 2;
+	}
+	if (rc == KVT_ETOOBIG)
+		return 0;
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_engine_hint_ranges (the predicted blocks)");
+	c->r->dsa_hinted += n;
+	return 0;
+}
+
+/*
  * DeepSeek Sparse Attention of layer @l at @pos (dsa.h): this position's indexer key kept for
  * the commit, the stored keys read (hf_dsa_keys), the top-k positions of 0..pos, the blocks
  * holding the stored ones prepared by windows of at most c->cap one-block ranges
@@ -1098,10 +1142,15 @@ hf_dsa_attend(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos, const 
 		if (c->stamp[b] != pos + 1) { /* first layer of this step to read it */
 			c->stamp[b] = pos + 1;
 			c->r->dsa_blocks++;
+			c->pf[c->n_pf++] = c->ranges[nblk - 1];
 		}
 	}
 	c->r->dsa_layer_blocks += nblk;
 	c->r->dense_layer_blocks += (pos + tpb - 1) / tpb;
+	if (c->psel) { /* this layer's blocks: the next step's prediction for it */
+		memcpy(c->psel + (size_t)l * m->index_topk, c->ranges, nblk * sizeof(*c->ranges));
+		c->n_psel[l] = nblk;
+	}
 	for (uint32_t w = 0, t0 = 0; w < nblk;) {
 		uint32_t wn = nblk - w < c->cap ? nblk - w : c->cap, t1 = t0;
 		int rc2;
@@ -1117,6 +1166,13 @@ hf_dsa_attend(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos, const 
 		if (rc)
 			return kvtr_err_kvt(rc, "kvt_batch_prepare_ranges (selected blocks)");
 		c->r->windows++;
+		if (w == 0 && c->o->dsa_prefetch == 2 && l + 1 < (uint32_t)m->n_layers &&
+		    (rc = hf_dsa_hint(c, seq, (pos - 1) / tpb,
+				      c->psel + (size_t)(l + 1) * m->index_topk,
+				      c->n_psel[l + 1])) != 0) { /* the next layer's, one ahead */
+			kvt_batch_release(b, NULL);
+			return rc;
+		}
 		while (t1 < ns && c->sel[t1] / tpb <= c->ranges[w + wn - 1].first_block)
 			t1++;
 		rc = hf_dsa_window(c, l, c->ranges + w, wn, c->sel + t0, t1 - t0, pos, &b);
@@ -1131,6 +1187,25 @@ hf_dsa_attend(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos, const 
 	if (ns < n && (rc = hf_self_partial(c, side)) != 0)
 		return rc;
 	kvhf_attn_set(m, &c->st, l, c->ao);
+	return 0;
+}
+
+/*
+ * opts.dsa_prefetch, after a step's commit, the predictor being that consecutive queries
+ * select much the same tokens: 1, the blocks all this step's selections read (c->pf, in the
+ * order the layers first read them) hinted for the next step; 2, those of layer 0's selection
+ * only (the later layers' are hinted one layer ahead, hf_dsa_attend). Resets c->pf.
+ */
+static int
+hf_dsa_prefetch(struct hf_run *c, kvt_seq_id seq, uint32_t pos)
+{
+	uint32_t n = c->n_pf;
+
+	c->n_pf = 0;
+	if (c->o->dsa_prefetch == 1)
+		return hf_dsa_hint(c, seq, pos / c->tpb, c->pf, n);
+	if (c->o->dsa_prefetch == 2)
+		return hf_dsa_hint(c, seq, pos / c->tpb, c->psel, c->n_psel[0]);
 	return 0;
 }
 
@@ -1197,7 +1272,10 @@ hf_position(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 	c->r->positions++;
 	if (m->dsa)
 		c->r->dense_blocks += (pos + c->tpb - 1) / c->tpb;
-	return hf_commit(c, seq, pos, tok);
+	rc = hf_commit(c, seq, pos, tok);
+	if (rc == 0 && m->dsa)
+		rc = hf_dsa_prefetch(c, seq, pos);
+	return rc;
 }
 
 /* opts.report: slots in use per group after a position. */
@@ -1309,7 +1387,11 @@ hf_decode(struct hf_run *c, kvt_seq_id seq, int32_t *tokens, float *logits, uint
 	int rc;
 
 	for (uint32_t p = from; p < to; p++) {
+		double t0 = o->pos_s ? kvtr_now() : 0.0;
+
 		rc = hf_position(c, seq, p, tokens[p]);
+		if (o->pos_s)
+			o->pos_s[p] = kvtr_now() - t0;
 		if (rc == 0 && o->report)
 			rc = hf_measure(c);
 		if (rc)
@@ -1612,8 +1694,15 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 		c.ikey = calloc((size_t)c.m->n_layers * dim, sizeof(float));
 		c.keys = calloc(((size_t)P / tpb + 2) * tpb * dim, sizeof(float));
 		c.kranges = calloc(P / tpb + 1, sizeof(*c.kranges));
+		c.pf = calloc(P / tpb + 1, sizeof(*c.pf));
+		c.hbuf = calloc(P / tpb + 2, sizeof(*c.hbuf));
+		if (o->dsa_prefetch == 2) {
+			c.psel = calloc((size_t)c.m->n_layers * tk, sizeof(*c.psel));
+			c.n_psel = calloc((size_t)c.m->n_layers, sizeof(uint32_t));
+		}
 		if (!c.sel || !c.ranges || !c.iscores || !c.stamp || !c.ikey || !c.keys ||
-		    !c.kranges) {
+		    !c.kranges || !c.pf || !c.hbuf ||
+		    (o->dsa_prefetch == 2 && (!c.psel || !c.n_psel))) {
 			rc = kvtr_err(-ENOMEM, "out of memory");
 			goto out_free;
 		}
@@ -1683,6 +1772,10 @@ out_free:
 	free(c.ikey);
 	free(c.keys);
 	free(c.kranges);
+	free(c.pf);
+	free(c.psel);
+	free(c.hbuf);
+	free(c.n_psel);
 	kvhf_groups_free(&c.groups);
 	return rc;
 }
