@@ -3,14 +3,18 @@
  * tests/test_hf_dsa.c - issue 17 item 4: DeepSeek-V3.2 (deepseek_v32, DeepSeek Sparse
  * Attention) run by kvtier-hf's library against transformers' own reference
  * (tests/data/hf/deepseek-v32, tools/hf-fixtures/gen.py): MLA latents in a LATENT group, the
- * lightning indexer's keys in the runner's sidecar (tools/kvtier-hf/dsa.h), per layer and
- * position only the blocks holding the indexer's top-k tokens prepared and only those tokens
- * attended. Under the placements of tests/test_hf_models.c ((i) all in HBM, (ii) HBM 10% and
- * HOST 25% of the KV, the rest on NVMe, (iii) parked between turns, (iv) prefix sharing,
- * (v) persistent store, kill -9, restore) each must give the reference's greedy tokens exactly
- * and its logits within KVHF_TOL; the indexer's selection must be the one transformers made
- * (indexer.safetensors) at every layer and position; and a run whose selected blocks are
- * parked to NVMe between the choice and the read must still match.
+ * lightning indexer's keys in a SIDECAR group of it (inside the latents' blocks; read for
+ * scoring with kvt_seq_sidecar_read, tools/kvtier-hf/dsa.h), per layer and position only the
+ * blocks holding the indexer's top-k tokens prepared and only those tokens attended. Under the
+ * placements of tests/test_hf_models.c ((i) all in HBM, (ii) HBM 10% and HOST 25% of the KV,
+ * the rest on NVMe, (iii) parked between turns, (iv) prefix sharing, also with the owner
+ * closed first, (v) persistent store, kill -9, restore: the keys come back with the blocks,
+ * their first read answers -EAGAIN and the blocks are prepared once) each must give the
+ * reference's greedy tokens exactly and its logits within KVHF_TOL; the indexer's selection
+ * must be the one transformers made (indexer.safetensors) at every layer and position; and a
+ * run whose blocks (latents and keys) are parked to NVMe before every layer's key read and
+ * choice must still match, its key reads having moved no block (kvt_engine_stats). Last, a
+ * smoke run of the sparse decode benchmark (kvhf_bench_sparse): its runs agree on the tokens.
  *
  * Measured (tokens per block 4 and 16, any placement): max abs logit diff 2.4e-6. The
  * fixture's smallest gap between the k-th and (k+1)-th index score is 2.4e-5 (reference.json
@@ -49,11 +53,13 @@ dsa_dir(void)
 	return path;
 }
 
-enum dsa_place { DSA_ALL_HBM, DSA_TIERED, DSA_PARKED, DSA_PREFIX, DSA_PERSIST, DSA_NVME_READ };
+enum dsa_place { DSA_ALL_HBM, DSA_TIERED, DSA_PARKED, DSA_PREFIX, DSA_PREFIX_CLOSED,
+		 DSA_PERSIST, DSA_NVME_READ };
 
 static const char *const dsa_place_names[] = {
 	"all in HBM", "HBM 10%, HOST 25%, NVMe", "parked between turns", "prefix sharing",
-	"persistent store, kill -9, restore", "selected blocks parked to NVMe before the read",
+	"prefix sharing, the owner closed first", "persistent store, kill -9, restore",
+	"all blocks parked to NVMe before each key read",
 };
 
 struct dsa_fix {
@@ -114,8 +120,10 @@ dsa_case(enum dsa_place place, uint32_t tpb, int32_t *topk, struct kvhf_result *
 	}
 	if (place == DSA_PARKED)
 		o.park_every = 16;
-	if (place == DSA_PREFIX)
+	if (place == DSA_PREFIX || place == DSA_PREFIX_CLOSED)
 		o.prefix_share = 1;
+	if (place == DSA_PREFIX_CLOSED)
+		o.close_first = 1;
 	if (place == DSA_PERSIST) {
 		tmp = tsup_mkdtemp();
 		o.nvme_dir = tmp;
@@ -131,10 +139,17 @@ dsa_case(enum dsa_place place, uint32_t tpb, int32_t *topk, struct kvhf_result *
 	if (kvhf_check(&f.ref, &r, KVHF_TOL, &diff))
 		fail_msg("deepseek-v32, %s: %s", dsa_place_names[place], kvtr_last_error());
 	print_message("deepseek-v32 tpb %-2u %-48s max abs logit diff %.3g; blocks read %llu "
-		      "of dense %llu (per layer %llu of %llu)\n", tpb, dsa_place_names[place], diff,
+		      "of dense %llu (per layer %llu of %llu); key reads %llu, blocks prepared "
+		      "for keys %llu\n", tpb, dsa_place_names[place], diff,
 		      (unsigned long long)r.dsa_blocks, (unsigned long long)r.dense_blocks,
 		      (unsigned long long)r.dsa_layer_blocks,
-		      (unsigned long long)r.dense_layer_blocks);
+		      (unsigned long long)r.dense_layer_blocks, (unsigned long long)r.dsa_key_reads,
+		      (unsigned long long)r.dsa_key_prepared);
+	/* the keys are the engine's: a LATENT group and its SIDECAR */
+	assert_int_equal(r.n_groups, 2);
+	/* a key read per layer of every step with stored positions (and the retries) */
+	assert_true(r.dsa_key_reads >= (r.positions - (place == DSA_PREFIX ||
+						       place == DSA_PREFIX_CLOSED ? 2 : 1)) * L);
 	/* sparse: never more than top-k blocks a layer, fewer than dense in all */
 	assert_true(r.dsa_layer_blocks <= r.positions * L * K);
 	assert_true(r.dsa_layer_blocks < r.dense_layer_blocks);
@@ -152,17 +167,25 @@ dsa_case(enum dsa_place place, uint32_t tpb, int32_t *topk, struct kvhf_result *
 		assert_int_equal(r.parks, (o.n_prompt + o.gen - 1) / 16);
 		break;
 	case DSA_PREFIX:
+	case DSA_PREFIX_CLOSED: /* the attached blocks carry their keys: nothing copied */
 		assert_int_equal(r.prefix_tokens, (o.n_prompt - 1) / tpb * tpb);
+		assert_int_equal(r.dsa_key_prepared, 0);
 		break;
 	case DSA_PERSIST:
+		/* the restored blocks' keys were not in this engine's mirror: -EAGAIN, each
+		 * block prepared once (the restored session's, ceil(stop / tpb)) */
 		assert_int_equal(r.restored_tokens, o.n_prompt + o.gen / 2);
+		assert_int_equal(r.dsa_key_prepared, (r.restored_tokens + tpb - 1) / tpb);
 		break;
 	case DSA_NVME_READ:
-		/* a park before every layer's read that had a stored block to read, and every
-		 * selected block read (checksum verified) from NVMe each time */
-		assert_true(r.dsa_parks > 0);
-		assert_true(r.dsa_parks <= r.positions * L);
+		/* a park before every layer's key read (every position but the first), every
+		 * selected block read (checksum verified) from NVMe each time, and the key reads
+		 * of the parked blocks moved none: they came from the engine's mirror */
+		assert_int_equal(r.dsa_parks, (r.positions - 1) * L);
 		assert_true(r.stats.checksum_verified >= r.dsa_layer_blocks);
+		assert_int_equal(r.dsa_key_reads, (r.positions - 1) * L);
+		assert_int_equal(r.dsa_key_prepared, 0);
+		assert_int_equal(r.dsa_key_moved, 0);
 		break;
 	}
 	if (out)
@@ -204,14 +227,22 @@ test_prefix(void **state)
 }
 
 static void
+test_prefix_closed(void **state)
+{
+	(void)state;
+	dsa_case(DSA_PREFIX_CLOSED, 4, NULL, NULL);
+}
+
+static void
 test_persist_kill9(void **state)
 {
 	(void)state;
 	dsa_case(DSA_PERSIST, 4, NULL, NULL);
 }
 
-/* The latents of the blocks a step selects are parked to NVMe after the choice (the indexer
- * keys, their sidecar, stay resident): each is read back from NVMe, and the output holds. */
+/* The sequence's blocks (latents and the indexer keys inside them) are parked to NVMe before
+ * every layer's key read: the keys come from the mirror without moving a block, each selected
+ * block is read back from NVMe, and the output holds. */
 static void
 test_selected_blocks_on_nvme(void **state)
 {
@@ -337,6 +368,49 @@ test_selection_matches_transformers(void **state)
 	dsa_free(&f);
 }
 
+/*
+ * A smoke run of the sparse decode benchmark (kvtier-hf --bench-sparse, bench_sparse.c): one
+ * round of 4 decode steps after the 16 x top-k context, resident, HBM 25% and both prefetch
+ * modes. Checked: it completes with the same greedy tokens in every run (else -EPROTO), HBM
+ * held at most a quarter of the blocks, the offloaded runs promoted blocks and the prefetch
+ * runs hinted some. No timing is asserted.
+ */
+static void
+test_bench_sparse_smoke(void **state)
+{
+	struct kvhf_sparse_bench b;
+	struct kvhf_opts o;
+	struct dsa_fix f;
+	int32_t *path;
+	uint32_t n;
+	FILE *devnull = fopen("/dev/null", "w");
+
+	(void)state;
+	assert_non_null(devnull);
+	dsa_load(&f);
+	n = f.ref.n_prompt + f.ref.n_gen;
+	path = malloc(n * sizeof(int32_t));
+	assert_non_null(path);
+	memcpy(path, f.ref.prompt, f.ref.n_prompt * sizeof(int32_t));
+	memcpy(path + f.ref.n_prompt, f.ref.gen, f.ref.n_gen * sizeof(int32_t));
+	kvhf_opts_init(&o);
+	o.model = f.m;
+	o.tokens_per_block = 4;
+	if (kvhf_bench_sparse(&o, path, n, 4, 1, 4000000000ull, devnull, &b))
+		fail_msg("--bench-sparse: %s", kvtr_last_error());
+	assert_int_equal(b.context, 16 * (uint32_t)f.m->index_topk);
+	assert_int_equal(b.blocks, (b.context + 4 + 3) / 4);
+	assert_true(b.hbm_slots >= 2 && (uint64_t)b.hbm_slots * 4 <= b.blocks);
+	assert_int_equal(b.h2d[0], 0);
+	for (int i = 1; i < KVHF_SPARSE_RUNS; i++)
+		assert_true(b.h2d[i] > 0);
+	assert_int_equal(b.hinted[1], 0);
+	assert_true(b.hinted[2] > 0 && b.hinted[3] > 0);
+	free(path);
+	fclose(devnull);
+	dsa_free(&f);
+}
+
 /* What the runner refuses for deepseek_v32 (no silent fallback to dense attention). */
 static void
 test_refused_modes(void **state)
@@ -360,11 +434,6 @@ test_refused_modes(void **state)
 	assert_int_equal(kvhf_run(&o, &r), -EINVAL);
 	kvhf_result_free(&r);
 	o.single_layout = 0;
-	o.prefix_share = 1;
-	o.close_first = 1;
-	assert_int_equal(kvhf_run(&o, &r), -EINVAL);
-	assert_non_null(strstr(kvtr_last_error(), "close_first"));
-	kvhf_result_free(&r);
 	kvhf_opts_init(&o);
 	o.model = f.m;
 	o.n_prompt = 2;
@@ -372,79 +441,6 @@ test_refused_modes(void **state)
 	assert_int_equal(kvhf_run_multi(&o, 0, NULL, NULL, argmax, &r), -EINVAL);
 	kvhf_result_free(&r);
 	dsa_free(&f);
-}
-
-/* The runner's sidecar of indexer keys (dsa.h): rows, commit order, attach, the file the
- * persistent store keeps beside it (round trip, a foreign or truncated file refused). */
-static void
-test_sidecar(void **state)
-{
-	struct hf_sidecar sc, sc2;
-	char *dir = tsup_mkdtemp(), path[4200];
-	float *row;
-	FILE *f;
-
-	(void)state;
-	assert_int_equal(hf_sidecar_init(&sc, 2, 3, 5), 0);
-	assert_null(hf_sidecar_row(&sc, 7, 0, 0)); /* no entry */
-	assert_int_equal(hf_sidecar_open(&sc, 7), 0);
-	assert_int_equal(hf_sidecar_open(&sc, 7), -EEXIST);
-	for (uint32_t p = 0; p < 4; p++) {
-		for (uint32_t l = 0; l < 2; l++) {
-			row = hf_sidecar_row(&sc, 7, l, p);
-			assert_non_null(row);
-			for (int i = 0; i < 3; i++)
-				row[i] = (float)(100 * l + 10 * p + (uint32_t)i);
-		}
-		assert_null(hf_sidecar_row(&sc, 7, 0, p + 1)); /* past the one being computed */
-		assert_int_equal(hf_sidecar_commit(&sc, 7, p), 0);
-	}
-	assert_int_equal(hf_sidecar_commit(&sc, 7, 2), -EINVAL); /* out of order */
-	assert_null(hf_sidecar_row(&sc, 7, 2, 0));                /* no such layer */
-	/* rows of a layer are contiguous from row 0 */
-	row = hf_sidecar_row(&sc, 7, 1, 0);
-	assert_float_equal(row[3 * 2 + 1], 121.0f, 0.0);
-	/* attach: the first 3 positions of 7 into 9 */
-	assert_int_equal(hf_sidecar_open(&sc, 9), 0);
-	assert_int_equal(hf_sidecar_attach(&sc, 9, 7, 5), -EINVAL); /* more than 7 holds */
-	assert_int_equal(hf_sidecar_attach(&sc, 9, 7, 3), 0);
-	assert_float_equal(hf_sidecar_row(&sc, 9, 1, 2)[2], 122.0f, 0.0);
-	assert_non_null(hf_sidecar_row(&sc, 9, 0, 3));
-	assert_null(hf_sidecar_row(&sc, 9, 0, 4));
-	assert_int_equal(hf_sidecar_open(&sc, 11), 0);
-	assert_int_equal(hf_sidecar_open(&sc, 12), 0);
-	assert_int_equal(hf_sidecar_open(&sc, 13), -ENOSPC); /* HF_SIDECAR_SEQS entries */
-	/* save / load */
-	snprintf(path, sizeof path, "%s/keys", dir);
-	assert_int_equal(hf_sidecar_save(&sc, 7, path), 0);
-	assert_int_equal(hf_sidecar_init(&sc2, 2, 3, 5), 0);
-	assert_int_equal(hf_sidecar_open(&sc2, 42), 0);
-	assert_int_equal(hf_sidecar_load(&sc2, 42, path), 0);
-	for (uint32_t l = 0; l < 2; l++)
-		assert_memory_equal(hf_sidecar_row(&sc2, 42, l, 0), hf_sidecar_row(&sc, 7, l, 0),
-				    4 * 3 * sizeof(float));
-	assert_non_null(hf_sidecar_row(&sc2, 42, 0, 4)); /* 4 committed */
-	hf_sidecar_fini(&sc2);
-	assert_int_equal(hf_sidecar_init(&sc2, 2, 4, 5), 0); /* another geometry */
-	assert_int_equal(hf_sidecar_open(&sc2, 42), 0);
-	assert_int_equal(hf_sidecar_load(&sc2, 42, path), KVT_EFORMAT);
-	hf_sidecar_fini(&sc2);
-	assert_int_equal(truncate(path, 40), 0); /* the header and a piece of one layer */
-	assert_int_equal(hf_sidecar_init(&sc2, 2, 3, 5), 0);
-	assert_int_equal(hf_sidecar_open(&sc2, 42), 0);
-	assert_int_equal(hf_sidecar_load(&sc2, 42, path), KVT_EFORMAT);
-	f = fopen(path, "wb"); /* not a sidecar file */
-	assert_non_null(f);
-	fputs("not the indexer keys of anything at all", f);
-	fclose(f);
-	assert_int_equal(hf_sidecar_load(&sc2, 42, path), KVT_EFORMAT);
-	unlink(path);
-	assert_int_equal(hf_sidecar_load(&sc2, 42, path), -ENOENT);
-	hf_sidecar_close(&sc2, 42);
-	assert_null(hf_sidecar_row(&sc2, 42, 0, 0));
-	hf_sidecar_fini(&sc2);
-	hf_sidecar_fini(&sc);
-	tsup_rmdir(dir);
 }
 
 int
@@ -455,11 +451,12 @@ main(void)
 		cmocka_unit_test(test_tiered),
 		cmocka_unit_test(test_parked),
 		cmocka_unit_test(test_prefix),
+		cmocka_unit_test(test_prefix_closed),
 		cmocka_unit_test(test_persist_kill9),
 		cmocka_unit_test(test_selected_blocks_on_nvme),
 		cmocka_unit_test(test_selection_matches_transformers),
 		cmocka_unit_test(test_refused_modes),
-		cmocka_unit_test(test_sidecar),
+		cmocka_unit_test(test_bench_sparse_smoke),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -46,8 +46,8 @@ struct hb_run {
 	int32_t *argmax;
 };
 
-static double
-hb_memcpy_bw(void)
+double
+kvhf_memcpy_bw(void)
 {
 	size_t len = 64u << 20;
 	char *a = malloc(len), *b = malloc(len);
@@ -186,7 +186,7 @@ kvhf_bench_decode(const struct kvhf_opts *base, uint32_t ratio, uint32_t measure
 {
 	struct hb_run runs[HB_RUNS] = { { .name = "(a) resident" }, { .name = "(b) offloaded" },
 					{ .name = "(c) prefetch" } };
-	double bw = bandwidth ? (double)bandwidth : hb_memcpy_bw() / 4.0;
+	double bw = bandwidth ? (double)bandwidth : kvhf_memcpy_bw() / 4.0;
 	uint32_t S = base->sessions, P = base->n_prompt;
 	size_t na = (size_t)S * P;
 	float shares[KVT_MAX_GROUPS];

@@ -55,15 +55,16 @@
  * to kvt_attn_partial_ref with the layer's window, or kvt_attn_latent_partial_ref in MLA's
  * absorbed form (q_nope x W_UK, output in latent space, W_UV applied after), partials merged
  * with kvt_attn_merge, the position's own K/V last. deepseek_v32 (tools/kvtier-hf/dsa.h):
- * the indexer keys (index_head_dim floats per token and layer) stay in the runner (a sidecar
- * per sequence: SIDECAR groups are not built yet); per layer the indexer picks the positions,
- * only the blocks holding the stored ones are prepared (one-block ranges, at most
- * hbm_slots - 1 per batch) and only the picked tokens attended, masked within a block
- * (kernels/sparse.h kvt_attn_latent_tokens_partial_ref), the own latent merged when picked;
- * kvhf_result.dsa_* count the blocks read against dense attention's; no contiguous or
- * single-layout mode, no kvhf_run_multi, no close_first. opts.single_layout keeps the engine's
- * single geometry instead (MLA as the K of a 1-head layout, V allocated unused; every block of
- * a sliding layer kept), for comparison.
+ * the indexer keys (index_head_dim f32 per token and layer) in a SIDECAR group of the LATENT
+ * group (engine/kvtier.h "SIDECAR groups": inside the latent's blocks, tiered, parked, stored
+ * and shared with them), read for scoring with kvt_seq_sidecar_read (no block brought up);
+ * per layer the indexer picks the positions, only the blocks holding the stored ones are
+ * prepared (one-block ranges, at most hbm_slots - 1 per batch) and only the picked tokens
+ * attended, masked within a block (kernels/sparse.h kvt_attn_latent_tokens_partial_ref), the
+ * own latent merged when picked; kvhf_result.dsa_* count the blocks read against dense
+ * attention's; no contiguous or single-layout mode, no kvhf_run_multi. opts.single_layout
+ * keeps the engine's single geometry instead (MLA as the K of a 1-head layout, V allocated
+ * unused; every block of a sliding layer kept), for comparison.
  *
  * One position at a time (prompt tokens too), as window.c of kvtier-run does it: per layer,
  * attention over the sequence's stored positions (from pos + 1 - window for a sliding layer)
@@ -178,8 +179,10 @@ int kvhf_model_share_kv(struct kvhf_model *m, int n_shared);
  * K-only vector of kv_lora_rank + qk_rope_head_dim floats: V is not stored), ALIAS (the
  * KV-shared layers, alias_of = kv_src), STATE (the linear-attention layers: n_state 2, tensor
  * 0 the convolution state [conv_dim][K - 1], tensor 1 the recurrent state [nv][dk][dv], both
- * F32); kinds without layers are left out. f32 K/V, the layout's tokens_per_block, share 0
- * (kvhf_run sets the shares).
+ * F32); kinds without layers are left out; then, for deepseek_v32, a SIDECAR group whose
+ * parent is the LATENT group: index_head_dim x 4 bytes per token and layer (the indexer's f32
+ * key), no per-block bytes. f32 K/V, the layout's tokens_per_block, share 0 (kvhf_run sets
+ * the shares; a SIDECAR group has no pool and no share).
  */
 #define KVHF_MAX_GROUPS 5
 struct kvhf_groups {
@@ -189,7 +192,10 @@ struct kvhf_groups {
 	uint32_t *alias_of;          /* the ALIAS group's sources */
 };
 
-/** kvhf_model_groups() - fill @gs for @m. Returns 0 or -ENOMEM; free with kvhf_groups_free. */
+/**
+ * kvhf_model_groups() - fill @gs for @m. Returns 0, -ENOMEM, or -EINVAL (deepseek_v32 without
+ * a LATENT group); free with kvhf_groups_free.
+ */
 int kvhf_model_groups(const struct kvhf_model *m, struct kvhf_groups *gs);
 void kvhf_groups_free(struct kvhf_groups *gs);
 
@@ -276,12 +282,25 @@ struct kvhf_opts {
 	                                back from the STATE block of the last token, as a next
 	                                position would read it (contiguous: the plain copy) */
 	FILE *log;                   /* notes; NULL = stderr */
-	int dsa_park_selected;       /* deepseek_v32: in every layer of every step, after the
-	                                indexer chose the positions and before their blocks are
-	                                prepared, park the sequence to NVMe (and drain; not
-	                                resumed; checked: every block on NVMe only): each
-	                                selected block is read back from NVMe while its
-	                                indexer keys stay in the runner */
+	int dsa_park_selected;       /* deepseek_v32: in every layer of every step with stored
+	                                positions, before the indexer reads the keys and
+	                                chooses, park the sequence to NVMe (and drain; not
+	                                resumed; checked: every block on NVMe only): the keys
+	                                are read from the engine's mirror (the blocks moved
+	                                across those reads counted in dsa_key_moved) and each
+	                                selected block is read back from NVMe */
+	int dsa_prefetch;            /* deepseek_v32, the previous step's selection as the
+	                                predictor of the next (kvt_engine_hint_ranges,
+	                                steps_ahead 1; the first half, quarter... when a hint
+	                                exceeds HBM): 0 none; 1 after every step's commit, the
+	                                blocks all its layers' selections read; 2 per layer, one
+	                                ahead: when layer l's first window is prepared, the
+	                                blocks layer l + 1 read at its last step, and after the
+	                                commit those of layer 0 */
+	double *pos_s;               /* NULL, or [n_prompt + gen] receiving each position's wall
+	                                time in seconds (kvtr_now: the forward pass, the
+	                                attention through kvtier, the commit and the hint)
+	                                for the positions this process ran */
 	int32_t *topk_out;           /* deepseek_v32: NULL, or [n_layers][n_prompt + gen]
 	                                [index_topk] receiving the positions the indexer selected
 	                                for every layer and position (ascending, -1 padded: a
@@ -340,6 +359,15 @@ struct kvhf_result {
 	uint64_t dsa_layer_blocks;   /* per step and layer the blocks its selection read */
 	uint64_t dense_layer_blocks; /* per step and layer ceil(pos / tokens_per_block) */
 	uint64_t dsa_parks;          /* opts.dsa_park_selected: parks done */
+	uint64_t dsa_key_reads;      /* kvt_seq_sidecar_read calls over all of a sequence's
+	                                blocks (per step and layer with stored positions, and
+	                                the retries) */
+	uint64_t dsa_key_prepared;   /* blocks prepared because their keys answered -EAGAIN
+	                                (only on NVMe, never read by this engine: a restore) */
+	uint64_t dsa_hinted;         /* opts.dsa_prefetch: blocks of the accepted hints */
+	uint64_t dsa_key_moved;      /* opts.dsa_park_selected: blocks the engine moved while
+	                                the keys were read (kvt_engine_stats blocks_moved, all
+	                                directions, before and after each read) */
 	uint64_t touched[KVT_MAX_GROUPS]; /* kvhf_run_multi: distinct blocks of each group the
 	                                steps so far read or wrote (per step and session: the
 	                                blocks from the first one a layer of the group reads to
@@ -379,6 +407,43 @@ int kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
  */
 int kvhf_bench_decode(const struct kvhf_opts *base, uint32_t ratio, uint32_t measure_from,
 		      uint32_t repeat, uint64_t bandwidth, uint32_t depth);
+
+/** kvhf_memcpy_bw() - the best of 5 memcpy's of 64 MiB, bytes/s (1e9 without the memory). */
+double kvhf_memcpy_bw(void);
+
+/**
+ * Figures of kvhf_bench_sparse(), per run: (a) resident, (b) HBM 25%, (c) (b) + prefetch of
+ * the step's blocks (dsa_prefetch 1), (d) (b) + prefetch one layer ahead (dsa_prefetch 2).
+ */
+#define KVHF_SPARSE_RUNS 4
+struct kvhf_sparse_bench {
+	uint32_t context, gen;       /* positions before the measured decode steps, decode steps */
+	uint32_t blocks;             /* LATENT blocks of the sequence at the end */
+	uint32_t hbm_slots;          /* (b)-(d): the LATENT group's HBM slots */
+	double step_ms[KVHF_SPARSE_RUNS]; /* median over the repeats of the mean decode-step
+	                                time, ms */
+	uint64_t h2d[KVHF_SPARSE_RUNS]; /* HOST -> HBM blocks moved (the last repeat) */
+	uint64_t stalls[KVHF_SPARSE_RUNS]; /* engine stalls (the last repeat) */
+	uint64_t accesses[KVHF_SPARSE_RUNS], ready[KVHF_SPARSE_RUNS]; /* block accesses, of
+	                                those ready (the last repeat) */
+	uint64_t hinted[KVHF_SPARSE_RUNS]; /* blocks hinted (the last repeat) */
+};
+
+/**
+ * kvhf_bench_sparse() - the sparse decode benchmark of issue 17 (bench_sparse.c) on a
+ * deepseek_v32 model @base->model (tokens_per_block from @base): one sequence whose first
+ * 16 x index_topk positions (the context) are @path[i % @n_path], then @gen greedy decode steps,
+ * run (a) all resident, (b) with HBM holding at most 25% of the sequence's blocks at the end
+ * (floor, at least 2; the rest in HOST), (c), (d) as (b) with opts.dsa_prefetch 1, 2; @repeat
+ * rounds, interleaved; emulated copy @bandwidth bytes/s (0: kvhf_memcpy_bw() / 4). Prints on
+ * @out the per-run median of the mean decode-step time, its ratio to (a), the copies, stalls and
+ * coverage, and the load average (/proc/loadavg) before and after; @res (NULL ok) receives
+ * the figures. Returns 0, -EINVAL (not deepseek_v32, no path, context + gen past
+ * max_position_embeddings), -EPROTO (a run's tokens differ from (a)'s), or a run's error.
+ */
+int kvhf_bench_sparse(const struct kvhf_opts *base, const int32_t *path, uint32_t n_path,
+		      uint32_t gen, uint32_t repeat, uint64_t bandwidth, FILE *out,
+		      struct kvhf_sparse_bench *res);
 
 /** The reference written by tools/hf-fixtures/gen.py. */
 struct kvhf_ref {

@@ -57,7 +57,14 @@ usage(FILE *f)
 		"                         1/--ratio R (4) of the KV in HBM / with prefetch; --repeat\n"
 		"                         N (3), --measure-from S (last quarter), --bandwidth B\n"
 		"                         (emulated copy bytes/s; default memcpy / 4),\n"
-		"                         --prefetch-depth N (2: sessions hinted ahead in (c))\n",
+		"                         --prefetch-depth N (2: sessions hinted ahead in (c))\n"
+		"  --bench-sparse         deepseek_v32: --steps N (32) greedy tokens after\n"
+		"                         16 x index_topk positions (the --check path or\n"
+		"                         --prompt-ids, repeated): resident / HBM 25%% of the\n"
+		"                         blocks (rest HOST) / the same with the next step's\n"
+		"                         selection prefetched (per step; one layer ahead);\n"
+		"                         median of --repeat N (3) step times; tokens must\n"
+		"                         agree; --tokens-per-block (4 here), --bandwidth B\n",
 		KVHF_TOL);
 }
 
@@ -98,7 +105,7 @@ main(int argc, char **argv)
 	uint32_t steps = 0, prompt_len = 0, shared = 0;
 	uint32_t sessions = 16, ratio = 4, repeat = 3, measure_from = 0, depth = 2;
 	uint64_t bandwidth = 0;
-	int have_shared = 0, bench = 0;
+	int have_shared = 0, bench = 0, bench_sparse = 0, have_tpb = 0;
 	int32_t *prompt = NULL;
 	uint32_t n_prompt = 0;
 	int rc = 0, have_steps = 0;
@@ -124,6 +131,8 @@ main(int argc, char **argv)
 			o.close_first = 1, val = 0;
 		} else if (!strcmp(a, "--bench-decode")) {
 			bench = 1, val = 0;
+		} else if (!strcmp(a, "--bench-sparse")) {
+			bench_sparse = 1, val = 0;
 		} else if (!strcmp(a, "--report")) {
 			o.report = 1, val = 0;
 		} else if (!strcmp(a, "--single-layout")) {
@@ -147,6 +156,7 @@ main(int argc, char **argv)
 			rc = kvtr_parse_float(a, v, 0.0f, 1e6f, &tol);
 		} else if (!strcmp(a, "--tokens-per-block")) {
 			rc = kvtr_parse_u32(a, v, 1, 65536, &o.tokens_per_block);
+			have_tpb = 1;
 		} else if (!strcmp(a, "--hbm")) {
 			rc = kvtr_parse_size(a, v, &o.hbm_bytes);
 		} else if (!strcmp(a, "--hbm-frac")) {
@@ -244,6 +254,34 @@ main(int argc, char **argv)
 	}
 	if (rc == 0 && ids)
 		rc = parse_ids(ids, &prompt, &n_prompt);
+	if (rc == 0 && bench_sparse) { /* the path: --prompt-ids, or the reference's tokens */
+		uint32_t np = prompt ? n_prompt : ref.n_prompt + ref.n_gen;
+		int32_t *path = calloc(np + 1, sizeof(int32_t));
+
+		if (!path) {
+			rc = kvtr_err(-ENOMEM, "out of memory");
+		} else if (!prompt && !check) {
+			rc = kvtr_err(-EINVAL, "--bench-sparse needs --check REF or --prompt-ids");
+		} else {
+			if (prompt) {
+				memcpy(path, prompt, (size_t)np * sizeof(int32_t));
+			} else {
+				memcpy(path, ref.prompt, (size_t)ref.n_prompt * sizeof(int32_t));
+				memcpy(path + ref.n_prompt, ref.gen,
+				       (size_t)ref.n_gen * sizeof(int32_t));
+			}
+			o.model = m;
+			if (!have_tpb)
+				o.tokens_per_block = 4;
+			rc = kvhf_bench_sparse(&o, path, np, have_steps ? steps : 32, repeat,
+					       bandwidth, stdout, NULL);
+		}
+		free(path);
+		if (rc)
+			fprintf(stderr, "kvtier-hf: %s\n", kvtr_last_error());
+		rc = rc ? 1 : 0;
+		goto out;
+	}
 	if (rc) {
 		fprintf(stderr, "kvtier-hf: %s\n", kvtr_last_error());
 		rc = 1;

@@ -954,6 +954,24 @@ kvhf_model_groups(const struct kvhf_model *m, struct kvhf_groups *gs)
 		}
 		gs->n++;
 	}
+	if (m->dsa) { /* the indexer keys in the LATENT group's blocks (dsa.h) */
+		struct kvt_group *g = &gs->g[gs->n];
+		uint32_t parent = UINT32_MAX;
+
+		for (uint32_t i = 0; i < gs->n; i++)
+			if (gs->g[i].kind == KVT_GROUP_LATENT)
+				parent = i;
+		if (parent == UINT32_MAX || gs->n >= KVHF_MAX_GROUPS) {
+			kvhf_groups_free(gs);
+			return kvtr_err(-EINVAL, "deepseek_v32: no LATENT group or no room for the "
+					"indexer keys' SIDECAR group");
+		}
+		kvt_group_init(g, sizeof(*g));
+		g->kind = KVT_GROUP_SIDECAR;
+		g->parent = parent;
+		g->sidecar_token_bytes = (uint64_t)m->index_head_dim * sizeof(float);
+		gs->n++;
+	}
 	return 0;
 }
 

@@ -61,11 +61,22 @@ struct hf_run {
 	char tmpdir[4096];
 	struct kvhf_groups groups;
 	/* deepseek_v32 (dsa.h) */
-	struct hf_sidecar sc;  /* the indexer keys */
+	uint32_t scgroup;     /* the indexer keys' SIDECAR group (UINT32_MAX: none) */
+	uint64_t sc_off;      /* its bytes' offset in each layer of a LATENT block */
+	float *ikey;          /* [n_layers][index_head_dim] this position's indexer keys */
+	float *keys;          /* [(P / tpb + 2) x tpb][index_head_dim]: one layer's keys read */
+	struct kvt_seq_range *kranges; /* [P / tpb + 1]: blocks whose keys need a prepare */
 	uint32_t *sel;        /* [index_topk] the selected positions */
 	float *iscores;       /* [P] index scores */
 	struct kvt_seq_range *ranges; /* [index_topk] one-block ranges */
 	uint32_t *stamp;      /* [blocks] the last step (pos + 1) that read each block */
+	struct kvt_seq_range *pf; /* [P / tpb + 1] opts.dsa_prefetch: the step's blocks, in
+	                             the order its layers first read them */
+	uint32_t n_pf;
+	struct kvt_seq_range *psel; /* [n_layers][index_topk] opts.dsa_prefetch 2: the blocks
+	                               each layer's selection read at its last step */
+	uint32_t *n_psel;     /* [n_layers] */
+	struct kvt_seq_range *hbuf; /* [P / tpb + 2] a hint's ranges */
 };
 
 void
@@ -124,6 +135,21 @@ hf_group_token_bytes(const struct kvt_group *g)
 }
 
 /*
+ * Bytes a SIDECAR group of @gs[0..n) adds to each layer of a block of its parent @parent
+ * (engine/kvtier.h "SIDECAR groups": tpb x token bytes + block bytes), 0 without one.
+ */
+static uint64_t
+hf_sidecar_layer_bytes(const struct kvt_group *gs, uint32_t n, uint32_t parent, uint32_t tpb)
+{
+	uint64_t b = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		if (gs[i].kind == KVT_GROUP_SIDECAR && gs[i].parent == parent)
+			b += (uint64_t)tpb * gs[i].sidecar_token_bytes + gs[i].sidecar_block_bytes;
+	return b;
+}
+
+/*
  * Bytes of one block (slot) of group @g with @tpb tokens per block: K/V of its layers' tokens,
  * or (STATE) its layers' states, each tensor at its element size's alignment (engine/kvtier.h
  * "STATE groups"; the runner's tensors are all F32). ALIAS 0.
@@ -133,6 +159,8 @@ hf_group_block_bytes(const struct kvt_group *g, uint32_t tpb)
 {
 	uint64_t layer = 0;
 
+	if (g->kind == KVT_GROUP_SIDECAR) /* no pool: its bytes are its parent's */
+		return 0;
 	if (g->kind != KVT_GROUP_STATE)
 		return (uint64_t)tpb * g->n_layers * hf_group_token_bytes(g);
 	for (uint32_t t = 0; t < g->n_state; t++) {
@@ -153,7 +181,9 @@ kvhf_group_kv_bytes(const struct kvhf_groups *gs, uint32_t tpb, uint32_t positio
 	uint64_t blocks = ((uint64_t)positions + tpb - 1) / tpb, sum = 0;
 
 	for (uint32_t i = 0; i < gs->n; i++) {
-		uint64_t b = blocks * hf_group_block_bytes(&gs->g[i], tpb);
+		uint64_t b = blocks * (hf_group_block_bytes(&gs->g[i], tpb) +
+				       gs->g[i].n_layers * hf_sidecar_layer_bytes(gs->g, gs->n, i,
+										   tpb));
 
 		if (per_group)
 			per_group[i] = b;
@@ -280,6 +310,34 @@ hf_state_out(struct hf_run *c, kvt_seq_id seq, uint32_t P)
 	return rc;
 }
 
+/*
+ * The indexer keys' SIDECAR group @gi of the engine (dsa.h): its offset in a layer of the
+ * LATENT block (kvt_group_sidecar), checked: index_head_dim f32 per token, nothing per block,
+ * room in the layer.
+ */
+static int
+hf_sidecar_geometry(struct hf_run *c, uint32_t gi)
+{
+	uint64_t tb = 0, bb = 0, want = (uint64_t)c->m->index_head_dim * sizeof(float);
+	int rc;
+
+	if (!c->m->dsa || c->scgroup != UINT32_MAX)
+		return kvtr_err(-EPROTO, "engine bug: an unexpected SIDECAR group %u", gi);
+	rc = kvt_group_sidecar(c->e, gi, &c->sc_off, &tb, &bb);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_group_sidecar");
+	if (tb != want || bb != 0 ||
+	    c->sc_off + c->tpb * tb > c->grp[gi].geo.layer_block_bytes)
+		return kvtr_err(-EPROTO, "engine bug: the indexer keys' SIDECAR group has %llu "
+				"bytes per token, %llu per block at offset %llu of a %llu-byte "
+				"layer (wanted %llu per token)", (unsigned long long)tb,
+				(unsigned long long)bb, (unsigned long long)c->sc_off,
+				(unsigned long long)c->grp[gi].geo.layer_block_bytes,
+				(unsigned long long)want);
+	c->scgroup = gi;
+	return 0;
+}
+
 static int
 hf_engine_create(struct hf_run *c, int persist)
 {
@@ -311,7 +369,8 @@ hf_engine_create(struct hf_run *c, int persist)
 			uint64_t need[KVT_MAX_GROUPS] = { 0 }, hneed[KVT_MAX_GROUPS] = { 0 };
 
 			for (uint32_t i = 0; i < c->groups.n; i++) {
-				uint64_t blk = hf_group_block_bytes(&g[i], tpb);
+				uint64_t blk = hf_group_block_bytes(&g[i], tpb) + g[i].n_layers *
+					       hf_sidecar_layer_bytes(g, c->groups.n, i, tpb);
 				uint64_t held = blocks, n;
 
 				if (!blk)
@@ -345,7 +404,8 @@ hf_engine_create(struct hf_run *c, int persist)
 			frac_host = hs + mx;
 		}
 		for (uint32_t i = 0; i < c->groups.n; i++) {
-			uint64_t blk = hf_group_block_bytes(&g[i], tpb);
+			uint64_t blk = hf_group_block_bytes(&g[i], tpb) + g[i].n_layers *
+				       hf_sidecar_layer_bytes(g, c->groups.n, i, tpb);
 
 			blk_sum += blk;
 			if (blk && !frac_hbm)
@@ -406,6 +466,7 @@ hf_engine_create(struct hf_run *c, int persist)
 	c->cap = UINT32_MAX;
 	c->tpb = tpb;
 	c->sgroup = UINT32_MAX;
+	c->scgroup = UINT32_MAX;
 	for (uint32_t i = 0; i < c->n_groups; i++) {
 		struct hf_grp *hg = &c->grp[i];
 
@@ -414,6 +475,12 @@ hf_engine_create(struct hf_run *c, int persist)
 			return kvtr_err_kvt(rc, "kvt_group_geometry");
 		if (hg->geo.kind == KVT_GROUP_ALIAS)
 			continue;
+		if (hg->geo.kind == KVT_GROUP_SIDECAR) {
+			rc = hf_sidecar_geometry(c, i);
+			if (rc)
+				return rc;
+			continue;
+		}
 		if (hg->geo.kind == KVT_GROUP_STATE) {
 			rc = hf_state_geometry(c, i);
 			if (rc)
@@ -466,6 +533,9 @@ hf_engine_create(struct hf_run *c, int persist)
 					gi, li);
 		c->lgroup[l] = gi;
 		c->lidx[l] = li;
+		if (m->dsa && (c->scgroup == UINT32_MAX || c->groups.g[c->scgroup].parent != gi))
+			return kvtr_err(-EPROTO, "engine bug: layer %u's latent is in group %u, not "
+					"in the parent of the indexer keys' SIDECAR group", l, gi);
 		if (c->grp[gi].k_floats != m->kv_width ||
 		    (c->grp[gi].v_floats && c->grp[gi].v_floats != m->kv_width))
 			return kvtr_err(-EPROTO, "engine bug: group %u stores %u + %u floats per "
@@ -712,6 +782,16 @@ hf_commit(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 
 		if (c->grp[gi].geo.kind == KVT_GROUP_ALIAS)
 			continue;
+		if (c->grp[gi].geo.kind == KVT_GROUP_SIDECAR) { /* its row is its parent's */
+			uint32_t pg = c->groups.g[gi].parent;
+
+			if (c->slots[gi] != c->slots[pg])
+				rc = kvtr_err(-EPROTO, "engine bug: position %u's slot mapping is "
+					      "%lld in the SIDECAR group %u, %lld in its parent %u",
+					      pos, (long long)c->slots[gi], gi,
+					      (long long)c->slots[pg], pg);
+			continue;
+		}
 		memset(&t, 0, sizeof(t));
 		rc = kvt_batch_group_table(b, gi, &t);
 		if (rc)
@@ -756,6 +836,14 @@ hf_commit(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 			memcpy(k, kv, kw * sizeof(float));
 		else
 			memset(k, 0, kw * sizeof(float));
+		if (m->dsa) { /* the indexer key, in the same block (dsa.h) */
+			uint64_t sm = (uint64_t)c->slots[gi], kb = (uint64_t)m->index_head_dim *
+								   sizeof(float);
+
+			memcpy((char *)g->geo.hbm_base + sm / tpb * g->geo.block_bytes +
+			       (uint64_t)li * g->geo.layer_block_bytes + c->sc_off + sm % tpb * kb,
+			       c->ikey + (size_t)l * m->index_head_dim, kb);
+		}
 		if (v && kv && m->family != KVHF_DEEPSEEK)
 			memcpy(v, kv + kw, g->v_floats * sizeof(float));
 		else if (v) /* MLA in the single layout: V unused */
@@ -843,10 +931,11 @@ hf_dsa_window(struct hf_run *c, uint32_t l, const struct kvt_seq_range *rg, uint
 }
 
 /*
- * opts.dsa_park_selected: the sequence's blocks (the latents, the indexer keys' parent group)
- * parked to NVMe after the indexer chose and before they are read: checked to have every
- * block on NVMe and none in HBM or HOST (a park to NVMe leaves no other copy), the sequence
- * not resumed, so the prepare reads each selected block back from NVMe.
+ * opts.dsa_park_selected: the sequence's blocks (the latents with their indexer keys, dsa.h)
+ * parked to NVMe before the indexer reads the keys and chooses: checked to have every block
+ * on NVMe and none in HBM or HOST (a park to NVMe leaves no other copy), the sequence not
+ * resumed, so the keys come from the engine's mirror and the prepare reads each selected
+ * block back from NVMe.
  */
 static int
 hf_dsa_park(struct hf_run *c, kvt_seq_id seq)
@@ -856,7 +945,7 @@ hf_dsa_park(struct hf_run *c, kvt_seq_id seq)
 
 	rc = kvt_seq_park(c->e, seq, KVT_TIER_NVME);
 	if (rc)
-		return kvtr_err_kvt(rc, "kvt_seq_park (the selected blocks' latents)");
+		return kvtr_err_kvt(rc, "kvt_seq_park (the latents and indexer keys)");
 	rc = kvt_engine_drain(c->e);
 	if (rc)
 		return kvtr_err_kvt(rc, "kvt_engine_drain");
@@ -873,27 +962,162 @@ hf_dsa_park(struct hf_run *c, kvt_seq_id seq)
 	return 0;
 }
 
+/* The engine's blocks moved so far, every direction summed (0 when the stats fail). */
+static uint64_t
+hf_moved(struct hf_run *c)
+{
+	struct kvt_stats st;
+	uint64_t n = 0;
+
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	if (kvt_engine_stats(c->e, &st))
+		return 0;
+	for (int d = 0; d < KVT_MOVE_COUNT; d++)
+		n += st.blocks_moved[d];
+	return n;
+}
+
 /*
- * DeepSeek Sparse Attention of layer @l at @pos (dsa.h): this position's indexer key into the
- * sidecar, the top-k positions of 0..pos, the blocks holding the stored ones prepared by
- * windows of at most c->cap one-block ranges (kvt_batch_prepare_ranges) and only the selected
- * tokens of each attended (kvt_attn_latent_tokens_partial_ref), then the position's own latent
- * (@side) when it is selected. Counts the blocks read (r->dsa_*).
+ * The blocks [0, @nb) of @seq whose indexer keys kvt_seq_sidecar_read refuses with -EAGAIN
+ * (only on NVMe, the mirror never filled in this engine) are prepared once, by windows of at
+ * most c->cap one-block ranges, and released: the prepare's read from NVMe fills the mirror.
+ * The other blocks' keys of layer @li land in c->keys on the way. Counts r->dsa_key_prepared.
+ */
+static int
+hf_dsa_keys_prepare(struct hf_run *c, kvt_seq_id seq, uint32_t li, uint32_t nb)
+{
+	uint32_t dim = (uint32_t)c->m->index_head_dim, nr = 0;
+	int rc;
+
+	for (uint32_t b = 0; b < nb; b++) {
+		rc = kvt_seq_sidecar_read(c->e, seq, c->scgroup, li, b, 1,
+					  c->keys + (size_t)b * c->tpb * dim);
+		if (rc == -EAGAIN) {
+			c->kranges[nr].seq = seq;
+			c->kranges[nr].first_block = b;
+			c->kranges[nr].n_blocks = 1;
+			nr++;
+		} else if (rc) {
+			return kvtr_err_kvt(rc, "kvt_seq_sidecar_read (one block)");
+		}
+	}
+	for (uint32_t w = 0; w < nr;) {
+		uint32_t wn = nr - w < c->cap ? nr - w : c->cap;
+		struct kvt_batch *bt = NULL;
+
+		for (;;) {
+			rc = kvt_batch_prepare_ranges(c->e, c->kranges + w, wn, &bt);
+			if (rc == 0 || !hf_nofit(rc) || wn == 1)
+				break;
+			wn /= 2;
+			c->cap = wn;
+		}
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_batch_prepare_ranges (blocks whose indexer keys "
+					    "are only on NVMe)");
+		rc = kvt_batch_release(bt, NULL);
+		if (rc)
+			return kvtr_err_kvt(rc, "kvt_batch_release");
+		w += wn;
+	}
+	c->r->dsa_key_prepared += nr;
+	return 0;
+}
+
+/*
+ * The indexer keys of layer @l for the query at @pos into c->keys [pos + 1][dim]: positions
+ * 0..pos-1 read from the SIDECAR group (kvt_seq_sidecar_read over the sequence's blocks, no
+ * block brought up; -EAGAIN: hf_dsa_keys_prepare, then once more), then the position's own
+ * (c->ikey, computed this step) at row pos. opts.dsa_park_selected: the blocks the reads
+ * moved into r->dsa_key_moved (a read moves none: the test's evidence).
+ */
+static int
+hf_dsa_keys(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos)
+{
+	uint32_t dim = (uint32_t)c->m->index_head_dim, nb = (pos + c->tpb - 1) / c->tpb;
+	uint64_t m0 = 0;
+	int rc = 0;
+
+	for (int tries = 0; nb && tries < 2; tries++) {
+		if (c->o->dsa_park_selected)
+			m0 = hf_moved(c);
+		rc = kvt_seq_sidecar_read(c->e, seq, c->scgroup, c->lidx[l], 0, nb, c->keys);
+		if (c->o->dsa_park_selected)
+			c->r->dsa_key_moved += hf_moved(c) - m0;
+		c->r->dsa_key_reads++;
+		if (rc != -EAGAIN || tries)
+			break;
+		rc = hf_dsa_keys_prepare(c, seq, c->lidx[l], nb);
+		if (rc)
+			return rc;
+	}
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_seq_sidecar_read (the indexer keys)");
+	memcpy(c->keys + (size_t)pos * dim, c->ikey + (size_t)l * dim, dim * sizeof(float));
+	return 0;
+}
+
+/*
+ * A hint of block @tail of @seq (the sequence's newest: the one most likely selected; none
+ * when UINT32_MAX) then the @n one-block ranges @rg (kvt_engine_hint_ranges, steps_ahead 1:
+ * promoted to HBM now, without waiting, and spared by the room-making until the next batch
+ * prepared is released); KVT_ETOOBIG (more than HBM holds): the first half, and so on.
+ * Counts r->dsa_hinted (blocks of accepted hints).
+ */
+static int
+hf_dsa_hint(struct hf_run *c, kvt_seq_id seq, uint32_t tail, const struct kvt_seq_range *rg,
+	    uint32_t n)
+{
+	uint32_t k = 0;
+	int rc = 0;
+
+	if (tail != UINT32_MAX) {
+		c->hbuf[k].seq = seq;
+		c->hbuf[k].first_block = tail;
+		c->hbuf[k++].n_blocks = 1;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		if (rg[i].first_block != tail)
+			c->hbuf[k++] = rg[i];
+	n = k;
+	while (n) {
+		rc = kvt_engine_hint_ranges(c->e, c->hbuf, n, 1);
+		if (rc != KVT_ETOOBIG)
+			break;
+		n /= 2;
+	}
+	if (rc == KVT_ETOOBIG)
+		return 0;
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_engine_hint_ranges (the predicted blocks)");
+	c->r->dsa_hinted += n;
+	return 0;
+}
+
+/*
+ * DeepSeek Sparse Attention of layer @l at @pos (dsa.h): this position's indexer key kept for
+ * the commit, the stored keys read (hf_dsa_keys), the top-k positions of 0..pos, the blocks
+ * holding the stored ones prepared by windows of at most c->cap one-block ranges
+ * (kvt_batch_prepare_ranges) and only the selected tokens of each attended
+ * (kvt_attn_latent_tokens_partial_ref), then the position's own latent (@side) when it is
+ * selected. Counts the blocks read (r->dsa_*).
  */
 static int
 hf_dsa_attend(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos, const float *side)
 {
 	const struct kvhf_model *m = c->m;
 	uint32_t dim = (uint32_t)m->index_head_dim, tpb = c->tpb, n, ns, nblk = 0;
-	float *row = hf_sidecar_row(&c->sc, seq, l, pos);
 	int rc;
 
-	if (!row)
-		return kvtr_err(-EPROTO, "indexer keys: no row for position %u of layer %u", pos, l);
-	memcpy(row, c->st.ik, dim * sizeof(float));
-	rc = hf_dsa_select(c->st.iq, c->st.iw, (uint32_t)m->index_n_heads, dim,
-			   hf_sidecar_row(&c->sc, seq, l, 0), pos, (uint32_t)m->index_topk,
-			   c->iscores, c->sel);
+	memcpy(c->ikey + (size_t)l * dim, c->st.ik, dim * sizeof(float));
+	if (c->o->dsa_park_selected && pos && (rc = hf_dsa_park(c, seq)) != 0)
+		return rc;
+	rc = hf_dsa_keys(c, seq, l, pos);
+	if (rc)
+		return rc;
+	rc = hf_dsa_select(c->st.iq, c->st.iw, (uint32_t)m->index_n_heads, dim, c->keys, pos,
+			   (uint32_t)m->index_topk, c->iscores, c->sel);
 	if (rc < 1)
 		return rc < 0 ? rc : kvtr_err(-EPROTO, "the indexer selected nothing");
 	n = (uint32_t)rc;
@@ -918,12 +1142,15 @@ hf_dsa_attend(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos, const 
 		if (c->stamp[b] != pos + 1) { /* first layer of this step to read it */
 			c->stamp[b] = pos + 1;
 			c->r->dsa_blocks++;
+			c->pf[c->n_pf++] = c->ranges[nblk - 1];
 		}
 	}
 	c->r->dsa_layer_blocks += nblk;
 	c->r->dense_layer_blocks += (pos + tpb - 1) / tpb;
-	if (c->o->dsa_park_selected && nblk && (rc = hf_dsa_park(c, seq)) != 0)
-		return rc;
+	if (c->psel) { /* this layer's blocks: the next step's prediction for it */
+		memcpy(c->psel + (size_t)l * m->index_topk, c->ranges, nblk * sizeof(*c->ranges));
+		c->n_psel[l] = nblk;
+	}
 	for (uint32_t w = 0, t0 = 0; w < nblk;) {
 		uint32_t wn = nblk - w < c->cap ? nblk - w : c->cap, t1 = t0;
 		int rc2;
@@ -939,6 +1166,13 @@ hf_dsa_attend(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos, const 
 		if (rc)
 			return kvtr_err_kvt(rc, "kvt_batch_prepare_ranges (selected blocks)");
 		c->r->windows++;
+		if (w == 0 && c->o->dsa_prefetch == 2 && l + 1 < (uint32_t)m->n_layers &&
+		    (rc = hf_dsa_hint(c, seq, (pos - 1) / tpb,
+				      c->psel + (size_t)(l + 1) * m->index_topk,
+				      c->n_psel[l + 1])) != 0) { /* the next layer's, one ahead */
+			kvt_batch_release(b, NULL);
+			return rc;
+		}
 		while (t1 < ns && c->sel[t1] / tpb <= c->ranges[w + wn - 1].first_block)
 			t1++;
 		rc = hf_dsa_window(c, l, c->ranges + w, wn, c->sel + t0, t1 - t0, pos, &b);
@@ -953,6 +1187,25 @@ hf_dsa_attend(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos, const 
 	if (ns < n && (rc = hf_self_partial(c, side)) != 0)
 		return rc;
 	kvhf_attn_set(m, &c->st, l, c->ao);
+	return 0;
+}
+
+/*
+ * opts.dsa_prefetch, after a step's commit, the predictor being that consecutive queries
+ * select much the same tokens: 1, the blocks all this step's selections read (c->pf, in the
+ * order the layers first read them) hinted for the next step; 2, those of layer 0's selection
+ * only (the later layers' are hinted one layer ahead, hf_dsa_attend). Resets c->pf.
+ */
+static int
+hf_dsa_prefetch(struct hf_run *c, kvt_seq_id seq, uint32_t pos)
+{
+	uint32_t n = c->n_pf;
+
+	c->n_pf = 0;
+	if (c->o->dsa_prefetch == 1)
+		return hf_dsa_hint(c, seq, pos / c->tpb, c->pf, n);
+	if (c->o->dsa_prefetch == 2)
+		return hf_dsa_hint(c, seq, pos / c->tpb, c->psel, c->n_psel[0]);
 	return 0;
 }
 
@@ -1021,7 +1274,7 @@ hf_position(struct hf_run *c, kvt_seq_id seq, uint32_t pos, int32_t tok)
 		c->r->dense_blocks += (pos + c->tpb - 1) / c->tpb;
 	rc = hf_commit(c, seq, pos, tok);
 	if (rc == 0 && m->dsa)
-		rc = hf_sidecar_commit(&c->sc, seq, pos);
+		rc = hf_dsa_prefetch(c, seq, pos);
 	return rc;
 }
 
@@ -1037,8 +1290,8 @@ hf_measure(struct hf_run *c)
 		uint32_t used = 0;
 		int rc;
 
-		if (c->grp[i].geo.kind == KVT_GROUP_ALIAS)
-			continue;
+		if (c->grp[i].geo.kind == KVT_GROUP_ALIAS || c->grp[i].geo.kind == KVT_GROUP_SIDECAR)
+			continue; /* no pool of its own (a SIDECAR's bytes are in its parent's) */
 		memset(&st, 0, sizeof(st));
 		st.size = sizeof(st);
 		rc = kvt_engine_group_stats(c->e, i, &st);
@@ -1070,7 +1323,7 @@ hf_mem_init(struct hf_run *c, uint32_t P)
 		memset(g, 0, sizeof(*g));
 		g->kind = geo->kind;
 		g->n_layers = geo->n_layers;
-		if (geo->kind == KVT_GROUP_ALIAS)
+		if (geo->kind == KVT_GROUP_ALIAS || geo->kind == KVT_GROUP_SIDECAR)
 			continue;
 		g->block_bytes = geo->block_bytes;
 		g->bound_blocks = geo->kind == KVT_GROUP_STATE ? 2 : blocks; /* the 2 live slots */
@@ -1134,7 +1387,11 @@ hf_decode(struct hf_run *c, kvt_seq_id seq, int32_t *tokens, float *logits, uint
 	int rc;
 
 	for (uint32_t p = from; p < to; p++) {
+		double t0 = o->pos_s ? kvtr_now() : 0.0;
+
 		rc = hf_position(c, seq, p, tokens[p]);
+		if (o->pos_s)
+			o->pos_s[p] = kvtr_now() - t0;
 		if (rc == 0 && o->report)
 			rc = hf_measure(c);
 		if (rc)
@@ -1165,15 +1422,7 @@ hf_open(struct hf_run *c, uint64_t key, kvt_seq_id *seq)
 	rc = kvt_seq_open(c->e, &so, seq);
 	if (rc)
 		return kvtr_err_kvt(rc, "kvt_seq_open");
-	return c->m->dsa ? hf_sidecar_open(&c->sc, *seq) : 0;
-}
-
-/* The persistent store's file of the indexer keys of session @key (dsa.h), in nvme_dir. */
-static void
-hf_sidecar_path(const struct hf_run *c, uint64_t key, char *path, size_t len)
-{
-	snprintf(path, len, "%s/kvtier-hf-indexer-%016llx.keys", c->o->nvme_dir,
-		 (unsigned long long)key);
+	return 0;
 }
 
 /* Prefix sharing: a second sequence attaches the prompt's blocks and computes the rest. */
@@ -1210,8 +1459,6 @@ hf_prefix_second(struct hf_run *c, kvt_seq_id *first, const int32_t *tokens,
 		goto out;
 	}
 	c->r->prefix_tokens = a;
-	if (a && c->m->dsa && (rc = hf_sidecar_attach(&c->sc, s2, *first, (uint32_t)a)) != 0)
-		goto out;
 	if (a == 0) {
 		rc = kvtr_err(-EPROTO, "prefix sharing: nothing of the %u-token prompt was attached",
 			      c->o->n_prompt);
@@ -1233,8 +1480,6 @@ hf_prefix_second(struct hf_run *c, kvt_seq_id *first, const int32_t *tokens,
 out:
 	if (s2)
 		kvt_seq_close(c->e, s2);
-	if (s2 && c->m->dsa)
-		hf_sidecar_close(&c->sc, s2);
 	free(t2);
 	free(l2);
 	return rc;
@@ -1276,13 +1521,11 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 	kvt_seq_id seq = 0;
 	uint64_t keys[4];
 	struct kvt_seq_info si;
-	char skpath[4300];
 	pid_t pid;
 	int rc, st = 0, n;
 
 	if (!o->nvme_dir)
 		return kvtr_err(-EINVAL, "the persistent store needs an NVMe directory");
-	hf_sidecar_path(c, o->session_key, skpath, sizeof(skpath));
 	if (stop < 1 || stop >= P)
 		return kvtr_err(-EINVAL, "stop_after %u out of range [1, %u)", stop, P);
 	shm = mmap(NULL, shm_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -1306,7 +1549,6 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 				rc = 0;
 			else if (rc)
 				rc = kvtr_err_kvt(rc, "kvt_session_drop");
-			unlink(skpath);
 		}
 		if (rc == 0)
 			rc = hf_open(c, o->session_key, &seq);
@@ -1316,8 +1558,6 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 			rc = kvtr_err_kvt(rc, "kvt_seq_park");
 		if (rc == 0 && (rc = kvt_engine_drain(c->e)) != 0)
 			rc = kvtr_err_kvt(rc, "kvt_engine_drain");
-		if (rc == 0 && c->m->dsa) /* the park is published: its indexer keys too */
-			rc = hf_sidecar_save(&c->sc, seq, skpath);
 		if (rc) {
 			fprintf(c->log, "kvtier-hf: before the kill: %s\n", kvtr_last_error());
 			_exit(1);
@@ -1352,22 +1592,6 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 	if (si.n_tokens != stop)
 		return kvtr_err(-EPROTO, "the restored session holds %llu tokens, %u were parked",
 				(unsigned long long)si.n_tokens, stop);
-	if (c->m->dsa) {
-		uint32_t nk;
-
-		rc = hf_sidecar_open(&c->sc, seq);
-		if (rc == 0)
-			rc = hf_sidecar_load(&c->sc, seq, skpath);
-		if (rc)
-			return rc;
-		nk = c->sc.s[0].seq == seq ? c->sc.s[0].n : 0;
-		for (int i = 1; i < HF_SIDECAR_SEQS; i++)
-			if (c->sc.s[i].seq == seq)
-				nk = c->sc.s[i].n;
-		if (nk != stop)
-			return kvtr_err(-EPROTO, "the restored indexer keys hold %u positions, the "
-					"session %u", nk, stop);
-	}
 	rc = hf_decode(c, seq, tokens, logits, stop, P);
 	if (rc == 0)
 		rc = hf_state_out(c, seq, P);
@@ -1378,10 +1602,6 @@ hf_persist(struct hf_run *c, int32_t *tokens, float *logits)
 			rc = 0;
 		else if (rc)
 			rc = kvtr_err_kvt(rc, "kvt_session_drop");
-		if (c->m->dsa) {
-			hf_sidecar_close(&c->sc, seq);
-			unlink(skpath);
-		}
 	}
 	return rc;
 }
@@ -1413,11 +1633,10 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 				"not with prefix sharing, the persistent store or the contiguous mode");
 	if (o->close_first && !o->prefix_share)
 		return kvtr_err(-EINVAL, "close_first is a prefix-sharing option");
-	if (o->model->dsa && (o->contiguous || o->single_layout || o->close_first))
+	if (o->model->dsa && (o->contiguous || o->single_layout))
 		return kvtr_err(-EINVAL, "deepseek_v32 runs with layer groups through kvtier only "
-				"(no contiguous or single-layout mode) and keeps its indexer keys "
-				"in the runner, which cannot hold them for a closed owner "
-				"(close_first)");
+				"(no contiguous or single-layout mode): its indexer keys are a "
+				"SIDECAR group of the latents");
 	if (o->single_layout && o->model->n_linear)
 		return kvtr_err(KVT_ENOTSUP, "the single layout has no place for the state of %s's "
 				"%d linear-attention layers (a STATE group does)",
@@ -1465,18 +1684,28 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 		}
 	}
 	if (c.m->dsa) {
-		uint32_t tk = (uint32_t)c.m->index_topk;
+		uint32_t tk = (uint32_t)c.m->index_topk, tpb = o->tokens_per_block;
+		size_t dim = (size_t)c.m->index_head_dim;
 
-		rc = hf_sidecar_init(&c.sc, (uint32_t)c.m->n_layers, (uint32_t)c.m->index_head_dim,
-				     P);
 		c.sel = calloc(tk, sizeof(uint32_t));
 		c.ranges = calloc(tk, sizeof(*c.ranges));
 		c.iscores = calloc(P, sizeof(float));
-		c.stamp = calloc(P / o->tokens_per_block + 1, sizeof(uint32_t));
-		if (rc == 0 && (!c.sel || !c.ranges || !c.iscores || !c.stamp))
+		c.stamp = calloc(P / tpb + 1, sizeof(uint32_t));
+		c.ikey = calloc((size_t)c.m->n_layers * dim, sizeof(float));
+		c.keys = calloc(((size_t)P / tpb + 2) * tpb * dim, sizeof(float));
+		c.kranges = calloc(P / tpb + 1, sizeof(*c.kranges));
+		c.pf = calloc(P / tpb + 1, sizeof(*c.pf));
+		c.hbuf = calloc(P / tpb + 2, sizeof(*c.hbuf));
+		if (o->dsa_prefetch == 2) {
+			c.psel = calloc((size_t)c.m->n_layers * tk, sizeof(*c.psel));
+			c.n_psel = calloc((size_t)c.m->n_layers, sizeof(uint32_t));
+		}
+		if (!c.sel || !c.ranges || !c.iscores || !c.stamp || !c.ikey || !c.keys ||
+		    !c.kranges || !c.pf || !c.hbuf ||
+		    (o->dsa_prefetch == 2 && (!c.psel || !c.n_psel))) {
 			rc = kvtr_err(-ENOMEM, "out of memory");
-		if (rc)
 			goto out_free;
+		}
 	}
 	if (o->contiguous &&
 	    !(c.kv = calloc((size_t)c.m->n_layers * P * 2 * c.m->kv_width, sizeof(float)))) {
@@ -1540,8 +1769,13 @@ out_free:
 	free(c.ranges);
 	free(c.iscores);
 	free(c.stamp);
-	if (c.m->dsa)
-		hf_sidecar_fini(&c.sc);
+	free(c.ikey);
+	free(c.keys);
+	free(c.kranges);
+	free(c.pf);
+	free(c.psel);
+	free(c.hbuf);
+	free(c.n_psel);
 	kvhf_groups_free(&c.groups);
 	return rc;
 }
@@ -1667,7 +1901,7 @@ kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
 			const struct kvt_group_geometry *geo = &c.grp[g].geo;
 			uint32_t first = 0;
 
-			if (geo->kind == KVT_GROUP_ALIAS)
+			if (geo->kind == KVT_GROUP_ALIAS || geo->kind == KVT_GROUP_SIDECAR)
 				continue;
 			if (geo->kind == KVT_GROUP_WINDOW && p + 1 > geo->window)
 				first = (p + 1 - geo->window) / c.tpb;
