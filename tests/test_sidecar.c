@@ -470,7 +470,7 @@ test_prefix_hit_shares_sidecars(void **state)
  * sidecars; the mirror is empty then (-EAGAIN for blocks only on NVMe) until a prepare brings
  * them up, and every byte is the one written. A store of another sidecar size is refused. */
 static void
-test_store_kill_restore(void **state)
+store_kill_restore(enum kvt_codec codec)
 {
 	struct kvt_engine_opts o;
 	struct kvt_group g[2];
@@ -483,10 +483,11 @@ test_store_kill_restore(void **state)
 	pid_t pid;
 	int st = 0;
 
-	(void)state;
 	sc_opts(&o, g, 16, 8, dir);
 	o.nvme_persist = 1;
 	o.prefix_cache = 0;
+	o.nvme_codec = codec; /* encoded on NVMe: the mirror is filled from the decoded bytes */
+	o.nvme_codec_min_saving = 0.0f;
 	pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
@@ -520,6 +521,20 @@ test_store_kill_restore(void **state)
 	g[1].sidecar_block_bytes = SC_BLK + 4;
 	assert_int_equal(kvt_engine_create(&o, &e), KVT_EFORMAT);
 	tsup_rmdir(dir);
+}
+
+static void
+test_store_kill_restore(void **state)
+{
+	(void)state;
+	store_kill_restore(KVT_CODEC_NONE);
+}
+
+static void
+test_store_kill_restore_codec(void **state)
+{
+	(void)state;
+	store_kill_restore(KVT_CODEC_LZ4);
 }
 
 /*
@@ -691,6 +706,7 @@ main(void)
 		cmocka_unit_test(test_offload_and_reads_move_nothing),
 		cmocka_unit_test(test_prefix_hit_shares_sidecars),
 		cmocka_unit_test(test_store_kill_restore),
+		cmocka_unit_test(test_store_kill_restore_codec),
 		cmocka_unit_test(test_summary_sidecar),
 	};
 
