@@ -12,6 +12,7 @@
  * block being written, and the Quest page summary kvtier keeps itself (KVT_SUMMARY_K_MINMAX).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -537,6 +538,103 @@ test_store_kill_restore_codec(void **state)
 	store_kill_restore(KVT_CODEC_LZ4);
 }
 
+/* Threads: one decodes a sequence while another reads a second sequence's sidecars over and
+ * over while the first's appends push its blocks down; every read is exact. No cmocka assert
+ * in the threads: they return counts. */
+struct sc_thr {
+	struct kvt_engine *e;
+	kvt_seq_id s;
+	uint32_t tag, rounds;
+	uint64_t len;
+	int rc;
+	uint32_t bad;
+};
+
+static void *
+sc_decoder(void *arg)
+{
+	struct sc_thr *t = arg;
+	uint32_t k;
+
+	for (k = 0; k < t->rounds && !t->rc; k++)
+		t->rc = sc_append_rc(t->e, t->s, t->tag, t->len + k, 1);
+	return NULL;
+}
+
+static void *
+sc_reader(void *arg)
+{
+	struct sc_thr *t = arg;
+	uint32_t nb = (uint32_t)((t->len + TPB - 1) / TPB), k, j, l, i;
+	uint8_t *got = malloc((size_t)nb * SC_LAYER);
+
+	if (!got) {
+		t->rc = -ENOMEM;
+		return NULL;
+	}
+	for (k = 0; k < t->rounds && !t->rc; k++)
+		for (l = 0; l < NL && !t->rc; l++) {
+			t->rc = kvt_seq_sidecar_read(t->e, t->s, 1, l, 0, nb, got);
+			for (j = 0; j < nb && !t->rc; j++) {
+				uint32_t n = (uint32_t)(t->len - (uint64_t)j * TPB < TPB ?
+							t->len - (uint64_t)j * TPB : TPB);
+
+				for (i = 0; i < n * SC_TOK; i++)
+					t->bad += got[(size_t)j * SC_LAYER + i] !=
+						  tok_byte(t->tag, (uint64_t)j * TPB + i / SC_TOK, l,
+							   i % SC_TOK);
+				for (i = 0; i < SC_BLK; i++)
+					t->bad += got[(size_t)j * SC_LAYER + TPB * SC_TOK + i] !=
+						  blk_byte(t->tag, j, l, i, n);
+			}
+		}
+	free(got);
+	return NULL;
+}
+
+static void
+test_threads_read_while_decoding(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[2];
+	struct kvt_engine *e;
+	struct sc_thr d, r;
+	pthread_t td, tr;
+	char *dir = tsup_mkdtemp();
+	kvt_seq_id a, b;
+
+	(void)state;
+	sc_opts(&o, g, 16, 8, dir); /* a's 11 blocks and b's 8 do not fit 16 HBM slots */
+	o.prefix_cache = 0;
+	e = sc_create(&o);
+	assert_int_equal(kvt_seq_open(e, NULL, &a), 0);
+	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
+	sc_append(e, b, 21, 0, 7 * TPB + 2);
+	sc_append(e, a, 20, 0, 2);
+	d = (struct sc_thr){ .e = e, .s = a, .tag = 20, .rounds = 40, .len = 2 };
+	r = (struct sc_thr){ .e = e, .s = b, .tag = 21, .rounds = 60, .len = 7 * TPB + 2 };
+	assert_int_equal(pthread_create(&td, NULL, sc_decoder, &d), 0);
+	assert_int_equal(pthread_create(&tr, NULL, sc_reader, &r), 0);
+	assert_int_equal(pthread_join(td, NULL), 0);
+	assert_int_equal(pthread_join(tr, NULL), 0);
+	if (d.rc || r.rc)
+		fprintf(stderr, "decoder %d, reader %d\n", d.rc, r.rc);
+	assert_int_equal(d.rc, 0);
+	assert_int_equal(r.rc, 0);
+	assert_int_equal(r.bad, 0);
+	{
+		struct kvt_seq_info in;
+
+		assert_int_equal(kvt_seq_info(e, b, &in), 0); /* b's blocks went down meanwhile */
+		assert_true(in.blocks_in[KVT_TIER_HOST] + in.blocks_in[KVT_TIER_NVME] > 0);
+	}
+	sc_check_read(e, a, 20, 42);
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	assert_int_equal(kvt_seq_close(e, b), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 /*
  * A summary sidecar (KVT_SUMMARY_K_MINMAX): kvtier keeps per block, layer and KV head the
  * element-wise min and max of K (Quest), checked against a min/max taken here over the K
@@ -708,6 +806,7 @@ main(void)
 		cmocka_unit_test(test_store_kill_restore),
 		cmocka_unit_test(test_store_kill_restore_codec),
 		cmocka_unit_test(test_summary_sidecar),
+		cmocka_unit_test(test_threads_read_while_decoding),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
