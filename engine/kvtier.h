@@ -1366,8 +1366,9 @@ KVT_API void kvt_group_init(struct kvt_group *g, size_t size);
  * kvt_group_state_tensor() - where tensor @tensor (0..n_state-1) of STATE group @group lies
  * in one layer's state: *offset bytes from the start of the layer's state (layer i of the
  * group's block at geo.hbm_base + slot * geo.block_bytes + i * geo.layer_block_bytes) and
- * *bytes its size (element size x the product of its shape). Either may be NULL. Returns 0,
- * or -EINVAL (NULL engine, no such group, not a STATE group, tensor out of range).
+ * *bytes its size (element size x the product of its shape). Either may be NULL. Any thread
+ * (reads what create fixed). Returns 0, or -EINVAL (NULL engine, no such group, not a STATE
+ * group, tensor out of range).
  */
 KVT_API int kvt_group_state_tensor(const struct kvt_engine *e, uint32_t group, uint32_t tensor,
 				   uint64_t *offset, uint64_t *bytes);
@@ -1391,8 +1392,10 @@ KVT_API int kvt_seq_checkpoint(struct kvt_engine *e, kvt_seq_id s, uint64_t n_to
  * "SIDECAR groups"): *offset bytes into each layer's part of the parent's block (layer i of
  * block slot s at geo.hbm_base + s * geo.block_bytes + i * geo.layer_block_bytes + *offset,
  * geo the parent's or this group's geometry: the same pool), then tokens_per_block x
- * *token_bytes (token t's at + t * *token_bytes), then *block_bytes. Any pointer may be NULL.
- * Returns 0, or -EINVAL (NULL engine, no such group, not a SIDECAR group).
+ * *token_bytes (token t's at + t * *token_bytes), then *block_bytes (a summary sidecar: no
+ * bytes in the block, *block_bytes the summary's size in the mirror). Any pointer may be NULL.
+ * Any thread (reads what create fixed). Returns 0, or -EINVAL (NULL engine, no such group, not
+ * a SIDECAR group).
  */
 KVT_API int kvt_group_sidecar(const struct kvt_engine *e, uint32_t group, uint64_t *offset,
 			      uint64_t *token_bytes, uint64_t *block_bytes);
