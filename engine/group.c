@@ -1524,9 +1524,52 @@ kvt_grp_tenant_usage(struct kvt_engine *e, uint32_t tenant, uint64_t *used)
 
 /* ---- batches ------------------------------------------------------------------------------ */
 
+/* Prepare ranges @r in the pool of storage group @only, or in every pool (@only KVT_NIL). */
+static int
+grp_batch_prepare(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32_t only,
+		  struct kvt_batch **out);
+
 int
 kvt_grp_batch_prepare(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n,
 		      struct kvt_batch **out)
+{
+	return grp_batch_prepare(e, r, n, KVT_NIL, out);
+}
+
+int
+kvt_batch_prepare_group(struct kvt_engine *e, uint32_t group, const struct kvt_seq_range *ranges,
+			size_t n, struct kvt_batch **out)
+{
+	struct kvt_grp *G;
+
+	if (out)
+		*out = NULL;
+	if (!e || !ranges || !out)
+		return kvt_err(-EINVAL, "kvt_batch_prepare_group: engine, ranges and out must not "
+			       "be NULL");
+	G = e->grp;
+	if (!G) {
+		if (group != 0)
+			return kvt_err(-EINVAL, "group %u out of range (the engine has 1 group)",
+				       group);
+		return kvt_batch_prepare_ranges(e, ranges, n, out);
+	}
+	if (group >= G->n)
+		return kvt_err(-EINVAL, "group %u out of range (the engine has %u groups)", group,
+			       G->n);
+	if (G->g[group].kind == KVT_GROUP_SIDECAR)
+		group = G->g[group].parent; /* its bytes are in the parent's blocks */
+	if (!G->core[group])
+		return kvt_err(-EINVAL, "group %u is an ALIAS group: it has no blocks of its own "
+			       "(prepare its source's)", group);
+	if (n == 0 || n > 65536)
+		return kvt_err(-EINVAL, "kvt_batch_prepare_group: %zu ranges, must be 1..65536", n);
+	return grp_batch_prepare(e, ranges, n, group, out);
+}
+
+static int
+grp_batch_prepare(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n, uint32_t only,
+		  struct kvt_batch **out)
 {
 	struct kvt_grp *G = e->grp;
 	struct kvt_seq_range *cr = NULL;
@@ -1552,7 +1595,7 @@ kvt_grp_batch_prepare(struct kvt_engine *e, const struct kvt_seq_range *r, size_
 	for (k = 0; k < n && !rc; k++)
 		rc = grp_seq_enter(G, r[k].seq, all + k * KVT_MAX_GROUPS, GRP_CHECK);
 	for (g = 0; g < G->n && !rc; g++) {
-		if (!G->core[g])
+		if (!G->core[g] || (only != KVT_NIL && g != only))
 			continue;
 		for (k = 0; k < n; k++) {
 			cr[k] = r[k];
@@ -1651,6 +1694,9 @@ kvt_batch_group_table(const struct kvt_batch *b, uint32_t group, struct kvt_grou
 			return kvt_err(-EINVAL, "group %u is an ALIAS group whose layers read "
 				       "several groups: ask kvt_layer_group per layer", group);
 		c = b->gsub[g];
+		if (!c)
+			return kvt_err(-EINVAL, "group %u's pool is not in this batch (prepared for "
+				       "another group: kvt_batch_prepare_group)", group);
 	}
 	rc = kvt_group_geometry(b->e, g, &out->geo);
 	if (rc)
@@ -1699,8 +1745,9 @@ kvt_batch_wait_group_layer(struct kvt_batch *b, uint32_t group, uint32_t layer_i
 	if (G->g[group].kind == KVT_GROUP_SIDECAR)
 		group = G->g[group].parent; /* its bytes come with the parent's layers */
 	if (!b->gsub[group])
-		return kvt_err(-EINVAL, "group %u is an ALIAS group: wait for its source layers",
-			       group);
+		return kvt_err(-EINVAL, G->core[group] ? "group %u's pool is not in this batch "
+			       "(prepared for another group: kvt_batch_prepare_group)" :
+			       "group %u is an ALIAS group: wait for its source layers", group);
 	return kvt_batch_wait_layer(b->gsub[group], layer_in_group, stream);
 }
 
@@ -1711,6 +1758,9 @@ kvt_grp_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream)
 
 	if (layer >= G->n_layers)
 		return kvt_err(-EINVAL, "layer %u out of range (model has %u)", layer, G->n_layers);
+	if (!b->gsub[G->lgroup[layer]])
+		return kvt_err(-EINVAL, "layer %u's group (%u) is not in this batch (prepared for "
+			       "another group: kvt_batch_prepare_group)", layer, G->lgroup[layer]);
 	return kvt_batch_wait_layer(b->gsub[G->lgroup[layer]], G->lindex[layer], stream);
 }
 

@@ -871,6 +871,23 @@ KVT_API int kvt_batch_prepare_ranges(struct kvt_engine *e, const struct kvt_seq_
 				     size_t n, struct kvt_batch **out);
 
 /**
+ * kvt_batch_prepare_group() - kvt_batch_prepare_ranges() in the pool of one layer group only:
+ * @group a FULL, WINDOW, LATENT or STATE group, or a SIDECAR group (its parent's pool). So a
+ * sparse decode step prepares, per sequence and group, only the blocks it selected (one-block
+ * ranges of the top-k blocks a SIDECAR's keys or summaries scored, plus sinks and the recent
+ * window), while another batch holds another group's blocks of the same sequences (a WINDOW
+ * group's window, a STATE group's live block): each pool's sequences are guarded by their own
+ * batch. The batch's tables (kvt_batch_group_table), waits and release concern that pool: any
+ * other group answers -EINVAL. Append in the step's last batch of each group it writes (the
+ * release of a batch holding a group publishes that group's appended blocks). Errors as
+ * kvt_batch_prepare_ranges(), plus -EINVAL for @group out of range or an ALIAS group. An engine
+ * without groups: group 0, the same as kvt_batch_prepare_ranges().
+ */
+KVT_API int kvt_batch_prepare_group(struct kvt_engine *e, uint32_t group,
+				    const struct kvt_seq_range *ranges, size_t n,
+				    struct kvt_batch **out);
+
+/**
  * kvt_engine_hint() - schedule hint: the sequences @seqs[0..n) will be in a batch
  * @steps_ahead steps from now (0 or 1: the next batch this thread prepares; 2 and more: later).
  * The engine starts their promotions at once and returns without waiting for them:

@@ -635,6 +635,88 @@ test_threads_read_while_decoding(void **state)
 	tsup_rmdir(dir);
 }
 
+/* Per-group sparse prepares: with FULL (+ its sidecar) and WINDOW groups, a step prepares in
+ * the FULL pool only two selected blocks (one-block ranges, through the sidecar's group id)
+ * while a second batch holds the WINDOW group's window of the same sequence; each table lists
+ * just its blocks, the other group answers -EINVAL, and both release. */
+static void
+test_prepare_per_group(void **state)
+{
+	static const uint32_t l0[] = { 0 }, l1[] = { 1 };
+	struct kvt_engine_opts o;
+	struct kvt_group g[3];
+	struct kvt_group_table t;
+	struct kvt_batch *bf = NULL, *bw = NULL;
+	struct kvt_seq_range sel[2];
+	struct kvt_engine *e;
+	int32_t tok[40];
+	int64_t map[3 * TPB];
+	kvt_seq_id s;
+	uint32_t j;
+
+	(void)state;
+	sc_groups(g);
+	g[0].n_layers = 1;
+	g[0].layers = l0;
+	g[2] = g[1];
+	g[1] = g[0];
+	g[1].kind = KVT_GROUP_WINDOW;
+	g[1].layers = l1;
+	g[1].window = 2 * TPB;
+	g[2].parent = 0;
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout.n_layers = NL;
+	o.layout.tokens_per_block = TPB;
+	o.groups = g;
+	o.n_groups = 3;
+	o.hbm_bytes = 1 << 20;
+	e = sc_create(&o);
+	assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+	for (j = 0; j < 40; j++)
+		tok[j] = (int32_t)j;
+	for (j = 0; j < 40; j += TPB) { /* a block per step: the WINDOW pool is small */
+		assert_int_equal(kvt_seq_append_groups(e, s, tok + j, TPB, map), 0);
+		assert_int_equal(kvt_batch_prepare(e, &s, 1, &bf), 0);
+		assert_int_equal(kvt_batch_release(bf, NULL), 0);
+	}
+	sel[0] = (struct kvt_seq_range){ .seq = s, .first_block = 2, .n_blocks = 1 };
+	sel[1] = (struct kvt_seq_range){ .seq = s, .first_block = 7, .n_blocks = 1 };
+	assert_int_equal(kvt_batch_prepare_group(e, 2, sel, 2, &bf), 0);
+	{
+		struct kvt_seq_range w = { .seq = s, .first_block = 7, .n_blocks = 3 };
+
+		assert_int_equal(kvt_batch_prepare_group(e, 1, &w, 1, &bw), 0);
+	}
+	/* one table entry per range, of one block each */
+	assert_int_equal(kvt_batch_group_table(bf, 0, &t), 0);
+	assert_int_equal(t.n_seqs, 2);
+	assert_int_equal(t.indptr[2], 2);
+	assert_int_equal(t.block_pos[t.indptr[0]], 2);
+	assert_int_equal(t.block_pos[t.indptr[1]], 7);
+	assert_int_equal(kvt_batch_group_table(bf, 2, &t), 0); /* the sidecar: the parent's */
+	assert_int_equal(t.indptr[2], 2);
+	assert_int_equal(kvt_batch_group_table(bf, 1, &t), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "not in this batch"));
+	assert_int_equal(kvt_batch_wait_group_layer(bf, 1, 0, NULL), -EINVAL);
+	assert_int_equal(kvt_batch_wait_layer(bf, 1, NULL), -EINVAL);
+	assert_int_equal(kvt_batch_wait_layer(bf, 0, NULL), 0);
+	assert_int_equal(kvt_batch_group_table(bw, 1, &t), 0);
+	assert_int_equal(t.indptr[1], 3);
+	assert_int_equal(kvt_batch_group_table(bw, 0, &t), -EINVAL);
+	/* the same pool twice for one sequence: busy, as any second batch */
+	{
+		struct kvt_batch *b2 = NULL;
+
+		assert_int_equal(kvt_batch_prepare_group(e, 0, sel, 1, &b2), KVT_EBUSY);
+		assert_null(b2);
+	}
+	assert_int_equal(kvt_batch_release(bf, NULL), 0);
+	assert_int_equal(kvt_batch_release(bw, NULL), 0);
+	assert_int_equal(kvt_batch_prepare_group(e, 3, sel, 1, &bf), -EINVAL);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+}
+
 /*
  * A summary sidecar (KVT_SUMMARY_K_MINMAX): kvtier keeps per block, layer and KV head the
  * element-wise min and max of K (Quest), checked against a min/max taken here over the K
@@ -806,6 +888,7 @@ main(void)
 		cmocka_unit_test(test_store_kill_restore),
 		cmocka_unit_test(test_store_kill_restore_codec),
 		cmocka_unit_test(test_summary_sidecar),
+		cmocka_unit_test(test_prepare_per_group),
 		cmocka_unit_test(test_threads_read_while_decoding),
 	};
 

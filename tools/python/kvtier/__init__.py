@@ -379,12 +379,17 @@ class Engine:
         """A Sequence object for an id opened earlier (e.g. a parked session's)."""
         return Sequence(self, int(seq_id))
 
-    def prepare(self, seqs, ranges=None):
+    def prepare(self, seqs, ranges=None, group=None):
         """kvt_batch_prepare: every block of @seqs (Sequence objects or ids) in HBM, pinned,
         as a Batch. With ranges=[(seq, first_block, n_blocks), ...] instead:
-        kvt_batch_prepare_ranges (windows of sequences)."""
+        kvt_batch_prepare_ranges (windows of sequences); with group too:
+        kvt_batch_prepare_group (those ranges in that group's pool only)."""
         h = ctypes.c_void_p()
-        if ranges is not None:
+        if group is not None:
+            arr, n = _ranges(ranges)
+            rc = lib.kvt_batch_prepare_group(self._handle(), group, arr, n, ctypes.byref(h))
+            call = "kvt_batch_prepare_group"
+        elif ranges is not None:
             arr, n = _ranges(ranges)
             rc = lib.kvt_batch_prepare_ranges(self._handle(), arr, n, ctypes.byref(h))
             call = "kvt_batch_prepare_ranges"

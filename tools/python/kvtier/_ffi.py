@@ -266,6 +266,7 @@ _PROTOS = {
     "kvt_seq_info": (_int, [_vp, c_u64, _P(SeqInfo)]),
     "kvt_batch_prepare": (_int, [_vp, _P(c_u64), ctypes.c_size_t, _P(_vp)]),
     "kvt_batch_prepare_ranges": (_int, [_vp, _P(SeqRange), ctypes.c_size_t, _P(_vp)]),
+    "kvt_batch_prepare_group": (_int, [_vp, c_u32, _P(SeqRange), ctypes.c_size_t, _P(_vp)]),
     "kvt_batch_block_table": (_int, [_vp, _P(BlockTable)]),
     "kvt_batch_wait_layer": (_int, [_vp, c_u32, _vp]),
     "kvt_batch_release": (_int, [_vp, _vp]),

@@ -224,6 +224,9 @@ def test_sidecar_group():
         assert got[4 * tb + bb + tb:4 * tb + bb + 2 * tb] == bytes([16]) * tb
         with pytest.raises(kvtier.InvalidArgumentError, match="FULL group, not SIDECAR"):
             seq.sidecar(0, 0, 0, 1)
+        # the selected block alone, in the parent's pool (through the sidecar's id)
+        with eng.prepare(None, ranges=[(seq, 1, 1)], group=1) as b:
+            assert list(b.group_table(1).block_pos) == [1]
         seq.close()
 
 
