@@ -460,6 +460,7 @@ kvt_engine_destroy(struct kvt_engine *e)
 	for (uint32_t c = 0; c < e->cap_blocks >> KVT_BCHUNK_SHIFT; c++)
 		kvt_free(e->bchunk[c]);
 	kvt_free(e->bchunk);
+	kvt_free(e->nvme_backlog);
 	kvt_sc_fini(e);
 	kvt_batch_free_all(e); /* batches the caller never released */
 	kvt_free(e->hbm_h2d_seqno);
@@ -561,8 +562,17 @@ kvt_engine_drain(struct kvt_engine *e)
 	if (e->remote)
 		kvt_reng_drain(e);
 	kvt_lock(e);
-	while (rc >= 0 && (kvt_xfer_inflight(e) || e->d2h.n_pending || e->h2d.n_pending))
-		rc = kvt_xfer_wait_any(e);
+	for (;;) {
+		while (rc >= 0 && (kvt_xfer_inflight(e) || e->d2h.n_pending || e->h2d.n_pending))
+			rc = kvt_xfer_wait_any(e);
+		/* parks' NVMe writes that found the queue full (submitted as IOs complete): the
+		 * rest, until none is left or none could be submitted */
+		if (rc < 0 || !e->n_backlog)
+			break;
+		kvt_xfer_backlog_kick(e);
+		if (!kvt_xfer_inflight(e))
+			break;
+	}
 	kvt_unlock(e);
 	return rc < 0 ? rc : 0;
 }

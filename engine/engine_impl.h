@@ -446,6 +446,10 @@ struct kvt_engine {
 	uint32_t n_ev_pool, cap_ev_pool;    /* entries / capacity */
 	struct kvt_xfer *xfer_free;         /* free transfer records */
 	uint32_t nvme_inflight;             /* NVMe IOs submitted, not reaped */
+	uint32_t *nvme_backlog;             /* blocks a park sends to NVMe whose HOST -> NVMe
+	                                       write found the IO queue full: written as IOs
+	                                       complete (kvt_xfer_backlog_kick) */
+	uint32_t n_backlog, cap_backlog;
 	struct kvt_block **bchunk;          /* [cap_bchunks] chunks of KVT_BCHUNK block records
 	                                       (kvt_blk): the table grows a chunk at a time,
 	                                       records never move */
@@ -671,6 +675,9 @@ void kvt_xfer_fini(struct kvt_engine *e);
 int kvt_xfer_d2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool evict_src,
 		 bool then_nvme);
 int kvt_xfer_h2d(struct kvt_engine *e, uint32_t id, uint32_t hbm_slot);
+/* Submit the parked blocks waiting for room in the NVMe IO queue (lock held); the ones no
+ * longer to write leave the backlog. Returns how many remain. */
+uint32_t kvt_xfer_backlog_kick(struct kvt_engine *e);
 int kvt_xfer_h2n(struct kvt_engine *e, uint32_t id, uint32_t nvme_slot, bool evict_src,
 		 bool may_wait);
 int kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool then_hbm,

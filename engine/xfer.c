@@ -283,6 +283,64 @@ xfer_count_move(struct kvt_engine *e, int kind)
 	e->st.bytes_moved[kind] += e->block_bytes;
 }
 
+/* A park's block, now in HOST, on to NVMe: the slot the park kept free for it (its promise
+ * ended in xfer_complete). -EAGAIN: the IO queue is full (the slot went back). */
+static int
+xfer_park_down(struct kvt_engine *e, uint32_t id)
+{
+	uint32_t slot;
+	int rc = kvt_reclaim(e, KVT_TIER_NVME, 1, false);
+
+	if (rc == 0)
+		rc = kvt_slot_alloc(e, KVT_TIER_NVME, id, &slot);
+	if (rc == 0)
+		rc = kvt_xfer_h2n(e, id, slot, true, false);
+	return rc;
+}
+
+/* Keep @id for a write when the queue has room (a failed allocation costs the write only: the
+ * block stays in HOST, as when its park could not reach NVMe). */
+static void
+xfer_backlog_add(struct kvt_engine *e, uint32_t id)
+{
+	if (e->n_backlog == e->cap_backlog) {
+		uint32_t nc = e->cap_backlog ? 2 * e->cap_backlog : 64;
+		uint32_t *nb = kvt_realloc(e->nvme_backlog, (size_t)nc * sizeof *nb);
+
+		if (!nb)
+			return;
+		e->nvme_backlog = nb;
+		e->cap_backlog = nc;
+	}
+	e->nvme_backlog[e->n_backlog++] = id;
+}
+
+uint32_t
+kvt_xfer_backlog_kick(struct kvt_engine *e)
+{
+	uint32_t i = 0, keep = 0;
+
+	while (i < e->n_backlog) {
+		uint32_t id = e->nvme_backlog[i++];
+		struct kvt_block *b = kvt_blk(e, id);
+
+		/* still a park's block to write: alive, in HOST only below HBM, nobody using it */
+		if (!b->live || b->dead || b->pins || b->wanted || b->busy ||
+		    kvt_copy_state(b, KVT_TIER_HOST) != KVT_COPY_PRESENT ||
+		    kvt_copy_state(b, KVT_TIER_NVME) != KVT_COPY_ABSENT ||
+		    kvt_copy_state(b, KVT_TIER_HBM) != KVT_COPY_ABSENT)
+			continue;
+		if (kvt_nvme_free_qd(e->nvme) == 0 || xfer_park_down(e, id) == -EAGAIN) {
+			e->nvme_backlog[keep++] = id; /* the queue is full: later */
+			break;
+		}
+	}
+	while (i < e->n_backlog)
+		e->nvme_backlog[keep++] = e->nvme_backlog[i++];
+	e->n_backlog = keep;
+	return keep;
+}
+
 static void
 xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool current,
 		   uint64_t now)
@@ -320,14 +378,9 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 	    kvt_copy_state(b, src) == KVT_COPY_PRESENT) {
 		kvt_copy_evict(e, x->block, src);
 	}
-	if (x->then_nvme && e->nvme && b->pins == 0 && !b->wanted) {
-		uint32_t slot;
-
-		/* the slot the park kept free for it (its promise ended in xfer_complete) */
-		if (kvt_reclaim(e, KVT_TIER_NVME, 1, false) == 0 &&
-		    kvt_slot_alloc(e, KVT_TIER_NVME, x->block, &slot) == 0)
-			(void)kvt_xfer_h2n(e, x->block, slot, true, false);
-	}
+	if (x->then_nvme && e->nvme && b->pins == 0 && !b->wanted &&
+	    xfer_park_down(e, x->block) == -EAGAIN)
+		xfer_backlog_add(e, x->block);
 }
 
 /*
@@ -704,6 +757,8 @@ xfer_nvme_done(struct kvt_engine *e, const struct kvt_nvme_cqe *cqe, int n, int 
 		xfer_complete(e, x, cqe[i].res, now);
 		(*done)++;
 	}
+	if (n && e->n_backlog) /* room in the queue again: the parks' writes that waited */
+		kvt_xfer_backlog_kick(e);
 }
 
 /*

@@ -542,6 +542,48 @@ test_timed_out_write_quarantines_slot(void **state)
 	tsup_rmdir(dir);
 }
 
+/* A park to NVMe of more blocks than the IO queue holds: the HOST -> NVMe writes that found
+ * the queue full wait for room instead of being dropped, so after the drain every block is on
+ * NVMe and the session is published (they used to stay in HOST only: never durable). */
+static void
+test_park_larger_than_queue_depth(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_seq_info in;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	uint64_t keys[2];
+	kvt_seq_id s;
+
+	(void)state;
+	tsup_store_opts(&o, dir, 128ull * SLOT_BYTES);
+	o.nvme_queue_depth = 4;
+	o.hbm_bytes = 48 * tsup_block_bytes();
+	o.host_bytes = 48 * tsup_block_bytes();
+	e = tsup_create(&o, NULL);
+	s = tsup_open(e, 0, 0, 9);
+	for (uint32_t k = 0; k < 40 * TSUP_TPB; k += 16) /* 40 blocks, 10x the queue */
+		assert_int_equal(tsup_append_write(e, s, 9, k, 16), 0);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_info(e, s, &in), 0);
+	assert_int_equal(in.blocks_in[KVT_TIER_NVME], 40);
+	assert_int_equal(in.blocks_in[KVT_TIER_HOST], 0);
+	assert_int_equal(in.blocks_in[KVT_TIER_HBM], 0);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_seq_detach(e, s), 0);
+	kvt_engine_destroy(e);
+	/* restart: the session is there, whole */
+	e = tsup_create(&o, NULL);
+	assert_int_equal(kvt_session_list(e, keys, 2), 1);
+	tsup_restore(e, 9, 9, &s);
+	assert_int_equal(kvt_seq_info(e, s, &in), 0);
+	assert_int_equal(in.n_tokens, 40 * TSUP_TPB);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 #define DUR_BOTH(t) cmocka_unit_test(t), \
 	cmocka_unit_test_setup_teardown(t, tsup_room_on, tsup_room_off)
 
@@ -557,6 +599,7 @@ main(void)
 		DUR_BOTH(test_enospc_keeps_published_slots),
 		DUR_BOTH(test_journal_fsync_failure_is_final),
 		DUR_BOTH(test_data_fsync_failure_is_final),
+		DUR_BOTH(test_park_larger_than_queue_depth),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
