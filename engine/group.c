@@ -435,6 +435,10 @@ grp_read(struct kvt_grp *G, const struct kvt_engine_opts *o)
 				rc = kvt_err(-EINVAL, "group %u: layer %u is an alias of layer %u, "
 					     "itself an alias (group %u): name the stored layer",
 					     i, g->layers[j], s, owner[s]);
+			else if (G->g[owner[s]].kind == KVT_GROUP_STATE)
+				rc = kvt_err(-EINVAL, "group %u: layer %u is an alias of layer %u, a "
+					     "STATE layer (group %u): only K/V layers (FULL, WINDOW, "
+					     "LATENT) can be shared", i, g->layers[j], s, owner[s]);
 			else if (G->src[i] == KVT_NIL - 1)
 				G->src[i] = owner[s];
 			else if (G->src[i] != owner[s])
@@ -728,6 +732,11 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 			kvt_sc_summarize(G->core[i]); /* before its first block */
 		if (!rc && g->kind == KVT_GROUP_STATE)
 			G->core[i]->ckpt_every = g->checkpoint_every; /* engine/window.c */
+		if (!rc && g->kind == KVT_GROUP_STATE &&
+		    G->core[i]->slots[KVT_TIER_HBM].n_slots < GRP_STATE_WINDOW)
+			rc = kvt_err(-EINVAL, "HBM holds %u state slot(s): a decoding sequence needs "
+				     "2 at once (the state it reads and the one it writes): give the "
+				     "group more of HBM", G->core[i]->slots[KVT_TIER_HBM].n_slots);
 		if (rc) {
 			rc = kvt_err(rc, "group %u (%s, %.1f%% of each tier): %s", i,
 				     grp_kind_name(g->kind), 100.0 * share[i],
@@ -1157,30 +1166,60 @@ grp_core_tokens(struct kvt_engine *c, kvt_seq_id id)
 	return kvt_seq_info(c, id, &in) ? 0 : in.n_tokens;
 }
 
-/* Truncate every pool's sequence of @ids to the shortest (after a KVT_ELOST in one). */
+/*
+ * Bring every pool's sequence of @ids to one length, the longest they can all serve: after a
+ * KVT_ELOST truncated one pool, or a restore whose pools' stores held different versions (a
+ * park that failed in one pool, a crash between two pools' publishes). A FULL or LATENT pool
+ * can stop at any token (its K/V are per token); a windowed pool only where its next query's
+ * window is still held (else kvt_seq_truncate takes it back to its sinks); a STATE pool only
+ * at a block boundary whose block it still holds (a partial block holds the state after its
+ * last token, not after an earlier one). So the target only shrinks: repeat until they agree.
+ */
 static void
 grp_equalize(struct kvt_grp *G, const kvt_seq_id *ids)
 {
-	uint64_t min = UINT64_MAX, n;
+	uint64_t min, n, max;
 	uint32_t i, idx;
 
-	GRP_FOR_STORAGE(G, i) {
-		n = grp_core_tokens(G->core[i], ids[i]);
-		if (n < min)
-			min = n;
-	}
-	GRP_FOR_STORAGE(G, i) {
-		struct kvt_engine *c = G->core[i];
-		struct kvt_seqrec *s;
-
-		kvt_lock(c);
-		s = kvt_seq_lookup(c, ids[i], &idx);
-		if (s && s->n_tokens > min) {
-			/* min is the length of a truncated pool's sequence: a block boundary */
-			kvt_seq_truncate(c, s, (uint32_t)(min / G->tpb));
-			s->n_tokens = min;
+	for (;;) {
+		min = UINT64_MAX;
+		max = 0;
+		GRP_FOR_STORAGE(G, i) {
+			n = grp_core_tokens(G->core[i], ids[i]);
+			min = n < min ? n : min;
+			max = n > max ? n : max;
 		}
-		kvt_unlock(c);
+		if (min == max || min == UINT64_MAX)
+			return;
+		GRP_FOR_STORAGE(G, i) {
+			struct kvt_engine *c = G->core[i];
+			struct kvt_seqrec *s;
+
+			kvt_lock(c);
+			s = kvt_seq_lookup(c, ids[i], &idx);
+			if (s && s->n_tokens > min) {
+				bool state = G->g[i].kind == KVT_GROUP_STATE;
+				uint32_t keep = (uint32_t)(state ? min / G->tpb :
+							   (min + G->tpb - 1) / G->tpb);
+
+				/* a block shared by prefix cannot become partial (an append would
+				 * write into it): drop it too */
+				if (!state && min % G->tpb && keep <= s->n_blocks &&
+				    s->blocks[keep - 1] != KVT_NIL &&
+				    kvt_blk(c, s->blocks[keep - 1])->indexed)
+					keep--;
+				kvt_seq_truncate(c, s, keep);
+				if (!state && s->n_tokens > min) {
+					/* a partial last block again: no key, as an undone append */
+					struct kvt_block *b = kvt_blk(c, s->blocks[s->n_blocks - 1]);
+
+					if (!b->indexed)
+						b->hashed = 0;
+					s->n_tokens = min;
+				}
+			}
+			kvt_unlock(c);
+		}
 	}
 }
 
@@ -1436,7 +1475,7 @@ kvt_seq_sidecar_read(struct kvt_engine *e, kvt_seq_id id, uint32_t group,
 	uint32_t p;
 	int rc;
 
-	if (!e || (!dst && n_blocks))
+	if (!e || !dst)
 		return kvt_err(-EINVAL, "kvt_seq_sidecar_read: engine and dst must not be NULL");
 	G = e->grp;
 	if (!G || group >= G->n || G->g[group].kind != KVT_GROUP_SIDECAR)
@@ -2019,6 +2058,10 @@ kvt_grp_seq_restore(struct kvt_engine *e, uint64_t key, const struct kvt_seq_opt
 		if (rc)
 			break;
 	}
+	/* pools whose stores held different versions of the session (a park that failed in
+	 * one pool, a crash between the pools' publishes): the longest length all can serve */
+	if (!rc)
+		grp_equalize(G, ids);
 	/* the groups restored so far let their sequence go, keeping their records */
 	return grp_seq_finish(G, rc, ids, out, kvt_seq_detach);
 }

@@ -624,6 +624,11 @@ KVT_API int kvt_session_list_tenant(struct kvt_engine *e, uint32_t tenant, uint6
  * KVT_EBUSY (it is open in this engine), KVT_ETOOBIG (it has more blocks than one sequence may
  * hold in this engine's tiers, the reserve of kvt_seq_append(): stored by an engine with larger
  * tiers; it stays in the store), -EINVAL, -ENOMEM, -EIO (reading the headers failed).
+ * With layer groups: every group's store must have the session (else -ENOENT, nothing
+ * restored); when they hold different versions of it (a park that failed in one group after
+ * another's went down, a crash between their publishes), the sequence is restored at the
+ * longest length every group can serve (kvt_seq_append_groups' KVT_ELOST rule; kvt_seq_info
+ * says it): shorter than stored, never mixed.
  */
 KVT_API int kvt_seq_restore(struct kvt_engine *e, uint64_t session_key,
 			    const struct kvt_seq_opts *o, kvt_seq_id *out);
@@ -1307,7 +1312,8 @@ enum kvt_sidecar_summary {
  * tokens_per_block must be the layout's (a checkpoint every block; coarser checkpoints:
  * KVT_ENOTSUP today). Create errors: -EINVAL naming the group for n_state outside 1..4, a
  * tensor's n_dims outside 1..4, a dimension outside 1..2^20, more than 2^30 elements in a
- * tensor, an unknown dtype, or a block (n_layers x the layer's state) over 1 GiB.
+ * tensor, an unknown dtype, a block (n_layers x the layer's state) over 1 GiB, a pool of fewer
+ * than 2 HBM slots, or an ALIAS layer reading a STATE layer.
  * Fields of struct kvt_group used: kind, n_layers, layers, n_state, state[], share (dtype,
  * heads and dims are ignored: each tensor has its own dtype).
  */
@@ -1519,8 +1525,13 @@ KVT_API int kvt_layer_group(const struct kvt_engine *e, uint32_t layer, uint32_t
  * kvt_seq_append. Works on an engine without groups too (one row). When a group fails, the
  * tokens are taken back from the groups that appended them, and the call returns that group's
  * error (as kvt_seq_append's, the message prefixed "group g:"), the sequence as it was.
- * KVT_ELOST in one group truncates every group to that length (all groups hold the same
- * tokens). Threading, pins and sharing as kvt_seq_append.
+ * KVT_ELOST in one group truncates every group to the longest length all of them can serve
+ * then (all groups hold the same tokens; kvt_seq_info says how many): a FULL or LATENT group
+ * stops at any token, a WINDOW group only where its next query's window is still held (else
+ * back to its sinks), a STATE group only at a block boundary whose state it still holds (else
+ * 0). The same after kvt_batch_prepare's KVT_ELOST and after a restore whose groups'
+ * stores held different versions (a park that failed in one group, a crash between the
+ * groups' publishes). Threading, pins and sharing as kvt_seq_append.
  */
 KVT_API int kvt_seq_append_groups(struct kvt_engine *e, kvt_seq_id s, const int32_t *tokens,
 				  size_t n, int64_t *slot_mapping);

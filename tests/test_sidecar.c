@@ -375,6 +375,7 @@ test_layout_and_tables(void **state)
 		assert_non_null(strstr(kvt_last_error_message(), "past the sequence's 3 blocks"));
 		assert_int_equal(kvt_seq_sidecar_read(e, s, 0, 0, 0, 1, buf), -EINVAL);
 		assert_int_equal(kvt_seq_sidecar_read(e, s, 1, 0, 0, 1, NULL), -EINVAL);
+		assert_int_equal(kvt_seq_sidecar_read(e, s, 1, 0, 0, 0, NULL), -EINVAL);
 		assert_int_equal(kvt_seq_sidecar_read(e, s + 99, 1, 0, 0, 1, buf), KVT_ECLOSED);
 		assert_int_equal(kvt_seq_sidecar_read(e, s, 1, 0, 0, 0, buf), 0);
 	}

@@ -14,6 +14,7 @@
  * referenced.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -346,6 +347,42 @@ test_bad_state_descriptors(void **state)
 	g[1].state[0].shape[1] = 1u << 8;
 	g[1].state[0].dtype = KVT_DTYPE_F32;
 	expect_refused(g, -EINVAL, "exceeds the block limit");
+	/* an ALIAS of a STATE layer: nothing per token to share (4 layers: FULL {2}, STATE
+	 * {0, 1}, ALIAS {3} reading layer 0) */
+	{
+		static const uint32_t al[] = { 3 }, src[] = { 0 };
+		struct kvt_group g3[3];
+		struct kvt_engine_opts o;
+		struct kvt_engine *e = NULL;
+
+		st_groups(g3);
+		kvt_group_init(&g3[2], sizeof g3[2]);
+		g3[2].kind = KVT_GROUP_ALIAS;
+		g3[2].n_layers = 1;
+		g3[2].layers = al;
+		g3[2].alias_of = src;
+		kvt_engine_opts_init(&o, sizeof o);
+		o.layout.n_layers = NL + 1;
+		o.layout.tokens_per_block = TPB;
+		o.groups = g3;
+		o.n_groups = 3;
+		o.hbm_bytes = 1 << 20;
+		assert_int_equal(kvt_engine_create(&o, &e), -EINVAL);
+		assert_non_null(strstr(kvt_last_error_message(), "a STATE layer"));
+		assert_null(e);
+	}
+	/* a STATE pool of one HBM slot: no decode step could hold the two it needs */
+	{
+		struct kvt_engine_opts o;
+		struct kvt_engine *e = NULL;
+
+		st_opts(&o, g, 8, 1, 0, 0, NULL);
+		g[1].share = (float)(1.2 * S_BLOCK / (double)o.hbm_bytes);
+		g[0].share = 1.0f - g[1].share;
+		assert_int_equal(kvt_engine_create(&o, &e), -EINVAL);
+		assert_non_null(strstr(kvt_last_error_message(), "needs 2 at once"));
+		assert_null(e);
+	}
 }
 
 static void
@@ -768,6 +805,157 @@ test_store_kill_restore(void **state)
 	tsup_rmdir(dir);
 }
 
+/* A prefill chunk: append tokens [@n, @n + @k) of @tag at once and write, into every block
+ * they touch, the state after the chunk's last token in it (and their K/V). */
+static void
+st_chunk(struct kvt_engine *e, kvt_seq_id s, uint32_t tag, uint64_t n, uint32_t k)
+{
+	struct kvt_group_geometry fg;
+	struct kvt_batch *b = NULL;
+	int32_t tok[32];
+	int64_t map[NG * 32];
+	uint64_t j, p;
+	uint32_t i;
+
+	assert_true(k <= 32);
+	for (i = 0; i < k; i++)
+		tok[i] = tok_of(tag, n + i);
+	assert_int_equal(kvt_seq_append_groups(e, s, tok, k, map), 0);
+	assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), 0);
+	for (j = n / TPB; j <= (n + k - 1) / TPB; j++) {
+		uint64_t last = (j + 1) * TPB < n + k ? (j + 1) * TPB : n + k;
+		uint8_t *blk = st_block(b, 0, (uint32_t)j);
+		struct toy t;
+
+		assert_non_null(blk);
+		toy_ref(&t, tag, last);
+		toy_store(&t, blk);
+	}
+	assert_int_equal(kvt_group_geometry(e, 0, &fg), 0);
+	for (p = n; p < n + k; p++) {
+		float *kk, *vv;
+
+		kvt_group_kv_addr(&fg, 0, map[p - n], (void **)&kk, (void **)&vv);
+		for (i = 0; i < KV_DIM; i++) {
+			kk[i] = (float)tok[p - n] + (float)i;
+			vv[i] = -(float)tok[p - n] - (float)i;
+		}
+	}
+	assert_int_equal(kvt_batch_release(b, NULL), 0);
+}
+
+/* A park that fails in the STATE pool (its NVMe share full) after the FULL pool published a
+ * newer version: the pools' stores hold different lengths of the session. The restore gives
+ * the longest length every pool serves (never FULL's 18 tokens with a 9-token state), and
+ * the state read there is the reference: decoding on stays exact. */
+static void
+test_restore_of_mixed_versions(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_seq_opts so;
+	struct kvt_seq_info in;
+	struct kvt_group_geometry sg;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	kvt_seq_id s;
+	int rc;
+
+	(void)state;
+	st_groups(g);
+	kvt_engine_opts_init(&o, sizeof o);
+	o.layout.n_layers = NL;
+	o.layout.tokens_per_block = TPB;
+	o.groups = g;
+	o.n_groups = NG;
+	g[0].share = 0.96f;
+	g[1].share = 0.04f;
+	o.hbm_bytes = 1 << 16;
+	o.host_bytes = 1 << 16;
+	o.nvme_dir = dir;
+	o.nvme_bytes = 8192 * 100;
+	o.nvme_persist = 1;
+	e = st_create(&o);
+	assert_int_equal(kvt_group_geometry(e, 1, &sg), 0);
+	assert_true(sg.nvme_slots >= 2 && sg.nvme_slots < 4);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.session_key = 7;
+	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
+	/* prefill chunks of 9: each holds the 3 blocks it touched until the next append */
+	st_chunk(e, s, 70, 0, 9);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	st_chunk(e, s, 70, 9, 9);
+	rc = kvt_seq_park(e, s, KVT_TIER_NVME);
+	assert_int_equal(rc, -ENOSPC); /* in the STATE pool; FULL's part went down */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_detach(e, s), 0);
+	assert_int_equal(kvt_seq_restore(e, 7, NULL, &s), 0);
+	assert_int_equal(kvt_seq_info(e, s, &in), 0);
+	assert_true(in.n_tokens <= 9);
+	/* st_step checks the state it reads at n_tokens against the reference */
+	st_run(e, s, 70, in.n_tokens, 5 * TPB);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
+/* KVT_ELOST in the FULL pool (a corrupt block on NVMe) truncates the STATE pool to a length it
+ * can serve too (a block boundary whose state it holds, or 0): every group agrees, and the
+ * caller's recompute from kvt_seq_info's n_tokens reads the reference state there. */
+static void
+test_lost_block_keeps_groups_equal(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_seq_opts so;
+	struct kvt_seq_info in;
+	struct kvt_batch *b = NULL;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp(), path[700];
+	uint8_t x[8];
+	kvt_seq_id s;
+	int fd, k, rc;
+
+	(void)state;
+	st_opts(&o, g, 32, 8, 32, 8, dir);
+	o.nvme_persist = 1;
+	o.prefix_cache = 0;
+	e = st_create(&o);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.session_key = 9;
+	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
+	st_run(e, s, 80, 0, 5 * TPB + 2);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_detach(e, s), 0);
+	kvt_engine_destroy(e);
+	/* flip bytes in the data of the FULL store's first slot (after its 1 MiB of metadata
+	 * and the slot's 4 KiB header page) */
+	snprintf(path, sizeof path, "%s/kvtier.store", dir);
+	fd = open(path, O_RDWR);
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, x, 8, (1 << 20) + 4096), 8);
+	for (k = 0; k < 8; k++)
+		x[k] ^= 0x5a;
+	assert_int_equal(pwrite(fd, x, 8, (1 << 20) + 4096), 8);
+	close(fd);
+	e = st_create(&o);
+	assert_int_equal(kvt_seq_restore(e, 9, NULL, &s), 0);
+	rc = kvt_batch_prepare(e, &s, 1, &b);
+	assert_int_equal(rc, KVT_ELOST);
+	assert_int_equal(kvt_seq_info(e, s, &in), 0);
+	assert_true(in.n_tokens < 5 * TPB + 2);
+	if (in.n_tokens) { /* the groups agree: a prepare of what is left works */
+		assert_int_equal(kvt_batch_prepare(e, &s, 1, &b), 0);
+		assert_int_equal(kvt_batch_release(b, NULL), 0);
+	}
+	st_run(e, s, 80, in.n_tokens, 6 * TPB);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -781,6 +969,8 @@ main(void)
 		cmocka_unit_test(test_checkpoint_every_nth),
 		cmocka_unit_test(test_checkpoint_asked),
 		cmocka_unit_test(test_store_kill_restore),
+		cmocka_unit_test(test_restore_of_mixed_versions),
+		cmocka_unit_test(test_lost_block_keeps_groups_equal),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
