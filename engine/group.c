@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <xxhash.h>
 
@@ -575,6 +576,75 @@ grp_shares(const struct kvt_grp *G, uint64_t ref_tokens, uint64_t hbm_bytes, dou
 	return 0;
 }
 
+/* What a failed create must take back in @dir: "<dir>/group<g>" for the storage groups after
+ * the first (the first's store is in @dir itself), and whether it, and a store in it, existed
+ * before (a store found there is never removed). */
+struct grp_made {
+	uint32_t n;                     /* groups */
+	uint32_t first;                 /* the first storage group */
+	bool storage[KVT_MAX_GROUPS];
+	bool dir_new[KVT_MAX_GROUPS];   /* the group's subdirectory did not exist */
+	bool store_new[KVT_MAX_GROUPS]; /* nor its kvtier.store */
+};
+
+static void
+grp_made_path(const char *dir, uint32_t g, bool first, const char *file, char *out, size_t len)
+{
+	if (first)
+		snprintf(out, len, "%s%s%s", dir, file ? "/" : "", file ? file : "");
+	else
+		snprintf(out, len, "%s/group%u%s%s", dir, g, file ? "/" : "", file ? file : "");
+}
+
+/* Note, before the pools are created, what exists in @dir. */
+static void
+grp_made_before(const struct kvt_grp *G, const char *dir, struct grp_made *m)
+{
+	char p[4096];
+	uint32_t i;
+
+	memset(m, 0, sizeof *m);
+	m->n = G->n;
+	m->first = KVT_NIL;
+	for (i = 0; i < G->n; i++) {
+		bool first;
+
+		if (!grp_storage(G->g[i].kind))
+			continue;
+		first = m->first == KVT_NIL;
+		if (first)
+			m->first = i;
+		m->storage[i] = true;
+		grp_made_path(dir, i, first, NULL, p, sizeof p);
+		m->dir_new[i] = !first && access(p, F_OK) != 0;
+		grp_made_path(dir, i, first, "kvtier.store", p, sizeof p);
+		m->store_new[i] = access(p, F_OK) != 0;
+	}
+}
+
+/* A failed create: remove the stores and directories it made (the pools are destroyed). */
+static void
+grp_made_undo(const char *dir, const struct grp_made *m)
+{
+	char p[4096];
+	uint32_t i;
+
+	for (i = 0; i < m->n; i++) {
+		if (!m->storage[i])
+			continue;
+		if (m->store_new[i]) {
+			grp_made_path(dir, i, i == m->first, "kvtier.store", p, sizeof p);
+			(void)unlink(p);
+			grp_made_path(dir, i, i == m->first, "kvtier.journal", p, sizeof p);
+			(void)unlink(p);
+		}
+		if (m->dir_new[i]) {
+			grp_made_path(dir, i, false, NULL, p, sizeof p);
+			(void)rmdir(p);
+		}
+	}
+}
+
 /* "<dir>/group<g>", created (0700) when absent; the caller frees it. */
 static int
 grp_subdir(const char *dir, uint32_t g, char **out)
@@ -665,6 +735,7 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 {
 	struct kvt_engine_opts co;
 	double share[KVT_MAX_GROUPS];
+	struct grp_made made = { 0 };
 	struct kvt_engine *e;
 	struct kvt_grp *G;
 	uint64_t ref, fp;
@@ -697,6 +768,8 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 	ref = co.group_ref_tokens ? co.group_ref_tokens : 32768;
 	if (!rc)
 		rc = grp_shares(G, ref, co.hbm_bytes, share);
+	if (!rc && co.nvme_dir)
+		grp_made_before(G, co.nvme_dir, &made);
 	fp = rc ? 0 : grp_fingerprint(G);
 	G->first = KVT_NIL;
 	for (i = 0; i < G->n && !rc; i++) {
@@ -763,6 +836,8 @@ kvt_grp_create(const struct kvt_engine_opts *o, struct kvt_engine **out)
 
 		snprintf(keep, sizeof keep, "%s", kvt_last_error_message());
 		grp_free(e);
+		if (made.n)
+			grp_made_undo(co.nvme_dir, &made); /* nothing half-made left */
 		return kvt_err(rc, "%s", keep);
 	}
 	e->dev = G->core[G->first]->dev; /* the streams of kvt_engine_stream_create */

@@ -13,6 +13,7 @@
  * persistent store across kill -9, host- and NVMe-tier hits, and only the live blocks staying
  * referenced.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -956,6 +957,64 @@ test_lost_block_keeps_groups_equal(void **state)
 	tsup_rmdir(dir);
 }
 
+/* A create with a persistent store that fails at a later group (its pool cannot hold one
+ * block) leaves no store, journal or group directory behind: a corrected retry on the same
+ * directory works (it used to find the first groups' stores, "made for another capacity"). */
+static void
+test_failed_create_leaves_nothing(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_engine *e = NULL;
+	char *dir = tsup_mkdtemp();
+	struct dirent *d;
+	DIR *dh;
+	int n = 0;
+
+	(void)state;
+	st_opts(&o, g, 32, 8, 32, 8, dir);
+	o.nvme_persist = 1;
+	g[0].share = 0.999f;
+	g[1].share = 0.001f; /* the STATE pool: less than a block */
+	assert_int_equal(kvt_engine_create(&o, &e), -EINVAL);
+	assert_null(e);
+	dh = opendir(dir);
+	assert_non_null(dh);
+	while ((d = readdir(dh)) != NULL)
+		n += strcmp(d->d_name, ".") && strcmp(d->d_name, "..");
+	closedir(dh);
+	assert_int_equal(n, 0);
+	st_opts(&o, g, 32, 8, 32, 8, dir);
+	o.nvme_persist = 1;
+	e = st_create(&o);
+	kvt_engine_destroy(e);
+	/* a failure again now (the first store refuses the other capacity, or the STATE pool
+	 * its size) leaves the existing stores alone */
+	g[0].share = 0.999f;
+	g[1].share = 0.001f;
+	assert_true(kvt_engine_create(&o, &e) < 0);
+	assert_null(e);
+	st_opts(&o, g, 32, 8, 32, 8, dir);
+	o.nvme_persist = 1;
+	e = st_create(&o); /* the store made above opens */
+	kvt_engine_destroy(e);
+	{
+		char sub[600], f[700];
+
+		snprintf(f, sizeof f, "%s/kvtier.store", dir);
+		assert_int_equal(unlink(f), 0);
+		snprintf(f, sizeof f, "%s/kvtier.journal", dir);
+		unlink(f);
+		snprintf(sub, sizeof sub, "%s/group1", dir);
+		snprintf(f, sizeof f, "%s/kvtier.store", sub);
+		assert_int_equal(unlink(f), 0);
+		snprintf(f, sizeof f, "%s/kvtier.journal", sub);
+		unlink(f);
+		assert_int_equal(rmdir(sub), 0);
+	}
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -971,6 +1030,7 @@ main(void)
 		cmocka_unit_test(test_store_kill_restore),
 		cmocka_unit_test(test_restore_of_mixed_versions),
 		cmocka_unit_test(test_lost_block_keeps_groups_equal),
+		cmocka_unit_test(test_failed_create_leaves_nothing),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
