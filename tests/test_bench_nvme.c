@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include "support/run_util.h"
 #include "tools/kvtier-bench/bench.h"
+#include "tools/kvtier-bench/nvme_int.h"
 #include "tools/kvtier-run/util.h"
 
 /* Runs `kvtier-bench nvme ARGS...` in-process; returns its exit status. */
@@ -58,6 +59,7 @@ test_bad_values_named(void **state)
 	bn_expect(bn_run(2, "--sessions", "-1"), "--sessions");
 	bn_expect(bn_run(1, "--mib"), "--mib: missing value");
 	bn_expect(bn_run(2, "--host-blocks", "8"), "--host-blocks");
+	bn_expect(bn_run(2, "--layout", "mixed"), "--layout: unknown layout 'mixed'");
 	bn_expect(bn_run(2, "--host-blocks", "1e9"), "--host-blocks");
 	bn_expect(bn_run(1, "--host-blocks"), "--host-blocks: missing value");
 }
@@ -161,6 +163,32 @@ test_missing_paths(void **state)
 	bn_expect(bn_run(4, "--only", "tier", "--dir", "/etc/hostname"), "not a directory");
 }
 
+/* The hybrid park/resume (issue 17 B) moves what its layout holds, all of it through NVMe:
+ * FULL blocks of 8 layers x 64 tokens x 8 KV heads x 128 x K+V x 2 bytes, STATE slots of 24
+ * layers x (conv 8192 x 3 + recurrent 32 x 128 x 128) x 2 bytes (Qwen3-Next's per layer),
+ * 130 tokens = 3 blocks per session, and at most the 2 live state slots per session. */
+static void
+test_hybrid_park_resume(void **state)
+{
+	const char *d = getenv("KVT_TEST_TMP");
+	struct nb_hybrid_opts o = { .dir = d ? d : "/tmp", .sessions = 2, .tokens = 130,
+				    .host_blocks = 16, .workers = 1 };
+	struct nb_pr_result r;
+	const double full = 8.0 * 64 * 8 * 128 * 2 * 2, st = 24.0 * (8192 * 3 + 32 * 128 * 128) * 2;
+
+	(void)state;
+	if (kvtb_park_resume_hybrid(&o, &r))
+		fail_msg("hybrid park/resume: %s", kvtr_last_error());
+	assert_true((double)r.full_block_bytes == full);
+	assert_true((double)r.state_block_bytes == st);
+	assert_int_equal(r.full_blocks, 2 * 3);
+	assert_true(r.state_blocks >= 2 && r.state_blocks <= 2 * 2);
+	assert_true(r.bytes == 6 * full + (double)r.state_blocks * st);
+	assert_true(r.nvme_w == r.bytes); /* every block parked reached NVMe */
+	assert_true(r.nvme_r == r.bytes); /* and every one came back from there */
+	assert_true(r.tp > 0 && r.tr > 0);
+}
+
 int
 main(void)
 {
@@ -171,6 +199,7 @@ main(void)
 		cmocka_unit_test(test_decode_unknown_option),
 		cmocka_unit_test(test_decode_progress),
 		cmocka_unit_test(test_mib_below_block),
+		cmocka_unit_test(test_hybrid_park_resume),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

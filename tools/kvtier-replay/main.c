@@ -7,7 +7,8 @@
  * Metadata-only: no bytes move; kvtier's own evict/ policies rank the blocks. Two parts:
  *   - a sweep of single-tier capacities (default 1k..64k blocks) for each policy and Belady MIN;
  *   - a tiered run (HBM -> HOST -> NVME) for each policy, and MIN at the combined capacity.
- * Results: a table on stdout, --csv/--json files, --plot PNG (gnuplot).
+ * Results: a table on stdout, --csv/--json files, --plot PNG (gnuplot). Other modes: --data (a
+ * real engine), --nodes (multi.c), --hybrid (checkpoint memory of a STATE group, hybrid.c).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -47,6 +48,10 @@ struct rp_opts {
 	const char *admit_spec;       /* --admit all|seen-twice */
 	const char *budget_spec[2];   /* --write-budget-nvme / --write-budget-remote BYTES/s */
 	const char *period_spec;      /* --write-budget-period MS */
+	const char *hybrid_model;     /* --hybrid MODEL.json: the checkpoint table (hybrid.c) */
+	uint64_t state_bytes;         /* --state-bytes: one checkpoint, bytes (0 = the model's) */
+	uint64_t attn_token_bytes;    /* --attn-token-bytes (0 = the model's) */
+	uint32_t ckpt_every;          /* --checkpoint-every N: a row besides 1, 4, 16 (0 = none) */
 };
 
 static void
@@ -92,6 +97,14 @@ rp_usage(FILE *f)
 		"                        in 3 s steps, so a period under 3000 ms forfeits budget)\n"
 		"  --admit all|seen-twice  writes to NVMe and REMOTE of every block (default) or only\n"
 		"                        of one seen by a second request; adds a budgeted run per N\n"
+		"  --hybrid MODEL.json   checkpoint table of a hybrid (linear + full attention) layout\n"
+		"                        instead of the sweep: a config.json kvtier-calc reads (e.g.\n"
+		"                        tests/data/configs/qwen3-next-80b-a3b.json) gives the state\n"
+		"                        of one sequence (one checkpoint) and the attention KV per\n"
+		"                        token; unbounded cache, checkpoints every 1, 4, 16 blocks\n"
+		"  --state-bytes B, --attn-token-bytes B   the same figures given (or overriding the\n"
+		"                        model's); with both, --hybrid is not needed\n"
+		"  --checkpoint-every N  one more row of the checkpoint table (N >= 1 blocks)\n"
 		"Default: metadata-only, kvtier's own eviction policies, no KV bytes moved.\n"
 		"Exit status: 0 done; 2 usage error (bad option or value, output path that cannot\n"
 		"be written), before any run; 1 the run failed (trace unreadable or malformed).\n");
@@ -183,9 +196,21 @@ rp_parse_args(int argc, char **argv, struct rp_opts *o)
 			return rp_arg_error();
 		else if (!strcmp(a, "--limit") && kvtr_parse_u32(a, v, 1, UINT32_MAX, &o->limit))
 			return rp_arg_error();
+		else if (!strcmp(a, "--state-bytes") &&
+			 kvtr_parse_bytes(a, v, 1, UINT64_C(1) << 40, &o->state_bytes))
+			return rp_arg_error();
+		else if (!strcmp(a, "--attn-token-bytes") &&
+			 kvtr_parse_bytes(a, v, 1, UINT64_C(1) << 40, &o->attn_token_bytes))
+			return rp_arg_error();
+		else if (!strcmp(a, "--checkpoint-every") &&
+			 kvtr_parse_u32(a, v, 1, 1u << 20, &o->ckpt_every))
+			return rp_arg_error();
 		else if (!strcmp(a, "--bytes-per-token") || !strcmp(a, "--block-tokens") ||
-			 !strcmp(a, "--limit"))
+			 !strcmp(a, "--limit") || !strcmp(a, "--state-bytes") ||
+			 !strcmp(a, "--attn-token-bytes") || !strcmp(a, "--checkpoint-every"))
 			continue;
+		else if (!strcmp(a, "--hybrid"))
+			o->hybrid_model = v;
 		else if (!strcmp(a, "--csv"))
 			o->csv = v;
 		else if (!strcmp(a, "--json"))
@@ -221,6 +246,12 @@ rp_parse_args(int argc, char **argv, struct rp_opts *o)
 			       o->budget_spec[0] || o->budget_spec[1] || o->period_spec)) {
 		fprintf(stderr, "kvtier-replay: --remote, --split, --admit and --write-budget-* "
 			"apply to the multi-node runs: give --nodes too\n");
+		return -1;
+	}
+	if (!o->hybrid_model && (o->state_bytes || o->attn_token_bytes || o->ckpt_every) &&
+	    (!o->state_bytes || !o->attn_token_bytes)) {
+		fprintf(stderr, "kvtier-replay: the checkpoint table needs --hybrid MODEL.json or "
+			"both --state-bytes and --attn-token-bytes\n");
 		return -1;
 	}
 	if (!o->bytes_per_token || !o->block_tokens) {
@@ -499,6 +530,43 @@ out:
 	return rc;
 }
 
+/* The checkpoint table of a hybrid layout (hybrid.c): every 1, 4, 16 blocks and
+ * --checkpoint-every. 0, 1 (run failed) or 2 (the model could not give the bytes). */
+static int
+rp_hybrid_mode(const struct rp_opts *o, const struct rp_trace *tr)
+{
+	struct rp_hybrid_bytes b = { (double)o->state_bytes, (double)o->attn_token_bytes };
+	struct rp_hybrid_result res[4];
+	uint32_t every[4] = { 1, 4, 16, 0 };
+	size_t n = 3, i;
+
+	if (o->hybrid_model && rp_hybrid_from_model(o->hybrid_model, &b))
+		return 2;
+	if (o->ckpt_every && o->ckpt_every != 1 && o->ckpt_every != 4 && o->ckpt_every != 16)
+		every[n++] = o->ckpt_every;
+	for (i = 0; i < n; i++)
+		if (rp_hybrid_run(tr, every[i], &res[i]))
+			return 1;
+	printf("hybrid layout%s%s: one checkpoint (state of one sequence) %.0f bytes, attention "
+	       "KV %.0f bytes per token (%.1f tokens of it per checkpoint); %u-token blocks, "
+	       "unbounded prefix cache\n", o->hybrid_model ? " of " : "",
+	       o->hybrid_model ? o->hybrid_model : "", b.state_bytes, b.attn_token_bytes,
+	       b.state_bytes / b.attn_token_bytes, tr->block_tokens);
+	printf("prompt tokens %llu; attention-only prefix hits %llu tokens (%.1f%%)\n",
+	       (unsigned long long)res[0].tokens, (unsigned long long)res[0].attn_hit_tokens,
+	       res[0].tokens ? 100.0 * (double)res[0].attn_hit_tokens / (double)res[0].tokens : 0);
+	printf("\n== checkpoints every N blocks: their bytes against the attention KV the hits "
+	       "unlock ==\n");
+	rp_print_hybrid(stdout, res, n, &b);
+	printf("ended: checkpoints that ended a hit; ckpt/kv: all checkpoints kept / all "
+	       "attention KV kept; ckpt-B/tok: checkpoints "
+	       "on reused prefixes per reused token (x-attn: over the attention KV per token);\n"
+	       "kept-B/tok: all checkpoints per reused token; hit-tok: the hybrid's hits (a hit "
+	       "ends at its last checkpoint), of-attn: of the attention-only hits, lost-tok: the "
+	       "difference\n");
+	return 0;
+}
+
 /* Every policy and MIN at one capacity set (tiered: MIN at the sum); prints and fills @res. */
 static int
 rp_run_set(const struct rp_opts *o, const struct rp_trace *tr, const uint64_t cap[RP_TIERS],
@@ -656,6 +724,10 @@ main(int argc, char **argv)
 	       tr.n_req, (unsigned long long)tr.n_ids, tr.block_tokens);
 	if (o.data) {
 		rc = rp_data_mode(&o, &tr, tiers) ? 1 : 0;
+		goto out;
+	}
+	if (o.hybrid_model || o.state_bytes) {
+		rc = rp_hybrid_mode(&o, &tr);
 		goto out;
 	}
 	if (o.nodes_spec) {

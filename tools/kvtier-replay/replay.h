@@ -5,13 +5,16 @@
  * A trace is a list of requests, each a prompt of input_length tokens cut into blocks whose
  * ids name the whole prefix up to and including that block (Mooncake's hash_ids), so equal ids
  * are reusable prefix KV. The metadata-only replay (sim.c) runs kvtier's own evict/ policies
- * over the whole trace with no bytes moved; min.c is the offline Belady MIN bound.
+ * over the whole trace with no bytes moved; min.c is the offline Belady MIN bound; hybrid.c
+ * the checkpoint bytes of a linear-attention state at each reused prefix.
  */
 #ifndef KVT_REPLAY_H
 #define KVT_REPLAY_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "evict/evict.h"
 
@@ -141,5 +144,73 @@ int rp_multi_run(const struct rp_trace *t, const struct kvt_evict_ops *ops,
 /* Sum over the local tiers and REMOTE of hit blocks / tokens. */
 uint64_t rp_multi_hits(const struct rp_multi_result *r);
 uint64_t rp_multi_hit_tokens(const struct rp_multi_result *r);
+
+/* ---- hybrid layouts (hybrid.c, issue 17): a model whose linear-attention layers keep a
+ * fixed-size state per sequence (a STATE group, engine/kvtier.h "STATE groups") next to its
+ * attention layers' per-token KV. A prefix hit must resume the state where the hit ends, so it
+ * can only end at a block boundary whose checkpoint (the state after that block's last token,
+ * one per full block in the engine) the cache kept. Metadata only, over an unbounded prefix
+ * cache (every block and checkpoint of an earlier request is still there): what the trace's
+ * reuse is worth and what the checkpoints cost, before any eviction. */
+
+struct rp_hybrid_result {
+	uint32_t every;           /* checkpoints after every this many blocks (>= 1) */
+	uint64_t tokens;          /* prompt tokens of the trace */
+	uint64_t attn_hit_tokens; /* prefix-hit tokens of an attention-only model: the leading run
+				     of blocks an earlier request had (the last one may be
+				     partial), as rp_sim_run counts them with room for all */
+	uint64_t hit_tokens;      /* the hybrid's: the hit ends at the last checkpoint at or before
+				     that run's end (whole blocks only) */
+	uint64_t hit_reqs;        /* requests with hit_tokens > 0 */
+	uint64_t cached_blocks;   /* distinct blocks of the trace (the cache at the end) */
+	uint64_t cached_tokens;   /* their tokens (a partial block counts its tokens) */
+	uint64_t ckpts;           /* distinct checkpoints written: a full block at position
+				     k (1-based) with k % every == 0 (all kept: unbounded) */
+	uint64_t reused_blocks;   /* distinct blocks inside at least one hybrid hit */
+	uint64_t reused_tokens;   /* their tokens */
+	uint64_t reused_ckpts;    /* checkpoints after those blocks: what the reused prefixes need
+				     kept (a reused prefix ends at one; those inside it serve
+				     shorter shares) */
+	uint64_t end_ckpts;       /* distinct checkpoints that ended at least one hit */
+};
+
+/* Replay @t (requests in order) with checkpoints after every @every blocks (1 = the engine's
+ * one per full block). Per request: the attention-only hit h = the leading run of its blocks
+ * seen before; the hybrid hit = blocks up to the last position k <= h whose block is full and
+ * carries a checkpoint (stored by an earlier request); then its blocks and its checkpoints
+ * (full blocks at k % @every == 0) enter the cache. 0, -EINVAL (@every 0) or -ENOMEM. */
+int rp_hybrid_run(const struct rp_trace *t, uint32_t every, struct rp_hybrid_result *out);
+
+/* Bytes of one hybrid layout: one checkpoint = the STATE group's state of one sequence (all
+ * linear layers), the attention KV of one token (all attention layers). */
+struct rp_hybrid_bytes {
+	double state_bytes;      /* bytes of one checkpoint (> 0) */
+	double attn_token_bytes; /* attention KV bytes of one token (> 0) */
+};
+
+/* The figures of one result under @b (bytes as doubles, ratios plain). */
+struct rp_hybrid_fig {
+	double ckpt_bytes;            /* ckpts x state_bytes: every checkpoint kept */
+	double attn_bytes;            /* cached_tokens x attn_token_bytes: the attention KV kept */
+	double ckpt_per_reused_token; /* reused_ckpts x state_bytes / reused_tokens: the
+					 checkpoint bytes the reused prefixes need per token
+					 they make reusable (0 without reuse) */
+	double ratio_reused;          /* that / attn_token_bytes: checkpoint bytes per byte of
+					 attention KV the hits unlock */
+	double kept_per_reused_token; /* ckpt_bytes / reused_tokens: every checkpoint kept,
+					 per reusable token (0 without reuse) */
+	double hit_frac;              /* hit_tokens / attn_hit_tokens (1 when the latter is 0) */
+};
+void rp_hybrid_figures(const struct rp_hybrid_result *r, const struct rp_hybrid_bytes *b,
+		       struct rp_hybrid_fig *f);
+
+/* Table of @n results under @b on @f, one line per checkpoint interval. */
+void rp_print_hybrid(FILE *f, const struct rp_hybrid_result *r, size_t n,
+		     const struct rp_hybrid_bytes *b);
+
+/* @b from a Hugging Face config.json with linear-attention layers (kvtier-calc's reader:
+ * seq_state_bytes and token_bytes of kvc_compute); fields of @b already > 0 are kept (the
+ * explicit options win). 0, or -1 with a message on stderr (unreadable, no linear layers). */
+int rp_hybrid_from_model(const char *path, struct rp_hybrid_bytes *b);
 
 #endif /* KVT_REPLAY_H */
