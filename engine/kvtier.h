@@ -737,7 +737,10 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
  * the prefix key stored with each block, confirmed by the tokens and the tenant of the
  * session's record): an
  * attach makes them blocks whose copy is the stored NVMe slot, shared with later attaches and
- * with the stored session when it is restored.
+ * with the stored session when it is restored. Not for engines with WINDOW or STATE groups:
+ * their pools find hits in their prefix index only (blocks cached in this process), so a hit
+ * on a session stored before a restart comes once that session is restored
+ * (docs/ARCHITECTURE.md "Sliding window in a core engine", Limits).
  */
 
 /**
@@ -799,8 +802,14 @@ KVT_API int kvt_tenant_usage(struct kvt_engine *e, uint32_t tenant, uint64_t *us
 /** Where a sequence's blocks are. */
 struct kvt_seq_info {
 	uint64_t n_tokens;                /* tokens held (valid K/V) */
-	uint32_t n_blocks;                /* blocks */
-	uint32_t blocks_in[KVT_TIER_COUNT]; /* blocks with a valid copy in each tier */
+	uint32_t n_blocks;                /* block positions, summed over the storage groups of
+	                                     a grouped engine, including those a WINDOW or
+	                                     STATE group no longer holds (out of its window) */
+	uint32_t blocks_in[KVT_TIER_COUNT]; /* blocks with a valid copy in each tier (held ones
+	                                     only: after a park to NVMe and a drain,
+	                                     blocks_in[HBM] and [HOST] are 0; blocks_in[NVME]
+	                                     equals n_blocks only without WINDOW or STATE
+	                                     groups) */
 	uint32_t tenant;                  /* as opened */
 	uint8_t priority;                 /* as opened */
 	uint8_t parked;                   /* 1 after kvt_seq_park until resume/append/prepare */
@@ -1308,7 +1317,9 @@ enum kvt_sidecar_summary {
  * (the end of a shared system prompt: the boundary at or below it).
  * Memory: a decoding sequence holds at most 2 state slots in HBM (the default share sizes the
  * pool for those 2 against the other groups' blocks of group_ref_tokens tokens); a prefill
- * chunk of n tokens holds ceil(n / tokens_per_block) + 1 until the next append.
+ * chunk of n tokens holds ceil(n / tokens_per_block) + 1 until the next append: with HBM
+ * alone and the default split, that is more than one sequence may hold (KVT_ETOOBIG for a
+ * chunk over 2 blocks): give the group a share (or a HOST tier) sized for the chunks.
  * tokens_per_block must be the layout's (a checkpoint every block; coarser checkpoints:
  * KVT_ENOTSUP today). Create errors: -EINVAL naming the group for n_state outside 1..4, a
  * tensor's n_dims outside 1..4, a dimension outside 1..2^20, more than 2^30 elements in a
