@@ -281,9 +281,9 @@ int kvt_cuda_read_bytes(const void *src, uint64_t len, uint32_t *sink, int n_sm,
  * computes what its C reference in kernels/linear.h or kernels/sparse.h computes, with fp32
  * accumulation in another order (results within fp32 rounding; Quest summaries exactly), on
  * device pointers, asynchronously on @stream. The host checks the shapes, dtypes and counts it
- * can see (-EINVAL); the contents of device arrays (block lists strictly ascending and inside
- * the sequence, selected blocks present in pos) are the caller's to guarantee, as the
- * references check. Returns 0, -EINVAL or KVT_EDEVICE (launch failed).
+ * can see (-EINVAL); the contents of device arrays (block and token lists strictly ascending
+ * and inside the sequence, selected blocks present in pos) are the caller's to guarantee, as
+ * the references check. Returns 0, -EINVAL or KVT_EDEVICE (launch failed).
  */
 
 /** kvt_gdn_step_cuda() - kvt_gdn_step_ref() on the GPU (no scratch; k_dim <= 4096). */
@@ -323,6 +323,52 @@ int kvt_quest_summary_cuda(const struct kvt_paged_kv *kv, uint64_t seq_len,
 int kvt_quest_score_cuda(const float *summary, uint32_t n_blocks, uint32_t n_kv_heads,
 			 uint32_t head_dim, const float *q, uint32_t n_heads, float *scores,
 			 kvt_cuda_stream_t stream);
+
+/** kvt_attn_latent_tokens_cuda_work_floats() - @work of the token-list launcher: heads * tokens. */
+size_t kvt_attn_latent_tokens_cuda_work_floats(uint32_t n_heads, uint32_t n_tokens);
+
+/**
+ * kvt_attn_latent_tokens_partial_cuda() - kvt_attn_latent_tokens_partial_ref() on the GPU: the
+ * split-KV partial of MLA's absorbed attention over DSA's selected tokens (masked inside blocks).
+ * @kv:       host struct; base, table (and pos) device pointers; base, block_stride and
+ *            token_stride multiples of the element size. window and sink ignored.
+ * @q_lat:    device [n_heads][kv_lora_rank] fp32; @q_pe device [n_heads][rope_dim] fp32 (may
+ *            be NULL when rope_dim is 0).
+ * @tokens:   device [n_tokens] positions, strictly ascending, each < kv->seq_len when that is
+ *            set, each one's block in pos (the caller's to guarantee, as the reference checks);
+ *            may be NULL when n_tokens is 0.
+ * @n_tokens: 0 writes the empty partial (out 0, m -INFINITY, l 0) and reads no K/V.
+ * @work:     device kvt_attn_latent_tokens_cuda_work_floats(n_heads, n_tokens) floats (may be
+ *            NULL when n_tokens is 0); not shared by launches that may overlap.
+ * @out:      device [n_heads][kv_lora_rank]; @m, @l device [n_heads].
+ * Launch: one thread block of 128 threads per query head (each re-reads the listed rows; not
+ * tuned); scores are sequential dot products as the reference's, the exponentials' sum a tree.
+ * fp32 accumulation; the tests bound max |got - want| / max |want| of out, m and l by 1e-5.
+ * A token past kv->seq_len or whose block is missing from pos makes out, m and l NaN (no read
+ * outside the arrays); pos not strictly ascending is not detected.
+ * Returns 0, -EINVAL (the reference's host-visible checks: a NULL pointer, a zero dimension,
+ * token_stride below one vector, bad dtype or scale, pos with n_entries 0 when n_tokens > 0;
+ * plus misaligned base or strides, NULL @work with n_tokens > 0), KVT_EDEVICE (launch failed).
+ */
+int kvt_attn_latent_tokens_partial_cuda(const struct kvt_paged_latent *kv, const float *q_lat,
+					const float *q_pe, uint32_t n_heads,
+					const uint32_t *tokens, uint32_t n_tokens, float scale,
+					float *work, float *out, float *m, float *l,
+					kvt_cuda_stream_t stream);
+
+/**
+ * kvt_dsa_index_scores_cuda() - kvt_dsa_index_scores_ref() on the GPU: device @q
+ * [n_heads][head_dim], @w [n_heads], @keys [n][key_stride] floats, @scores [n]. One thread per
+ * key (128-thread blocks, grid-stride, at most 65535 blocks), the reference's summation order;
+ * q and w staged in shared memory when n_heads * (head_dim + 1) <= 12288 floats. The tests
+ * bound max |got - want| / max |want| by 1e-6. n 0 queues nothing (keys may then be NULL).
+ * Returns 0, -EINVAL (as the reference: a NULL pointer, a zero dimension, key_stride <
+ * head_dim), KVT_EDEVICE (launch failed).
+ */
+int kvt_dsa_index_scores_cuda(const float *q, const float *w, uint32_t n_heads,
+			      uint32_t head_dim, float scale, const float *keys,
+			      uint64_t key_stride, uint64_t n, float *scores,
+			      kvt_cuda_stream_t stream);
 
 #ifdef __cplusplus
 }

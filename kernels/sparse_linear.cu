@@ -2,8 +2,9 @@
 /*
  * kernels/sparse_linear.cu - the issue-17 decode kernels on the GPU (see kernels_cuda.h): the
  * gated delta rule step and the short convolution (kernels/linear.h), attention over selected
- * blocks and the Quest summary and score (kernels/sparse.h). Plain first versions: correct
- * and simple (fp32 accumulation, one thread block per head), not tuned.
+ * blocks, the Quest summary and score, DSA's attention over a token list and its lightning
+ * indexer's scores (kernels/sparse.h). Plain first versions: correct and simple (fp32
+ * accumulation, one thread block per head), not tuned.
  *
  * Gated delta rule: thread block h takes value head h; its threads normalise q and k of the key
  * head into shared memory, then each thread owns columns j of the state (columns evolve
@@ -13,6 +14,9 @@
  * sequence or outside the window) to @work [n_heads][n_blocks * tpb]; a block-wide max and sum
  * follow, then each thread owns output elements. Quest: one thread block per listed block,
  * threads over the (KV head, channel) pairs; the score: one thread per (head, block).
+ * Token list (DSA): thread block h takes query head h, threads stride over the listed tokens
+ * (scores into @work [n_heads][n_tokens]), then own output elements, as selected attention.
+ * Indexer: one thread per key.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -473,4 +477,256 @@ kvt_quest_score_cuda(const float *summary, uint32_t n_blocks, uint32_t n_kv_head
 	KVT_CUDA_LAUNCH(dim3((uint32_t)g), dim3(SL_THREADS), 0, stream, quest_score_kernel)(
 		summary, n_blocks, n_kv_heads, head_dim, q, n_heads, scores);
 	return kvt_cuda_launched("quest score");
+}
+
+/* ---- DSA: attention over a token list, the lightning indexer -------------------------------- */
+
+struct tok_params {
+	const char *base;
+	uint64_t block_stride, token_stride, seq_len; /* seq_len 0: tokens unbounded */
+	const uint32_t *table, *pos, *tokens;
+	uint32_t n_entries, n_tokens, tpb, r, pe;
+	int dt;
+	float scale;
+	const float *q_lat, *q_pe;
+	float *work, *out, *m, *l;
+};
+
+/*
+ * Row of token t, or NULL when the sparse.h contract is broken in a way the host could not see
+ * (t past kv->seq_len, its block not in pos): the launch then writes NaN instead of reading
+ * outside the arrays. Without pos the table entry is trusted, as the reference does.
+ */
+static __device__ const char *
+tok_row(const tok_params &p, uint32_t t)
+{
+	const uint32_t b = t / p.tpb;
+	uint64_t slot;
+
+	if (p.seq_len && t >= p.seq_len)
+		return NULL;
+	if (!p.pos) {
+		slot = p.table[b];
+	} else {
+		uint32_t lo = 0, hi = p.n_entries;
+
+		while (lo < hi) {
+			uint32_t mid = lo + (hi - lo) / 2;
+
+			if (p.pos[mid] < b)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		if (lo >= p.n_entries || p.pos[lo] != b)
+			return NULL;
+		slot = p.table[lo];
+	}
+	return p.base + slot * p.block_stride + (uint64_t)(t % p.tpb) * p.token_stride;
+}
+
+/*
+ * Thread block h: query head h. Threads stride over the listed tokens j, each score a
+ * sequential dot product (i ascending, as the reference) into work[h][j]; block-wide max, then
+ * each thread's exponentials and a tree sum, then work[h][j] = exp / sum (the reference's
+ * normalised weights); each thread then owns output elements i, summed over j ascending.
+ */
+__global__ void
+tok_kernel(tok_params p)
+{
+	__shared__ float red[SL_THREADS];
+	const uint32_t h = blockIdx.x, n = p.n_tokens;
+	const float *ql = p.q_lat + (uint64_t)h * p.r;
+	const float *qp = p.pe ? p.q_pe + (uint64_t)h * p.pe : NULL;
+	float *att = p.work + (uint64_t)h * n, *o = p.out + (uint64_t)h * p.r;
+	float mx = -INFINITY, sum = 0.0f, bad = 0.0f;
+
+	if (!n) { /* the empty partial; reads nothing */
+		for (uint32_t i = threadIdx.x; i < p.r; i += blockDim.x)
+			o[i] = 0.0f;
+		if (threadIdx.x == 0) {
+			p.m[h] = -INFINITY;
+			p.l[h] = 0.0f;
+		}
+		return;
+	}
+	for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
+		const char *c = tok_row(p, p.tokens[j]);
+		float s = 0.0f;
+
+		if (!c) {
+			bad = 1.0f;
+			att[j] = 0.0f;
+			continue;
+		}
+		for (uint32_t i = 0; i < p.r; i++)
+			s += ql[i] * sl_ld(c, i, p.dt);
+		for (uint32_t i = 0; i < p.pe; i++)
+			s += qp[i] * sl_ld(c, p.r + i, p.dt);
+		s *= p.scale;
+		att[j] = s;
+		mx = fmaxf(mx, s);
+	}
+	if (sel_reduce(bad, red, 1) != 0.0f) { /* uniform: every thread reads red[0] */
+		for (uint32_t i = threadIdx.x; i < p.r; i += blockDim.x)
+			o[i] = NAN;
+		if (threadIdx.x == 0)
+			p.m[h] = p.l[h] = NAN;
+		return;
+	}
+	mx = sel_reduce(mx, red, 1);
+	for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
+		float e = expf(att[j] - mx);
+
+		att[j] = e;
+		sum += e;
+	}
+	sum = sel_reduce(sum, red, 0);
+	for (uint32_t j = threadIdx.x; j < n; j += blockDim.x)
+		att[j] /= sum;
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < p.r; i += blockDim.x) {
+		float acc = 0.0f;
+
+		for (uint32_t j = 0; j < n; j++)
+			acc += att[j] * sl_ld(tok_row(p, p.tokens[j]), i, p.dt);
+		o[i] = acc;
+	}
+	if (threadIdx.x == 0) {
+		p.m[h] = mx;
+		p.l[h] = sum;
+	}
+}
+
+extern "C" size_t
+kvt_attn_latent_tokens_cuda_work_floats(uint32_t n_heads, uint32_t n_tokens)
+{
+	return (size_t)n_heads * n_tokens;
+}
+
+extern "C" int
+kvt_attn_latent_tokens_partial_cuda(const struct kvt_paged_latent *kv, const float *q_lat,
+				    const float *q_pe, uint32_t n_heads, const uint32_t *tokens,
+				    uint32_t n_tokens, float scale, float *work, float *out,
+				    float *m, float *l, cudaStream_t stream)
+{
+	tok_params p = {};
+	uint32_t esz;
+
+	if (!kv || !q_lat || !out || !m || !l || (n_tokens && (!tokens || !work)))
+		return kvt_err(-EINVAL, "token-list latent attention (cuda): NULL argument");
+	if (!kv->base || !kv->table)
+		return kvt_err(-EINVAL, "token-list latent attention (cuda): NULL base or block "
+			       "table");
+	if (kv->rope_dim && !q_pe)
+		return kvt_err(-EINVAL, "token-list latent attention (cuda): NULL q_pe with "
+			       "rope_dim %u", kv->rope_dim);
+	esz = sl_esize(kv->dtype);
+	if (!esz)
+		return kvt_err(-EINVAL, "token-list latent attention (cuda): unsupported dtype %d",
+			       (int)kv->dtype);
+	if (!n_heads || !kv->kv_lora_rank || !kv->tokens_per_block)
+		return kvt_err(-EINVAL, "token-list latent attention (cuda): n_heads %u, "
+			       "kv_lora_rank %u, tokens_per_block %u must be > 0", n_heads,
+			       kv->kv_lora_rank, kv->tokens_per_block);
+	if (kv->token_stride < ((uint64_t)kv->kv_lora_rank + kv->rope_dim) * esz)
+		return kvt_err(-EINVAL, "token-list latent attention (cuda): token_stride %llu < "
+			       "one latent vector", (unsigned long long)kv->token_stride);
+	if (((uintptr_t)kv->base | kv->block_stride | kv->token_stride) % esz)
+		return kvt_err(-EINVAL, "token-list latent attention (cuda): base or strides not "
+			       "aligned to %u", esz);
+	if (!(scale > 0.0f) || !isfinite(scale))
+		return kvt_err(-EINVAL, "token-list latent attention (cuda): scale %g must be "
+			       "finite and > 0", (double)scale);
+	if (n_tokens && kv->pos && !kv->n_entries)
+		return kvt_err(-EINVAL, "token-list latent attention (cuda): block positions with "
+			       "n_entries 0");
+	p.base = (const char *)kv->base;
+	p.block_stride = kv->block_stride;
+	p.token_stride = kv->token_stride;
+	p.seq_len = kv->seq_len;
+	p.table = kv->table;
+	p.pos = kv->pos;
+	p.tokens = tokens;
+	p.n_entries = kv->n_entries;
+	p.n_tokens = n_tokens;
+	p.tpb = kv->tokens_per_block;
+	p.r = kv->kv_lora_rank;
+	p.pe = kv->rope_dim;
+	p.dt = (int)kv->dtype;
+	p.scale = scale;
+	p.q_lat = q_lat;
+	p.q_pe = kv->rope_dim ? q_pe : NULL;
+	p.work = work;
+	p.out = out;
+	p.m = m;
+	p.l = l;
+	KVT_CUDA_LAUNCH(dim3(n_heads), dim3(SL_THREADS), 0, stream, tok_kernel)(p);
+	return kvt_cuda_launched("token-list latent attention");
+}
+
+/* Largest q + w kept in shared memory by the indexer kernel (floats; 48 KiB). */
+#define DSA_SMEM_FLOATS 12288u
+
+/*
+ * One thread per key (grid-stride): the reference's sum over heads of its sequential dot
+ * products, in its order. q and w are staged in shared memory when they fit.
+ */
+__global__ void
+dsa_kernel(const float *q, const float *w, uint32_t n_heads, uint32_t d, float scale,
+	   const float *keys, uint64_t key_stride, uint64_t n, float *scores, int staged)
+{
+	KVT_EXTERN_SHARED(float, dsa_smem); /* staged: q [n_heads][d], w [n_heads] */
+	const uint64_t nq = (uint64_t)n_heads * d;
+	const float *qs = q, *ws = w;
+
+	if (staged) {
+		for (uint64_t e = threadIdx.x; e < nq + n_heads; e += blockDim.x)
+			dsa_smem[e] = e < nq ? q[e] : w[e - nq];
+		__syncthreads();
+		qs = dsa_smem;
+		ws = dsa_smem + nq;
+	}
+	for (uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; t < n;
+	     t += (uint64_t)gridDim.x * blockDim.x) {
+		const float *k = keys + t * key_stride;
+		float s = 0.0f;
+
+		for (uint32_t h = 0; h < n_heads; h++) {
+			const float *qh = qs + (uint64_t)h * d;
+			float dot = 0.0f;
+
+			for (uint32_t i = 0; i < d; i++)
+				dot += qh[i] * k[i];
+			dot *= scale;
+			s += ws[h] * (dot > 0.0f ? dot : 0.0f);
+		}
+		scores[t] = s;
+	}
+}
+
+extern "C" int
+kvt_dsa_index_scores_cuda(const float *q, const float *w, uint32_t n_heads, uint32_t head_dim,
+			  float scale, const float *keys, uint64_t key_stride, uint64_t n,
+			  float *scores, cudaStream_t stream)
+{
+	uint64_t g, nsm;
+	int staged;
+
+	if (!q || !w || !scores || (n && !keys))
+		return kvt_err(-EINVAL, "DSA index scores (cuda): NULL argument");
+	if (!n_heads || !head_dim || key_stride < head_dim)
+		return kvt_err(-EINVAL, "DSA index scores (cuda): n_heads %u, head_dim %u must be "
+			       "> 0 and key_stride %llu >= head_dim", n_heads, head_dim,
+			       (unsigned long long)key_stride);
+	if (!n)
+		return 0;
+	nsm = (uint64_t)n_heads * head_dim + n_heads;
+	staged = nsm <= DSA_SMEM_FLOATS;
+	g = (n + SL_THREADS - 1) / SL_THREADS;
+	g = g > 65535u ? 65535u : g;
+	KVT_CUDA_LAUNCH(dim3((uint32_t)g), dim3(SL_THREADS), staged ? nsm * sizeof(float) : 0,
+			stream, dsa_kernel)(q, w, n_heads, head_dim, scale, keys, key_stride, n,
+					    scores, staged);
+	return kvt_cuda_launched("DSA index scores");
 }
