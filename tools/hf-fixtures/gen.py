@@ -240,8 +240,10 @@ def dump_17(name, model, prompt, toks, d, extra):
       visible tokens (position r sees 0..r), the smallest gap between the k-th and (k+1)-th
       index score (a C forward pass reproduces the selection only while its rounding error
       stays well below this).
+    Keyed on the model's model_type, so that variants.py's models of these families get them too.
     Returns the file names written; adds entries to @extra (reference.json)."""
-    if name == "qwen3-next":
+    kind = model.config.model_type
+    if kind == "qwen3_next":
         with torch.no_grad():
             out = model(input_ids=torch.tensor([prompt]), use_cache=True)
         cache = out.past_key_values
@@ -255,7 +257,7 @@ def dump_17(name, model, prompt, toks, d, extra):
         safetensors.torch.save_file(t, os.path.join(d, "states.safetensors"),
                                     metadata={"format": "pt"})
         return ["states.safetensors"]
-    if name == "deepseek-v32":
+    if kind == "deepseek_v32":
         picked, margins, hooks = {}, [], []
         topk = torch.Tensor.topk
 
