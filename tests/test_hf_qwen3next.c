@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <errno.h>
@@ -443,6 +444,34 @@ test_refused(void **state)
 	assert_int_equal(kvhf_model_share_kv(m, 1), KVT_ENOTSUP);
 	kvhf_ref_free(&ref);
 	kvhf_model_free(m);
+	/* an odd rotary part (head_dim 20 x partial_rotary_factor 0.25 = 5): refused, not run
+	 * wrong (the held-back variant qwen3-next-odd-rotary of tools/hf-fixtures/variants.py) */
+	{
+		char *dir = tsup_mkdtemp(), src[4200], dst[4200], buf[8192], *p;
+		FILE *f;
+		size_t len;
+
+		snprintf(src, sizeof src, "%s/config.json", q3n_dir(Q3N));
+		f = fopen(src, "r");
+		assert_non_null(f);
+		len = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		buf[len] = '\0';
+		p = strstr(buf, "\"head_dim\": 16");
+		assert_non_null(p);
+		memcpy(p, "\"head_dim\": 20", 14);
+		snprintf(dst, sizeof dst, "%s/config.json", dir);
+		f = fopen(dst, "w");
+		assert_non_null(f);
+		fputs(buf, f);
+		fclose(f);
+		m = NULL;
+		assert_int_equal(kvhf_model_load(dir, &m), KVT_ENOTSUP);
+		assert_non_null(strstr(kvtr_last_error(), "rotary part of 5"));
+		assert_null(m);
+		unlink(dst);
+		tsup_rmdir(dir);
+	}
 }
 
 int

@@ -651,9 +651,9 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 	} else {
 		if (m->head_dim % 2 || m->rotary_dim % 2 || m->rotary_dim < 2 ||
 		    m->rotary_dim > m->head_dim)
-			return kvtr_err(KVT_EFORMAT, "config.json: head_dim %d and its rotary part "
-					"%d must be even (2 .. head_dim)", m->head_dim,
-					m->rotary_dim);
+			return kvtr_err(KVT_ENOTSUP, "config.json: head_dim %d with a rotary part of "
+					"%d: only an even rotary part of 2 .. head_dim is implemented "
+					"(transformers pads an odd one)", m->head_dim, m->rotary_dim);
 		m->kv_heads_stored = (uint32_t)m->n_kv_heads;
 		m->kv_head_dim_stored = (uint32_t)m->head_dim;
 	}
