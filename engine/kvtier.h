@@ -1254,7 +1254,8 @@ enum kvt_group_kind {
  * record keeps a host MIRROR of its sidecar, refreshed when a host copy of the block appears
  * (demoted to HOST, read from NVMe) or when kvt_seq_sidecar_read() reads it from HOST or HBM;
  * kvt_seq_sidecar_read() copies from it without bringing any block up, so a step scores every
- * block, then prepares only the selected ones (kvt_batch_prepare_ranges with one-block ranges;
+ * block, then prepares only the selected ones (kvt_batch_prepare_group with one-block ranges
+ * in the parent's pool; kvt_batch_prepare_ranges would apply the ranges to every group;
  * kvt_engine_hint_ranges names them ahead). Mirror memory: n_layers x the sidecar per block
  * record, host memory, allocated with the block table.
  * Page summaries kvtier keeps itself (sidecar_summary = KVT_SUMMARY_K_MINMAX, both sizes 0):
@@ -1287,14 +1288,16 @@ enum kvt_sidecar_summary {
  *   - the sequence's last block holds the LIVE state (after its newest token), and every full
  *     block a CHECKPOINT: the state at that block boundary;
  *   - writing: for token i of an append, row g of kvt_seq_append_groups gives slot mapping m;
- *     its block is m / tokens_per_block (the offset within it is meaningless). The caller,
+ *     its block's HBM SLOT is m / tokens_per_block (the offset within it is meaningless). The caller,
  *     running the recurrence in token order, writes into that block the state after the last
  *     token of the append that falls in it (for a full block: the checkpoint) before the
  *     release, as K/V are written. A one-token decode step writes its block; a prefill chunk
  *     writes every block it touches. The state before a sequence's first token is zero (the
  *     caller's kernel starts from zeros: kvtier does not clear slots);
  *   - reading: a step reads the state after the sequence's newest token before the append,
- *     i.e. block (n_tokens - 1) / tokens_per_block. The pool keeps, like a WINDOW group of
+ *     i.e. block POSITION (n_tokens - 1) / tokens_per_block: its slot is indices[k] of the
+ *     group's table (kvt_batch_group_table) for the entry k whose block_pos[k] is that
+ *     position. The pool keeps, like a WINDOW group of
  *     window 2 and no sinks, only the blocks of the two newest positions (the one read and
  *     the one written): a prepared batch's table of the group lists those live blocks (one,
  *     or two when the append crossed a block boundary, and every block of a prefill chunk
@@ -1302,7 +1305,11 @@ enum kvt_sidecar_summary {
  *     leaves the tiers at the next append, or stays cached as a checkpoint in the prefix cache
  *     (opts.prefix_cache) and is evicted like any cached block. A decode step updating in place
  *     reads and writes the same block except at a boundary, where it reads the previous
- *     block and writes the new one;
+ *     block and writes the new one. One decode step, in order: kvt_seq_append_groups (1
+ *     token: map[g] is its mapping in the STATE group g), kvt_batch_prepare, find the slot of
+ *     position (n - 1) / tpb in the STATE table and read the state (n = the tokens held
+ *     before the append; zeros at n = 0), compute, write the new state into slot map[g] /
+ *     tpb (and the K/V of the other groups through their rows), kvt_batch_release;
  *   - prefix hits: a STATE pool serves a hit at boundary k x tokens_per_block only while the
  *     checkpoint of block k - 1 is kept (match/attach find the longest boundary EVERY group
  *     serves); the attached sequence's last block is that checkpoint, restored byte-exact.
