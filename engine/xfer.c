@@ -368,7 +368,7 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 	}
 	kvt_copy_set_present(e, x->block, dst);
 	xfer_count_move(e, x->kind);
-	if (x->kind == KVT_X_D2H) /* a host copy of the block: its sidecar's mirror */
+	if (e->sc_rec && x->kind == KVT_X_D2H) /* a host copy of the block: its sidecar's mirror */
 		kvt_sc_fill(e, x->block, kvt_slot_addr(e, KVT_TIER_HOST, b->slot[KVT_TIER_HOST]));
 	if (x->kind == KVT_X_H2N)
 		kvt_stats_record_lat(&e->st.nvme_write, now - x->t_issue);
@@ -437,7 +437,9 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now)
 		if (res == 0 && current) {
 			kvt_copy_set_present(e, id, KVT_TIER_HOST);
 			xfer_count_move(e, x->kind);
-			kvt_sc_fill(e, id, kvt_slot_addr(e, KVT_TIER_HOST, b->slot[KVT_TIER_HOST]));
+			if (e->sc_rec) /* a host copy of the block: its sidecar's mirror */
+				kvt_sc_fill(e, id, kvt_slot_addr(e, KVT_TIER_HOST,
+								 b->slot[KVT_TIER_HOST]));
 			kvt_stats_record_promote(e, KVT_TIER_HOST, now - x->t_issue);
 			if (x->then_hbm) {
 				bool was = e->prefetching;

@@ -930,6 +930,21 @@ hf_dsa_window(struct hf_run *c, uint32_t l, const struct kvt_seq_range *rg, uint
 	return 0;
 }
 
+/* Park @seq to NVMe, drain, and fill @si with what it holds where. */
+static int
+hf_park_nvme(struct hf_run *c, kvt_seq_id seq, struct kvt_seq_info *si)
+{
+	int rc = kvt_seq_park(c->e, seq, KVT_TIER_NVME);
+
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_seq_park");
+	rc = kvt_engine_drain(c->e);
+	if (rc)
+		return kvtr_err_kvt(rc, "kvt_engine_drain");
+	rc = kvt_seq_info(c->e, seq, si);
+	return rc ? kvtr_err_kvt(rc, "kvt_seq_info") : 0;
+}
+
 /*
  * opts.dsa_park_selected: the sequence's blocks (the latents with their indexer keys, dsa.h)
  * parked to NVMe before the indexer reads the keys and chooses: checked to have every block
@@ -941,17 +956,10 @@ static int
 hf_dsa_park(struct hf_run *c, kvt_seq_id seq)
 {
 	struct kvt_seq_info si;
-	int rc;
+	int rc = hf_park_nvme(c, seq, &si);
 
-	rc = kvt_seq_park(c->e, seq, KVT_TIER_NVME);
 	if (rc)
-		return kvtr_err_kvt(rc, "kvt_seq_park (the latents and indexer keys)");
-	rc = kvt_engine_drain(c->e);
-	if (rc)
-		return kvtr_err_kvt(rc, "kvt_engine_drain");
-	rc = kvt_seq_info(c->e, seq, &si);
-	if (rc)
-		return kvtr_err_kvt(rc, "kvt_seq_info");
+		return rc;
 	if (si.blocks_in[KVT_TIER_HBM] || si.blocks_in[KVT_TIER_HOST] ||
 	    si.blocks_in[KVT_TIER_NVME] != si.n_blocks)
 		return kvtr_err(-EPROTO, "engine bug: a sequence parked to NVMe has %u blocks in "
@@ -1352,17 +1360,10 @@ static int
 hf_park_resume(struct hf_run *c, kvt_seq_id seq)
 {
 	struct kvt_seq_info si;
-	int rc;
+	int rc = hf_park_nvme(c, seq, &si);
 
-	rc = kvt_seq_park(c->e, seq, KVT_TIER_NVME);
 	if (rc)
-		return kvtr_err_kvt(rc, "kvt_seq_park");
-	rc = kvt_engine_drain(c->e);
-	if (rc)
-		return kvtr_err_kvt(rc, "kvt_engine_drain");
-	rc = kvt_seq_info(c->e, seq, &si);
-	if (rc)
-		return kvtr_err_kvt(rc, "kvt_seq_info");
+		return rc;
 	if (si.blocks_in[KVT_TIER_HBM] != 0 || !si.parked)
 		return kvtr_err(-EPROTO, "engine bug: a parked sequence has %u blocks in HBM "
 				"(parked %u)", si.blocks_in[KVT_TIER_HBM], si.parked);
