@@ -542,6 +542,93 @@ test_emu_small_copies_cost_link_time(void **state)
 	free(src);
 }
 
+/*
+ * A thread in event_sync or stream_sync on an idle stream runs the queued ops itself, in
+ * order (docs/PERF.md "Waiters run their stream's ops"). 200 rounds of two dependent copies
+ * (a then b, b reading what a wrote) and a record, then event_sync at once: the waiter gets
+ * there before the worker wakes in nearly every round, so some ops run on the waiter (the count
+ * is printed; a worker that always won every race would fail this, which 200 rounds make
+ * practically impossible), and every round's bytes are right whoever ran them. A wait behind a
+ * WAIT for a held stream's event is left to the worker: the waiter sleeps (sleepers > 0) until
+ * the hold is released. With max_delay_us set (tests of reordering) no waiter runs an op.
+ */
+static void
+test_emu_waiter_runs_idle_stream(void **state)
+{
+	struct kvt_device *d = emu_new(0, 1, 0);
+	struct kvt_stream *s = stream_new(d), *h = stream_new(d);
+	struct kvt_event *e = event_new(d), *eh = event_new(d);
+	size_t len = 8192;
+	uint8_t *src = malloc(len), *mid = malloc(len), *dst = malloc(len);
+	struct sync_arg a;
+	pthread_t t;
+	int i, k;
+
+	(void)state;
+	assert_non_null(src);
+	assert_non_null(mid);
+	assert_non_null(dst);
+	for (i = 0; i < 200; i++) {
+		fill(src, len, (uint32_t)i + 1);
+		copy1(d, s, mid, src, len);
+		copy1(d, s, dst, mid, len);
+		assert_int_equal(d->ops->event_record(d, e, s), 0);
+		assert_int_equal(d->ops->event_sync(d, e), 0);
+		assert_memory_equal(dst, src, len);
+	}
+	fill(src, len, 777);
+	copy1(d, s, dst, src, len);
+	assert_int_equal(d->ops->stream_sync(d, s), 0);
+	assert_memory_equal(dst, src, len);
+	print_message("waiters ran %llu of 601 ops\n",
+		      (unsigned long long)kvt_device_emu_stream_helped(d, s));
+	assert_true(kvt_device_emu_stream_helped(d, s) > 0);
+	assert_true(kvt_device_emu_stream_helped(d, s) <= 601);
+	assert_int_equal(kvt_device_emu_stream_helped(NULL, s), 0);
+
+	/* s waits for h's event; h is held: the waiter must not block owning s */
+	assert_int_equal(kvt_device_emu_stream_hold(d, h, true), 0);
+	fill(src, len, 4242);
+	copy1(d, h, mid, src, len);
+	assert_int_equal(d->ops->event_record(d, eh, h), 0);
+	assert_int_equal(d->ops->stream_wait_event(d, s, eh), 0);
+	copy1(d, s, dst, mid, len);
+	assert_int_equal(d->ops->event_record(d, e, s), 0);
+	a.d = d;
+	a.e = e;
+	a.rc = -1;
+	atomic_init(&a.returned, 0);
+	assert_int_equal(pthread_create(&t, NULL, sync_thread, &a), 0);
+	for (k = 0; k < 10000 && kvt_device_emu_sleepers(d) == 0; k++)
+		usleep(1000);
+	assert_int_equal(kvt_device_emu_sleepers(d), 1);
+	assert_int_equal(d->ops->event_query(d, e), -EAGAIN);
+	assert_int_equal(kvt_device_emu_stream_hold(d, h, false), 0);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_int_equal(a.rc, 0);
+	assert_memory_equal(dst, src, len);
+	d->ops->event_destroy(d, eh);
+	d->ops->event_destroy(d, e);
+	kvt_device_destroy(d);
+
+	d = emu_new(50, 3, 0);
+	s = stream_new(d);
+	e = event_new(d);
+	for (i = 0; i < 20; i++) {
+		fill(src, len, (uint32_t)i + 9);
+		copy1(d, s, dst, src, len);
+		assert_int_equal(d->ops->event_record(d, e, s), 0);
+		assert_int_equal(d->ops->event_sync(d, e), 0);
+		assert_memory_equal(dst, src, len);
+	}
+	assert_int_equal(kvt_device_emu_stream_helped(d, s), 0);
+	d->ops->event_destroy(d, e);
+	kvt_device_destroy(d);
+	free(dst);
+	free(mid);
+	free(src);
+}
+
 /* host_alloc: usable memory; with mlock refused (no CAP_IPC_LOCK, RLIMIT_MEMLOCK 0: checked in a
  * child process) it still succeeds, unpinned. */
 static int
@@ -835,6 +922,7 @@ main(void)
 		cmocka_unit_test(test_emu_invalid_args),
 		cmocka_unit_test(test_copy_plan_split),
 		cmocka_unit_test(test_emu_pipeline_threads),
+		cmocka_unit_test(test_emu_waiter_runs_idle_stream),
 		cmocka_unit_test(test_cuda_create),
 	};
 

@@ -102,7 +102,11 @@ struct kvt_emu_opts {
  * at create time (host_alloc's *pinned is the answer for each allocation).
  * Semantics (see device_emu.c): each stream is a worker thread running its queue in order; copy
  * batches are copied at submit and executed later on that thread; an event refers to its latest
- * record, stream_wait_event to the record that was latest when it was called.
+ * record, stream_wait_event to the record that was latest when it was called. A thread in
+ * event_sync or stream_sync whose stream is idle (no op running, not held) runs the ops queued
+ * there when its wait began itself, in order, unless max_delay_us is set
+ * (kvt_device_emu_stream_helped counts them); an op that waits for an event not yet done, and
+ * what follows it, is left to the worker.
  * Returns 0, -EINVAL (out NULL), -ENOMEM.
  */
 int kvt_device_emu_create(const struct kvt_emu_opts *o, struct kvt_device **out);
@@ -134,12 +138,20 @@ int kvt_device_emu_stream_step(struct kvt_device *d, struct kvt_stream *s, uint3
 uint32_t kvt_device_emu_sleepers(struct kvt_device *d);
 
 /**
- * Test knob of the emulated device: the timer sleeps @s's worker has made for simulated link
- * time (copy_bytes_per_s set) so far; a copy whose link time has already passed when its turn
- * comes makes none. Thread-safe (a count read as it stands). Returns 0 when @d is not the
+ * Test knob of the emulated device: the timer sleeps made for @s's simulated link time
+ * (copy_bytes_per_s set) so far, by its worker or a waiter running its ops; a copy whose link
+ * time has already passed when its turn comes makes none, nor does a waiter's wait shorter than
+ * 50 us (it spins). Thread-safe (a count read as it stands). Returns 0 when @d is not the
  * emulated device or @s is NULL.
  */
 uint64_t kvt_device_emu_stream_sleeps(struct kvt_device *d, struct kvt_stream *s);
+
+/**
+ * Test knob of the emulated device: the ops of @s run so far by a thread waiting in event_sync
+ * or stream_sync instead of by @s's worker (see kvt_device_emu_create). Thread-safe (a count
+ * read as it stands). Returns 0 when @d is not the emulated device or @s is NULL.
+ */
+uint64_t kvt_device_emu_stream_helped(struct kvt_device *d, struct kvt_stream *s);
 
 /**
  * Create the CUDA device on @ordinal. Returns 0; KVT_ENOTSUP in builds without CUDA;

@@ -16,12 +16,24 @@
  *     worker reaches it. query/sync look at the latest record; stream_wait_event captures the
  *     latest record at call time, so a later re-record of the event does not release a wait
  *     already queued (as in CUDA). A never-recorded event counts as complete.
+ *   - A thread that waits (event_sync, stream_sync) for a record of a stream that nobody is
+ *     running (no op in progress, not held, max_delay_us 0) runs the ops queued on that stream
+ *     when its wait began itself, in order (the record and what is queued behind it), instead
+ *     of waking the worker and sleeping until it has run them: on a CPU host two context
+ *     switches per wait (tens of microseconds on a loaded VM) would otherwise dwarf a layer's
+ *     copy. The ops, their order and their link time are the same; only the thread differs.
+ *     The worker keeps the stream between the ops of a backlog (a waiter takes over an idle
+ *     stream only) and is woken only when it has ops to run. While a waiter runs a stream it
+ *     spins for link time shorter than EMU_SPIN_NS (it would block anyway); a worker sleeps.
+ *     docs/PERF.md "Sparse decode of the DSA fixture".
  *
  * Locking: emu_dev.lock protects the lists of live objects; emu_dev.ev_lock protects every
  * event's latest pointer and every record (refs, done), and ev_cond is broadcast when a record
  * completes; emu_stream.lock protects that stream's queue and counters. Lock order: emu_dev.lock
- * before ev_lock or a stream's lock (only destroy nests them); ev_lock and a stream's lock are
- * never held together.
+ * before ev_lock or a stream's lock (destroy, and a waiter checking that a stream still lives,
+ * nest them); ev_lock and a stream's lock are never held together. The thread that set
+ * emu_stream.busy (the worker or one waiter) alone runs the stream's ops and owns rng,
+ * link_end; the flag's hand-over under the stream's lock orders their accesses.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -41,6 +53,7 @@
 #include "transfer/device.h"
 
 #define EMU_ALIGN 4096u /* alignment of mem_alloc blocks (and the size of their header) */
+#define EMU_SPIN_NS 50000u /* a waiter running a stream spins for link time below this, ns */
 
 /* Intrusive circular doubly-linked list with a sentinel. */
 struct emu_link {
@@ -58,7 +71,11 @@ enum emu_op_kind {
  * One record of an event. References (under emu_dev.ev_lock): the event while this is its
  * latest record, the RECORD op that completes it, each queued WAIT op and each event_sync caller.
  */
+struct emu_stream;
+
 struct emu_rec {
+	struct emu_stream *s; /* the recording stream (valid while !done: a stream drains before
+	                         it is freed; a waiter checks the device's list before use) */
 	uint64_t gen;  /* the event's record count when this record was made (1, 2, ...) */
 	uint32_t refs; /* references, see above; freed at 0 */
 	bool done;     /* the recording stream has passed this record */
@@ -81,7 +98,15 @@ struct emu_stream {
 	struct emu_dev *dev;   /* owning device */
 	pthread_t thread;      /* the worker */
 	pthread_mutex_t lock;  /* protects head..stop */
-	pthread_cond_t cond;   /* broadcast on push, on each op finished, on hold/stop change */
+	pthread_cond_t cond;   /* threads in stream_sync/step wait here for executed: broadcast
+	                          on each op finished while n_sync > 0, on hold/stop change */
+	pthread_cond_t wcond;  /* the worker sleeps here: signalled (w_sleeping) on a push to a
+	                          stream nobody runs, when a waiter leaves ops behind, on
+	                          hold/stop change; never for a push while an op runs, whose
+	                          runner takes the next op itself (a wake-up it would throw away
+	                          costs the pusher a cross-vCPU wake, ~7 us in the build VM) */
+	bool w_sleeping;       /* the worker waits on wcond and nobody has signalled it yet */
+	uint32_t n_sync;       /* threads waiting on cond */
 	struct emu_op *head;   /* next op to run; NULL when empty */
 	struct emu_op *tail;   /* last queued op */
 	uint64_t queued;       /* ops ever queued */
@@ -90,12 +115,16 @@ struct emu_stream {
 	uint64_t hold_at;      /* test knob: hold once executed reaches it; 0 = off
 	                          (kvt_device_emu_stream_step) */
 	bool stop;             /* drain the queue, then exit */
+	bool busy;             /* an op is being run (by the worker or a waiter); none other may
+	                          start */
 	uint32_t id;           /* 0, 1, ... in creation order on the device */
-	uint64_t rng;          /* splitmix64 state of the delays; used by the worker only */
-	uint64_t link_end;     /* worker only: CLOCK_MONOTONIC ns at which the simulated link
-	                          finished (or finishes) the work run so far */
-	_Atomic uint64_t sleeps; /* timer sleeps the worker made for link time (test knob:
+	uint64_t rng;          /* splitmix64 state of the delays; the busy thread's */
+	uint64_t link_end;     /* the busy thread's: CLOCK_MONOTONIC ns at which the simulated
+	                          link finished (or finishes) the work run so far */
+	_Atomic uint64_t sleeps; /* timer sleeps made for link time (test knob:
 	                          kvt_device_emu_stream_sleeps) */
+	_Atomic uint64_t helped; /* ops run by waiters instead of the worker (test knob:
+	                          kvt_device_emu_stream_helped) */
 };
 
 struct emu_event {
@@ -194,13 +223,19 @@ emu_rng_next(uint64_t *state)
  * decode and the other stream need, and stories260K's coverage fell on a loaded 2-vCPU VM.)
  */
 static void
-emu_sleep_until(struct emu_stream *s, uint64_t t)
+emu_sleep_until(struct emu_stream *s, uint64_t t, bool spin)
 {
 	struct timespec ts = { .tv_sec = (time_t)(t / 1000000000u),
 			       .tv_nsec = (long)(t % 1000000000u) };
+	uint64_t now = kvt_now_ns();
 
-	if (kvt_now_ns() >= t)
+	if (now >= t)
 		return;
+	if (spin && t - now < EMU_SPIN_NS) { /* a waiter: its thread would block anyway */
+		while (kvt_now_ns() < t)
+			;
+		return;
+	}
 	atomic_fetch_add_explicit(&s->sleeps, 1, memory_order_relaxed);
 	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 		;
@@ -372,8 +407,9 @@ emu_host_free(struct kvt_device *d, void *p, size_t len)
 /* ------------------------------------------------------------------------------------------ */
 /* stream worker                                                                                */
 
+/* Run op on s; the caller set s->busy. @waiter: a thread waiting for s's work, not its worker. */
 static void
-emu_op_run(struct emu_stream *s, struct emu_op *op)
+emu_op_run(struct emu_stream *s, struct emu_op *op, bool waiter)
 {
 	struct emu_dev *emu = s->dev;
 	uint64_t t;
@@ -396,7 +432,7 @@ emu_op_run(struct emu_stream *s, struct emu_op *op)
 		if (emu->opts.copy_bytes_per_s != 0 && op->total != 0) {
 			s->link_end += (uint64_t)((double)op->total * 1e9 /
 						  (double)emu->opts.copy_bytes_per_s);
-			emu_sleep_until(s, s->link_end);
+			emu_sleep_until(s, s->link_end, waiter);
 		}
 		for (i = 0; i < op->n; i++)
 			if (op->v[i].len != 0)
@@ -423,6 +459,114 @@ emu_op_run(struct emu_stream *s, struct emu_op *op)
 	}
 }
 
+/* Wake s's worker if it sleeps (it may have ops to run). Caller holds s->lock. */
+static void
+emu_wake_locked(struct emu_stream *s)
+{
+	if (s->w_sleeping) {
+		s->w_sleeping = false;
+		pthread_cond_signal(&s->wcond);
+	}
+}
+
+/* An op of s finished (or a knob changed): tell the threads waiting for executed. Caller holds
+ * s->lock. */
+static void
+emu_notify_locked(struct emu_stream *s)
+{
+	if (s->n_sync != 0)
+		pthread_cond_broadcast(&s->cond);
+}
+
+/* Whether a test knob keeps s from starting its next op. Caller holds s->lock. */
+static bool
+emu_held(const struct emu_stream *s)
+{
+	return s->hold || (s->hold_at != 0 && s->executed >= s->hold_at);
+}
+
+static bool
+emu_rec_done(struct emu_dev *emu, struct emu_rec *r)
+{
+	bool done;
+
+	pthread_mutex_lock(&emu->ev_lock);
+	done = r->done;
+	pthread_mutex_unlock(&emu->ev_lock);
+	return done;
+}
+
+/*
+ * The waiting thread runs s's queued ops itself, in order, while s is idle, until s has
+ * executed @target ops (what was queued when the wait began: the op waited for and any queued
+ * behind it, since handing those back to the worker would cost them a wake-up; measured in
+ * docs/PERF.md), a test knob holds s, or the next op is a WAIT for a record not done yet (it
+ * is put back: the waiter then sleeps as before rather than block while owning the stream).
+ * Does nothing while the worker or another waiter runs s, or when ops have random delays
+ * (max_delay_us): those tests want the worker's timing. Caller holds s->lock, which is held
+ * again on return.
+ */
+static void
+emu_help_locked(struct emu_stream *s, uint64_t target)
+{
+	struct emu_dev *emu = s->dev;
+	struct emu_op *op;
+
+	if (emu->opts.max_delay_us != 0 || s->busy)
+		return;
+	for (;;) {
+		if (s->head == NULL || emu_held(s) || s->executed >= target)
+			break;
+		op = s->head;
+		s->head = op->next;
+		if (s->head == NULL)
+			s->tail = NULL;
+		s->busy = true;
+		pthread_mutex_unlock(&s->lock);
+		if (op->kind == EMU_OP_WAIT && !emu_rec_done(emu, op->rec)) {
+			pthread_mutex_lock(&s->lock);
+			op->next = s->head; /* back to the front: only the busy thread pops */
+			s->head = op;
+			if (s->tail == NULL)
+				s->tail = op;
+			break;
+		}
+		emu_op_run(s, op, true);
+		free(op);
+		atomic_fetch_add_explicit(&s->helped, 1, memory_order_relaxed);
+		pthread_mutex_lock(&s->lock);
+		s->executed++;
+		emu_notify_locked(s);
+	}
+	s->busy = false;
+	/* ops queued since the wait began or a WAIT put back; or a stop the worker, finding the
+	 * stream busy, went back to sleep on (it would then never drain and exit) */
+	if ((s->head != NULL && !emu_held(s)) || s->stop)
+		emu_wake_locked(s);
+}
+
+/* emu_help_locked() for a waiter in event_sync on a record of stream @s (queued on it, not
+ * done), which may have been destroyed since the record was read: used only while still on
+ * the device's list (and, once busy is set, its destroy waits for the waiter to finish). */
+static void
+emu_help_stream(struct emu_dev *emu, struct emu_stream *s)
+{
+	struct emu_link *l;
+
+	pthread_mutex_lock(&emu->lock);
+	for (l = emu->streams.next; l != &emu->streams; l = l->next)
+		if (l == &s->link)
+			break;
+	if (l == &emu->streams) {
+		pthread_mutex_unlock(&emu->lock);
+		return;
+	}
+	pthread_mutex_lock(&s->lock);
+	pthread_mutex_unlock(&emu->lock);
+	emu_help_locked(s, s->queued);
+	pthread_mutex_unlock(&s->lock);
+}
+
 static void *
 emu_stream_main(void *arg)
 {
@@ -435,14 +579,18 @@ emu_stream_main(void *arg)
 	 * than the copy itself to every batch (a bandwidth-limited layer group sleeps once) */
 	(void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
 
+	/* the lock is held from an op's end to the next op's start: a waiter can take the
+	 * stream over only once its worker has found the queue empty (or held), never between
+	 * two ops of a backlog, where the worker, left running, overlaps them with the host */
+	pthread_mutex_lock(&s->lock);
 	for (;;) {
 		held = false;
-		pthread_mutex_lock(&s->lock);
-		while ((s->head == NULL || s->hold ||
-			(s->hold_at != 0 && s->executed >= s->hold_at)) && !s->stop) {
-			held = held || s->head != NULL; /* work waits behind a hold */
-			pthread_cond_wait(&s->cond, &s->lock);
+		while (s->busy || ((s->head == NULL || emu_held(s)) && !s->stop)) {
+			held = held || (s->head != NULL && !s->busy); /* work waits behind a hold */
+			s->w_sleeping = true;
+			pthread_cond_wait(&s->wcond, &s->lock);
 		}
+		s->w_sleeping = false;
 		if (held) /* the link stood still while held: it starts now */
 			s->link_end = kvt_now_ns();
 		op = s->head;
@@ -453,19 +601,20 @@ emu_stream_main(void *arg)
 		s->head = op->next;
 		if (s->head == NULL)
 			s->tail = NULL;
+		s->busy = true;
 		pthread_mutex_unlock(&s->lock);
 
 		if (max_delay != 0) {
 			emu_sleep_ns(emu_rng_next(&s->rng) % ((uint64_t)max_delay + 1) * 1000u);
 			s->link_end = kvt_now_ns(); /* the test knob's delay is link time */
 		}
-		emu_op_run(s, op);
+		emu_op_run(s, op, false);
 		free(op);
 
 		pthread_mutex_lock(&s->lock);
 		s->executed++;
-		pthread_cond_broadcast(&s->cond);
-		pthread_mutex_unlock(&s->lock);
+		s->busy = false;
+		emu_notify_locked(s);
 	}
 	return NULL;
 }
@@ -482,7 +631,8 @@ emu_stream_push(struct emu_stream *s, struct emu_op *op)
 		s->head = op;
 	s->tail = op;
 	s->queued++;
-	pthread_cond_broadcast(&s->cond);
+	if (!s->busy) /* else its runner takes this op next (a waiter hands back what it leaves) */
+		emu_wake_locked(s);
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -493,6 +643,7 @@ emu_stream_release(struct emu_stream *s)
 	pthread_mutex_lock(&s->lock);
 	s->hold = false;
 	s->hold_at = 0;
+	emu_wake_locked(s);
 	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
 }
@@ -505,9 +656,11 @@ emu_stream_free(struct emu_stream *s)
 	s->hold = false; /* a held stream would never drain */
 	s->hold_at = 0;
 	s->stop = true;
+	emu_wake_locked(s);
 	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
 	pthread_join(s->thread, NULL);
+	pthread_cond_destroy(&s->wcond);
 	pthread_cond_destroy(&s->cond);
 	pthread_mutex_destroy(&s->lock);
 	free(s);
@@ -559,12 +712,19 @@ emu_stream_create(struct kvt_device *d, struct kvt_stream **out)
 		free(s);
 		return kvt_err(-ENOMEM, "emulated stream_create: pthread_cond_init failed");
 	}
+	if (pthread_cond_init(&s->wcond, NULL) != 0) {
+		pthread_cond_destroy(&s->cond);
+		pthread_mutex_destroy(&s->lock);
+		free(s);
+		return kvt_err(-ENOMEM, "emulated stream_create: pthread_cond_init failed");
+	}
 	pthread_mutex_lock(&emu->lock);
 	s->id = emu->next_stream_id++;
 	pthread_mutex_unlock(&emu->lock);
 	s->rng = emu_mix64(emu->opts.seed ^ emu_mix64((uint64_t)s->id + 1));
 	rc = emu_stream_start(s);
 	if (rc != 0) {
+		pthread_cond_destroy(&s->wcond);
 		pthread_cond_destroy(&s->cond);
 		pthread_mutex_destroy(&s->lock);
 		free(s);
@@ -634,8 +794,11 @@ emu_stream_sync(struct kvt_device *d, struct kvt_stream *stream)
 		return kvt_err(-EINVAL, "emulated stream_sync: stream is NULL");
 	pthread_mutex_lock(&s->lock);
 	target = s->queued;
+	emu_help_locked(s, target);
+	s->n_sync++;
 	while (s->executed < target)
 		pthread_cond_wait(&s->cond, &s->lock);
+	s->n_sync--;
 	pthread_mutex_unlock(&s->lock);
 	return 0;
 }
@@ -702,6 +865,7 @@ emu_event_record(struct kvt_device *d, struct kvt_event *event, struct kvt_strea
 	}
 	pthread_mutex_lock(&emu->ev_lock);
 	r->gen = ++e->records;
+	r->s = s;
 	r->refs = 2; /* the event (latest) and the RECORD op */
 	emu_rec_put_locked(e->latest);
 	e->latest = r;
@@ -732,22 +896,30 @@ emu_event_sync(struct kvt_device *d, struct kvt_event *event)
 {
 	struct emu_dev *emu = emu_dev_of(d);
 	struct emu_event *e = (struct emu_event *)(void *)event;
+	struct emu_stream *s;
 	struct emu_rec *r;
 
 	if (e == NULL)
 		return kvt_err(-EINVAL, "emulated event_sync: event is NULL");
 	pthread_mutex_lock(&emu->ev_lock);
 	r = e->latest;
-	if (r != NULL) {
-		r->refs++; /* a concurrent re-record or destroy must not free it under us */
-		emu->sleepers += !r->done;
-		if (!r->done) {
-			while (!r->done)
-				pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
-			emu->sleepers--;
-		}
-		emu_rec_put_locked(r);
+	if (r == NULL || r->done) {
+		pthread_mutex_unlock(&emu->ev_lock);
+		return 0;
 	}
+	r->refs++; /* a concurrent re-record or destroy must not free it under us */
+	s = r->s;
+	pthread_mutex_unlock(&emu->ev_lock);
+	if (emu->opts.max_delay_us == 0)
+		emu_help_stream(emu, s);
+	pthread_mutex_lock(&emu->ev_lock);
+	if (!r->done) {
+		emu->sleepers++;
+		while (!r->done)
+			pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
+		emu->sleepers--;
+	}
+	emu_rec_put_locked(r);
 	pthread_mutex_unlock(&emu->ev_lock);
 	return 0;
 }
@@ -897,14 +1069,27 @@ kvt_device_emu_sleepers(struct kvt_device *d)
 	return n;
 }
 
-uint64_t
-kvt_device_emu_stream_sleeps(struct kvt_device *d, struct kvt_stream *stream)
+/* A stream's counter (@helped: waiters' ops, else link-time sleeps); 0 off the emulator. */
+static uint64_t
+emu_stream_count(struct kvt_device *d, struct kvt_stream *stream, bool helped)
 {
 	struct emu_stream *s = (struct emu_stream *)(void *)stream;
 
 	if (!d || d->ops != &emu_ops || !s)
 		return 0;
-	return atomic_load_explicit(&s->sleeps, memory_order_relaxed);
+	return atomic_load_explicit(helped ? &s->helped : &s->sleeps, memory_order_relaxed);
+}
+
+uint64_t
+kvt_device_emu_stream_helped(struct kvt_device *d, struct kvt_stream *stream)
+{
+	return emu_stream_count(d, stream, true);
+}
+
+uint64_t
+kvt_device_emu_stream_sleeps(struct kvt_device *d, struct kvt_stream *stream)
+{
+	return emu_stream_count(d, stream, false);
 }
 
 int
@@ -919,6 +1104,7 @@ kvt_device_emu_stream_hold(struct kvt_device *d, struct kvt_stream *stream, bool
 	pthread_mutex_lock(&s->lock);
 	s->hold = hold;
 	s->hold_at = 0;
+	emu_wake_locked(s);
 	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
 	return 0;
@@ -940,9 +1126,11 @@ kvt_device_emu_stream_step(struct kvt_device *d, struct kvt_stream *stream, uint
 	}
 	s->hold = false;
 	s->hold_at = s->executed + n_ops; /* held: nothing runs now, so executed is exact */
-	pthread_cond_broadcast(&s->cond);
+	emu_wake_locked(s);
+	s->n_sync++;
 	while (s->executed < s->hold_at && s->head != NULL)
 		pthread_cond_wait(&s->cond, &s->lock);
+	s->n_sync--;
 	pthread_mutex_unlock(&s->lock);
 	return 0;
 }
