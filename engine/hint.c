@@ -170,19 +170,26 @@ kvt_rot_member(const struct kvt_engine *e, const struct kvt_block *b)
 uint32_t
 kvt_rot_victims(struct kvt_engine *e, uint32_t *out, uint32_t max)
 {
-	uint32_t r, low, n = 0, j;
+	uint32_t r, low, n = 0, j, seen = 0;
 
 	if (!e->rel_ring)
 		return 0;
 	low = e->rel_next > KVT_REL_RING ? e->rel_next - KVT_REL_RING : 0;
 	if (low < e->prev_step_start)
 		low = e->prev_step_start;
-	for (r = e->rel_next; r > low && n < max; r--) {
+	/* an open sequence has one entry of its own (its latest release) and the ring's others
+	 * are stale: past n_open_seqs of them nothing is left to find. (One sequence decoding by
+	 * layer ranges releases once a layer and begins no step: a walk of the whole ring at each
+	 * reclaim was 7% of a sparse decode's time.) */
+	for (r = e->rel_next; r > low && n < max && seen < e->n_open_seqs; r--) {
 		uint32_t idx = e->rel_ring[r % KVT_REL_RING];
 		struct kvt_seqrec *s = idx < e->cap_seqs ? &e->seqs[idx] : NULL;
 
-		if (!s || !s->open || s->rel_no != r || s->in_batch || s->rot_part)
-			continue; /* a later release of it comes first, or it is in use */
+		if (!s || !s->open || s->rel_no != r)
+			continue; /* a later release of it comes first */
+		seen++;
+		if (s->in_batch || s->rot_part)
+			continue; /* it is in use */
 		for (j = s->n_blocks; j > 0 && n < max; j--) {
 			uint32_t id = s->blocks[j - 1];
 			const struct kvt_block *b;
