@@ -299,6 +299,8 @@ kvt_engine_check(struct kvt_engine *e)
 {
 	int rc;
 
+	if (e->grp) /* a grouped engine's front holds no tiers: each pool's */
+		return kvt_grp_check(e);
 	kvt_lock(e);
 	rc = check_tiers(e);
 	if (!rc)

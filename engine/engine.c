@@ -515,6 +515,8 @@ kvt_engine_poll(struct kvt_engine *e, uint32_t max)
 		kvt_tenant_enforce(e);
 	if (rc >= 0 && e->remote)
 		kvt_reng_reap(e);
+	if (rc >= 0 && e->ext)
+		kvt_ext_progress(e); /* the external pool's jobs (kvtier.h: every engine call) */
 	if (rc >= 0) {
 		/* completions may have queued follow-ups (a read that continues up to HBM) */
 		int rc2 = kvt_xfer_flush(e);

@@ -892,6 +892,8 @@ int kvt_win_ask(struct kvt_engine *e, kvt_seq_id id, uint32_t index);
 void kvt_ext_block_freed(struct kvt_engine *e, uint32_t id); /* block.c: block @id freed */
 void kvt_ext_read_failed(struct kvt_engine *e, uint32_t id, int res); /* xfer.c: NVMe read */
 void kvt_ext_fini(struct kvt_engine *e); /* destroy: wait for the pool's copies, free it */
+/* Advance the external pool's jobs and persistence (kvt_engine_poll); requires e->lock. */
+void kvt_ext_progress(struct kvt_engine *e);
 /* The session key the NVMe header of external block @id carries (its record's key), 0 = none. */
 uint64_t kvt_ext_session_key(const struct kvt_engine *e, uint32_t id);
 /* engine/persist.c for ext.c: records of one external block (KVT_EXT_TOKEN tokens) */
@@ -977,6 +979,10 @@ int kvt_grp_hint(struct kvt_engine *e, const struct kvt_seq_range *r, size_t n,
 int kvt_grp_batch_wait_layer(struct kvt_batch *b, uint32_t layer, void *stream);
 int kvt_grp_batch_release(struct kvt_batch *b, void *stream);
 int kvt_grp_poll(struct kvt_engine *e, uint32_t max);
+int kvt_grp_check(struct kvt_engine *e); /* kvt_engine_check of every pool */
+/* The pool of storage group @g of grouped engine @e for an external pool (engine/ext.c), or
+ * NULL with the error set (-EINVAL: out of range, an ALIAS or SIDECAR group, with advice). */
+struct kvt_engine *kvt_grp_ext_core(struct kvt_engine *e, uint32_t g, const char *fn);
 int kvt_grp_drain(struct kvt_engine *e);
 int kvt_grp_stats(struct kvt_engine *e, struct kvt_stats *out);
 int kvt_grp_session_list(struct kvt_engine *e, bool any, uint32_t tenant, uint64_t *keys,

@@ -33,7 +33,9 @@
 
 #include "engine_impl.h"
 
-#define EXT_POOL_ID 1u            /* the one pool of this version */
+#define EXT_POOL_ID 1u            /* the pool of an engine without layer groups; on a grouped
+                                     engine group g's pool is g + 1 (kept by its core engine
+                                     under EXT_POOL_ID) */
 #define EXT_MAX_N 65536u          /* blocks per store or load call */
 #define EXT_MAX_BLOCKS (1u << 30) /* caller block ids */
 #define EXT_MAX_LAYERS 65536u     /* layers over all entries */
@@ -259,6 +261,25 @@ ext_meta_reserve(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t id)
 	x->meta = nm;
 	x->cap_meta = ncap;
 	return 0;
+}
+
+/*
+ * The engine that holds pool @*pool: @e itself, or on a grouped engine the core engine of the
+ * group the id names (g + 1), *pool then its id there. An id naming no storage group keeps @e
+ * (the grouped front, which holds no pool: ext_get then says -ENOENT).
+ */
+static struct kvt_engine *
+ext_route(struct kvt_engine *e, uint32_t *pool)
+{
+	struct kvt_engine *c;
+
+	if (!e || !e->grp || *pool == 0)
+		return e;
+	c = kvt_grp_ext_core(e, *pool - 1, NULL);
+	if (!c)
+		return e;
+	*pool = EXT_POOL_ID;
+	return c;
 }
 
 static struct kvt_ext_state *
@@ -826,7 +847,7 @@ ext_progress(struct kvt_engine *e, struct kvt_ext_state *x)
 	bool stored = false;
 
 	(void)kvt_xfer_poll(e, 0);
-	for (int phase = 0; phase < 2; phase++)
+	for (int phase = 0; phase < 2 && x->n_jobs; phase++) /* kvt_engine_poll: often none */
 		for (i = 0; i < x->max_jobs; i++) {
 			struct ext_job *j = &x->jobs[i];
 
@@ -841,6 +862,13 @@ ext_progress(struct kvt_engine *e, struct kvt_ext_state *x)
 		kvt_watermarks(e); /* HOST above its high watermark: demote to NVMe */
 	ext_persist(e, x, false);
 	(void)kvt_xfer_flush(e);
+}
+
+void
+kvt_ext_progress(struct kvt_engine *e)
+{
+	if (e->ext)
+		ext_progress(e, e->ext);
 }
 
 /* ---- geometry checks */
@@ -1143,9 +1171,22 @@ kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o, uint32_t *p
 	if (oo.n_entries == 0 || oo.n_entries > KVT_EXT_MAX_ENTRIES || !oo.layers)
 		return kvt_err(-EINVAL, "kvt_ext_register: %u entries%s (1..%u)", oo.n_entries,
 			       oo.layers ? "" : " and layers NULL", KVT_EXT_MAX_ENTRIES);
+	if (e->grp) { /* the group's own pool engine holds it (pool id g + 1) */
+		uint32_t g = oo.layer_group;
+		struct kvt_engine *c = kvt_grp_ext_core(e, g, "kvt_ext_register");
+
+		if (!c)
+			return -EINVAL;
+		oo.layer_group = 0;
+		oo.opts_size = sizeof oo;
+		rc = kvt_ext_register(c, &oo, pool);
+		if (rc == 0)
+			*pool = g + 1;
+		return rc;
+	}
 	if (oo.layer_group != 0)
-		return kvt_err(-EINVAL, "kvt_ext_register: layer_group %u: only 0 in this version",
-			       oo.layer_group);
+		return kvt_err(-EINVAL, "kvt_ext_register: layer_group %u on an engine without "
+			       "layer groups (only 0)", oo.layer_group);
 	if (oo.max_jobs == 0 || oo.max_jobs > (1u << 20))
 		return kvt_err(-EINVAL, "kvt_ext_register: max_jobs %u out of 1..%u", oo.max_jobs,
 			       1u << 20);
@@ -1160,7 +1201,7 @@ kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o, uint32_t *p
 	kvt_lock(e);
 	if (e->ext) {
 		rc = kvt_err(-EEXIST, "kvt_ext_register: a pool is already registered (one per "
-			     "engine in this version)");
+			     "engine, one per layer group of a grouped engine)");
 		goto fail;
 	}
 	if (!e->slots[KVT_TIER_HOST].n_slots) {
@@ -1246,6 +1287,7 @@ kvt_ext_unregister(struct kvt_engine *e, uint32_t pool)
 
 	if (!e)
 		return kvt_err(-EINVAL, "kvt_ext_unregister: engine is NULL");
+	e = ext_route(e, &pool);
 	kvt_lock(e);
 	x = ext_get(e, pool, "kvt_ext_unregister");
 	if (!x) {
@@ -1433,6 +1475,7 @@ kvt_ext_store(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64
 		*job = 0;
 	if (!e || !job)
 		return kvt_err(-EINVAL, "kvt_ext_store: engine and job must not be NULL");
+	e = ext_route(e, &pool);
 	kvt_lock(e);
 	x = ext_get(e, pool, "kvt_ext_store");
 	if (!x) {
@@ -1519,6 +1562,7 @@ kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint6
 	if (!e || !hits || (n && !hashes))
 		return kvt_err(-EINVAL, "kvt_ext_lookup: engine, hits and hashes (n %zu) must not "
 			       "be NULL", n);
+	e = ext_route(e, &pool);
 	kvt_lock(e);
 	x = ext_get(e, pool, "kvt_ext_lookup");
 	if (!x) {
@@ -1565,6 +1609,7 @@ kvt_ext_removed(struct kvt_engine *e, uint32_t pool, struct kvt_ext_removal *out
 			       "be NULL", max);
 	if (max > INT_MAX)
 		max = INT_MAX;
+	e = ext_route(e, &pool);
 	kvt_lock(e);
 	x = ext_get(e, pool, "kvt_ext_removed");
 	if (!x) {
@@ -1597,6 +1642,7 @@ kvt_ext_load(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_
 		return kvt_err(-EINVAL, "kvt_ext_load: engine and job must not be NULL");
 	if (flags & ~KVT_EXT_LAYERWISE)
 		return kvt_err(-EINVAL, "kvt_ext_load: unknown flags %#x", flags);
+	e = ext_route(e, &pool);
 	kvt_lock(e);
 	x = ext_get(e, pool, "kvt_ext_load");
 	if (!x) {
@@ -1645,6 +1691,7 @@ kvt_ext_poll(struct kvt_engine *e, uint32_t pool, struct kvt_ext_done *done, siz
 	if (!e || (cap && !done) || (fails_cap && !fails))
 		return kvt_err(-EINVAL, "kvt_ext_poll: NULL engine, or NULL done/fails with a "
 			       "capacity");
+	e = ext_route(e, &pool);
 	kvt_lock(e);
 	x = ext_get(e, pool, "kvt_ext_poll");
 	if (!x) {
@@ -1706,6 +1753,7 @@ ext_wait(struct kvt_engine *e, uint32_t pool, uint64_t id, uint32_t layer, uint3
 	uint32_t us = 5;
 	int rc;
 
+	e = ext_route(e, &pool);
 	kvt_lock(e);
 	for (;;) {
 		struct kvt_ext_state *x = ext_get(e, pool, fn);
@@ -1826,6 +1874,7 @@ ext_hint(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *h
 		return kvt_err(-EINVAL, "%s: engine and hashes (n %zu) must not be NULL", fn, n);
 	if (n > (size_t)INT32_MAX)
 		return kvt_err(-EINVAL, "%s: n %zu too large", fn, n);
+	e = ext_route(e, &pool);
 	kvt_lock(e);
 	x = ext_get(e, pool, fn);
 	if (!x) {
@@ -1881,6 +1930,7 @@ kvt_ext_stats(struct kvt_engine *e, uint32_t pool, struct kvt_ext_stats *out)
 
 	if (!e || !out || out->size < sizeof(size_t) || out->size > 4096)
 		return kvt_err(-EINVAL, "kvt_ext_stats: NULL, or size not set");
+	e = ext_route(e, &pool);
 	kvt_lock(e);
 	x = ext_get(e, pool, "kvt_ext_stats");
 	if (!x) {

@@ -1908,6 +1908,43 @@ kvt_grp_batch_release(struct kvt_batch *b, void *stream)
 /* ---- progress and statistics -------------------------------------------------------------- */
 
 int
+kvt_grp_check(struct kvt_engine *e)
+{
+	struct kvt_grp *G = e->grp;
+	uint32_t g;
+	int rc;
+
+	GRP_FOR_STORAGE(G, g) {
+		rc = kvt_engine_check(G->core[g]);
+		if (rc)
+			return grp_err(rc, g);
+	}
+	return 0;
+}
+
+struct kvt_engine *
+kvt_grp_ext_core(struct kvt_engine *e, uint32_t g, const char *fn)
+{
+	struct kvt_grp *G = e->grp;
+
+	if (g < G->n && G->core[g])
+		return G->core[g];
+	if (!fn)
+		return NULL;
+	if (g >= G->n)
+		kvt_err(-EINVAL, "%s: layer_group %u out of range (the engine has %u groups)", fn,
+			g, G->n);
+	else if (G->g[g].kind == KVT_GROUP_ALIAS)
+		kvt_err(-EINVAL, "%s: layer group %u is an ALIAS group: its layers read another "
+			"group's KV and it has no pool; register the group it aliases", fn, g);
+	else /* the only other kind without a pool */
+		kvt_err(-EINVAL, "%s: layer group %u is a SIDECAR group: its bytes live in its "
+			"parent group's blocks; register the parent group (its block_bytes include "
+			"the sidecar)", fn, g);
+	return NULL;
+}
+
+int
 kvt_grp_poll(struct kvt_engine *e, uint32_t max)
 {
 	struct kvt_grp *G = e->grp;

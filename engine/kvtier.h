@@ -1649,7 +1649,24 @@ KVT_API int kvt_engine_group_stats(struct kvt_engine *e, uint32_t group, struct 
  * when all its copies have ended, with the caller block ids that failed and why.
  * Threading: as the rest of the engine (any thread; the engine mutex serialises; no call holds
  * it while it waits for a copy or IO). Progress: completions are processed in kvt_ext_poll(),
- * kvt_ext_wait(), kvt_ext_wait_layer() and every engine call (kvt_engine_poll).
+ * kvt_ext_wait(), kvt_ext_wait_layer() and kvt_engine_poll() (which advances every pool's
+ * jobs: NVMe reads on to their copies, write-through and publishing).
+ *
+ * Layer groups (a hybrid model; vLLM's KV cache groups, SGLang's hybrid pools): on a grouped
+ * engine each storage group (FULL, WINDOW, LATENT, STATE) may have a pool of its own, with
+ * that group's geometry (its segments together at most the group's block_bytes,
+ * kvt_group_geometry), registered with layer_group = g; its id is g + 1. Everything of a pool
+ * is its group's: its blocks live in that group's HOST and NVMe share (kvt_engine_opts.groups
+ * share) under that group's eviction, keys are per group (the same (tenant, hash) stored in
+ * two groups' pools is two independent blocks: a lookup, load or drop in one does not see the
+ * other), each group's store persists its own, and a failure (an NVMe checksum) concerns the
+ * group it happened in. A server with several groups stores and looks up each group's blocks
+ * through its own pool and decides itself what a prefix hit across groups is (the shortest).
+ * Size the groups' shares (kvt_group.share) for what their pools will hold: by default a
+ * WINDOW or STATE group gets only what its window bounds (a few blocks), and a pool's stored
+ * blocks are a cache there (the oldest leave the last tier to make room: a later load of one
+ * reports -ENOENT for it).
+ * kvt_engine_stats and metrics sum the groups; kvt_engine_group_stats gives one.
  */
 
 #define KVT_EXT_NO_V UINT64_MAX /* v_offset of a layout without V (MLA latent) */
@@ -1674,7 +1691,9 @@ struct kvt_ext_opts {
 	uint32_t n_blocks;     /* caller block ids are 0..n_blocks-1; 1..(1 << 30) */
 	uint32_t n_entries;    /* entries in @layers; 1..KVT_EXT_MAX_ENTRIES */
 	const struct kvt_ext_layer *layers; /* the geometry; copied */
-	uint32_t layer_group;  /* layer group the pool holds (0; for per-group pools later) */
+	uint32_t layer_group;  /* layer group the pool holds: 0 on an engine without groups; on a
+	                          grouped engine a FULL, WINDOW, LATENT or STATE group (not
+	                          ALIAS or SIDECAR), one pool each ("Layer groups" below) */
 	uint32_t max_jobs;     /* jobs in flight or unreported at once; default 4096 */
 	uint32_t removed_cap;  /* removals kvt_ext_removed() holds undrained; default 65536;
 	                          1..(1 << 24) (entries of 16 bytes) */
@@ -1712,8 +1731,9 @@ struct kvt_ext_fail {
 KVT_API void kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size);
 
 /**
- * kvt_ext_register() - register the caller's device KV pool with @e (one pool per engine in
- * this version; layer groups later). The memory stays the caller's: it must stay valid until
+ * kvt_ext_register() - register the caller's device KV pool with @e: one pool per engine, or
+ * on a grouped engine (kvt_engine_opts.groups) one per storage group, @o->layer_group naming
+ * it. The memory stays the caller's: it must stay valid until
  * kvt_ext_unregister() or kvt_engine_destroy(). With nvme_persist, every stored block is
  * written through to NVMe and published in the store once that write landed (from the pool's
  * calls, kvt_ext_poll among them); kvt_engine_destroy() finishes the writes still missing and
@@ -1724,8 +1744,11 @@ KVT_API void kvt_ext_opts_init(struct kvt_ext_opts *o, size_t size);
  * Returns 0; -EINVAL (bad sizes, zero stride or bytes, n_blocks out of range, an entry's
  * segments overlapping each other or another entry's for some block ids, a block's segments
  * together larger than the engine's block_bytes; nothing registered, the message says which
- * entry and why), -EEXIST (a pool is already registered), -ENODEV (the engine has no HOST
- * tier), -ENOMEM.
+ * entry and why; on a grouped engine also a layer_group out of range, an ALIAS group (register
+ * the group it reads) or a SIDECAR group (register its parent: the sidecar is part of the
+ * parent's blocks); on an engine without groups a layer_group other than 0), -EEXIST (a pool is
+ * already registered for the engine or that group), -ENODEV (the engine, or the group's pool,
+ * has no HOST tier), -ENOMEM.
  */
 KVT_API int kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o, uint32_t *pool);
 

@@ -113,24 +113,6 @@ hash_of(uint32_t i)
 	return 0x1234567800000000ull ^ ((uint64_t)i * 0x9e3779b97f4a7c15ull);
 }
 
-/* Wait for @job and poll it: asserts it is reported, returns its record; failures in @f. */
-static struct kvt_ext_done
-finish(struct kvt_engine *e, uint32_t pool, uint64_t job, struct kvt_ext_fail *f, size_t fcap)
-{
-	struct kvt_ext_done d[8];
-	int rc = kvt_ext_wait(e, pool, job, 60000), n;
-
-	if (rc)
-		print_error("wait: %s\n", kvt_last_error_message());
-	assert_int_equal(rc, 0);
-	n = kvt_ext_poll(e, pool, d, 8, f, fcap);
-	assert_true(n >= 1);
-	for (int i = 0; i < n; i++)
-		if (d[i].job == job)
-			return d[i];
-	fail_msg("job %llu not reported", (unsigned long long)job);
-	return d[0];
-}
 
 static struct kvt_engine *
 engine(uint32_t host_blocks, uint32_t nvme_blocks, char **dir,
@@ -162,7 +144,7 @@ store_ids(struct kvt_engine *e, struct pool *p, uint32_t tenant, const uint32_t 
 	if (rc)
 		print_error("store: %s\n", kvt_last_error_message());
 	assert_int_equal(rc, 0);
-	d = finish(e, p->id, job, f, NB);
+	d = tsup_ext_finish(e, p->id, job, f, NB);
 	assert_int_equal(d.kind, KVT_EXT_STORE);
 	assert_int_equal(d.status, 0);
 	assert_int_equal(d.n_failed, 0);
@@ -198,7 +180,7 @@ roundtrip(uint32_t host_blocks, uint32_t nvme_blocks, uint32_t flags)
 		if (flags & KVT_EXT_LAYERWISE)
 			for (uint32_t l = 0; l < TSUP_LAYERS; l++)
 				assert_int_equal(kvt_ext_wait_layer(e, p.id, job, l, NULL), 0);
-		d = finish(e, p.id, job, f, 8);
+		d = tsup_ext_finish(e, p.id, job, f, 8);
 		for (i = 0; i < d.n_failed; i++)
 			print_error("load: block %u failed: %s\n", f[d.failed_first + i].block_id,
 				    kvt_strerror(f[d.failed_first + i].err));
@@ -268,10 +250,10 @@ test_cross_layer_and_k_only(void **state)
 	o.layers = &L;
 	assert_int_equal(kvt_ext_register(e, &o, &pool), 0);
 	assert_int_equal(kvt_ext_store(e, pool, 0, h, src, 3, NULL, &job), 0);
-	d = finish(e, pool, job, f, 3);
+	d = tsup_ext_finish(e, pool, job, f, 3);
 	assert_int_equal(d.n_failed, 0);
 	assert_int_equal(kvt_ext_load(e, pool, 0, h, dst, 3, 0, &job), 0);
-	d = finish(e, pool, job, f, 3);
+	d = tsup_ext_finish(e, pool, job, f, 3);
 	assert_int_equal(d.n_failed, 0);
 	for (i = 0; i < 3; i++)
 		assert_memory_equal(mem + dst[i] * bstride, mem + src[i] * bstride, bstride);
@@ -282,9 +264,9 @@ test_cross_layer_and_k_only(void **state)
 				    .v_offset = KVT_EXT_NO_V, .n_layers = 1 };
 	assert_int_equal(kvt_ext_register(e, &o, &pool), 0);
 	assert_int_equal(kvt_ext_store(e, pool, 0, h, src, 3, NULL, &job), 0);
-	assert_int_equal(finish(e, pool, job, f, 3).n_failed, 0);
+	assert_int_equal(tsup_ext_finish(e, pool, job, f, 3).n_failed, 0);
 	assert_int_equal(kvt_ext_load(e, pool, 0, h, dst, 3, 0, &job), 0);
-	assert_int_equal(finish(e, pool, job, f, 3).n_failed, 0);
+	assert_int_equal(tsup_ext_finish(e, pool, job, f, 3).n_failed, 0);
 	for (i = 0; i < 3; i++)
 		assert_memory_equal(mem + dst[i] * SEG, mem + src[i] * SEG, SEG);
 	tsup_check_engine(e);
@@ -327,7 +309,7 @@ test_lookup_leading(void **state)
 	assert_int_equal(tier, KVT_TIER_COUNT);
 	/* storing them again skips them */
 	assert_int_equal(kvt_ext_store(e, p.id, 7, h, ids, 2, NULL, &job), 0);
-	d = finish(e, p.id, job, f, 4);
+	d = tsup_ext_finish(e, p.id, job, f, 4);
 	assert_int_equal(d.n_skipped, 2);
 	assert_int_equal(d.n_failed, 0);
 	/* touch finds 3 of 4, drop makes the run end at h[1] */
@@ -342,14 +324,14 @@ test_lookup_leading(void **state)
 
 		fill(&p, 0, 5);
 		assert_int_equal(kvt_ext_store(e, p.id, 7, hl, ids, 1, NULL, &job), 0);
-		d = finish(e, p.id, job, f, 4); /* h[0] already there: skipped */
+		d = tsup_ext_finish(e, p.id, job, f, 4); /* h[0] already there: skipped */
 		assert_int_equal(kvt_ext_load(e, p.id, 7, hl, to, 3, 0, &job), 0);
 		/* no room for its failure: -ENOSPC, the job stays for the next poll */
 		assert_int_equal(kvt_ext_wait(e, p.id, job, 60000), 0);
 		assert_int_equal(kvt_ext_poll(e, p.id, &d, 1, NULL, 0), -ENOSPC);
 		assert_int_equal(d.job, job);
 		assert_int_equal(d.n_failed, 1);
-		d = finish(e, p.id, job, f, 4);
+		d = tsup_ext_finish(e, p.id, job, f, 4);
 		assert_int_equal(d.n_failed, 1);
 		assert_int_equal(f[d.failed_first].block_id, 11);
 		assert_int_equal(f[d.failed_first].err, -ENOENT);
@@ -426,7 +408,7 @@ test_corrupt_block_only_it_fails(void **state)
 	corrupt_reads = 1;
 	reads_seen = 0;
 	assert_int_equal(kvt_ext_load(e, p.id, 3, h, to, 8, 0, &job), 0);
-	d = finish(e, p.id, job, f, 8);
+	d = tsup_ext_finish(e, p.id, job, f, 8);
 	assert_true(reads_seen >= 1);
 	assert_int_equal(corrupt_reads, 0);
 	assert_int_equal(d.n_failed, 1);
@@ -443,7 +425,7 @@ test_corrupt_block_only_it_fails(void **state)
 	assert_int_equal(kvt_ext_lookup(e, p.id, 3, h, 8, &hits, NULL), 0);
 	assert_int_equal(hits, bad - 16);
 	assert_int_equal(kvt_ext_load(e, p.id, 3, h + (bad - 16), &to[bad - 16], 1, 0, &job), 0);
-	d = finish(e, p.id, job, f, 8);
+	d = tsup_ext_finish(e, p.id, job, f, 8);
 	assert_int_equal(d.n_failed, 1);
 	assert_int_equal(f[d.failed_first].err, -ENOENT);
 	tsup_check_engine(e);
@@ -632,7 +614,7 @@ test_restart_persistent_hits(void **state)
 		wipe(&q, to[i]);
 	}
 	assert_int_equal(kvt_ext_load(e, q.id, 4, h, to, 6, 0, &job), 0);
-	d = finish(e, q.id, job, f, 6);
+	d = tsup_ext_finish(e, q.id, job, f, 6);
 	assert_int_equal(d.n_failed, 0);
 	for (i = 0; i < 6; i++)
 		assert_true(holds(&q, to[i], 60 + i));
@@ -695,7 +677,7 @@ test_destroy_publishes_stored(void **state)
 		wipe(&q, to[i]);
 	}
 	assert_int_equal(kvt_ext_load(e, q.id, 2, h, to, 6, 0, &job), 0);
-	d = finish(e, q.id, job, f, 6);
+	d = tsup_ext_finish(e, q.id, job, f, 6);
 	assert_int_equal(d.n_failed, 0);
 	for (i = 0; i < 6; i++)
 		assert_true(holds(&q, to[i], 90 + i));
@@ -816,7 +798,7 @@ test_removed_drop_while_loading(void **state)
 	assert_int_equal(stored(e, &p, 1, h), 0);
 	assert_int_equal(kvt_ext_removed(e, p.id, out, 4, &lost), 1);
 	assert_true(out[0].hash == h);
-	(void)finish(e, p.id, job, f, 2);
+	(void)tsup_ext_finish(e, p.id, job, f, 2);
 	assert_int_equal(kvt_engine_drain(e), 0);
 	assert_int_equal(kvt_ext_poll(e, p.id, NULL, 0, NULL, 0), 0);
 	assert_int_equal(kvt_ext_removed(e, p.id, out, 4, &lost), 0);

@@ -429,3 +429,22 @@ tsup_nvme_reap_all(struct kvt_nvme *n, uint32_t count, int res)
 		got += (uint32_t)r;
 	}
 }
+
+struct kvt_ext_done
+tsup_ext_finish(struct kvt_engine *e, uint32_t pool, uint64_t job, struct kvt_ext_fail *f,
+		size_t fcap)
+{
+	struct kvt_ext_done d[8];
+	int rc = kvt_ext_wait(e, pool, job, 60000), n;
+
+	if (rc)
+		print_error("wait: %s\n", kvt_last_error_message());
+	assert_int_equal(rc, 0);
+	n = kvt_ext_poll(e, pool, d, 8, f, fcap);
+	assert_true(n >= 1);
+	for (int i = 0; i < n; i++)
+		if (d[i].job == job)
+			return d[i];
+	fail_msg("job %llu not reported", (unsigned long long)job);
+	return d[0];
+}

@@ -49,6 +49,11 @@ void tsup_store_opts(struct kvt_engine_opts *o, const char *dir, uint64_t nvme_b
 struct kvt_engine *tsup_create(const struct kvt_engine_opts *o,
 			       const struct kvt_nvme_fault_hooks *hooks);
 
+/* kvt_ext_wait for external-pool @job (60 s at most), then kvt_ext_poll: asserts the job is
+ * reported and returns its record; its failures are in @f (@fcap entries). */
+struct kvt_ext_done tsup_ext_finish(struct kvt_engine *e, uint32_t pool, uint64_t job,
+				    struct kvt_ext_fail *f, size_t fcap);
+
 /* While tsup_enospc_writes is set, tsup_enospc_hooks complete every NVMe write with -ENOSPC
  * (a volume out of space); reads and writes are untouched otherwise. */
 extern int tsup_enospc_writes;

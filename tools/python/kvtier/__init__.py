@@ -1075,7 +1075,9 @@ class ExternalPool:
     @layers: a list of ext_layer() dicts (or kvt_ext_layer field dicts); @n_blocks: block ids
     are 0..n_blocks-1. Torch-free: addresses and strides are ints (tensor.data_ptr()). Jobs run
     asynchronously; poll() reports each finished job once with the blocks that failed. The
-    pool's memory must outlive close() (which waits for the jobs in flight)."""
+    pool's memory must outlive close() (which waits for the jobs in flight). On an Engine
+    with layer groups, @layer_group names the storage group the pool holds (one pool each,
+    with that group's geometry; keys are per group)."""
 
     def __init__(self, engine, n_blocks, layers, max_jobs=0, layer_group=0, removed_cap=0):
         self._engine = engine
@@ -1129,8 +1131,9 @@ class ExternalPool:
         return not self.pool or self._engine.closed
 
     def close(self):
-        """kvt_ext_unregister: wait for the jobs in flight, forget the pool (its stored blocks
-        stay stored). Idempotent."""
+        """kvt_ext_unregister: wait for the jobs in flight, forget the pool and free its
+        stored blocks (with nvme_persist their records are deleted too: to keep them for the
+        next process, close the Engine instead). Idempotent."""
         if not self.pool:
             return
         p, self.pool = self.pool, 0

@@ -249,3 +249,47 @@ def test_summary_sidecar():
         got = np.frombuffer(seq.sidecar(1, 0, 0, 1), dtype=np.float32)
         assert list(got) == [-2.0, -4.0, 1.0, 5.0]
         seq.close()
+
+
+def test_external_pool_per_group():
+    """ExternalPool(layer_group=g) on a grouped Engine: one pool per storage group with that
+    group's geometry (group 0: 2 layers of K 256 B + V 128 B; group 1: a latent of 384 B), the
+    same hashes in both groups independent, the ALIAS group refused."""
+    eng = engine()
+    nb = 8
+    geo = [eng.group_geometry(g) for g in range(2)]
+    kb = [geo[0]["k_token_bytes"] * TPB, geo[1]["k_token_bytes"] * TPB]
+    vb = geo[0]["v_token_bytes"] * TPB
+    m0 = [np.zeros((2, nb, kb[0]), dtype=np.uint8) for _ in range(2)]
+    m1 = np.zeros((nb, kb[1]), dtype=np.uint8)
+    l0 = [kvtier.ext_layer(m.ctypes.data, kb[0], kb[0], vb, v_offset=nb * kb[0]) for m in m0]
+    l1 = [kvtier.ext_layer(m1.ctypes.data, kb[1], kb[1], 0)]
+    with eng, kvtier.ExternalPool(eng, nb, l0, layer_group=0) as p0, \
+            kvtier.ExternalPool(eng, nb, l1, layer_group=1) as p1:
+        assert (p0.pool, p1.pool) == (1, 2)
+        with pytest.raises(kvtier.InvalidArgumentError, match="ALIAS"):
+            kvtier.ExternalPool(eng, nb, l1, layer_group=3)
+        with pytest.raises(kvtier.KvtierError):
+            kvtier.ExternalPool(eng, nb, l1, layer_group=1)  # one pool per group
+        for i in range(3):
+            for m in m0:
+                m[0, i] = (np.arange(kb[0]) * 3 + i) % 251
+                m[1, i, :vb] = (np.arange(vb) * 5 + i) % 253
+            m1[i] = (np.arange(kb[1]) * 7 + i + 100) % 249
+        hashes = [11, 22, 33]
+        for p in (p0, p1):
+            j = p.store(hashes, [0, 1, 2])
+            assert p.wait(j, 60000)
+            assert all(d.ok for d in p.poll())
+        assert p0.lookup(hashes) == 3 and p1.lookup(hashes) == 3
+        assert p0.drop([22]) == 1
+        assert p0.lookup(hashes) == 1 and p1.lookup(hashes) == 3
+        j = p1.load(hashes, [5, 6, 7])
+        assert p1.wait(j, 60000)
+        assert all(d.ok for d in p1.poll())
+        assert (m1[5:8] == m1[0:3]).all()
+        j = p0.load(hashes[:1], [4])
+        assert p0.wait(j, 60000)
+        assert all(d.ok for d in p0.poll())
+        assert all((m[0, 4] == m[0, 0]).all() and (m[1, 4, :vb] == m[1, 0, :vb]).all()
+                   for m in m0)
