@@ -772,6 +772,18 @@ void kvt_reng_kick(struct kvt_engine *e);
  * they enter the prefix index as cached blocks when reaped verified. Returns the blocks asked. */
 uint32_t kvt_reng_lookup(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
 			 const uint64_t salt[2], uint32_t tenant, uint32_t k, uint32_t max);
+/* The external pool's side (engine/ext.c), under the lock. kvt_reng_ext_offer: stored block
+ * @id (key @k of @tenant: ext.c's REMOTE key of the caller's hash; its first @used bytes are the
+ * block's) landed (@evidence false) or was stored again / loaded (true): written through per
+ * opts.remote_write, as kvt_reng_sealed. kvt_reng_can_fetch: a REMOTE tier to fetch from.
+ * kvt_reng_ext_fetch: the @n (<= 256) blocks @ids (HOST slots INFLIGHT, busy) are fetched under
+ * @keys by one pipelined get; reaped, each goes back to kvt_ext_fetched (verified and in the
+ * leading run, or not). Returns 0, -ENOMEM (nothing queued: the caller undoes the blocks). */
+void kvt_reng_ext_offer(struct kvt_engine *e, uint32_t id, uint32_t tenant, const uint64_t k[2],
+			uint64_t used, bool evidence);
+bool kvt_reng_can_fetch(const struct kvt_engine *e);
+int kvt_reng_ext_fetch(struct kvt_engine *e, uint32_t tenant, const uint64_t (*keys)[2],
+		       const uint32_t *ids, uint32_t n);
 /* Whether block @id is an INFLIGHT remote fetch (kvt_engine_check); whether the prefix key of
  * block @k of @tokens is being fetched (an attach that stopped there: stats.remote_late_blocks). */
 bool kvt_reng_fetching(const struct kvt_engine *e, uint32_t id);
@@ -894,6 +906,9 @@ void kvt_ext_read_failed(struct kvt_engine *e, uint32_t id, int res); /* xfer.c:
 void kvt_ext_fini(struct kvt_engine *e); /* destroy: wait for the pool's copies, free it */
 /* Advance the external pool's jobs and persistence (kvt_engine_poll); requires e->lock. */
 void kvt_ext_progress(struct kvt_engine *e);
+/* remote.c: fetched block @id landed verified (@ok) or not (@first_miss: it ended the verified
+ * run: the pool remembers the miss for a while, so repeated lookups do not ask again) */
+void kvt_ext_fetched(struct kvt_engine *e, uint32_t id, bool ok, bool first_miss);
 /* The session key the NVMe header of external block @id carries (its record's key), 0 = none. */
 uint64_t kvt_ext_session_key(const struct kvt_engine *e, uint32_t id);
 /* engine/persist.c for ext.c: records of one external block (KVT_EXT_TOKEN tokens) */

@@ -31,6 +31,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <xxhash.h>
+
 #include "engine_impl.h"
 
 #define EXT_POOL_ID 1u            /* the pool of an engine without layer groups; on a grouped
@@ -39,6 +41,9 @@
 #define EXT_MAX_N 65536u          /* blocks per store or load call */
 #define EXT_MAX_BLOCKS (1u << 30) /* caller block ids */
 #define EXT_MAX_LAYERS 65536u     /* layers over all entries */
+#define EXT_RF_MAX 256u           /* blocks of one REMOTE fetch (one pipelined get) */
+#define EXT_NEG 1024u             /* REMOTE misses remembered (direct-mapped) */
+#define EXT_NEG_NS 1000000000ull  /* ... for this long: a lookup in that time asks no again */
 
 enum { JB_WAIT = 0, JB_READ = 1, JB_COPY = 2, JB_DONE = 3, JB_FAIL = 4, JB_SKIP = 5 };
 
@@ -91,7 +96,16 @@ struct ext_meta {
 	uint8_t landed;  /* its HOST copy landed once (loadable, found by lookup) */
 	uint8_t dropped; /* kvt_ext_drop while pinned: uncached at the last unpin */
 	uint8_t published; /* a record in the persistent store names pub_slot */
+	uint8_t fetching; /* its HOST copy is being fetched from REMOTE (not landed yet) */
 	uint32_t pub_slot; /* the NVMe slot that record names */
+};
+
+/* A REMOTE miss remembered: (tenant, hash) ended a fetch's verified run until @until_ns. */
+struct ext_neg {
+	uint64_t hash;
+	uint64_t until_ns;
+	uint32_t tenant;
+	uint32_t pad_;
 };
 
 struct ext_ent {
@@ -135,6 +149,10 @@ struct kvt_ext_state {
 	uint32_t gone_head, gone_n; /* oldest entry, entries held (<= x->gone_cap) */
 	uint64_t gone_lost;        /* removals the full ring overwrote since the last drain */
 	uint32_t gone_cap;         /* kvt_ext_opts.removed_cap */
+	/* the REMOTE tier below the pool (engine/remote.c; kvtier.h "External-pool mode") */
+	uint64_t geo_fp;           /* XXH3-64 of the per-layer segment sizes: part of each key */
+	bool closing;              /* unregistering: no new REMOTE fetches */
+	struct ext_neg neg[EXT_NEG];
 };
 #define EXT_REMOVED_CAP 65536u     /* kvt_ext_opts.removed_cap's default */
 
@@ -168,6 +186,36 @@ static uint64_t
 ext_key(uint64_t hash, uint32_t tenant)
 {
 	return hash ^ ext_mix(0x4b56544558543031ull, tenant);
+}
+
+/*
+ * The REMOTE key (16 bytes, kvt_rv_key's hash) of the caller's @hash in pool @x: XXH3-128 of
+ * a tag, the hash and the pool's geometry fingerprint (the segment sizes decide the bytes of
+ * a stored block: two servers with the same model and layout but other segments do not share
+ * values). Prefix-chain keys of the engine's own sequences are XXH3-128 of token chains:
+ * never the same input.
+ */
+static void
+ext_rkey(const struct kvt_ext_state *x, uint64_t hash, uint64_t k[2])
+{
+	uint8_t in[24];
+	XXH128_hash_t h;
+
+	memcpy(in, "KVTEXT01", 8);
+	memcpy(in + 8, &hash, 8);
+	memcpy(in + 16, &x->geo_fp, 8);
+	h = XXH3_128bits(in, sizeof in);
+	k[0] = h.low64;
+	k[1] = h.high64;
+}
+
+static uint64_t
+ext_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static struct ext_ent *
@@ -360,6 +408,143 @@ kvt_ext_read_failed(struct kvt_engine *e, uint32_t id, int res)
 
 	if (x && id < x->cap_meta && x->meta[id].ext)
 		x->meta[id].last_err = res == KVT_ECORRUPT ? KVT_ECORRUPT : -EIO;
+}
+
+/* ---- the REMOTE tier below the pool */
+
+/* Stored block @id landed (@evidence false), or was stored again or loaded (true): offered for
+ * write-through (remote.c decides per opts.remote_write, the budget and the backlog). */
+static void
+ext_offer(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t id, bool evidence)
+{
+	uint64_t k[2];
+
+	if (!e->remote || !x->meta[id].ext || !x->meta[id].landed)
+		return;
+	ext_rkey(x, x->meta[id].hash, k);
+	kvt_reng_ext_offer(e, id, x->meta[id].tenant, k, x->bytes, evidence);
+}
+
+/*
+ * Entry @t names a block being fetched from REMOTE: take it out of the index (a store of its
+ * hash copies the caller's bytes instead of trusting a fetch that may miss; a drop means it
+ * must not land). The block stays busy until its fetch is reaped, then goes (kvt_ext_fetched
+ * finds it no longer the pool's).
+ */
+static void
+ext_detach_fetch(struct kvt_ext_state *x, struct ext_ent *t)
+{
+	struct ext_meta *m = &x->meta[t->block];
+
+	m->ext = 0;
+	m->fetching = 0;
+	m->gen++;
+	t->block = EXT_TOMB;
+	x->n--;
+	x->tombs++;
+}
+
+static struct ext_neg *
+ext_neg_slot(struct kvt_ext_state *x, uint32_t tenant, uint64_t hash)
+{
+	return &x->neg[ext_mix(hash, tenant) & (EXT_NEG - 1)];
+}
+
+void
+kvt_ext_fetched(struct kvt_engine *e, uint32_t id, bool ok, bool first_miss)
+{
+	struct kvt_ext_state *x = e->ext;
+	struct ext_meta *m;
+
+	if (!x || id >= x->cap_meta || !x->meta[id].ext || !x->meta[id].fetching) {
+		kvt_block_uncache(e, id); /* no pool holds it (cannot happen: unregister drains) */
+		return;
+	}
+	m = &x->meta[id];
+	m->fetching = 0;
+	if (ok) {
+		m->landed = 1; /* found by kvt_ext_lookup, loadable, persisted as a stored one */
+		x->st.remote_hit_blocks++;
+		return;
+	}
+	if (first_miss) {
+		struct ext_neg *ng = ext_neg_slot(x, m->tenant, m->hash);
+
+		*ng = (struct ext_neg){ .hash = m->hash, .tenant = m->tenant,
+					.until_ns = ext_now_ns() + EXT_NEG_NS };
+	}
+	kvt_block_uncache(e, id); /* kvt_ext_block_freed takes it out of the index */
+}
+
+/*
+ * Ask REMOTE for the @n hashes that follow a lookup's local run (@hashes[0] missed locally):
+ * the leading ones not indexed here get a block record and a HOST slot (INFLIGHT, busy: the
+ * remote worker writes it) and one pipelined get, queued; they are in the index meanwhile (a
+ * store of the same hash is skipped, lookup and load do not find them) and land, or go, when
+ * the worker's result is reaped. Never waits. Returns the blocks asked.
+ */
+static uint32_t
+ext_fetch(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t tenant, const uint64_t *hashes,
+	  size_t n)
+{
+	uint64_t keys[EXT_RF_MAX][2];
+	uint32_t ids[EXT_RF_MAX], want, m;
+	struct kvt_slots *sl = &e->slots[KVT_TIER_HOST];
+	struct ext_neg *ng;
+
+	if (!n || x->closing || !kvt_reng_can_fetch(e) || ext_find(x, tenant, hashes[0]))
+		return 0; /* no REMOTE, or the first one is being stored or fetched already */
+	ng = ext_neg_slot(x, tenant, hashes[0]);
+	if (ng->hash == hashes[0] && ng->tenant == tenant && ng->until_ns > ext_now_ns())
+		return 0; /* missed there a moment ago */
+	want = n < EXT_RF_MAX ? (uint32_t)n : EXT_RF_MAX;
+	/* room in HOST without waiting (clean copies dropped, demotions started): what is free
+	 * now bounds the fetch, as kvt_reng_lookup's */
+	if (sl->n_free < want)
+		(void)kvt_reclaim(e, KVT_TIER_HOST, want - sl->n_free, false);
+	if (sl->n_free < want)
+		want = sl->n_free;
+	for (m = 0; m < want; m++) {
+		struct kvt_block *b;
+		uint32_t id, slot;
+
+		if (m && ext_find(x, tenant, hashes[m]))
+			break; /* stored or in flight here: the fetch ends before it */
+		if (kvt_block_new(e, KVT_EXT_SEQ, 0, &id))
+			break;
+		b = kvt_blk(e, id);
+		b->refs = 0;
+		b->written = 1;
+		b->tslot = kvt_tenant_slot(e, tenant);
+		if (ext_meta_reserve(e, x, id) || kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot)) {
+			kvt_block_uncache(e, id);
+			break;
+		}
+		b->slot[KVT_TIER_HOST] = slot;
+		kvt_copy_state_set(b, KVT_TIER_HOST, KVT_COPY_INFLIGHT);
+		b->busy = 1; /* the worker writes the slot: nothing frees or reuses it */
+		if (ext_insert(x, tenant, hashes[m], id)) {
+			b->busy = 0;
+			kvt_copy_fail(e, id, KVT_TIER_HOST);
+			kvt_block_uncache(e, id);
+			break;
+		}
+		x->meta[id] = (struct ext_meta){ .hash = hashes[m], .tenant = tenant,
+						 .gen = x->meta[id].gen, .ext = 1, .fetching = 1 };
+		ids[m] = id;
+		ext_rkey(x, hashes[m], keys[m]);
+	}
+	if (m && kvt_reng_ext_fetch(e, tenant, (const uint64_t(*)[2])keys, ids, m)) {
+		for (uint32_t i = 0; i < m; i++) {
+			kvt_blk(e, ids[i])->busy = 0;
+			kvt_copy_fail(e, ids[i], KVT_TIER_HOST);
+			x->meta[ids[i]].fetching = 0;
+			kvt_block_uncache(e, ids[i]);
+		}
+		return 0;
+	}
+	x->st.remote_fetch_blocks += m;
+	return m;
 }
 
 /* ---- pins */
@@ -760,10 +945,12 @@ ext_retire(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j)
 				m->landed = 1;
 				x->st.blocks_stored++;
 				x->st.bytes_stored += x->bytes;
+				ext_offer(e, x, jb->block, false);
 				ext_unpin(e, x, jb);
 			} else {
 				x->st.blocks_loaded++;
 				x->st.bytes_loaded += x->bytes;
+				ext_offer(e, x, jb->block, true); /* reuse: its HOST copy is valid */
 				ext_unpin(e, x, jb); /* landed: its copies below may go */
 			}
 		}
@@ -790,7 +977,8 @@ static void
 ext_persist(struct kvt_engine *e, struct kvt_ext_state *x, bool force)
 {
 	uint64_t sig = e->st.blocks_moved[KVT_MOVE_HOST_TO_NVME] + e->st.evictions +
-		       e->st.tier[KVT_TIER_NVME].evictions + e->st.blocks_lost + x->st.blocks_stored;
+		       e->st.tier[KVT_TIER_NVME].evictions + e->st.blocks_lost + x->st.blocks_stored +
+		       x->st.remote_hit_blocks;
 	bool synced = false, full = false;
 	uint32_t id;
 
@@ -847,6 +1035,8 @@ ext_progress(struct kvt_engine *e, struct kvt_ext_state *x)
 	bool stored = false;
 
 	(void)kvt_xfer_poll(e, 0);
+	if (e->remote)
+		kvt_reng_reap(e); /* REMOTE fetches that landed: stored blocks now */
 	for (int phase = 0; phase < 2 && x->n_jobs; phase++) /* kvt_engine_poll: often none */
 		for (i = 0; i < x->max_jobs; i++) {
 			struct ext_job *j = &x->jobs[i];
@@ -861,6 +1051,7 @@ ext_progress(struct kvt_engine *e, struct kvt_ext_state *x)
 	if (stored)
 		kvt_watermarks(e); /* HOST above its high watermark: demote to NVMe */
 	ext_persist(e, x, false);
+	kvt_reng_kick(e); /* the write-through snapshots taken: to the remote worker */
 	(void)kvt_xfer_flush(e);
 }
 
@@ -1212,6 +1403,22 @@ kvt_ext_register(struct kvt_engine *e, const struct kvt_ext_opts *o, uint32_t *p
 	rc = ext_check_geometry(e, &oo, &x->lay, &x->n_layers, &x->bytes);
 	if (rc)
 		goto fail;
+	{
+		XXH3_state_t *hs = XXH3_createState();
+
+		if (!hs) {
+			rc = kvt_err(-ENOMEM, "kvt_ext_register: hash state");
+			goto fail;
+		}
+		XXH3_64bits_reset(hs);
+		for (uint32_t l = 0; l < x->n_layers; l++) {
+			uint64_t kv[2] = { x->lay[l].k_bytes, x->lay[l].v_bytes };
+
+			XXH3_64bits_update(hs, kv, sizeof kv);
+		}
+		x->geo_fp = XXH3_64bits_digest(hs);
+		XXH3_freeState(hs);
+	}
 	x->n_blocks = oo.n_blocks;
 	x->max_jobs = oo.max_jobs;
 	x->next_id = 1;
@@ -1293,6 +1500,20 @@ kvt_ext_unregister(struct kvt_engine *e, uint32_t pool)
 	if (!x) {
 		kvt_unlock(e);
 		return -ENOENT;
+	}
+	if (x->closing) {
+		kvt_unlock(e);
+		return kvt_err(-ENOENT, "kvt_ext_unregister: pool %u is being unregistered by "
+			       "another call", pool);
+	}
+	x->closing = true; /* no new REMOTE fetch; a second unregister is refused */
+	if (e->remote) {
+		/* REMOTE fetches in flight write HOST slots of the pool's blocks: let them land
+		 * (each bounded by the client's timeouts) */
+		kvt_unlock(e);
+		kvt_reng_drain(e);
+		kvt_lock(e);
+		kvt_reng_reap(e);
 	}
 	for (uint32_t us = 5;;) {
 		bool sleepers = false;
@@ -1507,10 +1728,15 @@ kvt_ext_store(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64
 
 		jb->caller = block_ids[i];
 		jb->block = KVT_NIL;
+		if (t && x->meta[t->block].fetching) {
+			ext_detach_fetch(x, t); /* the caller's bytes win over a fetch that may miss */
+			t = NULL;
+		}
 		if (t) {
 			jb->st = JB_SKIP;
 			j->n_skipped++;
 			j->n_open--;
+			ext_offer(e, x, t->block, true); /* stored again: reuse evidence */
 			continue;
 		}
 		rc = kvt_block_new(e, KVT_EXT_SEQ, 0, &id);
@@ -1569,6 +1795,8 @@ kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint6
 		kvt_unlock(e);
 		return -ENOENT;
 	}
+	if (e->remote)
+		kvt_reng_reap(e); /* REMOTE fetches that landed are hits now */
 	for (i = 0; i < n; i++) {
 		struct ext_ent *t = ext_find(x, tenant, hashes[i]);
 		const struct kvt_block *b;
@@ -1588,10 +1816,57 @@ kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint6
 	x->st.lookups++;
 	x->st.lookup_hashes += n;
 	x->st.lookup_hits += i;
+	if (i < n && e->remote)
+		(void)ext_fetch(e, x, tenant, hashes + i, n - i); /* the rest, from REMOTE */
 	kvt_unlock(e);
 	*hits = i;
 	if (tier)
 		*tier = slow;
+	return 0;
+}
+
+int
+kvt_ext_inflight(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
+		 size_t n, size_t *hits, size_t *pending)
+{
+	struct kvt_ext_state *x;
+	size_t i, k;
+
+	if (hits)
+		*hits = 0;
+	if (pending)
+		*pending = 0;
+	if (!e || !hits || !pending || (n && !hashes))
+		return kvt_err(-EINVAL, "kvt_ext_inflight: engine, hits, pending and hashes (n %zu) "
+			       "must not be NULL", n);
+	e = ext_route(e, &pool);
+	kvt_lock(e);
+	x = ext_get(e, pool, "kvt_ext_inflight");
+	if (!x) {
+		kvt_unlock(e);
+		return -ENOENT;
+	}
+	if (e->remote)
+		kvt_reng_reap(e); /* fetches that landed are hits now */
+	for (i = 0; i < n; i++) {
+		struct ext_ent *t = ext_find(x, tenant, hashes[i]);
+		const struct kvt_block *b;
+
+		if (!t || !x->meta[t->block].landed)
+			break;
+		b = kvt_blk(e, t->block);
+		if (!kvt_copy_valid(b, KVT_TIER_HOST) && !kvt_copy_valid(b, KVT_TIER_NVME))
+			break;
+	}
+	for (k = i; k < n; k++) {
+		struct ext_ent *t = ext_find(x, tenant, hashes[k]);
+
+		if (!t || x->meta[t->block].landed)
+			break; /* absent, or landed after a gap: the run of blocks on their way ends */
+	}
+	kvt_unlock(e);
+	*hits = i;
+	*pending = k - i;
 	return 0;
 }
 
@@ -1886,6 +2161,10 @@ ext_hint(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *h
 		uint32_t id;
 		int tr;
 
+		if (drop && t && x->meta[t->block].fetching) {
+			ext_detach_fetch(x, t); /* dropped: it must not land */
+			continue;
+		}
 		if (!t || !x->meta[t->block].landed)
 			continue;
 		id = t->block;

@@ -1625,8 +1625,29 @@ KVT_API int kvt_engine_group_stats(struct kvt_engine *e, uint32_t group, struct 
  * block is also written through to NVMe and published in the persistent store (one record per
  * block under a key derived from hash and tenant, marked as the pool's): after a
  * restart, kvt_ext_register() finds them again (checked against their NVMe headers) and they
- * are hits, loadable from NVMe. NOT YET: the REMOTE tier. The engine's own HBM tier is not used
- * by this mode (create the engine with hbm_bytes of one block).
+ * are hits, loadable from NVMe. The engine's own HBM tier is not used by this mode (create the
+ * engine with hbm_bytes of one block).
+ *
+ * REMOTE (an engine created with remote_host; not on a grouped engine, which refuses
+ * remote_host): the pool's blocks are shared with every engine on the same server(s) with the
+ * same remote_model_id, layout and segment sizes (other servers of the fleet):
+ *   - write-through: a stored block is put to REMOTE per kvt_engine_opts.remote_write (ALL:
+ *     when its store lands; SEEN_TWICE, the default: when it is seen again, a store of a hash
+ *     already stored or a load of it; NONE: never), once (first writer wins), asynchronously
+ *     by the engine's remote worker, within remote_write_budget; the value is the stored
+ *     block's bytes (the gathered segments, zero-padded to block_bytes) with kvtier's REMOTE
+ *     value header (docs/FORMAT.md "REMOTE values": namespace, tenant, key, XXH3-64).
+ *   - fetch: kvt_ext_lookup() of hashes whose leading run misses locally also asks REMOTE
+ *     for the hashes after that run (up to 256, as many as HOST has free slots for now; unless
+ *     remote_no_fetch) with one pipelined get, queued to the worker: the call never waits for
+ *     the network. Each value is verified (kvt_rv_parse: a bad one is a miss, deleted, never
+ *     served); the verified leading run lands in HOST as stored blocks, found by a LATER
+ *     kvt_ext_lookup (a scheduler's next step; kvt_ext_inflight says whether to ask again) and
+ *     loaded as any. A hash that missed there is not asked again for 1 s. The keys are
+ *     (model_id, layout: the namespace; tenant; XXH3-128 of the caller's hash and the pool's
+ *     segment sizes): the caller's hashes must identify the prefix across processes (vLLM's
+ *     block hashes with a fixed PYTHONHASHSEED or sha256; SGLang's page keys do).
+ * kvt_ext_stats.remote_*, kvt_stats.remote_* count it.
  *
  * Geometry: the caller's block i, layer l, has a K segment of k_bytes at
  *   base(l) + i * block_stride(l) + k_offset(l)
@@ -1766,7 +1787,8 @@ KVT_API int kvt_ext_unregister(struct kvt_engine *e, uint32_t pool);
  * asynchronously: HOST slots are taken (the eviction policy makes room, demoting to NVMe) and
  * the gather copies queued; the caller must not overwrite those blocks until the job is
  * reported by kvt_ext_poll() (or kvt_ext_wait() returned). Hashes already stored (or being
- * stored) are skipped (n_skipped). A block that finds no room fails alone (-ENOSPC in the
+ * stored) are skipped (n_skipped); a hash whose REMOTE fetch is in flight is stored from the
+ * caller's bytes (the fetch is forgotten: it might miss). A block that finds no room fails alone (-ENOSPC in the
  * job's failures); the others are stored. A block is found by kvt_ext_lookup() once its copy
  * has landed.
  * @stream: the device stream on which the server wrote those blocks (cudaStream_t); the
@@ -1784,15 +1806,31 @@ KVT_API int kvt_ext_store(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
  * kvt_ext_lookup() - how many LEADING hashes of @hashes[0..n) are stored for @tenant
  * (complete and loadable: HOST or NVMe; a store still in flight does not count, nor one whose
  * landing no kvt_ext_poll/wait/store/load call has processed yet: lookup advances no job, to
- * stay cheap). Non-blocking
- * and cheap (one hash-table probe per hash, under the engine mutex, nothing pinned or moved):
- * a scheduler calls it for every waiting request every step.
+ * stay cheap). Non-blocking and cheap (one hash-table probe per hash, under the engine mutex,
+ * nothing pinned or moved): a scheduler calls it for every waiting request every step. With
+ * a REMOTE tier, a run that ends before @n also asks REMOTE for the hashes after it
+ * ("External-pool mode" above: HOST slots taken for them and one get queued, never waited
+ * for; the blocks that land count in a later lookup, kvt_ext_inflight tells).
  * @hits: receives the count (0..n). @tier: receives the slowest tier those come from
  * (KVT_TIER_HOST or KVT_TIER_NVME; KVT_TIER_COUNT when 0); may be NULL.
  * Returns 0, -EINVAL (NULL), -ENOENT (no such pool).
  */
 KVT_API int kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
 			   const uint64_t *hashes, size_t n, size_t *hits, enum kvt_tier *tier);
+
+/**
+ * kvt_ext_inflight() - what kvt_ext_lookup() would count (@hits: the leading run of @hashes
+ * stored for @tenant) and, after it, how many hashes are on their way (@pending: the run of
+ * hashes whose store job or REMOTE fetch is in flight, or landed but not yet processed). A
+ * scheduler that got fewer hits than it asked for retries the lookup later (vLLM's "pending")
+ * while @pending > 0, instead of recomputing blocks that are about to land. Processes the
+ * REMOTE fetches that landed (so @hits counts them); starts nothing, advances no job.
+ * Non-blocking, under the engine mutex, one probe per hash.
+ * Returns 0, -EINVAL (NULL engine, hits or pending; NULL hashes with n > 0), -ENOENT (no such
+ * pool).
+ */
+KVT_API int kvt_ext_inflight(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
+			     const uint64_t *hashes, size_t n, size_t *hits, size_t *pending);
 
 /**
  * kvt_ext_load() - load the blocks stored under (@tenant, @hashes[i]) into caller blocks
@@ -1843,7 +1881,8 @@ KVT_API int kvt_ext_wait_layer(struct kvt_engine *e, uint32_t pool, uint64_t job
 /**
  * kvt_ext_touch() - the stored blocks of (@tenant, @hashes[0..n)) were used now (vLLM's
  * manager touch()): the eviction policy sees an access. Absent hashes are ignored.
- * kvt_ext_drop() - forget them (their slots are freed once no job uses them).
+ * kvt_ext_drop() - forget them (their slots are freed once no job uses them); a hash whose
+ * REMOTE fetch is in flight is forgotten too (it will not land; not counted as found).
  * Returns the number of hashes found (>= 0), -EINVAL, -ENOENT (no such pool).
  */
 KVT_API int kvt_ext_touch(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
@@ -1900,6 +1939,9 @@ struct kvt_ext_stats {
 	uint64_t bytes_stored;   /* bytes copied from the caller's pool */
 	uint64_t bytes_loaded;   /* bytes copied into it */
 	uint64_t persisted_blocks; /* nvme_persist: stored blocks published in the store now */
+	/* ---- 0.7: the REMOTE tier below the pool (all 0 without one) */
+	uint64_t remote_fetch_blocks; /* blocks asked of REMOTE by lookups (after a local miss) */
+	uint64_t remote_hit_blocks;   /* ... verified and landed: stored blocks now */
 };
 
 /** kvt_ext_stats() - the pool's counters. Returns 0, -EINVAL (NULL, bad size), -ENOENT. */

@@ -56,6 +56,8 @@ struct rjob {
 	int32_t *ftokens;   /* FETCH: [n_full * tpb] the blocks' tokens (their index entries) */
 	int *res;           /* WT, FETCH: [n_full] per-block results */
 	int lead;           /* FETCH: the leading run of verified blocks */
+	bool ext;           /* FETCH: blocks of the external pool (engine/ext.c lands them) */
+	uint64_t used;      /* WT: bytes of a snapshot that are the block's (the rest zeroed) */
 	struct rjob *fnext; /* FETCH: list of fetches in flight (under the engine lock) */
 	char msg[512];      /* the worker's error message (messages are thread-local) */
 };
@@ -445,6 +447,24 @@ reap_fetch(struct kvt_engine *e, struct rjob *j)
 
 		memcpy(k, j->hashes[i], 16);
 		b->busy = 0;
+		if (j->ext) {
+			/* the external pool's: it lands them (landed, found by kvt_ext_lookup) or
+			 * frees them (a miss: absent, unverifiable, or after the verified run) */
+			bool ok = (int)i < j->lead && j->res[i] == 1;
+
+			if (ok) {
+				kvt_copy_set_present(e, id, KVT_TIER_HOST);
+				kvt_key_mark(e, k, j->tenant, KVT_KEY_RBIT, 0);
+				e->st.remote_hit_blocks++;
+			} else {
+				e->st.remote_miss_blocks++;
+				if ((int)i == j->lead && j->res[i] == 0)
+					kvt_wb_miss(e, KVT_WB_REMOTE, k, j->tenant);
+				kvt_copy_fail(e, id, KVT_TIER_HOST);
+			}
+			kvt_ext_fetched(e, id, ok, (int)i == j->lead);
+			continue;
+		}
 		if ((int)i < j->lead && j->res[i] == 1) {
 			kvt_copy_set_present(e, id, KVT_TIER_HOST);
 			kvt_key_mark(e, k, j->tenant, KVT_KEY_RBIT, 0);
@@ -866,20 +886,21 @@ kvt_reng_kick(struct kvt_engine *e)
 	queue_job(r, j);
 }
 
-void
-kvt_reng_sealed(struct kvt_engine *e, uint32_t id, bool evidence)
+/*
+ * Offer block @b (key @k of @tenant) for write-through: per opts.remote_write (the REMOTE bit
+ * and the reuse evidence of its key), the write budget and the worker's backlog, its bytes are
+ * snapshotted (the first @used, the rest of block_bytes zeroed: a HOST slot's tail may hold
+ * an older block's bytes) into the pending job.
+ */
+static void
+wt_offer(struct kvt_engine *e, const struct kvt_block *b, uint32_t tenant, const uint64_t k[2],
+	 uint64_t used, bool evidence)
 {
 	struct kvt_reng *r = e->remote;
-	const struct kvt_block *b = kvt_blk(e, id);
-	uint32_t tenant, flags;
+	uint32_t flags;
 	struct rjob *j;
-	uint64_t k[2];
 	uint8_t *buf;
 
-	if (!r || !b->hashed || !b->live || b->dead || b->lost ||
-	    e->opts.remote_write == KVT_REMOTE_WRITE_NONE || !blk_tenant(e, id, &tenant))
-		return;
-	kvt_blk_key(b, k);
 	if (evidence)
 		kvt_key_mark(e, k, tenant, KVT_KEY_EVID, 0);
 	flags = kvt_key_flags(e, k, tenant);
@@ -915,11 +936,40 @@ kvt_reng_sealed(struct kvt_engine *e, uint32_t id, bool evidence)
 		free(buf);
 		return;
 	}
+	if (used < e->block_bytes)
+		memset(buf + used, 0, e->block_bytes - used);
 	memcpy(j->hashes[j->n_full], k, 16);
 	j->bufs[j->n_full++] = buf;
 	r->wt_queued++;
 	kvt_key_mark(e, k, tenant, KVT_KEY_RBIT, 0);
 	e->st.remote_wt_queued++;
+}
+
+void
+kvt_reng_sealed(struct kvt_engine *e, uint32_t id, bool evidence)
+{
+	struct kvt_reng *r = e->remote;
+	const struct kvt_block *b = kvt_blk(e, id);
+	uint32_t tenant;
+	uint64_t k[2];
+
+	if (!r || !b->hashed || !b->live || b->dead || b->lost ||
+	    e->opts.remote_write == KVT_REMOTE_WRITE_NONE || !blk_tenant(e, id, &tenant))
+		return;
+	kvt_blk_key(b, k);
+	wt_offer(e, b, tenant, k, e->block_bytes, evidence);
+}
+
+void
+kvt_reng_ext_offer(struct kvt_engine *e, uint32_t id, uint32_t tenant, const uint64_t k[2],
+		   uint64_t used, bool evidence)
+{
+	const struct kvt_block *b = kvt_blk(e, id);
+
+	if (!e->remote || !b->live || b->dead || b->lost ||
+	    e->opts.remote_write == KVT_REMOTE_WRITE_NONE)
+		return;
+	wt_offer(e, b, tenant, k, used, evidence);
 }
 
 /* ---- remote prefix hits (issue 18 item 2) -------------------------------------------------- */
@@ -970,6 +1020,46 @@ kvt_reng_note_late(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
 	chain_key(tokens, r->tpb, salt, k, h);
 	if (key_fetching(r, h, tenant))
 		e->st.remote_late_blocks++;
+}
+
+bool
+kvt_reng_can_fetch(const struct kvt_engine *e)
+{
+	return e->remote && !e->opts.remote_no_fetch && e->slots[KVT_TIER_HOST].n_slots;
+}
+
+int
+kvt_reng_ext_fetch(struct kvt_engine *e, uint32_t tenant, const uint64_t (*keys)[2],
+		   const uint32_t *ids, uint32_t n)
+{
+	struct kvt_reng *r = e->remote;
+	struct rjob *j;
+
+	if (!r || !n || n > RF_MAX)
+		return kvt_err(-EINVAL, "remote fetch of %u external blocks", n);
+	j = calloc(1, sizeof *j);
+	if (!j || !(j->hashes = malloc(16ull * n)) || !(j->ids = malloc(sizeof *j->ids * n)) ||
+	    !(j->dst = malloc(sizeof *j->dst * n)) || !(j->res = calloc(n, sizeof *j->res))) {
+		job_free(j);
+		return kvt_err(-ENOMEM, "remote fetch of %u external blocks", n);
+	}
+	j->kind = RJ_FETCH;
+	j->ext = true;
+	j->tenant = tenant;
+	for (uint32_t m = 0; m < n; m++) {
+		const struct kvt_block *b = kvt_blk(e, ids[m]);
+
+		j->ids[m] = ids[m];
+		j->dst[m] = kvt_slot_addr(e, KVT_TIER_HOST, b->slot[KVT_TIER_HOST]);
+		memcpy(j->hashes[m], keys[m], 16);
+	}
+	j->n_full = n;
+	j->fnext = r->fetching;
+	r->fetching = j;
+	e->st.remote_lookups++;
+	e->st.remote_lookup_blocks += n;
+	queue_job(r, j);
+	return 0;
 }
 
 uint32_t
