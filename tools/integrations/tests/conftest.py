@@ -12,6 +12,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tools", "python", "tests"))  # redis_proc
 VLLM_SRC = os.environ.get("KVT_VLLM_SRC", "/work/vllm-src")
 if os.path.isdir(os.path.join(VLLM_SRC, "tests")):
     sys.path.append(VLLM_SRC)

@@ -11,6 +11,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
 from kvtier.sglang.backend import KvtierHiCacheStorage  # noqa: E402
+from redis_proc import redis_server  # noqa: E402,F401 (fixture)
 
 PAGE_TOKENS, PAGE_ELEMS = 4, 4 * 64  # a page: 4 tokens of 64 float16 K/V elements
 PAGE_BYTES = PAGE_ELEMS * 2
@@ -263,3 +264,46 @@ def test_zero_copy_one_host_pool_and_page_size_checked():
 def test_nvme_dir_without_bytes_is_named(tmp_path):
     with pytest.raises(Exception, match="kvtier_nvme_bytes"):
         make(tmp_path, kvtier_nvme_bytes=0)
+
+
+def _remote(port, **kw):
+    return dict(kvtier_remote_host="127.0.0.1", kvtier_remote_port=port,
+                kvtier_remote_model_id="org/model@1", **kw)
+
+
+def test_remote_pages_shared_between_servers(redis_server):
+    """Two SGLang servers on one REMOTE (a real redis-server): pages server A stores are
+    found by server B's batch_exists (which waits for the fetch it started) and read
+    byte-exact; a page corrupted in redis is a miss there, never wrong bytes."""
+    a = make(**_remote(redis_server.port, kvtier_remote_write="all"))
+    b = make(**_remote(redis_server.port, kvtier_remote_write="none"))
+    try:
+        keys = [f"page-{i}" for i in range(5)]
+        vals = [page(100 + i) for i in range(5)]
+        assert a.batch_set(keys, vals)
+        a.store.engine.drain()
+        assert int(redis_server.command("DBSIZE")) == 5
+        assert b.batch_exists(keys) == 5
+        outs = [torch.zeros(PAGE_ELEMS, dtype=torch.float16) for _ in keys]
+        got = b.batch_get(keys, outs)
+        assert all(g is not None for g in got)
+        for o, v in zip(outs, vals):
+            assert torch.equal(o, v)
+        assert b.pool.stats()["remote_hit_blocks"] == 5
+        # a page A stores, then corrupted in redis
+        redis_server.command("FLUSHALL")
+        assert a.set("page-bad2", page(8))
+        a.store.engine.drain()
+        key = redis_server.command("KEYS", "kvt1:*")
+        redis_server.command("SETRANGE", key, 200, "garbage")
+        assert b.batch_exists(["page-bad2"]) == 0
+        assert b.store.engine.stats()["remote_bad_values"] == 1
+        assert b.get("page-bad2", torch.zeros(PAGE_ELEMS, dtype=torch.float16)) is None
+    finally:
+        a.close()
+        b.close()
+
+
+def test_remote_needs_model_id():
+    with pytest.raises(ValueError, match="kvtier_remote_model_id"):
+        make(kvtier_remote_host="127.0.0.1")

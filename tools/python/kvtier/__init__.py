@@ -54,6 +54,8 @@ CODECS = {"none": 0, "lz4": 1, "shuf_lz4": 2, "byte_lz4": 3, "cshuf_lz4": 4}
 # enum kvt_evict_policy (Engine(evict_policy=...)); default = ARC
 EVICT_DEFAULT, EVICT_LRU, EVICT_PRIO, EVICT_ARC = 0, 1, 2, 3
 EVICT_POLICIES = {"default": 0, "lru": 1, "prio": 2, "arc": 3}
+# enum kvt_remote_write (Engine(remote_write=...)): which blocks are written through to REMOTE
+REMOTE_WRITES = {"seen_twice": 0, "all": 1, "none": 2}
 MOVE_NAMES = ("hbm_to_host", "host_to_nvme", "nvme_to_host", "host_to_hbm")
 DTYPES = {"f32": 0, "fp32": 0, "float32": 0, "f16": 1, "fp16": 1, "float16": 1, "bf16": 2,
           "bfloat16": 2, "fp8": 3, "fp8_e4m3": 3, "int8": 4}
@@ -190,7 +192,11 @@ _ENGINE_CONV = {"nvme_codec": lambda v: _enum(CODECS, v, "nvme_codec"),
                 "evict_policy": lambda v: _enum(EVICT_POLICIES, v, "evict_policy"),
                 "idle_target": lambda v: _tier(v, "idle_target"), "nvme_persist": int,
                 "nvme_buffered_fallback": int,
-                "prefix_cache": int}
+                "prefix_cache": int,
+                "remote_write": lambda v: _enum(REMOTE_WRITES, v, "remote_write"),
+                **{k: (lambda v: v.encode() if isinstance(v, str) else v)
+                   for k in ("remote_host", "remote_user", "remote_password",
+                             "remote_model_id")}}
 _SEQ_OPTS = ("tenant", "priority", "session_key", "retention_ms", "salt", "extra_key")
 
 
@@ -265,8 +271,11 @@ class Engine:
     survive a restart), nvme_buffered_fallback; evict_policy ("arc", "lru", "prio", "default"
     or EVICT_*), idle_timeout_ms, idle_target (a tier), prefix_cache (True: sealed blocks stay
     cached after their last sequence closes), nvme_workers (threads that verify and decode
-    NVMe blocks outside the engine's lock, 0..16, default 2); log: a callable (level, message) for warnings
-    (default: kvtier prints them to stderr).
+    NVMe blocks outside the engine's lock, 0..16, default 2); the REMOTE tier: remote_host,
+    remote_port, remote_user, remote_password, remote_model_id (str), remote_write ("all",
+    "seen_twice", "none" or the enum value), remote_no_fetch, remote_connect_timeout_ms,
+    remote_op_timeout_ms, remote_ttl_ms, remote_write_budget; log: a callable (level, message)
+    for warnings (default: kvtier prints them to stderr).
     groups: the model's layer groups (kvtier.h "Layer groups"), a list of dicts with the
     fields of struct kvt_group: kind ("full", "window", "latent", "alias", "state" or
     GROUP_*), layers (model layer indices), n_kv_heads, head_dim, v_head_dim, latent_dim,
@@ -1170,6 +1179,18 @@ class ExternalPool:
         if with_tier:
             return hits.value, (None if tier.value >= _ffi.TIER_COUNT else tier.value)
         return hits.value
+
+    def inflight(self, hashes, tenant=0):
+        """kvt_ext_inflight: (hits, pending): the leading run stored (as lookup counts it,
+        REMOTE fetches that landed included) and, after it, how many hashes are on their way
+        (a store or a REMOTE fetch in flight): while pending > 0, ask again later rather than
+        recompute. Non-blocking; starts nothing."""
+        h, n, _keep = _u64s(hashes, "hashes")
+        hits = ctypes.c_size_t(0)
+        pending = ctypes.c_size_t(0)
+        _check(lib.kvt_ext_inflight(self._h(), self.pool, tenant, h, n, ctypes.byref(hits),
+                                    ctypes.byref(pending)), "kvt_ext_inflight")
+        return hits.value, pending.value
 
     def load(self, hashes, block_ids, tenant=0, layerwise=False):
         """kvt_ext_load: load the blocks stored under hashes[i] into caller blocks

@@ -227,7 +227,8 @@ class ExtStats(ctypes.Structure):
                 ("load_jobs", c_u64), ("blocks_stored", c_u64), ("blocks_skipped", c_u64),
                 ("blocks_loaded", c_u64), ("blocks_failed", c_u64), ("lookups", c_u64),
                 ("lookup_hashes", c_u64), ("lookup_hits", c_u64), ("bytes_stored", c_u64),
-                ("bytes_loaded", c_u64), ("persisted_blocks", c_u64)]
+                ("bytes_loaded", c_u64), ("persisted_blocks", c_u64),
+                ("remote_fetch_blocks", c_u64), ("remote_hit_blocks", c_u64)]
 
 
 STRUCTS = {"kvt_layout": Layout, "kvt_geometry": Geometry, "kvt_engine_opts": EngineOpts,
@@ -316,6 +317,8 @@ _PROTOS = {
                              _P(c_u64)]),
     "kvt_ext_lookup": (_int, [_vp, c_u32, c_u32, _P(c_u64), ctypes.c_size_t,
                               _P(ctypes.c_size_t), _P(c_enum)]),
+    "kvt_ext_inflight": (_int, [_vp, c_u32, c_u32, _P(c_u64), ctypes.c_size_t,
+                                _P(ctypes.c_size_t), _P(ctypes.c_size_t)]),
     "kvt_ext_load": (_int, [_vp, c_u32, c_u32, _P(c_u64), _P(c_u32), ctypes.c_size_t, c_u32,
                             _P(c_u64)]),
     "kvt_ext_poll": (_int, [_vp, c_u32, _P(ExtDone), ctypes.c_size_t, _P(ExtFail),

@@ -76,6 +76,7 @@ class SharedStore:
                                     * lay["head_dim"], host_bytes=host_bytes,
                                     evict_policy=evict_policy, **lay, **opts)
         self.pool = None
+        self.remote = bool(opts.get("remote_host"))  # a REMOTE tier below the pool
         self._lock = threading.Lock()
 
     def register(self, n_blocks, layers, removed_cap=0):
@@ -96,6 +97,28 @@ class SharedStore:
         with self._lock:
             self.pool = None
             self.engine.close()
+
+
+def remote_opts(extra, what):
+    """Engine options of the REMOTE tier from a server's extra config (kvtier_remote_host,
+    kvtier_remote_port, kvtier_remote_model_id, kvtier_remote_write, kvtier_remote_password):
+    {} when kvtier_remote_host is not set. The model id (the model and its weights' identity:
+    servers share blocks only under the same one) is required with a host."""
+    host = extra.get("kvtier_remote_host")
+    if not host:
+        return {}
+    model = extra.get("kvtier_remote_model_id")
+    if not model:
+        raise ValueError(f"{what}: kvtier_remote_host is set but kvtier_remote_model_id is "
+                         "not: name the model and its weights (e.g. \"org/model@revision\"); "
+                         "only servers with the same id share blocks")
+    out = {"remote_host": str(host), "remote_model_id": str(model),
+           "remote_port": int(extra.get("kvtier_remote_port") or 6379)}
+    if extra.get("kvtier_remote_write") is not None:
+        out["remote_write"] = extra["kvtier_remote_write"]
+    if extra.get("kvtier_remote_password"):
+        out["remote_password"] = str(extra["kvtier_remote_password"])
+    return out
 
 
 def shared_store(name, **kw):

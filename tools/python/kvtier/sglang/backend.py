@@ -29,7 +29,13 @@ extra_config keys: kvtier_page_bytes (bytes of one page, required unless a host 
 registered before the first call: then its page size), kvtier_host_bytes (default 1 GiB),
 kvtier_nvme_dir, kvtier_nvme_bytes, kvtier_persist, kvtier_evict_policy,
 kvtier_staging_pages (default 64), kvtier_tenant, kvtier_zero_copy (default 1: zero-copy
-where interface_v1 is set and the host pool allows it; 0: always staging).
+where interface_v1 is set and the host pool allows it; 0: always staging); the REMOTE tier
+below the store (kvtier.h "External-pool mode"): kvtier_remote_host, kvtier_remote_port
+(6379), kvtier_remote_model_id (required with a host: servers share pages only under the
+same id), kvtier_remote_write ("seen_twice" default, "all", "none"),
+kvtier_remote_password, kvtier_remote_wait_ms (default 500: how long batch_exists, called
+from SGLang's prefetch thread, waits for the pages it asked REMOTE for; the wait ends as soon
+as nothing is on its way); kvtier_engine_opts: other kvtier.Engine options.
 Thread safety: SGLang calls a backend from its prefetch and backup threads; one lock
 serialises this object's jobs (the staging buffer, and each job's completion report, which
 kvt_ext_poll hands out once).
@@ -44,7 +50,9 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
 import kvtier
-from kvtier._store import SharedStore, hash64
+import time
+
+from kvtier._store import SharedStore, hash64, remote_opts
 
 
 class KvtierHiCacheStorage(HiCacheStorage):
@@ -66,6 +74,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._want_zc = bool(self.extra.get("interface_v1", 0)) and \
             bool(int(self.extra.get("kvtier_zero_copy", 1)))
         self._lock = threading.Lock()
+        self.remote_wait_s = int(self.extra.get("kvtier_remote_wait_ms", 500)) / 1000.0
+        self._remote = remote_opts(self.extra, "KvtierHiCacheStorage")
         if self.page_bytes and not self._want_zc:
             self._open()
 
@@ -83,7 +93,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
                                  nvme_bytes=int(x.get("kvtier_nvme_bytes") or 0),
                                  persist=bool(x.get("kvtier_persist", False)),
                                  evict_policy=x.get("kvtier_evict_policy", "default"),
-                                 tenant=self.tenant)
+                                 tenant=self.tenant, **self._remote,
+                                 **dict(x.get("kvtier_engine_opts") or {}))
         if zc is not None:
             self.zero_copy = True
             self.pool = self.store.register(zc[0], zc[1])
@@ -176,11 +187,23 @@ class KvtierHiCacheStorage(HiCacheStorage):
             return self.pool.lookup([self._h(key)], tenant=self.tenant) == 1
 
     def batch_exists(self, keys, extra_info=None):
-        """The number of leading keys that are stored (kvt_ext_lookup's leading run)."""
+        """The number of leading keys that are stored (kvt_ext_lookup's leading run). With a
+        REMOTE tier, a run that ends early asks REMOTE for the keys after it (one pipelined
+        get) and waits, at most kvtier_remote_wait_ms, for those on their way (SGLang calls
+        this from its prefetch thread, then loads the pages it counted)."""
         if self.store is None or not keys:
             return 0
+        hs = [self._h(k) for k in keys]
         with self._lock:
-            return self.pool.lookup([self._h(k) for k in keys], tenant=self.tenant)
+            hits = self.pool.lookup(hs, tenant=self.tenant)
+        if hits == len(hs) or not self.store.remote:
+            return hits
+        deadline = time.monotonic() + self.remote_wait_s
+        while True:  # the engine's own lock only: stores and loads go on meanwhile
+            hits, pending = self.pool.inflight(hs, tenant=self.tenant)
+            if not pending or time.monotonic() >= deadline:
+                return hits
+            time.sleep(0.0005)
 
     def set(self, key, value=None, target_location=None, target_sizes=None):
         return self.batch_set([key], [value]) if value is not None else False

@@ -29,6 +29,15 @@ kv_connector_extra_config keys (all optional except where said):
   kvtier_tenant        kvtier tenant of every block (default 0)
   kvtier_store_name    the shared store's name (default: the vLLM engine id)
   kvtier_engine_opts   other kvtier.Engine options, e.g. {"emu_copy_bytes_per_s": ...}
+  kvtier_remote_host   a Redis / Valkey server (or cluster node) as the REMOTE tier below the
+                       store: stored blocks are written through per kvtier_remote_write
+                       ("seen_twice" default, "all", "none") and a lookup that misses asks
+                       REMOTE for the request's following blocks at once (kvtier.h
+                       "External-pool mode"); with kvtier_remote_port (6379),
+                       kvtier_remote_model_id (required with a host: servers share blocks
+                       only under the same id), kvtier_remote_password. Block hashes must be
+                       the same on every server: run vLLM with the same PYTHONHASHSEED (or a
+                       sha256 prefix_caching_hash_algo) everywhere
 Not supported yet (a clear error at start): more than one worker (tensor / pipeline
 parallel), more than one offloaded KV cache group (hybrid models).
 """
@@ -42,7 +51,7 @@ from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LoadStoreSpec, LookupResu
                                      TransferResult)
 
 import kvtier
-from kvtier._store import find_store, hash64, shared_store, sub_hashes
+from kvtier._store import find_store, hash64, remote_opts, shared_store, sub_hashes
 
 
 class KvtierLoadStoreSpec(LoadStoreSpec):
@@ -73,6 +82,7 @@ def _store_for(spec, block_bytes):
                         persist=bool(x.get("kvtier_persist", False)),
                         evict_policy=x.get("kvtier_evict_policy", "default"),
                         tenant=int(x.get("kvtier_tenant", 0)),
+                        **remote_opts(x, "kvtier offloading"),
                         **dict(x.get("kvtier_engine_opts") or {}))
 
 
@@ -124,6 +134,9 @@ class KvtierOffloadingManager(OffloadingManager):
         self._announced = set()  # keys a stored event announced (and no removal since)
         self._announce = []      # keys to announce stored at the end of the current call
         self._reset_pending = set()  # stores in flight at a reset: dropped when they end
+        self._fetch_of = {}    # key -> the run of keys one REMOTE fetch asked (see _remote)
+        self._scan_res = {}    # key -> its LookupResult in this scan (REMOTE runs only)
+        self.remote_fetches = 0  # REMOTE fetches this manager started (tests, benchmarks)
 
     def _pool(self):
         st = find_store(_store_name(self.spec))
@@ -218,9 +231,13 @@ class KvtierOffloadingManager(OffloadingManager):
             return LookupResult.MISS
         if req_context is not self._synced_ctx or pool is not self._synced_pool:
             self._synced_ctx = req_context
+            self._scan_res = {}
             self._sync(pool)
         if key in self._mirror:
             return LookupResult.HIT
+        st = find_store(_store_name(self.spec))
+        if st is not None and st.remote:
+            return self._remote(pool, key, req_context)
         hs = self.hashes(key)
         if pool.lookup(hs, tenant=self.tenant) == len(hs):
             self._mirror_add(key, hs)
@@ -228,6 +245,63 @@ class KvtierOffloadingManager(OffloadingManager):
             self._flush_announce()
             return LookupResult.HIT
         return LookupResult.MISS
+
+    def _remote(self, pool, key, req_context, most_hashes=256):
+        """lookup() of a key the mirror does not hold, on a store with a REMOTE tier. The
+        first such key of a request starts one fetch: a kvt_ext_lookup of its hashes and
+        those of the keys after it in the request (vLLM's ReqContext positions, up to
+        @most_hashes: one pipelined get), which asks REMOTE for every block after the local
+        run. The run's state is then read with one kvt_ext_inflight per scan: keys whose
+        blocks landed are HIT (mirrored), keys still on their way RETRY (vLLM's scheduler
+        keeps scanning and asks again next step, instead of recomputing them), the rest MISS.
+        A run with nothing on its way is forgotten: a later miss asks again (kvtier does not
+        re-ask a hash REMOTE lacked within a second)."""
+        res = self._scan_res.get(key)
+        if res is not None:
+            return res
+        run = self._fetch_of.get(key)
+        if run is None:
+            run = [key] + [k for k in self._following(key, req_context)
+                           if k not in self._mirror and k not in self._fetch_of]
+            run = run[:max(1, most_hashes // self.bpc)]
+            hs = [h for k in run for h in self.hashes(k)]
+            hits = pool.lookup(hs, tenant=self.tenant)  # the local run; REMOTE asked for the rest
+            if hits < len(hs):
+                self.remote_fetches += 1
+            if len(self._fetch_of) > 1 << 16:
+                self._fetch_of.clear()
+            run = tuple(run)
+            for k in run:
+                self._fetch_of[k] = run
+        hits, pending = pool.inflight([h for k in run for h in self.hashes(k)],
+                                      tenant=self.tenant)
+        waiting = False
+        for i, k in enumerate(run):
+            end = (i + 1) * self.bpc
+            if end <= hits:
+                self._mirror_add(k, self.hashes(k))
+                self._scan_res[k] = LookupResult.HIT
+            elif end <= hits + pending:
+                self._scan_res[k] = LookupResult.RETRY
+                waiting = True
+            else:
+                self._scan_res[k] = LookupResult.MISS
+        if not waiting:
+            for k in run:
+                if self._fetch_of.get(k) is run:
+                    del self._fetch_of[k]
+        self._flush_announce()
+        return self._scan_res[key]
+
+    def _following(self, key, req_context):
+        """The keys after @key in its request, in order (vLLM's ReqContext positions; none
+        without them), of the same KV cache group."""
+        pos = getattr(req_context, "_offload_key_positions", None)
+        if not isinstance(pos, dict) or key not in pos:
+            return []
+        at, grp = pos[key], key[-4:]
+        return [k for _, k in sorted((p, k) for k, p in pos.items()
+                                     if p > at and k[-4:] == grp)]
 
     def _confirm_after(self, pool, key, req_context, most=8192):
         """A stored key the mirror did not hold (a cold mirror: a new process, another
@@ -253,6 +327,7 @@ class KvtierOffloadingManager(OffloadingManager):
 
     def on_schedule_end(self, context):
         self._synced_ctx = None  # the next step's first lookup drains the removals again
+        self._scan_res = {}
 
     def prepare_load(self, keys, req_context):
         keys = list(keys)
