@@ -29,7 +29,8 @@ if pinned "$VENV_VLLM" vllm 0.33.0 && [ -d "$VLLM_SRC/tests/v1/kv_offload" ]; th
 	echo "integrations: vLLM 0.33.0 scheduler with kvtier (tools/integrations/tests)"
 	"$VENV_VLLM/bin/python" -m pytest -q -p no:cacheprovider \
 		tools/integrations/tests/test_vllm_scheduler.py tools/integrations/tests/test_vllm_mirror.py \
-		tools/integrations/tests/test_vllm_restart.py tools/integrations/tests/test_vllm_remote.py || rc=1
+		tools/integrations/tests/test_vllm_restart.py tools/integrations/tests/test_vllm_remote.py \
+		tools/integrations/tests/test_vllm_hybrid.py || rc=1
 	if [ "${KVT_VLLM_OWN_TESTS:-1}" != 0 ]; then
 		# The ones that apply to an offloading spec / connector and run on CPU (801 passed, 2
 		# skipped here); the rest of tests/v1/kv_offload (gpu_worker, swap_blocks_*, the

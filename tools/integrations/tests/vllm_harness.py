@@ -31,7 +31,7 @@ from vllm.v1.core.kv_cache_utils import (get_request_block_hasher, init_none_has
                                          resolve_kv_cache_block_sizes)
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                        KVCacheTensor)
+                                        KVCacheTensor, SlidingWindowSpec)
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
@@ -57,24 +57,37 @@ class RefCPUOffloadingSpec(CPUOffloadingSpec):
 
 
 class _RefCPUWorker(OffloadingWorker):
+    """Per KV cache group, its layers' GPU views and a CPU tensor each (a row per CPU chunk);
+    a transfer's block ids are grouped by group_sizes, one CPU chunk per GPU block
+    (blocks_per_chunk 1)."""
+
     def __init__(self, kv_caches, num_chunks):
-        self.views = [kv_caches.tensors[r.tensor_idx].tensor
-                      for r in kv_caches.group_data_refs[0]]
-        self.cpu = [torch.zeros((max(num_chunks, 1),) + tuple(v.shape[1:]), dtype=v.dtype)
-                    for v in self.views]
+        self.views = [[kv_caches.tensors[r.tensor_idx].tensor for r in refs]
+                      for refs in kv_caches.group_data_refs]
+        self.cpu = [[torch.zeros((max(num_chunks, 1),) + tuple(v.shape[1:]), dtype=v.dtype)
+                     for v in vs] for vs in self.views]
         self.done = []
 
+    def _copy(self, gpu_spec, cpu_ids, to_cpu):
+        sizes = gpu_spec.group_sizes or [len(gpu_spec.block_ids)]
+        off = 0
+        for gi, n in enumerate(sizes):
+            g = torch.as_tensor(gpu_spec.block_ids[off:off + n], dtype=torch.long)
+            c = torch.as_tensor(cpu_ids[off:off + n], dtype=torch.long)
+            off += n
+            for v, t in zip(self.views[gi], self.cpu[gi]):
+                if to_cpu:
+                    t[c] = v[g]
+                else:
+                    v[g] = t[c]
+
     def submit_store(self, job_id, src_spec, dst_spec):
-        for v, c in zip(self.views, self.cpu):
-            c[torch.as_tensor(dst_spec.block_ids, dtype=torch.long)] = \
-                v[torch.as_tensor(src_spec.block_ids, dtype=torch.long)]
+        self._copy(src_spec, dst_spec.block_ids, True)
         self.done.append(TransferResult(job_id, True))
         return True
 
     def submit_load(self, job_id, src_spec, dst_spec, expedited=False):
-        for v, c in zip(self.views, self.cpu):
-            v[torch.as_tensor(dst_spec.block_ids, dtype=torch.long)] = \
-                c[torch.as_tensor(src_spec.block_ids, dtype=torch.long)]
+        self._copy(dst_spec, src_spec.block_ids, False)
         self.done.append(TransferResult(job_id, True))
         return True
 
@@ -129,10 +142,12 @@ class CapturePublisher(EventPublisher):
 class Engine:
     """vLLM's scheduler + the worker connector + the checking model, one process.
     kv_events: vLLM's KV cache events on, published to a CapturePublisher
-    (Engine.kv_events() lists them)."""
+    (Engine.kv_events() lists them). swa: a hybrid model: layer 1 is a sliding-window layer
+    of that many tokens in a second KV cache group (vLLM frees its blocks that leave the
+    window); the model then reads and hashes only the window of that layer."""
 
     def __init__(self, mode, num_gpu_blocks=48, block_size=16, max_num_batched_tokens=256,
-                 kv_events=False, **kvtier_opts):
+                 kv_events=False, swa=None, **kvtier_opts):
         cfg = spec_extra(mode, **kvtier_opts)
         self.mode = mode
         self.block_size = block_size
@@ -155,13 +170,22 @@ class Engine:
                                  head_size=HEAD, dtype=torch.float32)
         names = [f"model.layers.{i}.attn" for i in range(N_LAYERS)]
         page = spec.page_size_bytes
+        if swa is None:
+            groups = [KVCacheGroupSpec(names, spec)]
+            self.group_of = [0] * N_LAYERS
+        else:
+            wspec = SlidingWindowSpec(block_size=block_size, num_kv_heads=N_KV_HEADS,
+                                      head_size=HEAD, dtype=torch.float32, sliding_window=swa)
+            groups = [KVCacheGroupSpec(names[:1], spec), KVCacheGroupSpec(names[1:], wspec)]
+            self.group_of = [0] + [1] * (N_LAYERS - 1)
+        self.swa = swa
         kcc = KVCacheConfig(num_blocks=num_gpu_blocks,
                             kv_cache_tensors=[KVCacheTensor(size=page * num_gpu_blocks,
                                                             layers=[n],
                                                             layer_stride=page * num_gpu_blocks,
                                                             block_stride=page)
                                               for n in names],
-                            kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+                            kv_cache_groups=groups)
         vc.cache_config.num_gpu_blocks = num_gpu_blocks
         sbs, hbs = resolve_kv_cache_block_sizes(kcc, vc)
         self.vc = vc
@@ -220,28 +244,34 @@ class Engine:
         return (base + torch.arange(2 * N_KV_HEADS * HEAD, dtype=torch.float64)
                 ).reshape(2, N_KV_HEADS, HEAD).to(torch.float32)
 
+    def _first_read(self, li, q):
+        """The first position layer @li attends to for a token at position @q."""
+        return max(0, q - self.swa + 1) if self.swa and self.group_of[li] else 0
+
     def _forward(self, req, n_sched):
         bs = self.block_size
-        blocks = self.scheduler.kv_cache_manager.get_block_ids(req.request_id)[0]
+        ids = self.scheduler.kv_cache_manager.get_block_ids(req.request_id)
         end = req.num_computed_tokens
         start = end - n_sched
         toks = req.all_token_ids[:end]
         hs = self.prefix_hashes(toks)
-        for p in range(start):  # attention reads every earlier position
-            b = blocks[p // bs]
-            for li, n in enumerate(self.names):
+        for li, n in enumerate(self.names):  # attention reads every earlier position
+            blocks = ids[self.group_of[li]]
+            for p in range(self._first_read(li, start), start):
+                b = blocks[p // bs]
                 if not torch.equal(self.kv[n][b, :, p % bs], self.kv_value(hs[p], li)):
                     self.bad_reads.append((req.request_id, p, b))
-        for p in range(start, end):  # this step's tokens: computed, written
-            b = blocks[p // bs]
-            for li, n in enumerate(self.names):
-                self.kv[n][b, :, p % bs] = self.kv_value(hs[p], li)
+        for li, n in enumerate(self.names):  # this step's tokens: computed, written
+            blocks = ids[self.group_of[li]]
+            for p in range(start, end):
+                self.kv[n][blocks[p // bs], :, p % bs] = self.kv_value(hs[p], li)
         self.computed[req.request_id] += n_sched
-        crc = 0  # the sampled token: a hash of the K/V of every position, as read
-        for p in range(end):
-            b = blocks[p // bs]
-            for n in self.names:
-                crc = zlib.crc32(self.kv[n][b, :, p % bs].numpy().tobytes(), crc)
+        crc = 0  # the sampled token: a hash of the K/V of every position it reads, as read
+        for li, n in enumerate(self.names):
+            blocks = ids[self.group_of[li]]
+            for p in range(self._first_read(li, end - 1), end):
+                crc = zlib.crc32(self.kv[n][blocks[p // bs], :, p % bs].numpy().tobytes(),
+                                 crc)
         return (crc ^ hs[end - 1]) % 50000 + 3
 
     # -- one engine step -----------------------------------------------------------------

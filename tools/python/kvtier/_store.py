@@ -121,6 +121,14 @@ def remote_opts(extra, what):
     return out
 
 
+def store_names(name, group_ids):
+    """The SharedStore name of each KV cache group id: @name itself for a model of one group
+    (None or a single id), "<name>#g<id>" for each group of a hybrid model."""
+    if len(group_ids) <= 1:
+        return {g: name for g in group_ids} | {None: name}
+    return {g: f"{name}#g{g}" for g in group_ids}
+
+
 def shared_store(name, **kw):
     """The process's SharedStore called @name, created with @kw (SharedStore's arguments) by
     its first caller; later callers get the same one (their @kw are ignored)."""
@@ -139,8 +147,10 @@ def find_store(name):
 
 
 def close_store(name):
-    """Close and forget the SharedStore @name (a server's shutdown; tests' "restart")."""
+    """Close and forget the SharedStore @name and those of its KV cache groups ("<name>#g*":
+    a server's shutdown; tests' "restart")."""
     with _LOCK:
-        st = _STORES.pop(name, None)
-    if st is not None:
+        gone = [_STORES.pop(k) for k in list(_STORES) if k == name or
+                k.startswith(name + "#g")]
+    for st in gone:
         st.close()

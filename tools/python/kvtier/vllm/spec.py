@@ -18,6 +18,11 @@ vLLM (0.33.0) loads it with kv_connector_extra_config {"spec_name": "KvtierOfflo
 
 Both halves share one kvtier Engine per process (kvtier._store.shared_store, named by the
 engine id): vLLM with tensor parallel 1 runs its scheduler and its worker in one process.
+Hybrid models (several KV cache groups: full attention with sliding-window layers, as Gemma 3
+and gpt-oss): one kvtier Engine and pool per group ("<name>#g<group id>"), the HOST and NVMe
+budgets split between them by the bytes of one block of each; an offload key's group (its
+last 4 bytes, vLLM's make_offload_key) picks the pool; vLLM's scheduler combines the groups'
+hits (a sliding-window group needs only the window's keys).
 
 kv_connector_extra_config keys (all optional except where said):
   kvtier_host_bytes    HOST tier bytes (default: cpu_bytes_to_use, else 1 GiB)
@@ -39,9 +44,11 @@ kv_connector_extra_config keys (all optional except where said):
                        the same on every server: run vLLM with the same PYTHONHASHSEED (or a
                        sha256 prefix_caching_hash_algo) everywhere
 Not supported yet (a clear error at start): more than one worker (tensor / pipeline
-parallel), more than one offloaded KV cache group (hybrid models).
+parallel). Mamba / linear-attention state groups are stored as opaque pages like any group
+but are not tested.
 """
 
+import os
 import time
 
 from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LoadStoreSpec, LookupResult, Medium,
@@ -51,15 +58,18 @@ from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LoadStoreSpec, LookupResu
                                      TransferResult)
 
 import kvtier
-from kvtier._store import find_store, hash64, remote_opts, shared_store, sub_hashes
+from kvtier._store import (find_store, hash64, remote_opts, shared_store, store_names,
+                           sub_hashes)
 
 
 class KvtierLoadStoreSpec(LoadStoreSpec):
     """Where offloaded blocks live in kvtier: their 64-bit hashes, one per GPU block
-    (blocks_per_chunk per offload key, in key order)."""
+    (blocks_per_chunk per offload key, in key order), and the same per KV cache group
+    (by_group: group id -> its keys' hashes, in order; None: one group)."""
 
-    def __init__(self, hashes):
+    def __init__(self, hashes, by_group=None):
         self.hashes = list(hashes)
+        self.by_group = by_group
 
     def __repr__(self):
         return f"KvtierLoadStoreSpec({len(self.hashes)} hashes)"
@@ -70,15 +80,34 @@ def _store_name(spec):
     return str(x.get("kvtier_store_name") or spec.config.engine_id or "vllm")
 
 
-def _store_for(spec, block_bytes):
-    """The process's shared kvtier store for @spec, created by the worker (which knows the
-    bytes of one block: the sum of its layers' pages)."""
+def _group_ids(spec):
+    """The KV cache group ids vLLM offloads (OffloadingConfig.groups), or [None]: one group
+    (a spec without a config, as the mirror tests build)."""
+    groups = getattr(getattr(spec, "config", None), "groups", None)
+    return [g.group_id for g in groups] if groups else [None]
+
+
+def _group_of(key):
+    """The KV cache group id of an offload key (vLLM's make_offload_key: hash + 4 bytes)."""
+    return int.from_bytes(key[-4:], "big")
+
+
+def _store_for(spec, block_bytes, gid=None, share=1.0):
+    """The process's shared kvtier store for @spec (group @gid of a hybrid model: its own
+    store with @share of the HOST and NVMe budgets and its own NVMe directory), created by
+    the worker (which knows the bytes of one block: the sum of its layers' pages)."""
     x = spec.extra_config
-    name = _store_name(spec)
+    name = store_names(_store_name(spec), _group_ids(spec))[gid]
     host = int(x.get("kvtier_host_bytes") or x.get("cpu_bytes_to_use") or (1 << 30))
+    nvme_dir, nvme_bytes = x.get("kvtier_nvme_dir"), int(x.get("kvtier_nvme_bytes") or 0)
+    if share < 1.0:
+        host = max(int(host * share), block_bytes)
+        nvme_bytes = int(nvme_bytes * share)
+        if nvme_dir:
+            nvme_dir = os.path.join(nvme_dir, f"g{gid}")
+            os.makedirs(nvme_dir, exist_ok=True)
     return shared_store(name, block_bytes=block_bytes, host_bytes=host,
-                        nvme_dir=x.get("kvtier_nvme_dir"),
-                        nvme_bytes=int(x.get("kvtier_nvme_bytes") or 0),
+                        nvme_dir=nvme_dir, nvme_bytes=nvme_bytes,
                         persist=bool(x.get("kvtier_persist", False)),
                         evict_policy=x.get("kvtier_evict_policy", "default"),
                         tenant=int(x.get("kvtier_tenant", 0)),
@@ -101,7 +130,8 @@ class KvtierOffloadingManager(OffloadingManager):
     checked with kvtier (a key stored by an earlier process, or by another manager), so the
     mirror never answers MISS for a stored key and never HIT for a key kvtier reported gone.
     A block evicted between a lookup and its load fails alone in the load (vLLM's
-    invalid-block path), as it would with a call per key.
+    invalid-block path), as it would with a call per key. With several KV cache groups each
+    key is answered by its group's pool (the removal feeds of all of them are drained).
 
     KV cache events (vLLM's kv_events_config.enable_kv_cache_events): take_events() yields an
     OffloadingEvent (medium CPU: kvtier's HOST and NVMe are one store to vLLM) of the keys
@@ -119,14 +149,17 @@ class KvtierOffloadingManager(OffloadingManager):
         self.spec = spec
         self.bpc = spec.blocks_per_chunk
         self.tenant = int(spec.extra_config.get("kvtier_tenant", 0))
+        self._gids = _group_ids(spec)
+        self._names = store_names(_store_name(spec), self._gids)
+        self._one = len(self._gids) == 1  # one group: every key is the one store's
         self._pending = set()  # keys whose store is in flight
         self._stored = set()   # keys this manager stored (for reset_cache)
         self._sub = {}         # key -> its kvtier hashes (memo: the scheduler asks often)
         self._mirror = set()   # keys whose blocks kvtier holds (see the class comment)
         self._key_of = {}      # kvtier hash -> the mirrored key it belongs to
         self._synced_ctx = None  # the request context of the scan the mirror was synced for
-        self._synced_pool = None
-        self._token = None     # this manager's reader of the pool's removal feed
+        self._synced_pool = {}   # group id -> the pool whose removals the mirror follows
+        self._token = {}       # group id -> this manager's reader of that pool's feed
         self.mirror_syncs = 0  # removal drains (counters for tests and benchmarks)
         self.mirror_resets = 0  # mirrors dropped because kvtier's removal ring overflowed
         kec = getattr(spec, "kv_events_config", None)
@@ -138,9 +171,24 @@ class KvtierOffloadingManager(OffloadingManager):
         self._scan_res = {}    # key -> its LookupResult in this scan (REMOTE runs only)
         self.remote_fetches = 0  # REMOTE fetches this manager started (tests, benchmarks)
 
-    def _pool(self):
-        st = find_store(_store_name(self.spec))
+    # -- the pools of the groups ---------------------------------------------------------
+    def _gid(self, key):
+        return self._gids[0] if self._one else _group_of(key)
+
+    def _store(self, gid):
+        name = self._names.get(gid)
+        return None if name is None else find_store(name)
+
+    def _pool(self, gid=None):
+        st = self._store(self._gids[0] if gid is None else gid)
         return None if st is None else st.pool
+
+    def _by_group(self, keys):
+        """@keys split by group, in order: {group id: [keys]}."""
+        out = {}
+        for k in keys:
+            out.setdefault(self._gid(k), []).append(k)
+        return out
 
     def hashes(self, key):
         h = self._sub.get(key)
@@ -173,15 +221,24 @@ class KvtierOffloadingManager(OffloadingManager):
         self._mirror.clear()
         self._key_of.clear()
 
-    def _sync(self, pool):
-        """Apply kvtier's removals since the last drain to the mirror."""
+    def _sync_all(self):
+        """Apply every group pool's removals since the last drain to the mirror."""
+        for g in self._gids:
+            pool = self._pool(g)
+            if pool is not None:
+                self._sync(pool, g)
+
+    def _sync(self, pool, gid):
+        """Apply the removals of group @gid's @pool since the last drain to the mirror."""
         self.mirror_syncs += 1
-        if pool is not self._synced_pool:  # a new store: nothing mirrored belongs to it
+        if pool is not self._synced_pool.get(gid):
+            # a new store: nothing mirrored of its group belongs to it (the whole mirror is
+            # dropped: it is a cache, and a new pool is rare)
             self._mirror_clear()
             self._emit_removed(list(self._announced))
-            self._synced_pool = pool
-            self._token = pool.subscribe_removed()
-        gone, lost = pool.removed(self._token)
+            self._synced_pool[gid] = pool
+            self._token[gid] = pool.subscribe_removed()
+        gone, lost = pool.removed(self._token[gid])
         if lost:
             self.mirror_resets += 1
             self._mirror_clear()
@@ -210,33 +267,39 @@ class KvtierOffloadingManager(OffloadingManager):
         events, self.events = self.events, []
         yield from events
 
-    def _confirm(self, pool, keys):
-        """Mirror those of @keys whose blocks kvtier holds now: one kvt_ext_lookup of all
-        their hashes (in order) counts the leading run; the keys after it (a store that
-        found no room for some blocks: rare) are checked one by one."""
-        keys = list(keys)
-        hss = [self.hashes(k) for k in keys]
-        full = pool.lookup([h for hs in hss for h in hs], tenant=self.tenant) // self.bpc
-        for i, (k, hs) in enumerate(zip(keys, hss)):
-            if i < full or (i > full and pool.lookup(hs, tenant=self.tenant) == len(hs)):
-                self._mirror_add(k, hs)
+    def _confirm(self, keys):
+        """Mirror those of @keys whose blocks kvtier holds now: per group, one kvt_ext_lookup
+        of all their hashes (in order) counts the leading run; the keys after it (a store
+        that found no room for some blocks: rare) are checked one by one."""
+        for gid, gkeys in self._by_group(keys).items():
+            pool = self._pool(gid)
+            if pool is None:
+                continue
+            hss = [self.hashes(k) for k in gkeys]
+            full = pool.lookup([h for hs in hss for h in hs], tenant=self.tenant) // self.bpc
+            for i, (k, hs) in enumerate(zip(gkeys, hss)):
+                if i < full or (i > full and pool.lookup(hs, tenant=self.tenant) == len(hs)):
+                    self._mirror_add(k, hs)
 
     def lookup(self, key, req_context):
         if key in self._pending:
             return LookupResult.HIT_PENDING
-        if req_context is self._synced_ctx and key in self._mirror and self._synced_pool.pool:
-            return LookupResult.HIT  # the scan's mirror is current (synced, pool open)
-        pool = self._pool()
+        gid = self._gid(key)
+        if req_context is self._synced_ctx and key in self._mirror:
+            sp = self._synced_pool.get(gid)
+            if sp is not None and sp.pool:
+                return LookupResult.HIT  # the scan's mirror is current (synced, pool open)
+        st = self._store(gid)
+        pool = None if st is None else st.pool
         if pool is None:
             return LookupResult.MISS
-        if req_context is not self._synced_ctx or pool is not self._synced_pool:
+        if req_context is not self._synced_ctx or pool is not self._synced_pool.get(gid):
             self._synced_ctx = req_context
             self._scan_res = {}
-            self._sync(pool)
+            self._sync_all()
         if key in self._mirror:
             return LookupResult.HIT
-        st = find_store(_store_name(self.spec))
-        if st is not None and st.remote:
+        if st.remote:
             return self._remote(pool, key, req_context)
         hs = self.hashes(key)
         if pool.lookup(hs, tenant=self.tenant) == len(hs):
@@ -311,15 +374,9 @@ class KvtierOffloadingManager(OffloadingManager):
         vLLM's scheduler records in the ReqContext before it looks up (update_offload_keys;
         vllm 0.33.0's private ReqContext._offload_key_positions): without them nothing more is
         done."""
-        pos = getattr(req_context, "_offload_key_positions", None)
-        if not isinstance(pos, dict) or key not in pos:
+        keys = [k for k in self._following(key, req_context) if k not in self._mirror][:most]
+        if not keys:
             return
-        at, grp = pos[key], key[-4:]
-        after = sorted((p, k) for k, p in pos.items()
-                       if p > at and k[-4:] == grp and k not in self._mirror)[:most]
-        if not after:
-            return
-        keys = [k for _, k in after]
         hss = [self.hashes(k) for k in keys]
         full = pool.lookup([h for hs in hss for h in hs], tenant=self.tenant) // self.bpc
         for k, hs in zip(keys[:full], hss[:full]):
@@ -331,50 +388,58 @@ class KvtierOffloadingManager(OffloadingManager):
 
     def prepare_load(self, keys, req_context):
         keys = list(keys)
-        hs = [h for k in keys for h in self.hashes(k)]
-        pool = self._pool()
-        if pool is not None and hs:
+        by_group = {}
+        for gid, gkeys in self._by_group(keys).items():
+            hs = [h for k in gkeys for h in self.hashes(k)]
+            by_group[gid] = hs
+            pool = self._pool(gid)
+            if pool is None or not hs:
+                continue
             # one batched check: keys that are not (or no longer) stored leave the mirror, so a
             # wrong HIT (a block evicted after the lookup) is not repeated; their loads fail
             # alone (vLLM's invalid-block path). The leading run ends at a key that is gone;
             # the mirrored keys after it are checked one by one (rare: only after a wrong HIT)
             full = pool.lookup(hs, tenant=self.tenant) // self.bpc
             healed = []
-            for i, k in enumerate(keys[full:]):
+            for i, k in enumerate(gkeys[full:]):
                 if k in self._mirror and (i == 0 or pool.lookup(
                         self.hashes(k), tenant=self.tenant) != self.bpc):
                     self._mirror_remove(k)
                     healed.append(k)
             self._emit_removed(healed)
-        return KvtierLoadStoreSpec(hs)
+        return KvtierLoadStoreSpec([h for k in keys for h in self.hashes(k)], by_group)
 
     def touch(self, keys, req_context):
-        pool = self._pool()
-        if pool is not None and keys:
-            pool.touch([h for k in keys for h in self.hashes(k)], tenant=self.tenant)
+        for gid, gkeys in self._by_group(keys).items():
+            pool = self._pool(gid)
+            if pool is not None and gkeys:
+                pool.touch([h for k in gkeys for h in self.hashes(k)], tenant=self.tenant)
 
     def complete_load(self, keys, req_context):
         return  # kvtier pinned the blocks for the load job and unpinned them at its end
 
     def prepare_store(self, keys, req_context):
-        pool = self._pool()
-        if pool is None:
+        keys = list(keys)
+        pools = {g: self._pool(g) for g in self._by_group(keys)}
+        if any(p is None for p in pools.values()) or (not keys and self._pool() is None):
             return None
-        self._sync(pool)  # one call: a key evicted since the last drain is stored again
+        self._sync_all()  # one call per group: a key evicted since the last drain is stored again
         todo = []
         for k in keys:
             if k in self._pending or k in self._mirror:
                 continue
             hs = self.hashes(k)
-            if pool.lookup(hs, tenant=self.tenant) == len(hs):
+            if pools[self._gid(k)].lookup(hs, tenant=self.tenant) == len(hs):
                 self._mirror_add(k, hs)
                 continue
             todo.append(k)
         self._flush_announce()
         self._pending.update(todo)
+        by_group = {g: [h for k in gk for h in self.hashes(k)]
+                    for g, gk in self._by_group(todo).items()}
         return PrepareStoreOutput(keys_to_store=todo,
                                   store_spec=KvtierLoadStoreSpec(
-                                      [h for k in todo for h in self.hashes(k)]),
+                                      [h for k in todo for h in self.hashes(k)], by_group),
                                   evicted_keys=[])
 
     def complete_store(self, keys, req_context, success=True):
@@ -382,27 +447,31 @@ class KvtierOffloadingManager(OffloadingManager):
             self._pending.discard(k)
             if success:
                 self._stored.add(k)
-        pool = self._pool()
-        if success and keys and pool is not None:
+        if success and keys:
             # a store whose blocks found no room completes too: only what kvtier holds is
             # mirrored. Removals so far are drained first, so that a removal of an older copy
             # of one of these blocks (evicted while this store was in flight) cannot take out
             # what the confirmation adds; a removal after the check is drained later
-            self._sync(pool)
-            self._confirm(pool, dict.fromkeys(keys))
+            self._sync_all()
+            self._confirm(dict.fromkeys(keys))
             self._flush_announce()
 
     def on_new_request(self, req_context):
         return RequestOffloadingContext()
 
+    def _drop(self, keys):
+        for gid, gkeys in self._by_group(keys).items():
+            pool = self._pool(gid)
+            if pool is not None:
+                pool.drop([h for k in gkeys for h in self.hashes(k)], tenant=self.tenant)
+
     def reset_cache(self):
         """Drop what this manager stored, and the stores still in flight (vLLM never completes
         jobs started before a reset): their blocks are dropped now, and again when vLLM says
         the flushed jobs ended (on_reset_flushed), since one may land after this call."""
-        pool = self._pool()
         gone = self._stored | self._pending
-        if pool is not None and gone:
-            pool.drop([h for k in gone for h in self.hashes(k)], tenant=self.tenant)
+        if gone:
+            self._drop(gone)
         self._reset_pending |= self._pending
         self._stored.clear()
         self._pending.clear()
@@ -414,21 +483,18 @@ class KvtierOffloadingManager(OffloadingManager):
     def on_reset_flushed(self):
         """Every job in flight at the last reset has ended: drop what those stores landed
         (not a key stored again since the reset)."""
-        pool = self._pool()
         late = self._reset_pending - self._pending - self._stored
-        if pool is not None and late:
-            pool.drop([h for k in late for h in self.hashes(k)], tenant=self.tenant)
+        if late:
+            self._drop(late)
             for k in late:
                 self._mirror_remove(k)
         self._reset_pending.clear()
 
 
-def _slice_hashes(hashes, gpu_spec, bpc):
-    """The kvtier hashes of the GPU blocks of @gpu_spec: a key covers @bpc GPU blocks and
-    the first GPU block may sit inside the first key (block_indices[0] % bpc)."""
-    n = len(gpu_spec.block_ids)
-    skip = int(gpu_spec.block_indices[0]) % bpc if bpc > 1 and len(gpu_spec.block_indices) \
-        else 0
+def _slice_hashes(hashes, n, block_index, bpc):
+    """The kvtier hashes of @n GPU blocks of one group: a key covers @bpc GPU blocks and the
+    first GPU block may sit inside the first key (@block_index % bpc)."""
+    skip = int(block_index) % bpc if bpc > 1 else 0
     out = hashes[skip:skip + n]
     if len(out) != n:
         raise ValueError(f"kvtier: {n} GPU blocks for {len(hashes)} stored hashes "
@@ -437,9 +503,10 @@ def _slice_hashes(hashes, gpu_spec, bpc):
 
 
 class KvtierOffloadingWorker(OffloadingWorker):
-    """The worker side: vLLM's GPU KV blocks registered as kvtier's external pool; every
-    store / load is one kvtier job (a batched gather / scatter of each block's per-layer
-    pages). tolerate_failures (set by kvtier.vllm.connector.KvtierConnector): a load whose
+    """The worker side: vLLM's GPU KV blocks registered as kvtier's external pool (one per KV
+    cache group); every store / load is one kvtier job per group it touches (a batched gather
+    / scatter of each block's per-layer pages), reported to vLLM when all of them ended.
+    tolerate_failures (set by kvtier.vllm.connector.KvtierConnector): a load whose
     blocks partly failed is reported done and its failed GPU block ids are kept in
     failed_block_ids for vLLM's invalid-block path; without it a failed load is reported as
     failed (vLLM 0.33's OffloadingConnector then stops: it has no failed-job path), never as
@@ -451,64 +518,108 @@ class KvtierOffloadingWorker(OffloadingWorker):
         self.tolerate_failures = False
         self.failed_block_ids = set()
         refs = kv_caches.group_data_refs
-        if len(refs) != 1:
-            raise NotImplementedError(f"kvtier offloading: {len(refs)} KV cache groups; "
-                                      "one (full attention) is supported in this version")
-        layers, n_blocks = [], None
-        for ref in refs[0]:
-            t = kv_caches.tensors[ref.tensor_idx].tensor
-            if n_blocks is None:
-                n_blocks = t.shape[0]
-            elif t.shape[0] != n_blocks:
-                raise ValueError(f"kvtier offloading: KV tensors of {n_blocks} and "
-                                 f"{t.shape[0]} blocks")
-            layers.append(kvtier.ext_layer(t.data_ptr(), t.stride(0) * t.element_size(),
-                                           ref.page_size_bytes))
-        self.block_bytes = sum(d["k_bytes"] for d in layers)
-        self.store = _store_for(spec, self.block_bytes)
+        gids = _group_ids(spec)
+        if gids == [None]:
+            gids = [None] * len(refs)
+        if len(refs) != len(gids):
+            raise ValueError(f"kvtier offloading: {len(refs)} KV cache groups of tensors for "
+                             f"{len(gids)} offloaded groups")
+        geo = []
+        for gi, grefs in enumerate(refs):
+            layers, n_blocks = [], None
+            for ref in grefs:
+                t = kv_caches.tensors[ref.tensor_idx].tensor
+                if n_blocks is None:
+                    n_blocks = t.shape[0]
+                elif t.shape[0] != n_blocks:
+                    raise ValueError(f"kvtier offloading: KV tensors of {n_blocks} and "
+                                     f"{t.shape[0]} blocks in group {gids[gi]}")
+                layers.append(kvtier.ext_layer(t.data_ptr(), t.stride(0) * t.element_size(),
+                                               ref.page_size_bytes))
+            if not layers:
+                raise ValueError(f"kvtier offloading: KV cache group {gids[gi]} has no "
+                                 "tensors")
+            geo.append((n_blocks, layers, sum(d["k_bytes"] for d in layers)))
+        total = sum(g[2] for g in geo)
+        self.groups = []  # per KV cache group (vLLM's order): (group id, store, pool, bytes)
+        for gid, (n_blocks, layers, bb) in zip(gids, geo):
+            st = _store_for(spec, bb, gid, share=bb / total if len(geo) > 1 else 1.0)
+            self.groups.append((gid, st, st.register(n_blocks, layers), bb))
+        self.store, self.pool = self.groups[0][1], self.groups[0][2]
+        self.block_bytes = total
         self.tenant = self.store.tenant
-        self.pool = self.store.register(n_blocks, layers)
-        self._jobs = {}  # kvtier job id -> (vLLM job id, "store" | "load", gpu ids, t0, bytes)
+        self._jobs = {}     # (group index, kvtier job id) -> vLLM job id
+        self._vjobs = {}    # vLLM job id -> [kind, kvtier jobs left, ok, t0, bytes]
+        self._ready = []    # vLLM jobs with nothing to copy: reported at the next poll
 
-    def _submit(self, fn, job_id, hashes, gpu_spec, kind):
+    def _submit(self, fname, job_id, spec, gpu_spec, kind):
         ids = [int(b) for b in gpu_spec.block_ids]
-        hs = _slice_hashes(hashes, gpu_spec, self.bpc)
-        kj = fn(hs, ids, tenant=self.tenant)
-        self._jobs[kj] = (job_id, kind, ids, time.perf_counter(),
-                          len(ids) * self.block_bytes)
+        sizes = list(gpu_spec.group_sizes) if getattr(gpu_spec, "group_sizes", None) \
+            else [len(ids)]
+        starts = list(gpu_spec.block_indices) if getattr(gpu_spec, "block_indices", None) \
+            else [0] * len(sizes)
+        if len(sizes) != len(self.groups):
+            raise ValueError(f"kvtier: a transfer of {len(sizes)} groups, {len(self.groups)} "
+                             "registered")
+        by_group = spec.by_group if spec.by_group is not None else {self.groups[0][0]:
+                                                                   spec.hashes}
+        todo, off, nbytes = [], 0, 0
+        for gi, (n, start) in enumerate(zip(sizes, starts)):
+            gid, _st, pool, bb = self.groups[gi]
+            gids_ = ids[off:off + n]
+            off += n
+            if not n:
+                continue
+            hashes = by_group.get(gid) if len(self.groups) > 1 else spec.hashes
+            todo.append((gi, pool, _slice_hashes(hashes or [], n, start, self.bpc), gids_))
+            nbytes += n * bb
+        self._vjobs[job_id] = [kind, len(todo), True, time.perf_counter(), nbytes]
+        for gi, pool, hs, gids_ in todo:
+            kj = getattr(pool, fname)(hs, gids_, tenant=self.tenant)
+            self._jobs[(gi, kj)] = job_id
+        if not todo:
+            self._ready.append(job_id)
         return True
 
     def submit_store(self, job_id, src_spec, dst_spec):
         assert isinstance(src_spec, GPULoadStoreSpec)
-        return self._submit(self.pool.store, job_id, dst_spec.hashes, src_spec, "store")
+        return self._submit("store", job_id, dst_spec, src_spec, "store")
 
     def submit_load(self, job_id, src_spec, dst_spec, expedited=False):
         assert isinstance(dst_spec, GPULoadStoreSpec)
-        return self._submit(self.pool.load, job_id, src_spec.hashes, dst_spec, "load")
+        return self._submit("load", job_id, src_spec, dst_spec, "load")
+
+    def _result(self, job_id):
+        kind, _left, ok, t0, nbytes = self._vjobs.pop(job_id)
+        return TransferResult(job_id=job_id, success=ok, transfer_size=nbytes,
+                              transfer_time=time.perf_counter() - t0)
 
     def get_finished(self):
-        out = []
-        for j in self.pool.poll():
-            job_id, kind, ids, t0, nbytes = self._jobs.pop(j.job)
-            ok = True
-            if kind == "load" and j.failed:
-                self.failed_block_ids.update(j.failed_block_ids)
-                ok = self.tolerate_failures
-            # a store whose blocks found no room is a future miss, not an error: kvtier's
-            # lookup is the truth the manager answers from
-            out.append(TransferResult(job_id=job_id, success=ok, transfer_size=nbytes,
-                                      transfer_time=time.perf_counter() - t0))
+        out = [self._result(j) for j in self._ready]
+        self._ready = []
+        for gi, (_gid, _st, pool, _bb) in enumerate(self.groups):
+            for j in pool.poll():
+                job_id = self._jobs.pop((gi, j.job))
+                rec = self._vjobs[job_id]
+                if rec[0] == "load" and j.failed:
+                    self.failed_block_ids.update(j.failed_block_ids)
+                    rec[2] = rec[2] and self.tolerate_failures
+                # a store whose blocks found no room is a future miss, not an error: kvtier's
+                # lookup is the truth the manager answers from
+                rec[1] -= 1
+                if not rec[1]:
+                    out.append(self._result(job_id))
         return out
 
     def wait(self, job_ids):
-        for kj, (job_id, *_rest) in list(self._jobs.items()):
+        for (gi, kj), job_id in list(self._jobs.items()):
             if job_id in job_ids:
-                while not self.pool.wait(kj, 10000):
+                while not self.groups[gi][2].wait(kj, 10000):
                     pass
 
     def shutdown(self):
-        for kj in list(self._jobs):
-            self.pool.wait(kj, 10000)
+        for gi, kj in list(self._jobs):
+            self.groups[gi][2].wait(kj, 10000)
 
 
 class KvtierOffloadingSpec(OffloadingSpec):
@@ -521,9 +632,6 @@ class KvtierOffloadingSpec(OffloadingSpec):
             raise NotImplementedError(f"kvtier offloading: world size "
                                       f"{config.parallel.world_size}; one worker (tensor and "
                                       "pipeline parallel 1) is supported in this version")
-        if len(config.groups) != 1:
-            raise NotImplementedError(f"kvtier offloading: {len(config.groups)} KV cache "
-                                      "groups; one is supported in this version")
         self._manager = None
         self._worker = None
 
