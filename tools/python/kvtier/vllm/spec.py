@@ -284,7 +284,7 @@ class KvtierOffloadingManager(OffloadingManager):
     def lookup(self, key, req_context):
         if key in self._pending:
             return LookupResult.HIT_PENDING
-        gid = self._gid(key)
+        gid = self._gids[0] if self._one else _group_of(key)
         if req_context is self._synced_ctx and key in self._mirror:
             sp = self._synced_pool.get(gid)
             if sp is not None and sp.pool:
