@@ -153,6 +153,13 @@ engine_check_opts(const struct kvt_engine_opts *o, uint64_t bb)
 	if (o->opts_size > offsetof(struct kvt_engine_opts, nvme_workers) &&
 	    o->nvme_workers > 16)
 		return kvt_err(-EINVAL, "nvme_workers %u out of range 0..16", o->nvme_workers);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, remote_write) &&
+	    o->remote_write > KVT_REMOTE_WRITE_NONE)
+		return kvt_err(-EINVAL, "remote_write %u: must be KVT_REMOTE_WRITE_SEEN_TWICE, "
+			       "_ALL or _NONE", o->remote_write);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, remote_no_fetch) &&
+	    o->remote_no_fetch > 1)
+		return kvt_err(-EINVAL, "remote_no_fetch %u must be 0 or 1", o->remote_no_fetch);
 	if (o->device != KVT_DEVICE_EMULATED && o->device != KVT_DEVICE_CUDA)
 		return kvt_err(-EINVAL, "unknown device kind %d", (int)o->device);
 	return 0;

@@ -909,6 +909,8 @@ void kvt_ext_progress(struct kvt_engine *e);
 /* remote.c: fetched block @id landed verified (@ok) or not (@first_miss: it ended the verified
  * run: the pool remembers the miss for a while, so repeated lookups do not ask again) */
 void kvt_ext_fetched(struct kvt_engine *e, uint32_t id, bool ok, bool first_miss);
+/* Whether block @id is still the pool's REMOTE fetch (not detached by a store or a drop). */
+bool kvt_ext_fetching(const struct kvt_engine *e, uint32_t id);
 /* The session key the NVMe header of external block @id carries (its record's key), 0 = none. */
 uint64_t kvt_ext_session_key(const struct kvt_engine *e, uint32_t id);
 /* engine/persist.c for ext.c: records of one external block (KVT_EXT_TOKEN tokens) */

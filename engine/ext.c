@@ -97,6 +97,7 @@ struct ext_meta {
 	uint8_t dropped; /* kvt_ext_drop while pinned: uncached at the last unpin */
 	uint8_t published; /* a record in the persistent store names pub_slot */
 	uint8_t fetching; /* its HOST copy is being fetched from REMOTE (not landed yet) */
+	uint32_t hit_gen; /* = lookup_gen: a hit of the current lookup (ext_fetch spares it) */
 	uint32_t pub_slot; /* the NVMe slot that record names */
 };
 
@@ -153,6 +154,8 @@ struct kvt_ext_state {
 	uint64_t geo_fp;           /* XXH3-64 of the per-layer segment sizes: part of each key */
 	bool closing;              /* unregistering: no new REMOTE fetches */
 	struct ext_neg neg[EXT_NEG];
+	uint32_t lookup_gen;       /* bumped by each kvt_ext_lookup with a REMOTE tier */
+	uint32_t fetch_held;       /* HOST slots held by REMOTE fetches in flight */
 };
 #define EXT_REMOVED_CAP 65536u     /* kvt_ext_opts.removed_cap's default */
 
@@ -444,6 +447,48 @@ ext_detach_fetch(struct kvt_ext_state *x, struct ext_ent *t)
 	x->tombs++;
 }
 
+bool
+kvt_ext_fetching(const struct kvt_engine *e, uint32_t id)
+{
+	const struct kvt_ext_state *x = e->ext;
+
+	return x && id < x->cap_meta && x->meta[id].ext && x->meta[id].fetching;
+}
+
+/*
+ * Room in HOST for a REMOTE fetch of @want blocks, without losing anything for a guess (the
+ * hashes may not be there): the free slots, plus the slots of clean HOST copies (valid on
+ * NVMe: dropping one loses nothing, it is read from there), coldest first in HOST's policy,
+ * never a hit of the current lookup (hit_gen: the caller is about to load it from HOST).
+ * Fetches in flight hold at most half of HOST, so that stores keep room. Returns the blocks
+ * the fetch may take (<= @want).
+ */
+static uint32_t
+ext_fetch_room(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t want)
+{
+	struct kvt_slots *sl = &e->slots[KVT_TIER_HOST];
+	struct kvt_evict *ev = &e->evict[KVT_TIER_HOST];
+	uint32_t cap = sl->n_slots / 2 > x->fetch_held ? sl->n_slots / 2 - x->fetch_held : 0;
+	uint32_t cand[EXT_RF_MAX], nc = 0, seen = 0;
+
+	if (want > cap)
+		want = cap;
+	if (sl->n_free >= want)
+		return want;
+	for (uint32_t id = ev->ops->victim_first(ev);
+	     id != KVT_NIL && nc < want - sl->n_free && seen < want + 64;
+	     id = ev->ops->victim_next(ev, id), seen++) {
+		const struct kvt_block *b = kvt_blk(e, id);
+
+		if (kvt_copy_evictable(b, KVT_TIER_HOST) && kvt_copy_valid(b, KVT_TIER_NVME) &&
+		    !(id < x->cap_meta && x->meta[id].ext && x->meta[id].hit_gen == x->lookup_gen))
+			cand[nc++] = id; /* collected first: evicting changes the list walked */
+	}
+	for (uint32_t i = 0; i < nc; i++)
+		kvt_copy_evict(e, cand[i], KVT_TIER_HOST);
+	return sl->n_free < want ? sl->n_free : want;
+}
+
 static struct ext_neg *
 ext_neg_slot(struct kvt_ext_state *x, uint32_t tenant, uint64_t hash)
 {
@@ -456,8 +501,12 @@ kvt_ext_fetched(struct kvt_engine *e, uint32_t id, bool ok, bool first_miss)
 	struct kvt_ext_state *x = e->ext;
 	struct ext_meta *m;
 
+	if (x && x->fetch_held)
+		x->fetch_held--; /* its HOST slot is the pool's stored block, or free again */
 	if (!x || id >= x->cap_meta || !x->meta[id].ext || !x->meta[id].fetching) {
-		kvt_block_uncache(e, id); /* no pool holds it (cannot happen: unregister drains) */
+		/* detached (a store or a drop of its hash meanwhile: ext_detach_fetch), or no pool
+		 * holds it (cannot happen: unregister drains) */
+		kvt_block_uncache(e, id);
 		return;
 	}
 	m = &x->meta[id];
@@ -489,7 +538,6 @@ ext_fetch(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t tenant, const 
 {
 	uint64_t keys[EXT_RF_MAX][2];
 	uint32_t ids[EXT_RF_MAX], want, m;
-	struct kvt_slots *sl = &e->slots[KVT_TIER_HOST];
 	struct ext_neg *ng;
 
 	if (!n || x->closing || !kvt_reng_can_fetch(e) || ext_find(x, tenant, hashes[0]))
@@ -497,13 +545,7 @@ ext_fetch(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t tenant, const 
 	ng = ext_neg_slot(x, tenant, hashes[0]);
 	if (ng->hash == hashes[0] && ng->tenant == tenant && ng->until_ns > ext_now_ns())
 		return 0; /* missed there a moment ago */
-	want = n < EXT_RF_MAX ? (uint32_t)n : EXT_RF_MAX;
-	/* room in HOST without waiting (clean copies dropped, demotions started): what is free
-	 * now bounds the fetch, as kvt_reng_lookup's */
-	if (sl->n_free < want)
-		(void)kvt_reclaim(e, KVT_TIER_HOST, want - sl->n_free, false);
-	if (sl->n_free < want)
-		want = sl->n_free;
+	want = ext_fetch_room(e, x, n < EXT_RF_MAX ? (uint32_t)n : EXT_RF_MAX);
 	for (m = 0; m < want; m++) {
 		struct kvt_block *b;
 		uint32_t id, slot;
@@ -531,10 +573,12 @@ ext_fetch(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t tenant, const 
 		}
 		x->meta[id] = (struct ext_meta){ .hash = hashes[m], .tenant = tenant,
 						 .gen = x->meta[id].gen, .ext = 1, .fetching = 1 };
+		x->fetch_held++;
 		ids[m] = id;
 		ext_rkey(x, hashes[m], keys[m]);
 	}
 	if (m && kvt_reng_ext_fetch(e, tenant, (const uint64_t(*)[2])keys, ids, m)) {
+		x->fetch_held -= m;
 		for (uint32_t i = 0; i < m; i++) {
 			kvt_blk(e, ids[i])->busy = 0;
 			kvt_copy_fail(e, ids[i], KVT_TIER_HOST);
@@ -1795,8 +1839,10 @@ kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint6
 		kvt_unlock(e);
 		return -ENOENT;
 	}
-	if (e->remote)
+	if (e->remote) {
 		kvt_reng_reap(e); /* REMOTE fetches that landed are hits now */
+		x->lookup_gen++;
+	}
 	for (i = 0; i < n; i++) {
 		struct ext_ent *t = ext_find(x, tenant, hashes[i]);
 		const struct kvt_block *b;
@@ -1812,6 +1858,7 @@ kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint6
 		} else {
 			break;
 		}
+		x->meta[t->block].hit_gen = x->lookup_gen; /* ext_fetch makes no room from it */
 	}
 	x->st.lookups++;
 	x->st.lookup_hashes += n;

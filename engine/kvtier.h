@@ -1638,9 +1638,11 @@ KVT_API int kvt_engine_group_stats(struct kvt_engine *e, uint32_t group, struct 
  *     block's bytes (the gathered segments, zero-padded to block_bytes) with kvtier's REMOTE
  *     value header (docs/FORMAT.md "REMOTE values": namespace, tenant, key, XXH3-64).
  *   - fetch: kvt_ext_lookup() of hashes whose leading run misses locally also asks REMOTE
- *     for the hashes after that run (up to 256, as many as HOST has free slots for now; unless
- *     remote_no_fetch) with one pipelined get, queued to the worker: the call never waits for
- *     the network. Each value is verified (kvt_rv_parse: a bad one is a miss, deleted, never
+ *     for the hashes after that run (unless remote_no_fetch) with one pipelined get, queued to
+ *     the worker: the call never waits for the network. It asks for up to 256, as many as
+ *     HOST has room for without losing anything: free slots, and slots of clean HOST copies
+ *     (valid on NVMe), never one of the lookup's own hits; fetches in flight hold at most
+ *     half of HOST's slots. Each value is verified (kvt_rv_parse: a bad one is a miss, deleted, never
  *     served); the verified leading run lands in HOST as stored blocks, found by a LATER
  *     kvt_ext_lookup (a scheduler's next step; kvt_ext_inflight says whether to ask again) and
  *     loaded as any. A hash that missed there is not asked again for 1 s. The keys are
@@ -1809,8 +1811,9 @@ KVT_API int kvt_ext_store(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
  * stay cheap). Non-blocking and cheap (one hash-table probe per hash, under the engine mutex,
  * nothing pinned or moved): a scheduler calls it for every waiting request every step. With
  * a REMOTE tier, a run that ends before @n also asks REMOTE for the hashes after it
- * ("External-pool mode" above: HOST slots taken for them and one get queued, never waited
- * for; the blocks that land count in a later lookup, kvt_ext_inflight tells).
+ * ("External-pool mode" above: free HOST slots, or those of clean HOST copies, taken for
+ * them and one get queued, never waited for; the blocks that land count in a later lookup,
+ * kvt_ext_inflight tells; no stored block is evicted for it and the hits it returns stay).
  * @hits: receives the count (0..n). @tier: receives the slowest tier those come from
  * (KVT_TIER_HOST or KVT_TIER_NVME; KVT_TIER_COUNT when 0); may be NULL.
  * Returns 0, -EINVAL (NULL), -ENOENT (no such pool).

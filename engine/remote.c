@@ -449,8 +449,9 @@ reap_fetch(struct kvt_engine *e, struct rjob *j)
 		b->busy = 0;
 		if (j->ext) {
 			/* the external pool's: it lands them (landed, found by kvt_ext_lookup) or
-			 * frees them (a miss: absent, unverifiable, or after the verified run) */
-			bool ok = (int)i < j->lead && j->res[i] == 1;
+			 * frees them (a miss: absent, unverifiable, after the verified run, or
+			 * redundant: its hash was stored or dropped meanwhile) */
+			bool ok = (int)i < j->lead && j->res[i] == 1 && kvt_ext_fetching(e, id);
 
 			if (ok) {
 				kvt_copy_set_present(e, id, KVT_TIER_HOST);

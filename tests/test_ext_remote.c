@@ -142,6 +142,8 @@ eng(uint32_t write, uint32_t host_blocks)
 	o.remote_connect_timeout_ms = 500;
 	o.remote_op_timeout_ms = 300;
 	o.remote_write = write;
+	o.high_watermark = o.low_watermark = 1.0f; /* no background demotion: HOST-only engines
+						      would drop stored blocks */
 	return tsup_create(&o, NULL);
 }
 
@@ -604,6 +606,8 @@ test_store_drop_while_fetching(void **state)
 		assert_int_equal(xstats(b, &pb).remote_hit_blocks, 0);
 	else
 		assert_int_equal(xstats(b, &pb).remote_hit_blocks, 2);
+	/* the engine's counter says the same: the detached two are misses (redundant) */
+	assert_int_equal(tsup_stats(b).remote_hit_blocks, xstats(b, &pb).remote_hit_blocks);
 	load(b, &pb, 0, h, to, 1);
 	assert_true(holds(&pb, 20, 9));
 	if (hits == 2) {
@@ -618,7 +622,71 @@ test_store_drop_while_fetching(void **state)
 	pool_free(&pb);
 }
 
-/* Bad input to kvt_ext_inflight: clear errors. */
+/* A lookup that misses makes room for its fetch without losing anything: on a HOST-only
+ * engine whose HOST holds the pool's own stored blocks, a lookup of hashes REMOTE does not
+ * have evicts none of them; a lookup whose run is longer than HOST never evicts the hits it
+ * just reported (each lookup's hits load), and the run grows to what HOST can hold. */
+static void
+test_fetch_room_loses_nothing(void **state)
+{
+	struct kvt_engine *a = eng(KVT_REMOTE_WRITE_ALL, 16), *b = eng(KVT_REMOTE_WRITE_NONE, 8);
+	struct kvt_engine *c = eng(KVT_REMOTE_WRITE_NONE, 4);
+	struct pool pa, pb, pc;
+	uint64_t h[8], other[8], lost = 0;
+	uint32_t ids[8], to[8];
+	struct kvt_ext_removal rm[16];
+	size_t got, prev = 0;
+
+	(void)state;
+	flushall();
+	pool_make(a, &pa);
+	pool_make(b, &pb);
+	pool_make(c, &pc);
+	/* B: 8 blocks of its own fill HOST */
+	for (uint32_t i = 0; i < 8; i++) {
+		ids[i] = i;
+		h[i] = hash_of(50 + i);
+		other[i] = hash_of(90 + i);
+		to[i] = 16 + i;
+		fill(&pb, i, 30 + i);
+	}
+	store(b, &pb, 0, h, ids, 8);
+	assert_int_equal(xstats(b, &pb).stored_blocks, 8);
+	assert_int_equal(kvt_ext_removed(b, pb.id, rm, 16, &lost), 0);
+	for (int round = 0; round < 4; round++) {
+		assert_int_equal(lookup(b, &pb, 0, other, 8, NULL), 0); /* nowhere */
+		assert_int_equal(kvt_engine_drain(b), 0);
+	}
+	assert_int_equal(xstats(b, &pb).stored_blocks, 8);
+	assert_int_equal(kvt_ext_removed(b, pb.id, rm, 16, &lost), 0);
+	assert_int_equal(lost, 0);
+	load(b, &pb, 0, h, to, 8);
+	for (uint32_t i = 0; i < 8; i++)
+		assert_true(holds(&pb, 16 + i, 30 + i));
+
+	/* C: HOST of 4 blocks, REMOTE has an 8-block run */
+	a_stores(a, &pa, 0, 8, h);
+	for (int step = 0; step < 6; step++) {
+		got = lookup(c, &pc, 0, h, 8, NULL);
+		assert_true(got >= prev); /* the hits of one lookup are not taken by the next */
+		load(c, &pc, 0, h, to, got); /* this lookup's hits load, every one */
+		for (uint32_t i = 0; i < got; i++)
+			assert_true(holds(&pc, to[i], 100 + i));
+		prev = got;
+		assert_int_equal(kvt_engine_drain(c), 0);
+	}
+	assert_int_equal(prev, 4); /* as much of the run as HOST holds */
+	tsup_check_engine(b);
+	tsup_check_engine(c);
+	kvt_engine_destroy(a);
+	kvt_engine_destroy(b);
+	kvt_engine_destroy(c);
+	pool_free(&pa);
+	pool_free(&pb);
+	pool_free(&pc);
+}
+
+/* Bad input to kvt_ext_inflight and bad REMOTE options: clear errors. */
 static void
 test_inflight_bad_input(void **state)
 {
@@ -639,6 +707,23 @@ test_inflight_bad_input(void **state)
 	assert_int_equal(pending, 0);
 	kvt_engine_destroy(b);
 	pool_free(&pb);
+	{
+		struct kvt_engine_opts o;
+		struct kvt_engine *x = NULL;
+
+		tsup_opts_init(&o);
+		o.hbm_bytes = tsup_block_bytes();
+		o.remote_host = "127.0.0.1";
+		o.remote_port = srv.port;
+		o.remote_model_id = "ext-model@1";
+		o.remote_write = 7;
+		assert_int_equal(kvt_engine_create(&o, &x), -EINVAL);
+		assert_non_null(strstr(kvt_last_error_message(), "remote_write"));
+		o.remote_write = KVT_REMOTE_WRITE_ALL;
+		o.remote_no_fetch = 5;
+		assert_int_equal(kvt_engine_create(&o, &x), -EINVAL);
+		assert_null(x);
+	}
 }
 
 static int
@@ -667,6 +752,7 @@ main(void)
 		cmocka_unit_test(test_host_small),
 		cmocka_unit_test(test_unregister_with_fetch),
 		cmocka_unit_test(test_store_drop_while_fetching),
+		cmocka_unit_test(test_fetch_room_loses_nothing),
 		cmocka_unit_test(test_inflight_bad_input),
 	};
 
