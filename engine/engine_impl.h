@@ -661,6 +661,16 @@ int kvt_promote_hbm(struct kvt_engine *e, uint32_t id, bool may_wait);
  * 0, or <0 as kvt_reclaim (nothing queued then). Requires e->lock. */
 int kvt_promote_from_host(struct kvt_engine *e, uint32_t id, bool may_wait);
 void kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n);
+/* Room for @want (<= KVT_ROOM_CLEAN_MAX) speculative copies in @tier that loses nothing: the
+ * free slots, plus those of clean copies (valid in another tier), coldest first in the tier's
+ * policy (at most @want + 64 looked at), except those @spare (may be NULL) keeps. No demotion
+ * started, nothing dropped that is the last copy. Returns the slots free now, <= @want.
+ * Requires e->lock. (The REMOTE fetches of prefix lookups and of the external pool: a guess
+ * must not cost a block.) */
+#define KVT_ROOM_CLEAN_MAX 256u
+uint32_t kvt_room_clean(struct kvt_engine *e, int tier, uint32_t want,
+			bool (*spare)(const struct kvt_engine *e, uint32_t id, void *arg),
+			void *arg);
 void kvt_watermarks(struct kvt_engine *e);
 #define KVT_ENOSPC_DROP 16u                  /* clean NVMe copies dropped per ENOSPC write */
 #define KVT_ENOSPC_BACKOFF_NS 200000000ull   /* background NVMe demotion paused this long */

@@ -455,38 +455,29 @@ kvt_ext_fetching(const struct kvt_engine *e, uint32_t id)
 	return x && id < x->cap_meta && x->meta[id].ext && x->meta[id].fetching;
 }
 
+/* kvt_room_clean's @spare: a hit of the current lookup (its caller loads it from HOST next). */
+static bool
+ext_spare_hit(const struct kvt_engine *e, uint32_t id, void *arg)
+{
+	const struct kvt_ext_state *x = arg;
+
+	(void)e;
+	return id < x->cap_meta && x->meta[id].ext && x->meta[id].hit_gen == x->lookup_gen;
+}
+
 /*
  * Room in HOST for a REMOTE fetch of @want blocks, without losing anything for a guess (the
- * hashes may not be there): the free slots, plus the slots of clean HOST copies (valid on
- * NVMe: dropping one loses nothing, it is read from there), coldest first in HOST's policy,
- * never a hit of the current lookup (hit_gen: the caller is about to load it from HOST).
- * Fetches in flight hold at most half of HOST, so that stores keep room. Returns the blocks
- * the fetch may take (<= @want).
+ * hashes may not be there): kvt_room_clean (free slots, then clean HOST copies), sparing the
+ * hits of the current lookup. Fetches in flight hold at most half of HOST, so that stores
+ * keep room. Returns the blocks the fetch may take (<= @want).
  */
 static uint32_t
 ext_fetch_room(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t want)
 {
-	struct kvt_slots *sl = &e->slots[KVT_TIER_HOST];
-	struct kvt_evict *ev = &e->evict[KVT_TIER_HOST];
-	uint32_t cap = sl->n_slots / 2 > x->fetch_held ? sl->n_slots / 2 - x->fetch_held : 0;
-	uint32_t cand[EXT_RF_MAX], nc = 0, seen = 0;
+	uint32_t half = e->slots[KVT_TIER_HOST].n_slots / 2;
+	uint32_t cap = half > x->fetch_held ? half - x->fetch_held : 0;
 
-	if (want > cap)
-		want = cap;
-	if (sl->n_free >= want)
-		return want;
-	for (uint32_t id = ev->ops->victim_first(ev);
-	     id != KVT_NIL && nc < want - sl->n_free && seen < want + 64;
-	     id = ev->ops->victim_next(ev, id), seen++) {
-		const struct kvt_block *b = kvt_blk(e, id);
-
-		if (kvt_copy_evictable(b, KVT_TIER_HOST) && kvt_copy_valid(b, KVT_TIER_NVME) &&
-		    !(id < x->cap_meta && x->meta[id].ext && x->meta[id].hit_gen == x->lookup_gen))
-			cand[nc++] = id; /* collected first: evicting changes the list walked */
-	}
-	for (uint32_t i = 0; i < nc; i++)
-		kvt_copy_evict(e, cand[i], KVT_TIER_HOST);
-	return sl->n_free < want ? sl->n_free : want;
+	return kvt_room_clean(e, KVT_TIER_HOST, want < cap ? want : cap, ext_spare_hit, x);
 }
 
 static struct ext_neg *

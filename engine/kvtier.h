@@ -754,8 +754,9 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
  *          in HBM), or KVT_TIER_COUNT when nothing matched. May be NULL.
  * Nothing is pinned or moved locally. With a REMOTE tier (opts.remote_host, unless
  * remote_no_fetch) the call is also the announcement of a remote prefix hit: the full blocks
- * after the local match (up to 256, and as many HOST slots as are free after a reclaim that
- * never waits) are looked up in REMOTE with one pipelined get (<= 2 round trips), queued to the
+ * after the local match (up to 256, and as many HOST slots as are free or held by clean
+ * copies, valid in another tier: a guess never evicts a block's last copy nor waits) are
+ * looked up in REMOTE with one pipelined get (<= 2 round trips), queued to the
  * remote worker; the call never waits for the network. The verified leading run lands in HOST
  * slots (INFLIGHT while the worker writes them) and becomes cached prefix blocks when a later
  * call reaps it (poll, drain, stats, match, attach); *matched_tokens counts only what is usable

@@ -1087,12 +1087,10 @@ kvt_reng_lookup(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const u
 	kvt_prefix_hash(h, tokens + (uint64_t)k * tpb, tpb, salt, h);
 	if (key_fetching(r, h, tenant))
 		return 0; /* announced already: in flight */
-	/* room in HOST without waiting: clean copies dropped, demotions started; what is free
-	 * now bounds the lookup */
-	if (e->slots[KVT_TIER_HOST].n_free < want)
-		(void)kvt_reclaim(e, KVT_TIER_HOST, want - e->slots[KVT_TIER_HOST].n_free, false);
-	if (e->slots[KVT_TIER_HOST].n_free < want)
-		want = e->slots[KVT_TIER_HOST].n_free;
+	/* room in HOST without waiting and without losing anything for a guess (the blocks may
+	 * not be there): free slots and clean copies (valid in another tier) only, never a cached
+	 * block's last copy; what is free then bounds the lookup */
+	want = kvt_room_clean(e, KVT_TIER_HOST, want, NULL, NULL);
 	if (!want)
 		return 0;
 	j = calloc(1, sizeof *j);

@@ -476,6 +476,32 @@ kvt_reclaim_for(struct kvt_engine *e, int tier, const uint32_t *ids, uint32_t n)
 		(void)kvt_reclaim(e, tier, want, false);
 }
 
+uint32_t
+kvt_room_clean(struct kvt_engine *e, int tier, uint32_t want,
+	       bool (*spare)(const struct kvt_engine *e, uint32_t id, void *arg), void *arg)
+{
+	struct kvt_slots *sl = &e->slots[tier];
+	struct kvt_evict *ev = &e->evict[tier];
+	uint32_t cand[KVT_ROOM_CLEAN_MAX], nc = 0, seen = 0, need;
+
+	if (want > KVT_ROOM_CLEAN_MAX)
+		want = KVT_ROOM_CLEAN_MAX;
+	if (sl->n_free >= want)
+		return want;
+	need = want - sl->n_free;
+	for (uint32_t id = ev->ops->victim_first(ev); id != KVT_NIL && nc < need &&
+	     seen < want + 64; id = ev->ops->victim_next(ev, id), seen++) {
+		const struct kvt_block *b = kvt_blk(e, id);
+
+		if (kvt_copy_evictable(b, tier) && valid_elsewhere(b, tier) &&
+		    !(spare && spare(e, id, arg)))
+			cand[nc++] = id; /* collected first: evicting changes the list walked */
+	}
+	for (uint32_t i = 0; i < nc; i++)
+		kvt_copy_evict(e, cand[i], tier);
+	return sl->n_free < want ? sl->n_free : want;
+}
+
 int
 kvt_room_for_copy(struct kvt_engine *e, uint32_t id, int src, int dst, bool may_wait)
 {

@@ -590,6 +590,45 @@ test_killed_mid_batch(void **state)
 	kvt_engine_destroy(b);
 }
 
+/* A remote prefix lookup is a guess: the room for it loses nothing. HOST (no NVMe) full of a
+ * closed sequence's cached prefix blocks; a match of other tokens asks REMOTE, which has none
+ * of them: every cached block is still matched afterwards (the lookup used to evict them to
+ * make room for the fetch). */
+static void
+test_lookup_loses_no_cached_block(void **state)
+{
+	struct eng_cfg c = { .write = KVT_REMOTE_WRITE_NONE, .prefix_cache = 1 };
+	struct kvt_engine *e = eng(srv.port, &c);
+	int32_t *t = toks(16 * TSUP_TPB);
+	struct kvt_seq_opts so;
+	uint64_t matched = 0;
+	kvt_seq_id s;
+
+	(void)state;
+	assert_non_null(e);
+	flushall();
+	s = sealed_seq(e, 1, 0, 81, 16 * TSUP_TPB);
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.tenant = 1;
+	assert_int_equal(kvt_seq_match_prefix(e, &so, t, 16 * TSUP_TPB, &matched, NULL), 0);
+	assert_int_equal(matched, 16 * TSUP_TPB);
+	for (uint64_t salt = 5; salt < 9; salt++) {
+		so.salt = salt; /* other keys: local misses, REMOTE asked */
+		assert_int_equal(kvt_seq_match_prefix(e, &so, t, 16 * TSUP_TPB, &matched, NULL), 0);
+		assert_int_equal(kvt_engine_drain(e), 0);
+	}
+	so.salt = 0;
+	assert_int_equal(kvt_seq_match_prefix(e, &so, t, 16 * TSUP_TPB, &matched, NULL), 0);
+	assert_int_equal(matched, 16 * TSUP_TPB);
+	assert_int_equal(remote_attach(e, 1, 0, 81, 16 * TSUP_TPB, false, NULL), 16);
+	tsup_check_engine(e);
+	free(t);
+	kvt_engine_destroy(e);
+}
+
 /* A 3-master Redis Cluster: write-through spreads the blocks over the masters, a lookup of all
  * of them is one round trip (no redirect) and exact. */
 static void
@@ -899,6 +938,7 @@ main(void)
 		cmocka_unit_test(test_server_killed),
 		cmocka_unit_test(test_killed_mid_batch),
 		cmocka_unit_test(test_cluster),
+		cmocka_unit_test(test_lookup_loses_no_cached_block),
 	};
 	int rc;
 
