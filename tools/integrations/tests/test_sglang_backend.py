@@ -275,7 +275,7 @@ def test_remote_pages_shared_between_servers(redis_server):
     """Two SGLang servers on one REMOTE (a real redis-server): pages server A stores are
     found by server B's batch_exists (which waits for the fetch it started) and read
     byte-exact; a page corrupted in redis is a miss there, never wrong bytes."""
-    a = make(**_remote(redis_server.port, kvtier_remote_write="all"))
+    a = make(**_remote(redis_server.port))  # kvtier_remote_write: "all" by default
     b = make(**_remote(redis_server.port, kvtier_remote_write="none"))
     try:
         keys = [f"page-{i}" for i in range(5)]
@@ -307,3 +307,11 @@ def test_remote_pages_shared_between_servers(redis_server):
 def test_remote_needs_model_id():
     with pytest.raises(ValueError, match="kvtier_remote_model_id"):
         make(kvtier_remote_host="127.0.0.1")
+
+
+def test_unknown_kvtier_key_refused():
+    with pytest.raises(ValueError, match="did you mean 'kvtier_host_bytes'"):
+        make(kvtier_host_byte=1 << 20)
+    with pytest.raises(ValueError, match="kvtier_remote_write 'twice'"):
+        make(kvtier_remote_host="127.0.0.1", kvtier_remote_model_id="m",
+             kvtier_remote_write="twice")

@@ -94,3 +94,55 @@ def test_corrupt_remote_value_is_recomputed(engines, redis_server):  # noqa: F81
     ref.add("b", p + prompt(22, 5))
     ref.run()
     assert b.outputs["b"] == ref.outputs["b"]
+
+
+def test_hybrid_model_shares_through_remote(redis_server):  # noqa: F811
+    """A full and a sliding-window KV cache group (one kvtier engine each), kvtier_remote_write
+    left at its adapter default ("all"): server B gets both groups' blocks from REMOTE."""
+    made = []
+    try:
+        opts = dict(kvtier_remote_host="127.0.0.1", kvtier_remote_port=redis_server.port,
+                    kvtier_remote_model_id="harness@1")
+        a = vh.Engine("kvtier-spec", swa=24, kvtier_store_name="HA", **opts)
+        made.append(a)
+        p = prompt(41, 6 * BS + 5)
+        a.add("a", p)
+        a.run()
+        a.settle()
+        for g in (0, 1):
+            find_store(f"HA#g{g}").engine.drain()
+        assert int(redis_server.command("DBSIZE")) >= 6 + 2
+        b = vh.Engine("kvtier-spec", swa=24, kvtier_store_name="HB", **opts)
+        made.append(b)
+        b.add("b", p[:6 * BS] + prompt(42, 9))
+        b.run()
+        assert b.bad_reads == []
+        assert b.hits["b"] == 6 * BS
+        assert find_store("HB#g0").pool.stats()["remote_hit_blocks"] >= 6
+        assert find_store("HB#g1").pool.stats()["remote_hit_blocks"] >= 1
+        ref = vh.Engine("cpu", swa=24)
+        made.append(ref)
+        ref.add("b", p[:6 * BS] + prompt(42, 9))
+        ref.run()
+        assert b.outputs["b"] == ref.outputs["b"]
+    finally:
+        for e in made:
+            e.shutdown()
+        for n in ("HA", "HB"):
+            close_store(n)
+
+
+@pytest.mark.parametrize("extra,msg", [
+    ({"kvtier_host_byte": 123}, "did you mean 'kvtier_host_bytes'"),
+    ({"kvtier_remote_host": "127.0.0.1"}, "kvtier_remote_model_id is not"),
+    ({"kvtier_remote_host": "127.0.0.1", "kvtier_remote_modelid": "x"},
+     "did you mean 'kvtier_remote_model_id'"),
+    ({"kvtier_remote_host": "127.0.0.1", "kvtier_remote_model_id": "m",
+      "kvtier_remote_write": "twice"}, "kvtier_remote_write 'twice'"),
+    ({"kvtier_nvme_dir": "/tmp"}, "kvtier_nvme_bytes is not"),
+])
+def test_bad_keys_named_at_start(extra, msg):
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(")):
+        e = vh.Engine("kvtier-spec", kvtier_store_name="badkeys", **extra)
+        e.shutdown()
+    close_store("badkeys")

@@ -99,11 +99,31 @@ class SharedStore:
             self.engine.close()
 
 
+REMOTE_KEYS = ("kvtier_remote_host", "kvtier_remote_port", "kvtier_remote_model_id",
+               "kvtier_remote_write", "kvtier_remote_password")
+
+
+def check_keys(extra, known, what):
+    """Refuse a kvtier_* key of a server's extra config that is not one of @known (a typo would
+    otherwise be silently ignored), naming the closest known key."""
+    import difflib
+    for k in extra:
+        if isinstance(k, str) and k.startswith("kvtier_") and k not in known:
+            near = difflib.get_close_matches(k, known, n=1)
+            raise ValueError(f"{what}: unknown key {k!r}" +
+                             (f" (did you mean {near[0]!r}?)" if near else "") +
+                             "; the kvtier keys are " + ", ".join(sorted(known)))
+
+
 def remote_opts(extra, what):
     """Engine options of the REMOTE tier from a server's extra config (kvtier_remote_host,
-    kvtier_remote_port, kvtier_remote_model_id, kvtier_remote_write, kvtier_remote_password):
-    {} when kvtier_remote_host is not set. The model id (the model and its weights' identity:
-    servers share blocks only under the same one) is required with a host."""
+    kvtier_remote_port (default 6379), kvtier_remote_model_id, kvtier_remote_write,
+    kvtier_remote_password): {} when kvtier_remote_host is not set. The model id (the model and
+    its weights' identity: servers share blocks only under the same one) is required with a
+    host. kvtier_remote_write defaults to "all" here (every stored block is written through
+    once: a server that sets a REMOTE host means to share), not the engine's "seen_twice"
+    (a block is written when it is stored or loaded a second time: fewer writes of one-off
+    prompts)."""
     host = extra.get("kvtier_remote_host")
     if not host:
         return {}
@@ -112,10 +132,13 @@ def remote_opts(extra, what):
         raise ValueError(f"{what}: kvtier_remote_host is set but kvtier_remote_model_id is "
                          "not: name the model and its weights (e.g. \"org/model@revision\"); "
                          "only servers with the same id share blocks")
+    write = extra.get("kvtier_remote_write")
+    write = "all" if write is None else write
+    if isinstance(write, str) and write.replace("-", "_") not in kvtier.REMOTE_WRITES:
+        raise ValueError(f"{what}: kvtier_remote_write {write!r}: one of "
+                         + ", ".join(repr(w) for w in sorted(kvtier.REMOTE_WRITES)))
     out = {"remote_host": str(host), "remote_model_id": str(model),
-           "remote_port": int(extra.get("kvtier_remote_port") or 6379)}
-    if extra.get("kvtier_remote_write") is not None:
-        out["remote_write"] = extra["kvtier_remote_write"]
+           "remote_port": int(extra.get("kvtier_remote_port") or 6379), "remote_write": write}
     if extra.get("kvtier_remote_password"):
         out["remote_password"] = str(extra["kvtier_remote_password"])
     return out

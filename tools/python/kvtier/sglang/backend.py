@@ -32,10 +32,12 @@ kvtier_staging_pages (default 64), kvtier_tenant, kvtier_zero_copy (default 1: z
 where interface_v1 is set and the host pool allows it; 0: always staging); the REMOTE tier
 below the store (kvtier.h "External-pool mode"): kvtier_remote_host, kvtier_remote_port
 (6379), kvtier_remote_model_id (required with a host: servers share pages only under the
-same id), kvtier_remote_write ("seen_twice" default, "all", "none"),
+same id), kvtier_remote_write ("all" default here: each stored page once; "seen_twice": a
+page stored or loaded again; "none"),
 kvtier_remote_password, kvtier_remote_wait_ms (default 500: how long batch_exists, called
 from SGLang's prefetch thread, waits for the pages it asked REMOTE for; the wait ends as soon
-as nothing is on its way); kvtier_engine_opts: other kvtier.Engine options.
+as nothing is on its way); kvtier_engine_opts: other kvtier.Engine options. Any other
+kvtier_* key is refused (a typo is not ignored).
 Thread safety: SGLang calls a backend from its prefetch and backup threads; one lock
 serialises this object's jobs (the staging buffer, and each job's completion report, which
 kvt_ext_poll hands out once).
@@ -52,13 +54,18 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 import kvtier
 import time
 
-from kvtier._store import SharedStore, hash64, remote_opts
+from kvtier._store import REMOTE_KEYS, SharedStore, check_keys, hash64, remote_opts
+
+KEYS = ("kvtier_page_bytes", "kvtier_host_bytes", "kvtier_nvme_dir", "kvtier_nvme_bytes",
+        "kvtier_persist", "kvtier_evict_policy", "kvtier_staging_pages", "kvtier_tenant",
+        "kvtier_zero_copy", "kvtier_remote_wait_ms", "kvtier_engine_opts") + REMOTE_KEYS
 
 
 class KvtierHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config, kwargs=None):
         self.config = storage_config
         self.extra = dict(storage_config.extra_config or {})
+        check_keys(self.extra, KEYS, "KvtierHiCacheStorage")
         sc = storage_config
         model = "-".join((sc.model_name or "").split("/"))
         # as HiCacheFile: MLA KV is the same on every TP rank, other KV is per rank

@@ -35,14 +35,16 @@ kv_connector_extra_config keys (all optional except where said):
   kvtier_store_name    the shared store's name (default: the vLLM engine id)
   kvtier_engine_opts   other kvtier.Engine options, e.g. {"emu_copy_bytes_per_s": ...}
   kvtier_remote_host   a Redis / Valkey server (or cluster node) as the REMOTE tier below the
-                       store: stored blocks are written through per kvtier_remote_write
-                       ("seen_twice" default, "all", "none") and a lookup that misses asks
-                       REMOTE for the request's following blocks at once (kvtier.h
-                       "External-pool mode"); with kvtier_remote_port (6379),
-                       kvtier_remote_model_id (required with a host: servers share blocks
-                       only under the same id), kvtier_remote_password. Block hashes must be
-                       the same on every server: run vLLM with the same PYTHONHASHSEED (or a
-                       sha256 prefix_caching_hash_algo) everywhere
+                       store: stored blocks are written through per kvtier_remote_write ("all",
+                       the default here: each stored block once; "seen_twice": only a block
+                       stored or loaded again; "none") and a lookup that misses asks REMOTE
+                       for the request's following blocks at once (kvtier.h "External-pool
+                       mode"); with kvtier_remote_port (6379), kvtier_remote_model_id
+                       (required with a host: servers share blocks only under the same id),
+                       kvtier_remote_password. Block hashes must be the same on every server:
+                       vLLM's default sha256 block hash is; with a non-cryptographic
+                       prefix_caching_hash_algo, set the same PYTHONHASHSEED on every server
+A kvtier_* key not listed here is refused at start (a typo is not ignored).
 Not supported yet (a clear error at start): more than one worker (tensor / pipeline
 parallel). Mamba / linear-attention state groups are stored as opaque pages like any group
 but are not tested.
@@ -58,8 +60,12 @@ from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LoadStoreSpec, LookupResu
                                      TransferResult)
 
 import kvtier
-from kvtier._store import (find_store, hash64, remote_opts, shared_store, store_names,
-                           sub_hashes)
+from kvtier._store import (REMOTE_KEYS, check_keys, find_store, hash64, remote_opts,
+                           shared_store, store_names, sub_hashes)
+
+KEYS = ("kvtier_host_bytes", "kvtier_nvme_dir", "kvtier_nvme_bytes", "kvtier_persist",
+        "kvtier_evict_policy", "kvtier_tenant", "kvtier_store_name",
+        "kvtier_engine_opts") + REMOTE_KEYS
 
 
 class KvtierLoadStoreSpec(LoadStoreSpec):
@@ -100,6 +106,9 @@ def _store_for(spec, block_bytes, gid=None, share=1.0):
     name = store_names(_store_name(spec), _group_ids(spec))[gid]
     host = int(x.get("kvtier_host_bytes") or x.get("cpu_bytes_to_use") or (1 << 30))
     nvme_dir, nvme_bytes = x.get("kvtier_nvme_dir"), int(x.get("kvtier_nvme_bytes") or 0)
+    if nvme_dir and not nvme_bytes:
+        raise ValueError("kvtier offloading: kvtier_nvme_dir is set but kvtier_nvme_bytes is "
+                         "not: give the NVMe tier's capacity in bytes")
     if share < 1.0:
         host = max(int(host * share), block_bytes)
         nvme_bytes = int(nvme_bytes * share)
@@ -628,6 +637,8 @@ class KvtierOffloadingSpec(OffloadingSpec):
 
     def __init__(self, config):
         super().__init__(config)
+        check_keys(self.extra_config, KEYS, "kvtier offloading")
+        remote_opts(self.extra_config, "kvtier offloading")  # its errors at start, not later
         if config.parallel.world_size != 1:
             raise NotImplementedError(f"kvtier offloading: world size "
                                       f"{config.parallel.world_size}; one worker (tensor and "
