@@ -91,6 +91,7 @@ struct ext_meta {
 	uint32_t tenant;
 	uint32_t gen;    /* bumped when the block is freed */
 	uint32_t jpins;  /* jobs pinning it */
+	uint32_t holds;  /* kvt_ext_hold()s not released yet (the scheduler's protection) */
 	int32_t last_err; /* why the block went (a failed NVMe read), 0 = dropped/evicted */
 	uint8_t ext;     /* a live stored block of the pool */
 	uint8_t landed;  /* its HOST copy landed once (loadable, found by lookup) */
@@ -391,6 +392,7 @@ kvt_ext_block_freed(struct kvt_engine *e, uint32_t id)
 	m->landed = 0;
 	m->dropped = 0;
 	m->jpins = 0;
+	m->holds = 0;
 	m->gen++;
 }
 
@@ -603,8 +605,8 @@ ext_unpin(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_jblk *jb)
 	if (!jb->pinned)
 		return;
 	jb->pinned = 0;
-	if (m->gen != jb->gen || !m->ext || --m->jpins)
-		return;
+	if (m->gen != jb->gen || !m->ext || --m->jpins || m->holds)
+		return; /* another job's pin, or a hold, keeps it */
 	kvt_blk(e, jb->block)->protect = 0;
 	if (m->dropped)
 		kvt_block_uncache(e, jb->block);
@@ -2175,9 +2177,28 @@ kvt_ext_wait_layer(struct kvt_engine *e, uint32_t pool, uint64_t job, uint32_t l
 	return ext_wait(e, pool, job, layer, UINT32_MAX, stream, "kvt_ext_wait_layer");
 }
 
+enum ext_op { EXT_TOUCH, EXT_DROP, EXT_HOLD, EXT_RELEASE };
+
+/* Stored block @id stops being found (a drop, a clear): freed now, or, while a job pins it or
+ * a hold keeps it, at the last unpin / release (not found meanwhile). */
+static void
+ext_forget(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t id)
+{
+	struct ext_meta *m = &x->meta[id];
+
+	if (m->jpins || m->holds) {
+		if (m->landed)
+			ext_gone_push(x, m->tenant, m->hash);
+		m->dropped = 1;
+		m->landed = 0; /* so kvt_ext_block_freed reports it no second time */
+		return;
+	}
+	kvt_block_uncache(e, id);
+}
+
 static int
 ext_hint(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
-	 size_t n, bool drop, const char *fn)
+	 size_t n, enum ext_op op, const char *fn)
 {
 	struct kvt_ext_state *x;
 	size_t i;
@@ -2196,30 +2217,50 @@ ext_hint(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *h
 	}
 	for (i = 0; i < n; i++) {
 		struct ext_ent *t = ext_find(x, tenant, hashes[i]);
+		struct ext_meta *m;
 		uint32_t id;
 		int tr;
 
-		if (drop && t && x->meta[t->block].fetching) {
+		if (op == EXT_DROP && t && x->meta[t->block].fetching) {
 			ext_detach_fetch(x, t); /* dropped: it must not land */
 			continue;
 		}
-		if (!t || !x->meta[t->block].landed)
+		if (op == EXT_RELEASE) {
+			/* a held block stays indexed while held, even dropped (found by release) */
+			if (!t || !x->meta[t->block].holds)
+				continue;
+			id = t->block;
+			m = &x->meta[id];
+			found++;
+			if (--m->holds || m->jpins)
+				continue;
+			kvt_blk(e, id)->protect = 0;
+			if (m->dropped)
+				kvt_block_uncache(e, id);
 			continue;
+		}
+		if (!t || !x->meta[t->block].landed) {
+			if (op == EXT_HOLD)
+				break; /* the leading run only: the caller knows what it holds */
+			continue;
+		}
 		id = t->block;
 		found++;
-		if (!drop) {
-			for (tr = KVT_TIER_HOST; tr < KVT_TIER_COUNT; tr++)
-				if (kvt_copy_valid(kvt_blk(e, id), tr))
-					e->evict[tr].ops->access(&e->evict[tr], id);
+		if (op == EXT_DROP) {
+			ext_forget(e, x, id);
 			continue;
 		}
-		if (x->meta[id].jpins) {
-			x->meta[id].dropped = 1; /* gone at the last unpin; not found meanwhile */
-			x->meta[id].landed = 0; /* so kvt_ext_block_freed reports it no second time */
-			ext_gone_push(x, x->meta[id].tenant, x->meta[id].hash);
-			continue;
+		if (op == EXT_HOLD) {
+			/* as a job's pin: no copy below HBM that is its only one is evicted, a
+			 * demotion in flight keeps its HOST copy */
+			x->meta[id].holds++;
+			kvt_blk(e, id)->protect = 1;
+			kvt_blk(e, id)->wanted = 1;
 		}
-		kvt_block_uncache(e, id);
+		/* a touch, and a hold (a use too): the eviction policy sees an access */
+		for (tr = KVT_TIER_HOST; tr < KVT_TIER_COUNT; tr++)
+			if (kvt_copy_valid(kvt_blk(e, id), tr))
+				e->evict[tr].ops->access(&e->evict[tr], id);
 	}
 	kvt_unlock(e);
 	return found;
@@ -2229,14 +2270,68 @@ int
 kvt_ext_touch(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
 	      size_t n)
 {
-	return ext_hint(e, pool, tenant, hashes, n, false, "kvt_ext_touch");
+	return ext_hint(e, pool, tenant, hashes, n, EXT_TOUCH, "kvt_ext_touch");
 }
 
 int
 kvt_ext_drop(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
 	     size_t n)
 {
-	return ext_hint(e, pool, tenant, hashes, n, true, "kvt_ext_drop");
+	return ext_hint(e, pool, tenant, hashes, n, EXT_DROP, "kvt_ext_drop");
+}
+
+int
+kvt_ext_hold(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
+	     size_t n)
+{
+	return ext_hint(e, pool, tenant, hashes, n, EXT_HOLD, "kvt_ext_hold");
+}
+
+int
+kvt_ext_release(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
+		size_t n)
+{
+	return ext_hint(e, pool, tenant, hashes, n, EXT_RELEASE, "kvt_ext_release");
+}
+
+int
+kvt_ext_clear(struct kvt_engine *e, uint32_t pool, uint32_t tenant)
+{
+	struct kvt_ext_state *x;
+	int n = 0;
+
+	if (!e)
+		return kvt_err(-EINVAL, "kvt_ext_clear: engine is NULL");
+	e = ext_route(e, &pool);
+	kvt_lock(e);
+	x = ext_get(e, pool, "kvt_ext_clear");
+	if (!x) {
+		kvt_unlock(e);
+		return -ENOENT;
+	}
+	for (uint32_t id = 0; id < x->cap_meta; id++) {
+		struct ext_meta *m = &x->meta[id];
+
+		if (!m->ext || (tenant != KVT_EXT_ALL_TENANTS && m->tenant != tenant) ||
+		    (m->dropped && !m->landed))
+			continue;
+		if (m->fetching) {
+			struct ext_ent *t = ext_find(x, m->tenant, m->hash);
+
+			if (t && t->block == id)
+				ext_detach_fetch(x, t); /* it must not land */
+			continue;
+		}
+		if (!m->landed) {
+			/* a store in flight: it lands, then goes at its last unpin */
+			m->dropped = 1;
+			continue;
+		}
+		n++;
+		ext_forget(e, x, id);
+	}
+	kvt_unlock(e);
+	return n;
 }
 
 int

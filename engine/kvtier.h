@@ -1894,6 +1894,42 @@ KVT_API int kvt_ext_touch(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
 KVT_API int kvt_ext_drop(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
 			 const uint64_t *hashes, size_t n);
 
+/**
+ * kvt_ext_hold() - protect the LEADING run of stored blocks of (@tenant, @hashes[0..n)) (as
+ * kvt_ext_lookup counts it: the first hash not stored ends it, nothing after it is held)
+ * from eviction until kvt_ext_release(): vLLM's prepare_load ... complete_load, a scheduler
+ * that promised a load keeps what it promised while other jobs (stores submitted before the
+ * load) make room. No copy that is a held block's only one is evicted (a HOST copy also on
+ * NVMe may still go: the load reads it from NVMe). Holds count per block (held twice, it
+ * takes two releases); a held block that is dropped (kvt_ext_drop, kvt_ext_clear) stops
+ * being found at once and is freed at its last release. A store that finds HOST full of held
+ * blocks fails alone (-ENOSPC in its failures).
+ * kvt_ext_release() - end one hold of each of them: release exactly what a hold returned
+ * (hashes whose block is not held are ignored; a block freed and stored again under the same
+ * hash is a new block, with holds of its own).
+ * Both: non-blocking, under the engine mutex, one probe per hash.
+ * Returns the number of hashes held (@hashes[0..ret) are held) / released (>= 0), -EINVAL
+ * (NULL engine, or NULL hashes with n > 0), -ENOENT (no such pool).
+ */
+KVT_API int kvt_ext_hold(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
+			 const uint64_t *hashes, size_t n);
+KVT_API int kvt_ext_release(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
+			    const uint64_t *hashes, size_t n);
+
+#define KVT_EXT_ALL_TENANTS UINT32_MAX /* kvt_ext_clear: every tenant */
+
+/**
+ * kvt_ext_clear() - drop every stored block of @tenant (KVT_EXT_ALL_TENANTS: of all tenants)
+ * in the pool, as kvt_ext_drop of each (vLLM's reset_cache, SGLang's clear): blocks pinned by
+ * a job or held go at their last unpin / release and are not found meanwhile, REMOTE fetches
+ * in flight do not land, stores in flight are dropped when they land; their records leave the
+ * persistent store; each landed block is reported by kvt_ext_removed. Values already written
+ * to REMOTE stay there (other servers share them). Non-blocking, under the engine mutex, O(the
+ * pool's block records). Returns the number of stored blocks dropped (>= 0), -EINVAL (NULL),
+ * -ENOENT (no such pool).
+ */
+KVT_API int kvt_ext_clear(struct kvt_engine *e, uint32_t pool, uint32_t tenant);
+
 /** A hash that stopped being stored, as kvt_ext_removed() reports it. */
 struct kvt_ext_removal {
 	uint64_t hash;   /* the hash the block was stored under */

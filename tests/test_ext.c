@@ -864,6 +864,175 @@ test_removed_overflow(void **state)
 	}
 }
 
+/* ---- kvt_ext_hold / kvt_ext_release / kvt_ext_clear (vLLM's prepare_load ... complete_load,
+ * reset_cache) */
+
+static struct kvt_engine *
+engine_flat(uint32_t host_blocks)
+{
+	struct kvt_engine_opts o;
+
+	tsup_opts_init(&o);
+	o.hbm_bytes = tsup_block_bytes();
+	o.host_bytes = (uint64_t)host_blocks * tsup_block_bytes();
+	o.high_watermark = o.low_watermark = 1.0f; /* HOST-only: no background drops */
+	return tsup_create(&o, NULL);
+}
+
+/* A store job of @n blocks (ids @ids, hashes @h); returns its record, failures in @f. */
+static struct kvt_ext_done
+store_job(struct kvt_engine *e, struct pool *p, uint32_t tenant, const uint32_t *ids,
+	  const uint64_t *h, size_t n, struct kvt_ext_fail *f)
+{
+	uint64_t job;
+
+	assert_int_equal(kvt_ext_store(e, p->id, tenant, h, ids, n, NULL, &job), 0);
+	return tsup_ext_finish(e, p->id, job, f, NB);
+}
+
+/* HOST (no NVMe) full of held blocks: a store that needs room fails alone (-ENOSPC) instead
+ * of evicting what a scheduler promised to load; after the release it finds room. */
+static void
+test_hold_protects_promised_loads(void **state)
+{
+	struct kvt_engine *e = engine_flat(4);
+	struct pool p;
+	uint32_t ids[4] = { 0, 1, 2, 3 }, more[2] = { 4, 5 }, to[4] = { 10, 11, 12, 13 };
+	uint64_t h[4], h2[2] = { hash_of(40), hash_of(41) }, job;
+	struct kvt_ext_fail f[NB];
+	struct kvt_ext_done d;
+
+	(void)state;
+	pool_make(e, &p);
+	for (uint32_t i = 0; i < 6; i++)
+		fill(&p, i, 70 + i);
+	for (uint32_t i = 0; i < 4; i++)
+		h[i] = hash_of(30 + i);
+	d = store_job(e, &p, 0, ids, h, 4, f);
+	assert_int_equal(d.n_failed, 0);
+	assert_int_equal(kvt_ext_hold(e, p.id, 0, h, 4), 4);
+	d = store_job(e, &p, 0, more, h2, 2, f);
+	assert_int_equal(d.n_failed, 2);
+	assert_int_equal(f[d.failed_first].err, -ENOSPC);
+	{
+		size_t hits = 0;
+
+		assert_int_equal(kvt_ext_lookup(e, p.id, 0, h, 4, &hits, NULL), 0);
+		assert_int_equal(hits, 4);
+	}
+	for (uint32_t i = 0; i < 4; i++)
+		wipe(&p, to[i]);
+	assert_int_equal(kvt_ext_load(e, p.id, 0, h, to, 4, 0, &job), 0);
+	d = tsup_ext_finish(e, p.id, job, f, NB);
+	assert_int_equal(d.n_failed, 0);
+	for (uint32_t i = 0; i < 4; i++)
+		assert_true(holds(&p, to[i], 70 + i));
+	/* not held / absent: ignored */
+	assert_int_equal(kvt_ext_release(e, p.id, 0, h2, 2), 0);
+	assert_int_equal(kvt_ext_hold(e, p.id, 0, h2, 2), 0);
+	assert_int_equal(kvt_ext_release(e, p.id, 0, h, 4), 4);
+	assert_int_equal(kvt_ext_release(e, p.id, 0, h, 4), 0); /* one hold each: ended */
+	d = store_job(e, &p, 0, more, h2, 2, f);
+	assert_int_equal(d.n_failed, 0);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_ext_hold(NULL, p.id, 0, h, 1), -EINVAL);
+	assert_int_equal(kvt_ext_release(e, p.id, 0, NULL, 1), -EINVAL);
+	assert_int_equal(kvt_ext_hold(e, p.id + 9, 0, h, 1), -ENOENT);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+}
+
+/* A held block that is dropped is not found at once and is freed at its last release; held
+ * twice, it takes two releases. */
+static void
+test_drop_while_held(void **state)
+{
+	struct kvt_engine *e = engine_flat(8);
+	struct pool p;
+	uint32_t ids[2] = { 0, 1 };
+	uint64_t h[2] = { hash_of(50), hash_of(51) };
+	struct kvt_ext_fail f[NB];
+	struct kvt_ext_stats st = { .size = sizeof st };
+	struct kvt_ext_removal rm[4];
+	uint64_t lost;
+	size_t hits;
+
+	(void)state;
+	pool_make(e, &p);
+	fill(&p, 0, 1);
+	fill(&p, 1, 2);
+	assert_int_equal(store_job(e, &p, 0, ids, h, 2, f).n_failed, 0);
+	assert_int_equal(kvt_ext_removed(e, p.id, rm, 4, &lost), 0);
+	assert_int_equal(kvt_ext_hold(e, p.id, 0, h, 1), 1);
+	assert_int_equal(kvt_ext_hold(e, p.id, 0, h, 1), 1);
+	assert_int_equal(kvt_ext_drop(e, p.id, 0, h, 1), 1);
+	assert_int_equal(kvt_ext_lookup(e, p.id, 0, h, 2, &hits, NULL), 0);
+	assert_int_equal(hits, 0);
+	assert_int_equal(kvt_ext_removed(e, p.id, rm, 4, &lost), 1); /* reported once, now */
+	assert_int_equal(kvt_ext_release(e, p.id, 0, h, 1), 1);
+	assert_int_equal(kvt_ext_stats(e, p.id, &st), 0);
+	assert_int_equal(st.stored_blocks, 1); /* still held once: freed at the last release */
+	assert_int_equal(kvt_ext_release(e, p.id, 0, h, 1), 1);
+	assert_int_equal(kvt_ext_stats(e, p.id, &st), 0);
+	assert_int_equal(st.stored_blocks, 1); /* h[1] */
+	assert_int_equal(kvt_ext_removed(e, p.id, rm, 4, &lost), 0); /* no second report */
+	assert_int_equal(kvt_ext_release(e, p.id, 0, h, 1), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+}
+
+/* kvt_ext_clear: one tenant's blocks, then all; a load job in flight keeps its blocks until
+ * it ends (and loads them); a store in flight is dropped when it lands. */
+static void
+test_clear(void **state)
+{
+	struct kvt_engine *e = engine_flat(16);
+	struct pool p;
+	uint32_t ids[5] = { 0, 1, 2, 3, 4 }, to[3] = { 20, 21, 22 };
+	uint64_t h[5], job;
+	struct kvt_ext_fail f[NB];
+	struct kvt_ext_done d;
+	struct kvt_ext_stats st = { .size = sizeof st };
+	size_t hits;
+
+	(void)state;
+	pool_make(e, &p);
+	for (uint32_t i = 0; i < 5; i++) {
+		h[i] = hash_of(60 + i);
+		fill(&p, i, 90 + i);
+	}
+	assert_int_equal(store_job(e, &p, 1, ids, h, 3, f).n_failed, 0);
+	assert_int_equal(store_job(e, &p, 2, ids + 3, h + 3, 2, f).n_failed, 0);
+	/* a load of tenant 1's blocks in flight, then the clear */
+	for (uint32_t i = 0; i < 3; i++)
+		wipe(&p, to[i]);
+	assert_int_equal(kvt_ext_load(e, p.id, 1, h, to, 3, 0, &job), 0);
+	assert_int_equal(kvt_ext_clear(e, p.id, 1), 3);
+	assert_int_equal(kvt_ext_lookup(e, p.id, 1, h, 3, &hits, NULL), 0);
+	assert_int_equal(hits, 0);
+	d = tsup_ext_finish(e, p.id, job, f, NB);
+	assert_int_equal(d.n_failed, 0);
+	for (uint32_t i = 0; i < 3; i++)
+		assert_true(holds(&p, to[i], 90 + i));
+	assert_int_equal(kvt_ext_lookup(e, p.id, 2, h + 3, 2, &hits, NULL), 0);
+	assert_int_equal(hits, 2);
+	assert_int_equal(kvt_ext_clear(e, p.id, KVT_EXT_ALL_TENANTS), 2);
+	assert_int_equal(kvt_ext_stats(e, p.id, &st), 0);
+	assert_int_equal(st.stored_blocks, 0);
+	/* a store in flight when the clear comes: it lands and goes, never a hit */
+	assert_int_equal(kvt_ext_store(e, p.id, 3, h, ids, 2, NULL, &job), 0);
+	assert_true(kvt_ext_clear(e, p.id, 3) >= 0);
+	d = tsup_ext_finish(e, p.id, job, f, NB);
+	assert_int_equal(kvt_ext_lookup(e, p.id, 3, h, 2, &hits, NULL), 0);
+	assert_int_equal(hits, 0);
+	assert_int_equal(kvt_ext_clear(NULL, p.id, 0), -EINVAL);
+	assert_int_equal(kvt_ext_clear(e, p.id + 9, 0), -ENOENT);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+}
+
 int
 main(void)
 {
@@ -880,6 +1049,9 @@ main(void)
 		cmocka_unit_test(test_removed_feed),
 		cmocka_unit_test(test_removed_drop_while_loading),
 		cmocka_unit_test(test_removed_overflow),
+		cmocka_unit_test(test_hold_protects_promised_loads),
+		cmocka_unit_test(test_drop_while_held),
+		cmocka_unit_test(test_clear),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -315,3 +315,12 @@ def test_unknown_kvtier_key_refused():
     with pytest.raises(ValueError, match="kvtier_remote_write 'twice'"):
         make(kvtier_remote_host="127.0.0.1", kvtier_remote_model_id="m",
              kvtier_remote_write="twice")
+
+
+def test_clear_drops_every_page(backend):
+    keys = [f"c{i}" for i in range(5)]
+    assert backend.batch_set(keys, [page(300 + i) for i in range(5)])
+    assert backend.batch_exists(keys) == 5
+    assert backend.clear() is True
+    assert backend.batch_exists(keys) == 0
+    assert backend.get("c0", torch.zeros(PAGE_ELEMS, dtype=torch.float16)) is None

@@ -146,3 +146,75 @@ def test_bad_keys_named_at_start(extra, msg):
         e = vh.Engine("kvtier-spec", kvtier_store_name="badkeys", **extra)
         e.shutdown()
     close_store("badkeys")
+
+
+def test_reset_drops_fetched_blocks(engines, redis_server):  # noqa: F811
+    """reset_cache (vLLM: "evict all tracked blocks") also drops the blocks fetched from
+    REMOTE: with REMOTE emptied, a request after the reset is computed, as with vLLM's CPU
+    offloading."""
+    a = engines("kvtier-spec", **_remote(redis_server.port, "A-reset"))
+    p = prompt(71, 6 * BS + 5)
+    a.add("a", p)
+    a.run()
+    a.settle()
+    find_store("A-reset").engine.drain()
+    b = engines("kvtier-spec", **_remote(redis_server.port, "B-reset"))
+    b.add("b", p[:6 * BS] + prompt(72, 9))
+    b.run()
+    b.settle()
+    assert b.hits["b"] == 6 * BS
+    redis_server.command("FLUSHALL")
+    assert b.scheduler.reset_prefix_cache(reset_connector=True)
+    b.settle()
+    assert find_store("B-reset").pool.stats()["stored_blocks"] == 0
+    for t in b.kv.values():
+        t.fill_(-1.0)
+    b.add("b2", p[:6 * BS] + prompt(73, 9))
+    b.run()
+    assert b.hits["b2"] == 0
+    assert b.bad_reads == []
+
+
+def test_sliding_window_run_asked_again(redis_server):  # noqa: F811
+    """A sliding-window group's scan stops once it has a window, so some keys' fetch runs are
+    never looked at again; a later request that needs them asks REMOTE again (a stale run
+    used to answer MISS from its old, ended fetch: the blocks were recomputed)."""
+    import time
+    made = []
+    opts = dict(kvtier_remote_host="127.0.0.1", kvtier_remote_port=redis_server.port,
+                kvtier_remote_model_id="harness@1")
+    try:
+        p = prompt(81, 6 * BS + 5)
+        a = vh.Engine("kvtier-spec", swa=24, kvtier_store_name="SA", **opts)
+        made.append(a)
+        a.add("a", p)
+        a.run()
+        a.settle()
+        for g in (0, 1):
+            find_store(f"SA#g{g}").engine.drain()
+        b = vh.Engine("kvtier-spec", swa=24, kvtier_store_name="SB", **opts)
+        made.append(b)
+        b.add("b1", p[:6 * BS] + prompt(82, 9))
+        b.run()
+        b.settle()
+        assert b.hits["b1"] == 6 * BS
+        # A serves a request ending at 64 tokens: the window blocks of that boundary
+        a.scheduler.kv_cache_manager.reset_prefix_cache()
+        a.add("a2", p[:4 * BS] + prompt(83, 5))
+        a.run()
+        a.settle()
+        for g in (0, 1):
+            find_store(f"SA#g{g}").engine.drain()
+        b.scheduler.kv_cache_manager.reset_prefix_cache()
+        for t in b.kv.values():
+            t.fill_(-1.0)
+        time.sleep(1.2)  # past kvtier's 1 s no-re-ask window of the hashes that missed
+        b.add("b2", p[:4 * BS] + prompt(84, 5))
+        b.run()
+        assert b.bad_reads == []
+        assert b.hits["b2"] == 4 * BS
+    finally:
+        for e in made:
+            e.shutdown()
+        for n in ("SA", "SB"):
+            close_store(n)

@@ -245,3 +245,28 @@ def test_kv_events_as_vllm_cpu_offloading(engines, mode):
 def test_hash64_distinct_groups():
     k = bytes(range(32))
     assert hash64(k + b"\0\0\0\0") != hash64(k + b"\0\0\0\1")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_store_before_promised_load(engines, mode, policy):
+    """vLLM's contract (OffloadingManager.prepare_load): the blocks to load are protected from
+    eviction until complete_load. HOST holds 8 blocks, request p stored 6; request a1's
+    prefill queues a store of 4 blocks that vLLM's worker submits at the start of the next
+    step, before the load of request b, which looked p's 6 blocks up in that step: the store
+    must not evict them (it used to: the load failed, and the plain OffloadingConnector's
+    worker asserts every job succeeded, so the engine stopped)."""
+    e = engines(mode, kvtier_store_name=f"promise-{mode}-{policy}",
+                kvtier_host_bytes=8 * vh.block_bytes(), kvtier_evict_policy=policy)
+    p = prompt(61, 6 * BS + 3)
+    e.add("p", p, max_tokens=1)
+    e.run()
+    e.settle()
+    forget_gpu_cache(e)
+    e.add("a1", prompt(62, 4 * BS + 3), max_tokens=5)
+    e.step()
+    e.add("b", p[:6 * BS] + prompt(63, 5), max_tokens=2)
+    e.run()
+    assert e.bad_reads == []
+    assert e.hits["b"] == 6 * BS
+    assert not e.invalid_reported

@@ -56,6 +56,7 @@ EVICT_DEFAULT, EVICT_LRU, EVICT_PRIO, EVICT_ARC = 0, 1, 2, 3
 EVICT_POLICIES = {"default": 0, "lru": 1, "prio": 2, "arc": 3}
 # enum kvt_remote_write (Engine(remote_write=...)): which blocks are written through to REMOTE
 REMOTE_WRITES = {"seen_twice": 0, "all": 1, "none": 2}
+EXT_ALL_TENANTS = 0xFFFFFFFF  # ExternalPool.clear(): every tenant (KVT_EXT_ALL_TENANTS)
 MOVE_NAMES = ("hbm_to_host", "host_to_nvme", "nvme_to_host", "host_to_hbm")
 DTYPES = {"f32": 0, "fp32": 0, "float32": 0, "f16": 1, "fp16": 1, "float16": 1, "bf16": 2,
           "bfloat16": 2, "fp8": 3, "fp8_e4m3": 3, "int8": 4}
@@ -1251,6 +1252,24 @@ class ExternalPool:
         """kvt_ext_drop: forget these stored blocks; returns how many were found."""
         h, n, _keep = _u64s(hashes, "hashes")
         return _check(lib.kvt_ext_drop(self._h(), self.pool, tenant, h, n), "kvt_ext_drop")
+
+    def hold(self, hashes, tenant=0):
+        """kvt_ext_hold: protect these stored blocks from eviction until release() (a load
+        promised to the scheduler); returns how many were held."""
+        h, n, _keep = _u64s(hashes, "hashes")
+        return _check(lib.kvt_ext_hold(self._h(), self.pool, tenant, h, n), "kvt_ext_hold")
+
+    def release(self, hashes, tenant=0):
+        """kvt_ext_release: end one hold of each; returns how many were released."""
+        h, n, _keep = _u64s(hashes, "hashes")
+        return _check(lib.kvt_ext_release(self._h(), self.pool, tenant, h, n),
+                      "kvt_ext_release")
+
+    def clear(self, tenant=None):
+        """kvt_ext_clear: drop every stored block of @tenant (None: of every tenant); returns
+        how many were dropped."""
+        t = EXT_ALL_TENANTS if tenant is None else tenant
+        return _check(lib.kvt_ext_clear(self._h(), self.pool, t), "kvt_ext_clear")
 
     def subscribe_removed(self):
         """A reader of the removal feed (kvt_ext_removed has one reader; the pool fans it out

@@ -327,6 +327,9 @@ _PROTOS = {
     "kvt_ext_wait_layer": (_int, [_vp, c_u32, c_u64, c_u32, _vp]),
     "kvt_ext_touch": (_int, [_vp, c_u32, c_u32, _P(c_u64), ctypes.c_size_t]),
     "kvt_ext_drop": (_int, [_vp, c_u32, c_u32, _P(c_u64), ctypes.c_size_t]),
+    "kvt_ext_hold": (_int, [_vp, c_u32, c_u32, _P(c_u64), ctypes.c_size_t]),
+    "kvt_ext_release": (_int, [_vp, c_u32, c_u32, _P(c_u64), ctypes.c_size_t]),
+    "kvt_ext_clear": (_int, [_vp, c_u32, c_u32]),
     "kvt_ext_stats": (_int, [_vp, c_u32, _P(ExtStats)]),
     "kvt_ext_removed": (_int, [_vp, c_u32, _P(ExtRemoval), ctypes.c_size_t, _P(c_u64)]),
 }

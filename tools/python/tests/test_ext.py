@@ -99,3 +99,23 @@ def test_errors(engine):
     with pytest.raises(kvtier.ClosedError):
         pool.lookup([1])
     pool.close()  # idempotent
+
+
+def test_hold_release_clear(engine):
+    """Pool.hold / release (the leading stored run, counted per block) and Pool.clear."""
+    pool, mem = make_pool(engine)
+    with pool:
+        for i in range(3):
+            fill(mem, i, i + 1)
+        hs = [11, 12, 13]
+        assert finish(pool, pool.store(hs, [0, 1, 2])).ok
+        assert pool.hold([11, 12, 99, 13]) == 2  # stops at 99: 11 and 12 held
+        assert pool.drop([11]) == 1
+        assert pool.lookup(hs) == 0              # dropped: not found at once
+        assert pool.release([11, 12]) == 2       # then freed
+        assert pool.release([11, 12]) == 0
+        assert finish(pool, pool.store([21], [0], tenant=1)).ok
+        assert pool.clear(tenant=0) == 2         # 12, 13
+        assert pool.lookup([21], tenant=1) == 1
+        assert pool.clear() == 1                 # every tenant
+        assert pool.stats()["stored_blocks"] == 0

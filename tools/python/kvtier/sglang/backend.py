@@ -321,8 +321,13 @@ class KvtierHiCacheStorage(HiCacheStorage):
             return self._load_pages(list(keys), sink)
 
     def clear(self):
-        """Not supported by kvtier's store yet (no "drop all"): False."""
-        return False
+        """kvt_ext_clear of this backend's tenant: every stored page goes (REMOTE keeps what
+        was written there). True, or False before the store is open."""
+        if self.store is None:
+            return False
+        with self._lock:
+            self.pool.clear(self.tenant)
+        return True
 
     def get_stats(self):
         return None if self.store is None else self.pool.stats()

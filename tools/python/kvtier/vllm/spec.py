@@ -177,6 +177,8 @@ class KvtierOffloadingManager(OffloadingManager):
         self._announce = []      # keys to announce stored at the end of the current call
         self._reset_pending = set()  # stores in flight at a reset: dropped when they end
         self._fetch_of = {}    # key -> the run of keys one REMOTE fetch asked (see _remote)
+        self._scan_no = 0      # scans started (a run remembers the scan that asked for it)
+        self._held = {}        # (request id, group id) -> hash lists prepare_load held
         self._scan_res = {}    # key -> its LookupResult in this scan (REMOTE runs only)
         self.remote_fetches = 0  # REMOTE fetches this manager started (tests, benchmarks)
 
@@ -253,19 +255,19 @@ class KvtierOffloadingManager(OffloadingManager):
             self._mirror_clear()
             self._emit_removed(list(self._announced))
             return
-        removed = []
+        removed = {}  # a key once, however many of its blocks went
         for tenant, h in gone:
             if tenant == self.tenant:
                 k = self._key_of.pop(h, None)
                 if k is not None:
                     self._mirror.discard(k)
-                    removed.append(k)
-        self._emit_removed(removed)
+                    removed[k] = None
+        self._emit_removed(list(removed))
 
     def _emit_removed(self, keys):
         if self.events is None:
             return
-        keys = [k for k in keys if k in self._announced]
+        keys = [k for k in dict.fromkeys(keys) if k in self._announced]
         if keys:
             self._announced.difference_update(keys)
             self.events.append(OffloadingEvent(keys=keys, medium=Medium.CPU, removed=True))
@@ -305,6 +307,7 @@ class KvtierOffloadingManager(OffloadingManager):
         if req_context is not self._synced_ctx or pool is not self._synced_pool.get(gid):
             self._synced_ctx = req_context
             self._scan_res = {}
+            self._scan_no += 1
             self._sync_all()
         if key in self._mirror:
             return LookupResult.HIT
@@ -318,52 +321,60 @@ class KvtierOffloadingManager(OffloadingManager):
             return LookupResult.HIT
         return LookupResult.MISS
 
-    def _remote(self, pool, key, req_context, most_hashes=256):
+    def _remote(self, pool, key, req_context, most_hashes=256, fresh=False):
         """lookup() of a key the mirror does not hold, on a store with a REMOTE tier. The
         first such key of a request starts one fetch: a kvt_ext_lookup of its hashes and
         those of the keys after it in the request (vLLM's ReqContext positions, up to
-        @most_hashes: one pipelined get), which asks REMOTE for every block after the local
-        run. The run's state is then read with one kvt_ext_inflight per scan: keys whose
-        blocks landed are HIT (mirrored), keys still on their way RETRY (vLLM's scheduler
-        keeps scanning and asks again next step, instead of recomputing them), the rest MISS.
-        A run with nothing on its way is forgotten: a later miss asks again (kvtier does not
-        re-ask a hash REMOTE lacked within a second)."""
+        @most_hashes: one pipelined get; for the last key of a request, as a sliding-window
+        group's backward scan asks first, the keys before it, nearest first), which asks
+        REMOTE for every block after the local run. The run's state is then read with one
+        kvt_ext_inflight per scan: keys whose blocks landed are HIT (mirrored), keys still on
+        their way RETRY (vLLM's scheduler keeps scanning and asks again next step, instead of
+        recomputing them), the rest MISS. A run with nothing on its way is forgotten; a key
+        of a run asked in an earlier scan that comes out MISS (its request went away, or its
+        scan stopped before it) is asked again (kvtier does not re-ask a hash REMOTE lacked
+        within a second)."""
         res = self._scan_res.get(key)
         if res is not None:
             return res
-        run = self._fetch_of.get(key)
-        if run is None:
-            run = [key] + [k for k in self._following(key, req_context)
+        ent = None if fresh else self._fetch_of.get(key)
+        if ent is None:
+            run = [key] + [k for k in self._neighbours(key, req_context)
                            if k not in self._mirror and k not in self._fetch_of]
-            run = run[:max(1, most_hashes // self.bpc)]
+            run = tuple(run[:max(1, most_hashes // self.bpc)])
             hs = [h for k in run for h in self.hashes(k)]
             hits = pool.lookup(hs, tenant=self.tenant)  # the local run; REMOTE asked for the rest
             if hits < len(hs):
                 self.remote_fetches += 1
             if len(self._fetch_of) > 1 << 16:
                 self._fetch_of.clear()
-            run = tuple(run)
+            ent = (run, self._scan_no)
             for k in run:
-                self._fetch_of[k] = run
+                self._fetch_of[k] = ent
+        run = ent[0]
         hits, pending = pool.inflight([h for k in run for h in self.hashes(k)],
                                       tenant=self.tenant)
         waiting = False
+        res = {}
         for i, k in enumerate(run):
             end = (i + 1) * self.bpc
             if end <= hits:
                 self._mirror_add(k, self.hashes(k))
-                self._scan_res[k] = LookupResult.HIT
+                res[k] = LookupResult.HIT
             elif end <= hits + pending:
-                self._scan_res[k] = LookupResult.RETRY
+                res[k] = LookupResult.RETRY
                 waiting = True
             else:
-                self._scan_res[k] = LookupResult.MISS
+                res[k] = LookupResult.MISS
         if not waiting:
             for k in run:
-                if self._fetch_of.get(k) is run:
+                if self._fetch_of.get(k) is ent:
                     del self._fetch_of[k]
         self._flush_announce()
-        return self._scan_res[key]
+        if res[key] is LookupResult.MISS and ent[1] != self._scan_no and not fresh:
+            return self._remote(pool, key, req_context, most_hashes, fresh=True)
+        self._scan_res.update(res)
+        return res[key]
 
     def _following(self, key, req_context):
         """The keys after @key in its request, in order (vLLM's ReqContext positions; none
@@ -374,6 +385,20 @@ class KvtierOffloadingManager(OffloadingManager):
         at, grp = pos[key], key[-4:]
         return [k for _, k in sorted((p, k) for k, p in pos.items()
                                      if p > at and k[-4:] == grp)]
+
+    def _neighbours(self, key, req_context):
+        """The keys to fetch with @key: those after it in its request, or, when it is the
+        request's last key of its group (a backward scan's first), those before it, nearest
+        first."""
+        after = self._following(key, req_context)
+        if after:
+            return after
+        pos = getattr(req_context, "_offload_key_positions", None)
+        if not isinstance(pos, dict) or key not in pos:
+            return []
+        at, grp = pos[key], key[-4:]
+        return [k for _, k in sorted(((p, k) for k, p in pos.items()
+                                      if p < at and k[-4:] == grp), reverse=True)]
 
     def _confirm_after(self, pool, key, req_context, most=8192):
         """A stored key the mirror did not hold (a cold mirror: a new process, another
@@ -416,6 +441,12 @@ class KvtierOffloadingManager(OffloadingManager):
                     self._mirror_remove(k)
                     healed.append(k)
             self._emit_removed(healed)
+            # vLLM's contract: the blocks to load are protected from eviction until
+            # complete_load (stores submitted before this load must not take them); the
+            # leading run is held, exactly what complete_load releases
+            n = pool.hold(hs, tenant=self.tenant)
+            if n:
+                self._held.setdefault((req_context.req_id, gid), []).append(hs[:n])
         return KvtierLoadStoreSpec([h for k in keys for h in self.hashes(k)], by_group)
 
     def touch(self, keys, req_context):
@@ -425,7 +456,13 @@ class KvtierOffloadingManager(OffloadingManager):
                 pool.touch([h for k in gkeys for h in self.hashes(k)], tenant=self.tenant)
 
     def complete_load(self, keys, req_context):
-        return  # kvtier pinned the blocks for the load job and unpinned them at its end
+        """The holds prepare_load took for this request's load end (vLLM issues one load per
+        request at a time; the load job pinned the blocks meanwhile)."""
+        for gid in self._gids:
+            held = self._held.pop((req_context.req_id, gid), None)
+            pool = self._pool(gid)
+            if held and pool is not None:
+                pool.release([h for hs in held for h in hs], tenant=self.tenant)
 
     def prepare_store(self, keys, req_context):
         keys = list(keys)
@@ -438,7 +475,9 @@ class KvtierOffloadingManager(OffloadingManager):
             if k in self._pending or k in self._mirror:
                 continue
             hs = self.hashes(k)
-            if pools[self._gid(k)].lookup(hs, tenant=self.tenant) == len(hs):
+            # kvt_ext_inflight: the same count as a lookup, but no REMOTE fetch of a key
+            # that is about to be stored from the GPU
+            if pools[self._gid(k)].inflight(hs, tenant=self.tenant)[0] == len(hs):
                 self._mirror_add(k, hs)
                 continue
             todo.append(k)
@@ -475,13 +514,19 @@ class KvtierOffloadingManager(OffloadingManager):
                 pool.drop([h for k in gkeys for h in self.hashes(k)], tenant=self.tenant)
 
     def reset_cache(self):
-        """Drop what this manager stored, and the stores still in flight (vLLM never completes
-        jobs started before a reset): their blocks are dropped now, and again when vLLM says
-        the flushed jobs ended (on_reset_flushed), since one may land after this call."""
-        gone = self._stored | self._pending
-        if gone:
-            self._drop(gone)
+        """Evict every stored block of this manager's tenant (vLLM's contract: "all tracked
+        blocks"; kvt_ext_clear of each group's pool: what this manager stored, what it found
+        stored or fetched from REMOTE, REMOTE fetches in flight, stores in flight, which vLLM
+        never completes: they are dropped as they land, and again when vLLM says the flushed
+        jobs ended, on_reset_flushed). Values already in REMOTE stay there (other servers'
+        too)."""
+        for g in self._gids:
+            pool = self._pool(g)
+            if pool is not None:
+                pool.clear(self.tenant)
         self._reset_pending |= self._pending
+        self._fetch_of.clear()
+        self._scan_res = {}
         self._stored.clear()
         self._pending.clear()
         self._sub.clear()
