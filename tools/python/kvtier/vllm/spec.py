@@ -138,8 +138,11 @@ class KvtierOffloadingManager(OffloadingManager):
     at the start of each request's scan. A hit of the mirror costs two set probes; a miss is
     checked with kvtier (a key stored by an earlier process, or by another manager), so the
     mirror never answers MISS for a stored key and never HIT for a key kvtier reported gone.
-    A block evicted between a lookup and its load fails alone in the load (vLLM's
-    invalid-block path), as it would with a call per key. With several KV cache groups each
+    prepare_load holds the blocks it promises (kvt_ext_hold) until complete_load, as vLLM's
+    contract asks; a block evicted between a lookup and prepare_load (or lost to a failed
+    NVMe read) fails alone in the load: with the KvtierConnector vLLM recomputes just it
+    (its invalid-block path), with the plain OffloadingConnector vLLM 0.33 stops (its worker
+    asserts every load succeeded). With several KV cache groups each
     key is answered by its group's pool (the removal feeds of all of them are drained).
 
     KV cache events (vLLM's kv_events_config.enable_kv_cache_events): take_events() yields an
