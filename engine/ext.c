@@ -21,9 +21,9 @@
  *     of batched copies on the pool's device stream, with one event per group, or per layer
  *     for a layer-wise load) -> DONE | FAIL. Jobs advance in every kvt_ext_* call (and the
  *     engine's completions in kvt_xfer_poll); nothing runs on kvtier's own threads.
- * A job pins its blocks with b->protect (the copies below HBM are then not evictable while
- * they are the block's only ones; kvt_copy_evictable), never with b->pins, which counts HBM
- * pins. All of it under e->lock.
+ * A job (and a kvt_ext_hold) pins its blocks with b->protect (their copies below HBM are then
+ * not evictable, a HOST copy not even when NVMe has one; kvt_copy_evictable), never with
+ * b->pins, which counts HBM pins. All of it under e->lock.
  */
 #include <errno.h>
 #include <limits.h>
@@ -156,6 +156,9 @@ struct kvt_ext_state {
 	bool closing;              /* unregistering: no new REMOTE fetches */
 	struct ext_neg neg[EXT_NEG];
 	uint32_t lookup_gen;       /* bumped by each kvt_ext_lookup with a REMOTE tier */
+	uint32_t *orphans;         /* dropped blocks still held (out of the index: release finds
+	                              them here), n_orphans of cap_orphans */
+	uint32_t n_orphans, cap_orphans;
 	uint32_t fetch_held;       /* HOST slots held by REMOTE fetches in flight */
 };
 #define EXT_REMOVED_CAP 65536u     /* kvt_ext_opts.removed_cap's default */
@@ -388,6 +391,12 @@ kvt_ext_block_freed(struct kvt_engine *e, uint32_t id)
 		if (m->landed)
 			ext_gone_push(x, m->tenant, m->hash);
 	}
+	if (m->holds) /* freed while held (lost, unregistered): no longer an orphan either */
+		for (uint32_t i = 0; i < x->n_orphans; i++)
+			if (x->orphans[i] == id) {
+				x->orphans[i] = x->orphans[--x->n_orphans];
+				break;
+			}
 	m->ext = 0;
 	m->landed = 0;
 	m->dropped = 0;
@@ -538,7 +547,12 @@ ext_fetch(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t tenant, const 
 	ng = ext_neg_slot(x, tenant, hashes[0]);
 	if (ng->hash == hashes[0] && ng->tenant == tenant && ng->until_ns > ext_now_ns())
 		return 0; /* missed there a moment ago */
-	want = ext_fetch_room(e, x, n < EXT_RF_MAX ? (uint32_t)n : EXT_RF_MAX);
+	/* the run first (it ends before a hash stored or in flight here), then room for it */
+	want = n < EXT_RF_MAX ? (uint32_t)n : EXT_RF_MAX;
+	for (m = 1; m < want; m++)
+		if (ext_find(x, tenant, hashes[m]))
+			break;
+	want = ext_fetch_room(e, x, m);
 	for (m = 0; m < want; m++) {
 		struct kvt_block *b;
 		uint32_t id, slot;
@@ -979,10 +993,12 @@ ext_retire(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_job *j)
 			j->n_open--;
 			if (j->kind == KVT_EXT_STORE) {
 				kvt_copy_set_present(e, jb->block, KVT_TIER_HOST);
-				m->landed = 1;
 				x->st.blocks_stored++;
 				x->st.bytes_stored += x->bytes;
-				ext_offer(e, x, jb->block, false);
+				if (!m->dropped) { /* dropped meanwhile: it goes at the unpin */
+					m->landed = 1;
+					ext_offer(e, x, jb->block, false);
+				}
 				ext_unpin(e, x, jb);
 			} else {
 				x->st.blocks_loaded++;
@@ -1374,6 +1390,7 @@ ext_free(struct kvt_engine *e, struct kvt_ext_state *x)
 	kvt_free(x->cv);
 	kvt_free(x->scratch);
 	kvt_free(x->gone);
+	kvt_free(x->orphans);
 	kvt_free(x);
 }
 
@@ -2179,21 +2196,76 @@ kvt_ext_wait_layer(struct kvt_engine *e, uint32_t pool, uint64_t job, uint32_t l
 
 enum ext_op { EXT_TOUCH, EXT_DROP, EXT_HOLD, EXT_RELEASE };
 
-/* Stored block @id stops being found (a drop, a clear): freed now, or, while a job pins it or
- * a hold keeps it, at the last unpin / release (not found meanwhile). */
-static void
-ext_forget(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t id)
+/* Remember held block @id, out of the index, for kvt_ext_release (rare: a drop or clear of a
+ * block a scheduler promised to load). Returns false when memory is refused (the hold is then
+ * given up: the block goes when its jobs end). */
+static bool
+ext_orphan_add(struct kvt_ext_state *x, uint32_t id)
 {
+	if (x->n_orphans == x->cap_orphans) {
+		uint32_t ncap = x->cap_orphans ? 2 * x->cap_orphans : 16;
+		uint32_t *no = kvt_realloc(x->orphans, ncap * sizeof *no);
+
+		if (!no)
+			return false;
+		x->orphans = no;
+		x->cap_orphans = ncap;
+	}
+	x->orphans[x->n_orphans++] = id;
+	return true;
+}
+
+/*
+ * Stored (or being stored) block @id of entry @t stops being found (a drop, a clear): out of
+ * the index at once (lookups, loads and holds do not find it, a store of its hash stores
+ * anew), reported removed if it had landed, its persistent record deleted; the block itself
+ * is freed now, or, while a job pins it or a hold keeps it, at the last unpin / release
+ * (dropped; a held one is found by kvt_ext_release among the orphans).
+ */
+static void
+ext_forget(struct kvt_engine *e, struct kvt_ext_state *x, struct ext_ent *t)
+{
+	uint32_t id = t->block;
 	struct ext_meta *m = &x->meta[id];
 
-	if (m->jpins || m->holds) {
-		if (m->landed)
-			ext_gone_push(x, m->tenant, m->hash);
-		m->dropped = 1;
-		m->landed = 0; /* so kvt_ext_block_freed reports it no second time */
-		return;
+	t->block = EXT_TOMB;
+	x->n--;
+	x->tombs++;
+	if (m->landed)
+		ext_gone_push(x, m->tenant, m->hash);
+	m->landed = 0; /* so kvt_ext_block_freed reports it no second time */
+	m->dropped = 1;
+	if (m->published && e->store) {
+		if (kvt_persist_ext_del(e, ext_key(m->hash, m->tenant)) == 0)
+			x->pers_commit = true;
+		m->published = 0;
 	}
-	kvt_block_uncache(e, id);
+	if (m->holds && !ext_orphan_add(x, id)) {
+		m->holds = 0; /* no room to remember it: the hold ends here */
+		if (!m->jpins)
+			kvt_blk(e, id)->protect = 0;
+	}
+	if (!m->jpins && !m->holds)
+		kvt_block_uncache(e, id); /* freed now, or when its transfer in flight ends */
+}
+
+/* Held block @id of (@tenant, @hash): the index's, or an orphan (kvt_ext_release). */
+static uint32_t
+ext_held(struct kvt_ext_state *x, uint32_t tenant, uint64_t hash, uint32_t *orphan_at)
+{
+	struct ext_ent *t;
+
+	*orphan_at = UINT32_MAX;
+	for (uint32_t i = 0; i < x->n_orphans; i++) {
+		const struct ext_meta *m = &x->meta[x->orphans[i]];
+
+		if (m->hash == hash && m->tenant == tenant && m->holds) {
+			*orphan_at = i; /* the older hold first */
+			return x->orphans[i];
+		}
+	}
+	t = ext_find(x, tenant, hash);
+	return t && x->meta[t->block].holds ? t->block : KVT_NIL;
 }
 
 static int
@@ -2226,13 +2298,18 @@ ext_hint(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *h
 			continue;
 		}
 		if (op == EXT_RELEASE) {
-			/* a held block stays indexed while held, even dropped (found by release) */
-			if (!t || !x->meta[t->block].holds)
+			uint32_t at;
+
+			id = ext_held(x, tenant, hashes[i], &at);
+			if (id == KVT_NIL)
 				continue;
-			id = t->block;
 			m = &x->meta[id];
 			found++;
-			if (--m->holds || m->jpins)
+			if (--m->holds)
+				continue;
+			if (at != UINT32_MAX) /* its last hold: no longer an orphan */
+				x->orphans[at] = x->orphans[--x->n_orphans];
+			if (m->jpins)
 				continue;
 			kvt_blk(e, id)->protect = 0;
 			if (m->dropped)
@@ -2247,7 +2324,7 @@ ext_hint(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *h
 		id = t->block;
 		found++;
 		if (op == EXT_DROP) {
-			ext_forget(e, x, id);
+			ext_forget(e, x, t);
 			continue;
 		}
 		if (op == EXT_HOLD) {
@@ -2312,23 +2389,19 @@ kvt_ext_clear(struct kvt_engine *e, uint32_t pool, uint32_t tenant)
 	for (uint32_t id = 0; id < x->cap_meta; id++) {
 		struct ext_meta *m = &x->meta[id];
 
-		if (!m->ext || (tenant != KVT_EXT_ALL_TENANTS && m->tenant != tenant) ||
-		    (m->dropped && !m->landed))
-			continue;
-		if (m->fetching) {
-			struct ext_ent *t = ext_find(x, m->tenant, m->hash);
+		struct ext_ent *t;
 
-			if (t && t->block == id)
-				ext_detach_fetch(x, t); /* it must not land */
+		if (!m->ext || m->dropped || (tenant != KVT_EXT_ALL_TENANTS && m->tenant != tenant))
+			continue;
+		t = ext_find(x, m->tenant, m->hash);
+		if (!t || t->block != id)
+			continue; /* not the pool's entry (cannot happen: every live block is) */
+		if (m->fetching) {
+			ext_detach_fetch(x, t); /* it must not land */
 			continue;
 		}
-		if (!m->landed) {
-			/* a store in flight: it lands, then goes at its last unpin */
-			m->dropped = 1;
-			continue;
-		}
-		n++;
-		ext_forget(e, x, id);
+		n += m->landed; /* a store in flight goes at its last unpin, never landed */
+		ext_forget(e, x, t);
 	}
 	kvt_unlock(e);
 	return n;

@@ -284,8 +284,9 @@ struct kvt_engine_opts {
 	 * docs/ARCHITECTURE.md "REMOTE tier") */
 	uint32_t remote_write;     /* enum kvt_remote_write: which sealed prefix blocks are
 	                              written through to REMOTE; default KVT_REMOTE_WRITE_SEEN_TWICE */
-	uint32_t remote_no_fetch;  /* 1: kvt_seq_match_prefix does not look REMOTE up for the
-	                              blocks that miss locally; 0 (default): it does */
+	uint32_t remote_no_fetch;  /* 1: kvt_seq_match_prefix and kvt_ext_lookup do not look
+	                              REMOTE up for the blocks that miss locally; 0 (default):
+	                              they do; other values: -EINVAL */
 	uint64_t remote_write_budget; /* bytes per write_budget_period_ms the engine may send to
 	                              REMOTE by write-through (token bucket, burst = one period);
 	                              0 (default) = unlimited. Published sessions are not limited */
@@ -1809,12 +1810,15 @@ KVT_API int kvt_ext_store(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
  * kvt_ext_lookup() - how many LEADING hashes of @hashes[0..n) are stored for @tenant
  * (complete and loadable: HOST or NVMe; a store still in flight does not count, nor one whose
  * landing no kvt_ext_poll/wait/store/load call has processed yet: lookup advances no job, to
- * stay cheap). Non-blocking and cheap (one hash-table probe per hash, under the engine mutex,
- * nothing pinned or moved): a scheduler calls it for every waiting request every step. With
- * a REMOTE tier, a run that ends before @n also asks REMOTE for the hashes after it
- * ("External-pool mode" above: free HOST slots, or those of clean HOST copies, taken for
- * them and one get queued, never waited for; the blocks that land count in a later lookup,
- * kvt_ext_inflight tells; no stored block is evicted for it and the hits it returns stay).
+ * stay cheap). Non-blocking and cheap (one hash-table probe per hash, under the engine mutex;
+ * without REMOTE nothing is pinned or moved): a scheduler calls it for every waiting request
+ * every step. With a REMOTE tier it also processes the REMOTE fetches that landed, and a run
+ * that ends before @n asks REMOTE for the hashes after it, up to the first one stored or in
+ * flight here ("External-pool mode" above): block records and HOST slots are taken for them
+ * (free slots, or those of clean HOST copies, valid on NVMe, which then load from NVMe; never
+ * one of this call's hits) and one get is queued, never waited for. The blocks that land count
+ * in a later lookup (kvt_ext_inflight tells); no stored block is lost for it. A HOST-only
+ * engine whose HOST is full has no clean copies: it fetches nothing until slots free up.
  * @hits: receives the count (0..n). @tier: receives the slowest tier those come from
  * (KVT_TIER_HOST or KVT_TIER_NVME; KVT_TIER_COUNT when 0); may be NULL.
  * Returns 0, -EINVAL (NULL), -ENOENT (no such pool).
@@ -1899,14 +1903,16 @@ KVT_API int kvt_ext_drop(struct kvt_engine *e, uint32_t pool, uint32_t tenant,
  * kvt_ext_lookup counts it: the first hash not stored ends it, nothing after it is held)
  * from eviction until kvt_ext_release(): vLLM's prepare_load ... complete_load, a scheduler
  * that promised a load keeps what it promised while other jobs (stores submitted before the
- * load) make room. No copy that is a held block's only one is evicted (a HOST copy also on
- * NVMe may still go: the load reads it from NVMe). Holds count per block (held twice, it
+ * load) make room. A held block keeps its copies where they are (its HOST copy, when it has
+ * one, is not evicted, even if NVMe holds it too: hold for the span of a load, not longer,
+ * or HOST fills with held blocks). Holds count per block (held twice, it
  * takes two releases); a held block that is dropped (kvt_ext_drop, kvt_ext_clear) stops
- * being found at once and is freed at its last release. A store that finds HOST full of held
+ * being found at once (a store of its hash then stores anew) and is freed at its last
+ * release. A store that finds HOST full of held
  * blocks fails alone (-ENOSPC in its failures).
  * kvt_ext_release() - end one hold of each of them: release exactly what a hold returned
- * (hashes whose block is not held are ignored; a block freed and stored again under the same
- * hash is a new block, with holds of its own).
+ * (hashes whose block is not held are ignored). A hash whose held block was dropped and then
+ * stored again names two blocks: a release ends the dropped one's hold first.
  * Both: non-blocking, under the engine mutex, one probe per hash.
  * Returns the number of hashes held (@hashes[0..ret) are held) / released (>= 0), -EINVAL
  * (NULL engine, or NULL hashes with n > 0), -ENOENT (no such pool).

@@ -494,7 +494,7 @@ kvt_room_clean(struct kvt_engine *e, int tier, uint32_t want,
 		const struct kvt_block *b = kvt_blk(e, id);
 
 		if (kvt_copy_evictable(b, tier) && valid_elsewhere(b, tier) &&
-		    !(spare && spare(e, id, arg)))
+		    !kvt_hint_spares(e, b, tier) && !(spare && spare(e, id, arg)))
 			cand[nc++] = id; /* collected first: evicting changes the list walked */
 	}
 	for (uint32_t i = 0; i < nc; i++)

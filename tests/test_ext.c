@@ -1033,6 +1033,74 @@ test_clear(void **state)
 	pool_free(&p);
 }
 
+/* A drop or clear of a block whose transfer is in flight (here: its NVMe write-through, which
+ * the poll that lands a store starts with nvme_persist) takes it out at once: lookups and
+ * loads no longer find it, a second clear finds nothing, and a store of the hash stores anew
+ * (the block used to stay findable, dead, and be freed under a load that used it). A store of
+ * a dropped-but-held hash stores anew too, and the release frees only the old block. */
+static void
+test_forget_busy_and_held(void **state)
+{
+	char *dir = tsup_mkdtemp();
+	struct kvt_engine_opts o;
+	struct kvt_engine *e;
+	struct pool p;
+	uint32_t ids[2] = { 0, 1 }, to[2] = { 20, 21 };
+	uint64_t h[2] = { hash_of(80), hash_of(81) }, job;
+	struct kvt_ext_fail f[NB];
+	struct kvt_ext_done d;
+	size_t hits;
+
+	(void)state;
+	tsup_store_opts(&o, dir, 64 * 8192);
+	o.hbm_bytes = tsup_block_bytes();
+	e = tsup_create(&o, NULL);
+	pool_make(e, &p);
+	fill(&p, 0, 5);
+	fill(&p, 1, 6);
+	assert_int_equal(store_job(e, &p, 0, ids, h, 2, f).n_failed, 0);
+	assert_int_equal(kvt_ext_clear(e, p.id, 0), 2);
+	assert_int_equal(kvt_ext_lookup(e, p.id, 0, h, 2, &hits, NULL), 0);
+	assert_int_equal(hits, 0);
+	assert_int_equal(kvt_ext_clear(e, p.id, 0), 0);
+	assert_int_equal(kvt_ext_load(e, p.id, 0, h, to, 2, 0, &job), 0);
+	d = tsup_ext_finish(e, p.id, job, f, NB);
+	assert_int_equal(d.n_failed, 2);
+	assert_int_equal(f[d.failed_first].err, -ENOENT);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	tsup_check_engine(e);
+	/* stored anew, loads its bytes */
+	assert_int_equal(store_job(e, &p, 0, ids, h, 2, f).n_skipped, 0);
+	assert_int_equal(kvt_ext_lookup(e, p.id, 0, h, 2, &hits, NULL), 0);
+	assert_int_equal(hits, 2);
+	wipe(&p, 20);
+	wipe(&p, 21);
+	assert_int_equal(kvt_ext_load(e, p.id, 0, h, to, 2, 0, &job), 0);
+	assert_int_equal(tsup_ext_finish(e, p.id, job, f, NB).n_failed, 0);
+	assert_true(holds(&p, 20, 5));
+	assert_true(holds(&p, 21, 6));
+	/* held, cleared, stored again: a new block; the release ends the old one's hold only */
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_ext_hold(e, p.id, 0, h, 2), 2);
+	assert_int_equal(kvt_ext_clear(e, p.id, 0), 2);
+	fill(&p, 0, 7);
+	d = store_job(e, &p, 0, ids, h, 1, f);
+	assert_int_equal(d.n_skipped, 0);
+	assert_int_equal(d.n_failed, 0);
+	assert_int_equal(kvt_ext_release(e, p.id, 0, h, 2), 2);
+	assert_int_equal(kvt_ext_lookup(e, p.id, 0, h, 2, &hits, NULL), 0);
+	assert_int_equal(hits, 1);
+	wipe(&p, 20);
+	assert_int_equal(kvt_ext_load(e, p.id, 0, h, to, 1, 0, &job), 0);
+	assert_int_equal(tsup_ext_finish(e, p.id, job, f, NB).n_failed, 0);
+	assert_true(holds(&p, 20, 7));
+	assert_int_equal(kvt_engine_drain(e), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	pool_free(&p);
+	tsup_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -1052,6 +1120,7 @@ main(void)
 		cmocka_unit_test(test_hold_protects_promised_loads),
 		cmocka_unit_test(test_drop_while_held),
 		cmocka_unit_test(test_clear),
+		cmocka_unit_test(test_forget_busy_and_held),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
