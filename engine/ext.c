@@ -1584,12 +1584,22 @@ kvt_ext_unregister(struct kvt_engine *e, uint32_t pool)
 	ext_quiesce(e, x);
 	ext_detach_all(e, x, false);
 	/* stored blocks stay cached in their tiers, unreachable by key: free them, as this
-	 * version keeps no index without a pool */
+	 * version keeps no index without a pool. Their records go now (a block whose transfer
+	 * is in flight is freed only when it ends, after the pool is gone), in one commit. */
 	for (id = 0; id < x->cap_meta && id < e->cap_blocks; id++)
 		if (x->meta[id].ext) {
+			struct ext_meta *m = &x->meta[id];
+
+			if (m->published && e->store) {
+				if (kvt_persist_ext_del(e, ext_key(m->hash, m->tenant)) == 0)
+					x->pers_commit = true;
+				m->published = 0;
+			}
 			kvt_blk(e, id)->protect = 0;
 			kvt_block_uncache(e, id);
 		}
+	if (x->pers_commit && e->store && kvt_persist_ext_commit(e) == 0)
+		x->pers_commit = false;
 	e->ext = NULL;
 	kvt_unlock(e);
 	ext_free(e, x);
