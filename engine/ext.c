@@ -1837,12 +1837,47 @@ out:
 	return rc;
 }
 
+/*
+ * The leading run of @hashes[0..n) stored for @tenant (landed, a valid HOST or NVMe copy): its
+ * length; *@slow (may be NULL) gets the slowest tier it comes from (KVT_TIER_COUNT: empty).
+ * With a REMOTE tier each hit is marked with lookup_gen (ext_fetch makes no room from it).
+ */
+static size_t
+ext_run(struct kvt_engine *e, struct kvt_ext_state *x, uint32_t tenant, const uint64_t *hashes,
+	size_t n, enum kvt_tier *slow)
+{
+	enum kvt_tier tr = KVT_TIER_COUNT;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		struct ext_ent *t = ext_find(x, tenant, hashes[i]);
+		const struct kvt_block *b;
+
+		if (!t || !x->meta[t->block].landed)
+			break;
+		b = kvt_blk(e, t->block);
+		if (kvt_copy_valid(b, KVT_TIER_HOST)) {
+			if (tr == KVT_TIER_COUNT)
+				tr = KVT_TIER_HOST;
+		} else if (kvt_copy_valid(b, KVT_TIER_NVME)) {
+			tr = KVT_TIER_NVME;
+		} else {
+			break;
+		}
+		if (e->remote)
+			x->meta[t->block].hit_gen = x->lookup_gen;
+	}
+	if (slow)
+		*slow = tr;
+	return i;
+}
+
 int
 kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint64_t *hashes,
 	       size_t n, size_t *hits, enum kvt_tier *tier)
 {
 	struct kvt_ext_state *x;
-	enum kvt_tier slow = KVT_TIER_COUNT;
+	enum kvt_tier slow;
 	size_t i;
 
 	if (hits)
@@ -1863,23 +1898,7 @@ kvt_ext_lookup(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uint6
 		kvt_reng_reap(e); /* REMOTE fetches that landed are hits now */
 		x->lookup_gen++;
 	}
-	for (i = 0; i < n; i++) {
-		struct ext_ent *t = ext_find(x, tenant, hashes[i]);
-		const struct kvt_block *b;
-
-		if (!t || !x->meta[t->block].landed)
-			break;
-		b = kvt_blk(e, t->block);
-		if (kvt_copy_valid(b, KVT_TIER_HOST)) {
-			if (slow == KVT_TIER_COUNT)
-				slow = KVT_TIER_HOST;
-		} else if (kvt_copy_valid(b, KVT_TIER_NVME)) {
-			slow = KVT_TIER_NVME;
-		} else {
-			break;
-		}
-		x->meta[t->block].hit_gen = x->lookup_gen; /* ext_fetch makes no room from it */
-	}
+	i = ext_run(e, x, tenant, hashes, n, &slow);
 	x->st.lookups++;
 	x->st.lookup_hashes += n;
 	x->st.lookup_hits += i;
@@ -1915,16 +1934,7 @@ kvt_ext_inflight(struct kvt_engine *e, uint32_t pool, uint32_t tenant, const uin
 	}
 	if (e->remote)
 		kvt_reng_reap(e); /* fetches that landed are hits now */
-	for (i = 0; i < n; i++) {
-		struct ext_ent *t = ext_find(x, tenant, hashes[i]);
-		const struct kvt_block *b;
-
-		if (!t || !x->meta[t->block].landed)
-			break;
-		b = kvt_blk(e, t->block);
-		if (!kvt_copy_valid(b, KVT_TIER_HOST) && !kvt_copy_valid(b, KVT_TIER_NVME))
-			break;
-	}
+	i = ext_run(e, x, tenant, hashes, n, NULL);
 	for (k = i; k < n; k++) {
 		struct ext_ent *t = ext_find(x, tenant, hashes[k]);
 

@@ -1023,6 +1023,38 @@ kvt_reng_note_late(struct kvt_engine *e, const int32_t *tokens, uint64_t n,
 		e->st.remote_late_blocks++;
 }
 
+/* A fetch job of up to @n blocks of @tenant (with @tpb tokens each for the prefix index; 0:
+ * the external pool's), or NULL (-ENOMEM). */
+static struct rjob *
+fetch_job_new(uint32_t n, uint32_t tpb, uint32_t tenant)
+{
+	struct rjob *j = calloc(1, sizeof *j);
+
+	if (!j || !(j->hashes = malloc(16ull * n)) || !(j->ids = malloc(sizeof *j->ids * n)) ||
+	    !(j->dst = malloc(sizeof *j->dst * n)) || !(j->res = calloc(n, sizeof *j->res)) ||
+	    (tpb && !(j->ftokens = malloc(sizeof *j->ftokens * (uint64_t)n * tpb)))) {
+		job_free(j);
+		return NULL;
+	}
+	j->kind = RJ_FETCH;
+	j->tenant = tenant;
+	return j;
+}
+
+/* Fetch job @j of its first @n blocks: in the list of fetches in flight, to the worker. */
+static void
+fetch_queue(struct kvt_engine *e, struct rjob *j, uint32_t n)
+{
+	struct kvt_reng *r = e->remote;
+
+	j->n_full = n;
+	j->fnext = r->fetching;
+	r->fetching = j;
+	e->st.remote_lookups++;
+	e->st.remote_lookup_blocks += n;
+	queue_job(r, j);
+}
+
 bool
 kvt_reng_can_fetch(const struct kvt_engine *e)
 {
@@ -1038,15 +1070,10 @@ kvt_reng_ext_fetch(struct kvt_engine *e, uint32_t tenant, const uint64_t (*keys)
 
 	if (!r || !n || n > RF_MAX)
 		return kvt_err(-EINVAL, "remote fetch of %u external blocks", n);
-	j = calloc(1, sizeof *j);
-	if (!j || !(j->hashes = malloc(16ull * n)) || !(j->ids = malloc(sizeof *j->ids * n)) ||
-	    !(j->dst = malloc(sizeof *j->dst * n)) || !(j->res = calloc(n, sizeof *j->res))) {
-		job_free(j);
+	j = fetch_job_new(n, 0, tenant);
+	if (!j)
 		return kvt_err(-ENOMEM, "remote fetch of %u external blocks", n);
-	}
-	j->kind = RJ_FETCH;
 	j->ext = true;
-	j->tenant = tenant;
 	for (uint32_t m = 0; m < n; m++) {
 		const struct kvt_block *b = kvt_blk(e, ids[m]);
 
@@ -1054,12 +1081,7 @@ kvt_reng_ext_fetch(struct kvt_engine *e, uint32_t tenant, const uint64_t (*keys)
 		j->dst[m] = kvt_slot_addr(e, KVT_TIER_HOST, b->slot[KVT_TIER_HOST]);
 		memcpy(j->hashes[m], keys[m], 16);
 	}
-	j->n_full = n;
-	j->fnext = r->fetching;
-	r->fetching = j;
-	e->st.remote_lookups++;
-	e->st.remote_lookup_blocks += n;
-	queue_job(r, j);
+	fetch_queue(e, j, n);
 	return 0;
 }
 
@@ -1093,16 +1115,9 @@ kvt_reng_lookup(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const u
 	want = kvt_room_clean(e, KVT_TIER_HOST, want, NULL, NULL);
 	if (!want)
 		return 0;
-	j = calloc(1, sizeof *j);
-	if (!j || !(j->hashes = malloc(16ull * want)) || !(j->ids = malloc(sizeof *j->ids * want)) ||
-	    !(j->dst = malloc(sizeof *j->dst * want)) ||
-	    !(j->res = calloc(want, sizeof *j->res)) ||
-	    !(j->ftokens = malloc(sizeof *j->ftokens * (uint64_t)want * tpb))) {
-		job_free(j);
+	j = fetch_job_new(want, tpb, tenant);
+	if (!j)
 		return 0;
-	}
-	j->kind = RJ_FETCH;
-	j->tenant = tenant;
 	for (m = 0; m < want; m++) {
 		uint32_t at = k + m, id, slot;
 		struct kvt_block *b;
@@ -1137,11 +1152,6 @@ kvt_reng_lookup(struct kvt_engine *e, const int32_t *tokens, uint64_t n, const u
 		job_free(j);
 		return 0;
 	}
-	j->n_full = m;
-	j->fnext = r->fetching;
-	r->fetching = j;
-	e->st.remote_lookups++;
-	e->st.remote_lookup_blocks += m;
-	queue_job(r, j);
+	fetch_queue(e, j, m);
 	return m;
 }
