@@ -27,3 +27,22 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="no libkvtier.so: set KVTIER_LIBRARY or build ./build")
         for item in items:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def engines(request):
+    """A factory of vllm_harness.Engine(mode, **kw) (a test module's ENGINE_DEFAULTS first),
+    each shut down with its kvtier stores closed at the end of the test."""
+    import vllm_harness as vh
+    from kvtier._store import close_store
+    defaults = getattr(request.module, "ENGINE_DEFAULTS", {})
+    made = []
+
+    def make(mode, **kw):
+        e = vh.Engine(mode, **{**defaults, **kw})
+        made.append(e)
+        return e
+    yield make
+    for e in made:
+        e.shutdown()
+        close_store(vh.store_name(e))

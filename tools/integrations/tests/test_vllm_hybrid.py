@@ -13,43 +13,17 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_harness as vh  # noqa: E402
+from vllm_harness import forget_gpu_cache, prompt  # noqa: E402
 from kvtier._store import close_store, find_store  # noqa: E402
 
 MODES = ["kvtier-spec", "kvtier-connector"]
 BS = 16
 SWA = 24  # tokens of the sliding window: 2-3 blocks of 16
 
-
-def prompt(seed, n):
-    rng = random.Random(seed)
-    return [rng.randrange(10, 50000) for _ in range(n)]
+ENGINE_DEFAULTS = {"swa": SWA}  # the conftest engines fixture: every engine is hybrid
 
 
-@pytest.fixture
-def engines():
-    made = []
 
-    def make(mode, **kw):
-        e = vh.Engine(mode, swa=SWA, **kw)
-        made.append(e)
-        return e
-    yield make
-    for e in made:
-        e.shutdown()
-        ktc = e.vc.kv_transfer_config
-        close_store(ktc.kv_connector_extra_config.get("kvtier_store_name")
-                    or ktc.engine_id)
-
-
-def forget_gpu_cache(e):
-    assert e.scheduler.kv_cache_manager.reset_prefix_cache()
-    for t in e.kv.values():
-        t.fill_(-1.0)
-
-
-def _name(e):
-    ktc = e.vc.kv_transfer_config
-    return ktc.kv_connector_extra_config.get("kvtier_store_name") or ktc.engine_id
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -75,7 +49,7 @@ def test_hybrid_prefix_hit_loads_both_groups(engines, mode):
     assert e.computed["b"] == ref.computed["b"]
     assert e.outputs == ref.outputs
     # each group's blocks are in its own pool
-    name = _name(e)
+    name = vh.store_name(e)
     full = find_store(f"{name}#g0").pool.stats()
     window = find_store(f"{name}#g1").pool.stats()
     assert full["blocks_loaded"] == 5

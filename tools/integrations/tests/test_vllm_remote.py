@@ -5,38 +5,19 @@ blocks are written through; server B, which never saw the prompt, gets a prefix 
 full block from REMOTE (the first lookups RETRY while the fetch is in flight, then HIT), loads
 them byte-exact (the checking model reads every K/V) and produces the same tokens as a server
 that computed everything. A corrupted value is recomputed, never read."""
-import random
 
 import pytest
 
 pytest.importorskip("vllm")
 
 import vllm_harness as vh  # noqa: E402
+from vllm_harness import forget_gpu_cache, prompt  # noqa: E402
 from kvtier._store import close_store, find_store  # noqa: E402
 from redis_proc import redis_server  # noqa: E402,F401 (fixture)
 
 BS = 16
 
 
-def prompt(seed, n):
-    rng = random.Random(seed)
-    return [rng.randrange(10, 50000) for _ in range(n)]
-
-
-@pytest.fixture
-def engines():
-    made = []
-
-    def make(mode, **kw):
-        e = vh.Engine(mode, **kw)
-        made.append(e)
-        return e
-    yield make
-    for e in made:
-        e.shutdown()
-        ktc = e.vc.kv_transfer_config
-        close_store(ktc.kv_connector_extra_config.get("kvtier_store_name")
-                    or ktc.engine_id)
 
 
 def _remote(port, name):

@@ -10,39 +10,14 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_harness as vh  # noqa: E402
-from kvtier._store import close_store, hash64  # noqa: E402
+from vllm_harness import forget_gpu_cache, prompt  # noqa: E402
+from kvtier._store import hash64  # noqa: E402
 
 MODES = ["kvtier-spec", "kvtier-connector"]
 BS = 16
 
 
-def prompt(seed, n):
-    rng = random.Random(seed)
-    return [rng.randrange(10, 50000) for _ in range(n)]
 
-
-@pytest.fixture
-def engines():
-    made = []
-
-    def make(mode, **kw):
-        e = vh.Engine(mode, **kw)
-        made.append(e)
-        return e
-    yield make
-    for e in made:
-        e.shutdown()
-        ktc = e.vc.kv_transfer_config
-        close_store(ktc.kv_connector_extra_config.get("kvtier_store_name")
-                    or ktc.engine_id)
-
-
-def forget_gpu_cache(e):
-    """Drop vLLM's GPU prefix cache and scribble over every GPU block, so that a later hit
-    can only come from the connector and a block it did not load reads as wrong."""
-    assert e.scheduler.kv_cache_manager.reset_prefix_cache()
-    for t in e.kv.values():
-        t.fill_(-1.0)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -347,3 +347,24 @@ class Engine:
     def shutdown(self):
         self.worker.shutdown()
         self.scheduler.connector.shutdown()
+
+
+def prompt(seed, n):
+    """@n random token ids of seed @seed (the tests' prompts)."""
+    import random
+    rng = random.Random(seed)
+    return [rng.randrange(10, 50000) for _ in range(n)]
+
+
+def forget_gpu_cache(e):
+    """Drop vLLM's GPU prefix cache and scribble over every GPU block, so that a later hit
+    can only come from the connector and a block it did not load reads as wrong."""
+    assert e.scheduler.kv_cache_manager.reset_prefix_cache()
+    for t in e.kv.values():
+        t.fill_(-1.0)
+
+
+def store_name(e):
+    """The kvtier store name of engine @e (kvtier_store_name, else vLLM's engine id)."""
+    ktc = e.vc.kv_transfer_config
+    return ktc.kv_connector_extra_config.get("kvtier_store_name") or ktc.engine_id
