@@ -160,6 +160,8 @@ engine_check_opts(const struct kvt_engine_opts *o, uint64_t bb)
 	if (o->opts_size > offsetof(struct kvt_engine_opts, remote_no_fetch) &&
 	    o->remote_no_fetch > 1)
 		return kvt_err(-EINVAL, "remote_no_fetch %u must be 0 or 1", o->remote_no_fetch);
+	if (o->opts_size > offsetof(struct kvt_engine_opts, emu_lazy) && o->emu_lazy > 1)
+		return kvt_err(-EINVAL, "emu_lazy %u must be 0 or 1", o->emu_lazy);
 	if (o->device != KVT_DEVICE_EMULATED && o->device != KVT_DEVICE_CUDA)
 		return kvt_err(-EINVAL, "unknown device kind %d", (int)o->device);
 	return 0;
@@ -225,6 +227,7 @@ engine_open_device(struct kvt_engine *e)
 		.max_delay_us = o->emu_max_delay_us,
 		.seed = o->emu_seed,
 		.copy_bytes_per_s = o->emu_copy_bytes_per_s,
+		.lazy = o->emu_lazy != 0,
 	};
 	uint64_t hbm = (uint64_t)e->slots[KVT_TIER_HBM].n_slots * e->block_bytes;
 	int rc;

@@ -295,6 +295,16 @@ struct kvt_engine_opts {
 	                              (a live sequence's only copy is always written, and charged);
 	                              0 (default) = unlimited */
 	uint32_t write_budget_period_ms; /* the buckets' period; default 1000 */
+	/* ---- 0.7 */
+	uint32_t emu_lazy;         /* emulated device (benchmarks): 1 = a submitted copy wakes no
+	                              stream thread; it runs, after the same simulated link time,
+	                              on the thread that next queries or waits for it (no thread
+	                              hand-off per copy, which on a small VM costs more than the
+	                              copy; the memcpy then costs the observing thread, where a
+	                              GPU's copy engine costs the host nothing). Ignored with
+	                              emu_max_delay_us or a CUDA device. 0 (default): every
+	                              stream's thread runs its copies as they are submitted.
+	                              Other values: -EINVAL */
 };
 
 /**

@@ -629,6 +629,154 @@ test_emu_waiter_runs_idle_stream(void **state)
 	free(src);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* lazy streams (kvt_emu_opts.lazy): ops run on the thread that observes them                  */
+
+static struct kvt_device *
+emu_new_lazy(uint32_t max_delay_us, uint64_t bw)
+{
+	struct kvt_emu_opts o = { .max_delay_us = max_delay_us, .seed = 5,
+				  .copy_bytes_per_s = bw, .lazy = true };
+	struct kvt_device *d = NULL;
+
+	assert_int_equal(kvt_device_emu_create(&o, &d), 0);
+	assert_non_null(d);
+	return d;
+}
+
+/*
+ * Nobody runs a lazy stream's copy until it is observed: 20 ms after the submit the bytes are
+ * still old (an eager worker copies them at once); event_query then runs the copy and the
+ * record on the querying thread (helped: 2) and sees them done; a cross-stream wait runs the
+ * recording stream first, both from event_sync and from event_query; stream_sync runs its
+ * stream. The backend-generic checks pass on a lazy device, and max_delay_us turns lazy off.
+ */
+static void
+test_emu_lazy_observer_runs_ops(void **state)
+{
+	struct kvt_device *d = emu_new_lazy(0, 0);
+	struct kvt_stream *w = stream_new(d), *r = stream_new(d);
+	struct kvt_event *ew = event_new(d), *er = event_new(d);
+	static uint8_t a[BUF], b[BUF], c[BUF], old[BUF], zero[BUF];
+	struct timespec ts = { 0, 20 * 1000 * 1000 };
+
+	(void)state;
+	fill(a, BUF, 21);
+	fill(b, BUF, 22);
+	memcpy(old, b, BUF);
+	copy1(d, w, b, a, BUF);
+	assert_int_equal(d->ops->event_record(d, ew, w), 0);
+	nanosleep(&ts, NULL);
+	assert_memory_equal(b, old, BUF); /* no worker ran it */
+	assert_int_equal(kvt_device_emu_stream_helped(d, w), 0);
+	assert_int_equal(d->ops->event_query(d, ew), 0);
+	assert_memory_equal(b, a, BUF);
+	assert_int_equal(kvt_device_emu_stream_helped(d, w), 2);
+
+	/* r waits for w: event_sync on r's record runs w's ops first */
+	fill(a, BUF, 23);
+	memset(c, 0, BUF);
+	copy1(d, w, b, a, BUF);
+	assert_int_equal(d->ops->event_record(d, ew, w), 0);
+	assert_int_equal(d->ops->stream_wait_event(d, r, ew), 0);
+	copy1(d, r, c, b, BUF);
+	assert_int_equal(d->ops->event_record(d, er, r), 0);
+	nanosleep(&ts, NULL);
+	assert_memory_equal(c, zero, BUF); /* nobody ran r (nor w) */
+	assert_int_equal(kvt_device_emu_stream_helped(d, r), 0);
+	assert_int_equal(d->ops->event_sync(d, er), 0);
+	assert_memory_equal(c, a, BUF);
+	assert_int_equal(kvt_device_emu_stream_helped(d, w), 4);
+	assert_int_equal(kvt_device_emu_stream_helped(d, r), 3);
+
+	/* the same through event_query (unlimited bandwidth: every op is due) */
+	fill(a, BUF, 24);
+	memset(c, 0, BUF);
+	copy1(d, w, b, a, BUF);
+	assert_int_equal(d->ops->event_record(d, ew, w), 0);
+	assert_int_equal(d->ops->stream_wait_event(d, r, ew), 0);
+	copy1(d, r, c, b, BUF);
+	assert_int_equal(d->ops->event_record(d, er, r), 0);
+	assert_int_equal(d->ops->event_query(d, er), 0);
+	assert_memory_equal(c, a, BUF);
+	assert_int_equal(d->ops->event_query(d, ew), 0);
+
+	/* stream_sync */
+	fill(a, BUF, 25);
+	copy1(d, w, c, a, BUF);
+	assert_int_equal(d->ops->stream_sync(d, w), 0);
+	assert_memory_equal(c, a, BUF);
+	gen_all(d);
+	kvt_device_destroy(d);
+
+	/* a queued copy nobody observed still lands at destroy (the workers drain) */
+	d = emu_new_lazy(0, 0);
+	w = stream_new(d);
+	fill(a, BUF, 26);
+	copy1(d, w, c, a, BUF);
+	kvt_device_destroy(d);
+	assert_memory_equal(c, a, BUF);
+
+	/* with random delays lazy is off: the workers run everything */
+	d = emu_new_lazy(50, 0);
+	w = stream_new(d);
+	ew = event_new(d);
+	fill(a, BUF, 27);
+	copy1(d, w, c, a, BUF);
+	assert_int_equal(d->ops->event_record(d, ew, w), 0);
+	assert_int_equal(d->ops->event_sync(d, ew), 0);
+	assert_memory_equal(c, a, BUF);
+	assert_int_equal(kvt_device_emu_stream_helped(d, w), 0);
+	gen_all(d);
+	kvt_device_destroy(d);
+}
+
+/*
+ * Link time on a lazy stream: a 64 KiB copy at 1 MB/s (65 ms) is not done for a query before
+ * its link time has passed (the query never sleeps: the bytes stay old), is done for one after
+ * it, and an event_sync waits it out (the time measured from the submit is at least the link
+ * time's half: the machine may be slow, never the link fast).
+ */
+static void
+test_emu_lazy_link_time(void **state)
+{
+	struct kvt_device *d = emu_new_lazy(0, 1000u * 1000u);
+	struct kvt_stream *s = stream_new(d);
+	struct kvt_event *e = event_new(d);
+	static uint8_t src[BUF], dst[BUF], zero[BUF];
+	double link = (double)BUF / 1e6, t0, dt;
+	int rc;
+
+	(void)state;
+	fill(src, BUF, 31);
+	memset(dst, 0, BUF);
+	t0 = now_s();
+	copy1(d, s, dst, src, BUF);
+	assert_int_equal(d->ops->event_record(d, e, s), 0);
+	rc = d->ops->event_query(d, e);
+	dt = now_s() - t0;
+	if (dt < 0.5 * link) { /* the query came well inside the link time */
+		assert_int_equal(rc, -EAGAIN);
+		assert_memory_equal(dst, zero, BUF);
+	}
+	assert_int_equal(kvt_device_emu_stream_sleeps(d, s), 0);
+	assert_int_equal(d->ops->event_sync(d, e), 0);
+	dt = now_s() - t0;
+	assert_true(dt >= 0.5 * link);
+	assert_memory_equal(dst, src, BUF);
+
+	/* after the link time, a query alone completes it */
+	fill(src, BUF, 32);
+	t0 = now_s();
+	copy1(d, s, dst, src, BUF);
+	assert_int_equal(d->ops->event_record(d, e, s), 0);
+	while (now_s() - t0 < 1.2 * link)
+		usleep(5000);
+	assert_int_equal(d->ops->event_query(d, e), 0);
+	assert_memory_equal(dst, src, BUF);
+	kvt_device_destroy(d);
+}
+
 /* host_alloc: usable memory; with mlock refused (no CAP_IPC_LOCK, RLIMIT_MEMLOCK 0: checked in a
  * child process) it still succeeds, unpinned. */
 static int
@@ -808,6 +956,26 @@ test_emu_pipeline_threads(void **state)
 	kvt_device_destroy(d);
 }
 
+/* The pipelines again on a lazy device (no delays): each stage's copy runs on whichever thread
+ * observes it, across the four streams, two threads at once. */
+static void
+test_emu_lazy_pipeline_threads(void **state)
+{
+	struct kvt_device *d = emu_new_lazy(0, 200u << 20);
+	struct pipe_arg a[2] = { { .d = d, .seed = 3000 }, { .d = d, .seed = 4000 } };
+	pthread_t t[2];
+	int i;
+
+	(void)state;
+	for (i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&t[i], NULL, pipe_thread, &a[i]), 0);
+	for (i = 0; i < 2; i++)
+		assert_int_equal(pthread_join(t[i], NULL), 0);
+	assert_int_equal(a[0].bad, 0);
+	assert_int_equal(a[1].bad, 0);
+	kvt_device_destroy(d);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* copy plan (the CUDA fallback's split; pure C)                                                */
 
@@ -923,6 +1091,9 @@ main(void)
 		cmocka_unit_test(test_copy_plan_split),
 		cmocka_unit_test(test_emu_pipeline_threads),
 		cmocka_unit_test(test_emu_waiter_runs_idle_stream),
+		cmocka_unit_test(test_emu_lazy_observer_runs_ops),
+		cmocka_unit_test(test_emu_lazy_link_time),
+		cmocka_unit_test(test_emu_lazy_pipeline_threads),
 		cmocka_unit_test(test_cuda_create),
 	};
 

@@ -450,6 +450,12 @@ test_bad_engine_options(void **state)
 	o.host_bytes = 0;
 	assert_int_equal(create_with(&o), -EINVAL);
 	assert_non_null(strstr(kvt_last_error_message(), "needs a HOST tier"));
+	base_opts(&o);
+	o.emu_lazy = 2;
+	assert_int_equal(create_with(&o), -EINVAL);
+	assert_non_null(strstr(kvt_last_error_message(), "emu_lazy 2"));
+	o.emu_lazy = 1;
+	assert_int_equal(create_with(&o), 0);
 	unlink(path);
 	tsup_rmdir(dir);
 	base_opts(&o);

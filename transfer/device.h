@@ -90,6 +90,12 @@ struct kvt_emu_opts {
 	                             delays and reorders completions across streams) */
 	uint64_t seed;            /* RNG seed for those delays (per-stream streams derive from it) */
 	uint64_t copy_bytes_per_s; /* bandwidth limit of copies (sleep len/bw); 0 = unlimited */
+	bool lazy;                /* submits wake no worker: ops run when a thread observes them
+	                             (event_query runs those the simulated link has finished,
+	                             event_sync/stream_sync all up to the one waited for, a WAIT
+	                             the recording stream's first); ignored with max_delay_us.
+	                             For benchmarks: no thread hand-off per submit (see
+	                             device_emu.c). Default false */
 };
 
 /**

@@ -26,6 +26,17 @@
  *     stream only) and is woken only when it has ops to run. While a waiter runs a stream it
  *     spins for link time shorter than EMU_SPIN_NS (it would block anyway); a worker sleeps.
  *     docs/PERF.md "Sparse decode of the DSA fixture".
+ *   - Lazy streams (kvt_emu_opts.lazy, for benchmarks): a submit wakes no worker. The ops wait
+ *     for a thread that observes them: event_query runs the ops the simulated link has
+ *     finished by then (a copy is due link time after it could start, as above), never
+ *     sleeping; event_sync and stream_sync run them all as above; a stream's WAIT runs the
+ *     recording stream's ops first. So a copy's bytes are in place whenever anyone can see it
+ *     done, and the time it takes is the same link time, but no thread hand-off is paid per
+ *     submit (on this 2-vCPU VM about 7 us of the submitting thread: the dominant cost of the
+ *     hybrid fixtures' oversubscribed decode, docs/PERF.md "Lazy emulated streams"). The
+ *     memcpy then runs on the observing thread, where a GPU's DMA engine costs the host
+ *     nothing. A missing wait still shows as old bytes (they now stay old until someone
+ *     waits), so the tests keep the default, eager workers.
  *
  * Locking: emu_dev.lock protects the lists of live objects; emu_dev.ev_lock protects every
  * event's latest pointer and every record (refs, done), and ev_cond is broadcast when a record
@@ -106,6 +117,10 @@ struct emu_stream {
 	                          runner takes the next op itself (a wake-up it would throw away
 	                          costs the pusher a cross-vCPU wake, ~7 us in the build VM) */
 	bool w_sleeping;       /* the worker waits on wcond and nobody has signalled it yet */
+	bool kick;             /* lazy device: the worker was asked to run the queue (by a
+	                          waiter leaving ops behind, hold/stop change); cleared when it
+	                          finds the queue empty. Without it a worker started after a
+	                          push would run the ops nobody asked for */
 	uint32_t n_sync;       /* threads waiting on cond */
 	struct emu_op *head;   /* next op to run; NULL when empty */
 	struct emu_op *tail;   /* last queued op */
@@ -407,6 +422,25 @@ emu_host_free(struct kvt_device *d, void *p, size_t len)
 /* ------------------------------------------------------------------------------------------ */
 /* stream worker                                                                                */
 
+static void emu_help_stream(struct emu_dev *emu, struct emu_stream *s, bool due_only);
+
+/* A lazy device's blocked waiter sleeps at most this long before it tries to run the ops it
+ * waits for again (a poll may have left them queued while it found the stream busy). */
+#define EMU_LAZY_RETRY_NS 200000u
+
+static void
+emu_timedwait(pthread_cond_t *c, pthread_mutex_t *m, uint64_t ns)
+{
+	struct timespec ts;
+	uint64_t t;
+
+	clock_gettime(CLOCK_REALTIME, &ts); /* the conditions' clock (default attributes) */
+	t = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + ns;
+	ts.tv_sec = (time_t)(t / 1000000000u);
+	ts.tv_nsec = (long)(t % 1000000000u);
+	(void)pthread_cond_timedwait(c, m, &ts);
+}
+
 /* Run op on s; the caller set s->busy. @waiter: a thread waiting for s's work, not its worker. */
 static void
 emu_op_run(struct emu_stream *s, struct emu_op *op, bool waiter)
@@ -448,8 +482,19 @@ emu_op_run(struct emu_stream *s, struct emu_op *op, bool waiter)
 	case EMU_OP_WAIT:
 		pthread_mutex_lock(&emu->ev_lock);
 		waited = !op->rec->done;
-		while (!op->rec->done)
-			pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
+		while (!op->rec->done) {
+			if (!emu->opts.lazy) {
+				pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
+				continue;
+			}
+			/* nobody may be running the recording stream: run it (a worker of a
+			 * lazy device, woken by a blocked waiter) */
+			pthread_mutex_unlock(&emu->ev_lock);
+			emu_help_stream(emu, op->rec->s, false);
+			pthread_mutex_lock(&emu->ev_lock);
+			if (!op->rec->done)
+				emu_timedwait(&emu->ev_cond, &emu->ev_lock, EMU_LAZY_RETRY_NS);
+		}
 		emu_rec_put_locked(op->rec);
 		pthread_mutex_unlock(&emu->ev_lock);
 		t = waited ? kvt_now_ns() : 0; /* the link was idle until the event came */
@@ -463,6 +508,7 @@ emu_op_run(struct emu_stream *s, struct emu_op *op, bool waiter)
 static void
 emu_wake_locked(struct emu_stream *s)
 {
+	s->kick = true;
 	if (s->w_sleeping) {
 		s->w_sleeping = false;
 		pthread_cond_signal(&s->wcond);
@@ -496,21 +542,36 @@ emu_rec_done(struct emu_dev *emu, struct emu_rec *r)
 	return done;
 }
 
+/* When copy @op, next on s, would finish on the simulated link: the busy thread's view. */
+static uint64_t
+emu_copy_end(const struct emu_stream *s, const struct emu_op *op)
+{
+	uint64_t start = op->t_queued > s->link_end ? op->t_queued : s->link_end;
+	uint64_t bw = s->dev->opts.copy_bytes_per_s;
+
+	return bw == 0 || op->total == 0 ? start :
+		start + (uint64_t)((double)op->total * 1e9 / (double)bw);
+}
+
 /*
  * The waiting thread runs s's queued ops itself, in order, while s is idle, until s has
  * executed @target ops (what was queued when the wait began: the op waited for and any queued
  * behind it, since handing those back to the worker would cost them a wake-up; measured in
  * docs/PERF.md), a test knob holds s, or the next op is a WAIT for a record not done yet (it
  * is put back: the waiter then sleeps as before rather than block while owning the stream).
+ * With lazy streams (kvt_emu_opts.lazy) a WAIT first runs the recording stream's ops the same
+ * way. @due_only (event_query on a lazy device): run only ops the simulated link has finished
+ * by now, never sleep, and leave the rest queued without waking the worker.
  * Does nothing while the worker or another waiter runs s, or when ops have random delays
  * (max_delay_us): those tests want the worker's timing. Caller holds s->lock, which is held
  * again on return.
  */
 static void
-emu_help_locked(struct emu_stream *s, uint64_t target)
+emu_help_locked(struct emu_stream *s, uint64_t target, bool due_only)
 {
 	struct emu_dev *emu = s->dev;
 	struct emu_op *op;
+	bool back;
 
 	if (emu->opts.max_delay_us != 0 || s->busy)
 		return;
@@ -523,7 +584,15 @@ emu_help_locked(struct emu_stream *s, uint64_t target)
 			s->tail = NULL;
 		s->busy = true;
 		pthread_mutex_unlock(&s->lock);
+		back = false;
 		if (op->kind == EMU_OP_WAIT && !emu_rec_done(emu, op->rec)) {
+			if (emu->opts.lazy)
+				emu_help_stream(emu, op->rec->s, due_only);
+			back = !emu_rec_done(emu, op->rec);
+		} else if (due_only && op->kind == EMU_OP_COPY) {
+			back = emu_copy_end(s, op) > kvt_now_ns();
+		}
+		if (back) {
 			pthread_mutex_lock(&s->lock);
 			op->next = s->head; /* back to the front: only the busy thread pops */
 			s->head = op;
@@ -540,8 +609,9 @@ emu_help_locked(struct emu_stream *s, uint64_t target)
 	}
 	s->busy = false;
 	/* ops queued since the wait began or a WAIT put back; or a stop the worker, finding the
-	 * stream busy, went back to sleep on (it would then never drain and exit) */
-	if ((s->head != NULL && !emu_held(s)) || s->stop)
+	 * stream busy, went back to sleep on (it would then never drain and exit). A lazy
+	 * device's poll leaves them to whoever waits next (a blocked waiter retries, below). */
+	if ((s->head != NULL && !emu_held(s) && !due_only) || s->stop)
 		emu_wake_locked(s);
 }
 
@@ -549,7 +619,7 @@ emu_help_locked(struct emu_stream *s, uint64_t target)
  * done), which may have been destroyed since the record was read: used only while still on
  * the device's list (and, once busy is set, its destroy waits for the waiter to finish). */
 static void
-emu_help_stream(struct emu_dev *emu, struct emu_stream *s)
+emu_help_stream(struct emu_dev *emu, struct emu_stream *s, bool due_only)
 {
 	struct emu_link *l;
 
@@ -563,7 +633,7 @@ emu_help_stream(struct emu_dev *emu, struct emu_stream *s)
 	}
 	pthread_mutex_lock(&s->lock);
 	pthread_mutex_unlock(&emu->lock);
-	emu_help_locked(s, s->queued);
+	emu_help_locked(s, s->queued, due_only);
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -572,6 +642,7 @@ emu_stream_main(void *arg)
 {
 	struct emu_stream *s = arg;
 	uint32_t max_delay = s->dev->opts.max_delay_us;
+	bool lazy = s->dev->opts.lazy;
 	struct emu_op *op;
 	bool held;
 
@@ -585,8 +656,13 @@ emu_stream_main(void *arg)
 	pthread_mutex_lock(&s->lock);
 	for (;;) {
 		held = false;
-		while (s->busy || ((s->head == NULL || emu_held(s)) && !s->stop)) {
-			held = held || (s->head != NULL && !s->busy); /* work waits behind a hold */
+		while (s->busy ||
+		       ((s->head == NULL || emu_held(s) || (lazy && !s->kick)) && !s->stop)) {
+			if (s->head == NULL)
+				s->kick = false; /* done what it was asked for */
+			/* work waits behind a hold (not a lazy stream's work awaiting a kick: its
+			 * link time runs from its queue time) */
+			held = held || (s->head != NULL && !s->busy && emu_held(s));
 			s->w_sleeping = true;
 			pthread_cond_wait(&s->wcond, &s->lock);
 		}
@@ -631,7 +707,9 @@ emu_stream_push(struct emu_stream *s, struct emu_op *op)
 		s->head = op;
 	s->tail = op;
 	s->queued++;
-	if (!s->busy) /* else its runner takes this op next (a waiter hands back what it leaves) */
+	/* else its runner takes this op next (a waiter hands back what it leaves); a lazy
+	 * device's ops wait for a thread that observes them */
+	if (!s->busy && !s->dev->opts.lazy)
 		emu_wake_locked(s);
 	pthread_mutex_unlock(&s->lock);
 }
@@ -794,10 +872,16 @@ emu_stream_sync(struct kvt_device *d, struct kvt_stream *stream)
 		return kvt_err(-EINVAL, "emulated stream_sync: stream is NULL");
 	pthread_mutex_lock(&s->lock);
 	target = s->queued;
-	emu_help_locked(s, target);
+	emu_help_locked(s, target, false);
 	s->n_sync++;
-	while (s->executed < target)
-		pthread_cond_wait(&s->cond, &s->lock);
+	while (s->executed < target) {
+		if (!s->dev->opts.lazy) {
+			pthread_cond_wait(&s->cond, &s->lock);
+			continue;
+		}
+		emu_timedwait(&s->cond, &s->lock, EMU_LAZY_RETRY_NS);
+		emu_help_locked(s, target, false); /* a poll may have left them */
+	}
 	s->n_sync--;
 	pthread_mutex_unlock(&s->lock);
 	return 0;
@@ -881,12 +965,23 @@ emu_event_query(struct kvt_device *d, struct kvt_event *event)
 {
 	struct emu_dev *emu = emu_dev_of(d);
 	struct emu_event *e = (struct emu_event *)(void *)event;
+	struct emu_rec *r;
 	bool done;
 
 	if (e == NULL)
 		return kvt_err(-EINVAL, "emulated event_query: event is NULL");
 	pthread_mutex_lock(&emu->ev_lock);
-	done = e->latest == NULL || e->latest->done;
+	r = e->latest;
+	done = r == NULL || r->done;
+	if (!done && emu->opts.lazy && emu->opts.max_delay_us == 0) {
+		/* run what the simulated link has finished by now, then look again */
+		r->refs++;
+		pthread_mutex_unlock(&emu->ev_lock);
+		emu_help_stream(emu, r->s, true);
+		pthread_mutex_lock(&emu->ev_lock);
+		done = r->done;
+		emu_rec_put_locked(r);
+	}
 	pthread_mutex_unlock(&emu->ev_lock);
 	return done ? 0 : -EAGAIN; /* -EAGAIN is a state, not a failure: no message */
 }
@@ -911,12 +1006,22 @@ emu_event_sync(struct kvt_device *d, struct kvt_event *event)
 	s = r->s;
 	pthread_mutex_unlock(&emu->ev_lock);
 	if (emu->opts.max_delay_us == 0)
-		emu_help_stream(emu, s);
+		emu_help_stream(emu, s, false);
 	pthread_mutex_lock(&emu->ev_lock);
 	if (!r->done) {
 		emu->sleepers++;
-		while (!r->done)
-			pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
+		while (!r->done) {
+			if (!emu->opts.lazy) {
+				pthread_cond_wait(&emu->ev_cond, &emu->ev_lock);
+				continue;
+			}
+			emu_timedwait(&emu->ev_cond, &emu->ev_lock, EMU_LAZY_RETRY_NS);
+			if (r->done)
+				break;
+			pthread_mutex_unlock(&emu->ev_lock); /* a poll may have left it queued */
+			emu_help_stream(emu, s, false);
+			pthread_mutex_lock(&emu->ev_lock);
+		}
 		emu->sleepers--;
 	}
 	emu_rec_put_locked(r);
@@ -1027,6 +1132,8 @@ kvt_device_emu_create(const struct kvt_emu_opts *o, struct kvt_device **out)
 		emu->opts = *o;
 	else
 		emu->opts.seed = 1;
+	if (emu->opts.max_delay_us != 0) /* no thread runs another's ops then: nobody would */
+		emu->opts.lazy = false;
 	if (pthread_mutex_init(&emu->lock, NULL) != 0)
 		goto fail_lock;
 	if (pthread_mutex_init(&emu->ev_lock, NULL) != 0)

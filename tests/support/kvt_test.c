@@ -278,6 +278,7 @@ tsup_engine(const struct tsup_cfg *c, char **dir)
 	o.host_bytes = c->host_blocks * bb;
 	o.emu_max_delay_us = c->delay_us;
 	o.emu_copy_bytes_per_s = c->bandwidth;
+	o.emu_lazy = c->lazy;
 	o.emu_seed = 42;
 	o.evict_policy = c->policy;
 	if (c->no_watermarks)

@@ -28,6 +28,7 @@ struct tsup_cfg {
 	uint64_t bandwidth;    /* emulated copy bytes/s (0 = unlimited) */
 	bool no_watermarks;    /* high = low = 1.0: no background demotion after release */
 	uint32_t policy;       /* enum kvt_evict_policy (0 = the default) */
+	bool lazy;             /* kvt_engine_opts.emu_lazy (ignored with delay_us) */
 };
 
 /* A temp dir under KVT_TEST_TMP or /tmp; removed (with its files) by tsup_rmdir. */

@@ -269,6 +269,7 @@ struct kvhf_opts {
 	const float *shares;         /* NULL: each group's share of every tier in proportion to
 	                                its KV (kvhf_group_kv_bytes); else [n_groups] shares */
 	uint64_t emu_copy_bytes_per_s; /* the emulated device's copy bandwidth; 0 = unlimited */
+	uint32_t emu_lazy;           /* kvt_engine_opts.emu_lazy (--emu-lazy) */
 	int report;                  /* 1: fill kvhf_result.mem (slots in use per group after
 	                                every position; not with prefix_share or persist) */
 	int close_first;             /* prefix_share: close the first sequence before the second

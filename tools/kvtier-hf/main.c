@@ -58,6 +58,11 @@ usage(FILE *f)
 		"                         N (3), --measure-from S (last quarter), --bandwidth B\n"
 		"                         (emulated copy bytes/s; default memcpy / 4),\n"
 		"                         --prefetch-depth N (2: sessions hinted ahead in (c))\n"
+		"  --emu-lazy             (with --bench-decode, --bench-sparse) the emulated\n"
+		"                         device's lazy streams: a copy runs on the thread that\n"
+		"                         observes it, after the same link time, instead of\n"
+		"                         waking a stream thread per submit (kvt_engine_opts.\n"
+		"                         emu_lazy; docs/PERF.md \"Lazy emulated streams\")\n"
 		"  --bench-sparse         deepseek_v32: --steps N (32) greedy tokens after\n"
 		"                         16 x index_topk positions (the --check path or\n"
 		"                         --prompt-ids, repeated): resident / HBM 25%% of the\n"
@@ -129,6 +134,8 @@ main(int argc, char **argv)
 			o.persist = 1, val = 0;
 		} else if (!strcmp(a, "--close-first")) {
 			o.close_first = 1, val = 0;
+		} else if (!strcmp(a, "--emu-lazy")) {
+			o.emu_lazy = 1, val = 0;
 		} else if (!strcmp(a, "--bench-decode")) {
 			bench = 1, val = 0;
 		} else if (!strcmp(a, "--bench-sparse")) {

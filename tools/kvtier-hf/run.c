@@ -453,6 +453,7 @@ hf_engine_create(struct hf_run *c, int persist)
 	}
 	eo.nvme_persist = persist;
 	eo.emu_copy_bytes_per_s = o->emu_copy_bytes_per_s;
+	eo.emu_lazy = o->emu_lazy;
 	eo.prefix_cache = o->prefix_share ? 1 : 0;
 	eo.log = hf_engine_log;
 	eo.log_arg = c->log;

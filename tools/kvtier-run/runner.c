@@ -507,6 +507,7 @@ run_engine_create(struct run_ctx *c)
 	eo.device = o->device;
 	eo.emu_max_delay_us = o->emu_delay_us;
 	eo.emu_copy_bytes_per_s = o->emu_copy_bytes_per_s;
+	eo.emu_lazy = o->emu_lazy;
 	eo.log = run_engine_log;
 	eo.log_arg = c->log;
 	if (o->remote_host) {

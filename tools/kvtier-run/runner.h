@@ -87,6 +87,8 @@ struct kvtr_run_opts {
 	                                        next window's) are promoted; groups and windows
 	                                        then take at most half of HBM each */
 	uint64_t emu_copy_bytes_per_s;       /* emulated device copy bandwidth; 0 = unlimited */
+	uint32_t emu_lazy;                   /* kvt_engine_opts.emu_lazy (kvtier-bench decode
+	                                        --emu-lazy) */
 	/* REMOTE tier (issue 18, item 4): sessions that move between processes */
 	const char *remote_host;             /* Redis server; NULL = none */
 	uint16_t remote_port;                /* its port */

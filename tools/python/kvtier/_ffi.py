@@ -84,7 +84,7 @@ class EngineOpts(ctypes.Structure):
                 # 0.5: write-through, remote prefix hits, write budgets (issue 18)
                 ("remote_write", c_u32), ("remote_no_fetch", c_u32),
                 ("remote_write_budget", c_u64), ("nvme_write_budget", c_u64),
-                ("write_budget_period_ms", c_u32)]
+                ("write_budget_period_ms", c_u32), ("emu_lazy", c_u32)]
 
 
 class SeqOpts(ctypes.Structure):
