@@ -832,6 +832,21 @@ int kvt_persist_reclaim(struct kvt_engine *e, uint32_t need); /* free stored ses
  * index. Needs tokens up to block max. Only sessions stored for @tenant are used (the record's
  * tenant, compared as well as the key).
  */
+/*
+ * kvt_persist_prefix() of a windowed engine (engine/window.c; a STATE pool is one): the longest
+ * boundary K in (@k, @max] (and K * tpb <= @n) at which a restorable session stored for @tenant
+ * before a restart, its tokens equal to @tokens up to K * tpb, holds what a hit of K blocks
+ * reads, as stored blocks whose keys and headers check: the sink blocks below the window and
+ * [kvt_win_first_block(K * tpb), K) (the rest may be its holes). Returns K, or 0 when no stored
+ * session serves a boundary above @k. With @seq (a sequence index, not UINT32_MAX) the blocks
+ * read become new blocks of it in ids[0..K) (KVT_NIL for the others), refs 1, their NVMe copy
+ * the stored slot, in the prefix index, and *tail the key of block first - 1 when first > 0
+ * (what block first chains to); on a failure to make them nothing is made and 0 returned.
+ * Linear in the stored sessions times the prompt's blocks.
+ */
+uint32_t kvt_persist_prefix_window(struct kvt_engine *e, uint32_t tenant, const int32_t *tokens,
+				   uint64_t n, const uint64_t salt[2], uint32_t k, uint32_t max,
+				   uint32_t seq, uint32_t *ids, uint64_t tail[2]);
 uint32_t kvt_persist_prefix(struct kvt_engine *e, uint32_t tenant, const int32_t *tokens,
 			    const uint64_t salt[2], uint32_t k, uint32_t max, uint32_t seq,
 			    uint32_t *ids);

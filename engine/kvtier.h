@@ -748,10 +748,13 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
  * the prefix key stored with each block, confirmed by the tokens and the tenant of the
  * session's record): an
  * attach makes them blocks whose copy is the stored NVMe slot, shared with later attaches and
- * with the stored session when it is restored. Not for engines with WINDOW or STATE groups:
- * their pools find hits in their prefix index only (blocks cached in this process), so a hit
- * on a session stored before a restart comes once that session is restored
- * (docs/ARCHITECTURE.md "Sliding window in a core engine", Limits).
+ * with the stored session when it is restored. A WINDOW or STATE group's pool (a windowed
+ * engine, kvt_engine_set_window) finds there the longest full-block boundary whose window,
+ * and sinks, a stored session holds (a STATE pool: the checkpoint, the session's live state
+ * block, which is at a boundary only when the session stopped on one or one token past it);
+ * the blocks between are holes, as in a hit from the prefix index; every pool of a grouped
+ * engine attaches the same boundary (docs/ARCHITECTURE.md "Sliding window in a core engine").
+ * The store is searched linearly (stored sessions x the prompt's blocks).
  */
 
 /**

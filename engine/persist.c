@@ -730,29 +730,38 @@ persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_f
 	return 0;
 }
 
+/* Undo persist_adopt() of block @id (refs 1): it goes, its slot returns to KVT_SLOT_STORED. */
+static void
+persist_unadopt(struct kvt_engine *e, uint32_t id)
+{
+	struct kvt_block *b = kvt_blk(e, id);
+	uint32_t sl = b->slot[KVT_TIER_NVME];
+
+	e->evict[KVT_TIER_NVME].ops->remove(&e->evict[KVT_TIER_NVME], id);
+	kvt_tenant_account(e, id, KVT_TIER_NVME, -1);
+	kvt_owner_set(e, KVT_TIER_NVME, sl, KVT_SLOT_STORED);
+	b->slot[KVT_TIER_NVME] = KVT_NIL;
+	kvt_copy_state_set(b, KVT_TIER_NVME, KVT_COPY_ABSENT);
+	kvt_block_kill(e, id);
+}
+
 /* Undo a half-built restore: blocks it made go (their slots return to KVT_SLOT_STORED), blocks
  * it shared lose its reference. */
 static void
 persist_unbuild(struct kvt_engine *e, struct kvt_seqrec *s)
 {
 	while (s->n_blocks) {
-		uint32_t id = s->blocks[--s->n_blocks], sl;
+		uint32_t id = s->blocks[--s->n_blocks];
 		struct kvt_block *b;
 
 		if (id == KVT_NIL)
 			continue; /* a hole */
 		b = kvt_blk(e, id);
-		sl = b->slot[KVT_TIER_NVME];
 		if (b->refs > 1) {
 			kvt_block_kill(e, id);
 			continue;
 		}
-		e->evict[KVT_TIER_NVME].ops->remove(&e->evict[KVT_TIER_NVME], id);
-		kvt_tenant_account(e, id, KVT_TIER_NVME, -1);
-		kvt_owner_set(e, KVT_TIER_NVME, sl, KVT_SLOT_STORED);
-		b->slot[KVT_TIER_NVME] = KVT_NIL;
-		kvt_copy_state_set(b, KVT_TIER_NVME, KVT_COPY_ABSENT);
-		kvt_block_kill(e, id);
+		persist_unadopt(e, id);
 	}
 }
 
@@ -862,6 +871,110 @@ kvt_persist_prefix(struct kvt_engine *e, uint32_t tenant, const int32_t *tokens,
 		(void)kvt_prefix_insert(e, ids[j]); /* tokens borrowed from seq */
 	}
 	return found;
+}
+
+/* Whether stored session @rec holds, as stored blocks keyed @keys[j] whose headers check, what a
+ * windowed hit of @K blocks reads (the sinks below the window and [first, K)). */
+static bool
+persist_window_ok(struct kvt_engine *e, const struct kvt_store_sess *rec, const uint64_t *keys,
+		  uint32_t K)
+{
+	uint32_t lo = kvt_win_first_block(e, (uint64_t)K * e->layout.tokens_per_block);
+	uint32_t nsink = kvt_win_sink_blocks(e), j;
+
+	for (j = 0; j < K; j++) {
+		const struct kvt_fmt_blkref *r = &rec->blocks[j];
+		uint32_t own;
+
+		if (j >= nsink && j < lo)
+			continue; /* not read: a hole is fine */
+		if (r->slot == KVT_FMT_HOLE || memcmp(r->hash, keys + 2 * (size_t)j, 16) != 0)
+			return false;
+		own = kvt_owner(e, KVT_TIER_NVME, r->slot);
+		if ((own != KVT_SLOT_STORED && own != KVT_SLOT_PENDING) ||
+		    persist_check_one(e, rec, j) != 0)
+			return false;
+	}
+	return true;
+}
+
+uint32_t
+kvt_persist_prefix_window(struct kvt_engine *e, uint32_t tenant, const int32_t *tokens,
+			  uint64_t n, const uint64_t salt[2], uint32_t k, uint32_t max,
+			  uint32_t seq, uint32_t *ids, uint64_t tail[2])
+{
+	uint32_t tpb = e->layout.tokens_per_block, nsink = kvt_win_sink_blocks(e);
+	uint32_t best = 0, i, j, K, lim, lo;
+	struct kvt_store_sess *rec, *from = NULL;
+	uint64_t h[2] = { 0, 0 }, *keys;
+
+	if (!e->store || !e->win_tokens)
+		return 0;
+	if ((uint64_t)max * tpb > n)
+		max = (uint32_t)(n / tpb);
+	if (k >= max)
+		return 0;
+	keys = kvt_malloc((size_t)max * sizeof h);
+	if (!keys)
+		return 0; /* no memory: no hit, which is always correct */
+	for (j = 0; j < max; j++) {
+		kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);
+		memcpy(keys + 2 * (size_t)j, h, sizeof h);
+	}
+	for (i = 0; i < kvt_store_count(e->store); i++) {
+		rec = kvt_store_at(e->store, i);
+		/* another tenant's session is never used, whatever its keys (as above) */
+		if (!rec || rec->tenant != tenant || rec->open_seq != PERSIST_NO_SEQ)
+			continue;
+		lim = max < rec->n_blocks ? max : rec->n_blocks;
+		if ((uint64_t)lim * tpb > rec->n_tokens)
+			lim = (uint32_t)(rec->n_tokens / tpb);
+		for (K = 0; K < lim && memcmp(rec->tokens + (uint64_t)K * tpb,
+					      tokens + (uint64_t)K * tpb,
+					      (size_t)tpb * sizeof *tokens) == 0; K++)
+			;
+		/* the tokens, then the keys: never by hash alone */
+		for (; K > k && K > best; K--)
+			if (persist_window_ok(e, rec, keys, K)) {
+				best = K;
+				from = rec;
+				break;
+			}
+	}
+	if (!best || seq == PERSIST_NO_SEQ)
+		goto out;
+	lo = kvt_win_first_block(e, (uint64_t)best * tpb);
+	for (j = 0; j < best; j++) {
+		if (j >= nsink && j < lo) {
+			ids[j] = KVT_NIL; /* out of the window: a hole */
+			continue;
+		}
+		if (persist_adopt(e, seq, j, &from->blocks[j], &ids[j]) != 0)
+			break;
+	}
+	if (j < best) { /* all or nothing: a windowed hit needs every block it reads */
+		for (i = 0; i < j; i++)
+			if (ids[i] != KVT_NIL)
+				persist_unadopt(e, ids[i]);
+		best = 0;
+		goto out;
+	}
+	for (j = 0; j < best; j++) {
+		struct kvt_block *b;
+
+		if (ids[j] == KVT_NIL)
+			continue;
+		b = kvt_blk(e, ids[j]);
+		memcpy(b->hash, from->blocks[j].hash, sizeof b->hash);
+		b->hashed = 1;
+		/* -ENOMEM only costs sharing with later sequences */
+		(void)kvt_prefix_insert(e, ids[j]); /* tokens borrowed from seq */
+	}
+	if (lo)
+		memcpy(tail, keys + 2 * (size_t)(lo - 1), 2 * sizeof *tail);
+out:
+	kvt_free(keys);
+	return best;
 }
 
 /* Close the empty sequence @idx that a failed restore opened. */

@@ -1037,13 +1037,22 @@ kvt_seq_match_prefix(struct kvt_engine *e, const struct kvt_seq_opts *o, const i
 
 		worst = t > worst ? t : worst;
 	}
-	/* the rest may be in a session stored before a restart: on NVMe (a windowed engine
-	 * matches only what its prefix index holds) */
-	i = e->win_tokens ? 0 :
-	    kvt_persist_prefix(e, opts.tenant, tokens, salt, k, (uint32_t)nb, UINT32_MAX, NULL);
-	if (i)
-		worst = KVT_TIER_NVME;
-	k += i;
+	/* the rest may be in a session stored before a restart: on NVMe (a windowed engine:
+	 * a longer hit whose window a stored session holds) */
+	if (e->win_tokens) {
+		i = kvt_persist_prefix_window(e, opts.tenant, tokens, n, salt, k, (uint32_t)nb,
+					      UINT32_MAX, NULL, NULL);
+		if (i > k) {
+			k = i;
+			worst = KVT_TIER_NVME;
+		}
+	} else {
+		i = kvt_persist_prefix(e, opts.tenant, tokens, salt, k, (uint32_t)nb, UINT32_MAX,
+				       NULL);
+		if (i)
+			worst = KVT_TIER_NVME;
+		k += i;
+	}
 	/* the rest may be in REMOTE: one pipelined lookup, asynchronous (issue 18 item 2) */
 	if (e->remote)
 		(void)kvt_reng_lookup(e, tokens, n, salt, opts.tenant, k, (uint32_t)nb);
@@ -1086,6 +1095,12 @@ seq_attach_locked(struct kvt_engine *e, struct kvt_seqrec *s, const int32_t *tok
 		 * blocks between are holes, block lo chains to the key of hole lo - 1 */
 		k = mem = kvt_prefix_walk_window(e, tokens, n, s->salt, s->tenant, ids,
 						 (uint32_t)max, tail);
+		/* or a longer one a session stored before a restart holds: its blocks made
+		 * for s (already its own), in place of those */
+		i = kvt_persist_prefix_window(e, s->tenant, tokens, n, s->salt, k, (uint32_t)max,
+					      (uint32_t)(s - e->seqs), ids, tail);
+		if (i > k)
+			k = i, mem = 0;
 		lo = kvt_win_first_block(e, (uint64_t)k * tpb);
 		kvt_seq_set_first_live(e, s, lo);
 		s->tail_hashed = lo > kvt_win_sink_blocks(e);

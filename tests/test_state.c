@@ -744,6 +744,62 @@ test_checkpoint_asked(void **state)
 	kvt_engine_destroy(e);
 }
 
+/*
+ * Prefix hits after a restart from a stored session: a session that stopped on a block
+ * boundary stored its state there (its live STATE block is that checkpoint) and its FULL
+ * blocks; a restarted engine's new sequence with that prompt attaches both pools at that
+ * boundary, the state restored exact (st_hit decodes on from it, checking every step). One
+ * that stopped inside a block stored no checkpoint at a boundary: no hit, never a wrong state.
+ * (Before: windowed and STATE pools never looked at the store, so the pools agreed on 0.)
+ */
+static void
+test_store_prefix_after_restart(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_group g[NG];
+	struct kvt_seq_opts so;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	int32_t tok[64];
+	kvt_seq_id s;
+	uint64_t m, p;
+
+	(void)state;
+	st_opts(&o, g, 32, 8, 32, 8, dir);
+	o.nvme_persist = 1;
+	e = st_create(&o);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.session_key = 78;
+	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
+	st_run(e, s, 40, 0, 4 * TPB); /* stops on a boundary */
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_detach(e, s), 0);
+	so.session_key = 79;
+	assert_int_equal(kvt_seq_open(e, &so, &s), 0);
+	st_run(e, s, 41, 0, 4 * TPB + 3); /* stops inside block 4 */
+	assert_int_equal(kvt_seq_park(e, s, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_detach(e, s), 0);
+	kvt_engine_destroy(e);
+
+	e = st_create(&o); /* a restart */
+	assert_int_equal(st_hit(e, 40, 4 * TPB + 1, 5), 4 * TPB);
+	for (p = 0; p < 4 * TPB + 3; p++)
+		tok[p] = tok_of(41, p);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, tok, 4 * TPB + 3, &m, NULL), 0);
+	assert_int_equal(m, 0);
+	/* the sessions themselves still restore and decode on */
+	assert_int_equal(kvt_seq_restore(e, 78, NULL, &s), 0);
+	st_run(e, s, 40, 4 * TPB, 5 * TPB);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	assert_int_equal(kvt_seq_restore(e, 79, NULL, &s), 0);
+	st_run(e, s, 41, 4 * TPB + 3, 5 * TPB);
+	assert_int_equal(kvt_seq_close(e, s), 0);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 /* The persistent store: a sequence parked to NVMe in a child killed with SIGKILL is restored
  * by a new engine with its live state, and decodes on exact. */
 static void
@@ -1028,6 +1084,7 @@ main(void)
 		cmocka_unit_test(test_checkpoint_every_nth),
 		cmocka_unit_test(test_checkpoint_asked),
 		cmocka_unit_test(test_store_kill_restore),
+		cmocka_unit_test(test_store_prefix_after_restart),
 		cmocka_unit_test(test_restore_of_mixed_versions),
 		cmocka_unit_test(test_lost_block_keeps_groups_equal),
 		cmocka_unit_test(test_failed_create_leaves_nothing),

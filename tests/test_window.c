@@ -655,6 +655,89 @@ test_store_with_holes(void **state)
 }
 
 /*
+ * Prefix hits after a restart from a session stored with holes: a new sequence of a restarted
+ * windowed engine whose prompt starts with the stored session's tokens attaches its longest
+ * full-block boundary whose window (and sinks) the session stored, the blocks between them
+ * holes; they hold the stored K/V and the sequence decodes on. A boundary whose window reaches
+ * the session's holes is not served, nor a prompt that differs in a dropped block (its keys
+ * differ from there on), nor another tenant. Restoring the session afterwards shares the
+ * blocks the attach made. (Before: a windowed engine never looked at the store: no hit.)
+ */
+static void
+test_store_prefix_after_restart(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_seq_opts so, other_tenant;
+	struct kvt_engine *e;
+	struct wseq *a, *b, *c;
+	char *dir = tsup_mkdtemp();
+	int32_t other[MAXTOK];
+	enum kvt_tier tier;
+	kvt_seq_id r;
+	uint64_t m;
+
+	(void)state;
+	tsup_store_opts(&o, dir, 1u << 20);
+	e = tsup_create(&o, NULL);
+	assert_int_equal(kvt_engine_set_window(e, W, S), 0);
+	kvt_seq_opts_init(&so, sizeof so);
+	so.session_key = 0x88;
+	a = w_new(e, &so);
+	w_fill(e, a, 9, 5, 10 * T);
+	w_fill(e, a, 9, 5, 1); /* 41 tokens: holes 1..5, the window 6..10 */
+	assert_int_equal(kvt_seq_park(e, a->id, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(kvt_seq_detach(e, a->id), 0);
+	kvt_engine_destroy(e);
+
+	e = tsup_create(&o, NULL); /* a restart: only the store knows the blocks */
+	assert_int_equal(kvt_engine_set_window(e, W, S), 0);
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, a->tok, 10 * T + 3, &m, &tier), 0);
+	assert_int_equal(m, 10 * T);
+	assert_int_equal(tier, KVT_TIER_NVME);
+	/* 8 blocks: its window is blocks 4..7, and 4, 5 are holes; block 0 alone is served */
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, a->tok, 8 * T, &m, NULL), 0);
+	assert_int_equal(m, T);
+	memcpy(other, a->tok, sizeof other);
+	other[2 * T] = 424242; /* in a dropped block */
+	assert_int_equal(kvt_seq_match_prefix(e, NULL, other, 10 * T, &m, NULL), 0);
+	assert_int_equal(m, T);
+	kvt_seq_opts_init(&other_tenant, sizeof other_tenant);
+	other_tenant.tenant = 3;
+	assert_int_equal(kvt_seq_match_prefix(e, &other_tenant, a->tok, 10 * T, &m, NULL), 0);
+	assert_int_equal(m, 0);
+
+	b = w_new(e, NULL);
+	assert_int_equal(kvt_seq_attach_prefix(e, b->id, a->tok, 10 * T + 3, &m), 0);
+	assert_int_equal(m, 10 * T);
+	memcpy(b->tok, a->tok, sizeof b->tok);
+	memcpy(b->tag, a->tag, sizeof b->tag);
+	b->n = m;
+	assert_true(w_held(e, b->id) <= BOUND);
+	w_fill(e, b, 9, 5, 3); /* decodes on from the stored window */
+	assert_int_equal(w_verify(e, b, 10 * T), 0);
+	tsup_check_engine(e);
+	/* a second attach finds the blocks the first made, in the prefix index */
+	c = w_new(e, NULL);
+	assert_int_equal(kvt_seq_attach_prefix(e, c->id, a->tok, 10 * T, &m), 0);
+	assert_int_equal(m, 10 * T);
+	/* and the session itself restores, sharing them */
+	assert_int_equal(kvt_seq_restore(e, 0x88, &so, &r), 0);
+	a->id = r;
+	assert_int_equal(kvt_seq_resume(e, r), 0);
+	assert_int_equal(w_verify(e, a, 40), 0);
+	tsup_check_engine(e);
+	assert_int_equal(kvt_seq_close(e, c->id), 0);
+	assert_int_equal(kvt_seq_close(e, b->id), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	free(a);
+	free(b);
+	free(c);
+	tsup_rmdir(dir);
+}
+
+/*
  * Windows and sinks of every shape against tpb 4 (smaller than a block, not multiples of it,
  * sinks longer than the window, a window of 1): decoding 8x the window, the table always
  * holds what the queries read, the K/V are right, the engine is consistent, and the sequence
@@ -931,6 +1014,7 @@ main(void)
 		cmocka_unit_test(test_short_prompts_hit),
 		cmocka_unit_test(test_hit_needs_only_window),
 		cmocka_unit_test(test_store_with_holes),
+		cmocka_unit_test(test_store_prefix_after_restart),
 		cmocka_unit_test(test_format_holes),
 		cmocka_unit_test(test_lost_block_with_holes),
 		cmocka_unit_test(test_window_shapes),
