@@ -761,6 +761,10 @@ extern const struct kvt_nvme_fault_hooks *kvt_test_nvme_hooks;
  * (one-IO zero-copy writes); KVT_HOST_ROOM_MIN_BLOCK in production. Tests set it (before
  * kvt_engine_create) to 1 to take that path with their small layouts. */
 extern uint64_t kvt_test_host_room_min_block;
+/* Test hook: when nonzero, counts down at each block a prefix attach or restore makes from a
+ * stored session (engine/persist.c persist_adopt), which fails (-ENOMEM) when it reaches 0.
+ * 0 in production. */
+extern uint32_t kvt_test_adopt_fail;
 
 /* ---- engine/persist.c: published sessions of the persistent NVMe store */
 int kvt_persist_open(struct kvt_engine *e);   /* after the NVME tier opened: journal, slots */
@@ -841,8 +845,11 @@ int kvt_persist_reclaim(struct kvt_engine *e, uint32_t need); /* free stored ses
  * session serves a boundary above @k. With @seq (a sequence index, not UINT32_MAX) the blocks
  * read become new blocks of it in ids[0..K) (KVT_NIL for the others), refs 1, their NVMe copy
  * the stored slot, in the prefix index, and *tail the key of block first - 1 when first > 0
- * (what block first chains to); on a failure to make them nothing is made and 0 returned.
- * Linear in the stored sessions times the prompt's blocks.
+ * (what block first chains to); on a failure to make them nothing is made, @ids and @tail are
+ * left as they were and 0 is returned. Cost: per stored session of the tenant, a token
+ * compare of the common blocks, then per candidate boundary (longest first) the key and owner
+ * tests of the blocks it reads; each block's NVMe header is read at most once per call. Runs
+ * under the engine lock, as the FULL walk's store lookup does.
  */
 uint32_t kvt_persist_prefix_window(struct kvt_engine *e, uint32_t tenant, const int32_t *tokens,
 				   uint64_t n, const uint64_t salt[2], uint32_t k, uint32_t max,

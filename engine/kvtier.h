@@ -297,11 +297,14 @@ struct kvt_engine_opts {
 	uint32_t write_budget_period_ms; /* the buckets' period; default 1000 */
 	/* ---- 0.7 */
 	uint32_t emu_lazy;         /* emulated device (benchmarks): 1 = a submitted copy wakes no
-	                              stream thread; it runs, after the same simulated link time,
-	                              on the thread that next queries or waits for it (no thread
+	                              stream thread; it runs, after the same simulated link time
+	                              (a copy queued behind a wait for another stream's event
+	                              starts after that stream's), on the thread that next
+	                              queries or waits for it (or on its stream's thread when a
+	                              waiter leaves it behind a wait, and at destroy): no thread
 	                              hand-off per copy, which on a small VM costs more than the
 	                              copy; the memcpy then costs the observing thread, where a
-	                              GPU's copy engine costs the host nothing). Ignored with
+	                              GPU's copy engine costs the host nothing. Ignored with
 	                              emu_max_delay_us or a CUDA device. 0 (default): every
 	                              stream's thread runs its copies as they are submitted.
 	                              Other values: -EINVAL */
@@ -748,8 +751,8 @@ KVT_API int kvt_seq_set_priority(struct kvt_engine *e, kvt_seq_id s, uint64_t fi
  * the prefix key stored with each block, confirmed by the tokens and the tenant of the
  * session's record): an
  * attach makes them blocks whose copy is the stored NVMe slot, shared with later attaches and
- * with the stored session when it is restored. A WINDOW or STATE group's pool (a windowed
- * engine, kvt_engine_set_window) finds there the longest full-block boundary whose window,
+ * with the stored session when it is restored. A WINDOW or STATE group's pool finds there
+ * the longest full-block boundary whose window,
  * and sinks, a stored session holds (a STATE pool: the checkpoint, the session's live state
  * block, which is at a boundary only when the session stopped on one or one token past it);
  * the blocks between are holes, as in a hit from the prefix index; every pool of a grouped

@@ -29,6 +29,8 @@
 
 #define PERSIST_NO_SEQ UINT32_MAX
 
+uint32_t kvt_test_adopt_fail; /* engine_impl.h */
+
 /* Mark the slots of @rec as named by a journal record that may be durable. */
 static void
 persist_name(struct kvt_engine *e, const struct kvt_store_sess *rec)
@@ -713,7 +715,11 @@ persist_adopt(struct kvt_engine *e, uint32_t seq, uint32_t i, const struct kvt_f
 	struct kvt_nvme_slotinfo si = { .tag = r->tag, .lenc = r->lenc };
 	struct kvt_block *b;
 	uint32_t id;
-	int rc = kvt_nvme_slot_set(e->nvme, r->slot, &si);
+	int rc;
+
+	if (kvt_test_adopt_fail && --kvt_test_adopt_fail == 0)
+		return kvt_err(-ENOMEM, "block %u: adoption failed (test hook)", i);
+	rc = kvt_nvme_slot_set(e->nvme, r->slot, &si);
 
 	if (rc)
 		return kvt_err(-ENOENT, "block %u: %s", i, kvt_last_error_message());
@@ -873,28 +879,40 @@ kvt_persist_prefix(struct kvt_engine *e, uint32_t tenant, const int32_t *tokens,
 	return found;
 }
 
-/* Whether stored session @rec holds, as stored blocks keyed @keys[j] whose headers check, what a
- * windowed hit of @K blocks reads (the sinks below the window and [first, K)). */
+/*
+ * Whether stored session @rec holds, as stored blocks keyed @keys[j] whose headers check, what a
+ * windowed hit of @K blocks reads: the sinks below the window and [first, K). The cheap tests
+ * (hole, key, owner) come first for every block read, then the header reads; @hdr caches each
+ * block's header check for the whole search (0 unknown, 1 good, 2 bad), so a block's header is
+ * read at most once per call.
+ */
 static bool
 persist_window_ok(struct kvt_engine *e, const struct kvt_store_sess *rec, const uint64_t *keys,
-		  uint32_t K)
+		  uint32_t K, uint8_t *hdr)
 {
 	uint32_t lo = kvt_win_first_block(e, (uint64_t)K * e->layout.tokens_per_block);
-	uint32_t nsink = kvt_win_sink_blocks(e), j;
+	uint32_t nsink = kvt_win_sink_blocks(e), j, pass;
 
-	for (j = 0; j < K; j++) {
-		const struct kvt_fmt_blkref *r = &rec->blocks[j];
-		uint32_t own;
+	if (nsink > lo)
+		nsink = lo; /* then the blocks read are [0, nsink) and [lo, K), lo >= nsink */
+	for (pass = 0; pass < 2; pass++)
+		for (j = nsink ? 0 : lo; j < K; j = j + 1 == nsink ? lo : j + 1) {
+			const struct kvt_fmt_blkref *r = &rec->blocks[j];
+			uint32_t own;
 
-		if (j >= nsink && j < lo)
-			continue; /* not read: a hole is fine */
-		if (r->slot == KVT_FMT_HOLE || memcmp(r->hash, keys + 2 * (size_t)j, 16) != 0)
-			return false;
-		own = kvt_owner(e, KVT_TIER_NVME, r->slot);
-		if ((own != KVT_SLOT_STORED && own != KVT_SLOT_PENDING) ||
-		    persist_check_one(e, rec, j) != 0)
-			return false;
-	}
+			if (pass == 1) {
+				if (!hdr[j])
+					hdr[j] = persist_check_one(e, rec, j) == 0 ? 1 : 2;
+				if (hdr[j] != 1)
+					return false;
+				continue;
+			}
+			if (r->slot == KVT_FMT_HOLE || memcmp(r->hash, keys + 2 * (size_t)j, 16))
+				return false;
+			own = kvt_owner(e, KVT_TIER_NVME, r->slot);
+			if (own != KVT_SLOT_STORED && own != KVT_SLOT_PENDING)
+				return false;
+		}
 	return true;
 }
 
@@ -904,9 +922,10 @@ kvt_persist_prefix_window(struct kvt_engine *e, uint32_t tenant, const int32_t *
 			  uint32_t seq, uint32_t *ids, uint64_t tail[2])
 {
 	uint32_t tpb = e->layout.tokens_per_block, nsink = kvt_win_sink_blocks(e);
-	uint32_t best = 0, i, j, K, lim, lo;
+	uint32_t best = 0, i, j, K, lim, lo, *made = NULL;
 	struct kvt_store_sess *rec, *from = NULL;
 	uint64_t h[2] = { 0, 0 }, *keys;
+	uint8_t *hdr;
 
 	if (!e->store || !e->win_tokens)
 		return 0;
@@ -915,8 +934,12 @@ kvt_persist_prefix_window(struct kvt_engine *e, uint32_t tenant, const int32_t *
 	if (k >= max)
 		return 0;
 	keys = kvt_malloc((size_t)max * sizeof h);
-	if (!keys)
+	hdr = kvt_malloc(max);
+	if (!keys || !hdr) {
+		kvt_free(keys);
+		kvt_free(hdr);
 		return 0; /* no memory: no hit, which is always correct */
+	}
 	for (j = 0; j < max; j++) {
 		kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);
 		memcpy(keys + 2 * (size_t)j, h, sizeof h);
@@ -934,8 +957,9 @@ kvt_persist_prefix_window(struct kvt_engine *e, uint32_t tenant, const int32_t *
 					      (size_t)tpb * sizeof *tokens) == 0; K++)
 			;
 		/* the tokens, then the keys: never by hash alone */
+		memset(hdr, 0, max);
 		for (; K > k && K > best; K--)
-			if (persist_window_ok(e, rec, keys, K)) {
+			if (persist_window_ok(e, rec, keys, K, hdr)) {
 				best = K;
 				from = rec;
 				break;
@@ -943,36 +967,45 @@ kvt_persist_prefix_window(struct kvt_engine *e, uint32_t tenant, const int32_t *
 	}
 	if (!best || seq == PERSIST_NO_SEQ)
 		goto out;
+	/* made in a scratch array: on a failure @ids (the prefix index's hit) stays as it was */
+	made = kvt_malloc((size_t)best * sizeof *made);
+	if (!made) {
+		best = 0;
+		goto out;
+	}
 	lo = kvt_win_first_block(e, (uint64_t)best * tpb);
 	for (j = 0; j < best; j++) {
 		if (j >= nsink && j < lo) {
-			ids[j] = KVT_NIL; /* out of the window: a hole */
+			made[j] = KVT_NIL; /* out of the window: a hole */
 			continue;
 		}
-		if (persist_adopt(e, seq, j, &from->blocks[j], &ids[j]) != 0)
+		if (persist_adopt(e, seq, j, &from->blocks[j], &made[j]) != 0)
 			break;
 	}
 	if (j < best) { /* all or nothing: a windowed hit needs every block it reads */
 		for (i = 0; i < j; i++)
-			if (ids[i] != KVT_NIL)
-				persist_unadopt(e, ids[i]);
+			if (made[i] != KVT_NIL)
+				persist_unadopt(e, made[i]);
 		best = 0;
 		goto out;
 	}
 	for (j = 0; j < best; j++) {
 		struct kvt_block *b;
 
-		if (ids[j] == KVT_NIL)
+		ids[j] = made[j];
+		if (made[j] == KVT_NIL)
 			continue;
-		b = kvt_blk(e, ids[j]);
+		b = kvt_blk(e, made[j]);
 		memcpy(b->hash, from->blocks[j].hash, sizeof b->hash);
 		b->hashed = 1;
 		/* -ENOMEM only costs sharing with later sequences */
-		(void)kvt_prefix_insert(e, ids[j]); /* tokens borrowed from seq */
+		(void)kvt_prefix_insert(e, made[j]); /* tokens borrowed from seq */
 	}
 	if (lo)
 		memcpy(tail, keys + 2 * (size_t)(lo - 1), 2 * sizeof *tail);
 out:
+	kvt_free(made);
+	kvt_free(hdr);
 	kvt_free(keys);
 	return best;
 }

@@ -774,6 +774,36 @@ test_emu_lazy_link_time(void **state)
 		usleep(5000);
 	assert_int_equal(d->ops->event_query(d, e), 0);
 	assert_memory_equal(dst, src, BUF);
+
+	/* a copy behind a wait for another stream's copy starts after it on the simulated link
+	 * (its stream's clock, not the time the observer happened to run it): two links'
+	 * time, through event_sync and through polling event_query (at least 1.5x one: the
+	 * machine may be slow, never the link fast) */
+	for (int poll = 0; poll < 2; poll++) {
+		struct kvt_stream *s2 = stream_new(d);
+		struct kvt_event *e2 = event_new(d);
+		static uint8_t mid[BUF];
+
+		fill(src, BUF, 33 + (uint32_t)poll);
+		t0 = now_s();
+		copy1(d, s, mid, src, BUF);
+		assert_int_equal(d->ops->event_record(d, e, s), 0);
+		assert_int_equal(d->ops->stream_wait_event(d, s2, e), 0);
+		copy1(d, s2, dst, mid, BUF);
+		assert_int_equal(d->ops->event_record(d, e2, s2), 0);
+		if (poll)
+			while (d->ops->event_query(d, e2) == -EAGAIN)
+				usleep(1000);
+		else
+			assert_int_equal(d->ops->event_sync(d, e2), 0);
+		dt = now_s() - t0;
+		print_message("lazy: two dependent %.1f ms copies took %.1f ms (%s)\n",
+			      link * 1e3, dt * 1e3, poll ? "event_query" : "event_sync");
+		assert_true(dt >= 1.5 * link);
+		assert_memory_equal(dst, src, BUF);
+		d->ops->event_destroy(d, e2);
+		d->ops->stream_destroy(d, s2);
+	}
 	kvt_device_destroy(d);
 }
 

@@ -731,6 +731,32 @@ test_store_prefix_after_restart(void **state)
 	assert_int_equal(kvt_seq_close(e, b->id), 0);
 	tsup_check_engine(e);
 	kvt_engine_destroy(e);
+
+	/* the stored hit fails to be made (its 3rd block): the prefix index's shorter hit stands,
+	 * its blocks intact (before: the failed blocks' ids replaced them, dead, and the
+	 * engine's check failed) */
+	e = tsup_create(&o, NULL);
+	assert_int_equal(kvt_engine_set_window(e, W, S), 0);
+	c->n = 0;
+	assert_int_equal(kvt_seq_open(e, NULL, &c->id), 0);
+	w_fill(e, c, 9, 5, 2 * T); /* a's first 2 blocks, in the prefix index once released */
+	assert_int_equal(w_verify(e, c, 0), 0);
+	b->n = 0;
+	assert_int_equal(kvt_seq_open(e, NULL, &b->id), 0);
+	kvt_test_adopt_fail = 3;
+	assert_int_equal(kvt_seq_attach_prefix(e, b->id, a->tok, 10 * T, &m), 0);
+	kvt_test_adopt_fail = 0;
+	assert_int_equal(m, 2 * T);
+	tsup_check_engine(e);
+	memcpy(b->tok, a->tok, sizeof b->tok);
+	memcpy(b->tag, a->tag, sizeof b->tag);
+	b->n = m;
+	w_fill(e, b, 9, 5, 3);
+	assert_int_equal(w_verify(e, b, 2 * T), 0);
+	assert_int_equal(kvt_seq_close(e, b->id), 0);
+	assert_int_equal(kvt_seq_close(e, c->id), 0);
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
 	free(a);
 	free(b);
 	free(c);

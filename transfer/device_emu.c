@@ -90,6 +90,8 @@ struct emu_rec {
 	uint64_t gen;  /* the event's record count when this record was made (1, 2, ...) */
 	uint32_t refs; /* references, see above; freed at 0 */
 	bool done;     /* the recording stream has passed this record */
+	uint64_t t_end; /* once done: the recording stream's simulated link clock there (ns):
+	                   a WAIT for it starts its stream's link no earlier */
 };
 
 struct emu_op {
@@ -424,6 +426,23 @@ emu_host_free(struct kvt_device *d, void *p, size_t len)
 
 static void emu_help_stream(struct emu_dev *emu, struct emu_stream *s, bool due_only);
 
+/* pthread_cond_init() on CLOCK_MONOTONIC, the clock of emu_timedwait(): a step of the wall
+ * clock must not stretch a lazy waiter's retry. 0 or an error number. */
+static int
+emu_cond_init(pthread_cond_t *c)
+{
+	pthread_condattr_t a;
+	int rc = pthread_condattr_init(&a);
+
+	if (rc)
+		return rc;
+	rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	if (!rc)
+		rc = pthread_cond_init(c, &a);
+	pthread_condattr_destroy(&a);
+	return rc;
+}
+
 /* A lazy device's blocked waiter sleeps at most this long before it tries to run the ops it
  * waits for again (a poll may have left them queued while it found the stream busy). */
 #define EMU_LAZY_RETRY_NS 200000u
@@ -434,7 +453,7 @@ emu_timedwait(pthread_cond_t *c, pthread_mutex_t *m, uint64_t ns)
 	struct timespec ts;
 	uint64_t t;
 
-	clock_gettime(CLOCK_REALTIME, &ts); /* the conditions' clock (default attributes) */
+	clock_gettime(CLOCK_MONOTONIC, &ts); /* the conditions' clock (emu_cond_init) */
 	t = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + ns;
 	ts.tv_sec = (time_t)(t / 1000000000u);
 	ts.tv_nsec = (long)(t % 1000000000u);
@@ -474,6 +493,7 @@ emu_op_run(struct emu_stream *s, struct emu_op *op, bool waiter)
 		break;
 	case EMU_OP_RECORD:
 		pthread_mutex_lock(&emu->ev_lock);
+		op->rec->t_end = s->link_end;
 		op->rec->done = true;
 		emu_rec_put_locked(op->rec);
 		pthread_cond_broadcast(&emu->ev_cond);
@@ -495,6 +515,10 @@ emu_op_run(struct emu_stream *s, struct emu_op *op, bool waiter)
 			if (!op->rec->done)
 				emu_timedwait(&emu->ev_cond, &emu->ev_lock, EMU_LAZY_RETRY_NS);
 		}
+		/* the link starts after the recording stream's link reached the record (a lazy
+		 * device ran that stream just now, so its clock, not now, says when) */
+		if (op->rec->t_end > s->link_end)
+			s->link_end = op->rec->t_end;
 		emu_rec_put_locked(op->rec);
 		pthread_mutex_unlock(&emu->ev_lock);
 		t = waited ? kvt_now_ns() : 0; /* the link was idle until the event came */
@@ -570,8 +594,8 @@ static void
 emu_help_locked(struct emu_stream *s, uint64_t target, bool due_only)
 {
 	struct emu_dev *emu = s->dev;
+	bool back, wait_back = false;
 	struct emu_op *op;
-	bool back;
 
 	if (emu->opts.max_delay_us != 0 || s->busy)
 		return;
@@ -598,6 +622,7 @@ emu_help_locked(struct emu_stream *s, uint64_t target, bool due_only)
 			s->head = op;
 			if (s->tail == NULL)
 				s->tail = op;
+			wait_back = op->kind == EMU_OP_WAIT;
 			break;
 		}
 		emu_op_run(s, op, true);
@@ -610,9 +635,15 @@ emu_help_locked(struct emu_stream *s, uint64_t target, bool due_only)
 	s->busy = false;
 	/* ops queued since the wait began or a WAIT put back; or a stop the worker, finding the
 	 * stream busy, went back to sleep on (it would then never drain and exit). A lazy
-	 * device's poll leaves them to whoever waits next (a blocked waiter retries, below). */
-	if ((s->head != NULL && !emu_held(s) && !due_only) || s->stop)
+	 * device's ops behind the target wait for whoever observes them; only a WAIT put back
+	 * is handed to the worker (it can block on it, running the recording stream), and a
+	 * poll leaves everything to the next waiter, whom it tells the stream is free (a
+	 * blocked waiter that found it busy would otherwise sleep out its retry) */
+	if ((s->head != NULL && !emu_held(s) && !due_only && (!emu->opts.lazy || wait_back)) ||
+	    s->stop)
 		emu_wake_locked(s);
+	else if (due_only)
+		emu_notify_locked(s);
 }
 
 /* emu_help_locked() for a waiter in event_sync on a record of stream @s (queued on it, not
@@ -785,7 +816,7 @@ emu_stream_create(struct kvt_device *d, struct kvt_stream **out)
 		free(s);
 		return kvt_err(-ENOMEM, "emulated stream_create: pthread_mutex_init failed");
 	}
-	if (pthread_cond_init(&s->cond, NULL) != 0) {
+	if (emu_cond_init(&s->cond) != 0) {
 		pthread_mutex_destroy(&s->lock);
 		free(s);
 		return kvt_err(-ENOMEM, "emulated stream_create: pthread_cond_init failed");
@@ -980,6 +1011,8 @@ emu_event_query(struct kvt_device *d, struct kvt_event *event)
 		emu_help_stream(emu, r->s, true);
 		pthread_mutex_lock(&emu->ev_lock);
 		done = r->done;
+		if (emu->sleepers != 0) /* the stream is free again: let them retry now */
+			pthread_cond_broadcast(&emu->ev_cond);
 		emu_rec_put_locked(r);
 	}
 	pthread_mutex_unlock(&emu->ev_lock);
@@ -1138,7 +1171,7 @@ kvt_device_emu_create(const struct kvt_emu_opts *o, struct kvt_device **out)
 		goto fail_lock;
 	if (pthread_mutex_init(&emu->ev_lock, NULL) != 0)
 		goto fail_ev_lock;
-	if (pthread_cond_init(&emu->ev_cond, NULL) != 0)
+	if (emu_cond_init(&emu->ev_cond) != 0)
 		goto fail_ev_cond;
 	emu_list_init(&emu->streams);
 	emu_list_init(&emu->events);
