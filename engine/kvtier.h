@@ -574,9 +574,12 @@ KVT_API int kvt_seq_append(struct kvt_engine *e, kvt_seq_id s, const int32_t *to
  * as they complete (kvt_engine_poll/drain). The id stays valid; kvt_seq_resume() or a batch
  * brings it back. The full blocks its appends filled become shareable here (prefix sharing: the
  * K/V of every append must be written before the park, which copies them), as at a release.
- * Returns 0, KVT_ECLOSED, KVT_EBUSY, -EINVAL (bad target), -ENOSPC (no room below: the blocks
- * not yet demoted stay where they are; those already on their way down stay demoted, which
- * loses nothing).
+ * Returns 0, KVT_ECLOSED, KVT_EBUSY (the sequence is in an unreleased batch or another
+ * thread's call on it waits; or one of its blocks stayed pinned by another thread's transfer
+ * through 1,000 waits for transfers: the blocks not yet demoted stay where they are, those on
+ * their way down stay demoted; park again later), -EINVAL (bad target), -ENOSPC (no room below:
+ * the blocks not yet demoted stay where they are; those already on their way down stay
+ * demoted, which loses nothing). Every error comes with its message.
  * To KVT_TIER_NVME: before anything moves, NVMe room for every block not already there is made
  * (cached blocks nobody references are dropped, then restorable stored sessions, oldest
  * first); when the tier cannot hold them (it is full of live sequences' blocks) the call fails

@@ -827,6 +827,10 @@ kvt_seq_park_locked(struct kvt_engine *e, struct kvt_seqrec *s, int t)
 		if (rc == -ENOSPC)
 			rc = kvt_err(-ENOSPC, "no room below HBM to park block %u of sequence %#llx",
 				     i, SEQ_ID_ARG(s));
+		else if (rc == KVT_EBUSY)
+			rc = kvt_err(KVT_EBUSY, "block %u of sequence %#llx stayed pinned by another "
+				     "thread's transfer through %u waits: park it again later", i,
+				     SEQ_ID_ARG(s), SEQ_PARK_PIN_WAITS);
 	}
 	s->in_call = 0;
 	if (rc == 0)
