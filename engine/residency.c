@@ -65,7 +65,7 @@ wb_refuse_nvme(struct kvt_engine *e, uint32_t id)
 int
 kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 {
-	uint32_t slot;
+	uint32_t slot, pins;
 	int rc;
 
 	if (valid_elsewhere(kvt_blk(e, id), tier)) {
@@ -86,11 +86,15 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 	if (tier == KVT_TIER_HOST && e->wb && wb_refuse_nvme(e, id))
 		return 1; /* over the NVMe write budget: a cached block is dropped instead */
 	kvt_blk(e, id)->wanted = 0;
+	pins = kvt_blk(e, id)->pins;
 	kvt_block_pin(e, id);
 	rc = kvt_room_for_copy(e, id, tier, tier + 1, may_wait);
-	/* the copy went meanwhile (an append dropped it, another thread demoted it): the caller
-	 * counts slots afresh */
-	if (rc == 1 || (rc == 0 && valid_elsewhere(kvt_blk(e, id), tier))) {
+	/* the copy went meanwhile (an append dropped it, another thread demoted it), or, in
+	 * HBM, the block was pinned meanwhile (a batch, or an append whose caller may be
+	 * writing it now: a copy taken now would be marked current and miss those tokens):
+	 * no victim any more, the caller counts slots afresh */
+	if (rc == 1 || (rc == 0 && valid_elsewhere(kvt_blk(e, id), tier)) ||
+	    (rc == 0 && tier == KVT_TIER_HBM && kvt_blk(e, id)->pins > pins + 1)) {
 		kvt_block_unpin(e, id);
 		return 0;
 	}

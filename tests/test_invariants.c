@@ -14,11 +14,13 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <unistd.h>
 #include <cmocka.h>
 
 #include "engine/engine_impl.h"
+#include "tiers/tier_nvme.h"
 #include "support/kvt_test.h"
 
 #define SLOW_BW (100u * 1024u) /* 100 KiB/s: a 1 KiB block copy takes ~10 ms */
@@ -568,6 +570,140 @@ test_scenario_d_failed_nvme_write(void **state)
 	}
 }
 
+/*
+ * (e) An eviction that waits for room below (the engine lock released) while the victim's own
+ * sequence appends to it. HBM holds one slot: B's partial block V, dirty; HOST is full of P's
+ * blocks, so A's append, needing V's slot, evicts V, and making room for V in HOST writes one of
+ * P's blocks to NVMe and waits. In that wait (the NVMe write's completion hook, the lock
+ * free) B appends a token to V: V is write-pinned, its caller writes the token after. The
+ * eviction must then leave V alone: a copy of V taken now would be marked current in HOST
+ * and miss the token, and B, parked to HOST (which keeps a valid HOST copy and drops HBM), would
+ * come back without it. Found by a breaker's 8 threads sharing an engine with NVMe and hints;
+ * the test fails without the re-check in kvt_evict_one.
+ */
+static struct {
+	struct kvt_engine *e;
+	kvt_seq_id b;
+	int armed, go, done, quit, rc;
+	int64_t map[1];
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+} evw = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+
+/* B's thread: its append, when the hook says go. (The hook runs under the NVMe tier's lock:
+ * the append, which takes the engine lock, runs on this thread instead, never under it.) */
+static void *
+evw_thread(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&evw.mu);
+	while (!evw.go && !evw.quit)
+		pthread_cond_wait(&evw.cv, &evw.mu);
+	if (evw.go) {
+		pthread_mutex_unlock(&evw.mu);
+		evw.rc = kvt_seq_append(evw.e, evw.b, NULL, 1, evw.map);
+		pthread_mutex_lock(&evw.mu);
+		evw.done = 1;
+		pthread_cond_broadcast(&evw.cv);
+	}
+	pthread_mutex_unlock(&evw.mu);
+	return NULL;
+}
+
+/* The first NVMe write completion while armed: B appends (on its thread) before the reaping
+ * thread goes on; it can only while that thread has let the engine lock go (the eviction's
+ * wait), else the wait times out and the test fails on evw.done. */
+static void
+evw_complete(void *arg, bool is_write, uint32_t slot, void *buf, size_t len, uint64_t off,
+	     int *res)
+{
+	struct timespec ts;
+
+	(void)arg, (void)slot, (void)buf, (void)len, (void)off, (void)res;
+	pthread_mutex_lock(&evw.mu);
+	if (is_write && evw.armed && !evw.go) {
+		evw.go = 1;
+		pthread_cond_broadcast(&evw.cv);
+		tsup_deadline_ms(&ts, 5000);
+		while (!evw.done)
+			if (pthread_cond_timedwait(&evw.cv, &evw.mu, &ts) != 0)
+				break;
+	}
+	pthread_mutex_unlock(&evw.mu);
+}
+
+static const struct kvt_nvme_fault_hooks evw_hooks = { .on_complete = evw_complete };
+
+static void
+test_scenario_e_eviction_wait_vs_append(void **state)
+{
+	struct kvt_engine_opts o;
+	struct kvt_geometry g;
+	struct kvt_engine *e;
+	char *dir = tsup_mkdtemp();
+	int64_t map[1];
+	kvt_seq_id p, a, b;
+	uint32_t l, i;
+	pthread_t t;
+	int rc, done;
+
+	(void)state;
+	tsup_opts_init(&o);
+	o.hbm_bytes = tsup_block_bytes();
+	o.host_bytes = 2 * tsup_block_bytes();
+	o.nvme_dir = dir;
+	o.nvme_bytes = 16 * ((tsup_block_bytes() + 128 + 4095) / 4096 * 4096);
+	o.nvme_workers = 0; /* the waiting thread reaps: the hook runs in the eviction's wait */
+	o.high_watermark = o.low_watermark = 1.0f;
+	e = tsup_create(&o, &evw_hooks);
+	assert_int_equal(kvt_engine_geometry(e, &g), 0);
+	p = tsup_seq_written(e, 1, 2 * TSUP_TPB);
+	assert_int_equal(kvt_seq_park(e, p, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_blocks_in(e, p, KVT_TIER_HOST), 2);
+	assert_int_equal(tsup_blocks_in(e, p, KVT_TIER_HBM), 0);
+	assert_int_equal(kvt_seq_open(e, NULL, &b), 0);
+	assert_int_equal(tsup_append_write(e, b, 2, 0, 1), 0);
+	assert_int_equal(tsup_verify(e, b, 2), 0); /* V: in HBM alone, unpinned */
+	assert_int_equal(kvt_seq_open(e, NULL, &a), 0);
+	evw.e = e;
+	evw.b = b;
+	assert_int_equal(pthread_create(&t, NULL, evw_thread, NULL), 0);
+	pthread_mutex_lock(&evw.mu);
+	evw.armed = 1;
+	pthread_mutex_unlock(&evw.mu);
+	rc = kvt_seq_append(e, a, NULL, 1, map);
+	pthread_mutex_lock(&evw.mu);
+	evw.armed = 0;
+	done = evw.done;
+	evw.quit = 1;
+	pthread_cond_broadcast(&evw.cv);
+	pthread_mutex_unlock(&evw.mu);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_int_equal(done, 1); /* B appended inside the eviction's wait */
+	assert_int_equal(evw.rc, 0);
+	assert_true(rc == 0 || rc == -ENOSPC);
+	/* B's caller writes its token now, through the mapping of its append */
+	for (l = 0; l < TSUP_LAYERS; l++) {
+		float *k, *v;
+
+		kvt_kv_addr(&g, l, evw.map[0], (void **)&k, (void **)&v);
+		for (i = 0; i < TSUP_HEADS * TSUP_DIM; i++) {
+			k[i] = tsup_val(2, 1, l, 0, i);
+			v[i] = tsup_val(2, 1, l, 1, i);
+		}
+	}
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_verify(e, b, 2), 0); /* the release unpins V */
+	assert_int_equal(kvt_seq_close(e, a), 0);
+	assert_int_equal(kvt_seq_park(e, b, KVT_TIER_HOST), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	assert_int_equal(tsup_verify(e, b, 2), 0); /* back from HOST with both tokens */
+	tsup_check_engine(e);
+	kvt_engine_destroy(e);
+	tsup_rmdir(dir);
+}
+
 /* Closing a sequence while its transfers are in flight frees the slots only after they land. */
 static void
 test_close_with_transfers_in_flight(void **state)
@@ -620,6 +756,7 @@ main(void)
 		cmocka_unit_test(test_inv3_copy_evictable_rules),
 		cmocka_unit_test(test_scenario_d_failed_nvme_write),
 		cmocka_unit_test(test_close_with_transfers_in_flight),
+		cmocka_unit_test(test_scenario_e_eviction_wait_vs_append),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
