@@ -221,10 +221,10 @@ kvhf_bench_decode(const struct kvhf_opts *base, uint32_t ratio, uint32_t measure
 	if (measure_from < 2 || measure_from >= P)
 		return kvtr_err(-EINVAL, "--measure-from %u must be in [2, %u)", measure_from, P);
 	printf("kvtier-hf --bench-decode: %s, %u sessions x %u positions, %u tokens/block, ratio "
-	       "%u; emulated copy bandwidth %.3f GB/s%s; measured steps %u..%u; fastest of %u; "
+	       "%u; emulated copy bandwidth %.3f GB/s%s%s; measured steps %u..%u; fastest of %u; "
 	       "(c) hints %u session(s) ahead\n", base->model->model_type, S, P,
 	       base->tokens_per_block, ratio, bw / 1e9, bandwidth ? "" : " (memcpy / 4)",
-	       measure_from, P, repeat, depth);
+	       base->emu_lazy ? ", lazy emulated streams" : "", measure_from, P, repeat, depth);
 	for (uint32_t k = 0; k < repeat && rc == 0; k++) {
 		for (int i = 0; i < HB_RUNS && rc == 0; i++) {
 			struct hb_run cur = { .name = runs[i].name };
@@ -282,11 +282,11 @@ kvhf_bench_decode(const struct kvhf_opts *base, uint32_t ratio, uint32_t measure
 		if (base->emu_lazy) { /* the copies' memcpy ran on the decoding thread */
 			double cp = hb_copied_bytes(&runs[2]) / mbw * 1e3;
 
-			printf("--emu-lazy: the emulated copies' memcpy, %.0f bytes per step of (c) "
-			       "= %.3f ms at the measured memcpy rate (%.2f GB/s), ran on the "
-			       "decoding thread (a GPU's copy engine costs the host nothing): "
-			       "((c) - that)/max((a), bound) = %.3f\n", hb_copied_bytes(&runs[2]),
-			       cp, mbw / 1e9, (c - cp) / floor);
+			printf("lazy streams: the emulated copies' memcpy (%.0f bytes per step of "
+			       "(c), HOST->HBM and HBM->HOST) = %.3f ms at the measured memcpy rate "
+			       "(%.2f GB/s) ran on the decoding thread (a GPU's copy engine costs "
+			       "the host nothing): ((c) - that)/max((a), bound) = %.3f\n",
+			       hb_copied_bytes(&runs[2]), cp, mbw / 1e9, (c - cp) / floor);
 		}
 		printf("argmax of every position of (a), (b), (c) identical: %s\n",
 		       same ? "yes" : "NO");

@@ -111,9 +111,11 @@ kvhf_bench_sparse(const struct kvhf_opts *base, const int32_t *path, uint32_t n_
 	bs_loadavg(la0, sizeof(la0));
 	fprintf(out, "kvtier-hf --bench-sparse: %s, top-%d, context %u positions (16 x top-k), "
 		"%u decode steps, %u tokens/block (%u blocks of %llu bytes at the end), emulated "
-		"copy bandwidth %.3f GB/s%s, median of %u; loadavg %s\n", m->model_type,
+		"copy bandwidth %.3f GB/s%s%s, median of %u; loadavg %s\n", m->model_type,
 		m->index_topk, C, gen, tpb, b.blocks, (unsigned long long)blk, bw / 1e9,
-		bandwidth ? "" : " (memcpy / 4)", repeat, la0);
+		bandwidth ? "" : " (memcpy / 4)",
+		base->emu_lazy ? " on lazy streams (--emu-lazy: each copy's memcpy runs on the "
+				 "decoding thread)" : "", repeat, la0);
 	for (uint32_t k = 0; k < repeat && rc == 0; k++) {
 		for (int i = 0; i < BS_RUNS && rc == 0; i++) {
 			struct kvhf_opts o = *base;
