@@ -362,6 +362,16 @@ batch_make_resident(struct kvt_engine *e, struct kvt_batch *b)
 	int rc;
 
 	for (;; rounds++) {
+		/* rounds spent waiting for other threads' transfers while blocks that are not
+		 * this batch's are pinned (other batches, appends not yet released, moves in
+		 * progress) are "not now", as when nothing is in flight: -ENOSPC, retry after
+		 * releases. Without such pins the loop is the batch's alone: a bug */
+		if (rounds > max_rounds && e->hbm_pinned > b->n_pinned)
+			return kvt_err(-ENOSPC, "no room to bring the batch into HBM in %u rounds: "
+				       "%u blocks pinned with this batch's %u (by other batches, "
+				       "appends not yet released, moves in progress), %u HBM "
+				       "slots", rounds, e->hbm_pinned, b->n_pinned,
+				       e->slots[KVT_TIER_HBM].n_slots);
 		if (rounds > max_rounds)
 			return kvt_err(-EDEADLK, "prepare made no headway in %u rounds (%u blocks, "
 				       "%u NVMe reads): a bug, please report it", rounds,
