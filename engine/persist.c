@@ -879,38 +879,48 @@ kvt_persist_prefix(struct kvt_engine *e, uint32_t tenant, const int32_t *tokens,
 	return found;
 }
 
+/* Block @j of @rec can serve a windowed hit: stored (not a hole), keyed @key, its NVMe slot
+ * still the store's (its header is checked apart, persist_window_ok). */
+static bool
+persist_blk_stored(struct kvt_engine *e, const struct kvt_store_sess *rec, uint32_t j,
+		   const uint64_t *key)
+{
+	const struct kvt_fmt_blkref *r = &rec->blocks[j];
+	uint32_t own;
+
+	if (r->slot == KVT_FMT_HOLE || memcmp(r->hash, key, 16) != 0)
+		return false;
+	own = kvt_owner(e, KVT_TIER_NVME, r->slot);
+	return own == KVT_SLOT_STORED || own == KVT_SLOT_PENDING;
+}
+
 /*
  * Whether stored session @rec holds, as stored blocks keyed @keys[j] whose headers check, what a
- * windowed hit of @K blocks reads: the sinks below the window and [first, K). The cheap tests
- * (hole, key, owner) come first for every block read, then the header reads; @hdr caches each
- * block's header check for the whole search (0 unknown, 1 good, 2 bad), so a block's header is
- * read at most once per call.
+ * windowed hit of @K blocks reads: the sinks below the window, [0, nsink), and [first, K). The
+ * cheap tests come first for every block read, then the header reads; @hdr caches each block's
+ * header check for the whole search (0 unknown, 1 good, 2 bad), so a block's header is read at
+ * most once per call.
  */
 static bool
 persist_window_ok(struct kvt_engine *e, const struct kvt_store_sess *rec, const uint64_t *keys,
 		  uint32_t K, uint8_t *hdr)
 {
 	uint32_t lo = kvt_win_first_block(e, (uint64_t)K * e->layout.tokens_per_block);
-	uint32_t nsink = kvt_win_sink_blocks(e), j, pass;
+	uint32_t nsink = kvt_win_sink_blocks(e), run[2][2], r, j;
 
-	if (nsink > lo)
-		nsink = lo; /* then the blocks read are [0, nsink) and [lo, K), lo >= nsink */
-	for (pass = 0; pass < 2; pass++)
-		for (j = nsink ? 0 : lo; j < K; j = j + 1 == nsink ? lo : j + 1) {
-			const struct kvt_fmt_blkref *r = &rec->blocks[j];
-			uint32_t own;
-
-			if (pass == 1) {
-				if (!hdr[j])
-					hdr[j] = persist_check_one(e, rec, j) == 0 ? 1 : 2;
-				if (hdr[j] != 1)
-					return false;
-				continue;
-			}
-			if (r->slot == KVT_FMT_HOLE || memcmp(r->hash, keys + 2 * (size_t)j, 16))
+	run[0][0] = 0;
+	run[0][1] = nsink < lo ? nsink : lo;
+	run[1][0] = lo;
+	run[1][1] = K;
+	for (r = 0; r < 2; r++)
+		for (j = run[r][0]; j < run[r][1]; j++)
+			if (!persist_blk_stored(e, rec, j, keys + 2 * (size_t)j))
 				return false;
-			own = kvt_owner(e, KVT_TIER_NVME, r->slot);
-			if (own != KVT_SLOT_STORED && own != KVT_SLOT_PENDING)
+	for (r = 0; r < 2; r++)
+		for (j = run[r][0]; j < run[r][1]; j++) {
+			if (!hdr[j])
+				hdr[j] = persist_check_one(e, rec, j) == 0 ? 1 : 2;
+			if (hdr[j] != 1)
 				return false;
 		}
 	return true;
@@ -922,10 +932,10 @@ kvt_persist_prefix_window(struct kvt_engine *e, uint32_t tenant, const int32_t *
 			  uint32_t seq, uint32_t *ids, uint64_t tail[2])
 {
 	uint32_t tpb = e->layout.tokens_per_block, nsink = kvt_win_sink_blocks(e);
-	uint32_t best = 0, i, j, K, lim, lo, *made = NULL;
+	uint32_t best = 0, i, j, K, lim, lo, nkeys = 0, *made = NULL;
 	struct kvt_store_sess *rec, *from = NULL;
-	uint64_t h[2] = { 0, 0 }, *keys;
-	uint8_t *hdr;
+	uint64_t h[2] = { 0, 0 }, *keys = NULL;
+	uint8_t *hdr = NULL;
 
 	if (!e->store || !e->win_tokens)
 		return 0;
@@ -933,17 +943,6 @@ kvt_persist_prefix_window(struct kvt_engine *e, uint32_t tenant, const int32_t *
 		max = (uint32_t)(n / tpb);
 	if (k >= max)
 		return 0;
-	keys = kvt_malloc((size_t)max * sizeof h);
-	hdr = kvt_malloc(max);
-	if (!keys || !hdr) {
-		kvt_free(keys);
-		kvt_free(hdr);
-		return 0; /* no memory: no hit, which is always correct */
-	}
-	for (j = 0; j < max; j++) {
-		kvt_prefix_hash(h, tokens + (uint64_t)j * tpb, tpb, salt, h);
-		memcpy(keys + 2 * (size_t)j, h, sizeof h);
-	}
 	for (i = 0; i < kvt_store_count(e->store); i++) {
 		rec = kvt_store_at(e->store, i);
 		/* another tenant's session is never used, whatever its keys (as above) */
@@ -956,8 +955,21 @@ kvt_persist_prefix_window(struct kvt_engine *e, uint32_t tenant, const int32_t *
 					      tokens + (uint64_t)K * tpb,
 					      (size_t)tpb * sizeof *tokens) == 0; K++)
 			;
-		/* the tokens, then the keys: never by hash alone */
-		memset(hdr, 0, max);
+		if (K <= k || K <= best)
+			continue;
+		/* the tokens, then the keys: never by hash alone. The prompt's keys are made
+		 * once a session shares more than the hit to beat, up to what it shares */
+		if (!keys) {
+			keys = kvt_malloc((size_t)max * sizeof h);
+			hdr = kvt_malloc(max);
+			if (!keys || !hdr)
+				goto out; /* no memory: no hit, which is always correct */
+		}
+		for (; nkeys < K; nkeys++) {
+			kvt_prefix_hash(h, tokens + (uint64_t)nkeys * tpb, tpb, salt, h);
+			memcpy(keys + 2 * (size_t)nkeys, h, sizeof h);
+		}
+		memset(hdr, 0, K);
 		for (; K > k && K > best; K--)
 			if (persist_window_ok(e, rec, keys, K, hdr)) {
 				best = K;

@@ -37,17 +37,24 @@
 /* helpers                                                                                      */
 
 static struct kvt_device *
-emu_new(uint32_t max_delay_us, uint64_t seed, uint64_t bw)
+emu_create(const struct kvt_emu_opts *o)
 {
-	struct kvt_emu_opts o = { .max_delay_us = max_delay_us, .seed = seed,
-				  .copy_bytes_per_s = bw };
 	struct kvt_device *d = NULL;
 
-	assert_int_equal(kvt_device_emu_create(&o, &d), 0);
+	assert_int_equal(kvt_device_emu_create(o, &d), 0);
 	assert_non_null(d);
 	assert_string_equal(d->ops->name, "emulated");
 	assert_int_equal(d->ops->abi_version, KVT_DEVICE_OPS_V1);
 	return d;
+}
+
+static struct kvt_device *
+emu_new(uint32_t max_delay_us, uint64_t seed, uint64_t bw)
+{
+	struct kvt_emu_opts o = { .max_delay_us = max_delay_us, .seed = seed,
+				  .copy_bytes_per_s = bw };
+
+	return emu_create(&o);
 }
 
 static void
@@ -637,11 +644,8 @@ emu_new_lazy(uint32_t max_delay_us, uint64_t bw)
 {
 	struct kvt_emu_opts o = { .max_delay_us = max_delay_us, .seed = 5,
 				  .copy_bytes_per_s = bw, .lazy = true };
-	struct kvt_device *d = NULL;
 
-	assert_int_equal(kvt_device_emu_create(&o, &d), 0);
-	assert_non_null(d);
-	return d;
+	return emu_create(&o);
 }
 
 /*
@@ -968,15 +972,14 @@ pipe_thread(void *p)
 	return NULL;
 }
 
+/* Two pipe_thread()s on @d (pattern seeds @seed and @seed + 1000); destroys @d. */
 static void
-test_emu_pipeline_threads(void **state)
+pipe_pair(struct kvt_device *d, uint32_t seed)
 {
-	struct kvt_device *d = emu_new(100, 7, 0);
-	struct pipe_arg a[2] = { { .d = d, .seed = 1000 }, { .d = d, .seed = 2000 } };
+	struct pipe_arg a[2] = { { .d = d, .seed = seed }, { .d = d, .seed = seed + 1000 } };
 	pthread_t t[2];
 	int i;
 
-	(void)state;
 	for (i = 0; i < 2; i++)
 		assert_int_equal(pthread_create(&t[i], NULL, pipe_thread, &a[i]), 0);
 	for (i = 0; i < 2; i++)
@@ -986,24 +989,20 @@ test_emu_pipeline_threads(void **state)
 	kvt_device_destroy(d);
 }
 
+static void
+test_emu_pipeline_threads(void **state)
+{
+	(void)state;
+	pipe_pair(emu_new(100, 7, 0), 1000);
+}
+
 /* The pipelines again on a lazy device (no delays): each stage's copy runs on whichever thread
  * observes it, across the four streams, two threads at once. */
 static void
 test_emu_lazy_pipeline_threads(void **state)
 {
-	struct kvt_device *d = emu_new_lazy(0, 200u << 20);
-	struct pipe_arg a[2] = { { .d = d, .seed = 3000 }, { .d = d, .seed = 4000 } };
-	pthread_t t[2];
-	int i;
-
 	(void)state;
-	for (i = 0; i < 2; i++)
-		assert_int_equal(pthread_create(&t[i], NULL, pipe_thread, &a[i]), 0);
-	for (i = 0; i < 2; i++)
-		assert_int_equal(pthread_join(t[i], NULL), 0);
-	assert_int_equal(a[0].bad, 0);
-	assert_int_equal(a[1].bad, 0);
-	kvt_device_destroy(d);
+	pipe_pair(emu_new_lazy(0, 200u << 20), 3000);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -578,6 +578,30 @@ test_hit_needs_only_window(void **state)
 	kvt_engine_destroy(e);
 }
 
+/* An engine on the persistent store of @o with window W and S sinks (a start or a restart). */
+static struct kvt_engine *
+w_store_engine(const struct kvt_engine_opts *o)
+{
+	struct kvt_engine *e = tsup_create(o, NULL);
+
+	assert_int_equal(kvt_engine_set_window(e, W, S), 0);
+	return e;
+}
+
+/* A sequence of @so (a session key) with 41 tokens of pattern 5 (holes 1..5: query 40 reads
+ * 25..40, blocks 6..10), parked to NVMe and drained: stored. */
+static struct wseq *
+w_stored_session(struct kvt_engine *e, const struct kvt_seq_opts *so)
+{
+	struct wseq *s = w_new(e, so);
+
+	w_fill(e, s, 9, 5, 10 * T);
+	w_fill(e, s, 9, 5, 1);
+	assert_int_equal(kvt_seq_park(e, s->id, KVT_TIER_NVME), 0);
+	assert_int_equal(kvt_engine_drain(e), 0);
+	return s;
+}
+
 /*
  * The store records a session with holes (docs/FORMAT.md, KVT_FMT_HOLE): a keyed sequence that
  * dropped blocks out of its window parks to NVMe (only its window moves), is published, and
@@ -599,15 +623,10 @@ test_store_with_holes(void **state)
 
 	(void)state;
 	tsup_store_opts(&o, dir, 1u << 20);
-	e = tsup_create(&o, NULL);
-	assert_int_equal(kvt_engine_set_window(e, W, S), 0);
+	e = w_store_engine(&o);
 	kvt_seq_opts_init(&so, sizeof so);
 	so.session_key = 0x77;
-	s = w_new(e, &so);
-	w_fill(e, s, 9, 5, 40);
-	w_fill(e, s, 9, 5, 1); /* holes 1..5 now (query 40 reads 25..40) */
-	assert_int_equal(kvt_seq_park(e, s->id, KVT_TIER_NVME), 0);
-	assert_int_equal(kvt_engine_drain(e), 0);
+	s = w_stored_session(e, &so);
 	moved = tsup_blocks_in(e, s->id, KVT_TIER_NVME);
 	assert_true(moved <= BOUND);
 	assert_int_equal(kvt_seq_detach(e, s->id), 0);
@@ -623,8 +642,7 @@ test_store_with_holes(void **state)
 	assert_int_equal(kvt_seq_detach(e, r), 0);
 	kvt_engine_destroy(e);
 	/* a restart */
-	e = tsup_create(&o, NULL);
-	assert_int_equal(kvt_engine_set_window(e, W, S), 0);
+	e = w_store_engine(&o);
 	assert_int_equal(kvt_seq_restore(e, 0x77, &so, &r), 0);
 	s->id = r;
 	assert_int_equal(kvt_seq_resume(e, r), 0);
@@ -678,20 +696,14 @@ test_store_prefix_after_restart(void **state)
 
 	(void)state;
 	tsup_store_opts(&o, dir, 1u << 20);
-	e = tsup_create(&o, NULL);
-	assert_int_equal(kvt_engine_set_window(e, W, S), 0);
+	e = w_store_engine(&o);
 	kvt_seq_opts_init(&so, sizeof so);
 	so.session_key = 0x88;
-	a = w_new(e, &so);
-	w_fill(e, a, 9, 5, 10 * T);
-	w_fill(e, a, 9, 5, 1); /* 41 tokens: holes 1..5, the window 6..10 */
-	assert_int_equal(kvt_seq_park(e, a->id, KVT_TIER_NVME), 0);
-	assert_int_equal(kvt_engine_drain(e), 0);
+	a = w_stored_session(e, &so); /* 41 tokens: holes 1..5, the window 6..10 */
 	assert_int_equal(kvt_seq_detach(e, a->id), 0);
 	kvt_engine_destroy(e);
 
-	e = tsup_create(&o, NULL); /* a restart: only the store knows the blocks */
-	assert_int_equal(kvt_engine_set_window(e, W, S), 0);
+	e = w_store_engine(&o); /* a restart: only the store knows the blocks */
 	assert_int_equal(kvt_seq_match_prefix(e, NULL, a->tok, 10 * T + 3, &m, &tier), 0);
 	assert_int_equal(m, 10 * T);
 	assert_int_equal(tier, KVT_TIER_NVME);
@@ -735,8 +747,7 @@ test_store_prefix_after_restart(void **state)
 	/* the stored hit fails to be made (its 3rd block): the prefix index's shorter hit stands,
 	 * its blocks intact (before: the failed blocks' ids replaced them, dead, and the
 	 * engine's check failed) */
-	e = tsup_create(&o, NULL);
-	assert_int_equal(kvt_engine_set_window(e, W, S), 0);
+	e = w_store_engine(&o);
 	c->n = 0;
 	assert_int_equal(kvt_seq_open(e, NULL, &c->id), 0);
 	w_fill(e, c, 9, 5, 2 * T); /* a's first 2 blocks, in the prefix index once released */

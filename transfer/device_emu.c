@@ -460,6 +460,19 @@ emu_timedwait(pthread_cond_t *c, pthread_mutex_t *m, uint64_t ns)
 	(void)pthread_cond_timedwait(c, m, &ts);
 }
 
+/* When copy @op, next on s, would finish on the simulated link: it starts when the previous op
+ * has finished there (link_end) or when it was queued, whichever is later. The busy thread's
+ * view (emu_op_run moves link_end there; a lazy poll asks whether it has passed). */
+static uint64_t
+emu_copy_end(const struct emu_stream *s, const struct emu_op *op)
+{
+	uint64_t start = op->t_queued > s->link_end ? op->t_queued : s->link_end;
+	uint64_t bw = s->dev->opts.copy_bytes_per_s;
+
+	return bw == 0 || op->total == 0 ? start :
+		start + (uint64_t)((double)op->total * 1e9 / (double)bw);
+}
+
 /* Run op on s; the caller set s->busy. @waiter: a thread waiting for s's work, not its worker. */
 static void
 emu_op_run(struct emu_stream *s, struct emu_op *op, bool waiter)
@@ -483,8 +496,7 @@ emu_op_run(struct emu_stream *s, struct emu_op *op, bool waiter)
 		 * sleep for its total length (a sleep per piece would cost the timer's slack,
 		 * tens of microseconds, per piece and distort small layer pieces) */
 		if (emu->opts.copy_bytes_per_s != 0 && op->total != 0) {
-			s->link_end += (uint64_t)((double)op->total * 1e9 /
-						  (double)emu->opts.copy_bytes_per_s);
+			s->link_end = emu_copy_end(s, op);
 			emu_sleep_until(s, s->link_end, waiter);
 		}
 		for (i = 0; i < op->n; i++)
@@ -564,17 +576,6 @@ emu_rec_done(struct emu_dev *emu, struct emu_rec *r)
 	done = r->done;
 	pthread_mutex_unlock(&emu->ev_lock);
 	return done;
-}
-
-/* When copy @op, next on s, would finish on the simulated link: the busy thread's view. */
-static uint64_t
-emu_copy_end(const struct emu_stream *s, const struct emu_op *op)
-{
-	uint64_t start = op->t_queued > s->link_end ? op->t_queued : s->link_end;
-	uint64_t bw = s->dev->opts.copy_bytes_per_s;
-
-	return bw == 0 || op->total == 0 ? start :
-		start + (uint64_t)((double)op->total * 1e9 / (double)bw);
 }
 
 /*
@@ -1004,7 +1005,7 @@ emu_event_query(struct kvt_device *d, struct kvt_event *event)
 	pthread_mutex_lock(&emu->ev_lock);
 	r = e->latest;
 	done = r == NULL || r->done;
-	if (!done && emu->opts.lazy && emu->opts.max_delay_us == 0) {
+	if (!done && emu->opts.lazy) { /* (lazy is off with max_delay_us: create) */
 		/* run what the simulated link has finished by now, then look again */
 		r->refs++;
 		pthread_mutex_unlock(&emu->ev_lock);
