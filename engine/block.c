@@ -109,6 +109,8 @@ kvt_block_new(struct kvt_engine *e, uint32_t seq, uint32_t index, uint32_t *out)
 		b->slot[t] = KVT_NIL;
 	b->live = 1;
 	b->refs = 1;
+	/* a shadow a dead block of this id left in HOST holds another block's bytes */
+	kvt_slots_shadow_clamp(&e->slots[KVT_TIER_HOST], id, 0);
 	kvt_sc_invalidate(e, id);
 	b->tslot = seq < e->cap_seqs ? kvt_tenant_slot(e, e->seqs[seq].tenant) : 0;
 	b->seq = seq;
@@ -223,14 +225,58 @@ host_copy_read(const struct kvt_block *b)
 	       kvt_host_has_reader(b);
 }
 
+bool
+kvt_shadow_on(const struct kvt_engine *e)
+{
+	return e->slots[KVT_TIER_HOST].sh != NULL;
+}
+
+/*
+ * @id's PRESENT HOST copy, made old by an append that leaves its first @kept tokens as they
+ * are, leaves the tier as a shadow (tiers/slots.h): its slot is free, but handed out only when
+ * no other slot is, so the next demotion of the block into it copies only the tokens from
+ * @kept on (kvt_slot_alloc_d2h). Otherwise (no shadows, nothing kept) dropped as before.
+ */
+static void
+copy_shadow(struct kvt_engine *e, uint32_t id, uint32_t kept)
+{
+	struct kvt_block *b = kvt_blk(e, id);
+	uint32_t slot = b->slot[KVT_TIER_HOST];
+
+	if (!kept || !kvt_shadow_on(e) || kvt_persist_named(e, KVT_TIER_HOST, slot)) {
+		kvt_copy_drop(e, id, KVT_TIER_HOST);
+		return;
+	}
+	e->evict[KVT_TIER_HOST].ops->remove(&e->evict[KVT_TIER_HOST], id);
+	kvt_tenant_account(e, id, KVT_TIER_HOST, -1);
+	kvt_owner_set(e, KVT_TIER_HOST, slot, KVT_NIL);
+	kvt_slots_free_shadow(&e->slots[KVT_TIER_HOST], slot, id, kept);
+	b->slot[KVT_TIER_HOST] = KVT_NIL;
+	kvt_copy_state_set(b, KVT_TIER_HOST, KVT_COPY_ABSENT);
+}
+
+int
+kvt_slot_alloc_d2h(struct kvt_engine *e, uint32_t id, uint32_t *slot, uint32_t *kept)
+{
+	*kept = 0;
+	if (kvt_slots_claim_shadow(&e->slots[KVT_TIER_HOST], id, slot, kept) == 0) {
+		kvt_owner_set(e, KVT_TIER_HOST, *slot, id);
+		kvt_tenant_account(e, id, KVT_TIER_HOST, 1);
+		return 0;
+	}
+	return kvt_slot_alloc(e, KVT_TIER_HOST, id, slot);
+}
+
 void
-kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
+kvt_block_bump_ver(struct kvt_engine *e, uint32_t id, uint32_t kept)
 {
 	struct kvt_block *b = kvt_blk(e, id);
 	int t;
 
 	b->written = 1;
 	kvt_sc_invalidate(e, id);
+	/* tokens from @kept on change: a shadow keeps at most the ones before */
+	kvt_slots_shadow_clamp(&e->slots[KVT_TIER_HOST], id, kept);
 	if (host_copy_read(b)) {
 		/* a transfer still reads the HOST slot: it must not be freed (and reused) under
 		 * it. The copy is invalid from now on: INFLIGHT and stale, off the eviction list,
@@ -241,7 +287,9 @@ kvt_block_bump_ver(struct kvt_engine *e, uint32_t id)
 	}
 	/* copies below HBM now hold old bytes: drop them (in-flight ones are dropped by their
 	 * completion, which sees the version mismatch) */
-	for (t = KVT_TIER_HOST; t < KVT_TIER_COUNT; t++)
+	if (kvt_copy_state(b, KVT_TIER_HOST) == KVT_COPY_PRESENT)
+		copy_shadow(e, id, kept);
+	for (t = KVT_TIER_HOST + 1; t < KVT_TIER_COUNT; t++)
 		if (kvt_copy_state(b, t) == KVT_COPY_PRESENT)
 			kvt_copy_drop(e, id, t);
 	for (t = 0; t < KVT_TIER_COUNT; t++)

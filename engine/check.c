@@ -8,16 +8,41 @@
 
 #include "engine_impl.h"
 
-/* The free list threaded through the slot entries: n_free distinct free slots, then its end. */
+/* The free list threaded through the slot entries and the shadows (tiers/slots.h): n_free
+ * distinct free slots between them (a shadow is never on the list too), then the list's end,
+ * and n_shadow shadow entries each on its owner's place. */
 static int
 check_free_list(const struct kvt_slots *sl)
 {
-	uint32_t s = sl->head, n = 0;
+	uint32_t s = sl->head, n = 0, n_sh = 0, i;
+	uint64_t *seen = kvt_calloc(((size_t)sl->n_slots + 63) / 64 + 1, sizeof *seen);
+	int rc = 0;
 
-	for (; s != KVT_SLOTS_FREE && n <= sl->n_free; s = sl->ent[s], n++)
-		if (s >= sl->n_slots || kvt_slots_is_used(sl, s))
-			return -EINVAL;
-	return s == KVT_SLOTS_FREE && n == sl->n_free ? 0 : -EINVAL;
+	if (!seen)
+		return -ENOMEM;
+	for (; s != KVT_SLOTS_FREE && n <= sl->n_free && !rc; s = sl->ent[s], n++) {
+		if (s >= sl->n_slots || kvt_slots_is_used(sl, s) || (seen[s / 64] >> (s % 64) & 1))
+			rc = -EINVAL;
+		else
+			seen[s / 64] |= 1ull << (s % 64);
+	}
+	if (!rc && s != KVT_SLOTS_FREE)
+		rc = -EINVAL;
+	for (i = 0; sl->sh && i < KVT_SLOTS_SHADOWS && !rc; i++) {
+		s = sl->sh[i].slot;
+		if (s == KVT_SLOTS_FREE)
+			continue;
+		n_sh++;
+		if (s >= sl->n_slots || kvt_slots_is_used(sl, s) || (seen[s / 64] >> (s % 64) & 1) ||
+		    sl->sh[i].owner % KVT_SLOTS_SHADOWS != i || sl->sh[i].valid == 0)
+			rc = -EINVAL;
+		else
+			seen[s / 64] |= 1ull << (s % 64);
+	}
+	if (!rc && (n_sh != sl->n_shadow || n + n_sh != sl->n_free))
+		rc = -EINVAL;
+	kvt_free(seen);
+	return rc;
 }
 
 static int

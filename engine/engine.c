@@ -398,6 +398,10 @@ kvt_engine_create_core(const struct kvt_engine_opts *o, uint32_t v_dim, uint64_t
 	rc = engine_tier_init(e, KVT_TIER_HBM, (uint32_t)(o->hbm_bytes / bb));
 	if (!rc)
 		rc = engine_tier_init(e, KVT_TIER_HOST, (uint32_t)(o->host_bytes / bb));
+	/* a pool of K/V rows keeps the HOST copies appends make old as shadows, so that the
+	 * next demotion copies only the tokens written since (engine/block.c, xfer.c) */
+	if (!rc && e->slots[KVT_TIER_HOST].n_slots && e->token_bytes && !e->sc_len)
+		rc = kvt_slots_shadow_enable(&e->slots[KVT_TIER_HOST]);
 	if (!rc)
 		rc = engine_open_device(e);
 	if (!rc && e->nvme_dir)

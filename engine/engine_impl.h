@@ -312,6 +312,9 @@ struct kvt_xfer {
 	uint8_t then_nvme;  /* D2H: continue down to NVMe when done (park to NVMe) */
 	uint8_t then_hbm;   /* N2H: continue up to HBM when done (resume) */
 	uint8_t prefetch;   /* issued ahead of need (hint, resume): so is its continuation */
+	uint32_t kept;      /* D2H: leading tokens the destination holds good already (a
+	                       shadow): only tokens [kept, upto) are copied; 0 = all */
+	uint32_t upto;      /* D2H with kept: the block's tokens when it was queued */
 	uint64_t t_issue;   /* kvt_now_ns() when created (promotion latency) */
 	struct kvt_xfer *next; /* list link (device group / free list) */
 };
@@ -592,7 +595,14 @@ void kvt_copy_drop(struct kvt_engine *e, uint32_t id, int tier); /* free a PRESE
 void kvt_copy_evict(struct kvt_engine *e, uint32_t id, int tier);
 void kvt_copy_set_present(struct kvt_engine *e, uint32_t id, int tier); /* current bytes */
 void kvt_copy_fail(struct kvt_engine *e, uint32_t id, int tier); /* an INFLIGHT copy failed */
-void kvt_block_bump_ver(struct kvt_engine *e, uint32_t id); /* contents change: drop stale */
+/* Contents change from token @kept of the block on (an append; 0 = a new block): copies below
+ * HBM are dropped, a HOST copy with @kept > 0 kept as a shadow (engine/block.c). */
+void kvt_block_bump_ver(struct kvt_engine *e, uint32_t id, uint32_t kept);
+/* Whether @e keeps shadows of HOST copies (a pool whose blocks are K/V rows of tokens). */
+bool kvt_shadow_on(const struct kvt_engine *e);
+/* A HOST slot for demoting @id from HBM: its shadow when it has one (*kept = the tokens
+ * there still good, which the copy skips), else a fresh one (*kept = 0). 0 or -ENOSPC. */
+int kvt_slot_alloc_d2h(struct kvt_engine *e, uint32_t id, uint32_t *slot, uint32_t *kept);
 void kvt_block_pin(struct kvt_engine *e, uint32_t id);
 void kvt_block_unpin(struct kvt_engine *e, uint32_t id);
 void kvt_block_check_lost(struct kvt_engine *e, uint32_t id);
@@ -682,8 +692,10 @@ void kvt_batch_free_all(struct kvt_engine *e);
 /* ---- engine/xfer.c: submission and completion */
 int kvt_xfer_init(struct kvt_engine *e);
 void kvt_xfer_fini(struct kvt_engine *e);
-int kvt_xfer_d2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool evict_src,
-		 bool then_nvme);
+/* HBM -> HOST into @host_slot; @kept: leading tokens the slot holds good already (its shadow,
+ * kvt_slot_alloc_d2h): only the rest of each layer's K and V rows is copied. */
+int kvt_xfer_d2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, uint32_t kept,
+		 bool evict_src, bool then_nvme);
 int kvt_xfer_h2d(struct kvt_engine *e, uint32_t id, uint32_t hbm_slot);
 /* Submit the parked blocks waiting for room in the NVMe IO queue (lock held); the ones no
  * longer to write leave the backlog. Returns how many remain. */

@@ -1054,7 +1054,13 @@ struct kvt_stats {
 	size_t size;                                /* sizeof(struct kvt_stats) as compiled */
 	struct kvt_tier_stats tier[KVT_TIER_COUNT]; /* per tier */
 	uint64_t blocks_moved[KVT_MOVE_COUNT];      /* completed block copies per direction */
-	uint64_t bytes_moved[KVT_MOVE_COUNT];       /* their bytes */
+	uint64_t bytes_moved[KVT_MOVE_COUNT];       /* their bytes: a block each, except an
+	                                               HBM->HOST demotion of a block appended
+	                                               to since its last HOST copy, which
+	                                               copies only the tokens written since
+	                                               into that copy's old slot when HOST
+	                                               still has it (docs/ARCHITECTURE.md
+	                                               "Block state machine") */
 	uint64_t checksum_verified;                 /* NVMe reads whose checksum matched */
 	uint64_t checksum_failed;                   /* NVMe reads whose checksum did not */
 	uint64_t io_errors;                         /* NVMe reads/writes that failed */

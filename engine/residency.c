@@ -65,7 +65,7 @@ wb_refuse_nvme(struct kvt_engine *e, uint32_t id)
 int
 kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 {
-	uint32_t slot, pins;
+	uint32_t slot, pins, kept;
 	int rc;
 
 	if (valid_elsewhere(kvt_blk(e, id), tier)) {
@@ -98,12 +98,13 @@ kvt_evict_one(struct kvt_engine *e, int tier, uint32_t id, bool may_wait)
 		kvt_block_unpin(e, id);
 		return 0;
 	}
-	if (rc == 0)
+	if (rc == 0 && tier == KVT_TIER_HBM) {
+		rc = kvt_slot_alloc_d2h(e, id, &slot, &kept);
+		if (rc == 0)
+			rc = kvt_xfer_d2h(e, id, slot, kept, true, false);
+	} else if (rc == 0) {
 		rc = kvt_slot_alloc(e, tier + 1, id, &slot);
-	if (rc == 0) {
-		if (tier == KVT_TIER_HBM)
-			rc = kvt_xfer_d2h(e, id, slot, true, false);
-		else
+		if (rc == 0)
 			rc = kvt_xfer_h2n(e, id, slot, true, may_wait);
 	}
 	kvt_block_unpin(e, id);
@@ -604,7 +605,7 @@ int
 kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 {
 	struct kvt_block *b;
-	uint32_t slot;
+	uint32_t slot, kept;
 	int rc = 0, t;
 
 	while (kvt_blk(e, id)->busy) {
@@ -652,9 +653,9 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 		return 0;
 	}
 	if (rc == 0)
-		rc = kvt_slot_alloc(e, KVT_TIER_HOST, id, &slot);
+		rc = kvt_slot_alloc_d2h(e, id, &slot, &kept);
 	if (rc == 0)
-		rc = kvt_xfer_d2h(e, id, slot, true, target == KVT_TIER_NVME);
+		rc = kvt_xfer_d2h(e, id, slot, kept, true, target == KVT_TIER_NVME);
 	if (rc == 0 && target == KVT_TIER_NVME && e->slots[KVT_TIER_NVME].n_slots)
 		e->nvme_promised++; /* its NVMe slot stays free until the copy lands */
 	kvt_block_unpin(e, id);
@@ -674,7 +675,7 @@ kvt_demote_to(struct kvt_engine *e, uint32_t id, int target, bool may_wait)
 static void
 rot_writeback(struct kvt_engine *e, uint32_t want)
 {
-	uint32_t ids[KVT_ROT_WB], n, i, slot;
+	uint32_t ids[KVT_ROT_WB], n, i, slot, kept;
 	int rc;
 
 	n = kvt_rot_victims(e, ids, want < KVT_ROT_WB ? want : KVT_ROT_WB);
@@ -688,9 +689,9 @@ rot_writeback(struct kvt_engine *e, uint32_t want)
 		kvt_block_pin(e, ids[i]); /* the cascade below must not pick it */
 		rc = kvt_room_for_copy(e, ids[i], KVT_TIER_HBM, KVT_TIER_HOST, false);
 		if (rc == 0)
-			rc = kvt_slot_alloc(e, KVT_TIER_HOST, ids[i], &slot);
+			rc = kvt_slot_alloc_d2h(e, ids[i], &slot, &kept);
 		if (rc == 0)
-			rc = kvt_xfer_d2h(e, ids[i], slot, false, false);
+			rc = kvt_xfer_d2h(e, ids[i], slot, kept, false, false);
 		kvt_block_unpin(e, ids[i]);
 		if (rc < 0)
 			break; /* HOST has no room without waiting: the demotion will wait */

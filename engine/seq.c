@@ -599,7 +599,7 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 		if (rc)
 			return kvt_err(rc, "bringing the last block of the sequence into HBM");
 		seq_add_wpin(e, s, id);
-		kvt_block_bump_ver(e, id);
+		kvt_block_bump_ver(e, id, (uint32_t)(s->n_tokens % tpb));
 	}
 	for (i = first_new; i < need_blocks; i++) {
 		rc = kvt_block_new(e, sidx, i, &id);
@@ -620,7 +620,7 @@ seq_append_locked(struct kvt_engine *e, uint32_t sidx, const int32_t *tokens, si
 			goto undo;
 		}
 		kvt_blk(e, id)->slot[KVT_TIER_HBM] = slot;
-		kvt_block_bump_ver(e, id);
+		kvt_block_bump_ver(e, id, 0);
 		kvt_copy_set_present(e, id, KVT_TIER_HBM);
 		s->blocks[s->n_blocks++] = id;
 		s->wpins[s->n_wpins++] = id; /* pinned above */

@@ -155,14 +155,35 @@ xstream_queue(struct kvt_xstream *xs, struct kvt_xfer *x)
 	xs->n_pending++;
 }
 
+/* Tokens in block @id now: its sequence's count past the block's start, at most a block (a
+ * whole block when the block is not its sequence's any more). */
+static uint32_t
+xfer_block_fill(const struct kvt_engine *e, uint32_t id)
+{
+	const struct kvt_block *b = kvt_blk((struct kvt_engine *)e, id);
+	uint64_t tpb = e->layout.tokens_per_block, start = (uint64_t)b->index * tpb;
+	const struct kvt_seqrec *s;
+
+	if (b->seq >= e->cap_seqs)
+		return (uint32_t)tpb;
+	s = &e->seqs[b->seq];
+	if (b->index >= s->n_blocks || s->blocks[b->index] != id || s->n_tokens <= start)
+		return (uint32_t)tpb;
+	return s->n_tokens - start < tpb ? (uint32_t)(s->n_tokens - start) : (uint32_t)tpb;
+}
+
 int
-kvt_xfer_d2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool evict_src,
-	     bool then_nvme)
+kvt_xfer_d2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, uint32_t kept,
+	     bool evict_src, bool then_nvme)
 {
 	struct kvt_xfer *x = xfer_start(e, KVT_X_D2H, id, host_slot);
 
 	if (!x)
 		return kvt_err(-ENOMEM, "transfer record");
+	x->kept = kept < e->layout.tokens_per_block ? kept : 0;
+	x->upto = x->kept ? xfer_block_fill(e, id) : 0;
+	if (x->upto <= x->kept) /* nothing new (or the sequence is not known): all of it */
+		x->kept = 0;
 	x->evict_src = evict_src;
 	x->then_nvme = then_nvme;
 	if (evict_src)
@@ -276,11 +297,64 @@ kvt_xfer_n2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, bool then_hb
 
 /* ---- completion: the only place where an INFLIGHT copy becomes PRESENT or goes away */
 
-static void
-xfer_count_move(struct kvt_engine *e, int kind)
+/* Copy descriptors of @x's demotion into @v (NULL: only counted): the whole block, or, when
+ * its destination holds the first x->kept tokens already (a shadow), per layer the K rows
+ * and the V rows of tokens [kept, upto) (the rows past upto hold nothing yet; block-first layout, docs/ARCHITECTURE.md "Data
+ * layout"; a shadow exists only in pools of K/V rows without sidecar bytes). Returns how
+ * many; *bytes (may be NULL) their length. */
+static uint32_t
+xfer_d2h_pieces(struct kvt_engine *e, const struct kvt_xfer *x, struct kvt_copy *v,
+		uint64_t *bytes)
 {
-	e->st.blocks_moved[kind]++;
-	e->st.bytes_moved[kind] += e->block_bytes;
+	uint64_t tpb = e->layout.tokens_per_block, k = x->kept, sum = 0; /* tokens */
+	char *dst, *src;
+	uint32_t l, n = 0;
+
+	if (!k) {
+		if (v) {
+			v[0].dst = kvt_slot_addr(e, KVT_TIER_HOST, x->dst_slot);
+			v[0].src = kvt_slot_addr(e, KVT_TIER_HBM, x->src_slot);
+			v[0].len = e->block_bytes;
+		}
+		if (bytes)
+			*bytes = e->block_bytes;
+		return 1;
+	}
+	for (l = 0; l < e->layout.n_layers; l++) {
+		uint64_t base = (uint64_t)l * e->layer_block_bytes;
+		uint64_t off[2] = { base + k * e->token_bytes,
+				    base + tpb * e->token_bytes + k * e->v_token_bytes };
+		uint64_t len[2] = { (x->upto - k) * e->token_bytes,
+				    (x->upto - k) * e->v_token_bytes };
+
+		for (int kv = 0; kv < 2; kv++) {
+			if (!len[kv])
+				continue; /* a LATENT pool: K only */
+			if (v) {
+				dst = (char *)kvt_slot_addr(e, KVT_TIER_HOST, x->dst_slot);
+				src = (char *)kvt_slot_addr(e, KVT_TIER_HBM, x->src_slot);
+				v[n].dst = dst + off[kv];
+				v[n].src = src + off[kv];
+				v[n].len = len[kv];
+			}
+			sum += len[kv];
+			n++;
+		}
+	}
+	if (bytes)
+		*bytes = sum;
+	return n;
+}
+
+static void
+xfer_count_move(struct kvt_engine *e, const struct kvt_xfer *x)
+{
+	uint64_t bytes = e->block_bytes;
+
+	if (x->kind == KVT_X_D2H && x->kept)
+		xfer_d2h_pieces(e, x, NULL, &bytes);
+	e->st.blocks_moved[x->kind]++;
+	e->st.bytes_moved[x->kind] += bytes;
 }
 
 /* A park's block, now in HOST, on to NVMe: the slot the park kept free for it (its promise
@@ -367,7 +441,7 @@ xfer_complete_down(struct kvt_engine *e, struct kvt_xfer *x, int res, bool curre
 		return;
 	}
 	kvt_copy_set_present(e, x->block, dst);
-	xfer_count_move(e, x->kind);
+	xfer_count_move(e, x);
 	if (e->sc_rec && x->kind == KVT_X_D2H) /* a host copy of the block: its sidecar's mirror */
 		kvt_sc_fill(e, x->block, kvt_slot_addr(e, KVT_TIER_HOST, b->slot[KVT_TIER_HOST]));
 	if (x->kind == KVT_X_H2N)
@@ -421,7 +495,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now)
 	case KVT_X_H2D:
 		if (res == 0 && current) {
 			kvt_copy_set_present(e, id, KVT_TIER_HBM);
-			xfer_count_move(e, x->kind);
+			xfer_count_move(e, x);
 			kvt_stats_record_promote(e, KVT_TIER_HBM, now - x->t_issue);
 		} else {
 			kvt_copy_fail(e, id, KVT_TIER_HBM);
@@ -436,7 +510,7 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now)
 			e->st.io_errors++;
 		if (res == 0 && current) {
 			kvt_copy_set_present(e, id, KVT_TIER_HOST);
-			xfer_count_move(e, x->kind);
+			xfer_count_move(e, x);
 			if (e->sc_rec) /* a host copy of the block: its sidecar's mirror */
 				kvt_sc_fill(e, id, kvt_slot_addr(e, KVT_TIER_HOST,
 								 b->slot[KVT_TIER_HOST]));
@@ -469,15 +543,21 @@ xfer_complete(struct kvt_engine *e, struct kvt_xfer *x, int res, uint64_t now)
 
 /* ---- device groups */
 
-/* Copy descriptors of layer group @lg (all layers when @lg is UINT32_MAX) of every transfer. */
-static void
+/* Copy descriptors of layer group @lg (all layers when @lg is UINT32_MAX: a demotion's, whose
+ * transfers may copy a part, xfer_d2h_pieces) of every transfer. Returns how many. */
+static uint32_t
 xstream_fill(struct kvt_engine *e, struct kvt_xfer *list, uint32_t lg, struct kvt_copy *v)
 {
 	uint64_t off = 0, len = e->block_bytes;
 	struct kvt_xfer *x;
 	uint32_t i = 0, l0, l1;
 
-	if (lg != UINT32_MAX) {
+	if (lg == UINT32_MAX) {
+		for (x = list; x; x = x->next)
+			i += xfer_d2h_pieces(e, x, v + i, NULL);
+		return i;
+	}
+	{
 		l0 = lg * e->layers_per_group;
 		l1 = l0 + e->layers_per_group;
 		if (l1 > e->layout.n_layers)
@@ -490,6 +570,7 @@ xstream_fill(struct kvt_engine *e, struct kvt_xfer *list, uint32_t lg, struct kv
 		v[i].src = (char *)kvt_slot_addr(e, xfer_src_tier[x->kind], x->src_slot) + off;
 		v[i].len = len;
 	}
+	return i;
 }
 
 /*
@@ -507,7 +588,7 @@ xstream_submit(struct kvt_engine *e, struct kvt_xstream *xs, struct kvt_xgroup *
 	int rc = 0;
 
 	for (i = 0; i < g->n_ev && !rc; i++) {
-		xstream_fill(e, g->xfers, layered ? i : UINT32_MAX, v);
+		n = xstream_fill(e, g->xfers, layered ? i : UINT32_MAX, v);
 		rc = e->dev->ops->copy_batch_async(e->dev, xs->s, v, n);
 		/* a batch that failed part-way may have queued some copies (a per-copy
 		 * fallback): they must finish before their slots can be freed */
@@ -544,6 +625,9 @@ xstream_flush(struct kvt_engine *e, struct kvt_xstream *xs)
 		return 0;
 	xs->pending = NULL;
 	xs->n_pending = 0;
+	if (xs == &e->d2h) /* descriptors: a partial demotion has one per layer and K or V */
+		for (n = 0, x = list; x; x = x->next)
+			n += xfer_d2h_pieces(e, x, NULL, NULL);
 	if (n > 64 && !(v = kvt_malloc(n * sizeof *v))) {
 		rc = kvt_err(-ENOMEM, "copy descriptors");
 		goto fail;

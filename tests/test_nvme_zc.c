@@ -595,7 +595,7 @@ test_engine_append_keeps_host_source_of_write(void **state)
 	assert_int_equal(kvt_slot_alloc(e, KVT_TIER_NVME, id, &ns), 0);
 	assert_int_equal(kvt_xfer_h2n(e, id, ns, false, true), 0);
 	assert_int_equal(b->busy, 1);
-	kvt_block_bump_ver(e, id); /* what an append to the block does */
+	kvt_block_bump_ver(e, id, 0); /* what an append to the block does */
 	assert_int_equal(kvt_owner(e, KVT_TIER_HOST, h), id); /* not freed under the write */
 	assert_int_equal(b->slot[KVT_TIER_HOST], h);
 	assert_false(kvt_copy_valid(b, KVT_TIER_HOST)); /* but no longer valid */

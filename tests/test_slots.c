@@ -145,12 +145,73 @@ test_owner_values_and_threaded_list(void **state)
 	kvt_slots_fini(&s);
 }
 
+/* Shadows: free for counting, handed out only after the free list, claimed back by owner with
+ * what they keep, clamped, replaced by a second shadow of the owner, forgotten by take. */
+static void
+test_shadows(void **state)
+{
+	struct kvt_slots s;
+	uint32_t a, b, x, v;
+
+	(void)state;
+	assert_int_equal(kvt_slots_init(&s, 3), 0);
+	assert_int_equal(kvt_slots_alloc(&s, &a), 0);
+	assert_int_equal(kvt_slots_free_shadow(&s, a, 7, 5), 0); /* not enabled: a plain free */
+	assert_int_equal(kvt_slots_claim_shadow(&s, 7, &x, &v), -ENOENT);
+	assert_int_equal(kvt_slots_shadow_enable(&s), 0);
+	assert_int_equal(kvt_slots_alloc(&s, &a), 0);
+	assert_int_equal(kvt_slots_alloc(&s, &b), 0);
+	assert_int_equal(kvt_slots_free_shadow(&s, a, 7, 5), 0);
+	assert_int_equal(kvt_slots_free_shadow(&s, a, 7, 5), -EINVAL); /* double free */
+	assert_int_equal(s.n_free, 2);
+	assert_false(kvt_slots_is_used(&s, a));
+	/* the free list first: the shadow survives one alloc */
+	assert_int_equal(kvt_slots_alloc(&s, &x), 0);
+	assert_true(x != a);
+	assert_int_equal(kvt_slots_claim_shadow(&s, 8, &x, &v), -ENOENT); /* another owner */
+	kvt_slots_shadow_clamp(&s, 7, 9);                                  /* never raises */
+	kvt_slots_shadow_clamp(&s, 7, 3);
+	assert_int_equal(kvt_slots_claim_shadow(&s, 7, &x, &v), 0);
+	assert_int_equal(x, a);
+	assert_int_equal(v, 3);
+	assert_true(kvt_slots_is_used(&s, a));
+	assert_int_equal(s.n_free, 0);
+	assert_int_equal(kvt_slots_claim_shadow(&s, 7, &x, &v), -ENOENT); /* once */
+	/* only shadows left: alloc gives one up */
+	assert_int_equal(kvt_slots_free_shadow(&s, a, 7, 4), 0);
+	assert_int_equal(kvt_slots_alloc(&s, &x), 0);
+	assert_int_equal(x, a);
+	assert_int_equal(kvt_slots_claim_shadow(&s, 7, &x, &v), -ENOENT);
+	assert_int_equal(kvt_slots_alloc(&s, &x), -ENOSPC);
+	/* a second shadow of an owner (or one of an owner on the same entry) frees the first */
+	assert_int_equal(kvt_slots_free_shadow(&s, a, 7, 4), 0);
+	assert_int_equal(kvt_slots_free_shadow(&s, b, 7 + KVT_SLOTS_SHADOWS, 2), 0);
+	assert_int_equal(s.n_shadow, 1);
+	assert_int_equal(s.n_free, 2);
+	assert_int_equal(kvt_slots_claim_shadow(&s, 7, &x, &v), -ENOENT);
+	assert_int_equal(kvt_slots_alloc(&s, &x), 0);
+	assert_int_equal(x, a); /* the free list's */
+	kvt_slots_shadow_clamp(&s, 7 + KVT_SLOTS_SHADOWS, 0); /* 0: onto the free list */
+	assert_int_equal(s.n_shadow, 0);
+	assert_int_equal(kvt_slots_alloc(&s, &x), 0);
+	assert_int_equal(x, b);
+	/* take rebuilds the free list with the shadows on it */
+	assert_int_equal(kvt_slots_free_shadow(&s, b, 1, 1), 0);
+	assert_int_equal(kvt_slots_take(&s, &a, 0), 0);
+	assert_int_equal(s.n_shadow, 0);
+	assert_int_equal(kvt_slots_claim_shadow(&s, 1, &x, &v), -ENOENT);
+	assert_int_equal(kvt_slots_alloc(&s, &x), 0);
+	assert_int_equal(x, b);
+	kvt_slots_fini(&s);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_alloc_all_then_enospc),
 		cmocka_unit_test(test_first_is_zero_and_lifo_reuse),
+		cmocka_unit_test(test_shadows),
 		cmocka_unit_test(test_double_free_and_range),
 		cmocka_unit_test(test_zero_slots),
 		cmocka_unit_test(test_owner_values_and_threaded_list),

@@ -9,7 +9,8 @@
  * first, which keeps the working set of HBM/HOST slots warm in caches and TLBs), and one bit
  * per slot says which slots are allocated, so that a double free or an out-of-range id is
  * refused instead of corrupting the list and a free slot's owner reads as KVT_SLOTS_FREE.
- * Every operation but kvt_slots_take is O(1); memory is 4 bytes and 1 bit per slot.
+ * Every operation but kvt_slots_take is O(1) (an alloc that gives up a shadow: amortised); memory
+ * is 4 bytes and 1 bit per slot, plus 6 KiB for shadows where enabled (below).
  *
  * Threading: not thread-safe; the engine calls it under its mutex.
  */
@@ -21,12 +22,24 @@
 
 #define KVT_SLOTS_FREE UINT32_MAX /* owner value of a free slot (== KVT_NIL) */
 
+/* A free slot that still holds a block's older bytes (kvt_slots_free_shadow). */
+struct kvt_slot_shadow {
+	uint32_t slot;   /* KVT_SLOTS_FREE: entry unused */
+	uint32_t owner;  /* whose bytes (the engine: the block id) */
+	uint32_t valid;  /* what of them is still good (the engine: leading tokens) */
+};
+
+#define KVT_SLOTS_SHADOWS 512u /* shadow entries (direct-mapped by owner), 12 bytes each */
+
 struct kvt_slots {
 	uint32_t n_slots; /* slots managed, ids 0..n_slots-1 */
-	uint32_t n_free;  /* free slots (length of the free list) */
+	uint32_t n_free;  /* free slots: the free list's and the shadows */
 	uint32_t head;    /* free slot handed out next, KVT_SLOTS_FREE when none */
 	uint32_t *ent;    /* [n_slots] owner value (allocated) or next free slot (free) */
 	uint64_t *used;   /* [ceil(n_slots / 64)] bit set while a slot is allocated */
+	struct kvt_slot_shadow *sh; /* [KVT_SLOTS_SHADOWS] or NULL: shadows off */
+	uint32_t n_shadow;  /* entries in use: free slots not on the free list */
+	uint32_t sh_cursor; /* where alloc looks for a shadow to give up next */
 };
 
 /**
@@ -61,6 +74,38 @@ int kvt_slots_free(struct kvt_slots *s, uint32_t slot);
  */
 int kvt_slots_take(struct kvt_slots *s, const uint32_t *slots, uint32_t n);
 
+/*
+ * Shadows: a slot freed with kvt_slots_free_shadow() counts as free (n_free, every room
+ * computation) but is handed out only when the free list is empty, so the bytes it holds
+ * stay until the slot is needed: the engine keeps there the HOST copy an append made old, and
+ * a later demotion of the block copies only what changed into it (kvt_slots_claim_shadow).
+ * One entry per owner, at most KVT_SLOTS_SHADOWS, direct-mapped by owner: a second shadow
+ * of an owner, or one of another owner on the same entry, puts the older one on the free
+ * list. A shadow slot reads as free (kvt_slots_is_used false, owner KVT_SLOTS_FREE).
+ */
+
+/** kvt_slots_shadow_enable() - allow shadows on @s. Returns 0 or -ENOMEM (@s unchanged). */
+int kvt_slots_shadow_enable(struct kvt_slots *s);
+
+/**
+ * kvt_slots_free_shadow() - free allocated @slot as @owner's shadow, @valid (> 0) saying what
+ * of its bytes stays good. Without shadows enabled (or @valid 0) a plain kvt_slots_free().
+ * Returns 0, or -EINVAL as kvt_slots_free (then nothing changed).
+ */
+int kvt_slots_free_shadow(struct kvt_slots *s, uint32_t slot, uint32_t owner, uint32_t valid);
+
+/**
+ * kvt_slots_claim_shadow() - take @owner's shadow back, allocated (owner value KVT_SLOTS_FREE,
+ * as alloc gives): *slot and *valid receive it. Returns 0, or -ENOENT when @owner has none
+ * (nothing changed).
+ */
+int kvt_slots_claim_shadow(struct kvt_slots *s, uint32_t owner, uint32_t *slot,
+			   uint32_t *valid);
+
+/** kvt_slots_shadow_clamp() - @owner's shadow, if any, keeps at most @valid (0: it goes on the
+ * free list). */
+void kvt_slots_shadow_clamp(struct kvt_slots *s, uint32_t owner, uint32_t valid);
+
 /** kvt_slots_used() - number of slots allocated now. */
 uint32_t kvt_slots_used(const struct kvt_slots *s);
 
@@ -91,7 +136,8 @@ kvt_slots_set_owner(struct kvt_slots *s, uint32_t slot, uint32_t owner)
 static inline uint64_t
 kvt_slots_meta_bytes(const struct kvt_slots *s)
 {
-	return (uint64_t)s->n_slots * sizeof *s->ent + ((uint64_t)s->n_slots + 63) / 64 * 8;
+	return (uint64_t)s->n_slots * sizeof *s->ent + ((uint64_t)s->n_slots + 63) / 64 * 8 +
+	       (s->sh ? KVT_SLOTS_SHADOWS * sizeof *s->sh : 0);
 }
 
 #endif /* KVT_TIERS_SLOTS_H */

@@ -148,12 +148,11 @@ hb_copied_bytes(const struct hb_run *x)
 
 	for (uint32_t g = 0; g < x->p.n_groups; g++) {
 		const struct kvt_stats *s0 = &x->p.s0[g], *s1 = &x->p.s1[g];
-		uint64_t blocks = s1->blocks_moved[KVT_MOVE_HOST_TO_HBM] -
-				  s0->blocks_moved[KVT_MOVE_HOST_TO_HBM] +
-				  s1->blocks_moved[KVT_MOVE_HBM_TO_HOST] -
-				  s0->blocks_moved[KVT_MOVE_HBM_TO_HOST];
-
-		bytes += (double)blocks * (double)x->r.mem[g].block_bytes;
+		/* bytes, not blocks x block_bytes: a demotion into a shadow copies a part */
+		bytes += (double)(s1->bytes_moved[KVT_MOVE_HOST_TO_HBM] -
+				  s0->bytes_moved[KVT_MOVE_HOST_TO_HBM] +
+				  s1->bytes_moved[KVT_MOVE_HBM_TO_HOST] -
+				  s0->bytes_moved[KVT_MOVE_HBM_TO_HOST]);
 	}
 	return bytes / n;
 }
