@@ -1407,6 +1407,12 @@ struct kvt_group {
 	                              window bounds), STATE 2; and a WINDOW or STATE pool gets at
 	                              least that bound (plus half a block) of HBM, taken from the
 	                              other pools in proportion, when their floors leave room.
+	                              That bound is a decoding sequence's: a prefill chunk of n
+	                              tokens reads back from its first token, so it holds up to
+	                              ceil(sink / tpb) + ceil((window + n) / tpb) + 1 blocks at
+	                              its prepare, and with the default split a small HBM may
+	                              answer KVT_ETOOBIG for it: set shares sized for the
+	                              chunks, or prepare windows (kvt_seq_range) of it.
 	                              Otherwise every storage group sets one and they sum to at
 	                              most 1. ALIAS: ignored */
 	/* STATE (issue 17; "STATE groups" above) */
