@@ -37,6 +37,7 @@
 #include <cjson/cJSON.h>
 
 #include "dsa.h"
+#include "kernels/sparse.h"
 #include "hf.h"
 #include "support/kvt_test.h"
 #include "util.h"
@@ -443,6 +444,91 @@ test_refused_modes(void **state)
 	dsa_free(&f);
 }
 
+/*
+ * hf_torch_topk against torch.topk itself (tests/data/hf/topk-ties.json, written by
+ * tools/hf-fixtures/topk_ties.py): causal rows of quartered small integers (exact ties, as
+ * ReLU zeros make them in the indexer) then finfo.min, lengths on both sides of ATen's
+ * partial_sort / nth_element switch. Every row's members must be torch's; and the rows where
+ * the lower index of a tie (kvt_topk_blocks) would choose otherwise must be many, or the
+ * fixture tests nothing.
+ */
+static void
+test_ties_broken_as_torch(void **state)
+{
+	char path[4200];
+	const cJSON *rows, *row;
+	uint32_t n_rows = 0, n_differ = 0;
+	char *text;
+	cJSON *doc;
+	long len;
+	FILE *f;
+
+	(void)state;
+	snprintf(path, sizeof path, "%s/../topk-ties.json", dsa_dir());
+	f = fopen(path, "rb");
+	assert_non_null(f);
+	assert_int_equal(fseek(f, 0, SEEK_END), 0);
+	len = ftell(f);
+	assert_true(len > 2);
+	rewind(f);
+	text = calloc((size_t)len + 1, 1);
+	assert_non_null(text);
+	assert_int_equal(fread(text, 1, (size_t)len, f), (size_t)len);
+	fclose(f);
+	doc = cJSON_Parse(text);
+	free(text);
+	assert_non_null(doc);
+	rows = cJSON_GetObjectItemCaseSensitive(doc, "rows");
+	assert_true(cJSON_IsArray(rows));
+	cJSON_ArrayForEach(row, rows) {
+		uint32_t n = (uint32_t)cJSON_GetObjectItemCaseSensitive(row, "n")->valuedouble;
+		uint32_t k = (uint32_t)cJSON_GetObjectItemCaseSensitive(row, "k")->valuedouble;
+		uint32_t nv = (uint32_t)cJSON_GetObjectItemCaseSensitive(row, "n_valid")->valuedouble;
+		const cJSON *q = cJSON_GetObjectItemCaseSensitive(row, "q");
+		const cJSON *want = cJSON_GetObjectItemCaseSensitive(row, "picked");
+		float *v = calloc(nv, sizeof(float));
+		uint32_t *out = calloc(n, sizeof(uint32_t)), *low = calloc(n, sizeof(uint32_t));
+		void *work = calloc(n, 16);
+		int got, i = 0, nl;
+
+		assert_true(v && out && low && work);
+		assert_int_equal((uint32_t)cJSON_GetArraySize(q), nv);
+		for (const cJSON *x = q->child; x; x = x->next)
+			v[i++] = (float)x->valuedouble / 4.0f;
+		got = hf_torch_topk(v, n, k, nv, work, out);
+		assert_int_equal(got, cJSON_GetArraySize(want));
+		i = 0;
+		for (const cJSON *x = want->child; x; x = x->next, i++)
+			if (out[i] != (uint32_t)x->valuedouble)
+				fail_msg("row %u (n %u, k %u, n_valid %u): member %d is %u, torch's %u",
+					 n_rows, n, k, nv, i, out[i], (uint32_t)x->valuedouble);
+		nl = kvt_topk_blocks(v, nv, k < nv ? k : nv, low);
+		assert_int_equal(nl, got);
+		if (memcmp(low, out, (size_t)got * sizeof(uint32_t)) != 0)
+			n_differ++;
+		n_rows++;
+		free(v);
+		free(out);
+		free(low);
+		free(work);
+	}
+	assert_int_equal(n_rows, 182);
+	assert_true(n_differ >= n_rows / 4);
+	/* bad arguments */
+	{
+		float one = 1.0f;
+		uint32_t o[2];
+		char w[32];
+
+		assert_int_equal(hf_torch_topk(NULL, 1, 1, 1, w, o), -EINVAL);
+		assert_int_equal(hf_torch_topk(&one, 1, 1, 2, w, o), -EINVAL);
+		assert_int_equal(hf_torch_topk(&one, 1, 0, 1, w, o), -EINVAL);
+		assert_int_equal(hf_torch_topk(&one, 2, 5, 1, w, o), 1);
+		assert_int_equal(o[0], 0);
+	}
+	cJSON_Delete(doc);
+}
+
 int
 main(void)
 {
@@ -455,6 +541,7 @@ main(void)
 		cmocka_unit_test(test_persist_kill9),
 		cmocka_unit_test(test_selected_blocks_on_nvme),
 		cmocka_unit_test(test_selection_matches_transformers),
+		cmocka_unit_test(test_ties_broken_as_torch),
 		cmocka_unit_test(test_refused_modes),
 		cmocka_unit_test(test_bench_sparse_smoke),
 	};

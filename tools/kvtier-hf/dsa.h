@@ -26,9 +26,16 @@
  *
  * Selection (transformers' DeepseekV32Indexer, eager): the query at pos scores the keys of
  * positions 0..pos (its own included: the causal mask), kvt_dsa_index_scores_ref; the top
- * min(index_topk, pos + 1) positions are selected, ascending (kvt_topk_blocks: ties to the lower
- * position; transformers' torch.topk leaves ties unspecified, the fixture's min_topk_margin says
- * its reference has none). Positions < index_topk select everything visible.
+ * min(index_topk, pos + 1) positions are selected, ascending. Exact ties (ReLU zeros, common
+ * with few indexer heads) are broken as torch.topk breaks them in the reference's single
+ * forward pass over the whole path (hf_torch_topk; run.c passes n_pass = the positions of
+ * that pass, n_prompt + gen - 1): its CPU topk is libstdc++'s nth_element, whose choice among
+ * equal values depends on the row's length, so a pass of another length (transformers' own
+ * per-step greedy passes, or its cached decode) may choose others: gen.py then warns that the
+ * argmax of its full pass differs from its greedy path, and no runner can match both (the
+ * check says so). Near-ties (below the float error of a sum in another order) are not
+ * reproducible: reference.json's min_topk_margin gives the smallest gap. Positions <
+ * index_topk select everything visible.
  */
 #ifndef KVHF_DSA_H
 #define KVHF_DSA_H
@@ -41,8 +48,27 @@
  * hf_dsa_select() - the positions the query at @pos attends to: @keys [pos + 1][dim] (0..pos),
  * the indexer's query @q [n_heads][dim] and head weights @w [n_heads]; @scores [pos + 1]
  * scratch; @out receives min(topk, pos + 1) positions ascending. Returns that count or -EINVAL.
+ * @n_pass 0: ties go to the lower position (kvt_topk_blocks). @n_pass > 0 (with @work of
+ * max(n_pass, pos + 1) x 16 bytes): the choice transformers makes in one forward pass over
+ * @n_pass positions, its row @pos masked past @pos (hf_torch_topk), which differs from the
+ * lower position only where index scores tie exactly (ReLU zeros: a query whose heads all
+ * score a key <= 0 gives it exactly 0).
  */
 int hf_dsa_select(const float *q, const float *w, uint32_t n_heads, uint32_t dim,
-		  const float *keys, uint32_t pos, uint32_t topk, float *scores, uint32_t *out);
+		  const float *keys, uint32_t pos, uint32_t topk, uint32_t n_pass, float *scores,
+		  void *work, uint32_t *out);
+
+/**
+ * hf_torch_topk() - the members of torch.topk(row, k) (CPU, float32, largest) where the row is
+ * @row [n_valid] followed by n - n_valid entries below every value (a causal mask's finfo.min
+ * added): libstdc++'s std::nth_element (k x 64 > n) or std::partial_sort (else) over
+ * (value, index) pairs compared by value, as ATen's topk_impl_loop calls them, so that ties
+ * are broken as torch breaks them (checked against torch by tools/hf-fixtures/topk_ties.py's
+ * fixture: tests/test_hf_dsa.c). @work: n x 16 bytes. @out receives the members below
+ * n_valid, ascending (at most min(k, n_valid)); returns their count, or -EINVAL for a NULL
+ * pointer, n or k 0, or n_valid > n. A k above n is n.
+ */
+int hf_torch_topk(const float *row, uint32_t n, uint32_t k, uint32_t n_valid, void *work,
+		  uint32_t *out);
 
 #endif /* KVHF_DSA_H */

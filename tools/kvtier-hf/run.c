@@ -68,6 +68,7 @@ struct hf_run {
 	struct kvt_seq_range *kranges; /* [P / tpb + 1]: blocks whose keys need a prepare */
 	uint32_t *sel;        /* [index_topk] the selected positions */
 	float *iscores;       /* [P] index scores */
+	void *tkwork;         /* [P] x 16 bytes: hf_torch_topk's pairs */
 	struct kvt_seq_range *ranges; /* [index_topk] one-block ranges */
 	uint32_t *stamp;      /* [blocks] the last step (pos + 1) that read each block */
 	struct kvt_seq_range *pf; /* [P / tpb + 1] opts.dsa_prefetch: the step's blocks, in
@@ -1126,7 +1127,7 @@ hf_dsa_attend(struct hf_run *c, kvt_seq_id seq, uint32_t l, uint32_t pos, const 
 	if (rc)
 		return rc;
 	rc = hf_dsa_select(c->st.iq, c->st.iw, (uint32_t)m->index_n_heads, dim, c->keys, pos,
-			   (uint32_t)m->index_topk, c->iscores, c->sel);
+			   (uint32_t)m->index_topk, c->P - 1, c->iscores, c->tkwork, c->sel);
 	if (rc < 1)
 		return rc < 0 ? rc : kvtr_err(-EPROTO, "the indexer selected nothing");
 	n = (uint32_t)rc;
@@ -1692,6 +1693,7 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 		c.sel = calloc(tk, sizeof(uint32_t));
 		c.ranges = calloc(tk, sizeof(*c.ranges));
 		c.iscores = calloc(P, sizeof(float));
+		c.tkwork = calloc(P, 16);
 		c.stamp = calloc(P / tpb + 1, sizeof(uint32_t));
 		c.ikey = calloc((size_t)c.m->n_layers * dim, sizeof(float));
 		c.keys = calloc(((size_t)P / tpb + 2) * tpb * dim, sizeof(float));
@@ -1702,7 +1704,7 @@ kvhf_run(const struct kvhf_opts *o, struct kvhf_result *r)
 			c.psel = calloc((size_t)c.m->n_layers * tk, sizeof(*c.psel));
 			c.n_psel = calloc((size_t)c.m->n_layers, sizeof(uint32_t));
 		}
-		if (!c.sel || !c.ranges || !c.iscores || !c.stamp || !c.ikey || !c.keys ||
+		if (!c.sel || !c.ranges || !c.iscores || !c.tkwork || !c.stamp || !c.ikey || !c.keys ||
 		    !c.kranges || !c.pf || !c.hbuf ||
 		    (o->dsa_prefetch == 2 && (!c.psel || !c.n_psel))) {
 			rc = kvtr_err(-ENOMEM, "out of memory");
@@ -1770,6 +1772,7 @@ out_free:
 	free(c.sel);
 	free(c.ranges);
 	free(c.iscores);
+	free(c.tkwork);
 	free(c.stamp);
 	free(c.ikey);
 	free(c.keys);
