@@ -444,8 +444,7 @@ test_refused(void **state)
 	assert_int_equal(kvhf_model_share_kv(m, 1), KVT_ENOTSUP);
 	kvhf_ref_free(&ref);
 	kvhf_model_free(m);
-	/* an odd rotary part (head_dim 20 x partial_rotary_factor 0.25 = 5): refused, not run
-	 * wrong (the held-back variant qwen3-next-odd-rotary of tools/hf-fixtures/variants.py) */
+	/* an odd head_dim (17): refused, not run wrong (an odd rotary part is run: test_rot5) */
 	{
 		char *dir = tsup_mkdtemp(), src[4200], dst[4200], buf[8192], *p;
 		FILE *f;
@@ -459,7 +458,7 @@ test_refused(void **state)
 		buf[len] = '\0';
 		p = strstr(buf, "\"head_dim\": 16");
 		assert_non_null(p);
-		memcpy(p, "\"head_dim\": 20", 14);
+		memcpy(p, "\"head_dim\": 17", 14);
 		snprintf(dst, sizeof dst, "%s/config.json", dir);
 		f = fopen(dst, "w");
 		assert_non_null(f);
@@ -467,10 +466,54 @@ test_refused(void **state)
 		fclose(f);
 		m = NULL;
 		assert_int_equal(kvhf_model_load(dir, &m), KVT_ENOTSUP);
-		assert_non_null(strstr(kvtr_last_error(), "rotary part of 5"));
+		assert_non_null(strstr(kvtr_last_error(), "head_dim 17"));
 		assert_null(m);
 		unlink(dst);
 		tsup_rmdir(dir);
+	}
+}
+
+/*
+ * An odd rotary part (tests/data/hf/qwen3-next-rot5: head_dim 20 x partial_rotary_factor 0.25
+ * = 5, which transformers' rope turns into 3 frequencies theta^(-2i/5) over the first 6 dims):
+ * all in HBM and HBM 10% / HOST 25%, tokens exact, logits within KVHF_TOL (refused before:
+ * the held-back variant qwen3-next-odd-rotary of tools/hf-fixtures/variants.py).
+ */
+static void
+test_rot5(void **state)
+{
+	for (int tiered = 0; tiered < 2; tiered++) {
+		struct kvhf_model *m = NULL;
+		struct kvhf_ref ref;
+		struct kvhf_result r;
+		struct kvhf_opts o;
+		double diff = -1.0;
+
+		(void)state;
+		if (kvhf_model_load(q3n_dir("qwen3-next-rot5"), &m))
+			fail_msg("load: %s", kvtr_last_error());
+		assert_int_equal(m->rotary_dim, 5);
+		if (kvhf_ref_load(q3n_dir("qwen3-next-rot5"), &ref))
+			fail_msg("reference: %s", kvtr_last_error());
+		kvhf_opts_init(&o);
+		o.model = m;
+		o.prompt = ref.prompt;
+		o.n_prompt = ref.n_prompt;
+		o.gen = ref.n_gen;
+		o.tokens_per_block = 4;
+		if (tiered) {
+			o.hbm_frac = 0.1f;
+			o.host_frac = 0.25f;
+		}
+		if (kvhf_run(&o, &r))
+			fail_msg("run: %s", kvtr_last_error());
+		if (kvhf_check(&ref, &r, KVHF_TOL, &diff))
+			fail_msg("%s: %s", tiered ? "tiered" : "all in HBM", kvtr_last_error());
+		print_message("qwen3-next-rot5 %s: max abs logit diff %.3g\n",
+			      tiered ? "HBM 10%, HOST 25%" : "all in HBM", diff);
+		kvhf_result_free(&r);
+		kvhf_ref_free(&ref);
+		kvhf_model_free(m);
 	}
 }
 
@@ -488,6 +531,7 @@ main(void)
 		cmocka_unit_test(test_memory_vs_calc),
 		cmocka_unit_test(test_check_detects_changes),
 		cmocka_unit_test(test_refused),
+		cmocka_unit_test(test_rot5),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

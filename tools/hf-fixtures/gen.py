@@ -138,6 +138,28 @@ def qwen3_next(seed):
     return Qwen3NextForCausalLM, cfg, dict(prompt=40, gen=88)
 
 
+def qwen3_next_rot5(seed):
+    """Qwen3-Next with an odd rotary part: head_dim 20 x partial_rotary_factor 0.25 = 5, which
+    transformers' rope turns into 3 frequencies over 6 dims (inv_freq = 1 / base^(arange(0, 5,
+    2) / 5)); one Gated DeltaNet layer then one full-attention layer, MQA. Needs
+    requirements-17.txt."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    cfg = Qwen3NextConfig(
+        vocab_size=120, hidden_size=40, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=20,
+        max_position_embeddings=512, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25},
+        linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention", "full_attention"],
+        mlp_only_layers=[0, 1], num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        tie_word_embeddings=False, attn_implementation="eager", bos_token_id=1,
+        eos_token_id=2, pad_token_id=0)
+    return Qwen3NextForCausalLM, cfg, dict(prompt=20, gen=60)
+
+
 def deepseek_v32(seed):
     """DeepSeek-V3.2 (DSA): MLA as deepseek-v3 plus the sparse indexer (16 heads of 16, top-k 8
     of a 128-token path: each query attends to at most 8 tokens), dense MLP in every layer.
@@ -157,12 +179,14 @@ def deepseek_v32(seed):
 
 
 MODELS = {"gemma3": gemma3, "deepseek-v3": deepseek_v3, "mistral-swa": mistral_swa,
-          "qwen2-swa": qwen2_swa, "qwen3-next": qwen3_next, "deepseek-v32": deepseek_v32}
+          "qwen2-swa": qwen2_swa, "qwen3-next": qwen3_next, "deepseek-v32": deepseek_v32,
+          "qwen3-next-rot5": qwen3_next_rot5}
 
 # The pinned environment of each model (a file beside this one): the issue-16 models keep
 # transformers 4.57.6 (their committed fixtures were written with it); qwen3_next and
 # deepseek_v32 need the later version of requirements-17.txt (4.57.6 has no deepseek_v32).
-REQUIREMENTS = {"qwen3-next": "requirements-17.txt", "deepseek-v32": "requirements-17.txt"}
+REQUIREMENTS = {"qwen3-next": "requirements-17.txt", "deepseek-v32": "requirements-17.txt",
+                "qwen3-next-rot5": "requirements-17.txt"}
 
 
 def pinned_transformers(name):

@@ -130,11 +130,16 @@ kvhf_fwd_matvec(float *y, const float *x, const float *w, const float *b, int n,
 	}
 }
 
-/* Default rope (rotate_half) over @d elements at @pos with @theta. */
+/*
+ * Default rope (rotate_half) of a rotary part of @d at @pos with @theta: ceil(d / 2)
+ * frequencies theta^(-2i / d) over the first 2 x ceil(d / 2) elements (transformers' default
+ * rope: inv_freq = 1 / base^(arange(0, d, 2) / d), cos/sin of twice that many dims, so an
+ * odd d rotates d + 1 elements).
+ */
 static void
 fwd_rope(float *x, int d, uint32_t pos, float theta)
 {
-	int half = d / 2;
+	int half = (d + 1) / 2;
 
 	for (int i = 0; i < half; i++) {
 		float inv = 1.0f / powf(theta, (float)(2 * i) / (float)d);

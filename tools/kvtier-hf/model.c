@@ -649,11 +649,13 @@ hf_config(struct kvhf_model *m, const cJSON *c)
 		if (m->dsa && (rc = hf_dsa_config(m, c)) != 0)
 			return rc;
 	} else {
-		if (m->head_dim % 2 || m->rotary_dim % 2 || m->rotary_dim < 2 ||
-		    m->rotary_dim > m->head_dim)
+		/* an odd rotary part r rotates r + 1 elements, as transformers' rope (fwd.c) */
+		if (m->head_dim % 2 || m->rotary_dim < 1 ||
+		    m->rotary_dim + m->rotary_dim % 2 > m->head_dim)
 			return kvtr_err(KVT_ENOTSUP, "config.json: head_dim %d with a rotary part of "
-					"%d: only an even rotary part of 2 .. head_dim is implemented "
-					"(transformers pads an odd one)", m->head_dim, m->rotary_dim);
+					"%d: an even head_dim and a rotary part of 1 .. head_dim "
+					"(rounded up to even) are implemented", m->head_dim,
+					m->rotary_dim);
 		m->kv_heads_stored = (uint32_t)m->n_kv_heads;
 		m->kv_head_dim_stored = (uint32_t)m->head_dim;
 	}
