@@ -182,7 +182,9 @@ kvt_xfer_d2h(struct kvt_engine *e, uint32_t id, uint32_t host_slot, uint32_t kep
 		return kvt_err(-ENOMEM, "transfer record");
 	x->kept = kept < e->layout.tokens_per_block ? kept : 0;
 	x->upto = x->kept ? xfer_block_fill(e, id) : 0;
-	if (x->upto <= x->kept) /* nothing new (or the sequence is not known): all of it */
+	/* nothing new (or the sequence is not known), or too little kept to be worth 2 copies a
+	 * layer instead of one (under a quarter of the written tokens): all of it */
+	if (x->upto <= x->kept || (uint64_t)x->kept * 4 < x->upto)
 		x->kept = 0;
 	x->evict_src = evict_src;
 	x->then_nvme = then_nvme;

@@ -193,6 +193,57 @@ test_shadow_demotes_only_new_tokens(void **state)
 	tsup_rmdir(dir);
 }
 
+/*
+ * A shadow that keeps under a quarter of the block's written tokens is not worth 2 copies a
+ * layer: the demotion moves the whole block (into the claimed slot); one that keeps a quarter
+ * or more moves only the new rows. 16 tokens a block: 1 kept of 16 moves the block, 4 of 16
+ * moves 12 tokens' rows.
+ */
+static void
+test_shadow_quarter_rule(void **state)
+{
+	static const int32_t toks[16] = { 0 };
+	int64_t map[16];
+	struct kvt_stats st = { .size = sizeof st };
+	struct kvt_engine_opts o;
+	struct kvt_engine *e;
+	uint64_t row, bb, before;
+	kvt_seq_id s;
+
+	(void)state;
+	for (uint32_t kept = 1; kept <= 4; kept += 3) {
+		tsup_opts_init(&o);
+		o.layout.tokens_per_block = 16;
+		row = (uint64_t)TSUP_LAYERS * 2 * TSUP_HEADS * TSUP_DIM * sizeof(float);
+		bb = 16 * row;
+		o.hbm_bytes = 4 * bb;
+		o.host_bytes = 4 * bb;
+		o.high_watermark = o.low_watermark = 1.0f;
+		e = NULL;
+		assert_int_equal(kvt_engine_create(&o, &e), 0);
+		assert_true(kvt_shadow_on(e));
+		assert_int_equal(e->block_bytes, bb);
+		assert_int_equal(kvt_seq_open(e, NULL, &s), 0);
+		assert_int_equal(kvt_seq_append(e, s, toks, kept, map), 0);
+		assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+		assert_int_equal(kvt_engine_drain(e), 0);
+		assert_int_equal(kvt_seq_resume(e, s), 0);
+		assert_int_equal(kvt_engine_drain(e), 0);
+		assert_int_equal(kvt_seq_append(e, s, toks, 16 - kept, map), 0);
+		assert_int_equal(e->slots[KVT_TIER_HOST].n_shadow, 1);
+		assert_int_equal(kvt_engine_stats(e, &st), 0);
+		before = st.bytes_moved[KVT_MOVE_HBM_TO_HOST];
+		assert_int_equal(kvt_seq_park(e, s, KVT_TIER_HOST), 0);
+		assert_int_equal(kvt_engine_drain(e), 0);
+		assert_int_equal(kvt_engine_stats(e, &st), 0);
+		assert_int_equal(st.bytes_moved[KVT_MOVE_HBM_TO_HOST] - before,
+				 kept == 1 ? bb : (16 - kept) * row);
+		tsup_check_engine(e);
+		assert_int_equal(kvt_seq_close(e, s), 0);
+		kvt_engine_destroy(e);
+	}
+}
+
 int
 main(void)
 {
@@ -200,6 +251,7 @@ main(void)
 		cmocka_unit_test(test_append_overtakes_slow_copy),
 		cmocka_unit_test(test_append_after_fast_copy),
 		cmocka_unit_test(test_shadow_demotes_only_new_tokens),
+		cmocka_unit_test(test_shadow_quarter_rule),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

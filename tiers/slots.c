@@ -65,6 +65,7 @@ kvt_slots_alloc(struct kvt_slots *s, uint32_t *out)
 		while (s->sh[s->sh_cursor].slot == KVT_SLOTS_FREE)
 			s->sh_cursor = (s->sh_cursor + 1) % KVT_SLOTS_SHADOWS;
 		shadow_drop(s, &s->sh[s->sh_cursor]);
+		s->sh_cursor = (s->sh_cursor + 1) % KVT_SLOTS_SHADOWS; /* the next scan goes on */
 	}
 	slot = s->head;
 	s->head = s->ent[slot];

@@ -9,8 +9,10 @@
  * first, which keeps the working set of HBM/HOST slots warm in caches and TLBs), and one bit
  * per slot says which slots are allocated, so that a double free or an out-of-range id is
  * refused instead of corrupting the list and a free slot's owner reads as KVT_SLOTS_FREE.
- * Every operation but kvt_slots_take is O(1) (an alloc that gives up a shadow: amortised); memory
- * is 4 bytes and 1 bit per slot, plus 6 KiB for shadows where enabled (below).
+ * Every operation is O(1) except kvt_slots_take and an alloc that gives up a shadow, which scans
+ * the shadow table on from where the last one gave up (at most KVT_SLOTS_SHADOWS entries; one
+ * sweep of the table gives up every shadow it passes). Memory is 4 bytes and 1 bit per slot,
+ * plus 6 KiB for shadows where enabled (below).
  *
  * Threading: not thread-safe; the engine calls it under its mutex.
  */
