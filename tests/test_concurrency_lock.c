@@ -533,7 +533,9 @@ st_observer(void *p)
 static void
 test_waits_release_lock_stress(void **state)
 {
-	struct tsup_cfg cfg = { .hbm_blocks = 24, .host_blocks = 16, .nvme_blocks = 64,
+	/* 128: 64 NVMe slots (tsup_engine), room for every sequence's blocks at once (with 32,
+	 * three threads parking to NVMe together ran out of the park's retries now and then) */
+	struct tsup_cfg cfg = { .hbm_blocks = 24, .host_blocks = 16, .nvme_blocks = 128,
 				.delay_us = 50 };
 	struct st_arg a[ST_THREADS + 1];
 	pthread_t t[ST_THREADS + 1];

@@ -287,7 +287,10 @@ tsup_engine(const struct tsup_cfg *c, char **dir)
 	if (c->nvme_blocks) {
 		*dir = tsup_mkdtemp();
 		o.nvme_dir = *dir;
-		/* NVMe slots are a 128-byte header plus the block, rounded up to 4 KiB */
+		/* nvme_blocks x (block + 128 B, rounded up to 4 KiB) bytes. A slot takes a 4 KiB
+		 * header page plus the block rounded up to 4 KiB (kvt_fmt_slot_bytes,
+		 * tiers/format.h): for the test block (1 KiB) that is nvme_blocks / 2 slots, and
+		 * the tests' NVMe pressure was sized with it */
 		o.nvme_bytes = (uint64_t)c->nvme_blocks * ((bb + 128 + 4095) / 4096 * 4096);
 	}
 	return tsup_create_ok(&o);
