@@ -63,6 +63,10 @@ extern "C" {
 #define KVT_VERSION_MINOR 1
 #define KVT_VERSION_PATCH 0
 #define KVT_VERSION_NUM (KVT_VERSION_MAJOR * 10000 + KVT_VERSION_MINOR * 100 + KVT_VERSION_PATCH)
+/* The "---- 0.N" marks inside the structs below name the symbol-version node (KVTIER_0.N,
+ * engine/kvtier.map) whose functions first read the fields after them: fields are only ever
+ * appended (a struct's size is passed where it can grow). The library's own version above
+ * stays 0.1.0 until its first tagged release. */
 
 /** Version of the library actually linked, as "MAJOR.MINOR.PATCH". Static string. */
 KVT_API const char *kvt_version(void);
@@ -1111,7 +1115,8 @@ struct kvt_stats {
 					 nvme_write and blocks_moved; kvt_engine_drain waits) */
 	struct kvt_lat_hist resume;   /* kvt_seq_resume calls that succeeded: host time in the
 					 call, which issues the promotions (the next prepare
-					 waits for what has not landed) */	/* ---- 0.5: REMOTE tier (all 0 without one) */
+					 waits for what has not landed) */
+	/* ---- 0.5: REMOTE tier (all 0 without one) */
 	uint64_t remote_publishes;    /* kvt_seq_publish_remote() jobs whose session value was
 					 stored (completions reaped by poll or drain) */
 	uint64_t remote_publish_failed; /* ... that failed (server down, breaker open, full):
