@@ -135,6 +135,15 @@ test_owner_values_and_threaded_list(void **state)
 	kvt_slots_fini(&s);
 
 	assert_int_equal(kvt_slots_init(&s, N), 0);
+	{ /* a slot given twice, or out of range: -EINVAL, nothing changed */
+		const uint32_t twice[3] = { 5, 1, 5 }, far[2] = { 1, N };
+
+		assert_int_equal(kvt_slots_take(&s, twice, 3), -EINVAL);
+		assert_int_equal(kvt_slots_take(&s, far, 2), -EINVAL);
+		assert_int_equal(kvt_slots_used(&s), 0);
+		assert_int_equal(s.n_free, N);
+		assert_false(kvt_slots_is_used(&s, 1) || kvt_slots_is_used(&s, 5));
+	}
 	assert_int_equal(kvt_slots_take(&s, taken, 2), 0);
 	assert_int_equal(kvt_slots_used(&s), 2);
 	for (i = 0; i < N - 2; i++) {

@@ -170,9 +170,17 @@ kvt_slots_take(struct kvt_slots *s, const uint32_t *slots, uint32_t n)
 		if (slots[i] >= s->n_slots || kvt_slots_is_used(s, slots[i]))
 			return kvt_err(-EINVAL, "slot %u out of range or taken", slots[i]);
 	for (i = 0; i < n; i++) {
+		if (kvt_slots_is_used(s, slots[i])) { /* given twice: undo this call's marks */
+			uint32_t twice = slots[i];
+
+			while (i-- > 0)
+				s->used[slots[i] / 64] &= ~(1ull << (slots[i] % 64));
+			return kvt_err(-EINVAL, "slot %u given twice", twice);
+		}
 		s->used[slots[i] / 64] |= 1ull << (slots[i] % 64);
-		s->ent[slots[i]] = KVT_SLOTS_FREE;
 	}
+	for (i = 0; i < n; i++)
+		s->ent[slots[i]] = KVT_SLOTS_FREE;
 	for (i = 0; s->sh && i < KVT_SLOTS_SHADOWS; i++) /* they join the free list below */
 		s->sh[i].slot = KVT_SLOTS_FREE;
 	s->n_shadow = 0;

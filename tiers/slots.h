@@ -70,9 +70,9 @@ int kvt_slots_free(struct kvt_slots *s, uint32_t slot);
 
 /**
  * kvt_slots_take() - mark the @n given slots allocated (used at start-up, to keep the slots of a
- * persistent store's sessions), their owner values KVT_SLOTS_FREE. O(n_slots). Returns 0, or
- * -EINVAL (a slot out of range, taken or given twice) with nothing changed... except slots
- * before the bad one when given twice.
+ * persistent store's sessions), their owner values KVT_SLOTS_FREE; every shadow is dropped
+ * (its slot joins the free list). O(n_slots). Returns 0, or -EINVAL (a slot out of range,
+ * taken, or given twice) with nothing changed.
  */
 int kvt_slots_take(struct kvt_slots *s, const uint32_t *slots, uint32_t n);
 
