@@ -529,6 +529,40 @@ test_ties_broken_as_torch(void **state)
 	cJSON_Delete(doc);
 }
 
+/*
+ * kvhf_check on a token that differs: the logit diff covers only the rows both paths share
+ * (those before it), and the message says when the reference's own logits chose our token
+ * (a reference at odds with itself, as an indexer tie makes it).
+ */
+static void
+test_check_token_mismatch(void **state)
+{
+	int32_t prompt[2] = { 1, 2 }, gen[2] = { 0, 1 }, ours[4] = { 1, 2, 0, 2 };
+	float rl[3][3] = { { 0, 0, 1 }, { 5, 1, 0 }, { 0, 3, 1 } };  /* after 2: argmax 1 */
+	float ol[3][3] = { { 0, 0, 1.5f }, { 5, 1, 0 }, { 0, 1, 2 } }; /* off by 0.5, 2, 1 */
+	struct kvhf_ref ref = { .prompt = prompt, .n_prompt = 2, .gen = gen, .n_gen = 2,
+				.logits = &rl[0][0], .n_logits = 3, .vocab = 3 };
+	struct kvhf_result r = { .tokens = ours, .n_tokens = 4, .logits = &ol[0][0],
+				 .n_logits = 3 };
+	double diff = -1.0;
+
+	(void)state;
+	assert_int_equal(kvhf_check(&ref, &r, KVHF_TOL, &diff), KVT_EFORMAT);
+	assert_true(diff == 2.0); /* rows 0..2: the positions before token 3 (row 2 chose it) */
+	assert_non_null(strstr(kvtr_last_error(), "token 3 (generated step 1) is 2"));
+	assert_null(strstr(kvtr_last_error(), "argmax"));
+	rl[2][2] = 4; /* now the reference's own row after position 2 says 2 */
+	assert_int_equal(kvhf_check(&ref, &r, KVHF_TOL, &diff), KVT_EFORMAT);
+	assert_non_null(strstr(kvtr_last_error(), "argmax of the reference's own logits"));
+	ours[3] = 1; /* every token the reference's: every row counts */
+	ol[0][2] = 1;
+	ol[2][1] = 3;
+	ol[2][2] = 1;
+	rl[2][2] = 1;
+	assert_int_equal(kvhf_check(&ref, &r, KVHF_TOL, &diff), 0);
+	assert_true(diff == 0.0);
+}
+
 int
 main(void)
 {
@@ -542,6 +576,7 @@ main(void)
 		cmocka_unit_test(test_selected_blocks_on_nvme),
 		cmocka_unit_test(test_selection_matches_transformers),
 		cmocka_unit_test(test_ties_broken_as_torch),
+		cmocka_unit_test(test_check_token_mismatch),
 		cmocka_unit_test(test_refused_modes),
 		cmocka_unit_test(test_bench_sparse_smoke),
 	};

@@ -149,7 +149,7 @@ int
 kvhf_check(const struct kvhf_ref *ref, const struct kvhf_result *r, double tol,
 	   double *max_diff)
 {
-	uint32_t P = ref->n_prompt + ref->n_gen, V = ref->vocab;
+	uint32_t P = ref->n_prompt + ref->n_gen, V = ref->vocab, first = P, rows;
 	double worst = 0.0;
 	uint32_t wp = 0, wi = 0;
 
@@ -157,11 +157,31 @@ kvhf_check(const struct kvhf_ref *ref, const struct kvhf_result *r, double tol,
 	if (r->n_tokens != P || r->n_logits != ref->n_logits)
 		return kvtr_err(KVT_EFORMAT, "the run has %u tokens and %u logit rows, the reference "
 				"%u and %u", r->n_tokens, r->n_logits, P, ref->n_logits);
-	for (uint32_t p = 0; p < P; p++) {
+	for (uint32_t p = 0; p < P && first == P; p++) {
 		int32_t want = p < ref->n_prompt ? ref->prompt[p] : ref->gen[p - ref->n_prompt];
 
-		if (r->tokens[p] == want)
-			continue;
+		if (r->tokens[p] != want)
+			first = p;
+	}
+	/* the rows of the positions both paths share: all of them, or those before the first
+	 * token that differs (the row after position first - 1 chose it) */
+	rows = first < ref->n_logits ? first : ref->n_logits;
+	for (uint32_t p = 0; p < rows; p++)
+		for (uint32_t i = 0; i < V; i++) {
+			double d = fabs((double)r->logits[(size_t)p * V + i] -
+					(double)ref->logits[(size_t)p * V + i]);
+
+			if (!(d <= worst)) { /* NaN too */
+				worst = isnan(d) ? INFINITY : d;
+				wp = p;
+				wi = i;
+			}
+		}
+	*max_diff = worst;
+	if (first < P) {
+		uint32_t p = first;
+		int32_t want = p < ref->n_prompt ? ref->prompt[p] : ref->gen[p - ref->n_prompt];
+
 		if (p >= 1 && p - 1 < ref->n_logits &&
 		    ref_argmax(ref->logits + (size_t)(p - 1) * V, V) == r->tokens[p])
 			return kvtr_err(KVT_EFORMAT, "token %u (generated step %d) is %d, the "
@@ -174,18 +194,6 @@ kvhf_check(const struct kvhf_ref *ref, const struct kvhf_result *r, double tol,
 		return kvtr_err(KVT_EFORMAT, "token %u (generated step %d) is %d, the reference "
 				"has %d", p, (int)p - (int)ref->n_prompt, r->tokens[p], want);
 	}
-	for (uint32_t p = 0; p < ref->n_logits; p++)
-		for (uint32_t i = 0; i < V; i++) {
-			double d = fabs((double)r->logits[(size_t)p * V + i] -
-					(double)ref->logits[(size_t)p * V + i]);
-
-			if (!(d <= worst)) { /* NaN too */
-				worst = isnan(d) ? INFINITY : d;
-				wp = p;
-				wi = i;
-			}
-		}
-	*max_diff = worst;
 	if (!(worst <= tol))
 		return kvtr_err(KVT_EFORMAT, "logit %u after position %u differs by %g (tolerance "
 				"%g): %.9g here, %.9g in the reference", wi, wp, worst, tol,
