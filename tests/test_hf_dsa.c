@@ -251,6 +251,25 @@ test_selected_blocks_on_nvme(void **state)
 	dsa_case(DSA_NVME_READ, 4, NULL, NULL);
 }
 
+/* The whole of @path, NUL-terminated (the caller frees); *len its size. */
+static char *
+dsa_slurp(const char *path, long *len)
+{
+	char *buf;
+	FILE *f = fopen(path, "rb");
+
+	assert_non_null(f);
+	assert_int_equal(fseek(f, 0, SEEK_END), 0);
+	*len = ftell(f);
+	assert_true(*len > 2);
+	rewind(f);
+	buf = calloc((size_t)*len + 1, 1);
+	assert_non_null(buf);
+	assert_int_equal(fread(buf, 1, (size_t)*len, f), (size_t)*len);
+	fclose(f);
+	return buf;
+}
+
 /*
  * indexer.safetensors "layer<i>.topk" [n_positions][index_topk] int32 into @out (the caller
  * frees); returns the row count.
@@ -265,19 +284,10 @@ dsa_read_topk(uint32_t layer, uint32_t k, int32_t **out)
 	uint32_t rows;
 	cJSON *hdr;
 	long n;
-	FILE *f;
 
 	snprintf(path, sizeof path, "%s/indexer.safetensors", dsa_dir());
-	f = fopen(path, "rb");
-	assert_non_null(f);
-	assert_int_equal(fseek(f, 0, SEEK_END), 0);
-	n = ftell(f);
+	buf = (unsigned char *)dsa_slurp(path, &n);
 	assert_true(n > 8);
-	rewind(f);
-	buf = malloc((size_t)n + 1);
-	assert_non_null(buf);
-	assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-	fclose(f);
 	for (int i = 7; i >= 0; i--)
 		hl = hl << 8 | buf[i];
 	assert_true(hl < (uint64_t)n - 8);
@@ -461,20 +471,10 @@ test_ties_broken_as_torch(void **state)
 	char *text;
 	cJSON *doc;
 	long len;
-	FILE *f;
 
 	(void)state;
 	snprintf(path, sizeof path, "%s/../topk-ties.json", dsa_dir());
-	f = fopen(path, "rb");
-	assert_non_null(f);
-	assert_int_equal(fseek(f, 0, SEEK_END), 0);
-	len = ftell(f);
-	assert_true(len > 2);
-	rewind(f);
-	text = calloc((size_t)len + 1, 1);
-	assert_non_null(text);
-	assert_int_equal(fread(text, 1, (size_t)len, f), (size_t)len);
-	fclose(f);
+	text = dsa_slurp(path, &len);
 	doc = cJSON_Parse(text);
 	free(text);
 	assert_non_null(doc);

@@ -166,16 +166,13 @@ kvt_slots_take(struct kvt_slots *s, const uint32_t *slots, uint32_t n)
 {
 	uint32_t i, next = KVT_SLOTS_FREE, top = 0;
 
-	for (i = 0; i < n; i++)
-		if (slots[i] >= s->n_slots || kvt_slots_is_used(s, slots[i]))
-			return kvt_err(-EINVAL, "slot %u out of range or taken", slots[i]);
 	for (i = 0; i < n; i++) {
-		if (kvt_slots_is_used(s, slots[i])) { /* given twice: undo this call's marks */
-			uint32_t twice = slots[i];
+		if (slots[i] >= s->n_slots || kvt_slots_is_used(s, slots[i])) {
+			uint32_t bad = slots[i];
 
-			while (i-- > 0)
+			while (i-- > 0) /* undo this call's marks */
 				s->used[slots[i] / 64] &= ~(1ull << (slots[i] % 64));
-			return kvt_err(-EINVAL, "slot %u given twice", twice);
+			return kvt_err(-EINVAL, "slot %u out of range, taken or given twice", bad);
 		}
 		s->used[slots[i] / 64] |= 1ull << (slots[i] % 64);
 	}

@@ -115,20 +115,8 @@ def qwen3_next_3x(seed):
 
 
 def qwen3_next_odd_rotary(seed):
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-    cfg = Qwen3NextConfig(
-        vocab_size=120, hidden_size=40, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=20,
-        max_position_embeddings=512, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "partial_rotary_factor": 0.25},
-        linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8,
-        linear_num_key_heads=2, linear_num_value_heads=4,
-        layer_types=["linear_attention", "full_attention"],
-        mlp_only_layers=[0, 1], num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=32, shared_expert_intermediate_size=32,
-        tie_word_embeddings=False, attn_implementation="eager")
-    return Qwen3NextForCausalLM, cfg, dict(prompt=20, gen=80)
+    cls, cfg, lens = gen.qwen3_next_rot5(seed)  # the committed qwen3-next-rot5's shape
+    return cls, cfg, dict(lens, gen=80)
 
 
 def _dsv32(n_layers, **kw):

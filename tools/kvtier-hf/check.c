@@ -130,21 +130,6 @@ kvhf_ref_free(struct kvhf_ref *ref)
 	memset(ref, 0, sizeof(*ref));
 }
 
-/* The first index of the largest of @row [n] (torch.argmax: NaN counts as the largest). */
-static int32_t
-ref_argmax(const float *row, uint32_t n)
-{
-	uint32_t best = 0;
-
-	for (uint32_t i = 1; i < n; i++) {
-		if (isnan(row[best]))
-			break;
-		if (isnan(row[i]) || row[i] > row[best])
-			best = i;
-	}
-	return (int32_t)best;
-}
-
 int
 kvhf_check(const struct kvhf_ref *ref, const struct kvhf_result *r, double tol,
 	   double *max_diff)
@@ -183,7 +168,7 @@ kvhf_check(const struct kvhf_ref *ref, const struct kvhf_result *r, double tol,
 		int32_t want = p < ref->n_prompt ? ref->prompt[p] : ref->gen[p - ref->n_prompt];
 
 		if (p >= 1 && p - 1 < ref->n_logits &&
-		    ref_argmax(ref->logits + (size_t)(p - 1) * V, V) == r->tokens[p])
+		    kvhf_argmax(ref->logits + (size_t)(p - 1) * V, (int)V) == r->tokens[p])
 			return kvtr_err(KVT_EFORMAT, "token %u (generated step %d) is %d, the "
 					"reference has %d, but %d is the argmax of the reference's "
 					"own logits after position %u: its greedy path and its single "

@@ -469,6 +469,9 @@ int kvhf_ref_load(const char *dir, struct kvhf_ref *ref);
 int kvhf_ref_resplit(struct kvhf_ref *ref, uint32_t n_prompt);
 void kvhf_ref_free(struct kvhf_ref *ref);
 
+/** kvhf_argmax() - the first index of the largest of @x [n] (the runner's greedy choice). */
+int32_t kvhf_argmax(const float *x, int n);
+
 /**
  * kvhf_check() - compare @r with @ref: every token identical (prompt and generated), every
  * logit within @tol (absolute). *max_diff receives the largest absolute difference over the

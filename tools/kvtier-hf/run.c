@@ -1347,8 +1347,8 @@ hf_mem_init(struct hf_run *c, uint32_t P)
 	}
 }
 
-static int32_t
-hf_argmax(const float *x, int n)
+int32_t
+kvhf_argmax(const float *x, int n)
 {
 	int32_t best = 0;
 
@@ -1403,7 +1403,7 @@ hf_decode(struct hf_run *c, kvt_seq_id seq, int32_t *tokens, float *logits, uint
 			memcpy(logits + (size_t)p * (size_t)c->m->vocab, c->st.logits,
 			       (size_t)c->m->vocab * sizeof(float));
 			if (p + 1 >= o->n_prompt)
-				tokens[p + 1] = hf_argmax(c->st.logits, c->m->vocab);
+				tokens[p + 1] = kvhf_argmax(c->st.logits, c->m->vocab);
 		}
 		if (o->park_every && (p + 1) % o->park_every == 0 && p + 1 < to) {
 			rc = hf_park_resume(c, seq);
@@ -1900,7 +1900,7 @@ kvhf_run_multi(const struct kvhf_opts *o, int prefetch,
 			}
 			rc = hf_position(&c, seqs[s], p, toks[(size_t)s * P + p]);
 			if (rc == 0)
-				argmax[(size_t)s * P + p] = hf_argmax(c.st.logits, c.m->vocab);
+				argmax[(size_t)s * P + p] = kvhf_argmax(c.st.logits, c.m->vocab);
 		}
 		for (uint32_t g = 0; rc == 0 && g < c.n_groups; g++) {
 			const struct kvt_group_geometry *geo = &c.grp[g].geo;
